@@ -1,0 +1,334 @@
+"""The Engine: backward calls, device worker threads and the reentrant thread pool.
+
+Scheduling policy (PyTorch's): each backward call is a GraphTask whose CPU
+work goes to the calling thread's own ready queue, drained by the calling
+thread itself; each non-CPU device index has one worker thread and one
+queue shared by every backward call (started lazily, on first use); a
+ready node goes to the queue of *its* device. Priority within a queue is
+``priority`` (PyTorch's by default). A node that calls the engine again is
+a reentrant backward: it runs on the same thread one level deeper until the
+thread's nesting reaches ``max_depth`` (60), then on a pool thread.
+
+Thread-local state (``tls``, one per engine, never shared):
+  ``worker_device``  NO_DEVICE outside the engine, CPU_DEVICE on a thread
+                     driving a backward call, else the device index;
+  ``queue``          this thread's ready queue (created once per thread);
+  ``current_depth``  reentrant calls nested on this thread;
+  ``total_depth``    reentrant depth of the GraphTask this thread runs;
+  ``graph_task``, ``grad_mode``, ``context``: restored around each node.
+
+Locks:
+  ``_threads_lock`` guards ``_device_queues`` and ``_device_threads``;
+  ``_pool_lock`` (with ``_pool_cond``) guards ``_pool_tasks``,
+  ``_pool_idle`` and ``pool_threads``.
+GraphTask and ReadyQueue locks are documented in their modules; the lock
+order is GraphTask lock, then a ReadyQueue lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from autograd_run.engine.devices import DeviceSet
+from autograd_run.engine.graph_task import GraphTask, compute_dependencies, init_to_execute
+from autograd_run.engine.input_buffer import InputBuffer
+from autograd_run.engine.priority import PyTorchPriority
+from autograd_run.engine.ready_queue import ReadyQueue
+from autograd_run.engine.tracer import NULL_TRACER
+from autograd_run.engine.worker import thread_main, validate_outputs
+from autograd_run.errors import BackwardError
+from autograd_run.graphs.model import CPU, Edge, Node
+from autograd_run.graphs.ops import Op
+
+NO_DEVICE = -2
+CPU_DEVICE = -1
+MAX_DEPTH = 60
+
+
+class _TLS(threading.local):
+    def __init__(self):
+        self.worker_device = NO_DEVICE
+        self.queue = None
+        self.current_depth = 0
+        self.total_depth = 0
+        self.graph_task = None
+        self.grad_mode = False
+        self.context: dict = {}
+
+
+class Engine:
+    def __init__(self, devices: DeviceSet | None = None, tracer=None, priority=None, *,
+                 multithreading: bool = True, max_depth: int = MAX_DEPTH, allow_python: bool = False):
+        self.devices = devices or DeviceSet("virtual")
+        self.tracer = tracer or NULL_TRACER
+        self.priority = priority or PyTorchPriority()
+        self.multithreading = multithreading
+        self.max_depth = max_depth
+        self.allow_python = allow_python
+        self.tls = _TLS()
+        self._threads_lock = threading.Lock()  # guards _device_queues, _device_threads
+        self._device_queues: dict[int, ReadyQueue] = {}
+        self._device_threads: dict[int, threading.Thread] = {}
+        self._pool_lock = threading.Lock()  # guards _pool_tasks, _pool_idle, pool_threads
+        self._pool_cond = threading.Condition(self._pool_lock)
+        self._pool_tasks: collections.deque = collections.deque()
+        self._pool_idle = 0
+        self.pool_threads: list[threading.Thread] = []
+        self._stopped = False
+
+    # -- public API ------------------------------------------------------------
+    def execute(self, state, roots: Sequence, grads: Sequence, *, retain_graph: bool | None = None,
+                create_graph: bool = False, accumulate_grad: bool = True, inputs: Sequence | None = None,
+                anomaly: bool = False, faults: dict[str, str] | None = None,
+                context: dict | None = None) -> list:
+        """Run one backward call; returns the captured gradients (``grad()``), else ``[]``.
+
+        ``roots``/``inputs`` are Edges (or ``(node_or_id, input_nr)`` pairs);
+        ``grads`` one array per root. ``faults`` maps node ids to ``"error"`` or
+        ``"nan"`` (fault injection). Raises ``BackwardError`` naming the node.
+        """
+        graph = state.graph
+        roots = [_edge(graph, r) for r in roots]
+        outputs = [_edge(graph, r) for r in (inputs or ())]
+        if not accumulate_grad and not outputs:
+            raise ValueError("grad requires non-empty inputs.")
+        grads = list(grads)
+        validate_outputs(roots, grads, "")
+        keep_graph = create_graph if retain_graph is None else retain_graph
+        tls = self.tls
+        if tls.queue is None:
+            tls.queue = ReadyQueue(f"cpu:{threading.current_thread().name}", self.tracer)
+        reentrant = tls.worker_device != NO_DEVICE
+        gt = GraphTask(self, state, keep_graph=keep_graph, create_graph=create_graph,
+                       reentrant_depth=tls.total_depth + 1 if reentrant else 0, cpu_queue=tls.queue,
+                       anomaly=anomaly, multithreading=self.multithreading,
+                       allow_python=self.allow_python, context=dict(context or tls.context or {}))
+        gt.faults = faults or {}
+        if len(roots) == 1:
+            graph_root = roots[0].node
+            buf = InputBuffer(len(graph_root.inputs))
+            buf.add(roots[0].input_nr, grads[0])
+        else:
+            graph_root = Node("GraphRoot", "GraphRoot", Op.GRAPH_ROOT, state.next_seq(), list(roots), [],
+                              attrs={"grads": grads})
+            graph_root.topo_nr = 1 + max((e.node.topo_nr for e in roots), default=-1)
+            graph_root.device = CPU
+            buf = InputBuffer(0)
+        gt.graph_root = graph_root
+        min_topo = min((e.node.topo_nr for e in outputs), default=0)
+        compute_dependencies(graph_root, gt, min_topo)
+        if outputs:
+            init_to_execute(gt, graph_root, outputs, accumulate_grad, min_topo)
+        if self.tracer.enabled:
+            self.tracer.graph_task_start(gt)
+        self._execute_with_graph_task(gt, graph_root, buf)
+        gt.done.wait()
+        if gt.error is not None:
+            raise _as_backward_error(gt)
+        return gt.captured
+
+    def backward(self, state, roots, grads, inputs=None, **kw) -> None:
+        self.execute(state, roots, grads, accumulate_grad=True, inputs=inputs, **kw)
+
+    def grad(self, state, roots, grads, inputs, **kw) -> list:
+        return self.execute(state, roots, grads, accumulate_grad=False, inputs=inputs, **kw)
+
+    def grad_enabled(self) -> bool:
+        """Grad mode of the node running on this thread (create_graph of its backward call)."""
+        return self.tls.grad_mode
+
+    def current_context(self) -> dict:
+        """The thread-local context captured when the running node's backward call started."""
+        return self.tls.context
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the device threads: a shutdown task to each queue, then a bounded join."""
+        with self._threads_lock:
+            self._stopped = True
+            queues = list(self._device_queues.values())
+            threads = list(self._device_threads.values())
+            self._device_queues.clear()
+            self._device_threads.clear()
+        for q in queues:
+            q.push_shutdown()
+        for t in threads:
+            t.join(timeout)
+
+    @property
+    def device_threads(self) -> dict[int, threading.Thread]:
+        with self._threads_lock:
+            return dict(self._device_threads)
+
+    # -- routing ---------------------------------------------------------------
+    def ready_queue(self, gt, device) -> ReadyQueue:
+        if device.is_cpu or not gt.multithreading:
+            return gt.cpu_queue
+        return self._device_queue(device.index)
+
+    def queue_by_index(self, gt, index: int) -> ReadyQueue:
+        return gt.cpu_queue if index == CPU_DEVICE else self._device_queue(index)
+
+    def _device_queue(self, index: int) -> ReadyQueue:
+        q = self._device_queues.get(index)
+        if q is not None:
+            return q
+        with self._threads_lock:
+            q = self._device_queues.get(index)
+            if q is None:
+                q = ReadyQueue(f"cuda:{index}", self.tracer)
+                t = threading.Thread(target=self._device_thread_main, args=(index, q),
+                                     name=f"autograd-run cuda:{index}", daemon=True)
+                self._device_queues[index] = q
+                self._device_threads[index] = t
+                t.start()
+            return q
+
+    def _device_thread_main(self, index: int, queue: ReadyQueue) -> None:
+        tls = self.tls
+        tls.worker_device = index
+        tls.queue = queue
+        limiter = self.devices.worker_init(index)
+        try:
+            thread_main(self, None)
+        finally:
+            if limiter is not None:
+                limiter.unregister() if hasattr(limiter, "unregister") else None
+
+    # -- one backward call -----------------------------------------------------
+    def _execute_with_graph_task(self, gt: GraphTask, graph_root, buf: InputBuffer) -> None:
+        tls = self.tls
+        key = self.priority.key(gt.reentrant_depth, graph_root)
+        gt.lock.acquire()
+        queue = self.ready_queue(gt, graph_root.device)
+        if tls.worker_device == NO_DEVICE:
+            tls.worker_device = CPU_DEVICE
+            gt.owner = CPU_DEVICE
+            gt.outstanding += 1
+            queue.push(key, (gt, graph_root, buf))
+            gt.lock.release()
+            try:
+                thread_main(self, gt)
+            finally:
+                tls.worker_device = NO_DEVICE
+            return
+        gt.owner = tls.worker_device
+        gt.outstanding += 1
+        queue.push(key, (gt, graph_root, buf))
+        gt.lock.release()
+        if tls.current_depth >= self.max_depth:
+            self._add_pool_task(gt)
+            return
+        tls.total_depth += 1
+        tls.current_depth += 1
+        try:
+            thread_main(self, gt)
+        finally:
+            tls.current_depth -= 1
+            tls.total_depth -= 1
+
+    # -- completion and errors (called by workers) -------------------------------
+    def on_exception(self, gt: GraphTask, node, exc: BaseException) -> None:
+        gt.set_error(exc, node)
+        if self.tracer.enabled:
+            self.tracer.error(gt, node, exc)
+        with gt.lock:
+            if gt.finishing:
+                return
+            gt.finishing = True
+        self._complete(gt)
+
+    def mark_completed(self, gt: GraphTask) -> None:
+        """Run post-processing once (not_ready check, final callbacks), then complete."""
+        with gt.lock:
+            if gt.finishing:
+                return
+            gt.finishing = True
+        try:
+            if gt.not_ready:
+                raise RuntimeError("could not compute gradients for some functions")
+            tls = self.tls
+            prev = tls.graph_task
+            tls.graph_task = gt
+            try:
+                i = 0
+                while True:
+                    with gt.callbacks_lock:
+                        if i >= len(gt.final_callbacks):
+                            break
+                        cb = gt.final_callbacks[i]
+                    i += 1
+                    cb()
+            finally:
+                tls.graph_task = prev
+        except BaseException as exc:  # captured as a value, re-raised by the caller
+            gt.set_error(exc, None)
+        self._complete(gt)
+
+    def _complete(self, gt: GraphTask) -> None:
+        gt.completed = True
+        gt.done.set()
+        if self.tracer.enabled:
+            self.tracer.graph_task_end(gt)
+
+    def queue_callback(self, fn) -> None:
+        """Add a final callback to the GraphTask running on this thread."""
+        gt = self.tls.graph_task
+        if gt is None:
+            raise RuntimeError("Final callbacks can only be installed during backward pass.")
+        gt.queue_callback(fn)
+
+    # -- reentrant thread pool ---------------------------------------------------
+    def _add_pool_task(self, gt: GraphTask) -> None:
+        with self._pool_lock:
+            create = self._pool_idle <= len(self._pool_tasks)
+            self._pool_tasks.append(gt)
+            if create:
+                t = threading.Thread(target=self._pool_thread_main,
+                                     name=f"autograd-run reentrant-{len(self.pool_threads)}", daemon=True)
+                self.pool_threads.append(t)
+            self._pool_cond.notify()
+        if create:
+            t.start()
+
+    def _pool_thread_main(self) -> None:
+        tls = self.tls
+        while True:
+            with self._pool_lock:
+                self._pool_idle += 1
+                while not self._pool_tasks:
+                    self._pool_cond.wait()
+                self._pool_idle -= 1
+                gt = self._pool_tasks.popleft()
+            tls.worker_device = gt.owner
+            tls.queue = self.queue_by_index(gt, gt.owner)
+            tls.total_depth = gt.reentrant_depth
+            tls.current_depth = 0
+            thread_main(self, gt)
+
+
+def _edge(graph, ref) -> Edge:
+    if isinstance(ref, Edge):
+        return ref
+    node, nr = ref
+    if isinstance(node, str):
+        node = graph.by_id[node]
+    return Edge(node, nr)
+
+
+def _as_backward_error(gt: GraphTask) -> BaseException:
+    err = gt.error
+    if isinstance(err, BackwardError):
+        return err
+    node = gt.error_node
+    msg = str(err) if isinstance(err, RuntimeError) else f"{type(err).__name__}: {err}"
+    be = BackwardError(msg, node.id if node is not None else None, node.name if node is not None else None)
+    be.__cause__ = err
+    if gt.anomaly and node is not None:
+        trace = node.attrs.get("trace")
+        be.anomaly_note = (f"Error detected in {node.name}. Traceback of forward call that caused the error:\n"
+                           f"{trace if trace else '(no forward trace recorded in the graph file)'}")
+    return be

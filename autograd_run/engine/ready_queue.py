@@ -1,0 +1,139 @@
+"""ReadyQueue: a blocking max-heap of NodeTasks with libstdc++'s exact tie-breaking.
+
+PyTorch keeps ready tasks in ``std::priority_queue`` (a vector plus
+``push_heap``/``pop_heap``). When keys tie (e.g. several AccumulateGrad
+nodes ready at once) the pop order is whatever that heap algorithm yields,
+which differs from ``heapq``. ``_push`` and ``_pop`` reproduce libstdc++'s
+sift-up and its "move the hole down to a leaf, then sift up" pop, so ties
+break exactly as in PyTorch.
+
+State (all guarded by ``_lock``):
+  ``_keys``  the heap's priority keys (larger pops first);
+  ``_items`` the tasks, parallel to ``_keys``.
+``_not_empty`` (a Condition on ``_lock``) wakes a worker blocked in ``pop``.
+A task is a tuple ``(graph_task, node, input_buffer)``; ``node`` is None for
+a wake-up task; ``SHUTDOWN`` is the shutdown task.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from autograd_run.engine.priority import SHUTDOWN_KEY, WAKEUP_KEY
+
+SHUTDOWN = ("shutdown", None, None)
+
+
+class ReadyQueue:
+    __slots__ = ("name", "_keys", "_items", "_lock", "_not_empty", "tracer")
+
+    def __init__(self, name: str, tracer=None):
+        self.name = name
+        self._keys: list[int] = []
+        self._items: list = []
+        self._lock = threading.Lock()  # guards _keys and _items
+        self._not_empty = threading.Condition(self._lock)
+        self.tracer = tracer
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._keys)
+
+    def push(self, key: int, item) -> None:
+        tracer = self.tracer
+        if tracer is not None and tracer.enabled:
+            t0 = time.perf_counter_ns()
+            with self._lock:
+                waited = time.perf_counter_ns() - t0
+                self._push(key, item)
+                depth = len(self._keys)
+                self._not_empty.notify()
+            if waited > 0:
+                tracer.lock_wait(f"queue {self.name}", item[0] if item is not SHUTDOWN else None, waited)
+            tracer.task_pushed(self, item[0], item[1], depth)
+            return
+        with self._lock:
+            self._push(key, item)
+            self._not_empty.notify()
+
+    def push_wakeup(self, graph_task) -> None:
+        self.push(WAKEUP_KEY, (graph_task, None, None))
+
+    def push_shutdown(self) -> None:
+        self.push(SHUTDOWN_KEY, SHUTDOWN)
+
+    def pop(self):
+        tracer = self.tracer
+        with self._lock:
+            if not self._keys:
+                if tracer is not None and tracer.enabled:
+                    t0 = time.perf_counter_ns()
+                    while not self._keys:
+                        self._not_empty.wait()
+                    tracer.worker_idle(self, t0, time.perf_counter_ns())
+                else:
+                    while not self._keys:
+                        self._not_empty.wait()
+            item = self._pop()
+            depth = len(self._keys)
+        if tracer is not None and tracer.enabled and item is not SHUTDOWN:
+            tracer.task_popped(self, item[0], item[1], depth)
+        return item
+
+    def snapshot(self) -> list[tuple[int, object]]:
+        """The queued (key, item) pairs, in heap order (for diagnostics)."""
+        with self._lock:
+            return list(zip(self._keys, self._items))
+
+    # -- libstdc++ heap algorithms (caller holds _lock) ------------------------
+    def _push(self, key: int, item) -> None:
+        keys, items = self._keys, self._items
+        keys.append(key)
+        items.append(item)
+        hole = len(keys) - 1
+        while hole > 0:
+            parent = (hole - 1) >> 1
+            if not keys[parent] < key:
+                break
+            keys[hole] = keys[parent]
+            items[hole] = items[parent]
+            hole = parent
+        keys[hole] = key
+        items[hole] = item
+
+    def _pop(self):
+        keys, items = self._keys, self._items
+        top = items[0]
+        last_key = keys.pop()
+        last_item = items.pop()
+        length = len(keys)
+        if length == 0:
+            return top
+        # __adjust_heap(first, 0, length, last): walk the hole down to a leaf,
+        # always taking the larger child (the right one on ties)...
+        hole = 0
+        child = 0
+        while child < (length - 1) >> 1:
+            child = 2 * (child + 1)
+            if keys[child] < keys[child - 1]:
+                child -= 1
+            keys[hole] = keys[child]
+            items[hole] = items[child]
+            hole = child
+        if (length & 1) == 0 and child == (length - 2) >> 1:
+            child = 2 * (child + 1)
+            keys[hole] = keys[child - 1]
+            items[hole] = items[child - 1]
+            hole = child - 1
+        # ...then __push_heap the former last element up from that leaf.
+        while hole > 0:
+            parent = (hole - 1) >> 1
+            if not keys[parent] < last_key:
+                break
+            keys[hole] = keys[parent]
+            items[hole] = items[parent]
+            hole = parent
+        keys[hole] = last_key
+        items[hole] = last_item
+        return top

@@ -1,0 +1,133 @@
+"""A small sequential reference executor: the test oracle for the engine.
+
+Kahn's algorithm on one thread with one ready heap and the same priority
+and tie-breaking as the engine (libstdc++'s heap via ``ReadyQueue``), no
+device queues, no locks, no reentrancy. What it computes (order, gradients)
+is what the engine must compute with multithreading off; with several
+devices each device's own sequence must be a valid order of the same
+dependency graph.
+"""
+
+from __future__ import annotations
+
+from autograd_run.engine.priority import PyTorchPriority
+from autograd_run.engine.ready_queue import ReadyQueue
+from autograd_run.engine.rules import RULES
+from autograd_run.engine.worker import validate_outputs
+from autograd_run.graphs.ops import Op
+
+
+class _Task:
+    """The slice of a GraphTask the rules read."""
+
+    def __init__(self, state, create_graph: bool, keep_graph: bool):
+        from autograd_run.engine.devices import DeviceSet
+        self.state = state
+        self.create_graph = create_graph
+        self.keep_graph = keep_graph
+        self.allow_python = False
+
+        class _E:
+            devices = DeviceSet("virtual")
+        self.engine = _E()
+
+    def saved(self, node):
+        return self.state.saved(node, RULES[node.op].tensor_fields)
+
+    def xp(self, node):
+        import numpy as np
+        return np
+
+
+def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True,
+                       retain_graph=False, create_graph=False, priority=None) -> tuple[list, list]:
+    """Run a backward call sequentially; returns (executed nodes in order, captured grads)."""
+    from autograd_run.graphs.model import Node, CPU
+    key = (priority or PyTorchPriority()).key
+    task = _Task(state, create_graph, retain_graph or create_graph)
+    if len(roots) == 1:
+        root = roots[0].node
+        start = [None] * len(root.inputs)
+        start[roots[0].input_nr] = grads[0]
+    else:
+        root = Node("GraphRoot", "GraphRoot", Op.GRAPH_ROOT, state.next_seq(), list(roots), [],
+                    attrs={"grads": list(grads)})
+        root.device = CPU
+        start = []
+    deps: dict = {}
+    stack, seen = [root], set()
+    while stack:
+        fn = stack.pop()
+        for e in fn.next:
+            if e is not None:
+                deps[e.node] = deps.get(e.node, 0) + 1
+                if e.node not in seen:
+                    seen.add(e.node)
+                    stack.append(e.node)
+    # Which nodes lie on a path to a requested input (plain reachability).
+    needed = None
+    captures: dict = {}
+    if inputs:
+        targets = {}
+        for i, e in enumerate(inputs):
+            targets.setdefault(e.node, []).append((e.input_nr, i))
+        needed = set()
+        order, stack, on = [], [root], set()
+        # post-order DFS: a node is needed if it is a target or any child is needed
+        visited = set()
+        post = []
+        stack = [(root, 0)]
+        visited.add(root)
+        while stack:
+            fn, k = stack[-1]
+            if k < len(fn.next):
+                stack[-1] = (fn, k + 1)
+                e = fn.next[k]
+                if e is not None and e.node not in visited:
+                    visited.add(e.node)
+                    stack.append((e.node, 0))
+            else:
+                stack.pop()
+                post.append(fn)
+        for fn in post:
+            if fn in targets or any(e is not None and e.node in needed for e in fn.next):
+                needed.add(fn)
+        for fn, caps in targets.items():
+            if accumulate_grad:
+                pass
+            else:
+                captures[fn] = caps
+    captured = [None] * (len(inputs) if inputs and not accumulate_grad else 0)
+    buffers: dict = {root: start}
+    heap = ReadyQueue("reference")
+    heap.push(key(0, root), (None, root, None))
+    executed = []
+    while len(heap):
+        _, fn, _ = heap.pop()
+        grads_in = buffers.pop(fn)
+        if fn in captures:
+            for slot, idx in captures[fn]:
+                captured[idx] = grads_in[slot]
+        if needed is not None and (fn not in needed or (not accumulate_grad and fn in captures and fn.op is Op.ACCUMULATE_GRAD)):
+            if fn is not root or fn not in needed:
+                continue
+        executed.append(fn)
+        outs = RULES[fn.op].fn(fn, list(grads_in), task)
+        if fn.op is not Op.ACCUMULATE_GRAD:
+            validate_outputs(fn.next, outs, f"Function {fn.name} returned an ")
+        if not task.keep_graph:
+            state.release(fn, RULES[fn.op].tensor_fields)
+        for i, out in enumerate(outs):
+            e = fn.next[i]
+            if e is None:
+                continue
+            nxt = e.node
+            deps[nxt] -= 1
+            if needed is not None and nxt not in needed:
+                continue
+            buf = buffers.setdefault(nxt, [None] * len(nxt.inputs))
+            if out is not None:
+                buf[e.input_nr] = out if buf[e.input_nr] is None else buf[e.input_nr] + out
+            if deps[nxt] == 0:
+                heap.push(key(0, nxt), (None, nxt, None))
+    return executed, captured

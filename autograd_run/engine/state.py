@@ -1,0 +1,131 @@
+"""Per-graph run state: variable gradients, saved tensors, hooks, released flags.
+
+A loaded ``Graph`` never changes; everything a backward call changes lives
+in a ``GraphState`` (the analogue of the tensors and autograd nodes a
+PyTorch program holds). Several backward calls may share one state, as
+several ``backward()`` calls share one autograd graph.
+
+Locks:
+  ``_grad_lock``  guards ``grads`` (AccumulateGrad runs may come from
+                  several GraphTasks on several threads at once);
+  ``_saved_lock`` guards ``_saved`` and ``_released``.
+Hooks are registered before a backward call and only read during it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from autograd_run.graphs import tensors
+from autograd_run.graphs.model import Graph, Node
+
+ERR_BACKWARD_TWICE = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed). Saved intermediate values of the graph are freed "
+    "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
+    "backward through the graph a second time or if you need to access saved tensors after "
+    "calling backward."
+)
+
+
+class SavedTensorReleased(RuntimeError):
+    pass
+
+
+class GraphState:
+    def __init__(self, graph: Graph, backend_for: Callable[[Any], Any] | None = None):
+        self.graph = graph
+        #: Variable name -> accumulated gradient (array) or None.
+        self.grads: dict[str, Any] = {}
+        self._grad_lock = threading.Lock()  # guards grads
+        self._saved: dict[Node, dict[str, Any]] = {}
+        self._released: set[Node] = set()
+        self._saved_lock = threading.Lock()  # guards _saved and _released
+        #: Hooks, keyed by node: tensor pre-hooks per input slot, node pre/post hooks.
+        self.tensor_pre_hooks: dict[Node, list[tuple[int, Callable]]] = {}
+        self.retains_grad_hooks: dict[Node, list[tuple[int, Callable]]] = {}
+        self.pre_hooks: dict[Node, list[Callable]] = {}
+        self.post_hooks: dict[Node, list[Callable]] = {}
+        #: Python callables for ``python`` nodes registered from code (node -> fn).
+        self.python_fns: dict[Node, Callable] = {}
+        self._next_seq = max((n.seq for n in graph.nodes if n.seq < 2**63), default=0) + 1
+        self._seq_lock = threading.Lock()  # guards _next_seq
+        for v in graph.variables.values():
+            if v.grad is not None:
+                self.grads[v.name] = tensors.materialize(v.grad, graph.side_files, v.shape, v.dtype)
+            else:
+                self.grads[v.name] = None
+
+    def next_seq(self) -> int:
+        """A fresh sequence number above every node's, as a new GraphRoot gets in PyTorch."""
+        with self._seq_lock:
+            s = self._next_seq
+            self._next_seq += 1
+            return s
+
+    # -- saved tensors ---------------------------------------------------------
+    def saved(self, node: Node, tensor_fields: tuple[str, ...]) -> dict[str, Any]:
+        """Node's saved values; fields in ``tensor_fields`` (and tensor specs) as arrays.
+
+        Raises PyTorch's backward-twice error once the node's saved tensors
+        were released by a backward call without ``retain_graph``.
+        """
+        cached = self._saved.get(node)
+        if cached is not None:
+            return cached
+        with self._saved_lock:
+            if node in self._released:
+                raise SavedTensorReleased(ERR_BACKWARD_TWICE)
+            cached = self._saved.get(node)
+            if cached is None:
+                cached = {}
+                side = self.graph.side_files
+                for name, value in node.saved.items():
+                    if tensors.is_tensor_spec(value):
+                        cached[name] = tensors.materialize(value, side)
+                    elif name in tensor_fields:
+                        dtype = node.inputs[0].dtype if node.inputs else "float32"
+                        cached[name] = np.asarray(value, dtype=dtype)
+                    else:
+                        cached[name] = value
+                self._saved[node] = cached
+            return cached
+
+    def release(self, node: Node, tensor_fields: tuple[str, ...]) -> None:
+        """Free the node's saved tensors (backward without retain_graph)."""
+        if not any(f in node.saved for f in tensor_fields) and not any(
+                tensors.is_tensor_spec(v) for v in node.saved.values()):
+            return
+        with self._saved_lock:
+            self._saved.pop(node, None)
+            self._released.add(node)
+
+    # -- hooks -----------------------------------------------------------------
+    def register_tensor_pre_hook(self, node: Node, slot: int, fn: Callable) -> None:
+        """Like ``Tensor.register_hook``: ``fn(grad) -> grad or None`` on input ``slot`` of ``node``."""
+        self.tensor_pre_hooks.setdefault(node, []).append((slot, fn))
+
+    def register_retains_grad_hook(self, node: Node, slot: int, fn: Callable) -> None:
+        self.retains_grad_hooks.setdefault(node, []).append((slot, fn))
+
+    def register_prehook(self, node: Node, fn: Callable) -> None:
+        """Like ``Node.register_prehook``: ``fn(grad_outputs) -> new grad_outputs or None``."""
+        self.pre_hooks.setdefault(node, []).append(fn)
+
+    def register_hook(self, node: Node, fn: Callable) -> None:
+        """Like ``Node.register_hook``: ``fn(grad_inputs, grad_outputs) -> new grad_inputs or None``."""
+        self.post_hooks.setdefault(node, []).append(fn)
+
+    # -- accumulation ----------------------------------------------------------
+    def accumulate(self, name: str, grad, create_graph: bool) -> None:
+        with self._grad_lock:
+            old = self.grads.get(name)
+            if old is None:
+                self.grads[name] = grad.copy()
+            elif create_graph:
+                self.grads[name] = old + grad
+            else:
+                old += grad

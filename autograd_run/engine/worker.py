@@ -1,0 +1,240 @@
+"""The worker loop and running one node: PyTorch's ``thread_main`` and ``evaluate_function``.
+
+``thread_main(engine, gt)`` pops tasks from this thread's ready queue and
+runs them until ``gt`` completes (``gt`` None: forever, for device threads,
+until a shutdown task). Running a node (``evaluate_function``):
+
+1. report syncs for inputs produced on another device or stream;
+2. with exec_info: capture inputs for ``grad()``, and stop if not needed;
+3. tensor pre-hooks, retains-grad hooks, node pre-hooks, the rule,
+   ``validate_outputs``, post-hooks;
+4. release saved tensors unless ``retain_graph``;
+5. anomaly mode: refuse NaN outputs;
+6. under the GraphTask lock, hand each output to its next node's
+   InputBuffer and push the nodes that became ready onto the queue of
+   *their* device.
+
+Errors are captured as values on the GraphTask (first one wins) and
+re-raised in the calling thread; the worker goes on serving other tasks.
+"""
+
+from __future__ import annotations
+
+import time
+
+from autograd_run.engine.input_buffer import InputBuffer
+from autograd_run.engine.ready_queue import SHUTDOWN
+from autograd_run.engine.rules import RULES, sum_to
+from autograd_run.graphs.ops import Op
+
+
+def _fmt_shape(shape) -> str:
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def validate_outputs(edges, grads, prefix: str, xp=None) -> None:
+    """PyTorch's validate_outputs: count, then per gradient shape (with sum_to), dtype.
+
+    ``prefix`` is prepended to each message (``"Function NAME returned an "``
+    for node outputs, empty for root gradients). Mutates ``grads`` in place.
+    """
+    if len(grads) != len(edges):
+        raise RuntimeError(f"{prefix}invalid number of gradients - expected {len(edges)}, but got {len(grads)}")
+    for i, e in enumerate(edges):
+        if e is None:
+            continue
+        g = grads[i]
+        if g is None:
+            continue
+        meta = e.node.inputs[e.input_nr]
+        shape = meta.shape
+        gshape = g.shape
+        if gshape != shape:
+            nd, td = len(shape), len(gshape)
+            reduce = nd != td
+            if nd > td:
+                raise RuntimeError(f"{prefix}invalid gradient at index {i} - got {_fmt_shape(gshape)} "
+                                   f"but expected shape compatible with {_fmt_shape(shape)}")
+            for k in range(1, nd + 1):
+                s, t = shape[-k], gshape[-k]
+                if s == 1:
+                    if t != 1:
+                        reduce = True
+                elif s != t:
+                    raise RuntimeError(f"{prefix}invalid gradient at index {i} - got {_fmt_shape(gshape)} "
+                                       f"but expected shape compatible with {_fmt_shape(shape)}")
+            if reduce:
+                import numpy as np
+                g = sum_to(xp or np, g, shape)
+        if g.dtype != meta.dtype:
+            g = g.astype(meta.dtype)
+        grads[i] = g
+
+
+def _call_function(engine, gt, node, inputs):
+    state = gt.state
+    grads = inputs.grads
+    hooks = state.tensor_pre_hooks.get(node)
+    if hooks:
+        for slot, fn in hooks:
+            r = fn(grads[slot])
+            if r is not None:
+                grads[slot] = r
+    hooks = state.retains_grad_hooks.get(node)
+    if hooks:
+        for slot, fn in hooks:
+            r = fn(grads[slot])
+            if r is not None:
+                grads[slot] = r
+    hooks = state.pre_hooks.get(node)
+    if hooks:
+        for fn in hooks:
+            r = fn(tuple(grads))
+            if r is not None:
+                grads = list(r)
+    fault = gt.faults.get(node.id) if gt.faults else None
+    if fault == "error" or "fail" in node.attrs:
+        msg = node.attrs.get("fail") if "fail" in node.attrs else f"injected error in node {node.id!r}"
+        raise RuntimeError(str(msg))
+    outputs = RULES[node.op].fn(node, grads, gt)
+    if fault == "nan" or node.attrs.get("nan"):
+        xp = gt.xp(node)
+        outputs = [None if o is None else xp.full(o.shape, xp.nan, dtype=o.dtype) for o in outputs]
+    if node.op is not Op.ACCUMULATE_GRAD:
+        validate_outputs(node.next, outputs, f"Function {node.name} returned an ", gt.xp(node))
+    hooks = state.post_hooks.get(node)
+    if hooks:
+        for fn in hooks:
+            r = fn(tuple(outputs), tuple(grads))
+            if r is not None:
+                outputs = list(r)
+    return outputs
+
+
+def evaluate_function(engine, gt, node, inputs: InputBuffer) -> None:
+    tracer = engine.tracer
+    if tracer.enabled:
+        for pos, prod in enumerate(inputs.producers):
+            if prod is not None and (prod.device != node.device or prod.stream != node.stream) \
+                    and not (prod.device.is_cpu and node.device.is_cpu):
+                tracer.sync(gt, prod, node, f"{prod.device}/s{prod.stream}", f"{node.device}/s{node.stream}")
+
+    exec_info = gt.exec_info
+    if exec_info:
+        fi = exec_info[node]
+        if fi.captures:
+            grads = list(inputs.grads)
+            if not fi.needed:
+                for slot, fn in gt.state.tensor_pre_hooks.get(node, ()):
+                    r = fn(grads[slot])
+                    if r is not None:
+                        grads[slot] = r
+            with gt.lock:
+                for slot, idx in fi.captures:
+                    gt.captured[idx] = grads[slot]
+        if not fi.needed:
+            if tracer.enabled:
+                tracer.node_skipped(gt, node)
+            return
+
+    if tracer.enabled:
+        tracer.node_start(gt, node)
+        try:
+            outputs = _call_function(engine, gt, node, inputs)
+        finally:
+            tracer.node_end(gt, node)
+    else:
+        outputs = _call_function(engine, gt, node, inputs)
+
+    if not gt.keep_graph:
+        gt.state.release(node, RULES[node.op].tensor_fields)
+    if not outputs:
+        return
+
+    if gt.anomaly:
+        xp = gt.xp(node)
+        for i, out in enumerate(outputs):
+            if out is not None and bool(xp.isnan(out).any()):
+                if tracer.enabled:
+                    tracer.nan_detected(gt, node, i)
+                raise RuntimeError(f"Function '{node.name}' returned nan values in its {i}th output.")
+
+    key = engine.priority.key
+    depth = gt.reentrant_depth
+    if tracer.enabled:
+        t0 = time.perf_counter_ns()
+        gt.lock.acquire()
+        waited = time.perf_counter_ns() - t0
+        if waited > 0:
+            tracer.lock_wait("GraphTask", gt, waited)
+    else:
+        gt.lock.acquire()
+    try:
+        deps = gt.dependencies
+        not_ready = gt.not_ready
+        for i, out in enumerate(outputs):
+            e = node.next[i]
+            if e is None:
+                continue
+            nxt = e.node
+            count = deps.get(nxt)
+            if count is None:
+                raise RuntimeError(f"dependency not found for {nxt.name}")
+            if count == 1:
+                del deps[nxt]
+                ready = True
+            else:
+                deps[nxt] = count - 1
+                ready = False
+            buf = not_ready.get(nxt)
+            if buf is None:
+                if exec_info:
+                    fi = exec_info.get(nxt)
+                    if fi is None or not fi.should_execute():
+                        continue
+                buf = InputBuffer(len(nxt.inputs))
+                buf.add(e.input_nr, out, node)
+                if ready:
+                    gt.outstanding += 1
+                    engine.ready_queue(gt, nxt.device).push(key(depth, nxt), (gt, nxt, buf))
+                else:
+                    not_ready[nxt] = buf
+            else:
+                buf.add(e.input_nr, out, node)
+                if ready:
+                    del not_ready[nxt]
+                    gt.outstanding += 1
+                    engine.ready_queue(gt, nxt.device).push(key(depth, nxt), (gt, nxt, buf))
+    finally:
+        gt.lock.release()
+
+
+def thread_main(engine, graph_task) -> None:
+    """Run tasks from this thread's queue until ``graph_task`` completes (None: until shutdown)."""
+    tls = engine.tls
+    queue = tls.queue
+    tracer = engine.tracer
+    while graph_task is None or not graph_task.completed:
+        item = queue.pop()
+        if item is SHUTDOWN:
+            break
+        gt, node, buf = item
+        if node is not None:
+            if not gt.has_error:
+                prev = (tls.graph_task, tls.grad_mode, tls.context)
+                tls.graph_task, tls.grad_mode, tls.context = gt, gt.create_graph, gt.context
+                try:
+                    evaluate_function(engine, gt, node, buf)
+                except BaseException as exc:  # captured as a value, re-raised by the caller
+                    engine.on_exception(gt, node, exc)
+                finally:
+                    tls.graph_task, tls.grad_mode, tls.context = prev
+            elif tracer.enabled:
+                tracer.node_skipped(gt, node)
+        with gt.lock:
+            gt.outstanding -= 1
+            finished = gt.outstanding == 0
+        if finished:
+            engine.mark_completed(gt)
+            if tls.worker_device != gt.owner:
+                engine.queue_by_index(gt, gt.owner).push_wakeup(gt)

@@ -1,0 +1,57 @@
+"""The project's exception hierarchy, each class mapped to a CLI exit code.
+
+``GraphFileError``  exit 2: the graph file (or an option naming it) is wrong.
+``UsageError``      exit 2: the command line itself is wrong.
+``BackwardError``   exit 1: the backward pass raised (a node failed).
+``OrderMismatch``   exit 3: the executed order or gradients differ from a golden one.
+
+User mistakes are reported as ``Error: <message>`` without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class AutogradRunError(Exception):
+    """Base of every error the command line reports without a traceback."""
+
+    exit_code = 1
+
+
+class GraphFileError(AutogradRunError):
+    """A graph file is malformed, inconsistent or unsafe.
+
+    ``file`` names the file, ``where`` the place in it (``line 3, column 5``
+    for YAML, a JSON path or node id for JSON) and ``what`` the problem.
+    """
+
+    exit_code = 2
+
+    def __init__(self, file: str, where: str | None, what: str):
+        self.file = file
+        self.where = where
+        self.what = what
+        loc = f"{file}: {where}" if where else file
+        super().__init__(f"{loc}: {what}")
+
+
+class UsageError(AutogradRunError):
+    exit_code = 2
+
+
+class BackwardError(AutogradRunError):
+    """Raised by the engine in the calling thread when a node failed.
+
+    ``node_id``/``node_name`` say which node; ``__cause__`` is the original
+    exception (its traceback is shown only with ``--verbose``).
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, node_id: str | None = None, node_name: str | None = None):
+        self.node_id = node_id
+        self.node_name = node_name
+        super().__init__(message)
+
+
+class OrderMismatch(AutogradRunError):
+    exit_code = 3

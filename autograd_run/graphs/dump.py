@@ -1,0 +1,81 @@
+"""Write a ``Graph`` back out: ``graph_to_dict`` then JSON (msgspec) or YAML.
+
+``load(dump(g))`` is equivalent to ``g``: same nodes, edges, metadata,
+roots, variables, inputs, mode and meta. Defaults are omitted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import yaml
+
+from autograd_run.graphs.model import ACCUMULATE_GRAD_SEQ, CPU, FORMAT, Graph, InputMeta
+from autograd_run.graphs.ops import Op
+
+
+def _meta(m: InputMeta) -> dict[str, Any]:
+    d: dict[str, Any] = {"shape": list(m.shape)}
+    if m.dtype != "float32":
+        d["dtype"] = m.dtype
+    if m.device != CPU:
+        d["device"] = str(m.device)
+    if m.stream:
+        d["stream"] = m.stream
+    return d
+
+
+def graph_to_dict(graph: Graph) -> dict[str, Any]:
+    nodes = []
+    for n in graph.nodes:
+        d: dict[str, Any] = {"id": n.id, "name": n.name}
+        if n.op.value != n.name:
+            d["op"] = n.op.value
+        if not (n.op is Op.ACCUMULATE_GRAD and n.seq == ACCUMULATE_GRAD_SEQ):
+            d["seq"] = n.seq
+        if n.variable is not None:
+            d["variable"] = n.variable
+        if n.next:
+            d["next"] = [None if e is None else [e.node.id, e.input_nr] for e in n.next]
+        d["inputs"] = [_meta(m) for m in n.inputs]
+        if n.saved:
+            d["saved"] = n.saved
+        if n.attrs:
+            d["attrs"] = n.attrs
+        nodes.append(d)
+    out: dict[str, Any] = {"format": FORMAT}
+    if graph.mode != "backward":
+        out["mode"] = graph.mode
+    out["roots"] = [{"node": r.edge.node.id, "input_nr": r.edge.input_nr, "grad": r.grad} for r in graph.roots]
+    if graph.variables:
+        out["variables"] = []
+        for v in graph.variables.values():
+            vd: dict[str, Any] = {"name": v.name, "shape": list(v.shape)}
+            if v.dtype != "float32":
+                vd["dtype"] = v.dtype
+            if v.device != CPU:
+                vd["device"] = str(v.device)
+            if v.grad is not None:
+                vd["grad"] = v.grad
+            out["variables"].append(vd)
+    if graph.inputs:
+        out["inputs"] = list(graph.inputs)
+    if graph.meta:
+        out["meta"] = graph.meta
+    out["nodes"] = nodes
+    return out
+
+
+def dumps(doc: dict[str, Any], fmt: str) -> bytes:
+    if fmt == "json":
+        return msgspec.json.encode(doc) + b"\n"
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=None, width=100).encode()
+
+
+def dump_graph(graph: Graph, path: str, fmt: str | None = None) -> None:
+    if fmt is None:
+        fmt = "yaml" if path.lower().endswith((".yaml", ".yml")) else "json"
+    with open(path, "wb") as f:
+        f.write(dumps(graph_to_dict(graph), fmt))

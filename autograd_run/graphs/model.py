@@ -1,0 +1,221 @@
+"""The typed, validated graph model the engine runs.
+
+A ``Graph`` is immutable once loaded: the engine keeps per-run state
+(gradients, released saved tensors) elsewhere. Edges point at ``Node``
+objects directly so the engine's hot path never looks anything up by id.
+
+Derived at load (see ``derive``): each node's ``topo_nr`` (0 without next
+edges, else 1 + max over next nodes), its ``device`` (first non-CPU input
+device, else CPU), its ``stream`` (that input's stream) and its
+``consumers`` (reverse edges: which nodes feed gradient into it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autograd_run.graphs.ops import Op
+
+#: PyTorch gives AccumulateGrad nodes this sequence number so that a ready
+#: leaf outranks every other node.
+ACCUMULATE_GRAD_SEQ = 2**64 - 1
+
+FORMAT = "autograd-graph/1"
+
+DTYPES = ("float16", "float32", "float64", "complex64", "complex128")
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """``cpu`` (index -1) or ``cuda:N``."""
+
+    type: str
+    index: int = -1
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.type == "cpu"
+
+    def __str__(self) -> str:
+        return "cpu" if self.type == "cpu" else f"{self.type}:{self.index}"
+
+    @staticmethod
+    def parse(text: str) -> "Device | None":
+        """``cpu``, ``cuda`` (= ``cuda:0``) or ``cuda:N``; None when malformed."""
+        if text == "cpu":
+            return CPU
+        if text == "cuda":
+            return Device("cuda", 0)
+        if text.startswith("cuda:"):
+            idx = text[5:]
+            if idx.isdigit() and len(idx) <= 3 and int(idx) < 256 and str(int(idx)) == idx:
+                return Device("cuda", int(idx))
+        return None
+
+
+CPU = Device("cpu", -1)
+
+
+@dataclass(frozen=True, slots=True)
+class InputMeta:
+    """What a node expects in one input slot: the gradient's shape, dtype, device, stream."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    device: Device = CPU
+    stream: int = 0
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    """One backward function. Identity-hashed: the engine keys state by node object."""
+
+    id: str
+    name: str
+    op: Op
+    seq: int
+    #: One entry per output: the edge receiving that gradient, or None (dropped).
+    next: list["Edge | None"]
+    inputs: list[InputMeta]
+    #: Saved values by name: plain JSON values, or tensor specs (mappings with
+    #: ``data``, ``npz`` or ``random``); see ``autograd_run.graphs.tensors``.
+    saved: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    #: For AccumulateGrad: the name of the variable it accumulates into.
+    variable: str | None = None
+    # --- derived at load ---
+    index: int = -1
+    topo_nr: int = 0
+    device: Device = CPU
+    stream: int = 0
+    consumers: list[tuple["Node", int]] = field(default_factory=list)
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.inputs)
+
+    def __repr__(self) -> str:
+        return f"<Node {self.id} {self.name} seq={self.seq}>"
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    node: Node
+    input_nr: int
+
+    def __iter__(self):  # allows ``target, nr = edge``
+        yield self.node
+        yield self.input_nr
+
+
+@dataclass(slots=True)
+class Root:
+    """An edge into the graph with the gradient it is seeded with.
+
+    ``grad`` is ``"ones"``, ``"zeros"``, an explicit value (number or nested
+    list), or a tensor spec mapping (``{"random": {...}}``, ``{"npz": key}``).
+    """
+
+    edge: Edge
+    grad: Any = "ones"
+
+
+@dataclass(slots=True)
+class Variable:
+    """A leaf tensor: gradients accumulate into it through its AccumulateGrad node."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    device: Device = CPU
+    #: Initial ``.grad``: None, or a value/spec as for ``Root.grad``.
+    grad: Any = None
+    node: Node | None = None
+
+
+@dataclass(slots=True)
+class Graph:
+    nodes: list[Node]
+    roots: list[Root]
+    variables: dict[str, Variable]
+    #: Requested inputs (variable names or node ids), as for grad(inputs=)/backward(inputs=).
+    inputs: list[str] = field(default_factory=list)
+    mode: str = "backward"
+    #: Free-form top-level metadata (e.g. a captured PyTorch reference).
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: Where the graph came from (a path or ``example:NAME``) and its folder,
+    #: which side files must stay inside.
+    source: str = "<memory>"
+    base_dir: str | None = None
+    by_id: dict[str, Node] = field(default_factory=dict)
+    #: Opens the graph's ``.npz`` side files (``autograd_run.graphs.tensors.SideFiles``).
+    side_files: Any = None
+
+    @property
+    def num_edges(self) -> int:
+        return sum(1 for n in self.nodes for e in n.next if e is not None)
+
+    @property
+    def devices(self) -> list[Device]:
+        seen = {n.device for n in self.nodes}
+        return sorted(seen, key=lambda d: (d.type != "cpu", d.type, d.index))
+
+    def input_edges(self) -> list[Edge]:
+        """The requested inputs as edges: a variable's AccumulateGrad slot 0, or a node's slot 0."""
+        out = []
+        for name in self.inputs:
+            var = self.variables.get(name)
+            node = var.node if var is not None else self.by_id[name]
+            out.append(Edge(node, 0))
+        return out
+
+
+def derive(graph: Graph) -> None:
+    """Fill the derived fields: index, topo_nr, device, stream, consumers.
+
+    Requires an acyclic graph (the validator checks that first). Iterative,
+    so a chain of a million nodes does not hit Python's recursion limit.
+    """
+    for i, node in enumerate(graph.nodes):
+        node.index = i
+        node.consumers = []
+        dev, stream = CPU, 0
+        for meta in node.inputs:
+            if not meta.device.is_cpu:
+                dev, stream = meta.device, meta.stream
+                break
+        node.device, node.stream = dev, stream
+    for node in graph.nodes:
+        for out_nr, e in enumerate(node.next):
+            if e is not None:
+                e.node.consumers.append((node, out_nr))
+    # Topological numbers: post-order over next edges.
+    done = [False] * len(graph.nodes)
+    for start in graph.nodes:
+        if done[start.index]:
+            continue
+        stack = [(start, 0)]
+        while stack:
+            node, k = stack[-1]
+            nxt = node.next
+            while k < len(nxt) and (nxt[k] is None or done[nxt[k].node.index]):
+                k += 1
+            if k < len(nxt):
+                stack[-1] = (node, k + 1)
+                stack.append((nxt[k].node, 0))
+                continue
+            stack.pop()
+            topo = 0
+            for e in nxt:
+                if e is not None and e.node.topo_nr + 1 > topo:
+                    topo = e.node.topo_nr + 1
+            node.topo_nr = topo
+            done[node.index] = True

@@ -1,0 +1,62 @@
+"""The op vocabulary of graph files: which backward rule computes a node.
+
+A node's ``op`` defaults to its ``name`` (PyTorch's class name, e.g.
+``MulBackward0``); graph files may name an op explicitly (``cost``,
+``opaque``, ``python``). The engine keeps one rule per member
+(``autograd_run.engine.rules``); this module only knows the names and the
+few structural facts the validator needs (how many inputs an op takes and
+how its outputs' shapes relate to its inputs).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Op(str, enum.Enum):
+    ACCUMULATE_GRAD = "AccumulateGrad"
+    ADD = "AddBackward0"
+    SUB = "SubBackward0"
+    MUL = "MulBackward0"
+    DIV = "DivBackward0"
+    NEG = "NegBackward0"
+    MM = "MmBackward0"
+    T = "TBackward0"
+    SUM = "SumBackward0"
+    SUM_DIM = "SumBackward1"
+    MEAN = "MeanBackward0"
+    RELU = "ReluBackward0"
+    EXP = "ExpBackward0"
+    TANH = "TanhBackward0"
+    SIGMOID = "SigmoidBackward0"
+    CLONE = "CloneBackward0"
+    TO_COPY = "ToCopyBackward0"
+    VIEW = "ViewBackward0"
+    EXPAND = "ExpandBackward0"
+    # Synthetic nodes.
+    IDENTITY = "identity"   # passes each gradient through unchanged
+    COST = "cost"           # does a given amount of real work, emits declared shapes
+    OPAQUE = "opaque"       # an op without a rule: zeros of the declared shapes
+    PYTHON = "python"       # a Python callable (may re-enter the engine); needs --allow-python
+    # Created by the engine for a backward call with several roots; never in a file.
+    GRAPH_ROOT = "GraphRoot"
+
+
+#: Ops whose gradient outputs all have the shape of their (single) input: the
+#: consumer of each output must be broadcast-compatible with that shape.
+ELEMENTWISE = frozenset({
+    Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG, Op.RELU, Op.EXP, Op.TANH,
+    Op.SIGMOID, Op.CLONE, Op.IDENTITY,
+})
+
+#: Ops that take no gradient input besides their one input slot and have no outputs.
+LEAF_OPS = frozenset({Op.ACCUMULATE_GRAD})
+
+_BY_VALUE = {op.value: op for op in Op}
+# PyTorch's own spelling of the leaf node's name.
+_BY_VALUE["torch::autograd::AccumulateGrad"] = Op.ACCUMULATE_GRAD
+
+
+def op_from_string(text: str) -> Op | None:
+    """The Op named ``text`` (a PyTorch node name or a synthetic op), or None."""
+    return _BY_VALUE.get(text)

@@ -1,0 +1,248 @@
+"""Semantic validation: a decoded ``GraphSpec`` becomes a checked ``Graph``.
+
+Every problem raises ``GraphFileError`` naming the file, the place (through
+the locator) and what is wrong. Checks, in order: format and mode; node ids,
+ops, sequence numbers, input metadata; variables; edges (targets exist,
+input_nr in range); AccumulateGrad wiring; cycles (reported as a path of
+ids); gradient shapes between producers and consumers; roots and their
+gradients; requested inputs; saved tensor specs and side files.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from autograd_run.errors import GraphFileError
+from autograd_run.graphs import tensors
+from autograd_run.graphs.model import (
+    ACCUMULATE_GRAD_SEQ, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
+)
+from autograd_run.graphs.ops import ELEMENTWISE, Op, op_from_string
+from autograd_run.graphs.schema import GraphSpec
+
+MAX_NODES = 20_000_000
+MAX_STREAM = 1 << 16
+
+
+def is_expandable_to(shape: tuple[int, ...], desired: tuple[int, ...]) -> bool:
+    """PyTorch's ``is_expandable_to``: can ``shape`` broadcast up to ``desired``?"""
+    if len(shape) > len(desired):
+        return False
+    for i in range(1, len(shape) + 1):
+        s, d = shape[-i], desired[-i]
+        if s != d and s != 1:
+            return False
+    return True
+
+
+class _Checker:
+    def __init__(self, spec: GraphSpec, source: str, base_dir: str | None, locator,
+                 side_name: str | None = None):
+        self.spec = spec
+        self.source = source
+        self.locator = locator
+        if side_name is None and base_dir:
+            side_name = os.path.splitext(os.path.basename(source))[0] + ".npz"
+        self.side = tensors.SideFiles(base_dir, side_name)
+        self.base_dir = base_dir
+
+    def err(self, path: tuple, what: str) -> GraphFileError:
+        return GraphFileError(self.source, self.locator.where(path), what)
+
+    # -- pieces -------------------------------------------------------------
+    def device(self, text: Any, path: tuple) -> Device:
+        dev = Device.parse(text) if isinstance(text, str) else None
+        if dev is None:
+            raise self.err(path, f"unknown device {text!r}; expected 'cpu' or 'cuda:N'")
+        return dev
+
+    def meta(self, m, path: tuple) -> InputMeta:
+        shape = tensors.check_shape(m.shape, path + ("shape",), self.err)
+        tensors.check_dtype(m.dtype, path + ("dtype",), self.err)
+        dev = self.device(m.device, path + ("device",))
+        if not 0 <= m.stream < MAX_STREAM:
+            raise self.err(path + ("stream",), f"stream must be in [0, {MAX_STREAM}), got {m.stream}")
+        return InputMeta(shape, m.dtype, dev, m.stream)
+
+    # -- the whole graph ----------------------------------------------------
+    def run(self) -> Graph:
+        spec = self.spec
+        if spec.format != FORMAT:
+            raise self.err(("format",), f"unsupported format {spec.format!r}; expected {FORMAT!r}")
+        if spec.mode not in ("backward", "grad"):
+            raise self.err(("mode",), f"mode must be 'backward' or 'grad', got {spec.mode!r}")
+        if len(spec.nodes) > MAX_NODES:
+            raise self.err(("nodes",), f"{len(spec.nodes)} nodes is more than the limit of {MAX_NODES}")
+        if not spec.nodes:
+            raise self.err(("nodes",), "a graph needs at least one node")
+
+        variables: dict[str, Variable] = {}
+        for i, v in enumerate(spec.variables):
+            p = ("variables", i)
+            if not v.name:
+                raise self.err(p + ("name",), "variable name must not be empty")
+            if v.name in variables:
+                raise self.err(p + ("name",), f"duplicate variable name {v.name!r}")
+            shape = tensors.check_shape(v.shape, p + ("shape",), self.err)
+            tensors.check_dtype(v.dtype, p + ("dtype",), self.err)
+            dev = self.device(v.device, p + ("device",))
+            if v.grad is not None:
+                tensors.check_tensor(v.grad, p + ("grad",), self.err, self.side, shape, v.dtype, allow_fill=True)
+            variables[v.name] = Variable(v.name, shape, v.dtype, dev, v.grad)
+
+        nodes: list[Node] = []
+        by_id: dict[str, Node] = {}
+        node_spec_op = []
+        for i, ns in enumerate(spec.nodes):
+            p = ("nodes", i)
+            if not ns.id:
+                raise self.err(p + ("id",), "node id must not be empty")
+            if ns.id in by_id:
+                raise self.err(p + ("id",), f"duplicate node id {ns.id!r}")
+            if not ns.name:
+                raise self.err(p + ("name",), "node name must not be empty")
+            op_text = ns.op if ns.op is not None else ns.name
+            op = op_from_string(op_text)
+            if op is Op.GRAPH_ROOT:
+                raise self.err(p + ("name",) if ns.op is None else p + ("op",),
+                               "GraphRoot nodes are created by the engine, not declared in a file")
+            if op is None:
+                where = p + ("op",) if ns.op is not None else p + ("name",)
+                hint = "" if ns.op is not None else " (give 'op: opaque' to replay it without a rule)"
+                raise self.err(where, f"unknown op {op_text!r}{hint}")
+            if ns.seq is not None and not 0 <= ns.seq <= ACCUMULATE_GRAD_SEQ:
+                raise self.err(p + ("seq",), f"seq must be in [0, 2**64-1], got {ns.seq}")
+            inputs = [self.meta(m, p + ("inputs", j)) for j, m in enumerate(ns.inputs)]
+            if op is Op.ACCUMULATE_GRAD:
+                if ns.variable is None:
+                    raise self.err(p, "an AccumulateGrad node needs 'variable'")
+                var = variables.get(ns.variable)
+                if var is None:
+                    raise self.err(p + ("variable",), f"unknown variable {ns.variable!r}")
+                if var.node is not None:
+                    raise self.err(p + ("variable",), f"variable {ns.variable!r} already has AccumulateGrad node {var.node.id!r}")
+                if ns.next:
+                    raise self.err(p + ("next",), "an AccumulateGrad node has no next edges")
+                if not inputs:
+                    inputs = [InputMeta(var.shape, var.dtype, var.device, 0)]
+                if len(inputs) != 1:
+                    raise self.err(p + ("inputs",), "an AccumulateGrad node has exactly one input")
+                if inputs[0].shape != var.shape:
+                    raise self.err(p + ("inputs", 0, "shape"),
+                                   f"input shape {list(inputs[0].shape)} does not match variable {var.name!r} shape {list(var.shape)}")
+            elif ns.variable is not None:
+                raise self.err(p + ("variable",), "only AccumulateGrad nodes name a variable")
+            seq = ns.seq if ns.seq is not None else (ACCUMULATE_GRAD_SEQ if op is Op.ACCUMULATE_GRAD else None)
+            node = Node(ns.id, ns.name, op, seq if seq is not None else -1, [], inputs,
+                        ns.saved, ns.attrs, ns.variable)
+            if op is Op.ACCUMULATE_GRAD:
+                variables[ns.variable].node = node
+            nodes.append(node)
+            by_id[ns.id] = node
+            node_spec_op.append(op)
+
+        # Edges.
+        for i, (ns, node) in enumerate(zip(spec.nodes, nodes)):
+            for k, e in enumerate(ns.next):
+                if e is None:
+                    node.next.append(None)
+                    continue
+                tid, nr = e
+                target = by_id.get(tid)
+                if target is None:
+                    raise self.err(("nodes", i, "next", k, 0), f"edge to missing node {tid!r}")
+                if not 0 <= nr < len(target.inputs):
+                    raise self.err(("nodes", i, "next", k, 1),
+                                   f"input_nr {nr} out of range: node {tid!r} has {len(target.inputs)} input(s)")
+                node.next.append(Edge(target, nr))
+
+        self.check_acyclic(nodes)
+        graph = Graph(nodes, [], variables, list(spec.inputs), spec.mode, dict(spec.meta),
+                      self.source, self.base_dir, by_id)
+        derive(graph)
+        # Default sequence numbers: the topological number (nodes nearer the root run first).
+        for node in nodes:
+            if node.seq < 0:
+                node.seq = node.topo_nr
+        self.check_shapes(nodes)
+        self.check_saved(spec, nodes)
+
+        for i, r in enumerate(spec.roots):
+            p = ("roots", i)
+            target = by_id.get(r.node)
+            if target is None:
+                raise self.err(p + ("node",), f"root edge to missing node {r.node!r}")
+            if not 0 <= r.input_nr < len(target.inputs):
+                raise self.err(p + ("input_nr",),
+                               f"input_nr {r.input_nr} out of range: node {r.node!r} has {len(target.inputs)} input(s)")
+            meta = target.inputs[r.input_nr]
+            tensors.check_tensor(r.grad, p + ("grad",), self.err, self.side, meta.shape, meta.dtype, allow_fill=True)
+            graph.roots.append(Root(Edge(target, r.input_nr), r.grad))
+        if not graph.roots:
+            raise self.err(("roots",), "a graph needs at least one root")
+
+        for i, name in enumerate(spec.inputs):
+            var = variables.get(name)
+            if var is not None:
+                if var.node is None:
+                    raise self.err(("inputs", i), f"variable {name!r} has no AccumulateGrad node")
+            elif name not in by_id:
+                raise self.err(("inputs", i), f"unknown input {name!r}: not a variable or node id")
+        if spec.mode == "grad" and not spec.inputs:
+            raise self.err(("inputs",), "mode 'grad' needs 'inputs' (grad requires non-empty inputs)")
+        return graph
+
+    def check_acyclic(self, nodes: list[Node]) -> None:
+        color = {}  # id(node) -> 1 on stack, 2 done
+        for start in nodes:
+            if id(start) in color:
+                continue
+            stack = [(start, 0)]
+            color[id(start)] = 1
+            while stack:
+                node, k = stack[-1]
+                if k < len(node.next):
+                    stack[-1] = (node, k + 1)
+                    e = node.next[k]
+                    if e is None:
+                        continue
+                    c = color.get(id(e.node))
+                    if c == 1:
+                        ids = [n.id for n, _ in stack]
+                        cycle = ids[ids.index(e.node.id):] + [e.node.id]
+                        i = nodes.index(node)
+                        raise self.err(("nodes", i, "next", k), "cycle: " + " -> ".join(cycle))
+                    if c is None:
+                        color[id(e.node)] = 1
+                        stack.append((e.node, 0))
+                else:
+                    color[id(node)] = 2
+                    stack.pop()
+
+    def check_shapes(self, nodes: list[Node]) -> None:
+        for i, node in enumerate(nodes):
+            if node.op in ELEMENTWISE and node.inputs:
+                out_shape = node.inputs[0].shape
+                for k, e in enumerate(node.next):
+                    if e is None:
+                        continue
+                    want = e.node.inputs[e.input_nr].shape
+                    if not is_expandable_to(want, out_shape):
+                        raise self.err(("nodes", i, "next", k),
+                                       f"{node.name} produces a gradient of shape {list(out_shape)} for "
+                                       f"{e.node.id!r} input {e.input_nr}, whose shape {list(want)} is not compatible")
+
+    def check_saved(self, spec: GraphSpec, nodes: list[Node]) -> None:
+        for i, node in enumerate(nodes):
+            for key, value in node.saved.items():
+                if tensors.is_tensor_spec(value):
+                    tensors.check_tensor(value, ("nodes", i, "saved", key), self.err, self.side)
+
+
+def build_graph(spec: GraphSpec, source: str, base_dir: str | None, locator,
+                side_name: str | None = None) -> Graph:
+    checker = _Checker(spec, source, base_dir, locator, side_name)
+    graph = checker.run()
+    graph.side_files = checker.side
+    return graph

@@ -1,0 +1,1 @@
+"""Tracing: recorders for the engine's hooks, the Chrome trace writer, summaries."""
