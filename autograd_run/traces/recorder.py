@@ -1,0 +1,83 @@
+"""Recorder: a tracer that keeps typed, timestamped events of a run.
+
+Events are tuples appended to a list (cheap on the hot path); the clock is
+injected (``time.perf_counter_ns`` by default). ``events`` is read after
+the run by pure functions (``chrome.to_chrome_trace``, ``summary``).
+Appending to a list is atomic under the GIL, so workers need no lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from autograd_run.engine.tracer import Tracer
+
+# Event kinds (first field of each tuple).
+NODE_START = "node_start"    # (kind, ts, tid, gt_id, depth, node)
+NODE_END = "node_end"        # (kind, ts, tid, gt_id, depth, node)
+PUSH = "push"                # (kind, ts, tid, queue_name, gt_id, node, queue_depth)
+POP = "pop"                  # (kind, ts, tid, queue_name, gt_id, node, queue_depth)
+SKIP = "skip"                # (kind, ts, tid, gt_id, node)
+LOCK_WAIT = "lock_wait"      # (kind, ts_end, tid, lock_name, gt_id, waited_ns)
+SYNC = "sync"                # (kind, ts, tid, gt_id, producer, consumer, src, dst)
+ERROR = "error"              # (kind, ts, tid, gt_id, node, message)
+NAN = "nan"                  # (kind, ts, tid, gt_id, node, index)
+IDLE = "idle"                # (kind, start, tid, queue_name, end)
+GT_START = "gt_start"        # (kind, ts, tid, gt_id, depth)
+GT_END = "gt_end"            # (kind, ts, tid, gt_id, outstanding_error)
+
+
+@dataclass
+class Recorder(Tracer):
+    clock: Callable[[], int] = time.perf_counter_ns
+    events: list = field(default_factory=list)
+    #: thread ident -> thread name, filled as threads first report.
+    threads: dict = field(default_factory=dict)
+    enabled = True
+
+    def _tid(self) -> int:
+        t = threading.current_thread()
+        tid = t.ident
+        if tid not in self.threads:
+            self.threads[tid] = t.name
+        return tid
+
+    def graph_task_start(self, gt) -> None:
+        self.events.append((GT_START, self.clock(), self._tid(), gt.id, gt.reentrant_depth))
+
+    def graph_task_end(self, gt) -> None:
+        self.events.append((GT_END, self.clock(), self._tid(), gt.id,
+                            None if gt.error is None else str(gt.error)))
+
+    def task_pushed(self, queue, gt, node, depth) -> None:
+        self.events.append((PUSH, self.clock(), self._tid(), queue.name, gt.id if gt is not None else -1, node, depth))
+
+    def task_popped(self, queue, gt, node, depth) -> None:
+        self.events.append((POP, self.clock(), self._tid(), queue.name, gt.id, node, depth))
+
+    def node_start(self, gt, node) -> None:
+        self.events.append((NODE_START, self.clock(), self._tid(), gt.id, gt.reentrant_depth, node))
+
+    def node_end(self, gt, node) -> None:
+        self.events.append((NODE_END, self.clock(), self._tid(), gt.id, gt.reentrant_depth, node))
+
+    def node_skipped(self, gt, node) -> None:
+        self.events.append((SKIP, self.clock(), self._tid(), gt.id, node))
+
+    def lock_wait(self, lock_name, gt, waited_ns) -> None:
+        self.events.append((LOCK_WAIT, self.clock(), self._tid(), lock_name, gt.id if gt is not None else -1, waited_ns))
+
+    def sync(self, gt, producer, consumer, src, dst) -> None:
+        self.events.append((SYNC, self.clock(), self._tid(), gt.id, producer, consumer, src, dst))
+
+    def error(self, gt, node, exc) -> None:
+        self.events.append((ERROR, self.clock(), self._tid(), gt.id, node, str(exc)))
+
+    def nan_detected(self, gt, node, index) -> None:
+        self.events.append((NAN, self.clock(), self._tid(), gt.id, node, index))
+
+    def worker_idle(self, queue, start_ns, end_ns) -> None:
+        self.events.append((IDLE, start_ns, self._tid(), queue.name, end_ns))
