@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autograd_run.graphs.model import DTYPES
+from autograd_run.graphs.model import DTYPES, SAVED_DTYPES
 
 TENSOR_KEYS = ("data", "npz", "random")
 #: Refuse any single tensor larger than this many elements (graph files are untrusted).
@@ -53,9 +53,9 @@ def check_shape(shape: Any, path: tuple, err: Err) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def check_dtype(dtype: Any, path: tuple, err: Err) -> str:
-    if dtype not in DTYPES:
-        raise err(path, f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+def check_dtype(dtype: Any, path: tuple, err: Err, allowed: tuple = DTYPES) -> str:
+    if dtype not in allowed:
+        raise err(path, f"unsupported dtype {dtype!r}; expected one of {', '.join(allowed)}")
     return dtype
 
 
@@ -139,7 +139,7 @@ def check_tensor(value: Any, path: tuple, err: Err, side: SideFiles,
         if extra:
             raise err(path, f"unknown field {extra[0]!r} in a {kind!r} tensor spec")
         if "dtype" in value:
-            check_dtype(value["dtype"], path + ("dtype",), err)
+            check_dtype(value["dtype"], path + ("dtype",), err, DTYPES if allow_fill else SAVED_DTYPES)
         declared = check_shape(value["shape"], path + ("shape",), err) if "shape" in value else None
         if declared is not None and shape is not None and declared != tuple(shape):
             raise err(path + ("shape",), f"shape {list(declared)} does not match the expected {list(shape)}")
