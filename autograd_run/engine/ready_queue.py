@@ -49,8 +49,10 @@ class ReadyQueue:
                 self._push(key, item)
                 depth = len(self._keys)
                 self._not_empty.notify()
+            if item is SHUTDOWN:
+                return
             if waited > 0:
-                tracer.lock_wait(f"queue {self.name}", item[0] if item is not SHUTDOWN else None, waited)
+                tracer.lock_wait(f"queue {self.name}", item[0], waited)
             tracer.task_pushed(self, item[0], item[1], depth)
             return
         with self._lock:

@@ -1,0 +1,108 @@
+"""The command line: exit codes, `Error: ...` on stderr, no tracebacks."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from autograd_run.cli.main import cli, main
+
+
+def invoke(args):
+    runner = CliRunner()
+    try:
+        result = runner.invoke(cli, args, catch_exceptions=True, prog_name="autograd-run",
+                               standalone_mode=False)
+    except SystemExit:
+        raise
+    return result
+
+
+def run_main(args, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    out = capsys.readouterr()
+    return info.value.code, out.out, out.err
+
+
+def test_default_command_runs_a_graph_and_writes_a_trace(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    code, out, err = run_main(["example:seed", "--trace", str(trace)], capsys)
+    assert code == 0, err
+    doc = json.loads(trace.read_text())
+    names = [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"]
+    assert names.count("MulBackward0") == 2 and "SumBackward0" in names
+
+
+def test_validate_ok_and_errors(tmp_path, capsys):
+    code, out, err = run_main(["validate", "example:seed"], capsys)
+    assert code == 0 and "5 nodes, 5 edges, devices: cpu, roots: 1" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("format: autograd-graph/1\nroots: [{node: x}]\nnodes:\n  - {id: x, name: Nope}\n")
+    code, out, err = run_main(["validate", str(bad), "example:seed"], capsys)
+    assert code == 2
+    assert err.startswith(f"Error: {bad}: line 4, column")
+    assert "unknown op 'Nope'" in err and "Traceback" not in err
+
+
+def test_backward_error_exit_1(capsys):
+    code, out, err = run_main(["run", "example:failing", "--no-summary"], capsys)
+    assert code == 1
+    assert err.strip() == "Error: node 'mul_c' (MulBackward0): simulated failure in c = a * 3"
+
+
+def test_inject_error_and_nan(capsys):
+    code, _, err = run_main(["example:seed", "--inject-error", "add", "--no-summary"], capsys)
+    assert code == 1 and "node 'add'" in err
+    code, _, err = run_main(["example:seed", "--inject-nan", "mul_b", "--anomaly", "--no-summary"], capsys)
+    assert code == 1 and "Function 'MulBackward0' returned nan values in its 0th output." in err
+    assert "Traceback of forward call" in err
+    code, _, err = run_main(["example:seed", "--inject-error", "ghost"], capsys)
+    assert code == 2 and "no node 'ghost'" in err
+
+
+def test_python_nodes_need_allow_python(capsys):
+    code, _, err = run_main(["example:reentrant", "--no-summary"], capsys)
+    assert code == 1 and "--allow-python" in err
+    code, out, err = run_main(["example:reentrant", "--allow-python"], capsys)
+    assert code == 0, err
+
+
+def test_order_out(tmp_path, capsys):
+    p = tmp_path / "order.jsonl"
+    code, _, err = run_main(["example:seed", "--no-summary", "--order-out", str(p)], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in p.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["sum", "add", "mul_c", "mul_b", "acc_a"]
+    assert rows[0]["position"] == 0 and rows[2]["seq"] == 1
+
+
+def test_gen_then_run(tmp_path, capsys):
+    out_file = tmp_path / "tf.json"
+    code, out, err = run_main(["gen", "transformer", "--layers", "2", "--devices", "2", "-o", str(out_file)], capsys)
+    assert code == 0, err
+    code, out, err = run_main(["validate", str(out_file)], capsys)
+    assert code == 0 and "cuda:0, cuda:1" in out
+    code, out, err = run_main([str(out_file), "--no-summary"], capsys)
+    assert code == 0, err
+    code, out, err = run_main(["gen", "mlp", "-o", str(tmp_path / "x.txt")], capsys)
+    assert code == 2 and err.startswith("Error: ")
+
+
+def test_grad_mode_with_inputs(capsys):
+    code, out, err = run_main(["example:seed", "--grad", "--inputs", "a"], capsys)
+    assert code == 0, err
+    assert "gradients (grad)" in out
+    code, out, err = run_main(["example:seed", "--grad", "--inputs", "zz"], capsys)
+    assert code == 2 and "'zz'" in err
+
+
+def test_missing_file_is_a_clean_error(capsys):
+    code, out, err = run_main(["/no/such/graph.yaml"], capsys)
+    assert code == 2 and err.strip() == "Error: /no/such/graph.yaml: no such file"
+
+
+def test_help_shows_examples(capsys):
+    for cmd in (["--help"], ["run", "--help"], ["validate", "--help"], ["gen", "--help"]):
+        code, out, err = run_main(cmd, capsys)
+        assert code == 0 and "autograd-run" in out and "Example" in out
