@@ -13,7 +13,7 @@ device, else CPU), its ``stream`` (that input's stream) and its
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from autograd_run.graphs.ops import Op
 
@@ -99,7 +99,7 @@ class Node:
     topo_nr: int = 0
     device: Device = CPU
     stream: int = 0
-    consumers: list[tuple["Node", int]] = field(default_factory=list)
+    consumers: list[tuple["Node", int]] | None = None
 
     @property
     def num_inputs(self) -> int:
@@ -109,14 +109,11 @@ class Node:
         return f"<Node {self.id} {self.name} seq={self.seq}>"
 
 
-@dataclass(frozen=True, slots=True)
-class Edge:
-    node: Node
-    input_nr: int
+class Edge(NamedTuple):
+    """(node, input_nr): which input slot of which node receives a gradient."""
 
-    def __iter__(self):  # allows ``target, nr = edge``
-        yield self.node
-        yield self.input_nr
+    node: "Node"
+    input_nr: int
 
 
 @dataclass(slots=True)
@@ -182,43 +179,74 @@ class Graph:
 
 
 def derive(graph: Graph) -> None:
-    """Fill the derived fields: index, topo_nr, device, stream, consumers.
+    """Fill the derived fields: index, device, stream, consumers and topo_nr.
 
-    Requires an acyclic graph (the validator checks that first). Iterative,
-    so a chain of a million nodes does not hit Python's recursion limit.
+    Raises ``ValueError(cycle)`` with the cycle as a list of nodes if the
+    graph is not acyclic. Iterative, so a chain of a million nodes does not
+    hit Python's recursion limit.
     """
-    for i, node in enumerate(graph.nodes):
+    nodes = graph.nodes
+    for i, node in enumerate(nodes):
         node.index = i
         node.consumers = []
-        dev, stream = CPU, 0
         for meta in node.inputs:
-            if not meta.device.is_cpu:
-                dev, stream = meta.device, meta.stream
+            if meta.device.type != "cpu":
+                node.device, node.stream = meta.device, meta.stream
                 break
-        node.device, node.stream = dev, stream
-    for node in graph.nodes:
-        for out_nr, e in enumerate(node.next):
+        else:
+            node.device, node.stream = CPU, 0
+    for node in nodes:
+        out_nr = 0
+        for e in node.next:
             if e is not None:
-                e.node.consumers.append((node, out_nr))
-    # Topological numbers: post-order over next edges.
-    done = [False] * len(graph.nodes)
-    for start in graph.nodes:
-        if done[start.index]:
-            continue
-        stack = [(start, 0)]
-        while stack:
-            node, k = stack[-1]
-            nxt = node.next
-            while k < len(nxt) and (nxt[k] is None or done[nxt[k].node.index]):
-                k += 1
-            if k < len(nxt):
-                stack[-1] = (node, k + 1)
-                stack.append((nxt[k].node, 0))
-                continue
-            stack.pop()
+                e[0].consumers.append((node, out_nr))
+            out_nr += 1
+    # Fast path: files usually list consumers before producers (edges point forward
+    # in the list); then one reverse pass gives the topological numbers and proves
+    # the graph acyclic.
+    forward = True
+    for node in nodes:
+        i = node.index
+        for e in node.next:
+            if e is not None and e[0].index <= i:
+                forward = False
+                break
+        if not forward:
+            break
+    if forward:
+        for node in reversed(nodes):
             topo = 0
-            for e in nxt:
-                if e is not None and e.node.topo_nr + 1 > topo:
-                    topo = e.node.topo_nr + 1
+            for e in node.next:
+                if e is not None and e[0].topo_nr >= topo:
+                    topo = e[0].topo_nr + 1
             node.topo_nr = topo
-            done[node.index] = True
+        return
+    # General case: an iterative post-order DFS; state 1 = on the stack, 2 = done.
+    state = [0] * len(nodes)
+    for start in nodes:
+        if state[start.index]:
+            continue
+        state[start.index] = 1
+        stack = [(start, iter(start.next))]
+        while stack:
+            node, it = stack[-1]
+            for e in it:
+                if e is None:
+                    continue
+                child = e[0]
+                st = state[child.index]
+                if st == 0:
+                    state[child.index] = 1
+                    stack.append((child, iter(child.next)))
+                    break
+                if st == 1:
+                    path = [n for n, _ in stack]
+                    raise ValueError(path[path.index(child):] + [child])
+            else:
+                stack.pop()
+                topo = 0
+                for e in node.next:
+                    if e is not None and e[0].topo_nr >= topo:
+                        topo = e[0].topo_nr + 1
+                node.topo_nr = topo
+                state[node.index] = 2

@@ -13,8 +13,10 @@ from typing import Any, Optional
 import msgspec
 
 
-class MetaSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    shape: list[int]
+class MetaSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True):
+    """Frozen (hashable): the loader checks each distinct metadata once."""
+
+    shape: tuple[int, ...]
     dtype: str = "float32"
     device: str = "cpu"
     stream: int = 0

@@ -36,6 +36,22 @@ def is_tensor_spec(value: Any) -> bool:
     return isinstance(value, dict) and any(k in value for k in TENSOR_KEYS)
 
 
+def quick_random_ok(value: dict) -> bool:
+    """True for the common well-formed ``{"random": seed, "shape": [...]}`` spec (no slow checks needed)."""
+    if len(value) != 2:
+        return False
+    seed = value.get("random")
+    shape = value.get("shape")
+    if type(seed) is not int or not 0 <= seed < 2**63 or type(shape) is not list or len(shape) > MAX_DIMS:
+        return False
+    numel = 1
+    for s in shape:
+        if type(s) is not int or s < 0:
+            return False
+        numel *= s
+    return numel <= MAX_NUMEL
+
+
 def check_shape(shape: Any, path: tuple, err: Err) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or any(
         isinstance(s, bool) or not isinstance(s, int) for s in shape

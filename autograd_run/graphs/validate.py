@@ -45,6 +45,7 @@ class _Checker:
         if side_name is None and base_dir:
             side_name = os.path.splitext(os.path.basename(source))[0] + ".npz"
         self.side = tensors.SideFiles(base_dir, side_name)
+        self._metas: dict = {}
         self.base_dir = base_dir
 
     def err(self, path: tuple, what: str) -> GraphFileError:
@@ -57,13 +58,48 @@ class _Checker:
             raise self.err(path, f"unknown device {text!r}; expected 'cpu' or 'cuda:N'")
         return dev
 
-    def meta(self, m, path: tuple) -> InputMeta:
+    def _meta(self, m, path: tuple) -> InputMeta:
         shape = tensors.check_shape(m.shape, path + ("shape",), self.err)
         tensors.check_dtype(m.dtype, path + ("dtype",), self.err)
         dev = self.device(m.device, path + ("device",))
         if not 0 <= m.stream < MAX_STREAM:
             raise self.err(path + ("stream",), f"stream must be in [0, {MAX_STREAM}), got {m.stream}")
         return InputMeta(shape, m.dtype, dev, m.stream)
+
+    def resolve_op(self, ns, i: int) -> Op:
+        p = ("nodes", i)
+        if not ns.name:
+            raise self.err(p + ("name",), "node name must not be empty")
+        op_text = ns.op if ns.op is not None else ns.name
+        op = op_from_string(op_text)
+        if op is Op.GRAPH_ROOT:
+            raise self.err(p + ("name",) if ns.op is None else p + ("op",),
+                           "GraphRoot nodes are created by the engine, not declared in a file")
+        if op is None:
+            where = p + ("op",) if ns.op is not None else p + ("name",)
+            hint = "" if ns.op is not None else " (give 'op: opaque' to replay it without a rule)"
+            raise self.err(where, f"unknown op {op_text!r}{hint}")
+        return op
+
+    def check_accumulate(self, ns, i: int, inputs: list, variables: dict) -> list:
+        p = ("nodes", i)
+        if ns.variable is None:
+            raise self.err(p, "an AccumulateGrad node needs 'variable'")
+        var = variables.get(ns.variable)
+        if var is None:
+            raise self.err(p + ("variable",), f"unknown variable {ns.variable!r}")
+        if var.node is not None:
+            raise self.err(p + ("variable",), f"variable {ns.variable!r} already has AccumulateGrad node {var.node.id!r}")
+        if ns.next:
+            raise self.err(p + ("next",), "an AccumulateGrad node has no next edges")
+        if not inputs:
+            inputs = [InputMeta(var.shape, var.dtype, var.device, 0)]
+        if len(inputs) != 1:
+            raise self.err(p + ("inputs",), "an AccumulateGrad node has exactly one input")
+        if inputs[0].shape != var.shape:
+            raise self.err(p + ("inputs", 0, "shape"),
+                           f"input shape {list(inputs[0].shape)} does not match variable {var.name!r} shape {list(var.shape)}")
+        return inputs
 
     # -- the whole graph ----------------------------------------------------
     def run(self) -> Graph:
@@ -93,60 +129,47 @@ class _Checker:
 
         nodes: list[Node] = []
         by_id: dict[str, Node] = {}
-        node_spec_op = []
+        ops: dict[str, Op] = {}
+        metas = self._metas
+        new_node = Node
+        acc = Op.ACCUMULATE_GRAD
+        max_seq = ACCUMULATE_GRAD_SEQ
         for i, ns in enumerate(spec.nodes):
-            p = ("nodes", i)
-            if not ns.id:
-                raise self.err(p + ("id",), "node id must not be empty")
-            if ns.id in by_id:
-                raise self.err(p + ("id",), f"duplicate node id {ns.id!r}")
-            if not ns.name:
-                raise self.err(p + ("name",), "node name must not be empty")
+            nid = ns.id
+            if not nid or nid in by_id:
+                p = ("nodes", i, "id")
+                raise self.err(p, "node id must not be empty" if not nid else f"duplicate node id {nid!r}")
             op_text = ns.op if ns.op is not None else ns.name
-            op = op_from_string(op_text)
-            if op is Op.GRAPH_ROOT:
-                raise self.err(p + ("name",) if ns.op is None else p + ("op",),
-                               "GraphRoot nodes are created by the engine, not declared in a file")
+            op = ops.get(op_text)
             if op is None:
-                where = p + ("op",) if ns.op is not None else p + ("name",)
-                hint = "" if ns.op is not None else " (give 'op: opaque' to replay it without a rule)"
-                raise self.err(where, f"unknown op {op_text!r}{hint}")
-            if ns.seq is not None and not 0 <= ns.seq <= ACCUMULATE_GRAD_SEQ:
-                raise self.err(p + ("seq",), f"seq must be in [0, 2**64-1], got {ns.seq}")
-            inputs = [self.meta(m, p + ("inputs", j)) for j, m in enumerate(ns.inputs)]
-            if op is Op.ACCUMULATE_GRAD:
-                if ns.variable is None:
-                    raise self.err(p, "an AccumulateGrad node needs 'variable'")
-                var = variables.get(ns.variable)
-                if var is None:
-                    raise self.err(p + ("variable",), f"unknown variable {ns.variable!r}")
-                if var.node is not None:
-                    raise self.err(p + ("variable",), f"variable {ns.variable!r} already has AccumulateGrad node {var.node.id!r}")
-                if ns.next:
-                    raise self.err(p + ("next",), "an AccumulateGrad node has no next edges")
-                if not inputs:
-                    inputs = [InputMeta(var.shape, var.dtype, var.device, 0)]
-                if len(inputs) != 1:
-                    raise self.err(p + ("inputs",), "an AccumulateGrad node has exactly one input")
-                if inputs[0].shape != var.shape:
-                    raise self.err(p + ("inputs", 0, "shape"),
-                                   f"input shape {list(inputs[0].shape)} does not match variable {var.name!r} shape {list(var.shape)}")
+                op = ops[op_text] = self.resolve_op(ns, i)
+            seq = ns.seq
+            if seq is not None and not 0 <= seq <= max_seq:
+                raise self.err(("nodes", i, "seq"), f"seq must be in [0, 2**64-1], got {seq}")
+            inputs = [metas.get(m) for m in ns.inputs]
+            if None in inputs:
+                for j, m in enumerate(ns.inputs):
+                    if inputs[j] is None:
+                        inputs[j] = metas[m] = self._meta(m, ("nodes", i, "inputs", j))
+            if op is acc:
+                inputs = self.check_accumulate(ns, i, inputs, variables)
+                if seq is None:
+                    seq = max_seq
             elif ns.variable is not None:
-                raise self.err(p + ("variable",), "only AccumulateGrad nodes name a variable")
-            seq = ns.seq if ns.seq is not None else (ACCUMULATE_GRAD_SEQ if op is Op.ACCUMULATE_GRAD else None)
-            node = Node(ns.id, ns.name, op, seq if seq is not None else -1, [], inputs,
-                        ns.saved, ns.attrs, ns.variable)
-            if op is Op.ACCUMULATE_GRAD:
+                raise self.err(("nodes", i, "variable"), "only AccumulateGrad nodes name a variable")
+            node = new_node(nid, ns.name, op, -1 if seq is None else seq, [], inputs, ns.saved, ns.attrs, ns.variable)
+            if op is acc:
                 variables[ns.variable].node = node
             nodes.append(node)
-            by_id[ns.id] = node
-            node_spec_op.append(op)
+            by_id[nid] = node
 
         # Edges.
-        for i, (ns, node) in enumerate(zip(spec.nodes, nodes)):
+        make_edge = tuple.__new__
+        for i, ns in enumerate(spec.nodes):
+            out = nodes[i].next
             for k, e in enumerate(ns.next):
                 if e is None:
-                    node.next.append(None)
+                    out.append(None)
                     continue
                 tid, nr = e
                 target = by_id.get(tid)
@@ -155,12 +178,17 @@ class _Checker:
                 if not 0 <= nr < len(target.inputs):
                     raise self.err(("nodes", i, "next", k, 1),
                                    f"input_nr {nr} out of range: node {tid!r} has {len(target.inputs)} input(s)")
-                node.next.append(Edge(target, nr))
+                out.append(make_edge(Edge, (target, nr)))
 
-        self.check_acyclic(nodes)
         graph = Graph(nodes, [], variables, list(spec.inputs), spec.mode, dict(spec.meta),
                       self.source, self.base_dir, by_id)
-        derive(graph)
+        try:
+            derive(graph)
+        except ValueError as exc:
+            cycle = exc.args[0]
+            src = cycle[-2]
+            k = next(k for k, e in enumerate(src.next) if e is not None and e.node is cycle[-1])
+            raise self.err(("nodes", src.index, "next", k), "cycle: " + " -> ".join(n.id for n in cycle)) from None
         # Default sequence numbers: the topological number (nodes nearer the root run first).
         for node in nodes:
             if node.seq < 0:
@@ -193,33 +221,6 @@ class _Checker:
             raise self.err(("inputs",), "mode 'grad' needs 'inputs' (grad requires non-empty inputs)")
         return graph
 
-    def check_acyclic(self, nodes: list[Node]) -> None:
-        color = {}  # id(node) -> 1 on stack, 2 done
-        for start in nodes:
-            if id(start) in color:
-                continue
-            stack = [(start, 0)]
-            color[id(start)] = 1
-            while stack:
-                node, k = stack[-1]
-                if k < len(node.next):
-                    stack[-1] = (node, k + 1)
-                    e = node.next[k]
-                    if e is None:
-                        continue
-                    c = color.get(id(e.node))
-                    if c == 1:
-                        ids = [n.id for n, _ in stack]
-                        cycle = ids[ids.index(e.node.id):] + [e.node.id]
-                        i = nodes.index(node)
-                        raise self.err(("nodes", i, "next", k), "cycle: " + " -> ".join(cycle))
-                    if c is None:
-                        color[id(e.node)] = 1
-                        stack.append((e.node, 0))
-                else:
-                    color[id(node)] = 2
-                    stack.pop()
-
     def check_shapes(self, nodes: list[Node]) -> None:
         for i, node in enumerate(nodes):
             if node.op in ELEMENTWISE and node.inputs:
@@ -228,16 +229,22 @@ class _Checker:
                     if e is None:
                         continue
                     want = e.node.inputs[e.input_nr].shape
-                    if not is_expandable_to(want, out_shape):
+                    if want != out_shape and not is_expandable_to(want, out_shape):
                         raise self.err(("nodes", i, "next", k),
                                        f"{node.name} produces a gradient of shape {list(out_shape)} for "
                                        f"{e.node.id!r} input {e.input_nr}, whose shape {list(want)} is not compatible")
 
     def check_saved(self, spec: GraphSpec, nodes: list[Node]) -> None:
+        check = tensors.check_tensor
+        quick_random = tensors.quick_random_ok
         for i, node in enumerate(nodes):
-            for key, value in node.saved.items():
-                if tensors.is_tensor_spec(value):
-                    tensors.check_tensor(value, ("nodes", i, "saved", key), self.err, self.side)
+            saved = node.saved
+            if not saved:
+                continue
+            for key, value in saved.items():
+                if type(value) is dict and (quick_random(value) or tensors.is_tensor_spec(value)):
+                    if not quick_random(value):
+                        check(value, ("nodes", i, "saved", key), self.err, self.side)
 
 
 def build_graph(spec: GraphSpec, source: str, base_dir: str | None, locator,
