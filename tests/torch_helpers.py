@@ -28,7 +28,7 @@ def _value(v):
         return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": str(arr.dtype)}
     if isinstance(v, bool) or v is None:
         return v
-    if isinstance(v, (int, float)):
+    if isinstance(v, (int, float, str)):
         return v
     if isinstance(v, (tuple, list)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
         return list(v)

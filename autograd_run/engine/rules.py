@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from autograd_run.engine import rules_more as more
 from autograd_run.graphs.ops import Op
 
 
@@ -254,6 +255,24 @@ RULES: dict[Op, Rule] = {
     Op.CLONE: Rule(passthrough),
     Op.TO_COPY: Rule(to_copy),
     Op.VIEW: Rule(view),
+    Op.RESHAPE_ALIAS: Rule(view),
+    Op.UNSAFE_VIEW: Rule(view),
+    Op.LOG: Rule(more.log, ("self",)),
+    Op.POW: Rule(more.pow_scalar, ("self",)),
+    Op.ADDMM: Rule(more.addmm, ("mat1", "mat2")),
+    Op.BMM: Rule(more.bmm, ("self", "mat2")),
+    Op.TRANSPOSE: Rule(more.transpose),
+    Op.PERMUTE: Rule(more.permute),
+    Op.MEAN_DIM: Rule(more.mean_dim),
+    Op.GELU: Rule(more.gelu, ("self",)),
+    Op.SOFTMAX: Rule(more.softmax, ("result",)),
+    Op.LOG_SOFTMAX: Rule(more.log_softmax, ("result",)),
+    Op.LAYER_NORM: Rule(more.layer_norm, ("input", "result1", "result2", "weight", "bias")),
+    Op.CAT: Rule(more.cat),
+    Op.STACK: Rule(more.stack),
+    Op.SELECT: Rule(more.select),
+    Op.SLICE: Rule(more.slice_),
+    Op.EMBEDDING: Rule(more.embedding, ("indices",)),
     Op.EXPAND: Rule(expand),
     Op.IDENTITY: Rule(passthrough),
     Op.COST: Rule(cost),

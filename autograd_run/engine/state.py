@@ -84,7 +84,9 @@ class GraphState:
                 cached = {}
                 side = self.graph.side_files
                 for name, value in node.saved.items():
-                    if tensors.is_tensor_spec(value):
+                    if value is None:
+                        cached[name] = None
+                    elif tensors.is_tensor_spec(value):
                         cached[name] = tensors.materialize(value, side)
                     elif name in tensor_fields:
                         dtype = node.inputs[0].dtype if node.inputs else "float32"

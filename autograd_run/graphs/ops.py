@@ -27,6 +27,24 @@ class Op(str, enum.Enum):
     MEAN = "MeanBackward0"
     RELU = "ReluBackward0"
     EXP = "ExpBackward0"
+    LOG = "LogBackward0"
+    POW = "PowBackward0"
+    ADDMM = "AddmmBackward0"
+    BMM = "BmmBackward0"
+    TRANSPOSE = "TransposeBackward0"
+    PERMUTE = "PermuteBackward0"
+    RESHAPE_ALIAS = "ReshapeAliasBackward0"
+    UNSAFE_VIEW = "UnsafeViewBackward0"
+    MEAN_DIM = "MeanBackward1"
+    GELU = "GeluBackward0"
+    SOFTMAX = "SoftmaxBackward0"
+    LOG_SOFTMAX = "LogSoftmaxBackward0"
+    LAYER_NORM = "NativeLayerNormBackward0"
+    CAT = "CatBackward0"
+    STACK = "StackBackward0"
+    SELECT = "SelectBackward0"
+    SLICE = "SliceBackward0"
+    EMBEDDING = "EmbeddingBackward0"
     TANH = "TanhBackward0"
     SIGMOID = "SigmoidBackward0"
     CLONE = "CloneBackward0"
@@ -46,7 +64,7 @@ class Op(str, enum.Enum):
 #: consumer of each output must be broadcast-compatible with that shape.
 ELEMENTWISE = frozenset({
     Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG, Op.RELU, Op.EXP, Op.TANH,
-    Op.SIGMOID, Op.CLONE, Op.IDENTITY,
+    Op.SIGMOID, Op.CLONE, Op.IDENTITY, Op.LOG, Op.POW, Op.GELU,
 })
 
 #: Ops that take no gradient input besides their one input slot and have no outputs.

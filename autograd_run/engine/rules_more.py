@@ -1,0 +1,246 @@
+"""Backward rules for shape, reduction, normalisation and indexing ops.
+
+Split from ``rules`` to keep each module small; ``rules.RULES`` registers
+them. Formulas follow PyTorch's ``derivatives.yaml`` (re-derived here, not
+copied). Saved integer fields that PyTorch stores as unsigned 64-bit (a dim
+of -1 appears as 2**64-1) are read back as signed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def signed(v):
+    """PyTorch exposes some int64 saved values as uint64 (-1 -> 2**64-1)."""
+    if v is None:
+        return None
+    v = int(v)
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+def _each(node, value_for):
+    return [None if e is None else value_for(i) for i, e in enumerate(node.next)]
+
+
+def _erf(xp, x):
+    if xp is np:
+        return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+    from cupyx.scipy.special import erf  # real GPU only
+    return erf(x)
+
+
+def log(node, grads, gt):
+    s = gt.saved(node)["self"]
+    return _each(node, lambda i: grads[0] / s)
+
+
+def pow_scalar(node, grads, gt):
+    sv = gt.saved(node)
+    x, e = sv["self"], sv["exponent"]
+    if e == 0:
+        return _each(node, lambda i: gt.xp(node).zeros_like(x))
+    return _each(node, lambda i: grads[0] * (e * x ** (e - 1)))
+
+
+def addmm(node, grads, gt):
+    g = grads[0]
+    sv = gt.saved(node)
+    alpha, beta = sv.get("alpha", 1), sv.get("beta", 1)
+
+    def out(i):
+        if i == 0:
+            return g if beta == 1 else g * beta
+        if i == 1:
+            r = g @ sv["mat2"].T
+        else:
+            r = sv["mat1"].T @ g
+        return r if alpha == 1 else r * alpha
+    return _each(node, out)
+
+
+def bmm(node, grads, gt):
+    g = grads[0]
+    sv = gt.saved(node)
+    return _each(node, lambda i: g @ sv["mat2"].swapaxes(-1, -2) if i == 0 else sv["self"].swapaxes(-1, -2) @ g)
+
+
+def transpose(node, grads, gt):
+    d0, d1 = signed(node.saved["dim0"]), signed(node.saved["dim1"])
+    return _each(node, lambda i: grads[0].swapaxes(d0, d1))
+
+
+def permute(node, grads, gt):
+    dims = [signed(d) % grads[0].ndim for d in node.saved["dims"]]
+    inverse = [0] * len(dims)
+    for k, d in enumerate(dims):
+        inverse[d] = k
+    return _each(node, lambda i: grads[0].transpose(inverse))
+
+
+def mean_dim(node, grads, gt):
+    sizes = tuple(node.saved["self_sym_sizes"])
+    dims = node.saved.get("dim")
+    keepdim = node.saved.get("keepdim", False)
+    xp = gt.xp(node)
+    g = grads[0]
+    ndim = len(sizes)
+    dims = list(range(ndim)) if dims is None or dims == [] else ([dims] if isinstance(dims, int) else dims)
+    dims = sorted(signed(d) % ndim for d in dims) if ndim else []
+    count = 1
+    for d in dims:
+        count *= sizes[d]
+    if not keepdim:
+        for d in dims:
+            g = xp.expand_dims(g, d)
+    return _each(node, lambda i: xp.broadcast_to(g / count, sizes))
+
+
+def gelu(node, grads, gt):
+    sv = gt.saved(node)
+    x = sv["self"]
+    xp = gt.xp(node)
+    if sv.get("approximate", "none") == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        inner = k * (x + 0.044715 * x ** 3)
+        t = xp.tanh(inner)
+        d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
+    else:
+        cdf = 0.5 * (1 + _erf(xp, x / math.sqrt(2.0)))
+        pdf = xp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        d = cdf + x * pdf
+    return _each(node, lambda i: grads[0] * d)
+
+
+def softmax(node, grads, gt):
+    sv = gt.saved(node)
+    y, dim = sv["result"], signed(sv["dim"])
+    g = grads[0]
+    return _each(node, lambda i: y * (g - (g * y).sum(axis=dim, keepdims=True)))
+
+
+def log_softmax(node, grads, gt):
+    sv = gt.saved(node)
+    y, dim = sv["result"], signed(sv["dim"])
+    g = grads[0]
+    xp = gt.xp(node)
+    return _each(node, lambda i: g - xp.exp(y) * g.sum(axis=dim, keepdims=True))
+
+
+def layer_norm(node, grads, gt):
+    sv = gt.saved(node)
+    x, mean, rstd = sv["input"], sv["result1"], sv["result2"]
+    w = sv.get("weight")
+    k = len(sv["normalized_shape"])
+    axes = tuple(range(x.ndim - k, x.ndim))
+    lead = tuple(range(x.ndim - k))
+    g = grads[0]
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    xhat = (x - mean) * rstd
+    dxhat = g * w if w is not None and not isinstance(w, (int, float)) else g
+
+    def out(i):
+        if i == 0:
+            return rstd / n * (n * dxhat - dxhat.sum(axis=axes, keepdims=True)
+                               - xhat * (dxhat * xhat).sum(axis=axes, keepdims=True))
+        if i == 1:
+            return (g * xhat).sum(axis=lead) if lead else g * xhat
+        return g.sum(axis=lead) if lead else g
+    return _each(node, out)
+
+
+def _split_sizes(node, dim):
+    """Sizes along ``dim`` of each input of a cat: saved ``sizes``, else the consumers' shapes."""
+    sizes = node.saved.get("sizes")
+    if sizes is not None:
+        return list(sizes)
+    out = []
+    for e in node.next:
+        if e is None:
+            raise RuntimeError(f"{node.name} {node.id!r}: an input without a gradient edge needs saved 'sizes'")
+        shape = e.node.inputs[e.input_nr].shape
+        out.append(shape[dim] if shape else 1)
+    return out
+
+
+def cat(node, grads, gt):
+    g = grads[0]
+    dim = signed(node.saved.get("dim", 0)) % max(g.ndim, 1)
+    sizes = _split_sizes(node, dim)
+    starts = [0]
+    for s in sizes:
+        starts.append(starts[-1] + s)
+
+    def piece(i):
+        idx = [slice(None)] * g.ndim
+        idx[dim] = slice(starts[i], starts[i + 1])
+        return g[tuple(idx)]
+    return _each(node, piece)
+
+
+def stack(node, grads, gt):
+    g = grads[0]
+    dim = signed(node.saved.get("dim", 0)) % g.ndim
+    return _each(node, lambda i: g.take(i, axis=dim))
+
+
+def select(node, grads, gt):
+    sizes = tuple(node.saved["self_sym_sizes"])
+    dim = signed(node.saved["dim"]) % len(sizes)
+    index = signed(node.saved["index"])
+    xp = gt.xp(node)
+
+    def out(i):
+        z = xp.zeros(sizes, dtype=grads[0].dtype)
+        idx = [slice(None)] * len(sizes)
+        idx[dim] = index
+        z[tuple(idx)] = grads[0]
+        return z
+    return _each(node, out)
+
+
+def slice_(node, grads, gt):
+    sv = node.saved
+    sizes = tuple(sv["self_sym_sizes"])
+    dim = signed(sv["dim"]) % len(sizes)
+    start, end, step = sv.get("start"), sv.get("end"), sv.get("step", 1)
+    xp = gt.xp(node)
+
+    def out(i):
+        z = xp.zeros(sizes, dtype=grads[0].dtype)
+        idx = [slice(None)] * len(sizes)
+        idx[dim] = slice(None if start is None else signed(start), None if end is None else signed(end), step)
+        z[tuple(idx)] = grads[0]
+        return z
+    return _each(node, out)
+
+
+def embedding(node, grads, gt):
+    sv = gt.saved(node)
+    indices = sv["indices"].astype(np.int64, copy=False)
+    num = int(sv["weight_sym_argsize_0"])
+    pad = signed(sv.get("padding_idx", -1))
+    g = grads[0]
+    xp = gt.xp(node)
+    flat_idx = indices.reshape(-1)
+    flat_g = g.reshape((flat_idx.shape[0],) + g.shape[indices.ndim:])
+    if pad is not None and pad >= 0:
+        keep = flat_idx != pad
+        flat_idx, flat_g = flat_idx[keep], flat_g[keep]
+    if sv.get("scale_grad_by_freq"):
+        counts = xp.bincount(flat_idx, minlength=num)
+        flat_g = flat_g / counts[flat_idx].reshape((-1,) + (1,) * (flat_g.ndim - 1))
+
+    def out(i):
+        w = xp.zeros((num,) + g.shape[indices.ndim:], dtype=g.dtype)
+        if xp is np:
+            np.add.at(w, flat_idx, flat_g)
+        else:
+            import cupyx
+            cupyx.scatter_add(w, flat_idx, flat_g)
+        return w
+    return _each(node, out)
