@@ -1,14 +1,23 @@
-"""Devices: which array module computes a node's gradients, and copies between devices.
+"""Devices: which array module computes a node's gradients, streams, events, copies.
 
 ``cpu`` is numpy. ``cuda:N`` is cupy on a real GPU when cupy is installed
-and ``cupy.is_available()`` (imported lazily), otherwise a *virtual* device:
-numpy again, but run on that device index's own worker thread with its own
-ready queue, so multi-device scheduling is exercised on any machine.
-``mode`` forces one or the other: ``auto`` | ``virtual`` | ``cuda``.
+and ``cupy.is_available()`` (imported lazily, only then), otherwise a
+*virtual* device: numpy again, run on that device index's own worker thread
+with its own ready queue, so multi-device scheduling is exercised on any
+machine. ``mode`` forces one or the other: ``auto`` | ``virtual`` | ``cuda``.
+
+Streams: on real CUDA each (device, stream id) gets one cupy Stream (id 0 is
+the device's null stream); a node runs on its stream, records an Event after
+its rule, and a consumer on another stream waits on that Event before it
+runs (PyTorch's "ready events"). On virtual devices the same decisions are
+only reported to the tracer.
+
+``_lock`` guards the stream cache (``_streams``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -16,59 +25,116 @@ import numpy as np
 from autograd_run.errors import UsageError
 
 
-def cuda_available() -> bool:
+def _cupy_status() -> tuple[object | None, str]:
     try:
-        import cupy  # noqa: F401
-    except Exception:
-        return False
+        import cupy
+    except Exception as exc:
+        return None, f"cupy is not installed ({type(exc).__name__})"
     try:
-        return bool(cupy.is_available())
-    except Exception:
-        return False
+        if cupy.is_available():
+            return cupy, "cupy found a CUDA device"
+    except Exception as exc:
+        return None, f"cupy cannot reach a GPU ({type(exc).__name__})"
+    return None, "cupy found no usable CUDA device"
 
 
 class DeviceSet:
     def __init__(self, mode: str = "auto", blas_threads_per_device: int | None = 1):
         if mode not in ("auto", "virtual", "cuda"):
             raise UsageError(f"devices must be auto, virtual or cuda, not {mode!r}")
-        real = cuda_available() if mode != "virtual" else False
-        if mode == "cuda" and not real:
-            raise UsageError("--devices cuda: no usable CUDA device (cupy missing or no GPU)")
+        cupy, why = _cupy_status() if mode != "virtual" else (None, "virtual devices were requested")
+        if mode == "cuda" and cupy is None:
+            raise UsageError(f"--devices cuda: no usable CUDA device: {why}")
         self.mode = mode
-        self.real_cuda = real
+        self.real_cuda = cupy is not None
+        #: Why devices are real or virtual, said once in the run's output.
+        self.reason = why
         self.blas_threads_per_device = blas_threads_per_device
-        self._lock = threading.Lock()  # guards nothing mutable yet; kept for backend caches
-        if real:
-            import cupy
-            self._cupy = cupy
-        else:
-            self._cupy = None
+        self._cupy = cupy
+        self._lock = threading.Lock()  # guards _streams
+        self._streams: dict[tuple[int, int], object] = {}
+        self._blas_limiter = None
 
     @property
     def kind(self) -> str:
         return "cuda" if self.real_cuda else "virtual"
+
+    def describe(self) -> str:
+        return f"cuda:N devices are {'real' if self.real_cuda else 'virtual'} ({self.reason})"
 
     def xp(self, device):
         if device.is_cpu or not self.real_cuda:
             return np
         return self._cupy
 
+    def to_device(self, array, device):
+        """Place a host array (a saved tensor, a root gradient) on ``device``."""
+        if not self.real_cuda or device.is_cpu or not isinstance(array, np.ndarray):
+            return array
+        with self._cupy.cuda.Device(device.index):
+            return self._cupy.asarray(array)
+
     def transfer(self, array, src, dst):
         """Move ``array`` to device ``dst`` (a no-op between numpy-backed devices)."""
-        if not self.real_cuda or (src.is_cpu and dst.is_cpu):
+        if not self.real_cuda:
             return array
         cp = self._cupy
         if dst.is_cpu:
-            return cp.asnumpy(array)
+            return cp.asnumpy(array) if not isinstance(array, np.ndarray) else array
         with cp.cuda.Device(dst.index):
             return cp.asarray(array)
 
-    def worker_init(self, device_index: int):
-        """Per device thread: limit BLAS threads so N devices really run on N cores."""
-        if self.blas_threads_per_device is None:
+    def device_of(self, array):
+        """The array's device where it can be told (real CUDA), else None (virtual devices)."""
+        if not self.real_cuda:
             return None
+        from autograd_run.graphs.model import CPU, Device
+        if isinstance(array, np.ndarray):
+            return CPU
+        return Device("cuda", int(array.device.id))
+
+    # -- streams and events (real CUDA only) -----------------------------------
+    def stream(self, device, stream_id: int):
+        key = (device.index, stream_id)
+        s = self._streams.get(key)
+        if s is None:
+            with self._lock:
+                s = self._streams.get(key)
+                if s is None:
+                    with self._cupy.cuda.Device(device.index):
+                        s = self._cupy.cuda.Stream.null if stream_id == 0 else self._cupy.cuda.Stream(non_blocking=True)
+                    self._streams[key] = s
+        return s
+
+    @contextlib.contextmanager
+    def running_on(self, node):
+        """Run the enclosed work on the node's device and stream (real CUDA), else do nothing."""
+        if not self.real_cuda or node.device.is_cpu:
+            yield None
+            return
+        cp = self._cupy
+        with cp.cuda.Device(node.device.index):
+            s = self.stream(node.device, node.stream)
+            with s:
+                yield s
+
+    def record_event(self, stream):
+        ev = self._cupy.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        return ev
+
+    # -- threads ----------------------------------------------------------------
+    def limit_blas(self) -> None:
+        """Make BLAS single-threaded (process-wide) so N device workers use N cores, not N x cores."""
+        if self.blas_threads_per_device is None or self._blas_limiter is not None:
+            return
         try:
             from threadpoolctl import threadpool_limits
-            return threadpool_limits(self.blas_threads_per_device)
+            self._blas_limiter = threadpool_limits(self.blas_threads_per_device, user_api="blas")
         except Exception:  # threadpoolctl is an optimisation; never fatal
-            return None
+            self._blas_limiter = None
+
+    def restore_blas(self) -> None:
+        if self._blas_limiter is not None:
+            self._blas_limiter.restore_original_limits()
+            self._blas_limiter = None

@@ -96,8 +96,9 @@ class Engine:
         outputs = [_edge(graph, r) for r in (inputs or ())]
         if not accumulate_grad and not outputs:
             raise ValueError("grad requires non-empty inputs.")
-        grads = list(grads)
-        validate_outputs(roots, grads, "")
+        grads = [self.devices.to_device(g, e.node.inputs[e.input_nr].device) if g is not None else None
+                 for g, e in zip(grads, roots)]
+        validate_outputs(roots, grads, "", devices=self.devices)
         keep_graph = create_graph if retain_graph is None else retain_graph
         tls = self.tls
         if tls.queue is None:
@@ -157,6 +158,8 @@ class Engine:
             q.push_shutdown()
         for t in threads:
             t.join(timeout)
+        if threads:
+            self.devices.restore_blas()
 
     @property
     def device_threads(self) -> dict[int, threading.Thread]:
@@ -179,6 +182,8 @@ class Engine:
         with self._threads_lock:
             q = self._device_queues.get(index)
             if q is None:
+                if not self._device_queues:
+                    self.devices.limit_blas()
                 q = ReadyQueue(f"cuda:{index}", self.tracer)
                 t = threading.Thread(target=self._device_thread_main, args=(index, q),
                                      name=f"autograd-run cuda:{index}", daemon=True)
@@ -191,12 +196,7 @@ class Engine:
         tls = self.tls
         tls.worker_device = index
         tls.queue = queue
-        limiter = self.devices.worker_init(index)
-        try:
-            thread_main(self, None)
-        finally:
-            if limiter is not None:
-                limiter.unregister() if hasattr(limiter, "unregister") else None
+        thread_main(self, None)
 
     # -- one backward call -----------------------------------------------------
     def _execute_with_graph_task(self, gt: GraphTask, graph_root, buf: InputBuffer) -> None:

@@ -70,11 +70,17 @@ class GraphTask:
         self.final_callbacks: list = []
         self.callbacks_lock = threading.Lock()  # guards final_callbacks
         self.graph_root = None
+        #: node -> CUDA event recorded after it ran (real CUDA only), for consumers on other streams.
+        self.ready_events: dict = {}
 
     # -- helpers the rules use -------------------------------------------------
     def saved(self, node):
         from autograd_run.engine.rules import RULES
-        return self.state.saved(node, RULES[node.op].tensor_fields)
+        values = self.state.saved(node, RULES[node.op].tensor_fields)
+        devices = self.engine.devices
+        if devices.real_cuda and not node.device.is_cpu:
+            return self.state.on_device(node, values, lambda a: devices.to_device(a, node.device))
+        return values
 
     def xp(self, node):
         return self.engine.devices.xp(node.device)

@@ -96,6 +96,16 @@ class GraphState:
                 self._saved[node] = cached
             return cached
 
+    def on_device(self, node: Node, values: dict, move) -> dict:
+        """The node's saved values with arrays moved by ``move`` (cached per node)."""
+        key = ("device", node)
+        cached = self._saved.get(key)
+        if cached is None:
+            cached = {k: move(v) if isinstance(v, np.ndarray) else v for k, v in values.items()}
+            with self._saved_lock:
+                self._saved[key] = cached
+        return cached
+
     def release(self, node: Node, tensor_fields: tuple[str, ...]) -> None:
         """Free the node's saved tensors (backward without retain_graph)."""
         if not any(f in node.saved for f in tensor_fields) and not any(
@@ -103,6 +113,7 @@ class GraphState:
             return
         with self._saved_lock:
             self._saved.pop(node, None)
+            self._saved.pop(("device", node), None)
             self._released.add(node)
 
     # -- hooks -----------------------------------------------------------------

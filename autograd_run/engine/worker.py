@@ -32,11 +32,13 @@ def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def validate_outputs(edges, grads, prefix: str, xp=None) -> None:
-    """PyTorch's validate_outputs: count, then per gradient shape (with sum_to), dtype.
+def validate_outputs(edges, grads, prefix: str, xp=None, devices=None) -> None:
+    """PyTorch's validate_outputs: count, then per gradient shape (with sum_to), dtype, device.
 
     ``prefix`` is prepended to each message (``"Function NAME returned an "``
     for node outputs, empty for root gradients). Mutates ``grads`` in place.
+    Gradients are cast to the expected dtype, as PyTorch does. Devices are
+    checked where arrays know theirs (real CUDA); 0-dim gradients are moved.
     """
     if len(grads) != len(edges):
         raise RuntimeError(f"{prefix}invalid number of gradients - expected {len(edges)}, but got {len(grads)}")
@@ -68,6 +70,14 @@ def validate_outputs(edges, grads, prefix: str, xp=None) -> None:
                 g = sum_to(xp or np, g, shape)
         if g.dtype != meta.dtype:
             g = g.astype(meta.dtype)
+        if devices is not None and devices.real_cuda:
+            dev = devices.device_of(g)
+            if dev is not None and dev != meta.device:
+                if g.ndim == 0:
+                    g = devices.transfer(g, dev, meta.device)
+                else:
+                    raise RuntimeError(f"{prefix}invalid gradient at index {i} - expected device "
+                                       f"{meta.device} but got {dev}")
         grads[i] = g
 
 
@@ -101,7 +111,7 @@ def _call_function(engine, gt, node, inputs):
         xp = gt.xp(node)
         outputs = [None if o is None else xp.full(o.shape, xp.nan, dtype=o.dtype) for o in outputs]
     if node.op is not Op.ACCUMULATE_GRAD:
-        validate_outputs(node.next, outputs, f"Function {node.name} returned an ", gt.xp(node))
+        validate_outputs(node.next, outputs, f"Function {node.name} returned an ", gt.xp(node), engine.devices)
     hooks = state.post_hooks.get(node)
     if hooks:
         for fn in hooks:
@@ -111,13 +121,37 @@ def _call_function(engine, gt, node, inputs):
     return outputs
 
 
-def evaluate_function(engine, gt, node, inputs: InputBuffer) -> None:
+def _sync_inputs(engine, gt, node, inputs: InputBuffer, stream) -> None:
+    """Step 1: wait for inputs produced on another stream or device (report it to the tracer)."""
     tracer = engine.tracer
-    if tracer.enabled:
-        for pos, prod in enumerate(inputs.producers):
-            if prod is not None and (prod.device != node.device or prod.stream != node.stream) \
-                    and not (prod.device.is_cpu and node.device.is_cpu):
-                tracer.sync(gt, prod, node, f"{prod.device}/s{prod.stream}", f"{node.device}/s{node.stream}")
+    for prod in inputs.producers:
+        if prod is None or prod.device.is_cpu and node.device.is_cpu:
+            continue
+        if prod.device == node.device and prod.stream == node.stream:
+            continue
+        if stream is not None:
+            ev = gt.ready_events.get(prod)
+            if ev is not None:
+                stream.wait_event(ev)
+        if tracer.enabled:
+            tracer.sync(gt, prod, node, f"{prod.device}/s{prod.stream}", f"{node.device}/s{node.stream}")
+
+
+def evaluate_function(engine, gt, node, inputs: InputBuffer) -> None:
+    devices = engine.devices
+    if devices.real_cuda and not node.device.is_cpu:
+        with devices.running_on(node) as stream:
+            _sync_inputs(engine, gt, node, inputs, stream)
+            _evaluate(engine, gt, node, inputs)
+            gt.ready_events[node] = devices.record_event(stream)
+        return
+    if engine.tracer.enabled:
+        _sync_inputs(engine, gt, node, inputs, None)
+    _evaluate(engine, gt, node, inputs)
+
+
+def _evaluate(engine, gt, node, inputs: InputBuffer) -> None:
+    tracer = engine.tracer
 
     exec_info = gt.exec_info
     if exec_info:

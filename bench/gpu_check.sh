@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU check: run on a machine with an NVIDIA GPU (under 5 minutes).
+# Installs what it needs (from ./.whl when present, for machines without
+# network, else from PyPI), runs the tests that need CUDA plus a two-stream
+# and a cross-device graph through the CLI, and prints PASS or FAIL.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-/tmp/autograd-run-gpu-venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV" || { echo "FAIL: cannot create venv"; exit 1; }
+fi
+PIP="$VENV/bin/python -m pip install -q"
+if [ -d .whl ]; then
+  $PIP --no-index --find-links .whl -e '.[cuda,test]' || { echo "FAIL: install from .whl"; exit 1; }
+else
+  $PIP -e '.[cuda,test]' || { echo "FAIL: install"; exit 1; }
+fi
+nvidia-smi -L || true
+"$VENV/bin/python" -c "import cupy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount())" \
+  || { echo "FAIL: cupy cannot see a GPU"; exit 1; }
+status=0
+"$VENV/bin/python" -m pytest -q -m cuda -rs tests/test_devices.py || status=1
+TMP=$(mktemp -d)
+"$VENV/bin/python" - "$TMP" <<'PY' || status=1
+import sys, json
+sys.path.insert(0, "tests")
+from test_devices import two_stream_graph, cross_device_graph
+from autograd_run.graphs.dump import dump_graph
+dump_graph(two_stream_graph(), sys.argv[1] + "/two_stream.json")
+dump_graph(cross_device_graph(), sys.argv[1] + "/cross.json")
+PY
+for g in two_stream cross; do
+  "$VENV/bin/autograd-run" "$TMP/$g.json" --devices cuda --trace "$TMP/$g.trace.json" || status=1
+done
+"$VENV/bin/autograd-run" example:pipeline --devices auto --no-summary || status=1
+if [ $status -eq 0 ]; then echo "PASS: GPU check"; else echo "FAIL: GPU check"; fi
+exit $status
