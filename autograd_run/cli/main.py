@@ -7,6 +7,7 @@ never as a traceback (``--verbose`` shows a failing node's traceback).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -150,10 +151,11 @@ def gen(kind, output, n, op, width, layers, batch, in_features, heads, seq_len, 
 @click.option("--inject-nan", multiple=True, metavar="NODE", help="Make NODE return NaN gradients.")
 @click.option("--allow-python", is_flag=True, help="Allow python nodes to import and run their callables.")
 @click.option("--order-out", default=None, help="Write the executed order as JSON Lines.")
-@click.option("--summary/--no-summary", default=True, show_default=True)
+@click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
+@click.option("--json", "json_out", is_flag=True, help="Print the summary and gradients as JSON on stdout.")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
 def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithreading, devices, anomaly,
-        inject_error, inject_nan, allow_python, order_out, summary, verbose):
+        inject_error, inject_nan, allow_python, order_out, summary, json_out, verbose):
     """Run a graph's backward pass (GRAPH is a file or example:NAME).
 
     \b
@@ -166,7 +168,7 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     from autograd_run.engine.run import run_graph
     from autograd_run.graphs.load import load_graph
     from autograd_run.traces.recorder import Recorder
-    from autograd_run.cli.render import render_run
+    from autograd_run.cli.render import _host, render_grads, render_summary
 
     g = load_graph(graph)
     faults = {}
@@ -199,8 +201,25 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     if order_out:
         from autograd_run.cli.render import write_order
         write_order(order_out, rec)
-    if summary:
-        render_run(g, rec, result, wall, devs, trace_path)
+    if json_out:
+        from autograd_run.traces.summary import summarize
+        doc = {"graph": graph, "devices": devs.kind, "error": None if error is None else
+               {"node": error.node_id, "name": error.node_name, "message": str(error)},
+               "summary": summarize(rec.events, rec.threads).to_dict(),
+               "grads": {} if result is None else {k: None if v is None else _host(v).tolist()
+                                                    for k, v in result.grads.items()}}
+        click.echo(json.dumps(doc))
+    elif summary:
+        from rich.console import Console
+        from autograd_run.traces.summary import summarize
+        console = Console()
+        title = f"{graph}: {len(g.nodes)} nodes"
+        dev_line = devs.describe() if any(not d.is_cpu for d in g.devices) else None
+        render_summary(console, summarize(rec.events, rec.threads), title, devices=dev_line)
+        if result is not None:
+            render_grads(console, result)
+        if trace_path:
+            console.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")
     if error is not None:
         where = f"node {error.node_id!r} ({error.node_name})" if error.node_id else "backward"
         if verbose and error.__cause__ is not None:

@@ -1,4 +1,9 @@
-"""Rendering for the command line: the run summary (rich) and the order file."""
+"""Rendering for the command line: the run summary (rich tables) and the order file.
+
+Tables are built from a ``Summary`` only (``autograd_run.traces.summary``),
+so tests render them at a fixed width without colour and compare with
+golden text.
+"""
 
 from __future__ import annotations
 
@@ -10,51 +15,140 @@ from rich.table import Table
 from autograd_run.traces import recorder as R
 
 
-def write_order(path: str, rec) -> None:
-    pos = 0
-    with open(path, "w") as f:
-        for ev in rec.events:
-            if ev[0] != R.NODE_START:
-                continue
-            _, ts, tid, gt, depth, node = ev
-            if node.name == "GraphRoot":
-                continue
-            f.write(json.dumps({"position": pos, "id": node.id, "name": node.name, "seq": node.seq,
-                                "device": str(node.device), "thread": rec.threads.get(tid, str(tid)),
-                                "depth": depth, "graph_task": gt}) + "\n")
-            pos += 1
+def fmt_ns(ns: float) -> str:
+    if ns >= 1e9:
+        return f"{ns / 1e9:.3f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.3f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.1f} µs"
+    return f"{ns:.0f} ns"
 
 
-def render_run(graph, rec, result, wall: float, devices, trace_path) -> None:
-    console = Console()
-    per_thread: dict[str, list[int]] = {}
-    starts = {}
+def order_records(rec) -> list[dict]:
+    out = []
     for ev in rec.events:
-        if ev[0] == R.NODE_START:
-            starts[(ev[2], ev[3], ev[5])] = ev[1]
-        elif ev[0] == R.NODE_END:
-            s = starts.pop((ev[2], ev[3], ev[5]), ev[1])
-            name = rec.threads.get(ev[2], str(ev[2]))
-            per_thread.setdefault(name, [0, 0])
-            per_thread[name][0] += 1
-            per_thread[name][1] += ev[1] - s
-    t = Table(title=f"{graph.source}: {len(graph.nodes)} nodes, {wall * 1e3:.2f} ms wall, devices {devices.kind}")
-    t.add_column("worker")
-    t.add_column("nodes", justify="right")
-    t.add_column("busy ms", justify="right")
-    for name, (count, busy) in per_thread.items():
-        t.add_row(name, str(count), f"{busy / 1e6:.3f}")
-    console.print(t)
-    if result is not None:
-        g = Table(title=f"gradients ({result.mode})")
-        g.add_column("name")
-        g.add_column("shape")
-        g.add_column("sum", justify="right")
-        for name, v in result.grads.items():
-            if v is None:
-                g.add_row(name, "-", "None")
-            else:
-                g.add_row(name, str(list(v.shape)), f"{float(v.sum()):.6g}")
-        console.print(g)
-    if trace_path:
-        console.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")
+        if ev[0] != R.NODE_START:
+            continue
+        _, ts, tid, gt, depth, node = ev
+        if node.name == "GraphRoot":
+            continue
+        out.append({"position": len(out), "id": node.id, "name": node.name, "seq": node.seq,
+                    "device": str(node.device), "thread": rec.threads.get(tid, str(tid)),
+                    "depth": depth, "graph_task": gt})
+    return out
+
+
+def write_order(path: str, rec) -> None:
+    with open(path, "w") as f:
+        for row in order_records(rec):
+            f.write(json.dumps(row) + "\n")
+
+
+def summary_tables(s, title: str, top: int = 10, devices: str | None = None) -> list:
+    """The rich renderables for a Summary, in display order."""
+    out = []
+    head = Table(title=title, show_header=False, box=None, pad_edge=False, title_justify="left")
+    head.add_column(justify="left")
+    head.add_column(justify="right")
+    if devices:
+        head.add_row("devices", devices)
+    head.add_row("wall time", fmt_ns(s.wall_ns))
+    head.add_row("nodes executed", str(s.nodes_executed))
+    head.add_row("nodes skipped", str(s.nodes_skipped))
+    head.add_row("graph tasks", str(s.graph_tasks))
+    head.add_row("critical path", f"{fmt_ns(s.critical_path_ns)} ({s.critical_path_share:.0%} of wall), "
+                 f"{len(s.critical_path)} nodes")
+    if s.opaque_nodes:
+        head.add_row("opaque nodes (no rule)", ", ".join(s.opaque_nodes[:8]) + (" ..." if len(s.opaque_nodes) > 8 else ""))
+    out.append(head)
+
+    t = Table(title="workers")
+    for c, j in (("worker", "left"), ("nodes", "right"), ("busy", "right"), ("idle", "right"), ("util", "right")):
+        t.add_column(c, justify=j)
+    for w in s.workers:
+        t.add_row(w.name, str(w.nodes), fmt_ns(w.busy_ns), fmt_ns(w.idle_ns), f"{w.utilization:.0%}")
+    out.append(t)
+
+    t = Table(title="ops")
+    for c, j in (("op", "left"), ("count", "right"), ("total", "right"), ("mean", "right"), ("p95", "right")):
+        t.add_column(c, justify=j)
+    for name, d in list(s.ops.items())[:top]:
+        t.add_row(name, str(d.count), fmt_ns(d.total_ns), fmt_ns(d.mean_ns), fmt_ns(d.p95_ns))
+    if len(s.ops) > top:
+        t.add_row(f"... {len(s.ops) - top} more", "", "", "", "")
+    out.append(t)
+
+    t = Table(title="queue waits (push to pop)")
+    for c, j in (("queue", "left"), ("tasks", "right"), ("total", "right"), ("mean", "right"), ("p95", "right")):
+        t.add_column(c, justify=j)
+    for name, d in s.queue_waits.items():
+        t.add_row(name, str(d.count), fmt_ns(d.total_ns), fmt_ns(d.mean_ns), fmt_ns(d.p95_ns))
+    for name, d in s.lock_waits.items():
+        t.add_row(f"lock: {name}", str(d.count), fmt_ns(d.total_ns), fmt_ns(d.mean_ns), fmt_ns(d.p95_ns))
+    out.append(t)
+
+    if s.syncs:
+        t = Table(title=f"syncs (producer end to consumer start: {fmt_ns(s.sync_latency_ns)} in all)")
+        t.add_column("from -> to")
+        t.add_column("count", justify="right")
+        for k, v in s.syncs.items():
+            t.add_row(k, str(v))
+        out.append(t)
+
+    if s.critical_path:
+        t = Table(title="critical path (queue wait + run time, root to leaf)")
+        for c, j in (("node", "left"), ("op", "left"), ("worker", "left"), ("queue wait", "right"), ("time", "right")):
+            t.add_column(c, justify=j)
+        shown = s.critical_path if len(s.critical_path) <= top else s.critical_path[:top - 1]
+        for r in shown:
+            t.add_row(r.id, r.name, r.thread, fmt_ns(r.queue_wait_ns), fmt_ns(r.duration_ns))
+        if len(shown) < len(s.critical_path):
+            t.add_row(f"... {len(s.critical_path) - len(shown)} more", "", "", "", "")
+        out.append(t)
+
+    t = Table(title=f"slowest nodes (top {min(top, len(s.slowest))})")
+    for c, j in (("node", "left"), ("op", "left"), ("worker", "left"), ("start", "right"), ("time", "right"),
+                 ("queue wait", "right")):
+        t.add_column(c, justify=j)
+    for r in s.slowest[:top]:
+        t.add_row(r.id, r.name, r.thread, fmt_ns(r.start_ns), fmt_ns(r.duration_ns), fmt_ns(r.queue_wait_ns))
+    out.append(t)
+    if s.errors:
+        t = Table(title="errors")
+        t.add_column("node: message")
+        for e in s.errors:
+            t.add_row(e)
+        out.append(t)
+    return out
+
+
+def render_summary(console: Console, s, title: str, top: int = 10, devices: str | None = None) -> None:
+    for r in summary_tables(s, title, top, devices):
+        console.print(r)
+
+
+def render_grads(console: Console, result) -> None:
+    g = Table(title=f"gradients ({result.mode})")
+    g.add_column("name")
+    g.add_column("shape")
+    g.add_column("sum", justify="right")
+    g.add_column("max |g|", justify="right")
+    for name, v in result.grads.items():
+        if v is None:
+            g.add_row(name, "-", "None", "")
+        else:
+            arr = _host(v)
+            g.add_row(name, str(list(arr.shape)), f"{float(arr.sum()):.6g}",
+                      f"{float(abs(arr).max()) if arr.size else 0.0:.6g}")
+    console.print(g)
+
+
+def _host(v):
+    try:
+        import cupy
+        if isinstance(v, cupy.ndarray):
+            return cupy.asnumpy(v)
+    except Exception:
+        pass
+    return v

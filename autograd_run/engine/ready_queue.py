@@ -43,15 +43,20 @@ class ReadyQueue:
     def push(self, key: int, item) -> None:
         tracer = self.tracer
         if tracer is not None and tracer.enabled:
-            t0 = time.perf_counter_ns()
-            with self._lock:
+            waited = 0
+            if not self._lock.acquire(False):  # contended: measure the wait
+                t0 = time.perf_counter_ns()
+                self._lock.acquire()
                 waited = time.perf_counter_ns() - t0
+            try:
                 self._push(key, item)
                 depth = len(self._keys)
                 self._not_empty.notify()
+            finally:
+                self._lock.release()
             if item is SHUTDOWN:
                 return
-            if waited > 0:
+            if waited:
                 tracer.lock_wait(f"queue {self.name}", item[0], waited)
             tracer.task_pushed(self, item[0], item[1], depth)
             return
@@ -67,7 +72,14 @@ class ReadyQueue:
 
     def pop(self):
         tracer = self.tracer
-        with self._lock:
+        waited = 0
+        if tracer is None or not tracer.enabled:
+            self._lock.acquire()
+        elif not self._lock.acquire(False):  # contended: measure the wait
+            t0 = time.perf_counter_ns()
+            self._lock.acquire()
+            waited = time.perf_counter_ns() - t0
+        try:
             if not self._keys:
                 if tracer is not None and tracer.enabled:
                     t0 = time.perf_counter_ns()
@@ -79,7 +91,11 @@ class ReadyQueue:
                         self._not_empty.wait()
             item = self._pop()
             depth = len(self._keys)
+        finally:
+            self._lock.release()
         if tracer is not None and tracer.enabled and item is not SHUTDOWN:
+            if waited:
+                tracer.lock_wait(f"queue {self.name}", item[0], waited)
             tracer.task_popped(self, item[0], item[1], depth)
         return item
 

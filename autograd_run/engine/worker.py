@@ -195,14 +195,12 @@ def _evaluate(engine, gt, node, inputs: InputBuffer) -> None:
 
     key = engine.priority.key
     depth = gt.reentrant_depth
-    if tracer.enabled:
+    if not tracer.enabled:
+        gt.lock.acquire()
+    elif not gt.lock.acquire(False):  # contended: measure the wait
         t0 = time.perf_counter_ns()
         gt.lock.acquire()
-        waited = time.perf_counter_ns() - t0
-        if waited > 0:
-            tracer.lock_wait("GraphTask", gt, waited)
-    else:
-        gt.lock.acquire()
+        tracer.lock_wait("GraphTask", gt, time.perf_counter_ns() - t0)
     try:
         deps = gt.dependencies
         not_ready = gt.not_ready

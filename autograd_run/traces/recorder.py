@@ -39,10 +39,9 @@ class Recorder(Tracer):
     enabled = True
 
     def _tid(self) -> int:
-        t = threading.current_thread()
-        tid = t.ident
+        tid = threading.get_ident()
         if tid not in self.threads:
-            self.threads[tid] = t.name
+            self.threads[tid] = threading.current_thread().name
         return tid
 
     def graph_task_start(self, gt) -> None:
