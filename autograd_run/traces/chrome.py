@@ -49,6 +49,7 @@ def to_chrome_trace(events: Iterable[tuple], threads: dict[int, str]) -> dict:
     pushed: dict[tuple, int] = {}
     flow_id = 0
     wait_id = 0
+    outstanding: dict[int, int] = {}
     for ev in events:
         kind = ev[0]
         if kind == R.NODE_START:
@@ -64,10 +65,17 @@ def to_chrome_trace(events: Iterable[tuple], threads: dict[int, str]) -> dict:
                                                 "stream": node.stream,
                                                 "input_shapes": [list(m.shape) for m in node.inputs]}})
             slices[(gt, node)] = (tid, us(start), us(start) + dur)
+            if gt in outstanding:
+                outstanding[gt] -= 1
+                out.append({"ph": "C", "pid": PID, "ts": us(ts), "name": f"outstanding tasks, graph task {gt}",
+                            "args": {"tasks": outstanding[gt]}})
         elif kind == R.PUSH:
             _, ts, tid, qname, gt, node, depth = ev
             if node is not None:
                 pushed[(gt, node)] = ts
+                outstanding[gt] = outstanding.get(gt, 0) + 1
+                out.append({"ph": "C", "pid": PID, "ts": us(ts), "name": f"outstanding tasks, graph task {gt}",
+                            "args": {"tasks": outstanding[gt]}})
             out.append({"ph": "C", "pid": PID, "ts": us(ts), "name": f"ready queue {qname}", "args": {"depth": depth}})
         elif kind == R.POP:
             _, ts, tid, qname, gt, node, depth = ev
@@ -103,10 +111,15 @@ def to_chrome_trace(events: Iterable[tuple], threads: dict[int, str]) -> dict:
         if p is None or c is None:
             continue
         flow_id += 1
-        out.append({"ph": "s", "pid": PID, "tid": p[0], "ts": p[2] - 0.0005, "id": flow_id, "name": "sync",
-                    "cat": "sync", "args": {"src": src, "dst": dst}})
-        out.append({"ph": "f", "bp": "e", "pid": PID, "tid": c[0], "ts": c[1], "id": flow_id, "name": "sync", "cat": "sync"})
-        out.append({"ph": "i", "pid": PID, "tid": c[0], "ts": c[1], "s": "t", "name": f"sync {src} -> {dst}", "cat": "sync"})
+        # Flow ends share ts, tid and cat with their slices: Perfetto binds the start to
+        # the enclosing producer slice and the end (bp "e") to the enclosing consumer
+        # slice; Chrome DevTools binds only on an exact (ts, pid, tid, cat) match.
+        out.append({"ph": "s", "pid": PID, "tid": p[0], "ts": p[1], "id": flow_id, "name": f"sync {src} -> {dst}",
+                    "cat": "node"})
+        out.append({"ph": "f", "bp": "e", "pid": PID, "tid": c[0], "ts": c[1], "id": flow_id,
+                    "name": f"sync {src} -> {dst}", "cat": "node"})
+        out.append({"ph": "i", "pid": PID, "tid": c[0], "ts": c[1], "s": "t", "name": f"sync {src} -> {dst}",
+                    "cat": "sync", "args": {"producer": prod.id, "consumer": cons.id}})
     return {"traceEvents": out, "displayTimeUnit": "ns"}
 
 

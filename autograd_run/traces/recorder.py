@@ -39,7 +39,7 @@ class Recorder(Tracer):
     enabled = True
 
     def _tid(self) -> int:
-        tid = threading.get_ident()
+        tid = threading.get_native_id()  # the OS thread id: small, as trace viewers expect
         if tid not in self.threads:
             self.threads[tid] = threading.current_thread().name
         return tid
