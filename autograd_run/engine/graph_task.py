@@ -26,6 +26,8 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
+from autograd_run.engine.rules import RULES
+
 _ids = itertools.count()
 
 
@@ -75,7 +77,6 @@ class GraphTask:
 
     # -- helpers the rules use -------------------------------------------------
     def saved(self, node):
-        from autograd_run.engine.rules import RULES
         values = self.state.saved(node, RULES[node.op].tensor_fields)
         devices = self.engine.devices
         if devices.real_cuda and not node.device.is_cpu:

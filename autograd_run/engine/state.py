@@ -43,6 +43,8 @@ class GraphState:
         self._grad_lock = threading.Lock()  # guards grads
         self._saved: dict[Node, dict[str, Any]] = {}
         self._released: set[Node] = set()
+        #: node -> whether it saves tensors at all (a cache; benign races only recompute it).
+        self._has_tensors: dict[Node, bool] = {}
         self._saved_lock = threading.Lock()  # guards _saved and _released
         #: Hooks, keyed by node: tensor pre-hooks per input slot, node pre/post hooks.
         self.tensor_pre_hooks: dict[Node, list[tuple[int, Callable]]] = {}
@@ -88,10 +90,12 @@ class GraphState:
                         cached[name] = None
                     elif tensors.is_tensor_spec(value):
                         cached[name] = tensors.materialize(value, side)
-                    elif name in tensor_fields:
+                    elif name in tensor_fields and isinstance(value, list):
                         dtype = node.inputs[0].dtype if node.inputs else "float32"
                         cached[name] = np.asarray(value, dtype=dtype)
                     else:
+                        # Plain numbers stay Python numbers: like PyTorch's wrapped
+                        # scalars they do not change the gradient's dtype.
                         cached[name] = value
                 self._saved[node] = cached
             return cached
@@ -108,8 +112,11 @@ class GraphState:
 
     def release(self, node: Node, tensor_fields: tuple[str, ...]) -> None:
         """Free the node's saved tensors (backward without retain_graph)."""
-        if not any(f in node.saved for f in tensor_fields) and not any(
-                tensors.is_tensor_spec(v) for v in node.saved.values()):
+        has = self._has_tensors.get(node)
+        if has is None:
+            has = self._has_tensors[node] = any(f in node.saved for f in tensor_fields) or any(
+                tensors.is_tensor_spec(v) for v in node.saved.values())
+        if not has:
             return
         with self._saved_lock:
             self._saved.pop(node, None)

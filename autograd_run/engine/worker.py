@@ -32,7 +32,12 @@ def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def validate_outputs(edges, grads, prefix: str, xp=None, devices=None) -> None:
+def _pfx(prefix) -> str:
+    """Message prefix: a string as given, or for a node "Function NAME returned an "."""
+    return prefix if isinstance(prefix, str) else f"Function {prefix.name} returned an "
+
+
+def validate_outputs(edges, grads, prefix, xp=None, devices=None) -> None:
     """PyTorch's validate_outputs: count, then per gradient shape (with sum_to), dtype, device.
 
     ``prefix`` is prepended to each message (``"Function NAME returned an "``
@@ -41,7 +46,7 @@ def validate_outputs(edges, grads, prefix: str, xp=None, devices=None) -> None:
     checked where arrays know theirs (real CUDA); 0-dim gradients are moved.
     """
     if len(grads) != len(edges):
-        raise RuntimeError(f"{prefix}invalid number of gradients - expected {len(edges)}, but got {len(grads)}")
+        raise RuntimeError(f"{_pfx(prefix)}invalid number of gradients - expected {len(edges)}, but got {len(grads)}")
     for i, e in enumerate(edges):
         if e is None:
             continue
@@ -55,7 +60,7 @@ def validate_outputs(edges, grads, prefix: str, xp=None, devices=None) -> None:
             nd, td = len(shape), len(gshape)
             reduce = nd != td
             if nd > td:
-                raise RuntimeError(f"{prefix}invalid gradient at index {i} - got {_fmt_shape(gshape)} "
+                raise RuntimeError(f"{_pfx(prefix)}invalid gradient at index {i} - got {_fmt_shape(gshape)} "
                                    f"but expected shape compatible with {_fmt_shape(shape)}")
             for k in range(1, nd + 1):
                 s, t = shape[-k], gshape[-k]
@@ -63,7 +68,7 @@ def validate_outputs(edges, grads, prefix: str, xp=None, devices=None) -> None:
                     if t != 1:
                         reduce = True
                 elif s != t:
-                    raise RuntimeError(f"{prefix}invalid gradient at index {i} - got {_fmt_shape(gshape)} "
+                    raise RuntimeError(f"{_pfx(prefix)}invalid gradient at index {i} - got {_fmt_shape(gshape)} "
                                        f"but expected shape compatible with {_fmt_shape(shape)}")
             if reduce:
                 import numpy as np
@@ -76,7 +81,7 @@ def validate_outputs(edges, grads, prefix: str, xp=None, devices=None) -> None:
                 if g.ndim == 0:
                     g = devices.transfer(g, dev, meta.device)
                 else:
-                    raise RuntimeError(f"{prefix}invalid gradient at index {i} - expected device "
+                    raise RuntimeError(f"{_pfx(prefix)}invalid gradient at index {i} - expected device "
                                        f"{meta.device} but got {dev}")
         grads[i] = g
 
@@ -111,7 +116,8 @@ def _call_function(engine, gt, node, inputs):
         xp = gt.xp(node)
         outputs = [None if o is None else xp.full(o.shape, xp.nan, dtype=o.dtype) for o in outputs]
     if node.op is not Op.ACCUMULATE_GRAD:
-        validate_outputs(node.next, outputs, f"Function {node.name} returned an ", gt.xp(node), engine.devices)
+        validate_outputs(node.next, outputs, node, gt.xp(node) if engine.devices.real_cuda else None,
+                         engine.devices)
     hooks = state.post_hooks.get(node)
     if hooks:
         for fn in hooks:
@@ -145,7 +151,7 @@ def evaluate_function(engine, gt, node, inputs: InputBuffer) -> None:
             _evaluate(engine, gt, node, inputs)
             gt.ready_events[node] = devices.record_event(stream)
         return
-    if engine.tracer.enabled:
+    if node.crosses_streams and engine.tracer.enabled:
         _sync_inputs(engine, gt, node, inputs, None)
     _evaluate(engine, gt, node, inputs)
 

@@ -100,6 +100,9 @@ class Node:
     device: Device = CPU
     stream: int = 0
     consumers: list[tuple["Node", int]] | None = None
+    #: Whether some node feeding this one runs on another device or stream (so
+    #: running it involves a sync); CPU-to-CPU never does.
+    crosses_streams: bool = False
 
     @property
     def num_inputs(self) -> int:
@@ -199,7 +202,11 @@ def derive(graph: Graph) -> None:
         out_nr = 0
         for e in node.next:
             if e is not None:
-                e[0].consumers.append((node, out_nr))
+                target = e[0]
+                target.consumers.append((node, out_nr))
+                if (target.device != node.device or target.stream != node.stream) and not (
+                        target.device.is_cpu and node.device.is_cpu):
+                    target.crosses_streams = True
             out_nr += 1
     # Fast path: files usually list consumers before producers (edges point forward
     # in the list); then one reverse pass gives the topological numbers and proves

@@ -34,15 +34,44 @@ GT_END = "gt_end"            # (kind, ts, tid, gt_id, outstanding_error)
 class Recorder(Tracer):
     clock: Callable[[], int] = time.perf_counter_ns
     events: list = field(default_factory=list)
-    #: thread ident -> thread name, filled as threads first report.
+    #: OS thread id -> thread name, filled as threads first run a node (or idle, or start a task).
     threads: dict = field(default_factory=dict)
     enabled = True
 
+    def __post_init__(self):
+        # The hot hooks are closures over locals (no attribute lookups per event);
+        # they shadow the methods below, which document the same behaviour.
+        append = self.events.append
+        clock = self.clock
+        tid = threading.get_native_id
+        threads = self.threads
+
+        def name_thread() -> int:
+            t = tid()
+            if t not in threads:
+                threads[t] = threading.current_thread().name
+            return t
+
+        def task_pushed(queue, gt, node, depth):
+            append((PUSH, clock(), tid(), queue.name, gt.id if gt is not None else -1, node, depth))
+
+        def task_popped(queue, gt, node, depth):
+            append((POP, clock(), tid(), queue.name, gt.id, node, depth))
+
+        def node_start(gt, node):
+            append((NODE_START, clock(), name_thread(), gt.id, gt.reentrant_depth, node))
+
+        def node_end(gt, node):
+            append((NODE_END, clock(), tid(), gt.id, gt.reentrant_depth, node))
+
+        self.task_pushed = task_pushed
+        self.task_popped = task_popped
+        self.node_start = node_start
+        self.node_end = node_end
+        self._name_thread = name_thread
+
     def _tid(self) -> int:
-        tid = threading.get_native_id()  # the OS thread id: small, as trace viewers expect
-        if tid not in self.threads:
-            self.threads[tid] = threading.current_thread().name
-        return tid
+        return self._name_thread()
 
     def graph_task_start(self, gt) -> None:
         self.events.append((GT_START, self.clock(), self._tid(), gt.id, gt.reentrant_depth))
@@ -51,16 +80,16 @@ class Recorder(Tracer):
         self.events.append((GT_END, self.clock(), self._tid(), gt.id,
                             None if gt.error is None else str(gt.error)))
 
-    def task_pushed(self, queue, gt, node, depth) -> None:
+    def task_pushed(self, queue, gt, node, depth) -> None:  # replaced per instance (see __post_init__)
         self.events.append((PUSH, self.clock(), self._tid(), queue.name, gt.id if gt is not None else -1, node, depth))
 
-    def task_popped(self, queue, gt, node, depth) -> None:
+    def task_popped(self, queue, gt, node, depth) -> None:  # replaced per instance
         self.events.append((POP, self.clock(), self._tid(), queue.name, gt.id, node, depth))
 
-    def node_start(self, gt, node) -> None:
+    def node_start(self, gt, node) -> None:  # replaced per instance
         self.events.append((NODE_START, self.clock(), self._tid(), gt.id, gt.reentrant_depth, node))
 
-    def node_end(self, gt, node) -> None:
+    def node_end(self, gt, node) -> None:  # replaced per instance
         self.events.append((NODE_END, self.clock(), self._tid(), gt.id, gt.reentrant_depth, node))
 
     def node_skipped(self, gt, node) -> None:
