@@ -8,7 +8,9 @@ several ``backward()`` calls share one autograd graph.
 Locks:
   ``_grad_lock``  guards ``grads`` (AccumulateGrad runs may come from
                   several GraphTasks on several threads at once);
-  ``_saved_lock`` guards ``_saved`` and ``_released``.
+  ``_saved_lock`` serialises materialising a node's saved values (check
+                  released, build, insert); ``release`` is lock-free (one
+                  set add and dict pops, each atomic).
 Hooks are registered before a backward call and only read during it.
 """
 
@@ -45,7 +47,7 @@ class GraphState:
         self._released: set[Node] = set()
         #: node -> whether it saves tensors at all (a cache; benign races only recompute it).
         self._has_tensors: dict[Node, bool] = {}
-        self._saved_lock = threading.Lock()  # guards _saved and _released
+        self._saved_lock = threading.Lock()  # serialises materialisation into _saved
         #: Hooks, keyed by node: tensor pre-hooks per input slot, node pre/post hooks.
         self.tensor_pre_hooks: dict[Node, list[tuple[int, Callable]]] = {}
         self.retains_grad_hooks: dict[Node, list[tuple[int, Callable]]] = {}
@@ -118,10 +120,11 @@ class GraphState:
                 tensors.is_tensor_spec(v) for v in node.saved.values())
         if not has:
             return
-        with self._saved_lock:
-            self._saved.pop(node, None)
-            self._saved.pop(("device", node), None)
-            self._released.add(node)
+        # Lock-free: set and dict operations are atomic; mark released before dropping
+        # the values so a concurrent saved() either sees the values or the mark.
+        self._released.add(node)
+        self._saved.pop(node, None)
+        self._saved.pop(("device", node), None)
 
     # -- hooks -----------------------------------------------------------------
     def register_tensor_pre_hook(self, node: Node, slot: int, fn: Callable) -> None:

@@ -252,27 +252,31 @@ def thread_main(engine, graph_task) -> None:
     tls = engine.tls
     queue = tls.queue
     tracer = engine.tracer
-    while graph_task is None or not graph_task.completed:
-        item = queue.pop()
-        if item is SHUTDOWN:
-            break
-        gt, node, buf = item
-        if node is not None:
-            if not gt.has_error:
-                prev = (tls.graph_task, tls.grad_mode, tls.context)
-                tls.graph_task, tls.grad_mode, tls.context = gt, gt.create_graph, gt.context
-                try:
-                    evaluate_function(engine, gt, node, buf)
-                except BaseException as exc:  # captured as a value, re-raised by the caller
-                    engine.on_exception(gt, node, exc)
-                finally:
-                    tls.graph_task, tls.grad_mode, tls.context = prev
-            elif tracer.enabled:
-                tracer.node_skipped(gt, node)
-        with gt.lock:
-            gt.outstanding -= 1
-            finished = gt.outstanding == 0
-        if finished:
-            engine.mark_completed(gt)
-            if tls.worker_device != gt.owner:
-                engine.queue_by_index(gt, gt.owner).push_wakeup(gt)
+    # The thread-local state a node sees (its GraphTask, grad mode, context) is
+    # switched only when the GraphTask changes, and restored on the way out.
+    prev = (tls.graph_task, tls.grad_mode, tls.context)
+    try:
+        while graph_task is None or not graph_task.completed:
+            item = queue.pop()
+            if item is SHUTDOWN:
+                break
+            gt, node, buf = item
+            if node is not None:
+                if not gt.has_error:
+                    if tls.graph_task is not gt:
+                        tls.graph_task, tls.grad_mode, tls.context = gt, gt.create_graph, gt.context
+                    try:
+                        evaluate_function(engine, gt, node, buf)
+                    except BaseException as exc:  # captured as a value, re-raised by the caller
+                        engine.on_exception(gt, node, exc)
+                elif tracer.enabled:
+                    tracer.node_skipped(gt, node)
+            with gt.lock:
+                gt.outstanding -= 1
+                finished = gt.outstanding == 0
+            if finished:
+                engine.mark_completed(gt)
+                if tls.worker_device != gt.owner:
+                    engine.queue_by_index(gt, gt.owner).push_wakeup(gt)
+    finally:
+        tls.graph_task, tls.grad_mode, tls.context = prev
