@@ -30,11 +30,11 @@ def best_of(fn, repeat):
     return min(times), statistics.median(times)
 
 
-def main(sizes=(10_000, 100_000, 1_000_000), yaml_max=100_000):
+def main(sizes=(10_000, 100_000, 1_000_000), yaml_max=100_000, write=True):
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for n in sizes:
-            doc = generate("random", nodes=n, leaves=max(10, n // 10), seed=1)
+            doc = generate("chain", n=n, op="mul")
             for fmt in ("json", "yaml"):
                 if fmt == "yaml" and n > yaml_max:
                     continue
@@ -49,7 +49,7 @@ def main(sizes=(10_000, 100_000, 1_000_000), yaml_max=100_000):
                 raw = open(path, "rb").read()
                 jl_min, _ = best_of(lambda: json.loads(raw), repeat) if fmt == "json" else (None, None)
                 nodes = len(doc["nodes"])
-                rows.append({"nodes": nodes, "format": fmt, "bytes": size, "load_s": load_min,
+                rows.append({"graph": "chain", "nodes": nodes, "format": fmt, "bytes": size, "load_s": load_min,
                              "load_median_s": load_med, "us_per_node": load_min / nodes * 1e6,
                              "json_loads_s": jl_min,
                              "ratio_to_json_loads": (load_min / jl_min) if jl_min else None})
@@ -58,6 +58,8 @@ def main(sizes=(10_000, 100_000, 1_000_000), yaml_max=100_000):
                       f"({r['us_per_node']:.2f} us/node)" +
                       (f"  json.loads {jl_min:.3f} s  ratio {r['ratio_to_json_loads']:.2f}x" if jl_min else ""),
                       flush=True)
+    if not write:
+        return rows
     out = os.path.join(os.path.dirname(__file__), "results.json")
     results = {}
     if os.path.exists(out):
