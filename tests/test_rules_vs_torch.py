@@ -71,6 +71,10 @@ CASES = {
     "embedding": lambda L: F.embedding(torch.tensor([[0, 2], [1, 2]]), L["e"]),
     "embedding_padding": lambda L: F.embedding(torch.tensor([0, 2, 1, 2]), L["e"], padding_idx=2),
     "clone": lambda L: L["a"].clone(),
+    "split_unused_piece": lambda L: L["x"].split(3, dim=-1)[0] * 2,
+    "split_with_sizes": lambda L: torch.cat([p * (k + 1) for k, p in enumerate(L["x"].split([1, 3], dim=-1))], -1),
+    "chunk": lambda L: sum(c.exp() for c in L["x"].chunk(2, dim=1)),
+    "unbind": lambda L: L["x"].unbind(1)[2] - L["x"].unbind(1)[0],
     "to_copy": lambda L: (L["a"].float() * 2).double(),
     "linear": lambda L: F.linear(L["x"], L["w44"], L["b4"]),
 }

@@ -244,3 +244,28 @@ def embedding(node, grads, gt):
             cupyx.scatter_add(w, flat_idx, flat_g)
         return w
     return _each(node, out)
+
+
+def _filled(node, grads, xp):
+    """The node's input gradients with undefined ones replaced by zeros of their slot's shape."""
+    out = []
+    for g, meta in zip(grads, node.inputs):
+        out.append(xp.zeros(meta.shape, dtype=meta.dtype) if g is None else g)
+    return out
+
+
+def split(node, grads, gt):
+    """SplitBackward0 / SplitWithSizesBackward0: concatenate the pieces' gradients along dim."""
+    xp = gt.xp(node)
+    sizes = node.saved.get("self_sym_sizes")
+    dim = signed(node.saved.get("dim", 0))
+    dim = dim % len(sizes) if sizes else dim
+    return _each(node, lambda i: xp.concatenate(_filled(node, grads, xp), axis=dim))
+
+
+def unbind(node, grads, gt):
+    """UnbindBackward0: stack the slices' gradients along dim."""
+    xp = gt.xp(node)
+    pieces = _filled(node, grads, xp)
+    dim = signed(node.saved.get("dim", 0)) % (pieces[0].ndim + 1)
+    return _each(node, lambda i: xp.stack(pieces, axis=dim))
