@@ -103,6 +103,60 @@ def test_missing_file_is_a_clean_error(capsys):
 
 
 def test_help_shows_examples(capsys):
-    for cmd in (["--help"], ["run", "--help"], ["validate", "--help"], ["gen", "--help"]):
+    for cmd in (["--help"], ["run", "--help"], ["validate", "--help"], ["gen", "--help"], ["examples", "--help"],
+                ["capture", "--help"], ["check", "--help"]):
         code, out, err = run_main(cmd, capsys)
         assert code == 0 and "autograd-run" in out and "Example" in out
+
+
+def test_expect_order_matches_and_mismatches(tmp_path, capsys):
+    golden = tmp_path / "golden.jsonl"
+    code, _, err = run_main(["example:mlp", "--no-multithreading", "--order-out", str(golden), "--no-summary"], capsys)
+    assert code == 0, err
+    code, out, err = run_main(["example:mlp", "--no-multithreading", "--expect-order", str(golden), "--no-summary"], capsys)
+    assert code == 0 and "order matches" in out
+    rows = golden.read_text().splitlines()
+    rows[1], rows[2] = rows[2], rows[1]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(rows) + "\n")
+    code, out, err = run_main(["example:mlp", "--no-multithreading", "--expect-order", str(bad), "--no-summary"], capsys)
+    assert code == 3
+    assert "order differs at position 1" in err and "ready set at that pop" in err
+    assert "<- popped" in err
+    (tmp_path / "junk.jsonl").write_text("{not json\n")
+    code, out, err = run_main(["example:mlp", "--expect-order", str(tmp_path / "junk.jsonl")], capsys)
+    assert code == 2 and "line 1" in err
+
+
+def test_expect_order_per_worker_with_device_threads(tmp_path, capsys):
+    golden = tmp_path / "g.jsonl"
+    code, _, err = run_main(["example:pipeline", "--order-out", str(golden), "--no-summary"], capsys)
+    assert code == 0, err
+    code, out, err = run_main(["example:pipeline", "--expect-order", str(golden), "--no-summary"], capsys)
+    assert code == 0 and "compared per worker" in out
+
+
+def test_repeat_and_json(capsys):
+    code, out, err = run_main(["example:seed", "--repeat", "4", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["summary"]["passes"]["count"] == 4
+    assert doc["summary"]["nodes_executed"] == 20
+    assert doc["grads"]["a"] == [5.0, 5.0]
+
+
+def test_seed_changes_random_draws_reproducibly(capsys):
+    outs = []
+    for seed in ("1", "1", "2"):
+        code, out, err = run_main(["example:pipeline", "--seed", seed, "--json", "--no-multithreading"], capsys)
+        assert code == 0, err
+        outs.append(json.loads(out)["grads"]["w0"])
+    assert outs[0] == outs[1] and outs[0] != outs[2]
+
+
+def test_no_color_and_width_are_honoured(monkeypatch, capsys):
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "60")
+    code, out, err = run_main(["example:seed"], capsys)
+    assert code == 0 and "\x1b[" not in out
+    assert max(len(line) for line in out.splitlines()) <= 60

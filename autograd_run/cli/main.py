@@ -71,7 +71,13 @@ def validate(files):
 
 @cli.command()
 def examples():
-    """List the graphs shipped with autograd-run (use them as `example:NAME`)."""
+    """List the graphs shipped with autograd-run (use them as `example:NAME`).
+
+    \b
+    Example:
+      autograd-run examples
+      autograd-run example:pipeline --trace pipeline.json
+    """
     from importlib import resources
     from autograd_run.graphs.load import example_names
     folder = resources.files("autograd_run.graphs").joinpath("examples")
@@ -136,99 +142,9 @@ def gen(kind, output, n, op, width, layers, batch, in_features, heads, seq_len, 
     click.echo(f"{output}: {len(doc['nodes'])} nodes")
 
 
-@cli.command()
-@click.argument("graph")
-@click.option("--trace", "trace_path", default=None, help="Write a Chrome/Perfetto trace here.")
-@click.option("--grad", "mode", flag_value="grad", default=None, help="Return gradients of --inputs (torch.autograd.grad).")
-@click.option("--backward", "mode", flag_value="backward", help="Accumulate into variables (Tensor.backward).")
-@click.option("--inputs", default=None, help="Comma-separated variable names or node ids.")
-@click.option("--retain-graph", is_flag=True, help="Keep saved tensors (allows another pass).")
-@click.option("--create-graph", is_flag=True, help="Run nodes in grad mode (sets retain_graph).")
-@click.option("--no-multithreading", is_flag=True, help="Run every node on the calling thread.")
-@click.option("--devices", type=click.Choice(["auto", "virtual", "cuda"]), default="auto", show_default=True)
-@click.option("--anomaly", is_flag=True, help="Anomaly mode: fail on NaN gradients, show forward traces.")
-@click.option("--inject-error", multiple=True, metavar="NODE", help="Make NODE raise when it runs.")
-@click.option("--inject-nan", multiple=True, metavar="NODE", help="Make NODE return NaN gradients.")
-@click.option("--allow-python", is_flag=True, help="Allow python nodes to import and run their callables.")
-@click.option("--order-out", default=None, help="Write the executed order as JSON Lines.")
-@click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
-@click.option("--json", "json_out", is_flag=True, help="Print the summary and gradients as JSON on stdout.")
-@click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
-def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithreading, devices, anomaly,
-        inject_error, inject_nan, allow_python, order_out, summary, json_out, verbose):
-    """Run a graph's backward pass (GRAPH is a file or example:NAME).
+from autograd_run.cli.run_cmd import run  # noqa: E402  (registers the run command below)
 
-    \b
-    Examples:
-      autograd-run example:seed
-      autograd-run graph.yaml --trace out.json
-      autograd-run example:pipeline --no-multithreading --order-out order.jsonl
-    """
-    from autograd_run.engine import DeviceSet, Engine, GraphState
-    from autograd_run.engine.run import run_graph
-    from autograd_run.graphs.load import load_graph
-    from autograd_run.traces.recorder import Recorder
-    from autograd_run.cli.render import _host, render_grads, render_summary
-
-    g = load_graph(graph)
-    faults = {}
-    for nid in inject_error:
-        if nid not in g.by_id:
-            raise UsageError(f"--inject-error: no node {nid!r} in {graph}")
-        faults[nid] = "error"
-    for nid in inject_nan:
-        if nid not in g.by_id:
-            raise UsageError(f"--inject-nan: no node {nid!r} in {graph}")
-        faults[nid] = "nan"
-    rec = Recorder()
-    devs = DeviceSet(devices)
-    engine = Engine(devs, tracer=rec, multithreading=not no_multithreading, allow_python=allow_python)
-    state = GraphState(g)
-    names = [s for s in inputs.split(",") if s] if inputs else None
-    t0 = time.perf_counter()
-    error = None
-    result = None
-    try:
-        result = run_graph(engine, g, state, mode=mode, inputs=names, retain_graph=retain_graph or None,
-                           create_graph=create_graph, anomaly=anomaly, faults=faults)
-    except BackwardError as exc:
-        error = exc
-    wall = time.perf_counter() - t0
-    engine.shutdown(timeout=5)
-    if trace_path:
-        from autograd_run.traces.chrome import write_chrome_trace
-        write_chrome_trace(trace_path, rec.events, rec.threads)
-    if order_out:
-        from autograd_run.cli.render import write_order
-        write_order(order_out, rec)
-    if json_out:
-        from autograd_run.traces.summary import summarize
-        doc = {"graph": graph, "devices": devs.kind, "error": None if error is None else
-               {"node": error.node_id, "name": error.node_name, "message": str(error)},
-               "summary": summarize(rec.events, rec.threads).to_dict(),
-               "grads": {} if result is None else {k: None if v is None else _host(v).tolist()
-                                                    for k, v in result.grads.items()}}
-        click.echo(json.dumps(doc))
-    elif summary:
-        from rich.console import Console
-        from autograd_run.traces.summary import summarize
-        console = Console()
-        title = f"{graph}: {len(g.nodes)} nodes"
-        dev_line = devs.describe() if any(not d.is_cpu for d in g.devices) else None
-        render_summary(console, summarize(rec.events, rec.threads), title, devices=dev_line)
-        if result is not None:
-            render_grads(console, result)
-        if trace_path:
-            console.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")
-    if error is not None:
-        where = f"node {error.node_id!r} ({error.node_name})" if error.node_id else "backward"
-        if verbose and error.__cause__ is not None:
-            traceback.print_exception(error.__cause__, file=sys.stderr)
-        note = getattr(error, "anomaly_note", None)
-        if note:
-            click.echo(note, err=True)
-        _err(f"{where}: {error}")
-        sys.exit(1)
+cli.add_command(run)
 
 
 @cli.command()

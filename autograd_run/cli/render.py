@@ -57,6 +57,8 @@ def summary_tables(s, title: str, top: int = 10, devices: str | None = None) -> 
     head.add_row("nodes executed", str(s.nodes_executed))
     head.add_row("nodes skipped", str(s.nodes_skipped))
     head.add_row("graph tasks", str(s.graph_tasks))
+    if s.passes.count > 1:
+        head.add_row(f"passes ({s.passes.count})", f"mean {fmt_ns(s.passes.mean_ns)}, p95 {fmt_ns(s.passes.p95_ns)}")
     head.add_row("critical path", f"{fmt_ns(s.critical_path_ns)} ({s.critical_path_share:.0%} of wall), "
                  f"{len(s.critical_path)} nodes")
     if s.opaque_nodes:

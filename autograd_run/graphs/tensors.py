@@ -100,6 +100,8 @@ class SideFiles:
         self.base_dir = base_dir
         self.default_name = default_name
         self._open: dict[str, Any] = {}
+        #: Added to every random spec's seed (``--seed``): another reproducible draw.
+        self.seed_offset = 0
         self._lock = threading.Lock()  # guards _open (nodes materialize from several threads)
 
     def resolve(self, name: str | None, path: tuple, err: Err) -> str:
@@ -203,7 +205,7 @@ def materialize(value: Any, side: SideFiles, shape: tuple[int, ...] | None = Non
             full = side.resolve(value.get("file"), (), fail)
             arr = np.asarray(side.archive(full, (), fail)[value["npz"]])
             return arr.astype(dt, copy=False) if dt else arr
-        rng = np.random.Generator(np.random.PCG64(value["random"]))
+        rng = np.random.Generator(np.random.PCG64(value["random"] + side.seed_offset))
         if value.get("dist", "normal") == "uniform":
             arr = rng.random(shp)
         else:

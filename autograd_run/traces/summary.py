@@ -87,6 +87,8 @@ class Summary:
     critical_path: list[NodeRun] = field(default_factory=list)
     critical_path_ns: int = 0
     critical_path_share: float = 0.0
+    #: Wall time of each top-level backward call (one per pass with --repeat).
+    passes: Dist = field(default_factory=Dist)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +115,8 @@ def summarize(events: list[tuple], threads: dict[int, str], slowest: int = 10) -
     runs: dict[tuple, NodeRun] = {}
     sync_pairs: list[tuple] = []
     gts = set()
+    top_start: dict[int, int] = {}
+    pass_walls: list[int] = []
 
     def worker(tid) -> Worker:
         w = workers.get(tid)
@@ -170,8 +174,14 @@ def summarize(events: list[tuple], threads: dict[int, str], slowest: int = 10) -
             s.errors.append(f"{node.id if node is not None else '-'}: {ev[5]}")
         elif kind == R.GT_START:
             gts.add(ev[3])
+            if ev[4] == 0:
+                top_start[ev[3]] = ev[1]
+        elif kind == R.GT_END:
+            if ev[3] in top_start:
+                pass_walls.append(ev[1] - top_start.pop(ev[3]))
 
     s.graph_tasks = len(gts)
+    s.passes = Dist.of(pass_walls)
     s.nodes_executed = len(runs)
     for w in workers.values():
         w.utilization = w.busy_ns / s.wall_ns if s.wall_ns else 0.0
