@@ -31,7 +31,7 @@ def record(graph, **kw):
         pass
     finally:
         eng.shutdown()
-    return rec, to_chrome_trace(rec.events, rec.threads)
+    return rec, to_chrome_trace(rec.events, rec.threads, rec.os_tids)
 
 
 def check_structure(trace):

@@ -154,7 +154,7 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     if trace_path:
         from autograd_run.traces.chrome import write_chrome_trace
         try:
-            write_chrome_trace(trace_path, rec.events, rec.threads)
+            write_chrome_trace(trace_path, rec.events, rec.threads, rec.os_tids)
         except OSError as exc:
             raise UsageError(f"--trace {trace_path}: {exc.strerror or exc}") from None
     rows = order.rows() if order is not None else None

@@ -68,6 +68,8 @@ class Engine:
         self.devices = devices or DeviceSet("virtual")
         self.tracer = tracer or NULL_TRACER
         self.priority = priority or PyTorchPriority()
+        #: PyTorch's rule is inlined on the hot path; other policies are called.
+        self.default_priority = type(self.priority) is PyTorchPriority
         self.multithreading = multithreading
         self.max_depth = max_depth
         self.allow_python = allow_python
@@ -125,7 +127,7 @@ class Engine:
             graph_root = Node("GraphRoot", "GraphRoot", Op.GRAPH_ROOT, state.next_seq(), list(roots), [],
                               attrs={"grads": grads})
             graph_root.topo_nr = 1 + max((e.node.topo_nr for e in roots), default=-1)
-            graph_root.device = CPU
+            graph_root.device, graph_root.cpu = CPU, True
             buf = InputBuffer(0)
         gt.graph_root = graph_root
         min_topo = min((e.node.topo_nr for e in outputs), default=0)
@@ -195,14 +197,15 @@ class Engine:
 
     # -- routing ---------------------------------------------------------------
     def ready_queue(self, gt, device) -> ReadyQueue:
-        if device.is_cpu or not gt.multithreading:
+        if device.type == "cpu" or not gt.multithreading:
             return gt.cpu_queue
-        return self._device_queue(device.index)
+        return self.device_queue(device.index)
 
     def queue_by_index(self, gt, index: int) -> ReadyQueue:
-        return gt.cpu_queue if index == CPU_DEVICE else self._device_queue(index)
+        return gt.cpu_queue if index == CPU_DEVICE else self.device_queue(index)
 
-    def _device_queue(self, index: int) -> ReadyQueue:
+    def device_queue(self, index: int) -> ReadyQueue:
+        """The queue (and worker thread, started on first use) of device index ``index``."""
         q = self._device_queues.get(index)
         if q is not None:
             return q

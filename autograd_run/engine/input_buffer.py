@@ -19,21 +19,31 @@ class InputBuffer:
 
     def __init__(self, size: int):
         self.grads: list = [None] * size
-        self.owned: list[bool] = [False] * size
-        self.producers: list = [None] * size
+        #: Per slot: does the buffer own the stored array (allocated lazily).
+        self.owned: list[bool] | None = None
+        #: Per slot: the node that produced it, kept only when syncs matter (lazily).
+        self.producers: list | None = None
 
     def add(self, pos: int, grad, producer=None) -> None:
         if grad is None:
             return
-        old = self.grads[pos]
+        grads = self.grads
+        old = grads[pos]
         if old is None:
-            self.grads[pos] = grad
-            self.producers[pos] = producer
-        elif self.owned[pos]:
+            grads[pos] = grad
+            if producer is not None:
+                if self.producers is None:
+                    self.producers = [None] * len(grads)
+                self.producers[pos] = producer
+            return
+        owned = self.owned
+        if owned is None:
+            owned = self.owned = [False] * len(grads)
+        if owned[pos]:
             old += grad
         else:
-            self.grads[pos] = old + grad
-            self.owned[pos] = True
+            grads[pos] = old + grad
+            owned[pos] = True
 
     def __len__(self) -> int:
         return len(self.grads)

@@ -26,7 +26,7 @@ SHUTDOWN = ("shutdown", None, None)
 
 
 class ReadyQueue:
-    __slots__ = ("name", "_keys", "_items", "_lock", "_not_empty", "tracer")
+    __slots__ = ("name", "_keys", "_items", "_lock", "_not_empty", "_waiting", "tracer")
 
     def __init__(self, name: str, tracer=None):
         self.name = name
@@ -34,6 +34,7 @@ class ReadyQueue:
         self._items: list = []
         self._lock = threading.Lock()  # guards _keys and _items
         self._not_empty = threading.Condition(self._lock)
+        self._waiting = 0  # workers blocked in pop (guarded by _lock); notify only then
         self.tracer = tracer
 
     def __len__(self) -> int:
@@ -51,7 +52,8 @@ class ReadyQueue:
             try:
                 self._push(key, item)
                 depth = len(self._keys)
-                self._not_empty.notify()
+                if self._waiting:
+                    self._not_empty.notify()
             finally:
                 self._lock.release()
             if item is SHUTDOWN:
@@ -62,7 +64,8 @@ class ReadyQueue:
             return
         with self._lock:
             self._push(key, item)
-            self._not_empty.notify()
+            if self._waiting:
+                self._not_empty.notify()
 
     def push_wakeup(self, graph_task) -> None:
         self.push(WAKEUP_KEY, (graph_task, None, None))
@@ -81,14 +84,15 @@ class ReadyQueue:
             waited = time.perf_counter_ns() - t0
         try:
             if not self._keys:
-                if tracer is not None and tracer.enabled:
-                    t0 = time.perf_counter_ns()
+                t0 = time.perf_counter_ns() if tracer is not None and tracer.enabled else 0
+                self._waiting += 1
+                try:
                     while not self._keys:
                         self._not_empty.wait()
+                finally:
+                    self._waiting -= 1
+                if t0:
                     tracer.worker_idle(self, t0, time.perf_counter_ns())
-                else:
-                    while not self._keys:
-                        self._not_empty.wait()
             item = self._pop()
             depth = len(self._keys)
         finally:

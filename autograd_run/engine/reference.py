@@ -52,7 +52,7 @@ def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True
     else:
         root = Node("GraphRoot", "GraphRoot", Op.GRAPH_ROOT, state.next_seq(), list(roots), [],
                     attrs={"grads": list(grads)})
-        root.device = CPU
+        root.device, root.cpu = CPU, True
         start = []
     deps: dict = {}
     stack, seen = [root], set()

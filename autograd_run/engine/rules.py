@@ -59,9 +59,11 @@ def accumulate_grad(node, grads, gt):
 
 def add(node, grads, gt):
     g = grads[0]
+    nxt = node.next
+    if len(nxt) == 1:
+        return [g]
     alpha = node.saved.get("alpha", 1)
-    return [None if node.next[0] is None else g,
-            None if len(node.next) < 2 or node.next[1] is None else (g if alpha == 1 else g * alpha)]
+    return [None if nxt[0] is None else g, None if nxt[1] is None else (g if alpha == 1 else g * alpha)]
 
 
 def sub(node, grads, gt):
@@ -74,7 +76,10 @@ def sub(node, grads, gt):
 def mul(node, grads, gt):
     g = grads[0]
     s = gt.saved(node)
-    return _each(node, lambda i: g * (s["other"] if i == 0 else s["self"]))
+    nxt = node.next
+    if len(nxt) != 2:
+        return _each(node, lambda i: g * (s["other"] if i == 0 else s["self"]))
+    return [None if nxt[0] is None else g * s["other"], None if nxt[1] is None else g * s["self"]]
 
 
 def div(node, grads, gt):

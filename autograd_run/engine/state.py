@@ -8,9 +8,10 @@ several ``backward()`` calls share one autograd graph.
 Locks:
   ``_grad_lock``  guards ``grads`` (AccumulateGrad runs may come from
                   several GraphTasks on several threads at once);
-  ``_saved_lock`` serialises materialising a node's saved values (check
-                  released, build, insert); ``release`` is lock-free (one
-                  set add and dict pops, each atomic).
+  saved values need no lock: each dict/set operation is atomic under the
+                  GIL; two threads materialising the same node's values race
+                  benignly (``setdefault`` keeps the first), and ``release``
+                  marks a node released before dropping its values.
 Hooks are registered before a backward call and only read during it.
 """
 
@@ -47,12 +48,15 @@ class GraphState:
         self._released: set[Node] = set()
         #: node -> whether it saves tensors at all (a cache; benign races only recompute it).
         self._has_tensors: dict[Node, bool] = {}
-        self._saved_lock = threading.Lock()  # serialises materialisation into _saved
+        #: Saved values moved to the node's GPU (real CUDA only).
+        self._saved_device: dict[Node, dict[str, Any]] = {}
         #: Hooks, keyed by node: tensor pre-hooks per input slot, node pre/post hooks.
         self.tensor_pre_hooks: dict[Node, list[tuple[int, Callable]]] = {}
         self.retains_grad_hooks: dict[Node, list[tuple[int, Callable]]] = {}
         self.pre_hooks: dict[Node, list[Callable]] = {}
         self.post_hooks: dict[Node, list[Callable]] = {}
+        #: Whether any hook was registered (the engine skips hook lookups otherwise).
+        self.has_hooks = False
         #: Python callables for ``python`` nodes registered from code (node -> fn).
         self.python_fns: dict[Node, Callable] = {}
         self._next_seq = max((n.seq for n in graph.nodes if n.seq < 2**63), default=0) + 1
@@ -80,36 +84,31 @@ class GraphState:
         cached = self._saved.get(node)
         if cached is not None:
             return cached
-        with self._saved_lock:
-            if node in self._released:
-                raise SavedTensorReleased(ERR_BACKWARD_TWICE)
-            cached = self._saved.get(node)
-            if cached is None:
-                cached = {}
-                side = self.graph.side_files
-                for name, value in node.saved.items():
-                    if value is None:
-                        cached[name] = None
-                    elif tensors.is_tensor_spec(value):
-                        cached[name] = tensors.materialize(value, side)
-                    elif name in tensor_fields and isinstance(value, list):
-                        dtype = node.inputs[0].dtype if node.inputs else "float32"
-                        cached[name] = np.asarray(value, dtype=dtype)
-                    else:
-                        # Plain numbers stay Python numbers: like PyTorch's wrapped
-                        # scalars they do not change the gradient's dtype.
-                        cached[name] = value
-                self._saved[node] = cached
-            return cached
+        if node in self._released:
+            raise SavedTensorReleased(ERR_BACKWARD_TWICE)
+        cached = {}
+        side = self.graph.side_files
+        for name, value in node.saved.items():
+            if value is None:
+                cached[name] = None
+            elif type(value) is dict and tensors.is_tensor_spec(value):
+                cached[name] = tensors.materialize(value, side)
+            elif name in tensor_fields and isinstance(value, list):
+                dtype = node.inputs[0].dtype if node.inputs else "float32"
+                cached[name] = np.asarray(value, dtype=dtype)
+            else:
+                # Plain numbers stay Python numbers: like PyTorch's wrapped
+                # scalars they do not change the gradient's dtype.
+                cached[name] = value
+        # Two threads may build the same values at once; the first one stored wins.
+        return self._saved.setdefault(node, cached)
 
     def on_device(self, node: Node, values: dict, move) -> dict:
         """The node's saved values with arrays moved by ``move`` (cached per node)."""
-        key = ("device", node)
-        cached = self._saved.get(key)
+        cached = self._saved_device.get(node)
         if cached is None:
             cached = {k: move(v) if isinstance(v, np.ndarray) else v for k, v in values.items()}
-            with self._saved_lock:
-                self._saved[key] = cached
+            cached = self._saved_device.setdefault(node, cached)
         return cached
 
     def release(self, node: Node, tensor_fields: tuple[str, ...]) -> None:
@@ -118,29 +117,33 @@ class GraphState:
         if has is None:
             has = self._has_tensors[node] = any(f in node.saved for f in tensor_fields) or any(
                 tensors.is_tensor_spec(v) for v in node.saved.values())
-        if not has:
-            return
-        # Lock-free: set and dict operations are atomic; mark released before dropping
-        # the values so a concurrent saved() either sees the values or the mark.
-        self._released.add(node)
-        self._saved.pop(node, None)
-        self._saved.pop(("device", node), None)
+        if has:
+            # Mark first, then drop: a concurrent saved() sees the values or the mark.
+            self._released.add(node)
+            self._saved.pop(node, None)
+            if self._saved_device:
+                self._saved_device.pop(node, None)
 
     # -- hooks -----------------------------------------------------------------
+
     def register_tensor_pre_hook(self, node: Node, slot: int, fn: Callable) -> None:
         """Like ``Tensor.register_hook``: ``fn(grad) -> grad or None`` on input ``slot`` of ``node``."""
         self.tensor_pre_hooks.setdefault(node, []).append((slot, fn))
+        self.has_hooks = True
 
     def register_retains_grad_hook(self, node: Node, slot: int, fn: Callable) -> None:
         self.retains_grad_hooks.setdefault(node, []).append((slot, fn))
+        self.has_hooks = True
 
     def register_prehook(self, node: Node, fn: Callable) -> None:
         """Like ``Node.register_prehook``: ``fn(grad_outputs) -> new grad_outputs or None``."""
         self.pre_hooks.setdefault(node, []).append(fn)
+        self.has_hooks = True
 
     def register_hook(self, node: Node, fn: Callable) -> None:
         """Like ``Node.register_hook``: ``fn(grad_inputs, grad_outputs) -> new grad_inputs or None``."""
         self.post_hooks.setdefault(node, []).append(fn)
+        self.has_hooks = True
 
     # -- accumulation ----------------------------------------------------------
     def accumulate(self, name: str, grad, create_graph: bool) -> None:

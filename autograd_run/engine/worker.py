@@ -22,10 +22,16 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from autograd_run.engine.input_buffer import InputBuffer
 from autograd_run.engine.ready_queue import SHUTDOWN
 from autograd_run.engine.rules import RULES, sum_to
+from autograd_run.graphs.model import DTYPES
 from autograd_run.graphs.ops import Op
+
+
+_NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 
 
 def _fmt_shape(shape) -> str:
@@ -71,10 +77,10 @@ def validate_outputs(edges, grads, prefix, xp=None, devices=None) -> None:
                     raise RuntimeError(f"{_pfx(prefix)}invalid gradient at index {i} - got {_fmt_shape(gshape)} "
                                        f"but expected shape compatible with {_fmt_shape(shape)}")
             if reduce:
-                import numpy as np
                 g = sum_to(xp or np, g, shape)
-        if g.dtype != meta.dtype:
-            g = g.astype(meta.dtype)
+        want = _NP_DTYPES[meta.dtype]
+        if g.dtype is not want and g.dtype != want:
+            g = g.astype(want)
         if devices is not None and devices.real_cuda:
             dev = devices.device_of(g)
             if dev is not None and dev != meta.device:
@@ -89,6 +95,11 @@ def validate_outputs(edges, grads, prefix, xp=None, devices=None) -> None:
 def _call_function(engine, gt, node, inputs):
     state = gt.state
     grads = inputs.grads
+    if not (state.has_hooks or gt.faults or node.attrs):
+        outputs = RULES[node.op].fn(node, grads, gt)
+        if node.op is not Op.ACCUMULATE_GRAD:
+            validate_outputs(node.next, outputs, node, None, engine.devices)
+        return outputs
     hooks = state.tensor_pre_hooks.get(node)
     if hooks:
         for slot, fn in hooks:
@@ -130,7 +141,7 @@ def _call_function(engine, gt, node, inputs):
 def _sync_inputs(engine, gt, node, inputs: InputBuffer, stream) -> None:
     """Step 1: wait for inputs produced on another stream or device (report it to the tracer)."""
     tracer = engine.tracer
-    for prod in inputs.producers:
+    for prod in inputs.producers or ():
         if prod is None or prod.device.is_cpu and node.device.is_cpu:
             continue
         if prod.device == node.device and prod.stream == node.stream:
@@ -199,8 +210,16 @@ def _evaluate(engine, gt, node, inputs: InputBuffer) -> None:
                     tracer.nan_detected(gt, node, i)
                 raise RuntimeError(f"Function '{node.name}' returned nan values in its {i}th output.")
 
-    key = engine.priority.key
+    _route(engine, gt, node, outputs, exec_info, tracer)
+
+
+def _route(engine, gt, node, outputs, exec_info, tracer) -> None:
+    """Step 6: under the GraphTask lock, hand each output to its next node; push the ready ones."""
     depth = gt.reentrant_depth
+    key = None if engine.default_priority else engine.priority.key
+    depth_bits = depth << 64
+    cpu_queue = gt.cpu_queue
+    multithreading = gt.multithreading
     if not tracer.enabled:
         gt.lock.acquire()
     elif not gt.lock.acquire(False):  # contended: measure the wait
@@ -210,11 +229,10 @@ def _evaluate(engine, gt, node, inputs: InputBuffer) -> None:
     try:
         deps = gt.dependencies
         not_ready = gt.not_ready
-        for i, out in enumerate(outputs):
-            e = node.next[i]
+        for e, out in zip(node.next, outputs):
             if e is None:
                 continue
-            nxt = e.node
+            nxt, input_nr = e
             count = deps.get(nxt)
             if count is None:
                 raise RuntimeError(f"dependency not found for {nxt.name}")
@@ -231,18 +249,18 @@ def _evaluate(engine, gt, node, inputs: InputBuffer) -> None:
                     if fi is None or not fi.should_execute():
                         continue
                 buf = InputBuffer(len(nxt.inputs))
-                buf.add(e.input_nr, out, node)
-                if ready:
-                    gt.outstanding += 1
-                    engine.ready_queue(gt, nxt.device).push(key(depth, nxt), (gt, nxt, buf))
-                else:
+                buf.add(input_nr, out, node if nxt.crosses_streams else None)
+                if not ready:
                     not_ready[nxt] = buf
+                    continue
             else:
-                buf.add(e.input_nr, out, node)
-                if ready:
-                    del not_ready[nxt]
-                    gt.outstanding += 1
-                    engine.ready_queue(gt, nxt.device).push(key(depth, nxt), (gt, nxt, buf))
+                buf.add(input_nr, out, node if nxt.crosses_streams else None)
+                if not ready:
+                    continue
+                del not_ready[nxt]
+            gt.outstanding += 1
+            queue = cpu_queue if nxt.cpu or not multithreading else engine.device_queue(nxt.device.index)
+            queue.push(depth_bits | nxt.seq if key is None else key(depth, nxt), (gt, nxt, buf))
     finally:
         gt.lock.release()
 
@@ -252,6 +270,7 @@ def thread_main(engine, graph_task) -> None:
     tls = engine.tls
     queue = tls.queue
     tracer = engine.tracer
+    real_cuda = engine.devices.real_cuda
     # The thread-local state a node sees (its GraphTask, grad mode, context) is
     # switched only when the GraphTask changes, and restored on the way out.
     prev = (tls.graph_task, tls.grad_mode, tls.context)
@@ -266,7 +285,12 @@ def thread_main(engine, graph_task) -> None:
                     if tls.graph_task is not gt:
                         tls.graph_task, tls.grad_mode, tls.context = gt, gt.create_graph, gt.context
                     try:
-                        evaluate_function(engine, gt, node, buf)
+                        if node.cpu or not real_cuda:
+                            if node.crosses_streams and tracer.enabled:
+                                _sync_inputs(engine, gt, node, buf, None)
+                            _evaluate(engine, gt, node, buf)
+                        else:
+                            evaluate_function(engine, gt, node, buf)
                     except BaseException as exc:  # captured as a value, re-raised by the caller
                         engine.on_exception(gt, node, exc)
                 elif tracer.enabled:

@@ -103,6 +103,8 @@ class Node:
     #: Whether some node feeding this one runs on another device or stream (so
     #: running it involves a sync); CPU-to-CPU never does.
     crosses_streams: bool = False
+    #: ``device`` is the CPU (a plain attribute: the engine's hot path reads it per node).
+    cpu: bool = True
 
     @property
     def num_inputs(self) -> int:
@@ -194,10 +196,10 @@ def derive(graph: Graph) -> None:
         node.consumers = []
         for meta in node.inputs:
             if meta.device.type != "cpu":
-                node.device, node.stream = meta.device, meta.stream
+                node.device, node.stream, node.cpu = meta.device, meta.stream, False
                 break
         else:
-            node.device, node.stream = CPU, 0
+            node.device, node.stream, node.cpu = CPU, 0, True
     for node in nodes:
         out_nr = 0
         for e in node.next:

@@ -28,8 +28,11 @@ def _thread_rank(name: str) -> int:
     return 0
 
 
-def to_chrome_trace(events: Iterable[tuple], threads: dict[int, str]) -> dict:
-    events = list(events)
+def to_chrome_trace(events: Iterable[tuple], threads: dict[int, str], os_tids: dict[int, int] | None = None) -> dict:
+    """The trace for recorded ``events``; ``threads`` names thread idents, ``os_tids`` maps them to OS ids."""
+    os_tids = os_tids or {}
+    events = [_with_os_tid(e, os_tids) for e in events]
+    threads = {os_tids.get(k, k & 0x7FFFFFFF): v for k, v in threads.items()}
     if not events:
         return {"traceEvents": [], "displayTimeUnit": "ns"}
     t0 = min(e[1] for e in events)
@@ -123,6 +126,11 @@ def to_chrome_trace(events: Iterable[tuple], threads: dict[int, str]) -> dict:
     return {"traceEvents": out, "displayTimeUnit": "ns"}
 
 
-def write_chrome_trace(path: str, events, threads) -> None:
+def _with_os_tid(ev: tuple, os_tids: dict) -> tuple:
+    tid = ev[2]
+    return ev[:2] + (os_tids.get(tid, tid & 0x7FFFFFFF),) + ev[3:]
+
+
+def write_chrome_trace(path: str, events, threads, os_tids=None) -> None:
     with open(path, "wb") as f:
-        f.write(msgspec.json.encode(to_chrome_trace(events, threads)))
+        f.write(msgspec.json.encode(to_chrome_trace(events, threads, os_tids)))

@@ -34,8 +34,11 @@ GT_END = "gt_end"            # (kind, ts, tid, gt_id, outstanding_error)
 class Recorder(Tracer):
     clock: Callable[[], int] = time.perf_counter_ns
     events: list = field(default_factory=list)
-    #: OS thread id -> thread name, filled as threads first run a node (or idle, or start a task).
+    #: Python thread ident -> thread name, filled as threads first run a node (or idle, or start a task).
     threads: dict = field(default_factory=dict)
+    #: Python thread ident -> OS thread id (what trace viewers show; reading it is a system call,
+    #: so events carry the cheap ident and this maps it once per thread).
+    os_tids: dict = field(default_factory=dict)
     enabled = True
 
     def __post_init__(self):
@@ -43,13 +46,15 @@ class Recorder(Tracer):
         # they shadow the methods below, which document the same behaviour.
         append = self.events.append
         clock = self.clock
-        tid = threading.get_native_id
+        tid = threading.get_ident
         threads = self.threads
+        os_tids = self.os_tids
 
         def name_thread() -> int:
             t = tid()
             if t not in threads:
                 threads[t] = threading.current_thread().name
+                os_tids[t] = threading.get_native_id()
             return t
 
         def task_pushed(queue, gt, node, depth):
