@@ -160,3 +160,37 @@ def test_no_color_and_width_are_honoured(monkeypatch, capsys):
     code, out, err = run_main(["example:seed"], capsys)
     assert code == 0 and "\x1b[" not in out
     assert max(len(line) for line in out.splitlines()) <= 60
+
+
+# -- every run option through click's CliRunner -------------------------------------
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def test_cli_runner_options(runner, tmp_path):
+    r = runner.invoke(cli, ["run", "example:seed", "--retain-graph", "--no-summary"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(cli, ["run", "example:seed", "--create-graph", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["grads"]["a"] == [5.0, 5.0]
+    r = runner.invoke(cli, ["run", "example:pipeline", "--devices", "virtual", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["devices"] == "virtual"
+    r = runner.invoke(cli, ["run", "example:seed", "--backward", "--inputs", "a", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["grads"]["a"] == [5.0, 5.0]
+    r = runner.invoke(cli, ["run", "example:seed", "--summary"])
+    assert r.exit_code == 0 and "critical path" in r.output and "gradients (backward)" in r.output
+    r = runner.invoke(cli, ["run", "example:seed", "--repeat", "0"])
+    assert r.exit_code == 2
+
+
+def test_verbose_shows_the_node_traceback(capsys):
+    code, out, err = run_main(["example:failing", "--no-summary", "--verbose"], capsys)
+    assert code == 1 and "Traceback" in err and "simulated failure" in err
+    code, out, err = run_main(["example:failing", "--no-summary"], capsys)
+    assert "Traceback" not in err
+
+
+def test_unknown_option_is_a_usage_error(capsys):
+    code, out, err = run_main(["example:seed", "--frobnicate"], capsys)
+    assert code == 2 and "No such option" in err

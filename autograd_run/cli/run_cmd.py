@@ -143,7 +143,9 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     try:
         with _Progress(repeat, len(g.nodes), rec) as progress:
             for _ in range(repeat):
-                result = run_graph(engine, g, GraphState(g), mode=mode, inputs=names,
+                state = GraphState(g)
+                state.prepare()  # saved tensors exist before the timed backward, as after a forward
+                result = run_graph(engine, g, state, mode=mode, inputs=names,
                                    retain_graph=retain_graph or None, create_graph=create_graph,
                                    anomaly=anomaly, faults=faults)
                 progress.step()

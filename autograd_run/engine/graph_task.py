@@ -26,7 +26,6 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
-from autograd_run.engine.rules import RULES
 
 _ids = itertools.count()
 
@@ -77,7 +76,7 @@ class GraphTask:
 
     # -- helpers the rules use -------------------------------------------------
     def saved(self, node):
-        values = self.state.saved(node, RULES[node.op].tensor_fields)
+        values = self.state.saved(node)
         devices = self.engine.devices
         if devices.real_cuda and not node.device.is_cpu:
             return self.state.on_device(node, values, lambda a: devices.to_device(a, node.device))

@@ -32,7 +32,7 @@ class _Task:
         self.engine = _E()
 
     def saved(self, node):
-        return self.state.saved(node, RULES[node.op].tensor_fields)
+        return self.state.saved(node)
 
     def xp(self, node):
         import numpy as np
@@ -116,7 +116,7 @@ def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True
         if fn.op is not Op.ACCUMULATE_GRAD:
             validate_outputs(fn.next, outs, f"Function {fn.name} returned an ")
         if not task.keep_graph:
-            state.release(fn, RULES[fn.op].tensor_fields)
+            state.release(fn)
         for i, out in enumerate(outs):
             e = fn.next[i]
             if e is None:

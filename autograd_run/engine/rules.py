@@ -3,9 +3,9 @@
 A rule is ``fn(node, grads, gt) -> list`` with one entry per next edge
 (None where that edge is invalid or the gradient is not defined).
 ``grads`` are the node's input gradients (one per input slot, None if
-undefined); ``gt.saved(node)`` gives its saved values, with the fields named
-in ``tensor_fields`` as arrays (those are released after a backward without
-``retain_graph``). Gradients need not match the consumer's shape exactly:
+undefined); ``gt.saved(node)`` gives its saved values, with the fields that
+``ops.SAVED_TENSORS`` names as arrays (those are released after a backward
+without ``retain_graph``). Gradients need not match the consumer's shape exactly:
 ``validate_outputs`` reduces broadcast shapes with ``sum_to``, as PyTorch
 does. Arrays are numpy (or cupy on a real GPU): rules use ``gt.xp(node)``.
 """
@@ -27,8 +27,6 @@ from autograd_run.graphs.ops import Op
 @dataclass(frozen=True)
 class Rule:
     fn: Callable
-    #: Saved fields that are tensors in PyTorch (released without retain_graph).
-    tensor_fields: tuple[str, ...] = ()
 
 
 def _each(node, value_for):
@@ -41,6 +39,8 @@ def sum_to(xp, grad, shape):
     shape = tuple(shape)
     if grad.shape == shape:
         return grad
+    if not shape:
+        return grad.sum().reshape(())
     lead = grad.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(
         lead + i for i, s in enumerate(shape) if s == 1 and grad.shape[lead + i] != 1)
@@ -245,39 +245,39 @@ RULES: dict[Op, Rule] = {
     Op.ACCUMULATE_GRAD: Rule(accumulate_grad),
     Op.ADD: Rule(add),
     Op.SUB: Rule(sub),
-    Op.MUL: Rule(mul, ("self", "other")),
-    Op.DIV: Rule(div, ("self", "other")),
+    Op.MUL: Rule(mul),
+    Op.DIV: Rule(div),
     Op.NEG: Rule(neg),
-    Op.MM: Rule(mm, ("self", "mat2")),
+    Op.MM: Rule(mm),
     Op.T: Rule(t),
     Op.SUM: Rule(sum_all),
     Op.SUM_DIM: Rule(sum_dim),
     Op.MEAN: Rule(mean_all),
-    Op.RELU: Rule(relu, ("result",)),
-    Op.EXP: Rule(exp, ("result",)),
-    Op.TANH: Rule(tanh, ("result",)),
-    Op.SIGMOID: Rule(sigmoid, ("result",)),
+    Op.RELU: Rule(relu),
+    Op.EXP: Rule(exp),
+    Op.TANH: Rule(tanh),
+    Op.SIGMOID: Rule(sigmoid),
     Op.CLONE: Rule(passthrough),
     Op.TO_COPY: Rule(to_copy),
     Op.VIEW: Rule(view),
     Op.RESHAPE_ALIAS: Rule(view),
     Op.UNSAFE_VIEW: Rule(view),
-    Op.LOG: Rule(more.log, ("self",)),
-    Op.POW: Rule(more.pow_scalar, ("self",)),
-    Op.ADDMM: Rule(more.addmm, ("mat1", "mat2")),
-    Op.BMM: Rule(more.bmm, ("self", "mat2")),
+    Op.LOG: Rule(more.log),
+    Op.POW: Rule(more.pow_scalar),
+    Op.ADDMM: Rule(more.addmm),
+    Op.BMM: Rule(more.bmm),
     Op.TRANSPOSE: Rule(more.transpose),
     Op.PERMUTE: Rule(more.permute),
     Op.MEAN_DIM: Rule(more.mean_dim),
-    Op.GELU: Rule(more.gelu, ("self",)),
-    Op.SOFTMAX: Rule(more.softmax, ("result",)),
-    Op.LOG_SOFTMAX: Rule(more.log_softmax, ("result",)),
-    Op.LAYER_NORM: Rule(more.layer_norm, ("input", "result1", "result2", "weight", "bias")),
+    Op.GELU: Rule(more.gelu),
+    Op.SOFTMAX: Rule(more.softmax),
+    Op.LOG_SOFTMAX: Rule(more.log_softmax),
+    Op.LAYER_NORM: Rule(more.layer_norm),
     Op.CAT: Rule(more.cat),
     Op.STACK: Rule(more.stack),
     Op.SELECT: Rule(more.select),
     Op.SLICE: Rule(more.slice_),
-    Op.EMBEDDING: Rule(more.embedding, ("indices",)),
+    Op.EMBEDDING: Rule(more.embedding),
     Op.SPLIT: Rule(more.split),
     Op.SPLIT_WITH_SIZES: Rule(more.split),
     Op.UNBIND: Rule(more.unbind),

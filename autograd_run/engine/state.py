@@ -24,6 +24,7 @@ import numpy as np
 
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import Graph, Node
+from autograd_run.graphs.ops import SAVED_TENSORS
 
 ERR_BACKWARD_TWICE = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -46,8 +47,6 @@ class GraphState:
         self._grad_lock = threading.Lock()  # guards grads
         self._saved: dict[Node, dict[str, Any]] = {}
         self._released: set[Node] = set()
-        #: node -> whether it saves tensors at all (a cache; benign races only recompute it).
-        self._has_tensors: dict[Node, bool] = {}
         #: Saved values moved to the node's GPU (real CUDA only).
         self._saved_device: dict[Node, dict[str, Any]] = {}
         #: Hooks, keyed by node: tensor pre-hooks per input slot, node pre/post hooks.
@@ -75,8 +74,8 @@ class GraphState:
             return s
 
     # -- saved tensors ---------------------------------------------------------
-    def saved(self, node: Node, tensor_fields: tuple[str, ...]) -> dict[str, Any]:
-        """Node's saved values; fields in ``tensor_fields`` (and tensor specs) as arrays.
+    def saved(self, node: Node) -> dict[str, Any]:
+        """Node's saved values; its op's tensor fields (``ops.SAVED_TENSORS``) and tensor specs as arrays.
 
         Raises PyTorch's backward-twice error once the node's saved tensors
         were released by a backward call without ``retain_graph``.
@@ -88,6 +87,7 @@ class GraphState:
             raise SavedTensorReleased(ERR_BACKWARD_TWICE)
         cached = {}
         side = self.graph.side_files
+        tensor_fields = SAVED_TENSORS.get(node.op, ())
         for name, value in node.saved.items():
             if value is None:
                 cached[name] = None
@@ -111,18 +111,21 @@ class GraphState:
             cached = self._saved_device.setdefault(node, cached)
         return cached
 
-    def release(self, node: Node, tensor_fields: tuple[str, ...]) -> None:
+    def release(self, node: Node) -> None:
         """Free the node's saved tensors (backward without retain_graph)."""
-        has = self._has_tensors.get(node)
-        if has is None:
-            has = self._has_tensors[node] = any(f in node.saved for f in tensor_fields) or any(
-                tensors.is_tensor_spec(v) for v in node.saved.values())
-        if has:
+        if node.saves_tensors:
             # Mark first, then drop: a concurrent saved() sees the values or the mark.
             self._released.add(node)
             self._saved.pop(node, None)
             if self._saved_device:
                 self._saved_device.pop(node, None)
+
+    def prepare(self) -> None:
+        """Materialise every node's saved values now (as a forward pass would have made them),
+        so a timed backward call measures the backward alone."""
+        for node in self.graph.nodes:
+            if node.saved and node not in self._released:
+                self.saved(node)
 
     # -- hooks -----------------------------------------------------------------
 

@@ -154,20 +154,21 @@ def _sync_inputs(engine, gt, node, inputs: InputBuffer, stream) -> None:
             tracer.sync(gt, prod, node, f"{prod.device}/s{prod.stream}", f"{node.device}/s{node.stream}")
 
 
-def evaluate_function(engine, gt, node, inputs: InputBuffer) -> None:
+def evaluate_function(engine, gt, node, inputs: InputBuffer):
+    """Run one node (see the module docstring); the return value is ``_evaluate``'s."""
     devices = engine.devices
     if devices.real_cuda and not node.device.is_cpu:
         with devices.running_on(node) as stream:
             _sync_inputs(engine, gt, node, inputs, stream)
-            _evaluate(engine, gt, node, inputs)
-            gt.ready_events[node] = devices.record_event(stream)
-        return
+            routed = _evaluate(engine, gt, node, inputs, lambda: devices.record_event(stream))
+        return routed
     if node.crosses_streams and engine.tracer.enabled:
         _sync_inputs(engine, gt, node, inputs, None)
-    _evaluate(engine, gt, node, inputs)
+    return _evaluate(engine, gt, node, inputs)
 
 
-def _evaluate(engine, gt, node, inputs: InputBuffer) -> None:
+def _evaluate(engine, gt, node, inputs: InputBuffer, record_event=None):
+    """Run the node; returns None, or (when it routed outputs) whether its task finished the GraphTask."""
     tracer = engine.tracer
 
     exec_info = gt.exec_info
@@ -186,7 +187,7 @@ def _evaluate(engine, gt, node, inputs: InputBuffer) -> None:
         if not fi.needed:
             if tracer.enabled:
                 tracer.node_skipped(gt, node)
-            return
+            return None
 
     if tracer.enabled:
         tracer.node_start(gt, node)
@@ -198,9 +199,11 @@ def _evaluate(engine, gt, node, inputs: InputBuffer) -> None:
         outputs = _call_function(engine, gt, node, inputs)
 
     if not gt.keep_graph:
-        gt.state.release(node, RULES[node.op].tensor_fields)
+        gt.state.release(node)
+    if record_event is not None:  # real CUDA: consumers on other streams wait on this
+        gt.ready_events[node] = record_event()
     if not outputs:
-        return
+        return None
 
     if gt.anomaly:
         xp = gt.xp(node)
@@ -210,11 +213,16 @@ def _evaluate(engine, gt, node, inputs: InputBuffer) -> None:
                     tracer.nan_detected(gt, node, i)
                 raise RuntimeError(f"Function '{node.name}' returned nan values in its {i}th output.")
 
-    _route(engine, gt, node, outputs, exec_info, tracer)
+    return _route(engine, gt, node, outputs, exec_info, tracer)
 
 
-def _route(engine, gt, node, outputs, exec_info, tracer) -> None:
-    """Step 6: under the GraphTask lock, hand each output to its next node; push the ready ones."""
+def _route(engine, gt, node, outputs, exec_info, tracer) -> bool:
+    """Step 6: under the GraphTask lock, hand each output to its next node; push the ready ones.
+
+    Under the same lock it also retires this task (``outstanding -= 1``, which
+    the worker loop would otherwise do under a second acquisition) and returns
+    whether that finished the GraphTask.
+    """
     depth = gt.reentrant_depth
     key = None if engine.default_priority else engine.priority.key
     depth_bits = depth << 64
@@ -261,6 +269,8 @@ def _route(engine, gt, node, outputs, exec_info, tracer) -> None:
             gt.outstanding += 1
             queue = cpu_queue if nxt.cpu or not multithreading else engine.device_queue(nxt.device.index)
             queue.push(depth_bits | nxt.seq if key is None else key(depth, nxt), (gt, nxt, buf))
+        gt.outstanding -= 1
+        return gt.outstanding == 0
     finally:
         gt.lock.release()
 
@@ -280,6 +290,7 @@ def thread_main(engine, graph_task) -> None:
             if item is SHUTDOWN:
                 break
             gt, node, buf = item
+            finished = None
             if node is not None:
                 if not gt.has_error:
                     if tls.graph_task is not gt:
@@ -288,16 +299,18 @@ def thread_main(engine, graph_task) -> None:
                         if node.cpu or not real_cuda:
                             if node.crosses_streams and tracer.enabled:
                                 _sync_inputs(engine, gt, node, buf, None)
-                            _evaluate(engine, gt, node, buf)
+                            finished = _evaluate(engine, gt, node, buf)
                         else:
-                            evaluate_function(engine, gt, node, buf)
+                            finished = evaluate_function(engine, gt, node, buf)
                     except BaseException as exc:  # captured as a value, re-raised by the caller
+                        finished = None
                         engine.on_exception(gt, node, exc)
                 elif tracer.enabled:
                     tracer.node_skipped(gt, node)
-            with gt.lock:
-                gt.outstanding -= 1
-                finished = gt.outstanding == 0
+            if finished is None:  # not retired while routing: retire the task here
+                with gt.lock:
+                    gt.outstanding -= 1
+                    finished = gt.outstanding == 0
             if finished:
                 engine.mark_completed(gt)
                 if tls.worker_device != gt.owner:

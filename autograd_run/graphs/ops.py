@@ -73,6 +73,28 @@ ELEMENTWISE = frozenset({
 #: Ops that take no gradient input besides their one input slot and have no outputs.
 LEAF_OPS = frozenset({Op.ACCUMULATE_GRAD})
 
+
+#: Saved fields that are tensors in PyTorch (freed by a backward without retain_graph;
+#: a plain number there is a wrapped scalar). Other saved fields are sizes, dims, flags.
+SAVED_TENSORS: dict[Op, tuple[str, ...]] = {
+    Op.MUL: ("self", "other"),
+    Op.DIV: ("self", "other"),
+    Op.MM: ("self", "mat2"),
+    Op.RELU: ("result",),
+    Op.EXP: ("result",),
+    Op.TANH: ("result",),
+    Op.SIGMOID: ("result",),
+    Op.LOG: ("self",),
+    Op.POW: ("self",),
+    Op.ADDMM: ("mat1", "mat2"),
+    Op.BMM: ("self", "mat2"),
+    Op.GELU: ("self",),
+    Op.SOFTMAX: ("result",),
+    Op.LOG_SOFTMAX: ("result",),
+    Op.LAYER_NORM: ("input", "result1", "result2", "weight", "bias"),
+    Op.EMBEDDING: ("indices",),
+}
+
 _BY_VALUE = {op.value: op for op in Op}
 # PyTorch's own spelling of the leaf node's name.
 _BY_VALUE["torch::autograd::AccumulateGrad"] = Op.ACCUMULATE_GRAD

@@ -16,7 +16,7 @@ from typing import Any
 from autograd_run.errors import GraphFileError
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import (
-    ACCUMULATE_GRAD_SEQ, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
+    ACCUMULATE_GRAD_SEQ, EMPTY, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
 )
 from autograd_run.graphs.ops import ELEMENTWISE, Op, op_from_string
 from autograd_run.graphs.schema import GraphSpec
@@ -157,7 +157,8 @@ class _Checker:
                     seq = max_seq
             elif ns.variable is not None:
                 raise self.err(("nodes", i, "variable"), "only AccumulateGrad nodes name a variable")
-            node = new_node(nid, ns.name, op, -1 if seq is None else seq, [], inputs, ns.saved, ns.attrs, ns.variable)
+            node = new_node(nid, ns.name, op, -1 if seq is None else seq, [], inputs, ns.saved or EMPTY,
+                            ns.attrs or EMPTY, ns.variable)
             if op is acc:
                 variables[ns.variable].node = node
             nodes.append(node)
