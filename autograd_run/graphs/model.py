@@ -18,6 +18,8 @@ from typing import Any, Mapping, NamedTuple
 
 from autograd_run.graphs.ops import SAVED_TENSORS, Op
 
+_TENSOR_FIELDS = {op: frozenset(f) for op, f in SAVED_TENSORS.items()}
+
 #: Shared, read-only stand-in for a node's empty ``saved``/``attrs`` (saves ~100 B a node).
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -200,10 +202,16 @@ def derive(graph: Graph) -> None:
     for i, node in enumerate(nodes):
         node.index = i
         node.consumers = []
-        if node.saved:
-            fields = SAVED_TENSORS.get(node.op, ())
-            node.saves_tensors = any(f in node.saved for f in fields) or any(
-                type(v) is dict and ("data" in v or "npz" in v or "random" in v) for v in node.saved.values())
+        saved = node.saved
+        if saved:
+            fields = _TENSOR_FIELDS.get(node.op)
+            if fields is not None and not fields.isdisjoint(saved):
+                node.saves_tensors = True
+            else:
+                for v in saved.values():
+                    if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
+                        node.saves_tensors = True
+                        break
         for meta in node.inputs:
             if meta.device.type != "cpu":
                 node.device, node.stream, node.cpu = meta.device, meta.stream, False
@@ -216,8 +224,7 @@ def derive(graph: Graph) -> None:
             if e is not None:
                 target = e[0]
                 target.consumers.append((node, out_nr))
-                if (target.device != node.device or target.stream != node.stream) and not (
-                        target.device.is_cpu and node.device.is_cpu):
+                if not (target.cpu and node.cpu) and (target.stream != node.stream or target.device != node.device):
                     target.crosses_streams = True
             out_nr += 1
     # Fast path: files usually list consumers before producers (edges point forward
