@@ -29,9 +29,37 @@ def main(argv):
     if "e" in parts:
         results["e_million"] = engine_bench.bench_million(n=200_000 if quick else 1_000_000)
     results["seconds"] = time.time() - t
+    print_table(results)
     with open(out, "w") as f:
         json.dump(results, f, indent=2)
     print(f"wrote {out} ({results['seconds']:.0f} s)")
+
+
+def print_table(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="autograd-run benchmarks (ratios measured within this run)")
+    for c in ("measure", "value", "goal"):
+        t.add_column(c)
+    for r in results.get("a_vs_torch", []):
+        t.add_row(f"(a) {r['shape']} n={r['n']} mt={'on' if r['multithreading'] else 'off'}",
+                  f"{r['ours_us_per_node']:.2f} vs {r['torch_us_per_node']:.2f} us/node = {r['ratio']:.2f}x", "<= 1.0x")
+    if "b_tracing" in results:
+        b = results["b_tracing"]
+        t.add_row(f"(b) tracing on/off, {b['n']} nodes", f"{b['ratio']:.2f}x", "<= 1.3x")
+    for r in results.get("c_load", []):
+        if r["nodes"] >= 100_000 and r["nodes"] < 1_000_000:
+            t.add_row(f"(c) load {r['format']} {r['nodes']} nodes", f"{r['load_s']:.3f} s"
+                      + (f" ({r['ratio_to_json_loads']:.2f}x json.loads)" if r.get("ratio_to_json_loads") else ""),
+                      "<= 0.5 s (JSON)")
+    if "d_devices" in results:
+        d = results["d_devices"]
+        t.add_row(f"(d) 2 virtual devices vs 1, {d['matmuls']} matmuls {d['size']}^2", f"{d['speedup']:.2f}x", ">= 1.8x")
+    if "e_million" in results:
+        e = results["e_million"]
+        t.add_row(f"(e) {e['nodes']} nodes", f"{e['us_per_node']:.2f} us/node, {e['run_peak_bytes_per_node']:.0f} B/node",
+                  "<= 1.5 KB/node")
+    Console().print(t)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,11 @@ class GraphState:
         cached = {}
         side = self.graph.side_files
         tensor_fields = SAVED_TENSORS.get(node.op, ())
-        for name, value in node.saved.items():
+        saved = node.saved
+        if not node.saves_tensors or not any(type(v) is dict or type(v) is list for v in saved.values()):
+            # Nothing to convert (plain numbers, sizes, flags): use the node's own mapping.
+            return self._saved.setdefault(node, saved)
+        for name, value in saved.items():
             if value is None:
                 cached[name] = None
             elif type(value) is dict and tensors.is_tensor_spec(value):
