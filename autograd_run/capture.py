@@ -43,7 +43,8 @@ def _dtype(t) -> str:
     return str(t).replace("torch.", "")
 
 
-def _walk(roots) -> list:
+def walk_grad_fns(roots) -> list:
+    """Every grad_fn node reachable from ``roots`` (grad_fns), depth first, each once."""
     seen, out, stack = set(), [], list(reversed(roots))
     while stack:
         fn = stack.pop()
@@ -110,7 +111,7 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     leaf_name = {id(t): n for n, t in names.items()}
     arrays = _Arrays(inline=path is None)
 
-    fns = _walk([o.grad_fn for o in outputs])
+    fns = walk_grad_fns([o.grad_fn for o in outputs])
     ids = {fn: f"n{i}" for i, fn in enumerate(fns)}
     nodes, variables, var_of = [], [], {}
     for fn in fns:

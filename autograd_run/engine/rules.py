@@ -109,19 +109,7 @@ def sum_all(node, grads, gt):
 
 
 def sum_dim(node, grads, gt):
-    sizes = tuple(node.saved["self_sym_sizes"])
-    dims = node.saved.get("dim")
-    keepdim = node.saved.get("keepdim", False)
-    xp = gt.xp(node)
-    g = grads[0]
-    if dims is None:
-        dims = list(range(len(sizes)))
-    if isinstance(dims, int):
-        dims = [dims]
-    if not keepdim:
-        for d in sorted(d % len(sizes) for d in dims):
-            g = xp.expand_dims(g, d)
-    return _each(node, lambda i: xp.broadcast_to(g, sizes))
+    return more.expand_reduced(node, grads[0], gt.xp(node))
 
 
 def mean_all(node, grads, gt):

@@ -80,22 +80,33 @@ def permute(node, grads, gt):
     return _each(node, lambda i: grads[0].transpose(inverse))
 
 
-def mean_dim(node, grads, gt):
-    sizes = tuple(node.saved["self_sym_sizes"])
+def reduced_dims(node, ndim: int) -> list[int]:
+    """The (non-negative, sorted) dims a SumBackward1/MeanBackward1 reduced; none saved means all."""
     dims = node.saved.get("dim")
-    keepdim = node.saved.get("keepdim", False)
-    xp = gt.xp(node)
-    g = grads[0]
-    ndim = len(sizes)
-    dims = list(range(ndim)) if dims is None or dims == [] else ([dims] if isinstance(dims, int) else dims)
-    dims = sorted(signed(d) % ndim for d in dims) if ndim else []
-    count = 1
-    for d in dims:
-        count *= sizes[d]
-    if not keepdim:
+    if dims is None or dims == []:
+        return list(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted(signed(d) % ndim for d in dims) if ndim else []
+
+
+def expand_reduced(node, g, xp, scale=None):
+    """The gradient of a reduction over ``reduced_dims``: unsqueeze (unless keepdim), then expand."""
+    sizes = tuple(node.saved["self_sym_sizes"])
+    dims = reduced_dims(node, len(sizes))
+    if not node.saved.get("keepdim", False):
         for d in dims:
             g = xp.expand_dims(g, d)
-    return _each(node, lambda i: xp.broadcast_to(g / count, sizes))
+    if scale is not None:
+        count = 1
+        for d in dims:
+            count *= sizes[d]
+        g = g / count
+    return _each(node, lambda i: xp.broadcast_to(g, sizes))
+
+
+def mean_dim(node, grads, gt):
+    return expand_reduced(node, grads[0], gt.xp(node), scale=True)
 
 
 def gelu(node, grads, gt):
