@@ -194,3 +194,16 @@ def test_verbose_shows_the_node_traceback(capsys):
 def test_unknown_option_is_a_usage_error(capsys):
     code, out, err = run_main(["example:seed", "--frobnicate"], capsys)
     assert code == 2 and "No such option" in err
+
+
+def test_a_missing_saved_value_names_the_node(tmp_path, capsys):
+    doc = {"format": "autograd-graph/1", "roots": [{"node": "m", "grad": "ones"}],
+           "variables": [{"name": "a", "shape": [2]}],
+           "nodes": [{"id": "m", "name": "MulBackward0", "seq": 1, "next": [["acc", 0], None], "inputs": [{"shape": [2]}]},
+                     {"id": "acc", "name": "AccumulateGrad", "variable": "a"}]}
+    f = tmp_path / "g.json"
+    f.write_text(json.dumps(doc))
+    code, out, err = run_main([str(f), "--no-summary"], capsys)
+    assert code == 1
+    assert err.strip() == ("Error: node 'm' (MulBackward0): MulBackward0 node 'm' needs saved value 'other', "
+                           "which the graph file does not provide")

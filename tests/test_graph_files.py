@@ -115,6 +115,10 @@ CASES = [
     (("inputs",), ["nope"], "unknown input 'nope'", "$.inputs[0]"),
     (("nodes", 2, "saved", "other"), {"random": -1, "shape": [2]}, "random seed", "$.nodes[2].saved.other.random"),
     (("nodes", 2, "saved", "other"), {"data": [[1, 2], [3]]}, "ragged", "$.nodes[2].saved.other.data"),
+    (("nodes", 2, "attrs"), {"fail": 3}, "attrs.fail must be a message string", "$.nodes[2].attrs.fail"),
+    (("nodes", 2, "saved", "other"), {"random": 3, "shape": [1, 2, 3]}, "does not broadcast with the node's gradient shape [2]",
+     "$.nodes[2].saved.other"),
+    (("nodes", 2, "attrs"), {"nan": "yes"}, "attrs.nan must be true or false", "$.nodes[2].attrs.nan"),
 ]
 
 
@@ -280,3 +284,16 @@ def test_corrupted_graphs_give_the_clear_error(doc, fmt, data):
         loads_graph(raw, f"g.{fmt}")
     except GraphFileError as exc:
         assert str(exc).startswith(f"g.{fmt}")
+
+
+@pytest.mark.parametrize("cost,message", [({"us": 1e12}, "cost us must be a number"),
+                                          ({"flops": 1e15, "mode": "matmul"}, "cost flops must be a number"),
+                                          ({"us": 5, "mode": "warp"}, "cost mode must be"),
+                                          ([1, 2], "attrs.cost must be a mapping")])
+def test_cost_nodes_are_bounded(cost, message):
+    """A graph file cannot make a node spin for days or allocate a giant matrix."""
+    doc = copy_seed()
+    doc["nodes"][2].update({"op": "cost", "attrs": {"cost": cost}})
+    with pytest.raises(GraphFileError) as info:
+        load_doc(doc, "json")
+    assert message in info.value.what and "$.nodes[2].attrs.cost" in info.value.where

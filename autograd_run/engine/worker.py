@@ -92,11 +92,19 @@ def validate_outputs(edges, grads, prefix, xp=None, devices=None) -> None:
         grads[i] = g
 
 
+def _missing_saved(node, exc: KeyError) -> RuntimeError:
+    return RuntimeError(f"{node.name} node {node.id!r} needs saved value {exc.args[0]!r}, "
+                        f"which the graph file does not provide")
+
+
 def _call_function(engine, gt, node, inputs):
     state = gt.state
     grads = inputs.grads
     if not (state.has_hooks or gt.faults or node.attrs):
-        outputs = RULES[node.op].fn(node, grads, gt)
+        try:
+            outputs = RULES[node.op].fn(node, grads, gt)
+        except KeyError as exc:
+            raise _missing_saved(node, exc) from exc
         if node.op is not Op.ACCUMULATE_GRAD:
             validate_outputs(node.next, outputs, node, None, engine.devices)
         return outputs
@@ -122,7 +130,12 @@ def _call_function(engine, gt, node, inputs):
     if fault == "error" or "fail" in node.attrs:
         msg = node.attrs.get("fail") if "fail" in node.attrs else f"injected error in node {node.id!r}"
         raise RuntimeError(str(msg))
-    outputs = RULES[node.op].fn(node, grads, gt)
+    try:
+        outputs = RULES[node.op].fn(node, grads, gt)
+    except KeyError as exc:
+        if node.op is Op.PYTHON:
+            raise
+        raise _missing_saved(node, exc) from exc
     if fault == "nan" or node.attrs.get("nan"):
         xp = gt.xp(node)
         outputs = [None if o is None else xp.full(o.shape, xp.nan, dtype=o.dtype) for o in outputs]

@@ -101,7 +101,13 @@ def _load_json(data: bytes, source: str, base_dir: str | None, side_name: str | 
     try:
         spec = _JSON_DECODER.decode(data)
     except msgspec.ValidationError as exc:
-        raise _schema_error(exc, source, JsonLocator()) from None
+        # Error path only: decode untyped to name the node the problem is in.
+        try:
+            raw = msgspec.json.decode(data)
+            nodes = raw.get("nodes") if isinstance(raw, dict) else None
+        except (msgspec.DecodeError, RecursionError):
+            nodes = None
+        raise _schema_error(exc, source, JsonLocator(nodes if isinstance(nodes, list) else None)) from None
     except msgspec.DecodeError as exc:
         msg = str(exc)
         m = re.search(r"\(byte (\d+)\)", msg)

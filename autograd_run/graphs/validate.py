@@ -23,6 +23,9 @@ from autograd_run.graphs.schema import GraphSpec
 
 MAX_NODES = 20_000_000
 MAX_STREAM = 1 << 16
+#: A cost node may spin or sleep at most a minute, or multiply at most 8192x8192 matrices.
+MAX_COST_US = 60e6
+MAX_COST_FLOPS = 2 * 8192 ** 3
 
 
 def is_expandable_to(shape: tuple[int, ...], desired: tuple[int, ...]) -> bool:
@@ -196,6 +199,7 @@ class _Checker:
                 node.seq = node.topo_nr
         self.check_shapes(nodes)
         self.check_saved(spec, nodes)
+        self.check_attrs(nodes)
 
         for i, r in enumerate(spec.roots):
             p = ("roots", i)
@@ -235,6 +239,40 @@ class _Checker:
                                        f"{node.name} produces a gradient of shape {list(out_shape)} for "
                                        f"{e.node.id!r} input {e.input_nr}, whose shape {list(want)} is not compatible")
 
+    def check_attrs(self, nodes: list[Node]) -> None:
+        """The attrs the engine acts on must be well-formed and bounded (files are untrusted)."""
+        for i, node in enumerate(nodes):
+            attrs = node.attrs
+            if not attrs:
+                continue
+            p = ("nodes", i, "attrs")
+            if "fail" in attrs and not isinstance(attrs["fail"], str):
+                raise self.err(p + ("fail",), "attrs.fail must be a message string")
+            if "nan" in attrs and not isinstance(attrs["nan"], bool):
+                raise self.err(p + ("nan",), "attrs.nan must be true or false")
+            if "trace" in attrs and not isinstance(attrs["trace"], str):
+                raise self.err(p + ("trace",), "attrs.trace must be a string")
+            if node.op is Op.PYTHON and "callable" in attrs and not (
+                    isinstance(attrs["callable"], str) and ":" in attrs["callable"]):
+                raise self.err(p + ("callable",), "attrs.callable must be 'module:function'")
+            if node.op is Op.COST:
+                self.check_cost(attrs.get("cost"), p + ("cost",))
+
+    def check_cost(self, cost, p: tuple) -> None:
+        if cost is None:
+            return
+        if not isinstance(cost, dict) or not set(cost) <= {"us", "flops", "mode"}:
+            raise self.err(p, "attrs.cost must be a mapping with 'us' or 'flops' and an optional 'mode'")
+        mode = cost.get("mode", "spin")
+        if mode not in ("spin", "sleep", "matmul"):
+            raise self.err(p + ("mode",), f"cost mode must be spin, sleep or matmul, got {mode!r}")
+        for key, limit in (("us", MAX_COST_US), ("flops", MAX_COST_FLOPS)):
+            v = cost.get(key)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= limit:
+                raise self.err(p + (key,), f"cost {key} must be a number in [0, {limit:g}], got {v!r}")
+
     def check_saved(self, spec: GraphSpec, nodes: list[Node]) -> None:
         check = tensors.check_tensor
         quick_random = tensors.quick_random_ok
@@ -242,10 +280,27 @@ class _Checker:
             saved = node.saved
             if not saved:
                 continue
+            elementwise = node.op in ELEMENTWISE and node.inputs
             for key, value in saved.items():
                 if type(value) is dict and (quick_random(value) or tensors.is_tensor_spec(value)):
                     if not quick_random(value):
                         check(value, ("nodes", i, "saved", key), self.err, self.side)
+                    if elementwise:
+                        self.check_broadcast(value, node, ("nodes", i, "saved", key), key)
+
+    def check_broadcast(self, value: dict, node: Node, path: tuple, key: str) -> None:
+        """An elementwise op's saved tensor must broadcast with the gradient it multiplies."""
+        if "shape" in value:
+            shape = tuple(value["shape"])
+        elif "data" in value:
+            shape = tensors._nested_shape(value["data"], path, self.err)
+        else:
+            return  # npz: the shape is only known by reading the array
+        grad = node.inputs[0].shape
+        for a, b in zip(reversed(shape), reversed(grad)):
+            if a != b and a != 1 and b != 1:
+                raise self.err(path, f"saved {key!r} has shape {list(shape)}, which does not broadcast "
+                                     f"with the node's gradient shape {list(grad)}")
 
 
 def build_graph(spec: GraphSpec, source: str, base_dir: str | None, locator,
