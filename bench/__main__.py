@@ -1,4 +1,6 @@
-"""`make bench` / `python -m bench [--quick] [a b c d e]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e]`: benchmarks, ratios within one run.
+
+``--full`` adds the 1e6-node YAML load (about 5 minutes by itself).
 
 Prints a line per measurement and writes bench/results.json. See docs/performance.md.
 """
@@ -23,7 +25,7 @@ def main(argv):
         results["b_tracing"] = engine_bench.bench_tracing(n=20_000 if quick else 100_000)
     if "c" in parts:
         results["c_load"] = load_bench.main(sizes=(10_000, 100_000) if quick else (10_000, 100_000, 1_000_000),
-                                            write=False)
+                                            yaml_max=1_000_000 if "--full" in argv else 100_000, write=False)
     if "d" in parts:
         results["d_devices"] = engine_bench.bench_devices(per_device=4 if quick else 8)
     if "e" in parts:

@@ -207,3 +207,8 @@ def test_a_missing_saved_value_names_the_node(tmp_path, capsys):
     assert code == 1
     assert err.strip() == ("Error: node 'm' (MulBackward0): MulBackward0 node 'm' needs saved value 'other', "
                            "which the graph file does not provide")
+
+
+def test_progress_bar_is_silent_when_stderr_is_not_a_terminal(capsys):
+    code, out, err = run_main(["example:seed", "--repeat", "3", "--no-summary"], capsys)
+    assert code == 0 and err == ""
