@@ -21,8 +21,14 @@ Locks:
   ``_threads_lock`` guards ``_device_queues`` and ``_device_threads``;
   ``_pool_lock`` (with ``_pool_cond``) guards ``_pool_tasks``,
   ``_pool_idle`` and ``pool_threads``.
+  ``_gc_lock`` guards ``_gc_calls``/``_gc_was_enabled``: the cyclic GC is
+  paused while any backward call of this engine runs (``pause_gc``) and
+  restored when the last one returns.
 GraphTask and ReadyQueue locks are documented in their modules; the lock
 order is GraphTask lock, then a ReadyQueue lock.
+
+Injected, never global: the devices (``DeviceSet``), the tracer (hooks whose
+default does nothing) and the priority policy.
 """
 
 from __future__ import annotations
