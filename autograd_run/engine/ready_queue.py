@@ -148,7 +148,8 @@ class ReadyQueue:
             keys[hole] = keys[child - 1]
             items[hole] = items[child - 1]
             hole = child - 1
-        # ...then __push_heap the former last element up from that leaf.
+        # ...then __push_heap the former last element up from that leaf (the same
+        # sift-up as _push, inlined: both run once per node on the hot path).
         while hole > 0:
             parent = (hole - 1) >> 1
             if not keys[parent] < last_key:

@@ -92,6 +92,14 @@ def validate_outputs(edges, grads, prefix, xp=None, devices=None) -> None:
         grads[i] = g
 
 
+def _slot_hooks(hooks, grads: list) -> None:
+    """Tensor hooks ``(slot, fn)``: ``fn(grad)`` may return a replacement for that slot."""
+    for slot, fn in hooks or ():
+        r = fn(grads[slot])
+        if r is not None:
+            grads[slot] = r
+
+
 def _missing_saved(node, exc: KeyError) -> RuntimeError:
     return RuntimeError(f"{node.name} node {node.id!r} needs saved value {exc.args[0]!r}, "
                         f"which the graph file does not provide")
@@ -108,18 +116,8 @@ def _call_function(engine, gt, node, inputs):
         if node.op is not Op.ACCUMULATE_GRAD:
             validate_outputs(node.next, outputs, node, None, engine.devices)
         return outputs
-    hooks = state.tensor_pre_hooks.get(node)
-    if hooks:
-        for slot, fn in hooks:
-            r = fn(grads[slot])
-            if r is not None:
-                grads[slot] = r
-    hooks = state.retains_grad_hooks.get(node)
-    if hooks:
-        for slot, fn in hooks:
-            r = fn(grads[slot])
-            if r is not None:
-                grads[slot] = r
+    _slot_hooks(state.tensor_pre_hooks.get(node), grads)
+    _slot_hooks(state.retains_grad_hooks.get(node), grads)
     hooks = state.pre_hooks.get(node)
     if hooks:
         for fn in hooks:
@@ -189,11 +187,8 @@ def _evaluate(engine, gt, node, inputs: InputBuffer, record_event=None):
         fi = exec_info[node]
         if fi.captures:
             grads = list(inputs.grads)
-            if not fi.needed:
-                for slot, fn in gt.state.tensor_pre_hooks.get(node, ()):
-                    r = fn(grads[slot])
-                    if r is not None:
-                        grads[slot] = r
+            if not fi.needed:  # tensor pre-hooks run once: here, or when the node runs
+                _slot_hooks(gt.state.tensor_pre_hooks.get(node), grads)
             with gt.lock:
                 for slot, idx in fi.captures:
                     gt.captured[idx] = grads[slot]
