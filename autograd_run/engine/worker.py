@@ -206,7 +206,7 @@ def _evaluate(engine, gt, node, inputs: InputBuffer, record_event=None):
     else:
         outputs = _call_function(engine, gt, node, inputs)
 
-    if not gt.keep_graph:
+    if node.saves_tensors and not gt.keep_graph:
         gt.state.release(node)
     if record_event is not None:  # real CUDA: consumers on other streams wait on this
         gt.ready_events[node] = record_event()
