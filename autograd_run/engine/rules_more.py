@@ -280,3 +280,140 @@ def unbind(node, grads, gt):
     pieces = _filled(node, grads, xp)
     dim = signed(node.saved.get("dim", 0)) % (pieces[0].ndim + 1)
     return _each(node, lambda i: xp.stack(pieces, axis=dim))
+
+
+# -- more elementwise ops and losses common in real models ------------------------------
+
+def sqrt(node, grads, gt):
+    r = gt.saved(node)["result"]
+    return _each(node, lambda i: grads[0] / (2 * r))
+
+
+def rsqrt(node, grads, gt):
+    r = gt.saved(node)["result"]
+    return _each(node, lambda i: -0.5 * grads[0] * r * r * r)
+
+
+def rsub_scalar(node, grads, gt):
+    alpha = node.saved.get("alpha", 1)
+    return _each(node, lambda i: -grads[0] if alpha == 1 else -alpha * grads[0])
+
+
+def abs_(node, grads, gt):
+    x = gt.saved(node)["self"]
+    return _each(node, lambda i: grads[0] * gt.xp(node).sign(x))
+
+
+def silu(node, grads, gt):
+    x = gt.saved(node)["self"]
+    s = 1 / (1 + gt.xp(node).exp(-x))
+    return _each(node, lambda i: grads[0] * s * (1 + x * (1 - s)))
+
+
+def leaky_relu(node, grads, gt):
+    sv = gt.saved(node)
+    x, slope = sv["self"], sv.get("negative_slope", 0.01)
+    return _each(node, lambda i: grads[0] * gt.xp(node).where(x > 0, 1.0, slope).astype(grads[0].dtype))
+
+
+def clamp(node, grads, gt):
+    sv = gt.saved(node)
+    x, lo, hi = sv["self"], sv.get("min"), sv.get("max")
+    mask = True
+    if lo is not None:
+        mask = x >= lo
+    if hi is not None:
+        mask = mask & (x <= hi)
+    return _each(node, lambda i: grads[0] * mask)
+
+
+def sin(node, grads, gt):
+    x = gt.saved(node)["self"]
+    return _each(node, lambda i: grads[0] * gt.xp(node).cos(x))
+
+
+def cos(node, grads, gt):
+    x = gt.saved(node)["self"]
+    return _each(node, lambda i: -grads[0] * gt.xp(node).sin(x))
+
+
+def where(node, grads, gt):
+    c = gt.saved(node)["condition"]
+    xp = gt.xp(node)
+    g = grads[0]
+    return _each(node, lambda i: xp.where(c, g, 0) if i == 0 else xp.where(c, 0, g))
+
+
+def unsqueeze(node, grads, gt):
+    g = grads[0]
+    dim = signed(node.saved["dim"]) % g.ndim
+    return _each(node, lambda i: g.squeeze(dim))
+
+
+def squeeze(node, grads, gt):
+    sizes = tuple(node.saved["self_sym_sizes"])
+    return _each(node, lambda i: grads[0].reshape(sizes))
+
+
+def max_all(node, grads, gt):
+    """MaxBackward1 / MinBackward1: the gradient split evenly over the positions equal to the result."""
+    sv = gt.saved(node)
+    x, r = sv["self"], sv["result"]
+    mask = x == r
+    return _each(node, lambda i: mask * (grads[0] / mask.sum()))
+
+
+def amax(node, grads, gt):
+    """AmaxBackward0 / AminBackward0: split evenly over the extremal positions of each reduced slice."""
+    sv = gt.saved(node)
+    x, r = sv["self"], sv["result"]
+    xp = gt.xp(node)
+    dims = reduced_dims(node, x.ndim)
+    g = grads[0]
+    if not sv.get("keepdim", False):
+        for d in dims:
+            g = xp.expand_dims(g, d)
+            r = xp.expand_dims(r, d)
+    mask = x == r
+    return _each(node, lambda i: mask * (g / mask.sum(axis=tuple(dims), keepdims=True)))
+
+
+def mse_loss(node, grads, gt):
+    sv = gt.saved(node)
+    x, t = sv["self"], sv["target"]
+    g = grads[0]
+    d = 2 * (x - t) * g
+    if sv.get("reduction", 1) == 1:
+        d = d / x.size
+    return _each(node, lambda i: d if i == 0 else -d)
+
+
+def nll_loss(node, grads, gt):
+    """NllLossBackward0: -weight[target] * grad at the target class, averaged by total_weight for 'mean'."""
+    sv = gt.saved(node)
+    x = sv["self"]
+    target = sv["target"].astype(np.int64, copy=False)
+    weight = sv.get("weight")
+    reduction = sv.get("reduction", 1)
+    ignore = signed(sv.get("ignore_index", -100))
+    xp = gt.xp(node)
+    g = grads[0]
+    batched = x.ndim >= 2
+    cls_axis = 1 if batched else 0
+    valid = target != ignore
+    safe_t = xp.where(valid, target, 0)
+    w = (weight[safe_t] if weight is not None else xp.ones(safe_t.shape, dtype=x.dtype)) * valid
+    if reduction == 0:
+        scale = -w * g
+    else:
+        scale = -w * g
+        if reduction == 1:
+            scale = scale / sv["total_weight"]
+
+    def out(i):
+        grad_in = xp.zeros(x.shape, dtype=x.dtype)
+        idx = xp.expand_dims(safe_t, cls_axis)
+        vals = xp.expand_dims(xp.asarray(scale, dtype=x.dtype) * xp.ones(safe_t.shape, dtype=x.dtype), cls_axis)
+        xp.put_along_axis(grad_in, idx, vals, axis=cls_axis)
+        return grad_in
+    return _each(node, out)

@@ -48,6 +48,27 @@ class Op(str, enum.Enum):
     SPLIT = "SplitBackward0"
     SPLIT_WITH_SIZES = "SplitWithSizesBackward0"
     UNBIND = "UnbindBackward0"
+    SQRT = "SqrtBackward0"
+    RSQRT = "RsqrtBackward0"
+    RSUB = "RsubBackward1"
+    ABS = "AbsBackward0"
+    SILU = "SiluBackward0"
+    LEAKY_RELU = "LeakyReluBackward0"
+    CLAMP = "ClampBackward1"
+    SIN = "SinBackward0"
+    COS = "CosBackward0"
+    WHERE = "WhereBackward0"
+    UNSQUEEZE = "UnsqueezeBackward0"
+    SQUEEZE = "SqueezeBackward0"
+    SQUEEZE_DIM = "SqueezeBackward1"
+    SQUEEZE_DIMS = "SqueezeBackward2"
+    MAX = "MaxBackward1"
+    MIN = "MinBackward1"
+    AMAX = "AmaxBackward0"
+    AMIN = "AminBackward0"
+    MSE_LOSS = "MseLossBackward0"
+    NLL_LOSS = "NllLossBackward0"
+    NLL_LOSS_2D = "NllLoss2DBackward0"
     TANH = "TanhBackward0"
     SIGMOID = "SigmoidBackward0"
     CLONE = "CloneBackward0"
@@ -67,7 +88,8 @@ class Op(str, enum.Enum):
 #: consumer of each output must be broadcast-compatible with that shape.
 ELEMENTWISE = frozenset({
     Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG, Op.RELU, Op.EXP, Op.TANH,
-    Op.SIGMOID, Op.CLONE, Op.IDENTITY, Op.LOG, Op.POW, Op.GELU,
+    Op.SIGMOID, Op.CLONE, Op.IDENTITY, Op.LOG, Op.POW, Op.GELU, Op.SQRT, Op.RSQRT,
+    Op.RSUB, Op.ABS, Op.SILU, Op.LEAKY_RELU, Op.CLAMP, Op.SIN, Op.COS,
 })
 
 #: Ops that take no gradient input besides their one input slot and have no outputs.
@@ -93,6 +115,22 @@ SAVED_TENSORS: dict[Op, tuple[str, ...]] = {
     Op.LOG_SOFTMAX: ("result",),
     Op.LAYER_NORM: ("input", "result1", "result2", "weight", "bias"),
     Op.EMBEDDING: ("indices",),
+    Op.SQRT: ("result",),
+    Op.RSQRT: ("result",),
+    Op.ABS: ("self",),
+    Op.SILU: ("self",),
+    Op.LEAKY_RELU: ("self",),
+    Op.CLAMP: ("self",),
+    Op.SIN: ("self",),
+    Op.COS: ("self",),
+    Op.WHERE: ("condition",),
+    Op.MAX: ("self", "result"),
+    Op.MIN: ("self", "result"),
+    Op.AMAX: ("self", "result"),
+    Op.AMIN: ("self", "result"),
+    Op.MSE_LOSS: ("self", "target"),
+    Op.NLL_LOSS: ("self", "target", "weight", "total_weight"),
+    Op.NLL_LOSS_2D: ("self", "target", "weight", "total_weight"),
 }
 
 _BY_VALUE = {op.value: op for op in Op}

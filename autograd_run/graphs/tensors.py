@@ -78,9 +78,9 @@ def check_dtype(dtype: Any, path: tuple, err: Err, allowed: tuple = DTYPES) -> s
 def _nested_shape(value: Any, path: tuple, err: Err, depth: int = 0) -> tuple[int, ...]:
     if depth > MAX_DIMS:
         raise err(path, "nested list is too deep for a tensor")
-    if isinstance(value, bool) or value is None:
+    if value is None:
         raise err(path, f"tensor values must be numbers, got {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)):  # bools too: masks are saved as bool tensors
         return ()
     if isinstance(value, list):
         if not value:
