@@ -120,7 +120,7 @@ def test_grad_inputs_subset(tmp_path):
 
 def test_opaque_ops_are_captured_with_shapes(tmp_path):
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
-    loss = F.cross_entropy(x, torch.tensor([0, 1, 2, 0]))
+    loss = torch.cumsum(x, dim=1).sum()  # CumsumBackward0 has no rule here
     path = str(tmp_path / "ce.json")
     from_torch(loss, names={"x": x}, path=path)
     g = load_graph(path)
