@@ -174,3 +174,26 @@ def test_capture_and_check_commands(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["capture", f"{script}:nope", "-o", str(out)])
     assert e.value.code == 2 and "no function 'nope'" in capsys.readouterr().err
+
+
+def test_classifier_with_cross_entropy(tmp_path):
+    torch.manual_seed(6)
+    m = nn.Sequential(nn.Linear(10, 32), nn.LayerNorm(32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 4)).double().eval()
+    x, y = torch.randn(8, 10, dtype=torch.float64), torch.randint(0, 4, (8,))
+    loss = F.cross_entropy(m(x), y)
+    capture_and_check(tmp_path, loss, names=dict(m.named_parameters()))
+
+
+def test_small_cnn_order_matches_with_opaque_convolutions(tmp_path):
+    """Convolutions have no rule here: they are captured opaque; the order still matches PyTorch's."""
+    torch.manual_seed(7)
+    m = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 8, 3), nn.SiLU(),
+                      nn.Flatten(), nn.Linear(8 * 3 * 3, 5)).double()
+    x = torch.randn(2, 1, 12, 12, dtype=torch.float64)
+    loss = F.cross_entropy(m(x), torch.tensor([1, 3]))
+    path = str(tmp_path / "cnn.json")
+    from_torch(loss, names=dict(m.named_parameters()), path=path)
+    g = load_graph(path)
+    report = check_graph(g)
+    assert report.order_ok, report.divergence
+    assert {n.name for n in g.nodes if n.op.value == "opaque"} >= {"ConvolutionBackward0"}
