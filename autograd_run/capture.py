@@ -148,6 +148,9 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                         v = _saved_value(torch, v, f"{nid}.{field}", arrays)
                         if v is not None:
                             saved[field] = v
+            if op is Op.CONVOLUTION and saved.get("transposed") or \
+                    op in (Op.AVG_POOL_2D, Op.AVG_POOL_3D) and saved.get("ceil_mode"):
+                d["op"] = Op.OPAQUE.value  # variants without a rule here
             if saved:
                 d["saved"] = saved
             trace = fn.metadata.get("traceback_") if hasattr(fn, "metadata") else None

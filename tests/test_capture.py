@@ -184,16 +184,21 @@ def test_classifier_with_cross_entropy(tmp_path):
     capture_and_check(tmp_path, loss, names=dict(m.named_parameters()))
 
 
-def test_small_cnn_order_matches_with_opaque_convolutions(tmp_path):
-    """Convolutions have no rule here: they are captured opaque; the order still matches PyTorch's."""
+def test_small_cnn(tmp_path):
     torch.manual_seed(7)
-    m = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 8, 3), nn.SiLU(),
-                      nn.Flatten(), nn.Linear(8 * 3 * 3, 5)).double()
+    m = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 8, 3, padding=1),
+                      nn.SiLU(), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(8 * 2 * 2, 5)).double()
     x = torch.randn(2, 1, 12, 12, dtype=torch.float64)
     loss = F.cross_entropy(m(x), torch.tensor([1, 3]))
-    path = str(tmp_path / "cnn.json")
+    g, _ = capture_and_check(tmp_path, loss, names=dict(m.named_parameters()))
+    assert {"ConvolutionBackward0", "NativeBatchNormBackward0", "MaxPool2DWithIndicesBackward0"} <= {n.name for n in g.nodes}
+
+
+def test_transposed_convolution_is_captured_opaque(tmp_path):
+    torch.manual_seed(8)
+    m = nn.ConvTranspose2d(2, 3, 3).double()
+    loss = m(torch.randn(1, 2, 5, 5, dtype=torch.float64)).sum()
+    path = str(tmp_path / "t.json")
     from_torch(loss, names=dict(m.named_parameters()), path=path)
-    g = load_graph(path)
-    report = check_graph(g)
-    assert report.order_ok, report.divergence
-    assert {n.name for n in g.nodes if n.op.value == "opaque"} >= {"ConvolutionBackward0"}
+    report = check_graph(load_graph(path))
+    assert report.order_ok and not report.grads_compared

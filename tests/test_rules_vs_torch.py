@@ -71,6 +71,20 @@ CASES = {
     "embedding": lambda L: F.embedding(torch.tensor([[0, 2], [1, 2]]), L["e"]),
     "embedding_padding": lambda L: F.embedding(torch.tensor([0, 2, 1, 2]), L["e"], padding_idx=2),
     "clone": lambda L: L["a"].clone(),
+    "conv2d": lambda L: F.conv2d(L["img"], L["cw"], L["cb"], stride=2, padding=1),
+    "conv2d_groups_dilation": lambda L: F.conv2d(L["img"], L["cwg"], None, padding=2, dilation=2, groups=2),
+    "conv1d": lambda L: F.conv1d(L["img"][:, :, 0], L["cw"][:, :, 0], L["cb"], stride=1, padding=1),
+    "conv3d": lambda L: F.conv3d(L["img"][:, :2, None].expand(2, 2, 3, 7, 7), L["cw"][:, :2, None].expand(3, 2, 2, 3, 3)),
+    "max_pool2d": lambda L: F.max_pool2d(L["img"], 2),
+    "max_pool2d_overlap": lambda L: F.max_pool2d(L["img"], 3, stride=2, padding=1),
+    "max_pool1d": lambda L: F.max_pool1d(L["img"][:, :, 0], 2),
+    "avg_pool2d": lambda L: F.avg_pool2d(L["img"], 2),
+    "avg_pool2d_pad_exclude": lambda L: F.avg_pool2d(L["img"], 3, stride=2, padding=1, count_include_pad=False),
+    "avg_pool2d_pad_include": lambda L: F.avg_pool2d(L["img"], 3, stride=2, padding=1),
+    "batch_norm_train": lambda L: F.batch_norm(L["img"], torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64),
+                                               L["bnw"], L["bnb"], training=True),
+    "batch_norm_eval": lambda L: F.batch_norm(L["img"], torch.full((4,), 0.1, dtype=torch.float64),
+                                              torch.full((4,), 2.0, dtype=torch.float64), L["bnw"], L["bnb"], training=False),
     "sqrt": lambda L: torch.sqrt(L["p"]),
     "rsqrt": lambda L: torch.rsqrt(L["p"]),
     "rsub": lambda L: 1 - L["a"],
@@ -105,7 +119,8 @@ def leaves():
     return {"a": leaf(4, 3, 4), "b": leaf(3, 4, seed=1), "p": leaf(4, 3, 4, positive=True, seed=2),
             "m": leaf(5, 3, seed=3), "n": leaf(3, 4, seed=4), "x": leaf(2, 3, 4, seed=5), "y": leaf(2, 4, 5, seed=6),
             "z": leaf(2, 2, 4, seed=7), "w4": leaf(4, seed=8), "b4": leaf(4, seed=9), "e": leaf(3, 5, seed=10),
-            "w44": leaf(4, 4, seed=11)}
+            "w44": leaf(4, 4, seed=11), "img": leaf(2, 4, 7, 7, seed=12), "cw": leaf(3, 4, 3, 3, seed=13),
+            "cb": leaf(3, seed=14), "cwg": leaf(4, 2, 3, 3, seed=15), "bnw": leaf(4, seed=16), "bnb": leaf(4, seed=17)}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

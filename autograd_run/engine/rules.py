@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from autograd_run.engine import rules_conv as conv
 from autograd_run.engine import rules_more as more
 from autograd_run.graphs.ops import Op
 
@@ -290,6 +291,13 @@ RULES: dict[Op, Rule] = {
     Op.MSE_LOSS: Rule(more.mse_loss),
     Op.NLL_LOSS: Rule(more.nll_loss),
     Op.NLL_LOSS_2D: Rule(more.nll_loss),
+    Op.CONVOLUTION: Rule(conv.convolution),
+    Op.MAX_POOL_1D: Rule(conv.max_pool),
+    Op.MAX_POOL_2D: Rule(conv.max_pool),
+    Op.MAX_POOL_3D: Rule(conv.max_pool),
+    Op.AVG_POOL_2D: Rule(conv.avg_pool),
+    Op.AVG_POOL_3D: Rule(conv.avg_pool),
+    Op.BATCH_NORM: Rule(conv.batch_norm),
     Op.EXPAND: Rule(expand),
     Op.IDENTITY: Rule(passthrough),
     Op.COST: Rule(cost),

@@ -69,6 +69,13 @@ class Op(str, enum.Enum):
     MSE_LOSS = "MseLossBackward0"
     NLL_LOSS = "NllLossBackward0"
     NLL_LOSS_2D = "NllLoss2DBackward0"
+    CONVOLUTION = "ConvolutionBackward0"
+    MAX_POOL_1D = "MaxPool1DWithIndicesBackward0"
+    MAX_POOL_2D = "MaxPool2DWithIndicesBackward0"
+    MAX_POOL_3D = "MaxPool3DWithIndicesBackward0"
+    AVG_POOL_2D = "AvgPool2DBackward0"
+    AVG_POOL_3D = "AvgPool3DBackward0"
+    BATCH_NORM = "NativeBatchNormBackward0"
     TANH = "TanhBackward0"
     SIGMOID = "SigmoidBackward0"
     CLONE = "CloneBackward0"
@@ -131,6 +138,13 @@ SAVED_TENSORS: dict[Op, tuple[str, ...]] = {
     Op.MSE_LOSS: ("self", "target"),
     Op.NLL_LOSS: ("self", "target", "weight", "total_weight"),
     Op.NLL_LOSS_2D: ("self", "target", "weight", "total_weight"),
+    Op.CONVOLUTION: ("input", "weight"),
+    Op.MAX_POOL_1D: ("self", "result1"),
+    Op.MAX_POOL_2D: ("self", "result1"),
+    Op.MAX_POOL_3D: ("self", "result1"),
+    Op.AVG_POOL_2D: ("self",),
+    Op.AVG_POOL_3D: ("self",),
+    Op.BATCH_NORM: ("input", "weight", "running_mean", "running_var", "result1", "result2"),
 }
 
 _BY_VALUE = {op.value: op for op in Op}
