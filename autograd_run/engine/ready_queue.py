@@ -136,11 +136,16 @@ class ReadyQueue:
         # always taking the larger child (the right one on ties)...
         hole = 0
         child = 0
-        while child < (length - 1) >> 1:
-            child = 2 * (child + 1)
-            if keys[child] < keys[child - 1]:
+        limit = (length - 1) >> 1
+        while child < limit:
+            child = child + child + 2
+            right = keys[child]
+            left = keys[child - 1]
+            if right < left:
                 child -= 1
-            keys[hole] = keys[child]
+                keys[hole] = left
+            else:
+                keys[hole] = right
             items[hole] = items[child]
             hole = child
         if (length & 1) == 0 and child == (length - 2) >> 1:

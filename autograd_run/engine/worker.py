@@ -32,6 +32,9 @@ from autograd_run.graphs.ops import Op
 
 
 _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
+#: Hot-path constants: the rule function per op, and the leaf op (an Enum attribute lookup per node costs).
+_RULE_FN = {op: rule.fn for op, rule in RULES.items()}
+_ACC = Op.ACCUMULATE_GRAD
 
 
 def _fmt_shape(shape) -> str:
@@ -110,10 +113,10 @@ def _call_function(engine, gt, node, inputs):
     grads = inputs.grads
     if not (state.has_hooks or gt.faults or node.attrs):
         try:
-            outputs = RULES[node.op].fn(node, grads, gt)
+            outputs = _RULE_FN[node.op](node, grads, gt)
         except KeyError as exc:
             raise _missing_saved(node, exc) from exc
-        if node.op is not Op.ACCUMULATE_GRAD:
+        if node.op is not _ACC:
             validate_outputs(node.next, outputs, node, None, engine.devices)
         return outputs
     _slot_hooks(state.tensor_pre_hooks.get(node), grads)
@@ -129,7 +132,7 @@ def _call_function(engine, gt, node, inputs):
         msg = node.attrs.get("fail") if "fail" in node.attrs else f"injected error in node {node.id!r}"
         raise RuntimeError(str(msg))
     try:
-        outputs = RULES[node.op].fn(node, grads, gt)
+        outputs = _RULE_FN[node.op](node, grads, gt)
     except KeyError as exc:
         if node.op is Op.PYTHON:
             raise
@@ -137,7 +140,7 @@ def _call_function(engine, gt, node, inputs):
     if fault == "nan" or node.attrs.get("nan"):
         xp = gt.xp(node)
         outputs = [None if o is None else xp.full(o.shape, xp.nan, dtype=o.dtype) for o in outputs]
-    if node.op is not Op.ACCUMULATE_GRAD:
+    if node.op is not _ACC:
         validate_outputs(node.next, outputs, node, gt.xp(node) if engine.devices.real_cuda else None,
                          engine.devices)
     hooks = state.post_hooks.get(node)
