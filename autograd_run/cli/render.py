@@ -1,4 +1,4 @@
-"""Rendering for the command line: the run summary (rich tables) and the order file.
+"""Rendering for the command line: the run summary and gradients as rich tables.
 
 Tables are built from a ``Summary`` only (``autograd_run.traces.summary``),
 so tests render them at a fixed width without colour and compare with
@@ -7,12 +7,8 @@ golden text.
 
 from __future__ import annotations
 
-import json
-
 from rich.console import Console
 from rich.table import Table
-
-from autograd_run.traces import recorder as R
 
 
 def fmt_ns(ns: float) -> str:
@@ -23,26 +19,6 @@ def fmt_ns(ns: float) -> str:
     if ns >= 1e3:
         return f"{ns / 1e3:.1f} µs"
     return f"{ns:.0f} ns"
-
-
-def order_records(rec) -> list[dict]:
-    out = []
-    for ev in rec.events:
-        if ev[0] != R.NODE_START:
-            continue
-        _, ts, tid, gt, depth, node = ev
-        if node.name == "GraphRoot":
-            continue
-        out.append({"position": len(out), "id": node.id, "name": node.name, "seq": node.seq,
-                    "device": str(node.device), "thread": rec.threads.get(tid, str(tid)),
-                    "depth": depth, "graph_task": gt})
-    return out
-
-
-def write_order(path: str, rec) -> None:
-    with open(path, "w") as f:
-        for row in order_records(rec):
-            f.write(json.dumps(row) + "\n")
 
 
 def summary_tables(s, title: str, top: int = 10, devices: str | None = None) -> list:

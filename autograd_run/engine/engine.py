@@ -88,7 +88,6 @@ class Engine:
         self._pool_tasks: collections.deque = collections.deque()
         self._pool_idle = 0
         self.pool_threads: list[threading.Thread] = []
-        self._stopped = False
         #: Pause Python's cyclic GC while backward calls run: the hot loop allocates many
         #: short-lived objects (and a tracer's event list grows), which otherwise costs 1.5-3x.
         self.pause_gc = pause_gc
@@ -184,7 +183,6 @@ class Engine:
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the device threads: a shutdown task to each queue, then a bounded join."""
         with self._threads_lock:
-            self._stopped = True
             queues = list(self._device_queues.values())
             threads = list(self._device_threads.values())
             self._device_queues.clear()

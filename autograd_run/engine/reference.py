@@ -64,20 +64,15 @@ def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True
                 if e.node not in seen:
                     seen.add(e.node)
                     stack.append(e.node)
-    # Which nodes lie on a path to a requested input (plain reachability).
-    needed = None
+    # With requested inputs: which nodes lie on a path to one (plain reachability,
+    # post-order), which of them run, and where grad() captures.
+    runs = None      # None: everything reachable runs
+    pushed = None    # nodes that get a task (run, or only capture)
     captures: dict = {}
     if inputs:
-        targets = {}
         for i, e in enumerate(inputs):
-            targets.setdefault(e.node, []).append((e.input_nr, i))
-        needed = set()
-        order, stack, on = [], [root], set()
-        # post-order DFS: a node is needed if it is a target or any child is needed
-        visited = set()
-        post = []
-        stack = [(root, 0)]
-        visited.add(root)
+            captures.setdefault(e.node, []).append((e.input_nr, i))
+        post, visited, stack = [], {root}, [(root, 0)]
         while stack:
             fn, k = stack[-1]
             if k < len(fn.next):
@@ -89,14 +84,18 @@ def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True
             else:
                 stack.pop()
                 post.append(fn)
+        on_path = set()
         for fn in post:
-            if fn in targets or any(e is not None and e.node in needed for e in fn.next):
-                needed.add(fn)
-        for fn, caps in targets.items():
-            if accumulate_grad:
-                pass
-            else:
-                captures[fn] = caps
+            if fn in captures or any(e is not None and e.node in on_path for e in fn.next):
+                on_path.add(fn)
+        # backward(inputs=) runs the inputs' nodes; grad() only captures there,
+        # unless the node also leads to another requested input.
+        runs = {fn for fn in on_path if accumulate_grad or fn not in captures
+                or any(e is not None and e.node in on_path for e in fn.next)}
+        runs.add(root)
+        pushed = runs | set(captures)
+        if accumulate_grad:
+            captures = {}
     captured = [None] * (len(inputs) if inputs and not accumulate_grad else 0)
     buffers: dict = {root: start}
     heap = ReadyQueue("reference")
@@ -105,12 +104,10 @@ def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True
     while len(heap):
         _, fn, _ = heap.pop()
         grads_in = buffers.pop(fn)
-        if fn in captures:
-            for slot, idx in captures[fn]:
-                captured[idx] = grads_in[slot]
-        if needed is not None and (fn not in needed or (not accumulate_grad and fn in captures and fn.op is Op.ACCUMULATE_GRAD)):
-            if fn is not root or fn not in needed:
-                continue
+        for slot, idx in captures.get(fn, ()):
+            captured[idx] = grads_in[slot]
+        if runs is not None and fn not in runs:
+            continue
         executed.append(fn)
         outs = RULES[fn.op].fn(fn, list(grads_in), task)
         if fn.op is not Op.ACCUMULATE_GRAD:
@@ -123,7 +120,7 @@ def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True
                 continue
             nxt = e.node
             deps[nxt] -= 1
-            if needed is not None and nxt not in needed:
+            if pushed is not None and nxt not in pushed:
                 continue
             buf = buffers.setdefault(nxt, [None] * len(nxt.inputs))
             if out is not None:
