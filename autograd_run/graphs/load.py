@@ -25,7 +25,7 @@ from autograd_run.graphs.model import Graph
 from autograd_run.graphs.schema import GraphSpec
 from autograd_run.graphs.validate import build_graph
 
-MAX_FILE_BYTES = 2 << 30
+MAX_FILE_BYTES = 1 << 30
 #: YAML: most values the document may expand to once aliases are followed.
 MAX_YAML_VALUES = 50_000_000
 MAX_YAML_DEPTH = 64

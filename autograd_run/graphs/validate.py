@@ -21,7 +21,7 @@ from autograd_run.graphs.model import (
 from autograd_run.graphs.ops import ELEMENTWISE, Op, op_from_string
 from autograd_run.graphs.schema import GraphSpec
 
-MAX_NODES = 20_000_000
+MAX_NODES = 5_000_000  # about 5 GB of model objects: past this a file is a resource bomb here
 MAX_STREAM = 1 << 16
 #: A cost node may spin or sleep at most a minute, or multiply at most 8192x8192 matrices.
 MAX_COST_US = 60e6
