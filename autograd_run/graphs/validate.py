@@ -149,11 +149,18 @@ class _Checker:
             seq = ns.seq
             if seq is not None and not 0 <= seq <= max_seq:
                 raise self.err(("nodes", i, "seq"), f"seq must be in [0, 2**64-1], got {seq}")
-            inputs = [metas.get(m) for m in ns.inputs]
-            if None in inputs:
-                for j, m in enumerate(ns.inputs):
-                    if inputs[j] is None:
-                        inputs[j] = metas[m] = self._meta(m, ("nodes", i, "inputs", j))
+            ins = ns.inputs
+            if len(ins) == 1:  # the common case, without a comprehension's frame
+                meta = metas.get(ins[0])
+                if meta is None:
+                    meta = metas[ins[0]] = self._meta(ins[0], ("nodes", i, "inputs", 0))
+                inputs = [meta]
+            else:
+                inputs = [metas.get(m) for m in ins]
+                if None in inputs:
+                    for j, m in enumerate(ins):
+                        if inputs[j] is None:
+                            inputs[j] = metas[m] = self._meta(m, ("nodes", i, "inputs", j))
             if op is acc:
                 inputs = self.check_accumulate(ns, i, inputs, variables)
                 if seq is None:
