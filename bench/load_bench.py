@@ -11,7 +11,6 @@ import gc
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 

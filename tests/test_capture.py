@@ -2,7 +2,6 @@
 
 import math
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="capture needs torch (pip install 'autograd-run[torch]')")

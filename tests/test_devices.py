@@ -1,12 +1,11 @@
 """Devices, streams, cost and opaque nodes: virtual everywhere, real CUDA where there is one."""
 
-import threading
 import time
 
 import numpy as np
 import pytest
 
-from autograd_run.engine import DeviceSet, Engine, GraphState
+from autograd_run.engine import DeviceSet, Engine
 from autograd_run.engine.devices import _cupy_status
 from autograd_run.engine.run import run_graph
 from autograd_run.graphs.dump import dumps

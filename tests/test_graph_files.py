@@ -1,12 +1,10 @@
 """Graph files: round trips, every validation error (message and location), hostile input."""
 
 import json
-import os
 import time
 
 import numpy as np
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from autograd_run.errors import GraphFileError

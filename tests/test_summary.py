@@ -2,11 +2,10 @@
 
 import io
 
-import pytest
 from rich.console import Console
 
 from autograd_run.cli.render import summary_tables
-from autograd_run.engine import Engine, GraphState
+from autograd_run.engine import Engine
 from autograd_run.engine.run import run_graph
 from autograd_run.graphs.load import load_graph
 from autograd_run.traces import recorder as R

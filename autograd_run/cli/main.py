@@ -7,15 +7,12 @@ never as a traceback (``--verbose`` shows a failing node's traceback).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
-import traceback
 
 import click
 
-from autograd_run.errors import AutogradRunError, BackwardError, GraphFileError, OrderMismatch, UsageError
+from autograd_run.errors import AutogradRunError, GraphFileError, OrderMismatch, UsageError
 
 
 class DefaultGroup(click.Group):

@@ -36,9 +36,8 @@ from __future__ import annotations
 import collections
 import gc
 import threading
-from typing import Any, Sequence
+from typing import Sequence
 
-import numpy as np
 
 from autograd_run.engine.devices import DeviceSet
 from autograd_run.engine.graph_task import GraphTask, compute_dependencies, init_to_execute

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from autograd_run.engine.rules_more import _each, signed
+from autograd_run.engine.rules_more import _each
 
 
 def _stride_tricks(xp):

@@ -20,7 +20,7 @@ import msgspec
 import yaml
 
 from autograd_run.errors import GraphFileError
-from autograd_run.graphs.locate import JsonLocator, YamlLocator, byte_to_line_col, format_path
+from autograd_run.graphs.locate import JsonLocator, YamlLocator, byte_to_line_col
 from autograd_run.graphs.model import Graph
 from autograd_run.graphs.schema import GraphSpec
 from autograd_run.graphs.validate import build_graph
