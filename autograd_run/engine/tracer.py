@@ -37,7 +37,8 @@ class Tracer:
         """``node`` was popped but not run: not needed (exec_info) or its GraphTask failed."""
 
     def lock_wait(self, lock_name: str, gt, waited_ns: int) -> None:
-        """This thread waited ``waited_ns`` to acquire ``lock_name`` (only reported when > 0)."""
+        """This thread waited ``waited_ns`` to acquire ``lock_name`` (reported only when the lock was contended:
+        an uncontended acquisition is not timed, so tracing stays cheap)."""
 
     def sync(self, gt, producer, consumer, src: str, dst: str) -> None:
         """``consumer`` must wait for ``producer``'s gradient made on another stream/device."""

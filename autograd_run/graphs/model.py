@@ -75,13 +75,6 @@ class InputMeta:
     device: Device = CPU
     stream: int = 0
 
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
 
 @dataclass(eq=False, slots=True)
 class Node:
