@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from autograd_run.graphs.model import FORMAT
-from autograd_run.graphs.ops import Op, op_from_string
+from autograd_run.ops import OPAQUE, lookup
 
 ACC = "torch::autograd::AccumulateGrad"
 _TORCH_DTYPES = {"float16", "float32", "float64", "complex64", "complex128",
@@ -133,9 +133,10 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
         else:
             d["seq"] = fn._sequence_nr()
             d["next"] = [None if nf is None else [ids[nf], nr] for nf, nr in fn.next_functions]
-            op = op_from_string(name)
-            if op is None:
-                d["op"] = Op.OPAQUE.value
+            op = lookup(name)
+            reason = None
+            if op is None or op.engine:  # PyTorch's own nodes never run as one of our synthetic kinds
+                op, reason = None, f"no backward rule for {name}"
             saved = {}
             if op is not None:
                 for attr in dir(fn):
@@ -148,14 +149,19 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                         v = _saved_value(torch, v, f"{nid}.{field}", arrays)
                         if v is not None:
                             saved[field] = v
-            if op is Op.CONVOLUTION and saved.get("transposed") or \
-                    op in (Op.AVG_POOL_2D, Op.AVG_POOL_3D) and saved.get("ceil_mode"):
-                d["op"] = Op.OPAQUE.value  # variants without a rule here
+            if op is not None and op.unsupported is not None:
+                reason = op.unsupported(saved)  # a variant of the op without a rule here
+            attrs = {}
+            if reason:
+                d["op"] = OPAQUE.name
+                attrs["reason"] = reason
             if saved:
                 d["saved"] = saved
             trace = fn.metadata.get("traceback_") if hasattr(fn, "metadata") else None
             if trace:
-                d["attrs"] = {"trace": "".join(trace) if isinstance(trace, list) else str(trace)}
+                attrs["trace"] = "".join(trace) if isinstance(trace, list) else str(trace)
+            if attrs:
+                d["attrs"] = attrs
         d["inputs"] = metas
         nodes.append(d)
 

@@ -18,7 +18,7 @@ from autograd_run.engine.run import run_graph
 from autograd_run.errors import GraphFileError
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import Graph
-from autograd_run.graphs.ops import Op
+from autograd_run.ops import OPAQUE
 from autograd_run.traces.order import OrderRecorder
 
 #: Default tolerances by dtype: (rtol, atol).
@@ -68,7 +68,7 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
             divergence = {"position": i, "expected": w, "got": g}
             break
     report = CheckReport(divergence is None, (len(want), len(got)), divergence)
-    opaque = [n.id for n in graph.nodes if n.op is Op.OPAQUE]
+    opaque = [n.id for n in graph.nodes if n.op is OPAQUE]
     if opaque:
         report.grads_compared = False
         report.note = f"gradients not compared: {len(opaque)} opaque node(s) without a rule (e.g. {opaque[0]})"

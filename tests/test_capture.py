@@ -123,7 +123,7 @@ def test_opaque_ops_are_captured_with_shapes(tmp_path):
     path = str(tmp_path / "ce.json")
     from_torch(loss, names={"x": x}, path=path)
     g = load_graph(path)
-    assert any(n.op.value == "opaque" for n in g.nodes)
+    assert any(n.op.name == "opaque" for n in g.nodes)
     report = check_graph(g)
     assert report.order_ok and not report.grads_compared and "opaque" in report.note
 

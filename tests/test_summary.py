@@ -54,8 +54,8 @@ def test_summary_of_a_deterministic_run():
 def test_busy_time_does_not_double_count_nested_slices():
     class N:
         def __init__(self, i):
-            from autograd_run.graphs.ops import Op
-            self.id, self.name, self.op, self.next = f"n{i}", "X", Op.IDENTITY, []
+            from autograd_run.ops import IDENTITY
+            self.id, self.name, self.op, self.next = f"n{i}", "X", IDENTITY, []
     a, b = N(1), N(2)
     ev = [(R.NODE_START, 100, 1, 0, 0, a), (R.NODE_START, 200, 1, 1, 1, b), (R.NODE_END, 300, 1, 1, 1, b),
           (R.NODE_END, 500, 1, 0, 0, a), (R.IDLE, 500, 1, "q", 900)]

@@ -39,6 +39,7 @@ import threading
 from typing import Sequence
 
 
+from autograd_run.engine.builtin_nodes import make_graph_root
 from autograd_run.engine.devices import DeviceSet
 from autograd_run.engine.graph_task import GraphTask, compute_dependencies, init_to_execute
 from autograd_run.engine.input_buffer import InputBuffer
@@ -47,8 +48,7 @@ from autograd_run.engine.ready_queue import ReadyQueue
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import thread_main, validate_outputs
 from autograd_run.errors import BackwardError
-from autograd_run.graphs.model import CPU, Edge, Node
-from autograd_run.graphs.ops import Op
+from autograd_run.graphs.model import Edge
 
 NO_DEVICE = -2
 CPU_DEVICE = -1
@@ -128,10 +128,7 @@ class Engine:
             buf = InputBuffer(len(graph_root.inputs))
             buf.add(roots[0].input_nr, grads[0])
         else:
-            graph_root = Node("GraphRoot", "GraphRoot", Op.GRAPH_ROOT, state.next_seq(), list(roots), [],
-                              attrs={"grads": grads})
-            graph_root.topo_nr = 1 + max((e.node.topo_nr for e in roots), default=-1)
-            graph_root.device, graph_root.cpu = CPU, True
+            graph_root = make_graph_root(roots, grads, state.next_seq())
             buf = InputBuffer(0)
         gt.graph_root = graph_root
         min_topo = min((e.node.topo_nr for e in outputs), default=0)

@@ -26,6 +26,8 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
+from autograd_run.engine.builtin_nodes import EngineContext
+
 
 _ids = itertools.count()
 
@@ -73,8 +75,11 @@ class GraphTask:
         self.graph_root = None
         #: node -> CUDA event recorded after it ran (real CUDA only), for consumers on other streams.
         self.ready_events: dict = {}
+        #: What the nodes of this call run with (their rules see only the RuleContext part).
+        self.ctx = EngineContext(self.saved, self.xp, engine.devices.transfer, create_graph,
+                                 state=state, graph_task=self, allow_python=allow_python)
 
-    # -- helpers the rules use -------------------------------------------------
+    # -- what the nodes' context reads -------------------------------------------
     def saved(self, node):
         values = self.state.saved(node)
         devices = self.engine.devices

@@ -10,49 +10,35 @@ dependency graph.
 
 from __future__ import annotations
 
+import numpy as np
+
+from autograd_run.engine.builtin_nodes import RUNNERS, EngineContext, make_graph_root
 from autograd_run.engine.priority import PyTorchPriority
 from autograd_run.engine.ready_queue import ReadyQueue
-from autograd_run.engine.rules import RULES
 from autograd_run.engine.worker import validate_outputs
-from autograd_run.graphs.ops import Op
+from autograd_run.ops import ACCUMULATE_GRAD
 
 
-class _Task:
-    """The slice of a GraphTask the rules read."""
+def _numpy(node):
+    return np
 
-    def __init__(self, state, create_graph: bool, keep_graph: bool):
-        from autograd_run.engine.devices import DeviceSet
-        self.state = state
-        self.create_graph = create_graph
-        self.keep_graph = keep_graph
-        self.allow_python = False
 
-        class _E:
-            devices = DeviceSet("virtual")
-        self.engine = _E()
-
-    def saved(self, node):
-        return self.state.saved(node)
-
-    def xp(self, node):
-        import numpy as np
-        return np
+def _no_transfer(array, src, dst):
+    return array
 
 
 def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True,
                        retain_graph=False, create_graph=False, priority=None) -> tuple[list, list]:
     """Run a backward call sequentially; returns (executed nodes in order, captured grads)."""
-    from autograd_run.graphs.model import Node, CPU
     key = (priority or PyTorchPriority()).key
-    task = _Task(state, create_graph, retain_graph or create_graph)
+    keep_graph = retain_graph or create_graph
+    ctx = EngineContext(state.saved, _numpy, _no_transfer, create_graph, state=state)
     if len(roots) == 1:
         root = roots[0].node
         start = [None] * len(root.inputs)
         start[roots[0].input_nr] = grads[0]
     else:
-        root = Node("GraphRoot", "GraphRoot", Op.GRAPH_ROOT, state.next_seq(), list(roots), [],
-                    attrs={"grads": list(grads)})
-        root.device, root.cpu = CPU, True
+        root = make_graph_root(roots, grads, state.next_seq())
         start = []
     deps: dict = {}
     stack, seen = [root], set()
@@ -109,10 +95,10 @@ def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True
         if runs is not None and fn not in runs:
             continue
         executed.append(fn)
-        outs = RULES[fn.op].fn(fn, list(grads_in), task)
-        if fn.op is not Op.ACCUMULATE_GRAD:
+        outs = RUNNERS[fn.op](fn, list(grads_in), ctx)
+        if fn.op is not ACCUMULATE_GRAD:
             validate_outputs(fn.next, outs, f"Function {fn.name} returned an ")
-        if not task.keep_graph:
+        if not keep_graph:
             state.release(fn)
         for i, out in enumerate(outs):
             e = fn.next[i]

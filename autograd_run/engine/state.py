@@ -24,7 +24,6 @@ import numpy as np
 
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import Graph, Node
-from autograd_run.graphs.ops import SAVED_TENSORS
 
 ERR_BACKWARD_TWICE = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -75,7 +74,7 @@ class GraphState:
 
     # -- saved tensors ---------------------------------------------------------
     def saved(self, node: Node) -> dict[str, Any]:
-        """Node's saved values; its op's tensor fields (``ops.SAVED_TENSORS``) and tensor specs as arrays.
+        """Node's saved values; its op's tensor fields (``OpSpec.tensor_fields``) and tensor specs as arrays.
 
         Raises PyTorch's backward-twice error once the node's saved tensors
         were released by a backward call without ``retain_graph``.
@@ -87,7 +86,7 @@ class GraphState:
             raise SavedTensorReleased(ERR_BACKWARD_TWICE)
         cached = {}
         side = self.graph.side_files
-        tensor_fields = SAVED_TENSORS.get(node.op, ())
+        tensor_fields = node.op.tensor_fields
         saved = node.saved
         if not node.saves_tensors or not any(type(v) is dict or type(v) is list for v in saved.values()):
             # Nothing to convert (plain numbers, sizes, flags): use the node's own mapping.

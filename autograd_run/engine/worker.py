@@ -24,17 +24,18 @@ import time
 
 import numpy as np
 
+from autograd_run.engine.builtin_nodes import RUNNERS
 from autograd_run.engine.input_buffer import InputBuffer
 from autograd_run.engine.ready_queue import SHUTDOWN
-from autograd_run.engine.rules import RULES, sum_to
 from autograd_run.graphs.model import DTYPES
-from autograd_run.graphs.ops import Op
+from autograd_run.ops import ACCUMULATE_GRAD, PYTHON
+from autograd_run.ops.arrays import sum_to
 
 
 _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
-#: Hot-path constants: the rule function per op, and the leaf op (an Enum attribute lookup per node costs).
-_RULE_FN = {op: rule.fn for op, rule in RULES.items()}
-_ACC = Op.ACCUMULATE_GRAD
+#: Hot-path constants: the function that runs each op, and the leaf op.
+_RULE_FN = RUNNERS
+_ACC = ACCUMULATE_GRAD
 
 
 def _fmt_shape(shape) -> str:
@@ -113,7 +114,7 @@ def _call_function(engine, gt, node, inputs):
     grads = inputs.grads
     if not (state.has_hooks or gt.faults or node.attrs):
         try:
-            outputs = _RULE_FN[node.op](node, grads, gt)
+            outputs = _RULE_FN[node.op](node, grads, gt.ctx)
         except KeyError as exc:
             raise _missing_saved(node, exc) from exc
         if node.op is not _ACC:
@@ -132,9 +133,9 @@ def _call_function(engine, gt, node, inputs):
         msg = node.attrs.get("fail") if "fail" in node.attrs else f"injected error in node {node.id!r}"
         raise RuntimeError(str(msg))
     try:
-        outputs = _RULE_FN[node.op](node, grads, gt)
+        outputs = _RULE_FN[node.op](node, grads, gt.ctx)
     except KeyError as exc:
-        if node.op is Op.PYTHON:
+        if node.op is PYTHON:
             raise
         raise _missing_saved(node, exc) from exc
     if fault == "nan" or node.attrs.get("nan"):

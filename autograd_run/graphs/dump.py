@@ -12,7 +12,7 @@ import msgspec
 import yaml
 
 from autograd_run.graphs.model import ACCUMULATE_GRAD_SEQ, CPU, FORMAT, Graph, InputMeta
-from autograd_run.graphs.ops import Op
+from autograd_run.ops import ACCUMULATE_GRAD
 
 
 def _meta(m: InputMeta) -> dict[str, Any]:
@@ -30,9 +30,9 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
     nodes = []
     for n in graph.nodes:
         d: dict[str, Any] = {"id": n.id, "name": n.name}
-        if n.op.value != n.name:
-            d["op"] = n.op.value
-        if not (n.op is Op.ACCUMULATE_GRAD and n.seq == ACCUMULATE_GRAD_SEQ):
+        if n.op.name != n.name and n.name not in n.op.aliases:
+            d["op"] = n.op.name
+        if not (n.op is ACCUMULATE_GRAD and n.seq == ACCUMULATE_GRAD_SEQ):
             d["seq"] = n.seq
         if n.variable is not None:
             d["variable"] = n.variable

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
-from autograd_run.graphs.ops import SAVED_TENSORS, Op
-
-_TENSOR_FIELDS = {op: frozenset(f) for op, f in SAVED_TENSORS.items()}
+from autograd_run.ops import OpSpec
 
 #: Shared, read-only stand-in for a node's empty ``saved``/``attrs`` (saves ~100 B a node).
 EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -82,7 +80,8 @@ class Node:
 
     id: str
     name: str
-    op: Op
+    #: The op's spec (``autograd_run.ops``): how to run it, what it saves, its cost model.
+    op: OpSpec
     seq: int
     #: One entry per output: the edge receiving that gradient, or None (dropped).
     next: list["Edge | None"]
@@ -197,8 +196,8 @@ def derive(graph: Graph) -> None:
         node.consumers = []
         saved = node.saved
         if saved:
-            fields = _TENSOR_FIELDS.get(node.op)
-            if fields is not None and not fields.isdisjoint(saved):
+            fields = node.op.tensor_fields
+            if fields and not fields.isdisjoint(saved):
                 node.saves_tensors = True
             else:
                 for v in saved.values():

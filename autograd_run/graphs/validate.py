@@ -18,7 +18,7 @@ from autograd_run.graphs import tensors
 from autograd_run.graphs.model import (
     ACCUMULATE_GRAD_SEQ, EMPTY, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
 )
-from autograd_run.graphs.ops import ELEMENTWISE, Op, op_from_string
+from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, lookup
 from autograd_run.graphs.schema import GraphSpec
 
 MAX_NODES = 5_000_000  # about 5 GB of model objects: past this a file is a resource bomb here
@@ -69,13 +69,13 @@ class _Checker:
             raise self.err(path + ("stream",), f"stream must be in [0, {MAX_STREAM}), got {m.stream}")
         return InputMeta(shape, m.dtype, dev, m.stream)
 
-    def resolve_op(self, ns, i: int) -> Op:
+    def resolve_op(self, ns, i: int) -> OpSpec:
         p = ("nodes", i)
         if not ns.name:
             raise self.err(p + ("name",), "node name must not be empty")
         op_text = ns.op if ns.op is not None else ns.name
-        op = op_from_string(op_text)
-        if op is Op.GRAPH_ROOT:
+        op = lookup(op_text)
+        if op is GRAPH_ROOT:
             raise self.err(p + ("name",) if ns.op is None else p + ("op",),
                            "GraphRoot nodes are created by the engine, not declared in a file")
         if op is None:
@@ -132,10 +132,10 @@ class _Checker:
 
         nodes: list[Node] = []
         by_id: dict[str, Node] = {}
-        ops: dict[str, Op] = {}
+        ops: dict[str, OpSpec] = {}
         metas = self._metas
         new_node = Node
-        acc = Op.ACCUMULATE_GRAD
+        acc = ACCUMULATE_GRAD
         max_seq = ACCUMULATE_GRAD_SEQ
         for i, ns in enumerate(spec.nodes):
             nid = ns.id
@@ -235,7 +235,7 @@ class _Checker:
 
     def check_shapes(self, nodes: list[Node]) -> None:
         for i, node in enumerate(nodes):
-            if node.op in ELEMENTWISE and node.inputs:
+            if node.op.elementwise and node.inputs:
                 out_shape = node.inputs[0].shape
                 for k, e in enumerate(node.next):
                     if e is None:
@@ -259,10 +259,10 @@ class _Checker:
                 raise self.err(p + ("nan",), "attrs.nan must be true or false")
             if "trace" in attrs and not isinstance(attrs["trace"], str):
                 raise self.err(p + ("trace",), "attrs.trace must be a string")
-            if node.op is Op.PYTHON and "callable" in attrs and not (
+            if node.op is PYTHON and "callable" in attrs and not (
                     isinstance(attrs["callable"], str) and ":" in attrs["callable"]):
                 raise self.err(p + ("callable",), "attrs.callable must be 'module:function'")
-            if node.op is Op.COST:
+            if node.op is COST:
                 self.check_cost(attrs.get("cost"), p + ("cost",))
 
     def check_cost(self, cost, p: tuple) -> None:
@@ -287,7 +287,7 @@ class _Checker:
             saved = node.saved
             if not saved:
                 continue
-            elementwise = node.op in ELEMENTWISE and node.inputs
+            elementwise = node.op.elementwise and node.inputs
             for key, value in saved.items():
                 if type(value) is dict and (quick_random(value) or tensors.is_tensor_spec(value)):
                     if not quick_random(value):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from autograd_run.graphs.ops import Op
+from autograd_run.ops import OPAQUE, is_graph_root
 from autograd_run.traces import recorder as R
 
 
@@ -139,14 +139,14 @@ def summarize(events: list[tuple], threads: dict[int, str], slowest: int = 10) -
             w = worker(tid)
             if depth[tid] == 0:
                 w.busy_ns += ts - busy_start.pop(tid, start)
-            if node.op is Op.GRAPH_ROOT:
+            if is_graph_root(node):
                 continue
             w.nodes += 1
             dur = ts - start
             ops.setdefault(node.name, []).append(dur)
             runs[(gt, node)] = NodeRun(node.id, node.name, tname(tid), start - t_first, dur,
                                        waits_by_task.get((gt, node), 0), gt)
-            if node.op is Op.OPAQUE and node.id not in s.opaque_nodes:
+            if node.op is OPAQUE and node.id not in s.opaque_nodes:
                 s.opaque_nodes.append(node.id)
         elif kind == R.PUSH:
             _, ts, tid, qname, gt, node, _ = ev

@@ -1,9 +1,10 @@
-"""Backward rules for convolutional networks: convolution, max/avg pooling, batch norm.
+"""Convolutional networks and normalisation: convolution, max/avg pooling, batch norm, layer norm.
 
 N-dimensional (1d, 2d, 3d) and grouped; the input is windowed with
 ``as_strided`` (no copy) and contracted with ``einsum``; the input gradient
 is scattered back window offset by window offset. Transposed convolutions
-and ceil-mode pooling have no rule here and say so.
+and ceil-mode average pooling have no rule here: capture marks them opaque
+(``unsupported``) and the rules refuse them.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import math
 
 import numpy as np
 
-from autograd_run.engine.rules_more import _each
-
-
+from autograd_run.ops import cost
+from autograd_run.ops.arrays import each
+from autograd_run.ops.spec import op
 def _stride_tricks(xp):
     if xp is np:
         return np.lib.stride_tricks.as_strided
@@ -45,11 +46,36 @@ def _crop(dxpad, padding):
     return dxpad[(slice(None), slice(None)) + tuple(slice(p, dxpad.shape[2 + i] - p) for i, p in enumerate(padding))]
 
 
-def convolution(node, grads, gt):
-    sv = gt.saved(node)
+def _conv_flops(s: cost.Shapes) -> float:
+    """2 * (grad elements) * (input channels per group * kernel elements), per produced input/weight gradient."""
+    g = s.inputs[0][0] if s.inputs else ()
+    w = s.outputs[1][0] if len(s.outputs) > 1 and s.outputs[1] is not None else s.saved.get("weight", ((),))[0]
+    if len(w) < 2:
+        return float(2 * math.prod(g))
+    per_out = 2.0 * math.prod(g) * w[1] * math.prod(w[2:])
+    n = sum(1 for m in s.outputs[:2] if m is not None)
+    bias = math.prod(g) if len(s.outputs) > 2 and s.outputs[2] is not None else 0
+    return per_out * n + bias
+
+
+def _transposed(saved) -> str | None:
+    return "transposed convolutions have no backward rule here" if saved.get("transposed") else None
+
+
+def _ceil_mode(saved) -> str | None:
+    return "ceil_mode pooling has no backward rule here" if saved.get("ceil_mode") else None
+
+
+@op("ConvolutionBackward0",
+    saved="input:tensor weight:tensor stride:ints padding:ints dilation:ints groups:int? transposed:bool? "
+          "output_padding:ints? bias_sym_sizes_opt:sizes?",
+    cost=cost.CostModel(_conv_flops), unsupported=_transposed)
+def convolution(node, grads, ctx):
+    """convolution (1d-3d, grouped, strided, dilated, padded): input, weight and bias gradients."""
+    sv = ctx.saved(node)
     if sv.get("transposed"):
         raise RuntimeError(f"{node.name} node {node.id!r}: transposed convolutions have no backward rule here")
-    xp = gt.xp(node)
+    xp = ctx.xp(node)
     x, w, g = sv["input"], sv["weight"], grads[0]
     unbatched = x.ndim == w.ndim - 1
     if unbatched:
@@ -80,13 +106,16 @@ def convolution(node, grads, gt):
 
     def grad_bias():
         return g.sum(axis=(0,) + tuple(range(2, g.ndim)))
-    return _each(node, lambda i: (grad_input, grad_weight, grad_bias)[i]())
+    return each(node, lambda i: (grad_input, grad_weight, grad_bias)[i]())
 
 
-def max_pool(node, grads, gt):
-    """MaxPool{1,2,3}DWithIndicesBackward0: each output's gradient goes to the input position it chose."""
-    sv = gt.saved(node)
-    xp = gt.xp(node)
+@op("MaxPool1DWithIndicesBackward0", "MaxPool2DWithIndicesBackward0", "MaxPool3DWithIndicesBackward0",
+    saved="self:tensor result1:tensor kernel_size:ints stride:ints? padding:ints? dilation:ints? ceil_mode:bool?",
+    cost=cost.COPY)
+def max_pool(node, grads, ctx):
+    """max pooling with indices: each output's gradient goes to the input position it chose."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
     x, idx, g = sv["self"], sv["result1"].astype(np.int64, copy=False), grads[0]
     k = len(sv["kernel_size"])
     lead = x.shape[:-k]
@@ -100,15 +129,19 @@ def max_pool(node, grads, gt):
     else:
         import cupyx
         cupyx.scatter_add(flat, (xp.broadcast_to(r, idx2.shape), idx2), g2)
-    return _each(node, lambda i: flat.reshape(x.shape))
+    return each(node, lambda i: flat.reshape(x.shape))
 
 
-def avg_pool(node, grads, gt):
-    """AvgPool{1,2,3}DBackward0: each output's gradient spread evenly over its window."""
-    sv = gt.saved(node)
+@op("AvgPool2DBackward0", "AvgPool3DBackward0",
+    saved="self:tensor kernel_size:ints stride:ints? padding:ints? ceil_mode:bool? count_include_pad:bool? "
+          "divisor_override:int?",
+    cost=cost.pointwise(1), unsupported=_ceil_mode)
+def avg_pool(node, grads, ctx):
+    """average pooling: each output's gradient spread evenly over its window."""
+    sv = ctx.saved(node)
     if sv.get("ceil_mode"):
         raise RuntimeError(f"{node.name} node {node.id!r}: ceil_mode pooling has no backward rule here")
-    xp = gt.xp(node)
+    xp = ctx.xp(node)
     x, g = sv["self"], grads[0]
     ks = list(sv["kernel_size"])
     k = len(ks)
@@ -137,13 +170,17 @@ def avg_pool(node, grads, gt):
     dwin = xp.broadcast_to(share[(slice(None), slice(None)) + (None,) * k], x.shape[:2] + tuple(ks) + tuple(out))
     _scatter(dxpad, dwin, ks, out, stride, ones)
     dx = _crop(dxpad, padding)
-    return _each(node, lambda i: dx[0] if unbatched else dx)
+    return each(node, lambda i: dx[0] if unbatched else dx)
 
 
-def batch_norm(node, grads, gt):
-    """NativeBatchNormBackward0, training (batch statistics) and eval (running statistics)."""
-    sv = gt.saved(node)
-    xp = gt.xp(node)
+@op("NativeBatchNormBackward0",
+    saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
+          "training:bool? eps:scalar?",
+    cost=cost.pointwise(8))
+def batch_norm(node, grads, ctx):
+    """batch norm, training (batch statistics) and eval (running statistics)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
     x, g = sv["input"], grads[0]
     w = sv.get("weight")
     axes = (0,) + tuple(range(2, x.ndim))
@@ -167,4 +204,32 @@ def batch_norm(node, grads, gt):
         if i == 1:
             return (g * xhat).sum(axis=axes)
         return g.sum(axis=axes)
-    return _each(node, out)
+    return each(node, out)
+
+
+@op("NativeLayerNormBackward0",
+    saved="input:tensor result1:tensor result2:tensor normalized_shape:sizes weight:tensor? bias:tensor?",
+    cost=cost.pointwise(8))
+def layer_norm(node, grads, ctx):
+    """layer norm over the last len(normalized_shape) dims: input, weight and bias gradients."""
+    sv = ctx.saved(node)
+    x, mean, rstd = sv["input"], sv["result1"], sv["result2"]
+    w = sv.get("weight")
+    k = len(sv["normalized_shape"])
+    axes = tuple(range(x.ndim - k, x.ndim))
+    lead = tuple(range(x.ndim - k))
+    g = grads[0]
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    xhat = (x - mean) * rstd
+    dxhat = g * w if w is not None and not isinstance(w, (int, float)) else g
+
+    def out(i):
+        if i == 0:
+            return rstd / n * (n * dxhat - dxhat.sum(axis=axes, keepdims=True)
+                               - xhat * (dxhat * xhat).sum(axis=axes, keepdims=True))
+        if i == 1:
+            return (g * xhat).sum(axis=lead) if lead else g * xhat
+        return g.sum(axis=lead) if lead else g
+    return each(node, out)

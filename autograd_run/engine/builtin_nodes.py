@@ -1,0 +1,149 @@
+"""The node kinds the engine implements itself, and the context every node runs with.
+
+``RUNNERS`` maps each ``OpSpec`` to the function that runs it: the op's
+own backward formula (``autograd_run.ops``), or for the engine's own kinds
+(``ops.engine_ops``) the functions below: AccumulateGrad, GraphRoot,
+identity, cost, opaque and python nodes. An import-time check makes sure
+every declared op has exactly one runner.
+
+``EngineContext`` is the ``RuleContext`` a node sees when the engine (or
+the reference executor) runs it; op formulas use only the narrow
+``RuleContext`` part, the engine's own kinds also reach the run state and
+(python nodes) the GraphTask. ``make_graph_root`` builds the synthetic
+root of a backward call with several roots, for the engine and the
+reference executor alike.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autograd_run.graphs.model import CPU, Node
+from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, REGISTRY, RuleContext
+from autograd_run.ops.arrays import each, out_meta
+
+
+@dataclass(slots=True)
+class EngineContext(RuleContext):
+    """A RuleContext plus what the engine's own node kinds need."""
+
+    #: The ``GraphState`` (variable gradients for AccumulateGrad, python callables).
+    state: Any = None
+    #: The running GraphTask (python nodes re-enter the engine through it); None in the reference executor.
+    graph_task: Any = None
+    allow_python: bool = False
+
+
+def make_graph_root(roots, grads, seq: int) -> Node:
+    """The GraphRoot of a backward call with several roots: one output per root edge, on the CPU.
+
+    Its topological number is one above its highest root's, as PyTorch's.
+    """
+    root = Node("GraphRoot", "GraphRoot", GRAPH_ROOT, seq, list(roots), [], attrs={"grads": list(grads)})
+    root.topo_nr = 1 + max((e.node.topo_nr for e in roots), default=-1)
+    root.device, root.cpu = CPU, True
+    return root
+
+
+def accumulate_grad(node, grads, ctx):
+    g = grads[0]
+    if g is not None:
+        ctx.state.accumulate(node.variable, g, ctx.create_graph)
+    return []
+
+
+def graph_root(node, grads, ctx):
+    return list(node.attrs["grads"])
+
+
+def identity(node, grads, ctx):
+    return each(node, lambda i: grads[0])
+
+
+def opaque(node, grads, ctx):
+    """No rule is known: zeros of the shapes the consumers declare."""
+    xp = ctx.xp(node)
+    return each(node, lambda i: xp.zeros(out_meta(node, i).shape, dtype=out_meta(node, i).dtype))
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+#: Default throughput a ``spin``/``sleep`` cost node assumes to turn FLOPs into time.
+COST_FLOPS_PER_SECOND = 1e9
+
+
+def cost(node, grads, ctx):
+    """Do real work for the node's declared cost, then emit zeros of the consumers' shapes.
+
+    ``attrs.cost``: ``{"us": microseconds}`` or ``{"flops": count}``, and
+    ``mode``: ``spin`` (busy loop, holds the GIL), ``sleep`` (releases it) or
+    ``matmul`` (a square float32 matmul of that many FLOPs, releases the GIL).
+    """
+    spec = node.attrs.get("cost") or {}
+    mode = spec.get("mode", "spin")
+    if "us" in spec:
+        seconds = float(spec["us"]) * 1e-6
+        flops = seconds * COST_FLOPS_PER_SECOND
+    else:
+        flops = float(spec.get("flops", 0))
+        seconds = flops / COST_FLOPS_PER_SECOND
+    if mode == "matmul" and flops > 0:
+        n = max(1, int(round((flops / 2) ** (1 / 3))))
+        a = ctx.xp(node).ones((n, n), dtype=np.float32)
+        a @ a
+    elif mode == "sleep":
+        time.sleep(seconds)
+    elif seconds > 0:
+        _spin(seconds)
+    return opaque(node, grads, ctx)
+
+
+def python(node, grads, ctx):
+    """A Python callable ``fn(ctx, grads) -> grads``; it may call the engine again (reentrant)."""
+    fn = ctx.state.python_fns.get(node)
+    if fn is None:
+        target = node.attrs.get("callable")
+        if not ctx.allow_python:
+            raise RuntimeError(
+                f"node {node.id!r} runs Python code ({target!r}); pass --allow-python to allow it")
+        if not isinstance(target, str) or ":" not in target:
+            raise RuntimeError(f"node {node.id!r}: attrs.callable must be 'module:function'")
+        mod, _, attr = target.partition(":")
+        fn = getattr(importlib.import_module(mod), attr)
+    if ctx.graph_task is None:
+        raise RuntimeError(f"node {node.id!r}: python nodes run only in the engine")
+    from autograd_run.engine.reentrant_ctx import PythonNodeContext
+    out = fn(PythonNodeContext(ctx.graph_task, node), list(grads))
+    return list(out) if out is not None else [None] * len(node.next)
+
+
+_BUILTIN = {ACCUMULATE_GRAD: accumulate_grad, GRAPH_ROOT: graph_root, IDENTITY: identity, COST: cost,
+            OPAQUE: opaque, PYTHON: python}
+
+
+def _runners() -> dict:
+    table = {}
+    for spec in REGISTRY:
+        if spec.engine:
+            if spec not in _BUILTIN:
+                raise RuntimeError(f"engine op {spec.name} is declared but not implemented")
+            table[spec] = _BUILTIN[spec]
+        else:
+            table[spec] = spec.backward
+    extra = set(_BUILTIN) - set(table)
+    if extra:
+        raise RuntimeError(f"implemented but not declared: {sorted(s.name for s in extra)}")
+    return table
+
+
+#: OpSpec -> ``fn(node, grads, ctx) -> list``: every op, exactly once.
+RUNNERS = _runners()

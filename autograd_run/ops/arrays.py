@@ -1,0 +1,43 @@
+"""Array helpers shared by the backward formulas and by the engine's ``validate_outputs``."""
+
+from __future__ import annotations
+
+
+def each(node, value_for) -> list:
+    """``value_for(i)`` for each valid next edge i of ``node``, None elsewhere."""
+    return [None if e is None else value_for(i) for i, e in enumerate(node.next)]
+
+
+def signed(v):
+    """PyTorch exposes some int64 saved values as uint64 (-1 -> 2**64-1); read them back signed."""
+    if v is None:
+        return None
+    v = int(v)
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+def sum_to(xp, grad, shape):
+    """Reduce ``grad`` to ``shape`` by summing broadcast dimensions (PyTorch's ``sum_to``)."""
+    shape = tuple(shape)
+    if grad.shape == shape:
+        return grad
+    if not shape:
+        return grad.sum().reshape(())
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, s in enumerate(shape) if s == 1 and grad.shape[lead + i] != 1)
+    out = grad.sum(axis=axes, keepdims=True) if axes else grad
+    if lead:
+        out = out.reshape(out.shape[lead:])
+    return out.reshape(shape)
+
+
+def out_meta(node, i: int):
+    """The metadata (shape, dtype, device) of the slot that next edge ``i`` feeds."""
+    e = node.next[i]
+    return e.node.inputs[e.input_nr]
+
+
+def filled(node, grads, xp) -> list:
+    """The node's input gradients with undefined ones replaced by zeros of their slot's shape."""
+    return [xp.zeros(meta.shape, dtype=meta.dtype) if g is None else g for g, meta in zip(grads, node.inputs)]

@@ -1,0 +1,172 @@
+"""OpSpec: everything autograd-run knows about one backward op, declared in one place.
+
+An op is declared once, next to its backward formula, in the module of its
+family (``elementwise``, ``linalg``, ``shape``, ``reductions``,
+``activations``, ``conv``, ``losses``, ``indexing``; the engine's own node
+kinds in ``engine_ops``)::
+
+    @op("MulBackward0", saved="self:tensor? other:tensor?", elementwise=True,
+        cost=cost.pointwise(1))
+    def mul(node, grads, ctx): ...
+
+``saved`` lists the fields PyTorch saves on the node (``_saved_NAME``), each
+``name:kind`` with ``?`` when it may be absent or None. Kinds:
+
+  ``tensor``    an array (a tensor spec in the file); freed by a backward
+                call without ``retain_graph``; a plain number is a wrapped
+                scalar (PyTorch saves those as 0-dim tensors);
+  ``sizes``     a list of non-negative integers (a shape);
+  ``ints``      a list of integers (dims; PyTorch writes -1 as 2**64-1);
+  ``int``       one integer (same encoding);
+  ``scalar``    a number;
+  ``bool``      true or false;
+  ``str``       a string (e.g. ``approximate``).
+
+The backward formula is ``fn(node, grads, ctx) -> list``: ``grads`` holds
+the node's incoming gradients (one per input slot, None when undefined);
+the result has one entry per next edge (None where the edge is None or no
+gradient flows). ``ctx`` is a ``RuleContext``: the node's saved values,
+its array module, device transfers and ``create_graph``; never the
+engine's GraphTask. ``cost`` is a ``cost.CostModel`` (FLOPs and bytes moved
+as functions of the node's shapes and dtypes) used by the simulation.
+
+The registry holds exactly one spec per name (PyTorch's spelling, plus
+aliases such as ``torch::autograd::AccumulateGrad``); registering a name
+twice fails at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+KINDS = ("tensor", "sizes", "ints", "int", "scalar", "bool", "str")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One saved field: its kind and whether it may be missing (or None)."""
+
+    kind: str
+    optional: bool = False
+
+
+def parse_saved(text: str) -> dict[str, Field]:
+    """``"self:tensor dim:ints?"`` -> {"self": Field("tensor"), "dim": Field("ints", True)}."""
+    out: dict[str, Field] = {}
+    for item in text.split():
+        name, _, kind = item.partition(":")
+        optional = kind.endswith("?")
+        kind = kind.rstrip("?")
+        if not name or kind not in KINDS or name in out:
+            raise ValueError(f"bad saved field declaration {item!r} (kinds: {', '.join(KINDS)})")
+        out[name] = Field(kind, optional)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class OpSpec:
+    """One backward op. Identity-hashed: nodes hold their spec and the engine keys tables by it."""
+
+    #: The node name as PyTorch spells it (``MulBackward0``), or a synthetic op (``cost``).
+    name: str
+    #: ``fn(node, grads, ctx) -> list``; None for the engine's own node kinds (see ``engine_ops``).
+    backward: Callable | None
+    #: Saved fields by name (see the module docstring).
+    saved: Mapping[str, Field] = field(default_factory=dict)
+    #: Every gradient output has the shape of the (single) input gradient, up to broadcasting.
+    elementwise: bool = False
+    #: The family module that declares it (``elementwise``, ``conv``, ...).
+    family: str = ""
+    #: FLOPs and bytes moved (``cost.CostModel``); None: the simulation's default for its family.
+    cost: Any = None
+    #: Other spellings accepted in files and captures.
+    aliases: tuple[str, ...] = ()
+    #: ``fn(saved_values) -> reason or None``: instances of this op that have no rule here
+    #: (e.g. a transposed convolution); capture records those as opaque, saying why.
+    unsupported: Callable[[Mapping[str, Any]], str | None] | None = None
+    #: Implemented by the engine itself (AccumulateGrad, GraphRoot, cost, opaque, python, identity).
+    engine: bool = False
+    #: Shown in docs and ``--help`` listings.
+    doc: str = ""
+    #: The saved fields of kind ``tensor`` (derived).
+    tensor_fields: frozenset = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "tensor_fields", frozenset(k for k, f in self.saved.items() if f.kind == "tensor"))
+
+    def __repr__(self) -> str:
+        return f"<op {self.name}>"
+
+
+class Registry:
+    """Name -> OpSpec, with aliases. ``add`` refuses a second spec for a name."""
+
+    def __init__(self):
+        self._by_name: dict[str, OpSpec] = {}
+        self.specs: list[OpSpec] = []
+
+    def add(self, spec: OpSpec) -> OpSpec:
+        for name in (spec.name, *spec.aliases):
+            if name in self._by_name:
+                raise RuntimeError(f"op {name!r} is declared twice ({self._by_name[name].family} and {spec.family})")
+            self._by_name[name] = spec
+        self.specs.append(spec)
+        return spec
+
+    def get(self, name: str) -> OpSpec | None:
+        return self._by_name.get(name)
+
+    def __getitem__(self, name: str) -> OpSpec:
+        return self._by_name[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def __iter__(self):
+        return iter(self.specs)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+
+REGISTRY = Registry()
+
+
+def op(*names: str, saved: str = "", elementwise: bool = False, cost=None, aliases: tuple[str, ...] = (),
+       unsupported: Callable | None = None):
+    """Declare the decorated backward formula as the rule of ``names`` (one spec per name)."""
+    fields = parse_saved(saved)
+
+    def register(fn: Callable) -> Callable:
+        family = fn.__module__.rsplit(".", 1)[-1]
+        doc = (fn.__doc__ or "").strip().split("\n")[0]
+        for i, name in enumerate(names):
+            REGISTRY.add(OpSpec(name, fn, fields, elementwise, family, cost,
+                                aliases if i == 0 else (), unsupported, False, doc))
+        return fn
+    return register
+
+
+def engine_op(name: str, doc: str, *, saved: str = "", elementwise: bool = False, cost=None,
+              aliases: tuple[str, ...] = ()) -> OpSpec:
+    """Declare a node kind that the engine implements itself (``autograd_run.engine.builtin_nodes``)."""
+    return REGISTRY.add(OpSpec(name, None, parse_saved(saved), elementwise, "engine_ops", cost, aliases,
+                               None, True, doc))
+
+
+@dataclass(slots=True)
+class RuleContext:
+    """What a backward formula may use besides its node and gradients.
+
+    ``saved(node)``: the node's saved values, tensor fields as arrays (raises
+    PyTorch's backward-twice error once released); ``xp(node)``: the array
+    module for the node's device (numpy, or cupy on a real GPU);
+    ``transfer(array, src, dst)``: move an array between devices;
+    ``create_graph``: the backward call's ``create_graph``.
+    """
+
+    saved: Callable[[Any], Mapping[str, Any]]
+    xp: Callable[[Any], Any]
+    transfer: Callable[[Any, Any, Any], Any]
+    create_graph: bool = False
