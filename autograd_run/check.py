@@ -19,7 +19,8 @@ from autograd_run.errors import GraphFileError
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import Graph
 from autograd_run.ops import OPAQUE
-from autograd_run.traces.order import OrderRecorder
+from autograd_run.traces.order import first_divergence
+from autograd_run.traces.order_recorder import OrderRecorder
 
 #: Default tolerances by dtype: (rtol, atol).
 TOLERANCE = {"float64": (1e-6, 1e-9), "float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3),
@@ -58,15 +59,10 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
     eng = Engine(tracer=rec, multithreading=False)
     res = run_graph(eng, graph, GraphState(graph), retain_graph=True)
     acc_var = {n.id: n.variable for n in graph.nodes}
-    got = [[r.name, r.seq, acc_var.get(r.node_id)] for r in rec.records if r.name != "GraphRoot"]
+    got = [[r.name, r.seq, acc_var.get(r.node_id)] for r in rec.executed()]
     want = [list(x) for x in ref["order"]]
-    divergence = None
-    for i in range(max(len(got), len(want))):
-        g = got[i] if i < len(got) else None
-        w = want[i] if i < len(want) else None
-        if g != w:
-            divergence = {"position": i, "expected": w, "got": g}
-            break
+    d = first_divergence(want, got)
+    divergence = None if d is None else {"position": d.position, "expected": d.expected, "got": d.got}
     report = CheckReport(divergence is None, (len(want), len(got)), divergence)
     opaque = [n.id for n in graph.nodes if n.op is OPAQUE]
     if opaque:

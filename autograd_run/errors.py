@@ -1,6 +1,9 @@
 """The project's exception hierarchy, each class mapped to a CLI exit code.
 
 ``GraphFileError``  exit 2: the graph file (or an option naming it) is wrong.
+``RequestError``    exit 2: a request to the library is wrong (an unknown input, an
+                    unwritable output path); ``option`` names the request field, so
+                    the command line can name its own flag.
 ``UsageError``      exit 2: the command line itself is wrong.
 ``BackwardError``   exit 1: the backward pass raised (a node failed).
 ``OrderMismatch``   exit 3: the executed order or gradients differ from a golden one.
@@ -32,6 +35,16 @@ class GraphFileError(AutogradRunError):
         self.what = what
         loc = f"{file}: {where}" if where else file
         super().__init__(f"{loc}: {what}")
+
+
+class RequestError(AutogradRunError):
+    """A run was asked for something that cannot be done; ``option`` is the request field at fault."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, option: str | None = None):
+        self.option = option
+        super().__init__(message)
 
 
 class UsageError(AutogradRunError):

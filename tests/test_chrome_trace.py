@@ -31,7 +31,7 @@ def record(graph, **kw):
         pass
     finally:
         eng.shutdown()
-    return rec, to_chrome_trace(rec.events, rec.threads, rec.os_tids)
+    return rec, to_chrome_trace(rec.recording())
 
 
 def check_structure(trace):
@@ -91,7 +91,6 @@ def test_perfetto_imports_multi_device_trace_without_errors():
         assert n == len(g.nodes)
         flows = tp.query("select a.name as a, b.name as b from flow f join slice a on a.id = f.slice_out "
                          "join slice b on b.id = f.slice_in")
-        assert flows and all(f["a"] != f["b"] or True for f in flows)
         assert {"ToCopyBackward0"} <= {f["a"] for f in flows} | {f["b"] for f in flows}
         counters = {r["name"] for r in tp.query("select distinct name from counter_track")}
         assert any(c.startswith("ready queue cuda:0") for c in counters)

@@ -10,7 +10,7 @@ from autograd_run.engine.devices import _cupy_status
 from autograd_run.engine.run import run_graph
 from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.load import loads_graph
-from autograd_run.traces.recorder import SYNC, Recorder
+from autograd_run.traces.recorder import Recorder
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,7 +61,7 @@ def test_virtual_streams_report_syncs():
         run_graph(eng, g)
     finally:
         eng.shutdown()
-    syncs = [(e[4].id, e[5].id, e[6], e[7]) for e in rec.events if e[0] == SYNC]
+    syncs = [(s.producer.id, s.consumer.id, s.src, s.dst) for s in rec.recording().syncs]
     assert syncs == [("sum", "mul", "cuda:0/s0", "cuda:0/s1"), ("mul", "relu", "cuda:0/s1", "cuda:0/s0")]
 
 
@@ -74,16 +74,17 @@ def test_cross_device_copy_on_virtual_devices():
     finally:
         eng.shutdown()
     np.testing.assert_allclose(res.grads["x"], np.arange(1, 9, dtype=np.float32))
-    syncs = [(e[4].id, e[5].id) for e in rec.events if e[0] == SYNC]
+    syncs = [(s.producer.id, s.consumer.id) for s in rec.recording().syncs]
     assert ("copy", "acc") in syncs
 
 
-def test_forcing_cuda_without_a_gpu_is_a_usage_error():
+def test_forcing_cuda_without_a_gpu_is_a_request_error():
     if HAVE_CUDA:
         pytest.skip("a GPU is present")
-    from autograd_run.errors import UsageError
-    with pytest.raises(UsageError, match="no usable CUDA device"):
+    from autograd_run.errors import RequestError
+    with pytest.raises(RequestError, match="no usable CUDA device") as info:
         DeviceSet("cuda")
+    assert info.value.option == "devices"
     assert DeviceSet("auto").kind == "virtual"
     assert "virtual" in DeviceSet("auto").describe()
 

@@ -17,7 +17,7 @@ from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.generators import generate
 from autograd_run.graphs.load import load_graph, loads_graph
 from autograd_run.graphs.model import Edge
-from autograd_run.traces.order import OrderRecorder
+from autograd_run.traces.order_recorder import OrderRecorder
 
 pytestmark = pytest.mark.timeout(60)
 

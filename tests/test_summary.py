@@ -8,8 +8,9 @@ from autograd_run.cli.render import summary_tables
 from autograd_run.engine import Engine
 from autograd_run.engine.run import run_graph
 from autograd_run.graphs.load import load_graph
-from autograd_run.traces import recorder as R
+from autograd_run.traces import recording as R
 from autograd_run.traces.recorder import Recorder
+from autograd_run.traces.recording import Recording
 from autograd_run.traces.summary import p95, summarize
 
 
@@ -38,7 +39,7 @@ def test_p95_nearest_rank():
 
 def test_summary_of_a_deterministic_run():
     g, rec = seed_run()
-    s = summarize(rec.events, {k: "caller" for k in rec.threads})
+    s = summarize(Recording.from_events(rec.events, {k: "caller" for k in rec.threads}))
     assert s.nodes_executed == 5 and s.nodes_skipped == 0 and s.graph_tasks == 1
     # Fake clock: every stamp is 1 µs after the previous one, so each node's slice
     # (start, end) spans exactly the events recorded inside it.
@@ -59,7 +60,7 @@ def test_busy_time_does_not_double_count_nested_slices():
     a, b = N(1), N(2)
     ev = [(R.NODE_START, 100, 1, 0, 0, a), (R.NODE_START, 200, 1, 1, 1, b), (R.NODE_END, 300, 1, 1, 1, b),
           (R.NODE_END, 500, 1, 0, 0, a), (R.IDLE, 500, 1, "q", 900)]
-    s = summarize(ev, {1: "w"})
+    s = summarize(Recording.from_events(ev, {1: "w"}))
     assert s.workers[0].busy_ns == 400 and s.workers[0].idle_ns == 400
     assert s.wall_ns == 800
     assert s.workers[0].utilization == 0.5
@@ -94,6 +95,6 @@ def render(s, width=100):
 
 def test_summary_tables_golden_text():
     g, rec = seed_run()
-    s = summarize(rec.events, {k: "caller" for k in rec.threads})
+    s = summarize(Recording.from_events(rec.events, {k: "caller" for k in rec.threads}))
     text = render(s)
     assert text == GOLDEN

@@ -36,7 +36,7 @@ def our_order(doc, multithreading=False):
     from autograd_run.engine.run import run_graph
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.load import loads_graph
-    from autograd_run.traces.order import OrderRecorder
+    from autograd_run.traces.order_recorder import OrderRecorder
     g = loads_graph(dumps(doc, "json"), "captured.json")
     rec = OrderRecorder()
     eng = Engine(tracer=rec, multithreading=multithreading)
@@ -44,5 +44,5 @@ def our_order(doc, multithreading=False):
         res = run_graph(eng, g, retain_graph=True)
     finally:
         eng.shutdown()
-    order = [(r.name, r.seq) for r in rec.records if r.name != "GraphRoot"]
+    order = [(r.name, r.seq) for r in rec.executed()]
     return order, res, g

@@ -12,7 +12,12 @@ import sys
 
 import click
 
-from autograd_run.errors import AutogradRunError, GraphFileError, OrderMismatch, UsageError
+from autograd_run.errors import AutogradRunError, GraphFileError, OrderMismatch, RequestError, UsageError
+
+#: The command-line flag of each session request field, for error messages.
+FLAGS = {"inputs": "--inputs", "inject_error": "--inject-error", "inject_nan": "--inject-nan",
+         "trace_path": "--trace", "order_out": "--order-out", "expected_order": "--expect-order",
+         "devices": "--devices", "repeat": "--repeat"}
 
 
 class DefaultGroup(click.Group):
@@ -240,6 +245,10 @@ def main(argv=None):
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
+        sys.exit(exc.exit_code)
+    except RequestError as exc:
+        flag = FLAGS.get(exc.option or "")
+        _err(f"{flag}: {exc}" if flag else str(exc))
         sys.exit(exc.exit_code)
     except AutogradRunError as exc:
         _err(str(exc))

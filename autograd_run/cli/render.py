@@ -130,3 +130,13 @@ def _host(v):
     except Exception:
         pass
     return v
+
+
+def report_json(report, graph: str) -> dict:
+    """The ``--json`` document of a run report."""
+    error = report.error
+    return {"graph": graph, "devices": report.devices.kind,
+            "error": None if error is None else {"node": error.node_id, "name": error.node_name, "message": str(error)},
+            "summary": report.summary.to_dict(),
+            "grads": {} if report.result is None else {k: None if v is None else _host(v).tolist()
+                                                       for k, v in report.result.grads.items()}}

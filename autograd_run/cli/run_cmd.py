@@ -1,4 +1,4 @@
-"""``autograd-run run`` (also the default command): run a graph, trace it, check its order."""
+"""``autograd-run run`` (also the default command): parse options, run a session, render, exit."""
 
 from __future__ import annotations
 
@@ -9,48 +9,33 @@ import traceback
 
 import click
 
-from autograd_run.errors import BackwardError, OrderMismatch, UsageError
+from autograd_run.engine.tracer import Tracer
+from autograd_run.errors import OrderMismatch
 
 
 def _err(msg: str) -> None:
     click.echo(f"Error: {msg}", err=True)
 
 
-def read_order_file(path: str) -> list[dict]:
-    rows = []
-    try:
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise UsageError(f"{path}: line {n}: not JSON: {exc}") from None
-                if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-                    raise UsageError(f"{path}: line {n}: each line needs an object with a string 'id'")
-                rows.append(row)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return rows
+class Progress(Tracer):
+    """A progress bar on stderr (a tracer counting finished nodes); silent unless stderr is a terminal."""
 
-
-class _Progress:
-    """A progress bar on stderr for long work; silent when stderr is not a terminal."""
-
-    def __init__(self, total_passes: int, nodes: int, rec):
+    def __init__(self, total_passes: int, nodes: int):
         self.enabled = sys.stderr.isatty() and (total_passes > 1 or nodes >= 50_000)
-        self.total, self.nodes, self.rec = total_passes, nodes, rec
+        self.total = max(1, total_passes * nodes)
         self.done = 0
         self._stop = threading.Event()
+
+    def node_end(self, gt, node) -> None:
+        self.done += 1  # a racy increment under threads only makes the bar approximate
 
     def __enter__(self):
         if not self.enabled:
             return self
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        self.bar = Progress(TextColumn("backward"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+        self.bar = Bar(TextColumn("backward"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                       TimeElapsedColumn(), console=Console(stderr=True), transient=True)
         self.bar.start()
         self.task = self.bar.add_task("run", total=1.0)
         self.thread = threading.Thread(target=self._poll, daemon=True)
@@ -59,13 +44,7 @@ class _Progress:
 
     def _poll(self):
         while not self._stop.wait(0.1):
-            # ~4 events per node (push, pop, start, end): a cheap estimate within a pass.
-            within = min(1.0, len(self.rec.events) / max(1, 4 * self.nodes * (self.done + 1)) * (self.done + 1)
-                         - self.done) if self.rec is not None else 0.0
-            self.bar.update(self.task, completed=(self.done + max(0.0, within)) / self.total)
-
-    def step(self):
-        self.done += 1
+            self.bar.update(self.task, completed=min(1.0, self.done / self.total))
 
     def __exit__(self, *exc):
         if self.enabled:
@@ -111,77 +90,34 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
       autograd-run example:mlp --no-multithreading --expect-order golden.jsonl
       autograd-run example:pipeline --repeat 20 --json
     """
-    from autograd_run.cli.render import _host, render_grads, render_summary
-    from autograd_run.engine import DeviceSet, Engine, GraphState
-    from autograd_run.engine.run import run_graph
+    from autograd_run.cli.render import render_grads, render_summary, report_json
     from autograd_run.graphs.load import load_graph
-    from autograd_run.traces.order import OrderRecorder, compare_orders
-    from autograd_run.traces.recorder import Recorder
-    from autograd_run.traces.summary import summarize
+    from autograd_run.session import RunOptions, run_session
+    from autograd_run.traces.order import read_order
 
     g = load_graph(graph)
-    if seed is not None:
-        g.side_files.seed_offset = seed
-    faults = {}
-    for nid in inject_error:
-        if nid not in g.by_id:
-            raise UsageError(f"--inject-error: no node {nid!r} in {graph}")
-        faults[nid] = "error"
-    for nid in inject_nan:
-        if nid not in g.by_id:
-            raise UsageError(f"--inject-nan: no node {nid!r} in {graph}")
-        faults[nid] = "nan"
-    expected = read_order_file(expect_order) if expect_order else None
-    rec = Recorder()
-    order = OrderRecorder(snapshots=expected is not None) if (order_out or expected is not None) else None
-    tracer = rec if order is None else _Both(rec, order)
-    devs = DeviceSet(devices)
-    engine = Engine(devs, tracer=tracer, multithreading=not no_multithreading, allow_python=allow_python)
-    names = [s for s in inputs.split(",") if s] if inputs else None
-    error = result = None
-    try:
-        with _Progress(repeat, len(g.nodes), rec) as progress:
-            for _ in range(repeat):
-                state = GraphState(g)
-                state.prepare()  # saved tensors exist before the timed backward, as after a forward
-                result = run_graph(engine, g, state, mode=mode, inputs=names,
-                                   retain_graph=retain_graph or None, create_graph=create_graph,
-                                   anomaly=anomaly, faults=faults)
-                progress.step()
-    except BackwardError as exc:
-        error = exc
-    finally:
-        engine.shutdown(timeout=5)
-    if trace_path:
-        from autograd_run.traces.chrome import write_chrome_trace
-        try:
-            write_chrome_trace(trace_path, rec.events, rec.threads, rec.os_tids)
-        except OSError as exc:
-            raise UsageError(f"--trace {trace_path}: {exc.strerror or exc}") from None
-    rows = order.rows() if order is not None else None
-    if order_out:
-        try:
-            with open(order_out, "w") as f:
-                for row in rows:
-                    row = {k: v for k, v in row.items() if k != "ready"}
-                    f.write(json.dumps(row) + "\n")
-        except OSError as exc:
-            raise UsageError(f"--order-out {order_out}: {exc.strerror or exc}") from None
-    s = summarize(rec.events, rec.threads)
+    progress = Progress(repeat, len(g.nodes))
+    options = RunOptions(
+        mode=mode, inputs=inputs.split(",") if inputs is not None else None, retain_graph=retain_graph,
+        create_graph=create_graph, multithreading=not no_multithreading, devices=devices, anomaly=anomaly,
+        inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
+        profile=summary or json_out or bool(trace_path), trace_path=trace_path, order_out=order_out,
+        expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
+        tracers=(progress,))
+    if options.inputs is not None:
+        options.inputs = [s for s in options.inputs if s]
+    with progress:
+        report = run_session(g, options)
+    error = report.error
     if json_out:
-        doc = {"graph": graph, "devices": devs.kind, "error": None if error is None else
-               {"node": error.node_id, "name": error.node_name, "message": str(error)},
-               "summary": s.to_dict(),
-               "grads": {} if result is None else {k: None if v is None else _host(v).tolist()
-                                                    for k, v in result.grads.items()}}
-        click.echo(json.dumps(doc))
+        click.echo(json.dumps(report_json(report, graph)))
     elif summary:
         from rich.console import Console
         console = Console()
-        dev_line = devs.describe() if any(not d.is_cpu for d in g.devices) else None
-        render_summary(console, s, f"{graph}: {len(g.nodes)} nodes", devices=dev_line)
-        if result is not None:
-            render_grads(console, result)
+        dev_line = report.devices.describe() if any(not d.is_cpu for d in g.devices) else None
+        render_summary(console, report.summary, f"{graph}: {len(g.nodes)} nodes", devices=dev_line)
+        if report.result is not None:
+            render_grads(console, report.result)
         if trace_path:
             console.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")
     if error is not None:
@@ -193,33 +129,9 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
             click.echo(note, err=True)
         _err(f"{where}: {error}")
         sys.exit(1)
-    if expected is not None:
-        workers = {r["thread"] for r in rows}
-        per_worker = not no_multithreading and len(workers) > 1
-        if repeat > 1:  # a golden file describes one pass: compare the first
-            rows = rows[: len(rows) // repeat]
-        d = compare_orders(expected, rows, per_worker)
-        if d is not None:
-            click.echo(d.describe(), err=True)
-            raise OrderMismatch(f"executed order differs from {expect_order}")
-        if not json_out:
-            click.echo(f"order matches {expect_order} ({len(rows)} nodes"
-                       + (", compared per worker)" if per_worker else ")"))
-
-
-class _Both:
-    """Fan the engine's hooks out to the recorder and the order recorder."""
-
-    enabled = True
-
-    def __init__(self, rec, order):
-        self.rec, self.order = rec, order
-
-    def __getattr__(self, name):
-        a, b = getattr(self.rec, name), getattr(self.order, name)
-
-        def both(*args):
-            a(*args)
-            b(*args)
-        setattr(self, name, both)
-        return both
+    if report.divergence is not None:
+        click.echo(report.divergence.describe(), err=True)
+        raise OrderMismatch(f"executed order differs from {expect_order}")
+    if expect_order and not json_out:
+        click.echo(f"order matches {expect_order} ({len(report.order)} nodes"
+                   + (", compared per worker)" if report.per_worker else ")"))

@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from autograd_run.errors import UsageError
+from autograd_run.errors import RequestError
 
 
 def _cupy_status() -> tuple[object | None, str]:
@@ -41,10 +41,10 @@ def _cupy_status() -> tuple[object | None, str]:
 class DeviceSet:
     def __init__(self, mode: str = "auto", blas_threads_per_device: int | None = 1):
         if mode not in ("auto", "virtual", "cuda"):
-            raise UsageError(f"devices must be auto, virtual or cuda, not {mode!r}")
+            raise RequestError(f"devices must be auto, virtual or cuda, not {mode!r}", "devices")
         cupy, why = _cupy_status() if mode != "virtual" else (None, "virtual devices were requested")
         if mode == "cuda" and cupy is None:
-            raise UsageError(f"--devices cuda: no usable CUDA device: {why}")
+            raise RequestError(f"no usable CUDA device: {why}", "devices")
         self.mode = mode
         self.real_cuda = cupy is not None
         #: Why devices are real or virtual, said once in the run's output.

@@ -45,6 +45,7 @@ from autograd_run.engine.graph_task import GraphTask, compute_dependencies, init
 from autograd_run.engine.input_buffer import InputBuffer
 from autograd_run.engine.priority import PyTorchPriority
 from autograd_run.engine.ready_queue import ReadyQueue
+from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import thread_main, validate_outputs
 from autograd_run.errors import BackwardError
@@ -216,7 +217,7 @@ class Engine:
                     self.devices.limit_blas()
                 q = ReadyQueue(f"cuda:{index}", self.tracer)
                 t = threading.Thread(target=self._device_thread_main, args=(index, q),
-                                     name=f"autograd-run cuda:{index}", daemon=True)
+                                     name=device_thread_name(index), daemon=True)
                 self._device_queues[index] = q
                 self._device_threads[index] = t
                 t.start()
@@ -318,7 +319,7 @@ class Engine:
             self._pool_tasks.append(gt)
             if create:
                 t = threading.Thread(target=self._pool_thread_main,
-                                     name=f"autograd-run reentrant-{len(self.pool_threads)}", daemon=True)
+                                     name=pool_thread_name(len(self.pool_threads)), daemon=True)
                 self.pool_threads.append(t)
             self._pool_cond.notify()
         if create:

@@ -50,13 +50,15 @@ def run_graph(engine, graph: Graph, state: GraphState | None = None, *, mode: st
 
 
 def _with_inputs(graph: Graph, names: list[str]) -> Graph:
-    from autograd_run.errors import UsageError
+    from autograd_run.errors import RequestError
+    if not names:
+        raise RequestError("no inputs given", "inputs")
     for n in names:
         if n in graph.variables:
             if graph.variables[n].node is None:
-                raise UsageError(f"--inputs: variable {n!r} has no AccumulateGrad node")
+                raise RequestError(f"variable {n!r} has no AccumulateGrad node", "inputs")
         elif n not in graph.by_id:
-            raise UsageError(f"--inputs: {n!r} is neither a variable nor a node id of {graph.source}")
+            raise RequestError(f"{n!r} is neither a variable nor a node id of {graph.source}", "inputs")
     import copy
     g = copy.copy(graph)
     g.inputs = names

@@ -54,3 +54,41 @@ class Tracer:
 
 
 NULL_TRACER = Tracer()
+
+
+#: The hook names a tracer may implement (every method of ``Tracer`` above).
+HOOKS = tuple(name for name, v in vars(Tracer).items() if callable(v) and not name.startswith("_"))
+
+
+class Tracers(Tracer):
+    """Several tracers behind one: each hook calls, in order, the tracers that implement it.
+
+    Built once: a hook that no tracer implements stays the no-op, a hook
+    implemented by one tracer is that tracer's bound method itself (no
+    wrapper on the hot path), and only hooks implemented by several get a
+    loop. Disabled tracers are left out. ``enabled`` is true when any is.
+    """
+
+    def __init__(self, *tracers: Tracer):
+        self.tracers = [t for t in tracers if t is not None and t.enabled]
+        self.enabled = bool(self.tracers)
+        for name in HOOKS:
+            impls = [getattr(t, name) for t in self.tracers if _implements(t, name)]
+            if len(impls) == 1:
+                setattr(self, name, impls[0])
+            elif impls:
+                setattr(self, name, _fan(impls))
+
+
+def _implements(tracer: Tracer, name: str) -> bool:
+    """Whether ``tracer`` overrides hook ``name`` (on its class or, as the Recorder's closures, on itself)."""
+    if name in vars(tracer) if hasattr(tracer, "__dict__") else False:
+        return True
+    return getattr(type(tracer), name, None) is not getattr(Tracer, name)
+
+
+def _fan(impls):
+    def hook(*args):
+        for fn in impls:
+            fn(*args)
+    return hook

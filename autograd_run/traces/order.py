@@ -1,86 +1,61 @@
-"""Executed order: recording it, and comparing it with a golden order.
+"""The order file: one JSON object per executed node (JSON Lines), and comparing orders.
 
-``OrderRecorder`` is a tracer that records, at each node start, the
-position, node, GraphTask, reentrant depth and thread; with
-``snapshots=True`` it also keeps the ready set (with priority keys) at the
-pop that chose each node, so a mismatch can be explained.
+Row fields: ``position``, ``id``, ``name``, ``seq``, ``device``, ``thread``,
+``depth`` (reentrant depth), ``graph_task``, ``pass`` (which top-level
+backward call of a ``--repeat`` run; absent means 0), and optionally
+``ready`` (the ready set at the pop that chose the node, used to explain a
+mismatch; never written to files).
 
-``compare_orders`` is a pure function over order rows (dicts as written by
-``--order-out``): exact when the run is deterministic (multithreading off,
-or a single worker), otherwise per worker thread, since device workers
-interleave freely.
+``compare_orders(expected, got, per_worker)`` finds the first difference by
+node id. Passes are compared one by one: a golden file of one pass is
+compared with every pass of the run, a golden file of N passes with a run
+of N passes. With ``per_worker`` (several device threads ran nodes, which
+interleave freely) each worker thread's own sequence is compared.
 """
 
 from __future__ import annotations
 
-import threading
+import json
 from dataclasses import dataclass, field
 
-from autograd_run.engine.tracer import Tracer
+from autograd_run.errors import RequestError
+from autograd_run.outputs import atomic_write
 
 
-@dataclass(frozen=True, slots=True)
-class OrderRecord:
-    position: int
-    node_id: str
-    name: str
-    seq: int
-    device: str
-    thread: str
-    depth: int
-    graph_task: int
-    #: With snapshots: the ready set at the pop that chose this node, as
-    #: (node id, reentrant depth, seq) of the chosen node first, then the rest.
-    ready: tuple = ()
+def read_order(path: str) -> list[dict]:
+    """The rows of an order file; ``RequestError`` naming the line when it is malformed."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    raise RequestError(f"{path}: line {n}: not JSON: {exc}", "expected_order") from None
+                if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+                    raise RequestError(f"{path}: line {n}: each line needs an object with a string 'id'",
+                                       "expected_order")
+                p = row.get("pass", 0)
+                if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+                    raise RequestError(f"{path}: line {n}: 'pass' must be a non-negative integer", "expected_order")
+                rows.append(row)
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"{path}: not UTF-8 text: {exc.reason}", "expected_order") from None
+    except OSError as exc:
+        raise RequestError(f"{path}: cannot read: {exc.strerror or exc}", "expected_order") from None
+    return rows
 
-    def row(self) -> dict:
-        d = {"position": self.position, "id": self.node_id, "name": self.name, "seq": self.seq,
-             "device": self.device, "thread": self.thread, "depth": self.depth, "graph_task": self.graph_task}
-        if self.ready:
-            d["ready"] = [list(r) for r in self.ready]
-        return d
+
+def dumps_order(rows: list[dict]) -> bytes:
+    """Rows as JSON Lines, without ready sets."""
+    return "".join(json.dumps({k: v for k, v in row.items() if k != "ready"}) + "\n" for row in rows).encode()
 
 
-class OrderRecorder(Tracer):
-    enabled = True
-
-    def __init__(self, snapshots: bool = False):
-        self.records: list[OrderRecord] = []
-        self.snapshots = snapshots
-        self._lock = threading.Lock()  # guards records
-        self._last_pop = threading.local()
-
-    def task_popped(self, queue, gt, node, depth) -> None:
-        if self.snapshots and node is not None:
-            rest = []
-            for key, item in queue.snapshot():
-                other_gt, other, _ = item
-                if other is not None and other_gt is not None and not isinstance(other_gt, str):
-                    rest.append((other.id, other_gt.reentrant_depth, other.seq))
-            self._last_pop.ready = ((node.id, gt.reentrant_depth, node.seq),) + tuple(
-                sorted(rest, key=lambda r: (r[1], r[2]), reverse=True))
-
-    def node_start(self, gt, node) -> None:
-        th = threading.current_thread().name
-        ready = getattr(self._last_pop, "ready", ()) if self.snapshots else ()
-        if ready and ready[0][0] != node.id:
-            ready = ()
-        with self._lock:
-            self.records.append(OrderRecord(len(self.records), node.id, node.name, node.seq, str(node.device),
-                                            th, gt.reentrant_depth, gt.id, ready))
-
-    def ids(self) -> list[str]:
-        return [r.node_id for r in self.records if r.name != "GraphRoot"]
-
-    def rows(self) -> list[dict]:
-        out = []
-        for r in self.records:
-            if r.name == "GraphRoot":
-                continue
-            d = r.row()
-            d["position"] = len(out)
-            out.append(d)
-        return out
+def write_order(path: str, rows: list[dict]) -> None:
+    """Write an order file atomically (a temporary file renamed into place)."""
+    atomic_write(path, dumps_order(rows), "order_out")
 
 
 @dataclass
@@ -89,32 +64,58 @@ class Divergence:
     thread: str | None
     expected: dict | None
     got: dict | None
+    pass_index: int = 0
     detail: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         where = f"position {self.position}" + (f" of worker {self.thread!r}" if self.thread else "")
-        exp = _short(self.expected)
-        got = _short(self.got)
-        lines = [f"order differs at {where}: expected {exp}, got {got}"]
+        if self.pass_index:
+            where += f" in pass {self.pass_index}"
+        lines = [f"order differs at {where}: expected {_short(self.expected)}, got {_short(self.got)}"]
         return "\n".join(lines + self.detail)
 
 
 def _short(row: dict | None) -> str:
     if row is None:
         return "(end of order)"
+    if not isinstance(row, dict):
+        return repr(row)
     return f"{row.get('id')} ({row.get('name')}, seq {row.get('seq')})"
 
 
+def passes(rows: list[dict]) -> list[list[dict]]:
+    """Rows split by their ``pass`` field, in pass order."""
+    out: dict[int, list] = {}
+    for r in rows:
+        out.setdefault(r.get("pass", 0), []).append(r)
+    return [out[k] for k in sorted(out)]
+
+
 def compare_orders(expected: list[dict], got: list[dict], per_worker: bool) -> Divergence | None:
-    """The first difference between two orders (by node id), or None."""
-    if per_worker:
-        groups_e, groups_g = _by_thread(expected), _by_thread(got)
-        for th in sorted(set(groups_e) | set(groups_g)):
-            d = _first(groups_e.get(th, []), groups_g.get(th, []), th)
-            if d is not None:
-                return d
-        return None
-    return _first(expected, got, None)
+    """The first difference between two orders (by node id), pass by pass; None when they agree."""
+    exp_passes, got_passes = passes(expected) or [[]], passes(got) or [[]]
+    if len(exp_passes) != 1 and len(exp_passes) != len(got_passes):
+        d = Divergence(0, None, None, None)
+        d.detail.append(f"the golden order has {len(exp_passes)} passes, the run {len(got_passes)}")
+        return d
+    for k, run in enumerate(got_passes):
+        want = exp_passes[0] if len(exp_passes) == 1 else exp_passes[k]
+        d = _compare_pass(want, run, per_worker)
+        if d is not None:
+            d.pass_index = k
+            return d
+    return None
+
+
+def _compare_pass(expected, got, per_worker) -> Divergence | None:
+    if not per_worker:
+        return first_divergence(expected, got, None, key=lambda r: r.get("id"))
+    groups_e, groups_g = _by_thread(expected), _by_thread(got)
+    for th in sorted(set(groups_e) | set(groups_g)):
+        d = first_divergence(groups_e.get(th, []), groups_g.get(th, []), th, key=lambda r: r.get("id"))
+        if d is not None:
+            return d
+    return None
 
 
 def _by_thread(rows):
@@ -124,13 +125,14 @@ def _by_thread(rows):
     return out
 
 
-def _first(expected, got, thread) -> Divergence | None:
+def first_divergence(expected: list, got: list, thread: str | None = None, key=lambda r: r) -> Divergence | None:
+    """The first position where ``key`` of two sequences differs (one may be shorter), or None."""
     for i in range(max(len(expected), len(got))):
         e = expected[i] if i < len(expected) else None
         g = got[i] if i < len(got) else None
-        if (e or {}).get("id") != (g or {}).get("id"):
+        if e is None or g is None or key(e) != key(g):
             d = Divergence(i, thread, e, g)
-            ready = (g or {}).get("ready")
+            ready = g.get("ready") if isinstance(g, dict) else None
             if ready:
                 d.detail.append("ready set at that pop (node, reentrant depth, seq; the queue pops the "
                                 "largest (depth, seq), ties as libstdc++'s heap):")

@@ -1,9 +1,10 @@
-"""Recorder: a tracer that keeps typed, timestamped events of a run.
+"""Recorder: a tracer that keeps timestamped events of a run.
 
-Events are tuples appended to a list (cheap on the hot path); the clock is
-injected (``time.perf_counter_ns`` by default). ``events`` is read after
-the run by pure functions (``chrome.to_chrome_trace``, ``summary``).
-Appending to a list is atomic under the GIL, so workers need no lock.
+Events are plain tuples appended to a list (cheap on the hot path; their
+layouts are listed in ``recording``); the clock is injected
+(``time.perf_counter_ns`` by default). After the run, ``recording()``
+returns them as a typed ``Recording``, which trace writers and the summary
+read. Appending to a list is atomic under the GIL, so workers need no lock.
 """
 
 from __future__ import annotations
@@ -14,20 +15,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from autograd_run.engine.tracer import Tracer
-
-# Event kinds (first field of each tuple).
-NODE_START = "node_start"    # (kind, ts, tid, gt_id, depth, node)
-NODE_END = "node_end"        # (kind, ts, tid, gt_id, depth, node)
-PUSH = "push"                # (kind, ts, tid, queue_name, gt_id, node, queue_depth)
-POP = "pop"                  # (kind, ts, tid, queue_name, gt_id, node, queue_depth)
-SKIP = "skip"                # (kind, ts, tid, gt_id, node)
-LOCK_WAIT = "lock_wait"      # (kind, ts_end, tid, lock_name, gt_id, waited_ns)
-SYNC = "sync"                # (kind, ts, tid, gt_id, producer, consumer, src, dst)
-ERROR = "error"              # (kind, ts, tid, gt_id, node, message)
-NAN = "nan"                  # (kind, ts, tid, gt_id, node, index)
-IDLE = "idle"                # (kind, start, tid, queue_name, end)
-GT_START = "gt_start"        # (kind, ts, tid, gt_id, depth)
-GT_END = "gt_end"            # (kind, ts, tid, gt_id, outstanding_error)
+from autograd_run.traces.recording import (
+    ERROR, GT_END, GT_START, IDLE, LOCK_WAIT, NAN, NODE_END, NODE_START, POP, PUSH, SKIP, SYNC, Recording,
+)
 
 
 @dataclass
@@ -77,6 +67,10 @@ class Recorder(Tracer):
 
     def _tid(self) -> int:
         return self._name_thread()
+
+    def recording(self) -> Recording:
+        """The events so far as a typed ``Recording``."""
+        return Recording.from_events(self.events, self.threads, self.os_tids)
 
     def graph_task_start(self, gt) -> None:
         self.events.append((GT_START, self.clock(), self._tid(), gt.id, gt.reentrant_depth))

@@ -1,8 +1,8 @@
-"""Summary: a pure function from recorded events to run statistics.
+"""Summary: a pure function from a ``Recording`` to run statistics.
 
-``summarize(events, threads)`` returns a ``Summary`` (dataclasses with
+``summarize(recording)`` returns a ``Summary`` (dataclasses with
 documented fields, JSON-ready through ``to_dict``). It never looks at the
-clock or the engine, so tests feed it synthetic events.
+clock or the engine, so tests feed it synthetic recordings.
 
 Definitions:
   wall          first to last event of the run, in ns;
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from autograd_run.ops import OPAQUE, is_graph_root
-from autograd_run.traces import recorder as R
+from autograd_run.traces.recording import Recording
 
 
 def p95(values: list[int]) -> int:
@@ -94,109 +94,87 @@ class Summary:
         return asdict(self)
 
 
-def summarize(events: list[tuple], threads: dict[int, str], slowest: int = 10) -> Summary:
+def summarize(rec: Recording, slowest: int = 10) -> Summary:
+    """The statistics of a recorded run (see the module docstring for the definitions)."""
     s = Summary()
-    if not events:
+    if rec.empty:
         return s
-    t_first = min(e[1] for e in events)
-    t_last = max(e[4] if e[0] == R.IDLE else e[1] for e in events)
-    s.wall_ns = t_last - t_first
-    tname = lambda tid: threads.get(tid, str(tid))  # noqa: E731
+    t_first = rec.start
+    s.wall_ns = rec.end - rec.start
+    name = rec.thread_name
 
     workers: dict[int, Worker] = {}
-    open_slices: dict[tuple, int] = {}
-    depth: dict[int, int] = {}
-    busy_start: dict[int, int] = {}
-    pushed: dict[tuple, int] = {}
-    waits_by_task: dict[tuple, int] = {}
-    queue_waits: dict[str, list[int]] = {}
-    lock_waits: dict[str, list[int]] = {}
-    ops: dict[str, list[int]] = {}
-    runs: dict[tuple, NodeRun] = {}
-    sync_pairs: list[tuple] = []
-    gts = set()
-    top_start: dict[int, int] = {}
-    pass_walls: list[int] = []
 
     def worker(tid) -> Worker:
         w = workers.get(tid)
         if w is None:
-            w = workers[tid] = Worker(tname(tid))
+            w = workers[tid] = Worker(name(tid))
         return w
 
-    for ev in events:
-        kind = ev[0]
-        if kind == R.NODE_START:
-            _, ts, tid, gt, _, node = ev
-            open_slices[(tid, gt, node)] = ts
-            if depth.get(tid, 0) == 0:
-                busy_start[tid] = ts
-            depth[tid] = depth.get(tid, 0) + 1
-        elif kind == R.NODE_END:
-            _, ts, tid, gt, _, node = ev
-            start = open_slices.pop((tid, gt, node), ts)
-            depth[tid] = depth.get(tid, 1) - 1
-            w = worker(tid)
-            if depth[tid] == 0:
-                w.busy_ns += ts - busy_start.pop(tid, start)
-            if is_graph_root(node):
-                continue
-            w.nodes += 1
-            dur = ts - start
-            ops.setdefault(node.name, []).append(dur)
-            runs[(gt, node)] = NodeRun(node.id, node.name, tname(tid), start - t_first, dur,
-                                       waits_by_task.get((gt, node), 0), gt)
-            if node.op is OPAQUE and node.id not in s.opaque_nodes:
-                s.opaque_nodes.append(node.id)
-        elif kind == R.PUSH:
-            _, ts, tid, qname, gt, node, _ = ev
-            if node is not None:
-                pushed[(gt, node)] = ts
-        elif kind == R.POP:
-            _, ts, tid, qname, gt, node, _ = ev
-            if node is not None and (gt, node) in pushed:
-                w_ns = ts - pushed.pop((gt, node))
-                waits_by_task[(gt, node)] = w_ns
-                queue_waits.setdefault(qname, []).append(w_ns)
-        elif kind == R.SKIP:
-            s.nodes_skipped += 1
-        elif kind == R.LOCK_WAIT:
-            lock_waits.setdefault(ev[3], []).append(ev[5])
-        elif kind == R.IDLE:
-            worker(ev[2]).idle_ns += ev[4] - ev[1]
-        elif kind == R.SYNC:
-            _, ts, tid, gt, prod, cons, src, dst = ev
-            key = f"{src} -> {dst}"
-            s.syncs[key] = s.syncs.get(key, 0) + 1
-            sync_pairs.append((gt, prod, cons))
-        elif kind == R.ERROR:
-            node = ev[4]
-            s.errors.append(f"{node.id if node is not None else '-'}: {ev[5]}")
-        elif kind == R.GT_START:
-            gts.add(ev[3])
-            if ev[4] == 0:
-                top_start[ev[3]] = ev[1]
-        elif kind == R.GT_END:
-            if ev[3] in top_start:
-                pass_walls.append(ev[1] - top_start.pop(ev[3]))
+    ops: dict[str, list[int]] = {}
+    runs: dict[tuple, NodeRun] = {}
+    intervals: dict[int, list[tuple[int, int]]] = {}
+    for sl in rec.slices:
+        intervals.setdefault(sl.tid, []).append((sl.start, sl.end))
+        w = worker(sl.tid)
+        node = sl.node
+        if is_graph_root(node):
+            continue
+        w.nodes += 1
+        dur = sl.end - sl.start
+        ops.setdefault(node.name, []).append(dur)
+        runs[(sl.gt, node)] = NodeRun(node.id, node.name, name(sl.tid), sl.start - t_first, dur,
+                                      sl.wait.waited if sl.wait is not None else 0, sl.gt)
+        if node.op is OPAQUE and node.id not in s.opaque_nodes:
+            s.opaque_nodes.append(node.id)
+    for tid, spans in intervals.items():
+        worker(tid).busy_ns = _union_length(spans)
+    for idle in rec.idles:
+        worker(idle.tid).idle_ns += idle.end - idle.start
 
-    s.graph_tasks = len(gts)
-    s.passes = Dist.of(pass_walls)
+    queue_waits: dict[str, list[int]] = {}
+    for w in rec.waits:
+        queue_waits.setdefault(w.queue, []).append(w.waited)
+    lock_waits: dict[str, list[int]] = {}
+    for lw in rec.lock_waits:
+        lock_waits.setdefault(lw.lock, []).append(lw.waited)
+    s.nodes_skipped = len(rec.skips)
+    for sync in rec.syncs:
+        key = f"{sync.src} -> {sync.dst}"
+        s.syncs[key] = s.syncs.get(key, 0) + 1
+        p, c = runs.get((sync.gt, sync.producer)), runs.get((sync.gt, sync.consumer))
+        if p is not None and c is not None:
+            s.sync_latency_ns += max(0, c.start_ns - (p.start_ns + p.duration_ns))
+    s.errors = [f"{e.node.id if e.node is not None else '-'}: {e.message}" for e in rec.errors]
+    s.graph_tasks = len(rec.graph_tasks)
+    s.passes = Dist.of([g.end - g.start for g in rec.graph_tasks if g.depth == 0 and g.end is not None])
     s.nodes_executed = len(runs)
     for w in workers.values():
         w.utilization = w.busy_ns / s.wall_ns if s.wall_ns else 0.0
-    s.workers = sorted(workers.values(), key=lambda w: (("cuda:" in w.name) + 2 * ("reentrant" in w.name), w.name))
+    order = {tid: k for k, tid in enumerate(rec.threads)}
+    s.workers = [workers[t] for t in sorted(workers, key=lambda t: (order.get(t, len(order)), workers[t].name))]
     s.ops = {k: Dist.of(v) for k, v in sorted(ops.items(), key=lambda kv: -sum(kv[1]))}
     s.queue_waits = {k: Dist.of(v) for k, v in sorted(queue_waits.items())}
     s.lock_waits = {k: Dist.of(v) for k, v in sorted(lock_waits.items())}
-    for gt, prod, cons in sync_pairs:
-        p, c = runs.get((gt, prod)), runs.get((gt, cons))
-        if p is not None and c is not None:
-            s.sync_latency_ns += max(0, c.start_ns - (p.start_ns + p.duration_ns))
     s.slowest = sorted(runs.values(), key=lambda r: (-r.duration_ns, r.start_ns))[:slowest]
     s.critical_path, s.critical_path_ns = _critical_path(runs)
     s.critical_path_share = s.critical_path_ns / s.wall_ns if s.wall_ns else 0.0
     return s
+
+
+def _union_length(spans: list[tuple[int, int]]) -> int:
+    """Total length covered by possibly nested or overlapping intervals."""
+    total, cur_start, cur_end = 0, None, None
+    for a, b in sorted(spans):
+        if cur_end is None or a > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = a, b
+        elif b > cur_end:
+            cur_end = b
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
 
 
 def _critical_path(runs: dict[tuple, NodeRun]) -> tuple[list[NodeRun], int]:
@@ -206,9 +184,7 @@ def _critical_path(runs: dict[tuple, NodeRun]) -> tuple[list[NodeRun], int]:
     best: dict[tuple, int] = {}
     succ: dict[tuple, tuple | None] = {}
     # A consumer always starts after its producers ran, so reverse start order is a valid order.
-    keyed = sorted(runs.items(), key=lambda kv: kv[1].start_ns, reverse=True)
-    nodes_by_key = {k: k[1] for k, _ in keyed}
-    for key, run in keyed:
+    for key, run in sorted(runs.items(), key=lambda kv: kv[1].start_ns, reverse=True):
         gt, node = key
         top, nxt = 0, None
         for e in node.next:
@@ -224,5 +200,4 @@ def _critical_path(runs: dict[tuple, NodeRun]) -> tuple[list[NodeRun], int]:
     while k is not None:
         path.append(runs[k])
         k = succ[k]
-    del nodes_by_key
     return path, best[start]
