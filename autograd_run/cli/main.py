@@ -12,10 +12,11 @@ import sys
 
 import click
 
+from autograd_run.cli.common import error_line, graph_format
 from autograd_run.errors import AutogradRunError, GraphFileError, OrderMismatch, RequestError, UsageError
 
 #: The command-line flag of each session request field, for error messages.
-FLAGS = {"inputs": "--inputs", "inject_error": "--inject-error", "inject_nan": "--inject-nan",
+FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error", "inject_nan": "--inject-nan",
          "trace_path": "--trace", "order_out": "--order-out", "expected_order": "--expect-order",
          "devices": "--devices", "repeat": "--repeat"}
 
@@ -43,10 +44,6 @@ def cli():
     """
 
 
-def _err(msg: str) -> None:
-    click.echo(f"Error: {msg}", err=True)
-
-
 @cli.command()
 @click.argument("files", nargs=-1, required=True)
 def validate(files):
@@ -62,7 +59,7 @@ def validate(files):
         try:
             g = load_graph(f)
         except GraphFileError as exc:
-            _err(str(exc))
+            error_line(str(exc))
             failed = True
             continue
         devs = ", ".join(str(d) for d in g.devices)
@@ -122,6 +119,7 @@ def gen(kind, output, n, op, width, layers, batch, in_features, heads, seq_len, 
     """
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.generators import generate
+    from autograd_run.outputs import atomic_write, check_output_path
     for name, v in (("--n", n), ("--layers", layers), ("--batch", batch), ("--heads", heads),
                     ("--seq-len", seq_len), ("--dim", dim), ("--nodes", nodes)):
         if v < 1:
@@ -135,12 +133,10 @@ def gen(kind, output, n, op, width, layers, batch, in_features, heads, seq_len, 
           "mlp": dict(layers=layers, width=width or 16, batch=batch, in_features=in_features, seed=seed),
           "transformer": dict(layers=layers, heads=heads, seq_len=seq_len, dim=dim, devices=devices, seed=seed),
           "random": dict(nodes=nodes, leaves=leaves, width=width or 4, seed=seed)}[kind]
-    fmt = "yaml" if output.lower().endswith((".yaml", ".yml")) else "json"
-    if not output.lower().endswith((".json", ".yaml", ".yml")):
-        raise UsageError("-o must end in .json, .yaml or .yml")
+    fmt = graph_format(output)
+    check_output_path(output, "output", [])
     doc = generate(kind, **kw)
-    with open(output, "wb") as f:
-        f.write(dumps(doc, fmt))
+    atomic_write(output, dumps(doc, fmt), "output")
     click.echo(f"{output}: {len(doc['nodes'])} nodes")
 
 
@@ -167,12 +163,13 @@ def capture(script, output):
     """
     import runpy
     from autograd_run.capture import from_torch
+    from autograd_run.outputs import check_output_path
     path, _, func = script.partition(":")
     func = func or "main"
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
-    if not output.lower().endswith((".json", ".yaml", ".yml")):
-        raise UsageError("-o must end in .json, .yaml or .yml")
+    graph_format(output)
+    check_output_path(output, "output", [path])
     try:
         namespace = runpy.run_path(path, run_name="__autograd_run_capture__")
     except Exception as exc:
@@ -241,20 +238,20 @@ def main(argv=None):
     try:
         cli.main(args=argv, prog_name="autograd-run", standalone_mode=False)
     except click.exceptions.Abort:
-        _err("aborted")
+        error_line("aborted")
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except RequestError as exc:
         flag = FLAGS.get(exc.option or "")
-        _err(f"{flag}: {exc}" if flag else str(exc))
+        error_line(f"{flag}: {exc}" if flag else str(exc))
         sys.exit(exc.exit_code)
     except AutogradRunError as exc:
-        _err(str(exc))
+        error_line(str(exc))
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        _err("interrupted")
+        error_line("interrupted")
         sys.exit(130)
     except SystemExit:
         raise

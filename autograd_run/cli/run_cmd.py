@@ -9,12 +9,9 @@ import traceback
 
 import click
 
+from autograd_run.cli.common import error_line
 from autograd_run.engine.tracer import Tracer
 from autograd_run.errors import OrderMismatch
-
-
-def _err(msg: str) -> None:
-    click.echo(f"Error: {msg}", err=True)
 
 
 class Progress(Tracer):
@@ -127,7 +124,7 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
         note = getattr(error, "anomaly_note", None)
         if note:
             click.echo(note, err=True)
-        _err(f"{where}: {error}")
+        error_line(f"{where}: {error}")
         sys.exit(1)
     if report.divergence is not None:
         click.echo(report.divergence.describe(), err=True)
