@@ -134,7 +134,7 @@ def _check_request(graph: Graph, o: RunOptions) -> None:
             raise RequestError(f"{bad[0]!r} is neither a variable nor a node id of {graph.source}", "inputs")
     mode = o.mode or graph.mode
     if mode == "grad" and not (o.inputs if o.inputs is not None else graph.inputs):
-        raise RequestError("grad requires non-empty inputs (name them)", "inputs")
+        raise RequestError("`inputs` argument to `grad()` cannot be empty.", "inputs")
     inputs = [graph.source, o.expected_order_path or "", *_side_file_paths(graph)]
     for path, option in ((o.trace_path, "trace_path"), (o.order_out, "order_out")):
         if path:

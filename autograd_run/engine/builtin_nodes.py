@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from autograd_run.graphs.model import CPU, Node
+from autograd_run.graphs.model import CPU, InputMeta, Node
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, REGISTRY, RuleContext
 from autograd_run.ops.arrays import each, out_meta
 
@@ -40,13 +40,17 @@ class EngineContext(RuleContext):
 
 
 def make_graph_root(roots, grads, seq: int) -> Node:
-    """The GraphRoot of a backward call with several roots: one output per root edge, on the CPU.
+    """The GraphRoot of a backward call with several roots: one output per root edge.
 
-    Its topological number is one above its highest root's, as PyTorch's.
+    As PyTorch's, its inputs describe the root gradients (on the caller's
+    current stream, 0), so it runs on the first accelerator device among
+    them (else the CPU); its topological number is one above its highest root's.
     """
-    root = Node("GraphRoot", "GraphRoot", GRAPH_ROOT, seq, list(roots), [], attrs={"grads": list(grads)})
+    metas = [InputMeta(m.shape, m.dtype, m.device, 0) for m in (e.node.inputs[e.input_nr] for e in roots)]
+    root = Node("GraphRoot", "GraphRoot", GRAPH_ROOT, seq, list(roots), metas, attrs={"grads": list(grads)})
     root.topo_nr = 1 + max((e.node.topo_nr for e in roots), default=-1)
-    root.device, root.cpu = CPU, True
+    device = next((m.device for m in metas if m.device.type != "cpu"), CPU)
+    root.device, root.stream, root.cpu = device, 0, device.type == "cpu"
     return root
 
 

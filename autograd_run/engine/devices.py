@@ -7,10 +7,10 @@ with its own ready queue, so multi-device scheduling is exercised on any
 machine. ``mode`` forces one or the other: ``auto`` | ``virtual`` | ``cuda``.
 
 Streams: on real CUDA each (device, stream id) gets one cupy Stream (id 0 is
-the device's null stream); a node runs on its stream, records an Event after
-its rule, and a consumer on another stream waits on that Event before it
-runs (PyTorch's "ready events"). On virtual devices the same decisions are
-only reported to the tracer.
+the device's null stream); a node runs on its stream. Which events are
+recorded and waited on is decided by the engine (``streams``,
+``input_buffer``); here they are carried out on real CUDA and are no-ops on
+virtual devices.
 
 ``_lock`` guards the stream cache (``_streams``).
 """
@@ -39,7 +39,15 @@ def _cupy_status() -> tuple[object | None, str]:
 
 
 class DeviceSet:
-    def __init__(self, mode: str = "auto", blas_threads_per_device: int | None = 1):
+    """The accelerator devices a run has: their count, array modules, streams, events and transfers.
+
+    ``count`` is the number of device indices (one worker thread each, shared
+    by every device type, as PyTorch's engine): the GPUs cupy sees, or for
+    virtual devices the number asked for (None: fixed by the engine at its
+    first backward call, from the graph).
+    """
+
+    def __init__(self, mode: str = "auto", blas_threads_per_device: int | None = 1, count: int | None = None):
         if mode not in ("auto", "virtual", "cuda"):
             raise RequestError(f"devices must be auto, virtual or cuda, not {mode!r}", "devices")
         cupy, why = _cupy_status() if mode != "virtual" else (None, "virtual devices were requested")
@@ -51,6 +59,9 @@ class DeviceSet:
         self.reason = why
         self.blas_threads_per_device = blas_threads_per_device
         self._cupy = cupy
+        if count is not None and count < 0:
+            raise RequestError(f"device count must be non-negative, got {count}", "devices")
+        self.count = cupy.cuda.runtime.getDeviceCount() if cupy is not None else count
         self._lock = threading.Lock()  # guards _streams
         self._streams: dict[tuple[int, int], object] = {}
         self._blas_limiter = None
@@ -106,22 +117,31 @@ class DeviceSet:
                     self._streams[key] = s
         return s
 
-    @contextlib.contextmanager
-    def running_on(self, node):
-        """Run the enclosed work on the node's device and stream (real CUDA), else do nothing."""
-        if not self.real_cuda or node.device.is_cpu:
-            yield None
-            return
-        cp = self._cupy
-        with cp.cuda.Device(node.device.index):
-            s = self.stream(node.device, node.stream)
-            with s:
-                yield s
-
-    def record_event(self, stream):
-        ev = self._cupy.cuda.Event(disable_timing=True)
-        ev.record(stream)
+    def record_event_on(self, stream):
+        """Record an event on ``stream`` (a ``(device, id)`` pair): a cupy event on real CUDA, else None."""
+        if not self.real_cuda:
+            return None
+        with self._cupy.cuda.Device(stream[0].index):
+            ev = self._cupy.cuda.Event(disable_timing=True)
+            ev.record(self.stream(stream[0], stream[1]))
         return ev
+
+    def wait_event_on(self, stream, handle) -> None:
+        """Make ``stream`` wait for a recorded cupy event (real CUDA only)."""
+        with self._cupy.cuda.Device(stream[0].index):
+            self.stream(stream[0], stream[1]).wait_event(handle)
+
+    def on_stream(self, stream):
+        """Run the enclosed work on ``stream`` (real CUDA), else do nothing."""
+        if not self.real_cuda:
+            return contextlib.nullcontext()
+        return self._on_stream(stream)
+
+    @contextlib.contextmanager
+    def _on_stream(self, stream):
+        with self._cupy.cuda.Device(stream[0].index):
+            with self.stream(stream[0], stream[1]):
+                yield
 
     # -- threads ----------------------------------------------------------------
     def limit_blas(self) -> None:

@@ -2,9 +2,11 @@
 
 Scheduling policy (PyTorch's): each backward call is a GraphTask whose CPU
 work goes to the calling thread's own ready queue, drained by the calling
-thread itself; each non-CPU device index has one worker thread and one
-queue shared by every backward call (started lazily, on first use); a
-ready node goes to the queue of *its* device. Priority within a queue is
+thread itself; each accelerator device index has one worker thread and one
+queue shared by every backward call and every device type with that index.
+All device threads start together at the first backward call (one per
+index below the device count) and the call waits until they run. A ready
+node goes to the queue of *its* device. Priority within a queue is
 ``priority`` (PyTorch's by default). A node that calls the engine again is
 a reentrant backward: it runs on the same thread one level deeper until the
 thread's nesting reaches ``max_depth`` (60), then on a pool thread.
@@ -15,12 +17,18 @@ Thread-local state (``tls``, one per engine, never shared):
   ``queue``          this thread's ready queue (created once per thread);
   ``current_depth``  reentrant calls nested on this thread;
   ``total_depth``    reentrant depth of the GraphTask this thread runs;
-  ``graph_task``, ``grad_mode``, ``context``: restored around each node.
+  ``frame``          None between tasks, else (GraphTask of the running task,
+                     whether reentrant checkpoints are valid); set around
+                     every task and put back after it. The GraphTask gives
+                     the grad mode (``create_graph``) and the context.
 
 Locks:
-  ``_threads_lock`` guards ``_device_queues`` and ``_device_threads``;
+  ``_threads_lock`` guards starting the device threads (``_device_queues``,
+  ``_device_threads``, ``_started``; read without it once started);
+  ``_active_lock`` (with ``_active_cond``) guards ``_active``, the
+  top-level backward calls running now, which ``shutdown`` waits for;
   ``_pool_lock`` (with ``_pool_cond``) guards ``_pool_tasks``,
-  ``_pool_idle`` and ``pool_threads``.
+  ``_pool_idle`` and ``pool_threads``;
   ``_gc_lock`` guards ``_gc_calls``/``_gc_was_enabled``: the cyclic GC is
   paused while any backward call of this engine runs (``pause_gc``) and
   restored when the last one returns.
@@ -36,19 +44,20 @@ from __future__ import annotations
 import collections
 import gc
 import threading
+import time
 from typing import Sequence
-
 
 from autograd_run.engine.builtin_nodes import make_graph_root
 from autograd_run.engine.devices import DeviceSet
 from autograd_run.engine.graph_task import GraphTask, compute_dependencies, init_to_execute
 from autograd_run.engine.input_buffer import InputBuffer
-from autograd_run.engine.priority import PyTorchPriority
+from autograd_run.engine.priority import EXPIRED_DEPTH, PyTorchPriority
 from autograd_run.engine.ready_queue import ReadyQueue
+from autograd_run.engine.streams import StreamOps, current_stream, node_stream
 from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import thread_main, validate_outputs
-from autograd_run.errors import BackwardError
+from autograd_run.errors import BackwardError, RequestError
 from autograd_run.graphs.model import Edge
 
 NO_DEVICE = -2
@@ -62,9 +71,7 @@ class _TLS(threading.local):
         self.queue = None
         self.current_depth = 0
         self.total_depth = 0
-        self.graph_task = None
-        self.grad_mode = False
-        self.context: dict = {}
+        self.frame = None
 
 
 class Engine:
@@ -73,6 +80,7 @@ class Engine:
                  pause_gc: bool = True):
         self.devices = devices or DeviceSet("virtual")
         self.tracer = tracer or NULL_TRACER
+        self.streams = StreamOps(self.devices, self.tracer)
         self.priority = priority or PyTorchPriority()
         #: PyTorch's rule is inlined on the hot path; other policies are called.
         self.default_priority = type(self.priority) is PyTorchPriority
@@ -80,9 +88,13 @@ class Engine:
         self.max_depth = max_depth
         self.allow_python = allow_python
         self.tls = _TLS()
-        self._threads_lock = threading.Lock()  # guards _device_queues, _device_threads
-        self._device_queues: dict[int, ReadyQueue] = {}
-        self._device_threads: dict[int, threading.Thread] = {}
+        self._threads_lock = threading.Lock()  # guards starting the device threads
+        self._device_queues: list[ReadyQueue] = []
+        self._device_threads: list[threading.Thread] = []
+        self._started = False
+        self._active_lock = threading.Lock()  # guards _active
+        self._active_cond = threading.Condition(self._active_lock)
+        self._active = 0
         self._pool_lock = threading.Lock()  # guards _pool_tasks, _pool_idle, pool_threads
         self._pool_cond = threading.Condition(self._pool_lock)
         self._pool_tasks: collections.deque = collections.deque()
@@ -109,25 +121,38 @@ class Engine:
         graph = state.graph
         roots = [_edge(graph, r) for r in roots]
         outputs = [_edge(graph, r) for r in (inputs or ())]
-        if not accumulate_grad and not outputs:
-            raise ValueError("grad requires non-empty inputs.")
         grads = [self.devices.to_device(g, e.node.inputs[e.input_nr].device) if g is not None else None
                  for g, e in zip(grads, roots)]
         validate_outputs(roots, grads, "", devices=self.devices)
+        if not accumulate_grad and not outputs:
+            raise ValueError("grad requires non-empty inputs.")
+        self.start_device_threads(graph.max_device_index + 1)
+        if graph.max_device_index >= len(self._device_queues) and graph.max_device_index >= 0:
+            raise RequestError(f"device index {graph.max_device_index} is out of range: there are "
+                               f"{len(self._device_queues)} device(s)", "devices")
         keep_graph = create_graph if retain_graph is None else retain_graph
         tls = self.tls
         if tls.queue is None:
             tls.queue = ReadyQueue(f"cpu:{threading.current_thread().name}", self.tracer)
         reentrant = tls.worker_device != NO_DEVICE
+        frame = tls.frame
+        if context is None:
+            context = frame[0].context if frame is not None else {}
         gt = GraphTask(self, state, keep_graph=keep_graph, create_graph=create_graph,
                        reentrant_depth=tls.total_depth + 1 if reentrant else 0, cpu_queue=tls.queue,
                        anomaly=anomaly, multithreading=self.multithreading,
-                       allow_python=self.allow_python, context=dict(context or tls.context or {}))
+                       allow_python=self.allow_python, context=dict(context))
         gt.faults = faults or {}
         if len(roots) == 1:
             graph_root = roots[0].node
             buf = InputBuffer(len(graph_root.inputs))
-            buf.add(roots[0].input_nr, grads[0])
+            slot = roots[0].input_nr
+            device = graph_root.inputs[slot].device
+            if device.type == "cpu":
+                buf.add(slot, grads[0])
+            else:  # the root gradient is the caller's, made on its current stream
+                buf.add_on_device(slot, grads[0], device, None, node_stream(graph_root), None, graph_root,
+                                  self.streams, gt)
         else:
             graph_root = make_graph_root(roots, grads, state.next_seq())
             buf = InputBuffer(0)
@@ -138,6 +163,9 @@ class Engine:
             init_to_execute(gt, graph_root, outputs, accumulate_grad, min_topo)
         if self.tracer.enabled:
             self.tracer.graph_task_start(gt)
+        if not reentrant:
+            with self._active_lock:
+                self._active += 1
         if self.pause_gc:
             self._gc_enter()
         try:
@@ -146,6 +174,12 @@ class Engine:
         finally:
             if self.pause_gc:
                 self._gc_exit()
+            if gt.error is not None:
+                self._expire(gt)
+            if not reentrant:
+                with self._active_lock:
+                    self._active -= 1
+                    self._active_cond.notify_all()
         if gt.error is not None:
             raise _as_backward_error(gt)
         return gt.captured
@@ -171,63 +205,96 @@ class Engine:
 
     def grad_enabled(self) -> bool:
         """Grad mode of the node running on this thread (create_graph of its backward call)."""
-        return self.tls.grad_mode
+        frame = self.tls.frame
+        return frame is not None and frame[0].create_graph
 
     def current_context(self) -> dict:
         """The thread-local context captured when the running node's backward call started."""
-        return self.tls.context
+        frame = self.tls.frame
+        return frame[0].context if frame is not None else {}
+
+    def is_checkpoint_valid(self) -> bool:
+        """False inside a node of a call with requested inputs (``grad()``/``inputs=``), or one nested in it."""
+        frame = self.tls.frame
+        return frame is None or frame[1]
+
+    # -- device threads ------------------------------------------------------
+    def start_device_threads(self, needed: int = 0) -> None:
+        """Start one worker thread per device index, all at once, and wait until they run.
+
+        The count is the devices' (``DeviceSet.count``); for virtual devices
+        without one, ``needed`` (the first graph's highest index + 1) fixes it.
+        Started once per engine, as PyTorch's engine starts its pool once.
+        """
+        if self._started:
+            return
+        with self._threads_lock:
+            if self._started:
+                return
+            count = self.devices.count if self.devices.count is not None else needed
+            if count > 0:
+                self.devices.limit_blas()
+                ready = threading.Barrier(count + 1)
+                for index in range(count):
+                    q = ReadyQueue(f"cuda:{index}", self.tracer)
+                    t = threading.Thread(target=self._device_thread_main, args=(index, q, ready),
+                                         name=device_thread_name(index), daemon=True)
+                    self._device_queues.append(q)
+                    self._device_threads.append(t)
+                    t.start()
+                ready.wait()
+            self._started = True
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the device threads: a shutdown task to each queue, then a bounded join."""
+        """Stop the device threads once no backward call runs, as PyTorch's ``Engine::stop``.
+
+        Waits (within ``timeout``) for running top-level calls to finish; then,
+        only if every device queue is empty, pushes a shutdown task to each and
+        joins the threads against one deadline. Otherwise the threads are left
+        running (daemons), so no caller's queued task is ever stranded.
+        """
+        deadline = time.monotonic() + timeout
+        with self._active_lock:
+            while self._active:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._active_cond.wait(left)
         with self._threads_lock:
-            queues = list(self._device_queues.values())
-            threads = list(self._device_threads.values())
-            self._device_queues.clear()
-            self._device_threads.clear()
+            queues, threads = list(self._device_queues), list(self._device_threads)
+            if any(len(q) for q in queues):
+                return
+            self._device_queues, self._device_threads, self._started = [], [], False
         for q in queues:
             q.push_shutdown()
         for t in threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
         if threads:
             self.devices.restore_blas()
 
     @property
     def device_threads(self) -> dict[int, threading.Thread]:
-        with self._threads_lock:
-            return dict(self._device_threads)
+        return dict(enumerate(self._device_threads))
+
+    def _device_thread_main(self, index: int, queue: ReadyQueue, ready: threading.Barrier) -> None:
+        tls = self.tls
+        tls.worker_device = index
+        tls.queue = queue
+        ready.wait()
+        thread_main(self, None)
 
     # -- routing ---------------------------------------------------------------
     def ready_queue(self, gt, device) -> ReadyQueue:
         if device.type == "cpu" or not gt.multithreading:
             return gt.cpu_queue
-        return self.device_queue(device.index)
+        return self._device_queues[device.index]
 
     def queue_by_index(self, gt, index: int) -> ReadyQueue:
-        return gt.cpu_queue if index == CPU_DEVICE else self.device_queue(index)
+        return gt.cpu_queue if index == CPU_DEVICE else self._device_queues[index]
 
     def device_queue(self, index: int) -> ReadyQueue:
-        """The queue (and worker thread, started on first use) of device index ``index``."""
-        q = self._device_queues.get(index)
-        if q is not None:
-            return q
-        with self._threads_lock:
-            q = self._device_queues.get(index)
-            if q is None:
-                if not self._device_queues:
-                    self.devices.limit_blas()
-                q = ReadyQueue(f"cuda:{index}", self.tracer)
-                t = threading.Thread(target=self._device_thread_main, args=(index, q),
-                                     name=device_thread_name(index), daemon=True)
-                self._device_queues[index] = q
-                self._device_threads[index] = t
-                t.start()
-            return q
-
-    def _device_thread_main(self, index: int, queue: ReadyQueue) -> None:
-        tls = self.tls
-        tls.worker_device = index
-        tls.queue = queue
-        thread_main(self, None)
+        """The queue of device index ``index``'s worker thread."""
+        return self._device_queues[index]
 
     # -- one backward call -----------------------------------------------------
     def _execute_with_graph_task(self, gt: GraphTask, graph_root, buf: InputBuffer) -> None:
@@ -261,6 +328,15 @@ class Engine:
             tls.current_depth -= 1
             tls.total_depth -= 1
 
+    def _expire(self, gt: GraphTask) -> None:
+        """The caller is done with a failed GraphTask: its queued tasks rank first and are dropped."""
+        with gt.lock:
+            gt.expired = True
+            gt.reentrant_depth = EXPIRED_DEPTH
+        for q in [gt.cpu_queue, *self._device_queues]:
+            q.rekey(lambda item: item[0] is gt and item[1] is not None,
+                    lambda item: (EXPIRED_DEPTH << 64) | item[1].seq)
+
     # -- completion and errors (called by workers) -------------------------------
     def on_exception(self, gt: GraphTask, node, exc: BaseException) -> None:
         gt.set_error(exc, node)
@@ -273,7 +349,7 @@ class Engine:
         self._complete(gt)
 
     def mark_completed(self, gt: GraphTask) -> None:
-        """Run post-processing once (not_ready check, final callbacks), then complete."""
+        """Run post-processing once (not_ready check, leaf stream syncs, final callbacks), then complete."""
         with gt.lock:
             if gt.finishing:
                 return
@@ -281,9 +357,10 @@ class Engine:
         try:
             if gt.not_ready:
                 raise RuntimeError("could not compute gradients for some functions")
+            self._sync_leaf_streams(gt)
             tls = self.tls
-            prev = tls.graph_task
-            tls.graph_task = gt
+            prev = tls.frame
+            tls.frame = (gt, (prev is None or prev[1]) and not gt.exec_info)
             try:
                 i = 0
                 while True:
@@ -292,12 +369,19 @@ class Engine:
                             break
                         cb = gt.final_callbacks[i]
                     i += 1
-                    cb()
+                    cb()  # on the caller's current streams: each device's stream 0
             finally:
-                tls.graph_task = prev
+                tls.frame = prev
         except BaseException as exc:  # captured as a value, re-raised by the caller
             gt.set_error(exc, None)
         self._complete(gt)
+
+    def _sync_leaf_streams(self, gt: GraphTask) -> None:
+        """The caller's current stream on each leaf stream's device waits for that leaf stream."""
+        for leaf in sorted(gt.leaf_streams, key=lambda s: (s[0].type, s[0].index, s[1])):
+            caller = current_stream(leaf[0])
+            if caller != leaf:
+                self.streams.wait(gt, caller, self.streams.record(gt, leaf, None), None)
 
     def _complete(self, gt: GraphTask) -> None:
         gt.completed = True
@@ -306,11 +390,11 @@ class Engine:
             self.tracer.graph_task_end(gt)
 
     def queue_callback(self, fn) -> None:
-        """Add a final callback to the GraphTask running on this thread."""
-        gt = self.tls.graph_task
-        if gt is None:
+        """Add a final callback to the GraphTask whose node runs on this thread."""
+        frame = self.tls.frame
+        if frame is None:
             raise RuntimeError("Final callbacks can only be installed during backward pass.")
-        gt.queue_callback(fn)
+        frame[0].queue_callback(fn)
 
     # -- reentrant thread pool ---------------------------------------------------
     def _add_pool_task(self, gt: GraphTask) -> None:
@@ -338,6 +422,7 @@ class Engine:
             tls.queue = self.queue_by_index(gt, gt.owner)
             tls.total_depth = gt.reentrant_depth
             tls.current_depth = 0
+            tls.frame = None
             thread_main(self, gt)
 
 

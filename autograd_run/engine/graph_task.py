@@ -15,6 +15,11 @@ Fields (guarded by ``lock`` unless noted):
                     ``done`` (an Event) wakes a caller blocked on it.
   ``final_callbacks``  run once at completion (``queue_callback``); guarded
                     by ``callbacks_lock``, released while each one runs.
+  ``leaf_streams``  streams that nodes without outputs (and grad() captures)
+                    ran on; the caller's current streams wait on them at the end.
+  ``expired``       set once the caller returned from a failed call: its
+                    tasks left in queues are dropped unseen (and rank first,
+                    as an expired GraphTask's tasks do in PyTorch).
 Immutable after creation: ``id``, ``keep_graph``, ``create_graph``,
 ``reentrant_depth``, ``cpu_queue``, ``owner``, ``state``, ``engine``,
 ``anomaly``, ``multithreading`` and the thread-local ``context``.
@@ -73,8 +78,8 @@ class GraphTask:
         self.final_callbacks: list = []
         self.callbacks_lock = threading.Lock()  # guards final_callbacks
         self.graph_root = None
-        #: node -> CUDA event recorded after it ran (real CUDA only), for consumers on other streams.
-        self.ready_events: dict = {}
+        self.leaf_streams: set = set()
+        self.expired = False
         #: What the nodes of this call run with (their rules see only the RuleContext part).
         self.ctx = EngineContext(self.saved, self.xp, engine.devices.transfer, create_graph,
                                  state=state, graph_task=self, allow_python=allow_python)

@@ -12,6 +12,8 @@ from __future__ import annotations
 #: Keys above every node key (depth < 2**31, seq < 2**64).
 WAKEUP_KEY = 1 << 100
 SHUTDOWN_KEY = 1 << 101
+#: The depth PyTorch ranks a task of an expired GraphTask with (INT_MAX): such tasks pop first.
+EXPIRED_DEPTH = 2**31 - 1
 
 
 class PyTorchPriority:

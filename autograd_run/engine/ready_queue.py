@@ -103,6 +103,19 @@ class ReadyQueue:
             tracer.task_popped(self, item[0], item[1], depth)
         return item
 
+    def rekey(self, match, new_key) -> None:
+        """Give the queued items that ``match`` the key ``new_key(item)`` in place, without re-heaping.
+
+        PyTorch's comparator reads a task's depth from its GraphTask at every
+        comparison, so when a GraphTask expires its queued tasks change rank
+        where they stand; changing the stored keys in place reproduces that.
+        """
+        with self._lock:
+            items = self._items
+            for i in range(len(items)):
+                if match(items[i]):
+                    self._keys[i] = new_key(items[i])
+
     def snapshot(self) -> list[tuple[int, object]]:
         """The queued (key, item) pairs, in heap order (for diagnostics)."""
         with self._lock:

@@ -41,7 +41,13 @@ class Tracer:
         an uncontended acquisition is not timed, so tracing stays cheap)."""
 
     def sync(self, gt, producer, consumer, src: str, dst: str) -> None:
-        """``consumer`` must wait for ``producer``'s gradient made on another stream/device."""
+        """``consumer`` waits for ``producer``'s gradient, made on stream ``src``, on stream ``dst``."""
+
+    def event_record(self, gt, node, stream: str, event_id: int) -> None:
+        """An event was recorded on ``stream`` after ``node`` produced a gradient there (node None: the caller)."""
+
+    def event_wait(self, gt, node, stream: str, event_id: int) -> None:
+        """``stream`` was made to wait for event ``event_id``, for ``node`` (the consumer), or None (the caller)."""
 
     def error(self, gt, node, exc: BaseException) -> None:
         """``node`` raised ``exc``; its GraphTask is now failed."""

@@ -2,17 +2,25 @@
 
 ``thread_main(engine, gt)`` pops tasks from this thread's ready queue and
 runs them until ``gt`` completes (``gt`` None: forever, for device threads,
-until a shutdown task). Running a node (``evaluate_function``):
+until a shutdown task). Around every task the thread-local frame (the
+running GraphTask, which gives the grad mode and context, and whether
+reentrant checkpoints are valid) is set and afterwards put back. Tasks of a
+GraphTask whose caller has returned after a failure are dropped unseen.
+Running a node (``evaluate_function``):
 
-1. report syncs for inputs produced on another device or stream;
-2. with exec_info: capture inputs for ``grad()``, and stop if not needed;
-3. tensor pre-hooks, retains-grad hooks, node pre-hooks, the rule,
-   ``validate_outputs``, post-hooks;
+1. an accelerator node runs on its stream, which first waits on the ready
+   event of each input gradient made ready on another stream;
+2. with exec_info: capture inputs for ``grad()`` (tensor pre-hooks and
+   retains-grad hooks run first when the node itself will not run), and
+   stop if the node is not needed;
+3. tensor pre-hooks, retains-grad hooks, node pre-hooks, the op's
+   function, ``validate_outputs``, post-hooks;
 4. release saved tensors unless ``retain_graph``;
-5. anomaly mode: refuse NaN outputs;
-6. under the GraphTask lock, hand each output to its next node's
-   InputBuffer and push the nodes that became ready onto the queue of
-   *their* device.
+5. a node without outputs records its stream as a leaf stream;
+6. anomaly mode: refuse NaN outputs;
+7. under the GraphTask lock, hand each output to its next node's
+   InputBuffer (with PyTorch's stream rules for accelerator gradients) and
+   push the nodes that became ready onto the queue of *their* device.
 
 Errors are captured as values on the GraphTask (first one wins) and
 re-raised in the calling thread; the worker goes on serving other tasks.
@@ -27,6 +35,7 @@ import numpy as np
 from autograd_run.engine.builtin_nodes import RUNNERS
 from autograd_run.engine.input_buffer import InputBuffer
 from autograd_run.engine.ready_queue import SHUTDOWN
+from autograd_run.engine.streams import node_stream
 from autograd_run.graphs.model import DTYPES
 from autograd_run.ops import ACCUMULATE_GRAD, PYTHON
 from autograd_run.ops.arrays import sum_to
@@ -120,8 +129,7 @@ def _call_function(engine, gt, node, inputs):
         if node.op is not _ACC:
             validate_outputs(node.next, outputs, node, None, engine.devices)
         return outputs
-    _slot_hooks(state.tensor_pre_hooks.get(node), grads)
-    _slot_hooks(state.retains_grad_hooks.get(node), grads)
+    _tensor_pre_hooks(state, node, grads)
     hooks = state.pre_hooks.get(node)
     if hooks:
         for fn in hooks:
@@ -153,37 +161,25 @@ def _call_function(engine, gt, node, inputs):
     return outputs
 
 
-def _sync_inputs(engine, gt, node, inputs: InputBuffer, stream) -> None:
-    """Step 1: wait for inputs produced on another stream or device (report it to the tracer)."""
-    tracer = engine.tracer
-    for prod in inputs.producers or ():
-        if prod is None or prod.device.is_cpu and node.device.is_cpu:
-            continue
-        if prod.device == node.device and prod.stream == node.stream:
-            continue
-        if stream is not None:
-            ev = gt.ready_events.get(prod)
-            if ev is not None:
-                stream.wait_event(ev)
-        if tracer.enabled:
-            tracer.sync(gt, prod, node, f"{prod.device}/s{prod.stream}", f"{node.device}/s{node.stream}")
+def _tensor_pre_hooks(state, node, grads: list) -> None:
+    """Tensor pre-hooks, then retains-grad hooks, on the node's input slots (PyTorch's order)."""
+    _slot_hooks(state.tensor_pre_hooks.get(node), grads)
+    _slot_hooks(state.retains_grad_hooks.get(node), grads)
 
 
 def evaluate_function(engine, gt, node, inputs: InputBuffer):
-    """Run one node (see the module docstring); the return value is ``_evaluate``'s."""
-    devices = engine.devices
-    if devices.real_cuda and not node.device.is_cpu:
-        with devices.running_on(node) as stream:
-            _sync_inputs(engine, gt, node, inputs, stream)
-            routed = _evaluate(engine, gt, node, inputs, lambda: devices.record_event(stream))
-        return routed
-    if node.crosses_streams and engine.tracer.enabled:
-        _sync_inputs(engine, gt, node, inputs, None)
-    return _evaluate(engine, gt, node, inputs)
+    """Run one node (see the module docstring); returns whether its task finished the GraphTask (None: unknown)."""
+    if node.cpu:
+        return _evaluate(engine, gt, node, inputs, None)
+    parent = node_stream(node)
+    streams = engine.streams
+    for _, event in inputs.ready_waits(parent):
+        streams.wait(gt, parent, event, node)
+    with streams.on_stream(parent):
+        return _evaluate(engine, gt, node, inputs, parent)
 
 
-def _evaluate(engine, gt, node, inputs: InputBuffer, record_event=None):
-    """Run the node; returns None, or (when it routed outputs) whether its task finished the GraphTask."""
+def _evaluate(engine, gt, node, inputs: InputBuffer, parent):
     tracer = engine.tracer
 
     exec_info = gt.exec_info
@@ -192,10 +188,12 @@ def _evaluate(engine, gt, node, inputs: InputBuffer, record_event=None):
         if fi.captures:
             grads = list(inputs.grads)
             if not fi.needed:  # tensor pre-hooks run once: here, or when the node runs
-                _slot_hooks(gt.state.tensor_pre_hooks.get(node), grads)
+                _tensor_pre_hooks(gt.state, node, grads)
             with gt.lock:
                 for slot, idx in fi.captures:
                     gt.captured[idx] = grads[slot]
+                if parent is not None:
+                    gt.leaf_streams.add(parent)
         if not fi.needed:
             if tracer.enabled:
                 tracer.node_skipped(gt, node)
@@ -212,9 +210,10 @@ def _evaluate(engine, gt, node, inputs: InputBuffer, record_event=None):
 
     if node.saves_tensors and not gt.keep_graph:
         gt.state.release(node)
-    if record_event is not None:  # real CUDA: consumers on other streams wait on this
-        gt.ready_events[node] = record_event()
     if not outputs:
+        if parent is not None:
+            with gt.lock:
+                gt.leaf_streams.add(parent)
         return None
 
     if gt.anomaly:
@@ -225,11 +224,11 @@ def _evaluate(engine, gt, node, inputs: InputBuffer, record_event=None):
                     tracer.nan_detected(gt, node, i)
                 raise RuntimeError(f"Function '{node.name}' returned nan values in its {i}th output.")
 
-    return _route(engine, gt, node, outputs, exec_info, tracer)
+    return _route(engine, gt, node, outputs, exec_info, tracer, parent)
 
 
-def _route(engine, gt, node, outputs, exec_info, tracer) -> bool:
-    """Step 6: under the GraphTask lock, hand each output to its next node; push the ready ones.
+def _route(engine, gt, node, outputs, exec_info, tracer, parent) -> bool:
+    """Step 7: under the GraphTask lock, hand each output to its next node; push the ready ones.
 
     Under the same lock it also retires this task (``outstanding -= 1``, which
     the worker loop would otherwise do under a second acquisition) and returns
@@ -269,15 +268,21 @@ def _route(engine, gt, node, outputs, exec_info, tracer) -> bool:
                     if fi is None or not fi.should_execute():
                         continue
                 buf = InputBuffer(len(nxt.inputs))
-                buf.add(input_nr, out, node if nxt.crosses_streams else None)
                 if not ready:
                     not_ready[nxt] = buf
-                    continue
-            else:
-                buf.add(input_nr, out, node if nxt.crosses_streams else None)
-                if not ready:
-                    continue
+            elif ready:
                 del not_ready[nxt]
+            if nxt.cpu:
+                buf.add(input_nr, out)
+            else:
+                device = nxt.inputs[input_nr].device
+                if device.type == "cpu":
+                    buf.add(input_nr, out)
+                else:
+                    buf.add_on_device(input_nr, out, device, parent, node_stream(nxt), node, nxt,
+                                      engine.streams, gt)
+            if not ready:
+                continue
             gt.outstanding += 1
             queue = cpu_queue if nxt.cpu or not multithreading else engine.device_queue(nxt.device.index)
             queue.push(depth_bits | nxt.seq if key is None else key(depth, nxt), (gt, nxt, buf))
@@ -292,40 +297,32 @@ def thread_main(engine, graph_task) -> None:
     tls = engine.tls
     queue = tls.queue
     tracer = engine.tracer
-    real_cuda = engine.devices.real_cuda
-    # The thread-local state a node sees (its GraphTask, grad mode, context) is
-    # switched only when the GraphTask changes, and restored on the way out.
-    prev = (tls.graph_task, tls.grad_mode, tls.context)
-    try:
-        while graph_task is None or not graph_task.completed:
-            item = queue.pop()
-            if item is SHUTDOWN:
-                break
-            gt, node, buf = item
-            finished = None
-            if node is not None:
-                if not gt.has_error:
-                    if tls.graph_task is not gt:
-                        tls.graph_task, tls.grad_mode, tls.context = gt, gt.create_graph, gt.context
-                    try:
-                        if node.cpu or not real_cuda:
-                            if node.crosses_streams and tracer.enabled:
-                                _sync_inputs(engine, gt, node, buf, None)
-                            finished = _evaluate(engine, gt, node, buf)
-                        else:
-                            finished = evaluate_function(engine, gt, node, buf)
-                    except BaseException as exc:  # captured as a value, re-raised by the caller
-                        finished = None
-                        engine.on_exception(gt, node, exc)
-                elif tracer.enabled:
-                    tracer.node_skipped(gt, node)
-            if finished is None:  # not retired while routing: retire the task here
-                with gt.lock:
-                    gt.outstanding -= 1
-                    finished = gt.outstanding == 0
-            if finished:
-                engine.mark_completed(gt)
-                if tls.worker_device != gt.owner:
-                    engine.queue_by_index(gt, gt.owner).push_wakeup(gt)
-    finally:
-        tls.graph_task, tls.grad_mode, tls.context = prev
+    while graph_task is None or not graph_task.completed:
+        item = queue.pop()
+        if item is SHUTDOWN:
+            break
+        gt, node, buf = item
+        if gt.expired:  # its caller returned after a failure: drop the task unseen, as PyTorch does
+            continue
+        finished = None
+        if node is not None:
+            if not gt.has_error:
+                prev = tls.frame
+                tls.frame = (gt, (prev is None or prev[1]) and not gt.exec_info)
+                try:
+                    finished = evaluate_function(engine, gt, node, buf)
+                except BaseException as exc:  # captured as a value, re-raised by the caller
+                    finished = None
+                    engine.on_exception(gt, node, exc)
+                finally:
+                    tls.frame = prev
+            elif tracer.enabled:
+                tracer.node_skipped(gt, node)
+        if finished is None:  # not retired while routing: retire the task here
+            with gt.lock:
+                gt.outstanding -= 1
+                finished = gt.outstanding == 0
+        if finished:
+            engine.mark_completed(gt)
+            if tls.worker_device != gt.owner:
+                engine.queue_by_index(gt, gt.owner).push_wakeup(gt)

@@ -7,7 +7,8 @@ objects directly so the engine's hot path never looks anything up by id.
 Derived at load (see ``derive``): each node's ``topo_nr`` (0 without next
 edges, else 1 + max over next nodes), its ``device`` (first non-CPU input
 device, else CPU), its ``stream`` (that input's stream) and its
-``consumers`` (reverse edges: which nodes feed gradient into it).
+``consumers`` (reverse edges: which nodes feed gradient into it); the
+graph's highest device index.
 """
 
 from __future__ import annotations
@@ -98,9 +99,6 @@ class Node:
     device: Device = CPU
     stream: int = 0
     consumers: list[tuple["Node", int]] | None = None
-    #: Whether some node feeding this one runs on another device or stream (so
-    #: running it involves a sync); CPU-to-CPU never does.
-    crosses_streams: bool = False
     #: ``device`` is the CPU (a plain attribute: the engine's hot path reads it per node).
     cpu: bool = True
     #: Whether the node saves tensors (freed by a backward without retain_graph).
@@ -163,6 +161,8 @@ class Graph:
     by_id: dict[str, Node] = field(default_factory=dict)
     #: Opens the graph's ``.npz`` side files (``autograd_run.graphs.tensors.SideFiles``).
     side_files: Any = None
+    #: The highest accelerator device index any node uses (-1: CPU only); derived at load.
+    max_device_index: int = -1
 
     @property
     def num_edges(self) -> int:
@@ -207,6 +207,8 @@ def derive(graph: Graph) -> None:
         for meta in node.inputs:
             if meta.device.type != "cpu":
                 node.device, node.stream, node.cpu = meta.device, meta.stream, False
+                if meta.device.index > graph.max_device_index:
+                    graph.max_device_index = meta.device.index
                 break
         else:
             node.device, node.stream, node.cpu = CPU, 0, True
@@ -216,8 +218,6 @@ def derive(graph: Graph) -> None:
             if e is not None:
                 target = e[0]
                 target.consumers.append((node, out_nr))
-                if not (target.cpu and node.cpu) and (target.stream != node.stream or target.device != node.device):
-                    target.crosses_streams = True
             out_nr += 1
     # Fast path: files usually list consumers before producers (edges point forward
     # in the list); then one reverse pass gives the topological numbers and proves
