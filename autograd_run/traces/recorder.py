@@ -16,7 +16,7 @@ from typing import Callable
 
 from autograd_run.engine.tracer import Tracer
 from autograd_run.traces.recording import (
-    ERROR, GT_END, GT_START, IDLE, LOCK_WAIT, NAN, NODE_END, NODE_START, POP, PUSH, SKIP, SYNC, Recording,
+    ERROR, EVENT, GT_END, GT_START, IDLE, LOCK_WAIT, NAN, NODE_END, NODE_START, POP, PUSH, SKIP, SYNC, Recording,
 )
 
 
@@ -99,6 +99,12 @@ class Recorder(Tracer):
 
     def sync(self, gt, producer, consumer, src, dst) -> None:
         self.events.append((SYNC, self.clock(), self._tid(), gt.id, producer, consumer, src, dst))
+
+    def event_record(self, gt, node, stream, event_id) -> None:
+        self.events.append((EVENT, self.clock(), self._tid(), gt.id, "record", node, stream, event_id))
+
+    def event_wait(self, gt, node, stream, event_id) -> None:
+        self.events.append((EVENT, self.clock(), self._tid(), gt.id, "wait", node, stream, event_id))
 
     def error(self, gt, node, exc) -> None:
         self.events.append((ERROR, self.clock(), self._tid(), gt.id, node, str(exc)))

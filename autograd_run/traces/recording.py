@@ -31,6 +31,7 @@ NAN = "nan"                  # (kind, ts, ident, gt_id, node, index)
 IDLE = "idle"                # (kind, start, ident, queue_name, end)
 GT_START = "gt_start"        # (kind, ts, ident, gt_id, depth)
 GT_END = "gt_end"            # (kind, ts, ident, gt_id, error_message_or_None)
+EVENT = "event"              # (kind, ts, ident, gt_id, "record"|"wait", node_or_None, stream, event_id)
 
 
 class ThreadInfo(NamedTuple):
@@ -117,6 +118,18 @@ class Sync(NamedTuple):
     dst: str
 
 
+class StreamEvent(NamedTuple):
+    """An event recorded on, or waited for by, ``stream`` (for ``node``; None: the caller)."""
+
+    ts: int
+    tid: int
+    gt: int
+    action: str
+    node: Any
+    stream: str
+    event: int
+
+
 class Failure(NamedTuple):
     ts: int
     tid: int
@@ -165,6 +178,7 @@ class Recording:
     skips: list[Skip] = field(default_factory=list)
     lock_waits: list[LockWait] = field(default_factory=list)
     syncs: list[Sync] = field(default_factory=list)
+    stream_events: list[StreamEvent] = field(default_factory=list)
     errors: list[Failure] = field(default_factory=list)
     nans: list[NanFound] = field(default_factory=list)
     idles: list[Idle] = field(default_factory=list)
@@ -235,6 +249,8 @@ class Recording:
                 rec.lock_waits.append(LockWait(ts, tid, ev[3], ev[4], ev[5]))
             elif kind == SYNC:
                 rec.syncs.append(Sync(ts, tid, *ev[3:8]))
+            elif kind == EVENT:
+                rec.stream_events.append(StreamEvent(ts, tid, *ev[3:8]))
             elif kind == ERROR:
                 rec.errors.append(Failure(ts, tid, ev[3], ev[4], ev[5]))
             elif kind == NAN:
