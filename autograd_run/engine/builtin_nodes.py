@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from autograd_run.engine import waits
 from autograd_run.graphs.model import CPU, InputMeta, Node
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, REGISTRY, RuleContext
 from autograd_run.ops.arrays import each, out_meta
@@ -75,12 +76,6 @@ def opaque(node, grads, ctx):
     return each(node, lambda i: xp.zeros(out_meta(node, i).shape, dtype=out_meta(node, i).dtype))
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 #: Default throughput a ``spin``/``sleep`` cost node assumes to turn FLOPs into time.
 COST_FLOPS_PER_SECOND = 1e9
 
@@ -89,11 +84,14 @@ def cost(node, grads, ctx):
     """Do real work for the node's declared cost, then emit zeros of the consumers' shapes.
 
     ``attrs.cost``: ``{"us": microseconds}`` or ``{"flops": count}``, and
-    ``mode``: ``spin`` (busy loop, holds the GIL), ``sleep`` (releases it) or
-    ``matmul`` (a square float32 matmul of that many FLOPs, releases the GIL).
+    ``mode``: ``spin`` (busy loop, holds the GIL, as Python code does), ``wait``
+    (occupies the worker without the GIL, to the µs, as a C++ kernel does),
+    ``sleep`` (a plain sleep) or ``matmul`` (a square float32 matmul of that
+    many FLOPs, releases the GIL). The default is ``wait`` on an accelerator
+    device and ``spin`` on the CPU.
     """
     spec = node.attrs.get("cost") or {}
-    mode = spec.get("mode", "spin")
+    mode = spec.get("mode") or ("spin" if node.cpu else "wait")
     if "us" in spec:
         seconds = float(spec["us"]) * 1e-6
         flops = seconds * COST_FLOPS_PER_SECOND
@@ -106,8 +104,10 @@ def cost(node, grads, ctx):
         a @ a
     elif mode == "sleep":
         time.sleep(seconds)
+    elif mode == "wait":
+        waits.wait(seconds)
     elif seconds > 0:
-        _spin(seconds)
+        waits.spin(seconds)
     return opaque(node, grads, ctx)
 
 

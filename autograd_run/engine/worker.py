@@ -224,19 +224,24 @@ def _evaluate(engine, gt, node, inputs: InputBuffer, parent):
                     tracer.nan_detected(gt, node, i)
                 raise RuntimeError(f"Function '{node.name}' returned nan values in its {i}th output.")
 
-    return _route(engine, gt, node, outputs, exec_info, tracer, parent)
+    return route(engine, gt, node, outputs, exec_info, tracer, parent)
 
 
-def _route(engine, gt, node, outputs, exec_info, tracer, parent) -> bool:
+def route(engine, gt, node, outputs, exec_info, tracer, parent) -> bool:
     """Step 7: under the GraphTask lock, hand each output to its next node; push the ready ones.
 
     Under the same lock it also retires this task (``outstanding -= 1``, which
     the worker loop would otherwise do under a second acquisition) and returns
     whether that finished the GraphTask.
+
+    The simulation calls this same function with its own engine, GraphTask and
+    queues (duck-typed: ``engine.default_priority``, ``engine.priority``,
+    ``engine.device_queue(i)``, ``engine.streams``; ``gt.lock``,
+    ``dependencies``, ``not_ready``, ``outstanding``, ``reentrant_depth``,
+    ``cpu_queue``, ``multithreading``; ``queue.push(key, task)``), so a
+    simulated schedule makes exactly the engine's decisions.
     """
-    depth = gt.reentrant_depth
     key = None if engine.default_priority else engine.priority.key
-    depth_bits = depth << 64
     cpu_queue = gt.cpu_queue
     multithreading = gt.multithreading
     if not tracer.enabled:
@@ -245,6 +250,8 @@ def _route(engine, gt, node, outputs, exec_info, tracer, parent) -> bool:
         t0 = time.perf_counter_ns()
         gt.lock.acquire()
         tracer.lock_wait("GraphTask", gt, time.perf_counter_ns() - t0)
+    depth = gt.reentrant_depth  # read under the lock: an expired call's depth changes
+    depth_bits = depth << 64
     try:
         deps = gt.dependencies
         not_ready = gt.not_ready

@@ -271,8 +271,8 @@ class _Checker:
         if not isinstance(cost, dict) or not set(cost) <= {"us", "flops", "mode"}:
             raise self.err(p, "attrs.cost must be a mapping with 'us' or 'flops' and an optional 'mode'")
         mode = cost.get("mode", "spin")
-        if mode not in ("spin", "sleep", "matmul"):
-            raise self.err(p + ("mode",), f"cost mode must be spin, sleep or matmul, got {mode!r}")
+        if mode not in ("spin", "wait", "sleep", "matmul"):
+            raise self.err(p + ("mode",), f"cost mode must be spin, wait, sleep or matmul, got {mode!r}")
         for key, limit in (("us", MAX_COST_US), ("flops", MAX_COST_FLOPS)):
             v = cost.get(key)
             if v is None:

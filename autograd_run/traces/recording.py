@@ -130,6 +130,15 @@ class StreamEvent(NamedTuple):
     event: int
 
 
+class KernelSlice(NamedTuple):
+    """Work of ``node`` on an accelerator stream (simulated runs): from ``start`` to ``end``."""
+
+    stream: str
+    node: Any
+    start: int
+    end: int
+
+
 class Failure(NamedTuple):
     ts: int
     tid: int
@@ -183,6 +192,10 @@ class Recording:
     nans: list[NanFound] = field(default_factory=list)
     idles: list[Idle] = field(default_factory=list)
     graph_tasks: list[GraphTaskSpan] = field(default_factory=list)
+    #: Accelerator stream work, when known (a simulation); empty for real runs.
+    kernels: list[KernelSlice] = field(default_factory=list)
+    #: True for a simulated run (times on a virtual clock).
+    simulated: bool = False
     #: First and last time stamped by any event (0, 0 when empty).
     start: int = 0
     end: int = 0

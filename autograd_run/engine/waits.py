@@ -1,0 +1,66 @@
+"""Occupying a worker thread for a stated time, with or without Python's GIL.
+
+``spin(seconds)`` busy-waits in Python: it holds the GIL throughout, as a
+node that runs Python code does. ``wait(seconds)`` occupies the thread
+without holding the GIL, as a C++ kernel in PyTorch's engine does: it
+sleeps (timer slack lowered to 1 ns on Linux, the measured overshoot
+subtracted) and busy-waits the last stretch, in compiled code without the
+GIL when the native extension is built, else in Python (holding the GIL
+for at most ``SPIN_TAIL`` seconds).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+
+#: The last stretch of a wait is a busy wait (a sleep overshoots by tens of µs).
+SPIN_TAIL = 150e-6
+
+_slack_set = threading.local()
+
+
+def _lower_timer_slack() -> None:
+    """Linux: this thread's sleeps wake within ~µs of their deadline (PR_SET_TIMERSLACK = 1 ns)."""
+    if getattr(_slack_set, "done", False):
+        return
+    _slack_set.done = True
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _native_spin_until():
+    try:
+        from autograd_run import _native  # built by setup.py when a C compiler is present
+        return _native.spin_until
+    except ImportError:
+        return None
+
+
+_SPIN_UNTIL = _native_spin_until()
+
+
+def wait(seconds: float) -> None:
+    """Occupy this thread for ``seconds`` without holding the GIL (see the module docstring)."""
+    if seconds <= 0:
+        return
+    end = time.perf_counter() + seconds
+    if seconds > SPIN_TAIL:
+        _lower_timer_slack()
+        time.sleep(seconds - SPIN_TAIL)
+    if _SPIN_UNTIL is not None:
+        _SPIN_UNTIL(end)
+    else:
+        while time.perf_counter() < end:
+            pass

@@ -1,0 +1,184 @@
+"""What each node costs in the simulation, and where that figure comes from.
+
+Per node a ``NodeCost``: ``cpu_ns`` on the worker thread that runs it (the
+node's function: a CPU node's computation, or an accelerator node's kernel
+launches), ``gpu_ns`` on its stream (the kernel; 0 on the CPU), whether the
+CPU part holds the GIL, and the source of the figure. Precedence, first
+that applies:
+
+1. ``attrs.cost`` of a ``cost`` node: ``us`` (or ``flops`` at the host's
+   rate, or a matmul of that many FLOPs); ``spin`` holds the GIL, ``sleep``,
+   ``wait`` and ``matmul`` do not; all occupy the worker thread, as they do
+   in the engine.
+2. Measured costs (``--costs``): per node id, the median duration of its
+   slices in a trace written by ``autograd-run run --trace`` (or, later, a
+   PyTorch profiler trace), taken as CPU time on its worker.
+3. The op's analytic model (``OpSpec.cost``: FLOPs and bytes from the
+   node's shapes and dtypes) on the machine spec: roofline time
+   ``max(flops / (peak * eff), bytes / (bw * eff))``, at least the device's
+   smallest kernel time. On an accelerator that is kernel time on the stream
+   and the node's CPU part is one kernel launch; copies between devices use
+   the link (device to device) or host (PCIe) bandwidth plus latency.
+
+``--scale`` multiplies the costs of the nodes of an op name or on a device.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+
+from autograd_run.errors import RequestError
+from autograd_run.ops import COST, PYTHON
+from autograd_run.ops.cost import Shapes
+from autograd_run.sim.specs import MachineSpec
+
+#: The engine's throughput assumption for ``flops`` cost nodes (builtin_nodes.COST_FLOPS_PER_SECOND).
+COST_FLOPS_PER_SECOND = 1e9
+
+
+@dataclass(slots=True)
+class NodeCost:
+    cpu_ns: int
+    gpu_ns: int = 0
+    holds_gil: bool = False
+    #: ``attrs``, ``measured``, ``analytic`` (or ``engine`` for the engine's own nodes).
+    source: str = "analytic"
+    #: Accelerator work that blocks the worker until its stream is done (a copy to the host).
+    blocking: bool = False
+
+
+def shapes_of(node) -> Shapes:
+    """The node's cost-model view: incoming gradients, produced gradients, saved tensors of known shape."""
+    inputs = [(m.shape, m.dtype) for m in node.inputs]
+    outputs = []
+    for e in node.next:
+        if e is None:
+            outputs.append(None)
+        else:
+            m = e.node.inputs[e.input_nr]
+            outputs.append((m.shape, m.dtype))
+    saved, values = {}, {}
+    for k, v in (node.saved or {}).items():
+        if type(v) is dict and "shape" in v:
+            saved[k] = (tuple(v["shape"]), v.get("dtype", inputs[0][1] if inputs else "float32"))
+        elif type(v) is not dict:
+            values[k] = v
+    return Shapes(inputs, outputs, saved, values)
+
+
+def read_measured(path: str) -> dict[str, float]:
+    """Median node slice duration (ns) by node id, from a Chrome trace written by ``run --trace``."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError) as exc:
+        raise RequestError(f"{path}: cannot read costs: {exc}", "costs") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise RequestError(f"{path}: not a Chrome trace (no traceEvents)", "costs")
+    by_id: dict[str, list[float]] = {}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "node":
+            args = e.get("args") or {}
+            nid, dur = args.get("id"), e.get("dur")
+            if isinstance(nid, str) and isinstance(dur, (int, float)) and dur >= 0:
+                by_id.setdefault(nid, []).append(dur * 1000.0)
+    if not by_id:
+        raise RequestError(f"{path}: the trace has no node slices", "costs")
+    return {k: statistics.median(v) for k, v in by_id.items()}
+
+
+def parse_scale(text: str | None) -> dict[str, float]:
+    """``MmBackward0=0.5,cuda:1=2.0`` -> {op name or device: factor}."""
+    out: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, val = item.partition("=")
+        try:
+            factor = float(val)
+        except ValueError:
+            factor = -1.0
+        if not sep or not key.strip() or not factor >= 0 or math.isinf(factor):
+            raise RequestError(f"{item!r}: expected NAME=FACTOR with a non-negative factor", "scale")
+        out[key.strip()] = factor
+    return out
+
+
+class CostModel:
+    """Resolves ``NodeCost`` per node (see the module docstring), memoised by node."""
+
+    def __init__(self, spec: MachineSpec, measured: dict[str, float] | None = None,
+                 scale: dict[str, float] | None = None):
+        self.spec = spec
+        self.measured = measured or {}
+        self.scale = scale or {}
+        self._cache: dict = {}
+
+    def __call__(self, node) -> NodeCost:
+        c = self._cache.get(node)
+        if c is None:
+            c = self._cache[node] = self._resolve(node)
+        return c
+
+    def _resolve(self, node) -> NodeCost:
+        c = self._base(node)
+        factor = self.scale.get(node.name, 1.0) * self.scale.get(str(node.device), 1.0)
+        if factor != 1.0:
+            c = NodeCost(int(c.cpu_ns * factor), int(c.gpu_ns * factor), c.holds_gil, c.source, c.blocking)
+        return c
+
+    def _base(self, node) -> NodeCost:
+        holds = self.spec.engine.overhead_holds_gil
+        if node.op is COST:
+            spec = node.attrs.get("cost") or {}
+            mode = spec.get("mode") or ("wait" if not node.cpu else "spin")
+            if "us" in spec:
+                ns = float(spec["us"]) * 1e3
+            elif mode == "matmul":
+                ns = float(spec.get("flops", 0)) / (self.spec.host.flops_per_s("float32")
+                                                  * self.spec.host.flops_efficiency) * 1e9
+            else:
+                ns = float(spec.get("flops", 0)) / COST_FLOPS_PER_SECOND * 1e9
+            return NodeCost(int(ns), 0, mode == "spin", "attrs")
+        if node.id in self.measured:
+            return NodeCost(int(self.measured[node.id]), 0, holds, "measured")
+        if node.op is PYTHON:
+            return NodeCost(int(self.spec.host.min_kernel_us * 1e3), 0, True, "analytic")
+        model = node.op.cost
+        if node.op.engine and model is None:
+            return NodeCost(0, 0, False, "engine")
+        s = shapes_of(node)
+        flops = model.flops(s) if model is not None else 0.0
+        nbytes = model.bytes(s) if model is not None else 0.0
+        dtype = node.inputs[0].dtype if node.inputs else "float32"
+        if node.cpu:
+            dev = self.spec.host
+            return NodeCost(_roofline(dev, flops, nbytes, dtype), 0, False, "analytic")
+        acc = self.spec.accelerator
+        cpu = int(acc.launch_us * 1e3)
+        gpu = _roofline(acc, flops, nbytes, dtype)
+        if node.op.name == "ToCopyBackward0":
+            return self._copy_cost(node, s, cpu, gpu)
+        return NodeCost(cpu, gpu, False, "analytic")
+
+    def _copy_cost(self, node, s: Shapes, cpu: int, gpu: int) -> NodeCost:
+        acc = self.spec.accelerator
+        moved = max((Shapes.nbytes(m) for m in s.outputs if m is not None), default=0)
+        targets = [e.node.inputs[e.input_nr].device for e in node.next if e is not None]
+        to_host = any(d.type == "cpu" for d in targets)
+        cross = any(d != node.device for d in targets)
+        if not cross:
+            return NodeCost(cpu, gpu, False, "analytic")
+        bw, lat = (acc.host_bw, acc.host_latency_us) if to_host else (acc.link_bw or acc.host_bw, acc.link_latency_us)
+        transfer = int((moved / bw * 1e9 if bw else 0) + lat * 1e3)
+        return NodeCost(cpu, max(gpu, transfer), False, "analytic", blocking=to_host)
+
+
+def _roofline(dev, flops: float, nbytes: float, dtype: str) -> int:
+    t = max(flops / (dev.flops_per_s(dtype) * dev.flops_efficiency),
+            nbytes / (dev.mem_bw * dev.bw_efficiency) if dev.mem_bw else 0.0)
+    return int(max(t * 1e9, dev.min_kernel_us * 1e3))

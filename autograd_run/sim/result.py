@@ -1,0 +1,37 @@
+"""A finished simulation as a ``Recording`` (the summary and trace writer read it as any run's)."""
+
+from __future__ import annotations
+
+from autograd_run.engine.streams import stream_name
+from autograd_run.engine.threads import thread_kind, thread_sort_key, worker_label
+from autograd_run.traces.recording import (
+    GraphTaskSpan, Idle, KernelSlice, NodeSlice, QueueSample, QueueWait, Recording, Skip, StreamEvent, Sync,
+    ThreadInfo,
+)
+
+
+def to_recording(sim) -> Recording:
+    rec = Recording(simulated=True)
+    workers = [sim.caller, *sim.devices, *sim.pool]
+    used = {t for s in sim.slices for t in (s[3],)} | {sim.caller.tid}
+    infos = [ThreadInfo(w.tid, w.name, thread_kind(w.name), worker_label(w.name)) for w in workers if w.tid in used]
+    rec.threads = {t.tid: t for t in sorted(infos, key=lambda t: thread_sort_key(t.name))}
+    for gt, depth, node, tid, start, end, queue, pushed in sim.slices:
+        wait = QueueWait(gt, node, queue, pushed, start, tid) if queue is not None else None
+        if wait is not None:
+            rec.waits.append(wait)
+        rec.slices.append(NodeSlice(gt, depth, node, tid, start, end, wait))
+    rec.queue_samples = [QueueSample(*q) for q in sim.queue_samples]
+    rec.skips = [Skip(*s) for s in sim.skips]
+    rec.syncs = [Sync(ts, 0, gt, p, c, src, dst) for ts, gt, p, c, src, dst in sim.syncs]
+    rec.stream_events = [StreamEvent(ts, 0, gt, action, node, stream, ev)
+                         for ts, gt, action, node, stream, ev in sim.stream_events]
+    rec.idles = [Idle(a, b, tid, q) for a, b, tid, q in sim.idles]
+    rec.graph_tasks = [GraphTaskSpan(g.id, g.reentrant_depth, g.start, g.end, g.tid, None) for g in sim.graph_tasks]
+    rec.kernels = [KernelSlice(stream_name(st), node, a, b) for st, node, a, b in sim.kernels]
+    times = [s.end for s in rec.slices] + [k.end for k in rec.kernels] + [g.end for g in rec.graph_tasks if g.end]
+    rec.start = min([g.start for g in rec.graph_tasks] or [0])
+    rec.end = max(times or [0])
+    if rec.end == rec.start == 0:
+        rec.end = 1  # a non-empty recording of zero length
+    return rec

@@ -1,0 +1,464 @@
+"""The engine on a virtual clock: a deterministic discrete-event simulation of PyTorch's scheduling.
+
+It runs the engine's own scheduling code (``worker.route`` for dependency
+counting, InputBuffers and their stream rules; ``compute_dependencies``;
+``init_to_execute``; the exact libstdc++ heap of ``ReadyQueue``; the
+priority policy; ``make_graph_root``) against simulated workers, queues and
+streams, so a simulated order is the engine's order by construction where
+the real order is deterministic (one worker, or per worker when arrival
+order does not race).
+
+What it models:
+  * workers: the caller thread (the CPU worker of its call) and one thread
+    per device index; each takes its queue's highest task whenever it is
+    free; a push onto an idle worker's queue from another thread wakes it
+    after the spec's hand-off latency;
+  * per node, CPU time on its worker: the engine's fixed overhead plus the
+    node's CPU cost (``costs.CostModel``); the overhead and GIL-holding
+    costs take the GIL, a shared resource granted in request order;
+  * accelerator nodes: a kernel on the node's stream after its launch, the
+    stream a timeline of its own, so a device thread runs ahead of its
+    streams; events recorded and waited on exactly where the engine's
+    ``InputBuffer`` and worker record and wait them; a copy to the host
+    blocks its worker until its stream is done;
+  * reentrant checkpoints (``python`` nodes running the shipped checkpoint
+    callable): a nested call one level deeper on the same worker, handed to
+    a pool thread past the depth limit;
+  * completion: a wake-up to the caller when another worker finishes the
+    call, and the caller's streams waiting on the leaf streams.
+
+State of one simulation (``Simulator``): ``now`` (ns), the event heap
+``_events`` of (time, order, action), the workers (``SimWorker``: queue,
+busy/idle, reentrant depth), ``_gil_free_at``/``_gil_queue``, the stream
+timelines ``stream_free`` (stream -> ns when its last kernel ends), and the
+records of what happened (``slices``, ``kernels``, ``waits``, ...), turned
+into a ``Recording`` by ``result()``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from autograd_run.engine.builtin_nodes import make_graph_root
+from autograd_run.engine.graph_task import ExecInfo, compute_dependencies, init_to_execute  # noqa: F401
+from autograd_run.engine.input_buffer import InputBuffer
+from autograd_run.engine.priority import WAKEUP_KEY, PyTorchPriority
+from autograd_run.engine.ready_queue import ReadyQueue
+from autograd_run.engine.streams import current_stream, node_stream, stream_name
+from autograd_run.engine.threads import device_thread_name, pool_thread_name
+from autograd_run.engine.tracer import NULL_TRACER
+from autograd_run.engine.worker import route
+from autograd_run.graphs.model import Edge
+from autograd_run.ops import ACCUMULATE_GRAD, PYTHON
+from autograd_run.sim.costs import CostModel, NodeCost
+from autograd_run.sim.specs import MachineSpec
+
+MAX_DEPTH = 60
+CALLER = -1
+_CHECKPOINT = "autograd_run.engine.callables:checkpoint"
+
+
+class _NoLock:
+    """The simulation is single-threaded: GraphTask locks are free."""
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NOLOCK = _NoLock()
+
+
+class SimQueue:
+    """A ready queue for the simulation: the engine's exact heap, no locks, pushes wake its consumer.
+
+    ``consumers`` is a stack: the worker serving the queue is the last one (a
+    pool thread serves the queue of the thread it stands in for while that
+    thread is blocked in a reentrant call).
+    """
+
+    __slots__ = ("name", "heap", "sim", "consumers")
+
+    def __init__(self, name: str, sim: "Simulator"):
+        self.name = name
+        self.heap = ReadyQueue(name)
+        self.sim = sim
+        self.consumers: list[SimWorker] = []
+
+    def push(self, key: int, task) -> None:
+        self.heap._push(key, task)
+        self.sim.pushed(self, task)
+
+    def pop(self):
+        return self.heap._pop()
+
+    def __len__(self) -> int:
+        return len(self.heap._keys)
+
+
+class SimTask:
+    """The slice of a GraphTask that the engine's routing code reads and writes, for one simulated call."""
+
+    _ids = itertools.count()
+
+    def __init__(self, depth: int, cpu_queue: SimQueue, multithreading: bool, owner: "SimWorker"):
+        self.id = next(SimTask._ids)
+        self.reentrant_depth = depth
+        self.cpu_queue = cpu_queue
+        self.multithreading = multithreading
+        self.owner = owner
+        self.lock = _NOLOCK
+        self.dependencies: dict = {}
+        self.not_ready: dict = {}
+        self.exec_info: dict = {}
+        self.captured: list = []
+        self.outstanding = 0
+        self.completed = False
+        self.start = 0
+        self.end: int | None = None
+        self.tid = owner.tid
+        self.leaf_streams: set = set()
+        self.graph_root = None
+        #: Called when the call completes (the node that made a nested call resumes).
+        self.on_done: list[Callable] = []
+
+
+@dataclass(slots=True)
+class SimWorker:
+    name: str
+    index: int
+    queue: Any
+    tid: int
+    idle: bool = True
+    idle_since: int | None = None
+    #: The calls this worker's nested thread_main loops wait for, innermost last (empty: a device loop).
+    waiting_for: list = field(default_factory=list)
+    current_depth: int = 0
+    total_depth: int = 0
+    wake_pending: bool = False
+
+
+@dataclass(slots=True)
+class SimEvent:
+    time: int
+    stream: tuple
+    node: Any
+    id: int
+
+
+class SimStreams:
+    """Stream timelines: records are events at a stream's current end, waits delay a stream's next kernel."""
+
+    def __init__(self, sim: "Simulator"):
+        self.sim = sim
+        self._ids = itertools.count(1)
+
+    def record(self, gt, stream, node) -> SimEvent:
+        ev = SimEvent(self.sim.stream_free.get(stream, 0), stream, node, next(self._ids))
+        self.sim.stream_events.append((self.sim.now, gt.id, "record", node, stream_name(stream), ev.id))
+        return ev
+
+    def wait(self, gt, stream, event: SimEvent, node) -> None:
+        sim = self.sim
+        sim.stream_free[stream] = max(sim.stream_free.get(stream, 0), event.time)
+        sim.stream_events.append((sim.now, gt.id, "wait", node, stream_name(stream), event.id))
+        if event.node is not None and event.node is not node:
+            sim.syncs.append((sim.now, gt.id, event.node, node, stream_name(event.stream), stream_name(stream)))
+
+    def on_stream(self, stream):
+        return _Accumulate(self.sim, stream)
+
+
+class _Accumulate:
+    """Summing two gradients on a stream: a small kernel on that stream's timeline."""
+
+    __slots__ = ("sim", "stream")
+
+    def __init__(self, sim, stream):
+        self.sim, self.stream = sim, stream
+
+    def __enter__(self):
+        self.sim.kernel(self.stream, None, int(self.sim.spec.accelerator.min_kernel_us * 1e3))
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Simulator:
+    def __init__(self, graph, spec: MachineSpec, costs: CostModel | None = None, *, priority=None,
+                 multithreading: bool = True, device_count: int | None = None):
+        self.graph = graph
+        self.spec = spec
+        self.costs = costs or CostModel(spec)
+        self.priority = priority or PyTorchPriority()
+        self.default_priority = type(self.priority) is PyTorchPriority
+        self.multithreading = multithreading
+        self.streams = SimStreams(self)
+        self.overhead_ns = int(spec.engine.node_overhead_us * 1e3)
+        self.handoff_ns = int(spec.engine.handoff_us * 1e3)
+        self.overhead_gil = spec.engine.overhead_holds_gil
+        self.now = 0
+        self._events: list = []
+        self._order = itertools.count()
+        self._tids = itertools.count(1)
+        self.caller = self._worker("MainThread", CALLER, "cpu:MainThread")
+        count = device_count if device_count is not None else graph.max_device_index + 1
+        self.devices = [self._worker(device_thread_name(i), i, f"cuda:{i}") for i in range(count)]
+        self.pool: list[SimWorker] = []
+        self._pool_idle: list[SimWorker] = []
+        self._gil_free_at = 0
+        self.stream_free: dict = {}
+        # What happened, as plain tuples (``result()`` makes a Recording of them).
+        self.slices: list = []      # (gt, depth, node, tid, start, end, queue, pushed, popped)
+        self.kernels: list = []     # (stream, node, start, end)
+        self.pending: dict = {}     # (gt id, node) -> (queue, pushed)
+        self.queue_samples: list = []
+        self.syncs: list = []
+        self.stream_events: list = []
+        self.idles: list = []
+        self.skips: list = []
+        self.graph_tasks: list[SimTask] = []
+        #: Nodes in the order their functions started: (gt id, depth, node, worker), as node pre-hooks see it.
+        self.started: list = []
+
+    # -- engine-facing API (duck-typed for worker.route) -------------------------
+    def device_queue(self, index: int) -> SimQueue:
+        return self.devices[index].queue
+
+    def _worker(self, name: str, index: int, queue_name: str | None) -> SimWorker:
+        w = SimWorker(name, index, None, next(self._tids))
+        if queue_name is not None:
+            w.queue = SimQueue(queue_name, self)
+            w.queue.consumers.append(w)
+        return w
+
+    # -- the event loop ----------------------------------------------------------
+    def at(self, t: int, action: Callable) -> None:
+        heapq.heappush(self._events, (t, next(self._order), action))
+
+    def run(self, roots: list[Edge], inputs: list[Edge] | None = None, accumulate_grad: bool = True) -> SimTask:
+        """Simulate one top-level backward call from the caller; returns its (completed) task."""
+        caller = self.caller
+        caller.idle = False
+        gt = self._new_task(roots, inputs or [], accumulate_grad, caller, 0)
+        caller.waiting_for.append(gt)
+        self.at(self.now, lambda: self._step(caller))
+        events = self._events
+        pop = heapq.heappop
+        while events:
+            t, _, action = pop(events)
+            self.now = t
+            action()
+        if not gt.completed:
+            raise RuntimeError("simulation stalled: the backward call never completed")
+        return gt
+
+    def _new_task(self, roots, outputs, accumulate_grad, owner: SimWorker, depth: int) -> SimTask:
+        gt = SimTask(depth, owner.queue, self.multithreading, owner)
+        gt.start = self.now
+        if len(roots) == 1:
+            root = roots[0].node
+            buf = InputBuffer(len(root.inputs))
+            slot = roots[0].input_nr
+            device = root.inputs[slot].device
+            if device.type == "cpu":
+                buf.add(slot, 1)
+            else:
+                buf.add_on_device(slot, 1, device, None, node_stream(root), None, root, self.streams, gt)
+        else:
+            root = make_graph_root(roots, [1] * len(roots), 2**63 - 1)
+            buf = InputBuffer(0)
+        gt.graph_root = root
+        min_topo = min((e.node.topo_nr for e in outputs), default=0)
+        compute_dependencies(root, gt, min_topo)
+        if outputs:
+            init_to_execute(gt, root, outputs, accumulate_grad, min_topo)
+        self.graph_tasks.append(gt)
+        queue = gt.cpu_queue if root.cpu or not self.multithreading else self.device_queue(root.device.index)
+        gt.outstanding += 1
+        key = ((depth << 64) | root.seq) if self.default_priority else self.priority.key(depth, root)
+        queue.push(key, (gt, root, buf))
+        return gt
+
+    # -- workers ----------------------------------------------------------------
+    def pushed(self, queue: SimQueue, task) -> None:
+        gt, node, _ = task
+        if node is not None:
+            self.pending[(gt.id, node)] = (queue.name, self.now)
+        w = queue.consumers[-1]
+        self.queue_samples.append((self.now, self._current_tid, queue.name, gt.id, node, len(queue), True))
+        if w.idle and not w.wake_pending:  # asleep on its queue: woken from another thread
+            w.wake_pending = True
+            self.at(self.now + self.handoff_ns, lambda: self._wake(w))
+
+    _current_tid = 0
+
+    def _wake(self, w: SimWorker) -> None:
+        w.wake_pending = False
+        if w.idle:
+            if w.idle_since is not None and self.now > w.idle_since:
+                self.idles.append((w.idle_since, self.now, w.tid, w.queue.name))
+            w.idle = False
+            self._step(w)
+
+    def _step(self, w: SimWorker) -> None:
+        """Worker ``w`` is free: leave the loops whose call completed, or pop and run its next task."""
+        waiting = w.waiting_for
+        if waiting and waiting[-1].completed:
+            gt = waiting.pop()
+            done, gt.on_done = gt.on_done, []
+            for fn in done:
+                fn()
+            if not done and not waiting:  # the top-level call returned: the caller is done
+                w.idle = True
+                w.idle_since = None
+            return
+        q = w.queue
+        if not len(q):
+            w.idle = True
+            w.idle_since = self.now
+            return
+        gt, node, buf = q.pop()
+        self.queue_samples.append((self.now, w.tid, q.name, gt.id, node, len(q), False))
+        if node is None:  # a wake-up: the loop condition is checked again
+            self._step(w)
+            return
+        self._run_node(w, gt, node, buf)
+
+    def _run_node(self, w: SimWorker, gt: SimTask, node, buf: InputBuffer) -> None:
+        start = self.now
+        parent = node_stream(node)
+        if parent is not None:
+            for _, event in buf.ready_waits(parent):
+                self.streams.wait(gt, parent, event, node)
+        fi = gt.exec_info.get(node) if gt.exec_info else None
+        if fi is not None and not fi.needed:  # captured for grad() only: the node does not run
+            if fi.captures and parent is not None:
+                gt.leaf_streams.add(parent)
+            self.pending.pop((gt.id, node), None)
+            self.skips.append((self.now, w.tid, gt.id, node))
+            self._retire(w, gt, None)
+            return
+        cost = self.costs(node)
+        self.started.append((gt.id, gt.reentrant_depth, node, w))
+        checkpoint = node.op is PYTHON and node.attrs.get("callable") == _CHECKPOINT
+
+        def function():
+            if checkpoint:
+                self._nested_call(w, gt, node, parent, start)
+            else:
+                self._cpu(cost.cpu_ns, cost.holds_gil, lambda: launched(self.now))
+
+        def launched(t):
+            if parent is not None and cost.gpu_ns:
+                end = self.kernel(parent, node, cost.gpu_ns, not_before=t)
+                if cost.blocking and end > t:  # a copy to the host: the worker waits for its stream
+                    self.at(end, lambda: self._node_done(w, gt, node, start, parent))
+                    return
+            self._node_done(w, gt, node, start, parent)
+
+        self._cpu(self.overhead_ns, self.overhead_gil, function)
+
+    def _cpu(self, ns: int, gil: bool, then: Callable) -> None:
+        """CPU work of ``ns`` from now (once the GIL is free, when it takes the GIL); then ``then``."""
+        if ns <= 0:
+            then()
+            return
+        t = self.now
+        if gil:
+            t = max(t, self._gil_free_at)
+            self._gil_free_at = t + ns
+        self.at(t + ns, then)
+
+    def kernel(self, stream, node, ns: int, not_before: int | None = None) -> int:
+        """Enqueue a kernel on ``stream``; returns when it ends."""
+        start = max(self.stream_free.get(stream, 0), self.now if not_before is None else not_before)
+        end = start + ns
+        self.stream_free[stream] = end
+        if node is not None:
+            self.kernels.append((stream, node, start, end))
+        return end
+
+    def _node_done(self, w: SimWorker, gt: SimTask, node, start: int, parent) -> None:
+        end = self.now
+        pushed = self.pending.pop((gt.id, node), None)
+        self.slices.append((gt.id, gt.reentrant_depth, node, w.tid, start, end,
+                            pushed[0] if pushed else None, pushed[1] if pushed else None))
+        if not node.next:  # AccumulateGrad and other nodes without outputs
+            if parent is not None:
+                gt.leaf_streams.add(parent)
+            self._retire(w, gt, None)
+            return
+        self._current_tid = w.tid
+        finished = route(self, gt, node, [1] * len(node.next), gt.exec_info, NULL_TRACER, parent)
+        self._retire(w, gt, finished)
+
+    def _retire(self, w: SimWorker, gt: SimTask, finished) -> None:
+        """The task is done: retire it from its call (unless routing did), complete the call, go on."""
+        if finished is None:
+            gt.outstanding -= 1
+            finished = gt.outstanding == 0
+        if finished:
+            self._complete(w, gt)
+        self._step(w)
+
+    def _complete(self, w: SimWorker, gt: SimTask) -> None:
+        gt.completed = True
+        gt.end = self.now
+        for leaf in sorted(gt.leaf_streams, key=lambda s: (s[0].type, s[0].index, s[1])):
+            caller = current_stream(leaf[0])
+            if caller != leaf:
+                self.streams.wait(gt, caller, self.streams.record(gt, leaf, None), None)
+        owner = gt.owner
+        if owner.index != w.index:  # the owner may be asleep on its queue: wake it
+            self._current_tid = w.tid
+            owner.queue.push(WAKEUP_KEY, (gt, None, None))
+
+    # -- reentrant checkpoints ---------------------------------------------------------
+    def _nested_call(self, w: SimWorker, gt: SimTask, node, parent, start: int) -> None:
+        """A checkpoint node's function: a nested backward over its segment, one level deeper."""
+        seg_root = self.graph.by_id[node.attrs["segment_root"]]
+        seg_input = self.graph.by_id[node.attrs["segment_input"]]
+        resume = lambda: self.at(self.now, lambda: self._node_done(w, gt, node, start, parent))  # noqa: E731
+        nested = self._new_task([Edge(seg_root, 0)], [Edge(seg_input, 0)], False, w, w.total_depth + 1)
+        if w.current_depth >= MAX_DEPTH:  # handed to a pool thread; this thread blocks until it is done
+            p = self._pool_idle.pop() if self._pool_idle else self._new_pool_worker()
+            p.queue, p.index = w.queue, w.index
+            p.total_depth, p.current_depth = nested.reentrant_depth, 0
+            w.queue.consumers.append(p)
+
+            def pool_done():
+                w.queue.consumers.remove(p)
+                self._pool_idle.append(p)
+                resume()
+            nested.on_done.append(pool_done)
+            p.waiting_for.append(nested)
+            p.idle = False
+            self.at(self.now + self.handoff_ns, lambda: self._step(p))
+            return
+        w.current_depth += 1
+        w.total_depth += 1
+
+        def leave():
+            w.current_depth -= 1
+            w.total_depth -= 1
+            resume()
+        nested.on_done.append(leave)
+        w.waiting_for.append(nested)
+        self._step(w)
+
+    def _new_pool_worker(self) -> SimWorker:
+        p = self._worker(pool_thread_name(len(self.pool)), CALLER, None)
+        self.pool.append(p)
+        return p

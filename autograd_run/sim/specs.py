@@ -1,0 +1,154 @@
+"""Device specs: what the simulation needs to know about a machine, from data sheets or measured here.
+
+A ``MachineSpec`` has a ``host`` (the CPU that runs the engine's threads and
+CPU nodes) and an ``accelerator`` (what ``cuda:N``/``TYPE:N`` devices are),
+each a ``DeviceSpec``: peak FLOP/s per dtype, memory bandwidth and the
+fraction of both that real kernels reach, the smallest kernel time, and for
+accelerators the CPU time to launch a kernel and the links between devices
+and to the host. The host part also carries the engine's own costs: the
+fixed CPU time per node outside the node's function, the latency of handing
+a task to another worker thread, and whether the engine's per-node work
+holds Python's GIL (true for autograd-run's own engine, measured by
+``autograd-run calibrate``; false for PyTorch's C++ engine).
+
+Shipped specs (``specs/*.json``): ``h100``, ``h200``, ``a100``, ``l4`` from
+their public data sheets, and ``cpu`` (a generic host); ``local`` is the
+spec ``calibrate`` measured on this machine (in the user cache folder).
+A user's own spec is a JSON or YAML file of the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+from typing import Any
+
+from autograd_run.errors import RequestError
+
+
+@dataclass
+class DeviceSpec:
+    name: str
+    #: Peak FLOP/s by dtype (dtypes not listed use float32's).
+    peak_flops: dict[str, float] = field(default_factory=dict)
+    #: Memory bandwidth, bytes/s.
+    mem_bw: float = 20e9
+    #: Fractions of peak FLOP/s and bandwidth that kernels reach.
+    flops_efficiency: float = 0.6
+    bw_efficiency: float = 0.7
+    #: The smallest time one kernel (or numpy call) takes, µs.
+    min_kernel_us: float = 1.0
+    #: CPU time to launch one kernel from the engine's thread, µs (accelerators).
+    launch_us: float = 0.0
+    #: Device-to-device link (one direction), bytes/s, and its latency, µs.
+    link_bw: float = 0.0
+    link_latency_us: float = 0.0
+    #: Host link (PCIe, one direction), bytes/s, and its latency, µs.
+    host_bw: float = 0.0
+    host_latency_us: float = 0.0
+
+    def flops_per_s(self, dtype: str) -> float:
+        return self.peak_flops.get(dtype) or self.peak_flops.get("float32", 1e9)
+
+
+@dataclass
+class EngineSpec:
+    """The engine's own costs on the host."""
+
+    #: CPU time per node outside its function (pop, validate, route, push), µs.
+    node_overhead_us: float = 2.0
+    #: From a push onto an idle worker's queue until that worker runs, µs.
+    handoff_us: float = 20.0
+    #: Whether the per-node engine work holds Python's GIL (autograd-run's engine: yes).
+    overhead_holds_gil: bool = False
+
+
+@dataclass
+class MachineSpec:
+    name: str
+    host: DeviceSpec
+    accelerator: DeviceSpec
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    #: Where the figures come from (a data sheet, or ``calibrate`` with the date and machine).
+    source: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(doc: Any, where: str = "spec") -> "MachineSpec":
+        if not isinstance(doc, dict):
+            raise RequestError(f"{where}: a spec is a mapping with 'name', 'host', 'accelerator'", "spec")
+        try:
+            host = _device(doc.get("host", {}), f"{where}: host")
+            acc = _device(doc.get("accelerator", {}), f"{where}: accelerator")
+            eng = EngineSpec(**_known(EngineSpec, doc.get("engine", {}), f"{where}: engine"))
+        except TypeError as exc:
+            raise RequestError(f"{where}: {exc}", "spec") from None
+        return MachineSpec(str(doc.get("name", where)), host, acc, eng, str(doc.get("source", "")))
+
+
+def _known(cls, d: Any, where: str) -> dict:
+    if not isinstance(d, dict):
+        raise RequestError(f"{where}: expected a mapping", "spec")
+    names = {f.name for f in fields(cls)}
+    extra = sorted(set(d) - names)
+    if extra:
+        raise RequestError(f"{where}: unknown field {extra[0]!r}", "spec")
+    for k, v in d.items():
+        if k in ("name",) or k == "peak_flops" or isinstance(v, bool):
+            continue
+        if not isinstance(v, (int, float)) or v < 0 or v != v:
+            raise RequestError(f"{where}: {k} must be a non-negative number, got {v!r}", "spec")
+    return d
+
+
+def _device(d: Any, where: str) -> DeviceSpec:
+    d = dict(_known(DeviceSpec, d, where))
+    flops = d.get("peak_flops", {})
+    if not isinstance(flops, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in flops.values()):
+        raise RequestError(f"{where}: peak_flops maps dtypes to positive FLOP/s", "spec")
+    d.setdefault("name", where)
+    return DeviceSpec(**d)
+
+
+SHIPPED = ("h100", "h200", "a100", "l4", "cpu")
+
+
+def local_spec_path() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "autograd-run", "local-spec.json")
+
+
+def load_spec(ref: str) -> MachineSpec:
+    """A shipped spec by name, ``local`` (calibrated here), or a JSON/YAML file."""
+    if ref in SHIPPED:
+        text = resources.files("autograd_run.sim").joinpath("specs").joinpath(f"{ref}.json").read_text()
+        return MachineSpec.from_dict(json.loads(text), ref)
+    path = local_spec_path() if ref == "local" else ref
+    if ref == "local" and not os.path.isfile(path):
+        raise RequestError("no local spec yet: run `autograd-run calibrate` first", "spec")
+    if not os.path.isfile(path):
+        raise RequestError(f"{ref}: not a shipped spec ({', '.join(SHIPPED)}, local) nor a file", "spec")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)
+        if path.lower().endswith((".yaml", ".yml")):
+            import yaml
+            doc = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        else:
+            doc = json.loads(data)
+    except (OSError, ValueError) as exc:
+        raise RequestError(f"{path}: cannot read the spec: {exc}", "spec") from None
+    except Exception as exc:  # a YAML error
+        raise RequestError(f"{path}: not a valid spec file: {exc}", "spec") from None
+    return MachineSpec.from_dict(doc, path)
+
+
+def default_spec() -> MachineSpec:
+    """``local`` when calibrated, else the generic ``cpu`` host with H100 accelerators."""
+    if os.path.isfile(local_spec_path()):
+        return load_spec("local")
+    return load_spec("h100")
