@@ -18,7 +18,8 @@ from autograd_run.errors import AutogradRunError, GraphFileError, OrderMismatch,
 #: The command-line flag of each session request field, for error messages.
 FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error", "inject_nan": "--inject-nan",
          "trace_path": "--trace", "order_out": "--order-out", "expected_order": "--expect-order",
-         "devices": "--devices", "repeat": "--repeat"}
+         "devices": "--devices", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
+         "policy": "--policy", "placement": "--placement"}
 
 
 class DefaultGroup(click.Group):
@@ -141,8 +142,11 @@ def gen(kind, output, n, op, width, layers, batch, in_features, heads, seq_len, 
 
 
 from autograd_run.cli.run_cmd import run  # noqa: E402  (registers the run command below)
+from autograd_run.cli.sim_cmd import calibrate, simulate  # noqa: E402
 
 cli.add_command(run)
+cli.add_command(simulate)
+cli.add_command(calibrate)
 
 
 @cli.command()

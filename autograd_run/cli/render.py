@@ -140,3 +140,29 @@ def report_json(report, graph: str) -> dict:
             "summary": report.summary.to_dict(),
             "grads": {} if report.result is None else {k: None if v is None else _host(v).tolist()
                                                        for k, v in report.result.grads.items()}}
+
+
+def render_compare(console: Console, reports, title: str) -> None:
+    """One row per simulated variant: wall time, engine time, critical path, busiest worker."""
+    t = Table(title=title)
+    for c, j in (("policy", "left"), ("devices", "right"), ("placement", "left"), ("wall", "right"),
+                 ("engine done", "right"), ("critical path", "right"), ("vs first", "right")):
+        t.add_column(c, justify=j)
+    base = reports[0].wall_ns or 1
+    for r in reports:
+        s = r.summary
+        t.add_row(r.options.policy, str(r.options.devices or "-"), r.options.placement, fmt_ns(r.wall_ns),
+                  fmt_ns(r.engine_done_ns), fmt_ns(s.critical_path_ns), f"{r.wall_ns / base:.2f}x")
+    console.print(t)
+
+
+def render_slack(console: Console, report) -> None:
+    if not report.slack:
+        return
+    pct = int(report.options.slack_speedup * 100)
+    t = Table(title=f"what if a critical-path node were {pct}% faster")
+    for c, j in (("node", "left"), ("op", "left"), ("time", "right"), ("pass shortens by", "right")):
+        t.add_column(c, justify=j)
+    for s in report.slack:
+        t.add_row(s.node, s.name, fmt_ns(s.duration_ns), fmt_ns(s.saved_ns))
+    console.print(t)

@@ -28,8 +28,12 @@ def _no_transfer(array, src, dst):
 
 
 def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True,
-                       retain_graph=False, create_graph=False, priority=None) -> tuple[list, list]:
-    """Run a backward call sequentially; returns (executed nodes in order, captured grads)."""
+                       retain_graph=False, create_graph=False, priority=None, execute=True) -> tuple[list, list]:
+    """Run a backward call sequentially; returns (executed nodes in order, captured grads).
+
+    ``execute=False`` only schedules: no node's function runs (the order that
+    ``get_current_graph_task_execution_order`` predicts).
+    """
     key = (priority or PyTorchPriority()).key
     keep_graph = retain_graph or create_graph
     ctx = EngineContext(state.saved, _numpy, _no_transfer, create_graph, state=state)
@@ -95,11 +99,14 @@ def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True
         if runs is not None and fn not in runs:
             continue
         executed.append(fn)
-        outs = RUNNERS[fn.op](fn, list(grads_in), ctx)
-        if fn.op is not ACCUMULATE_GRAD:
-            validate_outputs(fn.next, outs, f"Function {fn.name} returned an ")
-        if not keep_graph:
-            state.release(fn)
+        if not execute:
+            outs = [None] * len(fn.next)
+        else:
+            outs = RUNNERS[fn.op](fn, list(grads_in), ctx)
+            if fn.op is not ACCUMULATE_GRAD:
+                validate_outputs(fn.next, outs, f"Function {fn.name} returned an ")
+            if not keep_graph:
+                state.release(fn)
         for i, out in enumerate(outs):
             e = fn.next[i]
             if e is None:

@@ -27,7 +27,8 @@ def to_recording(sim) -> Recording:
     rec.stream_events = [StreamEvent(ts, 0, gt, action, node, stream, ev)
                          for ts, gt, action, node, stream, ev in sim.stream_events]
     rec.idles = [Idle(a, b, tid, q) for a, b, tid, q in sim.idles]
-    rec.graph_tasks = [GraphTaskSpan(g.id, g.reentrant_depth, g.start, g.end, g.tid, None) for g in sim.graph_tasks]
+    rec.graph_tasks = [GraphTaskSpan(g.id, g.reentrant_depth, g.start, g.returned or g.end, g.tid, None)
+                       for g in sim.graph_tasks]
     rec.kernels = [KernelSlice(stream_name(st), node, a, b) for st, node, a, b in sim.kernels]
     times = [s.end for s in rec.slices] + [k.end for k in rec.kernels] + [g.end for g in rec.graph_tasks if g.end]
     rec.start = min([g.start for g in rec.graph_tasks] or [0])

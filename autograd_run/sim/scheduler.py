@@ -127,6 +127,8 @@ class SimTask:
         self.completed = False
         self.start = 0
         self.end: int | None = None
+        #: When the owner saw the completion and the call returned (top-level calls).
+        self.returned: int | None = None
         self.tid = owner.tid
         self.leaf_streams: set = set()
         self.graph_root = None
@@ -321,6 +323,7 @@ class Simulator:
             for fn in done:
                 fn()
             if not done and not waiting:  # the top-level call returned: the caller is done
+                gt.returned = self.now
                 w.idle = True
                 w.idle_since = None
             return

@@ -30,7 +30,8 @@ def to_chrome_trace(rec: Recording) -> dict:
     def us(ns: int) -> float:
         return (ns - t0) / 1000.0 + 1.0
 
-    out: list[dict] = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": "autograd-run"}}]
+    process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
+    out: list[dict] = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": process}}]
     for rank, t in enumerate(rec.threads.values()):
         name = f"caller / CPU worker ({t.name})" if t.kind is ThreadKind.CALLER else t.name
         out.append({"ph": "M", "pid": PID, "tid": t.tid, "name": "thread_name", "args": {"name": name}})
@@ -92,7 +93,27 @@ def to_chrome_trace(rec: Recording) -> dict:
                     "cat": "node"})
         out.append({"ph": "i", "pid": PID, "tid": c[0], "ts": c[1], "s": "t", "name": label, "cat": "sync",
                     "args": {"producer": sync.producer.id, "consumer": sync.consumer.id}})
+    _kernels(rec, out, us)
     return {"traceEvents": out, "displayTimeUnit": "ns"}
+
+
+def _kernels(rec: Recording, out: list, us) -> None:
+    """Accelerator streams (simulated runs): a process of their own, one track per stream."""
+    if not rec.kernels:
+        return
+    out.append({"ph": "M", "pid": PID + 1, "name": "process_name", "args": {"name": "devices (simulated streams)"}})
+    out.append({"ph": "M", "pid": PID + 1, "name": "process_sort_index", "args": {"sort_index": 1}})
+    tids: dict[str, int] = {}
+    for name in sorted({k.stream for k in rec.kernels}):
+        tids[name] = len(tids) + 1
+        out.append({"ph": "M", "pid": PID + 1, "tid": tids[name], "name": "thread_name",
+                    "args": {"name": f"stream {name}"}})
+        out.append({"ph": "M", "pid": PID + 1, "tid": tids[name], "name": "thread_sort_index",
+                    "args": {"sort_index": tids[name]}})
+    for k in rec.kernels:
+        out.append({"ph": "X", "pid": PID + 1, "tid": tids[k.stream], "ts": us(k.start),
+                    "dur": max((k.end - k.start) / 1000.0, 0.001), "name": k.node.name, "cat": "kernel",
+                    "args": {"id": k.node.id, "stream": k.stream}})
 
 
 def write_chrome_trace(path: str, rec: Recording) -> None:

@@ -1,0 +1,135 @@
+"""``autograd-run calibrate``: measure this machine for the simulation's ``local`` spec.
+
+What it measures (medians of repeated runs, each a few hundred ms):
+
+* the engine's fixed cost per node: a chain of ``identity`` nodes on one
+  thread, its wall time per node minus what the identity function itself
+  costs (timed on its own);
+* the hand-off latency: a chain alternating between the CPU and a virtual
+  device, so every node is a hand-off to the other thread; per node, minus
+  the fixed cost;
+* the host: float32 and float64 matmul FLOP/s, memory bandwidth (a large
+  copy), the smallest numpy call.
+
+The engine's per-node work is Python, so it holds the GIL
+(``overhead_holds_gil``). Virtual devices are this CPU: the accelerator part
+of the spec repeats the host's figures with no launch cost.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+
+from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec, local_spec_path
+
+
+def _chain_doc(n: int, devices: list[str]) -> dict:
+    nodes = []
+    for i in range(n):
+        dev = devices[i % len(devices)]
+        nxt = [[f"n{i + 1}", 0]] if i + 1 < n else [["acc", 0]]
+        nodes.append({"id": f"n{i}", "name": "Identity", "op": "identity", "seq": n - i, "next": nxt,
+                      "inputs": [{"shape": [1], "device": dev}]})
+    nodes.append({"id": "acc", "name": "AccumulateGrad", "variable": "x",
+                  "inputs": [{"shape": [1], "device": devices[(n) % len(devices)]}]})
+    return {"format": "autograd-graph/1", "roots": [{"node": "n0", "grad": "ones"}],
+            "variables": [{"name": "x", "shape": [1], "device": devices[n % len(devices)]}], "nodes": nodes}
+
+
+def _per_node_us(doc: dict, repeat: int) -> float:
+    from autograd_run.engine import DeviceSet, Engine, GraphState
+    from autograd_run.engine.run import root_gradients
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.load import loads_graph
+    g = loads_graph(dumps(doc, "json"), "calibrate.json")
+    eng = Engine(DeviceSet("virtual"))
+    roots = [r.edge for r in g.roots]
+    times = []
+    try:
+        eng.execute(GraphState(g), roots, root_gradients(g))  # warm: threads started
+        for _ in range(repeat):
+            state, grads = GraphState(g), root_gradients(g)
+            t = time.perf_counter()
+            eng.execute(state, roots, grads)
+            times.append(time.perf_counter() - t)
+    finally:
+        eng.shutdown()
+    return statistics.median(times) / len(g.nodes) * 1e6
+
+
+def _identity_us() -> float:
+    from autograd_run.engine.builtin_nodes import identity
+
+    class N:
+        next = [None]
+    n, g = N(), [np.ones(1, dtype=np.float32)]
+    reps = 20000
+    t = time.perf_counter()
+    for _ in range(reps):
+        identity(n, g, None)
+    return (time.perf_counter() - t) / reps * 1e6
+
+
+def _matmul_flops(dtype) -> float:
+    n = 512
+    a = np.ones((n, n), dtype=dtype)
+    a @ a
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def _bandwidth() -> float:
+    a = np.ones(16 << 20, dtype=np.float32)  # 64 MiB
+    b = np.empty_like(a)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        times.append(time.perf_counter() - t)
+    return 2 * a.nbytes / statistics.median(times)  # read + write
+
+
+def _min_call_us() -> float:
+    a = np.ones(1, dtype=np.float32)
+    reps = 20000
+    t = time.perf_counter()
+    for _ in range(reps):
+        a * a
+    return (time.perf_counter() - t) / reps * 1e6
+
+
+def calibrate(nodes: int = 4000, repeat: int = 5) -> MachineSpec:
+    ident = _identity_us()
+    single = _per_node_us(_chain_doc(nodes, ["cpu"]), repeat)
+    overhead = max(0.1, single - ident)
+    hop = _per_node_us(_chain_doc(max(200, nodes // 10), ["cpu", "cuda:0"]), repeat)
+    handoff = max(0.0, hop - single)
+    host = DeviceSpec("this machine's CPU (numpy)",
+                      peak_flops={"float32": _matmul_flops(np.float32), "float64": _matmul_flops(np.float64)},
+                      mem_bw=_bandwidth(), flops_efficiency=0.9, bw_efficiency=0.9, min_kernel_us=_min_call_us())
+    acc = DeviceSpec("virtual device (this machine's CPU)", dict(host.peak_flops), host.mem_bw, 0.9, 0.9,
+                     host.min_kernel_us)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return MachineSpec("local", host, acc, EngineSpec(round(overhead, 3), round(handoff, 3), True),
+                       f"measured by autograd-run calibrate on {platform.node()} ({os.cpu_count()} CPUs) at {when}")
+
+
+def write_local(spec: MachineSpec, path: str | None = None) -> str:
+    path = path or local_spec_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(spec.to_dict(), f, indent=2)
+    os.replace(tmp, path)
+    return path

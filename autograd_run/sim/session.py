@@ -1,0 +1,139 @@
+"""One simulation as a library call: ``simulate_session(graph, SimOptions) -> SimReport``.
+
+The ``simulate`` command, the benchmarks and the tests call this. Steps: load
+the machine spec; resolve costs (``costs``); remap the graph onto the
+requested devices (``placement``); pick the policy (``policies``); run the
+simulator (``scheduler``) for the graph's backward call; turn what happened
+into a ``Recording`` (the same summary and trace writer as a real run) and
+order rows; estimate, by simulating again, how much the pass shortens when
+each of the slowest critical-path nodes is made faster (``slack``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from autograd_run.errors import RequestError
+from autograd_run.graphs.model import Graph
+from autograd_run.sim.costs import CostModel, parse_scale, read_measured
+from autograd_run.sim.order import order_rows
+from autograd_run.sim.placement import place
+from autograd_run.sim.policies import make_policy
+from autograd_run.sim.result import to_recording
+from autograd_run.sim.scheduler import Simulator
+from autograd_run.sim.specs import MachineSpec, default_spec, load_spec
+from autograd_run.traces.recording import Recording
+from autograd_run.traces.summary import Summary, summarize
+
+
+@dataclass
+class SimOptions:
+    #: A shipped spec name, ``local``, a spec file, or a ``MachineSpec``; None: ``local`` if calibrated, else h100.
+    spec: str | MachineSpec | None = None
+    #: Remap onto this many devices (None: keep the file's).
+    devices: int | None = None
+    placement: str = "keep"
+    policy: str = "pytorch"
+    #: ``NAME=FACTOR,...`` or a mapping: scale the costs of an op name or a device.
+    scale: str | dict | None = None
+    #: A trace written by ``run --trace`` whose node durations replace the analytic costs.
+    costs: str | None = None
+    #: How many of the slowest critical-path nodes get a what-if (0: none).
+    slack_top: int = 5
+    #: The what-if speed-up of each (0.2: 20% faster).
+    slack_speedup: float = 0.2
+
+
+@dataclass
+class Slack:
+    """Making ``node`` ``speedup`` faster shortens the simulated pass by ``saved_ns``."""
+
+    node: str
+    name: str
+    duration_ns: int
+    saved_ns: int
+
+
+@dataclass
+class SimReport:
+    graph: Graph
+    options: SimOptions
+    spec: MachineSpec
+    recording: Recording
+    order: list[dict]
+    #: When the engine's work ended (the backward call returned) and when the last kernel ended.
+    engine_done_ns: int
+    wall_ns: int
+    #: Where the node costs came from: source -> node count.
+    cost_sources: dict[str, int] = field(default_factory=dict)
+    slack: list[Slack] = field(default_factory=list)
+    _summary: Summary | None = None
+
+    @property
+    def summary(self) -> Summary:
+        if self._summary is None:
+            self._summary = summarize(self.recording)
+        return self._summary
+
+    @property
+    def label(self) -> str:
+        o = self.options
+        devices = f"{o.devices} devices ({o.placement})" if o.devices else "devices as in the file"
+        return f"{self.spec.name}, policy {o.policy}, {devices}"
+
+
+def _spec(ref) -> MachineSpec:
+    if isinstance(ref, MachineSpec):
+        return ref
+    return default_spec() if ref is None else load_spec(ref)
+
+
+def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str):
+    priority, multithreading = make_policy(policy, graph, model)
+    sim = Simulator(graph, spec, model, priority=priority, multithreading=multithreading)
+    gt = sim.run([r.edge for r in graph.roots], graph.input_edges() or None, graph.mode != "grad")
+    return sim, gt
+
+
+def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimReport:
+    o = options or SimOptions()
+    spec = _spec(o.spec)
+    scale = o.scale if isinstance(o.scale, dict) else parse_scale(o.scale)
+    measured = read_measured(o.costs) if o.costs else None
+    model = CostModel(spec, measured, scale)
+    if o.devices is not None:
+        graph = place(graph, o.devices, o.placement, model)
+        model = CostModel(spec, measured, scale)  # costs of the placed graph's nodes
+    elif o.placement != "keep":
+        raise RequestError("a placement needs a device count", "placement")
+    if measured is not None and not any(n.id in measured for n in graph.nodes):
+        raise RequestError(f"{o.costs}: no node of {graph.source} has a measured duration there "
+                           "(a trace of another graph?)", "costs")
+    sim, gt = _simulate(graph, spec, model, o.policy)
+    rec = to_recording(sim)
+    wall = rec.end - rec.start
+    report = SimReport(graph, o, spec, rec, order_rows(sim), (gt.returned or gt.end or 0) - gt.start, wall,
+                       dict(Counter(model(n).source for n in graph.nodes)))
+    if o.slack_top > 0:
+        report.slack = _slack(graph, spec, measured, scale, o, report)
+    return report
+
+
+def _slack(graph, spec, measured, scale, o: SimOptions, report: SimReport) -> list[Slack]:
+    """Re-simulate with each of the slowest critical-path nodes ``slack_speedup`` faster."""
+    path = sorted(report.summary.critical_path, key=lambda r: -r.duration_ns)[:o.slack_top]
+    out = []
+    for run in path:
+        node = graph.by_id.get(run.id)
+        if node is None:
+            continue
+        model = CostModel(spec, measured, scale)
+        base = model(node)
+        factor = 1.0 - o.slack_speedup
+        model._cache[node] = type(base)(int(base.cpu_ns * factor), int(base.gpu_ns * factor), base.holds_gil,
+                                        base.source, base.blocking)
+        sim, _ = _simulate(graph, spec, model, o.policy)
+        wall = to_recording(sim)
+        out.append(Slack(run.id, run.name, run.duration_ns, report.wall_ns - (wall.end - wall.start)))
+    return out

@@ -1,0 +1,272 @@
+"""The simulation: hand-computed schedules, the engine's order reproduced, policies, bounds."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from autograd_run.graphs.dump import dumps
+from autograd_run.graphs.generators import generate
+from autograd_run.graphs.load import load_graph, loads_graph
+from autograd_run.session import RunOptions, run_session
+from autograd_run.sim.costs import CostModel
+from autograd_run.sim.session import SimOptions, simulate_session
+from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec
+from autograd_run.traces.order import compare_orders
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def spec(overhead=1.0, handoff=10.0, gil=False, launch=2.0, min_kernel=3.0):
+    host = DeviceSpec("host", {"float32": 1e12}, 1e12, 1.0, 1.0, min_kernel_us=2.0)
+    acc = DeviceSpec("acc", {"float32": 1e15}, 1e15, 1.0, 1.0, min_kernel_us=min_kernel, launch_us=launch,
+                     link_bw=1e9, link_latency_us=4.0, host_bw=1e9, host_latency_us=6.0)
+    return MachineSpec("test", host, acc, EngineSpec(overhead, handoff, gil))
+
+
+def graph(nodes, roots, variables=()):
+    doc = {"format": "autograd-graph/1", "roots": roots, "variables": list(variables), "nodes": nodes}
+    return loads_graph(dumps(doc, "json"), "sim.json")
+
+
+def cost(nid, us, device="cpu", nxt=(), seq=1, mode=None):
+    c = {"us": us} | ({"mode": mode} if mode else {})
+    return {"id": nid, "name": nid.upper(), "op": "cost", "seq": seq, "next": [list(e) for e in nxt],
+            "inputs": [{"shape": [1], "device": device}], "attrs": {"cost": c}}
+
+
+def acc(name, device="cpu"):
+    return {"id": f"acc_{name}", "name": "AccumulateGrad", "variable": name, "inputs": [{"shape": [1], "device": device}]}
+
+
+def sim(g, **kw):
+    return simulate_session(g, SimOptions(spec=kw.pop("machine", spec()), slack_top=0, **kw))
+
+
+def test_two_devices_joining_on_the_caller_hand_computed():
+    """
+        R (cpu, 5 µs spin) --> A (cuda:0, 20 µs) --+
+                          \\-> B (cuda:1, 30 µs) --+--> acc x (cpu)
+    Overhead 1 µs per node, hand-off 10 µs, AccumulateGrad 2 µs (the host's smallest call):
+    R 0-6; A and B woken at 16: A 16-37, B 16-47 (B makes acc ready); the caller wakes at 57: acc 57-60.
+    """
+    g = graph([cost("r", 5, seq=3, nxt=[("a", 0), ("b", 0)]), cost("a", 20, "cuda:0", [("acc_x", 0)], 2),
+               cost("b", 30, "cuda:1", [("acc_x", 0)], 1), acc("x")], [{"node": "r"}],
+              [{"name": "x", "shape": [1]}])
+    r = sim(g)
+    spans = {s.node.id: (s.start // 1000, s.end // 1000) for s in r.recording.slices}
+    assert spans == {"r": (0, 6), "a": (16, 37), "b": (16, 47), "acc_x": (57, 60)}
+    assert r.wall_ns == 60_000
+    waits = {w.node.id: w.waited // 1000 for w in r.recording.waits}
+    assert waits == {"r": 0, "a": 10, "b": 10, "acc_x": 10}
+
+
+def test_cross_device_sync_delays_the_consumers_kernel():
+    """
+        neg0 (cuda:0) --> neg1 (cuda:1) --> acc (cuda:1)
+    Each NegBackward0: CPU part = overhead 1 + launch 2; kernel 3 µs on its stream.
+    neg0 (caller pushed it: woken at 10): CPU 10-13, kernel 13-16, event at 16;
+    neg1 woken at 23: CPU 23-26; its stream waits for the event (16 < 26): kernel 26-29.
+    """
+    g = graph([
+        {"id": "neg0", "name": "NegBackward0", "seq": 2, "next": [["neg1", 0]], "inputs": [{"shape": [1], "device": "cuda:0"}]},
+        {"id": "neg1", "name": "NegBackward0", "seq": 1, "next": [["acc_x", 0]], "inputs": [{"shape": [1], "device": "cuda:1"}]},
+        acc("x", "cuda:1")], [{"node": "neg0"}], [{"name": "x", "shape": [1], "device": "cuda:1"}])
+    r = sim(g)
+    kernels = {k.node.id: (k.start // 1000, k.end // 1000, k.stream) for k in r.recording.kernels}
+    assert kernels["neg0"] == (13, 16, "cuda:0/s0")
+    assert kernels["neg1"] == (26, 29, "cuda:1/s0")
+    assert [(s.producer.id, s.consumer.id) for s in r.recording.syncs] == [("neg0", "neg1")]
+
+
+def test_gil_holding_nodes_take_turns():
+    """Two 50 µs spin nodes on two devices hold the GIL, so they run one after the other;
+    in the default mode (wait, no GIL) they overlap."""
+    def g(mode):
+        return graph([cost("r", 0, seq=3, nxt=[("a", 0), ("b", 0)]), cost("a", 50, "cuda:0", [("acc_x", 0)], 2, mode),
+                      cost("b", 50, "cuda:1", [("acc_x", 0)], 1, mode), acc("x")], [{"node": "r"}],
+                     [{"name": "x", "shape": [1]}])
+    overlap, turns = sim(g(None)).wall_ns, sim(g("spin")).wall_ns
+    assert turns - overlap == 50_000
+
+
+def test_copies_use_the_link():
+    """A ToCopyBackward0 to another device moves its bytes at the link bandwidth plus latency:
+    4096 float32 (16 KiB) at 1 GB/s + 4 µs = 20.384 µs on the copy's stream."""
+    g = graph([
+        {"id": "copy", "name": "ToCopyBackward0", "seq": 1, "next": [["acc_x", 0]],
+         "inputs": [{"shape": [4096], "device": "cuda:1"}]},
+        {"id": "acc_x", "name": "AccumulateGrad", "variable": "x", "inputs": [{"shape": [4096], "device": "cuda:0"}]}],
+        [{"node": "copy"}], [{"name": "x", "shape": [4096], "device": "cuda:0"}])
+    r = sim(g)
+    k = next(k for k in r.recording.kernels if k.node.id == "copy")
+    assert k.end - k.start == 16384 + 4000
+
+
+SHIPPED = ["seed", "mlp", "pipeline", "reentrant"]
+GENERATED = [("chain", dict(n=60)), ("fanout", dict(width=9)), ("mlp", dict(layers=3)),
+             ("transformer", dict(layers=2, devices=2)), ("random", dict(nodes=300, leaves=40, seed=3)),
+             ("random", dict(nodes=200, leaves=60, seed=7))]
+
+
+def all_graphs():
+    out = [load_graph(f"example:{n}") for n in SHIPPED]
+    out += [loads_graph(dumps(generate(k, **kw), "json"), f"{k}.json") for k, kw in GENERATED]
+    return out
+
+
+@pytest.mark.parametrize("multithreading", [False, True])
+def test_simulated_order_is_the_engines(multithreading):
+    for g in all_graphs():
+        r = sim(g, policy="pytorch" if multithreading else "single-thread", machine=spec())
+        real = run_session(g, RunOptions(multithreading=multithreading, record_order=True, profile=False,
+                                         allow_python=True))
+        assert compare_orders(r.order, real.order, per_worker=multithreading) is None, g.source
+
+
+def test_captured_models_order_is_the_engines():
+    torch = pytest.importorskip("torch")
+    from torch_helpers import capture
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.LayerNorm(8),
+                                torch.nn.Linear(8, 3)).double()
+    x = torch.randn(5, 6, dtype=torch.float64)
+    loss = torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1, 2, 1, 0]))
+    g = loads_graph(dumps(capture([loss], leaves=dict(model.named_parameters())), "json"), "model.json")
+    r = sim(g, policy="single-thread")
+    real = run_session(g, RunOptions(multithreading=False, record_order=True, profile=False))
+    assert compare_orders(r.order, real.order, per_worker=False) is None
+
+
+def order_of(g, policy, **kw):
+    return [row["id"] for row in sim(g, policy=policy, **kw).order]
+
+
+def test_fifo_runs_tasks_in_the_order_they_became_ready():
+    """
+        r --> lo (seq 1) --+
+          \\-> hi (seq 5) --+--> acc
+    r pushes lo, then hi: PyTorch pops the higher sequence number first, FIFO the first pushed.
+    """
+    g = graph([cost("r", 1, seq=9, nxt=[("lo", 0), ("hi", 0)]), cost("lo", 1, nxt=[("acc_x", 0)], seq=1),
+               cost("hi", 1, nxt=[("acc_x", 0)], seq=5), acc("x")], [{"node": "r"}], [{"name": "x", "shape": [1]}])
+    assert order_of(g, "pytorch") == ["r", "hi", "lo", "acc_x"]
+    assert order_of(g, "fifo") == ["r", "lo", "hi", "acc_x"]
+
+
+def test_critical_path_runs_the_longest_remaining_path_first():
+    """
+        r --> short (seq 5, 1 µs) --------------------> acc x
+          \\-> long (seq 1, 1 µs) --> tail (100 µs) --> acc y
+    PyTorch takes short first (higher seq); critical-path takes long (100 µs still behind it).
+    """
+    g = graph([cost("r", 1, seq=9, nxt=[("short", 0), ("long", 0)]), cost("short", 1, nxt=[("acc_x", 0)], seq=5),
+               cost("long", 1, nxt=[("tail", 0)], seq=2), cost("tail", 100, nxt=[("acc_y", 0)], seq=1),
+               acc("x"), acc("y")], [{"node": "r"}], [{"name": "x", "shape": [1]}, {"name": "y", "shape": [1]}])
+    assert order_of(g, "pytorch")[:2] == ["r", "short"]
+    assert order_of(g, "critical-path")[:2] == ["r", "long"]
+
+
+def test_single_thread_and_caller_thread_policies():
+    """
+        r (cuda:0) --> a (cuda:0) --> acc
+    One device: caller-thread runs everything on the caller (no hand-off); pytorch hands off to cuda:0.
+    """
+    g = graph([cost("r", 5, "cuda:0", [("a", 0)], 2), cost("a", 5, "cuda:0", [("acc_x", 0)], 1), acc("x", "cuda:0")],
+              [{"node": "r"}], [{"name": "x", "shape": [1], "device": "cuda:0"}])
+    threads = {row["thread"] for row in sim(g, policy="caller-thread").order}
+    assert threads == {"MainThread"}
+    assert {row["thread"] for row in sim(g, policy="pytorch").order} == {"autograd-run cuda:0"}
+    assert sim(g, policy="caller-thread").wall_ns < sim(g, policy="pytorch").wall_ns
+
+
+def test_predicted_order_is_static():
+    """The predicted (single-thread) order, kept by every worker even when devices could reorder."""
+    g = loads_graph(dumps(generate("transformer", layers=1, devices=2), "json"), "t.json")
+    single = order_of(g, "single-thread")
+    predicted = sim(g, policy="predicted-order").order
+    pos = {nid: i for i, nid in enumerate(single)}
+    for th in {r["thread"] for r in predicted}:
+        ids = [r["id"] for r in predicted if r["thread"] == th]
+        assert ids == sorted(ids, key=pos.get), th
+
+
+def test_placement_remaps_and_inserts_copies():
+    g = load_graph("example:mlp")
+    r = sim(g, devices=2, placement="round-robin")
+    copies = [n for n in r.graph.nodes if n.name == "ToCopyBackward0"]
+    assert copies and {str(d) for d in r.graph.devices} == {"cuda:0", "cuda:1"}
+    assert r.order[0]["id"] == "sum_7"
+    # the original graph is untouched
+    assert {str(d) for d in g.devices} == {"cpu"}
+
+
+def test_scale_and_slack():
+    g = graph([cost("a", 100, seq=2, nxt=[("b", 0)]), cost("b", 50, nxt=[("acc_x", 0)]), acc("x")],
+              [{"node": "a"}], [{"name": "x", "shape": [1]}])
+    base = sim(g).wall_ns
+    assert sim(g, scale="A=0.5").wall_ns == base - 50_000
+    r = simulate_session(g, SimOptions(spec=spec(), slack_top=2))
+    assert {s.node: s.saved_ns for s in r.slack} == {"a": 20_000, "b": 10_000}
+
+
+def test_measured_costs_from_a_trace(tmp_path):
+    g = load_graph("example:mlp")
+    trace = tmp_path / "t.json"
+    run_session(g, RunOptions(trace_path=str(trace), multithreading=False))
+    r = simulate_session(g, SimOptions(spec=spec(), costs=str(trace), slack_top=0))
+    assert r.cost_sources == {"measured": len(g.nodes)}
+    other = load_graph("example:seed")
+    from autograd_run.errors import RequestError
+    with pytest.raises(RequestError, match="no node"):
+        simulate_session(other, SimOptions(spec=spec(), costs=str(trace)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(5, 60), st.sampled_from([0, 2]))
+def test_wall_between_critical_path_and_total_work(seed, nodes, devices):
+    import random
+    rnd = random.Random(seed)
+    doc = generate("random", nodes=nodes, leaves=max(2, nodes // 5), seed=seed)
+    for n in doc["nodes"]:
+        if n["name"] != "AccumulateGrad":
+            n["op"] = "cost"
+            n["attrs"] = {"cost": {"us": rnd.randint(1, 50)}}
+            n.pop("saved", None)
+    g = loads_graph(dumps(doc, "json"), "r.json")
+    s = spec(gil=False)
+    r = simulate_session(g, SimOptions(spec=s, devices=devices or None, placement="round-robin" if devices else "keep",
+                                       slack_top=0))
+    model = CostModel(s)
+    work = sum(model(n).cpu_ns + model(n).gpu_ns for n in r.graph.nodes)
+    overheads = len(r.graph.nodes) * (1000 + 10_000) + 10_000  # per node: overhead and at most one hand-off
+    longest = {}
+    for n in sorted(r.graph.nodes, key=lambda n: n.topo_nr):
+        c = model(n)
+        longest[n] = c.cpu_ns + c.gpu_ns + max((longest[e.node] for e in n.next if e is not None), default=0)
+    assert max(longest.values()) <= r.wall_ns <= work + overheads
+
+
+def test_cli_simulate_writes_a_golden_order_that_run_accepts(tmp_path):
+    import subprocess
+    import sys
+    golden = tmp_path / "golden.jsonl"
+    cmd = [sys.executable, "-m", "autograd_run.cli.main"]
+    out = subprocess.run(cmd + ["simulate", "example:mlp", "--no-summary", "--order-out", str(golden)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run(cmd + ["run", "example:mlp", "--no-summary", "--no-multithreading",
+                                "--expect-order", str(golden)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "order matches" in out.stdout, out.stderr
+
+
+def test_cli_simulate_compare_json():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "autograd_run.cli.main", "simulate", "example:pipeline", "--spec", "a100",
+                          "--compare", "policy=pytorch,fifo,single-thread", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r["policy"] for r in rows] == ["pytorch", "fifo", "single-thread"]
+    assert all(r["wall_ns"] > 0 for r in rows)
