@@ -21,7 +21,7 @@ runs the command line and returns its exit code, stdout and stderr.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 import pytest
 
@@ -29,21 +29,19 @@ from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.load import load_graph, loads_graph
 from autograd_run.graphs.model import FORMAT, Graph
 
-Edge = "str | tuple[str, int] | None"
+#: A next edge: a node id (its input 0), (node id, input_nr), or None (no gradient flows).
+Edge = Union[str, tuple[str, int], None]
 
 
 # -- documents ---------------------------------------------------------------------------------
 
-def meta(shape: Sequence[int], device: str | None = None, stream: int | None = None,
-         dtype: str | None = None) -> dict:
+def meta(shape: Sequence[int], device: str | None = None, stream: int | None = None) -> dict:
     """A tensor's metadata: ``{"shape": [...]}`` plus whatever is given."""
     m: dict[str, Any] = {"shape": list(shape)}
     if device is not None:
         m["device"] = device
     if stream is not None:
         m["stream"] = stream
-    if dtype is not None:
-        m["dtype"] = dtype
     return m
 
 
@@ -85,13 +83,10 @@ class _Leaf(dict):
     variable: dict
 
 
-def leaf(name: str, shape: Sequence[int], *, id: str | None = None, device: str | None = None,
-         dtype: str | None = None, inputs: Sequence | None = None) -> dict:
+def leaf(name: str, shape: Sequence[int], *, id: str | None = None, device: str | None = None) -> dict:
     """Variable ``name`` of ``shape`` and its AccumulateGrad node (id ``acc_<name>`` unless given)."""
     n = _Leaf(id=id or f"acc_{name}", name="AccumulateGrad", variable=name)
-    if inputs is not None:
-        n["inputs"] = [_meta(m) for m in inputs]
-    n.variable = {"name": name, **meta(shape, device=device, dtype=dtype)}
+    n.variable = {"name": name, **meta(shape, device=device)}
     return n
 
 
@@ -110,10 +105,9 @@ def total(id: str, x: Edge, *, seq: int, shape: Sequence[int]) -> dict:
     return node(id, "SumBackward0", seq=seq, next=[x], inputs=[[]], saved={"self_sym_sizes": list(shape)})
 
 
-def fan(id: str, branches: Sequence[Edge], *, seq: int | None = None, shape: Sequence[int] = (2,),
-        name: str = "Fan") -> dict:
+def fan(id: str, branches: Sequence[Edge], *, seq: int | None = None, shape: Sequence[int] = (2,)) -> dict:
     """A node handing its gradient, unchanged, to every branch (in this order)."""
-    return node(id, name, op="identity", seq=seq, next=list(branches), inputs=[shape])
+    return node(id, "Fan", op="identity", seq=seq, next=list(branches), inputs=[shape])
 
 
 def chain(n: int, op: str = "mul", *, variable: str = "x", shape: Sequence[int] = (2,)) -> list[dict]:
@@ -131,16 +125,16 @@ def chain(n: int, op: str = "mul", *, variable: str = "x", shape: Sequence[int] 
     return nodes + [leaf(variable, shape)]
 
 
-def doc(*nodes: dict, roots: str | Sequence | None = None, variables: Sequence[dict] = (), **fields) -> dict:
+def doc(*nodes: dict, roots: str | Sequence | None = None, **fields) -> dict:
     """The graph document of ``nodes``. ``roots``: node ids (gradient ``ones``) or root dicts, the
-    first node by default; ``variables``: more than the leaves declare; ``fields``: e.g. ``mode``."""
+    first node by default; the variables are the leaves'; ``fields``: more, e.g. ``mode``."""
     if roots is None:
         roots = [nodes[0]["id"]]
     elif isinstance(roots, str):
         roots = [roots]
     d: dict[str, Any] = {"format": FORMAT,
                          "roots": [{"node": r, "grad": "ones"} if isinstance(r, str) else dict(r) for r in roots]}
-    declared = [n.variable for n in nodes if isinstance(n, _Leaf)] + list(variables)
+    declared = [n.variable for n in nodes if isinstance(n, _Leaf)]
     if declared:
         d["variables"] = [dict(v) for v in declared]
     d.update(fields)

@@ -6,6 +6,7 @@ Multithreading is off: every node runs on the calling thread, one at a time.
 """
 
 import numpy as np
+import pytest
 
 from builders import chain, doc, executed, fan, graph, leaf, mul, run_traced
 
@@ -56,13 +57,14 @@ def test_a_node_waits_for_all_its_inputs(abcde):
     np.testing.assert_allclose(run_traced(g, None, multithreading=False).grads["x"], [7.0, 7.0])
 
 
-def test_a_chain_runs_from_the_root_down():
+@pytest.mark.parametrize("op,grad", [("mul", 16.0), ("add", 1.0)])
+def test_a_chain_runs_from_the_root_down(op, grad):
     r"""
-    mul3 -> mul2 -> mul1 -> mul0 -> acc x        (y = x * 2 * 2 * 2 * 2)
+    mul3 -> mul2 -> mul1 -> mul0 -> acc x        (y = x * 2 * 2 * 2 * 2; or y = x + 1 + 1 + 1 + 1)
     """
-    g = graph(doc(*chain(4)))
-    assert executed(g) == ["mul3", "mul2", "mul1", "mul0", "acc_x"]
-    np.testing.assert_allclose(run_traced(g, None).grads["x"], [16.0, 16.0])
+    g = graph(doc(*chain(4, op)))
+    assert executed(g) == [f"{op}3", f"{op}2", f"{op}1", f"{op}0", "acc_x"]
+    np.testing.assert_allclose(run_traced(g, None).grads["x"], [grad, grad])
 
 
 def test_equal_priorities_pop_as_libstdcxx_heap_not_by_name(abcde):
