@@ -33,7 +33,7 @@ def test_a_run_reports_its_gradients_and_profile():
     assert [s.node.id for s in r.recording.slices] == SEED_ORDER
     assert r.summary.nodes_executed == 5
     assert r.order is None and r.divergence is None
-    assert r.devices.kind == "virtual" and r.timings["backward"] > 0
+    assert r.timings["backward"] > 0
 
 
 def test_without_the_profile_there_is_no_recording():
