@@ -19,3 +19,10 @@ def engine_factory():
     yield make
     for e in made:
         e.shutdown(timeout=5)
+
+
+@pytest.fixture(params=["abcde", "edcba"])
+def abcde(request):
+    """Five node names, given in both orders: a test written with them checks that the
+    order does not depend on the names (as dask's test_order does)."""
+    return request.param

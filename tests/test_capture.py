@@ -11,6 +11,7 @@ F = torch.nn.functional
 from autograd_run.capture import from_torch  # noqa: E402
 from autograd_run.check import check_graph  # noqa: E402
 from autograd_run.graphs.load import load_graph  # noqa: E402
+from builders import run_cli  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -145,7 +146,7 @@ def test_a_wrong_replay_is_reported(tmp_path):
 
 
 def test_capture_and_check_commands(tmp_path, capsys):
-    from autograd_run.cli.main import main
+    import numpy as np
     script = tmp_path / "model.py"
     script.write_text(
         "import torch\n"
@@ -155,24 +156,17 @@ def test_capture_and_check_commands(tmp_path, capsys):
         "    loss = m(torch.randn(2, 3, dtype=torch.float64)).sum()\n"
         "    return loss, dict(m.named_parameters())\n")
     out = tmp_path / "m.json"
-    with pytest.raises(SystemExit) as e:
-        main(["capture", f"{script}:main", "-o", str(out)])
-    assert e.value.code == 0, capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        main(["check", str(out)])
-    text = capsys.readouterr().out
-    assert e.value.code == 0 and "same as PyTorch" in text and "0.weight" in text
+    code, _, err = run_cli(["capture", f"{script}:main", "-o", str(out)], capsys)
+    assert code == 0, err
+    code, text, _ = run_cli(["check", str(out)], capsys)
+    assert code == 0 and "same as PyTorch" in text and "0.weight" in text
     # A tampered reference gradient makes check exit 3.
-    import numpy as np
     arrs = dict(np.load(tmp_path / "m.npz"))
     arrs["ref.0.weight"] = arrs["ref.0.weight"] + 1
     np.savez(tmp_path / "m.npz", **arrs)
-    with pytest.raises(SystemExit) as e:
-        main(["check", str(out)])
-    assert e.value.code == 3
-    with pytest.raises(SystemExit) as e:
-        main(["capture", f"{script}:nope", "-o", str(out)])
-    assert e.value.code == 2 and "no function 'nope'" in capsys.readouterr().err
+    assert run_cli(["check", str(out)], capsys)[0] == 3
+    code, _, err = run_cli(["capture", f"{script}:nope", "-o", str(out)], capsys)
+    assert code == 2 and "no function 'nope'" in err
 
 
 def test_classifier_with_cross_entropy(tmp_path):

@@ -9,29 +9,18 @@ import json
 
 import pytest
 
-from autograd_run.engine import Engine
-from autograd_run.engine.run import run_graph
-from autograd_run.errors import BackwardError
-from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.generators import generate
-from autograd_run.graphs.load import load_graph, loads_graph
+from autograd_run.graphs.load import load_graph
 from autograd_run.traces.chrome import to_chrome_trace
-from autograd_run.traces.recorder import Recorder
+from builders import graph, recording
 from tp_wasm.tp import TraceProcessor, available
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def record(graph, **kw):
-    rec = Recorder()
-    eng = Engine(tracer=rec, allow_python=True)
-    try:
-        run_graph(eng, graph, **kw)
-    except BackwardError:
-        pass
-    finally:
-        eng.shutdown()
-    return rec, to_chrome_trace(rec.recording())
+def trace_of(g, fails=False):
+    """The Chrome trace of one run of ``g`` (which must fail when ``fails``)."""
+    return to_chrome_trace(recording(g, allow_python=True, fails=fails))
 
 
 def check_structure(trace):
@@ -62,7 +51,7 @@ def check_structure(trace):
 
 
 def test_pipeline_trace_structure():
-    rec, trace = record(load_graph("example:pipeline"))
+    trace = trace_of(load_graph("example:pipeline"))
     events = check_structure(trace)
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {"autograd-run cuda:0", "autograd-run cuda:1"} <= names
@@ -81,8 +70,8 @@ def import_errors(tp):
 
 @needs_tp
 def test_perfetto_imports_multi_device_trace_without_errors():
-    g = loads_graph(dumps(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2), "json"), "t.json")
-    rec, trace = record(g)
+    g = graph(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2))
+    trace = trace_of(g)
     with TraceProcessor(json.dumps(trace).encode()) as tp:
         assert import_errors(tp) == []
         threads = {r["name"] for r in tp.query("select name from thread where name is not null")}
@@ -100,14 +89,18 @@ def test_perfetto_imports_multi_device_trace_without_errors():
 
 
 @needs_tp
-def test_perfetto_shows_reentrant_nesting_and_errors():
-    rec, trace = record(load_graph("example:reentrant"))
+def test_perfetto_shows_reentrant_nesting():
+    trace = trace_of(load_graph("example:reentrant"))
     with TraceProcessor(json.dumps(trace).encode()) as tp:
         assert import_errors(tp) == []
         rows = tp.query("select s.name as name, s.depth as depth from slice s where s.category = 'node'")
         depth = {r["name"]: r["depth"] for r in rows}
         assert depth["ExpBackward0"] > depth["CheckpointFunctionBackward"]  # nested inside the checkpoint node
-    rec, trace = record(load_graph("example:failing"))
+
+
+@needs_tp
+def test_perfetto_shows_the_error_of_a_failing_run():
+    trace = trace_of(load_graph("example:failing"), fails=True)
     with TraceProcessor(json.dumps(trace).encode()) as tp:
         assert import_errors(tp) == []
         inst = tp.query("select name from slice where category = 'error'")

@@ -9,28 +9,23 @@ import threading
 import numpy as np
 import pytest
 
-from autograd_run.engine import ERR_BACKWARD_TWICE, Engine, GraphState
+from autograd_run.engine import ERR_BACKWARD_TWICE, GraphState
 from autograd_run.engine.reference import reference_backward
 from autograd_run.engine.run import root_gradients, run_graph
 from autograd_run.errors import BackwardError
-from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.generators import generate
-from autograd_run.graphs.load import load_graph, loads_graph
+from autograd_run.graphs.load import load_graph
 from autograd_run.graphs.model import Edge
 from autograd_run.traces.order_recorder import OrderRecorder
+from builders import doc, executed, graph, leaf, mul, node, total
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def graph_of(doc):
-    return loads_graph(dumps(doc, "json"), "test.json")
-
-
 def python_chain(levels: int):
-    """``levels`` isolated python nodes p0..p{n-1}; each one's rule calls backward on the next."""
-    nodes = [{"id": f"p{i}", "name": "ReentrantBackward", "op": "python", "seq": i,
-              "inputs": [{"shape": [1]}]} for i in range(levels)]
-    return graph_of({"format": "autograd-graph/1", "roots": [{"node": "p0", "grad": "ones"}], "nodes": nodes})
+    """``levels`` isolated python nodes p0..p{n-1} (no edges; p0 is the root); each one's rule
+    calls backward on the next."""
+    return graph(doc(*(node(f"p{i}", "ReentrantBackward", op="python", seq=i, inputs=[[1]]) for i in range(levels))))
 
 
 def run_nested(engine, levels):
@@ -113,12 +108,18 @@ def test_error_on_device_thread_names_node_and_engine_stays_usable(engine_factor
 
 
 def test_error_stops_remaining_nodes(engine_factory):
+    r"""
+    sum -> add -> mul_c (seq 1, fails) -> acc_a
+              \-> mul_b (seq 0) ---------/
+
+    mul_c runs first (higher seq) and raises: mul_b and acc_a never run.
+    """
     g = load_graph("example:failing")
     rec = OrderRecorder()
     with pytest.raises(BackwardError) as info:
         run_graph(engine_factory(tracer=rec), g)
     assert info.value.node_id == "mul_c"
-    assert rec.ids() == ["sum", "add", "mul_c"]  # mul_b and acc_a never ran
+    assert rec.ids() == ["sum", "add", "mul_c"]
 
 
 def test_anomaly_nan_message_matches_pytorch(engine_factory):
@@ -176,12 +177,10 @@ def test_invalid_gradient_shape_message_matches_pytorch(engine_factory):
     x = torch.ones(2, requires_grad=True)
     with pytest.raises(RuntimeError) as torch_err:
         Bad.apply(x).sum().backward()
-    doc = {"format": "autograd-graph/1", "roots": [{"node": "bad", "grad": "ones"}],
-           "variables": [{"name": "x", "shape": [2]}],
-           "nodes": [{"id": "bad", "name": "BadBackward", "op": "python", "seq": 1, "next": [["acc", 0]],
-                      "inputs": [{"shape": [2]}]},
-                     {"id": "acc", "name": "AccumulateGrad", "variable": "x"}]}
-    g = graph_of(doc)
+    g = graph(doc(
+        node("bad", "BadBackward", op="python", seq=1, next=["acc"], inputs=[[2]]),
+        leaf("x", [2], id="acc"),
+    ))
     state = GraphState(g)
     state.python_fns[g.by_id["bad"]] = lambda ctx, grads: [np.ones(3, dtype=np.float32)]
     with pytest.raises(BackwardError) as ours:
@@ -190,12 +189,10 @@ def test_invalid_gradient_shape_message_matches_pytorch(engine_factory):
 
 
 def test_broadcast_gradient_is_reduced_with_sum_to(engine_factory):
-    doc = {"format": "autograd-graph/1", "roots": [{"node": "p", "grad": "ones"}],
-           "variables": [{"name": "b", "shape": [1, 3]}],
-           "nodes": [{"id": "p", "name": "P", "op": "python", "seq": 1, "next": [["acc", 0]],
-                      "inputs": [{"shape": [4, 3]}]},
-                     {"id": "acc", "name": "AccumulateGrad", "variable": "b"}]}
-    g = graph_of(doc)
+    g = graph(doc(
+        node("p", "P", op="python", seq=1, next=["acc"], inputs=[[4, 3]]),
+        leaf("b", [1, 3], id="acc"),
+    ))
     state = GraphState(g)
     state.python_fns[g.by_id["p"]] = lambda ctx, grads: [np.arange(12, dtype=np.float32).reshape(4, 3)]
     engine_factory().execute(state, [("p", 0)], root_gradients(g))
@@ -203,12 +200,10 @@ def test_broadcast_gradient_is_reduced_with_sum_to(engine_factory):
 
 
 def test_invalid_number_of_gradients(engine_factory):
-    doc = {"format": "autograd-graph/1", "roots": [{"node": "p", "grad": "ones"}],
-           "variables": [{"name": "b", "shape": [2]}],
-           "nodes": [{"id": "p", "name": "PBackward", "op": "python", "seq": 1, "next": [["acc", 0]],
-                      "inputs": [{"shape": [2]}]},
-                     {"id": "acc", "name": "AccumulateGrad", "variable": "b"}]}
-    g = graph_of(doc)
+    g = graph(doc(
+        node("p", "PBackward", op="python", seq=1, next=["acc"], inputs=[[2]]),
+        leaf("b", [2], id="acc"),
+    ))
     state = GraphState(g)
     state.python_fns[g.by_id["p"]] = lambda ctx, grads: [grads[0], grads[0]]
     with pytest.raises(BackwardError) as ours:
@@ -222,9 +217,9 @@ def test_hooks_run_in_pytorch_order(engine_factory):
     a = torch.tensor([1.0, 2.0], requires_grad=True)
     b = a * 2
     y = b.sum()
-    mul = b.grad_fn
-    mul.register_hook(lambda gi, go: calls.append("post"))
-    mul.register_prehook(lambda go: calls.append("pre"))
+    mul_fn = b.grad_fn
+    mul_fn.register_hook(lambda gi, go: calls.append("post"))
+    mul_fn.register_prehook(lambda go: calls.append("pre"))
     b.register_hook(lambda g: calls.append("tensor"))
     b.retain_grad()
     y.grad_fn.register_prehook(lambda go: calls.append("sum-pre"))
@@ -232,14 +227,11 @@ def test_hooks_run_in_pytorch_order(engine_factory):
     torch_calls = list(calls)
 
     calls.clear()
-    doc = {"format": "autograd-graph/1", "roots": [{"node": "sum", "grad": "ones"}],
-           "variables": [{"name": "a", "shape": [2]}],
-           "nodes": [{"id": "sum", "name": "SumBackward0", "seq": 1, "next": [["mul", 0]], "inputs": [{"shape": []}],
-                      "saved": {"self_sym_sizes": [2]}},
-                     {"id": "mul", "name": "MulBackward0", "seq": 0, "next": [["acc", 0], None],
-                      "inputs": [{"shape": [2]}], "saved": {"other": 2.0}},
-                     {"id": "acc", "name": "AccumulateGrad", "variable": "a"}]}
-    g = graph_of(doc)
+    g = graph(doc(
+        total("sum", "mul", seq=1, shape=[2]),  # y = b.sum()
+        mul("mul", "acc", 2.0, seq=0, shape=[2]),  # b = a * 2
+        leaf("a", [2], id="acc"),
+    ))
     state = GraphState(g)
     mul_n = g.by_id["mul"]
     state.register_hook(mul_n, lambda gi, go: calls.append("post"))
@@ -291,6 +283,14 @@ def test_thread_local_state_follows_the_graph_task(engine_factory):
 
 
 def test_devices_route_to_their_worker_threads(engine_factory):
+    r"""
+    cuda:1   sum -> mm1 -> copy
+                     |       \
+                   acc_w1     \
+    cuda:0                    relu -> mm0 -> acc_w0
+
+    Each node runs on its device's worker thread; the copy hands the gradient to cuda:0's.
+    """
     g = load_graph("example:pipeline")
     rec = OrderRecorder()
     eng = engine_factory(tracer=rec)
@@ -311,7 +311,7 @@ def test_no_multithreading_runs_everything_on_the_caller(engine_factory):
 
 
 def test_many_user_threads_share_one_engine(engine_factory):
-    g = graph_of(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2))
+    g = graph(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2))
     eng = engine_factory()
     expected = run_graph(eng, g).grads
     results, errors = [], []
@@ -338,7 +338,7 @@ def test_many_user_threads_share_one_engine(engine_factory):
                                      ("random", dict(nodes=150, leaves=20, seed=4)),
                                      ("transformer", dict(devices=2))])
 def test_engine_matches_sequential_reference(engine_factory, kind, kw):
-    g = graph_of(generate(kind, **kw))
+    g = graph(generate(kind, **kw))
     roots = [r.edge for r in g.roots]
     ref_state = GraphState(g)
     ref_order, _ = reference_backward(ref_state, roots, root_gradients(g))
@@ -351,7 +351,8 @@ def test_engine_matches_sequential_reference(engine_factory, kind, kw):
             assert state.grads[k] is None
         else:
             np.testing.assert_allclose(state.grads[k], v, rtol=1e-6)
-    # Multithreaded: same gradients; each device worker's sequence is in reference order.
+    # Multithreaded: the same gradients and the same nodes; CPU nodes run on the caller's thread,
+    # so a CPU-only graph runs in the reference order (devices interleave freely).
     rec2 = OrderRecorder()
     state2 = GraphState(g)
     engine_factory(tracer=rec2).execute(state2, roots, root_gradients(g))
@@ -359,6 +360,8 @@ def test_engine_matches_sequential_reference(engine_factory, kind, kw):
         if v is not None:
             np.testing.assert_allclose(state2.grads[k], v, rtol=1e-5)
     assert sorted(rec2.ids()) == sorted(rec.ids())
+    if all(n.device.is_cpu for n in g.nodes):
+        assert rec2.ids() == rec.ids()
 
 
 def test_grad_mode_captures_without_touching_variables(engine_factory):
@@ -390,10 +393,10 @@ def test_order_does_not_depend_on_node_names(seed):
     """A random DAG with many leaves, run twice with every node id renamed (reversed and
     salted): the executed order, mapped back to the original ids, is the same."""
     import random
-    doc = generate("random", nodes=150, leaves=40, seed=seed)
+    original = generate("random", nodes=150, leaves=40, seed=seed)
     rng = random.Random(seed)
-    new = {n["id"]: f"z{rng.randrange(10**9)}_{n['id'][::-1]}" for n in doc["nodes"]}
-    renamed = json.loads(json.dumps(doc))
+    new = {n["id"]: f"z{rng.randrange(10**9)}_{n['id'][::-1]}" for n in original["nodes"]}
+    renamed = json.loads(json.dumps(original))
     for n in renamed["nodes"]:
         n["id"] = new[n["id"]]
         if "next" in n:
@@ -401,15 +404,10 @@ def test_order_does_not_depend_on_node_names(seed):
     for r in renamed["roots"]:
         r["node"] = new[r["node"]]
     back = {v: k for k, v in new.items()}
-    orders = []
-    for d, mapping in ((doc, None), (renamed, back)):
-        rec = OrderRecorder()
-        run_graph(Engine(tracer=rec, multithreading=False), graph_of(d))
-        orders.append([mapping[i] if mapping else i for i in rec.ids()])
-    assert orders[0] == orders[1]
+    assert [back[i] for i in executed(graph(renamed))] == executed(graph(original))
 
 
-def test_priority_policy_is_pluggable(engine_factory):
+def test_priority_policy_is_pluggable():
     """
     sum -> add -> mul_b (seq 0) -> acc_a
               \\-> mul_c (seq 1) -> acc_a
@@ -417,18 +415,14 @@ def test_priority_policy_is_pluggable(engine_factory):
     """
     from autograd_run.engine.priority import FifoPriority
     g = load_graph("example:seed")
-    rec = OrderRecorder()
-    run_graph(engine_factory(tracer=rec, multithreading=False), g)
-    assert rec.ids()[2:4] == ["mul_c", "mul_b"]
-    rec = OrderRecorder()
-    run_graph(engine_factory(tracer=rec, multithreading=False, priority=FifoPriority()), g)
-    assert rec.ids()[2:4] == ["mul_b", "mul_c"]
+    assert executed(g)[2:4] == ["mul_c", "mul_b"]
+    assert executed(g, priority=FifoPriority())[2:4] == ["mul_b", "mul_c"]
 
 
 @pytest.mark.parametrize("mode,inputs", [("grad", ["v3"]), ("grad", ["v1", "v7"]), ("backward", ["v2", "v5"])])
 def test_engine_matches_reference_with_requested_inputs(engine_factory, mode, inputs):
     """exec_info pruning: the same nodes run, in the same order, with the same results, as the oracle."""
-    g = graph_of(generate("random", nodes=80, leaves=10, seed=11))
+    g = graph(generate("random", nodes=80, leaves=10, seed=11))
     edges = [Edge(g.variables[n].node, 0) for n in inputs]
     roots = [r.edge for r in g.roots]
     ref_state = GraphState(g)

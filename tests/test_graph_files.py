@@ -11,43 +11,30 @@ from autograd_run.errors import GraphFileError
 from autograd_run.graphs.dump import dumps, graph_to_dict
 from autograd_run.graphs.generators import GENERATORS, generate
 from autograd_run.graphs.load import example_names, load_graph, loads_graph
-
-SEED = {
-    "format": "autograd-graph/1",
-    "roots": [{"node": "sum", "grad": "ones"}],
-    "variables": [{"name": "a", "shape": [2]}],
-    "nodes": [
-        {"id": "sum", "name": "SumBackward0", "seq": 3, "next": [["add", 0]], "inputs": [{"shape": []}],
-         "saved": {"self_sym_sizes": [2]}},
-        {"id": "add", "name": "AddBackward0", "seq": 2, "next": [["mb", 0], ["mc", 0]], "inputs": [{"shape": [2]}]},
-        {"id": "mb", "name": "MulBackward0", "seq": 0, "next": [["acc", 0], None], "inputs": [{"shape": [2]}],
-         "saved": {"other": 2.0}},
-        {"id": "mc", "name": "MulBackward0", "seq": 1, "next": [["acc", 0], None], "inputs": [{"shape": [2]}],
-         "saved": {"other": 3.0}},
-        {"id": "acc", "name": "AccumulateGrad", "variable": "a"},
-    ],
-}
+from builders import add, doc, graph, leaf, mul, run_traced, total
 
 
-def copy_seed():
-    return json.loads(json.dumps(SEED))
+def seed_doc():
+    """The engine chapter's graph (``example:seed``), a fresh copy each call:
 
-
-def load_doc(doc, fmt, tmp_path=None):
-    data = dumps(doc, fmt)
-    if tmp_path is not None:
-        p = tmp_path / f"g.{fmt}"
-        p.write_bytes(data)
-        return load_graph(str(p))
-    return loads_graph(data, f"g.{fmt}")
+        sum -> add -> mb (a * 2, seq 0) -> acc (a)
+                  \\-> mc (a * 3, seq 1) -/
+    """
+    return doc(
+        total("sum", "add", seq=3, shape=[2]),
+        add("add", "mb", "mc", seq=2, shape=[2]),
+        mul("mb", "acc", 2.0, seq=0, shape=[2]),
+        mul("mc", "acc", 3.0, seq=1, shape=[2]),
+        leaf("a", [2], id="acc"),
+    )
 
 
 @pytest.mark.parametrize("fmt", ["json", "yaml"])
 @pytest.mark.parametrize("kind", GENERATORS)
 def test_round_trip_generated(kind, fmt):
-    doc = generate(kind)
-    g = load_doc(doc, fmt)
-    again = load_doc(graph_to_dict(g), fmt)
+    d = generate(kind)
+    g = graph(d, fmt)
+    again = graph(graph_to_dict(g), fmt)
     assert graph_to_dict(again) == graph_to_dict(g)
     assert [n.id for n in again.nodes] == [n.id for n in g.nodes]
     assert [(n.seq, n.topo_nr, str(n.device)) for n in again.nodes] == [(n.seq, n.topo_nr, str(n.device)) for n in g.nodes]
@@ -57,11 +44,11 @@ def test_round_trip_generated(kind, fmt):
 def test_examples_load_and_round_trip(name):
     g = load_graph(f"example:{name}")
     for fmt in ("json", "yaml"):
-        assert graph_to_dict(loads_graph(dumps(graph_to_dict(g), fmt), f"x.{fmt}")) == graph_to_dict(g)
+        assert graph_to_dict(graph(graph_to_dict(g), fmt)) == graph_to_dict(g)
 
 
 def test_derived_fields():
-    g = load_doc(copy_seed(), "json")
+    g = graph(seed_doc(), "json")
     assert {n.id: n.topo_nr for n in g.nodes} == {"sum": 3, "add": 2, "mb": 1, "mc": 1, "acc": 0}
     assert g.by_id["acc"].seq == 2**64 - 1
     assert sorted((c.id, nr) for c, nr in g.by_id["acc"].consumers) == [("mb", 0), ("mc", 0)]
@@ -75,15 +62,15 @@ def test_generators_are_deterministic():
     assert dumps(generate("random", seed=1), "json") != dumps(generate("random", seed=2), "json")
 
 
-def mutate(doc, path, value):
-    d = doc
+def mutate(d, path, value):
+    at = d
     for p in path[:-1]:
-        d = d[p]
+        at = at[p]
     if value is DELETE:
-        del d[path[-1]]
+        del at[path[-1]]
     else:
-        d[path[-1]] = value
-    return doc
+        at[path[-1]] = value
+    return d
 
 
 DELETE = object()
@@ -123,9 +110,9 @@ CASES = [
 @pytest.mark.parametrize("fmt", ["json", "yaml"])
 @pytest.mark.parametrize("path,value,message,where", CASES, ids=[c[2][:30] for c in CASES])
 def test_validation_errors_name_file_place_and_problem(fmt, path, value, message, where):
-    doc = mutate(copy_seed(), path, value)
+    d = mutate(seed_doc(), path, value)
     with pytest.raises(GraphFileError) as info:
-        load_doc(doc, fmt)
+        graph(d, fmt)
     err = info.value
     assert err.file == f"g.{fmt}"
     assert message in err.what
@@ -135,7 +122,7 @@ def test_validation_errors_name_file_place_and_problem(fmt, path, value, message
 
 
 def test_yaml_location_is_the_offending_line():
-    text = dumps(copy_seed(), "yaml").decode().replace("seq: 0", "seq: zero")
+    text = dumps(seed_doc(), "yaml").decode().replace("seq: 0", "seq: zero")
     with pytest.raises(GraphFileError) as info:
         loads_graph(text, "g.yaml")
     line = int(info.value.where.split(",")[0].split()[1])
@@ -143,17 +130,17 @@ def test_yaml_location_is_the_offending_line():
 
 
 def test_cycle_is_printed_as_a_path():
-    doc = copy_seed()
-    doc["nodes"][2]["next"] = [["sum", 0], None]
+    d = seed_doc()
+    d["nodes"][2]["next"] = [["sum", 0], None]
     with pytest.raises(GraphFileError) as info:
-        load_doc(doc, "json")
+        graph(d, "json")
     assert "cycle: " in info.value.what
     ids = info.value.what.split("cycle: ")[1].split(" -> ")
     assert ids[0] == ids[-1] and set(ids) == {"sum", "add", "mb"}
 
 
 def test_json_syntax_error_has_line_and_column():
-    text = json.dumps(SEED, indent=1).replace('"seq": 2,', '"seq": 2,,')
+    text = json.dumps(seed_doc(), indent=1).replace('"seq": 2,', '"seq": 2,,')
     with pytest.raises(GraphFileError) as info:
         loads_graph(text, "g.json")
     line = int(info.value.where.split(",")[0].split()[1])
@@ -196,27 +183,23 @@ def test_absurd_nesting_is_refused(fmt, text):
 
 def test_side_files(tmp_path):
     np.savez(tmp_path / "g.npz", other=np.array([2.0, 2.0], dtype=np.float32))
-    doc = copy_seed()
-    doc["nodes"][2]["saved"] = {"other": {"npz": "other"}}
-    g = load_doc(doc, "json", tmp_path)
-    from autograd_run.engine import Engine, GraphState
-    from autograd_run.engine.run import run_graph
-    state = GraphState(g)
-    run_graph(Engine(), g, state)
-    np.testing.assert_allclose(state.grads["a"], [5.0, 5.0])
-    doc["nodes"][2]["saved"] = {"other": {"npz": "missing_key"}}
+    d = seed_doc()
+    d["nodes"][2]["saved"] = {"other": {"npz": "other"}}
+    res = run_traced(graph(d, "json", tmp_path), None)
+    np.testing.assert_allclose(res.grads["a"], [5.0, 5.0])
+    d["nodes"][2]["saved"] = {"other": {"npz": "missing_key"}}
     with pytest.raises(GraphFileError, match="key 'missing_key' is not in side file"):
-        load_doc(doc, "json", tmp_path)
-    doc["nodes"][2]["saved"] = {"other": {"npz": "other", "file": "../outside.npz"}}
+        graph(d, "json", tmp_path)
+    d["nodes"][2]["saved"] = {"other": {"npz": "other", "file": "../outside.npz"}}
     with pytest.raises(GraphFileError, match="outside the graph's folder"):
-        load_doc(doc, "json", tmp_path)
-    doc["nodes"][2]["saved"] = {"other": {"npz": "other", "file": "nope.npz"}}
+        graph(d, "json", tmp_path)
+    d["nodes"][2]["saved"] = {"other": {"npz": "other", "file": "nope.npz"}}
     with pytest.raises(GraphFileError, match="side file 'nope.npz' is missing"):
-        load_doc(doc, "json", tmp_path)
+        graph(d, "json", tmp_path)
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    doc["nodes"][2]["saved"] = {"other": {"npz": "other", "file": "bad.npz"}}
+    d["nodes"][2]["saved"] = {"other": {"npz": "other", "file": "bad.npz"}}
     with pytest.raises(GraphFileError, match="cannot read side file"):
-        load_doc(doc, "json", tmp_path)
+        graph(d, "json", tmp_path)
 
 
 def test_missing_file_and_bad_extension(tmp_path):
@@ -241,9 +224,9 @@ def generated_docs(draw):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated_docs(), st.sampled_from(["json", "yaml"]))
-def test_random_valid_graphs_load(doc, fmt):
-    g = load_doc(doc, fmt)
-    assert len(g.nodes) == len(doc["nodes"])
+def test_random_valid_graphs_load(d, fmt):
+    g = graph(d, fmt)
+    assert len(g.nodes) == len(d["nodes"])
 
 
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
@@ -263,15 +246,15 @@ def _paths(obj, prefix=()):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated_docs(), st.sampled_from(["json", "yaml"]), st.data())
-def test_corrupted_graphs_give_the_clear_error(doc, fmt, data):
-    paths = [p for p in _paths(doc) if p]
+def test_corrupted_graphs_give_the_clear_error(d, fmt, data):
+    paths = [p for p in _paths(d) if p]
     how = data.draw(st.sampled_from(["replace", "delete", "truncate", "flip"]))
     if how in ("replace", "delete"):
         path = data.draw(st.sampled_from(paths))
-        mutate(doc, path, DELETE if how == "delete" and not isinstance(path[-1], int) else data.draw(JUNK))
-        raw = dumps(doc, fmt)
+        mutate(d, path, DELETE if how == "delete" and not isinstance(path[-1], int) else data.draw(JUNK))
+        raw = dumps(d, fmt)
     else:
-        raw = bytearray(dumps(doc, fmt))
+        raw = bytearray(dumps(d, fmt))
         if how == "truncate":
             raw = raw[: data.draw(st.integers(0, len(raw)))]
         else:
@@ -290,8 +273,8 @@ def test_corrupted_graphs_give_the_clear_error(doc, fmt, data):
                                           ([1, 2], "attrs.cost must be a mapping")])
 def test_cost_nodes_are_bounded(cost, message):
     """A graph file cannot make a node spin for days or allocate a giant matrix."""
-    doc = copy_seed()
-    doc["nodes"][2].update({"op": "cost", "attrs": {"cost": cost}})
+    d = seed_doc()
+    d["nodes"][2].update({"op": "cost", "attrs": {"cost": cost}})
     with pytest.raises(GraphFileError) as info:
-        load_doc(doc, "json")
+        graph(d, "json")
     assert message in info.value.what and "$.nodes[2].attrs.cost" in info.value.where

@@ -5,13 +5,12 @@ import io
 from rich.console import Console
 
 from autograd_run.cli.render import summary_tables
-from autograd_run.engine import Engine
-from autograd_run.engine.run import run_graph
 from autograd_run.graphs.load import load_graph
 from autograd_run.traces import recording as R
 from autograd_run.traces.recorder import Recorder
 from autograd_run.traces.recording import Recording
 from autograd_run.traces.summary import p95, summarize
+from builders import run_traced
 
 
 def fake_clock(step=1000):
@@ -23,11 +22,11 @@ def fake_clock(step=1000):
     return clock
 
 
-def seed_run():
-    g = load_graph("example:seed")
+def seed_summary():
+    """The summary of example:seed run on the calling thread (named ``caller``) under a fake clock."""
     rec = Recorder(clock=fake_clock())
-    run_graph(Engine(tracer=rec, multithreading=False), g)
-    return g, rec
+    run_traced(load_graph("example:seed"), rec, multithreading=False)
+    return summarize(Recording.from_events(rec.events, {k: "caller" for k in rec.threads}))
 
 
 def test_p95_nearest_rank():
@@ -38,8 +37,7 @@ def test_p95_nearest_rank():
 
 
 def test_summary_of_a_deterministic_run():
-    g, rec = seed_run()
-    s = summarize(Recording.from_events(rec.events, {k: "caller" for k in rec.threads}))
+    s = seed_summary()
     assert s.nodes_executed == 5 and s.nodes_skipped == 0 and s.graph_tasks == 1
     # Fake clock: every stamp is 1 µs after the previous one, so each node's slice
     # (start, end) spans exactly the events recorded inside it.
@@ -94,7 +92,4 @@ def render(s, width=100):
 
 
 def test_summary_tables_golden_text():
-    g, rec = seed_run()
-    s = summarize(Recording.from_events(rec.events, {k: "caller" for k in rec.threads}))
-    text = render(s)
-    assert text == GOLDEN
+    assert render(seed_summary()) == GOLDEN

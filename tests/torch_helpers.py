@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autograd_run.capture import from_torch, walk_grad_fns
+from builders import graph, run_traced
 
 
 def capture(outputs, grad_outputs=None, leaves=None, inputs=None, mode="backward"):
@@ -32,17 +33,9 @@ def torch_order(outputs, grad_outputs=None, inputs=None, mode="backward"):
 
 
 def our_order(doc, multithreading=False):
-    from autograd_run.engine import Engine
-    from autograd_run.engine.run import run_graph
-    from autograd_run.graphs.dump import dumps
-    from autograd_run.graphs.load import loads_graph
+    """Our executed order as (name, seq) pairs, the run's result and the loaded graph."""
     from autograd_run.traces.order_recorder import OrderRecorder
-    g = loads_graph(dumps(doc, "json"), "captured.json")
+    g = graph(doc)
     rec = OrderRecorder()
-    eng = Engine(tracer=rec, multithreading=multithreading)
-    try:
-        res = run_graph(eng, g, retain_graph=True)
-    finally:
-        eng.shutdown()
-    order = [(r.name, r.seq) for r in rec.executed()]
-    return order, res, g
+    res = run_traced(g, rec, multithreading=multithreading, retain_graph=True)
+    return [(r.name, r.seq) for r in rec.executed()], res, g

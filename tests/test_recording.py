@@ -1,0 +1,99 @@
+"""``Recording.from_events``: the Recorder's raw tuples paired into typed records.
+
+Events are written by hand, as the Recorder appends them (layouts in ``traces.recording``);
+nodes are plain strings, thread 7 is the caller and thread 8 a device worker.
+"""
+
+from autograd_run.graphs.load import load_graph
+from autograd_run.traces.recording import (
+    ERROR, GT_END, GT_START, IDLE, NODE_END, NODE_START, POP, PUSH, SKIP,
+    GraphTaskSpan, Idle, NodeSlice, QueueSample, QueueWait, Recording, Skip,
+)
+from builders import recording
+
+CALLER, WORKER = 7, 8
+THREADS = {CALLER: "MainThread", WORKER: "autograd-run cuda:0"}
+
+
+def test_a_node_slice_carries_its_queue_wait():
+    """a is pushed at 20, popped at 30 and runs 40..50 on the worker."""
+    ev = [(PUSH, 20, CALLER, "cuda:0", 0, "a", 1),
+          (POP, 30, WORKER, "cuda:0", 0, "a", 0),
+          (NODE_START, 40, WORKER, 0, 0, "a"),
+          (NODE_END, 50, WORKER, 0, 0, "a")]
+    rec = Recording.from_events(ev, THREADS)
+    wait = QueueWait(gt=0, node="a", queue="cuda:0", pushed=20, popped=30, tid=WORKER)
+    assert rec.waits == [wait] and wait.waited == 10
+    assert rec.slices == [NodeSlice(gt=0, depth=0, node="a", tid=WORKER, start=40, end=50, wait=wait)]
+    assert rec.slices[0].duration == 10
+    assert rec.queue_samples == [QueueSample(20, CALLER, "cuda:0", 0, "a", 1, True),
+                                 QueueSample(30, WORKER, "cuda:0", 0, "a", 0, False)]
+    assert (rec.start, rec.end) == (20, 50)
+
+
+def test_a_node_without_a_recorded_push_has_no_wait():
+    ev = [(NODE_START, 1, CALLER, 0, 0, "root"), (NODE_END, 2, CALLER, 0, 0, "root")]
+    assert Recording.from_events(ev, THREADS).slices[0].wait is None
+
+
+def test_a_wake_up_task_is_a_queue_sample_but_no_wait():
+    ev = [(PUSH, 1, CALLER, "cuda:0", -1, None, 1), (POP, 2, WORKER, "cuda:0", -1, None, 0)]
+    rec = Recording.from_events(ev, THREADS)
+    assert rec.waits == [] and [s.pushed for s in rec.queue_samples] == [True, False]
+
+
+def test_nested_slices_pair_by_thread_graph_task_and_node():
+    """A reentrant backward inside node p: p (task 0) runs 10..60, q (task 1, depth 1) 20..30."""
+    ev = [(NODE_START, 10, CALLER, 0, 0, "p"),
+          (GT_START, 15, CALLER, 1, 1),
+          (NODE_START, 20, CALLER, 1, 1, "q"),
+          (NODE_END, 30, CALLER, 1, 1, "q"),
+          (GT_END, 40, CALLER, 1, None),
+          (NODE_END, 60, CALLER, 0, 0, "p")]
+    rec = Recording.from_events(ev, THREADS)
+    assert [(s.node, s.gt, s.depth, s.start, s.end) for s in rec.slices] == [("q", 1, 1, 20, 30), ("p", 0, 0, 10, 60)]
+    assert rec.graph_tasks == [GraphTaskSpan(gt=1, depth=1, start=15, end=40, tid=CALLER, error=None)]
+
+
+def test_graph_task_spans_keep_their_error_and_stay_open_when_unfinished():
+    ev = [(GT_START, 1, CALLER, 0, 0), (GT_START, 2, CALLER, 1, 0),
+          (ERROR, 3, WORKER, 0, "a", "boom"), (GT_END, 4, CALLER, 0, "boom")]
+    rec = Recording.from_events(ev, THREADS)
+    assert rec.graph_tasks == [GraphTaskSpan(0, 0, 1, 4, CALLER, "boom"), GraphTaskSpan(1, 0, 2, None, CALLER, None)]
+    assert [(e.node, e.message) for e in rec.errors] == [("a", "boom")]
+
+
+def test_idle_time_is_a_span_that_can_end_the_recording():
+    ev = [(NODE_START, 10, WORKER, 0, 0, "a"), (NODE_END, 20, WORKER, 0, 0, "a"),
+          (IDLE, 20, WORKER, "cuda:0", 90)]
+    rec = Recording.from_events(ev, THREADS)
+    assert rec.idles == [Idle(start=20, end=90, tid=WORKER, queue="cuda:0")]
+    assert (rec.start, rec.end) == (10, 90)
+
+
+def test_skips_are_recorded():
+    rec = Recording.from_events([(SKIP, 5, WORKER, 0, "b")], THREADS)
+    assert rec.skips == [Skip(ts=5, tid=WORKER, gt=0, node="b")]
+
+
+def test_threads_get_os_ids_labels_and_display_order():
+    ev = [(NODE_START, 1, WORKER, 0, 0, "a"), (NODE_END, 2, WORKER, 0, 0, "a")]
+    rec = Recording.from_events(ev, {WORKER: "autograd-run cuda:0", CALLER: "MainThread"}, {CALLER: 700, WORKER: 800})
+    assert list(rec.threads) == [700, 800]  # callers first, then device workers
+    assert [t.label for t in rec.threads.values()] == ["MainThread", "cuda:0"]
+    assert rec.slices[0].tid == 800 and rec.thread_name(800) == "autograd-run cuda:0"
+    assert rec.thread_name(9) == "9"
+
+
+def test_no_events_is_an_empty_recording():
+    rec = Recording.from_events([], THREADS)
+    assert rec.empty and rec.slices == [] and len(rec.threads) == 2
+
+
+def test_a_real_run_pairs_every_node_with_its_wait():
+    rec = recording(load_graph("example:pipeline"))
+    ids = sorted(n.id for n in load_graph("example:pipeline").nodes)
+    assert sorted(s.node.id for s in rec.slices) == ids
+    assert all(s.wait is not None and s.wait.node is s.node and s.wait.popped <= s.start for s in rec.slices)
+    assert [(g.depth, g.error) for g in rec.graph_tasks] == [(0, None)]
+    assert all(g.start <= s.start and s.end <= g.end for g in rec.graph_tasks for s in rec.slices)
