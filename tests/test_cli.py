@@ -186,7 +186,7 @@ def test_inputs_naming_nothing_are_refused(capsys):
 
 def test_grad_on_a_graph_without_inputs_is_refused(capsys):
     code, out, err = run_cli(["example:seed", "--grad"], capsys)
-    assert code == 2 and err == "Error: --inputs: grad requires non-empty inputs (name them)\n"
+    assert code == 2 and err == "Error: --inputs: `inputs` argument to `grad()` cannot be empty.\n"
 
 
 # -- output files ---------------------------------------------------------------------------------
