@@ -29,7 +29,7 @@ except ImportError:  # tests/ itself is on sys.path, the repository root is not
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
 
 REPEATS = 10
-SCENARIOS = ["mlp_2dev", "join_2dev", "cpu_head", "two_roots", "fan_in", "checkpoint_dev",
+SCENARIOS = ["mlp_2dev", "join_2dev", "join_race", "cpu_head", "two_roots", "fan_in", "checkpoint_dev",
              "nested_checkpoint", "side_stream"]
 
 
@@ -93,6 +93,11 @@ def test_device_threads_are_the_engines(oracle):
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_per_worker_orders_are_stable(oracle, name):
     r = oracle[name]
+    if r["order_race"]:  # a known timing-dependent order: each worker runs the same nodes
+        for v in r["variants"]:
+            assert {w: sorted(nodes_of(t)) for w, t in v["workers"].items()} == \
+                {w: sorted(nodes_of(x["trace"])) for w, x in r["workers"].items()}
+        return
     assert r["stable_order"], f"{name}: node order differs between runs: {r['variants']}"
     if not r["events_race"]:
         assert r["stable"], f"{name}: event calls differ between runs: {r['variants']}"

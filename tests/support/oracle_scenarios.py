@@ -35,10 +35,12 @@ class Scenario:
     for the oracle, ``cpu``/``cpu`` for a reference of the gradients). ``events_race``: a node
     gets gradients from two workers at once, so which one arrives first (and therefore which
     event calls each worker makes in InputBuffer::add) depends on timing; the per-worker node
-    order does not."""
+    order does not. ``order_race``: the per-worker node order itself depends on timing (kept
+    as a known example; each worker still runs the same set of nodes)."""
     build: Callable[..., Run]
     description: str
     events_race: bool = False
+    order_race: bool = False
 
     def oracle(self) -> Run:
         return self.build(A0, A1)
@@ -50,9 +52,9 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {}
 
 
-def scenario(description: str, events_race: bool = False):
+def scenario(description: str, events_race: bool = False, order_race: bool = False):
     def register(fn):
-        SCENARIOS[fn.__name__] = Scenario(fn, description, events_race)
+        SCENARIOS[fn.__name__] = Scenario(fn, description, events_race, order_race)
         return fn
     return register
 
@@ -89,6 +91,21 @@ def join_2dev(d0: str, d1: str) -> Run:
     b = torch.sigmoid(x.to(d1) @ w1)
     j = a + b.to(d0)
     loss = (j * j).sum()
+    return Run([loss], leaves=leaves)
+
+
+@scenario("join_2dev with x on accel:0: x's AccumulateGrad (top priority) becomes ready when "
+          "accel:1's gradient arrives, before or after accel:0 runs other ready nodes",
+          events_race=True, order_race=True)
+def join_race(d0: str, d1: str) -> Run:
+    g = torch.Generator().manual_seed(1)
+    leaves: dict = {}
+    x = _leaf((4, 5), d0, g, "x", leaves)
+    w0 = _leaf((5, 6), d0, g, "w0", leaves)
+    w1 = _leaf((5, 6), d1, g, "w1", leaves)
+    a = torch.tanh(x @ w0)
+    b = torch.sigmoid(x.to(d1) @ w1)
+    loss = ((a + b.to(d0)) ** 2).sum()
     return Run([loss], leaves=leaves)
 
 

@@ -506,6 +506,7 @@ def run_scenarios(names: list[str], repeats: int = 10, capture: bool = False) ->
         res = record_run(spec.oracle, repeats=repeats, capture=capture, reference_fn=spec.reference)
         res["description"] = spec.description
         res["events_race"] = spec.events_race
+        res["order_race"] = spec.order_race
         out[name] = res
     return out
 
