@@ -29,8 +29,8 @@ except ImportError:  # tests/ itself is on sys.path, the repository root is not
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
 
 REPEATS = 10
-SCENARIOS = ["mlp_2dev", "join_2dev", "join_race", "cpu_head", "two_roots", "fan_in", "checkpoint_dev",
-             "nested_checkpoint", "side_stream"]
+SCENARIOS = ["mlp_2dev", "join_2dev", "join_race", "cpu_head", "two_roots", "fan_in", "colocated",
+             "checkpoint_dev", "nested_checkpoint", "side_stream"]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,7 @@ def oracle():
 
 
 def worker_of_device(device: str) -> str:
+    """The Engine's thread for a device: one per index, whatever the device type."""
     return "caller" if device == "cpu" else "pt_autograd_" + device.split(":")[1]
 
 
@@ -215,6 +216,16 @@ def test_fan_in_accumulates_on_the_producers_thread(oracle):
     # AccumulateGrad of x runs last on accel:1 and waits for nothing more.
     w1 = r["workers"]["pt_autograd_1"]["trace"]
     assert r["static"][w1[-1][1]][2] == "x"
+
+
+def test_equal_indices_of_two_device_types_share_a_worker(oracle):
+    r = oracle["colocated"]
+    doc = r["capture"]
+    devices = {node_device(doc, nid) for nid in r["static_order"]["pt_autograd_1"]}
+    assert devices == {"accel:1", "ve:1"}
+    # ve is no accelerator for the Engine: its edges need no stream sync, and the ve:1 ->
+    # accel:0 edge takes the producing thread's current accel:0 stream, the consumer's.
+    assert r["events"]["record"] == r["events"]["block"] == 0
 
 
 def test_captured_graph_ids_match(oracle):

@@ -145,6 +145,23 @@ def fan_in(d0: str, d1: str) -> Run:
     return Run([loss], leaves=leaves)
 
 
+def _twin(d: str) -> str:
+    """The same index on the backend's second device type (VE, not an accelerator)."""
+    return d if d == CPU else d.replace("accel", "ve")
+
+
+@scenario("accel:0 -> ve:1 -> accel:1: index 1 of both device types runs on pt_autograd_1")
+def colocated(d0: str, d1: str) -> Run:
+    torch.manual_seed(8)
+    v1 = _twin(d1)
+    l1, l2, l3 = nn.Linear(5, 6).to(d0), nn.Linear(6, 6).to(v1), nn.Linear(6, 2).to(d1)
+    x = torch.randn(3, 5).to(d0)
+    h = torch.relu(l1(x)).to(v1)
+    h = torch.tanh(l2(h)).to(d1)
+    loss = l3(h).sum()
+    return Run([loss], leaves=_params(l1=l1, l2=l2, l3=l3))
+
+
 @scenario("reentrant checkpoint (use_reentrant=True) of a block on accel:0, head on accel:1")
 def checkpoint_dev(d0: str, d1: str) -> Run:
     torch.manual_seed(5)

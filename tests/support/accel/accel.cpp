@@ -8,6 +8,10 @@
 // backward on device threads.  Memory is plain host memory, so every
 // computation can run as the CPU kernel of the same op.
 //
+// A second device type, VE (``ve:<i>``), gets the same kernels and memory
+// but is not an accelerator for the Engine (no streams, no events): it shows
+// that the Engine runs index i of every device type on the same worker.
+//
 // Pieces:
 //   * device and stream state (thread local, like CUDA's current device and
 //     current stream), several stream ids per device;
@@ -65,7 +69,14 @@
 namespace {
 
 constexpr c10::DeviceType kAccel = c10::DeviceType::PrivateUse1;
+constexpr c10::DeviceType kTwin = c10::DeviceType::VE;
 constexpr int kMaxDevices = 16;
+
+constexpr int slot_of(c10::DeviceType t) { return t == kAccel ? 0 : 1; }
+bool ours(c10::DeviceType t) { return t == kAccel || t == kTwin; }
+c10::DispatchKey backend_key(c10::DeviceType t) {
+  return t == kAccel ? c10::DispatchKey::PrivateUse1 : c10::DispatchKey::VE;
+}
 // Stream ids: 0 is each device's default stream, 1..kPoolStreams come from
 // the "global pool" (round robin), ids from kFirstNewStream on are handed out
 // by getNewStream.
@@ -89,16 +100,19 @@ c10::DeviceIndex device_total() {
   return n;
 }
 
-thread_local c10::DeviceIndex tls_device = 0;
-thread_local std::array<c10::StreamId, kMaxDevices> tls_stream{};  // all 0
+// Per device type: the current device, and per device the current stream.
+thread_local std::array<c10::DeviceIndex, 2> tls_current{};
+thread_local std::array<std::array<c10::StreamId, kMaxDevices>, 2> tls_streams{};  // all 0
+
+c10::DeviceIndex& current(c10::DeviceType t) { return tls_current[slot_of(t)]; }
 
 std::array<std::atomic<int64_t>, kMaxDevices> pool_cursor{};
 std::atomic<c10::StreamId> next_new_stream{kFirstNewStream};
-std::array<std::atomic<int64_t>, kMaxDevices> alloc_count{};
+std::array<std::array<std::atomic<int64_t>, kMaxDevices>, 2> alloc_count{};
 
-c10::DeviceIndex checked_index(c10::DeviceIndex i) {
-  if (i < 0) return tls_device;
-  TORCH_CHECK(i < device_total(), "accel: device index ", static_cast<int>(i),
+c10::DeviceIndex checked_index(c10::DeviceType t, c10::DeviceIndex i) {
+  if (i < 0) return current(t);
+  TORCH_CHECK(i < device_total(), t, ": device index ", static_cast<int>(i),
               " out of range (", static_cast<int>(device_total()), " devices)");
   return i;
 }
@@ -164,46 +178,48 @@ std::atomic<int64_t> next_event_id{1};
 // DeviceGuardImpl
 // ---------------------------------------------------------------------------
 
-struct AccelGuardImpl final : public c10::impl::DeviceGuardImplInterface {
-  c10::DeviceType type() const override { return kAccel; }
+template <c10::DeviceType T>
+struct HostGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return T; }
 
   c10::Device exchangeDevice(c10::Device d) const override {
-    TORCH_CHECK(d.type() == kAccel, "accel guard got device ", d);
-    const c10::Device old(kAccel, tls_device);
-    tls_device = checked_index(d.index());
+    TORCH_CHECK(d.type() == T, T, " guard got device ", d);
+    const c10::Device old(T, current(T));
+    current(T) = checked_index(T, d.index());
     return old;
   }
-  c10::Device getDevice() const override { return c10::Device(kAccel, tls_device); }
+  c10::Device getDevice() const override { return c10::Device(T, current(T)); }
   void setDevice(c10::Device d) const override {
-    TORCH_CHECK(d.type() == kAccel, "accel guard got device ", d);
-    tls_device = checked_index(d.index());
+    TORCH_CHECK(d.type() == T, T, " guard got device ", d);
+    current(T) = checked_index(T, d.index());
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
-    if (d.index() >= 0 && d.index() < device_total()) tls_device = d.index();
+    if (d.index() >= 0 && d.index() < device_total()) current(T) = d.index();
   }
 
   static c10::Stream make_stream(c10::DeviceIndex i, c10::StreamId id) {
-    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kAccel, i), id);
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(T, i), id);
   }
+  static c10::StreamId& current_stream(c10::DeviceIndex i) { return tls_streams[slot_of(T)][i]; }
   c10::Stream getStream(c10::Device d) const override {
-    const auto i = checked_index(d.index());
-    return make_stream(i, tls_stream[i]);
+    const auto i = checked_index(T, d.index());
+    return make_stream(i, current_stream(i));
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
-    return make_stream(checked_index(d.index()), 0);
+    return make_stream(checked_index(T, d.index()), 0);
   }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*high*/) const override {
-    const auto i = checked_index(d.index());
+    const auto i = checked_index(T, d.index());
     const auto k = pool_cursor[i].fetch_add(1);
     return make_stream(i, 1 + (k % kPoolStreams));
   }
   c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
-    return make_stream(checked_index(d.index()), next_new_stream.fetch_add(1));
+    return make_stream(checked_index(T, d.index()), next_new_stream.fetch_add(1));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
-    const auto i = checked_index(s.device_index());
-    const c10::Stream old = make_stream(i, tls_stream[i]);
-    tls_stream[i] = s.id();
+    const auto i = checked_index(T, s.device_index());
+    const c10::Stream old = make_stream(i, current_stream(i));
+    current_stream(i) = s.id();
     return old;
   }
 
@@ -263,7 +279,8 @@ struct AccelGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 };
 
-C10_REGISTER_GUARD_IMPL(PrivateUse1, AccelGuardImpl);
+const c10::impl::DeviceGuardImplRegistrar accel_guard(kAccel, new HostGuardImpl<kAccel>());
+const c10::impl::DeviceGuardImplRegistrar twin_guard(kTwin, new HostGuardImpl<kTwin>());
 
 // ---------------------------------------------------------------------------
 // Host allocator
@@ -271,17 +288,18 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, AccelGuardImpl);
 
 void host_free(void* p) { std::free(p); }
 
+template <c10::DeviceType T>
 struct HostAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
-    const auto i = tls_device;
+    const auto i = current(T);
     void* p = nullptr;
     if (n > 0) {
       const size_t aligned = (n + 63) / 64 * 64;
       p = std::aligned_alloc(64, aligned);
       TORCH_CHECK(p != nullptr, "accel: out of host memory (", n, " bytes)");
     }
-    alloc_count[i]++;
-    return c10::DataPtr(p, p, &host_free, c10::Device(kAccel, i));
+    alloc_count[slot_of(T)][i]++;
+    return c10::DataPtr(p, p, &host_free, c10::Device(T, i));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &host_free; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -289,12 +307,21 @@ struct HostAllocator final : public c10::Allocator {
   }
 };
 
-HostAllocator host_allocator;
-REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &host_allocator);
+HostAllocator<kAccel> accel_allocator;
+HostAllocator<kTwin> twin_allocator;
+const bool allocators_registered = [] {
+  c10::SetAllocator(kAccel, &accel_allocator);
+  c10::SetAllocator(kTwin, &twin_allocator);
+  return true;
+}();
 
-c10::DataPtr allocate_on(c10::DeviceIndex i, size_t n) {
-  c10::DeviceGuard g(c10::Device(kAccel, i));
-  return host_allocator.allocate(n);
+c10::Allocator* allocator_for(c10::DeviceType t) {
+  return t == kAccel ? static_cast<c10::Allocator*>(&accel_allocator) : &twin_allocator;
+}
+
+c10::DataPtr allocate_on(c10::Device d, size_t n) {
+  c10::DeviceGuard g(d);
+  return allocator_for(d.type())->allocate(n);
 }
 
 // ---------------------------------------------------------------------------
@@ -310,11 +337,13 @@ struct AccelHooks final : public at::PrivateUse1HooksInterface {
   }
   void init() const override {}
   c10::DeviceIndex deviceCount() const override { return device_total(); }
-  void setCurrentDevice(c10::DeviceIndex i) const override { tls_device = checked_index(i); }
-  c10::DeviceIndex getCurrentDevice() const override { return tls_device; }
+  void setCurrentDevice(c10::DeviceIndex i) const override {
+    current(kAccel) = checked_index(kAccel, i);
+  }
+  c10::DeviceIndex getCurrentDevice() const override { return current(kAccel); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex i) const override {
-    const auto old = tls_device;
-    tls_device = checked_index(i);
+    const auto old = current(kAccel);
+    current(kAccel) = checked_index(kAccel, i);
     return old;
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex i) const override {
@@ -325,13 +354,13 @@ struct AccelHooks final : public at::PrivateUse1HooksInterface {
   const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
     return at::detail::getDefaultCPUGenerator();
   }
-  at::Device getDeviceFromPtr(void*) const override { return c10::Device(kAccel, tls_device); }
+  at::Device getDeviceFromPtr(void*) const override { return c10::Device(kAccel, current(kAccel)); }
   bool isPinnedPtr(const void*) const override { return false; }
   at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t n) const override {
     auto* s = storage.unsafeGetStorageImpl();
     TORCH_CHECK(s->resizable(), "accel: storage is not resizable");
-    c10::DataPtr fresh = allocate_on(storage.device().index(), n);
+    c10::DataPtr fresh = allocate_on(storage.device(), n);
     const size_t keep = std::min(n, s->nbytes());
     if (keep > 0) std::memcpy(fresh.get(), s->data_ptr().get(), keep);
     s->set_data_ptr_noswap(std::move(fresh));
@@ -348,7 +377,7 @@ const bool hooks_registered = [] {
 // Tensor helpers
 // ---------------------------------------------------------------------------
 
-bool on_accel(const at::Tensor& t) { return t.defined() && t.device().type() == kAccel; }
+bool on_ours(const at::Tensor& t) { return t.defined() && ours(t.device().type()); }
 
 // A tensor of `keys` over `storage` with the given geometry.
 at::Tensor tensor_over(c10::Storage storage, c10::DispatchKeySet keys,
@@ -414,7 +443,7 @@ struct CpuView {
   }
 
   at::Tensor to_cpu(const at::Tensor& t) {
-    if (!on_accel(t)) {
+    if (!on_ours(t)) {
       if (t.defined()) untouched.push_back(t.unsafeGetTensorImpl());
       return t;
     }
@@ -467,7 +496,7 @@ struct CpuView {
   // view of an argument becomes a view of the accelerator storage, a fresh
   // CPU tensor is adopted by the accelerator (its bytes relabelled, or copied
   // when its storage is shared with something else).
-  at::Tensor from_cpu(const at::Tensor& r, c10::DeviceIndex dev, int refs_here) {
+  at::Tensor from_cpu(const at::Tensor& r, c10::Device dev, int refs_here) {
     if (!r.defined() || r.device().type() != c10::kCPU) return r;
     for (auto& p : tensors) {
       if (p.second.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return p.first;
@@ -481,16 +510,16 @@ struct CpuView {
     } else if (r.storage().use_count() <= refs_here) {
       st = r.storage();
       auto* si = st.unsafeGetStorageImpl();
-      si->mutable_data_ptr().unsafe_set_device(c10::Device(kAccel, dev));
-      si->set_allocator(&host_allocator);
+      si->mutable_data_ptr().unsafe_set_device(dev);
+      si->set_allocator(allocator_for(dev.type()));
     } else {
       const size_t n = r.storage().nbytes();
       c10::DataPtr dp = allocate_on(dev, n);
       if (n > 0) std::memcpy(dp.get(), r.storage().data_ptr().get(), n);
       st = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), n, std::move(dp), &host_allocator, true));
+          c10::StorageImpl::use_byte_size_t(), n, std::move(dp), allocator_for(dev.type()), true));
     }
-    return tensor_over(st, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), r.dtype(),
+    return tensor_over(st, c10::DispatchKeySet(backend_key(dev.type())), r.dtype(),
                        r.sizes(), r.strides(), r.storage_offset(), r.is_conj(), r.is_neg());
   }
 };
@@ -498,15 +527,14 @@ struct CpuView {
 // The device every accelerator argument of one op is on (ops other than
 // copies must not mix devices, as with CUDA).
 struct DeviceVote {
-  std::optional<c10::DeviceIndex> dev;
+  std::optional<c10::Device> dev;
   const char* op;
-  void see(c10::DeviceIndex i) {
+  void see(c10::Device d) {
     if (!dev) {
-      dev = i;
+      dev = d;
     } else {
-      TORCH_CHECK(*dev == i, "Expected all tensors to be on the same device, but found at least "
-                  "two devices, accel:", static_cast<int>(*dev), " and accel:",
-                  static_cast<int>(i), " (in ", op, ")");
+      TORCH_CHECK(*dev == d, "Expected all tensors to be on the same device, but found at least "
+                  "two devices, ", *dev, " and ", d, " (in ", op, ")");
     }
   }
 };
@@ -515,34 +543,36 @@ struct DeviceVote {
 // Explicit kernels
 // ---------------------------------------------------------------------------
 
+template <c10::DeviceType T>
 c10::Device target_device(std::optional<c10::Device> d) {
-  if (!d || d->index() < 0) return c10::Device(kAccel, tls_device);
-  TORCH_CHECK(d->type() == kAccel, "accel kernel asked for device ", *d);
-  return c10::Device(kAccel, checked_index(d->index()));
+  if (!d || d->index() < 0) return c10::Device(T, current(T));
+  TORCH_CHECK(d->type() == T, T, " kernel asked for device ", *d);
+  return c10::Device(T, checked_index(T, d->index()));
 }
 
 void check_layout(std::optional<c10::Layout> layout) {
   TORCH_CHECK(!layout || *layout == c10::kStrided, "accel: only strided tensors");
 }
 
+template <c10::DeviceType T>
 at::Tensor accel_empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                        std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                        std::optional<bool> /*pin*/, std::optional<c10::MemoryFormat> mf) {
   check_layout(layout);
-  c10::DeviceGuard g(target_device(device));
-  return at::detail::empty_generic(size, &host_allocator,
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+  c10::DeviceGuard g(target_device<T>(device));
+  return at::detail::empty_generic(size, allocator_for(T), c10::DispatchKeySet(backend_key(T)),
                                    dtype.value_or(c10::get_default_dtype_as_scalartype()), mf);
 }
 
+template <c10::DeviceType T>
 at::Tensor accel_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                                std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout,
                                std::optional<c10::Device> device, std::optional<bool> /*pin*/) {
   check_layout(layout);
-  c10::DeviceGuard g(target_device(device));
-  return at::detail::empty_strided_generic(size, stride, &host_allocator,
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+  c10::DeviceGuard g(target_device<T>(device));
+  return at::detail::empty_strided_generic(size, stride, allocator_for(T),
+                                           c10::DispatchKeySet(backend_key(T)),
                                            dtype.value_or(c10::get_default_dtype_as_scalartype()));
 }
 
@@ -603,7 +633,7 @@ const at::Tensor& accel_resize_(const at::Tensor& self, c10::IntArrayRef size,
   if (need > st.nbytes()) {
     auto* s = st.unsafeGetStorageImpl();
     TORCH_CHECK(s->resizable(), "Trying to resize storage that is not resizable");
-    c10::DataPtr fresh = allocate_on(self.device().index(), need);
+    c10::DataPtr fresh = allocate_on(self.device(), need);
     if (s->nbytes() > 0 && s->data_ptr().get() != nullptr) {
       std::memcpy(fresh.get(), s->data_ptr().get(), s->nbytes());
     }
@@ -615,7 +645,8 @@ const at::Tensor& accel_resize_(const at::Tensor& self, c10::IntArrayRef size,
 
 at::Tensor& accel_set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
                               c10::IntArrayRef size, c10::IntArrayRef stride) {
-  TORCH_CHECK(source.device().type() == kAccel, "accel: set_ from a storage on ", source.device());
+  TORCH_CHECK(source.device().type() == self.device().type(), "set_ of a tensor on ", self.device(),
+              " from a storage on ", source.device());
   at::DimVector st;
   if (stride.empty()) {
     st = c10::contiguous_strides(size);
@@ -640,18 +671,18 @@ at::Tensor& accel_set_source_tensor(at::Tensor& self, const at::Tensor& src) {
 
 at::Tensor& accel_set_empty(at::Tensor& self) {
   c10::Storage s(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), 0, allocate_on(self.device().index(), 0),
-      &host_allocator, true));
+      c10::StorageImpl::use_byte_size_t(), 0, allocate_on(self.device(), 0),
+      allocator_for(self.device().type()), true));
   return accel_set_storage(self, std::move(s), 0, {0}, {});
 }
 
 // Convolutions: for a backend other than CPU/CUDA/... ATen's composite
 // convolution calls the "overrideable" ops, whose default kernel raises.
 // Run the CPU convolution instead.
-c10::DeviceIndex conv_device(const at::Tensor& input, const at::Tensor& weight) {
-  TORCH_CHECK(on_accel(input) && on_accel(weight) && input.device() == weight.device(),
-              "accel convolution: input on ", input.device(), ", weight on ", weight.device());
-  return input.device().index();
+c10::Device conv_device(const at::Tensor& input, const at::Tensor& weight) {
+  TORCH_CHECK(on_ours(input) && on_ours(weight) && input.device() == weight.device(),
+              "convolution: input on ", input.device(), ", weight on ", weight.device());
+  return input.device();
 }
 
 at::Tensor accel_convolution(const at::Tensor& input, const at::Tensor& weight,
@@ -700,7 +731,7 @@ c10::IValue list_to_cpu(const c10::IValue& v, CpuView& view, DeviceVote& vote) {
     c10::List<at::Tensor> out;
     for (size_t i = 0; i < in.size(); ++i) {
       const at::Tensor t = in.get(i);
-      if (on_accel(t)) vote.see(t.device().index());
+      if (on_ours(t)) vote.see(t.device());
       out.push_back(view.to_cpu(t));
     }
     return out;
@@ -711,7 +742,7 @@ c10::IValue list_to_cpu(const c10::IValue& v, CpuView& view, DeviceVote& vote) {
     const c10::IValue e = in.get(i);
     if (e.isTensor()) {
       const auto& t = e.toTensor();
-      if (on_accel(t)) vote.see(t.device().index());
+      if (on_ours(t)) vote.see(t.device());
       out.push_back(view.to_cpu(t));
     } else {
       out.push_back(e);
@@ -720,6 +751,7 @@ c10::IValue list_to_cpu(const c10::IValue& v, CpuView& view, DeviceVote& vote) {
   return out;
 }
 
+template <c10::DeviceType T>
 void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
@@ -733,29 +765,29 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const auto& arg = schema.arguments()[k];
     if (v.isTensor()) {
       const at::Tensor t = v.toTensor();
-      if (on_accel(t)) vote.see(t.device().index());
+      if (on_ours(t)) vote.see(t.device());
       v = view.to_cpu(t);
       if (arg.alias_info() && arg.alias_info()->isWrite()) written.push_back(first + k);
     } else if (v.isDevice()) {
       const c10::Device d = v.toDevice();
-      if (d.type() == kAccel) {
-        vote.see(d.index() < 0 ? tls_device : d.index());
+      if (ours(d.type())) {
+        vote.see(c10::Device(d.type(), d.index() < 0 ? current(d.type()) : d.index()));
         v = c10::Device(c10::kCPU);
       }
     } else if (v.isList() && is_tensor_list_type(arg.type())) {
       v = list_to_cpu(v, view, vote);
     } else {
-      TORCH_CHECK(!v.isStorage() || v.toStorage().device().type() != kAccel,
-                  "accel: no fallback for ", schema.name(), " with a storage argument");
+      TORCH_CHECK(!v.isStorage() || !ours(v.toStorage().device().type()),
+                  "no CPU fallback for ", schema.name(), " with a storage argument on ", T);
     }
   }
   // Keep the CPU views of written arguments to copy their geometry back.
   std::vector<at::Tensor> written_cpu;
   for (size_t pos : written) written_cpu.push_back((*stack)[pos].toTensor());
 
-  const c10::DeviceIndex dev = vote.dev.value_or(tls_device);
+  const c10::Device dev = vote.dev.value_or(c10::Device(T, current(T)));
   {
-    c10::DeviceGuard g(c10::Device(kAccel, dev));
+    c10::DeviceGuard g(dev);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   }
 
@@ -801,9 +833,10 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(accel_empty));
-  m.impl("empty_strided", TORCH_FN(accel_empty_strided));
+template <c10::DeviceType T>
+void register_kernels(torch::Library& m) {
+  m.impl("empty.memory_format", TORCH_FN(accel_empty<T>));
+  m.impl("empty_strided", TORCH_FN(accel_empty_strided<T>));
   m.impl("as_strided", TORCH_FN(accel_as_strided));
   m.impl("view", TORCH_FN(accel_view));
   m.impl("_reshape_alias", TORCH_FN(accel_reshape_alias));
@@ -819,8 +852,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_backward_overrideable", TORCH_FN(accel_convolution_backward));
 }
 
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { register_kernels<kAccel>(m); }
+TORCH_LIBRARY_IMPL(aten, VE, m) { register_kernels<kTwin>(m); }
+
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&accel_fallback>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&accel_fallback<kAccel>>());
+}
+TORCH_LIBRARY_IMPL(_, VE, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&accel_fallback<kTwin>>());
 }
 
 // ---------------------------------------------------------------------------
@@ -852,7 +891,7 @@ std::unique_ptr<at::ObserverContext> on_scope_enter(const at::RecordFunction& fn
   ++eval_depth;
   log_entry("node", ctx->name, node ? node->sequence_nr() : 0,
             torch::autograd::get_current_graph_task_id(), eval_depth, leaf,
-            static_cast<int64_t>(tls_device));
+            static_cast<int64_t>(current(kAccel)));
   return ctx;
 }
 
@@ -897,9 +936,12 @@ std::map<std::string, int64_t> counter_values() {
           {"events_created", counters.events_created.load()}};
 }
 
-std::vector<int64_t> allocations() {
-  std::vector<int64_t> out;
-  for (int i = 0; i < device_total(); ++i) out.push_back(alloc_count[i].load());
+std::map<std::string, std::vector<int64_t>> allocations() {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (c10::DeviceType t : {kAccel, kTwin}) {
+    auto& v = out[c10::DeviceTypeName(t, /*lower_case=*/true)];
+    for (int i = 0; i < device_total(); ++i) v.push_back(alloc_count[slot_of(t)][i].load());
+  }
   return out;
 }
 
@@ -908,19 +950,24 @@ std::vector<int64_t> allocations() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "CPU-backed accelerator on PrivateUse1 with an event/node log (autograd-run tests)";
   (void)hooks_registered;
+  (void)allocators_registered;
   (void)observer_added;
   m.def("device_count", [] { return static_cast<int>(device_total()); });
-  m.def("current_device", [] { return static_cast<int>(tls_device); });
-  m.def("set_device", [](int i) { tls_device = checked_index(static_cast<c10::DeviceIndex>(i)); });
+  m.def("current_device", [] { return static_cast<int>(current(kAccel)); });
+  m.def("set_device", [](int i) {
+    current(kAccel) = checked_index(kAccel, static_cast<c10::DeviceIndex>(i));
+  });
   m.def("current_stream", [](int i) {
-    return static_cast<int64_t>(tls_stream[checked_index(static_cast<c10::DeviceIndex>(i))]);
-  }, "id of the calling thread's current stream on device i");
+    const auto d = checked_index(kAccel, static_cast<c10::DeviceIndex>(i));
+    return static_cast<int64_t>(tls_streams[slot_of(kAccel)][d]);
+  }, "id of the calling thread's current stream on accel:i");
   m.def("set_stream", [](int i, int64_t id) {
-    const auto d = checked_index(static_cast<c10::DeviceIndex>(i));
-    const auto old = tls_stream[d];
-    tls_stream[d] = id;
+    const auto d = checked_index(kAccel, static_cast<c10::DeviceIndex>(i));
+    auto& cur = tls_streams[slot_of(kAccel)][d];
+    const auto old = cur;
+    cur = id;
     return static_cast<int64_t>(old);
-  }, "make stream `id` current on device i for the calling thread; returns the previous id");
+  }, "make stream `id` current on accel:i for the calling thread; returns the previous id");
   m.def("set_recording", [](bool on) { recording.store(on, std::memory_order_release); });
   m.def("is_recording", [] { return recording.load(); });
   m.def("take_log", &take_log,
