@@ -5,7 +5,9 @@ C++ extension in ``accel/accel.cpp`` registers a CPU-backed accelerator on
 the PrivateUse1 key (renamed ``accel`` here) with 2 devices (set
 ``AUTOGRAD_RUN_ACCEL_DEVICES`` to change that before loading), so the
 unmodified Engine starts its worker threads ``pt_autograd_0`` and
-``pt_autograd_1`` and schedules exactly as it would with CUDA devices.
+``pt_autograd_1`` and schedules exactly as it would with CUDA devices. The
+same kernels also serve a second device type, ``ve`` (not an accelerator
+for the Engine), whose index i shares the worker of ``accel:i``.
 
 What is recorded, per run and per worker thread (the caller, each device
 thread, each reentrant pool thread):
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -51,7 +54,7 @@ EXT_NAME = "autograd_run_accel"
 SOURCE = Path(__file__).resolve().parent / "accel" / "accel.cpp"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ACC = "torch::autograd::AccumulateGrad"
-SEQ_MAX = 2 ** 64 - 1
+GRAPH_ROOT = "torch::autograd::GraphRoot"
 EXIT_UNAVAILABLE = 3
 
 
@@ -86,7 +89,9 @@ def build_dir() -> Path:
     import torch
     root = os.environ.get("AUTOGRAD_RUN_ORACLE_BUILD") or \
         os.path.join(os.path.expanduser("~"), ".cache", "autograd-run-tests")
-    tag = f"accel-torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
+    # One folder per checkout too: ninja rebuilds when the source path changes.
+    where = hashlib.sha1(str(SOURCE).encode()).hexdigest()[:8]
+    tag = f"accel-torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{where}"
     return Path(root) / tag.replace("+", "_")
 
 
@@ -282,9 +287,6 @@ def _label_threads(tids_in_order: list[int], caller: int) -> dict[int, str]:
             labels[tid] = f"pool{pools}"
             pools += 1
     return labels
-
-
-GRAPH_ROOT = "torch::autograd::GraphRoot"
 
 
 def _digest(entries, hook_log, lookup, leaf_names, caller: int) -> dict:
