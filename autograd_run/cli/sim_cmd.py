@@ -87,7 +87,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
     reports = []
     for pol, k in variants:
         opts = SimOptions(spec=spec, devices=k, placement=placement or ("greedy" if k else "keep"), policy=pol,
-                          scale=scale, costs=costs, slack_top=slack if len(variants) == 1 else 0)
+                          scale=scale, costs=costs, slack_top=slack if len(variants) == 1 else 0,
+                          detail=bool(trace_path))
         reports.append(simulate_session(g, opts))
     first = reports[0]
     if trace_path:

@@ -117,6 +117,8 @@ class CostModel:
         self.measured = measured or {}
         self.scale = scale or {}
         self._cache: dict = {}
+        #: Analytic costs by (op, input metas, output metas): nodes alike cost alike (metas are interned).
+        self._by_signature: dict = {}
 
     def __call__(self, node) -> NodeCost:
         c = self._cache.get(node)
@@ -124,7 +126,39 @@ class CostModel:
             c = self._cache[node] = self._resolve(node)
         return c
 
+    def _signature(self, node):
+        """A key shared by nodes whose cost is the same (op, shapes, saved shapes and values), or None."""
+        if node.attrs or node.id in self.measured:
+            return None
+        saved = ()
+        if node.saved:
+            items = []
+            for k, v in node.saved.items():
+                if type(v) is dict:
+                    shape = v.get("shape")
+                    if shape is None:
+                        return None
+                    items.append((k, tuple(shape), v.get("dtype")))
+                elif type(v) is list:
+                    if not all(type(x) is int for x in v):
+                        return None
+                    items.append((k, tuple(v)))
+                else:
+                    items.append((k, v))
+            saved = tuple(items)
+        return (node.op, node.name, node.device, tuple(node.inputs),
+                tuple(None if e is None else e.node.inputs[e.input_nr] for e in node.next), saved)
+
     def _resolve(self, node) -> NodeCost:
+        key = self._signature(node)
+        if key is not None:
+            c = self._by_signature.get(key)
+            if c is None:
+                c = self._by_signature[key] = self._scaled(node)
+            return c
+        return self._scaled(node)
+
+    def _scaled(self, node) -> NodeCost:
         c = self._base(node)
         factor = self.scale.get(node.name, 1.0) * self.scale.get(str(node.device), 1.0)
         if factor != 1.0:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from autograd_run.engine.builtin_nodes import make_graph_root
-from autograd_run.engine.graph_task import ExecInfo, compute_dependencies, init_to_execute  # noqa: F401
+from autograd_run.engine.graph_task import compute_dependencies, init_to_execute
 from autograd_run.engine.input_buffer import InputBuffer
 from autograd_run.engine.priority import WAKEUP_KEY, PyTorchPriority
 from autograd_run.engine.ready_queue import ReadyQueue
@@ -52,8 +52,8 @@ from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import route
 from autograd_run.graphs.model import Edge
-from autograd_run.ops import ACCUMULATE_GRAD, PYTHON
-from autograd_run.sim.costs import CostModel, NodeCost
+from autograd_run.ops import PYTHON
+from autograd_run.sim.costs import CostModel
 from autograd_run.sim.specs import MachineSpec
 
 MAX_DEPTH = 60
@@ -199,13 +199,15 @@ class _Accumulate:
 
 class Simulator:
     def __init__(self, graph, spec: MachineSpec, costs: CostModel | None = None, *, priority=None,
-                 multithreading: bool = True, device_count: int | None = None):
+                 multithreading: bool = True, device_count: int | None = None, detail: bool = True):
         self.graph = graph
         self.spec = spec
         self.costs = costs or CostModel(spec)
         self.priority = priority or PyTorchPriority()
         self.default_priority = type(self.priority) is PyTorchPriority
         self.multithreading = multithreading
+        #: Record queue depths (for a trace's counters); off, a large simulation keeps less.
+        self.detail = detail
         self.streams = SimStreams(self)
         self.overhead_ns = int(spec.engine.node_overhead_us * 1e3)
         self.handoff_ns = int(spec.engine.handoff_us * 1e3)
@@ -254,6 +256,9 @@ class Simulator:
         caller = self.caller
         caller.idle = False
         gt = self._new_task(roots, inputs or [], accumulate_grad, caller, 0)
+        if self._one_worker():
+            self._run_sequential(gt)
+            return gt
         caller.waiting_for.append(gt)
         self.at(self.now, lambda: self._step(caller))
         events = self._events
@@ -265,6 +270,61 @@ class Simulator:
         if not gt.completed:
             raise RuntimeError("simulation stalled: the backward call never completed")
         return gt
+
+    def _one_worker(self) -> bool:
+        """Whether the caller alone runs everything (then nothing competes: no events are needed)."""
+        if self.multithreading and self.graph.max_device_index >= 0:
+            return False
+        return not any(n.op is PYTHON for n in self.graph.nodes)
+
+    def _run_sequential(self, gt: SimTask) -> None:
+        """The one-worker case as a plain loop: each popped node runs right after the previous one."""
+        w = self.caller
+        heap = w.queue.heap
+        costs, overhead, route_, streams = self.costs, self.overhead_ns, route, self.streams
+        started, slices, pending, samples = self.started, self.slices, self.pending, self.queue_samples
+        qname, tid, detail = w.queue.name, w.tid, self.detail
+        self._current_tid = tid
+        t = self.now
+        while heap._keys:
+            task_gt, node, buf = heap._pop()
+            if detail:
+                samples.append((t, tid, qname, task_gt.id, node, len(heap._keys), False))
+            if node is None:
+                continue
+            start = t
+            parent = None if node.cpu else node_stream(node)
+            if parent is not None:
+                for _, event in buf.ready_waits(parent):
+                    streams.wait(gt, parent, event, node)
+            fi = gt.exec_info.get(node) if gt.exec_info else None
+            if fi is not None and not fi.needed:
+                if fi.captures and parent is not None:
+                    gt.leaf_streams.add(parent)
+                pending.pop((gt.id, node), None)
+                self.skips.append((t, tid, gt.id, node))
+                gt.outstanding -= 1
+                continue
+            c = costs(node)
+            started.append((gt.id, 0, node, w))
+            t += overhead + c.cpu_ns
+            if parent is not None and c.gpu_ns:
+                end = self.kernel(parent, node, c.gpu_ns, not_before=t)
+                if c.blocking and end > t:
+                    t = end
+            self.now = t
+            pushed = pending.pop((gt.id, node), None)
+            slices.append((gt.id, 0, node, tid, start, t, pushed[0] if pushed else None,
+                           pushed[1] if pushed else None))
+            if node.next:
+                route_(self, gt, node, [1] * len(node.next), gt.exec_info, NULL_TRACER, parent)
+            else:
+                if parent is not None:
+                    gt.leaf_streams.add(parent)
+                gt.outstanding -= 1
+        self._complete(w, gt)
+        gt.returned = self.now
+        w.idle = True
 
     def _new_task(self, roots, outputs, accumulate_grad, owner: SimWorker, depth: int) -> SimTask:
         gt = SimTask(depth, owner.queue, self.multithreading, owner)
@@ -299,7 +359,8 @@ class Simulator:
         if node is not None:
             self.pending[(gt.id, node)] = (queue.name, self.now)
         w = queue.consumers[-1]
-        self.queue_samples.append((self.now, self._current_tid, queue.name, gt.id, node, len(queue), True))
+        if self.detail:
+            self.queue_samples.append((self.now, self._current_tid, queue.name, gt.id, node, len(queue), True))
         if w.idle and not w.wake_pending:  # asleep on its queue: woken from another thread
             w.wake_pending = True
             self.at(self.now + self.handoff_ns, lambda: self._wake(w))
@@ -333,7 +394,8 @@ class Simulator:
             w.idle_since = self.now
             return
         gt, node, buf = q.pop()
-        self.queue_samples.append((self.now, w.tid, q.name, gt.id, node, len(q), False))
+        if self.detail:
+            self.queue_samples.append((self.now, w.tid, q.name, gt.id, node, len(q), False))
         if node is None:  # a wake-up: the loop condition is checked again
             self._step(w)
             return

@@ -43,6 +43,8 @@ class SimOptions:
     slack_top: int = 5
     #: The what-if speed-up of each (0.2: 20% faster).
     slack_speedup: float = 0.2
+    #: Keep what a trace shows beyond the summary (queue depths over time).
+    detail: bool = False
 
 
 @dataclass
@@ -89,9 +91,9 @@ def _spec(ref) -> MachineSpec:
     return default_spec() if ref is None else load_spec(ref)
 
 
-def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str):
+def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str, detail: bool = False):
     priority, multithreading = make_policy(policy, graph, model)
-    sim = Simulator(graph, spec, model, priority=priority, multithreading=multithreading)
+    sim = Simulator(graph, spec, model, priority=priority, multithreading=multithreading, detail=detail)
     gt = sim.run([r.edge for r in graph.roots], graph.input_edges() or None, graph.mode != "grad")
     return sim, gt
 
@@ -110,11 +112,11 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
     if measured is not None and not any(n.id in measured for n in graph.nodes):
         raise RequestError(f"{o.costs}: no node of {graph.source} has a measured duration there "
                            "(a trace of another graph?)", "costs")
-    sim, gt = _simulate(graph, spec, model, o.policy)
+    sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
     rec = to_recording(sim)
     wall = rec.end - rec.start
     report = SimReport(graph, o, spec, rec, order_rows(sim), (gt.returned or gt.end or 0) - gt.start, wall,
-                       dict(Counter(model(n).source for n in graph.nodes)))
+                       dict(Counter(c.source for c in model._cache.values())))
     if o.slack_top > 0:
         report.slack = _slack(graph, spec, measured, scale, o, report)
     return report
