@@ -26,3 +26,23 @@ def abcde(request):
     """Five node names, given in both orders: a test written with them checks that the
     order does not depend on the names (as dask's test_order does)."""
     return request.param
+
+
+@pytest.fixture(scope="session")
+def pt_oracle_results():
+    """PyTorch's real Engine on two CPU-backed accelerator devices: every oracle scenario, recorded once.
+
+    Skips with the reason when the oracle cannot be built here (no torch, C++ compiler or ninja).
+    """
+    pytest.importorskip("torch")
+    try:
+        from tests.support import pt_oracle
+    except ImportError:  # tests/ itself is on sys.path, the repository root is not
+        from support import pt_oracle
+    problem = pt_oracle.toolchain_problem()
+    if problem:
+        pytest.skip(f"PyTorch multi-device oracle unavailable: {problem}")
+    try:
+        return pt_oracle.run_oracle(["all"], repeats=10, capture=True, timeout=840)
+    except pt_oracle.OracleUnavailable as exc:
+        pytest.skip(f"PyTorch multi-device oracle unavailable: {exc}")
