@@ -3,7 +3,7 @@
 ``RUNNERS`` maps each ``OpSpec`` to the function that runs it: the op's
 own backward formula (``autograd_run.ops``), or for the engine's own kinds
 (``ops.engine_ops``) the functions below: AccumulateGrad, GraphRoot,
-identity, cost, opaque and python nodes. An import-time check makes sure
+identity, cost, opaque, python and checkpoint nodes. An import-time check makes sure
 every declared op has exactly one runner.
 
 ``EngineContext`` is the ``RuleContext`` a node sees when the engine (or
@@ -25,7 +25,9 @@ import numpy as np
 
 from autograd_run.engine import waits
 from autograd_run.graphs.model import CPU, InputMeta, Node
-from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, REGISTRY, RuleContext
+from autograd_run.ops import (
+    ACCUMULATE_GRAD, CHECKPOINT, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, REGISTRY, RuleContext,
+)
 from autograd_run.ops.arrays import each, out_meta
 
 
@@ -130,8 +132,51 @@ def python(node, grads, ctx):
     return list(out) if out is not None else [None] * len(node.next)
 
 
+def checkpoint(node, grads, ctx):
+    """A reentrant checkpoint: ``backward()`` over the recomputed graph, then its inputs' gradients.
+
+    ``attrs.inner``: ``roots`` (one ``[node, input_nr]`` or null per input slot
+    of this node: the recomputed outputs' nodes), ``inputs`` (one variable
+    name or null per next edge: the recomputation's detached inputs, whose
+    accumulated gradients are this node's outputs). As PyTorch's, it refuses to
+    run where checkpoints are not valid (inside ``grad()`` or ``inputs=``).
+    The recomputed graph is kept (``retain_graph``): PyTorch recomputes it on
+    every pass.
+    """
+    from autograd_run.engine.callables import ERR_CHECKPOINT_INVALID
+    gt = ctx.graph_task
+    if gt is None:
+        raise RuntimeError(f"node {node.id!r}: checkpoint nodes run only in the engine")
+    engine = gt.engine
+    if not engine.is_checkpoint_valid():
+        raise RuntimeError(ERR_CHECKPOINT_INVALID)
+    inner = node.attrs["inner"]
+    by_id = ctx.state.graph.by_id
+    roots, root_grads = [], []
+    for slot, ref in enumerate(inner["roots"]):
+        if ref is not None and grads[slot] is not None:
+            roots.append((by_id[ref[0]], ref[1]))
+            root_grads.append(grads[slot])
+    if not roots:
+        raise RuntimeError("none of output has requires_grad=True, this checkpoint() is not necessary")
+    state = ctx.state
+    names = inner["inputs"]
+    for name in names:
+        if name is not None:
+            state.grads[name] = None
+    engine.execute(state, roots, root_grads, retain_graph=True, create_graph=gt.create_graph,
+                   anomaly=gt.anomaly, faults=gt.faults)
+    out = []
+    for e, name in zip(node.next, names):
+        out.append(None if e is None or name is None else state.grads.get(name))
+    for name in names:
+        if name is not None:
+            state.grads[name] = None
+    return out
+
+
 _BUILTIN = {ACCUMULATE_GRAD: accumulate_grad, GRAPH_ROOT: graph_root, IDENTITY: identity, COST: cost,
-            OPAQUE: opaque, PYTHON: python}
+            OPAQUE: opaque, PYTHON: python, CHECKPOINT: checkpoint}
 
 
 def _runners() -> dict:

@@ -12,6 +12,7 @@ from typing import Any
 
 from autograd_run.engine.state import GraphState
 from autograd_run.graphs import tensors
+from autograd_run.graphs.checkpoints import inner_variables
 from autograd_run.graphs.model import Graph
 
 
@@ -46,7 +47,8 @@ def run_graph(engine, graph: Graph, state: GraphState | None = None, *, mode: st
         captured = engine.execute(state, roots, grads, accumulate_grad=False, inputs=edges, **kw)
         return RunResult("grad", dict(zip(names, captured)))
     engine.execute(state, roots, grads, accumulate_grad=True, inputs=edges or None, **kw)
-    return RunResult("backward", dict(state.grads))
+    hidden = inner_variables(graph)
+    return RunResult("backward", {k: v for k, v in state.grads.items() if k not in hidden})
 
 
 def _with_inputs(graph: Graph, names: list[str]) -> Graph:

@@ -15,6 +15,7 @@ from typing import Any
 
 from autograd_run.errors import GraphFileError
 from autograd_run.graphs import tensors
+from autograd_run.graphs.checkpoints import check_checkpoints
 from autograd_run.graphs.model import (
     ACCUMULATE_GRAD_SEQ, EMPTY, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
 )
@@ -207,6 +208,7 @@ class _Checker:
         self.check_shapes(nodes)
         self.check_saved(spec, nodes)
         self.check_attrs(nodes)
+        check_checkpoints(graph, self.err)
 
         for i, r in enumerate(spec.roots):
             p = ("roots", i)

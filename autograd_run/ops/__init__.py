@@ -15,7 +15,7 @@ from autograd_run.ops import (  # noqa: F401  (importing a family registers its 
     activations, conv, elementwise, engine_ops, indexing, linalg, losses, reductions, shape,
 )
 from autograd_run.ops.engine_ops import (
-    ACCUMULATE_GRAD, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, is_graph_root,
+    ACCUMULATE_GRAD, CHECKPOINT, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, is_graph_root,
 )
 from autograd_run.ops.spec import REGISTRY, Field, OpSpec, RuleContext
 
@@ -40,4 +40,4 @@ def lookup(name: str) -> OpSpec | None:
 
 
 __all__ = ["REGISTRY", "OpSpec", "Field", "RuleContext", "lookup", "is_graph_root",
-           "ACCUMULATE_GRAD", "COST", "GRAPH_ROOT", "IDENTITY", "OPAQUE", "PYTHON"]
+           "ACCUMULATE_GRAD", "CHECKPOINT", "COST", "GRAPH_ROOT", "IDENTITY", "OPAQUE", "PYTHON"]

@@ -24,6 +24,9 @@ OPAQUE = engine_op(
     "opaque", "an op without a rule: zeros of the shapes its consumers declare", cost=cost.COPY)
 PYTHON = engine_op(
     "python", "a Python callable (attrs.callable); may call the engine again (reentrant); needs --allow-python")
+CHECKPOINT = engine_op(
+    "checkpoint", "a reentrant checkpoint (torch.utils.checkpoint, use_reentrant=True): a nested backward over the "
+    "recomputed graph that attrs.inner names; its outputs are the gradients of the recomputation's inputs")
 
 
 def is_graph_root(node) -> bool:

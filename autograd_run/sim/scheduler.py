@@ -21,9 +21,9 @@ What it models:
     streams; events recorded and waited on exactly where the engine's
     ``InputBuffer`` and worker record and wait them; a copy to the host
     blocks its worker until its stream is done;
-  * reentrant checkpoints (``python`` nodes running the shipped checkpoint
-    callable): a nested call one level deeper on the same worker, handed to
-    a pool thread past the depth limit;
+  * reentrant checkpoints (``checkpoint`` nodes, and ``python`` nodes
+    running the shipped checkpoint callable): a nested call one level deeper
+    on the same worker, handed to a pool thread past the depth limit;
   * completion: a wake-up to the caller when another worker finishes the
     call, and the caller's streams waiting on the leaf streams.
 
@@ -52,7 +52,7 @@ from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import route
 from autograd_run.graphs.model import Edge
-from autograd_run.ops import PYTHON
+from autograd_run.ops import CHECKPOINT, PYTHON
 from autograd_run.sim.costs import CostModel
 from autograd_run.sim.specs import MachineSpec
 
@@ -275,7 +275,7 @@ class Simulator:
         """Whether the caller alone runs everything (then nothing competes: no events are needed)."""
         if self.multithreading and self.graph.max_device_index >= 0:
             return False
-        return not any(n.op is PYTHON for n in self.graph.nodes)
+        return not any(n.op is PYTHON or n.op is CHECKPOINT for n in self.graph.nodes)
 
     def _run_sequential(self, gt: SimTask) -> None:
         """The one-worker case as a plain loop: each popped node runs right after the previous one."""
@@ -417,7 +417,7 @@ class Simulator:
             return
         cost = self.costs(node)
         self.started.append((gt.id, gt.reentrant_depth, node, w))
-        checkpoint = node.op is PYTHON and node.attrs.get("callable") == _CHECKPOINT
+        checkpoint = node.op is CHECKPOINT or (node.op is PYTHON and node.attrs.get("callable") == _CHECKPOINT)
 
         def function():
             if checkpoint:
@@ -493,10 +493,14 @@ class Simulator:
     # -- reentrant checkpoints ---------------------------------------------------------
     def _nested_call(self, w: SimWorker, gt: SimTask, node, parent, start: int) -> None:
         """A checkpoint node's function: a nested backward over its segment, one level deeper."""
-        seg_root = self.graph.by_id[node.attrs["segment_root"]]
-        seg_input = self.graph.by_id[node.attrs["segment_input"]]
         resume = lambda: self.at(self.now, lambda: self._node_done(w, gt, node, start, parent))  # noqa: E731
-        nested = self._new_task([Edge(seg_root, 0)], [Edge(seg_input, 0)], False, w, w.total_depth + 1)
+        by_id = self.graph.by_id
+        if node.op is CHECKPOINT:  # backward() over the recomputed graph
+            roots = [Edge(by_id[r[0]], r[1]) for r in node.attrs["inner"]["roots"] if r is not None]
+            nested = self._new_task(roots, [], True, w, w.total_depth + 1)
+        else:  # the shipped python checkpoint: grad() of the segment's input
+            seg_root, seg_input = by_id[node.attrs["segment_root"]], by_id[node.attrs["segment_input"]]
+            nested = self._new_task([Edge(seg_root, 0)], [Edge(seg_input, 0)], False, w, w.total_depth + 1)
         if w.current_depth >= MAX_DEPTH:  # handed to a pool thread; this thread blocks until it is done
             p = self._pool_idle.pop() if self._pool_idle else self._new_pool_worker()
             p.queue, p.index = w.queue, w.index

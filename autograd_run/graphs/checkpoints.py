@@ -1,0 +1,88 @@
+"""Checks of ``checkpoint`` nodes: what ``attrs.inner`` names exists, and no checkpoint recomputes itself.
+
+A checkpoint node's ``attrs.inner`` is ``{"roots": [...], "inputs": [...]}``:
+one ``[node id, input_nr]`` or null per input slot of the checkpoint (the
+nodes of the recomputed outputs), and one variable name or null per next
+edge (the recomputation's detached inputs, accumulated by their own
+AccumulateGrad nodes). The nested backward runs when the checkpoint runs, so
+a checkpoint whose recomputed graph reaches itself (directly or through
+other checkpoints) would never end: refused here.
+"""
+
+from __future__ import annotations
+
+
+def checkpoint_nodes(graph) -> list:
+    return [n for n in graph.nodes if n.op.name == "checkpoint"]
+
+
+def inner_variables(graph) -> set[str]:
+    """The variables that only hold a checkpoint's recomputation inputs (not the user's leaves)."""
+    out = set()
+    for n in checkpoint_nodes(graph):
+        inner = n.attrs.get("inner") or {}
+        out.update(v for v in inner.get("inputs", ()) if isinstance(v, str))
+    return out
+
+
+def check_checkpoints(graph, err) -> None:
+    """Raise ``err(path, what)`` for a malformed ``attrs.inner`` or a checkpoint that recomputes itself."""
+    nodes = checkpoint_nodes(graph)
+    if not nodes:
+        return
+    for node in nodes:
+        p = ("nodes", node.index, "attrs", "inner")
+        inner = node.attrs.get("inner")
+        if not isinstance(inner, dict) or set(inner) - {"roots", "inputs"} or "roots" not in inner:
+            raise err(p, "a checkpoint node needs attrs.inner: {roots: [...], inputs: [...]}")
+        roots, inputs = inner["roots"], inner.get("inputs", [])
+        if not isinstance(roots, list) or len(roots) != len(node.inputs):
+            raise err(p + ("roots",), f"roots must list one [node, input_nr] or null per input slot "
+                                      f"({len(node.inputs)})")
+        for k, r in enumerate(roots):
+            if r is None:
+                continue
+            ok = (isinstance(r, list) and len(r) == 2 and isinstance(r[0], str) and isinstance(r[1], int)
+                  and not isinstance(r[1], bool))
+            target = graph.by_id.get(r[0]) if ok else None
+            if target is None or not 0 <= r[1] < len(target.inputs):
+                raise err(p + ("roots", k), f"{r!r} is not an existing [node, input_nr]")
+            if target is node:
+                raise err(p + ("roots", k), "a checkpoint cannot recompute itself")
+        if not isinstance(inputs, list) or len(inputs) != len(node.next):
+            raise err(p + ("inputs",), f"inputs must list one variable name or null per next edge ({len(node.next)})")
+        for k, v in enumerate(inputs):
+            if v is None:
+                continue
+            var = graph.variables.get(v) if isinstance(v, str) else None
+            if var is None or var.node is None:
+                raise err(p + ("inputs", k), f"{v!r} is not a variable with an AccumulateGrad node")
+    # Which checkpoints each checkpoint's recomputation reaches; a cycle would recurse forever.
+    reach: dict = {}
+    for node in nodes:
+        seen, stack, found = set(), [graph.by_id[r[0]] for r in node.attrs["inner"]["roots"] if r], []
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n.op.name == "checkpoint":
+                found.append(n)
+            stack.extend(e.node for e in n.next if e is not None)
+        reach[node] = found
+    state: dict = {}
+    for start in nodes:
+        stack = [(start, iter(reach[start]))]
+        state[start] = 1
+        while stack:
+            cur, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                state[cur] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                raise err(("nodes", nxt.index, "attrs", "inner"),
+                          f"checkpoint {nxt.id!r} recomputes a graph that reaches itself again")
+            elif nxt not in state:
+                state[nxt] = 1
+                stack.append((nxt, iter(reach[nxt])))
