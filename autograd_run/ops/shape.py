@@ -4,19 +4,19 @@ cat, stack, split, unbind, and ToCopy (dtype or device conversion)."""
 from __future__ import annotations
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, filled, out_meta, signed, sum_to
+from autograd_run.ops.arrays import add_at, each, filled, out_meta, signed, sum_to, wrap_dim
 from autograd_run.ops.spec import op
 
 
-@op("TBackward0", cost=cost.VIEW)
+@op("TBackward0", "TBackward1", cost=cost.VIEW)
 def t(node, grads, ctx):
-    """a.t()."""
+    """a.t() (and in place, t_)."""
     return each(node, lambda i: grads[0].T)
 
 
-@op("TransposeBackward0", saved="dim0:int dim1:int", cost=cost.VIEW)
+@op("TransposeBackward0", "TransposeBackward1", saved="dim0:int dim1:int", cost=cost.VIEW)
 def transpose(node, grads, ctx):
-    """a.transpose(d0, d1)."""
+    """a.transpose(d0, d1) (and in place, transpose_)."""
     d0, d1 = signed(node.saved["dim0"]), signed(node.saved["dim1"])
     return each(node, lambda i: grads[0].swapaxes(d0, d1))
 
@@ -31,29 +31,29 @@ def permute(node, grads, ctx):
     return each(node, lambda i: grads[0].transpose(inverse))
 
 
-@op("ViewBackward0", "ReshapeAliasBackward0", "UnsafeViewBackward0", "SqueezeBackward0",
+@op("ViewBackward0", "ReshapeAliasBackward0", "UnsafeViewBackward0", "SqueezeBackward0", "SqueezeBackward3",
     saved="self_sym_sizes:sizes", cost=cost.VIEW)
 def view(node, grads, ctx):
-    """view / reshape / squeeze(): the gradient reshaped to the input's sizes."""
+    """view / reshape / squeeze() (and squeeze_()): the gradient reshaped to the input's sizes."""
     sizes = tuple(node.saved["self_sym_sizes"])
     return each(node, lambda i: grads[0].reshape(sizes))
 
 
-@op("SqueezeBackward1", saved="self_sym_sizes:sizes dim:int?", cost=cost.VIEW)
+@op("SqueezeBackward1", "SqueezeBackward4", saved="self_sym_sizes:sizes dim:int?", cost=cost.VIEW)
 def squeeze_dim(node, grads, ctx):
-    """squeeze(dim)."""
+    """squeeze(dim) (and squeeze_(dim))."""
     return view(node, grads, ctx)
 
 
-@op("SqueezeBackward2", saved="self_sym_sizes:sizes dim:ints?", cost=cost.VIEW)
+@op("SqueezeBackward2", "SqueezeBackward5", saved="self_sym_sizes:sizes dim:ints?", cost=cost.VIEW)
 def squeeze_dims(node, grads, ctx):
-    """squeeze(dims)."""
+    """squeeze(dims) (and squeeze_(dims))."""
     return view(node, grads, ctx)
 
 
-@op("UnsqueezeBackward0", saved="dim:int", cost=cost.VIEW)
+@op("UnsqueezeBackward0", "UnsqueezeBackward1", saved="dim:int", cost=cost.VIEW)
 def unsqueeze(node, grads, ctx):
-    """unsqueeze(dim): squeeze that dim back out."""
+    """unsqueeze(dim) (and unsqueeze_): squeeze that dim back out."""
     g = grads[0]
     dim = signed(node.saved["dim"]) % g.ndim
     return each(node, lambda i: g.squeeze(dim))
@@ -66,17 +66,34 @@ def expand(node, grads, ctx):
     return each(node, lambda i: sum_to(ctx.xp(node), grads[0], sizes))
 
 
-def _split_sizes(node, dim):
-    """Sizes along ``dim`` of each input of a cat: saved ``sizes``, else the consumers' shapes."""
+def _split_sizes(node, dim, total):
+    """Sizes along ``dim`` of each input of a cat: saved ``sizes``, else the consumers' shapes.
+
+    An input without a gradient edge (a constant) has no consumer to ask: its
+    size is what the others leave of ``total`` (the gradient's size along dim).
+    That determines one such input, or several that all come after the last
+    input with an edge (their sizes are then not needed).
+    """
     sizes = node.saved.get("sizes")
     if sizes is not None:
         return list(sizes)
     out = []
     for e in node.next:
         if e is None:
-            raise RuntimeError(f"{node.name} {node.id!r}: an input without a gradient edge needs saved 'sizes'")
+            out.append(None)
+            continue
         shape = e.node.inputs[e.input_nr].shape
-        out.append(shape[dim] if shape else 1)
+        # A 1-d empty tensor is skipped by cat whatever its rank.
+        out.append(shape[dim] if len(shape) > dim else 0)
+    missing = [i for i, s in enumerate(out) if s is None]
+    if len(missing) == 1:
+        out[missing[0]] = total - sum(s for s in out if s is not None)
+    elif missing:
+        known = [i for i, s in enumerate(out) if s is not None]
+        if known and missing[0] < known[-1]:
+            raise RuntimeError(f"{node.name} {node.id!r}: {len(missing)} inputs without a gradient edge come before "
+                               f"one with an edge; their sizes along dim {dim} need saved 'sizes'")
+        out = [0 if s is None else s for s in out]
     return out
 
 
@@ -85,7 +102,7 @@ def cat(node, grads, ctx):
     """cat(tensors, dim): each input gets its slice of the gradient."""
     g = grads[0]
     dim = signed(node.saved.get("dim", 0)) % max(g.ndim, 1)
-    sizes = _split_sizes(node, dim)
+    sizes = _split_sizes(node, dim, g.shape[dim] if g.ndim else 1)
     starts = [0]
     for s in sizes:
         starts.append(starts[-1] + s)
@@ -105,7 +122,7 @@ def stack(node, grads, ctx):
     return each(node, lambda i: g.take(i, axis=dim))
 
 
-@op("SplitBackward0", saved="dim:int? self_sym_sizes:sizes? split_size:int?", cost=cost.COPY)
+@op("SplitBackward0", "UnsafeSplitBackward0", saved="dim:int? self_sym_sizes:sizes? split_size:int?", cost=cost.COPY)
 def split(node, grads, ctx):
     """split / chunk: concatenate the pieces' gradients (zeros for unused pieces)."""
     xp = ctx.xp(node)
@@ -115,7 +132,8 @@ def split(node, grads, ctx):
     return each(node, lambda i: xp.concatenate(filled(node, grads, xp), axis=dim))
 
 
-@op("SplitWithSizesBackward0", saved="dim:int? self_sym_sizes:sizes? split_sizes:ints?", cost=cost.COPY)
+@op("SplitWithSizesBackward0", "UnsafeSplitWithSizesBackward0", saved="dim:int? self_sym_sizes:sizes? split_sizes:ints?",
+    cost=cost.COPY)
 def split_with_sizes(node, grads, ctx):
     """split(sizes)."""
     return split(node, grads, ctx)
@@ -137,3 +155,421 @@ def to_copy(node, grads, ctx):
         meta = out_meta(node, i)
         return ctx.transfer(grads[0], node.device, meta.device).astype(meta.dtype, copy=False)
     return each(node, convert)
+
+
+# --- padding, tiling, reordering ----------------------------------------------------------------------------------
+
+
+def _crop_or_pad(xp, g, pads):
+    """The gradient of ``constant_pad_nd(x, pads)``: ``g`` cropped by the pads (zeros where a pad was negative).
+
+    ``pads`` is PyTorch's list: (left, right) for the last dim, then the one before, ...
+    """
+    shape = list(g.shape)
+    src, dst = [slice(None)] * g.ndim, [slice(None)] * g.ndim
+    for k in range(len(pads) // 2):
+        d = g.ndim - 1 - k
+        left, right = signed(pads[2 * k]), signed(pads[2 * k + 1])
+        n_out = g.shape[d]
+        n_in = n_out - left - right
+        lo, hi = max(0, -left), min(n_in, n_out - left)
+        shape[d] = n_in
+        src[d], dst[d] = slice(lo + left, max(lo, hi) + left), slice(lo, max(lo, hi))
+    out = xp.zeros(shape, dtype=g.dtype)
+    out[tuple(dst)] = g[tuple(src)]
+    return out
+
+
+@op("ConstantPadNdBackward0", saved="pad:ints", cost=cost.COPY)
+def constant_pad_nd(node, grads, ctx):
+    """F.pad(x, pad, value=c): the gradient with the padding cut off (zeros where the pad cropped)."""
+    pads = list(node.saved["pad"])
+    return each(node, lambda i: _crop_or_pad(ctx.xp(node), grads[0], pads))
+
+
+@op("RepeatBackward0", saved="repeats:ints self_sym_sizes:sizes", cost=cost.reduction(1))
+def repeat(node, grads, ctx):
+    """a.repeat(repeats): sum the tiles back onto one."""
+    g = grads[0]
+    repeats = [int(r) for r in node.saved["repeats"]]
+    sizes = tuple(node.saved["self_sym_sizes"])
+    padded = (1,) * (len(repeats) - len(sizes)) + sizes
+    split = []
+    for r, s in zip(repeats, padded):
+        split += [r, s]
+
+    def out(i):
+        t = g.reshape(split).sum(axis=tuple(range(0, 2 * len(repeats), 2)))
+        return t.reshape(sizes)
+    return each(node, out)
+
+
+@op("FlipBackward0", saved="dims:ints", cost=cost.COPY)
+def flip(node, grads, ctx):
+    """a.flip(dims): flip the gradient back."""
+    g = grads[0]
+    dims = tuple(wrap_dim(d, g.ndim) for d in node.saved["dims"])
+    return each(node, lambda i: ctx.xp(node).flip(g, axis=dims) if dims else g)
+
+
+@op("RollBackward0", saved="shifts:ints dims:ints", cost=cost.COPY)
+def roll(node, grads, ctx):
+    """a.roll(shifts, dims): roll the gradient the other way (flattened when no dims)."""
+    g = grads[0]
+    xp = ctx.xp(node)
+    shifts = [-signed(s) for s in node.saved["shifts"]]
+    dims = [wrap_dim(d, g.ndim) for d in node.saved.get("dims") or ()]
+
+    def out(i):
+        if not dims:
+            return xp.roll(g.reshape(-1), shifts[0]).reshape(g.shape)
+        return xp.roll(g, tuple(shifts), axis=tuple(dims))
+    return each(node, out)
+
+
+@op("Rot90Backward0", saved="k:int dims:ints", cost=cost.COPY)
+def rot90(node, grads, ctx):
+    """a.rot90(k, dims): rotate the gradient back by -k."""
+    g = grads[0]
+    k = signed(node.saved["k"])
+    dims = tuple(wrap_dim(d, g.ndim) for d in node.saved["dims"])
+    return each(node, lambda i: ctx.xp(node).rot90(g, -k, axes=dims))
+
+
+def _pixel_shuffle(g, r):
+    """(*, C*r*r, H, W) -> (*, C, H*r, W*r)."""
+    *lead, c, h, w = g.shape
+    n = len(lead)
+    t = g.reshape(*lead, c // (r * r), r, r, h, w)
+    t = t.transpose(*range(n), n, n + 3, n + 1, n + 4, n + 2)
+    return t.reshape(*lead, c // (r * r), h * r, w * r)
+
+
+def _pixel_unshuffle(g, r):
+    """(*, C, H*r, W*r) -> (*, C*r*r, H, W)."""
+    *lead, c, h, w = g.shape
+    n = len(lead)
+    t = g.reshape(*lead, c, h // r, r, w // r, r)
+    t = t.transpose(*range(n), n, n + 2, n + 4, n + 1, n + 3)
+    return t.reshape(*lead, c * r * r, h // r, w // r)
+
+
+@op("PixelShuffleBackward0", saved="upscale_factor:int", cost=cost.COPY)
+def pixel_shuffle(node, grads, ctx):
+    """F.pixel_shuffle(x, r): the gradient pixel-unshuffled."""
+    r = int(node.saved["upscale_factor"])
+    return each(node, lambda i: _pixel_unshuffle(grads[0], r))
+
+
+@op("PixelUnshuffleBackward0", saved="downscale_factor:int", cost=cost.COPY)
+def pixel_unshuffle(node, grads, ctx):
+    """F.pixel_unshuffle(x, r): the gradient pixel-shuffled."""
+    r = int(node.saved["downscale_factor"])
+    return each(node, lambda i: _pixel_shuffle(grads[0], r))
+
+
+@op("ChannelShuffleBackward0", saved="groups:int", cost=cost.COPY)
+def channel_shuffle(node, grads, ctx):
+    """F.channel_shuffle(x, groups): shuffle the gradient's channels back (C/groups groups)."""
+    g = grads[0]
+    groups = int(node.saved["groups"])
+    n, c, *rest = g.shape
+
+    def out(i):
+        t = g.reshape(n, c // groups, groups, *rest).swapaxes(1, 2)
+        return t.reshape(g.shape)
+    return each(node, out)
+
+
+# --- diagonals and triangles ---------------------------------------------------------------------------------------
+
+
+def _diagonal_index(sizes, offset, d1, d2, xp):
+    """Row and column indices of the ``offset`` diagonal of the (d1, d2) plane of an array of ``sizes``."""
+    n1, n2 = sizes[d1], sizes[d2]
+    if offset >= 0:
+        n = max(0, min(n1, n2 - offset))
+        rows = xp.arange(n)
+        return rows, rows + offset
+    n = max(0, min(n1 + offset, n2))
+    cols = xp.arange(n)
+    return cols - offset, cols
+
+
+def _embed_diagonal(xp, g, sizes, offset, d1, d2):
+    """Zeros of ``sizes`` with ``g`` (diagonal last) written on the ``offset`` diagonal of (d1, d2)."""
+    out = xp.zeros(tuple(sizes), dtype=g.dtype)
+    rows, cols = _diagonal_index(sizes, offset, d1, d2, xp)
+    xp.moveaxis(out, (d1, d2), (-2, -1))[..., rows, cols] = g
+    return out
+
+
+@op("DiagonalBackward0", "DiagonalBackward0_copy", saved="self_sym_sizes:sizes offset:int dim1:int dim2:int",
+    cost=cost.COPY)
+def diagonal(node, grads, ctx):
+    """a.diagonal(offset, d1, d2) (and torch.diag of a matrix): the gradient written on that diagonal, zeros elsewhere."""
+    sv = node.saved
+    sizes = tuple(sv["self_sym_sizes"])
+    d1, d2 = wrap_dim(sv["dim1"], len(sizes)), wrap_dim(sv["dim2"], len(sizes))
+    offset = signed(sv["offset"])
+    return each(node, lambda i: _embed_diagonal(ctx.xp(node), grads[0], sizes, offset, d1, d2))
+
+
+@op("DiagEmbedBackward0", saved="offset:int dim1:int dim2:int", cost=cost.COPY)
+def diag_embed(node, grads, ctx):
+    """torch.diag_embed(a, offset, d1, d2) (and torch.diag of a vector): the gradient's diagonal."""
+    g = grads[0]
+    sv = node.saved
+    d1, d2 = wrap_dim(sv["dim1"], g.ndim), wrap_dim(sv["dim2"], g.ndim)
+    return each(node, lambda i: ctx.xp(node).diagonal(g, signed(sv["offset"]), d1, d2))
+
+
+@op("TrilBackward0", saved="diagonal:int", cost=cost.COPY)
+def tril(node, grads, ctx):
+    """a.tril(k): the gradient's lower triangle."""
+    return each(node, lambda i: ctx.xp(node).tril(grads[0], signed(node.saved["diagonal"])))
+
+
+@op("TriuBackward0", saved="diagonal:int", cost=cost.COPY)
+def triu(node, grads, ctx):
+    """a.triu(k): the gradient's upper triangle."""
+    return each(node, lambda i: ctx.xp(node).triu(grads[0], signed(node.saved["diagonal"])))
+
+
+# --- windows, narrowing, scatters into slices -----------------------------------------------------------------------
+
+
+@op("UnfoldBackward0", saved="self_sym_sizes:sizes dimension:int size:int step:int", cost=cost.reduction(1))
+def unfold(node, grads, ctx):
+    """a.unfold(dim, size, step): each window's gradient added back where the window was read."""
+    g = grads[0]
+    sv = node.saved
+    sizes = tuple(sv["self_sym_sizes"])
+    d = wrap_dim(sv["dimension"], len(sizes))
+    size, step = int(sv["size"]), int(sv["step"])
+    xp = ctx.xp(node)
+
+    def out(i):
+        z = xp.zeros(sizes, dtype=g.dtype)
+        if not sizes:  # a 0-dim tensor unfolds into one window of one element
+            return g.reshape(())
+        n = g.shape[d]
+        for k in range(size):
+            idx = [slice(None)] * len(sizes)
+            idx[d] = slice(k, k + step * (n - 1) + 1, step)
+            z[tuple(idx)] += g[..., k]
+        return z
+    return each(node, out)
+
+
+def _slice_index(ndim, dim, start, end, step):
+    idx = [slice(None)] * ndim
+    idx[dim] = slice(None if start is None else signed(start), None if end is None else signed(end),
+                     1 if step is None else signed(step))
+    return tuple(idx)
+
+
+@op("NarrowCopyBackward0", saved="self_sym_sizes:sizes dim:int start:int length:int", cost=cost.COPY)
+def narrow_copy(node, grads, ctx):
+    """a.narrow_copy(dim, start, length): the gradient placed in that range, zeros elsewhere."""
+    sv = node.saved
+    sizes = tuple(sv["self_sym_sizes"])
+    dim = wrap_dim(sv["dim"], len(sizes))
+    start = signed(sv["start"]) % max(sizes[dim], 1) if signed(sv["start"]) < 0 else signed(sv["start"])
+
+    def out(i):
+        z = ctx.xp(node).zeros(sizes, dtype=grads[0].dtype)
+        z[_slice_index(len(sizes), dim, start, start + int(sv["length"]), 1)] = grads[0]
+        return z
+    return each(node, out)
+
+
+@op("SliceScatterBackward0", saved="dim:int start:int? end:int? step:int?", cost=cost.COPY)
+def slice_scatter(node, grads, ctx):
+    """torch.slice_scatter(a, src, dim, start, end, step): a gets the gradient outside the slice, src the slice."""
+    g = grads[0]
+    sv = node.saved
+    idx = _slice_index(g.ndim, wrap_dim(sv["dim"], g.ndim), sv.get("start"), sv.get("end"), sv.get("step"))
+
+    def out(i):
+        if i == 1:
+            return g[idx]
+        r = g.copy()
+        r[idx] = 0
+        return r
+    return each(node, out)
+
+
+@op("SelectScatterBackward0", saved="dim:int index:int", cost=cost.COPY)
+def select_scatter(node, grads, ctx):
+    """torch.select_scatter(a, src, dim, index): a gets the gradient outside that index, src the index's slice."""
+    g = grads[0]
+    idx = [slice(None)] * g.ndim
+    idx[wrap_dim(node.saved["dim"], g.ndim)] = signed(node.saved["index"])
+    idx = tuple(idx)
+
+    def out(i):
+        if i == 1:
+            return g[idx]
+        r = g.copy()
+        r[idx] = 0
+        return r
+    return each(node, out)
+
+
+@op("DiagonalScatterBackward0", saved="offset:int dim1:int dim2:int", cost=cost.COPY)
+def diagonal_scatter(node, grads, ctx):
+    """torch.diagonal_scatter(a, src, offset, d1, d2): a gets the gradient off that diagonal, src the diagonal."""
+    g = grads[0]
+    sv = node.saved
+    xp = ctx.xp(node)
+    offset = signed(sv["offset"])
+    d1, d2 = wrap_dim(sv["dim1"], g.ndim), wrap_dim(sv["dim2"], g.ndim)
+
+    def out(i):
+        if i == 1:
+            return xp.diagonal(g, offset, d1, d2)
+        r = g.copy()
+        rows, cols = _diagonal_index(g.shape, offset, d1, d2, xp)
+        xp.moveaxis(r, (d1, d2), (-2, -1))[..., rows, cols] = 0
+        return r
+    return each(node, out)
+
+
+# --- aliases and complex views --------------------------------------------------------------------------------------
+
+
+@op("AliasBackward0", cost=cost.VIEW)
+def alias(node, grads, ctx):
+    """An alias of a (torch.ops.aten.alias, some functionalized views): the gradient as is."""
+    return each(node, lambda i: grads[0])
+
+
+@op("ViewAsRealBackward0", cost=cost.COPY)
+def view_as_real(node, grads, ctx):
+    """torch.view_as_real(z): the (..., 2) real gradient back as a complex one."""
+    g = grads[0]
+    return each(node, lambda i: g[..., 0] + 1j * g[..., 1])
+
+
+@op("ViewAsComplexBackward0", cost=cost.COPY)
+def view_as_complex(node, grads, ctx):
+    """torch.view_as_complex(a): the complex gradient as (..., 2) real and imaginary parts."""
+    g = grads[0]
+    return each(node, lambda i: ctx.xp(node).stack([g.real, g.imag], axis=-1))
+
+
+# --- reflection and replication padding -----------------------------------------------------------------------------
+
+
+def _reflect_index(xp, n_in, left, right):
+    """For each position of a reflection-padded axis, the input position it copies."""
+    pos = xp.arange(-left, n_in + right)
+    if n_in == 1:
+        return xp.zeros_like(pos)
+    period = 2 * (n_in - 1)
+    pos = xp.abs(pos) % period
+    return xp.where(pos >= n_in, period - pos, pos)
+
+
+def _replicate_index(xp, n_in, left, right):
+    """For each position of a replication-padded axis, the input position it copies."""
+    return xp.clip(xp.arange(-left, n_in + right), 0, n_in - 1)
+
+
+def _gather_back(xp, g, sizes, pads, index_of):
+    """Add each padded position's gradient into the input position it copies, one padded axis at a time."""
+    for k in range(len(pads) // 2):
+        d = g.ndim - 1 - k
+        left, right = signed(pads[2 * k]), signed(pads[2 * k + 1])
+        n_in = sizes[d]
+        src = index_of(xp, n_in, left, right)
+        shape = list(g.shape)
+        shape[d] = n_in
+        out = xp.zeros(shape, dtype=g.dtype)
+        add_at(xp, xp.moveaxis(out, d, 0), src, xp.moveaxis(g, d, 0))
+        g = out
+    return g
+
+
+def _pad_rule(index_of):
+    def rule(node, grads, ctx):
+        sv = ctx.saved(node)
+        xp = ctx.xp(node)
+        pads = list(sv["padding"])
+        sizes = out_meta(node, 0).shape if node.next and node.next[0] is not None else sv["self"].shape
+        return each(node, lambda i: _gather_back(xp, grads[0], tuple(sizes), pads, index_of))
+    return rule
+
+
+_reflect = _pad_rule(_reflect_index)
+_replicate = _pad_rule(_replicate_index)
+
+
+@op("ReflectionPad1DBackward0", "ReflectionPad2DBackward0", "ReflectionPad3DBackward0",
+    saved="padding:ints self:tensor?", cost=cost.reduction(1))
+def reflection_pad(node, grads, ctx):
+    """F.pad(x, pad, mode="reflect"): each mirrored position's gradient added back onto its source."""
+    return _reflect(node, grads, ctx)
+
+
+@op("ReplicationPad1DBackward0", "ReplicationPad2DBackward0", "ReplicationPad3DBackward0",
+    saved="padding:ints self:tensor?", cost=cost.reduction(1))
+def replication_pad(node, grads, ctx):
+    """F.pad(x, pad, mode="replicate"): the border's copies' gradients summed onto the border."""
+    return _replicate(node, grads, ctx)
+
+
+# --- as_strided and in-place writes into views --------------------------------------------------------------------
+
+
+def _storage_index(xp, sizes, strides, offset):
+    """The storage position of every element of an (sizes, strides, offset) view, as an array of ``sizes``."""
+    idx = xp.full(tuple(sizes), int(offset), dtype=xp.int64)
+    for d, (n, st) in enumerate(zip(sizes, strides)):
+        shape = [1] * len(sizes)
+        shape[d] = n
+        idx = idx + (xp.arange(n, dtype=xp.int64) * int(st)).reshape(shape)
+    return idx
+
+
+def _contiguous_strides(sizes):
+    strides, acc = [], 1
+    for n in reversed(sizes):
+        strides.append(acc)
+        acc *= max(int(n), 1)
+    return strides[::-1]
+
+
+def _extent(sizes, strides, offset):
+    """One past the largest storage position an (sizes, strides, offset) view touches (0 when empty)."""
+    if any(int(n) == 0 for n in sizes):
+        return 0
+    return int(offset) + 1 + sum((int(n) - 1) * int(st) for n, st in zip(sizes, strides))
+
+
+@op("AsStridedBackward0", "AsStridedBackward1", saved="size:sizes stride:ints storage_offset:int?",
+    cost=cost.reduction(1))
+def as_strided(node, grads, ctx):
+    """a.as_strided(size, stride, offset): each element's gradient added to the storage position it read.
+
+    The input is taken as contiguous from the start of its storage (its
+    strides are not saved by PyTorch): true of the fresh or contiguous
+    tensors as_strided is used on, and of the bases that PyTorch re-views
+    after an in-place write to a view.
+    """
+    g = grads[0]
+    sv = node.saved
+    xp = ctx.xp(node)
+    size = [int(n) for n in sv["size"]]
+    stride = [signed(s) for s in sv["stride"]]
+    offset = signed(sv.get("storage_offset")) or 0
+
+    def out(i):
+        in_sizes = out_meta(node, i).shape
+        in_strides = _contiguous_strides(in_sizes)
+        n = max(_extent(in_sizes, in_strides, 0), _extent(size, stride, offset))
+        storage = xp.zeros(n, dtype=g.dtype)
+        add_at(xp, storage, _storage_index(xp, size, stride, offset).reshape(-1), g.reshape(-1))
+        return storage[_storage_index(xp, in_sizes, in_strides, 0)]
+    return each(node, out)

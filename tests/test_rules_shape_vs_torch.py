@@ -1,0 +1,188 @@
+"""Rules for shape, indexing, reduction, attention and product ops against PyTorch, in float64 (and complex128).
+
+Each case builds a small forward in PyTorch, captures its backward graph to
+a file (saved tensors in the ``.npz`` side file, as a real capture does),
+replays it here and compares the executed order and every leaf gradient
+with PyTorch's, to 1e-6.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is the oracle for these tests")
+F = torch.nn.functional
+
+from test_rules_vs_torch import leaf, weigh  # noqa: E402
+from torch_helpers import torch_order  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+D = torch.float64
+C = torch.complex128
+
+
+def cleaf(*shape, seed=0):
+    """A complex128 leaf."""
+    g = torch.Generator().manual_seed(seed + 7 * sum(shape))
+    return torch.randn(*shape, dtype=C, generator=g).requires_grad_(True)
+
+
+def idx(*values):
+    return torch.tensor(values, dtype=torch.long)
+
+
+def replay(tmp_path, outputs, leaves, grad_outputs=None):
+    """Capture ``outputs`` to a file, replay it; (our order, PyTorch's order, our leaf gradients)."""
+    from autograd_run.capture import from_torch
+    from autograd_run.engine import Engine
+    from autograd_run.engine.run import run_graph
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.traces.order import OrderRecorder
+    path = str(tmp_path / "g.json")
+    doc = from_torch(outputs, grad_outputs=grad_outputs, names=leaves, path=path, reference=False)
+    opaque = [n["name"] for n in doc["nodes"] if "op" in n]
+    assert not opaque, f"nodes without a rule: {opaque}"
+    expected = torch_order(outputs, grad_outputs)
+    g = load_graph(path)
+    rec = OrderRecorder()
+    eng = Engine(tracer=rec, multithreading=False)
+    try:
+        res = run_graph(eng, g, retain_graph=True)
+    finally:
+        eng.shutdown()
+    got = [(r.name, r.seq) for r in rec.records if r.name != "GraphRoot"]
+    return got, expected, res.grads, doc
+
+
+def check(tmp_path, build, leaves, complex_out=False, names=None):
+    """Run ``build(leaves)``, backward through a fixed random weighting, compare with PyTorch."""
+    y = build(leaves)
+    ys = list(y) if isinstance(y, (tuple, list)) else [y]
+    if complex_out:
+        gen = torch.Generator().manual_seed(5)
+        gos = [torch.randn(t.shape, dtype=t.dtype, generator=gen) for t in ys]
+        outs = ys
+    else:
+        outs, gos = [sum(weigh(t, seed=99 + k) for k, t in enumerate(ys))], None
+    for t in leaves.values():
+        t.grad = None
+    got, expected, grads, doc = replay(tmp_path, outs, leaves, gos)
+    if names is not None:
+        present = {n["name"] for n in doc["nodes"]}
+        assert set(names) <= present, f"expected {names} in {sorted(present)}"
+    assert got == expected
+    for name, t in leaves.items():
+        if t.grad is None:
+            assert grads.get(name) is None, name
+            continue
+        ours = grads[name]
+        assert ours is not None, name
+        assert ours.dtype == t.grad.numpy().dtype, name
+        np.testing.assert_allclose(ours, t.grad.numpy(), rtol=1e-6, atol=1e-9, err_msg=name)
+
+
+def cases(table):
+    return pytest.mark.parametrize("case", sorted(table))
+
+
+# --- shape --------------------------------------------------------------------------------------------------------
+
+def shape_leaves():
+    return {"x": leaf(2, 3, 4, seed=1), "m": leaf(4, 5, seed=2), "img": leaf(2, 8, 3, 5, seed=3),
+            "sq": leaf(3, 1, 4, seed=4), "v": leaf(6, seed=5), "e": leaf(2, 4, seed=6)}
+
+
+SHAPE = {
+    # name: (build, node names that must appear)
+    "unsafe_split": (lambda L: [p * (k + 1) for k, p in enumerate(L["x"].unsafe_split(2, dim=-1))],
+                     ["UnsafeSplitBackward0"]),
+    "unsafe_split_unused": (lambda L: L["x"].unsafe_split(2, dim=1)[1].exp(), ["UnsafeSplitBackward0"]),
+    "unsafe_split_with_sizes": (lambda L: L["x"].unsafe_split_with_sizes([1, 3], dim=2)[1],
+                                ["UnsafeSplitWithSizesBackward0"]),
+    "lstm": (lambda L: torch.nn.LSTM(4, 5, num_layers=2).double()(L["x"])[0], ["UnsafeSplitBackward0"]),
+    "gru": (lambda L: torch.nn.GRU(4, 3, batch_first=True).double()(L["x"])[0], ["UnsafeSplitBackward0"]),
+    "transpose_": (lambda L: L["x"].clone().transpose_(0, -1), ["TransposeBackward1"]),
+    "t_": (lambda L: L["m"].clone().t_(), ["TBackward1"]),
+    "squeeze_": (lambda L: L["sq"].clone().squeeze_(), ["SqueezeBackward3"]),
+    "squeeze_dim_": (lambda L: L["sq"].clone().squeeze_(-2), ["SqueezeBackward4"]),
+    "squeeze_dims_": (lambda L: L["sq"].clone().squeeze_((1,)), ["SqueezeBackward5"]),
+    "unsqueeze_": (lambda L: L["x"].clone().unsqueeze_(-1), ["UnsqueezeBackward1"]),
+    "pad": (lambda L: F.pad(L["x"], (1, 2, 0, 1), value=0.5), ["ConstantPadNdBackward0"]),
+    "pad_negative": (lambda L: F.pad(L["x"], (-1, 2, 1, -2)), ["ConstantPadNdBackward0"]),
+    "pad_3dims": (lambda L: F.pad(L["x"], (1, 0, 0, 0, 2, 1)), ["ConstantPadNdBackward0"]),
+    "repeat": (lambda L: L["x"].repeat(2, 1, 1, 3), ["RepeatBackward0"]),
+    "repeat_same_rank": (lambda L: L["m"].repeat(3, 2), ["RepeatBackward0"]),
+    "flip": (lambda L: L["x"].flip(0, -1), ["FlipBackward0"]),
+    "fliplr": (lambda L: L["m"].fliplr(), ["FlipBackward0"]),
+    "roll": (lambda L: L["x"].roll((1, -2), (0, 2)), ["RollBackward0"]),
+    "roll_flat": (lambda L: L["x"].roll(5), ["RollBackward0"]),
+    "roll_neg_dim": (lambda L: L["x"].roll(-1, -2), ["RollBackward0"]),
+    "rot90": (lambda L: L["x"].rot90(1, (1, 2)), ["Rot90Backward0"]),
+    "rot90_k3_neg": (lambda L: L["x"].rot90(-3, (-1, 0)), ["Rot90Backward0"]),
+    "pixel_shuffle": (lambda L: F.pixel_shuffle(L["img"], 2), ["PixelShuffleBackward0"]),
+    "pixel_unshuffle": (lambda L: F.pixel_unshuffle(L["img"][:, :, :2, :4], 2), ["PixelUnshuffleBackward0"]),
+    "pixel_shuffle_5d": (lambda L: F.pixel_shuffle(L["img"].reshape(2, 2, 4, 3, 5), 2), ["PixelShuffleBackward0"]),
+    "channel_shuffle": (lambda L: F.channel_shuffle(L["img"], 4), ["ChannelShuffleBackward0"]),
+    "diagonal": (lambda L: L["x"].diagonal(1, 1, 2), ["DiagonalBackward0"]),
+    "diagonal_neg": (lambda L: L["x"].diagonal(-1, -1, 0), ["DiagonalBackward0"]),
+    "diag_matrix": (lambda L: torch.diag(L["m"], 1), ["DiagonalBackward0_copy"]),
+    "diag_embed": (lambda L: torch.diag_embed(L["e"], offset=-1, dim1=0, dim2=2), ["DiagEmbedBackward0"]),
+    "diag_vector": (lambda L: torch.diag(L["v"]), ["DiagEmbedBackward0"]),
+    "tril_triu": (lambda L: L["m"].tril(-1) + L["m"].triu(2), ["TrilBackward0", "TriuBackward0"]),
+    "tril_batched": (lambda L: L["x"].tril(1), ["TrilBackward0"]),
+    "unfold": (lambda L: L["x"].unfold(2, 2, 1), ["UnfoldBackward0"]),
+    "unfold_step": (lambda L: L["img"].unfold(-1, 2, 2), ["UnfoldBackward0"]),
+    "unfold_gap": (lambda L: L["v"].unfold(0, 1, 3), ["UnfoldBackward0"]),
+    "narrow_copy": (lambda L: L["x"].narrow_copy(1, 1, 2), ["NarrowCopyBackward0"]),
+    "narrow_copy_neg": (lambda L: L["x"].narrow_copy(-1, -3, 2), ["NarrowCopyBackward0"]),
+    "slice_scatter": (lambda L: torch.slice_scatter(L["x"], L["x"][..., :2].exp(), 2, 1, 4, 2),
+                      ["SliceScatterBackward0"]),
+    "select_scatter": (lambda L: torch.select_scatter(L["x"], L["e"], -2, 0), ["SelectScatterBackward0"]),
+    "diagonal_scatter": (lambda L: torch.diagonal_scatter(L["m"], L["v"][:3], -1), ["DiagonalScatterBackward0"]),
+    "alias": (lambda L: torch.ops.aten.alias(L["x"]), ["AliasBackward0"]),
+    "view_as_complex": (lambda L: torch.view_as_real(torch.view_as_complex(L["x"][..., :2].contiguous()) * 2),
+                        ["ViewAsComplexBackward0", "ViewAsRealBackward0"]),
+    "reflect_1d": (lambda L: F.pad(L["x"], (2, 3), mode="reflect"), ["ReflectionPad1DBackward0"]),
+    "reflect_2d": (lambda L: F.pad(L["img"], (4, 1, 2, 2), mode="reflect"), ["ReflectionPad2DBackward0"]),
+    "reflect_3d": (lambda L: F.pad(L["img"][None], (1, 1, 2, 0, 3, 1), mode="reflect"), ["ReflectionPad3DBackward0"]),
+    "replicate_1d": (lambda L: F.pad(L["x"], (3, 1), mode="replicate"), ["ReplicationPad1DBackward0"]),
+    "replicate_2d": (lambda L: F.pad(L["img"], (2, 6, 0, 1), mode="replicate"), ["ReplicationPad2DBackward0"]),
+    "replicate_3d": (lambda L: F.pad(L["img"][None], (0, 1, 1, 1, 2, 2), mode="replicate"),
+                     ["ReplicationPad3DBackward0"]),
+    "as_strided": (lambda L: L["x"].as_strided((3, 2), (1, 3), 2), ["AsStridedBackward0"]),
+    "as_strided_overlap": (lambda L: L["v"].as_strided((4, 3), (1, 1)), ["AsStridedBackward0"]),
+    "as_strided_": (lambda L: L["x"].clone().as_strided_((2, 5), (4, 2), 1), ["AsStridedBackward1"]),
+    "cat_constant_middle": (lambda L: torch.cat([L["x"], torch.ones(2, 2, 4, dtype=D), L["x"] * 2], 1),
+                            ["CatBackward0"]),
+    "cat_constant_first": (lambda L: torch.cat([torch.zeros(2, 3, 1, dtype=D), L["x"]], -1), ["CatBackward0"]),
+    "cat_constants_last": (lambda L: torch.cat([L["x"], torch.zeros(1, 3, 4, dtype=D), torch.ones(3, 3, 4, dtype=D)]),
+                           ["CatBackward0"]),
+    "unet_skip": (lambda L: torch.cat([F.conv2d(L["img"], torch.ones(2, 8, 1, 1, dtype=D)),
+                                       torch.ones(2, 1, 3, 5, dtype=D)], 1).relu(), ["CatBackward0"]),
+}
+
+
+@cases(SHAPE)
+def test_shape_rule(case, tmp_path):
+    build, names = SHAPE[case]
+    torch.manual_seed(0)
+    check(tmp_path, build, shape_leaves(), names=names)
+
+
+COMPLEX_SHAPE = {
+    "flip": lambda L: L["z"].flip(-1),
+    "roll": lambda L: L["z"].roll(1, 0),
+    "repeat": lambda L: L["z"].repeat(2, 1),
+    "pad": lambda L: F.pad(L["z"], (1, 1)),
+    "diagonal": lambda L: L["z"].diagonal(),
+    "tril": lambda L: L["z"].tril(),
+    "view_as_real": lambda L: torch.view_as_real(L["z"]),
+    "unfold": lambda L: L["z"].unfold(1, 2, 1),
+}
+
+
+@cases(COMPLEX_SHAPE)
+def test_shape_rule_complex(case, tmp_path):
+    check(tmp_path, COMPLEX_SHAPE[case], {"z": cleaf(3, 4)}, complex_out=case != "view_as_real")
