@@ -90,6 +90,26 @@ def _saved_value(torch, v, key: str, arrays: _Arrays):
     return None  # options, devices, layouts, symbolic values: not needed by any rule
 
 
+def _is_tensor_list(torch, v) -> bool:
+    return (isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v)
+            and all(x is None or isinstance(x, torch.Tensor) for x in v))
+
+
+def _saved_tensor_list(v, field: str, nid: str, arrays: _Arrays) -> dict:
+    """A saved list of tensors (kind ``tensors``): each tensor in a field of its own, named in the list."""
+    out: dict[str, Any] = {}
+    names = []
+    for k, t in enumerate(v):
+        if t is None:
+            names.append(None)
+        else:
+            key = f"{field}.{k}"
+            out[key] = arrays.put(f"{nid}.{key}", t)
+            names.append(key)
+    out[field] = names
+    return out
+
+
 def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequence | None = None,
                names: Mapping[str, Any] | None = None, path: str | None = None,
                mode: str | None = None, reference: bool = True) -> dict:
@@ -146,6 +166,9 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                             v = getattr(fn, attr)
                         except RuntimeError:
                             continue  # already freed, or not saved for this call
+                        if _is_tensor_list(torch, v):
+                            saved.update(_saved_tensor_list(v, field, nid, arrays))
+                            continue
                         v = _saved_value(torch, v, f"{nid}.{field}", arrays)
                         if v is not None:
                             saved[field] = v

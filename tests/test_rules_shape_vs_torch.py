@@ -186,3 +186,108 @@ COMPLEX_SHAPE = {
 @cases(COMPLEX_SHAPE)
 def test_shape_rule_complex(case, tmp_path):
     check(tmp_path, COMPLEX_SHAPE[case], {"z": cleaf(3, 4)}, complex_out=case != "view_as_real")
+
+
+# --- indexing -----------------------------------------------------------------------------------------------------
+
+def index_leaves():
+    return {"x": leaf(2, 3, 4, seed=11), "s": leaf(2, 2, 4, seed=12), "m": leaf(5, 3, seed=13), "v": leaf(6, seed=14),
+            "r": leaf(2, 4, seed=15), "c": torch.tensor(0.7, dtype=D, requires_grad=True),
+            "ties": torch.tensor([[1.0, 3.0, 3.0, 0.5], [2.0, 2.0, -1.0, 2.0]], dtype=D).requires_grad_(True),
+            "zs": torch.tensor([[0.0, 3.0, 2.0, 0.0], [1.5, 0.0, -1.0, 2.0]], dtype=D).requires_grad_(True)}
+
+
+GI = idx(0, 2, 1, 2, 0, 0, 1, 2).reshape(2, 1, 4).expand(2, 2, 4).contiguous()
+SI = torch.tensor([[[0, 2, 1, 2], [0, 0, 1, 2]], [[1, 1, 1, 0], [2, 0, 2, 1]]])
+MASK = torch.tensor([[True, False, True, False], [False, False, True, True], [True, True, False, True]])
+
+
+def _index_put(L, accumulate):
+    y = L["x"] * 1
+    value = L["m"][:3, :1] if accumulate else L["x"][0] * 2  # broadcast, or the indexed result's shape
+    return y.index_put((idx(1, 0, 1), idx(2, 2, 0)), value, accumulate=accumulate)
+
+
+def _setitem(y, where, value):
+    y[where] = value
+    return y
+
+
+INDEXING = {
+    "gather": (lambda L: L["x"].gather(1, GI), ["GatherBackward0"]),
+    "gather_neg_dim": (lambda L: L["x"].gather(-1, idx(3, 0, 0).reshape(1, 1, 3).expand(2, 2, 3)), ["GatherBackward0"]),
+    "take_along_dim": (lambda L: torch.take_along_dim(L["x"], idx(2, 0).reshape(1, 2, 1), 1), ["GatherBackward0"]),
+    "scatter_add": (lambda L: L["x"].scatter_add(1, SI, L["s"]), ["ScatterAddBackward0"]),
+    "scatter_add_neg_dim": (lambda L: L["x"].scatter_add(-2, SI, L["s"] * 3), ["ScatterAddBackward0"]),
+    "scatter_src": (lambda L: L["x"].scatter(1, idx(0, 2, 1, 0, 1, 2, 2, 1).reshape(2, 1, 4), L["s"][:, :1]),
+                    ["ScatterBackward0"]),
+    "scatter_value": (lambda L: L["x"].scatter(2, SI[:, :, :2], 1.5), ["ScatterBackward1"]),
+    "scatter_reduce_sum": (lambda L: L["x"].scatter_reduce(1, SI, L["s"], "sum"), ["ScatterReduceBackward0"]),
+    "scatter_reduce_mean": (lambda L: L["x"].scatter_reduce(1, SI, L["s"], "mean"), ["ScatterReduceBackward0"]),
+    "scatter_reduce_mean_excl": (lambda L: L["x"].scatter_reduce(1, SI, L["s"], "mean", include_self=False),
+                                 ["ScatterReduceBackward0"]),
+    "scatter_reduce_amax": (lambda L: L["x"].scatter_reduce(1, SI, L["s"], "amax"), ["ScatterReduceBackward0"]),
+    "scatter_reduce_amin_excl": (lambda L: L["x"].scatter_reduce(-2, SI, L["s"] + 0.5, "amin", include_self=False),
+                                 ["ScatterReduceBackward0"]),
+    # x[0, 0, 0] == s[0, 0, 0]: PyTorch counts self's tie although self is excluded.
+    "scatter_reduce_amin_excl_self_tie": (lambda L: L["x"].scatter_reduce(-2, SI, L["x"][:, :2] * 1, "amin",
+                                                                          include_self=False),
+                                          ["ScatterReduceBackward0"]),
+    "scatter_reduce_amax_ties": (lambda L: L["ties"].scatter_reduce(0, idx(0, 0, 1, 0, 1, 1, 0, 0).reshape(2, 4),
+                                                                   L["ties"] * 1, "amax"), ["ScatterReduceBackward0"]),
+    "scatter_reduce_prod": (lambda L: L["x"].scatter_reduce(1, SI, L["s"], "prod"), ["ScatterReduceBackward0"]),
+    "scatter_reduce_prod_zeros": (lambda L: L["zs"].scatter_reduce(0, idx(0, 0, 1, 0, 1, 1, 0, 0).reshape(2, 4),
+                                                                   L["zs"] * 1, "prod"), ["ScatterReduceBackward0"]),
+    "scatter_reduce_prod_excl": (lambda L: L["x"].scatter_reduce(1, SI, L["s"], "prod", include_self=False),
+                                 ["ScatterReduceBackward0"]),
+    "index_select": (lambda L: L["x"].index_select(-1, idx(0, 0, 3)), ["IndexSelectBackward0"]),
+    "index_select_dim0": (lambda L: L["m"].index_select(0, idx(4, 1, 1, 0)), ["IndexSelectBackward0"]),
+    "repeat_interleave_tensor": (lambda L: L["x"].repeat_interleave(idx(1, 2, 0), dim=1), ["IndexSelectBackward0"]),
+    "index_int": (lambda L: L["x"][idx(1, 0, 1)], ["IndexBackward0"]),
+    "index_two_tensors": (lambda L: L["x"][idx(1, 0), :, idx(0, 3)], ["IndexBackward0"]),
+    "index_adjacent": (lambda L: L["x"][:, idx(2, 2, 0), idx(1, 3, 3)], ["IndexBackward0"]),
+    "index_broadcast": (lambda L: L["x"][idx(0, 1).reshape(2, 1), idx(2, 0, 1).reshape(1, 3)], ["IndexBackward0"]),
+    "index_negative": (lambda L: L["m"][idx(-1, 0, -1)], ["IndexBackward0"]),
+    "index_mask": (lambda L: L["x"][L["x"] > 0], ["IndexBackward0"]),
+    "index_mask_2d": (lambda L: L["x"][:, MASK], ["IndexBackward0"]),
+    "index_put": (lambda L: _index_put(L, False), ["IndexPutBackward0"]),
+    "index_put_accumulate": (lambda L: _index_put(L, True), ["IndexPutBackward0"]),
+    "setitem_tensor": (lambda L: L["m"].clone().index_put_((idx(0, 3),), L["r"][:, :3]), ["IndexPutBackward0"]),
+    "setitem_mask_scalar": (lambda L: _setitem(L["x"] * 1, L["x"] > 0.5, 0.0), ["IndexPutBackward0"]),
+    "setitem_broadcast": (lambda L: _setitem(L["m"] * 1, idx(0, 2), L["r"][0, :3]), ["IndexPutBackward0"]),
+    "setitem_slice_and_tensors": (lambda L: _setitem(L["x"] * 1, (idx(1, 0, 1), slice(None), idx(3, 3, 0)),
+                                                     L["m"][:3]), ["IndexPutBackward0"]),
+    "masked_fill": (lambda L: L["x"].masked_fill(L["x"] > 0.3, -1.0), ["MaskedFillBackward0"]),
+    "masked_fill_broadcast_mask": (lambda L: L["x"].masked_fill(MASK[0], 0.0), ["MaskedFillBackward0"]),
+    "masked_fill_tensor": (lambda L: L["x"].masked_fill(MASK, L["c"] * 2), ["MaskedFillBackward1"]),
+    "masked_scatter": (lambda L: L["x"].masked_scatter(MASK, L["v"].repeat(3)), ["MaskedScatterBackward0"]),
+    "masked_select": (lambda L: L["x"].masked_select(MASK), ["MaskedSelectBackward0"]),
+    "masked_select_broadcast": (lambda L: L["r"][0].masked_select(MASK), ["MaskedSelectBackward0"]),
+    "index_add": (lambda L: L["x"].index_add(1, idx(0, 2), L["s"], alpha=2.5), ["IndexAddBackward0"]),
+    "index_add_repeat": (lambda L: L["m"].index_add(0, idx(1, 1, 4), L["m"][:3] * 2), ["IndexAddBackward0"]),
+    "index_copy": (lambda L: L["x"].index_copy(-1, idx(3, 1), L["x"][..., :2].exp()), ["IndexCopyBackward0"]),
+    "index_fill": (lambda L: L["x"].index_fill(1, idx(0, 2), 3.0), ["IndexFillBackward0"]),
+    "index_fill_tensor": (lambda L: L["x"].index_fill(-1, idx(1, 3, 1), L["c"] * 3), ["IndexFillBackward1"]),
+    "take": (lambda L: L["x"].take(idx(0, 5, 5, -1, 23)), ["TakeBackward0"]),
+}
+
+
+@cases(INDEXING)
+def test_indexing_rule(case, tmp_path):
+    build, names = INDEXING[case]
+    check(tmp_path, build, index_leaves(), names=names)
+
+
+COMPLEX_INDEXING = {
+    "gather": lambda L: L["z"].gather(1, idx(0, 2, 2, 1).reshape(2, 2)),
+    "index": lambda L: L["z"][idx(2, 0, 2)],
+    "index_put": lambda L: (L["z"] * 1).index_put((idx(0, 1),), L["w"]),
+    "masked_fill": lambda L: L["z"].masked_fill(MASK[:, :4], 0),
+    "index_select": lambda L: L["z"].index_select(0, idx(1, 1)),
+    "scatter_add": lambda L: L["z"].scatter_add(0, idx(0, 2, 1, 0).reshape(1, 4), L["w"][:1]),
+}
+
+
+@cases(COMPLEX_INDEXING)
+def test_indexing_rule_complex(case, tmp_path):
+    check(tmp_path, COMPLEX_INDEXING[case], {"z": cleaf(3, 4), "w": cleaf(2, 4, seed=3)}, complex_out=True)
