@@ -72,7 +72,7 @@ class _Arrays:
         arr = arr.numpy()
         if self.inline:
             return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
-        self.arrays[key] = np.ascontiguousarray(arr)
+        self.arrays[key] = np.ascontiguousarray(arr).reshape(arr.shape)  # keeps 0-dim tensors 0-dim
         return {"npz": key}
 
 
