@@ -291,3 +291,88 @@ COMPLEX_INDEXING = {
 @cases(COMPLEX_INDEXING)
 def test_indexing_rule_complex(case, tmp_path):
     check(tmp_path, COMPLEX_INDEXING[case], {"z": cleaf(3, 4), "w": cleaf(2, 4, seed=3)}, complex_out=True)
+
+
+# --- reductions ---------------------------------------------------------------------------------------------------
+
+def reduction_leaves():
+    return {"x": leaf(2, 3, 4, seed=21), "m": leaf(5, 3, seed=22),
+            "p": leaf(2, 3, 4, positive=True, seed=23),
+            "zeros": torch.tensor([[0.0, 2.0, -1.5, 0.5, 3.0], [1.5, -2.0, 0.0, 0.0, 2.0],
+                                   [0.5, 0.25, -3.0, 1.0, 0.0], [2.0, 1.0, 0.5, -1.0, 1.5]], dtype=D).requires_grad_(True),
+            "ties": torch.tensor([[1.0, 3.0, 3.0, 0.5], [2.0, 2.0, -1.0, 2.0], [0.0, 0.0, 0.0, 0.0]],
+                                 dtype=D).requires_grad_(True),
+            "nan": torch.tensor([[1.0, float("nan"), 3.0], [2.0, 0.5, float("nan")]], dtype=D).requires_grad_(True)}
+
+
+REDUCTIONS = {
+    "max_dim": (lambda L: L["x"].max(dim=1)[0], ["MaxBackward0"]),
+    "max_dim_keepdim_neg": (lambda L: L["x"].max(dim=-1, keepdim=True)[0], ["MaxBackward0"]),
+    "min_dim": (lambda L: L["x"].min(0).values, ["MinBackward0"]),
+    "max_dim_ties": (lambda L: L["ties"].max(1)[0], ["MaxBackward0"]),
+    "kthvalue": (lambda L: L["x"].kthvalue(2, 1)[0], ["KthvalueBackward0"]),
+    "median_dim": (lambda L: L["x"].median(-1, keepdim=True)[0], ["MedianBackward1"]),
+    "nanmedian_dim": (lambda L: L["nan"].nanmedian(1)[0], ["NanmedianBackward1"]),
+    "mode": (lambda L: L["ties"].mode(1)[0], ["ModeBackward0"]),
+    "median_all": (lambda L: L["ties"].median().reshape(1), ["MedianBackward0"]),
+    "nanmedian_all": (lambda L: L["nan"].nanmedian().reshape(1), ["NanmedianBackward0"]),
+    "aminmax": (lambda L: torch.aminmax(L["x"], dim=1), ["AminmaxBackward0"]),
+    "aminmax_all_ties": (lambda L: torch.aminmax(L["ties"]), ["AminmaxBackward0"]),
+    "aminmax_max_only": (lambda L: torch.aminmax(L["ties"], dim=-1, keepdim=True)[1], ["AminmaxBackward0"]),
+    "sort": (lambda L: L["x"].sort(dim=1)[0], ["SortBackward0"]),
+    "sort_descending_neg": (lambda L: L["x"].sort(dim=-1, descending=True)[0], ["SortBackward0"]),
+    "topk": (lambda L: L["x"].topk(2, dim=-1)[0], ["TopkBackward0"]),
+    "topk_smallest_dim0": (lambda L: L["m"].topk(3, dim=0, largest=False)[0], ["TopkBackward0"]),
+    "cummax": (lambda L: L["x"].cummax(1)[0], ["CummaxBackward0"]),
+    "cummin_ties": (lambda L: L["ties"].cummin(-1)[0], ["CumminBackward0"]),
+    "cumsum": (lambda L: L["x"].cumsum(1), ["CumsumBackward0"]),
+    "cumsum_neg": (lambda L: L["x"].cumsum(-1), ["CumsumBackward0"]),
+    "cumprod": (lambda L: L["x"].cumprod(1), ["CumprodBackward0"]),
+    "cumprod_zeros": (lambda L: L["zeros"].cumprod(-1), ["CumprodBackward0"]),
+    "cumprod_zeros_dim0": (lambda L: L["zeros"].cumprod(0), ["CumprodBackward0"]),
+    "logcumsumexp": (lambda L: L["x"].logcumsumexp(1), ["LogcumsumexpBackward0"]),
+    "logcumsumexp_neg": (lambda L: L["m"].logcumsumexp(-2), ["LogcumsumexpBackward0"]),
+    "prod": (lambda L: L["x"].prod().reshape(1), ["ProdBackward0"]),
+    "prod_one_zero": (lambda L: L["zeros"][0].prod().reshape(1), ["ProdBackward0"]),
+    "prod_two_zeros": (lambda L: L["zeros"][1].prod().reshape(1), ["ProdBackward0"]),
+    "prod_dim": (lambda L: L["x"].prod(1), ["ProdBackward1"]),
+    "prod_dim_keepdim_zeros": (lambda L: L["zeros"].prod(-1, keepdim=True), ["ProdBackward1"]),
+    "std": (lambda L: L["x"].std().reshape(1), ["StdBackward0"]),
+    "std_dims_correction0": (lambda L: L["x"].std(dim=(0, 2), correction=0, keepdim=True), ["StdBackward0"]),
+    "std_neg_dim": (lambda L: L["x"].std(-1), ["StdBackward0"]),
+    "std_zero": (lambda L: L["ties"].std(1), ["StdBackward0"]),
+    "var": (lambda L: L["x"].var(1), ["VarBackward0"]),
+    "var_all_correction2": (lambda L: L["x"].var(correction=2).reshape(1), ["VarBackward0"]),
+    "var_keepdim": (lambda L: L["m"].var(0, keepdim=True, unbiased=False), ["VarBackward0"]),
+    "var_mean": (lambda L: torch.var_mean(L["x"], 1), ["VarMeanBackward0"]),
+    "var_mean_only_mean": (lambda L: torch.var_mean(L["x"], (0, -1), keepdim=True)[1], ["VarMeanBackward0"]),
+    "std_mean": (lambda L: torch.std_mean(L["x"], -1, correction=0), ["StdMeanBackward0"]),
+    "logsumexp": (lambda L: L["x"].logsumexp(1), ["LogsumexpBackward0"]),
+    "logsumexp_dims_keepdim": (lambda L: L["x"].logsumexp((0, -1), keepdim=True), ["LogsumexpBackward0"]),
+    "nansum": (lambda L: L["nan"].nansum(1), ["NansumBackward0"]),
+    "nansum_all": (lambda L: L["nan"].nansum().reshape(1), ["NansumBackward0"]),
+}
+
+
+@cases(REDUCTIONS)
+def test_reduction_rule(case, tmp_path):
+    build, names = REDUCTIONS[case]
+    check(tmp_path, build, reduction_leaves(), names=names)
+
+
+COMPLEX_REDUCTIONS = {
+    "cumsum": lambda L: L["z"].cumsum(1),
+    "cumprod": lambda L: L["z"].cumprod(1),
+    "cumprod_zero": lambda L: (L["z"] * torch.tensor([1, 0, 1, 1], dtype=C)).cumprod(1),
+    "prod": lambda L: L["z"].prod().reshape(1),
+    "prod_dim": lambda L: L["z"].prod(0),
+    "var": lambda L: L["z"].var(1),
+    "std": lambda L: L["z"].std(0),
+    "sort_real": lambda L: L["z"].real.sort(1)[0],
+}
+
+
+@cases(COMPLEX_REDUCTIONS)
+def test_reduction_rule_complex(case, tmp_path):
+    check(tmp_path, COMPLEX_REDUCTIONS[case], {"z": cleaf(3, 4)},
+          complex_out=case not in ("var", "std", "sort_real"))
