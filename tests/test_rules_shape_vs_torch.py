@@ -376,3 +376,249 @@ COMPLEX_REDUCTIONS = {
 def test_reduction_rule_complex(case, tmp_path):
     check(tmp_path, COMPLEX_REDUCTIONS[case], {"z": cleaf(3, 4)},
           complex_out=case not in ("var", "std", "sort_real"))
+
+
+# --- products -----------------------------------------------------------------------------------------------------
+
+def product_leaves():
+    return {"c": leaf(2, 3, 5, seed=31), "a": leaf(2, 3, 4, seed=32), "b": leaf(2, 4, 5, seed=33),
+            "c1": leaf(3, 1, seed=34), "u": leaf(3, 4, seed=35), "w": leaf(6, 4, 5, seed=36), "v": leaf(3, 5, seed=37),
+            "bias": leaf(6, seed=38)}
+
+
+PRODUCTS = {
+    "baddbmm": (lambda L: torch.baddbmm(L["c"], L["a"], L["b"]), ["BaddbmmBackward0"]),
+    "baddbmm_scaled_broadcast": (lambda L: torch.baddbmm(L["c1"], L["a"], L["b"], beta=0.5, alpha=-2.0),
+                                 ["BaddbmmBackward0"]),
+    "bilinear": (lambda L: F.bilinear(L["u"], L["v"], L["w"], L["bias"]), ["TrilinearBackward0"]),
+    "bilinear_module_batched": (lambda L: torch.nn.Bilinear(4, 5, 2).double()(L["a"][:, :2], L["c"][:, :2]),
+                                ["TrilinearBackward0"]),
+    "trilinear_raw": (lambda L: torch.ops.aten._trilinear(L["u"], L["w"], L["v"], [1, 3], [0], [1, 2], [2, 3]),
+                      ["TrilinearBackward0"]),
+    "trilinear_keep_dims": (lambda L: torch.ops.aten._trilinear(L["u"], L["w"][0], L["v"][:, :4],
+                                                                [2], [0], [2], [1]),
+                            ["TrilinearBackward0"]),
+}
+
+
+@cases(PRODUCTS)
+def test_product_rule(case, tmp_path):
+    build, names = PRODUCTS[case]
+    check(tmp_path, build, product_leaves(), names=names)
+
+
+def test_product_rule_complex(tmp_path):
+    L = {"c": cleaf(2, 3, 5), "a": cleaf(2, 3, 4, seed=1), "b": cleaf(2, 4, 5, seed=2)}
+    check(tmp_path, lambda L: torch.baddbmm(L["c"], L["a"], L["b"], alpha=0.5), L, complex_out=True)
+
+
+# --- attention ----------------------------------------------------------------------------------------------------
+
+def attention_leaves():
+    return {"q": leaf(2, 3, 6, 4, seed=41), "k": leaf(2, 3, 6, 4, seed=42), "v": leaf(2, 3, 6, 4, seed=43),
+            "q5": leaf(2, 3, 5, 4, seed=44), "k8": leaf(2, 3, 8, 4, seed=45), "v8": leaf(2, 3, 8, 4, seed=46),
+            "x": leaf(2, 5, 8, seed=47)}
+
+
+SDPA = F.scaled_dot_product_attention
+CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+BOOL_MASK = torch.tensor([[True, False, True, True, False, True], [False] * 6, [True] * 6,
+                          [True, True, False, False, False, True], [False, True] * 3, [True] + [False] * 5])
+FLOAT_MASK = torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(3), dtype=D)
+KEY_PADDING = torch.tensor([[False, False, False, True, True], [False] * 5])
+
+
+def _mha(L, **kw):
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+    return m(L["x"], L["x"] * 0.5, L["x"], need_weights=False, **kw)[0]
+
+
+def _encoder(L, **kw):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
+    return layer(L["x"], **kw)
+
+
+ATTENTION = {
+    "sdpa": lambda L: SDPA(L["q"], L["k"], L["v"]),
+    "sdpa_scale": lambda L: SDPA(L["q"], L["k"], L["v"], scale=0.3),
+    "sdpa_causal": lambda L: SDPA(L["q"], L["k"], L["v"], is_causal=True),
+    "sdpa_causal_fewer_queries": lambda L: SDPA(L["q5"], L["k8"], L["v8"], is_causal=True),
+    "sdpa_causal_more_queries": lambda L: SDPA(L["q"], L["k8"][:, :, :4], L["v8"][:, :, :4], is_causal=True),
+    "sdpa_bool_mask_hidden_row": lambda L: SDPA(L["q"], L["k"], L["v"], attn_mask=BOOL_MASK),
+    "sdpa_float_mask": lambda L: SDPA(L["q"], L["k"], L["v"], attn_mask=FLOAT_MASK, scale=0.7),
+    "sdpa_cross_lengths": lambda L: SDPA(L["q5"], L["k8"], L["v8"]),
+    "cpu_flash_mask_and_causal": lambda L: CPU_FLASH(L["q"], L["k"], L["v"], is_causal=True,
+                                                     attn_mask=FLOAT_MASK)[0],
+    "mha": lambda L: _mha(L),
+    "mha_key_padding": lambda L: _mha(L, key_padding_mask=KEY_PADDING),
+    "transformer_encoder_layer": lambda L: _encoder(L),
+    "transformer_encoder_layer_causal": lambda L: _encoder(
+        L, src_mask=torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=D), is_causal=True),
+}
+
+
+@cases(ATTENTION)
+def test_attention_rule(case, tmp_path):
+    check(tmp_path, ATTENTION[case], attention_leaves(), names=["ScaledDotProductFlashAttentionForCpuBackward0"])
+
+
+def test_attention_with_dropout_has_no_rule():
+    """The CPU kernel refuses dropout; CUDA captures with dropout become opaque nodes (their masks are random)."""
+    from autograd_run.ops import lookup
+    for name in ("ScaledDotProductFlashAttentionForCpuBackward0", "ScaledDotProductFlashAttentionBackward0",
+                 "ScaledDotProductEfficientAttentionBackward0", "ScaledDotProductCudnnAttentionBackward0"):
+        spec = lookup(name)
+        assert "dropout" in spec.unsupported({"dropout_p": 0.1})
+        assert spec.unsupported({"dropout_p": 0.0}) is None
+
+
+def _math_attention(q, k, v, scale, bias=None, causal=None):
+    """softmax(scale q k^T + bias) v in plain torch ops, keys/values repeated for grouped-query attention."""
+    rep = q.shape[-3] // k.shape[-3]
+    kr, vr = k.repeat_interleave(rep, -3), v.repeat_interleave(rep, -3)
+    s = q @ kr.transpose(-1, -2) * scale
+    if bias is not None:
+        s = s + bias
+    if causal is not None:
+        length, keys = s.shape[-2:]
+        shift = keys - length if causal == "bottom_right" else 0
+        hidden = torch.ones(length, keys, dtype=torch.bool).triu(1 + shift)
+        s = s.masked_fill(hidden, float("-inf"))
+    p = torch.softmax(s, -1)
+    return p @ vr, torch.logsumexp(s, -1)
+
+
+def _cuda_attention_doc(name, L, grad, *, scale=None, causal=None, bias=None, bias_edge=False, saved=None):
+    """A graph with one CUDA attention node over leaves q, k, v (and bias), saved values computed in torch."""
+    def t(x):
+        return {"data": x.detach().tolist(), "dtype": str(x.dtype).replace("torch.", ""), "shape": list(x.shape)}
+    q, k, v = L["q"], L["k"], L["v"]
+    sc = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    out, lse = _math_attention(q, k, v, sc, bias, causal)
+    names = ["q", "k", "v"] + (["bias"] if bias_edge else [])
+    values = {"query": t(q), "key": t(k), "value": t(v), "output": t(out), "dropout_p": 0.0,
+              "is_causal": causal is not None, "scale": scale}
+    for key, value in (saved or {}).items():
+        values[key] = value(t, out, lse) if callable(value) else value
+    meta = {"dtype": "float64", "device": "cuda:0"}
+    nodes = [{"id": "att", "name": name, "seq": 1, "next": [[n, 0] for n in names],
+              "inputs": [dict(meta, shape=list(out.shape))], "saved": values}]
+    variables = []
+    for n in names:
+        nodes.append({"id": n, "name": "AccumulateGrad", "variable": n,
+                      "inputs": [dict(meta, shape=list(L[n].shape))]})
+        variables.append(dict(meta, name=n, shape=list(L[n].shape)))
+    doc = {"format": "autograd-graph/1", "mode": "backward", "variables": variables, "nodes": nodes,
+           "roots": [{"node": "att", "input_nr": 0, "grad": t(grad)}]}
+    expected = torch.autograd.grad(out, [L[n] for n in names], grad)
+    return doc, dict(zip(names, expected))
+
+
+def _run_doc(doc):
+    from autograd_run.engine import Engine
+    from autograd_run.engine.run import run_graph
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.load import loads_graph
+    g = loads_graph(dumps(doc, "json"), "attention.json")
+    eng = Engine(multithreading=False)
+    try:
+        return run_graph(eng, g, retain_graph=True).grads
+    finally:
+        eng.shutdown()
+
+
+def _zeros(*shape, dtype="int64"):
+    return {"data": np.zeros(shape, dtype=dtype).tolist(), "dtype": dtype, "shape": list(shape)}
+
+
+def _padded_lse(t, out, lse):
+    """The memory-efficient kernel's log-sum-exp: padded to a multiple of 32 queries."""
+    pad = -lse.shape[-1] % 32
+    return t(F.pad(lse, (0, pad)))
+
+
+FLASH_SAVED = {"logsumexp": lambda t, o, lse: t(lse), "cum_seq_q": _zeros(0), "cum_seq_k": _zeros(0),
+               "max_q": 6, "max_k": 6, "rng_state": _zeros(2), "unused": _zeros(0, dtype="float64")}
+EFFICIENT_SAVED = {"log_sumexp": _padded_lse, "philox_seed": _zeros(), "philox_offset": _zeros()}
+CUDNN_SAVED = {"logsumexp": lambda t, o, lse: t(lse[..., None]), "philox_seed": _zeros(), "philox_offset": _zeros(),
+               "cum_seq_q": _zeros(0), "cum_seq_k": _zeros(0), "max_q": 6, "max_k": 6}
+
+CUDA_ATTENTION = {
+    "flash": ("ScaledDotProductFlashAttentionBackward0", {}, FLASH_SAVED),
+    "flash_causal_scale": ("ScaledDotProductFlashAttentionBackward0", {"causal": "top_left", "scale": 0.4},
+                           FLASH_SAVED),
+    "flash_causal_bottom_right": ("ScaledDotProductFlashAttentionBackward0", {"causal": "bottom_right", "keys": 9},
+                                  FLASH_SAVED),
+    "flash_grouped_query": ("ScaledDotProductFlashAttentionBackward0", {"kv_heads": 1}, FLASH_SAVED),
+    "efficient": ("ScaledDotProductEfficientAttentionBackward0", {}, EFFICIENT_SAVED),
+    "efficient_causal": ("ScaledDotProductEfficientAttentionBackward0", {"causal": "top_left", "keys": 9},
+                         EFFICIENT_SAVED),
+    "efficient_bias_grad": ("ScaledDotProductEfficientAttentionBackward0", {"bias": (2, 1, 6, 6), "bias_edge": True},
+                            EFFICIENT_SAVED),
+    "efficient_bias_broadcast_grad": ("ScaledDotProductEfficientAttentionBackward0",
+                                      {"bias": (6, 6), "bias_edge": True, "scale": 1.3}, EFFICIENT_SAVED),
+    "efficient_bias_constant": ("ScaledDotProductEfficientAttentionBackward0", {"bias": (2, 3, 6, 6)},
+                                EFFICIENT_SAVED),
+    "cudnn": ("ScaledDotProductCudnnAttentionBackward0", {}, CUDNN_SAVED),
+    "cudnn_causal_bias": ("ScaledDotProductCudnnAttentionBackward0", {"causal": "top_left", "bias": (1, 1, 6, 6)},
+                          CUDNN_SAVED),
+    "overrideable_bias_grad": ("ScaledDotProductFusedAttentionOverrideableBackward0",
+                               {"bias": (2, 3, 6, 6), "bias_edge": True}, FLASH_SAVED),
+}
+
+
+@cases(CUDA_ATTENTION)
+def test_cuda_attention_rule(case):
+    """CUDA kernels cannot run here: a hand-written node with torch-computed saved values vs. math attention."""
+    name, opts, saved = CUDA_ATTENTION[case]
+    gen = torch.Generator().manual_seed(7)
+    keys, kv_heads = opts.get("keys", 6), opts.get("kv_heads", 3)
+    L = {"q": torch.randn(2, 3, 6, 4, dtype=D, generator=gen).requires_grad_(),
+         "k": torch.randn(2, kv_heads, keys, 4, dtype=D, generator=gen).requires_grad_(),
+         "v": torch.randn(2, kv_heads, keys, 4, dtype=D, generator=gen).requires_grad_()}
+    bias = None
+    if "bias" in opts:
+        bias = torch.randn(*opts["bias"][:-1], keys, dtype=D, generator=gen).requires_grad_(opts.get("bias_edge", False))
+        L["bias"] = bias
+    grad = torch.randn(2, 3, 6, 4, dtype=D, generator=gen)
+    extra = dict(saved)
+    if bias is not None:
+        extra["attn_bias"] = lambda t, o, lse: t(bias)
+    doc, expected = _cuda_attention_doc(name, L, grad, scale=opts.get("scale"), causal=opts.get("causal"),
+                                        bias=bias, bias_edge=opts.get("bias_edge", False), saved=extra)
+    ours = _run_doc(doc)
+    assert set(ours) == set(expected)
+    for n, t in expected.items():
+        np.testing.assert_allclose(ours[n], t.numpy(), rtol=1e-6, atol=1e-9, err_msg=n)
+
+
+def test_cuda_attention_dropout_is_refused():
+    gen = torch.Generator().manual_seed(1)
+    L = {n: torch.randn(1, 1, 3, 2, dtype=D, generator=gen).requires_grad_() for n in "qkv"}
+    doc, _ = _cuda_attention_doc("ScaledDotProductFlashAttentionBackward0", L, torch.ones(1, 1, 3, 2, dtype=D),
+                                 saved=dict(FLASH_SAVED, dropout_p=0.1))
+    with pytest.raises(Exception, match="dropout"):
+        _run_doc(doc)
+
+
+# --- declarations -------------------------------------------------------------------------------------------------
+
+#: Saved fields declared here that PyTorch does not save: extensions for hand-written files.
+EXTENSIONS = {("CatBackward0", "sizes")}
+
+
+@pytest.mark.parametrize("family", ["shape", "indexing", "reductions", "attention", "products"])
+def test_saved_fields_are_pytorchs(family):
+    """Every op of these families is a PyTorch node class, and declares exactly the ``_saved_`` fields it has."""
+    from autograd_run.ops import REGISTRY
+    specs = [s for s in REGISTRY if s.family == family]
+    assert specs
+    for spec in specs:
+        cls = getattr(torch._C._functions, spec.name, None)
+        assert cls is not None, f"{spec.name} is not a PyTorch node"
+        exposed = {a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_")}
+        declared = set(spec.saved) - {f for n, f in EXTENSIONS if n == spec.name}
+        assert declared == exposed, spec.name
+        assert spec.doc and spec.cost is not None, spec.name

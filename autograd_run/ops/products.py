@@ -1,0 +1,104 @@
+"""Products: baddbmm (batched matmul plus a scaled input) and _trilinear (nn.Bilinear's three-way contraction)."""
+
+from __future__ import annotations
+
+from autograd_run.ops import cost
+from autograd_run.ops.arrays import each, out_meta, sum_to
+from autograd_run.ops.spec import op
+
+
+def _conj_scalar(s):
+    return s.conjugate() if isinstance(s, complex) else s
+
+
+def _scaled(t, s):
+    return t if s == 1 else t * _conj_scalar(s)
+
+
+def _baddbmm_flops(s: cost.Shapes) -> float:
+    bias = s.numel(s.outputs[0]) if s.outputs else 0
+    return float(bias + cost.MATMUL.flops(cost.Shapes(s.inputs, [None, *s.outputs[1:]])))
+
+
+@op("BaddbmmBackward0", saved="batch1:tensor? batch2:tensor? alpha:scalar? beta:scalar?",
+    cost=cost.CostModel(_baddbmm_flops))
+def baddbmm(node, grads, ctx):
+    """beta * c + alpha * (a @ b), batched: c gets beta g, a gets alpha g b^H, b gets alpha a^H g."""
+    g = grads[0]
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    alpha, beta = sv.get("alpha", 1), sv.get("beta", 1)
+
+    def out(i):
+        if i == 0:
+            return sum_to(xp, _scaled(g, beta), out_meta(node, i).shape)
+        if i == 1:
+            return _scaled(g @ sv["batch2"].swapaxes(-1, -2).conj(), alpha)
+        return _scaled(sv["batch1"].swapaxes(-1, -2).conj() @ g, alpha)
+    return each(node, out)
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _contract(xp, terms, target_dims, target_shape, full):
+    """sum over the dims outside ``target_dims`` of the product of ``terms`` ((array, its dims) pairs, each dim
+    an index into the broadcast shape ``full``), as an array of ``target_shape`` laid out on ``target_dims``.
+
+    A term's size-1 axis on a dim where ``full`` is larger broadcasts (it is squeezed out of the contraction);
+    a target axis of size 1 on such a dim is summed over; a target dim that no term has is a broadcast.
+    """
+    ops, subs = [], []
+    for arr, dims in terms:
+        drop = tuple(a for a, d in enumerate(dims) if arr.shape[a] == 1 and full[d] != 1)
+        if drop:
+            arr = arr.reshape(tuple(n for a, n in enumerate(arr.shape) if a not in drop))
+        ops.append(arr)
+        subs.append("".join(_LETTERS[d] for a, d in enumerate(dims) if a not in drop))
+    present = set("".join(subs))
+    kept = [d for d, n in zip(target_dims, target_shape) if _LETTERS[d] in present and n == full[d]]
+    res = xp.einsum(",".join(subs) + "->" + "".join(_LETTERS[d] for d in kept), *ops)
+    for a, d in enumerate(target_dims):
+        if d not in kept:
+            res = xp.expand_dims(res, a)
+    return xp.broadcast_to(res, tuple(target_shape))
+
+
+def _trilinear_flops(s: cost.Shapes) -> float:
+    """Per produced gradient, a three-way contraction: about 2 multiply-adds per element of the broadcast product."""
+    shapes = [m[0] for m in s.saved.values() if m is not None]
+    if not shapes:
+        return float(2 * s.out_numel)
+    rank = max(len(x) for x in shapes)
+    full = 1
+    for k in range(rank):
+        full *= max((x[k - rank + len(x)] if k - rank + len(x) >= 0 else 1) for x in shapes)
+    return float(4 * full * sum(1 for m in s.outputs if m is not None))
+
+
+@op("TrilinearBackward0", saved="i1:tensor? i2:tensor? i3:tensor? expand1:ints expand2:ints expand3:ints sumdim:ints",
+    cost=cost.CostModel(_trilinear_flops))
+def trilinear(node, grads, ctx):
+    """torch._trilinear(i1, i2, i3, expand1..3, sumdim) (nn.Bilinear): each input gets the gradient contracted
+    with the other two (conjugated)."""
+    g = grads[0]
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    expands = [[int(d) for d in sv[f"expand{k}"]] for k in (1, 2, 3)]
+    sumdim = {int(d) for d in sv["sumdim"]}
+    shapes = [out_meta(node, i).shape if e is not None else sv[f"i{i + 1}"].shape for i, e in enumerate(node.next)]
+    rank = len(shapes[0]) + len(expands[0])
+    dims = [[d for d in range(rank) if d not in ex] for ex in expands]
+    full = [1] * rank
+    for shape, ds in zip(shapes, dims):
+        for n, d in zip(shape, ds):
+            full[d] = max(full[d], n)
+    out_dims = [d for d in range(rank) if d not in sumdim]
+    operands = [sv.get(f"i{k}") for k in (1, 2, 3)]
+
+    def out(i):
+        terms = [(g, out_dims)] + [(operands[j].conj(), dims[j]) for j in range(3) if j != i]
+        return _contract(xp, terms, dims[i], shapes[i], full)
+    return each(node, out)
+
+
