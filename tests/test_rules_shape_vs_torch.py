@@ -616,9 +616,72 @@ def test_saved_fields_are_pytorchs(family):
     specs = [s for s in REGISTRY if s.family == family]
     assert specs
     for spec in specs:
+        if spec.name == "torch::autograd::CopySlices":  # saves nothing in PyTorch; capture measures its fields
+            continue
         cls = getattr(torch._C._functions, spec.name, None)
         assert cls is not None, f"{spec.name} is not a PyTorch node"
         exposed = {a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_")}
         declared = set(spec.saved) - {f for n, f in EXTENSIONS if n == spec.name}
         assert declared == exposed, spec.name
         assert spec.doc and spec.cost is not None, spec.name
+
+
+# --- in-place ops on views (CopySlices) ---------------------------------------------------------------------------
+
+def _inplace(fn):
+    """``fn(x, L)`` applied in place to a clone of leaf ``a``."""
+    def build(L):
+        x = L["a"].clone()
+        fn(x, L)
+        return x
+    return build
+
+
+def _setitem_(where, value):
+    return lambda x, L: x.__setitem__(where, value(L) if callable(value) else value)
+
+
+COPY_SLICES = {
+    "imul_column": _inplace(lambda x, L: x[:, 1].__imul__(2)),
+    "imul_setitem_column": _inplace(lambda x, L: x.__setitem__((slice(None), 1), x[:, 1] * 2)),
+    "augmented_column": lambda L: (lambda x: (x.__getitem__((slice(None), 1)).mul_(3), x)[1])(L["a"].clone()),
+    "mul_tensor": _inplace(lambda x, L: x[1:].mul_(L["w"])),
+    "add_alpha": _inplace(lambda x, L: x[:, 1:3].add_(L["w"][:, :2].t().contiguous()[:1].expand(3, 2), alpha=0.5)),
+    "setitem_broadcast": _inplace(_setitem_(slice(1, None), lambda L: L["y"])),
+    "setitem_scalar": _inplace(_setitem_((0, 0), 5.0)),
+    "relu_transposed_view": _inplace(lambda x, L: x.t()[1].relu_()),
+    "sigmoid_strided": _inplace(lambda x, L: x[::2].sigmoid_()),
+    "diagonal_zero": _inplace(lambda x, L: x.diagonal().zero_()),
+    "fill_row": _inplace(lambda x, L: x[2].fill_(1.5)),
+    "copy_from_leaf": _inplace(lambda x, L: x[:, :2].copy_(L["w"][:, :3].t())),
+    "non_contiguous_base": lambda L: (lambda b: (b.__setitem__(slice(1, None), L["y"][:3] * 2), b)[1])(
+        L["a"].t().clone()),
+    "two_writes": _inplace(lambda x, L: (x[0].mul_(L["y"]), x[:, 0].div_(4.0))),
+    "circular_pad": lambda L: F.pad(L["a"][None], (1, 2), mode="circular"),
+}
+
+
+@cases(COPY_SLICES)
+def test_copy_slices(case, tmp_path):
+    check(tmp_path, COPY_SLICES[case], {"a": leaf(3, 4, seed=51), "w": leaf(2, 4, seed=52), "y": leaf(4, seed=53)},
+          names=["torch::autograd::CopySlices"])
+
+
+def test_copy_slices_complex(tmp_path):
+    def build(L):
+        z = L["z"] * 1
+        z[:, 1] *= 1 + 2j
+        z[0].mul_(L["w"][0])
+        return z
+    check(tmp_path, build, {"z": cleaf(3, 4), "w": cleaf(2, 4, seed=1)}, complex_out=True,
+          names=["torch::autograd::CopySlices"])
+
+
+def test_copy_slices_over_a_non_elementwise_backward_is_opaque():
+    from autograd_run.capture import from_torch
+    a = leaf(3, 4, seed=51)
+    x = a.clone()
+    x[1:].cumsum_(1)
+    doc = from_torch([x.sum()], names={"a": a}, reference=False)
+    node = next(n for n in doc["nodes"] if n["name"] == "torch::autograd::CopySlices")
+    assert node["op"] == "opaque" and "not elementwise" in node["attrs"]["reason"]

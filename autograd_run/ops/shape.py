@@ -4,7 +4,7 @@ cat, stack, split, unbind, and ToCopy (dtype or device conversion)."""
 from __future__ import annotations
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import add_at, each, filled, out_meta, signed, sum_to, wrap_dim
+from autograd_run.ops.arrays import add_at, each, filled, out_meta, signed, sum_to, tensor_list, wrap_dim
 from autograd_run.ops.spec import op
 
 
@@ -572,4 +572,36 @@ def as_strided(node, grads, ctx):
         storage = xp.zeros(n, dtype=g.dtype)
         add_at(xp, storage, _storage_index(xp, size, stride, offset).reshape(-1), g.reshape(-1))
         return storage[_storage_index(xp, in_sizes, in_strides, 0)]
+    return each(node, out)
+
+
+@op("torch::autograd::CopySlices", aliases=("CopySlices",),
+    saved="base_sizes:sizes base_strides:ints view_sizes:sizes view_strides:ints view_offset:int "
+          "result_scale:tensor input_scales:tensors",
+    cost=cost.pointwise(2))
+def copy_slices(node, grads, ctx):
+    """An in-place op on a view (x[:, 1] *= 2, x[1:] = y, ...): the base's gradient with the written region
+    replaced by the wrapped backward's result; the op's other inputs get theirs from the region.
+
+    PyTorch saves nothing here: capture records the base's and the view's
+    layouts and the wrapped (elementwise) backward as per-element factors,
+    measured by calling the node (``autograd_run.capture``).
+    """
+    g = grads[0]
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    base = _storage_index(xp, sv["base_sizes"], [signed(s) for s in sv["base_strides"]], 0)
+    view = _storage_index(xp, sv["view_sizes"], [signed(s) for s in sv["view_strides"]], signed(sv["view_offset"]))
+    size = int(max(int(base.max(initial=-1)), int(view.max(initial=-1)))) + 1
+    storage = xp.zeros(size, dtype=g.dtype)
+    storage[base] = g
+    region = storage[view]
+    scales = tensor_list(sv, "input_scales")
+
+    def out(i):
+        if i == 0:
+            result = storage.copy()
+            result[view] = xp.asarray(sv["result_scale"]) * region
+            return result[base]
+        return sum_to(xp, xp.asarray(scales[i]) * region, out_meta(node, i).shape)
     return each(node, out)
