@@ -140,11 +140,11 @@ def _copy_slices(torch, fn, nid: str, arrays: _Arrays) -> tuple[dict, str | None
     meta = fn._input_metadata[0]
     dtype, shape = meta.dtype, tuple(meta.shape)
     gen = torch.Generator().manual_seed(0)
-    probe = torch.randn(shape, dtype=dtype, generator=gen)
+    probe = torch.randn(shape, dtype=dtype, generator=gen).to(meta.device)
     with torch.no_grad():
         with _Layouts():
             on_random = fn(probe)
-        on_ones = fn(torch.ones(shape, dtype=dtype))
+        on_ones = fn(torch.ones(shape, dtype=dtype, device=meta.device))
     if "view" not in layout:
         return {}, "CopySlices over a view replayed by a view function (no as_strided)"
     (bsz, bst), (vsz, vst, voff) = layout["base"], layout["view"]
@@ -157,14 +157,14 @@ def _copy_slices(torch, fn, nid: str, arrays: _Arrays) -> tuple[dict, str | None
         buf = np.zeros(max(base_idx.max(initial=-1), view_idx.max(initial=-1)) + 1, dtype=t.dtype)
         buf[base_idx] = t
         return buf[view_idx]
-    g = region(probe.numpy())
+    g = region(probe.cpu().numpy())
     tol = dict(rtol=1e-6, atol=1e-9) if dtype in (torch.float64, torch.complex128) else dict(rtol=1e-3, atol=1e-4)
     scales = []
     for i, (ones, rand) in enumerate(zip(on_ones, on_random)):
         if ones is None or (i > 0 and fn.next_functions[i][0] is None):
             scales.append(np.zeros(vsz, dtype=g.dtype) if i == 0 else None)  # an undefined result: zeros
             continue
-        ones, rand = ones.detach().numpy(), rand.detach().numpy()
+        ones, rand = ones.detach().cpu().numpy(), rand.detach().cpu().numpy()
         if i == 0:
             ones, rand = region(ones), region(rand)
         # Next edge i's input may have been broadcast onto the view: its factor is spread evenly (and checked).

@@ -1,5 +1,7 @@
-"""Shapes, views and copies: t, transpose, permute, view/reshape, expand, squeeze/unsqueeze,
-cat, stack, split, unbind, and ToCopy (dtype or device conversion)."""
+"""Shapes, views and copies: t, transpose, permute, view/reshape, expand, squeeze/unsqueeze (and their in-place
+forms), cat, stack, split (and unsafe_split), unbind, ToCopy (dtype or device conversion), constant padding, repeat,
+flip, roll, rot90, channel shuffle, diagonal/diag_embed, tril/triu, unfold, narrow_copy, slice/select/diagonal
+scatter, alias, as_strided, and CopySlices (in-place ops on views)."""
 
 from __future__ import annotations
 
@@ -236,38 +238,6 @@ def rot90(node, grads, ctx):
     return each(node, lambda i: ctx.xp(node).rot90(g, -k, axes=dims))
 
 
-def _pixel_shuffle(g, r):
-    """(*, C*r*r, H, W) -> (*, C, H*r, W*r)."""
-    *lead, c, h, w = g.shape
-    n = len(lead)
-    t = g.reshape(*lead, c // (r * r), r, r, h, w)
-    t = t.transpose(*range(n), n, n + 3, n + 1, n + 4, n + 2)
-    return t.reshape(*lead, c // (r * r), h * r, w * r)
-
-
-def _pixel_unshuffle(g, r):
-    """(*, C, H*r, W*r) -> (*, C*r*r, H, W)."""
-    *lead, c, h, w = g.shape
-    n = len(lead)
-    t = g.reshape(*lead, c, h // r, r, w // r, r)
-    t = t.transpose(*range(n), n, n + 2, n + 4, n + 1, n + 3)
-    return t.reshape(*lead, c * r * r, h // r, w // r)
-
-
-@op("PixelShuffleBackward0", saved="upscale_factor:int", cost=cost.COPY)
-def pixel_shuffle(node, grads, ctx):
-    """F.pixel_shuffle(x, r): the gradient pixel-unshuffled."""
-    r = int(node.saved["upscale_factor"])
-    return each(node, lambda i: _pixel_unshuffle(grads[0], r))
-
-
-@op("PixelUnshuffleBackward0", saved="downscale_factor:int", cost=cost.COPY)
-def pixel_unshuffle(node, grads, ctx):
-    """F.pixel_unshuffle(x, r): the gradient pixel-shuffled."""
-    r = int(node.saved["downscale_factor"])
-    return each(node, lambda i: _pixel_shuffle(grads[0], r))
-
-
 @op("ChannelShuffleBackward0", saved="groups:int", cost=cost.COPY)
 def channel_shuffle(node, grads, ctx):
     """F.channel_shuffle(x, groups): shuffle the gradient's channels back (C/groups groups)."""
@@ -436,88 +406,13 @@ def diagonal_scatter(node, grads, ctx):
     return each(node, out)
 
 
-# --- aliases and complex views --------------------------------------------------------------------------------------
+# --- aliases --------------------------------------------------------------------------------------
 
 
 @op("AliasBackward0", cost=cost.VIEW)
 def alias(node, grads, ctx):
     """An alias of a (torch.ops.aten.alias, some functionalized views): the gradient as is."""
     return each(node, lambda i: grads[0])
-
-
-@op("ViewAsRealBackward0", cost=cost.COPY)
-def view_as_real(node, grads, ctx):
-    """torch.view_as_real(z): the (..., 2) real gradient back as a complex one."""
-    g = grads[0]
-    return each(node, lambda i: g[..., 0] + 1j * g[..., 1])
-
-
-@op("ViewAsComplexBackward0", cost=cost.COPY)
-def view_as_complex(node, grads, ctx):
-    """torch.view_as_complex(a): the complex gradient as (..., 2) real and imaginary parts."""
-    g = grads[0]
-    return each(node, lambda i: ctx.xp(node).stack([g.real, g.imag], axis=-1))
-
-
-# --- reflection and replication padding -----------------------------------------------------------------------------
-
-
-def _reflect_index(xp, n_in, left, right):
-    """For each position of a reflection-padded axis, the input position it copies."""
-    pos = xp.arange(-left, n_in + right)
-    if n_in == 1:
-        return xp.zeros_like(pos)
-    period = 2 * (n_in - 1)
-    pos = xp.abs(pos) % period
-    return xp.where(pos >= n_in, period - pos, pos)
-
-
-def _replicate_index(xp, n_in, left, right):
-    """For each position of a replication-padded axis, the input position it copies."""
-    return xp.clip(xp.arange(-left, n_in + right), 0, n_in - 1)
-
-
-def _gather_back(xp, g, sizes, pads, index_of):
-    """Add each padded position's gradient into the input position it copies, one padded axis at a time."""
-    for k in range(len(pads) // 2):
-        d = g.ndim - 1 - k
-        left, right = signed(pads[2 * k]), signed(pads[2 * k + 1])
-        n_in = sizes[d]
-        src = index_of(xp, n_in, left, right)
-        shape = list(g.shape)
-        shape[d] = n_in
-        out = xp.zeros(shape, dtype=g.dtype)
-        add_at(xp, xp.moveaxis(out, d, 0), src, xp.moveaxis(g, d, 0))
-        g = out
-    return g
-
-
-def _pad_rule(index_of):
-    def rule(node, grads, ctx):
-        sv = ctx.saved(node)
-        xp = ctx.xp(node)
-        pads = list(sv["padding"])
-        sizes = out_meta(node, 0).shape if node.next and node.next[0] is not None else sv["self"].shape
-        return each(node, lambda i: _gather_back(xp, grads[0], tuple(sizes), pads, index_of))
-    return rule
-
-
-_reflect = _pad_rule(_reflect_index)
-_replicate = _pad_rule(_replicate_index)
-
-
-@op("ReflectionPad1DBackward0", "ReflectionPad2DBackward0", "ReflectionPad3DBackward0",
-    saved="padding:ints self:tensor?", cost=cost.reduction(1))
-def reflection_pad(node, grads, ctx):
-    """F.pad(x, pad, mode="reflect"): each mirrored position's gradient added back onto its source."""
-    return _reflect(node, grads, ctx)
-
-
-@op("ReplicationPad1DBackward0", "ReplicationPad2DBackward0", "ReplicationPad3DBackward0",
-    saved="padding:ints self:tensor?", cost=cost.reduction(1))
-def replication_pad(node, grads, ctx):
-    """F.pad(x, pad, mode="replicate"): the border's copies' gradients summed onto the border."""
-    return _replicate(node, grads, ctx)
 
 
 # --- as_strided and in-place writes into views --------------------------------------------------------------------
