@@ -12,7 +12,7 @@ from autograd_run.ops.arrays import add_at, each, is_numpy, out_meta, signed, su
 from autograd_run.ops.spec import op
 
 
-@op("SelectBackward0", saved="self_sym_sizes:sizes dim:int index:int", cost=cost.COPY)
+@op("SelectBackward0", "SelectBackward0_copy", saved="self_sym_sizes:sizes dim:int index:int", cost=cost.COPY)
 def select(node, grads, ctx):
     """a.select(dim, index): the gradient placed at that index, zeros elsewhere."""
     sizes = tuple(node.saved["self_sym_sizes"])
@@ -29,7 +29,8 @@ def select(node, grads, ctx):
     return each(node, out)
 
 
-@op("SliceBackward0", saved="self_sym_sizes:sizes dim:int start:int? end:int? step:int?", cost=cost.COPY)
+@op("SliceBackward0", "SliceBackward0_copy", saved="self_sym_sizes:sizes dim:int start:int? end:int? step:int?",
+    cost=cost.COPY)
 def slice_(node, grads, ctx):
     """a[start:end:step] along dim: the gradient placed in that slice, zeros elsewhere."""
     sv = node.saved
@@ -357,7 +358,7 @@ def index_tuple(xp, indices):
     return tuple(out)
 
 
-@op("IndexBackward0", saved="self_sym_sizes:sizes indices:tensors", cost=cost.COPY)
+@op("IndexBackward0", "UnsafeIndexBackward0", saved="self_sym_sizes:sizes indices:tensors", cost=cost.COPY)
 def index(node, grads, ctx):
     """a[idx] (advanced indexing with integer tensors or masks): the gradient added back at the positions read."""
     sv = ctx.saved(node)
@@ -372,7 +373,8 @@ def index(node, grads, ctx):
     return each(node, out)
 
 
-@op("IndexPutBackward0", saved="indices:tensors accumulate:bool", cost=cost.COPY)
+@op("IndexPutBackward0", "IndexPutImplBackward0", "UnsafeIndexPutBackward0", saved="indices:tensors accumulate:bool",
+    cost=cost.COPY)
 def index_put(node, grads, ctx):
     """a[idx] = values (index_put, accumulate or not): a keeps the gradient off written positions, values gets them."""
     sv = ctx.saved(node)
@@ -453,4 +455,62 @@ def masked_select(node, grads, ctx):
         z = xp.zeros(full, dtype=g.dtype)
         z[xp.broadcast_to(mask, full)] = g
         return sum_to(xp, z, shape)
+    return each(node, out)
+
+
+@op("PutBackward0", saved="index:tensor source:tensor? accumulate:bool", cost=cost.COPY)
+def put(node, grads, ctx):
+    """a.put(index, source, accumulate): a keeps the gradient (off the written flat positions unless accumulating),
+    source gets the gradient at them."""
+    sv = ctx.saved(node)
+    g = grads[0]
+    xp = ctx.xp(node)
+    n = g.size
+    index = xp.asarray(sv["index"]).reshape(-1).astype(xp.int64)
+    index = xp.where(index < 0, index + n, index)
+
+    def out(i):
+        if i == 1:
+            return g.reshape(-1)[index].reshape(out_meta(node, i).shape)
+        if sv.get("accumulate"):
+            return g
+        r = g.copy()
+        r.reshape(-1)[index] = 0
+        return r
+    return each(node, out)
+
+
+@op("SelectBackwardBackward0", saved="dim:int index:int", cost=cost.COPY)
+def select_backward_backward(node, grads, ctx):
+    """The backward of select's backward (create_graph): the gradient's slice at that index."""
+    g = grads[0]
+    idx = [slice(None)] * g.ndim
+    idx[wrap_dim(node.saved["dim"], g.ndim)] = signed(node.saved["index"])
+    return each(node, lambda i: g[tuple(idx)])
+
+
+@op("SliceBackwardBackward0", saved="dim:int start:int end:int step:int", cost=cost.COPY)
+def slice_backward_backward(node, grads, ctx):
+    """The backward of slicing's backward (create_graph): the gradient's slice."""
+    g = grads[0]
+    sv = node.saved
+    idx = [slice(None)] * g.ndim
+    idx[wrap_dim(sv["dim"], g.ndim)] = slice(signed(sv["start"]), signed(sv["end"]), signed(sv["step"]))
+    return each(node, lambda i: g[tuple(idx)])
+
+
+@op("MaskedScatterBackwardBackward0", saved="mask:tensor", cost=cost.COPY)
+def masked_scatter_backward_backward(node, grads, ctx):
+    """The backward of masked_scatter's source gradient (create_graph): the gradient scattered into the mask."""
+    sv = ctx.saved(node)
+    g = grads[0]
+    xp = ctx.xp(node)
+
+    def out(i):
+        shape = out_meta(node, i).shape
+        mask = xp.broadcast_to(_mask(xp, sv), shape)
+        z = xp.zeros(shape, dtype=g.dtype)
+        count = int(mask.sum())
+        z[mask] = g.reshape(-1)[:count]
+        return z
     return each(node, out)

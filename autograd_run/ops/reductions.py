@@ -136,7 +136,8 @@ def value_selecting(node, grads, ctx):
                                              bool(sv.get("keepdim", False))))
 
 
-@op("SortBackward0", "TopkBackward0", saved="dim:int indices:tensor self_sym_sizes:sizes", cost=cost.COPY)
+@op("SortBackward0", "SortBackward1", "TopkBackward0", saved="dim:int indices:tensor self_sym_sizes:sizes",
+    cost=cost.COPY)
 def sort(node, grads, ctx):
     """sort / topk along a dim: each value's gradient goes back to the position it came from."""
     sv = ctx.saved(node)
@@ -283,7 +284,7 @@ def prod_dim(node, grads, ctx):
     return each(node, lambda i: g * _product_of_others(xp, x, d).conj())
 
 
-# --- moments -----------------------------------------------------------------------------------------------------------
+# --- moments ---------------------------------------------------------------------------------------------------------
 
 
 def _var_back(xp, g, x, dims, correction, keepdim):
@@ -376,3 +377,12 @@ def nansum(node, grads, ctx):
     xp = ctx.xp(node)
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
     return each(node, lambda i: xp.where(xp.isnan(x), 0, restore(xp, grads[0], dims, keep)))
+
+
+@op("TraceBackward0", saved="self_sym_sizes:sizes", cost=cost.COPY)
+def trace(node, grads, ctx):
+    """a.trace(): the gradient on the main diagonal, zeros elsewhere."""
+    rows, cols = (int(n) for n in node.saved["self_sym_sizes"])
+    xp = ctx.xp(node)
+    g = grads[0]
+    return each(node, lambda i: xp.eye(rows, cols, dtype=g.dtype) * g)

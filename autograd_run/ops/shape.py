@@ -10,20 +10,20 @@ from autograd_run.ops.arrays import add_at, each, filled, out_meta, signed, sum_
 from autograd_run.ops.spec import op
 
 
-@op("TBackward0", "TBackward1", cost=cost.VIEW)
+@op("TBackward0", "TBackward1", "TBackward0_copy", cost=cost.VIEW)
 def t(node, grads, ctx):
     """a.t() (and in place, t_)."""
     return each(node, lambda i: grads[0].T)
 
 
-@op("TransposeBackward0", "TransposeBackward1", saved="dim0:int dim1:int", cost=cost.VIEW)
+@op("TransposeBackward0", "TransposeBackward1", "TransposeBackward0_copy", saved="dim0:int dim1:int", cost=cost.VIEW)
 def transpose(node, grads, ctx):
     """a.transpose(d0, d1) (and in place, transpose_)."""
     d0, d1 = signed(node.saved["dim0"]), signed(node.saved["dim1"])
     return each(node, lambda i: grads[0].swapaxes(d0, d1))
 
 
-@op("PermuteBackward0", saved="dims:ints", cost=cost.VIEW)
+@op("PermuteBackward0", "PermuteBackward0_copy", saved="dims:ints", cost=cost.VIEW)
 def permute(node, grads, ctx):
     """a.permute(dims): the inverse permutation."""
     dims = [signed(d) % grads[0].ndim for d in node.saved["dims"]]
@@ -34,6 +34,7 @@ def permute(node, grads, ctx):
 
 
 @op("ViewBackward0", "ReshapeAliasBackward0", "UnsafeViewBackward0", "SqueezeBackward0", "SqueezeBackward3",
+    "ViewBackward0_copy", "ReshapeAliasBackward0_copy", "SqueezeBackward0_copy", "ReshapeCopyBackward0",
     saved="self_sym_sizes:sizes", cost=cost.VIEW)
 def view(node, grads, ctx):
     """view / reshape / squeeze() (and squeeze_()): the gradient reshaped to the input's sizes."""
@@ -41,19 +42,21 @@ def view(node, grads, ctx):
     return each(node, lambda i: grads[0].reshape(sizes))
 
 
-@op("SqueezeBackward1", "SqueezeBackward4", saved="self_sym_sizes:sizes dim:int?", cost=cost.VIEW)
+@op("SqueezeBackward1", "SqueezeBackward4", "SqueezeBackward1_copy", saved="self_sym_sizes:sizes dim:int?",
+    cost=cost.VIEW)
 def squeeze_dim(node, grads, ctx):
     """squeeze(dim) (and squeeze_(dim))."""
     return view(node, grads, ctx)
 
 
-@op("SqueezeBackward2", "SqueezeBackward5", saved="self_sym_sizes:sizes dim:ints?", cost=cost.VIEW)
+@op("SqueezeBackward2", "SqueezeBackward5", "SqueezeBackward2_copy", saved="self_sym_sizes:sizes dim:ints?",
+    cost=cost.VIEW)
 def squeeze_dims(node, grads, ctx):
     """squeeze(dims) (and squeeze_(dims))."""
     return view(node, grads, ctx)
 
 
-@op("UnsqueezeBackward0", "UnsqueezeBackward1", saved="dim:int", cost=cost.VIEW)
+@op("UnsqueezeBackward0", "UnsqueezeBackward1", "UnsqueezeBackward0_copy", saved="dim:int", cost=cost.VIEW)
 def unsqueeze(node, grads, ctx):
     """unsqueeze(dim) (and unsqueeze_): squeeze that dim back out."""
     g = grads[0]
@@ -61,7 +64,7 @@ def unsqueeze(node, grads, ctx):
     return each(node, lambda i: g.squeeze(dim))
 
 
-@op("ExpandBackward0", saved="self_sym_sizes:sizes", cost=cost.reduction())
+@op("ExpandBackward0", "ExpandBackward0_copy", saved="self_sym_sizes:sizes", cost=cost.reduction())
 def expand(node, grads, ctx):
     """expand(sizes): sum the broadcast dimensions back."""
     sizes = tuple(node.saved["self_sym_sizes"])
@@ -124,7 +127,9 @@ def stack(node, grads, ctx):
     return each(node, lambda i: g.take(i, axis=dim))
 
 
-@op("SplitBackward0", "UnsafeSplitBackward0", saved="dim:int? self_sym_sizes:sizes? split_size:int?", cost=cost.COPY)
+@op("SplitBackward0", "UnsafeSplitBackward0", "SplitBackward0_copy",
+    saved="dim:int? self_sym_sizes:sizes? split_size:int?",
+    cost=cost.COPY)
 def split(node, grads, ctx):
     """split / chunk: concatenate the pieces' gradients (zeros for unused pieces)."""
     xp = ctx.xp(node)
@@ -134,14 +139,15 @@ def split(node, grads, ctx):
     return each(node, lambda i: xp.concatenate(filled(node, grads, xp), axis=dim))
 
 
-@op("SplitWithSizesBackward0", "UnsafeSplitWithSizesBackward0", saved="dim:int? self_sym_sizes:sizes? split_sizes:ints?",
+@op("SplitWithSizesBackward0", "UnsafeSplitWithSizesBackward0", "SplitWithSizesBackward0_copy",
+    saved="dim:int? self_sym_sizes:sizes? split_sizes:ints?",
     cost=cost.COPY)
 def split_with_sizes(node, grads, ctx):
     """split(sizes)."""
     return split(node, grads, ctx)
 
 
-@op("UnbindBackward0", saved="dim:int?", cost=cost.COPY)
+@op("UnbindBackward0", "UnbindBackward0_copy", saved="dim:int?", cost=cost.COPY)
 def unbind(node, grads, ctx):
     """unbind(dim): stack the slices' gradients (zeros for unused slices)."""
     xp = ctx.xp(node)
@@ -277,7 +283,7 @@ def _embed_diagonal(xp, g, sizes, offset, d1, d2):
 @op("DiagonalBackward0", "DiagonalBackward0_copy", saved="self_sym_sizes:sizes offset:int dim1:int dim2:int",
     cost=cost.COPY)
 def diagonal(node, grads, ctx):
-    """a.diagonal(offset, d1, d2) (and torch.diag of a matrix): the gradient written on that diagonal, zeros elsewhere."""
+    """a.diagonal(offset, d1, d2) (and torch.diag of a matrix): the gradient on that diagonal, zeros elsewhere."""
     sv = node.saved
     sizes = tuple(sv["self_sym_sizes"])
     d1, d2 = wrap_dim(sv["dim1"], len(sizes)), wrap_dim(sv["dim2"], len(sizes))
@@ -309,7 +315,8 @@ def triu(node, grads, ctx):
 # --- windows, narrowing, scatters into slices -----------------------------------------------------------------------
 
 
-@op("UnfoldBackward0", saved="self_sym_sizes:sizes dimension:int size:int step:int", cost=cost.reduction(1))
+@op("UnfoldBackward0", "UnfoldBackward0_copy", saved="self_sym_sizes:sizes dimension:int size:int step:int",
+    cost=cost.reduction(1))
 def unfold(node, grads, ctx):
     """a.unfold(dim, size, step): each window's gradient added back where the window was read."""
     g = grads[0]
@@ -409,9 +416,10 @@ def diagonal_scatter(node, grads, ctx):
 # --- aliases --------------------------------------------------------------------------------------
 
 
-@op("AliasBackward0", cost=cost.VIEW)
+@op("AliasBackward0", "AliasBackward0_copy", "LiftBackward0", "LiftFreshBackward0", "LiftFreshBackward0_copy",
+    "LazyCloneBackward0", "PinMemoryBackward0", cost=cost.VIEW)
 def alias(node, grads, ctx):
-    """An alias of a (torch.ops.aten.alias, some functionalized views): the gradient as is."""
+    """An alias or a plain copy of a (alias, lift_fresh, _lazy_clone, pin_memory): the gradient as is."""
     return each(node, lambda i: grads[0])
 
 
@@ -443,7 +451,8 @@ def _extent(sizes, strides, offset):
     return int(offset) + 1 + sum((int(n) - 1) * int(st) for n, st in zip(sizes, strides))
 
 
-@op("AsStridedBackward0", "AsStridedBackward1", saved="size:sizes stride:ints storage_offset:int?",
+@op("AsStridedBackward0", "AsStridedBackward1", "AsStridedBackward0_copy",
+    saved="size:sizes stride:ints storage_offset:int?",
     cost=cost.reduction(1))
 def as_strided(node, grads, ctx):
     """a.as_strided(size, stride, offset): each element's gradient added to the storage position it read.
@@ -499,4 +508,125 @@ def copy_slices(node, grads, ctx):
             result[view] = xp.asarray(sv["result_scale"]) * region
             return result[base]
         return sum_to(xp, xp.asarray(scales[i]) * region, out_meta(node, i).shape)
+    return each(node, out)
+
+
+# --- writes that do not depend on what was there -------------------------------------------------------------------
+
+
+@op("FillBackward0", "FillBackward1", "FillBackward2", "FillBackward3", "ZeroBackward0", cost=cost.COPY)
+def fill(node, grads, ctx):
+    """a.fill(value) / a.fill_(value) / a.zero_(): a gets zeros; a value tensor gets the gradient summed."""
+    g = grads[0]
+    xp = ctx.xp(node)
+
+    def out(i):
+        shape = out_meta(node, i).shape
+        return xp.zeros(shape, dtype=g.dtype) if i == 0 else g.sum().reshape(shape)
+    return each(node, out)
+
+
+@op("torch::autograd::CopyBackwards", aliases=("CopyBackwards",), cost=cost.COPY)
+def copy(node, grads, ctx):
+    """a.copy_(src) on a tensor that is not a view: a gets zeros; src the gradient (summed where it was broadcast,
+    its real part for a real src)."""
+    g = grads[0]
+    xp = ctx.xp(node)
+
+    def out(i):
+        meta = out_meta(node, i)
+        if i == 0:
+            return xp.zeros(meta.shape, dtype=g.dtype)
+        r = g.real if xp.iscomplexobj(g) and not meta.dtype.startswith("complex") else g
+        return sum_to(xp, r, meta.shape)
+    return each(node, out)
+
+
+def _block_sizes(node, rows, cols):
+    """Each input's (rows, cols) block in a block_diag: from the consumers' shapes; a constant input (no edge) gets
+    what the others leave of the output (one such input, or several after the last one with an edge)."""
+    blocks = []
+    for e in node.next:
+        if e is None:
+            blocks.append(None)
+            continue
+        shape = e.node.inputs[e.input_nr].shape
+        blocks.append((1, 1) if len(shape) == 0 else (1, shape[0]) if len(shape) == 1 else tuple(shape))
+    missing = [i for i, b in enumerate(blocks) if b is None]
+    if len(missing) == 1:
+        blocks[missing[0]] = (rows - sum(b[0] for b in blocks if b), cols - sum(b[1] for b in blocks if b))
+    elif missing:
+        known = [i for i, b in enumerate(blocks) if b is not None]
+        if known and missing[0] < known[-1]:
+            raise RuntimeError(f"{node.name} {node.id!r}: {len(missing)} inputs without a gradient edge come "
+                               f"before one with an edge; their block sizes are unknown")
+        blocks = [(0, 0) if b is None else b for b in blocks]
+    return blocks
+
+
+@op("BlockDiagBackward0", cost=cost.COPY)
+def block_diag(node, grads, ctx):
+    """torch.block_diag(*tensors): each input gets its block of the gradient."""
+    g = grads[0]
+    blocks = _block_sizes(node, g.shape[0], g.shape[1])
+    starts = [(0, 0)]
+    for r, c in blocks:
+        starts.append((starts[-1][0] + r, starts[-1][1] + c))
+
+    def out(i):
+        (r0, c0), (r, c) = starts[i], blocks[i]
+        return g[r0:r0 + r, c0:c0 + c].reshape(out_meta(node, i).shape)
+    return each(node, out)
+
+
+@op("PackPaddedSequenceBackward0", saved="input_sym_sizes:sizes batch_first:bool result1:tensor",
+    cost=cost.COPY)
+def pack_padded_sequence(node, grads, ctx):
+    """nn.utils.rnn.pack_padded_sequence: the packed rows' gradients put back in their (time, batch) places, zeros
+    in the padding."""
+    sv = ctx.saved(node)
+    g = grads[0]
+    xp = ctx.xp(node)
+    sizes = tuple(sv["input_sym_sizes"])
+    first = bool(sv.get("batch_first", False))
+    batch_sizes = [int(b) for b in xp.asarray(sv["result1"]).reshape(-1).tolist()]
+
+    def out(i):
+        z = xp.zeros((sizes[1], sizes[0]) + sizes[2:] if first else sizes, dtype=g.dtype)
+        offset = 0
+        for t, b in enumerate(batch_sizes):
+            z[t, :b] = g[offset:offset + b]
+            offset += b
+        return z.swapaxes(0, 1) if first else z
+    return each(node, out)
+
+
+# --- double backward of views: the view applied to the gradient -----------------------------------------------------
+
+
+@op("DiagonalBackwardBackward0", saved="offset:int dim1:int dim2:int", cost=cost.COPY)
+def diagonal_backward_backward(node, grads, ctx):
+    """The backward of diagonal's backward (create_graph): the gradient's diagonal."""
+    return diag_embed(node, grads, ctx)
+
+
+@op("UnfoldBackwardBackward0", saved="dim:int size:int step:int", cost=cost.COPY)
+def unfold_backward_backward(node, grads, ctx):
+    """The backward of unfold's backward (create_graph): the gradient unfolded into windows."""
+    g = grads[0]
+    xp = ctx.xp(node)
+    sv = node.saved
+    d = wrap_dim(sv["dim"], g.ndim)
+    size, step = int(sv["size"]), int(sv["step"])
+    n = (g.shape[d] - size) // step + 1 if g.ndim else 1
+
+    def out(i):
+        if g.ndim == 0:
+            return g.reshape(1)
+        windows = []
+        for k in range(size):
+            idx = [slice(None)] * g.ndim
+            idx[d] = slice(k, k + step * (n - 1) + 1, step)
+            windows.append(g[tuple(idx)])
+        return xp.stack(windows, axis=-1)
     return each(node, out)
