@@ -726,6 +726,11 @@ MORE = {
     "sort_stable": (lambda L: L["x"].sort(dim=1, stable=True)[0], ["SortBackward1"]),
     "put": (lambda L: L["x"].put(idx(0, 5, -1), L["v"][:3]), ["PutBackward0"]),
     "put_accumulate": (lambda L: L["x"].put(idx(0, 5, 5), L["v"][:3] * 2, accumulate=True), ["PutBackward0"]),
+    "unsafe_index": (lambda L: A._unsafe_index(L["m"], [idx(0, 3, 3)]), ["UnsafeIndexBackward0"]),
+    "unsafe_index_put": (lambda L: A._unsafe_index_put(L["m"], [idx(0, 3)], L["m"][:2] * 2, False),
+                         ["UnsafeIndexPutBackward0"]),
+    "index_put_impl": (lambda L: A._index_put_impl_(L["m"] * 1, [idx(1, 1)], L["m"][1:3].exp(), True, False),
+                       ["IndexPutImplBackward0"]),
     "trace": (lambda L: L["m"].trace().reshape(1), ["TraceBackward0"]),
     "trace_square": (lambda L: L["x"][0, :, :3].trace().reshape(1), ["TraceBackward0"]),
 }
