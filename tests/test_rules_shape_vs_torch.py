@@ -159,8 +159,8 @@ SHAPE = {
     "copy_from_complex": (lambda L: (L["x"] * 1).copy_(L["x"].to(C) * (1 - 2j)), ["torch::autograd::CopyBackwards"]),
     "block_diag": (lambda L: torch.block_diag(L["m"], L["v"], torch.ones(2, 3, dtype=D), L["e"][0, 0]),
                    ["BlockDiagBackward0"]),
-    "block_diag_constant_last": (lambda L: torch.block_diag(L["e"], torch.ones(1, 2, dtype=D), torch.ones(3, 3, dtype=D)),
-                                 ["BlockDiagBackward0"]),
+    "block_diag_constant_last": (lambda L: torch.block_diag(L["e"], torch.ones(1, 2, dtype=D),
+                                                            torch.ones(3, 3, dtype=D)), ["BlockDiagBackward0"]),
     "pack_padded": (lambda L: torch.nn.utils.rnn.pack_padded_sequence(L["x"].transpose(0, 1), [3, 1]).data,
                     ["PackPaddedSequenceBackward0"]),
     "pack_padded_batch_first_unsorted": (
@@ -398,6 +398,11 @@ PRODUCTS = {
     "baddbmm": (lambda L: torch.baddbmm(L["c"], L["a"], L["b"]), ["BaddbmmBackward0"]),
     "baddbmm_scaled_broadcast": (lambda L: torch.baddbmm(L["c1"], L["a"], L["b"], beta=0.5, alpha=-2.0),
                                  ["BaddbmmBackward0"]),
+    "addbmm": (lambda L: torch.addbmm(L["c"][0, :, :1], L["a"], L["b"], beta=2.0, alpha=0.5), ["AddbmmBackward0"]),
+    "addmv": (lambda L: torch.addmv(L["bias"][:3], L["u"], L["u"][0] * 2, beta=0.5, alpha=3.0), ["AddmvBackward0"]),
+    "addmv_broadcast": (lambda L: torch.addmv(L["bias"][:1], L["u"], L["v"][0, :4]), ["AddmvBackward0"]),
+    "addr": (lambda L: torch.addr(L["u"], L["v"][:, 0], L["bias"][:4], beta=-1.0, alpha=2.0), ["AddrBackward0"]),
+    "addr_broadcast": (lambda L: torch.addr(L["bias"][:4], L["v"][:, 1], L["u"][1]), ["AddrBackward0"]),
     "bilinear": (lambda L: F.bilinear(L["u"], L["v"], L["w"], L["bias"]), ["TrilinearBackward0"]),
     "bilinear_module_batched": (lambda L: torch.nn.Bilinear(4, 5, 2).double()(L["a"][:, :2], L["c"][:, :2]),
                                 ["TrilinearBackward0"]),
@@ -415,9 +420,52 @@ def test_product_rule(case, tmp_path):
     check(tmp_path, build, product_leaves(), names=names)
 
 
-def test_product_rule_complex(tmp_path):
+COMPLEX_PRODUCTS = {
+    "baddbmm": lambda L: torch.baddbmm(L["c"], L["a"], L["b"], alpha=0.5),
+    "addbmm": lambda L: torch.addbmm(L["c"][0], L["a"], L["b"], beta=2.0),
+    "addmv": lambda L: torch.addmv(L["c"][0, 0, :3], L["a"][0], L["b"][0, :, 0], alpha=-1.5),
+    "addr": lambda L: torch.addr(L["a"][0], L["c"][0, :, 0], L["b"][0, :, 0], beta=0.5),
+}
+
+
+def test_complex_scalars_are_conjugated():
+    """A complex alpha (saved as a string: JSON has no complex numbers) multiplies the gradients conjugated."""
+    gen = torch.Generator().manual_seed(4)
+    m, v, c = (torch.randn(*s, dtype=C, generator=gen).requires_grad_() for s in ((3, 4), (4,), (3,)))
+    g = torch.randn(3, dtype=C, generator=gen)
+    out = torch.addmv(c, m, v, beta=0.5, alpha=1 - 2j)
+    expected = torch.autograd.grad(out, [c, m, v], g)
+    meta = {"dtype": "complex128"}
+    doc = {"format": "autograd-graph/1", "variables": [dict(meta, name=n, shape=list(x.shape))
+                                                       for n, x in zip("cmv", (c, m, v))],
+           "nodes": [{"id": "n", "name": "AddmvBackward0", "seq": 1, "next": [["c", 0], ["m", 0], ["v", 0]],
+                      "inputs": [dict(meta, shape=[3])],
+                      "saved": {"mat": {"npz": "mat"}, "vec": {"npz": "vec"}, "alpha": "(1-2j)", "beta": 0.5}}]
+           + [{"id": n, "name": "AccumulateGrad", "variable": n, "inputs": [dict(meta, shape=list(x.shape))]}
+              for n, x in zip("cmv", (c, m, v))],
+           "roots": [{"node": "n", "grad": {"npz": "g"}}]}
+    import json
+    import tempfile
+    import pathlib
+    d = pathlib.Path(tempfile.mkdtemp())
+    np.savez(d / "g.npz", mat=m.detach().numpy(), vec=v.detach().numpy(), g=g.numpy())
+    (d / "g.json").write_text(json.dumps(doc))
+    from autograd_run.engine import Engine
+    from autograd_run.engine.run import run_graph
+    from autograd_run.graphs.load import load_graph
+    eng = Engine(multithreading=False)
+    try:
+        ours = run_graph(eng, load_graph(str(d / "g.json")), retain_graph=True).grads
+    finally:
+        eng.shutdown()
+    for n, want in zip("cmv", expected):
+        np.testing.assert_allclose(ours[n], want.numpy(), rtol=1e-6, atol=1e-9, err_msg=n)
+
+
+@cases(COMPLEX_PRODUCTS)
+def test_product_rule_complex(case, tmp_path):
     L = {"c": cleaf(2, 3, 5), "a": cleaf(2, 3, 4, seed=1), "b": cleaf(2, 4, 5, seed=2)}
-    check(tmp_path, lambda L: torch.baddbmm(L["c"], L["a"], L["b"], alpha=0.5), L, complex_out=True)
+    check(tmp_path, COMPLEX_PRODUCTS[case], L, complex_out=True)
 
 
 # --- attention ----------------------------------------------------------------------------------------------------

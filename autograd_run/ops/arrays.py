@@ -16,6 +16,16 @@ def signed(v):
     return v - (1 << 64) if v >= (1 << 63) else v
 
 
+def number(v):
+    """A saved Scalar: a number, or a string for what JSON cannot hold ("(1-2j)", "inf", "nan")."""
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return complex(v)
+    return v
+
+
 def sum_to(xp, grad, shape):
     """Reduce ``grad`` to ``shape`` by summing broadcast dimensions (PyTorch's ``sum_to``)."""
     shape = tuple(shape)

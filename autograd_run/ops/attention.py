@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, out_meta, sum_to
+from autograd_run.ops.arrays import each, number, out_meta, sum_to
 from autograd_run.ops.spec import op
 
 
@@ -81,14 +81,14 @@ def attention_backward(node, grads, ctx, *, bias_field=None, bias_edge=None, bot
     """The gradients of (query, key, value[, bias]) for the fused attention node ``node``."""
     sv = ctx.saved(node)
     xp = ctx.xp(node)
-    dropout = float(sv.get("dropout_p") or 0.0)
+    dropout = float(number(sv.get("dropout_p") or 0.0))
     if dropout > 0:
         raise RuntimeError(f"{node.name} {node.id!r}: dropout_p={dropout} cannot be replayed (its mask comes "
                            f"from the kernel's random state)")
     q, k, v = sv["query"], sv["key"], sv["value"]
     g = grads[0]
     scale = sv.get("scale")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(number(scale))
     bias = sv.get(bias_field) if bias_field else None
     heads = q.shape[-3] if q.ndim >= 3 else None
     kr, vr = _repeat_heads(xp, k, heads), _repeat_heads(xp, v, heads)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import add_at, each, is_numpy, out_meta, signed, sum_to, tensor_list, wrap_dim
+from autograd_run.ops.arrays import add_at, each, is_numpy, number, out_meta, signed, sum_to, tensor_list, wrap_dim
 from autograd_run.ops.spec import op
 
 
@@ -282,7 +282,7 @@ def index_add(node, grads, ctx):
     sv = ctx.saved(node)
     g = grads[0]
     xp = ctx.xp(node)
-    alpha = sv.get("alpha", 1)
+    alpha = number(sv.get("alpha", 1))
     dim = _sdim(sv, g.ndim)
 
     def out(i):

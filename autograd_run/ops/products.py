@@ -1,18 +1,19 @@
-"""Products: baddbmm (batched matmul plus a scaled input) and _trilinear (nn.Bilinear's three-way contraction)."""
+"""Products: baddbmm, addbmm, addmv, addr (a scaled input plus a scaled product) and _trilinear (nn.Bilinear's
+three-way contraction)."""
 
 from __future__ import annotations
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, out_meta, sum_to
+from autograd_run.ops.arrays import each, number, out_meta, sum_to
 from autograd_run.ops.spec import op
 
 
-def _conj_scalar(s):
-    return s.conjugate() if isinstance(s, complex) else s
-
-
 def _scaled(t, s):
-    return t if s == 1 else t * _conj_scalar(s)
+    """``t`` times the conjugate of the saved scalar ``s`` (PyTorch's conjugate Wirtinger convention)."""
+    s = number(s)
+    if s == 1:
+        return t
+    return t * (s.conjugate() if isinstance(s, complex) else s)
 
 
 def _baddbmm_flops(s: cost.Shapes) -> float:
@@ -35,6 +36,65 @@ def baddbmm(node, grads, ctx):
         if i == 1:
             return _scaled(g @ sv["batch2"].swapaxes(-1, -2).conj(), alpha)
         return _scaled(sv["batch1"].swapaxes(-1, -2).conj() @ g, alpha)
+    return each(node, out)
+
+
+@op("AddbmmBackward0", saved="batch1:tensor? batch2:tensor? alpha:scalar? beta:scalar? batch1_sym_argsize_0:int? "
+                            "batch1_sym_argsize_1:int? batch2_sym_argsize_2:int?",
+    cost=cost.CostModel(_baddbmm_flops))
+def addbmm(node, grads, ctx):
+    """beta * c + alpha * sum_b a_b @ b_b: c gets beta g, each a_b gets alpha g b_b^H, each b_b gets alpha a_b^H g."""
+    g = grads[0]
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    alpha, beta = sv.get("alpha", 1), sv.get("beta", 1)
+
+    def out(i):
+        if i == 0:
+            return sum_to(xp, _scaled(g, beta), out_meta(node, i).shape)
+        if i == 1:
+            return _scaled(g[None] @ sv["batch2"].swapaxes(-1, -2).conj(), alpha)
+        return _scaled(sv["batch1"].swapaxes(-1, -2).conj() @ g[None], alpha)
+    return each(node, out)
+
+
+def _mv_flops(s: cost.Shapes) -> float:
+    """2 flops per element of each produced matrix or vector gradient times the other operand's length."""
+    g = s.numel(s.inputs[0]) if s.inputs else 0
+    return float(sum(2 * max(s.numel(m), g) for m in s.outputs if m is not None))
+
+
+@op("AddmvBackward0", saved="mat:tensor? vec:tensor? alpha:scalar? beta:scalar?", cost=cost.CostModel(_mv_flops))
+def addmv(node, grads, ctx):
+    """beta * c + alpha * (m @ v): c gets beta g, m gets alpha g v^H (an outer product), v gets alpha m^H g."""
+    g = grads[0]
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    alpha, beta = sv.get("alpha", 1), sv.get("beta", 1)
+
+    def out(i):
+        if i == 0:
+            return sum_to(xp, _scaled(g, beta), out_meta(node, i).shape)
+        if i == 1:
+            return _scaled(xp.outer(g, sv["vec"].conj()), alpha)
+        return _scaled(sv["mat"].conj().T @ g, alpha)
+    return each(node, out)
+
+
+@op("AddrBackward0", saved="vec1:tensor? vec2:tensor? alpha:scalar? beta:scalar?", cost=cost.CostModel(_mv_flops))
+def addr(node, grads, ctx):
+    """beta * c + alpha * outer(u, v): c gets beta g, u gets alpha g v^*, v gets alpha g^T u^*."""
+    g = grads[0]
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    alpha, beta = sv.get("alpha", 1), sv.get("beta", 1)
+
+    def out(i):
+        if i == 0:
+            return sum_to(xp, _scaled(g, beta), out_meta(node, i).shape)
+        if i == 1:
+            return _scaled(g @ sv["vec2"].conj(), alpha)
+        return _scaled(g.T @ sv["vec1"].conj(), alpha)
     return each(node, out)
 
 
