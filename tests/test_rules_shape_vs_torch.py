@@ -666,7 +666,7 @@ def test_cuda_attention_dropout_is_refused():
 EXTENSIONS = {("CatBackward0", "sizes")}
 
 
-@pytest.mark.parametrize("family", ["shape", "indexing", "reductions", "attention", "products"])
+@pytest.mark.parametrize("family", ["shape", "indexing", "reductions", "attention", "products", "spectral"])
 def test_saved_fields_are_pytorchs(family):
     """Every op of these families is a PyTorch node class, and declares exactly the ``_saved_`` fields it has."""
     from autograd_run.ops import REGISTRY
@@ -817,3 +817,42 @@ def test_double_backward_rule(case):
     import pathlib
     L = {"x": leaf(2, 3, 4, seed=61), "s": leaf(16, seed=62), "w": leaf(3, seed=63)}
     check(pathlib.Path(tempfile.mkdtemp()), build, L, names=names)
+
+
+# --- spectral -----------------------------------------------------------------------------------------------------
+
+
+R2C, C2R, C2C = "FftR2CBackward0", "FftC2RBackward0", "FftC2CBackward0"
+SPECTRAL = {
+    "rfft": (lambda L: torch.fft.rfft(L["x"]), R2C),
+    "rfft_odd_ortho": (lambda L: torch.fft.rfft(L["o"], norm="ortho"), R2C),
+    "rfft_forward_norm_dim0": (lambda L: torch.fft.rfft(L["x"], dim=0, norm="forward"), R2C),
+    "fft_of_real": (lambda L: torch.fft.fft(L["x"]), R2C),
+    "rfft2": (lambda L: torch.fft.rfft2(L["x"]), R2C),
+    "rfftn_padded": (lambda L: torch.fft.rfftn(L["x"], s=(4, 10)), R2C),
+    "fft": (lambda L: torch.fft.fft(L["z"]), C2C),
+    "ifft_ortho": (lambda L: torch.fft.ifft(L["z"], norm="ortho"), C2C),
+    "fft2_forward": (lambda L: torch.fft.fft2(L["z"], norm="forward"), C2C),
+    "ifftn_dims": (lambda L: torch.fft.ifftn(L["z"], dim=(0,)), C2C),
+    "irfft": (lambda L: torch.fft.irfft(L["z"]), C2R),
+    "irfft_odd_n": (lambda L: torch.fft.irfft(L["z"], n=9, norm="ortho"), C2R),
+    "irfft2": (lambda L: torch.fft.irfft2(L["z"], norm="forward"), C2R),
+    # A spectral filter (real weights: complex multiplication is the elementwise family's, checked elsewhere).
+    "spectral_filter": (lambda L: torch.fft.irfft(torch.fft.rfft(L["x"]) * torch.linspace(1, 0, 5, dtype=D), n=8),
+                        C2R),
+}
+
+
+@cases(SPECTRAL)
+def test_spectral_rule(case, tmp_path):
+    L = {"x": leaf(3, 8, seed=71), "o": leaf(3, 7, seed=72), "z": cleaf(3, 8, seed=73)}
+    build, name = SPECTRAL[case]
+    check(tmp_path, build, L, complex_out=build(L).is_complex(), names=[name])
+
+
+def test_stft(tmp_path):
+    """torch.stft of a signal (framing, window, real FFT), as spectral losses use it."""
+    def build(L):
+        window = torch.hann_window(8, dtype=D)
+        return torch.stft(L["audio"], 8, hop_length=2, window=window, center=False, return_complex=True)
+    check(tmp_path, build, {"audio": leaf(2, 32, seed=74)}, complex_out=True, names=["FftR2CBackward0"])

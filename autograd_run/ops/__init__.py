@@ -5,7 +5,8 @@ synthetic ``cost``/``opaque``/``python``/``identity``) to specs. Families:
 ``elementwise``, ``activations``, ``linalg``, ``shape``, ``reductions``,
 ``indexing``, ``conv`` (convolution, pooling, normalisation), ``losses``,
 ``attention`` (fused scaled-dot-product attention), ``products`` (baddbmm,
-_trilinear), and ``engine_ops`` (node kinds the engine implements itself). Importing
+addbmm, addmv, addr, _trilinear), ``spectral`` (FFTs), and ``engine_ops``
+(node kinds the engine implements itself). Importing
 this package registers them all; a name declared twice fails here.
 
 This package depends on numpy only: the graph loader, the engine, the
@@ -14,6 +15,7 @@ simulation and capture all read the same table.
 
 from autograd_run.ops import (  # noqa: F401  (importing a family registers its ops)
     activations, attention, conv, elementwise, engine_ops, indexing, linalg, losses, products, reductions, shape,
+    spectral,
 )
 from autograd_run.ops.engine_ops import (
     ACCUMULATE_GRAD, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, is_graph_root,
@@ -21,7 +23,7 @@ from autograd_run.ops.engine_ops import (
 from autograd_run.ops.spec import REGISTRY, Field, OpSpec, RuleContext
 
 FAMILIES = ("elementwise", "activations", "linalg", "shape", "reductions", "indexing", "conv", "losses",
-            "attention", "products", "engine_ops")
+            "attention", "products", "spectral", "engine_ops")
 
 
 def _check() -> None:
