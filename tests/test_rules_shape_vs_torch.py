@@ -856,3 +856,16 @@ def test_stft(tmp_path):
         window = torch.hann_window(8, dtype=D)
         return torch.stft(L["audio"], 8, hop_length=2, window=window, center=False, return_complex=True)
     check(tmp_path, build, {"audio": leaf(2, 32, seed=74)}, complex_out=True, names=["FftR2CBackward0"])
+
+
+@pytest.mark.parametrize("family", ["shape", "indexing", "reductions", "attention", "products", "spectral"])
+def test_cost_models_give_finite_figures(family):
+    from autograd_run.ops import REGISTRY
+    from autograd_run.ops.cost import Shapes
+    meta = ((2, 3, 6, 4), "float64")
+    saved = {"query": meta, "key": meta, "value": meta, "i1": ((3, 1, 4, 1), "float64"),
+             "i2": ((1, 2, 4, 5), "float64"), "i3": ((3, 1, 1, 5), "float64")}
+    for spec in (s for s in REGISTRY if s.family == family):
+        for shapes in (Shapes([meta], [meta, None, meta]), Shapes([meta], [meta], saved, {"dim": [1]})):
+            flops, moved = spec.cost.flops(shapes), spec.cost.bytes(shapes)
+            assert math.isfinite(flops) and flops >= 0 and math.isfinite(moved) and moved >= 0, spec.name

@@ -123,8 +123,10 @@ def _no_dropout(saved):
           "dropout_p:scalar? is_causal:bool? scale:scalar?",
     cost=ATTENTION, unsupported=_no_dropout)
 def flash_cpu(node, grads, ctx):
-    """F.scaled_dot_product_attention on the CPU (every nn.Transformer layer, nn.MultiheadAttention without
-    weights): the softmax(Q K^T) V backward; the mask is not differentiated; causal is top-left aligned."""
+    """F.scaled_dot_product_attention on the CPU (nn.Transformer layers, nn.MultiheadAttention without weights).
+
+    The softmax(Q K^T) V backward; the float mask is not differentiated; causal is top-left aligned.
+    """
     return attention_backward(node, grads, ctx, bias_field="attn_mask")
 
 
@@ -134,8 +136,10 @@ def flash_cpu(node, grads, ctx):
           "unused:tensor? scale:scalar?",
     cost=ATTENTION, unsupported=_no_dropout)
 def flash_cuda(node, grads, ctx):
-    """F.scaled_dot_product_attention through CUDA flash attention (no mask): the softmax(Q K^T) V backward;
-    causal is bottom-right aligned, as in FlashAttention 2 (PyTorch uses it for square causal attention only)."""
+    """F.scaled_dot_product_attention through CUDA flash attention (no mask).
+
+    Causal is bottom-right aligned, as in FlashAttention 2 (PyTorch picks flash for square causal attention only).
+    """
     return attention_backward(node, grads, ctx, bottom_right=True)
 
 
@@ -144,8 +148,10 @@ def flash_cuda(node, grads, ctx):
           "philox_seed:tensor? philox_offset:tensor? dropout_p:scalar? is_causal:bool? scale:scalar?",
     cost=ATTENTION, unsupported=_no_dropout)
 def efficient_cuda(node, grads, ctx):
-    """F.scaled_dot_product_attention through memory-efficient attention: the softmax(Q K^T + bias) V backward,
-    the bias differentiated too; causal is top-left aligned."""
+    """F.scaled_dot_product_attention through CUDA memory-efficient attention, the bias differentiated too.
+
+    Causal is top-left aligned.
+    """
     return attention_backward(node, grads, ctx, bias_field="attn_bias", bias_edge=3)
 
 
@@ -155,8 +161,10 @@ def efficient_cuda(node, grads, ctx):
           "dropout_p:scalar? is_causal:bool? scale:scalar?",
     cost=ATTENTION, unsupported=_no_dropout)
 def cudnn_cuda(node, grads, ctx):
-    """F.scaled_dot_product_attention through cuDNN attention: the softmax(Q K^T + bias) V backward; the bias
-    is not differentiated; causal is top-left aligned."""
+    """F.scaled_dot_product_attention through cuDNN attention (the bias is not differentiated).
+
+    Causal is top-left aligned.
+    """
     return attention_backward(node, grads, ctx, bias_field="attn_bias")
 
 
@@ -166,6 +174,8 @@ def cudnn_cuda(node, grads, ctx):
           "dropout_p:scalar? is_causal:bool? scale:scalar?",
     cost=ATTENTION, unsupported=_no_dropout)
 def overrideable(node, grads, ctx):
-    """F.scaled_dot_product_attention through an out-of-tree backend (XPU, ...): the softmax(Q K^T + bias) V
-    backward, the bias differentiated too; causal is top-left aligned."""
+    """F.scaled_dot_product_attention through an out-of-tree backend (XPU, ...), the bias differentiated too.
+
+    Causal is top-left aligned.
+    """
     return attention_backward(node, grads, ctx, bias_field="attn_bias", bias_edge=3)

@@ -460,8 +460,10 @@ def masked_select(node, grads, ctx):
 
 @op("PutBackward0", saved="index:tensor source:tensor? accumulate:bool", cost=cost.COPY)
 def put(node, grads, ctx):
-    """a.put(index, source, accumulate): a keeps the gradient (off the written flat positions unless accumulating),
-    source gets the gradient at them."""
+    """a.put(index, source, accumulate): source gets the gradient at the flat positions written.
+
+    a keeps the gradient, zero at those positions unless accumulating.
+    """
     sv = ctx.saved(node)
     g = grads[0]
     xp = ctx.xp(node)

@@ -139,8 +139,7 @@ def _trilinear_flops(s: cost.Shapes) -> float:
 @op("TrilinearBackward0", saved="i1:tensor? i2:tensor? i3:tensor? expand1:ints expand2:ints expand3:ints sumdim:ints",
     cost=cost.CostModel(_trilinear_flops))
 def trilinear(node, grads, ctx):
-    """torch._trilinear(i1, i2, i3, expand1..3, sumdim) (nn.Bilinear): each input gets the gradient contracted
-    with the other two (conjugated)."""
+    """torch._trilinear (nn.Bilinear): each input gets the gradient contracted with the other two (conjugated)."""
     g = grads[0]
     sv = ctx.saved(node)
     xp = ctx.xp(node)

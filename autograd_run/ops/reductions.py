@@ -201,8 +201,11 @@ def cumsum(node, grads, ctx):
 
 @op("CumprodBackward0", saved="self:tensor result:tensor dim:int", cost=cost.reduction(6))
 def cumprod(node, grads, ctx):
-    """a.cumprod(dim), zeros allowed: before a slice's first zero, sum_k>=i g_k y_k / x_i; at it, the products
-    that skip it; after it, zero (conjugated for complex)."""
+    """a.cumprod(dim), zeros in the input too.
+
+    Before a slice's first zero, sum_k>=i g_k y_k / x_i; at it, the same sum over the products that skip it;
+    after it, zero (conjugated for complex).
+    """
     sv = ctx.saved(node)
     g, x, y = grads[0], sv["self"], sv["result"]
     xp = ctx.xp(node)

@@ -484,8 +484,10 @@ def as_strided(node, grads, ctx):
           "result_scale:tensor input_scales:tensors",
     cost=cost.pointwise(2))
 def copy_slices(node, grads, ctx):
-    """An in-place op on a view (x[:, 1] *= 2, x[1:] = y, ...): the base's gradient with the written region
-    replaced by the wrapped backward's result; the op's other inputs get theirs from the region.
+    """An in-place op on a view (x[:, 1] *= 2, x[1:] = y, relu_ on a slice, ...).
+
+    The base gets the gradient with the written region replaced by the wrapped backward's result; the op's
+    other inputs get theirs from the region.
 
     PyTorch saves nothing here: capture records the base's and the view's
     layouts and the wrapped (elementwise) backward as per-element factors,
@@ -496,7 +498,7 @@ def copy_slices(node, grads, ctx):
     xp = ctx.xp(node)
     base = _storage_index(xp, sv["base_sizes"], [signed(s) for s in sv["base_strides"]], 0)
     view = _storage_index(xp, sv["view_sizes"], [signed(s) for s in sv["view_strides"]], signed(sv["view_offset"]))
-    size = int(max(int(base.max(initial=-1)), int(view.max(initial=-1)))) + 1
+    size = max(int(base.max()) if base.size else -1, int(view.max()) if view.size else -1) + 1
     storage = xp.zeros(size, dtype=g.dtype)
     storage[base] = g
     region = storage[view]
@@ -528,8 +530,10 @@ def fill(node, grads, ctx):
 
 @op("torch::autograd::CopyBackwards", aliases=("CopyBackwards",), cost=cost.COPY)
 def copy(node, grads, ctx):
-    """a.copy_(src) on a tensor that is not a view: a gets zeros; src the gradient (summed where it was broadcast,
-    its real part for a real src)."""
+    """a.copy_(src) on a tensor that is not a view: a gets zeros, src the gradient.
+
+    Summed where src was broadcast; its real part for a real src.
+    """
     g = grads[0]
     xp = ctx.xp(node)
 
@@ -582,8 +586,10 @@ def block_diag(node, grads, ctx):
 @op("PackPaddedSequenceBackward0", saved="input_sym_sizes:sizes batch_first:bool result1:tensor",
     cost=cost.COPY)
 def pack_padded_sequence(node, grads, ctx):
-    """nn.utils.rnn.pack_padded_sequence: the packed rows' gradients put back in their (time, batch) places, zeros
-    in the padding."""
+    """nn.utils.rnn.pack_padded_sequence: each packed row's gradient back at its (time, batch) place.
+
+    Zeros in the padding.
+    """
     sv = ctx.saved(node)
     g = grads[0]
     xp = ctx.xp(node)

@@ -56,8 +56,10 @@ def fft_c2c(node, grads, ctx):
 
 @op("FftR2CBackward0", saved="self:tensor? dim:ints normalization:int onesided:bool", cost=FFT)
 def fft_r2c(node, grads, ctx):
-    """torch.fft.rfft/rfftn (and fft of a real tensor, stft): the half spectrum's gradient zero-padded to the full
-    one, transformed back (e^+i, same normalisation); its real part."""
+    """torch.fft.rfft/rfftn, fft of a real tensor, stft: the spectrum's gradient transformed back, real part.
+
+    A half spectrum's gradient is zero-padded to the full one first; the transform is e^+i, same normalisation.
+    """
     g = grads[0]
     xp = ctx.xp(node)
     dims = _dims(node, g.ndim)
@@ -76,8 +78,11 @@ def fft_r2c(node, grads, ctx):
 
 @op("FftC2RBackward0", saved="dim:ints normalization:int", cost=FFT)
 def fft_c2r(node, grads, ctx):
-    """torch.fft.irfft/irfftn/hfft: the real gradient's half spectrum (e^-i, same normalisation), the bins that
-    stand for two (all but the first and, for an even length, the last) counted twice."""
+    """torch.fft.irfft/irfftn/hfft: the real gradient's half spectrum, each bin that stands for two doubled.
+
+    The transform is e^-i with the same normalisation; all bins but the first and (even lengths) the last
+    stand for two.
+    """
     g = grads[0]
     xp = ctx.xp(node)
     dims = _dims(node, g.ndim)
