@@ -869,3 +869,49 @@ def test_cost_models_give_finite_figures(family):
         for shapes in (Shapes([meta], [meta, None, meta]), Shapes([meta], [meta], saved, {"dim": [1]})):
             flops, moved = spec.cost.flops(shapes), spec.cost.bytes(shapes)
             assert math.isfinite(flops) and flops >= 0 and math.isfinite(moved) and moved >= 0, spec.name
+
+
+# --- small real-model graphs that lean on these families ---------------------------------------------------------
+
+def _lstm_lm(L):
+    torch.manual_seed(1)
+    emb, lstm = torch.nn.Embedding(20, 8).double(), torch.nn.LSTM(8, 6, bidirectional=True, batch_first=True).double()
+    tok = torch.tensor([[1, 5, 7, 2, 9, 3, 4], [4, 4, 8, 1, 0, 0, 0], [3, 2, 0, 0, 0, 0, 0]])
+    packed = torch.nn.utils.rnn.pack_padded_sequence(emb(tok) * L["scale"], [7, 4, 2], batch_first=True)
+    h, _ = torch.nn.utils.rnn.pad_packed_sequence(lstm(packed)[0], batch_first=True)
+    return h @ L["head"]
+
+
+def _gnn(L):
+    src, dst = idx(0, 1, 2, 3, 4, 5, 0), idx(1, 2, 3, 4, 5, 0, 3)
+    msg = (L["nodes"] @ L["w"])[src]
+    total = torch.zeros(6, 4, dtype=D).index_add(0, dst, msg)
+    peak = torch.zeros(6, 4, dtype=D).scatter_reduce(0, dst[:, None].expand(-1, 4), msg, "amax", include_self=False)
+    mean = torch.zeros(6, 4, dtype=D).scatter_reduce(0, dst[:, None].expand(-1, 4), msg, "mean")
+    return total.relu() + peak + mean
+
+
+def _returns(L):
+    ret = torch.flip(torch.cumsum(torch.flip(L["rewards"], [0]), 0), [0])
+    return (ret - ret.mean()) / (ret.std() + 1e-8)
+
+
+MODELS = {
+    "lstm_language_model_packed": (_lstm_lm, ["PackPaddedSequenceBackward0", "UnsafeSplitBackward0"]),
+    "gnn_message_passing": (_gnn, ["IndexBackward0", "IndexAddBackward0", "ScatterReduceBackward0"]),
+    "normalised_returns": (_returns, ["FlipBackward0", "CumsumBackward0", "StdBackward0"]),
+    "sdpa_grouped_query_cpu": (lambda L: SDPA(L["q"], L["kv"], L["kv"] * 2, enable_gqa=True),
+                               ["ScaledDotProductFlashAttentionForCpuBackward0"]),
+    "vit_patchify": (lambda L: torch.cat([L["cls"], L["img"].unfold(2, 4, 4).unfold(3, 4, 4).reshape(2, 3, 4, 4, 16)
+                                          .permute(0, 2, 3, 1, 4).flatten(1, 2).flatten(2)], 1),
+                     ["UnfoldBackward0", "CatBackward0"]),
+}
+
+
+@cases(MODELS)
+def test_model(case, tmp_path):
+    build, names = MODELS[case]
+    L = {"scale": leaf(8, seed=81), "head": leaf(12, 5, seed=82), "nodes": leaf(6, 4, seed=83),
+         "w": leaf(4, 4, seed=84), "rewards": leaf(9, seed=85), "q": leaf(2, 4, 5, 8, seed=86),
+         "kv": leaf(2, 2, 5, 8, seed=87), "img": leaf(2, 3, 16, 16, seed=88), "cls": leaf(2, 1, 48, seed=89)}
+    check(tmp_path, build, L, names=names)
