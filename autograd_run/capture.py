@@ -18,6 +18,7 @@ torch is optional: it is imported only here (``pip install autograd-run[torch]``
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -27,6 +28,7 @@ from autograd_run.graphs.model import FORMAT
 from autograd_run.ops import OPAQUE, lookup
 
 ACC = "torch::autograd::AccumulateGrad"
+COPY_SLICES = "torch::autograd::CopySlices"
 _TORCH_DTYPES = {"float16", "float32", "float64", "complex64", "complex128",
                  "bool", "int8", "int16", "int32", "int64", "uint8"}
 
@@ -72,7 +74,7 @@ class _Arrays:
         arr = arr.numpy()
         if self.inline:
             return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
-        self.arrays[key] = np.ascontiguousarray(arr)
+        self.arrays[key] = np.ascontiguousarray(arr).reshape(arr.shape)  # keeps 0-dim tensors 0-dim
         return {"npz": key}
 
 
@@ -88,6 +90,114 @@ def _saved_value(torch, v, key: str, arrays: _Arrays):
     if isinstance(v, torch.dtype):
         return _dtype(v)
     return None  # options, devices, layouts, symbolic values: not needed by any rule
+
+
+def _is_tensor_list(torch, v) -> bool:
+    return (isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v)
+            and all(x is None or isinstance(x, torch.Tensor) for x in v))
+
+
+def _saved_tensor_list(v, field: str, nid: str, arrays: _Arrays) -> dict:
+    """A saved list of tensors (kind ``tensors``): each tensor in a field of its own, named in the list."""
+    out: dict[str, Any] = {}
+    names = []
+    for k, t in enumerate(v):
+        if t is None:
+            names.append(None)
+        else:
+            key = f"{field}.{k}"
+            out[key] = arrays.put(f"{nid}.{key}", t)
+            names.append(key)
+    out[field] = names
+    return out
+
+
+def _copy_slices(torch, fn, nid: str, arrays: _Arrays) -> tuple[dict, str | None]:
+    """What replaying a CopySlices node needs, found by calling it (PyTorch exposes none of it).
+
+    CopySlices (an in-place op on a view, e.g. ``x[:, 1] *= 2``) copies the
+    gradient into a tensor laid out like the base, views the written region,
+    runs the in-place op's backward on it, and writes the result back. Calling
+    the node under a dispatch mode shows the base's layout
+    (``new_empty_strided``) and the view's (``as_strided``). The wrapped
+    backward is recorded as per-element factors: the region of the result is
+    ``result_scale * region`` and next edge i gets ``sum_to(input_scales[i] *
+    region)``, measured with a gradient of ones and checked with a random one;
+    a wrapped backward that is not elementwise is left opaque.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+    layout: dict[str, Any] = {}
+
+    class _Layouts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if name == "aten.new_empty_strided.default" and "base" not in layout:
+                layout["base"] = (list(args[1]), list(args[2]))
+            elif name == "aten.as_strided.default" and "base" in layout and "view" not in layout:
+                layout["view"] = (list(args[1]), list(args[2]), int(args[3]) if len(args) > 3 else 0)
+            return func(*args, **(kwargs or {}))
+
+    meta = fn._input_metadata[0]
+    dtype, shape = meta.dtype, tuple(meta.shape)
+    gen = torch.Generator().manual_seed(0)
+    probe = torch.randn(shape, dtype=dtype, generator=gen).to(meta.device)
+    with torch.no_grad():
+        with _Layouts():
+            on_random = fn(probe)
+        on_ones = fn(torch.ones(shape, dtype=dtype, device=meta.device))
+    if "view" not in layout:
+        return {}, "CopySlices over a view replayed by a view function (no as_strided)"
+    (bsz, bst), (vsz, vst, voff) = layout["base"], layout["view"]
+    on_random = on_random if isinstance(on_random, tuple) else (on_random,)
+    on_ones = on_ones if isinstance(on_ones, tuple) else (on_ones,)
+
+    def region(t):
+        base_idx = _strided_index(bsz, bst, 0)
+        view_idx = _strided_index(vsz, vst, voff)
+        buf = np.zeros(max(base_idx.max(initial=-1), view_idx.max(initial=-1)) + 1, dtype=t.dtype)
+        buf[base_idx] = t
+        return buf[view_idx]
+    g = region(probe.cpu().numpy())
+    tol = dict(rtol=1e-6, atol=1e-9) if dtype in (torch.float64, torch.complex128) else dict(rtol=1e-3, atol=1e-4)
+    scales = []
+    for i, (ones, rand) in enumerate(zip(on_ones, on_random)):
+        if ones is None or (i > 0 and fn.next_functions[i][0] is None):
+            scales.append(np.zeros(vsz, dtype=g.dtype) if i == 0 else None)  # an undefined result: zeros
+            continue
+        ones, rand = ones.detach().cpu().numpy(), rand.detach().cpu().numpy()
+        if i == 0:
+            ones, rand = region(ones), region(rand)
+        # Next edge i's input may have been broadcast onto the view: its factor is spread evenly (and checked).
+        copies = math.prod(vsz) // max(ones.size, 1)
+        try:
+            scale = np.broadcast_to(ones.astype(g.dtype) / max(copies, 1), tuple(vsz)).copy()
+        except ValueError:
+            return {}, "CopySlices whose wrapped backward changes shapes"
+        got = scale * g
+        lead = got.ndim - rand.ndim
+        axes = tuple(range(lead)) + tuple(lead + k for k, m in enumerate(rand.shape)
+                                          if m == 1 and got.shape[lead + k] != 1)
+        if axes:
+            got = got.sum(axis=axes, keepdims=True).reshape(rand.shape)
+        if not np.allclose(got, rand, **tol):
+            return {}, "CopySlices wrapping a backward that is not elementwise"
+        scales.append(scale)
+    saved: dict[str, Any] = {"base_sizes": bsz, "base_strides": bst, "view_sizes": vsz, "view_strides": vst,
+                             "view_offset": voff}
+    saved["result_scale"] = arrays.put(f"{nid}.result_scale", torch.from_numpy(scales[0]))
+    saved.update(_saved_tensor_list([None if t is None else torch.from_numpy(t) for t in [None] + scales[1:]],
+                                    "input_scales", nid, arrays))
+    return saved, None
+
+
+def _strided_index(sizes, strides, offset) -> np.ndarray:
+    """The storage position of each element of a (sizes, strides, offset) layout."""
+    idx = np.full(tuple(sizes), offset, dtype=np.int64)
+    for d, (n, st) in enumerate(zip(sizes, strides)):
+        shape = [1] * len(sizes)
+        shape[d] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * st).reshape(shape)
+    return idx
 
 
 def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequence | None = None,
@@ -146,10 +256,15 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                             v = getattr(fn, attr)
                         except RuntimeError:
                             continue  # already freed, or not saved for this call
+                        if _is_tensor_list(torch, v):
+                            saved.update(_saved_tensor_list(v, field, nid, arrays))
+                            continue
                         v = _saved_value(torch, v, f"{nid}.{field}", arrays)
                         if v is not None:
                             saved[field] = v
-            if op is not None and op.unsupported is not None:
+            if op is not None and name == COPY_SLICES:
+                saved, reason = _copy_slices(torch, fn, nid, arrays)
+            if op is not None and op.unsupported is not None and not reason:
                 reason = op.unsupported(saved)  # a variant of the op without a rule here
             attrs = {}
             if reason:

@@ -118,9 +118,23 @@ def test_grad_inputs_subset(tmp_path):
     assert all(p.grad is None for p in m.parameters())
 
 
+class _Cube(torch.autograd.Function):
+    """A user-defined function: its node (_CubeBackward) can have no rule here."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * x ** 2 * g
+
+
 def test_opaque_ops_are_captured_with_shapes(tmp_path):
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
-    loss = torch.cumsum(x, dim=1).sum()  # CumsumBackward0 has no rule here
+    loss = _Cube.apply(x * 2).sum()
     path = str(tmp_path / "ce.json")
     from_torch(loss, names={"x": x}, path=path)
     g = load_graph(path)

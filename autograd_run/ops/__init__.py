@@ -4,7 +4,9 @@
 synthetic ``cost``/``opaque``/``python``/``identity``) to specs. Families:
 ``elementwise``, ``activations``, ``linalg``, ``shape``, ``reductions``,
 ``indexing``, ``conv`` (convolution, pooling, normalisation), ``losses``,
-and ``engine_ops`` (node kinds the engine implements itself). Importing
+``attention`` (fused scaled-dot-product attention), ``products`` (baddbmm,
+addbmm, addmv, addr, _trilinear), ``spectral`` (FFTs), and ``engine_ops``
+(node kinds the engine implements itself). Importing
 this package registers them all; a name declared twice fails here.
 
 This package depends on numpy only: the graph loader, the engine, the
@@ -12,7 +14,8 @@ simulation and capture all read the same table.
 """
 
 from autograd_run.ops import (  # noqa: F401  (importing a family registers its ops)
-    activations, conv, elementwise, engine_ops, indexing, linalg, losses, reductions, shape,
+    activations, attention, conv, elementwise, engine_ops, indexing, linalg, losses, products, reductions, shape,
+    spectral,
 )
 from autograd_run.ops.engine_ops import (
     ACCUMULATE_GRAD, CHECKPOINT, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, is_graph_root,
@@ -20,7 +23,7 @@ from autograd_run.ops.engine_ops import (
 from autograd_run.ops.spec import REGISTRY, Field, OpSpec, RuleContext
 
 FAMILIES = ("elementwise", "activations", "linalg", "shape", "reductions", "indexing", "conv", "losses",
-            "engine_ops")
+            "attention", "products", "spectral", "engine_ops")
 
 
 def _check() -> None:

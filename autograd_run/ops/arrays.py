@@ -16,6 +16,16 @@ def signed(v):
     return v - (1 << 64) if v >= (1 << 63) else v
 
 
+def number(v):
+    """A saved Scalar: a number, or a string for what JSON cannot hold ("(1-2j)", "inf", "nan")."""
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return complex(v)
+    return v
+
+
 def sum_to(xp, grad, shape):
     """Reduce ``grad`` to ``shape`` by summing broadcast dimensions (PyTorch's ``sum_to``)."""
     shape = tuple(shape)
@@ -41,3 +51,45 @@ def out_meta(node, i: int):
 def filled(node, grads, xp) -> list:
     """The node's input gradients with undefined ones replaced by zeros of their slot's shape."""
     return [xp.zeros(meta.shape, dtype=meta.dtype) if g is None else g for g, meta in zip(grads, node.inputs)]
+
+
+def is_numpy(xp) -> bool:
+    """Whether ``xp`` is numpy (else cupy)."""
+    return getattr(xp, "__name__", "") == "numpy"
+
+
+def add_at(xp, target, index, values) -> None:
+    """``target[index] += values`` where repeated indices accumulate (numpy's ``add.at``, cupyx's ``scatter_add``)."""
+    if is_numpy(xp):
+        xp.add.at(target, index, values)
+    else:  # pragma: no cover - needs a GPU
+        import cupyx
+        cupyx.scatter_add(target, index, values)
+
+
+def wrap_dim(dim, ndim: int) -> int:
+    """A saved dim (maybe negative, maybe uint64-encoded) as a non-negative axis of an ``ndim``-dim array."""
+    return signed(dim) % max(ndim, 1)
+
+
+def tensor_list(saved, name: str) -> list:
+    """A saved list of tensors (kind ``tensors``), entries as arrays or None.
+
+    An entry is None, the name of another saved field that holds the tensor
+    (what capture writes: ``indices.0``, ``indices.1``, ...), or an inline
+    tensor (``{"data": ..., "dtype": ...}`` or a nested list).
+    """
+    import numpy as np
+    out = []
+    for v in saved.get(name) or ():
+        if v is None:
+            out.append(None)
+        elif isinstance(v, str):
+            out.append(saved[v])
+        elif isinstance(v, dict):
+            if "data" not in v:
+                raise ValueError(f"saved {name!r}: a listed tensor must be inline data or the name of a saved field")
+            out.append(np.asarray(v["data"], dtype=v.get("dtype")))
+        else:
+            out.append(np.asarray(v))
+    return out

@@ -1,11 +1,15 @@
-"""Reductions: sum, mean (all or over dims), max/min (all), amax/amin (over dims)."""
+"""Reductions and scans: sum, mean, max/min (all or over a dim), amax/amin, aminmax, median, mode, kthvalue,
+sort, topk, cumsum, cumprod, cummax/cummin, logcumsumexp, prod, var/std (and with mean), logsumexp, nansum."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from autograd_run.ops import cost
 from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.indexing import scatter_add_along
 from autograd_run.ops.spec import op
 
 
@@ -88,3 +92,300 @@ def amax(node, grads, ctx):
             r = xp.expand_dims(r, d)
     mask = x == r
     return each(node, lambda i: mask * (g / mask.sum(axis=tuple(dims), keepdims=True)))
+
+
+def restore(xp, t, dims, keepdim):
+    """``t`` with the reduced ``dims`` (sorted, non-negative) put back as size-1 axes unless ``keepdim``."""
+    if keepdim:
+        return t
+    for d in dims:
+        t = xp.expand_dims(t, d)
+    return t
+
+
+def _dims(sv, ndim):
+    """The dims a reduction with an optional ``dim`` (one int or a list; None or [] means all) reduced."""
+    dims = sv.get("dim")
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        return list(range(ndim))
+    if not isinstance(dims, (list, tuple)):
+        dims = [dims]
+    return sorted(signed(d) % ndim for d in dims) if ndim else []
+
+
+# --- value-selecting reductions: the gradient goes to the selected positions ----------------------------------------
+
+
+def _select_back(xp, g, indices, dim, sizes, keepdim):
+    """zeros(sizes) with ``g`` added at ``indices`` along ``dim`` (unsqueezed there unless ``keepdim``)."""
+    if not sizes:
+        return g.reshape(())
+    if not keepdim:
+        g, indices = xp.expand_dims(g, dim), xp.expand_dims(xp.asarray(indices), dim)
+    return scatter_add_along(xp, sizes, dim, indices, g)
+
+
+@op("MaxBackward0", "MinBackward0", "KthvalueBackward0", "MedianBackward1", "NanmedianBackward1", "ModeBackward0",
+    saved="dim:int indices:tensor keepdim:bool? self_sym_sizes:sizes", cost=cost.COPY)
+def value_selecting(node, grads, ctx):
+    """max/min/kthvalue/median/nanmedian/mode over a dim: the gradient goes to the selected index."""
+    sv = ctx.saved(node)
+    sizes = tuple(sv["self_sym_sizes"])
+    dim = signed(sv["dim"]) % max(len(sizes), 1)
+    return each(node, lambda i: _select_back(ctx.xp(node), grads[0], sv["indices"], dim, sizes,
+                                             bool(sv.get("keepdim", False))))
+
+
+@op("SortBackward0", "SortBackward1", "TopkBackward0", saved="dim:int indices:tensor self_sym_sizes:sizes",
+    cost=cost.COPY)
+def sort(node, grads, ctx):
+    """sort / topk along a dim: each value's gradient goes back to the position it came from."""
+    sv = ctx.saved(node)
+    sizes = tuple(sv["self_sym_sizes"])
+    dim = signed(sv["dim"]) % max(len(sizes), 1)
+    return each(node, lambda i: _select_back(ctx.xp(node), grads[0], sv["indices"], dim, sizes, True))
+
+
+@op("CummaxBackward0", "CumminBackward0", saved="dim:int indices:tensor self:tensor?", cost=cost.COPY)
+def cummax(node, grads, ctx):
+    """cummax / cummin along a dim: each running extreme's gradient added to the position that holds it."""
+    sv = ctx.saved(node)
+    g = grads[0]
+    return each(node, lambda i: _select_back(ctx.xp(node), g, sv["indices"], signed(sv["dim"]) % max(g.ndim, 1),
+                                             g.shape, True))
+
+
+@op("MedianBackward0", "NanmedianBackward0", saved="self:tensor result:tensor", cost=cost.reduction(3))
+def median_all(node, grads, ctx):
+    """a.median() / a.nanmedian(): the gradient split evenly over the positions equal to the result (NaN: the NaNs)."""
+    sv = ctx.saved(node)
+    x, r = sv["self"], sv["result"]
+    xp = ctx.xp(node)
+    mask = (x == r) | (xp.isnan(x) & xp.isnan(r))
+    return each(node, lambda i: mask * (grads[0] / mask.sum()))
+
+
+@op("AminmaxBackward0", saved="self:tensor min:tensor max:tensor dim:int? keepdim:bool?", cost=cost.reduction(3))
+def aminmax(node, grads, ctx):
+    """torch.aminmax: the min's and the max's gradients each split evenly over their ties."""
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    dims = _dims(sv, x.ndim)
+    keep = bool(sv.get("keepdim", False))
+    total = None
+    for g, value in zip(grads, (sv["min"], sv["max"])):
+        if g is None:
+            continue
+        mask = x == restore(xp, value, dims, keep)
+        part = mask * (restore(xp, g, dims, keep) / mask.sum(axis=tuple(dims), keepdims=True))
+        total = part if total is None else total + part
+    return each(node, lambda i: total)
+
+
+# --- scans ---------------------------------------------------------------------------------------------------------
+
+
+def _reverse_cumsum(xp, t, axis):
+    return xp.flip(xp.cumsum(xp.flip(t, axis), axis=axis), axis)
+
+
+@op("CumsumBackward0", saved="dim:int", cost=cost.reduction(1))
+def cumsum(node, grads, ctx):
+    """a.cumsum(dim): the reversed cumulative sum of the gradient."""
+    g = grads[0]
+    if g.ndim == 0:
+        return each(node, lambda i: g)
+    return each(node, lambda i: _reverse_cumsum(ctx.xp(node), g, signed(node.saved["dim"]) % g.ndim))
+
+
+@op("CumprodBackward0", saved="self:tensor result:tensor dim:int", cost=cost.reduction(6))
+def cumprod(node, grads, ctx):
+    """a.cumprod(dim), zeros in the input too.
+
+    Before a slice's first zero, sum_k>=i g_k y_k / x_i; at it, the same sum over the products that skip it;
+    after it, zero (conjugated for complex).
+    """
+    sv = ctx.saved(node)
+    g, x, y = grads[0], sv["self"], sv["result"]
+    xp = ctx.xp(node)
+    if g.ndim == 0:
+        return each(node, lambda i: g)
+    d = signed(sv["dim"]) % g.ndim
+    g, x, y = (xp.moveaxis(t, d, -1) for t in (g, x, y))
+    n = x.shape[-1]
+    pos = xp.arange(n)
+    is_zero = x == 0
+    first = xp.where(is_zero.any(axis=-1), xp.argmax(is_zero, axis=-1), n)[..., None]
+    one = xp.ones((), dtype=x.dtype)
+    before = _reverse_cumsum(xp, g * y.conj(), -1) / xp.where(pos < first, x, one).conj()
+    # At the first zero: the cumulative products of the slice with that zero replaced by one.
+    y_skip = xp.cumprod(xp.where(pos == first, one, x), axis=-1)
+    at = _reverse_cumsum(xp, g * y_skip.conj(), -1)
+    out = xp.where(pos < first, before, xp.where(pos == first, at, 0))
+    return each(node, lambda i: xp.moveaxis(out, -1, d))
+
+
+def _reverse_logcumsumexp(xp, t, axis):
+    t = xp.flip(t, axis)
+    if hasattr(xp.logaddexp, "accumulate"):
+        out = xp.logaddexp.accumulate(t, axis=axis)
+    else:  # pragma: no cover - a GPU without ufunc.accumulate
+        m = xp.max(xp.where(xp.isfinite(t), t, -xp.inf), axis=axis, keepdims=True)
+        m = xp.where(xp.isfinite(m), m, 0)
+        out = xp.log(xp.cumsum(xp.exp(t - m), axis=axis)) + m
+    return xp.flip(out, axis)
+
+
+@op("LogcumsumexpBackward0", saved="self:tensor result:tensor dim:int", cost=cost.reduction(8))
+def logcumsumexp(node, grads, ctx):
+    """a.logcumsumexp(dim): sum_k>=i g_k exp(x_i - r_k), in log space for the gradient's positive and negative parts."""
+    sv = ctx.saved(node)
+    g, x, r = grads[0], sv["self"], sv["result"]
+    xp = ctx.xp(node)
+    if g.ndim == 0:
+        return each(node, lambda i: g)
+    d = signed(sv["dim"]) % g.ndim
+    with np.errstate(divide="ignore"):
+        pos = _reverse_logcumsumexp(xp, xp.log(xp.where(g > 0, g, 0)) - r, d)
+        neg = _reverse_logcumsumexp(xp, xp.log(xp.where(g < 0, -g, 0)) - r, d)
+    return each(node, lambda i: xp.exp(x + pos) - xp.exp(x + neg))
+
+
+# --- products --------------------------------------------------------------------------------------------------------
+
+
+def _product_of_others(xp, x, axis):
+    """For each element, the product of the others along ``axis`` (prefix times suffix products: zeros are fine)."""
+    x = xp.moveaxis(x, axis, -1)
+    ones = xp.ones(x.shape[:-1] + (1,), dtype=x.dtype)
+    left = xp.concatenate([ones, xp.cumprod(x[..., :-1], axis=-1)], axis=-1)
+    right = xp.flip(xp.concatenate([ones, xp.cumprod(xp.flip(x, -1)[..., :-1], axis=-1)], axis=-1), -1)
+    return xp.moveaxis(left * right, -1, axis)
+
+
+@op("ProdBackward0", saved="self:tensor result:tensor?", cost=cost.reduction(4))
+def prod_all(node, grads, ctx):
+    """a.prod(): each element gets the gradient times the product of all the others (conjugated)."""
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    others = _product_of_others(xp, x.reshape(-1), 0).reshape(x.shape)
+    return each(node, lambda i: grads[0] * others.conj())
+
+
+@op("ProdBackward1", saved="self:tensor result:tensor? dim:int keepdim:bool?", cost=cost.reduction(4))
+def prod_dim(node, grads, ctx):
+    """a.prod(dim, keepdim): each element gets the gradient times the product of the others in its slice."""
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    if x.ndim == 0:
+        return each(node, lambda i: grads[0].reshape(()))
+    d = signed(sv["dim"]) % x.ndim
+    g = restore(xp, grads[0], [d], bool(sv.get("keepdim", False)))
+    return each(node, lambda i: g * _product_of_others(xp, x, d).conj())
+
+
+# --- moments ---------------------------------------------------------------------------------------------------------
+
+
+def _var_back(xp, g, x, dims, correction, keepdim):
+    """The gradient of var(x, dims, correction): 2 (x - mean) g / (N - correction)."""
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    c = 1 if correction is None else correction
+    g = restore(xp, g, dims, keepdim)
+    return (2.0 / (n - c)) * g * (x - x.mean(axis=tuple(dims), keepdims=True))
+
+
+def _mean_back(xp, g, x, dims, keepdim):
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    return xp.broadcast_to(restore(xp, g, dims, keepdim) / n, x.shape)
+
+
+def _std_grad(xp, g, std):
+    """The std's gradient turned into the variance's: g / (2 std), zero where std is zero."""
+    return xp.where(std == 0, 0, g / xp.where(std == 0, 1, 2 * std))
+
+
+@op("VarBackward0", saved="self:tensor dim:ints? correction:scalar? keepdim:bool?", cost=cost.reduction(4))
+def var(node, grads, ctx):
+    """a.var(dim, correction, keepdim): 2 (x - mean) g / (N - correction)."""
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
+    return each(node, lambda i: _var_back(xp, grads[0], x, dims, sv.get("correction"), keep))
+
+
+@op("StdBackward0", saved="self:tensor result:tensor dim:ints? correction:scalar? keepdim:bool?",
+    cost=cost.reduction(5))
+def std(node, grads, ctx):
+    """a.std(dim, correction, keepdim): the variance's gradient with g / (2 std) (zero where std is zero)."""
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
+    return each(node, lambda i: _var_back(xp, _std_grad(xp, grads[0], sv["result"]), x, dims,
+                                          sv.get("correction"), keep))
+
+
+def _moments_mean(node, grads, ctx, first):
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
+    total = None
+    if grads[0] is not None:
+        total = _var_back(xp, first(xp, grads[0], sv), x, dims, sv.get("correction"), keep)
+    if len(grads) > 1 and grads[1] is not None:
+        m = _mean_back(xp, grads[1], x, dims, keep)
+        total = m if total is None else total + m
+    return each(node, lambda i: total)
+
+
+@op("VarMeanBackward0", saved="self:tensor dim:ints? correction:scalar? keepdim:bool?", cost=cost.reduction(5))
+def var_mean(node, grads, ctx):
+    """torch.var_mean: the variance's and the mean's gradients summed."""
+    return _moments_mean(node, grads, ctx, lambda xp, g, sv: g)
+
+
+@op("StdMeanBackward0", saved="self:tensor result0:tensor dim:ints? correction:scalar? keepdim:bool?",
+    cost=cost.reduction(6))
+def std_mean(node, grads, ctx):
+    """torch.std_mean: the std's and the mean's gradients summed."""
+    return _moments_mean(node, grads, ctx, lambda xp, g, sv: _std_grad(xp, g, sv["result0"]))
+
+
+@op("LogsumexpBackward0", saved="self:tensor result:tensor dim:ints keepdim:bool?", cost=cost.reduction(3))
+def logsumexp(node, grads, ctx):
+    """a.logsumexp(dim, keepdim): the gradient times softmax, exp(x - result)."""
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
+    r = restore(xp, sv["result"], dims, keep)
+    return each(node, lambda i: restore(xp, grads[0], dims, keep) * xp.exp(x - r).conj())
+
+
+@op("NansumBackward0", saved="self:tensor dim:ints? keepdim:bool?", cost=cost.reduction(1))
+def nansum(node, grads, ctx):
+    """a.nansum(dim, keepdim): the gradient broadcast back, zero at the NaNs."""
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
+    return each(node, lambda i: xp.where(xp.isnan(x), 0, restore(xp, grads[0], dims, keep)))
+
+
+@op("TraceBackward0", saved="self_sym_sizes:sizes", cost=cost.COPY)
+def trace(node, grads, ctx):
+    """a.trace(): the gradient on the main diagonal, zeros elsewhere."""
+    rows, cols = (int(n) for n in node.saved["self_sym_sizes"])
+    xp = ctx.xp(node)
+    g = grads[0]
+    return each(node, lambda i: xp.eye(rows, cols, dtype=g.dtype) * g)

@@ -20,7 +20,11 @@ kinds in ``engine_ops``)::
   ``int``       one integer (same encoding);
   ``scalar``    a number;
   ``bool``      true or false;
-  ``str``       a string (e.g. ``approximate``).
+  ``str``       a string (e.g. ``approximate``);
+  ``tensors``   a list of tensors, entries may be None (``IndexBackward0``'s
+                ``indices``): each entry is None, the name of another saved
+                field holding the tensor (capture writes ``indices.0``, ...,
+                so that tensors can live in the side file), or inline data.
 
 The backward formula is ``fn(node, grads, ctx) -> list``: ``grads`` holds
 the node's incoming gradients (one per input slot, None when undefined);
@@ -40,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-KINDS = ("tensor", "sizes", "ints", "int", "scalar", "bool", "str")
+KINDS = ("tensor", "sizes", "ints", "int", "scalar", "bool", "str", "tensors")
 
 
 @dataclass(frozen=True)
