@@ -39,7 +39,7 @@ def replay(tmp_path, outputs, leaves, grad_outputs=None):
     from autograd_run.engine import Engine
     from autograd_run.engine.run import run_graph
     from autograd_run.graphs.load import load_graph
-    from autograd_run.traces.order import OrderRecorder
+    from autograd_run.traces.order_recorder import OrderRecorder
     path = str(tmp_path / "g.json")
     doc = from_torch(outputs, grad_outputs=grad_outputs, names=leaves, path=path, reference=False)
     opaque = [n["name"] for n in doc["nodes"] if "op" in n]
@@ -52,7 +52,7 @@ def replay(tmp_path, outputs, leaves, grad_outputs=None):
         res = run_graph(eng, g, retain_graph=True)
     finally:
         eng.shutdown()
-    got = [(r.name, r.seq) for r in rec.records if r.name != "GraphRoot"]
+    got = [(r.name, r.seq) for r in rec.executed()]
     return got, expected, res.grads, doc
 
 
