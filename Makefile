@@ -11,7 +11,7 @@ $(PY):
 
 # Reinstall when the project's metadata changes. torch==2.13.0 is the CPU
 # build that the tests use as their oracle.
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml setup.py autograd_run/engine/_core.c | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]' 'torch==2.13.0'
 	touch $(STAMP)
@@ -22,8 +22,13 @@ demo: $(STAMP)
 	$(VENV)/bin/autograd-run validate example:mlp
 	$(VENV)/bin/autograd-run example:mlp --trace demo-trace.json
 
+# The engine's tests run a second time on the pure-Python twin of the compiled core.
+PURE_TESTS := tests/test_engine.py tests/test_engine_semantics.py tests/test_scheduling.py \
+	tests/test_order_vs_torch.py tests/test_devices.py tests/test_simulate.py tests/test_checkpoint_kind.py
+
 test: $(STAMP)
 	$(PY) -m pytest -q
+	AUTOGRAD_RUN_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_TESTS)
 
 bench: $(STAMP)
 	$(PY) -m bench

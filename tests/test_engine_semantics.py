@@ -286,6 +286,11 @@ def test_a_failed_call_leaves_nothing_behind_for_the_next():
     with pytest.raises(BackwardError):
         run_graph(eng, g, faults={"a5": "error"})
     failed = [r.node_id for r in order.executed()]
+    deadline = time.monotonic() + 5
+    while len(eng.device_queue(0)) and time.monotonic() < deadline:  # the worker drops them unseen
+        time.sleep(0.001)
+    assert len(eng.device_queue(0)) == 0
+    time.sleep(0.01)  # and is asleep again: the next call's pushes all land before it wakes
     res = run_graph(eng, g)
     second = [r.node_id for r in order.executed()][len(failed):]
     eng.shutdown()

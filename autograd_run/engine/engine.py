@@ -50,9 +50,8 @@ from typing import Sequence
 from autograd_run.engine.builtin_nodes import make_graph_root
 from autograd_run.engine.devices import DeviceSet
 from autograd_run.engine.graph_task import GraphTask, compute_dependencies, init_to_execute
-from autograd_run.engine.input_buffer import InputBuffer
+from autograd_run.engine.core import InputBuffer, ReadyQueue
 from autograd_run.engine.priority import EXPIRED_DEPTH, PyTorchPriority
-from autograd_run.engine.ready_queue import ReadyQueue
 from autograd_run.engine.streams import StreamOps, current_stream, node_stream
 from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER

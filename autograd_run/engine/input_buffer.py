@@ -20,6 +20,8 @@ differs. The consumer waits on each slot's ready event before it runs
 
 An InputBuffer is touched only under its GraphTask's lock while it sits in
 ``not_ready``, and by one worker after it was pushed; it needs no lock.
+The engine uses ``engine.core.InputBuffer``: this class, or the same rules
+over slots kept in C by the compiled core.
 """
 
 from __future__ import annotations
@@ -27,39 +29,10 @@ from __future__ import annotations
 from autograd_run.engine.streams import current_stream
 
 
-class InputBuffer:
-    __slots__ = ("grads", "owned", "accum_streams", "ready_streams", "ready_events")
+class StreamRules:
+    """PyTorch's stream rules for accelerator gradients, over the slots of an InputBuffer."""
 
-    def __init__(self, size: int):
-        self.grads: list = [None] * size
-        #: Per slot: does the buffer own the stored array (allocated lazily).
-        self.owned: list[bool] | None = None
-        #: Per slot, for accelerator gradients only (allocated lazily): where sums run, which
-        #: stream the stored gradient is ready on, and the event to wait on for it (or None).
-        self.accum_streams: list | None = None
-        self.ready_streams: list | None = None
-        self.ready_events: list | None = None
-
-    def add(self, pos: int, grad) -> None:
-        """Add a CPU gradient into slot ``pos``."""
-        if grad is None:
-            return
-        grads = self.grads
-        old = grads[pos]
-        if old is None:
-            grads[pos] = grad
-            return
-        self._sum(pos, old, grad)
-
-    def _sum(self, pos: int, old, grad) -> None:
-        owned = self.owned
-        if owned is None:
-            owned = self.owned = [False] * len(self.grads)
-        if owned[pos]:
-            old += grad
-        else:
-            self.grads[pos] = old + grad
-            owned[pos] = True
+    __slots__ = ()
 
     def add_on_device(self, pos: int, grad, device, producer_stream, consumer_stream, producer, consumer,
                       streams, gt) -> None:
@@ -111,6 +84,43 @@ class InputBuffer:
             return ()
         return [(pos, self.ready_events[pos]) for pos, s in enumerate(ready)
                 if s is not None and self.grads[pos] is not None and s != parent_stream]
+
+
+class InputBuffer(StreamRules):
+    """The pure-Python InputBuffer (the compiled core has the slots in C: ``engine.core``)."""
+
+    __slots__ = ("grads", "owned", "accum_streams", "ready_streams", "ready_events")
+
+    def __init__(self, size: int):
+        self.grads: list = [None] * size
+        #: Per slot: does the buffer own the stored array (allocated lazily).
+        self.owned: list[bool] | None = None
+        #: Per slot, for accelerator gradients only (allocated lazily): where sums run, which
+        #: stream the stored gradient is ready on, and the event to wait on for it (or None).
+        self.accum_streams: list | None = None
+        self.ready_streams: list | None = None
+        self.ready_events: list | None = None
+
+    def add(self, pos: int, grad) -> None:
+        """Add a CPU gradient into slot ``pos``."""
+        if grad is None:
+            return
+        grads = self.grads
+        old = grads[pos]
+        if old is None:
+            grads[pos] = grad
+            return
+        self._sum(pos, old, grad)
+
+    def _sum(self, pos: int, old, grad) -> None:
+        owned = self.owned
+        if owned is None:
+            owned = self.owned = [False] * len(self.grads)
+        if owned[pos]:
+            old += grad
+        else:
+            self.grads[pos] = old + grad
+            owned[pos] = True
 
     def __len__(self) -> int:
         return len(self.grads)

@@ -93,6 +93,7 @@ class ReadyQueue:
                     self._waiting -= 1
                 if t0:
                     tracer.worker_idle(self, t0, time.perf_counter_ns())
+                waited = 0  # waiting for the lock was part of going idle
             item = self._pop()
             depth = len(self._keys)
         finally:

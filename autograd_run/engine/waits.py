@@ -41,11 +41,8 @@ def spin(seconds: float) -> None:
 
 
 def _native_spin_until():
-    try:
-        from autograd_run import _native  # built by setup.py when a C compiler is present
-        return _native.spin_until
-    except ImportError:
-        return None
+    from autograd_run.engine import core  # the compiled core, when built
+    return core.spin_until
 
 
 _SPIN_UNTIL = _native_spin_until()

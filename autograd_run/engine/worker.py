@@ -32,8 +32,9 @@ import time
 
 import numpy as np
 
+from autograd_run.engine import core
 from autograd_run.engine.builtin_nodes import RUNNERS
-from autograd_run.engine.input_buffer import InputBuffer
+from autograd_run.engine.core import InputBuffer
 from autograd_run.engine.ready_queue import SHUTDOWN
 from autograd_run.engine.streams import node_stream
 from autograd_run.graphs.model import DTYPES
@@ -42,6 +43,8 @@ from autograd_run.ops.arrays import sum_to
 
 
 _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
+#: The compiled core's check that gradients already have their slots' shapes and dtypes (or None).
+_outputs_match = core.outputs_match
 #: Hot-path constants: the function that runs each op, and the leaf op.
 _RULE_FN = RUNNERS
 _ACC = ACCUMULATE_GRAD
@@ -126,7 +129,8 @@ def _call_function(engine, gt, node, inputs):
             outputs = _RULE_FN[node.op](node, grads, gt.ctx)
         except KeyError as exc:
             raise _missing_saved(node, exc) from exc
-        if node.op is not _ACC:
+        if node.op is not _ACC and not (_outputs_match is not None and not engine.devices.real_cuda
+                                        and _outputs_match(node.next, outputs, _NP_DTYPES)):
             validate_outputs(node.next, outputs, node, None, engine.devices)
         return outputs
     _tensor_pre_hooks(state, node, grads)
@@ -227,7 +231,7 @@ def _evaluate(engine, gt, node, inputs: InputBuffer, parent):
     return route(engine, gt, node, outputs, exec_info, tracer, parent)
 
 
-def route(engine, gt, node, outputs, exec_info, tracer, parent) -> bool:
+def route_py(engine, gt, node, outputs, exec_info, tracer, parent) -> bool:
     """Step 7: under the GraphTask lock, hand each output to its next node; push the ready ones.
 
     Under the same lock it also retires this task (``outstanding -= 1``, which
@@ -239,7 +243,8 @@ def route(engine, gt, node, outputs, exec_info, tracer, parent) -> bool:
     ``engine.device_queue(i)``, ``engine.streams``; ``gt.lock``,
     ``dependencies``, ``not_ready``, ``outstanding``, ``reentrant_depth``,
     ``cpu_queue``, ``multithreading``; ``queue.push(key, task)``), so a
-    simulated schedule makes exactly the engine's decisions.
+    simulated schedule makes exactly the engine's decisions. ``route`` is this
+    function or its compiled twin (``engine.core``).
     """
     key = None if engine.default_priority else engine.priority.key
     cpu_queue = gt.cpu_queue
@@ -297,6 +302,10 @@ def route(engine, gt, node, outputs, exec_info, tracer, parent) -> bool:
         return gt.outstanding == 0
     finally:
         gt.lock.release()
+
+
+#: ``route_py``, or its compiled twin (``engine.core``): the same decisions in the same order.
+route = core.route_impl or route_py
 
 
 def thread_main(engine, graph_task) -> None:

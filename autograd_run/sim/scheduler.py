@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from autograd_run.engine.builtin_nodes import make_graph_root
 from autograd_run.engine.graph_task import compute_dependencies, init_to_execute
-from autograd_run.engine.input_buffer import InputBuffer
+from autograd_run.engine.core import InputBuffer
 from autograd_run.engine.priority import WAKEUP_KEY, PyTorchPriority
 from autograd_run.engine.ready_queue import ReadyQueue
 from autograd_run.engine.streams import current_stream, node_stream, stream_name

@@ -1,0 +1,46 @@
+"""Which implementation of the per-node scheduling work the engine uses: compiled, or pure Python.
+
+The compiled core (``_core.c``: the ready queue, InputBuffer slots,
+``route``, ``outputs_match``, ``spin_until``) is built when the package is
+installed with a C compiler present; each piece has a pure-Python twin with
+the same behaviour and the same order, used when the extension is missing
+or when ``AUTOGRAD_RUN_PURE_PYTHON=1`` is set (the tests run both).
+
+``COMPILED`` says which is in use; ``WHY`` says why, for ``--version`` and
+bug reports.
+"""
+
+from __future__ import annotations
+
+import os
+
+from autograd_run.engine import input_buffer as _ib
+from autograd_run.engine import ready_queue as _rq
+
+_core = None
+if os.environ.get("AUTOGRAD_RUN_PURE_PYTHON", "") not in ("", "0"):
+    WHY = "pure Python (AUTOGRAD_RUN_PURE_PYTHON is set)"
+else:
+    try:
+        from autograd_run.engine import _core
+        WHY = "compiled core"
+    except ImportError as exc:
+        WHY = f"pure Python (the compiled core is not built: {exc})"
+
+COMPILED = _core is not None
+
+if COMPILED:
+    class InputBuffer(_ib.StreamRules, _core.InputBufferBase):
+        """Gradient slots in C, PyTorch's accelerator stream rules in Python (``input_buffer``)."""
+
+    ReadyQueue = _core.ReadyQueue
+    _core.configure(_rq.SHUTDOWN, InputBuffer)
+    route_impl = _core.route
+    outputs_match = _core.outputs_match
+    spin_until = _core.spin_until
+else:
+    InputBuffer = _ib.InputBuffer
+    ReadyQueue = _rq.ReadyQueue
+    route_impl = None  # the worker's own route()
+    outputs_match = None
+    spin_until = None
