@@ -79,7 +79,7 @@ def test_thread_tids_are_display_ranks_caller_first_then_devices_by_index():
     rec = recording(load_graph("example:pipeline"))
     events = to_chrome_trace(rec)["traceEvents"]
     named = sorted((e["tid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name")
-    assert [n for _, n in named] == [f"caller / CPU worker ({threading.current_thread().name})",
+    assert [n for _, n in named] == [f"caller ({threading.current_thread().name})",
                                      "autograd-run cuda:0", "autograd-run cuda:1"]
     assert [t for t, _ in named] == [PID + 1, PID + 2, PID + 3]  # none is the pid (the UI's "main thread")
     tids = {t for t, _ in named}
@@ -108,7 +108,8 @@ def test_one_counter_per_queue_and_one_of_outstanding_tasks_over_repeated_passes
     events = to_chrome_trace(report.recording)["traceEvents"]
     counters = [e for e in events if e["ph"] == "C"]
     queues = {q.queue for q in report.recording.queue_samples}
-    assert {e["name"] for e in counters} == {"outstanding"} | {f"queue {q}" for q in queues}
+    assert {e["name"] for e in counters} == {"outstanding"} | queues
+    assert all(e["args"].keys() == {"queued"} for e in counters if e["name"] != "outstanding")
     outstanding = [e["args"]["tasks"] for e in counters if e["name"] == "outstanding"]
     assert min(outstanding) >= 0 and outstanding[-1] == 0 and max(outstanding) >= 1
 
@@ -144,7 +145,7 @@ def test_perfetto_imports_multi_device_trace_without_errors():
         assert import_errors(tp) == []
         upid = tp.query("select upid from process where name = 'autograd-run'")[0]["upid"]
         threads = tp.query("select tid, name from thread where upid = %d and name is not null order by tid" % upid)
-        assert [t["name"] for t in threads] == [f"caller / CPU worker ({threading.current_thread().name})",
+        assert [t["name"] for t in threads] == [f"caller ({threading.current_thread().name})",
                                                 "autograd-run cuda:0", "autograd-run cuda:1"]
         n = tp.query("select count(*) as n from slice where category = 'node'")[0]["n"]
         assert n == len(g.nodes)
@@ -168,7 +169,7 @@ def test_perfetto_puts_queue_waits_and_counters_in_the_process():
         assert all(t["upid"] == upid for t in counters)
         caller_queue = f"cpu:{threading.current_thread().name}"
         assert sorted(t["name"] for t in counters) == sorted(
-            ["outstanding tasks", "queue cuda:0 depth", "queue cuda:1 depth", f"queue {caller_queue} depth"])
+            ["outstanding tasks", "cuda:0 queued", "cuda:1 queued", f"{caller_queue} queued"])
 
 
 @needs_tp

@@ -1,6 +1,7 @@
 """Chrome / Perfetto trace: a pure function from a ``Recording`` to the JSON trace.
 
-One process ("autograd-run"), one thread track per worker; one complete
+One process ("autograd-run"), one thread track per worker (the caller, which
+is also the CPU worker of its calls, is ``caller (<thread name>)``); one complete
 (``X``) slice per node execution titled ``<node id> <op name>`` (so a search
 for either finds it) with its id, name, seq, depth, device, stream and input
 shapes as args; queue waits as process-scoped async slices, one track per
@@ -65,7 +66,7 @@ def to_chrome_trace(rec: Recording) -> dict:
     out: list[dict] = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": process}},
                        {"ph": "M", "pid": PID, "name": "process_sort_index", "args": {"sort_index": 0}}]
     for rank, t in enumerate(rec.threads.values()):
-        name = f"caller / CPU worker ({t.name})" if t.kind is ThreadKind.CALLER else t.name
+        name = f"caller ({t.name})" if t.kind is ThreadKind.CALLER else t.name
         out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_name", "args": {"name": name}})
         out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_sort_index",
                     "args": {"sort_index": rank}})
@@ -128,14 +129,14 @@ def _counters(rec: Recording, out: list, us) -> None:
     """One counter track per queue (its depth) and one of the tasks outstanding in the whole engine.
 
     A task is outstanding from its push until its node's slice ends (or it is
-    skipped). Perfetto names a JSON counter track ``<name> <arg>``: the names
-    stay short so the track list shows them whole.
+    skipped). Perfetto names a JSON counter track ``<name> <arg>`` (``cuda:0
+    queued``, ``outstanding tasks``): short, so the track list shows them whole.
     """
     changes: list[tuple] = []  # (ts, +1/-1, gt)
     for q in rec.queue_samples:
         if q.pushed and q.node is not None:
             changes.append((q.ts, 1, q.gt))
-        out.append({"ph": "C", "pid": PID, "ts": us(q.ts), "name": f"queue {q.queue}", "args": {"depth": q.depth}})
+        out.append({"ph": "C", "pid": PID, "ts": us(q.ts), "name": q.queue, "args": {"queued": q.depth}})
     changes.extend((sl.end, -1, sl.gt) for sl in rec.slices)
     changes.extend((sk.ts, -1, sk.gt) for sk in rec.skips)
     per_task: dict[int, int] = {}
