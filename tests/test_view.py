@@ -85,6 +85,18 @@ def test_requests_addressed_to_another_host_are_refused(trace_file):
         assert result == [True]
 
 
+def test_only_get_is_answered(trace_file):
+    with TraceViewer(str(trace_file), port=0) as v:
+        t, result = serving(v, timeout=60, linger=0.2)
+        conn = http.client.HTTPConnection("127.0.0.1", v.port, timeout=10)
+        conn.request("HEAD", "/pyproject.toml")
+        assert conn.getresponse().status == 405
+        conn.close()
+        get(v.port, "/file_info")
+        t.join(15)
+        assert result == [True]
+
+
 def test_without_a_page_the_server_stops_at_its_deadline(trace_file):
     with TraceViewer(str(trace_file), port=0) as v:
         assert v.serve(timeout=0.5) is False

@@ -125,7 +125,7 @@ def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph,
             render_grads(console, report.result)
         if trace_path and not open_trace:
             console.print(f"trace written to {escape(trace_path)} (open it with `autograd-run view`, or in "
-                          "https://ui.perfetto.dev)", markup=False, highlight=False)
+                          "https://ui.perfetto.dev)", markup=False, highlight=False, soft_wrap=True)
     if open_trace:
         show_trace(trace_path, url_to_stderr=json_out)
     if error is not None:

@@ -122,7 +122,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
         render_slack(console, first)
     if trace_path and not open_trace:
         console.print(f"simulated trace written to {escape(trace_path)} (open it with `autograd-run view`, or in "
-                      "https://ui.perfetto.dev)", markup=False, highlight=False)
+                      "https://ui.perfetto.dev)", markup=False, highlight=False, soft_wrap=True)
     if open_trace:
         show_trace(trace_path)
 

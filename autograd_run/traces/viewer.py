@@ -10,7 +10,16 @@ server of our own:
 * the socket is bound to 127.0.0.1 (``vizviewer`` binds every interface);
 * a request whose ``Host`` is not this loopback address is refused, so a web
   page that rebinds its domain to 127.0.0.1 cannot read the trace;
-* no ``Access-Control-Allow-Origin: *`` header: the page is same-origin.
+* no ``Access-Control-Allow-Origin: *`` header: the page is same-origin;
+* no HEAD requests (the page sends none; the handler would answer them from
+  the working directory).
+
+``vizviewer``'s own server thread is not used: besides binding every
+interface, its one-shot mode stops at the first ``/file_info``, before the
+page has fetched the fonts it draws with, and it parses the whole trace
+to find viztracer's ``file_info``. The handler changes the working
+directory for each request (under its own lock); the server answers one
+request at a time on the thread that calls ``serve``.
 
 ``TraceViewer.serve`` answers requests until the page has loaded the trace
 (``/file_info``) and the fonts it fetches right after, the deadline passes,
@@ -72,6 +81,9 @@ def _handler_class():
                 self.send_error(403, "this server answers only 127.0.0.1 and localhost")
                 return
             super().do_GET()
+
+        def do_HEAD(self):
+            self.send_error(405, "GET only")
 
         def end_headers(self):  # vizviewer's, less its cross-origin header
             self.send_header("Cache-Control", "no-store")
