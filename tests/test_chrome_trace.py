@@ -6,12 +6,17 @@ the wheels are missing. ``make test`` installs the wheels.
 """
 
 import json
+import threading
 
 import pytest
 
+from autograd_run.engine.builtin_nodes import make_graph_root
 from autograd_run.graphs.generators import generate
 from autograd_run.graphs.load import load_graph
-from autograd_run.traces.chrome import to_chrome_trace
+from autograd_run.graphs.model import Edge
+from autograd_run.session import RunOptions, run_session
+from autograd_run.sim.session import SimOptions, simulate_session
+from autograd_run.traces.chrome import PID, node_title, to_chrome_trace
 from builders import graph, recording
 from tp_wasm.tp import TraceProcessor, available
 
@@ -57,8 +62,67 @@ def test_pipeline_trace_structure():
     assert {"autograd-run cuda:0", "autograd-run cuda:1"} <= names
     nodes = [e for e in events if e["ph"] == "X" and e["cat"] == "node"]
     assert sorted(e["args"]["id"] for e in nodes) == sorted(n.id for n in load_graph("example:pipeline").nodes)
-    assert all({"id", "seq", "depth", "device", "stream", "input_shapes"} <= set(e["args"]) for e in nodes)
+    assert all({"id", "name", "seq", "depth", "device", "stream", "input_shapes"} <= set(e["args"]) for e in nodes)
     assert sum(1 for e in events if e["ph"] == "s") == 1  # the cuda:1 -> cuda:0 copy
+
+
+def test_a_node_slice_is_titled_with_its_id_then_its_op():
+    events = trace_of(load_graph("example:seed"))["traceEvents"]
+    titles = {e["args"]["id"]: e["name"] for e in events if e["ph"] == "X" and e["cat"] == "node"}
+    assert titles["mul_b"] == "mul_b MulBackward0" and titles["sum"] == "sum SumBackward0"
+    seed = load_graph("example:seed")
+    assert node_title(make_graph_root([Edge(seed.by_id["sum"], 0)], [1], 0)) == "GraphRoot"  # id == name
+
+
+def test_thread_tids_are_display_ranks_caller_first_then_devices_by_index():
+    """The Perfetto UI orders a process's threads by tid (it ignores thread_sort_index)."""
+    rec = recording(load_graph("example:pipeline"))
+    events = to_chrome_trace(rec)["traceEvents"]
+    named = sorted((e["tid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name")
+    assert [n for _, n in named] == [f"caller ({threading.current_thread().name})",
+                                     "autograd-run cuda:0", "autograd-run cuda:1"]
+    assert [t for t, _ in named] == [PID + 1, PID + 2, PID + 3]  # none is the pid (the UI's "main thread")
+    tids = {t for t, _ in named}
+    assert {e["tid"] for e in events if e["ph"] in ("X", "b", "e", "i")} <= tids
+
+
+def test_the_caller_waits_for_its_graph_task_and_an_empty_queue_is_idle():
+    rec = recording(load_graph("example:pipeline"))
+    gt = rec.graph_tasks[0].gt
+    events = to_chrome_trace(rec)["traceEvents"]
+    caller = next(e["tid"] for e in events if e["ph"] == "M" and e["args"].get("name", "").startswith("caller"))
+    waits = [e for e in events if e["ph"] == "X" and e["cat"] in ("idle", "wait")]
+    assert {e["name"] for e in waits if e["tid"] == caller} == {f"waiting for graph task {gt}"}
+    assert all(e["args"]["graph_task"] == gt for e in waits if e["tid"] == caller)
+    # a device worker may find its first task waiting (it then never idles): whatever waits there is "idle"
+    assert {e["name"] for e in waits if e["tid"] != caller} <= {"idle"}
+
+
+def test_queue_waits_are_async_slices_scoped_to_the_process():
+    events = trace_of(load_graph("example:pipeline"))["traceEvents"]
+    async_events = [e for e in events if e["ph"] in ("b", "e")]
+    assert async_events and all("id" not in e and e["id2"].keys() == {"local"} for e in async_events)
+
+
+def test_one_counter_per_queue_and_one_of_outstanding_tasks_over_repeated_passes():
+    report = run_session(load_graph("example:pipeline"), RunOptions(repeat=5, devices="virtual"))
+    events = to_chrome_trace(report.recording)["traceEvents"]
+    counters = [e for e in events if e["ph"] == "C"]
+    queues = {q.queue for q in report.recording.queue_samples}
+    assert {e["name"] for e in counters} == {"outstanding"} | queues
+    assert all(e["args"].keys() == {"queued"} for e in counters if e["name"] != "outstanding")
+    outstanding = [e["args"]["tasks"] for e in counters if e["name"] == "outstanding"]
+    assert min(outstanding) >= 0 and outstanding[-1] == 0 and max(outstanding) >= 1
+
+
+def test_a_simulated_trace_names_nodes_and_waits_the_same_way():
+    g = load_graph("example:pipeline")
+    rec = simulate_session(g, SimOptions(spec="h100", detail=True)).recording
+    events = to_chrome_trace(rec)["traceEvents"]
+    check_structure({"traceEvents": events})
+    kernels = [e for e in events if e["ph"] == "X" and e["cat"] == "kernel"]
+    assert kernels and all(e["name"].startswith(e["args"]["id"] + " ") for e in kernels)
+    assert any(e["name"] == "waiting for graph task " + str(rec.graph_tasks[0].gt) for e in events if e["ph"] == "X")
 
 
 needs_tp = pytest.mark.skipif(available() is not None, reason=f"Perfetto trace processor unavailable: {available()}")
@@ -68,24 +132,76 @@ def import_errors(tp):
     return tp.query("select name, value from stats where value > 0 and severity in ('error', 'data_loss')")
 
 
+def process_tracks(tp, kind):
+    """(track name, upid) of the tracks of ``kind`` ('counter' or async slices); upid None: global."""
+    where = "type = 'json_counter'" if kind == "counter" else "type glob 'legacy_async_*'"
+    return tp.query(f"select name, type, extract_arg(dimension_arg_set_id, 'upid') as upid from track where {where}")
+
+
 @needs_tp
 def test_perfetto_imports_multi_device_trace_without_errors():
     g = graph(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2))
     trace = trace_of(g)
     with TraceProcessor(json.dumps(trace).encode()) as tp:
         assert import_errors(tp) == []
-        threads = {r["name"] for r in tp.query("select name from thread where name is not null")}
-        assert {"autograd-run cuda:0", "autograd-run cuda:1"} <= threads
+        upid = tp.query("select upid from process where name = 'autograd-run'")[0]["upid"]
+        threads = tp.query("select tid, name from thread where upid = %d and name is not null order by tid" % upid)
+        assert [t["name"] for t in threads] == [f"caller ({threading.current_thread().name})",
+                                                "autograd-run cuda:0", "autograd-run cuda:1"]
         n = tp.query("select count(*) as n from slice where category = 'node'")[0]["n"]
         assert n == len(g.nodes)
         flows = tp.query("select a.name as a, b.name as b from flow f join slice a on a.id = f.slice_out "
                          "join slice b on b.id = f.slice_in")
-        assert {"ToCopyBackward0"} <= {f["a"] for f in flows} | {f["b"] for f in flows}
-        counters = {r["name"] for r in tp.query("select distinct name from counter_track")}
-        assert any(c.startswith("ready queue cuda:0") for c in counters)
-        assert any(c.startswith("outstanding tasks") for c in counters)
+        assert any(name.endswith(" ToCopyBackward0") for f in flows for name in (f["a"], f["b"]))
         waits = tp.query("select count(*) as n from slice where category = 'queue_wait'")[0]["n"]
         assert waits == len(g.nodes)
+
+
+@needs_tp
+def test_perfetto_puts_queue_waits_and_counters_in_the_process():
+    g = graph(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2))
+    with TraceProcessor(json.dumps(trace_of(g)).encode()) as tp:
+        assert import_errors(tp) == []
+        upid = tp.query("select upid from process where name = 'autograd-run'")[0]["upid"]
+        asyncs = process_tracks(tp, "async")
+        assert asyncs and all(t["type"] == "legacy_async_process_slice" and t["upid"] == upid for t in asyncs)
+        assert {t["name"] for t in asyncs} == {"queue wait cuda:0", "queue wait cuda:1"}
+        counters = process_tracks(tp, "counter")
+        assert all(t["upid"] == upid for t in counters)
+        caller_queue = f"cpu:{threading.current_thread().name}"
+        assert sorted(t["name"] for t in counters) == sorted(
+            ["outstanding tasks", "cuda:0 queued", "cuda:1 queued", f"{caller_queue} queued"])
+
+
+@needs_tp
+def test_perfetto_finds_a_node_by_its_id_and_shows_its_args():
+    g = graph(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2))
+    node = next(n for n in g.nodes if n.name == "MmBackward0")
+    with TraceProcessor(json.dumps(trace_of(g)).encode()) as tp:
+        found = tp.query("select name, extract_arg(arg_set_id, 'args.id') as id, extract_arg(arg_set_id, 'args.seq') "
+                         f"as seq from slice where category = 'node' and name glob '{node.id} *'")
+        assert found == [{"name": f"{node.id} MmBackward0", "id": node.id, "seq": node.seq}]
+
+
+@needs_tp
+def test_perfetto_shows_what_each_thread_waits_for():
+    rec = recording(load_graph("example:pipeline"))
+    with TraceProcessor(json.dumps(to_chrome_trace(rec)).encode()) as tp:
+        rows = tp.query("select s.name as name, t.name as thread from slice s join thread_track tt on s.track_id = tt.id "
+                        "join thread t using (utid) where s.category in ('idle', 'wait')")
+        gt = rec.graph_tasks[0].gt
+        assert {r["name"] for r in rows if r["thread"].startswith("caller")} == {f"waiting for graph task {gt}"}
+        assert {r["name"] for r in rows if not r["thread"].startswith("caller")} <= {"idle"}  # a worker may never idle
+
+
+@needs_tp
+def test_perfetto_shows_one_outstanding_tasks_track_for_a_repeated_run():
+    report = run_session(load_graph("example:pipeline"), RunOptions(repeat=50, devices="virtual"))
+    with TraceProcessor(json.dumps(to_chrome_trace(report.recording)).encode()) as tp:
+        assert import_errors(tp) == []
+        names = [t["name"] for t in process_tracks(tp, "counter")]
+        assert names.count("outstanding tasks") == 1
+        assert len(names) == 1 + len({q.queue for q in report.recording.queue_samples})
 
 
 @needs_tp
@@ -93,7 +209,8 @@ def test_perfetto_shows_reentrant_nesting():
     trace = trace_of(load_graph("example:reentrant"))
     with TraceProcessor(json.dumps(trace).encode()) as tp:
         assert import_errors(tp) == []
-        rows = tp.query("select s.name as name, s.depth as depth from slice s where s.category = 'node'")
+        rows = tp.query("select extract_arg(arg_set_id, 'args.name') as name, s.depth as depth from slice s "
+                        "where s.category = 'node'")
         depth = {r["name"]: r["depth"] for r in rows}
         assert depth["ExpBackward0"] > depth["CheckpointFunctionBackward"]  # nested inside the checkpoint node
 

@@ -65,10 +65,11 @@ def test_graph_task_spans_keep_their_error_and_stay_open_when_unfinished():
 
 def test_idle_time_is_a_span_that_can_end_the_recording():
     ev = [(NODE_START, 10, WORKER, 0, 0, "a"), (NODE_END, 20, WORKER, 0, 0, "a"),
-          (IDLE, 20, WORKER, "cuda:0", 90)]
+          (IDLE, 20, WORKER, "cuda:0", 90, None), (IDLE, 0, CALLER, "cpu:MainThread", 95, 0)]
     rec = Recording.from_events(ev, THREADS)
-    assert rec.idles == [Idle(start=20, end=90, tid=WORKER, queue="cuda:0")]
-    assert (rec.start, rec.end) == (10, 90)
+    assert rec.idles == [Idle(start=20, end=90, tid=WORKER, queue="cuda:0", waiting_for=None),
+                         Idle(start=0, end=95, tid=CALLER, queue="cpu:MainThread", waiting_for=0)]
+    assert (rec.start, rec.end) == (0, 95)
 
 
 def test_skips_are_recorded():

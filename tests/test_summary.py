@@ -57,7 +57,7 @@ def test_busy_time_does_not_double_count_nested_slices():
             self.id, self.name, self.op, self.next = f"n{i}", "X", IDENTITY, []
     a, b = N(1), N(2)
     ev = [(R.NODE_START, 100, 1, 0, 0, a), (R.NODE_START, 200, 1, 1, 1, b), (R.NODE_END, 300, 1, 1, 1, b),
-          (R.NODE_END, 500, 1, 0, 0, a), (R.IDLE, 500, 1, "q", 900)]
+          (R.NODE_END, 500, 1, 0, 0, a), (R.IDLE, 500, 1, "q", 900, None)]
     s = summarize(Recording.from_events(ev, {1: "w"}))
     assert s.workers[0].busy_ns == 400 and s.workers[0].idle_ns == 400
     assert s.wall_ns == 800

@@ -143,12 +143,14 @@ def gen(kind, output, n, op, width, layers, batch, in_features, heads, seq_len, 
 from autograd_run.cli.run_cmd import run  # noqa: E402  (registers the run command below)
 from autograd_run.cli.sim_cmd import calibrate, simulate  # noqa: E402
 from autograd_run.cli.capture_cmd import capture, check  # noqa: E402
+from autograd_run.cli.view_cmd import view  # noqa: E402
 
 cli.add_command(run)
 cli.add_command(simulate)
 cli.add_command(calibrate)
 cli.add_command(capture)
 cli.add_command(check)
+cli.add_command(view)
 
 
 def main(argv=None):

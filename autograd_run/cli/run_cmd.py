@@ -9,9 +9,10 @@ import traceback
 
 import click
 
-from autograd_run.cli.common import error_line
+from autograd_run.cli.common import error_line, escape
+from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.engine.tracer import Tracer
-from autograd_run.errors import OrderMismatch
+from autograd_run.errors import OrderMismatch, UsageError
 
 
 class Progress(Tracer):
@@ -53,6 +54,8 @@ class Progress(Tracer):
 @click.command()
 @click.argument("graph")
 @click.option("--trace", "trace_path", default=None, help="Write a Chrome/Perfetto trace here.")
+@click.option("--open", "open_trace", is_flag=True,
+              help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--grad", "mode", flag_value="grad", default=None, help="Return gradients of --inputs (torch.autograd.grad).")
 @click.option("--backward", "mode", flag_value="backward", help="Accumulate into variables (Tensor.backward).")
 @click.option("--inputs", default=None, help="Comma-separated variable names or node ids.")
@@ -75,7 +78,7 @@ class Progress(Tracer):
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the summary and gradients as JSON on stdout.")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
-def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithreading, devices, anomaly,
+def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph, no_multithreading, devices, anomaly,
         inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, summary, json_out, verbose):
     """Run a graph's backward pass (GRAPH is a file or example:NAME).
 
@@ -83,6 +86,7 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     Examples:
       autograd-run example:seed
       autograd-run graph.yaml --trace out.json
+      autograd-run graph.yaml --trace out.json --open
       autograd-run example:mlp --no-multithreading --order-out golden.jsonl
       autograd-run example:mlp --no-multithreading --expect-order golden.jsonl
       autograd-run example:pipeline --repeat 20 --json
@@ -92,6 +96,10 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     from autograd_run.session import RunOptions, run_session
     from autograd_run.traces.order import read_order
 
+    if open_trace:
+        if not trace_path:
+            raise UsageError("--open needs --trace FILE")
+        require_viewer()
     g = load_graph(graph)
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(
@@ -115,8 +123,11 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
         render_summary(console, report.summary, f"{graph}: {len(g.nodes)} nodes", devices=dev_line)
         if report.result is not None:
             render_grads(console, report.result)
-        if trace_path:
-            console.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")
+        if trace_path and not open_trace:
+            console.print(f"trace written to {escape(trace_path)} (open it with `autograd-run view`, or in "
+                          "https://ui.perfetto.dev)", markup=False, highlight=False, soft_wrap=True)
+    if open_trace:
+        show_trace(trace_path, url_to_stderr=json_out)
     if error is not None:
         where = f"node {error.node_id!r} ({error.node_name})" if error.node_id else "backward"
         if verbose and error.__cause__ is not None:

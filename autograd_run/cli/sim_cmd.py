@@ -6,6 +6,8 @@ import json
 
 import click
 
+from autograd_run.cli.common import escape
+from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.sim.placement import PLACEMENTS
 from autograd_run.sim.policies import POLICIES
 
@@ -52,14 +54,16 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @click.option("--compare", default=None, metavar="policy=A,B|devices=K,K",
               help="Simulate several policies or device counts and print one table.")
 @click.option("--trace", "trace_path", default=None, metavar="FILE", help="Write the simulated Chrome/Perfetto trace.")
+@click.option("--open", "open_trace", is_flag=True,
+              help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--order-out", default=None, metavar="FILE",
               help="Write the predicted order (a golden for `run --expect-order`).")
 @click.option("--slack", type=click.IntRange(0, 100), default=5, show_default=True,
               help="What-if for the N slowest critical-path nodes made 20% faster.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
-def simulate(graph, spec, devices, placement, policy, scale, costs, compare, trace_path, order_out, slack, summary,
-             json_out):
+def simulate(graph, spec, devices, placement, policy, scale, costs, compare, trace_path, open_trace, order_out, slack,
+             summary, json_out):
     """Simulate GRAPH's backward pass on a virtual clock (no node runs).
 
     The simulation runs the engine's own scheduling code on simulated workers,
@@ -69,6 +73,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
     \b
     Examples:
       autograd-run simulate example:mlp
+      autograd-run simulate example:pipeline --trace sim.json --open
       autograd-run simulate model.json --spec a100 --devices 2 --placement layer
       autograd-run simulate model.json --compare policy=pytorch,fifo,single-thread
       autograd-run simulate model.json --compare devices=1,2,4 --json
@@ -79,6 +84,11 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
     from autograd_run.sim.session import SimOptions, simulate_session
     from autograd_run.traces.order import write_order
 
+    if open_trace:
+        if not trace_path:
+            from autograd_run.errors import UsageError
+            raise UsageError("--open needs --trace FILE")
+        require_viewer()
     g = load_graph(graph)
     variants = _variants(compare, policy, devices)
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
@@ -99,6 +109,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
         write_order(order_out, first.order)
     if json_out:
         click.echo(json.dumps([_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)))
+        if open_trace:
+            show_trace(trace_path, url_to_stderr=True)
         return
     from rich.console import Console
     from autograd_run.cli.render import render_compare, render_slack, render_summary
@@ -108,8 +120,11 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
     elif summary:
         render_summary(console, first.summary, f"{graph}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
-    if trace_path:
-        console.print(f"simulated trace written to {trace_path} (open it in https://ui.perfetto.dev)")
+    if trace_path and not open_trace:
+        console.print(f"simulated trace written to {escape(trace_path)} (open it with `autograd-run view`, or in "
+                      "https://ui.perfetto.dev)", markup=False, highlight=False, soft_wrap=True)
+    if open_trace:
+        show_trace(trace_path)
 
 
 def _report_json(r) -> dict:

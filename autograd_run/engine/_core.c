@@ -315,7 +315,14 @@ static PyObject *Queue_push_shutdown(QueueObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Queue_pop(QueueObject *self, PyObject *unused) {
+static PyObject *Queue_pop(QueueObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* pop(waiting_for=None): waiting_for is the GraphTask whose completion the popping loop waits
+     * for (None on a device thread), told to the tracer with an idle span. */
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "pop(waiting_for=None)");
+        return NULL;
+    }
+    PyObject *waiting_for = nargs ? args[0] : Py_None;
     int64_t waited = 0, idle0 = 0, idle1 = 0;
     PyObject *item;
     Py_ssize_t depth;
@@ -345,7 +352,8 @@ static PyObject *Queue_pop(QueueObject *self, PyObject *unused) {
     if (tracing && item != SHUTDOWN_ITEM) {
         if (idle0) {
             PyObject *a = PyLong_FromLongLong(idle0), *b = PyLong_FromLongLong(idle1);
-            PyObject *r = (a && b) ? PyObject_CallMethodObjArgs(self->tracer, s_worker_idle, (PyObject *)self, a, b, NULL)
+            PyObject *r = (a && b) ? PyObject_CallMethodObjArgs(self->tracer, s_worker_idle, (PyObject *)self, a, b,
+                                                                waiting_for, NULL)
                                    : NULL;
             Py_XDECREF(a);
             Py_XDECREF(b);
@@ -468,7 +476,8 @@ static PyMethodDef Queue_methods[] = {
     {"push", (PyCFunction)(void (*)(void))Queue_push, METH_FASTCALL, "push(key, item)"},
     {"push_wakeup", (PyCFunction)Queue_push_wakeup, METH_O, "push_wakeup(graph_task)"},
     {"push_shutdown", (PyCFunction)Queue_push_shutdown, METH_NOARGS, "push_shutdown()"},
-    {"pop", (PyCFunction)Queue_pop, METH_NOARGS, "pop() -> item, blocking (without the GIL) while empty"},
+    {"pop", (PyCFunction)(void (*)(void))Queue_pop, METH_FASTCALL,
+     "pop(waiting_for=None) -> item, blocking (without the GIL) while empty"},
     {"snapshot", (PyCFunction)Queue_snapshot, METH_NOARGS, "the queued (key, item) pairs, in heap order"},
     {"rekey", (PyCFunction)(void (*)(void))Queue_rekey, METH_FASTCALL, "rekey(match, new_key)"},
     {NULL}};

@@ -73,7 +73,13 @@ class ReadyQueue:
     def push_shutdown(self) -> None:
         self.push(SHUTDOWN_KEY, SHUTDOWN)
 
-    def pop(self):
+    def pop(self, waiting_for=None):
+        """The top task, blocking while the queue is empty.
+
+        ``waiting_for`` is the GraphTask whose completion the popping loop waits
+        for (None for a device thread serving its queue); it only tells the
+        tracer what a blocked thread was waiting for.
+        """
         tracer = self.tracer
         waited = 0
         if tracer is None or not tracer.enabled:
@@ -92,7 +98,7 @@ class ReadyQueue:
                 finally:
                     self._waiting -= 1
                 if t0:
-                    tracer.worker_idle(self, t0, time.perf_counter_ns())
+                    tracer.worker_idle(self, t0, time.perf_counter_ns(), waiting_for)
                 waited = 0  # waiting for the lock was part of going idle
             item = self._pop()
             depth = len(self._keys)

@@ -55,8 +55,13 @@ class Tracer:
     def nan_detected(self, gt, node, index: int) -> None:
         """Anomaly mode found NaN in ``node``'s output ``index``."""
 
-    def worker_idle(self, queue, start_ns: int, end_ns: int) -> None:
-        """A worker waited on an empty ``queue`` from ``start_ns`` to ``end_ns``."""
+    def worker_idle(self, queue, start_ns: int, end_ns: int, waiting_for) -> None:
+        """A worker waited on an empty ``queue`` from ``start_ns`` to ``end_ns``.
+
+        ``waiting_for`` is the GraphTask its loop runs until (a caller, or a
+        worker inside a reentrant call, waiting for that call to finish); None
+        for a device thread serving its queue with no call of its own.
+        """
 
 
 NULL_TRACER = Tracer()

@@ -314,7 +314,7 @@ def thread_main(engine, graph_task) -> None:
     queue = tls.queue
     tracer = engine.tracer
     while graph_task is None or not graph_task.completed:
-        item = queue.pop()
+        item = queue.pop(graph_task)
         if item is SHUTDOWN:
             break
         gt, node, buf = item

@@ -26,7 +26,7 @@ def to_recording(sim) -> Recording:
     rec.syncs = [Sync(ts, 0, gt, p, c, src, dst) for ts, gt, p, c, src, dst in sim.syncs]
     rec.stream_events = [StreamEvent(ts, 0, gt, action, node, stream, ev)
                          for ts, gt, action, node, stream, ev in sim.stream_events]
-    rec.idles = [Idle(a, b, tid, q) for a, b, tid, q in sim.idles]
+    rec.idles = [Idle(*i) for i in sim.idles]
     rec.graph_tasks = [GraphTaskSpan(g.id, g.reentrant_depth, g.start, g.returned or g.end, g.tid, None)
                        for g in sim.graph_tasks]
     rec.kernels = [KernelSlice(stream_name(st), node, a, b) for st, node, a, b in sim.kernels]

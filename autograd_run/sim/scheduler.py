@@ -371,7 +371,8 @@ class Simulator:
         w.wake_pending = False
         if w.idle:
             if w.idle_since is not None and self.now > w.idle_since:
-                self.idles.append((w.idle_since, self.now, w.tid, w.queue.name))
+                waiting = w.waiting_for[-1].id if w.waiting_for else None
+                self.idles.append((w.idle_since, self.now, w.tid, w.queue.name, waiting))
             w.idle = False
             self._step(w)
 

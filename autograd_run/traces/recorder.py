@@ -112,5 +112,6 @@ class Recorder(Tracer):
     def nan_detected(self, gt, node, index) -> None:
         self.events.append((NAN, self.clock(), self._tid(), gt.id, node, index))
 
-    def worker_idle(self, queue, start_ns, end_ns) -> None:
-        self.events.append((IDLE, start_ns, self._tid(), queue.name, end_ns))
+    def worker_idle(self, queue, start_ns, end_ns, waiting_for) -> None:
+        self.events.append((IDLE, start_ns, self._tid(), queue.name, end_ns,
+                            None if waiting_for is None else waiting_for.id))

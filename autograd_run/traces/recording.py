@@ -28,7 +28,7 @@ LOCK_WAIT = "lock_wait"      # (kind, ts_end, ident, lock_name, gt_id, waited_ns
 SYNC = "sync"                # (kind, ts, ident, gt_id, producer, consumer, src, dst)
 ERROR = "error"              # (kind, ts, ident, gt_id, node, message)
 NAN = "nan"                  # (kind, ts, ident, gt_id, node, index)
-IDLE = "idle"                # (kind, start, ident, queue_name, end)
+IDLE = "idle"                # (kind, start, ident, queue_name, end, waited_gt_id_or_None)
 GT_START = "gt_start"        # (kind, ts, ident, gt_id, depth)
 GT_END = "gt_end"            # (kind, ts, ident, gt_id, error_message_or_None)
 EVENT = "event"              # (kind, ts, ident, gt_id, "record"|"wait", node_or_None, stream, event_id)
@@ -158,12 +158,15 @@ class NanFound(NamedTuple):
 
 
 class Idle(NamedTuple):
-    """A worker blocked on an empty queue."""
+    """A worker blocked on an empty queue: serving it, or waiting for GraphTask ``waiting_for`` to finish."""
 
     start: int
     end: int
     tid: int
     queue: str
+    #: The GraphTask id whose completion the blocked loop waits for (its caller's own
+    #: call, or the reentrant call a pool thread runs); None for a device thread serving its queue.
+    waiting_for: int | None = None
 
 
 class GraphTaskSpan(NamedTuple):
@@ -272,7 +275,7 @@ class Recording:
                 end = ev[4]
                 if end > last:
                     last = end
-                rec.idles.append(Idle(ts, end, tid, ev[3]))
+                rec.idles.append(Idle(ts, end, tid, ev[3], ev[5]))
             elif kind == GT_START:
                 gts[ev[3]] = [ev[3], ev[4], ts, None, tid, None]
             elif kind == GT_END:
