@@ -18,6 +18,7 @@ torch is optional: it is imported only here (``pip install autograd-run[torch]``
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -81,6 +82,8 @@ def _saved_value(torch, v, key: str, arrays: _Arrays):
         return arrays.put(key, v)
     if isinstance(v, bool) or v is None or isinstance(v, str):
         return v
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # "inf", "-inf", "nan": JSON has no spelling for them (rules read them back)
     if isinstance(v, (int, float)):
         return v
     if isinstance(v, (tuple, list)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
