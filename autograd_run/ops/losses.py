@@ -1,4 +1,11 @@
-"""Losses: mean squared error, negative log likelihood (1d and 2d targets)."""
+"""Losses: mean squared error, negative log likelihood (1d and 2d targets), binary cross-entropy (on
+probabilities and on logits, with weights and pos_weight), smooth L1, Huber, soft margin, multi-class margin;
+and the double-backward nodes of MSE, smooth L1, Huber and NLL.
+
+``reduction`` is PyTorch's enum: 0 none, 1 mean (over all elements, or
+the total weight for NLL), 2 sum. A reduced loss's gradient is a number
+that broadcasts over the input.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,14 @@ import numpy as np
 
 from autograd_run.ops import cost
 from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.numeric import num
 from autograd_run.ops.spec import op
+
+NONE, MEAN, SUM = 0, 1, 2
+
+
+def _mean(d, reduction, n):
+    return d / n if reduction == MEAN else d
 
 
 @op("MseLossBackward0", saved="self:tensor target:tensor reduction:int?", cost=cost.pointwise(3))
@@ -14,11 +28,15 @@ def mse_loss(node, grads, ctx):
     """mse_loss(a, t): 2 (a - t) g, over numel for 'mean'; the negation for t."""
     sv = ctx.saved(node)
     x, t = sv["self"], sv["target"]
-    g = grads[0]
-    d = 2 * (x - t) * g
-    if sv.get("reduction", 1) == 1:
-        d = d / x.size
+    d = _mean(2 * (x - t) * grads[0], sv.get("reduction", MEAN), x.size)
     return each(node, lambda i: d if i == 0 else -d)
+
+
+def _nll_scale(xp, target, weight, ignore, dtype):
+    valid = target != ignore
+    safe_t = xp.where(valid, target, 0)
+    w = (weight[safe_t] if weight is not None else xp.ones(safe_t.shape, dtype=dtype)) * valid
+    return safe_t, w
 
 
 @op("NllLossBackward0", "NllLoss2DBackward0",
@@ -29,18 +47,13 @@ def nll_loss(node, grads, ctx):
     sv = ctx.saved(node)
     x = sv["self"]
     target = sv["target"].astype(np.int64, copy=False)
-    weight = sv.get("weight")
-    reduction = sv.get("reduction", 1)
-    ignore = signed(sv.get("ignore_index", -100))
+    reduction = sv.get("reduction", MEAN)
     xp = ctx.xp(node)
     g = grads[0]
-    batched = x.ndim >= 2
-    cls_axis = 1 if batched else 0
-    valid = target != ignore
-    safe_t = xp.where(valid, target, 0)
-    w = (weight[safe_t] if weight is not None else xp.ones(safe_t.shape, dtype=x.dtype)) * valid
+    cls_axis = 1 if x.ndim >= 2 else 0
+    safe_t, w = _nll_scale(xp, target, sv.get("weight"), signed(sv.get("ignore_index", -100)), x.dtype)
     scale = -w * g
-    if reduction == 1:
+    if reduction == MEAN:
         scale = scale / sv["total_weight"]
 
     def out(i):
@@ -49,4 +62,216 @@ def nll_loss(node, grads, ctx):
         vals = xp.expand_dims(xp.asarray(scale, dtype=x.dtype) * xp.ones(safe_t.shape, dtype=x.dtype), cls_axis)
         xp.put_along_axis(grad_in, idx, vals, axis=cls_axis)
         return grad_in
+    return each(node, out)
+
+
+def _sigmoid(xp, x):
+    with np.errstate(over="ignore"):
+        return 1 / (1 + xp.exp(-x))
+
+
+def _softplus(xp, x):
+    """log(1 + exp(x)), without overflow."""
+    return xp.logaddexp(0, x)
+
+
+@op("BinaryCrossEntropyWithLogitsBackward0",
+    saved="self:tensor target:tensor weight:tensor? pos_weight:tensor? reduction:int?", cost=cost.pointwise(8))
+def bce_with_logits(node, grads, ctx):
+    """binary_cross_entropy_with_logits(a, t, weight, pos_weight): w ((1 - t + pw t) sigmoid(a) - pw t) to a;
+    w (pw softplus(-a) - softplus(a)) to t."""
+    sv = ctx.saved(node)
+    x, t = sv["self"], sv["target"]
+    w, pw = sv.get("weight"), sv.get("pos_weight")
+    reduction = sv.get("reduction", MEAN)
+    xp = ctx.xp(node)
+    g = grads[0]
+
+    def out(i):
+        if i == 0:
+            if pw is not None:
+                pt = pw * t
+                d = (pt + 1 - t) * _sigmoid(xp, x) - pt
+            else:
+                d = _sigmoid(xp, x) - t
+        else:
+            d = pw * _softplus(xp, -x) - _softplus(xp, x) if pw is not None else -x
+        d = d * g
+        if w is not None:
+            d = d * w
+        return _mean(d, reduction, x.size)
+    return each(node, out)
+
+
+@op("BinaryCrossEntropyBackward0", saved="self:tensor target:tensor weight:tensor? reduction:int?",
+    cost=cost.pointwise(6))
+def bce(node, grads, ctx):
+    """binary_cross_entropy(p, t, weight): w (p - t) / max(p (1 - p), 1e-12) to p; -w logit(p) to t."""
+    sv = ctx.saved(node)
+    x, t, w = sv["self"], sv["target"], sv.get("weight")
+    reduction = sv.get("reduction", MEAN)
+    xp = ctx.xp(node)
+    g = grads[0]
+
+    def out(i):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if i == 0:
+                d = (x - t) / xp.maximum((1 - x) * x, 1e-12)
+            else:
+                d = -xp.log(x / (1 - x))
+        d = d * g
+        if w is not None:
+            d = d * w
+        return _mean(d, reduction, x.size)
+    return each(node, out)
+
+
+def _smooth_l1_slope(xp, d, beta):
+    if beta == 0:
+        return xp.sign(d)
+    return xp.where(d <= -beta, -1.0, xp.where(d >= beta, 1.0, d / beta))
+
+
+@op("SmoothL1LossBackward0", saved="self:tensor target:tensor reduction:int? beta:scalar?", cost=cost.pointwise(4))
+def smooth_l1_loss(node, grads, ctx):
+    """smooth_l1_loss(a, t, beta): (a - t) / beta inside |a - t| < beta, its sign outside; the negation for t."""
+    sv = ctx.saved(node)
+    x, t = sv["self"], sv["target"]
+    d = _smooth_l1_slope(ctx.xp(node), x - t, num(sv.get("beta", 1.0))) * grads[0]
+    d = _mean(d, sv.get("reduction", MEAN), x.size)
+    return each(node, lambda i: d if i == 0 else -d)
+
+
+@op("HuberLossBackward0", saved="self:tensor target:tensor reduction:int? delta:scalar?", cost=cost.pointwise(3))
+def huber_loss(node, grads, ctx):
+    """huber_loss(a, t, delta): a - t clipped to [-delta, delta]; the negation for t."""
+    sv = ctx.saved(node)
+    x, t = sv["self"], sv["target"]
+    delta = num(sv.get("delta", 1.0))
+    d = _mean(ctx.xp(node).clip(x - t, -delta, delta) * grads[0], sv.get("reduction", MEAN), x.size)
+    return each(node, lambda i: d if i == 0 else -d)
+
+
+@op("SoftMarginLossBackward0", saved="self:tensor target:tensor reduction:int?", cost=cost.pointwise(5))
+def soft_margin_loss(node, grads, ctx):
+    """soft_margin_loss(a, t) = log(1 + exp(-t a)): -t sigmoid(-t a) g."""
+    sv = ctx.saved(node)
+    x, t = sv["self"], sv["target"]
+    d = _mean(-t * _sigmoid(ctx.xp(node), -t * x) * grads[0], sv.get("reduction", MEAN), x.size)
+    return each(node, lambda i: d)
+
+
+@op("MultiMarginLossBackward0",
+    saved="self:tensor target:tensor p:scalar? margin:scalar? weight:tensor? reduction:int?",
+    cost=cost.pointwise(6))
+def multi_margin_loss(node, grads, ctx):
+    """multi_margin_loss(a, y, p, margin, weight): each class j != y with margin - a_y + a_j > 0 pushes a_j up
+    and a_y down (p = 1: by 1, p = 2: by 2 (margin - a_y + a_j)), weighted by weight[y], over the class count."""
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    p, margin = num(sv.get("p", 1)), num(sv.get("margin", 1.0))
+    weight, reduction = sv.get("weight"), sv.get("reduction", MEAN)
+    g = grads[0]
+    x2 = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    y = sv["target"].astype(np.int64, copy=False).reshape(-1)
+    n, c = x2.shape
+    rows = xp.arange(n)
+    xy = x2[rows, y][:, None]
+    z = margin - xy + x2
+    active = z > 0
+    active[rows, y] = False
+    h = active * (1.0 if p == 1 else 2 * z)
+    if weight is not None:
+        h = h * weight[y][:, None]
+    h = h / c
+    if reduction == MEAN:
+        h = h / n
+    h[rows, y] = -h.sum(axis=1)
+    go = g.reshape(-1, 1) if reduction == NONE and g.size == n else g
+    return each(node, lambda i: (h * go).reshape(x.shape).astype(x.dtype, copy=False))
+
+
+# --- double backward --------------------------------------------------------------------------------------------
+# Inputs: the gradient of the first backward's grad_input; next edges: grad_output, self, target.
+
+
+@op("MseLossBackwardBackward0", saved="grad_output:tensor self:tensor target:tensor reduction:int?",
+    cost=cost.pointwise(4))
+def mse_loss_backward_backward(node, grads, ctx):
+    """mse_loss_backward(go, a, t) = 2 (a - t) go: 2 (a - t) g to go (summed to its shape), 2 g go to a, -2 g go to t."""
+    sv = ctx.saved(node)
+    x, t, go = sv["self"], sv["target"], sv["grad_output"]
+    reduction = sv.get("reduction", MEAN)
+    g = grads[0]
+
+    def out(i):
+        if i == 0:
+            return _mean(2 * (x - t) * g, reduction, x.size)
+        d = _mean(2 * g * go, reduction, x.size)
+        return d if i == 1 else -d
+    return each(node, out)
+
+
+@op("SmoothL1LossBackwardBackward0",
+    saved="grad_output:tensor self:tensor target:tensor reduction:int? beta:scalar?", cost=cost.pointwise(5))
+def smooth_l1_loss_backward_backward(node, grads, ctx):
+    """smooth_l1_loss_backward differentiated: the slope times g to go; g go / beta inside |a - t| < beta to a."""
+    sv = ctx.saved(node)
+    x, t, go = sv["self"], sv["target"], sv["grad_output"]
+    beta, reduction = num(sv.get("beta", 1.0)), sv.get("reduction", MEAN)
+    xp = ctx.xp(node)
+    g = grads[0]
+
+    def out(i):
+        if i == 0:
+            return _mean(_smooth_l1_slope(xp, x - t, beta) * g, reduction, x.size)
+        if beta == 0:
+            d = xp.zeros_like(g * go)
+        else:
+            d = _mean(g * go * (xp.abs(x - t) < beta) / beta, reduction, x.size)
+        return d if i == 1 else -d
+    return each(node, out)
+
+
+@op("HuberLossBackwardBackward0",
+    saved="grad_output:tensor self:tensor target:tensor reduction:int? delta:scalar?", cost=cost.pointwise(4))
+def huber_loss_backward_backward(node, grads, ctx):
+    """huber_loss_backward differentiated: the clipped difference times g to go; g go inside |a - t| < delta to a."""
+    sv = ctx.saved(node)
+    x, t, go = sv["self"], sv["target"], sv["grad_output"]
+    delta, reduction = num(sv.get("delta", 1.0)), sv.get("reduction", MEAN)
+    xp = ctx.xp(node)
+    g = grads[0]
+
+    def out(i):
+        if i == 0:
+            return _mean(xp.clip(x - t, -delta, delta) * g, reduction, x.size)
+        d = _mean(g * go * (xp.abs(x - t) < delta), reduction, x.size)
+        return d if i == 1 else -d
+    return each(node, out)
+
+
+@op("NllLossBackwardBackward0", "NllLoss2DBackwardBackward0",
+    saved="target:tensor weight:tensor? reduction:int? ignore_index:int?", cost=cost.pointwise(2))
+def nll_loss_backward_backward(node, grads, ctx):
+    """nll_loss_backward is linear in go: nll_loss(g, target) to go; zero to the log-probabilities."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    g = grads[0]
+    reduction = sv.get("reduction", MEAN)
+
+    def out(i):
+        if i == 1:
+            return xp.zeros_like(g)
+        target = sv["target"].astype(np.int64, copy=False)
+        cls_axis = 1 if g.ndim >= 2 else 0
+        safe_t, w = _nll_scale(xp, target, sv.get("weight"), signed(sv.get("ignore_index", -100)), g.dtype)
+        picked = xp.take_along_axis(g, xp.expand_dims(safe_t, cls_axis), axis=cls_axis).squeeze(cls_axis)
+        losses = -w * picked
+        if reduction == NONE:
+            return losses
+        if reduction == SUM:
+            return losses.sum()
+        return losses.sum() / w.sum()
     return each(node, out)
