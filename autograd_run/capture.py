@@ -67,6 +67,8 @@ class _Arrays:
 
     def put(self, key: str, t) -> dict:
         arr = t.detach().cpu()
+        if arr.is_conj() or arr.is_neg():  # lazy conjugate/negative views: materialise them first
+            arr = arr.resolve_conj().resolve_neg()
         dt = _dtype(arr.dtype)
         if dt not in _TORCH_DTYPES:
             raise ValueError(f"cannot capture a tensor of dtype {dt} ({key})")
