@@ -3,16 +3,17 @@
 ``REGISTRY`` maps names (PyTorch's spelling, e.g. ``MulBackward0``, and the
 synthetic ``cost``/``opaque``/``python``/``identity``) to specs. Families:
 ``elementwise``, ``activations``, ``linalg``, ``shape``, ``reductions``,
-``indexing``, ``conv`` (convolution, pooling, normalisation), ``losses``,
-and ``engine_ops`` (node kinds the engine implements itself). Importing
-this package registers them all; a name declared twice fails here.
+``indexing``, ``conv`` (convolution, pooling, normalisation, resampling),
+``losses``, ``sparse`` (embedding bags), and ``engine_ops`` (node kinds the
+engine implements itself). Importing this package registers them all; a
+name declared twice fails here.
 
 This package depends on numpy only: the graph loader, the engine, the
 simulation and capture all read the same table.
 """
 
 from autograd_run.ops import (  # noqa: F401  (importing a family registers its ops)
-    activations, conv, elementwise, engine_ops, indexing, linalg, losses, reductions, shape,
+    activations, conv, elementwise, engine_ops, indexing, linalg, losses, reductions, shape, sparse,
 )
 from autograd_run.ops.engine_ops import (
     ACCUMULATE_GRAD, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, is_graph_root,
@@ -20,7 +21,7 @@ from autograd_run.ops.engine_ops import (
 from autograd_run.ops.spec import REGISTRY, Field, OpSpec, RuleContext
 
 FAMILIES = ("elementwise", "activations", "linalg", "shape", "reductions", "indexing", "conv", "losses",
-            "engine_ops")
+            "sparse", "engine_ops")
 
 
 def _check() -> None:
