@@ -86,6 +86,8 @@ def _saved_value(torch, v, key: str, arrays: _Arrays):
         return v
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)  # "inf", "-inf", "nan": JSON has no spelling for them (rules read them back)
+    if isinstance(v, complex):
+        return str(v)  # "(2-1j)", "1j": likewise
     if isinstance(v, (int, float)):
         return v
     if isinstance(v, (tuple, list)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):

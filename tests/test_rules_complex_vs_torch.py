@@ -22,7 +22,10 @@ def leaves():
     return {"z": leaf(3, 4, seed=1, dtype=C), "w": leaf(3, 4, seed=2, dtype=C), "r": leaf(3, 4, seed=3),
             "s": leaf(4, seed=4, dtype=C), "m": leaf(4, 5, seed=5, dtype=C), "b": leaf(2, 3, 4, seed=6, dtype=C),
             "y": leaf(2, 4, 2, seed=7, dtype=C), "bias": leaf(5, seed=8, dtype=C), "rp": leaf(3, 4, seed=9, positive=True),
-            "small": (0.4 * leaf(3, 4, seed=10, dtype=C)).detach().requires_grad_(True)}
+            "small": (0.4 * leaf(3, 4, seed=10, dtype=C)).detach().requires_grad_(True),
+            "ci": leaf(2, 3, 6, seed=11, dtype=C), "cw": leaf(4, 3, 2, seed=12, dtype=C),
+            "cwt": leaf(3, 2, 2, seed=13, dtype=C), "ci2": leaf(1, 3, 5, 4, seed=14, dtype=C),
+            "cw2": leaf(2, 3, 2, 2, seed=15, dtype=C), "cb": leaf(2, seed=16, dtype=C)}
 
 
 CASES = {
@@ -79,6 +82,10 @@ CASES = {
     "l1_loss": lambda L: F.l1_loss(L["z"], L["w"]),
     "mean_sum": lambda L: L["z"].mean() * L["w"].sum(),
     "power_spectrum": lambda L: (L["z"] * L["z"].conj()).real.sqrt(),
+    "mul_complex_number": lambda L: L["z"] * (2 - 1j) + L["w"] / 1j,
+    "conv1d": lambda L: F.conv1d(L["ci"], L["cw"], stride=2, padding=1),
+    "conv2d_bias": lambda L: F.conv2d(L["ci2"], L["cw2"], L["cb"], padding=1),
+    "conv_transpose1d": lambda L: F.conv_transpose1d(L["ci"], L["cwt"], stride=2, output_padding=1),
 }
 
 

@@ -52,9 +52,12 @@ def real_for(node, i: int, g):
 
 
 def num(v):
-    """A saved number: graph files write the non-finite ones as the strings ``inf``, ``-inf``, ``nan``."""
+    """A saved number: graph files write the non-finite and complex ones as strings (``inf``, ``nan``, ``(1-2j)``)."""
     if isinstance(v, str):
-        return float(v)
+        try:
+            return float(v)
+        except ValueError:
+            return complex(v)
     return v
 
 
