@@ -154,6 +154,27 @@ DOUBLE = {
                           (2, 3, 7, 6), (4, 3, 3, 2)),
     "upsample_bicubic_align": (lambda x, w: F.interpolate(F.conv2d(x, w), size=(6, 4), mode="bicubic",
                                                           align_corners=True) ** 2, (2, 3, 7, 6), (4, 3, 3, 2)),
+    "upsample_nearest1d_linear1d": (lambda x, w: F.interpolate(F.conv1d(x, w), size=9)
+                                    * F.interpolate(F.conv1d(x, w), size=9, mode="linear") ** 2,
+                                    (2, 3, 7), (4, 3, 3)),
+    "upsample_nearest3d_trilinear": (lambda x, w: F.interpolate(F.conv3d(x, w), scale_factor=2) ** 2
+                                     + F.interpolate(F.conv3d(x, w), size=(3, 5, 4), mode="trilinear").pow(2).sum(),
+                                     (1, 2, 4, 5, 3), (3, 2, 2, 2, 2)),
+    "upsample_nearest_exact": (lambda x, w: F.interpolate(F.conv1d(x, w), size=8, mode="nearest-exact") ** 2,
+                               (2, 3, 7), (4, 3, 3)),
+    "upsample_nearest_exact2d": (lambda x, w: F.interpolate(F.conv2d(x, w), size=(8, 3), mode="nearest-exact") ** 2,
+                                 (2, 3, 7, 6), (4, 3, 3, 2)),
+    "upsample_nearest_exact3d": (lambda x, w: F.interpolate(F.conv3d(x, w), size=(4, 5, 2), mode="nearest-exact") ** 2,
+                                 (1, 2, 4, 5, 3), (3, 2, 2, 2, 2)),
+    "pools_3d": (lambda x, w: F.avg_pool3d(F.conv3d(x, w), 2, ceil_mode=True) ** 2
+                 + F.adaptive_avg_pool3d(F.conv3d(x, w), (2, 3, 1)).pow(2).sum()
+                 + F.adaptive_max_pool3d(F.conv3d(x, w), (2, 2, 1)).pow(2).sum(),
+                 (1, 2, 4, 5, 3), (3, 2, 2, 2, 2)),
+    "pads_1d": (lambda x, w: F.pad(F.conv1d(x, w), (2, 1), mode="reflect") ** 2
+                + F.pad(F.conv1d(x, w), (0, 3), mode="replicate").pow(2).sum(), (2, 3, 7), (4, 3, 3)),
+    "pads_3d": (lambda x, w: F.pad(F.conv3d(x, w), (1, 0, 1, 1, 0, 1), mode="reflect") ** 2
+                + F.pad(F.conv3d(x, w), (0, 2, 1, 0, 1, 0), mode="replicate").pow(2).sum(),
+                (1, 2, 4, 5, 3), (3, 2, 2, 2, 2)),
     "reflection_pad": (lambda x, w: F.pad(F.conv2d(x, w), (1, 1, 2, 0), mode="reflect") ** 2, (2, 3, 7, 6),
                        (4, 3, 3, 2)),
     "replication_pad": (lambda x, w: F.pad(F.conv2d(x, w), (1, 1, 2, 0), mode="replicate") ** 2, (2, 3, 7, 6),

@@ -42,6 +42,8 @@ ELEMENTWISE = {
     "mul_scalar_aten": lambda L: aten.mul.Scalar(L["a"], -1.5),
     "div_scalar_aten": lambda L: aten.div.Scalar(L["a"], 4.0),
     "div_scalar_mode": lambda L: torch.div(L["a"], 2, rounding_mode="floor") + L["a"],
+    "div_scalar_mode_aten": lambda L: aten.div.Scalar_mode(L["a"], 2.0, rounding_mode="trunc") + aten.div.Scalar_mode(
+        L["a"], 3.0, rounding_mode=None),
     "div_tensor_floor": lambda L: torch.div(L["a"], L["p"], rounding_mode="floor") + L["a"] * L["p"],
     "div_tensor_trunc_bcast": lambda L: torch.div(L["a"], L["b"], rounding_mode="trunc") * 0 + L["b"] / L["p"],
     "rsub_tensor": lambda L: torch.rsub(L["a"], L["b"], alpha=0.5),
@@ -155,6 +157,9 @@ PRODUCTS = {
     "vector_norm_zero_row": lambda L: torch.linalg.vector_norm(L["t"] * torch.tensor([[0.0], [1.0]], dtype=D), dim=1),
     "norm_fro": lambda L: L["x"].norm(),
     "norm_dim_p": lambda L: torch.norm(L["x"], p=3, dim=1),
+    "norm_scalar_aten": lambda L: aten.norm.Scalar(L["x"], 3) * aten.norm.ScalarOpt_dtype(L["x"], 1.5, dtype=D),
+    "norm_dim_dtype_aten": lambda L: aten.norm.ScalarOpt_dim_dtype(L["x"], 4, [-1, 0], True, dtype=D),
+    "norm_dim_default_p_aten": lambda L: aten.norm.ScalarOpt_dim(L["x"], None, [1]),
     "normalize": lambda L: F.normalize(L["a"], dim=1),
     "cosine_similarity": lambda L: F.cosine_similarity(L["a"], L["c"], dim=-1),
     "pairwise_distance": lambda L: F.pairwise_distance(L["m"], L["m"].detach() * 0.5 + 0.1, p=3),
@@ -202,6 +207,7 @@ LOSSES = {
     "hinge_embedding": lambda L: F.hinge_embedding_loss(L["a"], torch.sign(L["c"].detach())),
     "triplet_margin": lambda L: F.triplet_margin_loss(L["m"], L["m"].detach() * 0.5, L["m"].detach().flip(0)),
     "cosine_embedding": lambda L: F.cosine_embedding_loss(L["m"], L["m"].detach().flip(0), _t(1, -1, 1, -1, 1)),
+    "cross_entropy_2d": lambda L: F.cross_entropy(L["x"].reshape(1, 2, 3, 4), torch.tensor([[[0, 1, 1, 0]] * 3])),
     "multilabel_soft_margin": lambda L: F.multilabel_soft_margin_loss(L["m"], (L["m"].detach() > 0).double()),
 }
 
@@ -245,6 +251,8 @@ DOUBLE = {
     "nll_weighted": lambda x, W: F.nll_loss(torch.log_softmax(x @ W, 1), torch.tensor([0, 4, -100]),
                                             weight=torch.linspace(0.5, 1.5, 5, dtype=D)),
     "exp_sin": lambda x, W: (x @ W).exp() * (x @ W).sin(),
+    "cross_entropy_2d": lambda x, W: F.cross_entropy((x @ W).reshape(1, 5, 3, 1), torch.tensor([[[0], [4], [2]]]),
+                                                     ignore_index=4),
 }
 
 

@@ -345,9 +345,9 @@ def zero_grad(node, grads, ctx):
     return _zero_grad(node, grads, ctx)
 
 
-@op("FracBackward0", "PositiveBackward0", elementwise=True, cost=cost.VIEW)
-def passthrough(node, grads, ctx):
-    """frac(a) = a - trunc(a), +a: the gradient passes through."""
+@op("FracBackward0", elementwise=True, cost=cost.VIEW)
+def frac(node, grads, ctx):
+    """frac(a) = a - trunc(a): the gradient passes through."""
     return each(node, lambda i: grads[0])
 
 
