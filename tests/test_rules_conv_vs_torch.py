@@ -225,3 +225,20 @@ def test_embedding_bag_scale_grad_by_freq_follows_embedding():
     bags = torch.stack([rows[0:3].sum(0), rows[3:6].sum(0), rows[6:].sum(0)])
     (bags * g).sum().backward()
     np.testing.assert_allclose(res.grads["e"], e2.grad.numpy(), rtol=1e-12)
+
+
+NORM_DOUBLE = {
+    "batch_norm_train": lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True).tanh(),
+    "batch_norm_train_no_affine": lambda x, w, b: F.batch_norm(x, None, None, training=True).sigmoid() * w.sum(),
+    "batch_norm_eval": lambda x, w, b: F.batch_norm(x, torch.linspace(-0.5, 0.5, 3, dtype=D),
+                                                    torch.linspace(0.5, 2.0, 3, dtype=D), w, b, training=False).tanh(),
+    "layer_norm": lambda x, w, b: F.layer_norm(x.transpose(1, 3), (3,), w, b).tanh(),
+    "layer_norm_2d_no_affine": lambda x, w, b: F.layer_norm(x, (6, 3)).sigmoid() * b.sum(),
+    "layer_norm_weight_only": lambda x, w, b: F.layer_norm(x.transpose(1, 3), (3,), w).tanh(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NORM_DOUBLE))
+def test_norm_double_backward_matches_pytorch(case):
+    x, w, b = leaf(2, 3, 6, 3, seed=70), leaf(3, seed=71), leaf(3, seed=72)
+    check(grad_penalty(NORM_DOUBLE[case], x, w, b), {"x": x, "w": w, "b": b})

@@ -723,6 +723,115 @@ def layer_norm(node, grads, ctx):
     return each(node, out)
 
 
+def _norm_double_backward(xp, x, go, w, mean, rstd, axes, ggx, ggw, ggb):
+    """Batch / layer norm's backward (training statistics), differentiated again.
+
+    The first backward maps (go, x, w) to dx = rstd/m (m d - sum d - xhat sum(d xhat)) with d = go w,
+    dw = sum(go xhat), db = sum(go), sums over ``axes`` (m elements), xhat = (x - mean) rstd, and the
+    statistics themselves functions of x. Returns the gradients for go and x, and the weight's
+    gradient before its sum over the non-normalised axes (None where nothing flows).
+    """
+    m = 1
+    for a in axes:
+        m *= x.shape[a]
+
+    def total(t):
+        return t.sum(axis=axes, keepdims=True)
+    xhat = (x - mean) * rstd
+    d = go * w if w is not None else go
+    g_go = g_x = g_w = None
+
+    def add(acc, t):
+        return t if acc is None else acc + t
+    if ggx is not None:
+        sg, q = total(ggx), total(ggx * xhat)
+        dd = rstd / m * (m * ggx - sg - xhat * q)  # d's gradient: the first backward's map applied to ggx
+        g_go = add(g_go, dd * w if w is not None else dd)
+        if w is not None:
+            g_w = dd * go
+        a, b = total(d), total(d * xhat)
+        p = total(ggx * d) - a * sg / m
+        r2m = rstd * rstd / m
+        g_x = add(g_x, -r2m * xhat * (p - b * q / m)
+                  - r2m * (q * (d - a / m - xhat * b / m) + b * (ggx - sg / m - xhat * q / m)))
+    if ggw is not None:
+        e = ggw * go
+        g_x = add(g_x, rstd / m * (m * e - total(e) - xhat * total(e * xhat)))
+        g_go = add(g_go, ggw * xhat)
+    if ggb is not None:
+        g_go = add(g_go, xp.broadcast_to(ggb, x.shape))
+    return g_go, g_x, g_w
+
+
+@op("NativeBatchNormBackwardBackward0",
+    saved="grad_out:tensor input:tensor weight:tensor? running_mean:tensor? running_var:tensor? save_mean:tensor? "
+          "save_invstd:tensor? train:bool? eps:scalar?",
+    cost=cost.pointwise(24))
+def batch_norm_backward_backward(node, grads, ctx):
+    """batch norm's backward differentiated again (training or eval statistics): to grad_out, input and weight."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    x, go, w = sv["input"], sv["grad_out"], sv.get("weight")
+    ggx, ggw, ggb = (list(grads) + [None] * 3)[:3]
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    axes = (0,) + tuple(range(2, x.ndim))
+    wv = None if w is None else w.reshape(shape)
+    ggw = None if ggw is None else ggw.reshape(shape)
+    ggb = None if ggb is None else ggb.reshape(shape)
+    if sv.get("train"):
+        g_go, g_x, g_w = _norm_double_backward(xp, x, go, wv, sv["save_mean"].reshape(shape),
+                                               sv["save_invstd"].reshape(shape), axes, ggx, ggw, ggb)
+    else:  # eval: dx = go w invstd is linear in go, dw = sum(go xhat) with fixed statistics
+        mean = sv["running_mean"].reshape(shape)
+        invstd = (1.0 / xp.sqrt(sv["running_var"] + num(sv.get("eps", 1e-5)))).reshape(shape)
+        g_go = g_x = g_w = None
+        if ggx is not None:
+            g_go = ggx * invstd * (wv if wv is not None else 1.0)
+            g_w = ggx * invstd * go if wv is not None else None
+        if ggw is not None:
+            g_go = (0 if g_go is None else g_go) + ggw * (x - mean) * invstd
+            g_x = ggw * go * invstd
+        if ggb is not None:
+            g_go = (0 if g_go is None else g_go) + xp.broadcast_to(ggb, x.shape)
+
+    def out(i):
+        if i == 0:
+            return g_go
+        if i == 1:
+            return g_x
+        if i == 2 and g_w is not None:
+            return g_w.sum(axis=axes)
+        return None
+    return each(node, out)
+
+
+@op("NativeLayerNormBackwardBackward0",
+    saved="grad_out:tensor input:tensor mean:tensor rstd:tensor normalized_shape:sizes weight:tensor?",
+    cost=cost.pointwise(24))
+def layer_norm_backward_backward(node, grads, ctx):
+    """layer norm's backward differentiated again: to grad_out, input and weight (nothing to mean, rstd, bias).
+
+    The next edges follow native_layer_norm_backward's signature: grad_out, input, mean, rstd, weight, bias.
+    """
+    sv = ctx.saved(node)
+    x, go, w = sv["input"], sv["grad_out"], sv.get("weight")
+    k = len(sv["normalized_shape"])
+    axes = tuple(range(x.ndim - k, x.ndim))
+    lead = tuple(range(x.ndim - k))
+    ggx, ggw, ggb = (list(grads) + [None] * 3)[:3]
+    g_go, g_x, g_w = _norm_double_backward(ctx.xp(node), x, go, w, sv["mean"], sv["rstd"], axes, ggx, ggw, ggb)
+
+    def out(i):
+        if i == 0:
+            return g_go
+        if i == 1:
+            return g_x
+        if i == 4 and g_w is not None:
+            return g_w.sum(axis=lead) if lead else g_w
+        return None
+    return each(node, out)
+
+
 @op("NativeGroupNormBackward0",
     saved="input:tensor result1:tensor result2:tensor weight:tensor? N:int C:int HxW:int group:int eps:scalar?",
     cost=cost.pointwise(8))
