@@ -453,3 +453,60 @@ def prelu_backward_backward(node, grads, ctx):
             return xp.where(pos, 0, go * gw)
         return sum_to(xp, xp.where(pos, 0, go * ga), w.shape)
     return each(node, out)
+
+
+@op("HardswishBackwardBackward0", saved="grad_output:tensor self:tensor", cost=cost.pointwise(4))
+def hardswish_backward_backward(node, grads, ctx):
+    """hardswish_backward(go, a): hardswish'(a) g to go; g go / 3 strictly inside (-3, 3) to a."""
+    sv = ctx.saved(node)
+    x = sv["self"]
+    xp = ctx.xp(node)
+    g = grads[0]
+
+    def out(i):
+        if i == 0:
+            return g * xp.where(x <= -3, 0.0, xp.where(x < 3, x / 3 + 0.5, 1.0))
+        return xp.where((x > -3) & (x < 3), g * sv["grad_output"] / 3, 0)
+    return each(node, out)
+
+
+@op("HardshrinkBackwardBackward0", "SoftshrinkBackwardBackward0", saved="self:tensor lambd:scalar?",
+    cost=cost.pointwise(2))
+def shrink_backward_backward(node, grads, ctx):
+    """hard/softshrink_backward(go, a): g where |a| > lambd to go; zero to a."""
+    sv = ctx.saved(node)
+    x, lam = sv["self"], num(sv.get("lambd", 0.5))
+    xp = ctx.xp(node)
+    return each(node, lambda i: grads[0] * ((x > lam) | (x < -lam)) if i == 0 else xp.zeros_like(x))
+
+
+@op("RreluWithNoiseBackwardBackward0",
+    saved="self:tensor noise:tensor lower:scalar? upper:scalar? training:bool?", cost=cost.pointwise(2))
+def rrelu_backward_backward(node, grads, ctx):
+    """rrelu's backward is linear in go: the same factor times g to go; zero to a."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    lower, upper = num(sv.get("lower", 0.125)), num(sv.get("upper", 1.0 / 3))
+    if sv.get("training") and upper - lower > 1e-6:
+        factor = sv["noise"]
+    else:
+        factor = xp.where(sv["self"] > 0, 1.0, (lower + upper) / 2)
+    return each(node, lambda i: grads[0] * factor if i == 0 else xp.zeros_like(sv["self"]))
+
+
+@op("GluBackwardBackward0", saved="grad_output:tensor self:tensor dim:int", cost=cost.pointwise(10))
+def glu_backward_backward(node, grads, ctx):
+    """glu_backward(go, [a, b]) = [go s, go a s (1 - s)] with s = sigmoid(b), differentiated: to go and to a, b."""
+    sv = ctx.saved(node)
+    x, go, dim = sv["self"], sv["grad_output"], signed(sv["dim"])
+    xp = ctx.xp(node)
+    a, b = xp.split(x, 2, axis=dim)
+    ga, gb = xp.split(grads[0], 2, axis=dim)
+    s = _sigmoid(xp, b)
+    ds = s * (1 - s)
+
+    def out(i):
+        if i == 0:
+            return ga * s + gb * a * ds
+        return xp.concatenate([gb * go * ds, ga * go * ds + gb * go * a * ds * (1 - 2 * s)], axis=dim)
+    return each(node, out)

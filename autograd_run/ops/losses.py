@@ -275,3 +275,46 @@ def nll_loss_backward_backward(node, grads, ctx):
             return losses.sum()
         return losses.sum() / w.sum()
     return each(node, out)
+
+
+@op("SoftMarginLossBackwardBackward0", saved="grad_output:tensor self:tensor target:tensor reduction:int?",
+    cost=cost.pointwise(6))
+def soft_margin_loss_backward_backward(node, grads, ctx):
+    """soft_margin_loss_backward(go, a, t) = -t sigmoid(-t a) go: its gradients to go and a."""
+    sv = ctx.saved(node)
+    x, t, go = sv["self"], sv["target"], sv["grad_output"]
+    reduction = sv.get("reduction", MEAN)
+    xp = ctx.xp(node)
+    g = grads[0]
+    s = _sigmoid(xp, -t * x)
+
+    def out(i):
+        if i == 0:
+            return _mean(-t * s * g, reduction, x.size)
+        return _mean(g * go * t * t * s * (1 - s), reduction, x.size)
+    return each(node, out)
+
+
+@op("BinaryCrossEntropyBackwardBackward0",
+    saved="grad_output:tensor self:tensor target:tensor weight:tensor? reduction:int?", cost=cost.pointwise(8))
+def bce_backward_backward(node, grads, ctx):
+    """binary_cross_entropy_backward(go, p, t) = go w (p - t) / (p (1 - p)): its gradients to go, p and t."""
+    sv = ctx.saved(node)
+    x, t, go, w = sv["self"], sv["target"], sv["grad_output"], sv.get("weight")
+    reduction = sv.get("reduction", MEAN)
+    xp = ctx.xp(node)
+    g = grads[0]
+    eps = 1e-12
+
+    def out(i):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if i == 0:
+                d = g * (x - t) / xp.maximum((1 - x) * x, eps)
+            elif i == 1:
+                d = g * go * (x * x - 2 * x * t + t) / ((x + eps) ** 2 * (1 - x + eps) ** 2)
+            else:
+                d = -g * go / xp.maximum((1 - x) * x, eps)
+        if w is not None:
+            d = d * w
+        return _mean(d, reduction, x.size)
+    return each(node, out)
