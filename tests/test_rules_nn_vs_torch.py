@@ -273,3 +273,34 @@ def test_double_backward_matches_pytorch(case):
     x, W = leaf(3, 4, seed=30), leaf(4, 5, seed=31)
     out = grad_penalty(DOUBLE[case], x, W)
     check(out, {"x": x, "W": W})
+
+
+def _ctc_inputs(seed, t=7, n=3, c=5, unbatched=False):
+    logits = leaf(t, c, seed=seed) if unbatched else leaf(t, n, c, seed=seed)
+    return logits
+
+
+CTC = {
+    "mean_padded": lambda z: F.ctc_loss(z.log_softmax(-1), torch.tensor([[1, 2, 2], [3, 1, 0], [4, 4, 4]]),
+                                        (7, 6, 7), (3, 2, 3)),
+    "sum_concatenated_blank2": lambda z: F.ctc_loss(z.log_softmax(-1), torch.tensor([1, 0, 0, 3, 1, 4]),
+                                                    (7, 5, 7), (3, 1, 2), blank=2, reduction="sum"),
+    "none_empty_target": lambda z: F.ctc_loss(z.log_softmax(-1), torch.tensor([[1, 2], [0, 0], [3, 3]]),
+                                              (7, 4, 7), (2, 0, 2), reduction="none"),
+    "zero_infinity": lambda z: F.ctc_loss(z.log_softmax(-1), torch.tensor([[1, 1, 1, 1], [1, 2, 3, 4], [2, 3, 2, 3]]),
+                                          (7, 3, 7), (4, 4, 4), zero_infinity=True),
+    "raw_log_probs": lambda z: F.ctc_loss(z, torch.tensor([[1, 2], [2, 1], [3, 3]]), (7, 7, 6), (2, 2, 2),
+                                          reduction="sum"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CTC))
+def test_ctc_loss_matches_pytorch(case, tmp_path):
+    z = _ctc_inputs(80)
+    check(weigh(CTC[case](z)), {"z": z}, path=tmp_path / "g.json", expect_names=("CtcLossBackward0",))
+
+
+def test_ctc_loss_unbatched(tmp_path):
+    z = _ctc_inputs(81, unbatched=True)
+    out = F.ctc_loss(z.log_softmax(-1), torch.tensor([1, 3, 3]), (7,), (3,))
+    check(out, {"z": z}, path=tmp_path / "g.json", expect_names=("CtcLossBackward0",))

@@ -318,3 +318,88 @@ def bce_backward_backward(node, grads, ctx):
             d = d * w
         return _mean(d, reduction, x.size)
     return each(node, out)
+
+
+def _ctc_grad_one(lp, labels, t_len, blank, nll):
+    """PyTorch's CTC gradient for one sequence: exp(lp) - exp(log(sum of alpha beta over label c) + nll - lp).
+
+    ``lp`` is (T, C) log-probabilities, ``labels`` the target. The exp(lp) term is PyTorch's: its gradient
+    is the one with respect to the logits of a log_softmax, which log_softmax's backward leaves unchanged.
+    """
+    big_t, c = lp.shape
+    ext = np.full(2 * len(labels) + 1, blank, dtype=np.int64)
+    ext[1::2] = labels
+    n = ext.size
+    skip = np.zeros(n, dtype=bool)  # s may come from s - 2: a label differing from the label before it
+    skip[2:] = (ext[2:] != blank) & (ext[2:] != ext[:-2])
+    ninf = -np.inf
+    alpha = np.full((t_len, n), ninf)
+    beta = np.full((t_len, n), ninf)
+    alpha[0, 0] = lp[0, blank]
+    if n > 1:
+        alpha[0, 1] = lp[0, ext[1]]
+    for t in range(1, t_len):
+        prev = alpha[t - 1]
+        acc = prev.copy()
+        acc[1:] = np.logaddexp(acc[1:], prev[:-1])
+        acc[2:] = np.where(skip[2:], np.logaddexp(acc[2:], prev[:-2]), acc[2:])
+        alpha[t] = acc + lp[t, ext]
+    beta[t_len - 1, n - 1] = lp[t_len - 1, blank]
+    if n > 1:
+        beta[t_len - 1, n - 2] = lp[t_len - 1, ext[n - 2]]
+    for t in range(t_len - 2, -1, -1):
+        nxt = beta[t + 1]
+        acc = nxt.copy()
+        acc[:-1] = np.logaddexp(acc[:-1], nxt[1:])
+        acc[:-2] = np.where(skip[2:], np.logaddexp(acc[:-2], nxt[2:]), acc[:-2])
+        beta[t] = acc + lp[t, ext]
+    lcab = np.full((big_t, c), ninf)
+    ab = alpha + beta
+    for s in range(n):
+        lcab[:t_len, ext[s]] = np.logaddexp(lcab[:t_len, ext[s]], ab[:, s])
+    grad = np.exp(lp) - np.exp(lcab + nll - lp)
+    grad[t_len:] = 0.0
+    return grad
+
+
+@op("CtcLossBackward0",
+    saved="log_probs:tensor targets:tensor input_lengths:ints target_lengths:ints result0:tensor? result1:tensor? "
+          "blank:int? zero_infinity:bool?",
+    cost=cost.CostModel(lambda s: 20.0 * s.out_numel))
+def ctc_loss(node, grads, ctx):
+    """ctc_loss (per-sequence losses, before the reduction): forward-backward over the blank-extended targets;
+    PyTorch's gradient with respect to log_probs (T, N, C) or unbatched (T, C)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    lp = sv["log_probs"]
+    to_host = (lambda a: a) if xp is np else (lambda a: a.get())
+    lp_h = np.asarray(to_host(lp), dtype=np.float64)
+    unbatched = lp_h.ndim == 2
+    if unbatched:
+        lp_h = lp_h[:, None]
+    targets = np.asarray(to_host(sv["targets"])).astype(np.int64)
+    in_lens = [int(v) for v in np.asarray(sv["input_lengths"]).reshape(-1)]
+    tg_lens = [int(v) for v in np.asarray(sv["target_lengths"]).reshape(-1)]
+    blank = int(sv.get("blank", 0))
+    nll = sv.get("result0")
+    nll = None if nll is None else np.asarray(to_host(nll), dtype=np.float64).reshape(-1)
+    go = np.asarray(to_host(grads[0]), dtype=np.float64).reshape(-1)
+    out = np.zeros_like(lp_h)
+    offset = 0
+    for b in range(lp_h.shape[1]):
+        length = tg_lens[b]
+        if targets.ndim == 2:  # padded (N, S)
+            labels = targets[b, :length]
+        else:  # concatenated
+            labels = targets[offset:offset + length]
+            offset += length
+        if nll is None:
+            raise RuntimeError(f"{node.name} node {node.id!r} needs saved 'result0' (the losses)")
+        loss = nll[b]
+        if np.isinf(loss) and sv.get("zero_infinity"):
+            continue
+        out[:, b] = _ctc_grad_one(lp_h[:, b], labels, in_lens[b], blank, loss) * go[b if go.size > 1 else 0]
+    if unbatched:
+        out = out[:, 0]
+    res = xp.asarray(out.astype(lp.dtype, copy=False))
+    return each(node, lambda i: res)
