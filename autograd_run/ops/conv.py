@@ -7,7 +7,8 @@
   divisor override), adaptive average; and their double backward.
 * Normalisation: batch, layer, group, weight norm.
 * Resampling: nearest / nearest-exact / (bi/tri)linear / bicubic
-  upsampling, reflection and replication padding; and their double backward.
+  (antialiased too) interpolation, reflection and replication padding;
+  and their double backward.
 
 The input is windowed with ``as_strided`` (no copy) and contracted with
 ``einsum``; the input gradient is scattered back window offset by window
@@ -392,6 +393,40 @@ def cubic_matrix(n_in, n_out, align_corners=False, scale=None):
     return m
 
 
+def _triangle(x):
+    x = np.abs(x)
+    return np.where(x < 1.0, 1.0 - x, 0.0)
+
+
+def _keys_cubic(x, a=-0.5):
+    x = np.abs(x)
+    return np.where(x < 1.0, ((a + 2) * x - (a + 3)) * x * x + 1,
+                    np.where(x < 2.0, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0.0))
+
+
+def antialias_matrix(n_in, n_out, align_corners=False, scale=None, cubic=False):
+    """(out, in) weights of antialiased (PIL-style) bilinear or bicubic resampling along one dim.
+
+    Downsampling widens the filter by the scale; each output's weights are normalised to sum to one.
+    """
+    ratio = _linear_ratio(n_in, n_out, align_corners, scale)
+    interp = 4 if cubic else 2
+    support = interp / 2 * ratio if ratio >= 1.0 else interp / 2
+    invscale = 1.0 / ratio if ratio >= 1.0 else 1.0
+    max_taps = int(math.ceil(support)) * 2 + 1
+    filt = _keys_cubic if cubic else _triangle
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = ratio * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        size = min(max(min(int(center + support + 0.5), n_in) - lo, 0), max_taps)
+        w = filt((np.arange(size) + lo - center + 0.5) * invscale)
+        total = w.sum()
+        if total != 0.0:
+            m[i, lo:lo + size] = w / total
+    return m
+
+
 def adaptive_avg_matrix(n_in, n_out):
     """(out, in): output o averages inputs floor(o in / out) to ceil((o + 1) in / out)."""
     m = np.zeros((n_out, n_in))
@@ -455,13 +490,16 @@ def _upsample_mats(name, sv, in_spatial, out_spatial):
         exact = "Exact" in name
         return [nearest_matrix(i, o, s, exact) for i, o, s in zip(in_spatial, out_spatial, scales)]
     ac = bool(sv.get("align_corners"))
+    if name.startswith(("UpsampleBilinear2DAa", "UpsampleBicubic2DAa")):
+        cubic = "Bicubic" in name
+        return [antialias_matrix(i, o, ac, s, cubic) for i, o, s in zip(in_spatial, out_spatial, scales)]
     build = cubic_matrix if "Bicubic" in name else linear_matrix
     return [build(i, o, ac, s) for i, o, s in zip(in_spatial, out_spatial, scales)]
 
 
 _UPSAMPLE = ("UpsampleNearest1D", "UpsampleNearest2D", "UpsampleNearest3D", "UpsampleNearestExact1D",
              "UpsampleNearestExact2D", "UpsampleNearestExact3D", "UpsampleLinear1D", "UpsampleBilinear2D",
-             "UpsampleTrilinear3D", "UpsampleBicubic2D")
+             "UpsampleTrilinear3D", "UpsampleBicubic2D", "UpsampleBilinear2DAa", "UpsampleBicubic2DAa")
 
 
 @op(*(f"{n}Backward0" for n in _UPSAMPLE),
@@ -469,8 +507,8 @@ _UPSAMPLE = ("UpsampleNearest1D", "UpsampleNearest2D", "UpsampleNearest3D", "Ups
           "scales_h:scalar? scales_w:scalar?",
     cost=cost.reduction(2))
 def upsample(node, grads, ctx):
-    """nearest / nearest-exact / linear / bilinear / trilinear / bicubic upsampling: each output's gradient back
-    to the inputs it read, with its interpolation weights."""
+    """nearest / nearest-exact / linear / bilinear / trilinear / bicubic (also antialiased) resampling: each
+    output's gradient back to the inputs it read, with its interpolation weights."""
     sv = node.saved
     sizes = tuple(sv["self_sym_sizes"])
     k = _spatial_k(node.name)
