@@ -18,6 +18,10 @@ pytestmark = pytest.mark.torch
 aten = torch.ops.aten
 #: Zeros at a few positions (exact zeros with a gradient edge, without indexing ops).
 _ZMASK = (torch.arange(60).reshape(4, 3, 5) % 7 != 3).to(D)
+#: -inf on some entries and on whole rows (attention masks).
+_MASK_ROWS = torch.zeros(4, 3, 5, dtype=D)
+_MASK_ROWS[0, 1] = float("-inf")
+_MASK_ROWS[2, :, 1:3] = float("-inf")
 
 
 def leaves():
@@ -135,6 +139,7 @@ ACTIVATIONS = {
     "rrelu_eval": lambda L: F.rrelu(L["a"], 0.1, 0.3, training=False),
     "rrelu_noise": lambda L: aten.rrelu_with_noise(L["a"], torch.full((4, 3, 5), 0.2, dtype=D), 0.1, 0.3, True),
     "softmin": lambda L: F.softmin(L["a"], dim=0),
+    "safe_softmax_masked_rows": lambda L: aten._safe_softmax(L["a"] + _MASK_ROWS, -1),
     "tanhshrink_softsign": lambda L: F.tanhshrink(L["a"]) + F.softsign(L["a"]),
 }
 

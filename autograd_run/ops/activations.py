@@ -265,9 +265,9 @@ def glu(node, grads, ctx):
     return each(node, lambda i: xp.concatenate([g * s, g * a * s * (1 - s)], axis=dim))
 
 
-@op("SoftmaxBackward0", saved="result:tensor dim:int", cost=cost.pointwise(4))
+@op("SoftmaxBackward0", "SafeSoftmaxBackward0", saved="result:tensor dim:int", cost=cost.pointwise(4))
 def softmax(node, grads, ctx):
-    """softmax(a, dim): y (g - sum(g y))."""
+    """softmax(a, dim) (and _safe_softmax, zeros on fully masked rows): y (g - sum(g y))."""
     sv = ctx.saved(node)
     y, dim = sv["result"], signed(sv["dim"])
     g = grads[0]
