@@ -36,14 +36,18 @@ def relu(node, grads, ctx):
 @op("TanhBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(3))
 def tanh(node, grads, ctx):
     """tanh(a): g conj(1 - result**2)."""
-    r = conj(ctx.saved(node)["result"])
+    r = ctx.saved(node)["result"]
+    if r.dtype.kind == "c":
+        r = r.conj()
     return each(node, lambda i: grads[0] * (1 - r * r))
 
 
 @op("SigmoidBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(3))
 def sigmoid(node, grads, ctx):
     """sigmoid(a): g conj((1 - result) result)."""
-    r = conj(ctx.saved(node)["result"])
+    r = ctx.saved(node)["result"]
+    if r.dtype.kind == "c":
+        r = r.conj()
     return each(node, lambda i: grads[0] * (1 - r) * r)
 
 

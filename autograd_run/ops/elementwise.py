@@ -42,14 +42,15 @@ def _scaled(g, alpha):
 
 @op("AddBackward0", saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
 def add(node, grads, ctx):
-    """a + alpha * b: the gradient passes to a, times alpha to b."""
+    """a + alpha * b: the gradient passes to a, times conj(alpha) to b."""
     g = grads[0]
     nxt = node.next
+    if g.dtype.kind == "c":
+        return each(node, lambda i: real_for(node, i, g if i == 0 else _scaled(g, node.saved.get("alpha", 1))))
     if len(nxt) == 1:
-        return [real_for(node, 0, g)]
+        return [g]
     alpha = node.saved.get("alpha", 1)
-    return [None if nxt[0] is None else real_for(node, 0, g),
-            None if nxt[1] is None else real_for(node, 1, _scaled(g, alpha))]
+    return [None if nxt[0] is None else g, None if nxt[1] is None else (g if alpha == 1 else g * num(alpha))]
 
 
 @op("AddBackward1", saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
@@ -63,8 +64,10 @@ def sub(node, grads, ctx):
     """a - alpha * b."""
     g = grads[0]
     alpha = node.saved.get("alpha", 1)
-    return [None if node.next[0] is None else real_for(node, 0, g),
-            None if len(node.next) < 2 or node.next[1] is None else real_for(node, 1, -_scaled(g, alpha))]
+    if g.dtype.kind == "c":
+        return each(node, lambda i: real_for(node, i, g if i == 0 else -_scaled(g, alpha)))
+    return [None if node.next[0] is None else g,
+            None if len(node.next) < 2 or node.next[1] is None else -g * num(alpha)]
 
 
 @op("SubBackward1", saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
@@ -94,10 +97,11 @@ def mul(node, grads, ctx):
     g = grads[0]
     s = ctx.saved(node)
     nxt = node.next
-    if len(nxt) != 2:
+    if g.dtype.kind == "c":  # a real gradient means real operands: no conjugation
         return each(node, lambda i: real_for(node, i, g * conj(s["other"] if i == 0 else s["self"])))
-    return [None if nxt[0] is None else real_for(node, 0, g * conj(s["other"])),
-            None if nxt[1] is None else real_for(node, 1, g * conj(s["self"]))]
+    if len(nxt) != 2:
+        return each(node, lambda i: g * (s["other"] if i == 0 else s["self"]))
+    return [None if nxt[0] is None else g * s["other"], None if nxt[1] is None else g * s["self"]]
 
 
 @op("MulBackward1", saved="other:scalar", elementwise=True, cost=cost.pointwise(1))
@@ -108,6 +112,9 @@ def mul_scalar(node, grads, ctx):
 
 
 def _div(node, g, s):
+    if g.dtype.kind != "c":
+        return each(node, lambda i: g / s["other"] if i == 0 else -g * s["self"] / (s["other"] * s["other"]))
+
     def out(i):
         if i == 0:
             return real_for(node, 0, g / conj(s["other"]))
@@ -166,6 +173,8 @@ def pow_scalar(node, grads, ctx):
     x, e = sv["self"], num(sv["exponent"])
     if e == 0:
         return each(node, lambda i: ctx.xp(node).zeros_like(x))
+    if x.dtype.kind != "c" and not isinstance(e, complex):
+        return each(node, lambda i: grads[0] * (e * x ** (e - 1)))
     return each(node, lambda i: real_for(node, i, grads[0] * conj(e * x ** (e - 1))))
 
 
@@ -206,7 +215,9 @@ def pow_scalar_base(node, grads, ctx):
 def exp(node, grads, ctx):
     """exp(a): g * conj(result)."""
     r = ctx.saved(node)["result"]
-    return each(node, lambda i: grads[0] * conj(r))
+    if r.dtype.kind == "c":
+        r = r.conj()
+    return each(node, lambda i: grads[0] * r)
 
 
 @op("Exp2Backward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
@@ -227,7 +238,9 @@ def expm1(node, grads, ctx):
 def log(node, grads, ctx):
     """log(a): g / conj(a)."""
     s = ctx.saved(node)["self"]
-    return each(node, lambda i: grads[0] / conj(s))
+    if s.dtype.kind == "c":
+        s = s.conj()
+    return each(node, lambda i: grads[0] / s)
 
 
 @op("Log2Backward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
@@ -255,14 +268,18 @@ def log1p(node, grads, ctx):
 def sqrt(node, grads, ctx):
     """sqrt(a): g / (2 conj(result))."""
     r = ctx.saved(node)["result"]
-    return each(node, lambda i: grads[0] / (2 * conj(r)))
+    if r.dtype.kind == "c":
+        r = r.conj()
+    return each(node, lambda i: grads[0] / (2 * r))
 
 
 @op("RsqrtBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(4))
 def rsqrt(node, grads, ctx):
     """1/sqrt(a): -g conj(result**3) / 2."""
     r = ctx.saved(node)["result"]
-    return each(node, lambda i: -0.5 * grads[0] * conj(r * r * r))
+    if r.dtype.kind == "c":
+        r = r.conj()
+    return each(node, lambda i: -0.5 * grads[0] * r * r * r)
 
 
 @op("ReciprocalBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
@@ -315,6 +332,8 @@ def xlogy_scalar_other(node, grads, ctx):
 def abs_(node, grads, ctx):
     """|a|: g * sgn(a) (a / |a| for complex a)."""
     x = ctx.saved(node)["self"]
+    if x.dtype.kind != "c":
+        return each(node, lambda i: grads[0] * ctx.xp(node).sign(x))
     return each(node, lambda i: grads[0] * sgn(ctx.xp(node), x))
 
 
@@ -403,6 +422,8 @@ def copysign_scalar(node, grads, ctx):
 def sin(node, grads, ctx):
     """sin(a): g conj(cos a)."""
     x = ctx.saved(node)["self"]
+    if x.dtype.kind != "c":
+        return each(node, lambda i: grads[0] * ctx.xp(node).cos(x))
     return each(node, lambda i: grads[0] * conj(ctx.xp(node).cos(x)))
 
 
@@ -410,6 +431,8 @@ def sin(node, grads, ctx):
 def cos(node, grads, ctx):
     """cos(a): -g conj(sin a)."""
     x = ctx.saved(node)["self"]
+    if x.dtype.kind != "c":
+        return each(node, lambda i: -grads[0] * ctx.xp(node).sin(x))
     return each(node, lambda i: -grads[0] * conj(ctx.xp(node).sin(x)))
 
 
@@ -694,6 +717,8 @@ def where(node, grads, ctx):
     c = ctx.saved(node)["condition"]
     xp = ctx.xp(node)
     g = grads[0]
+    if g.dtype.kind != "c":
+        return each(node, lambda i: xp.where(c, g, 0) if i == 0 else xp.where(c, 0, g))
     return each(node, lambda i: real_for(node, i, xp.where(c, g, 0) if i == 0 else xp.where(c, 0, g)))
 
 

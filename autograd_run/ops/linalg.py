@@ -17,12 +17,18 @@ from autograd_run.ops.numeric import conj, num, sgn
 from autograd_run.ops.spec import op
 
 
+def _same(x):
+    return x
+
+
 @op("MmBackward0", saved="self:tensor? mat2:tensor? self_sym_sizes:sizes? mat2_sym_sizes:sizes?",
     cost=cost.MATMUL)
 def mm(node, grads, ctx):
     """a @ b: g @ conj(b).T and conj(a).T @ g."""
     g = grads[0]
     s = ctx.saved(node)
+    if g.dtype.kind != "c":
+        return each(node, lambda i: g @ s["mat2"].T if i == 0 else s["self"].T @ g)
     return each(node, lambda i: g @ conj(s["mat2"]).T if i == 0 else conj(s["self"]).T @ g)
 
 
@@ -37,13 +43,14 @@ def addmm(node, grads, ctx):
     """beta * c + alpha * (a @ b)."""
     g = grads[0]
     sv = ctx.saved(node)
-    alpha, beta = num(sv.get("alpha", 1)), num(sv.get("beta", 1))
+    alpha, beta = sv.get("alpha", 1), sv.get("beta", 1)
+    cj = conj if g.dtype.kind == "c" else _same
 
     def out(i):
         if i == 0:
-            return g if beta == 1 else g * conj(beta)
-        r = g @ conj(sv["mat2"]).T if i == 1 else conj(sv["mat1"]).T @ g
-        return r if alpha == 1 else r * conj(alpha)
+            return g if beta == 1 else g * cj(num(beta))
+        r = g @ cj(sv["mat2"]).T if i == 1 else cj(sv["mat1"]).T @ g
+        return r if alpha == 1 else r * cj(num(alpha))
     return each(node, out)
 
 
@@ -52,8 +59,9 @@ def bmm(node, grads, ctx):
     """Batched a @ b."""
     g = grads[0]
     sv = ctx.saved(node)
-    return each(node, lambda i: g @ conj(sv["mat2"]).swapaxes(-1, -2) if i == 0
-                else conj(sv["self"]).swapaxes(-1, -2) @ g)
+    cj = conj if g.dtype.kind == "c" else _same
+    return each(node, lambda i: g @ cj(sv["mat2"]).swapaxes(-1, -2) if i == 0
+                else cj(sv["self"]).swapaxes(-1, -2) @ g)
 
 
 def _mv_flops(s: cost.Shapes) -> float:
