@@ -309,3 +309,51 @@ def test_ctc_loss_unbatched(tmp_path):
     z = _ctc_inputs(81, unbatched=True)
     out = F.ctc_loss(z.log_softmax(-1), torch.tensor([1, 3, 3]), (7,), (3,))
     check(out, {"z": z}, path=tmp_path / "g.json", expect_names=("CtcLossBackward0",))
+
+
+def test_native_dropout_training():
+    x = leaf(4, 6, seed=90)
+    torch.manual_seed(3)
+    check(weigh(torch.native_dropout(x, 0.3, True)[0]), {"x": x}, expect_names=("NativeDropoutBackward0",))
+
+
+def test_native_dropout_eval_when_the_file_says_so():
+    import numpy as np
+
+    from torch_helpers import capture, our_order
+    x = leaf(4, 6, seed=91)
+    out = weigh(torch.native_dropout(x, 0.3, False)[0])
+    doc = capture([out], leaves={"x": x})
+    for n in doc["nodes"]:
+        if n["name"] == "NativeDropoutBackward0":
+            n["saved"]["train"] = False
+    _, res, _ = our_order(doc)
+    out.backward()
+    np.testing.assert_allclose(res.grads["x"], x.grad.numpy(), rtol=1e-12)
+
+
+def test_linalg_cross():
+    a, b = leaf(4, 3, seed=92), leaf(3, seed=93)
+    check(weigh(torch.linalg.cross(a, b.expand(4, 3))), {"a": a, "b": b}, expect_names=("LinalgCrossBackward0",))
+    c, d = leaf(3, 5, seed=94), leaf(3, 5, seed=95)
+    check(weigh(torch.cross(c, d, dim=0)), {"c": c, "d": d})
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_vendor_batch_norm_replays_native_maths(training):
+    """cuDNN/MIOpen batch norm nodes (GPU-only in PyTorch) run the native maths: a CPU graph relabelled."""
+    import numpy as np
+
+    from torch_helpers import capture, our_order
+    x, w, b = leaf(3, 4, 5, seed=96), leaf(4, seed=97), leaf(4, seed=98)
+    rm, rv = torch.linspace(-0.2, 0.2, 4, dtype=D), torch.linspace(0.5, 1.5, 4, dtype=D)
+    out = weigh(F.batch_norm(x, rm, rv, w, b, training=training, eps=1e-3))
+    doc = capture([out], leaves={"x": x, "w": w, "b": b})
+    for n in doc["nodes"]:
+        if n["name"] == "NativeBatchNormBackward0":
+            n["name"] = "CudnnBatchNormBackward0"
+            n["saved"]["epsilon"] = n["saved"].pop("eps")
+    _, res, _ = our_order(doc)
+    out.backward()
+    for k, t in {"x": x, "w": w, "b": b}.items():
+        np.testing.assert_allclose(res.grads[k], t.grad.numpy(), rtol=1e-9, err_msg=k)

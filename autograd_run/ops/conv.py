@@ -699,30 +699,25 @@ def max_pool_backward_backward(node, grads, ctx):
 # --- normalisation ----------------------------------------------------------------------------------------
 
 
-@op("NativeBatchNormBackward0",
-    saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
-          "training:bool? eps:scalar?",
-    cost=cost.pointwise(8))
-def batch_norm(node, grads, ctx):
-    """batch norm, training (batch statistics) and eval (running statistics)."""
+def _batch_norm_backward(node, grads, ctx, mean_key, invstd_key, training, eps):
     sv = ctx.saved(node)
     xp = ctx.xp(node)
     x, g = sv["input"], grads[0]
     w = sv.get("weight")
     axes = (0,) + tuple(range(2, x.ndim))
     shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
-    if sv.get("training"):
-        mean, invstd = sv["result1"].reshape(shape), sv["result2"].reshape(shape)
+    if training:
+        mean, invstd = sv[mean_key].reshape(shape), sv[invstd_key].reshape(shape)
     else:
         mean = sv["running_mean"].reshape(shape)
-        invstd = (1.0 / xp.sqrt(sv["running_var"] + num(sv.get("eps", 1e-5)))).reshape(shape)
+        invstd = (1.0 / xp.sqrt(sv["running_var"] + eps)).reshape(shape)
     xhat = (x - mean) * invstd
     wv = w.reshape(shape) if w is not None else 1.0
 
     def out(i):
         if i == 0:
             dxhat = g * wv
-            if not sv.get("training"):
+            if not training:
                 return dxhat * invstd
             m = x.size // x.shape[1]
             return invstd / m * (m * dxhat - dxhat.sum(axis=axes, keepdims=True)
@@ -731,6 +726,28 @@ def batch_norm(node, grads, ctx):
             return (g * xhat).sum(axis=axes)
         return g.sum(axis=axes)
     return each(node, out)
+
+
+@op("NativeBatchNormBackward0",
+    saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
+          "training:bool? eps:scalar?",
+    cost=cost.pointwise(8))
+def batch_norm(node, grads, ctx):
+    """batch norm, training (batch statistics) and eval (running statistics)."""
+    sv = node.saved
+    return _batch_norm_backward(node, grads, ctx, "result1", "result2", bool(sv.get("training")),
+                                num(sv.get("eps", 1e-5)))
+
+
+@op("CudnnBatchNormBackward0", "MiopenBatchNormBackward0",
+    saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
+          "result3:tensor? training:bool? epsilon:scalar?",
+    cost=cost.pointwise(8))
+def vendor_batch_norm(node, grads, ctx):
+    """cuDNN / MIOpen batch norm: the same maths; result1 is the batch mean, result2 the inverse std."""
+    sv = node.saved
+    return _batch_norm_backward(node, grads, ctx, "result1", "result2", bool(sv.get("training", True)),
+                                num(sv.get("epsilon", 1e-5)))
 
 
 @op("NativeLayerNormBackward0",

@@ -796,6 +796,19 @@ def remainder(node, grads, ctx):
     return each(node, lambda i: grads[0] if i == 0 else -grads[0] * xp.floor(sv["self"] / sv["other"]))
 
 
+@op("NativeDropoutBackward0", saved="result1:tensor p:scalar train:bool?", elementwise=True, cost=cost.pointwise(2))
+def native_dropout(node, grads, ctx):
+    """native_dropout(a, p, train): g * mask / (1 - p) (0 for p == 1); g * mask when train is False.
+
+    PyTorch does not expose ``train`` on the node; a node recorded in a graph is taken as training
+    dropout unless the file says ``train: false``.
+    """
+    sv = ctx.saved(node)
+    p = num(sv["p"])
+    scale = 1.0 if sv.get("train", True) is False else (0.0 if p == 1 else 1.0 / (1.0 - p))
+    return each(node, lambda i: grads[0] * sv["result1"] * scale)
+
+
 @op("CloneBackward0", elementwise=True, cost=cost.VIEW)
 def clone(node, grads, ctx):
     """clone(a): the gradient passes through."""

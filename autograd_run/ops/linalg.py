@@ -166,3 +166,16 @@ def dist(node, grads, ctx):
     sv = ctx.saved(node)
     r = norm_backward(ctx.xp(node), grads[0], sv["self"] - sv["other"], sv.get("p", 2), sv["result"], None, False)
     return each(node, lambda i: None if r is None else (r if i == 0 else -r))
+
+
+@op("LinalgCrossBackward0", saved="self:tensor other:tensor dim:int?", cost=cost.pointwise(6))
+def cross(node, grads, ctx):
+    """linalg.cross(a, b, dim): cross(conj(b), g) to a, cross(g, conj(a)) to b."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    g = grads[0]
+    dim = signed(sv.get("dim", -1))
+
+    def c(u, v):
+        return xp.cross(u, v, axisa=dim, axisb=dim, axisc=dim)
+    return each(node, lambda i: c(conj(sv["other"]), g) if i == 0 else c(g, conj(sv["self"])))
