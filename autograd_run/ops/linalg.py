@@ -179,3 +179,182 @@ def cross(node, grads, ctx):
     def c(u, v):
         return xp.cross(u, v, axisa=dim, axisb=dim, axisc=dim)
     return each(node, lambda i: c(conj(sv["other"]), g) if i == 0 else c(g, conj(sv["self"])))
+
+
+# --- decompositions and solves ------------------------------------------------------------------------------
+# Batched over leading dims; complex matrices use the conjugate transpose (mH).
+
+
+def _mh(a):
+    return conj(a).swapaxes(-1, -2)
+
+
+def _eye_like(xp, a):
+    return xp.broadcast_to(xp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+
+
+def _solve(xp, a, b):
+    return xp.linalg.solve(a, b)
+
+
+def _cube_flops(s: cost.Shapes) -> float:
+    """About 4 n**3 per matrix of each produced gradient (a few triangular solves or products)."""
+    total = 0.0
+    for m in s.outputs:
+        if m is not None and len(m[0]) >= 2:
+            n = m[0][-1]
+            total += 4.0 * math.prod(m[0]) * n
+    return total or float(s.out_numel)
+
+
+_CUBE = cost.CostModel(_cube_flops)
+
+
+@op("LinalgInvExBackward0", saved="inverse:tensor", cost=_CUBE)
+def inv(node, grads, ctx):
+    """inverse(A): -inv(A)^H g inv(A)^H."""
+    b = _mh(ctx.saved(node)["inverse"])
+    return each(node, lambda i: -(b @ grads[0] @ b))
+
+
+def _cofactor(xp, a):
+    """d det(A) / dA (the cofactor matrix, conjugated for complex A), through the SVD: right for singular A too."""
+    u, s, vh = xp.linalg.svd(a)
+    n = a.shape[-1]
+    idx = xp.arange(n)
+    prods = xp.stack([xp.prod(xp.where(idx == j, 1.0, s), axis=-1) for j in range(n)], axis=-1)
+    phase = xp.linalg.det(u) * xp.linalg.det(vh)
+    adj = (_mh(vh) * prods[..., None, :]) @ _mh(u) * phase[..., None, None]  # adj(A) = A^-1 det(A)
+    return conj(adj).swapaxes(-1, -2)
+
+
+@op("LinalgDetBackward0", saved="A:tensor result:tensor? LU:tensor? pivots:tensor?", cost=_CUBE)
+def det(node, grads, ctx):
+    """det(A): g times the conjugated cofactor matrix (g conj(det) inv(A)^H when A is invertible)."""
+    a = ctx.saved(node)["A"]
+    xp = ctx.xp(node)
+    return each(node, lambda i: grads[0][..., None, None] * _cofactor(xp, a))
+
+
+@op("LinalgSlogdetBackward0", saved="A:tensor sign:tensor LU:tensor? pivots:tensor?", cost=_CUBE)
+def slogdet(node, grads, ctx):
+    """slogdet(A) = (sign, log|det|): (g_logabsdet - i Im(conj(g_sign) sign)) inv(A)^H."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, sign = sv["A"], sv["sign"]
+    g_sign, g_log = (list(grads) + [None, None])[:2]
+    h = xp.zeros(sign.shape, dtype=xp.result_type(a, np.float32)) if g_log is None else g_log
+    if g_sign is not None and sign.dtype.kind == "c":
+        h = h - 1j * (conj(g_sign) * sign).imag
+    if g_log is None and (g_sign is None or sign.dtype.kind != "c"):
+        return each(node, lambda i: None)
+    inv_h = _mh(xp.linalg.inv(a))
+    return each(node, lambda i: h[..., None, None] * inv_h)
+
+
+def _as_matrix_rhs(a, x):
+    """Whether the right-hand side ``x`` of a solve with ``a`` is a (batch of) vector(s)."""
+    return x.ndim == a.ndim - 1 or x.ndim == 1
+
+
+@op("LinalgSolveExBackward0", saved="A:tensor result:tensor left:bool? LU:tensor? pivots:tensor?", cost=_CUBE)
+def solve(node, grads, ctx):
+    """linalg.solve(A, B): solve(A^H, g) to B and -gB X^H to A (left); the mirror image for left=False."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, x, g = sv["A"], sv["result"], grads[0]
+    left = sv.get("left", True)
+    vector = _as_matrix_rhs(a, x)
+    if vector:
+        x, g = x[..., None], g[..., None]
+    if left:
+        gb = _solve(xp, _mh(a), g)
+        ga = -gb @ _mh(x)
+    else:  # X A = B
+        gb = _mh(_solve(xp, a, _mh(g)))
+        ga = -_mh(x) @ gb
+    if vector:
+        gb = gb[..., 0]
+    return each(node, lambda i: ga if i == 0 else gb)
+
+
+def _tri(xp, m, upper, k=0):
+    return xp.triu(m, k) if upper else xp.tril(m, -k)
+
+
+def _solve_tri(xp, a, b, upper, left=True, unit=False):
+    """Solve with a triangular ``a`` (general solve on the masked matrix; numpy has no triangular solver)."""
+    a = _tri(xp, a, upper)
+    if unit:
+        a = a - a * _eye_like(xp, a) + _eye_like(xp, a)
+    if left:
+        return xp.linalg.solve(a, b)
+    return _mh(xp.linalg.solve(_mh(a), _mh(b)))
+
+
+@op("LinalgSolveTriangularBackward0",
+    saved="self:tensor result:tensor upper:bool left:bool? unitriangular:bool?", cost=_CUBE)
+def solve_triangular(node, grads, ctx):
+    """linalg.solve_triangular(A, B): the solve's gradients, A's kept on its triangle (off the unit diagonal)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, x, g = sv["self"], sv["result"], grads[0]
+    upper, left, unit = bool(sv["upper"]), sv.get("left", True), bool(sv.get("unitriangular"))
+    if left:
+        gb = _solve_tri(xp, _mh(a), g, not upper, True, unit)
+        ga = -gb @ _mh(x)
+    else:
+        gb = _solve_tri(xp, _mh(a), g, not upper, False, unit)
+        ga = -_mh(x) @ gb
+    ga = _tri(xp, ga, upper, 1 if unit else 0)
+    return each(node, lambda i: ga if i == 0 else gb)
+
+
+@op("LinalgCholeskyExBackward0", saved="L:tensor upper:bool?", cost=_CUBE)
+def cholesky(node, grads, ctx):
+    """cholesky(A) = L (A = L L^H): L^-H N L^-1, N = (tril(L^H gL) + tril(L^H gL, -1)^H) / 2 (as PyTorch)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    low, gl = sv["L"], grads[0]
+    if sv.get("upper"):
+        low, gl = _mh(low), _mh(gl)
+    m = _mh(low) @ gl
+    n = 0.5 * (xp.tril(m) + _mh(xp.tril(m, -1)))
+    y = _solve_tri(xp, _mh(low), n, upper=True)  # L^-H N
+    ga = _solve_tri(xp, low, y, upper=False, left=False)  # ... L^-1
+    return each(node, lambda i: ga)
+
+
+@op("CholeskySolveBackward0", saved="self:tensor input2:tensor result:tensor upper:bool?", cost=_CUBE)
+def cholesky_solve(node, grads, ctx):
+    """cholesky_solve(B, L): X = (L L^H)^-1 B; cholesky_solve(g, L) to B, -(gB X^H + X gB^H) L to L."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    low, x, g = sv["input2"], sv["result"], grads[0]
+    upper = bool(sv.get("upper"))
+    fac = _mh(low) if upper else low  # lower factor
+    gb = _solve_tri(xp, _mh(fac), _solve_tri(xp, fac, g, upper=False), upper=True)
+    common = gb @ _mh(x)
+    common = common + _mh(common)
+    return each(node, lambda i: gb if i == 0 else (-low @ common if upper else -common @ low))
+
+
+@op("LinalgEighBackward0", saved="eigenvalues:tensor eigenvectors:tensor", cost=_CUBE)
+def eigh(node, grads, ctx):
+    """eigh(A) = (w, V): V (diag(g_w) + F o skew(V^H g_V)) V^H, F_ij = 1 / (w_j - w_i) off the diagonal (Hermitian)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    w, v = sv["eigenvalues"], sv["eigenvectors"]
+    gw, gv = (list(grads) + [None, None])[:2]
+    inner = xp.zeros(v.shape, dtype=v.dtype)
+    if gv is not None:
+        diff = w[..., None, :] - w[..., :, None]
+        eye = _eye_like(xp, diff).astype(bool)
+        with np.errstate(divide="ignore"):
+            f = xp.where(eye, 0.0, 1.0 / xp.where(eye, 1.0, diff))
+        m = _mh(v) @ gv
+        inner = inner + f * (0.5 * (m - _mh(m)))
+    if gw is not None:
+        inner = inner + gw[..., None, :] * _eye_like(xp, inner)
+    ga = v @ inner @ _mh(v)
+    return each(node, lambda i: ga)
