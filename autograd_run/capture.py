@@ -75,7 +75,8 @@ class _Arrays:
         arr = arr.numpy()
         if self.inline:
             return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
-        self.arrays[key] = np.ascontiguousarray(arr)
+        # (np.ascontiguousarray would turn a 0-d array into shape (1,))
+        self.arrays[key] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
         return {"npz": key}
 
 

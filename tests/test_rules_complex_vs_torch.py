@@ -117,3 +117,15 @@ def test_conj_is_free_on_real_arrays():
     holder = type("N", (), {"next": [_Edge()]})()
     assert real_for(holder, 0, a) is a
     assert real_for(holder, 0, z).dtype == np.float64
+
+
+def test_zero_dim_saved_tensors_keep_their_shape_through_the_side_file(tmp_path):
+    import numpy as np
+
+    from autograd_run.capture import from_torch
+    z = leaf(3, seed=20)
+    out = torch.linalg.vector_norm(z, float("inf")) * 2  # LinalgVectorNormBackward0 saves a 0-d result
+    path = tmp_path / "g.json"
+    from_torch(out, names={"z": z}, path=str(path), reference=False)
+    arrays = np.load(tmp_path / "g.npz")
+    assert any(arrays[k].shape == () for k in arrays.files)
