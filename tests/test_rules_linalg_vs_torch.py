@@ -74,3 +74,32 @@ def test_linalg_rule_matches_pytorch(case, tmp_path):
     out = f(*args)
     leaves = {f"a{k}": t for k, t in enumerate(args)}
     check(weigh(out), leaves, path=tmp_path / "g.json")
+
+
+SVD = {
+    "values": lambda a: torch.linalg.svdvals(a),
+    "values_via_svd": lambda a: torch.linalg.svd(a, full_matrices=False)[1],
+    "u_abs_and_s": lambda a: torch.linalg.svd(a, full_matrices=False)[0].abs() * torch.linalg.svd(
+        a, full_matrices=False)[1][..., None, :],
+    "vh_squared": lambda a: torch.linalg.svd(a, full_matrices=False)[2] ** 2,
+    "reconstruction_rank2": lambda a: (lambda u, s, vh: (u[..., :2] * s[..., None, :2]) @ vh[..., :2, :])(
+        *torch.linalg.svd(a, full_matrices=False)),
+    "full_matrices": lambda a: (lambda u, s, vh: u[..., :, :2].abs().sum() + vh[..., :2, :].abs().sum() + s.sum())(
+        *torch.linalg.svd(a, full_matrices=True)),
+    "nuclear_norm": lambda a: torch.linalg.matrix_norm(a, "nuc"),
+    "spectral_norm": lambda a: torch.linalg.matrix_norm(a, 2),
+}
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (3, 5), (2, 4, 4)])
+@pytest.mark.parametrize("case", sorted(SVD))
+def test_svd_matches_pytorch(case, shape, tmp_path):
+    a = leaf(*shape, seed=40)
+    check(weigh(SVD[case](a)), {"a": a}, path=tmp_path / "g.json")
+
+
+@pytest.mark.parametrize("case", ["values", "u_abs_and_s", "vh_squared", "reconstruction_rank2"])
+def test_svd_complex_matches_pytorch(case, tmp_path):
+    a = leaf(4, 3, seed=41, dtype=C)
+    out = SVD[case](a)
+    check(weigh(out.abs() if out.is_complex() and case == "vh_squared" else out), {"a": a}, path=tmp_path / "g.json")

@@ -358,3 +358,50 @@ def eigh(node, grads, ctx):
         inner = inner + gw[..., None, :] * _eye_like(xp, inner)
     ga = v @ inner @ _mh(v)
     return each(node, lambda i: ga)
+
+
+@op("LinalgSvdBackward0", saved="U:tensor S:tensor Vh:tensor full_matrices:bool? S_sym_argsize_minus_1:int?",
+    cost=_CUBE)
+def svd(node, grads, ctx):
+    """svd(A) = U S Vh (reduced, or full narrowed to the k singular vectors): the gradient for A from those of
+    U, S, Vh, with F_ij = 1 / (s_j**2 - s_i**2) off the diagonal and the projections onto the complements."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    u, s, vh = sv["U"], sv["S"], sv["Vh"]
+    gu, gs, gvh = (list(grads) + [None] * 3)[:3]
+    k = s.shape[-1]
+    if sv.get("full_matrices"):
+        u, vh = u[..., :k], vh[..., :k, :]
+        gu = None if gu is None else gu[..., :k]
+        gvh = None if gvh is None else gvh[..., :k, :]
+    m, n = u.shape[-2], vh.shape[-1]
+    dtype = xp.result_type(u, s)
+    if gu is None and gvh is None:
+        ga = (u * gs[..., None, :]) @ vh
+        return each(node, lambda i: ga)
+    v = _mh(vh)
+    s2 = s * s
+    diff = s2[..., None, :] - s2[..., :, None]  # s_j**2 - s_i**2
+    eye = _eye_like(xp, diff).astype(bool)
+    with np.errstate(divide="ignore"):
+        f = xp.where(eye, 0.0, 1.0 / xp.where(eye, 1.0, diff))
+    inner = xp.zeros(s.shape[:-1] + (k, k), dtype=dtype)
+    if gs is not None:
+        inner = inner + gs[..., None, :] * _eye_like(xp, inner)
+    sd = s[..., None, :]
+    if gu is not None:
+        uhgu = _mh(u) @ gu
+        inner = inner + (f * (uhgu - _mh(uhgu))) * sd
+        if xp.iscomplexobj(uhgu):
+            inner = inner + 1j * (uhgu * _eye_like(xp, uhgu)).imag / sd  # the phase gauge, once
+    if gvh is not None:
+        gv = _mh(gvh)
+        vhgv = _mh(v) @ gv
+        inner = inner + s[..., :, None] * (f * (vhgv - _mh(vhgv)))
+    ga = u @ inner @ vh
+    if gu is not None and m > k:
+        ga = ga + (gu - u @ (_mh(u) @ gu)) / sd @ vh
+    if gvh is not None and n > k:
+        gv = _mh(gvh)
+        ga = ga + u @ (_mh(gv - v @ (_mh(v) @ gv)) / s[..., :, None])
+    return each(node, lambda i: ga)
