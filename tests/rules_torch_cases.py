@@ -77,7 +77,8 @@ def check(out, leaves, path=None, rtol=1e-6, atol=1e-9, expect_names=()):
             got = res.grads[name]
             assert got is not None, name
             assert got.dtype == np.dtype(str(t.dtype).replace("torch.", "")), (name, got.dtype)
-            np.testing.assert_allclose(got, t.grad.resolve_conj().resolve_neg().numpy(), rtol=rtol, atol=atol, err_msg=name)
+            want = t.grad.resolve_conj().resolve_neg().numpy()
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=name)
     return names
 
 

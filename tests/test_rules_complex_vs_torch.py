@@ -21,7 +21,8 @@ C = torch.complex128
 def leaves():
     return {"z": leaf(3, 4, seed=1, dtype=C), "w": leaf(3, 4, seed=2, dtype=C), "r": leaf(3, 4, seed=3),
             "s": leaf(4, seed=4, dtype=C), "m": leaf(4, 5, seed=5, dtype=C), "b": leaf(2, 3, 4, seed=6, dtype=C),
-            "y": leaf(2, 4, 2, seed=7, dtype=C), "bias": leaf(5, seed=8, dtype=C), "rp": leaf(3, 4, seed=9, positive=True),
+            "y": leaf(2, 4, 2, seed=7, dtype=C), "bias": leaf(5, seed=8, dtype=C),
+            "rp": leaf(3, 4, seed=9, positive=True),
             "small": (0.4 * leaf(3, 4, seed=10, dtype=C)).detach().requires_grad_(True),
             "ci": leaf(2, 3, 6, seed=11, dtype=C), "cw": leaf(4, 3, 2, seed=12, dtype=C),
             "cwt": leaf(3, 2, 2, seed=13, dtype=C), "ci2": leaf(1, 3, 5, 4, seed=14, dtype=C),

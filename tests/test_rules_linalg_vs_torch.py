@@ -103,3 +103,26 @@ def test_svd_complex_matches_pytorch(case, tmp_path):
     a = leaf(4, 3, seed=41, dtype=C)
     out = SVD[case](a)
     check(weigh(out.abs() if out.is_complex() and case == "vh_squared" else out), {"a": a}, path=tmp_path / "g.json")
+
+
+DIST = {
+    "cdist_p2": lambda a, b: torch.cdist(a, b),
+    "cdist_p1": lambda a, b: torch.cdist(a, b, p=1),
+    "cdist_p1_5_batched": lambda a, b: torch.cdist(a.reshape(2, 3, 4), b.reshape(2, 2, 4), p=1.5),
+    "cdist_p3": lambda a, b: torch.cdist(a, b, p=3),
+    "cdist_p0_5": lambda a, b: torch.cdist(a, b, p=0.5),
+    "cdist_inf": lambda a, b: torch.cdist(a, b, p=float("inf")),
+    "cdist_zero_distance": lambda a, b: torch.cdist(a, torch.cat([a[:2], b[2:]])),
+    "cdist_mm": lambda a, b: torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist"),
+    "cdist_mm_zero_distance": lambda a, b: torch.cdist(a, torch.cat([a[:2], b[2:]]),
+                                                       compute_mode="use_mm_for_euclid_dist"),
+    "pdist_p2": lambda a, b: torch.pdist(a),
+    "pdist_p1": lambda a, b: torch.pdist(b, p=1),
+    "pdist_p3": lambda a, b: torch.pdist(a, p=3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIST))
+def test_distances_match_pytorch(case):
+    a, b = leaf(6, 4, seed=50), leaf(4, 4, seed=51)
+    check(weigh(DIST[case](a, b)), {"a": a, "b": b})

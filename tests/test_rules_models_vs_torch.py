@@ -31,8 +31,9 @@ class _SqueezeExcite(nn.Module):
 
 def test_mobilenet_v3_block():
     torch.manual_seed(1)
-    m = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.Hardswish(), nn.Conv2d(16, 16, 3, 1, 1, groups=16),
-                      _SqueezeExcite(16), nn.Conv2d(16, 8, 1), nn.BatchNorm2d(8), nn.ReLU6()).double()
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.Hardswish(),
+                      nn.Conv2d(16, 16, 3, 1, 1, groups=16), _SqueezeExcite(16), nn.Conv2d(16, 8, 1),
+                      nn.BatchNorm2d(8), nn.ReLU6()).double()
     x = leaf(2, 3, 12, 12, seed=1)
     check(F.cross_entropy(m(x).mean((2, 3)), torch.tensor([1, 5]), label_smoothing=0.0), {"x": x, **_params(m)})
 
@@ -41,7 +42,8 @@ def test_dcgan_generator_and_discriminator():
     torch.manual_seed(2)
     g = nn.Sequential(nn.ConvTranspose2d(8, 16, 4, 1, 0, bias=False), nn.BatchNorm2d(16), nn.ReLU(True),
                       nn.ConvTranspose2d(16, 3, 4, 2, 1, bias=False), nn.Tanh()).double()
-    d = nn.Sequential(nn.Conv2d(3, 8, 4, 2, 1), nn.LeakyReLU(0.2, True), nn.Conv2d(8, 1, 4, 1, 0), nn.Flatten()).double()
+    d = nn.Sequential(nn.Conv2d(3, 8, 4, 2, 1), nn.LeakyReLU(0.2, True), nn.Conv2d(8, 1, 4, 1, 0),
+                      nn.Flatten()).double()
     z = leaf(2, 8, 1, 1, seed=2)
     loss = F.binary_cross_entropy_with_logits(d(g(z)), torch.ones(2, 1, dtype=D))
     check(loss, {"z": z, **_params(g, d)})

@@ -124,7 +124,7 @@ def _elu_factor(xp, x, alpha, scale, input_scale, is_result):
 @op("EluBackward0", saved="self:tensor alpha:scalar? scale:scalar? input_scale:scalar?", elementwise=True,
     cost=cost.pointwise(4))
 def elu(node, grads, ctx):
-    """elu / selu (scale, alpha, input_scale): g scale where a > 0, g input_scale alpha scale exp(input_scale a) elsewhere."""
+    """elu / selu: g scale where a > 0, g input_scale alpha scale exp(input_scale a) elsewhere."""
     sv = ctx.saved(node)
     d = _elu_factor(ctx.xp(node), sv["self"], num(sv.get("alpha", 1)), num(sv.get("scale", 1)),
                     num(sv.get("input_scale", 1)), False)
@@ -134,7 +134,7 @@ def elu(node, grads, ctx):
 @op("EluBackward1", saved="result:tensor alpha:scalar? scale:scalar? input_scale:scalar?", elementwise=True,
     cost=cost.pointwise(4))
 def elu_inplace(node, grads, ctx):
-    """in-place elu_ / selu_ (result saved): g scale where the result is > 0, g input_scale (result + alpha scale) elsewhere."""
+    """in-place elu_ / selu_ (result saved): g scale where it is > 0, g input_scale (result + alpha scale) elsewhere."""
     sv = ctx.saved(node)
     d = _elu_factor(ctx.xp(node), sv["result"], num(sv.get("alpha", 1)), num(sv.get("scale", 1)),
                     num(sv.get("input_scale", 1)), True)

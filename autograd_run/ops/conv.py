@@ -144,7 +144,7 @@ def _conv_params(sv, k):
           "output_padding:ints? bias_sym_sizes_opt:sizes?",
     cost=cost.CostModel(_conv_flops))
 def convolution(node, grads, ctx):
-    """convolution, plain or transposed (1d-3d, grouped, strided, dilated, padded, output padding): input, weight, bias."""
+    """convolution, plain or transposed (1d-3d, groups, stride, dilation, padding, output padding): all three."""
     sv = ctx.saved(node)
     xp = ctx.xp(node)
     x, w, g = sv["input"], sv["weight"], grads[0]
@@ -688,7 +688,7 @@ def adaptive_max_pool(node, grads, ctx):
     "AdaptiveMaxPool2DBackwardBackward0", "AdaptiveMaxPool3DBackwardBackward0", saved="indices:tensor",
     cost=cost.COPY)
 def max_pool_backward_backward(node, grads, ctx):
-    """max pooling's backward, differentiated: the gradient read at the chosen inputs to grad_output; zero to the input."""
+    """max pooling's backward, differentiated: the gradient at the chosen inputs to grad_output; zero to the input."""
     idx = ctx.saved(node)["indices"].astype(np.int64, copy=False)
     g = grads[0]
     xp = ctx.xp(node)

@@ -18,7 +18,7 @@ import numpy as np
 
 from autograd_run.ops import cost
 from autograd_run.ops.arrays import each, out_meta
-from autograd_run.ops.numeric import conj, digamma, erf, erfinv, is_complex, num, real_for, sgn, trigamma
+from autograd_run.ops.numeric import conj, digamma, erfinv, is_complex, num, real_for, sgn, trigamma
 from autograd_run.ops.spec import op
 
 _LN2 = math.log(2.0)
@@ -621,7 +621,7 @@ def clamp(node, grads, ctx):
 
 @op("ClampBackward0", saved="self:tensor min:tensor? max:tensor?", elementwise=True, cost=cost.pointwise(4))
 def clamp_tensor(node, grads, ctx):
-    """clamp(a, min, max) with tensors: a where min <= a <= max; min where a < min < max; max where a > max or min > max."""
+    """clamp(a, min, max), tensors: to a inside [min, max], to min where a < min < max, to max past it or min > max."""
     sv = ctx.saved(node)
     x, lo, hi = sv["self"], sv.get("min"), sv.get("max")
     g = grads[0]

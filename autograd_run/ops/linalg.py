@@ -405,3 +405,65 @@ def svd(node, grads, ctx):
         gv = _mh(gvh)
         ga = ga + u @ (_mh(gv - v @ (_mh(v) @ gv)) / s[..., :, None])
     return each(node, lambda i: ga)
+
+
+# --- pairwise distances -------------------------------------------------------------------------------------
+
+
+def _dist_factor(xp, diff, dist, p):
+    """d ||diff||_p / d diff for pairwise differences (..., P, R, M) and distances (..., P, R); 0 where undefined."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if p == 0:
+            return xp.zeros_like(diff)
+        if p == 1:
+            return xp.sign(diff)
+        d = dist[..., None]
+        if p == 2:
+            return xp.where(d == 0, 0, diff / d)
+        if math.isinf(p):
+            return xp.where(d == 0, 0, xp.sign(diff) * (xp.abs(diff) == d))
+        f = xp.sign(diff) * xp.abs(diff) ** (p - 1) / d ** (p - 1)
+        return xp.where((d == 0) | (diff == 0), 0, f)
+
+
+def _cdist_grads(xp, g, x1, x2, dist, p):
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    t = g[..., None] * _dist_factor(xp, diff, dist, float(num(p)))
+    return t.sum(axis=-2), -t.sum(axis=-3)
+
+
+@op("CdistBackward0", saved="x1:tensor x2:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
+def cdist(node, grads, ctx):
+    """cdist(x1, x2, p): each distance's gradient to both points, along d ||x1_i - x2_j||_p / d x1_i."""
+    sv = ctx.saved(node)
+    g1, g2 = _cdist_grads(ctx.xp(node), grads[0], sv["x1"], sv["x2"], sv["result"], sv.get("p", 2.0))
+    return each(node, lambda i: g1 if i == 0 else g2)
+
+
+@op("EuclideanDistBackward0", saved="x1:tensor x2:tensor result:tensor", cost=cost.MATMUL)
+def euclidean_dist(node, grads, ctx):
+    """cdist(x1, x2) by matrix products (large inputs): r = g / dist (0 where dist is 0); x1 sum(r) - r @ x2, ..."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    x1, x2, d = sv["x1"], sv["x2"], sv["result"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = xp.where(d == 0, 0, grads[0] / d)
+    return each(node, lambda i: x1 * r.sum(axis=-1, keepdims=True) - r @ x2 if i == 0
+                else x2 * r.sum(axis=-2)[..., None] - r.swapaxes(-1, -2) @ x1)
+
+
+@op("PdistBackward0", saved="self:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
+def pdist(node, grads, ctx):
+    """pdist(x, p): the condensed distances' gradients to both points of each pair i < j."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    x = sv["self"]
+    n = x.shape[0]
+    iu, ju = np.triu_indices(n, 1)
+    gm = xp.zeros((n, n), dtype=grads[0].dtype)
+    dm = xp.zeros((n, n), dtype=sv["result"].dtype)
+    gm[iu, ju] = grads[0]
+    dm[iu, ju] = sv["result"]
+    gm, dm = gm + gm.T, dm + dm.T
+    g1, g2 = _cdist_grads(xp, gm, x, x, dm, sv.get("p", 2.0))
+    return each(node, lambda i: (g1 + g2) / 2)

@@ -199,7 +199,7 @@ def multi_margin_loss(node, grads, ctx):
 @op("MseLossBackwardBackward0", saved="grad_output:tensor self:tensor target:tensor reduction:int?",
     cost=cost.pointwise(4))
 def mse_loss_backward_backward(node, grads, ctx):
-    """mse_loss_backward(go, a, t) = 2 (a - t) go: 2 (a - t) g to go (summed to its shape), 2 g go to a, -2 g go to t."""
+    """mse_loss_backward(go, a, t) = 2 (a - t) go: 2 (a - t) g to go (summed), 2 g go to a, -2 g go to t."""
     sv = ctx.saved(node)
     x, t, go = sv["self"], sv["target"], sv["grad_output"]
     reduction = sv.get("reduction", MEAN)
