@@ -126,3 +126,21 @@ DIST = {
 def test_distances_match_pytorch(case):
     a, b = leaf(6, 4, seed=50), leaf(4, 4, seed=51)
     check(weigh(DIST[case](a, b)), {"a": a, "b": b})
+
+
+def test_expm_matches_pytorch():
+    import numpy as np
+
+    from autograd_run.ops.linalg import expm
+    for scale in (0.01, 1.0, 30.0):
+        a = torch.randn(3, 4, 4, dtype=D, generator=torch.Generator().manual_seed(5)) * scale
+        np.testing.assert_allclose(expm(np, a.numpy()), torch.linalg.matrix_exp(a).numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["small", "large", "batched", "complex", "skew"])
+def test_matrix_exp_matches_pytorch(case, tmp_path):
+    a = {"small": lambda: leaf(3, 3, seed=60) * 0.1, "large": lambda: leaf(4, 4, seed=61) * 3,
+         "batched": lambda: leaf(2, 3, 3, seed=62), "complex": lambda: leaf(3, 3, seed=63, dtype=C),
+         "skew": lambda: leaf(4, 4, seed=64)}[case]().detach().requires_grad_(True)
+    x = a - a.mT if case == "skew" else a
+    check(weigh(torch.linalg.matrix_exp(x)), {"a": a}, path=tmp_path / "g.json")
