@@ -339,8 +339,9 @@ def test_linalg_cross():
     check(weigh(torch.cross(c, d, dim=0)), {"c": c, "d": d})
 
 
+@pytest.mark.parametrize("name", ["CudnnBatchNormBackward0", "MiopenBatchNormBackward0"])
 @pytest.mark.parametrize("training", [True, False])
-def test_vendor_batch_norm_replays_native_maths(training):
+def test_vendor_batch_norm_replays_native_maths(training, name):
     """cuDNN/MIOpen batch norm nodes (GPU-only in PyTorch) run the native maths: a CPU graph relabelled."""
     import numpy as np
 
@@ -351,7 +352,7 @@ def test_vendor_batch_norm_replays_native_maths(training):
     doc = capture([out], leaves={"x": x, "w": w, "b": b})
     for n in doc["nodes"]:
         if n["name"] == "NativeBatchNormBackward0":
-            n["name"] = "CudnnBatchNormBackward0"
+            n["name"] = name
             n["saved"]["epsilon"] = n["saved"].pop("eps")
     _, res, _ = our_order(doc)
     out.backward()
