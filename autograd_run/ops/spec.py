@@ -23,7 +23,9 @@ kinds in ``engine_ops``)::
   ``str``       a string (e.g. ``approximate``).
 
 The backward formula is ``fn(node, grads, ctx) -> list``: ``grads`` holds
-the node's incoming gradients (one per input slot, None when undefined);
+the node's incoming gradients (one per input slot, None when undefined;
+a node whose gradients are all undefined sends None everywhere without
+calling its formula, as PyTorch's generated nodes do);
 the result has one entry per next edge (None where the edge is None or no
 gradient flows). ``ctx`` is a ``RuleContext``: the node's saved values,
 its array module, device transfers and ``create_graph``; never the
