@@ -358,3 +358,23 @@ def test_vendor_batch_norm_replays_native_maths(training, name):
     out.backward()
     for k, t in {"x": x, "w": w, "b": b}.items():
         np.testing.assert_allclose(res.grads[k], t.grad.numpy(), rtol=1e-9, err_msg=k)
+
+
+SAMPLERS = {
+    "bernoulli": lambda p: torch.bernoulli(p) + p,
+    "bernoulli_inplace": lambda p: (p * 1).bernoulli_(0.3) + (p * 2).bernoulli_(p.detach()) + p,
+    "normal": lambda p: torch.normal(p, 1.0) + torch.normal(0.0, p) + torch.normal(p, p + 1),
+    "normal_uniform_inplace": lambda p: (p * 1).normal_() + (p * 1).uniform_() + (p * 1).exponential_() + p,
+    "cauchy_geometric_lognormal": lambda p: (p * 1).cauchy_() + (p * 1).geometric_(0.5) + (p * 1).log_normal_() + p,
+    "random": lambda p: (p * 1).random_() * 0 + (p * 1).random_(5) + (p * 1).random_(1, 5) + p,
+    "poisson": lambda p: torch.poisson(p) + p,
+    "fill_zero": lambda p: (p * 1).fill_(2.0) + (p * 3).zero_() + torch.fill(p * 2, 3.0) + p,
+    "fill_tensor": lambda p: torch.fill(p * 2, (p * p).sum()) + (p * 3).fill_((p + 1).sum()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SAMPLERS))
+def test_sampling_and_fill_nodes(case):
+    p = leaf(3, 4, seed=99, low=0.1, high=0.9)
+    torch.manual_seed(0)
+    check(weigh(SAMPLERS[case](p)), {"p": p})

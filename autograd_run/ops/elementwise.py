@@ -809,6 +809,26 @@ def native_dropout(node, grads, ctx):
     return each(node, lambda i: grads[0] * sv["result1"] * scale)
 
 
+_SAMPLERS = ("BernoulliBackward0", "BernoulliBackward1", "BernoulliBackward2", "NormalBackward0", "NormalBackward1",
+             "NormalBackward2", "NormalBackward3", "UniformBackward0", "PoissonBackward0", "ExponentialBackward0",
+             "CauchyBackward0", "GeometricBackward0", "LogNormalBackward0", "RandomBackward0", "RandomBackward1",
+             "RandomBackward2", "ZeroBackward0", "FillBackward0", "FillBackward2")
+
+
+@op(*_SAMPLERS, saved="mean_sym_sizes:sizes? std_sym_sizes:sizes?", cost=cost.COPY)
+def sampled(node, grads, ctx):
+    """random sampling (bernoulli, normal, uniform, ...) and fill/zero: a zero gradient for every input."""
+    xp = ctx.xp(node)
+    return each(node, lambda i: _zeros_for(node, i, xp))
+
+
+@op("FillBackward1", "FillBackward3", cost=cost.reduction(1))
+def fill_tensor(node, grads, ctx):
+    """fill(a, value) with a 0-d tensor value: zero to a, the gradient's sum to the value."""
+    xp = ctx.xp(node)
+    return each(node, lambda i: _zeros_for(node, i, xp) if i == 0 else grads[0].sum())
+
+
 @op("CloneBackward0", elementwise=True, cost=cost.VIEW)
 def clone(node, grads, ctx):
     """clone(a): the gradient passes through."""
