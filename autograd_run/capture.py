@@ -68,13 +68,16 @@ class _Arrays:
 
     def put(self, key: str, t) -> dict:
         arr = t.detach().cpu()
+        if arr.is_conj() or arr.is_neg():  # lazy conjugate/negative views: materialise them first
+            arr = arr.resolve_conj().resolve_neg()
         dt = _dtype(arr.dtype)
         if dt not in _TORCH_DTYPES:
             raise ValueError(f"cannot capture a tensor of dtype {dt} ({key})")
         arr = arr.numpy()
         if self.inline:
             return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
-        self.arrays[key] = np.ascontiguousarray(arr).reshape(arr.shape)  # keeps 0-dim tensors 0-dim
+        # (np.ascontiguousarray would turn a 0-d array into shape (1,))
+        self.arrays[key] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
         return {"npz": key}
 
 
@@ -83,6 +86,10 @@ def _saved_value(torch, v, key: str, arrays: _Arrays):
         return arrays.put(key, v)
     if isinstance(v, bool) or v is None or isinstance(v, str):
         return v
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # "inf", "-inf", "nan": JSON has no spelling for them (rules read them back)
+    if isinstance(v, complex):
+        return str(v)  # "(2-1j)", "1j": likewise
     if isinstance(v, (int, float)):
         return v
     if isinstance(v, (tuple, list)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):

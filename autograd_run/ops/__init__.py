@@ -3,11 +3,12 @@
 ``REGISTRY`` maps names (PyTorch's spelling, e.g. ``MulBackward0``, and the
 synthetic ``cost``/``opaque``/``python``/``identity``) to specs. Families:
 ``elementwise``, ``activations``, ``linalg``, ``shape``, ``reductions``,
-``indexing``, ``conv`` (convolution, pooling, normalisation), ``losses``,
-``attention`` (fused scaled-dot-product attention), ``products`` (baddbmm,
-addbmm, addmv, addr, _trilinear), ``spectral`` (FFTs), and ``engine_ops``
-(node kinds the engine implements itself). Importing
-this package registers them all; a name declared twice fails here.
+``indexing``, ``conv`` (convolution, pooling, normalisation, resampling),
+``losses``, ``attention`` (fused scaled-dot-product attention), ``products``
+(baddbmm, addbmm, addmv, addr, _trilinear), ``spectral`` (FFTs), ``sparse``
+(embedding bags), and ``engine_ops`` (node kinds the engine implements
+itself). Importing this package registers them all; a name declared twice
+fails here.
 
 This package depends on numpy only: the graph loader, the engine, the
 simulation and capture all read the same table.
@@ -15,7 +16,7 @@ simulation and capture all read the same table.
 
 from autograd_run.ops import (  # noqa: F401  (importing a family registers its ops)
     activations, attention, conv, elementwise, engine_ops, indexing, linalg, losses, products, reductions, shape,
-    spectral,
+    sparse, spectral,
 )
 from autograd_run.ops.engine_ops import (
     ACCUMULATE_GRAD, CHECKPOINT, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, is_graph_root,
@@ -23,7 +24,7 @@ from autograd_run.ops.engine_ops import (
 from autograd_run.ops.spec import REGISTRY, Field, OpSpec, RuleContext
 
 FAMILIES = ("elementwise", "activations", "linalg", "shape", "reductions", "indexing", "conv", "losses",
-            "attention", "products", "spectral", "engine_ops")
+            "attention", "products", "spectral", "sparse", "engine_ops")
 
 
 def _check() -> None:

@@ -1,10 +1,22 @@
-"""Convolutional networks and normalisation: convolution, max/avg pooling, batch norm, layer norm.
+"""Convolutional networks, normalisation and resampling.
 
-N-dimensional (1d, 2d, 3d) and grouped; the input is windowed with
-``as_strided`` (no copy) and contracted with ``einsum``; the input gradient
-is scattered back window offset by window offset. Transposed convolutions
-and ceil-mode average pooling have no rule here: capture marks them opaque
-(``unsupported``) and the rules refuse them.
+* Convolution (1d-3d, grouped, strided, dilated, padded, transposed with
+  output padding) and its double backward; unfold/fold (im2col/col2im);
+  pixel shuffle/unshuffle.
+* Pooling: max (with indices, adaptive), average (ceil mode, padding,
+  divisor override), adaptive average; and their double backward.
+* Normalisation: batch, layer, group, weight norm.
+* Resampling: nearest / nearest-exact / (bi/tri)linear / bicubic
+  (antialiased too) interpolation, reflection and replication padding;
+  and their double backward.
+
+The input is windowed with ``as_strided`` (no copy) and contracted with
+``einsum``; the input gradient is scattered back window offset by window
+offset. Average pooling, adaptive average pooling, upsampling and padding
+are separable linear maps: each spatial dim gets a small (out, in) matrix,
+built once per call, and the gradient is contracted with them dim by dim
+(the forward map, used by double backward, with the same matrices).
+Complex convolutions conjugate the other operand, as PyTorch does.
 """
 
 from __future__ import annotations
@@ -15,8 +27,11 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each
+from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.numeric import conj, num
 from autograd_run.ops.spec import op
+
+
 def _stride_tricks(xp):
     if xp is np:
         return np.lib.stride_tricks.as_strided
@@ -46,157 +61,663 @@ def _crop(dxpad, padding):
     return dxpad[(slice(None), slice(None)) + tuple(slice(p, dxpad.shape[2 + i] - p) for i, p in enumerate(padding))]
 
 
+def _pad(xp, x, padding):
+    if not any(padding):
+        return x
+    return xp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+
+
+def _letters(k):
+    return "ijl"[:k], "xyz"[:k]
+
+
+def conv_forward(xp, x, w, stride, padding, dilation, groups):
+    """The convolution (cross-correlation) of batched ``x`` (N, C, *) with ``w`` (O, C/groups, *k)."""
+    k = x.ndim - 2
+    ks = w.shape[2:]
+    xpad = _pad(xp, x, padding)
+    out = tuple((xpad.shape[2 + i] - dilation[i] * (ks[i] - 1) - 1) // stride[i] + 1 for i in range(k))
+    win = _windows(xp, xpad, ks, out, stride, dilation)
+    cg, og = x.shape[1] // groups, w.shape[0] // groups
+    K, S = _letters(k)
+    parts = [xp.einsum(f"nc{K}{S},oc{K}->no{S}", win[:, q * cg:(q + 1) * cg], w[q * og:(q + 1) * og])
+             for q in range(groups)]
+    return parts[0] if groups == 1 else xp.concatenate(parts, axis=1)
+
+
+def conv_grad_input(xp, g, w, in_spatial, stride, padding, dilation, groups):
+    """The adjoint of ``conv_forward`` in its input: ``g`` (N, O, *out) back to (N, C, *in_spatial)."""
+    k = g.ndim - 2
+    ks, out = w.shape[2:], g.shape[2:]
+    C = w.shape[1] * groups
+    cg, og = w.shape[1], w.shape[0] // groups
+    padded = tuple(n + 2 * p for n, p in zip(in_spatial, padding))
+    dxpad = xp.zeros((g.shape[0], C) + padded, dtype=xp.result_type(g, w))
+    K, S = _letters(k)
+    for q in range(groups):
+        dwin = xp.einsum(f"no{S},oc{K}->nc{K}{S}", g[:, q * og:(q + 1) * og], w[q * og:(q + 1) * og])
+        _scatter(dxpad, dwin, ks, out, stride, dilation, slice(q * cg, (q + 1) * cg))
+    return _crop(dxpad, padding)
+
+
+def conv_grad_weight(xp, g, x, ks, stride, padding, dilation, groups):
+    """The adjoint of ``conv_forward`` in its weight: sum over positions of ``g`` times the windows of ``x``."""
+    k = x.ndim - 2
+    out = g.shape[2:]
+    win = _windows(xp, _pad(xp, x, padding), ks, out, stride, dilation)
+    cg, og = x.shape[1] // groups, g.shape[1] // groups
+    K, S = _letters(k)
+    parts = [xp.einsum(f"no{S},nc{K}{S}->oc{K}", g[:, q * og:(q + 1) * og], win[:, q * cg:(q + 1) * cg])
+             for q in range(groups)]
+    return parts[0] if groups == 1 else xp.concatenate(parts, axis=0)
+
+
 def _conv_flops(s: cost.Shapes) -> float:
-    """2 * (grad elements) * (input channels per group * kernel elements), per produced input/weight gradient."""
+    """2 * (grad elements) * (input channels per group * kernel elements), per produced input/weight gradient.
+
+    For a transposed convolution the roles swap: the larger side is the produced input gradient's
+    spatial extent times the weight's per-group output channels, which the same product covers
+    when counted on the gradient with the more elements.
+    """
     g = s.inputs[0][0] if s.inputs else ()
     w = s.outputs[1][0] if len(s.outputs) > 1 and s.outputs[1] is not None else s.saved.get("weight", ((),))[0]
     if len(w) < 2:
         return float(2 * math.prod(g))
-    per_out = 2.0 * math.prod(g) * w[1] * math.prod(w[2:])
+    if s.values.get("transposed"):
+        x = s.outputs[0][0] if s.outputs and s.outputs[0] is not None else s.saved.get("input", ((),))[0]
+        per_out = 2.0 * max(math.prod(x), 1) * w[1] * math.prod(w[2:])
+    else:
+        per_out = 2.0 * math.prod(g) * w[1] * math.prod(w[2:])
     n = sum(1 for m in s.outputs[:2] if m is not None)
     bias = math.prod(g) if len(s.outputs) > 2 and s.outputs[2] is not None else 0
     return per_out * n + bias
 
 
-def _transposed(saved) -> str | None:
-    return "transposed convolutions have no backward rule here" if saved.get("transposed") else None
-
-
-def _ceil_mode(saved) -> str | None:
-    return "ceil_mode pooling has no backward rule here" if saved.get("ceil_mode") else None
+def _conv_params(sv, k):
+    stride, padding = list(sv["stride"]), list(sv["padding"])
+    dilation = list(sv.get("dilation") or [1] * k)
+    return stride, padding, dilation, int(signed(sv.get("groups", 1)))
 
 
 @op("ConvolutionBackward0",
     saved="input:tensor weight:tensor stride:ints padding:ints dilation:ints groups:int? transposed:bool? "
           "output_padding:ints? bias_sym_sizes_opt:sizes?",
-    cost=cost.CostModel(_conv_flops), unsupported=_transposed)
+    cost=cost.CostModel(_conv_flops))
 def convolution(node, grads, ctx):
-    """convolution (1d-3d, grouped, strided, dilated, padded): input, weight and bias gradients."""
+    """convolution, plain or transposed (1d-3d, groups, stride, dilation, padding, output padding): all three."""
     sv = ctx.saved(node)
-    if sv.get("transposed"):
-        raise RuntimeError(f"{node.name} node {node.id!r}: transposed convolutions have no backward rule here")
     xp = ctx.xp(node)
     x, w, g = sv["input"], sv["weight"], grads[0]
     unbatched = x.ndim == w.ndim - 1
     if unbatched:
         x, g = x[None], g[None]
     k = x.ndim - 2
-    stride, padding = list(sv["stride"]), list(sv["padding"])
-    dilation, groups = list(sv["dilation"]), int(sv.get("groups", 1))
-    ks, out = w.shape[2:], g.shape[2:]
-    xpad = xp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
-    win = _windows(xp, xpad, ks, out, stride, dilation)
-    C, O = x.shape[1], w.shape[0]
-    cg, og = C // groups, O // groups
-    K = "ijl"[:k]
-    S = "xyz"[:k]
+    stride, padding, dilation, groups = _conv_params(sv, k)
+    transposed = bool(sv.get("transposed"))
 
     def grad_input():
-        dxpad = xp.zeros(xpad.shape, dtype=x.dtype)
-        for q in range(groups):
-            dwin = xp.einsum(f"no{S},oc{K}->nc{K}{S}", g[:, q * og:(q + 1) * og], w[q * og:(q + 1) * og])
-            _scatter(dxpad, dwin, ks, out, stride, dilation, slice(q * cg, (q + 1) * cg))
-        dx = _crop(dxpad, padding)
+        if transposed:
+            dx = conv_forward(xp, g, conj(w), stride, padding, dilation, groups)
+        else:
+            dx = conv_grad_input(xp, g, conj(w), x.shape[2:], stride, padding, dilation, groups)
         return dx[0] if unbatched else dx
 
     def grad_weight():
-        parts = [xp.einsum(f"no{S},nc{K}{S}->oc{K}", g[:, q * og:(q + 1) * og], win[:, q * cg:(q + 1) * cg])
-                 for q in range(groups)]
-        return xp.concatenate(parts, axis=0)
+        if transposed:
+            return conv_grad_weight(xp, conj(x), g, w.shape[2:], stride, padding, dilation, groups)
+        return conv_grad_weight(xp, g, conj(x), w.shape[2:], stride, padding, dilation, groups)
 
     def grad_bias():
         return g.sum(axis=(0,) + tuple(range(2, g.ndim)))
     return each(node, lambda i: (grad_input, grad_weight, grad_bias)[i]())
 
 
-@op("MaxPool1DWithIndicesBackward0", "MaxPool2DWithIndicesBackward0", "MaxPool3DWithIndicesBackward0",
-    saved="self:tensor result1:tensor kernel_size:ints stride:ints? padding:ints? dilation:ints? ceil_mode:bool?",
-    cost=cost.COPY)
-def max_pool(node, grads, ctx):
-    """max pooling with indices: each output's gradient goes to the input position it chose."""
+@op("ConvolutionBackwardBackward0",
+    saved="grad_output:tensor input:tensor weight:tensor stride:ints padding:ints dilation:ints groups:int? "
+          "transposed:bool? output_padding:ints?",
+    cost=cost.CostModel(lambda s: 2 * _conv_flops(s)))
+def convolution_backward_backward(node, grads, ctx):
+    """convolution's backward differentiated again: to grad_output, input and weight (plain or transposed)."""
     sv = ctx.saved(node)
     xp = ctx.xp(node)
-    x, idx, g = sv["self"], sv["result1"].astype(np.int64, copy=False), grads[0]
-    k = len(sv["kernel_size"])
-    lead = x.shape[:-k]
-    rows = int(math.prod(lead))
-    flat = xp.zeros((rows, int(math.prod(x.shape[-k:]))), dtype=g.dtype)
-    r = xp.arange(rows)[:, None]
-    idx2 = idx.reshape(rows, -1)
-    g2 = g.reshape(rows, -1)
-    if xp is np:
-        np.add.at(flat, (xp.broadcast_to(r, idx2.shape), idx2), g2)
+    go, x, w = sv["grad_output"], sv["input"], sv["weight"]
+    unbatched = x.ndim == w.ndim - 1
+    ggi, ggw, ggb = (list(grads) + [None] * 3)[:3]
+    if unbatched:
+        go, x = go[None], x[None]
+        ggi = None if ggi is None else ggi[None]
+    k = x.ndim - 2
+    stride, padding, dilation, groups = _conv_params(sv, k)
+    transposed = bool(sv.get("transposed"))
+    args = (stride, padding, dilation, groups)
+
+    def grad_grad_output():
+        total = None
+        if ggi is not None:
+            t = (conv_grad_input(xp, ggi, w, go.shape[2:], *args) if transposed
+                 else conv_forward(xp, ggi, w, *args))
+            total = t
+        if ggw is not None:
+            t = (conv_grad_input(xp, x, ggw, go.shape[2:], *args) if transposed
+                 else conv_forward(xp, x, ggw, *args))
+            total = t if total is None else total + t
+        if ggb is not None:
+            t = ggb.reshape((1, -1) + (1,) * k)
+            total = xp.broadcast_to(t, go.shape) if total is None else total + t
+        if total is None:
+            return None
+        return total[0] if unbatched else total
+
+    def grad_input():
+        if ggw is None:
+            return None
+        dx = (conv_forward(xp, go, conj(ggw), *args) if transposed
+              else conv_grad_input(xp, go, conj(ggw), x.shape[2:], *args))
+        return dx[0] if unbatched else dx
+
+    def grad_weight():
+        if ggi is None:
+            return None
+        if transposed:
+            return conv_grad_weight(xp, conj(ggi), go, w.shape[2:], *args)
+        return conv_grad_weight(xp, go, conj(ggi), w.shape[2:], *args)
+    return each(node, lambda i: (grad_grad_output, grad_input, grad_weight)[i]())
+
+
+# --- unfold / fold, pixel shuffle ------------------------------------------------------------------------
+
+
+def _im2col(xp, x, ks, dilation, padding, stride):
+    """(N, C, H, W) -> (N, C * kh * kw, L), PyTorch's unfold layout."""
+    xpad = _pad(xp, x, padding)
+    out = tuple((xpad.shape[2 + i] - dilation[i] * (ks[i] - 1) - 1) // stride[i] + 1 for i in range(2))
+    win = _windows(xp, xpad, ks, out, stride, dilation)
+    return win.reshape(x.shape[0], x.shape[1] * ks[0] * ks[1], out[0] * out[1])
+
+
+def _col2im(xp, cols, size, ks, dilation, padding, stride):
+    """(N, C * kh * kw, L) -> (N, C, H, W): the adjoint of ``_im2col`` (overlapping windows add up)."""
+    n = cols.shape[0]
+    c = cols.shape[1] // (ks[0] * ks[1])
+    padded = tuple(s + 2 * p for s, p in zip(size, padding))
+    out = tuple((padded[i] - dilation[i] * (ks[i] - 1) - 1) // stride[i] + 1 for i in range(2))
+    dwin = cols.reshape((n, c) + tuple(ks) + out)
+    dxpad = xp.zeros((n, c) + padded, dtype=cols.dtype)
+    _scatter(dxpad, dwin, ks, out, stride, dilation)
+    return _crop(dxpad, padding)
+
+
+@op("Im2ColBackward0",
+    saved="kernel_size:ints dilation:ints padding:ints stride:ints self_sym_argsize_minus_2:int "
+          "self_sym_argsize_minus_1:int", cost=cost.COPY)
+def im2col(node, grads, ctx):
+    """unfold (im2col): the column gradients added back into their windows (col2im)."""
+    sv = node.saved
+    g = grads[0]
+    unbatched = g.ndim == 2
+    if unbatched:
+        g = g[None]
+    size = (signed(sv["self_sym_argsize_minus_2"]), signed(sv["self_sym_argsize_minus_1"]))
+    dx = _col2im(ctx.xp(node), g, size, list(sv["kernel_size"]), list(sv["dilation"]), list(sv["padding"]),
+                 list(sv["stride"]))
+    return each(node, lambda i: dx[0] if unbatched else dx)
+
+
+@op("Col2ImBackward0", saved="kernel_size:ints dilation:ints padding:ints stride:ints", cost=cost.COPY)
+def col2im(node, grads, ctx):
+    """fold (col2im): the gradient read back window by window (im2col)."""
+    sv = node.saved
+    g = grads[0]
+    unbatched = g.ndim == 3
+    if unbatched:
+        g = g[None]
+    cols = _im2col(ctx.xp(node), g, list(sv["kernel_size"]), list(sv["dilation"]), list(sv["padding"]),
+                   list(sv["stride"]))
+    return each(node, lambda i: cols[0] if unbatched else cols)
+
+
+def _pixel_shuffle(xp, t, r):
+    """(*, C r r, H, W) -> (*, C, H r, W r)."""
+    *lead, c, h, w = t.shape
+    t = t.reshape(tuple(lead) + (c // (r * r), r, r, h, w))
+    n = len(lead)
+    t = t.transpose(tuple(range(n)) + (n, n + 3, n + 1, n + 4, n + 2))
+    return t.reshape(tuple(lead) + (c // (r * r), h * r, w * r))
+
+
+def _pixel_unshuffle(xp, t, r):
+    """(*, C, H r, W r) -> (*, C r r, H, W)."""
+    *lead, c, h, w = t.shape
+    t = t.reshape(tuple(lead) + (c, h // r, r, w // r, r))
+    n = len(lead)
+    t = t.transpose(tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3))
+    return t.reshape(tuple(lead) + (c * r * r, h // r, w // r))
+
+
+@op("PixelShuffleBackward0", saved="upscale_factor:int", cost=cost.COPY)
+def pixel_shuffle(node, grads, ctx):
+    """pixel_shuffle(a, r): the gradient unshuffled."""
+    return each(node, lambda i: _pixel_unshuffle(ctx.xp(node), grads[0], int(node.saved["upscale_factor"])))
+
+
+@op("PixelUnshuffleBackward0", saved="downscale_factor:int", cost=cost.COPY)
+def pixel_unshuffle(node, grads, ctx):
+    """pixel_unshuffle(a, r): the gradient shuffled."""
+    return each(node, lambda i: _pixel_shuffle(ctx.xp(node), grads[0], int(node.saved["downscale_factor"])))
+
+
+# --- separable linear maps: pooling, upsampling, padding ---------------------------------------------------
+
+
+def apply_dims(xp, t, mats, adjoint):
+    """Contract the last ``len(mats)`` dims of ``t`` with (out, in) matrices: in -> out, or (adjoint) out -> in."""
+    k = len(mats)
+    for j, m in enumerate(mats):
+        m = xp.asarray(m.T if adjoint else m, dtype=t.dtype)
+        axis = t.ndim - k + j
+        t = xp.moveaxis(xp.tensordot(t, m, axes=([axis], [1])), -1, axis)
+    return t
+
+
+def _scale_value(scale, n_in, n_out):
+    """PyTorch's compute_scales_value: 1 / scale when a scale was given, else in / out."""
+    scale = num(scale)
+    return 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+
+
+def nearest_matrix(n_in, n_out, scale=None, exact=False):
+    """(out, in) one-hot rows: which input element each output of nearest upsampling reads."""
+    m = np.zeros((n_out, n_in))
+    dst = np.arange(n_out)
+    if n_out == n_in:
+        src = dst
+    elif n_out == 2 * n_in and not exact:
+        src = dst >> 1
+    else:  # PyTorch computes the index in single precision
+        s = np.float32(_scale_value(scale, n_in, n_out))
+        pos = (dst.astype(np.float32) + np.float32(0.5)) * s if exact else dst.astype(np.float32) * s
+        src = np.minimum(np.floor(pos).astype(np.int64), n_in - 1)
+    m[dst, src] = 1.0
+    return m
+
+
+def _linear_ratio(n_in, n_out, align_corners, scale):
+    if align_corners:
+        return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    return _scale_value(scale, n_in, n_out)
+
+
+def _source_index(ratio, dst, align_corners, cubic):
+    if align_corners:
+        return ratio * dst
+    src = ratio * (dst + 0.5) - 0.5
+    return src if cubic else np.maximum(src, 0.0)
+
+
+def linear_matrix(n_in, n_out, align_corners=False, scale=None):
+    """(out, in) weights of linear interpolation along one dim (PyTorch's source index and lambda)."""
+    m = np.zeros((n_out, n_in))
+    dst = np.arange(n_out)
+    if n_out == n_in:
+        m[dst, dst] = 1.0
+        return m
+    real = _source_index(_linear_ratio(n_in, n_out, align_corners, scale), dst.astype(np.float64), align_corners,
+                         False)
+    i0 = np.minimum(np.floor(real).astype(np.int64), n_in - 1)
+    lam1 = np.clip(real - i0, 0.0, 1.0)
+    i1 = i0 + (i0 < n_in - 1)
+    np.add.at(m, (dst, i0), 1.0 - lam1)
+    np.add.at(m, (dst, i1), lam1)
+    return m
+
+
+def _cubic_weights(t, a=-0.75):
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return far(t + 1), near(t), near(1 - t), far(2 - t)
+
+
+def cubic_matrix(n_in, n_out, align_corners=False, scale=None):
+    """(out, in) weights of bicubic (a = -0.75) interpolation along one dim; taps clamp at the borders."""
+    m = np.zeros((n_out, n_in))
+    dst = np.arange(n_out)
+    real = _source_index(_linear_ratio(n_in, n_out, align_corners, scale), dst.astype(np.float64), align_corners,
+                         True)
+    i = np.floor(real).astype(np.int64)
+    t = real - i
+    for off, wt in zip((-1, 0, 1, 2), _cubic_weights(t)):
+        np.add.at(m, (dst, np.clip(i + off, 0, n_in - 1)), wt)
+    return m
+
+
+def _triangle(x):
+    x = np.abs(x)
+    return np.where(x < 1.0, 1.0 - x, 0.0)
+
+
+def _keys_cubic(x, a=-0.5):
+    x = np.abs(x)
+    return np.where(x < 1.0, ((a + 2) * x - (a + 3)) * x * x + 1,
+                    np.where(x < 2.0, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0.0))
+
+
+def antialias_matrix(n_in, n_out, align_corners=False, scale=None, cubic=False):
+    """(out, in) weights of antialiased (PIL-style) bilinear or bicubic resampling along one dim.
+
+    Downsampling widens the filter by the scale; each output's weights are normalised to sum to one.
+    """
+    ratio = _linear_ratio(n_in, n_out, align_corners, scale)
+    interp = 4 if cubic else 2
+    support = interp / 2 * ratio if ratio >= 1.0 else interp / 2
+    invscale = 1.0 / ratio if ratio >= 1.0 else 1.0
+    max_taps = int(math.ceil(support)) * 2 + 1
+    filt = _keys_cubic if cubic else _triangle
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = ratio * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        size = min(max(min(int(center + support + 0.5), n_in) - lo, 0), max_taps)
+        w = filt((np.arange(size) + lo - center + 0.5) * invscale)
+        total = w.sum()
+        if total != 0.0:
+            m[i, lo:lo + size] = w / total
+    return m
+
+
+def adaptive_avg_matrix(n_in, n_out):
+    """(out, in): output o averages inputs floor(o in / out) to ceil((o + 1) in / out)."""
+    m = np.zeros((n_out, n_in))
+    for o in range(n_out):
+        a, b = (o * n_in) // n_out, -(-((o + 1) * n_in) // n_out)
+        m[o, a:b] = 1.0 / (b - a)
+    return m
+
+
+def avg_pool_matrix(n_in, n_out, k, stride, pad, count_include_pad=True, unit=False):
+    """(out, in) averaging weights of one dim of average pooling (PyTorch's window and divisor rules)."""
+    m = np.zeros((n_out, n_in))
+    for o in range(n_out):
+        start = o * stride - pad
+        end = min(start + k, n_in + pad)
+        size = end - start
+        a, b = max(start, 0), min(end, n_in)
+        if b > a:
+            m[o, a:b] = 1.0 if unit else 1.0 / (size if count_include_pad else b - a)
+    return m
+
+
+def pool_out_size(n_in, k, stride, pad, ceil_mode, dilation=1):
+    span = n_in + 2 * pad - dilation * (k - 1) - 1
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= n_in + pad:
+        out -= 1
+    return out
+
+
+def pad_matrix(n_in, left, right, mode):
+    """(out, in) one-hot rows of reflection or replication padding along one dim."""
+    n_out = n_in + left + right
+    src = np.arange(n_out) - left
+    if mode == "reflect":
+        src = np.abs(src)
+        src = np.where(src >= n_in, 2 * (n_in - 1) - src, src)
     else:
-        import cupyx
-        cupyx.scatter_add(flat, (xp.broadcast_to(r, idx2.shape), idx2), g2)
-    return each(node, lambda i: flat.reshape(x.shape))
+        src = np.clip(src, 0, n_in - 1)
+    m = np.zeros((n_out, n_in))
+    m[np.arange(n_out), src] = 1.0
+    return m
+
+
+def _spatial_k(name: str) -> int:
+    for k in (1, 2, 3):
+        if f"{k}D" in name:
+            return k
+    raise ValueError(name)
+
+
+def _scales(sv, k):
+    keys = {1: ("scales",), 2: ("scales_h", "scales_w"), 3: ("scales_d", "scales_h", "scales_w")}[k]
+    return [sv.get(key) for key in keys]
+
+
+def _upsample_mats(name, sv, in_spatial, out_spatial):
+    k = len(in_spatial)
+    scales = _scales(sv, k)
+    if "Nearest" in name:
+        exact = "Exact" in name
+        return [nearest_matrix(i, o, s, exact) for i, o, s in zip(in_spatial, out_spatial, scales)]
+    ac = bool(sv.get("align_corners"))
+    if name.startswith(("UpsampleBilinear2DAa", "UpsampleBicubic2DAa")):
+        cubic = "Bicubic" in name
+        return [antialias_matrix(i, o, ac, s, cubic) for i, o, s in zip(in_spatial, out_spatial, scales)]
+    build = cubic_matrix if "Bicubic" in name else linear_matrix
+    return [build(i, o, ac, s) for i, o, s in zip(in_spatial, out_spatial, scales)]
+
+
+_UPSAMPLE = ("UpsampleNearest1D", "UpsampleNearest2D", "UpsampleNearest3D", "UpsampleNearestExact1D",
+             "UpsampleNearestExact2D", "UpsampleNearestExact3D", "UpsampleLinear1D", "UpsampleBilinear2D",
+             "UpsampleTrilinear3D", "UpsampleBicubic2D", "UpsampleBilinear2DAa", "UpsampleBicubic2DAa")
+
+
+@op(*(f"{n}Backward0" for n in _UPSAMPLE),
+    saved="output_size:sizes self_sym_sizes:sizes align_corners:bool? scales:scalar? scales_d:scalar? "
+          "scales_h:scalar? scales_w:scalar?",
+    cost=cost.reduction(2))
+def upsample(node, grads, ctx):
+    """nearest / nearest-exact / linear / bilinear / trilinear / bicubic (also antialiased) resampling: each
+    output's gradient back to the inputs it read, with its interpolation weights."""
+    sv = node.saved
+    sizes = tuple(sv["self_sym_sizes"])
+    k = _spatial_k(node.name)
+    mats = _upsample_mats(node.name, sv, sizes[-k:], tuple(sv["output_size"]))
+    return each(node, lambda i: apply_dims(ctx.xp(node), grads[0], mats, adjoint=True))
+
+
+@op(*(f"{n}BackwardBackward0" for n in _UPSAMPLE),
+    saved="output_size:sizes align_corners:bool? scales:scalar? scales_d:scalar? scales_h:scalar? scales_w:scalar?",
+    cost=cost.reduction(2))
+def upsample_backward_backward(node, grads, ctx):
+    """upsampling's backward is linear in its gradient: the upsampled gradient (the forward map)."""
+    sv = node.saved
+    g = grads[0]
+    k = _spatial_k(node.name)
+    mats = _upsample_mats(node.name, sv, g.shape[-k:], tuple(sv["output_size"]))
+    return each(node, lambda i: apply_dims(ctx.xp(node), g, mats, adjoint=False))
+
+
+@op("AdaptiveAvgPool2DBackward0", "AdaptiveAvgPool3DBackward0", saved="self:tensor", cost=cost.reduction(1))
+def adaptive_avg_pool(node, grads, ctx):
+    """adaptive average pooling: each output's gradient spread evenly over its (possibly overlapping) window."""
+    x = ctx.saved(node)["self"]
+    g = grads[0]
+    k = _spatial_k(node.name)
+    mats = [adaptive_avg_matrix(i, o) for i, o in zip(x.shape[-k:], g.shape[-k:])]
+    return each(node, lambda i: apply_dims(ctx.xp(node), g, mats, adjoint=True))
+
+
+@op("AdaptiveAvgPool2DBackwardBackward0", "AdaptiveAvgPool3DBackwardBackward0",
+    saved="grad_output_sym_argsize_minus_3:int? grad_output_sym_argsize_minus_2:int "
+          "grad_output_sym_argsize_minus_1:int", cost=cost.reduction(1))
+def adaptive_avg_pool_backward_backward(node, grads, ctx):
+    """adaptive average pooling's backward, differentiated: the pooled gradient to grad_output; zero to the input."""
+    sv = node.saved
+    g = grads[0]
+    k = _spatial_k(node.name)
+    out = [int(sv[f"grad_output_sym_argsize_minus_{j}"]) for j in range(k, 0, -1)]
+    mats = [adaptive_avg_matrix(i, o) for i, o in zip(g.shape[-k:], out)]
+    xp = ctx.xp(node)
+    return each(node, lambda i: apply_dims(xp, g, mats, adjoint=False) if i == 0 else xp.zeros_like(g))
+
+
+def _avg_pool_mats(sv, in_spatial, out_spatial=None):
+    ks = list(sv["kernel_size"])
+    k = len(in_spatial)
+    if len(ks) == 1:
+        ks = ks * k
+    stride = list(sv.get("stride") or ks)
+    padding = list(sv.get("padding") or [0] * k)
+    stride = stride * k if len(stride) == 1 else stride
+    padding = padding * k if len(padding) == 1 else padding
+    ceil_mode = bool(sv.get("ceil_mode"))
+    if out_spatial is None:
+        out_spatial = [pool_out_size(n, kk, s, p, ceil_mode) for n, kk, s, p in zip(in_spatial, ks, stride, padding)]
+    override = num(sv.get("divisor_override"))
+    include = sv.get("count_include_pad", True)
+    mats = [avg_pool_matrix(n, o, kk, s, p, include, unit=bool(override))
+            for n, o, kk, s, p in zip(in_spatial, out_spatial, ks, stride, padding)]
+    return mats, (float(override) if override else None)
 
 
 @op("AvgPool2DBackward0", "AvgPool3DBackward0",
     saved="self:tensor kernel_size:ints stride:ints? padding:ints? ceil_mode:bool? count_include_pad:bool? "
           "divisor_override:int?",
-    cost=cost.pointwise(1), unsupported=_ceil_mode)
+    cost=cost.reduction(1))
 def avg_pool(node, grads, ctx):
-    """average pooling: each output's gradient spread evenly over its window."""
+    """average pooling (padding, ceil mode, count_include_pad, divisor_override): each output's gradient spread
+    over its window."""
     sv = ctx.saved(node)
-    if sv.get("ceil_mode"):
-        raise RuntimeError(f"{node.name} node {node.id!r}: ceil_mode pooling has no backward rule here")
-    xp = ctx.xp(node)
     x, g = sv["self"], grads[0]
-    ks = list(sv["kernel_size"])
-    k = len(ks)
-    unbatched = x.ndim == k + 1
-    if unbatched:
-        x, g = x[None], g[None]
-    stride = list(sv.get("stride") or ks)
-    padding = list(sv.get("padding") or [0] * k)
-    if len(stride) == 1 and k > 1:
-        stride = stride * k
-    if len(padding) == 1 and k > 1:
-        padding = padding * k
-    ones = [1] * k
-    out = g.shape[2:]
-    padded = tuple(n + 2 * p for n, p in zip(x.shape[2:], padding))
-    override = sv.get("divisor_override")
-    if override:
-        div = float(override)
-    elif sv.get("count_include_pad", True) or not any(padding):
-        div = float(math.prod(ks))
-    else:  # count only the input elements each window covers
-        valid = xp.pad(xp.ones(x.shape[2:], dtype=g.dtype), [(p, p) for p in padding])[None, None]
-        div = _windows(xp, valid, ks, out, stride, ones).sum(axis=tuple(range(2, 2 + k)))
-    share = g / div
-    dxpad = xp.zeros(x.shape[:2] + padded, dtype=g.dtype)
-    dwin = xp.broadcast_to(share[(slice(None), slice(None)) + (None,) * k], x.shape[:2] + tuple(ks) + tuple(out))
-    _scatter(dxpad, dwin, ks, out, stride, ones)
-    dx = _crop(dxpad, padding)
-    return each(node, lambda i: dx[0] if unbatched else dx)
+    k = _spatial_k(node.name)
+    mats, override = _avg_pool_mats(sv, x.shape[-k:], g.shape[-k:])
+    dx = apply_dims(ctx.xp(node), g, mats, adjoint=True)
+    return each(node, lambda i: dx / override if override else dx)
 
 
-@op("NativeBatchNormBackward0",
-    saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
-          "training:bool? eps:scalar?",
-    cost=cost.pointwise(8))
-def batch_norm(node, grads, ctx):
-    """batch norm, training (batch statistics) and eval (running statistics)."""
+@op("AvgPool2DBackwardBackward0", "AvgPool3DBackwardBackward0",
+    saved="kernel_size:ints stride:ints? padding:ints? ceil_mode:bool? count_include_pad:bool? divisor_override:int?",
+    cost=cost.reduction(1))
+def avg_pool_backward_backward(node, grads, ctx):
+    """average pooling's backward, differentiated: the pooled gradient to grad_output; zero to the input."""
+    g = grads[0]
+    k = _spatial_k(node.name)
+    mats, override = _avg_pool_mats(node.saved, g.shape[-k:])
+    xp = ctx.xp(node)
+
+    def out(i):
+        if i == 1:
+            return xp.zeros_like(g)
+        y = apply_dims(xp, g, mats, adjoint=False)
+        return y / override if override else y
+    return each(node, out)
+
+
+def _pad_mats(padding, in_spatial, mode):
+    k = len(in_spatial)
+    pads = list(padding)
+    return [pad_matrix(n, signed(pads[2 * (k - 1 - j)]), signed(pads[2 * (k - 1 - j) + 1]), mode)
+            for j, n in enumerate(in_spatial)]
+
+
+_PADS = ("ReflectionPad1D", "ReflectionPad2D", "ReflectionPad3D", "ReplicationPad1D", "ReplicationPad2D",
+         "ReplicationPad3D")
+
+
+@op(*(f"{n}Backward0" for n in _PADS), saved="self:tensor padding:ints", cost=cost.reduction(1))
+def reflection_replication_pad(node, grads, ctx):
+    """reflection / replication padding: each padded element's gradient back to the element it copies."""
+    x = ctx.saved(node)["self"]
+    k = _spatial_k(node.name)
+    mode = "reflect" if node.name.startswith("Reflection") else "replicate"
+    mats = _pad_mats(node.saved["padding"], x.shape[-k:], mode)
+    return each(node, lambda i: apply_dims(ctx.xp(node), grads[0], mats, adjoint=True))
+
+
+@op(*(f"{n}BackwardBackward0" for n in _PADS), saved="padding:ints", cost=cost.reduction(1))
+def pad_backward_backward(node, grads, ctx):
+    """padding's backward, differentiated: the padded gradient to grad_output; zero to the input."""
+    g = grads[0]
+    k = _spatial_k(node.name)
+    mode = "reflect" if node.name.startswith("Reflection") else "replicate"
+    mats = _pad_mats(node.saved["padding"], g.shape[-k:], mode)
+    xp = ctx.xp(node)
+    return each(node, lambda i: apply_dims(xp, g, mats, adjoint=False) if i == 0 else xp.zeros_like(g))
+
+
+# --- max pooling ------------------------------------------------------------------------------------------
+
+
+def _scatter_indices(xp, g, idx, in_shape, k):
+    """Add ``g`` into zeros of ``in_shape`` at flat spatial ``idx`` (the last ``k`` dims), row by row."""
+    lead = in_shape[:-k]
+    rows = int(math.prod(lead))
+    flat = xp.zeros((rows, int(math.prod(in_shape[-k:]))), dtype=g.dtype)
+    r = xp.arange(rows)[:, None]
+    idx2 = idx.reshape(rows, -1)
+    g2 = g.reshape(rows, -1)
+    if xp is np:
+        np.add.at(flat, (np.broadcast_to(r, idx2.shape), idx2), g2)
+    else:
+        import cupyx
+        cupyx.scatter_add(flat, (xp.broadcast_to(r, idx2.shape), idx2), g2)
+    return flat.reshape(in_shape)
+
+
+def _gather_indices(xp, g, idx, k):
+    """Read ``g`` at flat spatial ``idx`` (the last ``k`` dims of ``g``), row by row: the adjoint of the scatter."""
+    lead = g.shape[:-k]
+    rows = int(math.prod(lead))
+    out = xp.take_along_axis(g.reshape(rows, -1), idx.reshape(rows, -1), axis=1)
+    return out.reshape(idx.shape)
+
+
+@op("MaxPool1DWithIndicesBackward0", "MaxPool2DWithIndicesBackward0", "MaxPool3DWithIndicesBackward0",
+    saved="self:tensor result1:tensor kernel_size:ints stride:ints? padding:ints? dilation:ints? ceil_mode:bool?",
+    cost=cost.COPY)
+def max_pool(node, grads, ctx):
+    """max pooling with indices (any padding, dilation, ceil mode): each output's gradient to the input it chose."""
+    sv = ctx.saved(node)
+    x, idx = sv["self"], sv["result1"].astype(np.int64, copy=False)
+    dx = _scatter_indices(ctx.xp(node), grads[0], idx, x.shape, _spatial_k(node.name))
+    return each(node, lambda i: dx)
+
+
+@op("AdaptiveMaxPool2DBackward0", "AdaptiveMaxPool3DBackward0", saved="self:tensor result1:tensor",
+    cost=cost.COPY)
+def adaptive_max_pool(node, grads, ctx):
+    """adaptive max pooling: each output's gradient to the input it chose."""
+    sv = ctx.saved(node)
+    x, idx = sv["self"], sv["result1"].astype(np.int64, copy=False)
+    dx = _scatter_indices(ctx.xp(node), grads[0], idx, x.shape, _spatial_k(node.name))
+    return each(node, lambda i: dx)
+
+
+@op("MaxPool2DWithIndicesBackwardBackward0", "MaxPool3DWithIndicesBackwardBackward0",
+    "AdaptiveMaxPool2DBackwardBackward0", "AdaptiveMaxPool3DBackwardBackward0", saved="indices:tensor",
+    cost=cost.COPY)
+def max_pool_backward_backward(node, grads, ctx):
+    """max pooling's backward, differentiated: the gradient at the chosen inputs to grad_output; zero to the input."""
+    idx = ctx.saved(node)["indices"].astype(np.int64, copy=False)
+    g = grads[0]
+    xp = ctx.xp(node)
+    k = _spatial_k(node.name)
+    return each(node, lambda i: _gather_indices(xp, g, idx, k) if i == 0 else xp.zeros_like(g))
+
+
+# --- normalisation ----------------------------------------------------------------------------------------
+
+
+def _batch_norm_backward(node, grads, ctx, mean_key, invstd_key, training, eps):
     sv = ctx.saved(node)
     xp = ctx.xp(node)
     x, g = sv["input"], grads[0]
     w = sv.get("weight")
     axes = (0,) + tuple(range(2, x.ndim))
     shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
-    if sv.get("training"):
-        mean, invstd = sv["result1"].reshape(shape), sv["result2"].reshape(shape)
+    if training:
+        mean, invstd = sv[mean_key].reshape(shape), sv[invstd_key].reshape(shape)
     else:
         mean = sv["running_mean"].reshape(shape)
-        invstd = (1.0 / xp.sqrt(sv["running_var"] + sv.get("eps", 1e-5))).reshape(shape)
+        invstd = (1.0 / xp.sqrt(sv["running_var"] + eps)).reshape(shape)
     xhat = (x - mean) * invstd
     wv = w.reshape(shape) if w is not None else 1.0
 
     def out(i):
         if i == 0:
             dxhat = g * wv
-            if not sv.get("training"):
+            if not training:
                 return dxhat * invstd
             m = x.size // x.shape[1]
             return invstd / m * (m * dxhat - dxhat.sum(axis=axes, keepdims=True)
@@ -205,6 +726,28 @@ def batch_norm(node, grads, ctx):
             return (g * xhat).sum(axis=axes)
         return g.sum(axis=axes)
     return each(node, out)
+
+
+@op("NativeBatchNormBackward0",
+    saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
+          "training:bool? eps:scalar?",
+    cost=cost.pointwise(8))
+def batch_norm(node, grads, ctx):
+    """batch norm, training (batch statistics) and eval (running statistics)."""
+    sv = node.saved
+    return _batch_norm_backward(node, grads, ctx, "result1", "result2", bool(sv.get("training")),
+                                num(sv.get("eps", 1e-5)))
+
+
+@op("CudnnBatchNormBackward0", "MiopenBatchNormBackward0",
+    saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
+          "result3:tensor? training:bool? epsilon:scalar?",
+    cost=cost.pointwise(8))
+def vendor_batch_norm(node, grads, ctx):
+    """cuDNN / MIOpen batch norm: the same maths; result1 is the batch mean, result2 the inverse std."""
+    sv = node.saved
+    return _batch_norm_backward(node, grads, ctx, "result1", "result2", bool(sv.get("training", True)),
+                                num(sv.get("epsilon", 1e-5)))
 
 
 @op("NativeLayerNormBackward0",
@@ -233,3 +776,166 @@ def layer_norm(node, grads, ctx):
             return (g * xhat).sum(axis=lead) if lead else g * xhat
         return g.sum(axis=lead) if lead else g
     return each(node, out)
+
+
+def _norm_double_backward(xp, x, go, w, mean, rstd, axes, ggx, ggw, ggb):
+    """Batch / layer norm's backward (training statistics), differentiated again.
+
+    The first backward maps (go, x, w) to dx = rstd/m (m d - sum d - xhat sum(d xhat)) with d = go w,
+    dw = sum(go xhat), db = sum(go), sums over ``axes`` (m elements), xhat = (x - mean) rstd, and the
+    statistics themselves functions of x. Returns the gradients for go and x, and the weight's
+    gradient before its sum over the non-normalised axes (None where nothing flows).
+    """
+    m = 1
+    for a in axes:
+        m *= x.shape[a]
+
+    def total(t):
+        return t.sum(axis=axes, keepdims=True)
+    xhat = (x - mean) * rstd
+    d = go * w if w is not None else go
+    g_go = g_x = g_w = None
+
+    def add(acc, t):
+        return t if acc is None else acc + t
+    if ggx is not None:
+        sg, q = total(ggx), total(ggx * xhat)
+        dd = rstd / m * (m * ggx - sg - xhat * q)  # d's gradient: the first backward's map applied to ggx
+        g_go = add(g_go, dd * w if w is not None else dd)
+        if w is not None:
+            g_w = dd * go
+        a, b = total(d), total(d * xhat)
+        p = total(ggx * d) - a * sg / m
+        r2m = rstd * rstd / m
+        g_x = add(g_x, -r2m * xhat * (p - b * q / m)
+                  - r2m * (q * (d - a / m - xhat * b / m) + b * (ggx - sg / m - xhat * q / m)))
+    if ggw is not None:
+        e = ggw * go
+        g_x = add(g_x, rstd / m * (m * e - total(e) - xhat * total(e * xhat)))
+        g_go = add(g_go, ggw * xhat)
+    if ggb is not None:
+        g_go = add(g_go, xp.broadcast_to(ggb, x.shape))
+    return g_go, g_x, g_w
+
+
+@op("NativeBatchNormBackwardBackward0",
+    saved="grad_out:tensor input:tensor weight:tensor? running_mean:tensor? running_var:tensor? save_mean:tensor? "
+          "save_invstd:tensor? train:bool? eps:scalar?",
+    cost=cost.pointwise(24))
+def batch_norm_backward_backward(node, grads, ctx):
+    """batch norm's backward differentiated again (training or eval statistics): to grad_out, input and weight."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    x, go, w = sv["input"], sv["grad_out"], sv.get("weight")
+    ggx, ggw, ggb = (list(grads) + [None] * 3)[:3]
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    axes = (0,) + tuple(range(2, x.ndim))
+    wv = None if w is None else w.reshape(shape)
+    ggw = None if ggw is None else ggw.reshape(shape)
+    ggb = None if ggb is None else ggb.reshape(shape)
+    if sv.get("train"):
+        g_go, g_x, g_w = _norm_double_backward(xp, x, go, wv, sv["save_mean"].reshape(shape),
+                                               sv["save_invstd"].reshape(shape), axes, ggx, ggw, ggb)
+    else:  # eval: dx = go w invstd is linear in go, dw = sum(go xhat) with fixed statistics
+        mean = sv["running_mean"].reshape(shape)
+        invstd = (1.0 / xp.sqrt(sv["running_var"] + num(sv.get("eps", 1e-5)))).reshape(shape)
+        g_go = g_x = g_w = None
+        if ggx is not None:
+            g_go = ggx * invstd * (wv if wv is not None else 1.0)
+            g_w = ggx * invstd * go if wv is not None else None
+        if ggw is not None:
+            g_go = (0 if g_go is None else g_go) + ggw * (x - mean) * invstd
+            g_x = ggw * go * invstd
+        if ggb is not None:
+            g_go = (0 if g_go is None else g_go) + xp.broadcast_to(ggb, x.shape)
+
+    def out(i):
+        if i == 0:
+            return g_go
+        if i == 1:
+            return g_x
+        if i == 2 and g_w is not None:
+            return g_w.sum(axis=axes)
+        return None
+    return each(node, out)
+
+
+@op("NativeLayerNormBackwardBackward0",
+    saved="grad_out:tensor input:tensor mean:tensor rstd:tensor normalized_shape:sizes weight:tensor?",
+    cost=cost.pointwise(24))
+def layer_norm_backward_backward(node, grads, ctx):
+    """layer norm's backward differentiated again: to grad_out, input and weight (nothing to mean, rstd, bias).
+
+    The next edges follow native_layer_norm_backward's signature: grad_out, input, mean, rstd, weight, bias.
+    """
+    sv = ctx.saved(node)
+    x, go, w = sv["input"], sv["grad_out"], sv.get("weight")
+    k = len(sv["normalized_shape"])
+    axes = tuple(range(x.ndim - k, x.ndim))
+    lead = tuple(range(x.ndim - k))
+    ggx, ggw, ggb = (list(grads) + [None] * 3)[:3]
+    g_go, g_x, g_w = _norm_double_backward(ctx.xp(node), x, go, w, sv["mean"], sv["rstd"], axes, ggx, ggw, ggb)
+
+    def out(i):
+        if i == 0:
+            return g_go
+        if i == 1:
+            return g_x
+        if i == 4 and g_w is not None:
+            return g_w.sum(axis=lead) if lead else g_w
+        return None
+    return each(node, out)
+
+
+@op("NativeGroupNormBackward0",
+    saved="input:tensor result1:tensor result2:tensor weight:tensor? N:int C:int HxW:int group:int eps:scalar?",
+    cost=cost.pointwise(8))
+def group_norm(node, grads, ctx):
+    """group norm: normalise each group of C / group channels (and all positions) per sample; input, weight, bias."""
+    sv = ctx.saved(node)
+    x, w, g = sv["input"], sv.get("weight"), grads[0]
+    n, c, groups = int(sv["N"]), int(sv["C"]), int(sv["group"])
+    mean = sv["result1"].reshape(n, groups, 1)
+    rstd = sv["result2"].reshape(n, groups, 1)
+    x3 = x.reshape(n, groups, -1)
+    xhat = ((x3 - mean) * rstd).reshape(x.shape)
+    chan = (1, c) + (1,) * (x.ndim - 2)
+    per_sample = (0,) + tuple(range(2, x.ndim))
+
+    def out(i):
+        if i == 0:
+            dxhat = (g * w.reshape(chan) if w is not None else g).reshape(n, groups, -1)
+            xh = xhat.reshape(n, groups, -1)
+            m = xh.shape[-1]
+            dx = rstd / m * (m * dxhat - dxhat.sum(axis=-1, keepdims=True)
+                             - xh * (dxhat * xh).sum(axis=-1, keepdims=True))
+            return dx.reshape(x.shape)
+        if i == 1:
+            return (g * xhat).sum(axis=per_sample)
+        return g.sum(axis=per_sample)
+    return each(node, out)
+
+
+@op("WeightNormInterfaceBackward0", saved="v:tensor g:tensor result1:tensor dim:int", cost=cost.pointwise(6))
+def weight_norm(node, grads, ctx):
+    """weight norm w = g v / ||v|| (norm over every dim but ``dim``): gradients to v and g."""
+    sv = ctx.saved(node)
+    v, gain, norm = sv["v"], sv["g"], sv["result1"]
+    dim = signed(sv["dim"])
+    gw = grads[0]
+    if dim == -1:
+        axes = tuple(range(v.ndim))
+    else:
+        dim %= v.ndim
+        axes = tuple(a for a in range(v.ndim) if a != dim)
+    shape = tuple(1 if a in axes else s for a, s in enumerate(v.shape))
+    norm = norm.reshape(shape)
+    gain = gain.reshape(shape)
+    dot = (gw * v).sum(axis=axes, keepdims=True)
+
+    def out(i):
+        if i == 0:
+            return gain / norm * (gw - v * (dot / (norm * norm)))
+        return (dot / norm).reshape(sv["g"].shape)
+    return each(node, out)
+

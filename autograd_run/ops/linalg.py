@@ -1,19 +1,35 @@
-"""Matrix products: mm, addmm, bmm."""
+"""Matrix and vector products and norms: mm, addmm, bmm, mv, dot, vdot, vector norms (linalg.vector_norm,
+torch.norm, dist).
+
+Complex operands follow PyTorch: the other operand enters conjugated
+(``g @ conj(b).T``), and norms take ``sgn`` (``a / |a|``) for complex ``a``.
+"""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each
+from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.numeric import conj, num, sgn
 from autograd_run.ops.spec import op
+
+
+def _same(x):
+    return x
 
 
 @op("MmBackward0", saved="self:tensor? mat2:tensor? self_sym_sizes:sizes? mat2_sym_sizes:sizes?",
     cost=cost.MATMUL)
 def mm(node, grads, ctx):
-    """a @ b: g @ b.T and a.T @ g."""
+    """a @ b: g @ conj(b).T and conj(a).T @ g."""
     g = grads[0]
     s = ctx.saved(node)
-    return each(node, lambda i: g @ s["mat2"].T if i == 0 else s["self"].T @ g)
+    if g.dtype.kind != "c":
+        return each(node, lambda i: g @ s["mat2"].T if i == 0 else s["self"].T @ g)
+    return each(node, lambda i: g @ conj(s["mat2"]).T if i == 0 else conj(s["self"]).T @ g)
 
 
 def _addmm_flops(s: cost.Shapes) -> float:
@@ -28,12 +44,13 @@ def addmm(node, grads, ctx):
     g = grads[0]
     sv = ctx.saved(node)
     alpha, beta = sv.get("alpha", 1), sv.get("beta", 1)
+    cj = conj if g.dtype.kind == "c" else _same
 
     def out(i):
         if i == 0:
-            return g if beta == 1 else g * beta
-        r = g @ sv["mat2"].T if i == 1 else sv["mat1"].T @ g
-        return r if alpha == 1 else r * alpha
+            return g if beta == 1 else g * cj(num(beta))
+        r = g @ cj(sv["mat2"]).T if i == 1 else cj(sv["mat1"]).T @ g
+        return r if alpha == 1 else r * cj(num(alpha))
     return each(node, out)
 
 
@@ -42,4 +59,450 @@ def bmm(node, grads, ctx):
     """Batched a @ b."""
     g = grads[0]
     sv = ctx.saved(node)
-    return each(node, lambda i: g @ sv["mat2"].swapaxes(-1, -2) if i == 0 else sv["self"].swapaxes(-1, -2) @ g)
+    cj = conj if g.dtype.kind == "c" else _same
+    return each(node, lambda i: g @ cj(sv["mat2"]).swapaxes(-1, -2) if i == 0
+                else cj(sv["self"]).swapaxes(-1, -2) @ g)
+
+
+def _mv_flops(s: cost.Shapes) -> float:
+    """2 m n per produced gradient of a (m, n) matrix times an n-vector."""
+    mat = next((m for m in s.outputs if m is not None and len(m[0]) == 2), None)
+    n = math.prod(mat[0]) if mat else s.numel(s.inputs[0]) * max((s.numel(m) for m in s.outputs if m), default=1)
+    return 2.0 * n * sum(1 for m in s.outputs if m is not None)
+
+
+@op("MvBackward0", saved="self:tensor? vec:tensor?", cost=cost.CostModel(_mv_flops))
+def mv(node, grads, ctx):
+    """matrix @ vector: outer(g, conj(vec)) to the matrix, conj(matrix).T @ g to the vector."""
+    g = grads[0]
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    return each(node, lambda i: xp.multiply.outer(g, conj(sv["vec"])) if i == 0 else conj(sv["self"]).T @ g)
+
+
+@op("DotBackward0", saved="self:tensor? tensor:tensor?", cost=cost.pointwise(1))
+def dot(node, grads, ctx):
+    """dot(a, b) = sum(a b): g conj(b) and g conj(a)."""
+    g = grads[0]
+    sv = ctx.saved(node)
+    return each(node, lambda i: g * conj(sv["tensor"] if i == 0 else sv["self"]))
+
+
+@op("VdotBackward0", saved="self:tensor? other:tensor?", cost=cost.pointwise(1))
+def vdot(node, grads, ctx):
+    """vdot(a, b) = sum(conj(a) b): conj(g) b to a, g a to b."""
+    g = grads[0]
+    sv = ctx.saved(node)
+    return each(node, lambda i: conj(g) * sv["other"] if i == 0 else g * sv["self"])
+
+
+def _reduced(dims, ndim: int) -> tuple[int, ...]:
+    if dims is None or (not isinstance(dims, int) and len(dims) == 0):
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted(signed(d) % ndim for d in dims)) if ndim else ()
+
+
+def norm_backward(xp, g, x, p, norm, dims, keepdim):
+    """The gradient of a p-norm of ``x`` over ``dims`` (PyTorch's norm_backward); None for p == 0."""
+    p = float(num(p if p is not None else 2.0))
+    axes = _reduced(dims, x.ndim)
+    if not keepdim and x.ndim:
+        keep_shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
+        g = xp.reshape(g, keep_shape)
+        norm = xp.reshape(norm, keep_shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if p == 0.0:
+            return None
+        if p == 1.0:
+            return sgn(xp, x) * g
+        if p == 2.0:
+            return g * xp.where(norm == 0, 0, x / norm)
+        if math.isinf(p):
+            a = xp.abs(x)
+            # The extremal |a| recomputed here: PyTorch's complex abs may differ from numpy's in the last bit.
+            ext = a.max(axis=axes, keepdims=True) if p > 0 else a.min(axis=axes, keepdims=True)
+            mask = (a == ext) | xp.isnan(a)
+            return sgn(xp, x) * (g / mask.sum(axis=axes, keepdims=True) * mask)
+        a = xp.abs(x)
+        if p < 1.0:
+            scaled = xp.where(x == 0, 0, sgn(xp, x) * a ** (p - 1))
+            return scaled * g * norm ** (1 - p)
+        if p < 2.0:
+            scaled = sgn(xp, x) * a ** (p - 1)
+        else:
+            scaled = x * a ** (p - 2)
+        return scaled * xp.where(norm == 0, 0, g / norm ** (p - 1))
+
+
+def _norm_flops(s: cost.Shapes) -> float:
+    return 4.0 * s.out_numel
+
+
+@op("LinalgVectorNormBackward0", saved="self:tensor result:tensor ord:scalar? dim:ints? keepdim:bool?",
+    cost=cost.CostModel(_norm_flops))
+def vector_norm(node, grads, ctx):
+    """linalg.vector_norm(a, ord, dim, keepdim): ord 2, 1, +-inf (ties share), 0 (no gradient), any p."""
+    sv = ctx.saved(node)
+    r = norm_backward(ctx.xp(node), grads[0], sv["self"], sv.get("ord", 2), sv["result"], sv.get("dim"),
+                      bool(sv.get("keepdim", False)))
+    return each(node, lambda i: r)
+
+
+@op("NormBackward0", "NormBackward1", "NormBackward2", "NormBackward3",
+    saved="self:tensor result:tensor p:scalar? dim:ints? keepdim:bool?", cost=cost.CostModel(_norm_flops))
+def norm(node, grads, ctx):
+    """torch.norm(a, p[, dim, keepdim][, dtype]): as linalg.vector_norm."""
+    sv = ctx.saved(node)
+    r = norm_backward(ctx.xp(node), grads[0], sv["self"], sv.get("p"), sv["result"], sv.get("dim"),
+                      bool(sv.get("keepdim", False)))
+    return each(node, lambda i: r)
+
+
+@op("DistBackward0", saved="self:tensor other:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
+def dist(node, grads, ctx):
+    """dist(a, b, p) = norm(a - b, p): the norm's gradient to a, its negation to b."""
+    sv = ctx.saved(node)
+    r = norm_backward(ctx.xp(node), grads[0], sv["self"] - sv["other"], sv.get("p", 2), sv["result"], None, False)
+    return each(node, lambda i: None if r is None else (r if i == 0 else -r))
+
+
+@op("LinalgCrossBackward0", saved="self:tensor other:tensor dim:int?", cost=cost.pointwise(6))
+def cross(node, grads, ctx):
+    """linalg.cross(a, b, dim): cross(conj(b), g) to a, cross(g, conj(a)) to b."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    g = grads[0]
+    dim = signed(sv.get("dim", -1))
+
+    def c(u, v):
+        return xp.cross(u, v, axisa=dim, axisb=dim, axisc=dim)
+    return each(node, lambda i: c(conj(sv["other"]), g) if i == 0 else c(g, conj(sv["self"])))
+
+
+# --- decompositions and solves ------------------------------------------------------------------------------
+# Batched over leading dims; complex matrices use the conjugate transpose (mH).
+
+
+def _mh(a):
+    return conj(a).swapaxes(-1, -2)
+
+
+def _eye_like(xp, a):
+    return xp.broadcast_to(xp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+
+
+def _solve(xp, a, b):
+    return xp.linalg.solve(a, b)
+
+
+def _cube_flops(s: cost.Shapes) -> float:
+    """About 4 n**3 per matrix of each produced gradient (a few triangular solves or products)."""
+    total = 0.0
+    for m in s.outputs:
+        if m is not None and len(m[0]) >= 2:
+            n = m[0][-1]
+            total += 4.0 * math.prod(m[0]) * n
+    return total or float(s.out_numel)
+
+
+_CUBE = cost.CostModel(_cube_flops)
+
+
+@op("LinalgInvExBackward0", saved="inverse:tensor", cost=_CUBE)
+def inv(node, grads, ctx):
+    """inverse(A): -inv(A)^H g inv(A)^H."""
+    b = _mh(ctx.saved(node)["inverse"])
+    return each(node, lambda i: -(b @ grads[0] @ b))
+
+
+def _cofactor(xp, a):
+    """d det(A) / dA (the cofactor matrix, conjugated for complex A), through the SVD: right for singular A too."""
+    u, s, vh = xp.linalg.svd(a)
+    n = a.shape[-1]
+    idx = xp.arange(n)
+    prods = xp.stack([xp.prod(xp.where(idx == j, 1.0, s), axis=-1) for j in range(n)], axis=-1)
+    phase = xp.linalg.det(u) * xp.linalg.det(vh)
+    adj = (_mh(vh) * prods[..., None, :]) @ _mh(u) * phase[..., None, None]  # adj(A) = A^-1 det(A)
+    return conj(adj).swapaxes(-1, -2)
+
+
+@op("LinalgDetBackward0", saved="A:tensor result:tensor? LU:tensor? pivots:tensor?", cost=_CUBE)
+def det(node, grads, ctx):
+    """det(A): g times the conjugated cofactor matrix (g conj(det) inv(A)^H when A is invertible)."""
+    a = ctx.saved(node)["A"]
+    xp = ctx.xp(node)
+    return each(node, lambda i: grads[0][..., None, None] * _cofactor(xp, a))
+
+
+@op("LinalgSlogdetBackward0", saved="A:tensor sign:tensor LU:tensor? pivots:tensor?", cost=_CUBE)
+def slogdet(node, grads, ctx):
+    """slogdet(A) = (sign, log|det|): (g_logabsdet - i Im(conj(g_sign) sign)) inv(A)^H."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, sign = sv["A"], sv["sign"]
+    g_sign, g_log = (list(grads) + [None, None])[:2]
+    h = xp.zeros(sign.shape, dtype=xp.result_type(a, np.float32)) if g_log is None else g_log
+    if g_sign is not None and sign.dtype.kind == "c":
+        h = h - 1j * (conj(g_sign) * sign).imag
+    if g_log is None and (g_sign is None or sign.dtype.kind != "c"):
+        return each(node, lambda i: None)
+    inv_h = _mh(xp.linalg.inv(a))
+    return each(node, lambda i: h[..., None, None] * inv_h)
+
+
+def _as_matrix_rhs(a, x):
+    """Whether the right-hand side ``x`` of a solve with ``a`` is a (batch of) vector(s)."""
+    return x.ndim == a.ndim - 1 or x.ndim == 1
+
+
+@op("LinalgSolveExBackward0", saved="A:tensor result:tensor left:bool? LU:tensor? pivots:tensor?", cost=_CUBE)
+def solve(node, grads, ctx):
+    """linalg.solve(A, B): solve(A^H, g) to B and -gB X^H to A (left); the mirror image for left=False."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, x, g = sv["A"], sv["result"], grads[0]
+    left = sv.get("left", True)
+    vector = _as_matrix_rhs(a, x)
+    if vector:
+        x, g = x[..., None], g[..., None]
+    if left:
+        gb = _solve(xp, _mh(a), g)
+        ga = -gb @ _mh(x)
+    else:  # X A = B
+        gb = _mh(_solve(xp, a, _mh(g)))
+        ga = -_mh(x) @ gb
+    if vector:
+        gb = gb[..., 0]
+    return each(node, lambda i: ga if i == 0 else gb)
+
+
+def _tri(xp, m, upper, k=0):
+    return xp.triu(m, k) if upper else xp.tril(m, -k)
+
+
+def _solve_tri(xp, a, b, upper, left=True, unit=False):
+    """Solve with a triangular ``a`` (general solve on the masked matrix; numpy has no triangular solver)."""
+    a = _tri(xp, a, upper)
+    if unit:
+        a = a - a * _eye_like(xp, a) + _eye_like(xp, a)
+    if left:
+        return xp.linalg.solve(a, b)
+    return _mh(xp.linalg.solve(_mh(a), _mh(b)))
+
+
+@op("LinalgSolveTriangularBackward0",
+    saved="self:tensor result:tensor upper:bool left:bool? unitriangular:bool?", cost=_CUBE)
+def solve_triangular(node, grads, ctx):
+    """linalg.solve_triangular(A, B): the solve's gradients, A's kept on its triangle (off the unit diagonal)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, x, g = sv["self"], sv["result"], grads[0]
+    upper, left, unit = bool(sv["upper"]), sv.get("left", True), bool(sv.get("unitriangular"))
+    if left:
+        gb = _solve_tri(xp, _mh(a), g, not upper, True, unit)
+        ga = -gb @ _mh(x)
+    else:
+        gb = _solve_tri(xp, _mh(a), g, not upper, False, unit)
+        ga = -_mh(x) @ gb
+    ga = _tri(xp, ga, upper, 1 if unit else 0)
+    return each(node, lambda i: ga if i == 0 else gb)
+
+
+@op("LinalgCholeskyExBackward0", saved="L:tensor upper:bool?", cost=_CUBE)
+def cholesky(node, grads, ctx):
+    """cholesky(A) = L (A = L L^H): L^-H N L^-1, N = (tril(L^H gL) + tril(L^H gL, -1)^H) / 2 (as PyTorch)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    low, gl = sv["L"], grads[0]
+    if sv.get("upper"):
+        low, gl = _mh(low), _mh(gl)
+    m = _mh(low) @ gl
+    n = 0.5 * (xp.tril(m) + _mh(xp.tril(m, -1)))
+    y = _solve_tri(xp, _mh(low), n, upper=True)  # L^-H N
+    ga = _solve_tri(xp, low, y, upper=False, left=False)  # ... L^-1
+    return each(node, lambda i: ga)
+
+
+@op("CholeskySolveBackward0", saved="self:tensor input2:tensor result:tensor upper:bool?", cost=_CUBE)
+def cholesky_solve(node, grads, ctx):
+    """cholesky_solve(B, L): X = (L L^H)^-1 B; cholesky_solve(g, L) to B, -(gB X^H + X gB^H) L to L."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    low, x, g = sv["input2"], sv["result"], grads[0]
+    upper = bool(sv.get("upper"))
+    fac = _mh(low) if upper else low  # lower factor
+    gb = _solve_tri(xp, _mh(fac), _solve_tri(xp, fac, g, upper=False), upper=True)
+    common = gb @ _mh(x)
+    common = common + _mh(common)
+    return each(node, lambda i: gb if i == 0 else (-low @ common if upper else -common @ low))
+
+
+@op("LinalgEighBackward0", saved="eigenvalues:tensor eigenvectors:tensor", cost=_CUBE)
+def eigh(node, grads, ctx):
+    """eigh(A) = (w, V): V (diag(g_w) + F o skew(V^H g_V)) V^H, F_ij = 1 / (w_j - w_i) off the diagonal (Hermitian)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    w, v = sv["eigenvalues"], sv["eigenvectors"]
+    gw, gv = (list(grads) + [None, None])[:2]
+    inner = xp.zeros(v.shape, dtype=v.dtype)
+    if gv is not None:
+        diff = w[..., None, :] - w[..., :, None]
+        eye = _eye_like(xp, diff).astype(bool)
+        with np.errstate(divide="ignore"):
+            f = xp.where(eye, 0.0, 1.0 / xp.where(eye, 1.0, diff))
+        m = _mh(v) @ gv
+        inner = inner + f * (0.5 * (m - _mh(m)))
+    if gw is not None:
+        inner = inner + gw[..., None, :] * _eye_like(xp, inner)
+    ga = v @ inner @ _mh(v)
+    return each(node, lambda i: ga)
+
+
+@op("LinalgSvdBackward0", saved="U:tensor S:tensor Vh:tensor full_matrices:bool? S_sym_argsize_minus_1:int?",
+    cost=_CUBE)
+def svd(node, grads, ctx):
+    """svd(A) = U S Vh (reduced, or full narrowed to the k singular vectors): the gradient for A from those of
+    U, S, Vh, with F_ij = 1 / (s_j**2 - s_i**2) off the diagonal and the projections onto the complements."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    u, s, vh = sv["U"], sv["S"], sv["Vh"]
+    gu, gs, gvh = (list(grads) + [None] * 3)[:3]
+    k = s.shape[-1]
+    if sv.get("full_matrices"):
+        u, vh = u[..., :k], vh[..., :k, :]
+        gu = None if gu is None else gu[..., :k]
+        gvh = None if gvh is None else gvh[..., :k, :]
+    m, n = u.shape[-2], vh.shape[-1]
+    dtype = xp.result_type(u, s)
+    if gu is None and gvh is None:
+        ga = (u * gs[..., None, :]) @ vh
+        return each(node, lambda i: ga)
+    v = _mh(vh)
+    s2 = s * s
+    diff = s2[..., None, :] - s2[..., :, None]  # s_j**2 - s_i**2
+    eye = _eye_like(xp, diff).astype(bool)
+    with np.errstate(divide="ignore"):
+        f = xp.where(eye, 0.0, 1.0 / xp.where(eye, 1.0, diff))
+    inner = xp.zeros(s.shape[:-1] + (k, k), dtype=dtype)
+    if gs is not None:
+        inner = inner + gs[..., None, :] * _eye_like(xp, inner)
+    sd = s[..., None, :]
+    if gu is not None:
+        uhgu = _mh(u) @ gu
+        inner = inner + (f * (uhgu - _mh(uhgu))) * sd
+        if xp.iscomplexobj(uhgu):
+            inner = inner + 1j * (uhgu * _eye_like(xp, uhgu)).imag / sd  # the phase gauge, once
+    if gvh is not None:
+        gv = _mh(gvh)
+        vhgv = _mh(v) @ gv
+        inner = inner + s[..., :, None] * (f * (vhgv - _mh(vhgv)))
+    ga = u @ inner @ vh
+    if gu is not None and m > k:
+        ga = ga + (gu - u @ (_mh(u) @ gu)) / sd @ vh
+    if gvh is not None and n > k:
+        gv = _mh(gvh)
+        ga = ga + u @ (_mh(gv - v @ (_mh(v) @ gv)) / s[..., :, None])
+    return each(node, lambda i: ga)
+
+
+# --- pairwise distances -------------------------------------------------------------------------------------
+
+
+def _dist_factor(xp, diff, dist, p):
+    """d ||diff||_p / d diff for pairwise differences (..., P, R, M) and distances (..., P, R); 0 where undefined."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if p == 0:
+            return xp.zeros_like(diff)
+        if p == 1:
+            return xp.sign(diff)
+        d = dist[..., None]
+        if p == 2:
+            return xp.where(d == 0, 0, diff / d)
+        if math.isinf(p):
+            return xp.where(d == 0, 0, xp.sign(diff) * (xp.abs(diff) == d))
+        f = xp.sign(diff) * xp.abs(diff) ** (p - 1) / d ** (p - 1)
+        return xp.where((d == 0) | (diff == 0), 0, f)
+
+
+def _cdist_grads(xp, g, x1, x2, dist, p):
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    t = g[..., None] * _dist_factor(xp, diff, dist, float(num(p)))
+    return t.sum(axis=-2), -t.sum(axis=-3)
+
+
+@op("CdistBackward0", saved="x1:tensor x2:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
+def cdist(node, grads, ctx):
+    """cdist(x1, x2, p): each distance's gradient to both points, along d ||x1_i - x2_j||_p / d x1_i."""
+    sv = ctx.saved(node)
+    g1, g2 = _cdist_grads(ctx.xp(node), grads[0], sv["x1"], sv["x2"], sv["result"], sv.get("p", 2.0))
+    return each(node, lambda i: g1 if i == 0 else g2)
+
+
+@op("EuclideanDistBackward0", saved="x1:tensor x2:tensor result:tensor", cost=cost.MATMUL)
+def euclidean_dist(node, grads, ctx):
+    """cdist(x1, x2) by matrix products (large inputs): r = g / dist (0 where dist is 0); x1 sum(r) - r @ x2, ..."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    x1, x2, d = sv["x1"], sv["x2"], sv["result"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = xp.where(d == 0, 0, grads[0] / d)
+    return each(node, lambda i: x1 * r.sum(axis=-1, keepdims=True) - r @ x2 if i == 0
+                else x2 * r.sum(axis=-2)[..., None] - r.swapaxes(-1, -2) @ x1)
+
+
+@op("PdistBackward0", saved="self:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
+def pdist(node, grads, ctx):
+    """pdist(x, p): the condensed distances' gradients to both points of each pair i < j."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    x = sv["self"]
+    n = x.shape[0]
+    iu, ju = np.triu_indices(n, 1)
+    gm = xp.zeros((n, n), dtype=grads[0].dtype)
+    dm = xp.zeros((n, n), dtype=sv["result"].dtype)
+    gm[iu, ju] = grads[0]
+    dm[iu, ju] = sv["result"]
+    gm, dm = gm + gm.T, dm + dm.T
+    g1, g2 = _cdist_grads(xp, gm, x, x, dm, sv.get("p", 2.0))
+    return each(node, lambda i: (g1 + g2) / 2)
+
+
+_PADE13 = (64764752532480000.0, 32382376266240000.0, 7771770303897600.0, 1187353796428800.0, 129060195264000.0,
+           10559470521600.0, 670442572800.0, 33522128640.0, 1323241920.0, 40840800.0, 960960.0, 16380.0, 182.0,
+           1.0)
+
+
+def expm(xp, a):
+    """The matrix exponential of a (batch of) square matrices: scaling and squaring with a [13/13] Pade approximant."""
+    norm = float(xp.abs(a).sum(axis=-2).max()) if a.size else 0.0
+    s = max(0, int(math.ceil(math.log2(norm / 5.371920351148152)))) if norm > 0 else 0
+    a = a / (2.0 ** s)
+    b = _PADE13
+    eye = _eye_like(xp, a)
+    a2 = a @ a
+    a4 = a2 @ a2
+    a6 = a4 @ a2
+    u = a @ (a6 @ (b[13] * a6 + b[11] * a4 + b[9] * a2) + b[7] * a6 + b[5] * a4 + b[3] * a2 + b[1] * eye)
+    v = a6 @ (b[12] * a6 + b[10] * a4 + b[8] * a2) + b[6] * a6 + b[4] * a4 + b[2] * a2 + b[0] * eye
+    r = xp.linalg.solve(v - u, v + u)
+    for _ in range(s):
+        r = r @ r
+    return r
+
+
+@op("LinalgMatrixExpBackward0", saved="self:tensor", cost=cost.CostModel(lambda s: 8.0 * _cube_flops(s)))
+def matrix_exp(node, grads, ctx):
+    """matrix_exp(A): the upper-right block of exp([[A^H, g], [0, A^H]]) (the Frechet derivative's adjoint)."""
+    a = ctx.saved(node)["self"]
+    xp = ctx.xp(node)
+    g = grads[0]
+    n = a.shape[-1]
+    ah = _mh(a)
+    big = xp.zeros(a.shape[:-2] + (2 * n, 2 * n), dtype=xp.result_type(a, g))
+    big[..., :n, :n] = ah
+    big[..., n:, n:] = ah
+    big[..., :n, n:] = g
+    ga = expm(xp, big)[..., :n, n:]
+    return each(node, lambda i: ga)

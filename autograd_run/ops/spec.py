@@ -27,7 +27,9 @@ kinds in ``engine_ops``)::
                 so that tensors can live in the side file), or inline data.
 
 The backward formula is ``fn(node, grads, ctx) -> list``: ``grads`` holds
-the node's incoming gradients (one per input slot, None when undefined);
+the node's incoming gradients (one per input slot, None when undefined;
+a node whose gradients are all undefined sends None everywhere without
+calling its formula, as PyTorch's generated nodes do);
 the result has one entry per next edge (None where the edge is None or no
 gradient flows). ``ctx`` is a ``RuleContext``: the node's saved values,
 its array module, device transfers and ``create_graph``; never the
@@ -137,16 +139,36 @@ class Registry:
 REGISTRY = Registry()
 
 
+def undefined_passthrough(fn: Callable) -> Callable:
+    """``fn``, except that a call whose incoming gradients are all undefined (None) returns None for every edge.
+
+    PyTorch's generated nodes do the same (``any_grad_defined``); undefined gradients are common in
+    ``create_graph=True`` graphs, where a double-backward node has nothing to send along some edge.
+    """
+    def rule(node, grads, ctx):
+        for g in grads:
+            if g is not None:
+                return fn(node, grads, ctx)
+        return [None] * len(node.next)
+    rule.__name__, rule.__qualname__, rule.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    rule.__module__, rule.__wrapped__ = fn.__module__, fn
+    return rule
+
+
 def op(*names: str, saved: str = "", elementwise: bool = False, cost=None, aliases: tuple[str, ...] = (),
        unsupported: Callable | None = None):
-    """Declare the decorated backward formula as the rule of ``names`` (one spec per name)."""
+    """Declare the decorated backward formula as the rule of ``names`` (one spec per name).
+
+    The spec runs the formula through ``undefined_passthrough``: formulas see at least one defined gradient.
+    """
     fields = parse_saved(saved)
 
     def register(fn: Callable) -> Callable:
         family = fn.__module__.rsplit(".", 1)[-1]
         doc = (fn.__doc__ or "").strip().split("\n")[0]
+        rule = undefined_passthrough(fn)
         for i, name in enumerate(names):
-            REGISTRY.add(OpSpec(name, fn, fields, elementwise, family, cost,
+            REGISTRY.add(OpSpec(name, rule, fields, elementwise, family, cost,
                                 aliases if i == 0 else (), unsupported, False, doc))
         return fn
     return register
