@@ -2,23 +2,34 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# What each use needs: running graphs needs the package and its runtime dependencies only;
+# the tests add the test extras and PyTorch (the oracle).
+RUNTIME := $(VENV)/.installed-runtime
+TESTDEPS := $(VENV)/.installed-test
+# Elsewhere, PyTorch's default Linux wheel is its multi-GB CUDA build; for the CPU build:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 .PHONY: demo test bench install browser clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall when the project's metadata changes. torch==2.13.0 is the CPU
-# build that the tests use as their oracle.
-$(STAMP): pyproject.toml setup.py autograd_run/engine/_core.c | $(PY)
+# Reinstall when the project's metadata or the compiled core changes.
+$(RUNTIME): pyproject.toml setup.py autograd_run/engine/_core.c | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' 'torch==2.13.0'
-	touch $(STAMP)
+	$(PY) -m pip install -q -e .
+	touch $@
 
-install: $(STAMP)
+# torch==2.13.0 is the CPU build that the tests use as their oracle.
+$(TESTDEPS): $(RUNTIME)
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q 'torch==2.13.0' $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	touch $@
 
-demo: $(STAMP)
+install: $(RUNTIME)
+
+demo: $(RUNTIME)
 	$(VENV)/bin/autograd-run validate example:mlp
 	$(VENV)/bin/autograd-run example:mlp --trace demo-trace.json
 
@@ -40,11 +51,11 @@ browser:
 		echo "note: no chromium here (installing it needs root and apt-get); the Perfetto UI test will skip"; \
 	fi
 
-test: $(STAMP) browser
+test: $(TESTDEPS) browser
 	$(PY) -m pytest -q
 	AUTOGRAD_RUN_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_TESTS)
 
-bench: $(STAMP)
+bench: $(TESTDEPS)
 	$(PY) -m bench
 
 clean:

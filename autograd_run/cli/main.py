@@ -12,6 +12,7 @@ import sys
 import click
 
 from autograd_run.cli.common import error_line, graph_format
+from autograd_run.cli.version import show_version
 from autograd_run.errors import AutogradRunError, GraphFileError, RequestError, UsageError
 
 #: The command-line flag of each session request field, for error messages.
@@ -31,7 +32,8 @@ class DefaultGroup(click.Group):
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="autograd-run")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=show_version,
+              help="Show the versions of the tool, Python, numpy, torch and cupy, and exit.")
 def cli():
     """Replay and profile PyTorch-style backward graphs.
 
