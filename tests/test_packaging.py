@@ -66,3 +66,17 @@ def test_the_wheel_runs_in_a_fresh_environment_outside_the_checkout(dist, tmp_pa
     # it is the installed copy that ran, not the checkout
     where = sh([str(py), "-c", "import autograd_run; print(autograd_run.__file__)"], work, env)
     assert str(ROOT) not in where and str(venv) in where
+
+
+def test_capture_without_torch_says_which_extra_to_install(tmp_path):
+    script = tmp_path / "m.py"
+    script.write_text("def main():\n    pass\n")
+    # torch looks absent: importlib finds no spec for it
+    code = ("import importlib.util\n"
+            "orig = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda name, *a: None if name == 'torch' else orig(name, *a)\n"
+            "from autograd_run.cli.main import main\n"
+            f"main(['capture', {str(script)!r}, '-o', {str(tmp_path / 'g.json')!r}])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr == "Error: capture needs PyTorch, which is not installed: pip install 'autograd-run[torch]'\n"

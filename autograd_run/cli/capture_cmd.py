@@ -26,6 +26,7 @@ def capture(script, output):
       autograd-run capture model.py:main -o model.json
       autograd-run check model.json
     """
+    import importlib.util
     import runpy
     from autograd_run.capture import from_torch
     from autograd_run.outputs import check_output_path
@@ -35,6 +36,8 @@ def capture(script, output):
         raise UsageError(f"{path}: no such file")
     graph_format(output)
     check_output_path(output, "output", [path])
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("capture needs PyTorch, which is not installed: pip install 'autograd-run[torch]'")
     try:
         namespace = runpy.run_path(path, run_name="__autograd_run_capture__")
     except Exception as exc:
