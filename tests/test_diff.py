@@ -193,7 +193,7 @@ def test_tables_and_markdown(tmp_path, capsys):
     code, md, _ = run_cli(["diff", a, b, "--markdown", "--fail-on", "critical-path>10%"], capsys)
     assert md.startswith("## autograd-run diff: no threshold crossed")  # 3 passes a side: never beyond noise
     assert "| b2 |" in md and "### thresholds (--fail-on)" in md
-    assert "| critical-path>10% | ok | critical path " in md
+    assert "| critical-path&gt;10% | ok | critical path " in md   # > as an entity: never a quote block
 
 
 def test_markdown_and_tables_escape_hostile_ids(tmp_path, capsys):

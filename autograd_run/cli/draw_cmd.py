@@ -83,7 +83,14 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
         raise UsageError("--depth goes with --around")
     fmt = render.output_format(output)
     g = load_graph(graph)
-    inputs = [g.source, trace_path or "", costs_path or "", *(diff_paths or ())]
+    side = None
+    if simulate_opts is not None:
+        from autograd_run.cli.sides import parse_side
+        side = parse_side(simulate_opts, "--simulate", default_kind="simulate")
+        if side.kind != "simulate":
+            raise UsageError("--simulate takes the options of `simulate`, not of `run`")
+    inputs = [g.source, trace_path or "", costs_path or "", *(diff_paths or ()), *_side_files(g),
+              (side.params.get("costs") or "") if side is not None else ""]
     check_output_path(output, "output", inputs)
 
     colouring = None
@@ -98,8 +105,8 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
         _profile_of(g, a, "diff")
         _profile_of(g, b, "diff")
         colouring = timing.from_diff(g, compare(a, b), a, b)
-    elif simulate_opts is not None:
-        g, profile = _simulate(g, simulate_opts)
+    elif side is not None:
+        g, profile = _simulate(g, side)
         colouring = timing.from_profile(g, profile, metric)
     elif metric != "duration" or log_scale:
         raise UsageError("--color-by and --log-scale need --trace or --simulate (or --costs, --diff)")
@@ -128,12 +135,17 @@ def _profile_of(g, profile, option: str):
     return profile
 
 
-def _simulate(g, text: str):
-    from autograd_run.cli.sides import parse_side
+def _simulate(g, side):
+    """The graph as simulated (a placement may move nodes) and the simulation's profile."""
     from autograd_run.sim.session import simulate_session
     from autograd_run.traces.profile import from_recording
-    side = parse_side(text, "--simulate", default_kind="simulate")
-    if side.kind != "simulate":
-        raise UsageError("--simulate takes the options of `simulate`, not of `run`")
     report = simulate_session(g, side.sim_options())
     return report.graph, from_recording(report.recording, "simulation", "simulation", report.order)
+
+
+def _side_files(g) -> list[str]:
+    """The ``.npz`` files beside the graph (inputs: never overwritten)."""
+    import glob
+    import os
+    base = getattr(g.side_files, "base_dir", None)
+    return glob.glob(os.path.join(glob.escape(base), "*.npz")) if base else []

@@ -259,8 +259,9 @@ def compare(a: Profile, b: Profile, alpha: float = DEFAULT_ALPHA) -> Diff:
         if a.critical_path_ns and b.critical_path_ns:
             d.critical_path = _family([_change("critical path", a.critical_path_ns, b.critical_path_ns)], alpha)[0]
         ta, tb = typical_path(a), typical_path(b)
-        d.critical_joined = [n for n in tb if n not in set(ta)]
-        d.critical_left = [n for n in ta if n not in set(tb)]
+        sa, sb = set(ta), set(tb)
+        d.critical_joined = [n for n in tb if n not in sa]
+        d.critical_left = [n for n in ta if n not in sb]
         d.ops = _family([c for name in a.ops.keys() & b.ops.keys()
                          if (c := _change(name, a.ops[name], b.ops[name])) is not None], alpha)
         d.nodes = _family([c for nid in a.nodes.keys() & b.nodes.keys()

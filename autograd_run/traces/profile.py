@@ -66,7 +66,7 @@ class Profile:
         return self.passes > 0
 
     def describe(self) -> str:
-        what = f"{self.kind}, {'simulated, ' if self.simulated else ''}"
+        what = f"{self.kind}, {'simulated, ' if self.simulated and self.kind != 'simulation' else ''}"
         if self.has_times:
             what += f"{self.passes} pass{'es' if self.passes != 1 else ''}"
         else:
@@ -316,6 +316,10 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+_ARG_CHECKS = (("pass", lambda v: _is_int(v) and 0 <= v < MAX_PASSES), ("worker", lambda v: isinstance(v, str)),
+               ("depth", lambda v: _is_int(v)), ("seq", lambda v: _is_int(v)))
+
+
 def _trace(events, source: str, where: str) -> Profile:
     if not isinstance(events, list):
         raise _Bad(where, "traceEvents must be a list")
@@ -341,8 +345,7 @@ def _trace(events, source: str, where: str) -> Profile:
             if args.get("graph_root") is True or (args["id"] == "GraphRoot" and e.get("name") == "GraphRoot"
                                                   and "graph_root" not in args and "pass" not in args):
                 continue
-            for k, check in (("pass", lambda v: _is_int(v) and 0 <= v < MAX_PASSES),
-                             ("worker", lambda v: isinstance(v, str)), ("depth", _is_int), ("seq", _is_int)):
+            for k, check in _ARG_CHECKS:
                 if k in args and not check(args[k]):
                     raise _Bad(f"{where}[{i}].args.{k}", "has the wrong type")
             start = round(ts * 1000)
