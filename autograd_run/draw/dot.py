@@ -124,7 +124,7 @@ def to_dot(graph, view: View, colouring=None, *, saved: bool = False, log: bool 
     head = [title or f"backward graph {graph.source}"] + view.notes
     if colouring is not None and crit:
         head.append("bold: the critical path")
-    out.append(f"  graph {_attrs(rankdir='TB', ranksep='0.35', nodesep='0.25', fontname='Helvetica', fontsize='11', labelloc='t', labeljust='l', label=lines(*head, limit=200, left=True))};")
+    out.append(f"  graph {_attrs(rankdir='TB', newrank='true', ranksep='0.35', nodesep='0.25', fontname='Helvetica', fontsize='11', labelloc='t', labeljust='l', label=lines(*head, limit=200, left=True))};")
     out.append('  node [shape=box, style="filled", fillcolor="lightgrey", fontname="Helvetica", fontsize=10, '
                'height=0.2, margin="0.08,0.04"];')
     out.append("  edge [arrowsize=0.6];")
