@@ -1,11 +1,15 @@
 """Two configurations of one graph, measured side by side: ``measure_pair(graph, a, b) -> (Profile, Profile)``.
 
 Each side is a ``RunOptions`` (a real run) or a ``SimOptions`` (a
-simulation). Real runs alternate pass by pass (A, B, A, B, ...; each pass
-a session of its own after ``warmup`` discarded passes per side), so a
-machine that slows down or speeds up during the comparison (other jobs, a
-frequency change) weighs on both sides alike instead of passing for a
-difference. A simulation is deterministic and runs once. Each side loads
+simulation). Real runs alternate pass by pass, each pass a session of its
+own after ``warmup`` discarded passes per side, so a machine that slows
+down or speeds up during the comparison (other jobs, a frequency change)
+weighs on both sides alike instead of passing for a difference. Within
+each round the two sides go in a random order (a fixed seed: the same plan
+every time), so nothing periodic (a collector every other pass, a cache
+warmed by the previous pass) can line up with one side; the garbage
+collector runs before each pass, as ``timeit`` keeps it out of the timing.
+A simulation is deterministic and runs once. Each side loads
 the graph afresh (a ``--seed`` on one side must not reach the other).
 
 ``diff GRAPH --a ... --b ...`` calls this; ``traces.diff.compare`` compares
@@ -14,6 +18,8 @@ the two profiles.
 
 from __future__ import annotations
 
+import gc
+import random
 from dataclasses import replace
 from typing import Callable
 
@@ -54,8 +60,11 @@ def measure_pair(graph: str, a: RunOptions | SimOptions, b: RunOptions | SimOpti
     runs = {k: o for k, o in sides.items() if isinstance(o, RunOptions)}
     for _ in range(warmup):
         plan += [(k, False) for k in runs]
+    coin = random.Random(0)
     for i in range(max((o.repeat for o in runs.values()), default=0)):
-        plan += [(k, True) for k, o in runs.items() if i < o.repeat]
+        round_ = [(k, True) for k, o in runs.items() if i < o.repeat]
+        coin.shuffle(round_)
+        plan += round_
     done = 0
     for k, measured in plan:
         o = sides[k]
@@ -65,6 +74,7 @@ def measure_pair(graph: str, a: RunOptions | SimOptions, b: RunOptions | SimOpti
                 r = simulate_session(graphs[k], o)
                 parts[k].append(from_recording(r.recording, label, "simulation", r.order))
             else:
+                gc.collect()
                 first = measured and not parts[k]
                 r = run_session(graphs[k], replace(o, repeat=1, profile=True, record_order=True, order_ready=first,
                                                    trace_path=None, order_out=None, expected_order=None))

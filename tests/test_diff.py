@@ -196,7 +196,7 @@ def test_tables_and_markdown(tmp_path, capsys):
     assert "| critical-path&gt;10% | ok | critical path " in md   # > as an entity: never a quote block
 
 
-def test_markdown_and_tables_escape_hostile_ids(tmp_path, capsys):
+def test_markdown_and_tables_escape_hostile_ids(tmp_path, capsys, monkeypatch):
     evil = "b2|`x`*[l](http://e.x)@team #1 <b>\n"
     d = branches(300)
     d["nodes"][2]["id"] = evil
@@ -207,7 +207,8 @@ def test_markdown_and_tables_escape_hostile_ids(tmp_path, capsys):
     row = next(line for line in md.splitlines() if line.startswith("| b2"))
     assert row.startswith("| b2\\|\\`x\\`\\*\\[l\\](http&#58;//e.x)&#64;team &#35;1 &lt;b&gt;\\\\n |")
     assert "<b>" not in md and "@team" not in md
-    code, out, err = run_cli(["diff", g, "--a", "--repeat 2", "--b", "--repeat 2", "--top", "3"], capsys)
+    monkeypatch.setenv("COLUMNS", "250")  # wide enough that no cell wraps
+    code, out, err = run_cli(["diff", g, "--a", "--repeat 2", "--b", "--repeat 2"], capsys)
     # rich shows the id as text (no markup: "[l]" stays), the newline as a visible \n
     assert code == 0 and "b2|`x`*[l]" in out and "<b>\\n" in out
 
