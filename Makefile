@@ -10,7 +10,7 @@ TESTDEPS := $(VENV)/.installed-test
 #   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: demo test bench install browser clean
+.PHONY: demo test bench install browser graphviz clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,18 @@ demo: $(RUNTIME)
 PURE_TESTS := tests/test_engine.py tests/test_engine_semantics.py tests/test_scheduling.py \
 	tests/test_order_vs_torch.py tests/test_devices.py tests/test_simulate.py tests/test_checkpoint_kind.py
 
+# Graphviz's `dot` renders `draw`'s SVG/PNG. Installed here only where the system allows it
+# (root and apt-get); otherwise, or if the install fails, the tests that need it skip with a reason.
+graphviz:
+	@if command -v dot >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Graphviz (apt-get install graphviz) for the drawing tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null 2>&1; } || \
+		echo "could not install Graphviz: the tests that render SVG/PNG will skip"; \
+	else echo "Graphviz's dot is not installed (needs root and apt-get here): the tests that render SVG/PNG will skip"; fi
+
+
 # The Perfetto UI test drives the system Chromium: installed here where the machine
 # allows (root with apt-get); elsewhere that test skips and says why. Never fails the build.
 browser:
@@ -51,7 +63,7 @@ browser:
 		echo "note: no chromium here (installing it needs root and apt-get); the Perfetto UI test will skip"; \
 	fi
 
-test: $(TESTDEPS) browser
+test: $(TESTDEPS) browser graphviz
 	$(PY) -m pytest -q
 	AUTOGRAD_RUN_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_TESTS)
 

@@ -66,6 +66,8 @@ class RunOptions:
     profile: bool = True
     #: Record the executed order (``RunReport.order``). An order file or a golden order implies it.
     record_order: bool = False
+    #: Keep, in each order row, the ready set (with priority keys) at the pop that chose the node.
+    order_ready: bool = False
     #: Golden order rows to compare with (``traces.order.read_order``).
     expected_order: list[dict] | None = None
     #: Where the golden order came from (an input: never overwritten).
@@ -159,9 +161,9 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     if o.seed is not None:
         graph.side_files.seed_offset = o.seed
     profile = o.profile or bool(o.trace_path)
-    want_order = o.record_order or bool(o.order_out) or o.expected_order is not None
+    want_order = o.record_order or o.order_ready or bool(o.order_out) or o.expected_order is not None
     recorder = Recorder() if profile else None
-    order = OrderRecorder(snapshots=o.expected_order is not None) if want_order else None
+    order = OrderRecorder(snapshots=o.expected_order is not None or o.order_ready) if want_order else None
     tracer = Tracers(recorder, order, *o.tracers)
     devices = DeviceSet(o.devices)
     report = RunReport(graph, o, devices)

@@ -8,8 +8,8 @@
         leaf("a", [2], id="acc"),
     ))
 
-``node`` is any node (``mul``, ``add``, ``total``, ``fan`` and ``chain`` are
-common shapes of it); ``leaf`` is a variable with its AccumulateGrad node;
+``node`` is any node (``mul``, ``add``, ``total``, ``fan``, ``cost`` and ``chain``
+are common shapes of it); ``leaf`` is a variable with its AccumulateGrad node;
 ``doc`` assembles the graph document (the first node is the root unless
 ``roots`` says otherwise; each ``leaf`` declares its variable); ``graph``
 loads a document with the product's own loader, as a file would be.
@@ -108,6 +108,14 @@ def total(id: str, x: Edge, *, seq: int, shape: Sequence[int]) -> dict:
 def fan(id: str, branches: Sequence[Edge], *, seq: int | None = None, shape: Sequence[int] = (2,)) -> dict:
     """A node handing its gradient, unchanged, to every branch (in this order)."""
     return node(id, "Fan", op="identity", seq=seq, next=list(branches), inputs=[shape])
+
+
+def cost(id: str, next: Sequence[Edge], us: float, *, seq: int, mode: str = "sleep",
+         shape: Sequence[int] = (2,), device: str | None = None) -> dict:
+    """A ``cost`` node (on ``device``): ``us`` microseconds of work (``sleep`` by default), then zeros
+    to each of ``next``."""
+    return node(id, "CostBackward", op="cost", seq=seq, next=list(next), inputs=[meta(shape, device)],
+                attrs={"cost": {"us": us, "mode": mode}})
 
 
 def chain(n: int, op: str = "mul", *, variable: str = "x", shape: Sequence[int] = (2,)) -> list[dict]:

@@ -19,7 +19,8 @@ from autograd_run.errors import AutogradRunError, GraphFileError, RequestError, 
 FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error", "inject_nan": "--inject-nan",
          "trace_path": "--trace", "order_out": "--order-out", "expected_order": "--expect-order",
          "devices": "--devices", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
-         "policy": "--policy", "placement": "--placement"}
+         "policy": "--policy", "placement": "--placement", "fail_on": "--fail-on",
+         "trace": "--trace", "diff": "--diff", "around": "--around"}
 
 
 class DefaultGroup(click.Group):
@@ -146,6 +147,8 @@ from autograd_run.cli.run_cmd import run  # noqa: E402  (registers the run comma
 from autograd_run.cli.sim_cmd import calibrate, simulate  # noqa: E402
 from autograd_run.cli.capture_cmd import capture, check  # noqa: E402
 from autograd_run.cli.view_cmd import view  # noqa: E402
+from autograd_run.cli.diff_cmd import diff  # noqa: E402
+from autograd_run.cli.draw_cmd import draw  # noqa: E402
 
 cli.add_command(run)
 cli.add_command(simulate)
@@ -153,6 +156,8 @@ cli.add_command(calibrate)
 cli.add_command(capture)
 cli.add_command(check)
 cli.add_command(view)
+cli.add_command(diff)
+cli.add_command(draw)
 
 
 def main(argv=None):

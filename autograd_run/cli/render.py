@@ -137,9 +137,15 @@ def report_json(report, graph: str) -> dict:
     error = report.error
     return {"graph": graph, "devices": report.devices.kind,
             "error": None if error is None else {"node": error.node_id, "name": error.node_name, "message": str(error)},
-            "summary": report.summary.to_dict(),
+            "summary": report.summary.to_dict(), "samples": samples_json(report.recording),
             "grads": {} if report.result is None else {k: None if v is None else _host(v).tolist()
                                                        for k, v in report.result.grads.items()}}
+
+
+def samples_json(recording) -> dict | None:
+    """The per-pass samples (``traces.samples``) a comparison of runs reads, as JSON."""
+    from autograd_run.traces.samples import pass_samples
+    return pass_samples(recording).to_dict() if recording is not None else None
 
 
 def render_compare(console: Console, reports, title: str) -> None:

@@ -128,9 +128,10 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
 
 
 def _report_json(r) -> dict:
+    from autograd_run.cli.render import samples_json
     return {"spec": r.spec.name, "policy": r.options.policy, "devices": r.options.devices,
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
-            "cost_sources": r.cost_sources, "summary": r.summary.to_dict(),
+            "cost_sources": r.cost_sources, "summary": r.summary.to_dict(), "samples": samples_json(r.recording),
             "slack": [s.__dict__ for s in r.slack]}
 
 

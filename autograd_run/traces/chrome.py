@@ -122,6 +122,7 @@ def to_chrome_trace(rec: Recording) -> dict:
         out.append({"ph": "i", "pid": PID, "tid": c[0], "ts": c[1], "s": "t", "name": label, "cat": "sync",
                     "args": {"producer": sync.producer.id, "consumer": sync.consumer.id}})
     _kernels(rec, out, us)
+    _annotate(rec, out)
     return {"traceEvents": out, "displayTimeUnit": "ns"}
 
 
@@ -148,6 +149,29 @@ def _counters(rec: Recording, out: list, us) -> None:
         per_task[gt] = n + delta
         total += delta
         out.append({"ph": "C", "pid": PID, "ts": us(ts), "name": "outstanding", "args": {"tasks": total}})
+
+
+def _annotate(rec: Recording, out: list) -> None:
+    """Node slices' args gain what a comparison of runs reads (``traces.profile``): ``pass`` (which
+    top-level backward call), ``worker`` (a label stable across runs), ``critical_path`` (on its
+    pass's critical path) and ``graph_root`` (the engine's own GraphRoot)."""
+    from autograd_run.ops import is_graph_root
+    from autograd_run.traces.samples import pass_samples, stable_worker
+    s = pass_samples(rec)
+    ranks = thread_tids(rec)
+    workers = {ranks[tid]: stable_worker(t.name) for tid, t in rec.threads.items()}
+    roots = {(sl.gt, sl.node.id) for sl in rec.slices if is_graph_root(sl.node)}
+    for e in out:
+        if e.get("ph") != "X" or e.get("cat") != "node":
+            continue
+        args = e["args"]
+        key = (args["graph_task"], args["id"])
+        args["pass"] = s.pass_of_task.get(key[0], 0)
+        args["worker"] = workers.get(e["tid"], str(e["tid"]))
+        if key in s.critical_keys:
+            args["critical_path"] = True
+        if key in roots:
+            args["graph_root"] = True
 
 
 def _kernels(rec: Recording, out: list, us) -> None:

@@ -1,0 +1,535 @@
+"""Profiles: one run's comparable facts, read from whatever describes it.
+
+``autograd-run diff`` compares two of them. A ``Profile`` holds, per pass
+(one top-level backward call), the executed order and, when known, the
+wall time, critical path, worker busy time and each node's start, run time,
+queue wait and worker (the definitions are ``traces.samples``'s). Sources:
+
+  order file    ``--order-out`` (JSON Lines rows)        the order only (with the ready
+                                                          sets when the rows carry them)
+  Chrome trace  ``--trace`` of ``run`` or ``simulate``    order and times, from the node
+                                                          slices' args (never titles or
+                                                          track names)
+  JSON summary  ``run --json`` / ``simulate --json``      order and times from its
+                                                          ``samples``; an older summary
+                                                          without them gives aggregates
+  a recording   a run or simulation made in-process       everything
+
+``read_profile(path)`` detects the kind from the content, not the name. An
+input is untrusted: its size is bounded (``MAX_BYTES``, ``MAX_ROWS``,
+``MAX_PASSES``), every field is type-checked, and a problem is a
+``RequestError`` naming the file, the place (line, event index or JSON
+path) and what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import msgspec
+
+from autograd_run.errors import RequestError
+from autograd_run.traces.samples import NodeSamples, Samples, pass_samples, stable_worker
+from autograd_run.traces.summary import _union_length
+
+#: Inputs larger than this are refused before they are read.
+MAX_BYTES = 256 * 1024 * 1024
+#: At most this many order rows, trace events or nodes, and passes.
+MAX_ROWS = 20_000_000
+MAX_PASSES = 100_000
+
+
+@dataclass
+class Profile:
+    source: str
+    #: ``order file``, ``trace``, ``summary``, ``run`` or ``simulation``.
+    kind: str
+    simulated: bool = False
+    #: Passes with times (0 when the input has none, e.g. an order file).
+    passes: int = 0
+    wall_ns: list[int] = field(default_factory=list)
+    critical_path_ns: list[int] = field(default_factory=list)
+    #: Node ids of each pass's critical path (empty when the input does not say).
+    critical_path: list[list[str]] = field(default_factory=list)
+    worker_busy_ns: dict[str, list[int]] = field(default_factory=dict)
+    nodes: dict[str, NodeSamples] = field(default_factory=dict)
+    #: Per pass, the run time summed by op name.
+    ops: dict[str, list[int]] = field(default_factory=dict)
+    #: Per pass, the order rows: ``id``, ``name``, ``worker`` and maybe ``seq``, ``ready``.
+    order: list[list[dict]] = field(default_factory=list)
+    #: What this input cannot tell (shown with the comparison).
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_times(self) -> bool:
+        return self.passes > 0
+
+    def describe(self) -> str:
+        what = f"{self.kind}, {'simulated, ' if self.simulated and self.kind != 'simulation' else ''}"
+        if self.has_times:
+            what += f"{self.passes} pass{'es' if self.passes != 1 else ''}"
+        else:
+            what += f"order of {sum(len(p) for p in self.order)} nodes, no times"
+        return what
+
+    def utilization(self) -> dict[str, list[float]]:
+        """Per worker, its busy share of each pass's wall time."""
+        return {w: [b / t if t else 0.0 for b, t in zip(busy, self.wall_ns)]
+                for w, busy in self.worker_busy_ns.items()}
+
+
+# -- building ----------------------------------------------------------------------------------
+
+def _finish(p: Profile) -> Profile:
+    """Derive the per-op totals and, when no order was given, the order from the start times."""
+    n = p.passes
+    ops: dict[str, list[int]] = {}
+    for ns in p.nodes.values():
+        tot = ops.setdefault(ns.name, [0] * n)
+        for k, d in enumerate(ns.duration_ns):
+            if d is not None:
+                tot[k] += d
+    p.ops = dict(sorted(ops.items(), key=lambda kv: -sum(kv[1])))
+    if not p.order and n:
+        for k in range(n):
+            ran = [(ns.start_ns[k], nid, ns) for nid, ns in p.nodes.items() if ns.start_ns[k] is not None]
+            ran.sort(key=lambda r: r[0])
+            p.order.append([{"id": nid, "name": ns.name, "worker": ns.worker[k]} for _, nid, ns in ran])
+    return p
+
+
+def from_samples(s: Samples, source: str, kind: str, simulated: bool = False,
+                 order: list[dict] | None = None) -> Profile:
+    """A profile from ``Samples`` (and, when given, the order rows of the same run)."""
+    p = Profile(source, kind, simulated, s.passes, list(s.wall_ns), list(s.critical_path_ns),
+                [list(c) for c in s.critical_path], {k: list(v) for k, v in s.worker_busy_ns.items()},
+                dict(s.nodes))
+    if order:
+        p.order = order_passes(order)
+    return _finish(p)
+
+
+def from_recording(rec, source: str, kind: str, order: list[dict] | None = None) -> Profile:
+    """A profile of a run or simulation made in this process (its ``Recording`` and order rows)."""
+    return from_samples(pass_samples(rec), source, kind, rec.simulated, order)
+
+
+def order_passes(rows: list[dict]) -> list[list[dict]]:
+    """Order rows (the order file's fields) split by pass, with a stable ``worker`` label."""
+    out: dict[int, list] = {}
+    for r in rows:
+        row = {"id": r["id"], "name": r.get("name"), "worker": stable_worker(str(r.get("thread", "?")))}
+        for k in ("seq", "ready"):
+            if k in r:
+                row[k] = r[k]
+        out.setdefault(r.get("pass", 0), []).append(row)
+    return [out[k] for k in sorted(out)]
+
+
+def concat(profiles: list[Profile], source: str) -> Profile:
+    """One profile of several runs of the same configuration: their passes one after another."""
+    first = profiles[0]
+    total = sum(p.passes for p in profiles)
+    out = Profile(source, first.kind, first.simulated, total)
+    offset = 0
+    for p in profiles:
+        out.wall_ns += p.wall_ns
+        out.critical_path_ns += p.critical_path_ns
+        out.critical_path += p.critical_path
+        out.order += p.order
+        for w, v in p.worker_busy_ns.items():
+            out.worker_busy_ns.setdefault(w, [0] * offset).extend(v)
+        for nid, ns in p.nodes.items():
+            cur = out.nodes.get(nid)
+            if cur is None:
+                cur = out.nodes[nid] = NodeSamples(ns.name, [None] * offset, [None] * offset, [None] * offset,
+                                                   [None] * offset)
+            cur.worker += ns.worker
+            cur.start_ns += ns.start_ns
+            cur.duration_ns += ns.duration_ns
+            cur.queue_wait_ns += ns.queue_wait_ns
+        offset += p.passes
+        for w, v in out.worker_busy_ns.items():
+            v.extend([0] * (offset - len(v)))
+        for ns in out.nodes.values():
+            for lst in (ns.worker, ns.start_ns, ns.duration_ns, ns.queue_wait_ns):
+                lst.extend([None] * (offset - len(lst)))
+    out.notes = sorted({n for p in profiles for n in p.notes})
+    return _finish(out)
+
+
+# -- reading files -----------------------------------------------------------------------------
+
+class _Bad(Exception):
+    """A problem at a place in the input (turned into a RequestError naming the file)."""
+
+    def __init__(self, where: str, what: str):
+        self.where, self.what = where, what
+        super().__init__(f"{where}: {what}")
+
+
+def read_profile(path: str, option: str | None = None) -> Profile:
+    """The profile in ``path`` (an order file, a Chrome trace or a JSON summary; detected from the content)."""
+    data = _read(path, option)
+    try:
+        return parse_profile(data, path)
+    except _Bad as exc:
+        raise RequestError(f"{path}: {exc.where}: {exc.what}", option) from None
+
+
+def _read(path: str, option: str | None) -> bytes:
+    try:
+        size = os.stat(path).st_size
+        if os.path.isdir(path):
+            raise RequestError(f"{path}: is a directory", option)
+        if size > MAX_BYTES:
+            raise RequestError(f"{path}: {size} bytes, more than the {MAX_BYTES >> 20} MiB an input may have", option)
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise RequestError(f"{path}: cannot read: {exc.strerror or exc}", option) from None
+    if len(data) > MAX_BYTES:
+        raise RequestError(f"{path}: more than the {MAX_BYTES >> 20} MiB an input may have", option)
+    return data
+
+
+def _position(data: bytes, offset: int) -> str:
+    line = data.count(b"\n", 0, offset) + 1
+    col = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+    return f"line {line}, column {col}"
+
+
+def _decode(data: bytes, where_base: int = 0, full: bytes | None = None):
+    """JSON ``data``; a ``_Bad`` with the line and column of a syntax error."""
+    try:
+        return msgspec.json.decode(data)
+    except RecursionError:
+        raise _Bad("JSON", "nested too deeply") from None
+    except msgspec.DecodeError as exc:
+        msg = str(exc)
+        at = msg.rfind("(byte ")
+        if at >= 0 and msg.endswith(")"):
+            try:
+                off = int(msg[at + 6:-1])
+            except ValueError:
+                off = None
+            if off is not None:
+                raise _Bad(_position(full or data, where_base + off), f"not JSON: {msg[:at].strip()}") from None
+        raise _Bad("JSON", f"not valid JSON: {msg}") from None
+
+
+def parse_profile(data: bytes, source: str) -> Profile:
+    """Detect the kind of ``data`` and read it (``_Bad`` on a problem)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Bad(_position(data, exc.start), "not UTF-8 text (an order file, trace or JSON summary is)") from None
+    head = data.lstrip()[:1]
+    if not head:
+        raise _Bad("line 1", "the file is empty")
+    if head == b"[":
+        doc = _decode(data)
+        return _from_list(doc, source)
+    if head != b"{":
+        raise _Bad("line 1", "not an order file, trace or JSON summary (none starts with this)")
+    first_line_end = data.find(b"\n", data.find(b"{"))
+    try:
+        doc = _decode(data)
+    except _Bad as whole:
+        if first_line_end < 0 or not data[first_line_end:].strip():
+            raise
+        try:
+            first = _decode(data[:first_line_end])
+        except _Bad:
+            raise whole from None
+        if isinstance(first, dict) and "id" in first:
+            return _order_file(data, source)
+        raise whole from None
+    if not isinstance(doc, dict):
+        raise _Bad("$", "expected a JSON object")
+    if "traceEvents" in doc:
+        return _trace(doc.get("traceEvents"), source, "$.traceEvents")
+    if "summary" in doc:
+        return _summary(doc, source)
+    if "id" in doc:
+        return _order_file(data, source)
+    raise _Bad("$", "a JSON object that is neither a Chrome trace (traceEvents), a JSON summary (summary) "
+                    "nor an order row (id)")
+
+
+def _from_list(doc, source: str) -> Profile:
+    if isinstance(doc, list) and doc and all(isinstance(x, dict) and "summary" in x for x in doc[:1]):
+        raise _Bad("$", f"a list of {len(doc)} simulation results (simulate --compare --json); "
+                        "diff compares one result with another")
+    return _trace(doc, source, "$")
+
+
+# -- order files -------------------------------------------------------------------------------
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _order_file(data: bytes, source: str) -> Profile:
+    rows = []
+    for n, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        if len(rows) >= MAX_ROWS:
+            raise _Bad(f"line {n}", f"more than {MAX_ROWS} rows")
+        try:
+            row = msgspec.json.decode(line)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise _Bad(f"line {n}", f"not JSON: {exc}") from None
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise _Bad(f"line {n}", "each line needs an object with a string 'id'")
+        p = row.get("pass", 0)
+        if not _is_int(p) or not 0 <= p < MAX_PASSES:
+            raise _Bad(f"line {n}", f"'pass' must be an integer in [0, {MAX_PASSES})")
+        for k in ("name", "thread"):
+            if k in row and not isinstance(row[k], str):
+                raise _Bad(f"line {n}", f"'{k}' must be a string")
+        if "ready" in row:
+            _check_ready(row["ready"], f"line {n}")
+        rows.append(row)
+    if not rows:
+        raise _Bad("line 1", "no order rows")
+    p = Profile(source, "order file", order=order_passes(rows))
+    p.notes.append(f"{source}: an order file has no times")
+    return p
+
+
+def _check_ready(ready, where: str) -> None:
+    ok = isinstance(ready, list) and len(ready) <= MAX_ROWS and all(
+        isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and _is_int(r[1]) and _is_int(r[2])
+        for r in ready)
+    if not ok:
+        raise _Bad(where, "'ready' must be a list of [node id, depth, seq]")
+
+
+# -- Chrome traces -----------------------------------------------------------------------------
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_ARG_CHECKS = (("pass", lambda v: _is_int(v) and 0 <= v < MAX_PASSES), ("worker", lambda v: isinstance(v, str)),
+               ("depth", lambda v: _is_int(v)), ("seq", lambda v: _is_int(v)))
+
+
+def _trace(events, source: str, where: str) -> Profile:
+    if not isinstance(events, list):
+        raise _Bad(where, "traceEvents must be a list")
+    if len(events) > MAX_ROWS:
+        raise _Bad(where, f"more than {MAX_ROWS} events")
+    slices = []     # (ts_ns, end_ns, tid, gt, id, name, args, index)
+    begins: dict = {}
+    waits: dict = {}
+    sort_index: dict = {}
+    simulated = False
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise _Bad(f"{where}[{i}]", "each event must be an object")
+        ph, cat = e.get("ph"), e.get("cat")
+        if ph == "X" and cat == "node":
+            args, ts, dur = e.get("args"), e.get("ts"), e.get("dur")
+            if not isinstance(args, dict) or not isinstance(args.get("id"), str):
+                raise _Bad(f"{where}[{i}].args", "a node slice needs args with a string 'id'")
+            if not _is_int(args.get("graph_task")):
+                raise _Bad(f"{where}[{i}].args.graph_task", "must be an integer")
+            if not _num(ts) or not _num(dur) or dur < 0:
+                raise _Bad(f"{where}[{i}]", "a node slice needs a number 'ts' and a non-negative 'dur'")
+            if args.get("graph_root") is True or (args["id"] == "GraphRoot" and e.get("name") == "GraphRoot"
+                                                  and "graph_root" not in args and "pass" not in args):
+                continue
+            for k, check in _ARG_CHECKS:
+                if k in args and not check(args[k]):
+                    raise _Bad(f"{where}[{i}].args.{k}", "has the wrong type")
+            start = round(ts * 1000)
+            slices.append((start, start + round(dur * 1000), e.get("tid"), args["graph_task"], args["id"],
+                           e.get("name") if isinstance(e.get("name"), str) else "?", args, i))
+        elif cat == "queue_wait" and ph in ("b", "e") and _num(e.get("ts")):
+            if ph == "b" and isinstance(e.get("args"), dict):
+                begins[e.get("id")] = e
+            elif ph == "e":
+                b = begins.pop(e.get("id"), None)
+                if b is not None:
+                    a = b["args"]
+                    if isinstance(a.get("id"), str) and _is_int(a.get("graph_task")) and _num(b.get("ts")):
+                        waits[(a["graph_task"], a["id"])] = max(0, round((e["ts"] - b["ts"]) * 1000))
+        elif ph == "M" and e.get("name") == "thread_sort_index" and isinstance(e.get("args"), dict):
+            sort_index[e.get("tid")] = e["args"].get("sort_index")
+        elif ph == "M" and e.get("name") == "process_name" and isinstance(e.get("args"), dict):
+            simulated = simulated or "simulated" in str(e["args"].get("name", ""))
+        elif ph == "X" and cat == "kernel":
+            simulated = True
+    if not slices:
+        raise _Bad(where, "the trace has no node slices (cat 'node'): not a trace of autograd-run")
+    p = Profile(source, "trace", simulated)
+    labelled = all("worker" in s[6] for s in slices)
+    if not labelled:
+        p.notes.append(f"{source}: the trace's slices carry no worker labels (an older trace): "
+                       "workers are told apart by track position")
+
+    def worker(sl) -> str:
+        w = sl[6].get("worker")
+        if isinstance(w, str):
+            return w
+        rank = sort_index.get(sl[2])
+        return f"track {rank}" if _is_int(rank) else f"track tid {sl[2]}"
+
+    pass_of = _trace_passes(slices)
+    n = max(pass_of.values()) + 1
+    if n > MAX_PASSES:
+        raise _Bad(where, f"more than {MAX_PASSES} passes")
+    spans = [[None, None] for _ in range(n)]
+    for sl in slices:
+        k = pass_of[sl[3]] if "pass" not in sl[6] else sl[6]["pass"]
+        sp = spans[k]
+        sp[0] = sl[0] if sp[0] is None else min(sp[0], sl[0])
+        sp[1] = sl[1] if sp[1] is None else max(sp[1], sl[1])
+    present = [k for k in range(n) if spans[k][0] is not None]
+    index = {k: j for j, k in enumerate(present)}
+    n = len(present)
+    p.passes = n
+    p.wall_ns = [spans[k][1] - spans[k][0] for k in present]
+    busy: dict[str, list[list]] = {}
+    crit: list[list] = [[] for _ in range(n)]
+    order: list[list] = [[] for _ in range(n)]
+    for sl in sorted(slices, key=lambda s: (s[0], s[7])):
+        k = index[pass_of[sl[3]] if "pass" not in sl[6] else sl[6]["pass"]]
+        w = worker(sl)
+        busy.setdefault(w, [[] for _ in range(n)])[k].append((sl[0], sl[1]))
+        wait = waits.get((sl[3], sl[4]), 0)
+        dur = sl[1] - sl[0]
+        ns = p.nodes.get(sl[4])
+        if ns is None:
+            ns = p.nodes[sl[4]] = NodeSamples(sl[5], [None] * n, [None] * n, [None] * n, [None] * n)
+        if ns.duration_ns[k] is None:
+            ns.worker[k], ns.start_ns[k] = w, sl[0] - spans[present[k]][0]
+            ns.duration_ns[k], ns.queue_wait_ns[k] = dur, wait
+            row = {"id": sl[4], "name": sl[5], "worker": w}
+            if "seq" in sl[6]:
+                row["seq"] = sl[6]["seq"]
+            order[k].append(row)
+        else:
+            ns.duration_ns[k] += dur
+            ns.queue_wait_ns[k] += wait
+        if sl[6].get("critical_path") is True:
+            crit[k].append((sl[4], wait + dur))
+    p.worker_busy_ns = {w: [_union_length(x) for x in per] for w, per in busy.items()}
+    p.order = order
+    if any(crit):
+        p.critical_path = [[c[0] for c in cp] for cp in crit]
+        p.critical_path_ns = [sum(c[1] for c in cp) for cp in crit]
+    else:
+        p.notes.append(f"{source}: the trace marks no critical path (an older trace)")
+    p.notes.append(f"{source}: a trace's pass wall time is its first node's start to its last node's end")
+    return _finish(p)
+
+
+def _trace_passes(slices) -> dict[int, int]:
+    """GraphTask -> pass: top-level tasks (depth 0) in start order; nested ones by the span holding them."""
+    first: dict[int, tuple] = {}
+    for sl in slices:
+        gt, depth = sl[3], sl[6].get("depth", 0)
+        if gt not in first or sl[0] < first[gt][0]:
+            first[gt] = (sl[0], depth if _is_int(depth) else 0)
+    tops = sorted((t, gt) for gt, (t, d) in first.items() if d == 0)
+    if not tops:
+        return {gt: 0 for gt in first}
+    out = {gt: k for k, (_, gt) in enumerate(tops)}
+    starts = [t for t, _ in tops]
+    import bisect
+    for gt, (t, _) in first.items():
+        if gt not in out:
+            out[gt] = max(0, bisect.bisect_right(starts, t) - 1)
+    return out
+
+
+# -- JSON summaries ----------------------------------------------------------------------------
+
+def _summary(doc: dict, source: str) -> Profile:
+    summary = doc.get("summary")
+    if not isinstance(summary, dict):
+        raise _Bad("$.summary", "must be an object")
+    simulated = "spec" in doc and "policy" in doc
+    if isinstance(doc.get("error"), dict):
+        raise _Bad("$.error", "the run failed (" + str(doc["error"].get("message", "?"))[:200] + "): nothing to compare")
+    samples = doc.get("samples")
+    if samples is None:
+        return _old_summary(summary, source, simulated)
+    s = _samples(samples, "$.samples")
+    return from_samples(s, source, "summary", simulated)
+
+
+def _int_list(v, n: int, where: str, none_ok: bool = False) -> list:
+    if not isinstance(v, list) or len(v) != n:
+        raise _Bad(where, f"must be a list of {n} values (one per pass)")
+    for j, x in enumerate(v):
+        if not (_is_int(x) or (none_ok and x is None)):
+            raise _Bad(f"{where}[{j}]", "must be an integer" + (" or null" if none_ok else ""))
+    return v
+
+
+def _samples(d, where: str) -> Samples:
+    if not isinstance(d, dict):
+        raise _Bad(where, "must be an object")
+    n = d.get("passes")
+    if not _is_int(n) or not 0 <= n <= MAX_PASSES:
+        raise _Bad(f"{where}.passes", f"must be an integer in [0, {MAX_PASSES}]")
+    s = Samples(n)
+    s.wall_ns = _int_list(d.get("wall_ns"), n, f"{where}.wall_ns")
+    s.critical_path_ns = _int_list(d.get("critical_path_ns"), n, f"{where}.critical_path_ns")
+    cp = d.get("critical_path")
+    if not isinstance(cp, list) or len(cp) != n or not all(
+            isinstance(c, list) and all(isinstance(x, str) for x in c) for c in cp):
+        raise _Bad(f"{where}.critical_path", f"must be {n} lists of node ids")
+    s.critical_path = cp
+    busy = d.get("worker_busy_ns")
+    if not isinstance(busy, dict):
+        raise _Bad(f"{where}.worker_busy_ns", "must be an object")
+    s.worker_busy_ns = {str(w): _int_list(v, n, f"{where}.worker_busy_ns[{w!r}]") for w, v in busy.items()}
+    nodes = d.get("nodes")
+    if not isinstance(nodes, dict) or len(nodes) > MAX_ROWS:
+        raise _Bad(f"{where}.nodes", "must be an object (at most {MAX_ROWS} nodes)")
+    for nid, v in nodes.items():
+        at = f"{where}.nodes[{nid!r}]"
+        if not isinstance(v, dict) or not isinstance(v.get("name"), str):
+            raise _Bad(at, "must be an object with a string 'name'")
+        workers = v.get("worker")
+        if not isinstance(workers, list) or len(workers) != n or not all(
+                w is None or isinstance(w, str) for w in workers):
+            raise _Bad(f"{at}.worker", f"must be a list of {n} worker labels or nulls")
+        s.nodes[nid] = NodeSamples(v["name"], workers,
+                                   _int_list(v.get("start_ns"), n, f"{at}.start_ns", True),
+                                   _int_list(v.get("duration_ns"), n, f"{at}.duration_ns", True),
+                                   _int_list(v.get("queue_wait_ns"), n, f"{at}.queue_wait_ns", True))
+    return s
+
+
+def _old_summary(summary: dict, source: str, simulated: bool) -> Profile:
+    """A summary without samples (an older ``--json``): its aggregates as one sample each."""
+    p = Profile(source, "summary", simulated)
+    wall = summary.get("wall_ns")
+    if not _is_int(wall):
+        raise _Bad("$.summary.wall_ns", "must be an integer")
+    p.passes = 1
+    p.wall_ns = [wall]
+    cp = summary.get("critical_path")
+    cpn = summary.get("critical_path_ns")
+    if isinstance(cp, list) and _is_int(cpn):
+        p.critical_path = [[r["id"] for r in cp if isinstance(r, dict) and isinstance(r.get("id"), str)]]
+        p.critical_path_ns = [cpn]
+    for w in summary.get("workers") or []:
+        if isinstance(w, dict) and isinstance(w.get("name"), str) and _is_int(w.get("busy_ns")):
+            p.worker_busy_ns[stable_worker(w["name"])] = [w["busy_ns"]]
+    ops = summary.get("ops")
+    if isinstance(ops, dict):
+        p.ops = {k: [int(v["total_ns"])] for k, v in ops.items() if isinstance(v, dict) and _num(v.get("total_ns"))}
+    p.notes.append(f"{source}: a summary without samples (older --json): aggregates only, one sample each, "
+                   "no per-node times or order")
+    return p

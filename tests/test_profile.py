@@ -1,0 +1,206 @@
+"""Per-pass samples of a recording, and profiles read back from every kind of file `diff` takes:
+the same run read from its trace, its JSON summary and its order file tells the same story; bad
+inputs are refused naming the file, the place and the problem."""
+
+import json
+
+import msgspec
+import pytest
+
+from autograd_run.cli.render import report_json
+from autograd_run.errors import RequestError
+from autograd_run.graphs.load import load_graph
+from autograd_run.session import RunOptions, run_session
+from autograd_run.traces import profile as P
+from autograd_run.traces.chrome import to_chrome_trace
+from autograd_run.traces.order import dumps_order
+from autograd_run.traces.recorder import Recorder
+from autograd_run.traces.recording import Recording
+from autograd_run.traces.samples import pass_samples, stable_worker
+from autograd_run.traces.summary import summarize
+from builders import run_traced
+
+
+def fake_clock(step=1000):
+    t = [0]
+
+    def clock():
+        t[0] += step
+        return t[0]
+    return clock
+
+
+def seed_recording():
+    """example:seed on the calling thread, every event 1 µs after the previous one."""
+    rec = Recorder(clock=fake_clock())
+    run_traced(load_graph("example:seed"), rec, multithreading=False)
+    return Recording.from_events(rec.events, {k: "MainThread" for k in rec.threads})
+
+
+def test_stable_worker_labels():
+    assert stable_worker("MainThread") == "caller"
+    assert stable_worker("autograd-run cuda:1") == "cuda:1"
+    assert stable_worker("autograd-run reentrant-2") == "reentrant-2"
+
+
+def test_samples_of_one_pass_agree_with_the_summary():
+    rec = seed_recording()
+    s, summ = pass_samples(rec), summarize(rec)
+    assert s.passes == 1
+    assert s.critical_path == [[r.id for r in summ.critical_path]] == [["sum", "add", "mul_b", "acc_a"]]
+    assert s.critical_path_ns == [summ.critical_path_ns] == [12000]
+    assert set(s.nodes) == {"sum", "add", "mul_b", "mul_c", "acc_a"}
+    assert all(n.duration_ns == [1000] and n.worker == ["caller"] for n in s.nodes.values())
+    # start order is the executed order
+    starts = sorted(s.nodes, key=lambda k: s.nodes[k].start_ns[0])
+    assert starts == ["sum", "add", "mul_c", "mul_b", "acc_a"]
+    assert s.worker_busy_ns == {"caller": [5000]}
+    assert s.wall_ns == [rec.graph_tasks[0].end - rec.graph_tasks[0].start]
+
+
+def test_samples_of_repeated_passes():
+    r = run_session(load_graph("example:mlp"), RunOptions(repeat=4, multithreading=False))
+    s = pass_samples(r.recording)
+    assert s.passes == 4 and len(s.wall_ns) == 4 and len(s.critical_path) == 4
+    assert sum(s.wall_ns) == r.summary.passes.total_ns
+    assert all(len(n.duration_ns) == 4 and None not in n.duration_ns for n in s.nodes.values())
+    ops = {}
+    for n in s.nodes.values():
+        ops[n.name] = ops.get(n.name, 0) + sum(n.duration_ns)
+    assert ops == {k: d.total_ns for k, d in r.summary.ops.items()}
+
+
+def test_trace_slices_carry_pass_worker_and_critical_path():
+    rec = seed_recording()
+    tr = to_chrome_trace(rec)
+    node_slices = [e for e in tr["traceEvents"] if e.get("cat") == "node" and e["ph"] == "X"]
+    assert {e["args"]["pass"] for e in node_slices} == {0}
+    assert {e["args"]["worker"] for e in node_slices} == {"caller"}
+    assert [e["args"]["id"] for e in node_slices if e["args"].get("critical_path")] == ["sum", "add", "mul_b", "acc_a"]
+
+
+def run_files(tmp_path, graph="example:pipeline", repeat=3, **kw):
+    """One run of ``graph``: its trace, JSON summary and order file, and the report."""
+    trace = tmp_path / "t.json"
+    r = run_session(load_graph(graph), RunOptions(repeat=repeat, trace_path=str(trace), record_order=True, **kw))
+    summary = tmp_path / "s.json"
+    summary.write_text(json.dumps(report_json(r, graph)))
+    order = tmp_path / "o.jsonl"
+    order.write_bytes(dumps_order(r.order))
+    return r, trace, summary, order
+
+
+def test_one_run_read_from_its_trace_summary_and_order_file(tmp_path):
+    r, trace, summary, order = run_files(tmp_path)
+    live = P.from_recording(r.recording, "live", "run", r.order)
+    t, s, o = (P.read_profile(str(p)) for p in (trace, summary, order))
+    assert (t.kind, s.kind, o.kind) == ("trace", "summary", "order file")
+    assert t.passes == s.passes == live.passes == 3 and not o.has_times
+    ids = [[row["id"] for row in p] for p in live.order]
+    for p in (t, s, o):
+        # per worker, each file gives the executed order of every pass
+        for k in range(3):
+            for w in ("cuda:0", "cuda:1"):
+                assert [x["id"] for x in p.order[k] if x["worker"] == w] == \
+                       [x["id"] for x in live.order[k] if x["worker"] == w]
+    assert sorted(ids[0]) == sorted(["sum", "mm1", "copy", "relu", "mm0", "acc_w1", "acc_w0"])
+    for nid, ns in live.nodes.items():
+        assert s.nodes[nid].duration_ns == ns.duration_ns
+        assert s.nodes[nid].worker == t.nodes[nid].worker == ns.worker
+        # the trace stores microseconds as floats: within a nanosecond
+        assert all(abs(a - b) <= 1 for a, b in zip(t.nodes[nid].duration_ns, ns.duration_ns))
+    assert s.wall_ns == live.wall_ns and s.critical_path == live.critical_path == t.critical_path
+    assert s.worker_busy_ns == live.worker_busy_ns
+
+
+def test_an_older_trace_without_labels_still_reads(tmp_path):
+    r, trace, _, _ = run_files(tmp_path, "example:seed", repeat=2, multithreading=False)
+    doc = json.loads(trace.read_text())
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "node" and e["ph"] == "X":
+            for k in ("pass", "worker", "critical_path", "graph_root"):
+                e["args"].pop(k, None)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    p = P.read_profile(str(old))
+    assert p.passes == 2 and not p.critical_path
+    assert [x["id"] for x in p.order[1]] == ["sum", "add", "mul_c", "mul_b", "acc_a"]
+    assert any("no worker labels" in n for n in p.notes) and any("no critical path" in n for n in p.notes)
+
+
+def test_an_older_summary_without_samples_gives_aggregates(tmp_path):
+    _, _, summary, _ = run_files(tmp_path, "example:seed", repeat=1)
+    doc = json.loads(summary.read_text())
+    del doc["samples"]
+    summary.write_text(json.dumps(doc))
+    p = P.read_profile(str(summary))
+    assert p.passes == 1 and p.wall_ns == [doc["summary"]["wall_ns"]] and not p.nodes
+    assert set(p.ops) == set(doc["summary"]["ops"]) and any("without samples" in n for n in p.notes)
+
+
+def test_concat_of_runs_keeps_every_pass(tmp_path):
+    g = load_graph("example:seed")
+    parts = [P.from_recording(run_session(g, RunOptions(repeat=n, record_order=True)).recording, "x", "run")
+             for n in (1, 2)]
+    c = P.concat(parts, "both")
+    assert c.passes == 3 and len(c.wall_ns) == 3 and len(c.order) == 3
+    assert all(len(ns.duration_ns) == 3 for ns in c.nodes.values())
+    assert c.ops["MulBackward0"] == [a + b for a, b in zip(c.nodes["mul_b"].duration_ns, c.nodes["mul_c"].duration_ns)]
+
+
+# -- refused inputs ------------------------------------------------------------------------------
+
+def refused(tmp_path, content: bytes | str, name="in.json") -> str:
+    f = tmp_path / name
+    f.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(RequestError) as info:
+        P.read_profile(str(f))
+    msg = str(info.value)
+    assert msg.startswith(f"{f}: ")
+    return msg[len(str(f)) + 2:]
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("", "line 1: the file is empty"),
+    ("hello", "line 1: not an order file, trace or JSON summary"),
+    (b"\xff\xfe{}", "line 1, column 1: not UTF-8 text"),
+    ('{"a": 1}', "$: a JSON object that is neither a Chrome trace"),
+    ('{"traceEvents": 3}', "$.traceEvents: traceEvents must be a list"),
+    ('{"traceEvents": []}', "$.traceEvents: the trace has no node slices"),
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1, "dur": 1, "args": {"graph_task": 0}}]}',
+     "$.traceEvents[0].args: a node slice needs args with a string 'id'"),
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": "1", "dur": 1, "args": {"id": "a", "graph_task": 0}}]}',
+     "$.traceEvents[0]: a node slice needs a number 'ts'"),
+    ('[{"summary": {}, "spec": "h100"}]', "$: a list of 1 simulation results (simulate --compare --json)"),
+    ('{"summary": {}, "samples": {"passes": 2, "wall_ns": [1]}}', "$.samples.wall_ns: must be a list of 2 values"),
+    ('{"summary": {}, "samples": {"passes": 1, "wall_ns": [1], "critical_path_ns": [1], "critical_path": [[]],'
+     ' "worker_busy_ns": {}, "nodes": {"x": {"name": "N", "worker": ["caller"], "start_ns": [0],'
+     ' "duration_ns": ["1"], "queue_wait_ns": [0]}}}}', "$.samples.nodes['x'].duration_ns[0]: must be an integer"),
+    ('{"summary": {}, "error": {"message": "boom"}}', "$.error: the run failed (boom)"),
+    ('{"id": "a"}\n{"id": 3}\n', "line 2: each line needs an object with a string 'id'"),
+    ('{"id": "a", "pass": -1}\n{"id": "b"}\n', "line 1: 'pass' must be an integer"),
+    ('{"id": "a", "ready": [["a", 0]]}\n{"id": "b"}\n', "line 1: 'ready' must be a list of [node id, depth, seq]"),
+    ('{"summary": {"wall_ns": 1,}}', "line 1, column 27: not JSON: JSON is malformed: trailing comma"),
+    ("[" * 100000 + "]" * 100000, "JSON: nested too deeply"),
+])
+def test_bad_inputs_are_refused_with_the_place(tmp_path, content, expected):
+    assert refused(tmp_path, content).startswith(expected)
+
+
+def test_size_is_bounded_before_reading(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "MAX_BYTES", 100)
+    assert "more than the 0 MiB" in refused(tmp_path, "{" + " " * 200 + "}")
+
+
+def test_a_directory_or_missing_file_is_refused(tmp_path):
+    with pytest.raises(RequestError, match="is a directory"):
+        P.read_profile(str(tmp_path))
+    with pytest.raises(RequestError, match="cannot read"):
+        P.read_profile(str(tmp_path / "missing.json"))
+
+
+def test_samples_json_round_trip_is_exact():
+    r = run_session(load_graph("example:seed"), RunOptions(repeat=2))
+    s = pass_samples(r.recording)
+    back = P._samples(msgspec.json.decode(msgspec.json.encode(s.to_dict())), "$")
+    assert back.to_dict() == s.to_dict()
