@@ -18,7 +18,8 @@ from autograd_run.errors import AutogradRunError, GraphFileError, RequestError, 
 FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error", "inject_nan": "--inject-nan",
          "trace_path": "--trace", "order_out": "--order-out", "expected_order": "--expect-order",
          "devices": "--devices", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
-         "policy": "--policy", "placement": "--placement"}
+         "policy": "--policy", "placement": "--placement", "step": "--step", "costs_step": "--step",
+         "steps": "--steps", "warmup": "--warmup"}
 
 
 class DefaultGroup(click.Group):
