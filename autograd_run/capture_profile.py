@@ -1,16 +1,22 @@
 """``capture --profile``: measure a captured graph's node costs with PyTorch's profiler, in the capturing process.
 
-``profile_capture(path, doc, outputs, ...)`` runs the captured backward
-``warmup`` times, then ``steps`` times under ``torch.profiler`` (CPU
-activity, and CUDA when the graph is on a GPU; one ``ProfilerStep#N`` per
-backward), each with the leaves' ``.grad`` set to None first (as
-``zero_grad()`` does) and the graph retained; then ``steps`` times without
-the profiler, timing each call (the reference a simulation is checked
-against). The profile is exported as PyTorch's Chrome trace and read back
+``profile_capture(path, doc, forward, steps=, warmup=)`` runs real steps
+of the captured program: ``forward()`` is its forward pass again (fresh
+tensors, fresh graph: PyTorch's sequence numbers move on, as in a training
+loop), then the backward, with the leaves' ``.grad`` set to None first (as
+``zero_grad()`` does). ``warmup`` steps first (the last one under a
+throw-away profiler session, which starts the profiler's machinery), then
+``steps`` rounds of: one step whose backward is timed without the profiler
+(the reference a simulation is checked against: wall time and the calling
+thread's CPU time), one step under its own ``torch.profiler`` session (CPU
+activity, and CUDA when the graph is on a GPU). Alternating them lets both
+see the same machine.
+
+Each session's trace is exported as PyTorch's Chrome trace and read back
 through the same reader and matcher ``--costs`` uses
-(``traces.torch_profile``, ``sim.profile_match``); the graph and the
-profile come from the same process, so sequence numbers agree exactly and
-each node's own forward thread is read from it.
+(``traces.torch_profile``, ``sim.profile_match``): the steps' sequence
+offsets are found there, and each node's own forward thread is read from
+its runs.
 
 The graph file is then rewritten (atomically; its ``.npz`` is unchanged)
 with ``meta.measured``: per node the median evaluate_function span, the
@@ -25,9 +31,11 @@ import datetime
 import gc
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
+from typing import Callable
 
 
 def _device(torch, on_gpu: bool) -> str:
@@ -45,67 +53,91 @@ def _device(torch, on_gpu: bool) -> str:
     return f"cpu ({name}, {os.cpu_count()} CPUs, {torch.get_num_threads()} intra-op threads)"
 
 
-def profile_capture(path: str, doc: dict, outputs, *, grad_outputs=None, inputs=None, steps: int = 10,
-                    warmup: int = 3, keep_trace: str | None = None) -> dict:
-    """Profile the backward of ``outputs`` (captured into ``doc`` at ``path``); returns ``meta.measured``."""
+class _Step:
+    """One step of the program: a fresh forward, then the backward as the capture's mode says."""
+
+    def __init__(self, torch, forward: Callable, mode: str):
+        self.torch, self.forward, self.mode = torch, forward, mode
+        self.restore: dict = {}  # leaf -> its .grad before the first step
+
+    def prepare(self):
+        torch = self.torch
+        outputs, grad_outputs, inputs = self.forward()
+        outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+        gos = [torch.ones_like(o) if g is None else g
+               for o, g in zip(outputs, list(grad_outputs) if grad_outputs is not None else [None] * len(outputs))]
+        if self.mode == "grad":
+            return lambda: torch.autograd.grad(outputs, list(inputs), gos, allow_unused=True), outputs
+        from autograd_run.capture import ACC, walk_grad_fns
+        for fn in walk_grad_fns([o.grad_fn for o in outputs if o.grad_fn is not None]):
+            if fn.name() == ACC:
+                v = fn.variable
+                self.restore.setdefault(v, v.grad)
+                v.grad = None
+        return lambda: torch.autograd.backward(outputs, gos, inputs=list(inputs) if inputs else None), outputs
+
+
+def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10, warmup: int = 3,
+                    keep_trace: str | None = None) -> dict:
+    """Profile ``steps`` backward calls of the program captured into ``doc`` at ``path``; returns ``meta.measured``.
+
+    ``forward()`` runs the program's forward pass again and returns
+    ``(outputs, grad_outputs or None, inputs or None)``.
+    """
     import torch
-    from torch.profiler import ProfilerActivity, profile, schedule
-    from autograd_run.capture import ACC, walk_grad_fns
+    from torch.profiler import ProfilerActivity, profile
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.load import load_graph
     from autograd_run.outputs import atomic_write
     from autograd_run.sim.measured import from_profile, to_meta
-    from autograd_run.traces.torch_profile import read_torch_profile
+    from autograd_run.traces.torch_profile import merge_traces, read_torch_profile
 
-    outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
-    gos = [torch.ones_like(o) if g is None else g
-           for o, g in zip(outputs, list(grad_outputs) if grad_outputs is not None else [None] * len(outputs))]
-    mode = doc.get("mode", "backward")
-    leaves = [fn.variable for fn in walk_grad_fns([o.grad_fn for o in outputs]) if fn.name() == ACC]
-    before = [v.grad for v in leaves]
-
-    def once():
-        if mode == "grad":
-            torch.autograd.grad(outputs, list(inputs), gos, retain_graph=True, allow_unused=True)
-        else:
-            for v in leaves:
-                v.grad = None
-            torch.autograd.backward(outputs, gos, retain_graph=True, inputs=list(inputs) if inputs else None)
-
-    on_gpu = any(o.is_cuda for o in outputs)
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    step = _Step(torch, forward, doc.get("mode", "backward"))
+    walls, cpus, traces, on_gpu = [], [], [], False
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            trace_path = keep_trace or os.path.join(tmp, "profile.json")
-            with profile(activities=activities, schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
-                         on_trace_ready=lambda p: p.export_chrome_trace(trace_path)) as prof:
-                for _ in range(warmup + steps):
-                    once()
+            for k in range(warmup + steps):
+                backward, outputs = step.prepare()
+                on_gpu = on_gpu or any(o.is_cuda for o in outputs)
+                sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+                if k < warmup - 1:
+                    backward()
+                elif k == warmup - 1:
+                    with profile(activities=activities):
+                        backward()
+                        sync()
+                else:
                     sync()
-                    prof.step()
-            trace = read_torch_profile(trace_path, "profile")
-        walls, cpus = [], []
-        for _ in range(steps):
-            gc.disable()
-            try:
-                t, c = time.perf_counter_ns(), time.thread_time_ns()
-                once()
-                sync()
-                cpus.append(time.thread_time_ns() - c)
-                walls.append(time.perf_counter_ns() - t)
-            finally:
-                gc.enable()
+                    gc.disable()
+                    try:
+                        t, c = time.perf_counter_ns(), time.thread_time_ns()
+                        backward()
+                        sync()
+                        cpus.append(time.thread_time_ns() - c)
+                        walls.append(time.perf_counter_ns() - t)
+                    finally:
+                        gc.enable()
+                    backward, _ = step.prepare()
+                    trace_path = os.path.join(tmp, f"step{k}.json")
+                    with profile(activities=activities) as prof:
+                        backward()
+                        sync()
+                    prof.export_chrome_trace(trace_path)
+                    traces.append(read_torch_profile(trace_path, "profile"))
+                    if keep_trace and k == warmup + steps - 1:
+                        shutil.copyfile(trace_path, keep_trace)
+                del backward, outputs
     finally:
-        for v, g in zip(leaves, before):
+        for v, g in step.restore.items():
             v.grad = g
     graph = load_graph(path)
-    costs = from_profile(trace, graph)
+    costs = from_profile(merge_traces(traces), graph)
     # The profile names each node's own forward thread (the capture probed only its own thread's id).
-    last = costs.coverage.steps[-1] if costs.coverage.steps else None
-    if last is not None:
+    first = costs.coverage.steps[0] if costs.coverage.steps else None
+    if first is not None:
         by_id = {d["id"]: d for d in doc["nodes"]}
-        for nid, e in last.nodes.items():
+        for nid, e in first.nodes.items():
             if e.fwd_tid is not None and "seq" in by_id[nid]:
                 by_id[nid]["fwd_thread"] = e.fwd_tid
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -20,7 +20,7 @@ from autograd_run.errors import OrderMismatch, UsageError
 @click.option("--warmup", type=click.IntRange(0, 10_000), default=3, show_default=True,
               help="--profile: backward calls before profiling.")
 @click.option("--profile-trace", default=None, metavar="FILE",
-              help="--profile: also keep PyTorch's profiler trace (Chrome JSON) here.")
+              help="--profile: also keep the last profiled step's PyTorch profiler trace (Chrome JSON) here.")
 def capture(script, output, profile, steps, warmup, profile_trace):
     """Capture a PyTorch backward graph: SCRIPT.py[:FUNC] (FUNC defaults to `main`).
 
@@ -29,10 +29,11 @@ def capture(script, output, profile, steps, warmup, profile_trace):
     `dict(model.named_parameters())`), or a dict with keys `outputs`, `names`,
     `inputs` (tensors to take gradients for) and `grad_outputs`.
 
-    With --profile, the backward also runs under torch.profiler (--warmup
-    calls, then --steps profiled ones) and each node's measured cost (its
-    evaluate_function span, its kernels per stream on a GPU) is stored in the
-    graph with the device, PyTorch version and date.
+    With --profile, FUNC runs again for each step (--warmup steps, then
+    --steps rounds of one timed step and one under torch.profiler), and each
+    node's measured cost (the median of its evaluate_function span, and of
+    its kernels per stream on a GPU) is stored in the graph with the device,
+    PyTorch version and date.
 
     \b
     Example:
@@ -61,15 +62,7 @@ def capture(script, output, profile, steps, warmup, profile_trace):
     fn = namespace.get(func)
     if not callable(fn):
         raise UsageError(f"{path}: no function {func!r}")
-    result = fn()
-    kw = {}
-    if isinstance(result, dict):
-        outputs = result.get("outputs")
-        kw = {k: result[k] for k in ("names", "inputs", "grad_outputs") if k in result}
-    elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
-        outputs, kw["names"] = result
-    else:
-        outputs = result
+    outputs, kw = _split(fn())
     try:
         doc = from_torch(outputs, path=output, **kw)
     except (ValueError, RuntimeError) as exc:
@@ -81,14 +74,32 @@ def capture(script, output, profile, steps, warmup, profile_trace):
     if profile:
         from autograd_run.capture_profile import profile_capture
         from autograd_run.cli.render import fmt_ns
-        measured = profile_capture(output, doc, outputs, grad_outputs=kw.get("grad_outputs"), inputs=kw.get("inputs"),
-                                   steps=steps, warmup=warmup, keep_trace=profile_trace)
+        def forward():  # the program's forward again: each profiled step is a real step
+            outs, more = _split(fn())
+            return outs, more.get("grad_outputs"), more.get("inputs")
+        try:
+            measured = profile_capture(output, doc, forward, steps=steps, warmup=warmup, keep_trace=profile_trace)
+        except (ValueError, RuntimeError) as exc:
+            raise UsageError(f"profiling failed: {type(exc).__name__}: {exc}") from exc
         cov = measured.get("coverage", {})
         wall = measured["backward_wall_ns"]
         click.echo(f"{output}: measured {len(measured['nodes'])} of {len(doc['nodes'])} nodes over {steps} profiled "
                    f"backward calls on {measured['device']}; PyTorch's backward without the profiler: "
                    f"{fmt_ns(wall['median'])} (median of {wall['runs']})"
                    + (f"; {cov.get('matched', 0)} nodes matched" if cov else ""))
+
+
+def _split(result):
+    """FUNC's result as (outputs, from_torch keywords)."""
+    kw = {}
+    if isinstance(result, dict):
+        outputs = result.get("outputs")
+        kw = {k: result[k] for k in ("names", "inputs", "grad_outputs") if k in result}
+    elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
+        outputs, kw["names"] = result
+    else:
+        outputs = result
+    return outputs, kw
 
 
 @click.command()

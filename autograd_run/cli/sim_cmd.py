@@ -141,17 +141,41 @@ def _measured_json(m) -> dict | None:
 
 @click.command()
 @click.option("-o", "--output", default=None, metavar="FILE",
-              help="Where to write the spec  [default: the user cache folder, used as --spec local]")
+              help="Where to write the spec  [default: the user cache folder, used as --spec local / local-torch]")
 @click.option("--nodes", type=click.IntRange(200, 1_000_000), default=4000, show_default=True,
               help="Chain length of the engine measurements.")
-def calibrate(output, nodes):
+@click.option("--torch", "torch_engine", is_flag=True,
+              help="Measure PyTorch's engine instead (per-node and per-call overhead outside the profiled nodes, "
+                   "the profiler's own cost per event, this CPU through torch ops): the `local-torch` spec, for "
+                   "simulations with costs from PyTorch profiles.")
+def calibrate(output, nodes, torch_engine):
     """Measure this machine (engine cost per node, hand-off latency, FLOP/s, bandwidth) for `simulate --spec local`.
+
+    With --torch, PyTorch's own engine and ops on this CPU, for `--spec local-torch`
+    (the default spec when the costs come from a PyTorch profile).
 
     \b
     Example:
       autograd-run calibrate && autograd-run simulate example:pipeline --spec local
+      autograd-run calibrate --torch && autograd-run simulate model.json --costs profile.json
     """
-    from autograd_run.sim.calibrate import calibrate as measure, write_local
+    from autograd_run.sim.calibrate import write_local
+    if torch_engine:
+        from autograd_run.sim.calibrate_torch import calibrate_torch
+        from autograd_run.sim.specs import local_spec_path
+        spec = calibrate_torch(log=lambda m: click.echo(m, err=True))
+        path = write_local(spec, output or local_spec_path("local-torch"))
+        e, h = spec.engine, spec.host
+        click.echo(f"PyTorch engine: {e.node_overhead_us:.2f} us per node outside its evaluate_function span, "
+                   f"{e.call_overhead_us:.1f} us per backward call")
+        click.echo(f"PyTorch profiler: {e.profiler_event_us:.2f} us per recorded event inside a span "
+                   f"({e.profiler_event_shapes_us:.2f} us with record_shapes)")
+        click.echo(f"host (torch): float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 "
+                   f"{h.peak_flops['float64'] / 1e9:.1f} GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest node "
+                   f"{h.min_kernel_us:.2f} us")
+        click.echo(f"wrote {path}")
+        return
+    from autograd_run.sim.calibrate import calibrate as measure
     spec = measure(nodes=nodes)
     path = write_local(spec, output)
     e, h = spec.engine, spec.host

@@ -257,6 +257,16 @@ def _enclosing(by_thread: dict, starts: dict, loc: tuple) -> BackwardEvent | Non
     return None
 
 
+def merge_traces(traces: list[TorchTrace]) -> TorchTrace:
+    """Several profiler sessions of one process as one trace (their clocks are the same)."""
+    events = sorted((e for t in traces for e in t.events), key=lambda e: e.start_ns)
+    steps = sorted((s for t in traces for s in t.steps), key=lambda s: s.start_ns)
+    path = traces[0].path if len(traces) == 1 else f"{len(traces)} profiler sessions"
+    gpus = list(dict.fromkeys(g for t in traces for g in t.gpus))
+    return TorchTrace(path, events, steps, sum(t.gpu_activities for t in traces),
+                      sum(t.gpu_attributed for t in traces), gpus)
+
+
 def read_torch_profile(path: str, option: str = "costs", max_bytes: int | None = None) -> TorchTrace:
     """Read ``path`` (plain or gzipped JSON) as a PyTorch profiler trace."""
     from autograd_run.traces.jsonfile import MAX_TRACE_BYTES, read_bounded
