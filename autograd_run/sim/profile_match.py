@@ -6,15 +6,16 @@ sequence counter is per forward thread and keeps growing through a
 program, so the same node has sequence number ``seq + offset`` in the
 trace, the offset differing per run and per step. Matching, per trace:
 
-1. **Steps.** The graph's highest-numbered node (its root: the first node
-   a backward call runs) is the anchor. Each trace event with the anchor's
-   name proposes a step at offset ``event seq - anchor seq`` on its forward
-   thread; it is a step when at least half of a spread sample of the
-   graph's nodes exist in the trace at that offset, after it. Each step's
-   window runs from its anchor to the next step's anchor.
-2. **Sequence numbers.** In its window, each node of the anchor's forward
-   thread group takes the first run named like it at ``seq + offset`` on
-   the same forward thread. Nodes the graph records on other forward
+1. **Steps and sequence numbers.** The graph's highest-numbered node (its
+   root: the first node a backward call runs) is the anchor. Each trace
+   run with the anchor's name, in time order and not yet taken by an
+   earlier step, proposes a step at offset ``run seq - anchor seq`` on its
+   forward thread; it is a step when at least half of a spread sample of
+   the graph's other nodes exist in the trace at that offset, after it.
+   Each node of the anchor's forward thread then takes the first free run
+   named like it at ``seq + offset`` on the same forward thread, after the
+   anchor. A step's window runs from its anchor to the next step's.
+2. **Other forward threads.** Nodes the graph records on other forward
    threads (``fwd_thread``) are aligned the same way, with their own
    anchor and offset inside the window.
 3. **Relative order.** Nodes still unmatched (a run of the program that
@@ -160,11 +161,10 @@ def match_profile(graph: Graph, trace: TorchTrace, order: list[list] | None = No
             groups.setdefault(n.fwd_thread, []).append(n)
         anchor = max(inner, key=lambda n: n.seq)
         main = groups[anchor.fwd_thread]
-        steps = _find_steps(trace, anchor, main, index, starts_of)
+        claimed: set[int] = set()
+        steps = _find_steps(trace, anchor, main, index, starts_of, claimed)
         bounds = [s.start_ns for s in steps[1:]] + [None]
         for s, end in zip(steps, bounds):
-            claimed: set[int] = set()
-            _claim(s, main, s.offsets[anchor.fwd_thread], index, starts_of, s.start_ns, end, claimed)
             for g, members in groups.items():
                 if g != anchor.fwd_thread:
                     _other_group(s, g, members, runs, index, starts_of, end, claimed)
@@ -203,17 +203,23 @@ def _has_after(key, t: int, index, starts_of, end: int | None = None) -> Backwar
     return None
 
 
-def _find_steps(trace: TorchTrace, anchor, group: list, index, starts_of) -> list[StepMatch]:
-    sample = _sample(group)
-    need = max(1, MIN_SHARE * len(sample))
+def _find_steps(trace: TorchTrace, anchor, group: list, index, starts_of, claimed: set) -> list[StepMatch]:
+    """Steps in time order, each with the anchor group's nodes claimed (see the module docstring)."""
+    sample = [n for n in _sample(group) if n is not anchor]
+    need = MIN_SHARE * len(sample)
     steps = []
     for c in (e for e in trace.events if e.seq is not None and e.name == anchor.name):
+        if id(c) in claimed:  # a run of an earlier step (a graph whose root's name recurs in it)
+            continue
         off = c.seq - anchor.seq
         hits = sum(1 for n in sample if _has_after((c.fwd_tid, n.name, n.seq + off), c.start_ns, index, starts_of))
         if hits >= need:
             label = next((p.label for p in trace.steps if p.start_ns <= c.start_ns <= p.end_ns), None)
             s = StepMatch(label or f"backward {len(steps) + 1}", c.start_ns)
             s.offsets[anchor.fwd_thread] = (c.fwd_tid, off)
+            # The same graph run again (retained, same numbers): its next run of the anchor starts the next call.
+            again = _has_after((c.fwd_tid, anchor.name, c.seq), c.start_ns + 1, index, starts_of)
+            _claim(s, group, (c.fwd_tid, off), index, starts_of, c.start_ns, again.start_ns if again else None, claimed)
             steps.append(s)
     # Several backward calls inside one ProfilerStep: number them.
     seen = Counter(s.label for s in steps)

@@ -1,0 +1,151 @@
+"""(h) Simulated backward with PyTorch-measured costs against PyTorch's own backward, on this machine's CPU.
+
+For each model (an MLP, a residual CNN, an attention block, an LSTM, a
+wide fan-in, a deep chain): capture its graph (``capture.from_torch``),
+profile it as ``capture --profile`` does (``capture_profile``: fresh
+forward per step, timed and profiled steps alternating), simulate the
+backward with the measured costs on the ``local-torch`` spec that
+``calibrate --torch`` measures in the same run, and compare the predicted
+time with PyTorch's measured backward (median of the timed steps).
+
+The measured backward is timed two ways: the calling thread's CPU time
+(with one intra-op thread the whole backward runs on it, so this is the
+wall time of a quiet machine; a shared machine's preemptions do not count)
+and the wall clock. The error is reported against both; the machine is
+shared, so the CPU-time figure is the one the goal is judged by.
+
+One model is also held out: simulated from the analytic cost model (its
+FLOPs and bytes on the host figures of the same ``local-torch`` spec), its
+error reported separately.
+
+``python -m bench h`` runs it; ``python -m bench.profcosts_bench`` too.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+
+HELD_OUT = "mlp"
+
+
+def models(torch):
+    """name -> forward(): a fresh forward pass returning (loss, leaves by name)."""
+    nn, F = torch.nn, torch.nn.functional
+    torch.manual_seed(0)
+    out = {}
+
+    mlp = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                        nn.Linear(256, 10))
+    xm, ym = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    out["mlp"] = lambda: (F.cross_entropy(mlp(xm), ym), dict(mlp.named_parameters()))
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+            self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            return F.relu(x + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
+
+    cnn = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), Block(16), Block(16), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(16, 10))
+    xc, yc = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    out["residual cnn"] = lambda: (F.cross_entropy(cnn(xc), yc), dict(cnn.named_parameters()))
+
+    class Attention(nn.Module):
+        def __init__(self, d, heads):
+            super().__init__()
+            self.h = heads
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+            q, k, v = (z.reshape(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
+            a = torch.softmax(q @ k.transpose(-2, -1) / (d // self.h) ** 0.5, dim=-1) @ v
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    att = Attention(128, 4)
+    xa = torch.randn(8, 32, 128)
+    out["attention block"] = lambda: (att(xa).pow(2).mean(), dict(att.named_parameters()))
+
+    lstm, head = nn.LSTM(32, 64, num_layers=2, batch_first=True), nn.Linear(64, 1)
+    xl, yl = torch.randn(8, 24, 32), torch.randn(8, 1)
+    out["lstm"] = lambda: (F.mse_loss(head(lstm(xl)[0][:, -1]), yl),
+                           {**{f"lstm.{k}": v for k, v in lstm.named_parameters()},
+                            **{f"head.{k}": v for k, v in head.named_parameters()}})
+
+    ws = [torch.randn(32, 32, requires_grad=True) for _ in range(48)]
+    xf = torch.randn(16, 32, requires_grad=True)
+    out["wide fan-in"] = lambda: (torch.stack([torch.tanh(xf @ w) for w in ws]).sum(),
+                                  {"x": xf, **{f"w{i}": w for i, w in enumerate(ws)}})
+
+    y0 = torch.randn(256, requires_grad=True)
+
+    def chain():
+        y = y0
+        for _ in range(400):
+            y = torch.tanh(y) * 1.01
+        return y.sum(), {"y0": y0}
+    out["deep chain"] = chain
+    return out
+
+
+def bench_accuracy(steps: int = 15, warmup: int = 3, threads: int = 1) -> dict:
+    import torch
+    from autograd_run.capture import from_torch
+    from autograd_run.capture_profile import profile_capture
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.sim.calibrate_torch import calibrate_torch
+    from autograd_run.sim.session import SimOptions, simulate_session
+
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    spec = calibrate_torch()
+    e = spec.engine
+    print(f"(h) local-torch: {e.node_overhead_us:.2f} us/node outside spans, {e.call_overhead_us:.1f} us/call, "
+          f"profiler {e.profiler_event_us:.2f} us/event; smallest node {spec.host.min_kernel_us:.2f} us "
+          f"({time.time() - t0:.0f} s)", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, fwd in models(torch).items():
+            path = os.path.join(tmp, name.replace(" ", "_") + ".json")
+            loss, names = fwd()
+            doc = from_torch(loss, names=names, path=path, reference=False)
+            measured = profile_capture(path, doc, lambda: (fwd()[0], None, None), steps=steps, warmup=warmup)
+            g = load_graph(path)
+            real = measured["backward_wall_ns"]
+            cpu, wall = real["thread_cpu_median"], real["median"]
+            pred = simulate_session(g, SimOptions(spec=spec, slack_top=0)).wall_ns
+            row = {"model": name, "nodes": len(g.nodes), "matched": measured["coverage"]["matched"],
+                   "opaque": sum(1 for n in g.nodes if n.op.name == "opaque"),
+                   "torch_cpu_us": cpu / 1e3, "torch_wall_us": wall / 1e3, "predicted_us": pred / 1e3,
+                   "error_cpu": (pred - cpu) / cpu, "error_wall": (pred - wall) / wall}
+            if name == HELD_OUT:
+                ana = simulate_session(g, SimOptions(spec=spec, costs="analytic", slack_top=0)).wall_ns
+                row["analytic_us"] = ana / 1e3
+                row["analytic_error_cpu"] = (ana - cpu) / cpu
+            rows.append(row)
+            print(f"(h) {name:<16} {row['nodes']:5d} nodes ({row['matched']} matched, {row['opaque']} opaque): "
+                  f"PyTorch {cpu / 1e3:9.1f} us CPU, {wall / 1e3:9.1f} us wall; predicted {pred / 1e3:9.1f} us: "
+                  f"error {row['error_cpu']:+.1%} (CPU), {row['error_wall']:+.1%} (wall)", flush=True)
+    mape_cpu = statistics.mean(abs(r["error_cpu"]) for r in rows)
+    mape_wall = statistics.mean(abs(r["error_wall"]) for r in rows)
+    held = next(r for r in rows if r["model"] == HELD_OUT)
+    print(f"(h) MAPE {mape_cpu:.1%} against PyTorch's CPU time, {mape_wall:.1%} against its wall time; held out "
+          f"({HELD_OUT}, analytic costs): predicted {held['analytic_us']:.1f} us, error {held['analytic_error_cpu']:+.1%}",
+          flush=True)
+    return {"rows": rows, "mape_cpu": mape_cpu, "mape_wall": mape_wall, "held_out": HELD_OUT,
+            "held_out_error_cpu": held["analytic_error_cpu"], "spec": spec.to_dict(), "steps": steps,
+            "threads": threads, "seconds": time.time() - t0}
+
+
+if __name__ == "__main__":
+    bench_accuracy()
