@@ -131,12 +131,16 @@ def _leaf(node) -> bool:
 
 
 def predicted_order(graph: Graph) -> list[list]:
-    """The graph's nodes per worker thread, in the order PyTorch's engine runs them (simulated)."""
-    from autograd_run.sim.costs import CostModel
+    """The graph's nodes per worker thread, in the order PyTorch's engine runs them (simulated).
+
+    On one worker the order does not depend on costs (every node costs the
+    same here); across workers it is an estimate.
+    """
+    from autograd_run.sim.costs import NodeCost
     from autograd_run.sim.scheduler import Simulator
     from autograd_run.sim.specs import load_spec
-    spec = load_spec("cpu")
-    sim = Simulator(graph, spec, CostModel(spec), detail=False)
+    same = NodeCost(1000)
+    sim = Simulator(graph, load_spec("cpu"), lambda node: same, detail=False)
     sim.run([r.edge for r in graph.roots], graph.input_edges() or None, graph.mode != "grad")
     per: dict[int, list] = {}
     for _, _, node, worker in sim.started:
@@ -149,7 +153,8 @@ def match_profile(graph: Graph, trace: TorchTrace, order: list[list] | None = No
     """Match ``trace``'s backward node runs to ``graph``'s nodes (see the module docstring)."""
     inner = [n for n in graph.nodes if not _leaf(n)]
     leaves = [n for n in graph.nodes if _leaf(n)]
-    runs = [e for e in trace.events if e.seq is not None]
+    runs = [e for e in trace.events if e.seq is not None]  # by start time, as trace.events
+    run_starts = [e.start_ns for e in runs]
     index: dict[tuple, list[BackwardEvent]] = {}
     for e in runs:
         index.setdefault((e.fwd_tid, e.name, e.seq), []).append(e)
@@ -167,22 +172,30 @@ def match_profile(graph: Graph, trace: TorchTrace, order: list[list] | None = No
         for s, end in zip(steps, bounds):
             for g, members in groups.items():
                 if g != anchor.fwd_thread:
-                    _other_group(s, g, members, runs, index, starts_of, end, claimed)
-            window = [e for e in runs if id(e) not in claimed and e.start_ns >= s.start_ns
-                      and (end is None or e.start_ns < end)]
+                    _other_group(s, g, members, _between(runs, run_starts, s.start_ns, end), index, starts_of,
+                                 end, claimed)
+            window = [e for e in _between(runs, run_starts, s.start_ns, end) if id(e) not in claimed]
             _align(s, [n for n in inner if n.id not in s.nodes], window, claimed)
             s._end = end  # type: ignore[attr-defined]
     elif leaves:  # a graph of leaves only: one step per AccumulateGrad burst is not identifiable
         steps = []
     if leaves and steps:
         order = order if order is not None else predicted_order(graph)
+        starts = [e.start_ns for e in trace.events]
         for s in steps:
-            _match_leaves(s, leaves, order, trace, getattr(s, "_end", None))
+            _match_leaves(s, leaves, order, trace, getattr(s, "_end", None), starts)
     coverage = _coverage(graph, trace, steps)
     best = max((len(s.nodes) for s in steps), default=0)
     if best < MIN_SHARE * len(graph.nodes):
         raise RequestError(_mismatch(graph, trace, best, coverage), "costs")
     return ProfileMatch(steps, coverage)
+
+
+def _between(events: list, starts: list, lo: int, hi: int | None) -> list:
+    """The events (sorted by start, ``starts`` their start times) starting in [lo, hi) (hi None: no end)."""
+    i = bisect.bisect_left(starts, lo)
+    j = len(starts) if hi is None else bisect.bisect_left(starts, hi)
+    return events[i:j]
 
 
 def _sample(nodes: list) -> list:
@@ -256,9 +269,8 @@ def _claim(s: StepMatch, members, thread_off, index, starts_of, start, end, clai
 def _other_group(s: StepMatch, g, members, runs, index, starts_of, end, claimed) -> None:
     anchor = max(members, key=lambda n: n.seq)
     best = None
-    for c in runs:
-        if c.start_ns < s.start_ns or (end is not None and c.start_ns >= end) or c.name != anchor.name \
-                or id(c) in claimed:
+    for c in runs:  # the step's window only
+        if c.name != anchor.name or id(c) in claimed:
             continue
         off = c.seq - anchor.seq
         hits = sum(1 for n in members if _has_after((c.fwd_tid, n.name, n.seq + off), s.start_ns, index, starts_of,
@@ -292,7 +304,7 @@ def _shape_ok(e: BackwardEvent, node, graph_shape) -> bool | None:
     return list(e.shapes[0]) == list(graph_shape)
 
 
-def _match_leaves(s: StepMatch, leaves: list, order: list[list], trace: TorchTrace, end) -> None:
+def _match_leaves(s: StepMatch, leaves: list, order: list[list], trace: TorchTrace, end, starts=None) -> None:
     # The graph: each leaf keyed by (the non-leaf node run before it on its worker, its place after that node).
     want: dict[tuple, list] = {}
     for seq in order:
@@ -307,9 +319,9 @@ def _match_leaves(s: StepMatch, leaves: list, order: list[list], trace: TorchTra
     shape_of = {n.id: n.inputs[0].shape if n.inputs else () for n in leaves}
     # The trace: the step's runs per thread, in time order.
     per_thread: dict[tuple, list] = {}
-    for e in trace.events:
-        if e.start_ns >= s.start_ns and (end is None or e.start_ns < end):
-            per_thread.setdefault(e.thread, []).append(e)
+    for e in _between(trace.events, [e.start_ns for e in trace.events] if starts is None else starts, s.start_ns,
+                      end):
+        per_thread.setdefault(e.thread, []).append(e)
     found: list[BackwardEvent] = []
     taken: set[str] = set()
     for evs in per_thread.values():
@@ -335,7 +347,8 @@ def _match_leaves(s: StepMatch, leaves: list, order: list[list], trace: TorchTra
                 s.methods["leaf order" if _shape_ok(e, pick, shape_of[pick.id]) is None else "leaf shape"] += 1
     # Leftovers: by shape in order of appearance, else by order when the counts agree.
     left_nodes = [n for seq in order for n in seq if _leaf(n) and n.id not in taken]
-    left_events = [e for e in sorted(found, key=lambda e: e.start_ns) if id(e) not in {id(v) for v in s.nodes.values()}]
+    used = {id(v) for v in s.nodes.values()}
+    left_events = [e for e in sorted(found, key=lambda e: e.start_ns) if id(e) not in used]
     if not left_nodes or not left_events:
         return
     if all(e.shapes for e in left_events):
@@ -360,13 +373,13 @@ def _coverage(graph: Graph, trace: TorchTrace, steps: list[StepMatch]) -> Covera
         for nid in s.nodes:
             matched[nid] += 1
     trace_names = Counter(e.name for e in trace.events)
+    any_leaf = any(e.is_leaf for e in trace.events)
     unmatched = []
     for n in graph.nodes:
         if matched[n.id]:
             continue
         if _leaf(n):
-            why = "no AccumulateGrad run left for this leaf" if trace_names.get(n.name) or any(
-                e.is_leaf for e in trace.events) else "the trace has no AccumulateGrad runs"
+            why = "no AccumulateGrad run left for this leaf" if any_leaf else "the trace has no AccumulateGrad runs"
         elif not trace_names.get(n.name):
             why = f"no {n.name} run in the trace"
         elif steps:
@@ -379,18 +392,18 @@ def _coverage(graph: Graph, trace: TorchTrace, steps: list[StepMatch]) -> Covera
     inside: set[int] = set()
     trace_unmatched: Counter = Counter()
     used = {id(e) for s in steps for e in s.nodes.values()}
-    for k, s in enumerate(steps):
+    starts = [e.start_ns for e in trace.events]
+    for s in steps:
         evs = list(s.nodes.values())
         if not evs:
             continue
         lo = min(e.start_ns for e in evs)
         hi = max(e.end_ns for e in evs)
-        for e in trace.events:
-            if lo <= e.start_ns <= hi:
-                inside.add(id(e))
-                if id(e) not in used:
-                    trace_unmatched[e.name] += 1
-                    s.unmatched[e.name] += 1
+        for e in _between(trace.events, starts, lo, hi + 1):
+            inside.add(id(e))
+            if id(e) not in used:
+                trace_unmatched[e.name] += 1
+                s.unmatched[e.name] += 1
     reasons = {name: (c, "the engine's own root of a call with several roots" if name == "GraphRoot"
                       else "not in the graph") for name, c in trace_unmatched.items()}
     outside = sum(1 for e in trace.events if id(e) not in inside)

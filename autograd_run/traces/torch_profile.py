@@ -146,7 +146,7 @@ class TorchTrace:
 
 
 def _ns(us: float) -> int:
-    return int(round(us * 1000.0))
+    return int(us * 1000.0 + 0.5)  # µs (ns decimals) -> ns; times are never negative
 
 
 def _int(v) -> int | None:
