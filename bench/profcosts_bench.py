@@ -31,15 +31,16 @@ import time
 HELD_OUT = "mlp"
 
 
-def models(torch):
-    """name -> forward(): a fresh forward pass returning (loss, leaves by name)."""
+def models(torch, device: str = "cpu"):
+    """name -> forward(): a fresh forward pass returning (loss, leaves by name), on ``device``."""
     nn, F = torch.nn, torch.nn.functional
     torch.manual_seed(0)
     out = {}
+    dev = torch.device(device)
 
     mlp = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                        nn.Linear(256, 10))
-    xm, ym = torch.randn(64, 256), torch.randint(0, 10, (64,))
+                        nn.Linear(256, 10)).to(dev)
+    xm, ym = torch.randn(64, 256, device=dev), torch.randint(0, 10, (64,), device=dev)
     out["mlp"] = lambda: (F.cross_entropy(mlp(xm), ym), dict(mlp.named_parameters()))
 
     class Block(nn.Module):
@@ -52,8 +53,8 @@ def models(torch):
             return F.relu(x + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
 
     cnn = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), Block(16), Block(16), nn.AdaptiveAvgPool2d(1),
-                        nn.Flatten(), nn.Linear(16, 10))
-    xc, yc = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+                        nn.Flatten(), nn.Linear(16, 10)).to(dev)
+    xc, yc = torch.randn(8, 3, 32, 32, device=dev), torch.randint(0, 10, (8,), device=dev)
     out["residual cnn"] = lambda: (F.cross_entropy(cnn(xc), yc), dict(cnn.named_parameters()))
 
     class Attention(nn.Module):
@@ -72,22 +73,22 @@ def models(torch):
             x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
             return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
-    att = Attention(128, 4)
-    xa = torch.randn(8, 32, 128)
+    att = Attention(128, 4).to(dev)
+    xa = torch.randn(8, 32, 128, device=dev)
     out["attention block"] = lambda: (att(xa).pow(2).mean(), dict(att.named_parameters()))
 
-    lstm, head = nn.LSTM(32, 64, num_layers=2, batch_first=True), nn.Linear(64, 1)
-    xl, yl = torch.randn(8, 24, 32), torch.randn(8, 1)
+    lstm, head = nn.LSTM(32, 64, num_layers=2, batch_first=True).to(dev), nn.Linear(64, 1).to(dev)
+    xl, yl = torch.randn(8, 24, 32, device=dev), torch.randn(8, 1, device=dev)
     out["lstm"] = lambda: (F.mse_loss(head(lstm(xl)[0][:, -1]), yl),
                            {**{f"lstm.{k}": v for k, v in lstm.named_parameters()},
                             **{f"head.{k}": v for k, v in head.named_parameters()}})
 
-    ws = [torch.randn(32, 32, requires_grad=True) for _ in range(48)]
-    xf = torch.randn(16, 32, requires_grad=True)
+    ws = [torch.randn(32, 32, device=dev, requires_grad=True) for _ in range(48)]
+    xf = torch.randn(16, 32, device=dev, requires_grad=True)
     out["wide fan-in"] = lambda: (torch.stack([torch.tanh(xf @ w) for w in ws]).sum(),
                                   {"x": xf, **{f"w{i}": w for i, w in enumerate(ws)}})
 
-    y0 = torch.randn(256, requires_grad=True)
+    y0 = torch.randn(256, device=dev, requires_grad=True)
 
     def chain():
         y = y0
