@@ -355,3 +355,21 @@ def test_a_node_more_in_the_profiled_run_is_aligned_by_order(tmp_path):
     assert cov.matched == {n.id: 2 for n in g.nodes}
     assert cov.methods["order"] == 2 * 2  # TanhBackward0 and the first MmBackward0, in each call
     assert cov.trace_unmatched == {"MulBackward0": (2, "not in the graph")}
+
+
+def test_other_work_in_the_profile_is_counted_outside_the_calls(captured, tmp_path):
+    g, _, _, _ = captured
+    m, forward = mlp_program()
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Tanh())
+    x = torch.randn(1, 1, 5, 5)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        forward().backward()
+        conv(x).sum().backward()  # another model's backward right after
+    trace = tmp_path / "t.json"
+    prof.export_chrome_trace(str(trace))
+    cov = load_costs(str(trace), g).coverage
+    assert cov.matched_count == len(g.nodes) and len(cov.steps) == 1 and cov.trace_unmatched == {}
+    others = [e for e in read_torch_profile(str(trace)).events if e.name in ("ConvolutionBackward0", "TanhBackward0",
+                                                                             "SumBackward0")]
+    assert cov.outside == len(others) + 2  # and the conv's two leaves

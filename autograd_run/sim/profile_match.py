@@ -59,6 +59,9 @@ _MAX_ALIGN = 25_000_000
 class StepMatch:
     label: str
     start_ns: int
+    #: Where the call's window ends: the next call's anchor, the end of its ProfilerStep, or shortly after
+    #: its last matched run (None while not known).
+    end_ns: int | None = None
     #: Graph forward thread -> (trace forward thread, sequence offset) found for it.
     offsets: dict = field(default_factory=dict)
     #: Node id -> the run matched to it.
@@ -168,27 +171,44 @@ def match_profile(graph: Graph, trace: TorchTrace, order: list[list] | None = No
         main = groups[anchor.fwd_thread]
         claimed: set[int] = set()
         steps = _find_steps(trace, anchor, main, index, starts_of, claimed)
-        bounds = [s.start_ns for s in steps[1:]] + [None]
-        for s, end in zip(steps, bounds):
+        _bound(steps, trace)
+        lo, hi = min(n.seq for n in main), max(n.seq for n in main)
+        margin = max(16, len(main) // 10)
+        for s in steps:
+            end = s.end_ns
             for g, members in groups.items():
                 if g != anchor.fwd_thread:
                     _other_group(s, g, members, _between(runs, run_starts, s.start_ns, end), index, starts_of,
                                  end, claimed)
-            window = [e for e in _between(runs, run_starts, s.start_ns, end) if id(e) not in claimed]
+            t, off = s.offsets[anchor.fwd_thread]
+            window = [e for e in _between(runs, run_starts, s.start_ns, end) if id(e) not in claimed
+                      and (e.fwd_tid != t or lo + off - margin <= e.seq <= hi + off + margin)]
             _align(s, [n for n in inner if n.id not in s.nodes], window, claimed)
-            s._end = end  # type: ignore[attr-defined]
-    elif leaves:  # a graph of leaves only: one step per AccumulateGrad burst is not identifiable
-        steps = []
     if leaves and steps:
         order = order if order is not None else predicted_order(graph)
         starts = [e.start_ns for e in trace.events]
         for s in steps:
-            _match_leaves(s, leaves, order, trace, getattr(s, "_end", None), starts)
+            _match_leaves(s, leaves, order, trace, s.end_ns, starts)
     coverage = _coverage(graph, trace, steps)
     best = max((len(s.nodes) for s in steps), default=0)
     if best < MIN_SHARE * len(graph.nodes):
         raise RequestError(_mismatch(graph, trace, best, coverage), "costs")
     return ProfileMatch(steps, coverage)
+
+
+def _bound(steps: list[StepMatch], trace: TorchTrace) -> None:
+    """Each call's window ends at the next call's anchor; the last at the end of its ProfilerStep, or a little
+    after its last matched run (its last leaves run right after their producers)."""
+    for s, nxt in zip(steps, steps[1:]):
+        s.end_ns = nxt.start_ns
+    if steps:
+        last = steps[-1]
+        step = next((p for p in trace.steps if p.start_ns <= last.start_ns <= p.end_ns), None)
+        if step is not None:
+            last.end_ns = step.end_ns + 1
+        elif last.nodes:
+            end = max(e.end_ns for e in last.nodes.values())
+            last.end_ns = end + max(1_000_000, (end - last.start_ns) // 10)
 
 
 def _between(events: list, starts: list, lo: int, hi: int | None) -> list:
