@@ -5,16 +5,19 @@ not show: the engine's work per node outside each node's evaluate_function
 span (popping the ready queue, the thread-local guards, counting
 dependencies before the call), a fixed cost per backward call, and how much
 the profiler itself adds inside each span (every event it records inside
-costs time). Measured here, on chains of 1-element tensors with few
-(``tanh``: 2 recorded events per node) and many (``pow``: 12) events per
-node, at two lengths each: the backward's wall time without the profiler
-(median of repeated runs, garbage collector paused), and with it the
-median span and recorded events per node. Per chain
+costs time). Measured here:
 
-    wall = call + sum(span - k * events) + nodes * overhead
+* ``k``, the profiler's time per recorded event (with and without
+  ``record_shapes``): a loop of small ops timed with and without it;
+* on chains of 1-element tensors (``tanh``: 2 recorded events per node,
+  ``pow``: 12) at two lengths each: the backward without the profiler (the
+  calling thread's CPU time, median of repeated calls, garbage collector
+  paused), and under it the span and recorded events of each node (median
+  per node over calls). Per chain
 
-fitted by least squares gives ``call``, ``k`` (the profiler's time per
-recorded event, with and without ``record_shapes``) and ``overhead``.
+      backward = call + sum(span - k * events) + nodes * overhead
+
+  fitted by least squares gives ``call`` and ``overhead``.
 
 The host part is measured with torch ops (what analytic costs of a
 PyTorch graph should assume): matmul FLOP/s, copy bandwidth, the smallest
@@ -105,26 +108,45 @@ def _lstsq(rows: list[tuple[list[float], float]]) -> list[float]:
     return list(np.linalg.lstsq(a, b, rcond=None)[0])
 
 
-def measure_engine(torch, lengths=(400, 1600), reps: int = 15, prof_reps: int = 5, log=None) -> dict:
-    """Fit PyTorch's per-call and per-node engine overhead and the profiler's cost per recorded event."""
-    rows = {False: [], True: []}
+def profiler_event_ns(torch, calls: int = 2000, reps: int = 7, shapes: bool = False) -> float:
+    """The profiler's own time per recorded op: a loop of small ops with and without it (thread CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+    a = torch.ones(1)
+
+    def loop():
+        t = time.thread_time_ns()
+        for _ in range(calls):
+            torch.neg(a)
+        return time.thread_time_ns() - t
+    plain, profiled = [], []
+    loop()
+    for _ in range(reps):
+        plain.append(loop())
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes):
+            profiled.append(loop())
+    return max(0.0, (statistics.median(profiled) - statistics.median(plain)) / calls)
+
+
+def measure_engine(torch, lengths=(300, 1200), reps: int = 15, prof_reps: int = 7, log=None) -> dict:
+    """PyTorch's per-call and per-node engine overhead, and the profiler's cost per recorded event."""
+    k = profiler_event_ns(torch)
+    k_shapes = profiler_event_ns(torch, shapes=True)
+    rows = []
     detail = []
     for kind in ("tanh", "pow"):
         for n in lengths:
             _walls(torch, kind, n, 2)  # warm
             wall = statistics.median(_walls(torch, kind, n, reps))
-            for shapes in (False, True):
-                spans, events, nodes = _profiled(torch, kind, n, prof_reps, shapes)
-                # wall - spans = call + nodes * overhead - k * events
-                rows[shapes].append(([1.0, float(nodes), -float(events)], wall - spans))
-                detail.append({"chain": kind, "nodes": nodes, "wall_us": wall / 1e3, "spans_us": spans / 1e3,
-                               "events": events, "record_shapes": shapes})
+            spans, events, nodes = _profiled(torch, kind, n, prof_reps, False)
+            # wall = call + sum(span - k * events) + nodes * overhead
+            rows.append(([1.0, float(nodes)], wall - (spans - k * events)))
+            detail.append({"chain": kind, "nodes": nodes, "wall_us": wall / 1e3, "spans_us": spans / 1e3,
+                           "events": events})
             if log:
-                log(f"  {kind} chain of {n}: backward {wall / 1e3:.0f} us")
-    call, overhead, k = _lstsq(rows[False])
-    _, _, k_shapes = _lstsq(rows[True])
-    return {"call_ns": max(0.0, call), "overhead_ns": max(0.0, overhead), "event_ns": max(0.0, k),
-            "event_shapes_ns": max(0.0, k_shapes), "detail": detail}
+                log(f"  {kind} chain of {n}: backward {wall / 1e3:.0f} us, profiled spans {spans / 1e3:.0f} us")
+    call, overhead = _lstsq(rows)
+    return {"call_ns": max(0.0, call), "overhead_ns": max(0.0, overhead), "event_ns": k, "event_shapes_ns": k_shapes,
+            "detail": detail}
 
 
 def _timeit(fn, reps: int = 7) -> float:
