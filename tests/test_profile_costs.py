@@ -373,3 +373,23 @@ def test_other_work_in_the_profile_is_counted_outside_the_calls(captured, tmp_pa
     others = [e for e in read_torch_profile(str(trace)).events if e.name in ("ConvolutionBackward0", "TanhBackward0",
                                                                              "SumBackward0")]
     assert cov.outside == len(others) + 2  # and the conv's two leaves
+
+
+def test_pytorch_costs_default_to_the_local_torch_spec(captured, tmp_path, monkeypatch):
+    """With costs from a PyTorch profile, the engine around them is PyTorch's: `local-torch` when calibrated."""
+    from autograd_run.sim.calibrate import write_local
+    from autograd_run.sim.calibrate_torch import measure_engine
+    from autograd_run.sim.specs import EngineSpec, load_spec, local_spec_path
+    g, plain, _, _ = captured
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    eng = measure_engine(torch, lengths=(40, 80), reps=3, prof_reps=3)
+    assert eng["overhead_ns"] >= 0 and eng["call_ns"] >= 0 and eng["event_ns"] >= 0
+    spec = load_spec("cpu")
+    spec.name = "local-torch"
+    spec.engine = EngineSpec(node_overhead_us=eng["overhead_ns"] / 1e3, profiler_event_us=eng["event_ns"] / 1e3,
+                             call_overhead_us=eng["call_ns"] / 1e3)
+    with pytest.raises(RequestError, match="calibrate --torch"):
+        load_spec("local-torch")
+    write_local(spec, local_spec_path("local-torch"))
+    assert simulate_session(g, SimOptions(costs=plain, slack_top=0)).spec.name == "local-torch"
+    assert simulate_session(g, SimOptions(costs="analytic", slack_top=0)).spec.name != "local-torch"
