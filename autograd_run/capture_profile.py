@@ -12,7 +12,9 @@ thread's CPU time), one step under its own ``torch.profiler`` session (CPU
 activity, and CUDA when the graph is on a GPU). Alternating them lets both
 see the same machine.
 
-Each session's trace is exported as PyTorch's Chrome trace and read back
+After the last step, each session's trace is exported as PyTorch's Chrome
+trace (not between steps: writing and reading a trace disturbs the next
+step's timing) and read back
 through the same reader and matcher ``--costs`` uses
 (``traces.torch_profile``, ``sim.profile_match``): the steps' sequence
 offsets are found there, and each node's own forward thread is read from
@@ -93,44 +95,47 @@ def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10,
     from autograd_run.traces.torch_profile import merge_traces, read_torch_profile
 
     step = _Step(torch, forward, doc.get("mode", "backward"))
-    walls, cpus, traces, on_gpu = [], [], [], False
+    walls, cpus, profs, on_gpu = [], [], [], False
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for k in range(warmup + steps):
-                backward, outputs = step.prepare()
-                on_gpu = on_gpu or any(o.is_cuda for o in outputs)
-                sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-                if k < warmup - 1:
+        for k in range(warmup + steps):
+            backward, outputs = step.prepare()
+            on_gpu = on_gpu or any(o.is_cuda for o in outputs)
+            sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+            if k < warmup - 1:
+                backward()
+            elif k == warmup - 1:
+                with profile(activities=activities):
                     backward()
-                elif k == warmup - 1:
-                    with profile(activities=activities):
-                        backward()
-                        sync()
-                else:
                     sync()
-                    gc.disable()
-                    try:
-                        t, c = time.perf_counter_ns(), time.thread_time_ns()
-                        backward()
-                        sync()
-                        cpus.append(time.thread_time_ns() - c)
-                        walls.append(time.perf_counter_ns() - t)
-                    finally:
-                        gc.enable()
-                    backward, _ = step.prepare()
-                    trace_path = os.path.join(tmp, f"step{k}.json")
-                    with profile(activities=activities) as prof:
-                        backward()
-                        sync()
-                    prof.export_chrome_trace(trace_path)
-                    traces.append(read_torch_profile(trace_path, "profile"))
-                    if keep_trace and k == warmup + steps - 1:
-                        shutil.copyfile(trace_path, keep_trace)
-                del backward, outputs
+            else:
+                sync()
+                gc.disable()
+                try:
+                    t, c = time.perf_counter_ns(), time.thread_time_ns()
+                    backward()
+                    sync()
+                    cpus.append(time.thread_time_ns() - c)
+                    walls.append(time.perf_counter_ns() - t)
+                finally:
+                    gc.enable()
+                backward, _ = step.prepare()
+                with profile(activities=activities) as prof:
+                    backward()
+                    sync()
+                profs.append(prof)  # exported after the loop: writing traces between steps disturbs the timing
+            del backward, outputs
     finally:
         for v, g in step.restore.items():
             v.grad = g
+    traces = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, prof in enumerate(profs):
+            trace_path = os.path.join(tmp, f"step{k}.json")
+            prof.export_chrome_trace(trace_path)
+            traces.append(read_torch_profile(trace_path, "profile"))
+            if keep_trace and k == len(profs) - 1:
+                shutil.copyfile(trace_path, keep_trace)
     graph = load_graph(path)
     costs = from_profile(merge_traces(traces), graph)
     # The profile names each node's own forward thread (the capture probed only its own thread's id).

@@ -382,7 +382,7 @@ def test_pytorch_costs_default_to_the_local_torch_spec(captured, tmp_path, monke
     from autograd_run.sim.specs import EngineSpec, load_spec, local_spec_path
     g, plain, _, _ = captured
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    eng = measure_engine(torch, lengths=(40, 80), reps=3, prof_reps=3)
+    eng = measure_engine(torch, nodes=40, reps=3, small_reps=3)
     assert eng["overhead_ns"] >= 0 and eng["call_ns"] >= 0 and eng["event_ns"] >= 0
     spec = load_spec("cpu")
     spec.name = "local-torch"

@@ -5,19 +5,20 @@ not show: the engine's work per node outside each node's evaluate_function
 span (popping the ready queue, the thread-local guards, counting
 dependencies before the call), a fixed cost per backward call, and how much
 the profiler itself adds inside each span (every event it records inside
-costs time). Measured here:
+costs time). Measured here, on long chains of 1-element tensors whose
+nodes record 2 (``tanh``), 6 (``mul``) and 12 (``pow``) profiler events
+each, timed without the profiler (the calling thread's CPU time, garbage
+collector paused) and profiled in turns, so that both see the machine in
+the same state: the median backward, and the span and recorded events of
+each node (median per node over the rounds). Per node,
+with the per-call cost negligible against a long chain's,
 
-* ``k``, the profiler's time per recorded event (with and without
-  ``record_shapes``): a loop of small ops timed with and without it;
-* on chains of 1-element tensors (``tanh``: 2 recorded events per node,
-  ``pow``: 12) at two lengths each: the backward without the profiler (the
-  calling thread's CPU time, median of repeated calls, garbage collector
-  paused), and under it the span and recorded events of each node (median
-  per node over calls). Per chain
+    backward / nodes = (spans - k * events) / nodes + overhead
 
-      backward = call + sum(span - k * events) + nodes * overhead
-
-  fitted by least squares gives ``call`` and ``overhead``.
+fitted by least squares over the three chains gives ``k`` (the profiler's
+time per recorded event inside a span; again with ``record_shapes``) and
+``overhead`` (the engine's time per node outside its span). ``call`` is
+then what a one-op backward (two nodes) takes beyond its nodes.
 
 The host part is measured with torch ops (what analytic costs of a
 PyTorch graph should assume): matmul FLOP/s, copy bandwidth, the smallest
@@ -52,7 +53,7 @@ def _chain(torch, kind: str, n: int):
     a = torch.ones(1, requires_grad=True)
     y = a
     for _ in range(n):
-        y = y.tanh() if kind == "tanh" else y ** 1.0
+        y = y.tanh() if kind == "tanh" else y * 1.0001 if kind == "mul" else y ** 1.0
     return y.sum()
 
 
@@ -73,80 +74,70 @@ def backward_time(loss, clock=time.thread_time_ns) -> int:
         gc.enable()
 
 
-def _walls(torch, kind: str, n: int, reps: int) -> list[float]:
-    return [backward_time(_chain(torch, kind, n)) for _ in range(reps)]
+def _paired(torch, kind: str, n: int, reps: int, shapes: bool = False) -> tuple[float, float, float, int]:
+    """A chain's backward, timed and profiled in turns: (median backward, span sum, event sum, nodes).
 
-
-def _profiled(torch, kind: str, n: int, reps: int, shapes: bool) -> tuple[float, float, int]:
-    """A profiled chain's backward: (sum of the node spans, of the recorded events, nodes).
-
-    Each call runs a fresh chain of the same shape; each node's span is the
-    median over the calls of the span of the node at its place (a median per
-    node leaves out the calls a busy machine preempted while it ran).
+    Each round times one fresh chain's backward without the profiler, then
+    profiles another's in its own session: both see the machine as it is at
+    that moment. The spans are per node the median over the rounds of the
+    node at its place (a median per node leaves out the rounds a busy
+    machine preempted it in).
     """
     from torch.profiler import ProfilerActivity, profile
     from autograd_run.traces.torch_profile import read_torch_profile
+    walls, profs, calls = [], [], []
+    for _ in range(reps):
+        backward_time(_chain(torch, kind, n))  # warm again after the profiler
+        walls.append(backward_time(_chain(torch, kind, n)))
+        loss = _chain(torch, kind, n)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
+            loss.backward()
+        profs.append(prof)  # exported afterwards: writing and reading traces between rounds disturbs the timing
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
-        losses = [_chain(torch, kind, n) for _ in range(reps)]
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
-            for loss in losses:
-                loss.backward()
-        prof.export_chrome_trace(path)
-        trace = read_torch_profile(path, "torch")
-    per = len(trace.events) // reps
-    calls = [trace.events[k * per:(k + 1) * per] for k in range(reps)]
+        for prof in profs:
+            prof.export_chrome_trace(path)
+            calls.append(read_torch_profile(path, "torch").events)
+    per = min(len(c) for c in calls)
     spans = sum(statistics.median(c[i].dur_ns for c in calls) for i in range(per))
     events = sum(statistics.median(c[i].nested for c in calls) for i in range(per))
-    return spans, events, per
+    return statistics.median(walls), spans, events, per
 
 
 def _lstsq(rows: list[tuple[list[float], float]]) -> list[float]:
     import numpy as np
     a = np.array([r[0] for r in rows], dtype=float)
     b = np.array([r[1] for r in rows], dtype=float)
-    return list(np.linalg.lstsq(a, b, rcond=None)[0])
+    return [float(x) for x in np.linalg.lstsq(a, b, rcond=None)[0]]
 
 
-def profiler_event_ns(torch, calls: int = 2000, reps: int = 7, shapes: bool = False) -> float:
-    """The profiler's own time per recorded op: a loop of small ops with and without it (thread CPU time)."""
-    from torch.profiler import ProfilerActivity, profile
-    a = torch.ones(1)
-
-    def loop():
-        t = time.thread_time_ns()
-        for _ in range(calls):
-            torch.neg(a)
-        return time.thread_time_ns() - t
-    plain, profiled = [], []
-    loop()
-    for _ in range(reps):
-        plain.append(loop())
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes):
-            profiled.append(loop())
-    return max(0.0, (statistics.median(profiled) - statistics.median(plain)) / calls)
+KINDS = ("tanh", "mul", "pow")  # 2, 6 and 12 recorded events per node
 
 
-def measure_engine(torch, lengths=(300, 1200), reps: int = 15, prof_reps: int = 7, log=None) -> dict:
-    """PyTorch's per-call and per-node engine overhead, and the profiler's cost per recorded event."""
-    k = profiler_event_ns(torch)
-    k_shapes = profiler_event_ns(torch, shapes=True)
-    rows = []
+def measure_engine(torch, nodes: int = 400, reps: int = 21, small_reps: int = 41, log=None) -> dict:
+    """PyTorch's per-node and per-call engine overhead, and the profiler's cost per recorded event."""
+    rows = {False: [], True: []}
     detail = []
-    for kind in ("tanh", "pow"):
-        for n in lengths:
-            _walls(torch, kind, n, 2)  # warm
-            wall = statistics.median(_walls(torch, kind, n, reps))
-            spans, events, nodes = _profiled(torch, kind, n, prof_reps, False)
-            # wall = call + sum(span - k * events) + nodes * overhead
-            rows.append(([1.0, float(nodes)], wall - (spans - k * events)))
-            detail.append({"chain": kind, "nodes": nodes, "wall_us": wall / 1e3, "spans_us": spans / 1e3,
-                           "events": events})
-            if log:
-                log(f"  {kind} chain of {n}: backward {wall / 1e3:.0f} us, profiled spans {spans / 1e3:.0f} us")
-    call, overhead = _lstsq(rows)
-    return {"call_ns": max(0.0, call), "overhead_ns": max(0.0, overhead), "event_ns": k, "event_shapes_ns": k_shapes,
-            "detail": detail}
+    for kind in KINDS:  # long chains: the per-call cost is negligible against the nodes'
+        for shapes in (False, True):
+            wall, spans, events, n = _paired(torch, kind, nodes, reps, shapes)
+            # per node: backward / n = (spans - k * events) / n + overhead
+            rows[shapes].append(([-events / n, 1.0], (wall - spans) / n))
+            detail.append({"chain": kind, "nodes": n, "backward_us": wall / 1e3, "spans_us": spans / 1e3,
+                           "events": events, "record_shapes": shapes})
+            if log and not shapes:
+                log(f"  {kind} chain of {n} nodes: backward {wall / 1e3:.0f} us, profiled spans {spans / 1e3:.0f} us")
+    k, overhead = _lstsq(rows[False])
+    k_shapes, _ = _lstsq(rows[True])
+    k, overhead, k_shapes = max(0.0, k), max(0.0, overhead), max(0.0, k_shapes)
+    # A one-op backward: what is left beyond its nodes is the call's own cost.
+    wall, spans, events, n = _paired(torch, "tanh", 1, small_reps)
+    call = max(0.0, wall - (spans - k * events) - n * overhead)
+    detail.append({"chain": "tanh", "nodes": n, "backward_us": wall / 1e3, "spans_us": spans / 1e3, "events": events,
+                   "record_shapes": False})
+    if log:
+        log(f"  one-op backward ({n} nodes): {wall / 1e3:.1f} us, profiled spans {spans / 1e3:.1f} us")
+    return {"call_ns": call, "overhead_ns": overhead, "event_ns": k, "event_shapes_ns": k_shapes, "detail": detail}
 
 
 def _timeit(fn, reps: int = 7) -> float:
@@ -169,7 +160,7 @@ def measure_host(torch, event_ns: float) -> DeviceSpec:
     src = torch.ones(16 << 20)
     dst = torch.empty_like(src)
     bw = 2 * src.numel() * 4 / _timeit(lambda: dst.copy_(src))
-    spans, events, nodes = _profiled(torch, "tanh", 200, 5, False)
+    _, spans, events, nodes = _paired(torch, "tanh", 200, 5)
     smallest = max(0.1, (spans - event_ns * events) / nodes / 1e3)
     return DeviceSpec("this machine's CPU (torch ops)", flops, bw, 0.9, 0.9, round(smallest, 3))
 
