@@ -2,7 +2,8 @@
 
 ``from_torch(outputs, inputs=None, grad_outputs=None, names=None, path=None)``
 walks ``grad_fn`` from the outputs: each node's name, ``_sequence_nr()``,
-its forward thread (``fwd_thread``, see ``forward_thread_id``), ``next_functions``, input metadata (shape, dtype, device) and saved values
+its forward thread (``fwd_thread``, see ``forward_thread_id``),
+``next_functions``, input metadata (shape, dtype, device) and saved values
 (the ``_saved_*`` attributes; tensors go to an ``.npz`` side file beside
 ``path``, so the replay computes real gradients). Nodes without a backward
 rule here are captured as ``opaque`` with their shapes. AccumulateGrad

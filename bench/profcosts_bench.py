@@ -145,7 +145,8 @@ def bench_accuracy(steps: int = 21, warmup: int = 3, threads: int = 1) -> dict:
     mape_wall = statistics.mean(abs(r["error_wall"]) for r in rows)
     held = next(r for r in rows if r["model"] == HELD_OUT)
     print(f"(h) MAPE {mape_cpu:.1%} against PyTorch's CPU time, {mape_wall:.1%} against its wall time; held out "
-          f"({HELD_OUT}, analytic costs): predicted {held['analytic_us']:.1f} us, error {held['analytic_error_cpu']:+.1%}",
+          f"({HELD_OUT}, analytic costs): predicted {held['analytic_us']:.1f} us, "
+          f"error {held['analytic_error_cpu']:+.1%}",
           flush=True)
     return {"rows": rows, "mape_cpu": mape_cpu, "mape_wall": mape_wall, "held_out": HELD_OUT,
             "held_out_error_cpu": held["analytic_error_cpu"], "spec": spec.to_dict(), "steps": steps,

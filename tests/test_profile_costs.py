@@ -290,7 +290,8 @@ def test_bad_costs_files_are_clear_errors(tmp_path, captured, capsys):
     g, plain, _, folder = captured
     cases = {"x.json": b"{not json", "y.json": b'{"hello": 1}', "z.json": b'[{"ph": "X", "ts": "soon"}]',
              "deep.json": b'{"traceEvents": [{"args": {"a": ' + b"[" * 50000 + b"]" * 50000 + b"}}]}"}
-    expect = {"x.json": "not valid JSON", "y.json": "no traceEvents", "z.json": r"Expected `float`, got `str` - at `\$\[0\]\.ts`",
+    expect = {"x.json": "not valid JSON", "y.json": "no traceEvents",
+              "z.json": r"Expected `float`, got `str` - at `\$\[0\]\.ts`",
               "deep.json": "nested too deeply"}
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)

@@ -183,7 +183,8 @@ def render_costs(console: Console, measured, top: int = 8) -> None:
     head.add_row("source", _plain(measured.describe()))
     wall = measured.info.get("backward_wall_ns")
     if isinstance(wall, dict) and isinstance(wall.get("median"), (int, float)):
-        head.add_row("PyTorch backward (no profiler)", f"{fmt_ns(wall['median'])} median of {wall.get('runs', '?')} runs")
+        head.add_row("PyTorch backward (no profiler)",
+                     f"{fmt_ns(wall['median'])} median of {wall.get('runs', '?')} runs")
     cov = measured.coverage
     if isinstance(cov, dict) and isinstance(cov.get("matched"), int):  # stored by capture --profile
         head.add_row("matched", f"{cov['matched']} of {cov.get('nodes', '?')} graph nodes when measured")
