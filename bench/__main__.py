@@ -33,7 +33,7 @@ def main(argv):
     if "e" in parts:
         results["e_million"] = engine_bench.bench_million(n=200_000 if quick else 1_000_000)
     if "h" in parts:
-        results["h_profiled_costs"] = profcosts_bench.bench_accuracy(steps=9 if quick else 21)
+        results["h_profiled_costs"] = profcosts_bench.bench_accuracy(steps=11 if quick else 31)
     results["seconds"] = time.time() - t
     print_table(results)
     with open(out, "w") as f:

@@ -5,7 +5,8 @@ wide fan-in, a deep chain): capture its graph (``capture.from_torch``),
 profile it as ``capture --profile`` does (``capture_profile``: fresh
 forward per step, timed and profiled steps alternating), simulate the
 backward with the measured costs on the ``local-torch`` spec that
-``calibrate --torch`` measures in the same run, and compare the predicted
+``calibrate --torch`` measures in the same run (before and after the
+models, averaged: a shared machine drifts meanwhile), and compare the predicted
 time with PyTorch's measured backward (median of the timed steps).
 
 The measured backward is timed two ways: the calling thread's CPU time
@@ -103,7 +104,28 @@ def models(torch, device: str = "cpu"):
     return out
 
 
-def bench_accuracy(steps: int = 21, warmup: int = 3, threads: int = 1) -> dict:
+def _show(spec, when: str, t0: float) -> None:
+    e = spec.engine
+    print(f"(h) local-torch {when}: {e.node_overhead_us:.2f} us/node outside spans, {e.call_overhead_us:.1f} us/call, "
+          f"profiler {e.profiler_event_us:.2f} us/event; smallest node {spec.host.min_kernel_us:.2f} us "
+          f"({time.time() - t0:.0f} s)", flush=True)
+
+
+def _mean_spec(specs):
+    """The mean of the calibrations (before and after the models: a shared machine drifts meanwhile)."""
+    import copy
+    out = copy.deepcopy(specs[0])
+    for part in ("engine", "host", "accelerator"):
+        obj = getattr(out, part)
+        for key, val in vars(obj).items():
+            if isinstance(val, float):
+                setattr(obj, key, statistics.mean(getattr(getattr(s, part), key) for s in specs))
+            elif isinstance(val, dict):
+                setattr(obj, key, {k: statistics.mean(getattr(getattr(s, part), key)[k] for s in specs) for k in val})
+    return out
+
+
+def bench_accuracy(steps: int = 31, warmup: int = 3, threads: int = 1) -> dict:
     import torch
     from autograd_run.capture import from_torch
     from autograd_run.capture_profile import profile_capture
@@ -113,19 +135,20 @@ def bench_accuracy(steps: int = 21, warmup: int = 3, threads: int = 1) -> dict:
 
     torch.set_num_threads(threads)
     t0 = time.time()
-    spec = calibrate_torch()
-    e = spec.engine
-    print(f"(h) local-torch: {e.node_overhead_us:.2f} us/node outside spans, {e.call_overhead_us:.1f} us/call, "
-          f"profiler {e.profiler_event_us:.2f} us/event; smallest node {spec.host.min_kernel_us:.2f} us "
-          f"({time.time() - t0:.0f} s)", flush=True)
-    rows = []
+    specs = [calibrate_torch()]
+    _show(specs[0], "before the models", t0)
+    rows, graphs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name, fwd in models(torch).items():
             path = os.path.join(tmp, name.replace(" ", "_") + ".json")
             loss, names = fwd()
             doc = from_torch(loss, names=names, path=path, reference=False)
             measured = profile_capture(path, doc, lambda: (fwd()[0], None, None), steps=steps, warmup=warmup)
-            g = load_graph(path)
+            graphs.append((name, load_graph(path), measured))
+        specs.append(calibrate_torch())
+        _show(specs[1], "after the models", t0)
+        spec = _mean_spec(specs)
+        for name, g, measured in graphs:
             real = measured["backward_wall_ns"]
             cpu, wall = real["thread_cpu_median"], real["median"]
             pred = simulate_session(g, SimOptions(spec=spec, slack_top=0)).wall_ns
@@ -149,7 +172,8 @@ def bench_accuracy(steps: int = 21, warmup: int = 3, threads: int = 1) -> dict:
           f"error {held['analytic_error_cpu']:+.1%}",
           flush=True)
     return {"rows": rows, "mape_cpu": mape_cpu, "mape_wall": mape_wall, "held_out": HELD_OUT,
-            "held_out_error_cpu": held["analytic_error_cpu"], "spec": spec.to_dict(), "steps": steps,
+            "held_out_error_cpu": held["analytic_error_cpu"], "spec": spec.to_dict(),
+            "calibrations": [sp.to_dict() for sp in specs], "steps": steps,
             "threads": threads, "seconds": time.time() - t0}
 
 
