@@ -2,6 +2,7 @@
 
 ``from_torch(outputs, inputs=None, grad_outputs=None, names=None, path=None)``
 walks ``grad_fn`` from the outputs: each node's name, ``_sequence_nr()``,
+its forward thread (``fwd_thread``, see ``forward_thread_id``),
 ``next_functions``, input metadata (shape, dtype, device) and saved values
 (the ``_saved_*`` attributes; tensors go to an ``.npz`` side file beside
 ``path``, so the replay computes real gradients). Nodes without a backward
@@ -43,6 +44,28 @@ def _torch():
 
 def _dtype(t) -> str:
     return str(t).replace("torch.", "")
+
+
+def forward_thread_id(torch) -> int | None:
+    """RecordFunction's id of the calling thread: the "Fwd thread id" of the nodes a forward on it creates.
+
+    PyTorch stores it on each node (``Node::thread_id_``) but does not expose
+    it to Python, so a one-op backward is profiled with the light legacy
+    profiler (about 10 ms) and its node's forward thread read back. Nodes
+    the captured forward created on other threads get this thread's id too;
+    ``capture --profile`` reads each node's own from its profile. None when
+    a profiler is already running or the probe fails.
+    """
+    try:
+        probe = torch.ones(1, requires_grad=True)
+        with torch.autograd.profiler.profile(use_kineto=False) as prof:
+            (probe * 2).sum().backward()
+        for e in prof.function_events:
+            if e.name == "MulBackward0" and e.sequence_nr >= 0:
+                return int(e.fwd_thread)
+    except Exception:  # noqa: BLE001 - a profiler already active, or an API change: no thread recorded
+        return None
+    return None
 
 
 def walk_grad_fns(roots) -> list:
@@ -229,6 +252,7 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     arrays = _Arrays(inline=path is None)
 
     fns = walk_grad_fns([o.grad_fn for o in outputs])
+    fwd_thread = forward_thread_id(torch)
     ids = {fn: f"n{i}" for i, fn in enumerate(fns)}
     nodes, variables, var_of = [], [], {}
     for fn in fns:
@@ -249,6 +273,8 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                               "device": metas[0]["device"] if metas else "cpu"})
         else:
             d["seq"] = fn._sequence_nr()
+            if fwd_thread is not None:
+                d["fwd_thread"] = fwd_thread
             d["next"] = [None if nf is None else [ids[nf], nr] for nf, nr in fn.next_functions]
             op = lookup(name)
             reason = None

@@ -12,6 +12,7 @@ all run graphs through here. A session:
    behind one ``Tracers`` fan-out;
 3. runs ``repeat`` backward passes, each on a fresh ``GraphState`` whose
    saved tensors are materialised before the pass (as after a forward);
+   with measured costs, opaque nodes take their measured time;
 4. writes the trace and the order file, and compares the order with a
    golden one.
 
@@ -33,7 +34,7 @@ from autograd_run.engine.run import RunResult, run_graph
 from autograd_run.engine.tracer import Tracer, Tracers
 from autograd_run.errors import BackwardError, RequestError
 from autograd_run.graphs.model import Graph
-from autograd_run.ops import ACCUMULATE_GRAD
+from autograd_run.ops import ACCUMULATE_GRAD, OPAQUE
 from autograd_run.outputs import check_output_path
 from autograd_run.traces.order import Divergence, compare_orders, write_order
 from autograd_run.traces.order_recorder import OrderRecorder
@@ -76,6 +77,12 @@ class RunOptions:
     order_out: str | None = None
     #: More tracers (e.g. a progress hook), called after the built-in ones.
     tracers: Sequence[Tracer] = ()
+    #: Measured costs (``sim.measured.load_costs``: a PyTorch profile, a trace, a graph file with measured
+    #: costs): each ``opaque`` node (an op without a rule here) takes its measured time when it runs, so a
+    #: replay of a captured model spends what PyTorch spent there. Nodes with rules run their own formula.
+    costs: str | None = None
+    #: With a PyTorch profile: its N-th backward call of this graph instead of the median.
+    costs_step: int | None = None
 
 
 @dataclass
@@ -96,6 +103,9 @@ class RunReport:
     per_worker: bool = False
     #: Seconds: ``backward`` (all passes), ``trace`` and ``order`` (writing them).
     timings: dict[str, float] = field(default_factory=dict)
+    #: The measured costs given (``RunOptions.costs``) and the opaque node ids that took their measured time.
+    measured: object = None
+    measured_applied: list[str] = field(default_factory=list)
     _summary: Summary | None = None
 
     @property
@@ -153,11 +163,28 @@ def _side_file_paths(graph: Graph) -> list[str]:
     return glob.glob(os.path.join(glob.escape(side.base_dir), "*.npz"))
 
 
+def _opaque_times(graph: Graph, o: RunOptions) -> tuple[dict, object]:
+    """The measured time of each opaque node (``RunOptions.costs``), and the costs read."""
+    if o.costs is None:
+        if o.costs_step is not None:
+            raise RequestError("a step is picked from measured costs: give them too", "step")
+        return {}, None
+    from autograd_run.sim.measured import load_costs
+    measured = load_costs(o.costs, graph, o.costs_step)
+    out = {}
+    for n in graph.nodes:
+        m = measured.nodes.get(n.id) if measured is not None else None
+        if m is not None and n.op is OPAQUE and "cost" not in n.attrs:
+            out[n] = m.cpu_ns
+    return out, measured
+
+
 def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     """Run ``graph`` as ``options`` say; see the module docstring."""
     o = options or RunOptions()
     _check_request(graph, o)
     faults = faults_of(graph, o.inject_error, o.inject_nan)
+    measured_ns, measured = _opaque_times(graph, o)
     if o.seed is not None:
         graph.side_files.seed_offset = o.seed
     profile = o.profile or bool(o.trace_path)
@@ -167,6 +194,7 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     tracer = Tracers(recorder, order, *o.tracers)
     devices = DeviceSet(o.devices)
     report = RunReport(graph, o, devices)
+    report.measured, report.measured_applied = measured, sorted(n.id for n in measured_ns)
     engine = Engine(devices, tracer=tracer if tracer.enabled else None, multithreading=o.multithreading,
                     allow_python=o.allow_python)
     inputs = list(o.inputs) if o.inputs is not None else None
@@ -174,6 +202,7 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     try:
         for _ in range(o.repeat):
             state = GraphState(graph)
+            state.measured_ns = measured_ns
             state.prepare()  # saved tensors exist before the timed backward, as after a forward
             t = time.perf_counter()
             try:

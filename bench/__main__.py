@@ -1,4 +1,6 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h]`: benchmarks, ratios within one run.
+
+(h) is the simulation with PyTorch-measured costs against PyTorch itself (``bench/profcosts_bench.py``).
 
 ``--full`` adds the 1e6-node YAML load (about 5 minutes by itself).
 
@@ -10,12 +12,12 @@ import os
 import sys
 import time
 
-from bench import engine_bench, load_bench
+from bench import engine_bench, load_bench, profcosts_bench
 
 
 def main(argv):
     quick = "--quick" in argv
-    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e"]
+    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h"]
     out = os.path.join(os.path.dirname(__file__), "results.json")
     results = {}
     t = time.time()
@@ -30,6 +32,8 @@ def main(argv):
         results["d_devices"] = engine_bench.bench_devices(per_device=4 if quick else 8)
     if "e" in parts:
         results["e_million"] = engine_bench.bench_million(n=200_000 if quick else 1_000_000)
+    if "h" in parts:
+        results["h_profiled_costs"] = profcosts_bench.bench_accuracy(steps=11 if quick else 31)
     results["seconds"] = time.time() - t
     print_table(results)
     with open(out, "w") as f:
@@ -61,6 +65,13 @@ def print_table(results: dict) -> None:
         e = results["e_million"]
         t.add_row(f"(e) {e['nodes']} nodes", f"{e['us_per_node']:.2f} us/node, {e['run_peak_bytes_per_node']:.0f} B/node",
                   "<= 1.5 KB/node")
+    if "h_profiled_costs" in results:
+        h = results["h_profiled_costs"]
+        for r in h["rows"]:
+            t.add_row(f"(h) {r['model']} ({r['nodes']} nodes), simulated vs PyTorch",
+                      f"{r['predicted_us']:.0f} vs {r['torch_cpu_us']:.0f} us: {r['error_cpu']:+.1%}", "")
+        t.add_row("(h) mean abs. error, measured costs", f"{h['mape_cpu']:.1%}", "<= 10% (goal 5%)")
+        t.add_row(f"(h) held out ({h['held_out']}), analytic costs", f"{h['held_out_error_cpu']:+.1%}", "")
     Console().print(t)
 
 

@@ -2,7 +2,9 @@
 # GPU check: run on a machine with an NVIDIA GPU (under 5 minutes).
 # Installs what it needs (from ./.whl when present, for machines without
 # network, else from PyPI), runs the tests that need CUDA plus a two-stream
-# and a cross-device graph through the CLI, and prints PASS or FAIL.
+# and a cross-device graph through the CLI, the simulation with costs from a
+# CUDA profile against PyTorch (bench/gpu_profcosts.py, when torch with CUDA
+# is installed), and prints PASS or FAIL.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -34,5 +36,9 @@ for g in two_stream cross; do
   "$VENV/bin/autograd-run" "$TMP/$g.json" --devices cuda --trace "$TMP/$g.trace.json" || status=1
 done
 "$VENV/bin/autograd-run" example:pipeline --devices auto --no-summary || status=1
+# Simulation with PyTorch-measured costs against PyTorch on the GPU (needs a CUDA build of torch in the
+# venv, e.g. from ./.whl; exit 2 = skipped).
+"$VENV/bin/python" -m bench.gpu_profcosts; rc=$?
+if [ $rc -eq 1 ]; then status=1; elif [ $rc -eq 2 ]; then echo "(GPU profiled costs skipped: no CUDA PyTorch)"; fi
 if [ $status -eq 0 ]; then echo "PASS: GPU check"; else echo "FAIL: GPU check"; fi
 exit $status

@@ -13,7 +13,15 @@ from autograd_run.errors import OrderMismatch, UsageError
 @click.command()
 @click.argument("script")
 @click.option("-o", "--output", required=True, help="Graph file to write (.json or .yaml); tensors go to a .npz beside it.")
-def capture(script, output):
+@click.option("--profile", is_flag=True,
+              help="Also measure each node's cost with PyTorch's profiler (stored in the graph; `simulate` uses it).")
+@click.option("--steps", type=click.IntRange(1, 10_000), default=10, show_default=True,
+              help="--profile: profiled backward calls (costs are their median).")
+@click.option("--warmup", type=click.IntRange(0, 10_000), default=3, show_default=True,
+              help="--profile: backward calls before profiling.")
+@click.option("--profile-trace", default=None, metavar="FILE",
+              help="--profile: also keep the last profiled step's PyTorch profiler trace (Chrome JSON) here.")
+def capture(script, output, profile, steps, warmup, profile_trace):
     """Capture a PyTorch backward graph: SCRIPT.py[:FUNC] (FUNC defaults to `main`).
 
     FUNC takes no arguments and returns the outputs (a tensor, e.g. a loss, or a
@@ -21,10 +29,18 @@ def capture(script, output):
     `dict(model.named_parameters())`), or a dict with keys `outputs`, `names`,
     `inputs` (tensors to take gradients for) and `grad_outputs`.
 
+    With --profile, FUNC runs again for each step (--warmup steps, then
+    --steps rounds of one timed step and one under torch.profiler), and each
+    node's measured cost (the median of its evaluate_function span, and of
+    its kernels per stream on a GPU) is stored in the graph with the device,
+    PyTorch version and date.
+
     \b
     Example:
       autograd-run capture model.py:main -o model.json
       autograd-run check model.json
+      autograd-run capture model.py:main -o model.json --profile --steps 20
+      autograd-run simulate model.json       # uses the measured costs
     """
     import importlib.util
     import runpy
@@ -36,6 +52,10 @@ def capture(script, output):
         raise UsageError(f"{path}: no such file")
     graph_format(output)
     check_output_path(output, "output", [path])
+    if not profile and (profile_trace or steps != 10 or warmup != 3):
+        raise UsageError("--steps, --warmup and --profile-trace go with --profile")
+    if profile_trace:
+        check_output_path(profile_trace, "profile_trace", [path, output])
     if importlib.util.find_spec("torch") is None:
         raise UsageError("capture needs PyTorch, which is not installed: pip install 'autograd-run[torch]'")
     try:
@@ -45,15 +65,7 @@ def capture(script, output):
     fn = namespace.get(func)
     if not callable(fn):
         raise UsageError(f"{path}: no function {func!r}")
-    result = fn()
-    kw = {}
-    if isinstance(result, dict):
-        outputs = result.get("outputs")
-        kw = {k: result[k] for k in ("names", "inputs", "grad_outputs") if k in result}
-    elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
-        outputs, kw["names"] = result
-    else:
-        outputs = result
+    outputs, kw = _split(fn())
     try:
         doc = from_torch(outputs, path=output, **kw)
     except (ValueError, RuntimeError) as exc:
@@ -62,6 +74,35 @@ def capture(script, output):
     click.echo(f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
                + (f", {opaque} opaque (no rule)" if opaque else "")
                + f"; PyTorch reference: {len(doc['meta']['reference']['order'])} nodes run")
+    if profile:
+        from autograd_run.capture_profile import profile_capture
+        from autograd_run.cli.render import fmt_ns
+        def forward():  # the program's forward again: each profiled step is a real step
+            outs, more = _split(fn())
+            return outs, more.get("grad_outputs"), more.get("inputs")
+        try:
+            measured = profile_capture(output, doc, forward, steps=steps, warmup=warmup, keep_trace=profile_trace)
+        except (ValueError, RuntimeError) as exc:
+            raise UsageError(f"profiling failed: {type(exc).__name__}: {exc}") from exc
+        cov = measured.get("coverage", {})
+        wall = measured["backward_wall_ns"]
+        click.echo(f"{output}: measured {len(measured['nodes'])} of {len(doc['nodes'])} nodes over {steps} profiled "
+                   f"backward calls on {measured['device']}; PyTorch's backward without the profiler: "
+                   f"{fmt_ns(wall['median'])} (median of {wall['runs']})"
+                   + (f"; {cov.get('matched', 0)} nodes matched" if cov else ""))
+
+
+def _split(result):
+    """FUNC's result as (outputs, from_torch keywords)."""
+    kw = {}
+    if isinstance(result, dict):
+        outputs = result.get("outputs")
+        kw = {k: result[k] for k in ("names", "inputs", "grad_outputs") if k in result}
+    elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
+        outputs, kw["names"] = result
+    else:
+        outputs = result
+    return outputs, kw
 
 
 @click.command()

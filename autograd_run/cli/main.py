@@ -20,7 +20,8 @@ FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error",
          "trace_path": "--trace", "order_out": "--order-out", "expected_order": "--expect-order",
          "devices": "--devices", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
          "policy": "--policy", "placement": "--placement", "fail_on": "--fail-on",
-         "trace": "--trace", "diff": "--diff", "around": "--around"}
+         "trace": "--trace", "diff": "--diff", "around": "--around", "step": "--step", "costs_step": "--step",
+         "steps": "--steps", "warmup": "--warmup"}
 
 
 class DefaultGroup(click.Group):

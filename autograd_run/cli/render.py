@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def fmt_ns(ns: float) -> str:
@@ -172,3 +173,53 @@ def render_slack(console: Console, report) -> None:
     for s in report.slack:
         t.add_row(s.node, s.name, fmt_ns(s.duration_ns), fmt_ns(s.saved_ns))
     console.print(t)
+
+
+def _plain(text) -> Text:
+    """Untrusted text (names and paths from files) as a rich Text: never read as markup, control characters shown."""
+    from autograd_run.cli.common import escape
+    return Text(escape(str(text)))
+
+
+def render_costs(console: Console, measured, top: int = 8) -> None:
+    """Where the measured costs came from and, for a PyTorch profile, how it matched the graph."""
+    head = Table(title="measured costs", show_header=False, box=None, pad_edge=False, title_justify="left")
+    head.add_column(justify="left")
+    head.add_column(justify="left")
+    head.add_row("source", _plain(measured.describe()))
+    wall = measured.info.get("backward_wall_ns")
+    if isinstance(wall, dict) and isinstance(wall.get("median"), (int, float)):
+        head.add_row("PyTorch backward (no profiler)",
+                     f"{fmt_ns(wall['median'])} median of {wall.get('runs', '?')} runs")
+    cov = measured.coverage
+    if isinstance(cov, dict) and isinstance(cov.get("matched"), int):  # stored by capture --profile
+        head.add_row("matched", f"{cov['matched']} of {cov.get('nodes', '?')} graph nodes when measured")
+    if cov is not None and hasattr(cov, "alignment"):
+        head.add_row("matched", f"{cov.matched_count} of {cov.nodes} graph nodes in {len(cov.steps)} backward call(s)"
+                     + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(cov.methods.items()))})" if cov.methods else ""))
+        for line in cov.alignment()[:top]:
+            head.add_row("alignment", _plain(line))
+        if cov.gpu_activities:
+            head.add_row("GPU", f"{cov.gpu_attributed} of {cov.gpu_activities} kernels and copies launched by a "
+                         "matched backward node")
+        if cov.outside:
+            head.add_row("outside", f"{cov.outside} backward node runs outside the matched calls (other work)")
+    console.print(head)
+    if cov is None or not hasattr(cov, "alignment"):
+        return
+    if cov.unmatched:
+        t = Table(title="graph nodes without a measurement (analytic costs)")
+        for c in ("node", "op", "why"):
+            t.add_column(c)
+        for nid, name, why in cov.unmatched[:top]:
+            t.add_row(_plain(nid), _plain(name), _plain(why))
+        if len(cov.unmatched) > top:
+            t.add_row(f"... {len(cov.unmatched) - top} more", "", "")
+        console.print(t)
+    if cov.trace_unmatched:
+        t = Table(title="runs in the matched calls without a graph node")
+        for c, j in (("name", "left"), ("count", "right"), ("why", "left")):
+            t.add_column(c, justify=j)
+        for name, (count, why) in sorted(cov.trace_unmatched.items(), key=lambda kv: -kv[1][0])[:top]:
+            t.add_row(_plain(name), str(count), _plain(why))
+        console.print(t)

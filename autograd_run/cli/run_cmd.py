@@ -75,11 +75,18 @@ class Progress(Tracer):
 @click.option("--order-out", default=None, help="Write the executed order as JSON Lines.")
 @click.option("--expect-order", default=None, help="Compare the executed order with a JSON Lines golden file "
               "(exact when deterministic, else per worker); exit 3 on a mismatch.")
+@click.option("--costs", default=None, metavar="FILE",
+              help="Measured costs (a PyTorch profiler trace, a trace of `run --trace`, or a graph captured with "
+                   "--profile): each opaque node (no rule here) takes its measured time, so a replay spends what "
+                   "PyTorch spent there.")
+@click.option("--step", type=click.IntRange(1, None), default=None, metavar="N",
+              help="With a PyTorch profile: its N-th backward call of this graph, not the median.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the summary and gradients as JSON on stdout.")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
 def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph, no_multithreading, devices, anomaly,
-        inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, summary, json_out, verbose):
+        inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, costs, step, summary, json_out,
+        verbose):
     """Run a graph's backward pass (GRAPH is a file or example:NAME).
 
     \b
@@ -90,6 +97,7 @@ def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph,
       autograd-run example:mlp --no-multithreading --order-out golden.jsonl
       autograd-run example:mlp --no-multithreading --expect-order golden.jsonl
       autograd-run example:pipeline --repeat 20 --json
+      autograd-run lstm.json --costs lstm-profile.json   # opaque nodes take PyTorch's measured time
     """
     from autograd_run.cli.render import render_grads, render_summary, report_json
     from autograd_run.graphs.load import load_graph
@@ -108,7 +116,7 @@ def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph,
         inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
         profile=summary or json_out or bool(trace_path), trace_path=trace_path, order_out=order_out,
         expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
-        tracers=(progress,))
+        tracers=(progress,), costs=costs, costs_step=step)
     if options.inputs is not None:
         options.inputs = [s for s in options.inputs if s]
     with progress:
@@ -120,6 +128,12 @@ def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph,
         from rich.console import Console
         console = Console()
         dev_line = report.devices.describe() if any(not d.is_cpu for d in g.devices) else None
+        if report.measured is not None:
+            from autograd_run.cli.render import render_costs
+            render_costs(console, report.measured)
+            applied = len(report.measured_applied)
+            console.print(f"measured time taken by {applied} opaque node{'s' if applied != 1 else ''}"
+                          + ("" if applied else " (nodes with a rule run their own formula)"))
         render_summary(console, report.summary, f"{graph}: {len(g.nodes)} nodes", devices=dev_line)
         if report.result is not None:
             render_grads(console, report.result)

@@ -50,7 +50,12 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="Scheduling policy.")
 @click.option("--scale", default=None, metavar="NAME=F,...",
               help="Scale the costs of an op name or a device, e.g. MmBackward0=0.5,cuda:1=2.0.")
-@click.option("--costs", default=None, metavar="TRACE", help="Node durations measured in a trace of `run --trace`.")
+@click.option("--costs", default=None, metavar="FILE|analytic",
+              help="Measured node costs: a PyTorch profiler trace (torch.profiler's export_chrome_trace, "
+                   ".json or gzipped), a trace of `run --trace`, or a graph captured with --profile; "
+                   "`analytic` ignores the graph's own measured costs. Default: the graph's own, if any.")
+@click.option("--step", type=click.IntRange(1, None), default=None, metavar="N",
+              help="With a PyTorch profile: the costs of its N-th backward call of this graph, not the median.")
 @click.option("--compare", default=None, metavar="policy=A,B|devices=K,K",
               help="Simulate several policies or device counts and print one table.")
 @click.option("--trace", "trace_path", default=None, metavar="FILE", help="Write the simulated Chrome/Perfetto trace.")
@@ -62,13 +67,16 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="What-if for the N slowest critical-path nodes made 20% faster.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
-def simulate(graph, spec, devices, placement, policy, scale, costs, compare, trace_path, open_trace, order_out, slack,
+def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, open_trace, order_out,
+             slack,
              summary, json_out):
     """Simulate GRAPH's backward pass on a virtual clock (no node runs).
 
     The simulation runs the engine's own scheduling code on simulated workers,
-    queues and streams, with costs from the graph's cost nodes, a measured
-    trace (--costs) or each op's FLOPs and bytes on the machine spec.
+    queues and streams, with costs from the graph's cost nodes, measured
+    costs (the graph's own from `capture --profile`, or --costs: a PyTorch
+    profiler trace of the same program, matched node by node) or each op's
+    FLOPs and bytes on the machine spec.
 
     \b
     Examples:
@@ -78,9 +86,11 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
       autograd-run simulate model.json --compare policy=pytorch,fifo,single-thread
       autograd-run simulate model.json --compare devices=1,2,4 --json
       autograd-run simulate graph.json --order-out golden.jsonl   # then: run --expect-order
+      autograd-run simulate model.json --costs trace.pt.json.gz --spec local-torch
     """
     from autograd_run.graphs.load import load_graph
     from autograd_run.outputs import atomic_write, check_output_path
+    from autograd_run.sim.measured import load_costs
     from autograd_run.sim.session import SimOptions, simulate_session
     from autograd_run.traces.order import write_order
 
@@ -90,6 +100,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
             raise UsageError("--open needs --trace FILE")
         require_viewer()
     g = load_graph(graph)
+    measured = load_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(compare, policy, devices)
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
         if path:
@@ -97,7 +108,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
     reports = []
     for pol, k in variants:
         opts = SimOptions(spec=spec, devices=k, placement=placement or ("greedy" if k else "keep"), policy=pol,
-                          scale=scale, costs=costs, slack_top=slack if len(variants) == 1 else 0,
+                          scale=scale, costs=measured or "analytic", slack_top=slack if len(variants) == 1 else 0,
                           detail=bool(trace_path))
         reports.append(simulate_session(g, opts))
     first = reports[0]
@@ -113,8 +124,10 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
             show_trace(trace_path, url_to_stderr=True)
         return
     from rich.console import Console
-    from autograd_run.cli.render import render_compare, render_slack, render_summary
+    from autograd_run.cli.render import render_compare, render_costs, render_slack, render_summary
     console = Console()
+    if measured is not None and summary:
+        render_costs(console, measured)
     if len(reports) > 1:
         render_compare(console, reports, f"{graph}: simulated, {len(g.nodes)} nodes")
     elif summary:
@@ -131,23 +144,56 @@ def _report_json(r) -> dict:
     from autograd_run.cli.render import samples_json
     return {"spec": r.spec.name, "policy": r.options.policy, "devices": r.options.devices,
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
-            "cost_sources": r.cost_sources, "summary": r.summary.to_dict(), "samples": samples_json(r.recording),
+            "cost_sources": r.cost_sources, "measured": _measured_json(r.measured), "summary": r.summary.to_dict(),
+            "samples": samples_json(r.recording),
             "slack": [s.__dict__ for s in r.slack]}
+
+
+def _measured_json(m) -> dict | None:
+    if m is None:
+        return None
+    cov = m.coverage
+    return {"origin": m.origin, "path": m.path, "nodes": len(m.nodes), "steps": m.steps, "step": m.step,
+            "info": m.info, "coverage": cov.to_dict() if hasattr(cov, "to_dict") else cov}
 
 
 @click.command()
 @click.option("-o", "--output", default=None, metavar="FILE",
-              help="Where to write the spec  [default: the user cache folder, used as --spec local]")
+              help="Where to write the spec  [default: the user cache folder, used as --spec local / local-torch]")
 @click.option("--nodes", type=click.IntRange(200, 1_000_000), default=4000, show_default=True,
               help="Chain length of the engine measurements.")
-def calibrate(output, nodes):
+@click.option("--torch", "torch_engine", is_flag=True,
+              help="Measure PyTorch's engine instead (per-node and per-call overhead outside the profiled nodes, "
+                   "the profiler's own cost per event, this CPU through torch ops): the `local-torch` spec, for "
+                   "simulations with costs from PyTorch profiles.")
+def calibrate(output, nodes, torch_engine):
     """Measure this machine (engine cost per node, hand-off latency, FLOP/s, bandwidth) for `simulate --spec local`.
+
+    With --torch, PyTorch's own engine and ops on this CPU, for `--spec local-torch`
+    (the default spec when the costs come from a PyTorch profile).
 
     \b
     Example:
       autograd-run calibrate && autograd-run simulate example:pipeline --spec local
+      autograd-run calibrate --torch && autograd-run simulate model.json --costs profile.json
     """
-    from autograd_run.sim.calibrate import calibrate as measure, write_local
+    from autograd_run.sim.calibrate import write_local
+    if torch_engine:
+        from autograd_run.sim.calibrate_torch import calibrate_torch
+        from autograd_run.sim.specs import local_spec_path
+        spec = calibrate_torch(log=lambda m: click.echo(m, err=True))
+        path = write_local(spec, output or local_spec_path("local-torch"))
+        e, h = spec.engine, spec.host
+        click.echo(f"PyTorch engine: {e.node_overhead_us:.2f} us per node outside its evaluate_function span, "
+                   f"{e.call_overhead_us:.1f} us per backward call")
+        click.echo(f"PyTorch profiler: {e.profiler_event_us:.2f} us per recorded event inside a span "
+                   f"({e.profiler_event_shapes_us:.2f} us with record_shapes)")
+        click.echo(f"host (torch): float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 "
+                   f"{h.peak_flops['float64'] / 1e9:.1f} GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest node "
+                   f"{h.min_kernel_us:.2f} us")
+        click.echo(f"wrote {path}")
+        return
+    from autograd_run.sim.calibrate import calibrate as measure
     spec = measure(nodes=nodes)
     path = write_local(spec, output)
     e, h = spec.engine, spec.host

@@ -57,6 +57,9 @@ class GraphState:
         self.has_hooks = False
         #: Python callables for ``python`` nodes registered from code (node -> fn).
         self.python_fns: dict[Node, Callable] = {}
+        #: Measured time (ns) an ``opaque`` node takes when it runs (``run --costs``): it occupies its
+        #: worker that long, without the GIL, as the C++ node it stands for did.
+        self.measured_ns: dict[Node, float] = {}
         self._next_seq = max((n.seq for n in graph.nodes if n.seq < 2**63), default=0) + 1
         self._seq_lock = threading.Lock()  # guards _next_seq
         for v in graph.variables.values():

@@ -34,6 +34,8 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
             d["op"] = n.op.name
         if not (n.op is ACCUMULATE_GRAD and n.seq == ACCUMULATE_GRAD_SEQ):
             d["seq"] = n.seq
+        if n.fwd_thread is not None:
+            d["fwd_thread"] = n.fwd_thread
         if n.variable is not None:
             d["variable"] = n.variable
         if n.next:

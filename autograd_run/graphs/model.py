@@ -93,6 +93,9 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     #: For AccumulateGrad: the name of the variable it accumulates into.
     variable: str | None = None
+    #: The forward thread that created the node (PyTorch's RecordFunction thread id); None when unknown.
+    #: With ``seq`` it identifies the node in a PyTorch profiler trace ("Fwd thread id", "Sequence number").
+    fwd_thread: int | None = None
     # --- derived at load ---
     index: int = -1
     topo_nr: int = 0

@@ -27,6 +27,8 @@ class NodeSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     name: str
     op: Optional[str] = None
     seq: Optional[int] = None
+    #: The forward thread that created the node (RecordFunction's thread id, PyTorch's "Fwd thread id").
+    fwd_thread: Optional[int] = None
     next: list[Optional[tuple[str, int]]] = []
     inputs: list[MetaSpec] = []
     saved: dict[str, Any] = {}

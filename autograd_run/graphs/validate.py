@@ -150,6 +150,8 @@ class _Checker:
             seq = ns.seq
             if seq is not None and not 0 <= seq <= max_seq:
                 raise self.err(("nodes", i, "seq"), f"seq must be in [0, 2**64-1], got {seq}")
+            if ns.fwd_thread is not None and not 0 <= ns.fwd_thread < 2**63:
+                raise self.err(("nodes", i, "fwd_thread"), f"fwd_thread must be in [0, 2**63), got {ns.fwd_thread}")
             ins = ns.inputs
             if len(ins) == 1:  # the common case, without a comprehension's frame
                 meta = metas.get(ins[0])
@@ -170,6 +172,8 @@ class _Checker:
                 raise self.err(("nodes", i, "variable"), "only AccumulateGrad nodes name a variable")
             node = new_node(nid, ns.name, op, -1 if seq is None else seq, [], inputs, ns.saved or EMPTY,
                             ns.attrs or EMPTY, ns.variable)
+            if ns.fwd_thread is not None:
+                node.fwd_thread = ns.fwd_thread
             if op is acc:
                 variables[ns.variable].node = node
             nodes.append(node)

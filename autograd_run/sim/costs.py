@@ -10,9 +10,13 @@ that applies:
    rate, or a matmul of that many FLOPs); ``spin`` holds the GIL, ``sleep``,
    ``wait`` and ``matmul`` do not; all occupy the worker thread, as they do
    in the engine.
-2. Measured costs (``--costs``): per node id, the median duration of its
-   slices in a trace written by ``autograd-run run --trace`` (or, later, a
-   PyTorch profiler trace), taken as CPU time on its worker.
+2. Measured costs (``measured.load_costs``: ``--costs FILE`` or the graph's
+   own ``meta.measured``): a PyTorch profile's evaluate_function span as
+   CPU time on the node's worker (less the profiler's own time for the
+   events recorded inside it, ``EngineSpec.profiler_event_us``; a PyTorch
+   node holds no GIL) and its kernel time on the node's stream; or the
+   median slice of a node in autograd-run's own trace (its GIL as the
+   spec's engine says).
 3. The op's analytic model (``OpSpec.cost``: FLOPs and bytes from the
    node's shapes and dtypes) on the machine spec: roofline time
    ``max(flops / (peak * eff), bytes / (bw * eff))``, at least the device's
@@ -25,14 +29,13 @@ that applies:
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
 from dataclasses import dataclass
 
 from autograd_run.errors import RequestError
 from autograd_run.ops import COST, PYTHON
 from autograd_run.ops.cost import Shapes
+from autograd_run.sim.measured import MeasuredCost, MeasuredCosts
 from autograd_run.sim.specs import MachineSpec
 
 #: The engine's throughput assumption for ``flops`` cost nodes (builtin_nodes.COST_FLOPS_PER_SECOND).
@@ -69,28 +72,6 @@ def shapes_of(node) -> Shapes:
     return Shapes(inputs, outputs, saved, values)
 
 
-def read_measured(path: str) -> dict[str, float]:
-    """Median node slice duration (ns) by node id, from a Chrome trace written by ``run --trace``."""
-    try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
-    except (OSError, ValueError) as exc:
-        raise RequestError(f"{path}: cannot read costs: {exc}", "costs") from None
-    events = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(events, list):
-        raise RequestError(f"{path}: not a Chrome trace (no traceEvents)", "costs")
-    by_id: dict[str, list[float]] = {}
-    for e in events:
-        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "node":
-            args = e.get("args") or {}
-            nid, dur = args.get("id"), e.get("dur")
-            if isinstance(nid, str) and isinstance(dur, (int, float)) and dur >= 0:
-                by_id.setdefault(nid, []).append(dur * 1000.0)
-    if not by_id:
-        raise RequestError(f"{path}: the trace has no node slices", "costs")
-    return {k: statistics.median(v) for k, v in by_id.items()}
-
-
 def parse_scale(text: str | None) -> dict[str, float]:
     """``MmBackward0=0.5,cuda:1=2.0`` -> {op name or device: factor}."""
     out: dict[str, float] = {}
@@ -111,10 +92,11 @@ def parse_scale(text: str | None) -> dict[str, float]:
 class CostModel:
     """Resolves ``NodeCost`` per node (see the module docstring), memoised by node."""
 
-    def __init__(self, spec: MachineSpec, measured: dict[str, float] | None = None,
+    def __init__(self, spec: MachineSpec, measured: MeasuredCosts | None = None,
                  scale: dict[str, float] | None = None):
         self.spec = spec
-        self.measured = measured or {}
+        self.measured = measured.nodes if measured is not None else {}
+        self.from_pytorch = measured is not None and measured.from_pytorch
         self.scale = scale or {}
         self._cache: dict = {}
         #: Analytic costs by (op, input metas, output metas): nodes alike cost alike (metas are interned).
@@ -178,8 +160,9 @@ class CostModel:
             else:
                 ns = float(spec.get("flops", 0)) / COST_FLOPS_PER_SECOND * 1e9
             return NodeCost(int(ns), 0, mode == "spin", "attrs")
-        if node.id in self.measured:
-            return NodeCost(int(self.measured[node.id]), 0, holds, "measured")
+        m = self.measured.get(node.id)
+        if m is not None:
+            return self._measured(node, m, holds)
         if node.op is PYTHON:
             return NodeCost(int(self.spec.host.min_kernel_us * 1e3), 0, True, "analytic")
         model = node.op.cost
@@ -198,6 +181,17 @@ class CostModel:
         if node.op.name == "ToCopyBackward0":
             return self._copy_cost(node, s, cpu, gpu)
         return NodeCost(cpu, gpu, False, "analytic")
+
+    def _measured(self, node, m: MeasuredCost, holds: bool) -> NodeCost:
+        cpu = m.cpu_ns
+        if self.from_pytorch:  # PyTorch's C++ node: no GIL; the profiler's own time inside the span taken out
+            holds = False
+            cpu = max(0.0, cpu - m.nested * self.spec.engine.profiler_event_us * 1e3)
+        if node.cpu:
+            return NodeCost(int(cpu), 0, holds, "measured")
+        return NodeCost(int(cpu), int(m.gpu_total), holds, "measured",
+                        blocking=node.op.name == "ToCopyBackward0" and any(
+                            e is not None and e.node.inputs[e.input_nr].device.type == "cpu" for e in node.next))
 
     def _copy_cost(self, node, s: Shapes, cpu: int, gpu: int) -> NodeCost:
         acc = self.spec.accelerator

@@ -25,7 +25,9 @@ What it models:
     running the shipped checkpoint callable): a nested call one level deeper
     on the same worker, handed to a pool thread past the depth limit;
   * completion: a wake-up to the caller when another worker finishes the
-    call, and the caller's streams waiting on the leaf streams.
+    call, and the caller's streams waiting on the leaf streams;
+  * the fixed CPU cost of a top-level backward call (the spec's
+    ``call_overhead_us``) on the caller before its root is pushed.
 
 State of one simulation (``Simulator``): ``now`` (ns), the event heap
 ``_events`` of (time, order, action), the workers (``SimWorker``: queue,
@@ -211,6 +213,7 @@ class Simulator:
         self.streams = SimStreams(self)
         self.overhead_ns = int(spec.engine.node_overhead_us * 1e3)
         self.handoff_ns = int(spec.engine.handoff_us * 1e3)
+        self.call_ns = int(spec.engine.call_overhead_us * 1e3)
         self.overhead_gil = spec.engine.overhead_holds_gil
         self.now = 0
         self._events: list = []
@@ -255,7 +258,10 @@ class Simulator:
         """Simulate one top-level backward call from the caller; returns its (completed) task."""
         caller = self.caller
         caller.idle = False
+        start = self.now
+        self.now += self.call_ns  # entering the engine: the caller's own CPU time before the root is pushed
         gt = self._new_task(roots, inputs or [], accumulate_grad, caller, 0)
+        gt.start = start
         if self._one_worker():
             self._run_sequential(gt)
             return gt

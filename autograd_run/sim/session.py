@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from autograd_run.errors import RequestError
 from autograd_run.graphs.model import Graph
-from autograd_run.sim.costs import CostModel, parse_scale, read_measured
+from autograd_run.sim.costs import CostModel, parse_scale
+from autograd_run.sim.measured import MeasuredCosts, load_costs
 from autograd_run.sim.order import order_rows
 from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
@@ -37,8 +38,12 @@ class SimOptions:
     policy: str = "pytorch"
     #: ``NAME=FACTOR,...`` or a mapping: scale the costs of an op name or a device.
     scale: str | dict | None = None
-    #: A trace written by ``run --trace`` whose node durations replace the analytic costs.
-    costs: str | None = None
+    #: Measured costs (``measured.load_costs``): a PyTorch profiler trace, a trace of ``run --trace``, a graph
+    #: file with measured costs, ``analytic`` (none), or already loaded ``MeasuredCosts``; None: the graph's own
+    #: ``meta.measured`` when it has them.
+    costs: str | MeasuredCosts | None = None
+    #: With a PyTorch profile: the costs of this step (from 1) instead of the median over its steps.
+    step: int | None = None
     #: How many of the slowest critical-path nodes get a what-if (0: none).
     slack_top: int = 5
     #: The what-if speed-up of each (0.2: 20% faster).
@@ -69,6 +74,8 @@ class SimReport:
     wall_ns: int
     #: Where the node costs came from: source -> node count.
     cost_sources: dict[str, int] = field(default_factory=dict)
+    #: The measured costs used (with a PyTorch profile's coverage report), or None.
+    measured: MeasuredCosts | None = None
     slack: list[Slack] = field(default_factory=list)
     _summary: Summary | None = None
 
@@ -85,10 +92,10 @@ class SimReport:
         return f"{self.spec.name}, policy {o.policy}, {devices}"
 
 
-def _spec(ref) -> MachineSpec:
+def _spec(ref, measured: MeasuredCosts | None = None) -> MachineSpec:
     if isinstance(ref, MachineSpec):
         return ref
-    return default_spec() if ref is None else load_spec(ref)
+    return default_spec(measured is not None and measured.from_pytorch) if ref is None else load_spec(ref)
 
 
 def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str, detail: bool = False):
@@ -100,23 +107,20 @@ def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str, de
 
 def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimReport:
     o = options or SimOptions()
-    spec = _spec(o.spec)
+    measured = o.costs if isinstance(o.costs, MeasuredCosts) else load_costs(o.costs, graph, o.step)
+    spec = _spec(o.spec, measured)
     scale = o.scale if isinstance(o.scale, dict) else parse_scale(o.scale)
-    measured = read_measured(o.costs) if o.costs else None
     model = CostModel(spec, measured, scale)
     if o.devices is not None:
         graph = place(graph, o.devices, o.placement, model)
         model = CostModel(spec, measured, scale)  # costs of the placed graph's nodes
     elif o.placement != "keep":
         raise RequestError("a placement needs a device count", "placement")
-    if measured is not None and not any(n.id in measured for n in graph.nodes):
-        raise RequestError(f"{o.costs}: no node of {graph.source} has a measured duration there "
-                           "(a trace of another graph?)", "costs")
     sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
     rec = to_recording(sim)
     wall = rec.end - rec.start
     report = SimReport(graph, o, spec, rec, order_rows(sim), (gt.returned or gt.end or 0) - gt.start, wall,
-                       dict(Counter(c.source for c in model._cache.values())))
+                       dict(Counter(c.source for c in model._cache.values())), measured)
     if o.slack_top > 0:
         report.slack = _slack(graph, spec, measured, scale, o, report)
     return report

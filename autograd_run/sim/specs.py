@@ -13,7 +13,10 @@ holds Python's GIL (true for autograd-run's own engine, measured by
 
 Shipped specs (``specs/*.json``): ``h100``, ``h200``, ``a100``, ``l4`` from
 their public data sheets, and ``cpu`` (a generic host); ``local`` is the
-spec ``calibrate`` measured on this machine (in the user cache folder).
+spec ``calibrate`` measured on this machine (in the user cache folder), and
+``local-torch`` the one ``calibrate --torch`` measured: PyTorch's own engine
+(its per-node overhead outside the nodes, its profiler's cost per event)
+and this CPU as torch ops see it.
 A user's own spec is a JSON or YAML file of the same shape.
 """
 
@@ -63,6 +66,13 @@ class EngineSpec:
     handoff_us: float = 20.0
     #: Whether the per-node engine work holds Python's GIL (autograd-run's engine: yes).
     overhead_holds_gil: bool = False
+    #: PyTorch's profiler: its own time per event recorded inside a measured span, µs (``calibrate --torch``);
+    #: a PyTorch profile's node costs are corrected by it.
+    profiler_event_us: float = 0.0
+    #: The same with ``record_shapes=True`` (a trace whose ops carry "Input Dims").
+    profiler_event_shapes_us: float = 0.0
+    #: CPU time of a backward call beyond its nodes (entering the engine, the graph task, returning), µs.
+    call_overhead_us: float = 0.0
 
 
 @dataclass
@@ -117,21 +127,27 @@ def _device(d: Any, where: str) -> DeviceSpec:
 SHIPPED = ("h100", "h200", "a100", "l4", "cpu")
 
 
-def local_spec_path() -> str:
+#: Specs measured here: ``local`` (autograd-run's engine, ``calibrate``) and ``local-torch``
+#: (PyTorch's engine and ops on this CPU, ``calibrate --torch``).
+LOCAL = {"local": ("local-spec.json", "autograd-run calibrate"),
+         "local-torch": ("local-torch-spec.json", "autograd-run calibrate --torch")}
+
+
+def local_spec_path(name: str = "local") -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "autograd-run", "local-spec.json")
+    return os.path.join(base, "autograd-run", LOCAL[name][0])
 
 
 def load_spec(ref: str) -> MachineSpec:
-    """A shipped spec by name, ``local`` (calibrated here), or a JSON/YAML file."""
+    """A shipped spec by name, ``local`` / ``local-torch`` (calibrated here), or a JSON/YAML file."""
     if ref in SHIPPED:
         text = resources.files("autograd_run.sim").joinpath("specs").joinpath(f"{ref}.json").read_text()
         return MachineSpec.from_dict(json.loads(text), ref)
-    path = local_spec_path() if ref == "local" else ref
-    if ref == "local" and not os.path.isfile(path):
-        raise RequestError("no local spec yet: run `autograd-run calibrate` first", "spec")
+    path = local_spec_path(ref) if ref in LOCAL else ref
+    if ref in LOCAL and not os.path.isfile(path):
+        raise RequestError(f"no {ref} spec yet: run `{LOCAL[ref][1]}` first", "spec")
     if not os.path.isfile(path):
-        raise RequestError(f"{ref}: not a shipped spec ({', '.join(SHIPPED)}, local) nor a file", "spec")
+        raise RequestError(f"{ref}: not a shipped spec ({', '.join(SHIPPED)}, local, local-torch) nor a file", "spec")
     try:
         with open(path, "rb") as f:
             data = f.read(1 << 20)
@@ -147,8 +163,14 @@ def load_spec(ref: str) -> MachineSpec:
     return MachineSpec.from_dict(doc, path)
 
 
-def default_spec() -> MachineSpec:
-    """``local`` when calibrated, else the generic ``cpu`` host with H100 accelerators."""
+def default_spec(pytorch_costs: bool = False) -> MachineSpec:
+    """``local`` when calibrated, else H100 accelerators on a generic host.
+
+    With costs measured by PyTorch's profiler, ``local-torch`` when calibrated:
+    the per-node engine overhead around them is then PyTorch's own.
+    """
+    if pytorch_costs and os.path.isfile(local_spec_path("local-torch")):
+        return load_spec("local-torch")
     if os.path.isfile(local_spec_path()):
         return load_spec("local")
     return load_spec("h100")

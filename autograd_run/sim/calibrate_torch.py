@@ -1,0 +1,186 @@
+"""``autograd-run calibrate --torch``: PyTorch's own engine and ops on this CPU, for the ``local-torch`` spec.
+
+A simulation with costs from a PyTorch profile needs what the profile does
+not show: the engine's work per node outside each node's evaluate_function
+span (popping the ready queue, the thread-local guards, counting
+dependencies before the call), a fixed cost per backward call, and how much
+the profiler itself adds inside each span (every event it records inside
+costs time). Measured here, on long chains of 1-element tensors whose
+nodes record 2 (``tanh``), 6 (``mul``) and 12 (``pow``) profiler events
+each, timed without the profiler (the calling thread's CPU time, garbage
+collector paused) and profiled in turns, so that both see the machine in
+the same state: the median backward, and the span and recorded events of
+each node (median per node over the rounds). Per node,
+with the per-call cost negligible against a long chain's,
+
+    backward / nodes = (spans - k * events) / nodes + overhead
+
+fitted by least squares over the three chains gives ``k`` (the profiler's
+time per recorded event inside a span; again with ``record_shapes``) and
+``overhead`` (the engine's time per node outside its span). ``call`` is
+then what a one-op backward (two nodes) takes beyond its nodes.
+
+The host part is measured with torch ops (what analytic costs of a
+PyTorch graph should assume): matmul FLOP/s, copy bandwidth, the smallest
+node (the median span of a 1-element ``TanhBackward0``, profiler time taken
+out). A CPU-only PyTorch has no device threads, so the hand-off latency is
+not measured: it is taken from the ``local`` spec when there is one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec, local_spec_path
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        from autograd_run.errors import UsageError
+        raise UsageError("calibrate --torch needs PyTorch: pip install 'autograd-run[torch]'") from None
+    return torch
+
+
+def _chain(torch, kind: str, n: int):
+    a = torch.ones(1, requires_grad=True)
+    y = a
+    for _ in range(n):
+        y = y.tanh() if kind == "tanh" else y * 1.0001 if kind == "mul" else y ** 1.0
+    return y.sum()
+
+
+def backward_time(loss, clock=time.thread_time_ns) -> int:
+    """ns one ``loss.backward()`` takes, garbage collector paused.
+
+    The clock is the calling thread's CPU time by default: the engine runs a
+    CPU graph on the calling thread (with one intra-op thread, all of the
+    work), so this is the wall time of a quiet machine, and a shared
+    machine's preemptions do not count.
+    """
+    gc.disable()
+    try:
+        t = clock()
+        loss.backward()
+        return clock() - t
+    finally:
+        gc.enable()
+
+
+def _paired(torch, kind: str, n: int, reps: int, shapes: bool = False) -> tuple[float, float, float, int]:
+    """A chain's backward, timed and profiled in turns: (median backward, span sum, event sum, nodes).
+
+    Each round times one fresh chain's backward without the profiler, then
+    profiles another's in its own session: both see the machine as it is at
+    that moment. The spans are per node the median over the rounds of the
+    node at its place (a median per node leaves out the rounds a busy
+    machine preempted it in).
+    """
+    from torch.profiler import ProfilerActivity, profile
+    from autograd_run.traces.torch_profile import read_torch_profile
+    walls, profs, calls = [], [], []
+    for _ in range(reps):
+        backward_time(_chain(torch, kind, n))  # warm again after the profiler
+        walls.append(backward_time(_chain(torch, kind, n)))
+        loss = _chain(torch, kind, n)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
+            loss.backward()
+        profs.append(prof)  # exported afterwards: writing and reading traces between rounds disturbs the timing
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        for prof in profs:
+            prof.export_chrome_trace(path)
+            calls.append(read_torch_profile(path, "torch").events)
+    per = min(len(c) for c in calls)
+    spans = sum(statistics.median(c[i].dur_ns for c in calls) for i in range(per))
+    events = sum(statistics.median(c[i].nested for c in calls) for i in range(per))
+    return statistics.median(walls), spans, events, per
+
+
+def _lstsq(rows: list[tuple[list[float], float]]) -> list[float]:
+    import numpy as np
+    a = np.array([r[0] for r in rows], dtype=float)
+    b = np.array([r[1] for r in rows], dtype=float)
+    return [float(x) for x in np.linalg.lstsq(a, b, rcond=None)[0]]
+
+
+KINDS = ("tanh", "mul", "pow")  # 2, 6 and 12 recorded events per node
+
+
+def measure_engine(torch, nodes: int = 400, reps: int = 21, small_reps: int = 41, log=None) -> dict:
+    """PyTorch's per-node and per-call engine overhead, and the profiler's cost per recorded event."""
+    rows = {False: [], True: []}
+    detail = []
+    for kind in KINDS:  # long chains: the per-call cost is negligible against the nodes'
+        for shapes in (False, True):
+            wall, spans, events, n = _paired(torch, kind, nodes, reps, shapes)
+            # per node: backward / n = (spans - k * events) / n + overhead
+            rows[shapes].append(([-events / n, 1.0], (wall - spans) / n))
+            detail.append({"chain": kind, "nodes": n, "backward_us": wall / 1e3, "spans_us": spans / 1e3,
+                           "events": events, "record_shapes": shapes})
+            if log and not shapes:
+                log(f"  {kind} chain of {n} nodes: backward {wall / 1e3:.0f} us, profiled spans {spans / 1e3:.0f} us")
+    k, overhead = _lstsq(rows[False])
+    k_shapes, _ = _lstsq(rows[True])
+    k, overhead, k_shapes = max(0.0, k), max(0.0, overhead), max(0.0, k_shapes)
+    # A one-op backward: what is left beyond its nodes is the call's own cost.
+    wall, spans, events, n = _paired(torch, "tanh", 1, small_reps)
+    call = max(0.0, wall - (spans - k * events) - n * overhead)
+    detail.append({"chain": "tanh", "nodes": n, "backward_us": wall / 1e3, "spans_us": spans / 1e3, "events": events,
+                   "record_shapes": False})
+    if log:
+        log(f"  one-op backward ({n} nodes): {wall / 1e3:.1f} us, profiled spans {spans / 1e3:.1f} us")
+    return {"call_ns": call, "overhead_ns": overhead, "event_ns": k, "event_shapes_ns": k_shapes, "detail": detail}
+
+
+def _timeit(fn, reps: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def measure_host(torch, event_ns: float) -> DeviceSpec:
+    """This CPU as torch ops see it."""
+    n = 512
+    flops = {}
+    for name, dt in (("float32", torch.float32), ("float64", torch.float64)):
+        a = torch.ones(n, n, dtype=dt)
+        flops[name] = 2 * n ** 3 / _timeit(lambda: a @ a)
+    src = torch.ones(16 << 20)
+    dst = torch.empty_like(src)
+    bw = 2 * src.numel() * 4 / _timeit(lambda: dst.copy_(src))
+    _, spans, events, nodes = _paired(torch, "tanh", 200, 5)
+    smallest = max(0.1, (spans - event_ns * events) / nodes / 1e3)
+    return DeviceSpec("this machine's CPU (torch ops)", flops, bw, 0.9, 0.9, round(smallest, 3))
+
+
+def calibrate_torch(log=None) -> MachineSpec:
+    torch = _torch()
+    eng = measure_engine(torch, log=log)
+    host = measure_host(torch, eng["event_ns"])
+    acc = DeviceSpec("virtual device (this machine's CPU)", dict(host.peak_flops), host.mem_bw, 0.9, 0.9,
+                     host.min_kernel_us)
+    handoff = 20.0
+    if os.path.isfile(local_spec_path()):
+        from autograd_run.sim.specs import load_spec
+        handoff = load_spec("local").engine.handoff_us
+    engine = EngineSpec(node_overhead_us=round(eng["overhead_ns"] / 1e3, 3), handoff_us=handoff,
+                        overhead_holds_gil=False, profiler_event_us=round(eng["event_ns"] / 1e3, 3),
+                        profiler_event_shapes_us=round(eng["event_shapes_ns"] / 1e3, 3),
+                        call_overhead_us=round(eng["call_ns"] / 1e3, 3))
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return MachineSpec("local-torch", host, acc, engine,
+                       f"measured by autograd-run calibrate --torch (torch {torch.__version__}, "
+                       f"{torch.get_num_threads()} intra-op threads) on {platform.node()} ({os.cpu_count()} CPUs) "
+                       f"at {when}")

@@ -1,0 +1,224 @@
+"""Measured node costs: from a trace file (format told by its content) or stored in the graph file.
+
+``load_costs(ref, graph, step=None) -> MeasuredCosts | None``:
+
+* ``ref`` None: the costs ``capture --profile`` stored in the graph
+  (``meta.measured``), or None when there are none;
+* ``analytic``: None (the analytic model, even when the graph has measured costs);
+* a file, read bounded (plain or gzipped, see ``traces.jsonfile``), one reader per format:
+  - a PyTorch profiler trace (``torch.profiler`` ``export_chrome_trace``): its backward
+    node runs matched to the graph (``profile_match``), per node the median over the
+    matched steps (or step ``step``, from 1) of the evaluate_function span on its
+    engine thread and of its kernel time per stream;
+  - a Chrome trace written by ``autograd-run run --trace``: per node id, the median of
+    its slices;
+  - an autograd-run graph file with ``meta.measured`` (a graph captured with
+    ``--profile``): its costs, by node id.
+
+``MeasuredCost`` keeps the raw figures; ``CostModel`` turns them into a
+``NodeCost`` (it subtracts the profiler's own time inside a span, when the
+spec knows it, see ``EngineSpec.profiler_event_us``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from autograd_run.errors import GraphFileError, RequestError
+from autograd_run.graphs.model import FORMAT, Graph
+
+#: Where costs came from: a PyTorch profile (C++ nodes: no GIL held) or autograd-run's own trace.
+PYTORCH = "pytorch profile"
+OURS = "autograd-run trace"
+
+
+@dataclass(slots=True)
+class MeasuredCost:
+    #: CPU time of the node on its engine thread (PyTorch: the evaluate_function span), ns.
+    cpu_ns: float
+    #: Kernel (and copy) time the node launched, by stream (``cuda:D/sS``), ns.
+    gpu_ns: dict[str, float] = field(default_factory=dict)
+    #: Profiler events recorded inside the span (each adds the profiler's own time to it).
+    nested: float = 0.0
+
+    @property
+    def gpu_total(self) -> float:
+        return sum(self.gpu_ns.values())
+
+
+@dataclass
+class MeasuredCosts:
+    nodes: dict[str, MeasuredCost]
+    #: ``PYTORCH`` or ``OURS``.
+    origin: str
+    #: The file they were read from (the graph itself for stored costs).
+    path: str
+    #: How a PyTorch profile matched the graph (None for other sources).
+    coverage: Any = None
+    #: How many steps (backward calls) the figures are the median of, and the one picked.
+    steps: int = 1
+    step: int | None = None
+    #: When, where and with what they were measured (``capture --profile``): torch, device, date...
+    info: dict = field(default_factory=dict)
+
+    @property
+    def from_pytorch(self) -> bool:
+        return self.origin == PYTORCH
+
+    def describe(self) -> str:
+        what = f"{len(self.nodes)} nodes measured ({self.origin}, {self.path}"
+        if self.info.get("device") or self.info.get("torch"):
+            what += f"; {self.info.get('device', '?')}, torch {self.info.get('torch', '?')}"
+            if self.info.get("date"):
+                what += f", {self.info['date']}"
+        what += ")"
+        if self.step is not None:
+            what += f", step {self.step} of {self.steps}"
+        elif self.steps > 1:
+            what += f", median of {self.steps} steps"
+        return what
+
+
+def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: str = "costs") -> MeasuredCosts | None:
+    """The measured costs ``ref`` names for ``graph`` (see the module docstring)."""
+    if step is not None and step < 1:
+        raise RequestError(f"step must be at least 1, got {step}", "step")
+    if ref is None or ref == "analytic":
+        if step is not None:
+            raise RequestError("a step is picked from a PyTorch profile: give one with --costs", "step")
+        return None if ref == "analytic" else stored_costs(graph)
+    if ref.lower().endswith((".yaml", ".yml")):
+        return _from_graph_file(ref, graph, step, option)
+    from autograd_run.traces.jsonfile import read_bounded
+    from autograd_run.traces.torch_profile import decode_chrome, is_torch_profile, parse_torch_profile
+    doc = decode_chrome(read_bounded(ref, option), ref, option)
+    if doc.format is not None:
+        if doc.format != FORMAT:
+            raise RequestError(f"{ref}: a document of format {doc.format!r}: neither a trace nor a graph file "
+                               f"({FORMAT})", option)
+        return _from_graph_file(ref, graph, step, option)
+    if doc.traceEvents is None:
+        raise RequestError(f"{ref}: not a trace (no traceEvents) nor a graph file", option)
+    if is_torch_profile(doc):
+        return from_profile(parse_torch_profile(doc, ref), graph, step)
+    if step is not None:
+        raise RequestError(f"{ref}: --step picks a step of a PyTorch profile; this is autograd-run's own trace",
+                           "step")
+    return _from_ours(doc, ref, graph, option)
+
+
+def from_profile(trace, graph: Graph, step: int | None = None, order: list | None = None) -> MeasuredCosts:
+    """Costs from a parsed PyTorch profiler trace, matched to ``graph``."""
+    from autograd_run.sim.profile_match import match_profile
+    m = match_profile(graph, trace, order)
+    steps = m.steps
+    if step is not None:
+        if step > len(steps):
+            raise RequestError(f"step {step}: {trace.path} holds {len(steps)} backward call(s) of this graph", "step")
+        steps = [steps[step - 1]]
+    per: dict[str, list] = {}
+    for s in steps:
+        for nid, e in s.nodes.items():
+            per.setdefault(nid, []).append(e)
+    nodes = {}
+    for nid, evs in per.items():
+        streams = sorted({k for e in evs for k in e.gpu_ns})
+        nodes[nid] = MeasuredCost(statistics.median(e.dur_ns for e in evs),
+                                  {k: statistics.median(e.gpu_ns.get(k, 0) for e in evs) for k in streams},
+                                  statistics.median(e.nested for e in evs))
+    return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, len(m.steps), step)
+
+
+def _from_ours(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:
+    by_id: dict[str, list[float]] = {}
+    for e in doc.traceEvents:
+        if e.ph == "X" and e.cat == "node":
+            nid = e.args.get("id")
+            if isinstance(nid, str) and e.dur >= 0 and math.isfinite(e.dur):
+                by_id.setdefault(nid, []).append(e.dur * 1000.0)
+    if not by_id:
+        raise RequestError(f"{path}: neither a PyTorch profiler trace nor an autograd-run trace "
+                           "(no backward node events)", option)
+    if not any(n.id in by_id for n in graph.nodes):
+        raise RequestError(f"{path}: no node of {graph.source} has a measured duration there "
+                           "(a trace of another graph?)", option)
+    return MeasuredCosts({k: MeasuredCost(statistics.median(v)) for k, v in by_id.items()}, OURS, path)
+
+
+def _from_graph_file(path: str, graph: Graph, step, option: str) -> MeasuredCosts:
+    from autograd_run.graphs.load import load_graph
+    other = load_graph(path)
+    if step is not None:
+        raise RequestError(f"{path}: a graph file's stored costs are already one figure per node", "step")
+    got = stored_costs(other)
+    if got is None:
+        raise RequestError(f"{path}: a graph file without measured costs (capture it with --profile)", option)
+    if not any(n.id in got.nodes for n in graph.nodes):
+        raise RequestError(f"{path}: its measured costs name no node of {graph.source}", option)
+    return got
+
+
+# -- stored in the graph file (meta.measured) -------------------------------------------------
+
+def stored_costs(graph: Graph) -> MeasuredCosts | None:
+    """``meta.measured`` of ``graph`` (written by ``capture --profile``), checked; None when absent."""
+    block = graph.meta.get("measured") if isinstance(graph.meta, dict) else None
+    if block is None:
+        return None
+
+    def bad(where: str, what: str):
+        return GraphFileError(graph.source, f"meta.measured{where}", what)
+    if not isinstance(block, dict) or not isinstance(block.get("nodes"), dict):
+        raise bad("", "expected a mapping with 'nodes' (node id -> {cpu_ns, gpu_ns, nested})")
+    nodes = {}
+    for nid, rec in block["nodes"].items():
+        where = f".nodes[{nid!r}]"
+        if nid not in graph.by_id:
+            raise bad(where, f"no node {nid!r} in the graph")
+        if not isinstance(rec, dict):
+            raise bad(where, "expected a mapping {cpu_ns, gpu_ns, nested}")
+        extra = sorted(set(rec) - {"cpu_ns", "gpu_ns", "nested"})
+        if extra:
+            raise bad(f"{where}.{extra[0]}", "unknown field")
+        cpu = _number(rec.get("cpu_ns"), bad, f"{where}.cpu_ns")
+        nested = _number(rec.get("nested", 0), bad, f"{where}.nested")
+        gpu = rec.get("gpu_ns", {})
+        if not isinstance(gpu, dict):
+            raise bad(f"{where}.gpu_ns", "expected a mapping stream -> ns")
+        nodes[nid] = MeasuredCost(cpu, {str(k): _number(v, bad, f"{where}.gpu_ns[{k!r}]") for k, v in gpu.items()},
+                                  nested)
+    info = {k: block[k] for k in ("source", "torch", "device", "date", "steps", "warmup", "backward_wall_ns")
+            if k in block}
+    origin = OURS if block.get("source") == "autograd-run" else PYTORCH
+    steps = block.get("steps")
+    return MeasuredCosts(nodes, origin, graph.source, block.get("coverage"),
+                         steps if isinstance(steps, int) and steps > 0 else 1, None, info)
+
+
+def _number(v, bad, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or v > 1e15:
+        raise bad(where, f"expected a non-negative number of ns, got {v!r}")
+    return float(v)
+
+
+def to_meta(costs: MeasuredCosts, **info) -> dict:
+    """The ``meta.measured`` block for ``costs`` (``info``: torch, device, date, steps, warmup, ...)."""
+    nodes = {}
+    for nid, c in costs.nodes.items():
+        rec: dict[str, Any] = {"cpu_ns": int(round(c.cpu_ns))}
+        if c.gpu_ns:
+            rec["gpu_ns"] = {k: int(round(v)) for k, v in c.gpu_ns.items()}
+        if c.nested:
+            rec["nested"] = c.nested
+        nodes[nid] = rec
+    out: dict[str, Any] = {"source": "torch.profiler" if costs.from_pytorch else "autograd-run", **info}
+    out["steps"] = costs.steps
+    if costs.coverage is not None and hasattr(costs.coverage, "to_dict"):
+        cov = costs.coverage.to_dict()
+        cov.pop("trace", None)
+        out["coverage"] = cov
+    out["nodes"] = nodes
+    return out

@@ -1,0 +1,54 @@
+"""Reading an untrusted JSON trace file: plain or gzipped, with the size bounded before and after decompression.
+
+``read_bounded(path, max_bytes)`` returns the file's bytes, decompressed
+when it starts with gzip's magic bytes (the content decides, not the
+extension). A file, or a decompressed stream, longer than ``max_bytes`` is
+refused without reading the rest, so a gzip bomb costs at most
+``max_bytes`` of memory. Errors are ``RequestError`` naming the file and
+the request field (``option``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+
+from autograd_run.errors import RequestError
+
+#: The largest trace (after decompression) read: 1 GiB.
+MAX_TRACE_BYTES = 1 << 30
+_GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 20
+
+
+def read_bounded(path: str, option: str, max_bytes: int = MAX_TRACE_BYTES) -> bytes:
+    """The bytes of ``path`` (gunzipped when gzipped), at most ``max_bytes`` of them."""
+    if not os.path.exists(path):
+        raise RequestError(f"{path}: no such file", option)
+    if not os.path.isfile(path):
+        raise RequestError(f"{path}: not a file", option)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(2)
+            if head != _GZIP_MAGIC:
+                if size > max_bytes:
+                    raise RequestError(f"{path}: {size} bytes is more than the limit of {max_bytes}", option)
+                return head + f.read(max_bytes)
+            f.seek(0)
+            out = bytearray()
+            with gzip.GzipFile(fileobj=f) as z:
+                while True:
+                    chunk = z.read(_CHUNK)
+                    if not chunk:
+                        break
+                    out += chunk
+                    if len(out) > max_bytes:
+                        raise RequestError(f"{path}: decompresses to more than the limit of {max_bytes} bytes "
+                                           "(refused: a gzip bomb, or a trace too large)", option)
+            return bytes(out)
+    except RequestError:
+        raise
+    except (OSError, EOFError, zlib.error) as exc:
+        raise RequestError(f"{path}: cannot read: {exc}", option) from None

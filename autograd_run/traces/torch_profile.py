@@ -1,0 +1,277 @@
+"""PyTorch profiler traces (``torch.profiler``'s ``export_chrome_trace``, Kineto's Chrome JSON) as typed records.
+
+What the fields mean (PyTorch 2.x: ``torch/csrc/autograd/engine.cpp``,
+``function.h``, ``torch/csrc/profiler/collection.cpp``,
+``profiler_kineto.cpp``; Kineto's ``output_json.cpp``):
+
+* Each backward node the engine runs is two nested complete events
+  (``"ph": "X"``, ``"cat": "cpu_op"``) on the thread that ran it: the
+  engine's ``autograd::engine::evaluate_function: NAME`` span (the node's
+  function, ``validate_outputs`` and routing its gradients) and, inside it,
+  the node's own ``NAME`` (``Node::operator()``, a ``BACKWARD_FUNCTION``
+  RecordFunction). The node's RecordFunction carries its sequence number
+  and ``Node::thread_id_`` (RecordFunction's id of the thread that created
+  the node, not an OS id); the collector copies both onto the enclosing
+  evaluate_function event, and the exporter writes them as ``args``
+  ``"Sequence number"`` and ``"Fwd thread id"`` when the number is not
+  negative. AccumulateGrad's number is 2**64-1, -1 as a signed integer, so
+  its events have neither. With ``record_shapes`` the node's own event has
+  ``"Input Dims"`` (the incoming gradients' shapes).
+* Timestamps (``ts``) and durations (``dur``) are microseconds with
+  nanosecond decimals; ``pid``/``tid`` are the OS ids for CPU events.
+* Every CPU op has ``"External id"`` (its correlation id). A GPU activity
+  (``cat`` ``kernel``, ``gpu_memcpy``, ``gpu_memset``; ``pid`` the device,
+  ``tid`` the stream, also ``args`` ``"device"`` and ``"stream"``) has
+  ``"External id"``: the id of the CPU op that was running when it was
+  launched, and ``"correlation"``: the id of its runtime call
+  (``cat`` ``cuda_runtime``/``cuda_driver``, e.g. ``cudaLaunchKernel``, on
+  the launching thread, with the same ``"correlation"``; ``ac2g`` flow
+  events join the two with the same id). A kernel is attributed to the
+  backward node whose evaluate_function span, on the launching thread,
+  encloses its launching op (found by External id, else by correlation).
+* ``torch.profiler.profile(schedule=...)`` with ``prof.step()`` adds
+  ``ProfilerStep#N`` spans (``cat`` ``user_annotation``).
+
+``read_torch_profile(path)`` reads and decodes a trace (bounded: see
+``jsonfile``) into a ``TorchTrace``; ``decode_chrome`` is the shared
+decoder of Chrome traces, also used for autograd-run's own traces.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import msgspec
+
+from autograd_run.errors import RequestError
+
+EVALUATE = "autograd::engine::evaluate_function: "
+ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
+#: Categories of events the profiler records through RecordFunction (they cost profiler time when nested).
+RECORDED = ("cpu_op", "user_annotation", "python_function")
+GPU = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME = ("cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver")
+_STEP = re.compile(r"ProfilerStep#(\d+)$")
+
+
+class ChromeEvent(msgspec.Struct):
+    """One event of a Chrome trace (only the fields read here; others are ignored)."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: Union[int, str] = 0
+    tid: Union[int, str] = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    args: dict[str, Any] = {}
+
+
+class ChromeDoc(msgspec.Struct):
+    """A trace document's top level, or (``format`` set) an autograd-run graph file given in its place."""
+
+    format: Optional[str] = None
+    traceEvents: Optional[list[ChromeEvent]] = None
+    deviceProperties: Optional[list[Any]] = None
+
+
+_DECODER = msgspec.json.Decoder(Union[ChromeDoc, list[ChromeEvent]])
+
+
+def decode_chrome(data: bytes, path: str, option: str) -> ChromeDoc:
+    """A Chrome trace's top level (a bare event list becomes ``ChromeDoc(traceEvents=...)``)."""
+    try:
+        doc = _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise RequestError(f"{path}: not a trace this can read: {exc}", option) from None
+    except msgspec.DecodeError as exc:
+        raise RequestError(f"{path}: not valid JSON: {exc}", option) from None
+    except RecursionError:
+        raise RequestError(f"{path}: JSON nested too deeply", option) from None
+    if isinstance(doc, list):
+        doc = ChromeDoc(traceEvents=doc)
+    return doc
+
+
+@dataclass(slots=True, eq=False)
+class BackwardEvent:
+    """One backward node run, as the profiler saw it (its evaluate_function span)."""
+
+    #: The node's name (``MulBackward0``, ``torch::autograd::AccumulateGrad``).
+    name: str
+    seq: int | None
+    fwd_tid: int | None
+    #: (pid, tid) of the thread that ran it, as the trace spells them.
+    thread: tuple
+    start_ns: int
+    dur_ns: int
+    #: Profiler events recorded inside the span (the node's own and each op's): each costs profiler time.
+    nested: int = 0
+    #: ``"Input Dims"`` of the node's own event (``record_shapes=True``), else None.
+    shapes: list | None = None
+    #: Kernel (and copy) time launched inside the span, by stream (``cuda:D/sS``), ns.
+    gpu_ns: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + self.dur_ns
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.seq is None and self.name.endswith(ACCUMULATE_GRAD)
+
+
+@dataclass(slots=True)
+class ProfilerStep:
+    label: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class TorchTrace:
+    path: str
+    #: Backward node runs, by start time.
+    events: list[BackwardEvent]
+    #: ``ProfilerStep#N`` spans, by start time (empty without a profiler schedule).
+    steps: list[ProfilerStep]
+    #: GPU activities seen, and how many were launched inside a backward node.
+    gpu_activities: int = 0
+    gpu_attributed: int = 0
+    #: GPU names from ``deviceProperties``.
+    gpus: list[str] = field(default_factory=list)
+
+
+def _ns(us: float) -> int:
+    return int(us * 1000.0 + 0.5)  # µs (ns decimals) -> ns; times are never negative
+
+
+def _int(v) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.lstrip("-").isdigit() and len(v) < 24:
+        return int(v)
+    return None
+
+
+def is_torch_profile(doc: ChromeDoc) -> bool:
+    return any(e.name.startswith(EVALUATE) for e in doc.traceEvents or ())
+
+
+def parse_torch_profile(doc: ChromeDoc, path: str) -> TorchTrace:
+    """The backward node runs of a decoded PyTorch profiler trace, with their GPU time joined in."""
+    per_thread: dict[tuple, list] = {}   # thread -> recorded CPU events (start, end, name, args)
+    ext_at: dict[int, tuple] = {}        # External id of a CPU op -> (thread, ts)
+    runtime_at: dict[int, tuple] = {}    # correlation of a runtime call -> (thread, ts)
+    gpu: list[ChromeEvent] = []
+    steps: list[ProfilerStep] = []
+    for e in doc.traceEvents or ():
+        if e.ph != "X" or not (e.dur >= 0 and e.ts == e.ts):  # complete events with sane times only
+            continue
+        cat = e.cat
+        if cat in RECORDED:
+            thread = (e.pid, e.tid)
+            start = _ns(e.ts)
+            per_thread.setdefault(thread, []).append((start, start + _ns(e.dur), e.name, e.args))
+            ext = _int(e.args.get("External id"))
+            if ext is not None and cat == "cpu_op":
+                ext_at[ext] = (thread, start)
+            if cat == "user_annotation":
+                m = _STEP.match(e.name)
+                if m:
+                    steps.append(ProfilerStep(e.name, start, start + _ns(e.dur)))
+        elif cat in GPU:
+            gpu.append(e)
+        elif cat in RUNTIME:
+            corr = _int(e.args.get("correlation"))
+            if corr is not None:
+                runtime_at[corr] = ((e.pid, e.tid), _ns(e.ts))
+    events: list[BackwardEvent] = []
+    by_thread: dict[tuple, list[BackwardEvent]] = {}
+    for thread, evs in per_thread.items():
+        evs.sort(key=lambda r: (r[0], -r[1]))
+        mine = []
+        for i, (start, end, name, args) in enumerate(evs):
+            if not name.startswith(EVALUATE):
+                continue
+            node = name[len(EVALUATE):]
+            nested, shapes = 0, None
+            j = i + 1
+            while j < len(evs) and evs[j][0] <= end:
+                if evs[j][1] <= end:
+                    nested += 1
+                    if shapes is None and evs[j][2] == node:
+                        own = evs[j][3]
+                        shapes = own.get("Input Dims")
+                        if "Sequence number" not in args:  # the collector did not copy them: take the node's own
+                            args = {**args, **{k: own[k] for k in ("Sequence number", "Fwd thread id") if k in own}}
+                j += 1
+            seq = _int(args.get("Sequence number"))
+            ev = BackwardEvent(node, seq if seq is not None and seq >= 0 else None,
+                               _int(args.get("Fwd thread id")), thread, start, end - start, nested,
+                               shapes if isinstance(shapes, list) else None)
+            mine.append(ev)
+            events.append(ev)
+        if mine:
+            by_thread[thread] = mine
+    attributed = 0
+    starts = {t: [ev.start_ns for ev in evs] for t, evs in by_thread.items()}
+    for k in gpu:
+        loc = None
+        ext = _int(k.args.get("External id"))
+        if ext is not None:
+            loc = ext_at.get(ext)
+        if loc is None:
+            corr = _int(k.args.get("correlation"))
+            if corr is not None:
+                loc = runtime_at.get(corr)
+        owner = _enclosing(by_thread, starts, loc) if loc is not None else None
+        if owner is None:
+            continue
+        device = _int(k.args.get("device"))
+        stream = _int(k.args.get("stream"))
+        key = f"cuda:{device if device is not None else k.pid}/s{stream if stream is not None else k.tid}"
+        owner.gpu_ns[key] = owner.gpu_ns.get(key, 0) + _ns(k.dur)
+        attributed += 1
+    events.sort(key=lambda ev: ev.start_ns)
+    steps.sort(key=lambda s: s.start_ns)
+    gpus = [str(d.get("name")) for d in doc.deviceProperties or () if isinstance(d, dict) and d.get("name")]
+    return TorchTrace(path, events, steps, len(gpu), attributed, gpus)
+
+
+def _enclosing(by_thread: dict, starts: dict, loc: tuple) -> BackwardEvent | None:
+    """The innermost backward event on ``loc``'s thread whose span holds ``loc``'s time."""
+    thread, ts = loc
+    evs = by_thread.get(thread)
+    if not evs:
+        return None
+    i = bisect.bisect_right(starts[thread], ts) - 1
+    for j in range(i, max(-1, i - 64), -1):  # nested spans (reentrant backward) start before: look back a little
+        if evs[j].start_ns <= ts <= evs[j].end_ns:
+            return evs[j]
+    return None
+
+
+def merge_traces(traces: list[TorchTrace]) -> TorchTrace:
+    """Several profiler sessions of one process as one trace (their clocks are the same)."""
+    events = sorted((e for t in traces for e in t.events), key=lambda e: e.start_ns)
+    steps = sorted((s for t in traces for s in t.steps), key=lambda s: s.start_ns)
+    path = traces[0].path if len(traces) == 1 else f"{len(traces)} profiler sessions"
+    gpus = list(dict.fromkeys(g for t in traces for g in t.gpus))
+    return TorchTrace(path, events, steps, sum(t.gpu_activities for t in traces),
+                      sum(t.gpu_attributed for t in traces), gpus)
+
+
+def read_torch_profile(path: str, option: str = "costs", max_bytes: int | None = None) -> TorchTrace:
+    """Read ``path`` (plain or gzipped JSON) as a PyTorch profiler trace."""
+    from autograd_run.traces.jsonfile import MAX_TRACE_BYTES, read_bounded
+    doc = decode_chrome(read_bounded(path, option, max_bytes or MAX_TRACE_BYTES), path, option)
+    if not is_torch_profile(doc):
+        raise RequestError(f"{path}: not a PyTorch profiler trace (no autograd::engine::evaluate_function events)",
+                           option)
+    return parse_torch_profile(doc, path)

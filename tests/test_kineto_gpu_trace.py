@@ -1,0 +1,133 @@
+"""The kernel-join path, on a small hand-written trace shaped like Kineto's (no GPU here to record one).
+
+The fields this relies on, as PyTorch 2.x / Kineto write them:
+
+* backward runs: ``"ph": "X"``, ``"cat": "cpu_op"``, ``name``
+  ``autograd::engine::evaluate_function: NAME`` with ``args`` ``"Sequence number"``,
+  ``"Fwd thread id"``, ``"External id"``; the node's own ``NAME`` event nested
+  inside; AccumulateGrad without a sequence number (``"Input Dims"`` on its own
+  event with ``record_shapes``);
+* the op that launches a kernel (``cpu_op``, its ``"External id"``), nested in a run;
+* the runtime call (``"cat": "cuda_runtime"``, e.g. ``cudaLaunchKernel``) on the
+  launching thread, ``args`` ``"correlation"`` and ``"External id"``;
+* the GPU activity (``"cat"`` ``kernel`` / ``gpu_memcpy`` / ``gpu_memset``; ``pid`` the
+  device, ``tid`` the stream; ``args`` ``"device"``, ``"stream"``, ``"correlation"`` and,
+  when Kineto linked it to a CPU op, ``"External id"``);
+* ``ac2g`` flow events (``"ph": "s"``/``"f"``, ``id`` = correlation) joining the two, which
+  the reader does not need (the ``args`` carry the same ids).
+"""
+
+import json
+
+import pytest
+
+from autograd_run.graphs.load import loads_graph
+from autograd_run.sim.measured import load_costs
+from autograd_run.sim.session import SimOptions, simulate_session
+from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec
+from autograd_run.traces.torch_profile import read_torch_profile
+
+CPU, DEV = (100, 100), (100, 200)  # the caller thread, the device thread (pt_autograd_0)
+
+
+def op(name, ts, dur, thread=DEV, cat="cpu_op", **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": thread[0], "tid": thread[1], "ts": ts, "dur": dur,
+            "args": args}
+
+
+def kernel(name, ts, dur, stream, corr, ext=None, cat="kernel"):
+    args = {"device": 0, "stream": stream, "correlation": corr}
+    if ext is not None:
+        args["External id"] = ext
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": args}
+
+
+def flow(corr, ts, start, thread):
+    return {"ph": "s" if start else "f", "id": corr, "pid": thread[0], "tid": thread[1], "ts": ts, "cat": "ac2g",
+            "name": "ac2g", **({} if start else {"bp": "e"})}
+
+
+def backward(name, seq, ts, dur, ext):
+    meta = {"Sequence number": seq, "Fwd thread id": 1} if seq is not None else {}
+    return [op(f"autograd::engine::evaluate_function: {name}", ts, dur, **{"External id": ext, **meta}),
+            op(name, ts + 1, dur - 2, **{"External id": ext + 1, **meta})]
+
+
+def gpu_trace() -> dict:
+    ev = [
+        # the forward: a kernel launched outside any backward node (not a node's cost)
+        op("aten::neg", 10, 5, CPU, **{"External id": 1}),
+        op("cudaLaunchKernel", 11, 2, CPU, cat="cuda_runtime", **{"External id": 1, "correlation": 1001}),
+        kernel("neg_fwd", 20, 3, 7, 1001, ext=1),
+        # NegBackward0 (seq 111): joined through External id 12
+        *backward("NegBackward0", 111, 100, 30, 10),
+        op("aten::neg", 102, 20, **{"External id": 12}),
+        op("cudaLaunchKernel", 103, 4, cat="cuda_runtime", **{"External id": 12, "correlation": 2001}),
+        kernel("neg_kernel", 140, 8, 7, 2001, ext=12), flow(2001, 103, True, DEV), flow(2001, 140, False, (0, 7)),
+        # NegBackward0 (seq 110): a kernel without External id (joined through its runtime call) and a copy
+        *backward("NegBackward0", 110, 200, 30, 20),
+        op("aten::neg", 202, 20, **{"External id": 22}),
+        op("cudaLaunchKernel", 203, 4, cat="cuda_runtime", **{"correlation": 2002}),
+        op("cudaMemcpyAsync", 208, 3, cat="cuda_runtime", **{"External id": 22, "correlation": 2003}),
+        kernel("neg_kernel", 240, 6, 7, 2002),
+        kernel("Memcpy DtoD (Device -> Device)", 250, 2, 9, 2003, ext=22, cat="gpu_memcpy"),
+        # AccumulateGrad: no sequence number; its add_ kernel
+        op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 300, 10, **{"External id": 30}),
+        op("torch::autograd::AccumulateGrad", 301, 8, **{"External id": 31, "Input Dims": [[4]]}),
+        op("aten::add_", 302, 5, **{"External id": 32}),
+        op("cudaLaunchKernel", 303, 2, cat="cuda_runtime", **{"External id": 32, "correlation": 2004}),
+        kernel("add_kernel", 320, 1, 7, 2004, ext=32),
+    ]
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "Hand-written GPU"}], "traceEvents": ev}
+
+
+def graph():
+    doc = {"format": "autograd-graph/1", "roots": [{"node": "n0"}],
+           "variables": [{"name": "x", "shape": [4], "device": "cuda:0"}],
+           "nodes": [
+               {"id": "n0", "name": "NegBackward0", "seq": 11, "fwd_thread": 1, "next": [["n1", 0]],
+                "inputs": [{"shape": [4], "device": "cuda:0"}]},
+               {"id": "n1", "name": "NegBackward0", "seq": 10, "fwd_thread": 1, "next": [["acc", 0]],
+                "inputs": [{"shape": [4], "device": "cuda:0"}]},
+               {"id": "acc", "name": "torch::autograd::AccumulateGrad", "variable": "x",
+                "inputs": [{"shape": [4], "device": "cuda:0"}]}]}
+    return loads_graph(json.dumps(doc).encode(), "gpu.json")
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    p = tmp_path / "gpu-trace.json"
+    p.write_text(json.dumps(gpu_trace()))
+    return str(p)
+
+
+def test_kernels_join_their_backward_node_by_external_id_or_correlation(trace_file):
+    t = read_torch_profile(trace_file)
+    assert t.gpus == ["Hand-written GPU"]
+    assert t.gpu_activities == 5 and t.gpu_attributed == 4  # the forward's kernel belongs to no node
+    runs = {(e.name, e.seq): e for e in t.events}
+    assert runs[("NegBackward0", 111)].gpu_ns == {"cuda:0/s7": 8000}
+    assert runs[("NegBackward0", 110)].gpu_ns == {"cuda:0/s7": 6000, "cuda:0/s9": 2000}
+    assert runs[("torch::autograd::AccumulateGrad", None)].gpu_ns == {"cuda:0/s7": 1000}
+    assert runs[("torch::autograd::AccumulateGrad", None)].shapes == [[4]]
+    # Recorded events inside: its own and the op (runtime calls come from CUPTI, not RecordFunction).
+    assert runs[("NegBackward0", 111)].nested == 2
+
+
+def test_gpu_costs_reach_the_simulation_on_their_own_tracks(trace_file):
+    g = graph()
+    costs = load_costs(trace_file, g)
+    cov = costs.coverage
+    assert cov.matched_count == 3 and cov.methods == {"sequence": 2, "leaf shape": 1}
+    assert cov.alignment() == ["graph forward thread 1 -> trace forward thread 1: sequence offset +100 (1 call)"]
+    assert costs.nodes["n0"].cpu_ns == 30000 and costs.nodes["n0"].gpu_ns == {"cuda:0/s7": 8000}
+    assert costs.nodes["n1"].gpu_total == 8000
+    host = DeviceSpec("host", {"float32": 1e12}, 1e12, 1.0, 1.0, min_kernel_us=1.0)
+    acc = DeviceSpec("acc", {"float32": 1e15}, 1e15, 1.0, 1.0, min_kernel_us=1.0, launch_us=2.0)
+    spec = MachineSpec("t", host, acc, EngineSpec(node_overhead_us=1.0, handoff_us=10.0))
+    r = simulate_session(g, SimOptions(spec=spec, costs=trace_file, slack_top=0))
+    assert r.cost_sources == {"measured": 3}
+    kernels = {k.node.id: k.end - k.start for k in r.recording.kernels}
+    assert kernels == {"n0": 8000, "n1": 8000, "acc": 1000}
+    cpu = {s.node.id: s.end - s.start for s in r.recording.slices}
+    assert cpu == {"n0": 31000, "n1": 31000, "acc": 11000}  # overhead + the evaluate_function span

@@ -1,0 +1,413 @@
+"""Measured costs from PyTorch profiler traces: real traces recorded here, matched to captured graphs.
+
+The traces come from ``torch.profiler`` in the test (``export_chrome_trace``),
+always from other forward passes than the captured one, so sequence numbers
+differ by an offset per step, as they do between two runs of a program.
+"""
+
+import gzip
+import json
+import statistics
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="profiler traces need torch (pip install 'autograd-run[torch]')")
+nn = torch.nn
+F = torch.nn.functional
+
+from autograd_run.capture import from_torch  # noqa: E402
+from autograd_run.errors import GraphFileError, RequestError  # noqa: E402
+from autograd_run.graphs.load import load_graph  # noqa: E402
+from autograd_run.sim.measured import load_costs  # noqa: E402
+from autograd_run.sim.session import SimOptions, simulate_session  # noqa: E402
+from autograd_run.traces.torch_profile import read_torch_profile  # noqa: E402
+from builders import run_cli  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
+
+
+def mlp_program():
+    torch.manual_seed(0)
+    # Leaves of four different shapes, so a trace with shapes can check every leaf's match.
+    m = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    x, t = torch.randn(5, 6), torch.randint(0, 3, (5,))
+    return m, lambda: F.cross_entropy(m(x), t)
+
+
+def profile_steps(forward, model, path, steps=3, record_shapes=False):
+    """Run ``steps`` training steps (fresh forward each) under torch.profiler with a step schedule."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes,
+                 schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(steps + 1):
+            model.zero_grad()
+            forward().backward()
+            prof.step()
+    return path
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """An MLP captured to a file, then profiled for three more steps (shapes recorded, and not)."""
+    folder = tmp_path_factory.mktemp("mlp")
+    m, forward = mlp_program()
+    path = str(folder / "mlp.json")
+    from_torch(forward(), names=dict(m.named_parameters()), path=path)
+    plain = profile_steps(forward, m, folder / "plain.json")
+    shapes = profile_steps(forward, m, folder / "shapes.json", record_shapes=True)
+    return load_graph(path), str(plain), str(shapes), folder
+
+
+def raw_backward_events(path):
+    return [e for e in json.load(open(path))["traceEvents"]
+            if e.get("ph") == "X" and e.get("name", "").startswith("autograd::engine::evaluate_function: ")]
+
+
+def test_a_real_profile_matches_every_node_in_every_step(captured):
+    g, plain, _, _ = captured
+    costs = load_costs(plain, g)
+    cov = costs.coverage
+    assert costs.from_pytorch and costs.steps == 3
+    assert cov.matched == {n.id: 3 for n in g.nodes}
+    assert cov.unmatched == [] and cov.trace_unmatched == {} and cov.outside == 0
+    assert set(costs.nodes) == set(g.by_id)
+    for s in cov.steps:
+        (thread, off), = s.offsets.values()
+        assert off > 0  # the profiled forwards ran after the captured one
+        for nid, e in s.nodes.items():
+            node = g.by_id[nid]
+            assert e.name == node.name
+            if e.seq is not None:
+                assert e.seq == node.seq + off and e.fwd_tid == node.fwd_thread == thread
+    offsets = [next(iter(s.offsets.values()))[1] for s in cov.steps]
+    assert len(set(offsets)) == 3 and offsets == sorted(offsets)
+    assert any("sequence offsets" in line for line in cov.alignment())
+
+
+def test_leaves_matched_by_order_are_the_ones_their_shapes_say(captured):
+    """AccumulateGrad runs carry no sequence number: matched by the node run before them and their place
+    after it. The same trace recorded with shapes checks each leaf; the match without shapes agrees."""
+    g, _, shapes, _ = captured
+    with_shapes = load_costs(shapes, g).coverage
+    assert with_shapes.methods["leaf shape"] == 3 * 4
+    for s in with_shapes.steps:
+        for nid, e in s.nodes.items():
+            node = g.by_id[nid]
+            if node.variable is not None:
+                assert e.shapes[0] == list(g.variables[node.variable].shape)
+    trace = read_torch_profile(shapes)
+    for e in trace.events:
+        e.shapes = None  # the same runs, as a trace without record_shapes would have them
+    from autograd_run.sim.profile_match import match_profile
+    by_order = match_profile(g, trace).coverage
+    assert by_order.methods["leaf order"] == 3 * 4
+    for a, b in zip(with_shapes.steps, by_order.steps):
+        assert {k: (e.start_ns, e.thread) for k, e in a.nodes.items()} == \
+               {k: (e.start_ns, e.thread) for k, e in b.nodes.items()}
+
+
+def test_costs_are_the_median_over_steps_and_step_picks_one(captured):
+    g, plain, _, _ = captured
+    costs = load_costs(plain, g)
+    raw = raw_backward_events(plain)
+    for node in g.nodes:
+        if node.variable is not None:
+            continue
+        offs = [next(iter(s.offsets.values()))[1] for s in costs.coverage.steps]
+        durs = [e["dur"] * 1000 for e in raw for o in offs
+                if e["args"].get("Sequence number") == node.seq + o and e["name"].endswith(node.name)]
+        assert len(durs) == 3
+        assert costs.nodes[node.id].cpu_ns == pytest.approx(statistics.median(durs), abs=1)
+        second = load_costs(plain, g, step=2)
+        assert second.nodes[node.id].cpu_ns == pytest.approx(
+            next(e["dur"] * 1000 for e in raw if e["args"].get("Sequence number") == node.seq + offs[1]
+                 and e["name"].endswith(node.name)), abs=1)
+    with pytest.raises(RequestError, match="holds 3 backward call"):
+        load_costs(plain, g, step=4)
+
+
+def test_gzipped_trace_reads_the_same_and_a_gzip_bomb_is_refused(captured, tmp_path):
+    g, plain, _, _ = captured
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(gzip.compress(open(plain, "rb").read()))
+    a, b = load_costs(plain, g), load_costs(str(gz), g)
+    assert {k: v.cpu_ns for k, v in a.nodes.items()} == {k: v.cpu_ns for k, v in b.nodes.items()}
+    bomb = tmp_path / "bomb.json"  # any name: gzip is told by its magic bytes
+    bomb.write_bytes(gzip.compress(b" " * (8 << 20)))
+    from autograd_run.traces.jsonfile import read_bounded
+    with pytest.raises(RequestError, match="decompresses to more than the limit"):
+        read_bounded(str(bomb), "costs", max_bytes=1 << 20)
+    with pytest.raises(RequestError, match="more than the limit"):
+        read_bounded(plain, "costs", max_bytes=100)
+
+
+def test_a_profile_of_another_model_is_rejected_with_the_coverage(captured, tmp_path, capsys):
+    g, _, _, folder = captured
+    torch.manual_seed(1)
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Tanh(), nn.Flatten())
+    x = torch.randn(2, 1, 5, 5)
+    other = profile_steps(lambda: conv(x).sum(), conv, tmp_path / "conv.json", steps=2)
+    with pytest.raises(RequestError) as err:
+        load_costs(str(other), g)
+    msg = str(err.value)
+    assert "does not match" in msg and "ConvolutionBackward0" in msg and "AddmmBackward0" in msg
+    code, out, errtext = run_cli(["simulate", str(folder / "mlp.json"), "--costs", str(other), "--spec", "cpu"],
+                                 capsys)
+    assert code == 2 and errtext.startswith("Error: --costs: ") and "does not match" in errtext
+    assert "Traceback" not in errtext
+
+
+def test_simulate_command_shows_the_coverage_and_uses_the_costs(captured, capsys):
+    g, plain, _, folder = captured
+    code, out, err = run_cli(["simulate", str(folder / "mlp.json"), "--costs", plain, "--spec", "cpu", "--json"],
+                             capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["cost_sources"]["measured"] == len(g.nodes)
+    assert doc["measured"]["coverage"]["matched"] == len(g.nodes)
+    code, out, err = run_cli(["simulate", str(folder / "mlp.json"), "--costs", plain, "--spec", "cpu",
+                              "--no-summary"], capsys)
+    assert code == 0 and out == ""
+    code, out, err = run_cli(["simulate", str(folder / "mlp.json"), "--costs", plain, "--spec", "cpu"], capsys)
+    assert "measured costs" in out and "sequence offsets" in out and "median of 3 steps" in out
+
+
+def test_measured_cpu_time_is_corrected_by_the_profilers_own_time(captured):
+    from autograd_run.sim.costs import CostModel
+    from autograd_run.sim.specs import load_spec
+    g, plain, _, _ = captured
+    costs = load_costs(plain, g)
+    spec = load_spec("cpu")
+    spec.engine.profiler_event_us = 0.5
+    model = CostModel(spec, costs)
+    for n in g.nodes:
+        m = costs.nodes[n.id]
+        c = model(n)
+        assert c.source == "measured" and not c.holds_gil
+        assert c.cpu_ns == int(max(0.0, m.cpu_ns - m.nested * 500))
+    spec.engine.profiler_event_us = 0.0
+    spec.engine.node_overhead_us = 1.0
+    spec.engine.call_overhead_us = 7.0
+    r = simulate_session(g, SimOptions(spec=spec, costs=costs, slack_top=0))
+    # One CPU worker: the call, then each node's overhead and measured time, back to back.
+    assert r.wall_ns == 7000 + sum(1000 + int(costs.nodes[n.id].cpu_ns) for n in g.nodes)
+
+
+def test_nodes_built_on_another_forward_thread_are_matched(tmp_path):
+    """Part of the forward runs on a second thread: its nodes count on that thread's sequence numbers,
+    and the trace tags them with its forward thread id."""
+    import threading
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def forward():
+        box = {}
+        th = threading.Thread(target=lambda: box.update(h=torch.tanh(x @ w)))  # noqa: B023
+        th.start()
+        th.join()
+        return (box["h"] * 2 + 1).sum()
+    path = str(tmp_path / "threads.json")
+    from_torch(forward(), names={"w": w, "x": x}, path=path)
+    g = load_graph(path)
+    trace = tmp_path / "trace.json"
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            forward().backward()
+    prof.export_chrome_trace(str(trace))
+    costs = load_costs(str(trace), g)
+    assert costs.coverage.matched_count == len(g.nodes) and costs.coverage.unmatched == []
+    tanh = next(n for n in g.nodes if n.name == "TanhBackward0")
+    threads = {s.nodes[tanh.id].fwd_tid for s in costs.coverage.steps}
+    mains = {s.nodes[g.roots[0].edge.node.id].fwd_tid for s in costs.coverage.steps}
+    assert threads.isdisjoint(mains)  # the tanh was built on other threads than the root
+
+
+def test_capture_profile_stores_costs_that_simulate_uses_by_default(tmp_path, capsys):
+    script = tmp_path / "model.py"
+    script.write_text(
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))\n"
+        "x = torch.randn(4, 8)\n"
+        "def main():\n"
+        "    return m(x).sum(), dict(m.named_parameters())\n")
+    out_path = tmp_path / "model.json"
+    kept = tmp_path / "profile.json"
+    code, out, err = run_cli(["capture", f"{script}:main", "-o", str(out_path), "--profile", "--steps", "3",
+                              "--warmup", "1", "--profile-trace", str(kept)], capsys)
+    assert code == 0, err
+    doc = json.loads(out_path.read_text())
+    m = doc["meta"]["measured"]
+    assert m["torch"] == torch.__version__ and m["device"].startswith("cpu") and m["date"].endswith("Z")
+    assert m["steps"] == 3 and m["warmup"] == 1 and m["coverage"]["matched"] == len(doc["nodes"])
+    assert set(m["nodes"]) == {n["id"] for n in doc["nodes"]}
+    assert all(n["fwd_thread"] >= 1 for n in doc["nodes"] if "seq" in n)
+    assert m["backward_wall_ns"]["runs"] == 3 and m["backward_wall_ns"]["median"] > 0
+    g = load_graph(str(out_path))
+    r = simulate_session(g, SimOptions(spec="cpu", slack_top=0))
+    assert r.cost_sources == {"measured": len(g.nodes)} and r.measured.info["torch"] == torch.__version__
+    assert simulate_session(g, SimOptions(spec="cpu", costs="analytic", slack_top=0)).cost_sources.get("measured") \
+        is None
+    # The kept trace is a real profile of the same program: it matches too.
+    assert load_costs(str(kept), g).coverage.matched_count == len(g.nodes)
+    # The graph file holding costs can serve as --costs of the same graph.
+    assert set(load_costs(str(out_path), g).nodes) == set(g.by_id)
+    code, out, err = run_cli(["capture", f"{script}:main", "-o", str(tmp_path / "x.json"), "--steps", "3"], capsys)
+    assert code == 2 and "go with --profile" in err
+
+
+def test_run_costs_give_opaque_nodes_the_measured_time(tmp_path):
+    """A custom autograd.Function has no rule here (captured opaque): with --costs, a replay spends the
+    time PyTorch measured for it."""
+    from autograd_run.capture_profile import profile_capture
+    from autograd_run.session import RunOptions, run_session
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(2, 2, 3)
+
+        def forward(self, t):
+            return torch.tanh(Scale.apply(self.conv(t)))
+    torch.manual_seed(0)
+    m = Net()
+    x = torch.randn(1, 2, 6, 6)
+    path = str(tmp_path / "deconv.json")
+    doc = from_torch(m(x).sum(), names=dict(m.named_parameters()), path=path)
+    profile_capture(path, doc, lambda: (m(x).sum(), None, None), steps=3, warmup=1)
+    g = load_graph(path)
+    opaque = [n for n in g.nodes if n.op.name == "opaque"]
+    assert opaque
+    measured = load_costs(path, g)
+    for n in opaque:  # a known time, large against the machine's noise
+        measured.nodes[n.id].cpu_ns = 30e6
+    doc["meta"]["measured"]["nodes"][opaque[0].id]["cpu_ns"] = 30_000_000
+    from autograd_run.graphs.dump import dumps
+    open(path, "wb").write(dumps(doc, "json"))
+    report = run_session(load_graph(path), RunOptions(costs=path, multithreading=False))
+    assert report.error is None and report.measured_applied == [opaque[0].id]
+    sl = next(s for s in report.recording.slices if s.node.id == opaque[0].id)
+    assert sl.duration >= 30e6 * 0.95
+    plain = run_session(load_graph(path), RunOptions(multithreading=False))
+    assert next(s for s in plain.recording.slices if s.node.id == opaque[0].id).duration < 30e6 * 0.5
+
+
+def test_bad_costs_files_are_clear_errors(tmp_path, captured, capsys):
+    g, plain, _, folder = captured
+    cases = {"x.json": b"{not json", "y.json": b'{"hello": 1}', "z.json": b'[{"ph": "X", "ts": "soon"}]',
+             "deep.json": b'{"traceEvents": [{"args": {"a": ' + b"[" * 50000 + b"]" * 50000 + b"}}]}"}
+    expect = {"x.json": "not valid JSON", "y.json": "no traceEvents",
+              "z.json": r"Expected `float`, got `str` - at `\$\[0\]\.ts`",
+              "deep.json": "nested too deeply"}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(RequestError, match=expect[name]):
+            load_costs(str(tmp_path / name), g)
+    with pytest.raises(RequestError, match="no such file"):
+        load_costs(str(tmp_path / "missing.json"), g)
+    code, out, err = run_cli(["simulate", str(folder / "mlp.json"), "--costs", str(tmp_path / "x.json")], capsys)
+    assert code == 2 and err.startswith("Error: --costs: ") and "Traceback" not in err
+    # Measured costs stored in a graph file are checked where they are used.
+    from autograd_run.graphs.dump import graph_to_dict
+    bad = graph_to_dict(load_graph("example:seed"))
+    bad["meta"] = {"measured": {"nodes": {"mul_b": {"cpu_ns": -5}}}}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(GraphFileError, match=r"meta.measured.nodes\['mul_b'\].cpu_ns: expected a non-negative"):
+        simulate_session(load_graph(str(tmp_path / "bad.json")), SimOptions(spec="cpu"))
+    bad["meta"] = {"measured": {"nodes": {"nope": {"cpu_ns": 5}}}}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(GraphFileError, match="no node 'nope'"):
+        simulate_session(load_graph(str(tmp_path / "bad.json")), SimOptions(spec="cpu"))
+
+
+def test_the_same_graph_run_again_and_a_root_whose_name_recurs(tmp_path):
+    """Backward of one retained graph three times: the same sequence numbers in every call (offset 0).
+    The graph's root is a MulBackward0 like every node of the chain: later runs of the name in the
+    same call are not taken for new calls."""
+    x = torch.randn(4, requires_grad=True)
+    y = x
+    for _ in range(6):
+        y = y * 1.5
+    path = str(tmp_path / "chain.json")
+    from_torch([y], grad_outputs=[torch.ones(4)], names={"x": x}, path=path)
+    g = load_graph(path)
+    trace = tmp_path / "t.json"
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            y.backward(torch.ones(4), retain_graph=True)
+    prof.export_chrome_trace(str(trace))
+    cov = load_costs(str(trace), g).coverage
+    assert len(cov.steps) == 3 and cov.matched == {n.id: 3 for n in g.nodes}
+    assert {off for s in cov.steps for _, off in s.offsets.values()} == {0}
+    assert cov.outside == 0 and cov.trace_unmatched == {}
+
+
+def test_a_node_more_in_the_profiled_run_is_aligned_by_order(tmp_path):
+    """The profiled program builds one node more mid-graph (a run of a slightly different program): nodes
+    built after it shift by one more, the ones before are matched by relative order, and the extra run
+    is reported."""
+    torch.manual_seed(0)
+    x, w1, w2 = (torch.randn(*s, requires_grad=True) for s in ((3, 4), (4, 5), (5, 2)))
+    path = str(tmp_path / "g.json")
+    from_torch((torch.tanh(x @ w1) @ w2).relu().sum(), names={"x": x, "w1": w1, "w2": w2}, path=path)
+    g = load_graph(path)
+    trace = tmp_path / "t.json"
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            ((torch.tanh(x @ w1) * 1.0) @ w2).relu().sum().backward()
+    prof.export_chrome_trace(str(trace))
+    cov = load_costs(str(trace), g).coverage
+    assert cov.matched == {n.id: 2 for n in g.nodes}
+    assert cov.methods["order"] == 2 * 2  # TanhBackward0 and the first MmBackward0, in each call
+    assert cov.trace_unmatched == {"MulBackward0": (2, "not in the graph")}
+
+
+def test_other_work_in_the_profile_is_counted_outside_the_calls(captured, tmp_path):
+    g, _, _, _ = captured
+    m, forward = mlp_program()
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Tanh())
+    x = torch.randn(1, 1, 5, 5)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        forward().backward()
+        conv(x).sum().backward()  # another model's backward right after
+    trace = tmp_path / "t.json"
+    prof.export_chrome_trace(str(trace))
+    cov = load_costs(str(trace), g).coverage
+    assert cov.matched_count == len(g.nodes) and len(cov.steps) == 1 and cov.trace_unmatched == {}
+    others = [e for e in read_torch_profile(str(trace)).events if e.name in ("ConvolutionBackward0", "TanhBackward0",
+                                                                             "SumBackward0")]
+    assert cov.outside == len(others) + 2  # and the conv's two leaves
+
+
+def test_pytorch_costs_default_to_the_local_torch_spec(captured, tmp_path, monkeypatch):
+    """With costs from a PyTorch profile, the engine around them is PyTorch's: `local-torch` when calibrated."""
+    from autograd_run.sim.calibrate import write_local
+    from autograd_run.sim.calibrate_torch import measure_engine
+    from autograd_run.sim.specs import EngineSpec, load_spec, local_spec_path
+    g, plain, _, _ = captured
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    eng = measure_engine(torch, nodes=40, reps=3, small_reps=3)
+    assert eng["overhead_ns"] >= 0 and eng["call_ns"] >= 0 and eng["event_ns"] >= 0
+    spec = load_spec("cpu")
+    spec.name = "local-torch"
+    spec.engine = EngineSpec(node_overhead_us=eng["overhead_ns"] / 1e3, profiler_event_us=eng["event_ns"] / 1e3,
+                             call_overhead_us=eng["call_ns"] / 1e3)
+    with pytest.raises(RequestError, match="calibrate --torch"):
+        load_spec("local-torch")
+    write_local(spec, local_spec_path("local-torch"))
+    assert simulate_session(g, SimOptions(costs=plain, slack_top=0)).spec.name == "local-torch"
+    assert simulate_session(g, SimOptions(costs="analytic", slack_top=0)).spec.name != "local-torch"
