@@ -6,7 +6,7 @@ import os
 
 import click
 
-from autograd_run.cli.common import graph_format
+from autograd_run.cli.common import echo, graph_format
 from autograd_run.errors import OrderMismatch, UsageError
 
 
@@ -56,7 +56,7 @@ def capture(script, output):
     except (ValueError, RuntimeError) as exc:
         raise UsageError(f"capture failed: {exc}") from exc
     opaque = sum(1 for n in doc["nodes"] if n.get("op") == "opaque")
-    click.echo(f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
+    echo(f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
                + (f", {opaque} opaque (no rule)" if opaque else "")
                + f"; PyTorch reference: {len(doc['meta']['reference']['order'])} nodes run")
 
@@ -74,23 +74,22 @@ def check(graph, rtol, atol):
     Example:
       autograd-run check model.json --rtol 1e-5
     """
-    from rich.console import Console
-    from rich.table import Table
     from autograd_run.check import check_graph
+    from autograd_run.cli.render import columns
+    from autograd_run.cli.terminal import PlainTable as Table, make_console, plain
     from autograd_run.graphs.load import load_graph
     report = check_graph(load_graph(graph), rtol, atol)
-    console = Console()
+    console = make_console()
     if report.order_ok:
-        console.print(f"order: {report.order_len[1]} nodes, same as PyTorch")
+        console.print(plain(f"order: {report.order_len[1]} nodes, same as PyTorch"))
     else:
         d = report.divergence
-        console.print(f"order: differs at position {d['position']}: expected {d['expected']}, got {d['got']}")
+        console.print(plain(f"order: differs at position {d['position']}: expected {d['expected']}, got {d['got']}"))
     if not report.grads_compared:
-        console.print(report.note)
+        console.print(plain(report.note))
     else:
-        t = Table(title="gradients against PyTorch")
-        for c in ("leaf", "max abs err", "max rel err", "ok"):
-            t.add_column(c)
+        t = columns(Table(title="gradients against PyTorch"), ("leaf", "id"), ("max abs err", "num"),
+                    ("max rel err", "num"), ("ok", "text"))
         for g in report.grads:
             t.add_row(g.name, "-" if g.max_abs is None else f"{g.max_abs:.3g}",
                       "-" if g.max_rel is None else f"{g.max_rel:.3g}", ("yes" if g.ok else "NO") + (f" ({g.note})" if g.note else ""))

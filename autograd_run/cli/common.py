@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import click
 
+from autograd_run.cli.terminal import escape, escape_lines
 from autograd_run.errors import UsageError
 
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
-_CONTROL.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"})
+__all__ = ["escape", "echo", "error_line", "note_lines", "graph_format"]
 
 
-def escape(text: str) -> str:
-    """``text`` with every control character (terminal escapes, newlines, carriage returns) made visible."""
-    return str(text).translate(_CONTROL)
+def echo(msg: str, err: bool = False) -> None:
+    """One line of output whose text may come from files or users: escaped, so it stays one line."""
+    click.echo(escape(msg), err=err)
+
+
+def note_lines(text: str, err: bool = True, indent: str = "  ") -> None:
+    """A multi-line text from a file (a forward trace) on stderr: each line escaped and indented."""
+    for line in escape_lines(text, indent):
+        click.echo(line, err=err)
 
 
 def error_line(msg: str) -> None:

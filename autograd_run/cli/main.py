@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from autograd_run.cli.common import error_line, graph_format
+from autograd_run.cli.common import echo, error_line, escape, graph_format
 from autograd_run.errors import AutogradRunError, GraphFileError, RequestError, UsageError
 
 #: The command-line flag of each session request field, for error messages.
@@ -63,7 +63,7 @@ def validate(files):
             failed = True
             continue
         devs = ", ".join(str(d) for d in g.devices)
-        click.echo(f"{f}: {len(g.nodes)} nodes, {g.num_edges} edges, devices: {devs}, roots: {len(g.roots)}")
+        echo(f"{f}: {len(g.nodes)} nodes, {g.num_edges} edges, devices: {devs}, roots: {len(g.roots)}")
     if failed:
         sys.exit(2)
 
@@ -137,7 +137,7 @@ def gen(kind, output, n, op, width, layers, batch, in_features, heads, seq_len, 
     check_output_path(output, "output", [])
     doc = generate(kind, **kw)
     atomic_write(output, dumps(doc, fmt), "output")
-    click.echo(f"{output}: {len(doc['nodes'])} nodes")
+    echo(f"{output}: {len(doc['nodes'])} nodes")
 
 
 from autograd_run.cli.run_cmd import run  # noqa: E402  (registers the run command below)
@@ -158,6 +158,7 @@ def main(argv=None):
         error_line("aborted")
         sys.exit(130)
     except click.ClickException as exc:
+        exc.message = escape(exc.message)  # click quotes some values with repr, not all (No such option: ...)
         exc.show()
         sys.exit(exc.exit_code)
     except RequestError as exc:

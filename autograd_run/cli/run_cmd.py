@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-import traceback
 
 import click
 
-from autograd_run.cli.common import error_line
+from autograd_run.cli import jsonout
+from autograd_run.cli.common import echo, error_line, note_lines
+from autograd_run.cli.terminal import make_console, plain, traceback_lines
 from autograd_run.engine.tracer import Tracer
 from autograd_run.errors import OrderMismatch
 
@@ -29,10 +29,9 @@ class Progress(Tracer):
     def __enter__(self):
         if not self.enabled:
             return self
-        from rich.console import Console
         from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
         self.bar = Bar(TextColumn("backward"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                       TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                       TimeElapsedColumn(), console=make_console(stderr=True), transient=True)
         self.bar.start()
         self.task = self.bar.add_task("run", total=1.0)
         self.thread = threading.Thread(target=self._poll, daemon=True)
@@ -107,28 +106,30 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
         report = run_session(g, options)
     error = report.error
     if json_out:
-        click.echo(json.dumps(report_json(report, graph)))
+        click.echo(jsonout.dumps(report_json(report, graph)))
     elif summary:
-        from rich.console import Console
-        console = Console()
+        console = make_console()
         dev_line = report.devices.describe() if any(not d.is_cpu for d in g.devices) else None
         render_summary(console, report.summary, f"{graph}: {len(g.nodes)} nodes", devices=dev_line)
         if report.result is not None:
             render_grads(console, report.result)
         if trace_path:
-            console.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")
+            console.print(plain(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)"))
     if error is not None:
         where = f"node {error.node_id!r} ({error.node_name})" if error.node_id else "backward"
         if verbose and error.__cause__ is not None:
-            traceback.print_exception(error.__cause__, file=sys.stderr)
-        note = getattr(error, "anomaly_note", None)
-        if note:
-            click.echo(note, err=True)
+            for line in traceback_lines(error.__cause__):
+                click.echo(line, err=True)
+        header = getattr(error, "anomaly_header", None)
+        if header:
+            echo(header, err=True)
+            note_lines(error.anomaly_trace or "(no forward trace recorded in the graph file)")
         error_line(f"{where}: {error}")
         sys.exit(1)
     if report.divergence is not None:
-        click.echo(report.divergence.describe(), err=True)
+        for line in report.divergence.lines():
+            echo(line, err=True)
         raise OrderMismatch(f"executed order differs from {expect_order}")
     if expect_order and not json_out:
-        click.echo(f"order matches {expect_order} ({len(report.order)} nodes"
-                   + (", compared per worker)" if report.per_worker else ")"))
+        echo(f"order matches {expect_order} ({len(report.order)} nodes"
+             + (", compared per worker)" if report.per_worker else ")"))

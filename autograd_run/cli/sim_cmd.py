@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
+
+from autograd_run.cli import jsonout
+from autograd_run.cli.common import echo
 
 from autograd_run.sim.placement import PLACEMENTS
 from autograd_run.sim.policies import POLICIES
@@ -98,18 +99,18 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
     if order_out:
         write_order(order_out, first.order)
     if json_out:
-        click.echo(json.dumps([_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)))
+        click.echo(jsonout.dumps([_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)))
         return
-    from rich.console import Console
     from autograd_run.cli.render import render_compare, render_slack, render_summary
-    console = Console()
+    from autograd_run.cli.terminal import make_console, plain
+    console = make_console()
     if len(reports) > 1:
         render_compare(console, reports, f"{graph}: simulated, {len(g.nodes)} nodes")
     elif summary:
         render_summary(console, first.summary, f"{graph}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
     if trace_path:
-        console.print(f"simulated trace written to {trace_path} (open it in https://ui.perfetto.dev)")
+        console.print(plain(f"simulated trace written to {trace_path} (open it in https://ui.perfetto.dev)"))
 
 
 def _report_json(r) -> dict:
@@ -138,4 +139,4 @@ def calibrate(output, nodes):
     click.echo(f"engine: {e.node_overhead_us:.2f} us per node, hand-off {e.handoff_us:.1f} us (holds the GIL)")
     click.echo(f"host: float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 {h.peak_flops['float64'] / 1e9:.1f} "
                f"GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest call {h.min_kernel_us:.2f} us")
-    click.echo(f"wrote {path}")
+    echo(f"wrote {path}")

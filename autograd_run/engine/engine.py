@@ -445,6 +445,9 @@ def _as_backward_error(gt: GraphTask) -> BaseException:
     be.__cause__ = err
     if gt.anomaly and node is not None:
         trace = node.attrs.get("trace")
-        be.anomaly_note = (f"Error detected in {node.name}. Traceback of forward call that caused the error:\n"
+        #: PyTorch's anomaly-mode warning, as its first line and the forward trace from the graph file.
+        be.anomaly_header = f"Error detected in {node.name}. Traceback of forward call that caused the error:"
+        be.anomaly_trace = str(trace) if trace else None
+        be.anomaly_note = (f"{be.anomaly_header}\n"
                            f"{trace if trace else '(no forward trace recorded in the graph file)'}")
     return be

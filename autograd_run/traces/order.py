@@ -67,12 +67,15 @@ class Divergence:
     pass_index: int = 0
     detail: list[str] = field(default_factory=list)
 
-    def describe(self) -> str:
+    def lines(self) -> list[str]:
+        """The explanation, one string per line (a node id with a newline in it stays in its line)."""
         where = f"position {self.position}" + (f" of worker {self.thread!r}" if self.thread else "")
         if self.pass_index:
             where += f" in pass {self.pass_index}"
-        lines = [f"order differs at {where}: expected {_short(self.expected)}, got {_short(self.got)}"]
-        return "\n".join(lines + self.detail)
+        return [f"order differs at {where}: expected {_short(self.expected)}, got {_short(self.got)}", *self.detail]
+
+    def describe(self) -> str:
+        return "\n".join(self.lines())
 
 
 def _short(row: dict | None) -> str:
