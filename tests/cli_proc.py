@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.environ.get("AUTOGRAD_RUN_ROOT") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cli_env(columns: int = 200, **extra) -> dict:

@@ -131,18 +131,23 @@ SHOW_VALUES = 8
 
 
 def grads_table(result) -> Table:
-    """One row per gradient: shape, dtype, sum, max |g|, and the values of small ones."""
-    g = columns(Table(title=f"gradients ({result.mode})"), ("name", "id"), ("shape", "label"), ("sum", "num"),
-                ("max |g|", "num"), ("values", "text"))
+    """One row per gradient: shape, sum, max |g|, and the values of small ones (at most ``SHOW_VALUES``)."""
+    rows = []
     for name, v in result.grads.items():
         if v is None:
-            g.add_row(name, "-", "None", "", "")
+            rows.append([name, "-", "None", "", ""])
             continue
         arr = np.asarray(host(v))
         with np.errstate(all="ignore"):  # an overflowing float16 sum shows inf, with no warning
             total = arr.sum() if arr.size else arr.dtype.type(0)
             top = abs(arr).max() if arr.size else 0.0
-        g.add_row(name, str(list(arr.shape)), _num(total), _num(top), _values(arr))
+        rows.append([name, str(list(arr.shape)), _num(total), _num(top), _values(arr)])
+    spec = [("name", "id"), ("shape", "label"), ("sum", "num"), ("max |g|", "num")]
+    if any(r[4] for r in rows):
+        spec.append(("values", "text"))
+    g = columns(Table(title=f"gradients ({result.mode})"), *spec)
+    for r in rows:
+        g.add_row(*r[:len(spec)])
     return g
 
 

@@ -115,6 +115,10 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
             render_grads(console, report.result)
         if trace_path:
             console.print(plain(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)"))
+    elif options.inputs and report.result is not None:  # asked for by name: shown even without the summary
+        from autograd_run.engine.run import RunResult
+        wanted = RunResult(report.result.mode, {k: v for k, v in report.result.grads.items() if k in options.inputs})
+        render_grads(make_console(), wanted)
     if error is not None:
         where = f"node {error.node_id!r} ({error.node_name})" if error.node_id else "backward"
         if verbose and error.__cause__ is not None:

@@ -45,8 +45,30 @@ def run_graph(engine, graph: Graph, state: GraphState | None = None, *, mode: st
     if mode == "grad":
         captured = engine.execute(state, roots, grads, accumulate_grad=False, inputs=edges, **kw)
         return RunResult("grad", dict(zip(names, captured)))
+    retained = _retain_grads(state, graph, names)
     engine.execute(state, roots, grads, accumulate_grad=True, inputs=edges or None, **kw)
-    return RunResult("backward", dict(state.grads))
+    out = dict(state.grads)
+    out.update(retained)
+    return RunResult("backward", out)
+
+
+def _retain_grads(state: GraphState, graph: Graph, names: list[str]) -> dict[str, Any]:
+    """``backward(inputs=[t])`` with a non-leaf ``t`` accumulates into ``t.grad`` (PyTorch calls
+    ``t.retain_grad()`` for it): a retains-grad hook on that node's input slot 0 does the same here.
+    Returns the dict the hooks fill, by input name."""
+    nodes = [n for n in names if n not in graph.variables]
+    retained: dict[str, Any] = {n: None for n in nodes}
+
+    def hook(name):
+        def fn(grad):
+            if grad is not None:
+                old = retained[name]
+                retained[name] = grad.copy() if old is None else old + grad
+        return fn
+
+    for n in nodes:
+        state.register_retains_grad_hook(graph.by_id[n], 0, hook(n))
+    return retained
 
 
 def _with_inputs(graph: Graph, names: list[str]) -> Graph:
