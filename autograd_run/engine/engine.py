@@ -110,13 +110,16 @@ class Engine:
     # -- public API ------------------------------------------------------------
     def execute(self, state, roots: Sequence, grads: Sequence, *, retain_graph: bool | None = None,
                 create_graph: bool = False, accumulate_grad: bool = True, inputs: Sequence | None = None,
-                anomaly: bool = False, faults: dict[str, str] | None = None,
+                anomaly: bool | None = None, faults: dict[str, str] | None = None,
                 context: dict | None = None) -> list:
         """Run one backward call; returns the captured gradients (``grad()``), else ``[]``.
 
         ``roots``/``inputs`` are Edges (or ``(node_or_id, input_nr)`` pairs);
         ``grads`` one array per root. ``faults`` maps node ids to ``"error"`` or
         ``"nan"`` (fault injection). Raises ``BackwardError`` naming the node.
+        A nested (reentrant) call inherits what it is not given from the call
+        whose node made it: anomaly mode (thread-local in PyTorch, so a nested
+        backward checks too and names its own node) and the injected faults.
         """
         graph = state.graph
         roots = [_edge(graph, r) for r in roots]
@@ -136,8 +139,13 @@ class Engine:
             tls.queue = ReadyQueue(f"cpu:{threading.current_thread().name}", self.tracer)
         reentrant = tls.worker_device != NO_DEVICE
         frame = tls.frame
+        parent = frame[0] if frame is not None else None
         if context is None:
-            context = frame[0].context if frame is not None else {}
+            context = parent.context if parent is not None else {}
+        if anomaly is None:
+            anomaly = parent.anomaly if parent is not None else False
+        if faults is None:
+            faults = parent.faults if parent is not None else None
         gt = GraphTask(self, state, keep_graph=keep_graph, create_graph=create_graph,
                        reentrant_depth=tls.total_depth + 1 if reentrant else 0, cpu_queue=tls.queue,
                        anomaly=anomaly, multithreading=self.multithreading,
