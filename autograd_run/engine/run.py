@@ -32,7 +32,9 @@ class RunResult:
 
 def run_graph(engine, graph: Graph, state: GraphState | None = None, *, mode: str | None = None,
               inputs: list[str] | None = None, retain_graph: bool | None = None, create_graph: bool = False,
-              anomaly: bool = False, faults: dict[str, str] | None = None) -> RunResult:
+              anomaly: bool = False, faults: dict[str, str] | None = None, grads: list | None = None) -> RunResult:
+    """One backward call as the graph file says (``mode``/``inputs`` override it); ``grads``: the root
+    gradients, when already materialised (else they are, from the file)."""
     state = state or GraphState(graph)
     mode = mode or graph.mode
     names = list(inputs) if inputs is not None else list(graph.inputs)
@@ -40,7 +42,8 @@ def run_graph(engine, graph: Graph, state: GraphState | None = None, *, mode: st
         graph = _with_inputs(graph, names)
     edges = graph.input_edges() if names else []
     roots = [r.edge for r in graph.roots]
-    grads = root_gradients(graph)
+    if grads is None:
+        grads = root_gradients(graph)
     kw = dict(retain_graph=retain_graph, create_graph=create_graph, anomaly=anomaly, faults=faults)
     if mode == "grad":
         captured = engine.execute(state, roots, grads, accumulate_grad=False, inputs=edges, **kw)

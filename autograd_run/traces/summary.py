@@ -5,10 +5,16 @@ documented fields, JSON-ready through ``to_dict``). It never looks at the
 clock or the engine, so tests feed it synthetic recordings.
 
 Definitions:
-  wall          first to last event of the run, in ns;
+  wall          the time inside the run's top-level backward calls, in ns:
+                from the first call's start to the run's last event, less
+                the gaps between one call's end and the next one's start
+                (a ``--repeat`` run's set-up of each pass is not counted);
+                without graph-task spans (a synthetic recording), first to
+                last event;
   busy          per worker, time inside at least one node slice (nested
                 reentrant slices are not counted twice);
-  idle          per worker, time blocked on an empty ready queue;
+  idle          per worker, time blocked on an empty ready queue within the
+                wall time;
   queue wait    per task, push to pop;
   critical path the chain of executed nodes (root to a leaf, following
                 next edges within one GraphTask) with the largest sum of
@@ -17,6 +23,7 @@ Definitions:
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import asdict, dataclass, field
 
 from autograd_run.ops import OPAQUE, is_graph_root
@@ -100,7 +107,8 @@ def summarize(rec: Recording, slowest: int = 10) -> Summary:
     if rec.empty:
         return s
     t_first = rec.start
-    s.wall_ns = rec.end - rec.start
+    gaps = _gaps_between_calls(rec)
+    s.wall_ns = rec.end - rec.start - _union_length(gaps)
     name = rec.thread_name
 
     workers: dict[int, Worker] = {}
@@ -130,7 +138,7 @@ def summarize(rec: Recording, slowest: int = 10) -> Summary:
     for tid, spans in intervals.items():
         worker(tid).busy_ns = _union_length(spans)
     for idle in rec.idles:
-        worker(idle.tid).idle_ns += idle.end - idle.start
+        worker(idle.tid).idle_ns += idle.end - idle.start - _overlap((idle.start, idle.end), gaps)
 
     queue_waits: dict[str, list[int]] = {}
     for w in rec.waits:
@@ -160,6 +168,29 @@ def summarize(rec: Recording, slowest: int = 10) -> Summary:
     s.critical_path, s.critical_path_ns = _critical_path(runs)
     s.critical_path_share = s.critical_path_ns / s.wall_ns if s.wall_ns else 0.0
     return s
+
+
+def _gaps_between_calls(rec: Recording) -> list[tuple[int, int]]:
+    """The stretches between one top-level backward call's end and the next one's start."""
+    spans = sorted((g.start, g.end) for g in rec.graph_tasks if g.depth == 0 and g.end is not None)
+    gaps, reach = [], None
+    for a, b in spans:
+        if reach is not None and a > reach:
+            gaps.append((reach, a))
+        reach = b if reach is None else max(reach, b)
+    return gaps
+
+
+def _overlap(span: tuple[int, int], gaps: list[tuple[int, int]]) -> int:
+    """How much of ``span`` lies in ``gaps`` (sorted, disjoint)."""
+    a, b = span
+    total = 0
+    k = max(0, bisect.bisect_right(gaps, (a, a)) - 1)
+    while k < len(gaps) and gaps[k][0] < b:
+        x, y = gaps[k]
+        total += max(0, min(b, y) - max(a, x))
+        k += 1
+    return total
 
 
 def _union_length(spans: list[tuple[int, int]]) -> int:
