@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -31,10 +32,11 @@ from typing import Sequence
 from autograd_run.engine import DeviceSet, Engine, GraphState
 from autograd_run.engine.run import RunResult, root_gradients, run_graph
 from autograd_run.engine.tracer import Tracer, Tracers
-from autograd_run.errors import BackwardError, RequestError
+from autograd_run.errors import BackwardError, RequestError, RunInterrupted
 from autograd_run.graphs.model import Graph
 from autograd_run.ops import ACCUMULATE_GRAD
 from autograd_run.outputs import check_output_path
+from autograd_run.stopping import INTERRUPTED, TIMEOUT, RunStop, Watchdog
 from autograd_run.traces.order import Divergence, compare_orders, write_order
 from autograd_run.traces.order_recorder import OrderRecorder
 from autograd_run.traces.recorder import Recorder
@@ -74,6 +76,10 @@ class RunOptions:
     order_out: str | None = None
     #: More tracers (e.g. a progress hook), called after the built-in ones.
     tracers: Sequence[Tracer] = ()
+    #: Seconds the whole run (every pass) may take; then it is stopped as by ``stop``. None: no limit.
+    timeout: float | None = None
+    #: A handle to stop the run from outside (``stopping.RunStop``; Ctrl-C in the command line).
+    stop: RunStop | None = None
 
 
 @dataclass
@@ -94,6 +100,11 @@ class RunReport:
     per_worker: bool = False
     #: Seconds: ``backward`` (all passes), ``trace`` and ``order`` (writing them).
     timings: dict[str, float] = field(default_factory=dict)
+    #: Why the run was stopped before it finished (``interrupted``, ``timeout``), or None.
+    #: Its recording, trace and order then hold what ran, and the files are marked incomplete.
+    interrupted: str | None = None
+    #: Passes that ran to completion.
+    passes_done: int = 0
     _summary: Summary | None = None
 
     @property
@@ -167,12 +178,49 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     report = RunReport(graph, o, devices)
     engine = Engine(devices, tracer=tracer if tracer.enabled else None, multithreading=o.multithreading,
                     allow_python=o.allow_python)
+    stopper = o.stop if o.stop is not None else (RunStop() if o.timeout is not None else None)
+    try:
+        if stopper is None:
+            _run_passes(engine, graph, o, faults, report, None)
+        else:
+            def stop(reason: str) -> None:
+                engine.interrupt(RunInterrupted(reason, _stop_message(reason, o.timeout)))
+            with Watchdog(stopper, o.timeout, stop):
+                _run_passes(engine, graph, o, faults, report, stopper)
+    finally:
+        engine.shutdown(timeout=5)
+        if stopper is not None and o.stop is None:
+            stopper.close()
+    if recorder is not None:
+        report.recording = recorder.recording()
+    if o.trace_path:
+        t = time.perf_counter()
+        _write_trace(o.trace_path, report.recording, report.interrupted)
+        report.timings["trace"] = time.perf_counter() - t
+    if order is not None:
+        report.order = order.rows()
+        if o.order_out:
+            t = time.perf_counter()
+            write_order(o.order_out, report.order, incomplete=report.interrupted)
+            report.timings["order"] = time.perf_counter() - t
+        if o.expected_order is not None and report.error is None:
+            threads = {r["thread"] for r in report.order}
+            report.per_worker = o.multithreading and len(threads) > 1
+            report.divergence = compare_orders(o.expected_order, report.order, report.per_worker)
+    return report
+
+
+def _run_passes(engine: Engine, graph: Graph, o: RunOptions, faults: dict, report: RunReport,
+                stopper: RunStop | None) -> None:
+    """The timed passes; a failing pass ends them (``report.error``), so does a stop request."""
     inputs = list(o.inputs) if o.inputs is not None else None
     elapsed = 0.0
     try:
         # Set-up is not part of the backward call: device threads (and BLAS limits) start before the clock.
         engine.start_device_threads(graph.max_device_index + 1)
         for _ in range(o.repeat):
+            if stopper is not None and stopper.requested:
+                raise RunInterrupted(stopper.reason, _stop_message(stopper.reason, o.timeout))
             state = GraphState(graph)
             state.prepare()  # saved tensors exist before the timed backward, as after a forward
             grads = root_gradients(graph)
@@ -183,27 +231,36 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
                                           anomaly=o.anomaly, faults=faults, grads=grads)
             finally:
                 elapsed += time.perf_counter() - t
+            report.passes_done += 1
+    except RunInterrupted as exc:
+        report.error, report.result, report.interrupted = exc, None, exc.reason
+    except KeyboardInterrupt:  # a second Ctrl-C, or a library caller's own: stop here, keep what was recorded
+        # From another thread, with a bound: the interrupt may have left a lock of this thread's held.
+        t = threading.Thread(target=engine.interrupt, args=(RunInterrupted(INTERRUPTED),), daemon=True)
+        t.start()
+        t.join(1.0)
+        report.error, report.result, report.interrupted = RunInterrupted(INTERRUPTED), None, INTERRUPTED
     except BackwardError as exc:
         report.error = exc
         report.result = None
-    finally:
-        engine.shutdown(timeout=5)
     report.timings["backward"] = elapsed
-    if recorder is not None:
-        report.recording = recorder.recording()
-    if o.trace_path:
-        from autograd_run.traces.chrome import write_chrome_trace
-        t = time.perf_counter()
-        write_chrome_trace(o.trace_path, report.recording)
-        report.timings["trace"] = time.perf_counter() - t
-    if order is not None:
-        report.order = order.rows()
-        if o.order_out:
-            t = time.perf_counter()
-            write_order(o.order_out, report.order)
-            report.timings["order"] = time.perf_counter() - t
-        if o.expected_order is not None and report.error is None:
-            threads = {r["thread"] for r in report.order}
-            report.per_worker = o.multithreading and len(threads) > 1
-            report.divergence = compare_orders(o.expected_order, report.order, report.per_worker)
-    return report
+
+
+def _stop_message(reason: str, timeout: float | None) -> str:
+    if reason == TIMEOUT:
+        return f"the run took longer than its time limit of {timeout:g} s and was stopped"
+    return "the run was interrupted"
+
+
+def _write_trace(path: str, rec: Recording, incomplete: str | None) -> None:
+    """The Chrome trace; a stopped run's is marked incomplete (``otherData.incomplete`` and an instant event)."""
+    import msgspec
+    from autograd_run.outputs import atomic_write
+    from autograd_run.traces.chrome import to_chrome_trace
+    trace = to_chrome_trace(rec)
+    if incomplete:
+        trace.setdefault("otherData", {})["incomplete"] = incomplete
+        ts = (rec.end - rec.start) / 1000.0 + 1.0 if not rec.empty else 1.0
+        trace["traceEvents"].append({"ph": "i", "s": "g", "pid": 1, "tid": 0, "ts": ts, "cat": "incomplete",
+                                     "name": f"run {incomplete}: the trace is incomplete"})
+    atomic_write(path, msgspec.json.encode(trace), "trace_path")

@@ -9,9 +9,11 @@ import click
 
 from autograd_run.cli import jsonout
 from autograd_run.cli.common import echo, error_line, note_lines
+from autograd_run.cli.interrupts import ctrl_c_stops
 from autograd_run.cli.terminal import make_console, plain, traceback_lines
 from autograd_run.engine.tracer import Tracer
 from autograd_run.errors import OrderMismatch
+from autograd_run.stopping import RunStop
 
 
 class Progress(Tracer):
@@ -73,9 +75,12 @@ class Progress(Tracer):
               "(exact when deterministic, else per worker); exit 3 on a mismatch.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the summary and gradients as JSON on stdout.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop the run after SECONDS (all passes): what ran is written, marked incomplete; exit 124.")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
 def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithreading, devices, anomaly,
-        inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, summary, json_out, verbose):
+        inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, summary, json_out, timeout,
+        verbose):
     """Run a graph's backward pass (GRAPH is a file or example:NAME).
 
     \b
@@ -99,12 +104,17 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
         inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
         profile=summary or json_out or bool(trace_path), trace_path=trace_path, order_out=order_out,
         expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
-        tracers=(progress,))
+        tracers=(progress,), timeout=timeout, stop=RunStop())
     if options.inputs is not None:
         options.inputs = [s for s in options.inputs if s]
-    with progress:
-        report = run_session(g, options)
+    try:
+        with ctrl_c_stops(options.stop), progress:
+            report = run_session(g, options)
+    finally:
+        options.stop.close()
     error = report.error
+    if report.interrupted:
+        _stopped(report, trace_path, order_out, repeat, timeout)
     if json_out:
         click.echo(jsonout.dumps(report_json(report, graph)))
     elif summary:
@@ -137,3 +147,14 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     if expect_order and not json_out:
         echo(f"order matches {expect_order} ({len(report.order)} nodes"
              + (", compared per worker)" if report.per_worker else ")"))
+
+
+def _stopped(report, trace_path, order_out, repeat, timeout) -> None:
+    """A stopped run: one line on stderr (what stopped it, how far it got, what was written), then exit
+    130 (Ctrl-C) or 124 (--timeout)."""
+    written = [p for p in (trace_path, order_out) if p]
+    where = f"in pass {report.passes_done + 1} of {repeat}" if repeat > 1 else "before the backward pass finished"
+    what = "interrupted" if report.interrupted == "interrupted" else f"--timeout: stopped after {timeout:g} s"
+    tail = f"; wrote {' and '.join(written)} (incomplete)" if written else ""
+    error_line(f"{what} {where}{tail}")
+    sys.exit(report.error.exit_code)

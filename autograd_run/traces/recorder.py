@@ -70,7 +70,8 @@ class Recorder(Tracer):
 
     def recording(self) -> Recording:
         """The events so far as a typed ``Recording``."""
-        return Recording.from_events(self.events, self.threads, self.os_tids)
+        # Copies: a worker of a stopped run may still be finishing a node and recording it.
+        return Recording.from_events(list(self.events), dict(self.threads), dict(self.os_tids))
 
     def graph_task_start(self, gt) -> None:
         self.events.append((GT_START, self.clock(), self._tid(), gt.id, gt.reentrant_depth))
