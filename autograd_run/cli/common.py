@@ -7,12 +7,34 @@ import click
 from autograd_run.cli.terminal import escape, escape_lines
 from autograd_run.errors import UsageError
 
-__all__ = ["escape", "echo", "error_line", "note_lines", "graph_format"]
+__all__ = ["escape", "echo", "write", "stdout_closed", "error_line", "note_lines", "graph_format"]
 
 
 def echo(msg: str, err: bool = False) -> None:
     """One line of output whose text may come from files or users: escaped, so it stays one line."""
-    click.echo(escape(msg), err=err)
+    write(escape(msg), err=err)
+
+
+def write(text: str, err: bool = False) -> None:
+    """``text`` and a newline on stdout (or stderr), as it is; a reader that went away is not an error."""
+    try:
+        click.echo(text, err=err)
+    except BrokenPipeError:
+        stdout_closed()
+
+
+def stdout_closed() -> None:
+    """The reader of stdout went away (``autograd-run ... | head -1``): further output is dropped
+    quietly, and the command ends with the exit status it would have had. Standard output is pointed
+    at the null device, so nothing written later (or flushed at exit) fails again."""
+    import os
+    import sys
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
 
 
 def note_lines(text: str, err: bool = True, indent: str = "  ") -> None:

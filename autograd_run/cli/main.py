@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from autograd_run.cli.common import echo, error_line, escape, graph_format
+from autograd_run.cli.common import echo, error_line, escape, graph_format, stdout_closed, write
 from autograd_run.errors import AutogradRunError, GraphFileError, RequestError, UsageError
 
 #: The command-line flag of each session request field, for error messages.
@@ -89,7 +89,7 @@ def examples():
                     if line.startswith("#"):
                         first = line.lstrip("# ").strip()
                         break
-        click.echo(f"example:{name:<12} {first}")
+        write(f"example:{name:<12} {first}")
 
 
 @cli.command()
@@ -171,6 +171,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         error_line("interrupted")
         sys.exit(130)
+    except BrokenPipeError:  # the reader of stdout went away: quietly, as other command-line tools
+        stdout_closed()
+        sys.exit(0)
     except SystemExit:
         raise
     sys.exit(0)

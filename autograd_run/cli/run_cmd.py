@@ -8,7 +8,7 @@ import threading
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import echo, error_line, note_lines
+from autograd_run.cli.common import echo, error_line, note_lines, write
 from autograd_run.cli.interrupts import ctrl_c_stops
 from autograd_run.cli.terminal import make_console, plain, traceback_lines
 from autograd_run.engine.tracer import Tracer
@@ -116,7 +116,7 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     if report.interrupted:
         _stopped(report, trace_path, order_out, repeat, timeout)
     if json_out:
-        click.echo(jsonout.dumps(report_json(report, graph)))
+        write(jsonout.dumps(report_json(report, graph)))
     elif summary:
         console = make_console()
         dev_line = report.devices.describe() if any(not d.is_cpu for d in g.devices) else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import echo
+from autograd_run.cli.common import echo, write
 
 from autograd_run.sim.placement import PLACEMENTS
 from autograd_run.sim.policies import POLICIES
@@ -99,7 +99,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
     if order_out:
         write_order(order_out, first.order)
     if json_out:
-        click.echo(jsonout.dumps([_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)))
+        write(jsonout.dumps([_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)))
         return
     from autograd_run.cli.render import render_compare, render_slack, render_summary
     from autograd_run.cli.terminal import make_console, plain
@@ -136,7 +136,7 @@ def calibrate(output, nodes):
     spec = measure(nodes=nodes)
     path = write_local(spec, output)
     e, h = spec.engine, spec.host
-    click.echo(f"engine: {e.node_overhead_us:.2f} us per node, hand-off {e.handoff_us:.1f} us (holds the GIL)")
-    click.echo(f"host: float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 {h.peak_flops['float64'] / 1e9:.1f} "
+    write(f"engine: {e.node_overhead_us:.2f} us per node, hand-off {e.handoff_us:.1f} us (holds the GIL)")
+    write(f"host: float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 {h.peak_flops['float64'] / 1e9:.1f} "
                f"GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest call {h.min_kernel_us:.2f} us")
     echo(f"wrote {path}")

@@ -68,9 +68,19 @@ class PlainTable(Table):
         super().add_row(*(plain(c) if isinstance(c, str) else c for c in cells), **kw)
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (``| head -1``): stop writing, quietly (rich would exit with status 1)."""
+        from autograd_run.cli.common import stdout_closed
+        self.quiet = True
+        if not self.stderr:
+            stdout_closed()
+
+
 def make_console(stderr: bool = False, file: IO[str] | None = None, **kw) -> Console:
-    """A console for the command line: no markup, no emoji codes, no highlighting of our strings."""
-    return Console(stderr=stderr, file=file, markup=False, emoji=False, highlight=False, **kw)
+    """A console for the command line: no markup, no emoji codes, no highlighting of our strings; a
+    closed pipe ends its output quietly."""
+    return _Console(stderr=stderr, file=file, markup=False, emoji=False, highlight=False, **kw)
 
 
 def traceback_lines(exc: BaseException) -> list[str]:
