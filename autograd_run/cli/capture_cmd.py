@@ -35,16 +35,15 @@ def capture(script, output):
         raise UsageError(f"{path}: no such file")
     graph_format(output)
     check_output_path(output, "output", [path])
-    try:
-        namespace = runpy.run_path(path, run_name="__autograd_run_capture__")
-    except Exception as exc:
-        raise UsageError(f"{path}: running the script failed: {type(exc).__name__}: {exc}") from exc
+    namespace = _user_call(path, "running the script", lambda: runpy.run_path(path, run_name="__autograd_run_capture__"))
     fn = namespace.get(func)
     if not callable(fn):
         raise UsageError(f"{path}: no function {func!r}")
-    result = fn()
+    result = _user_call(path, f"{func}()", fn)
     kw = {}
     if isinstance(result, dict):
+        if "outputs" not in result:
+            raise UsageError(f"{path}: {func}() returned a dict without 'outputs'")
         outputs = result.get("outputs")
         kw = {k: result[k] for k in ("names", "inputs", "grad_outputs") if k in result}
     elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
@@ -53,8 +52,8 @@ def capture(script, output):
         outputs = result
     try:
         doc = from_torch(outputs, path=output, **kw)
-    except (ValueError, RuntimeError) as exc:
-        raise UsageError(f"capture failed: {exc}") from exc
+    except (ValueError, RuntimeError, TypeError) as exc:
+        raise UsageError(f"{path}: {func}() returned what cannot be captured: {exc}") from exc
     opaque = sum(1 for n in doc["nodes"] if n.get("op") == "opaque")
     echo(f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
                + (f", {opaque} opaque (no rule)" if opaque else "")
@@ -107,3 +106,19 @@ def check(graph, rtol, atol, allow_opaque):
                if report.order_ok and all(g.ok for g in report.grads if g.compared) else
                "replay differs from the PyTorch reference")
         raise OrderMismatch(f"{graph}: {why}")
+
+
+def _user_call(path: str, what: str, call):
+    """Run the user's code; its failure is shown as the user's error (type, message, and where in their
+    file), a usage error (exit 2), not a traceback of ours."""
+    import traceback
+    try:
+        return call()
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:
+        raise UsageError(f"{path}: {what} exited (SystemExit: {exc.code})") from None
+    except BaseException as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
+        where = f" (line {frames[-1].lineno})" if frames else ""
+        raise UsageError(f"{path}: {what} raised {type(exc).__name__}: {exc}{where}") from None

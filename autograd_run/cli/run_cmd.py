@@ -106,7 +106,7 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
         expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
         tracers=(progress,), timeout=timeout, stop=RunStop())
     if options.inputs is not None:
-        options.inputs = [s for s in options.inputs if s]
+        options.inputs = [s.strip() for s in options.inputs if s.strip()]  # "a, b" as "a,b"
     try:
         with ctrl_c_stops(options.stop), progress:
             report = run_session(g, options)
