@@ -57,3 +57,39 @@ def graph_format(path: str, flag: str = "-o") -> str:
     if not lower.endswith(GRAPH_EXTENSIONS):
         raise UsageError(f"{flag} must end in .json, .yaml or .yml")
     return "yaml" if lower.endswith((".yaml", ".yml")) else "json"
+
+
+class Whole(click.IntRange):
+    """An integer option whose range --help and errors say in words (``at least 1``, ``0 to 2**62``),
+    not as ``0<=x<=4611686018427387904``."""
+
+    def __init__(self, min: int | None = None, max: int | None = None, words: str | None = None):
+        super().__init__(min, max)
+        self.words = words or (f"at least {min}" if max is None else f"{min} to {max}")
+
+    def _describe_range(self) -> str:
+        return self.words
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r}: must be a whole number, {self.words}", param, ctx)
+
+
+class Seconds(click.FloatRange):
+    """A positive number of seconds."""
+
+    name = "seconds"
+
+    def __init__(self):
+        super().__init__(0, min_open=True)
+
+    def _describe_range(self) -> str:
+        return "more than 0"
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r}: must be a number of seconds, more than 0", param, ctx)

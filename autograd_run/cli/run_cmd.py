@@ -8,11 +8,11 @@ import threading
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import echo, error_line, note_lines, write
+from autograd_run.cli.common import Seconds, Whole, echo, error_line, note_lines, write
 from autograd_run.cli.interrupts import ctrl_c_stops
 from autograd_run.cli.terminal import make_console, plain, traceback_lines
 from autograd_run.engine.tracer import Tracer
-from autograd_run.errors import OrderMismatch
+from autograd_run.errors import OrderMismatch, UsageError
 from autograd_run.stopping import RunStop
 
 
@@ -52,33 +52,37 @@ class Progress(Tracer):
 
 
 @click.command()
-@click.argument("graph")
-@click.option("--trace", "trace_path", default=None, help="Write a Chrome/Perfetto trace here.")
-@click.option("--grad", "mode", flag_value="grad", default=None, help="Return gradients of --inputs (torch.autograd.grad).")
+@click.argument("graph", metavar="GRAPH")
+@click.option("--trace", "trace_path", default=None, metavar="FILE", help="Write a Chrome/Perfetto trace here.")
+@click.option("--grad", "mode", flag_value="grad", default=None,
+              help="Return gradients of --inputs (torch.autograd.grad)  [default: as the graph file says]")
 @click.option("--backward", "mode", flag_value="backward", help="Accumulate into variables (Tensor.backward).")
-@click.option("--inputs", default=None, help="Comma-separated variable names or node ids.")
+@click.option("--inputs", default=None, metavar="ID,...", help="Comma-separated variable names or node ids.")
 @click.option("--retain-graph", is_flag=True, help="Keep saved tensors (allows another pass).")
 @click.option("--create-graph", is_flag=True, help="Run nodes in grad mode (sets retain_graph).")
 @click.option("--no-multithreading", is_flag=True, help="Run every node on the calling thread.")
-@click.option("--devices", type=click.Choice(["auto", "virtual", "cuda"]), default="auto", show_default=True,
-              help="cuda:N devices: real GPUs (cupy), virtual (numpy on worker threads), or auto.")
+@click.option("--backend", type=click.Choice(["auto", "virtual", "cuda"]), default=None,
+              help="What runs cuda:N devices: real GPUs (cupy), virtual (numpy on worker threads), or auto (cupy "
+                   "when it finds a GPU)  [default: auto]")
+@click.option("--devices", "backend_old", type=click.Choice(["auto", "virtual", "cuda"]), default=None, hidden=True)
 @click.option("--anomaly", is_flag=True, help="Anomaly mode: fail on NaN gradients, show forward traces.")
 @click.option("--inject-error", multiple=True, metavar="NODE", help="Make NODE raise when it runs.")
 @click.option("--inject-nan", multiple=True, metavar="NODE", help="Make NODE return NaN gradients.")
-@click.option("--repeat", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
+@click.option("--repeat", type=Whole(1, 1_000_000, "1 to 1000000"), default=1, show_default=True, metavar="N",
               help="Run N backward passes (fresh state each); the summary shows their distribution.")
-@click.option("--seed", type=click.IntRange(0, 2**62), default=None,
-              help="Offset every random tensor's seed: another reproducible draw.")
+@click.option("--seed", type=Whole(0, 2**62, "0 to 2**62"), default=None, metavar="N",
+              help="Offset every random tensor's seed: another reproducible draw  [default: the file's seeds]")
 @click.option("--allow-python", is_flag=True, help="Allow python nodes to import and run their callables.")
-@click.option("--order-out", default=None, help="Write the executed order as JSON Lines.")
-@click.option("--expect-order", default=None, help="Compare the executed order with a JSON Lines golden file "
-              "(exact when deterministic, else per worker); exit 3 on a mismatch.")
+@click.option("--order-out", default=None, metavar="FILE", help="Write the executed order as JSON Lines.")
+@click.option("--expect-order", default=None, metavar="FILE", help="Compare the executed order with a JSON Lines "
+              "golden file (exact when deterministic, else per worker); exit 3 on a mismatch.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
-@click.option("--json", "json_out", is_flag=True, help="Print the summary and gradients as JSON on stdout.")
-@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS",
+@click.option("--json", "json_out", is_flag=True,
+              help="Print the summary and gradients as JSON on stdout (NaN and infinities as strings).")
+@click.option("--timeout", type=Seconds(), default=None, metavar="SECONDS",
               help="Stop the run after SECONDS (all passes): what ran is written, marked incomplete; exit 124.")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
-def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithreading, devices, anomaly,
+def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithreading, backend, backend_old, anomaly,
         inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, summary, json_out, timeout,
         verbose):
     """Run a graph's backward pass (GRAPH is a file or example:NAME).
@@ -96,6 +100,9 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     from autograd_run.session import RunOptions, run_session
     from autograd_run.traces.order import read_order
 
+    if backend and backend_old and backend != backend_old:
+        raise UsageError("--devices is the old spelling of --backend: give one of them")
+    devices = backend or backend_old or "auto"
     g = load_graph(graph)
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(

@@ -98,6 +98,26 @@ def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str, de
     return sim, gt
 
 
+def _check_scale(graph: Graph, scale: dict[str, float], count: int | None) -> None:
+    """Every ``--scale`` key names an op of the (placed) graph or one of its devices (with ``--devices K``,
+    any of cuda:0..K-1): a typo, or a device index the run does not have (``cuda:1000``), would
+    otherwise scale nothing, silently."""
+    names = {n.name for n in graph.nodes}
+    devices = {str(d) for d in graph.devices} | {f"cuda:{k}" for k in range(count or 0)}
+    for key in scale:
+        if key in names or key in devices:
+            continue
+        if ":" in key or key in ("cpu", "cuda"):
+            raise RequestError(f"{key!r}: no such device in {graph.source} (it has "
+                               f"{', '.join(sorted(devices, key=_device_order))})", "scale")
+        raise RequestError(f"{key!r} is neither an op name nor a device of {graph.source}", "scale")
+
+
+def _device_order(name: str) -> tuple:
+    kind, _, index = name.partition(":")
+    return (kind != "cpu", kind, int(index) if index.isdigit() else -1)
+
+
 def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimReport:
     o = options or SimOptions()
     spec = _spec(o.spec)
@@ -109,6 +129,7 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
         model = CostModel(spec, measured, scale)  # costs of the placed graph's nodes
     elif o.placement != "keep":
         raise RequestError("a placement needs a device count", "placement")
+    _check_scale(graph, scale, o.devices)
     if measured is not None and not any(n.id in measured for n in graph.nodes):
         raise RequestError(f"{o.costs}: no node of {graph.source} has a measured duration there "
                            "(a trace of another graph?)", "costs")

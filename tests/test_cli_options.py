@@ -1,0 +1,98 @@
+"""Options say what they do and refuse what does not apply: ``gen``'s options per kind, one --size,
+per-option messages, no file that validate rejects; run's --backend (old --devices kept); metavars,
+defaults and ranges in --help; device names in flags that a graph does not have."""
+
+import json
+
+import pytest
+
+from builders import run_cli
+
+
+@pytest.mark.parametrize("args, message", [
+    (["chain", "--nodes", "200000"], "Error: --nodes does not apply to gen chain; its size is --size (ops)\n"),
+    (["chain", "--heads", "3"], "Error: --heads does not apply to gen chain (it takes --size, --op, --seed)\n"),
+    (["fanout", "--width", "3"], "Error: --width does not apply to gen fanout (it takes --size, --seed)\n"),
+    (["mlp", "--leaves", "3"], "Error: --leaves does not apply to gen mlp (it takes --size, --width, --batch, "
+                               "--in-features, --seed)\n"),
+    (["random", "--op", "add"], "Error: --op does not apply to gen random (it takes --size, --leaves, --width, "
+                                "--seed)\n"),
+    (["transformer", "--dim", "30"], "Error: --dim 30 must be a multiple of --heads 4\n"),
+    (["transformer", "--size", "2", "--devices", "3"],
+     "Error: --devices 3 is more than the 2 layer(s) to spread over them\n"),
+    (["fanout", "--size", "100000000"], "Error: --size: gen fanout would make about 200,000,002 nodes; at most "
+                                        "2,000,000\n"),
+    (["mlp", "--width", "100000", "--batch", "100000"],
+     "Error: gen mlp with these options makes a graph that does not validate: shape [100000, 100000] has "
+     "10000000000 elements, more than the limit of 2147483648\n"),
+])
+def test_gen_refuses_what_does_not_apply_or_would_not_validate(tmp_path, capsys, args, message):
+    out_file = tmp_path / "g.json"
+    code, out, err = run_cli(["gen", *args, "-o", str(out_file)], capsys)
+    assert (code, out, err) == (2, "", message)
+    assert not out_file.exists()
+
+
+def test_gen_size_errors_name_the_option(tmp_path, capsys):
+    code, out, err = run_cli(["gen", "chain", "--size", "0", "-o", str(tmp_path / "c.json")], capsys)
+    assert code == 2 and "Error: Invalid value for '--size': '0': must be a whole number, at least 1" in err
+
+
+@pytest.mark.parametrize("kind, args, nodes", [
+    ("chain", ["--size", "10"], 11), ("chain", ["--n", "10"], 11), ("fanout", ["--size", "3"], 7),
+    ("mlp", ["--size", "1", "--width", "4"], 8), ("random", ["--size", "20", "--leaves", "5"], None),
+    ("transformer", ["--layers", "2", "--devices", "2", "--heads", "1"], None),
+])
+def test_gen_writes_files_that_validate(tmp_path, capsys, kind, args, nodes):
+    out_file = tmp_path / "g.json"
+    code, out, err = run_cli(["gen", kind, *args, "-o", str(out_file)], capsys)
+    assert code == 0, err
+    n = len(json.loads(out_file.read_text())["nodes"])
+    assert out == f"{out_file}: {n} nodes\n" and (nodes is None or n == nodes)
+    assert run_cli(["validate", str(out_file)], capsys)[0] == 0
+
+
+def test_run_backend_and_its_old_spelling(capsys):
+    code, out, err = run_cli(["example:pipeline", "--backend", "virtual", "--json"], capsys)
+    assert code == 0 and json.loads(out)["devices"] == "virtual"
+    code, out, err = run_cli(["example:pipeline", "--devices", "virtual", "--json"], capsys)
+    assert code == 0 and json.loads(out)["devices"] == "virtual"
+    code, out, err = run_cli(["example:pipeline", "--devices", "virtual", "--backend", "cuda"], capsys)
+    assert code == 2 and err == "Error: --devices is the old spelling of --backend: give one of them\n"
+
+
+@pytest.mark.parametrize("command, shown", [
+    (["run"], ["--trace FILE", "--order-out FILE", "--expect-order FILE", "--inputs ID,...", "--repeat N",
+               "[default: 1; 1 to 1000000]", "--seed N", "[0 to 2**62]", "--timeout SECONDS",
+               "--backend [auto|virtual|cuda]", "[default: auto]"]),
+    (["gen"], ["-o, --output FILE", "--size N", "[default: 0; 0 to 2**32-1]", "--devices K"]),
+    (["check"], ["--allow-opaque"]),
+])
+def test_help_shows_metavars_defaults_and_ranges(capsys, command, shown):
+    code, out, err = run_cli([*command, "--help"], capsys)
+    assert code == 0
+    out = " ".join(out.split())  # help text is wrapped at 80 columns
+    for s in shown:
+        assert s in out, s
+    assert "4611686018427387904" not in out and "4294967295" not in out
+    assert "--devices [auto" not in out  # run's old spelling is hidden
+
+
+def test_a_seed_out_of_range_says_the_range(capsys):
+    code, out, err = run_cli(["example:seed", "--seed", "-1"], capsys)
+    assert code == 2 and "'-1': must be a whole number, 0 to 2**62" in err
+
+
+@pytest.mark.parametrize("scale, message", [
+    ("cuda:1000=2", "Error: --scale: 'cuda:1000': no such device in example:pipeline (it has cuda:0, cuda:1)\n"),
+    ("MmBackwardX=2", "Error: --scale: 'MmBackwardX' is neither an op name nor a device of example:pipeline\n"),
+])
+def test_simulate_scale_names_what_the_graph_has(capsys, scale, message):
+    code, out, err = run_cli(["simulate", "example:pipeline", "--scale", scale], capsys)
+    assert (code, out, err) == (2, "", message)
+
+
+def test_simulate_scale_accepts_devices_of_the_requested_count(capsys):
+    code, out, err = run_cli(["simulate", "example:mlp", "--devices", "4", "--scale", "cuda:3=2", "--no-summary"],
+                             capsys)
+    assert code == 0, err
