@@ -96,3 +96,40 @@ def test_simulate_scale_accepts_devices_of_the_requested_count(capsys):
     code, out, err = run_cli(["simulate", "example:mlp", "--devices", "4", "--scale", "cuda:3=2", "--no-summary"],
                              capsys)
     assert code == 0, err
+
+
+# -- a graph from stdin -----------------------------------------------------------------------------
+
+SEED = __import__("importlib.resources", fromlist=["files"]).files("autograd_run.graphs") / "examples" / "seed.yaml"
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_a_graph_from_stdin_by_its_content(fmt):
+    from cli_proc import cli
+    import yaml
+    text = SEED.read_text() if fmt == "yaml" else json.dumps(yaml.safe_load(SEED.read_text()))
+    p = cli(["-", "--json"], input=text.encode())
+    assert p.code == 0, p.err
+    d = json.loads(p.out)
+    assert d["graph"] == "<stdin>" and d["grads"]["a"] == [5.0, 5.0]
+    p = cli(["validate", "-"], input=text.encode())
+    assert p.code == 0 and p.out == "-: 5 nodes, 5 edges, devices: cpu, roots: 1\n"
+
+
+def test_stdin_format_option():
+    from cli_proc import cli
+    p = cli(["-", "--format", "json", "--no-summary"], input=SEED.read_bytes())
+    assert p.code == 2 and p.err.startswith("Error: <stdin>: line 1, column 1: invalid JSON")
+    p = cli(["example:seed", "--format", "json"])
+    assert p.code == 2 and p.err == ("Error: --format applies to a graph read from stdin (-) only; a file's "
+                                     "extension gives its format\n")
+
+
+def test_a_graph_from_stdin_cannot_use_side_files():
+    from cli_proc import cli
+    d = {"format": "autograd-graph/1", "roots": [{"node": "m", "grad": "ones"}], "variables": [{"name": "a", "shape": [2]}],
+         "nodes": [{"id": "m", "name": "MulBackward0", "next": [["acc", 0], None], "inputs": [{"shape": [2]}],
+                    "saved": {"other": {"npz": "w"}}},
+                   {"id": "acc", "name": "AccumulateGrad", "variable": "a", "inputs": [{"shape": [2]}]}]}
+    p = cli(["-"], input=json.dumps(d).encode())
+    assert p.code == 2 and "a graph read from stdin has no folder for side files" in p.err

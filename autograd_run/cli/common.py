@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autograd_run.cli.terminal import escape, escape_lines
-from autograd_run.errors import UsageError
+from autograd_run.errors import GraphFileError, UsageError
 
 __all__ = ["escape", "echo", "write", "stdout_closed", "error_line", "note_lines", "graph_format"]
 
@@ -93,3 +93,36 @@ class Seconds(click.FloatRange):
             return super().convert(value, param, ctx)
         except click.BadParameter:
             self.fail(f"{value!r}: must be a number of seconds, more than 0", param, ctx)
+
+
+#: The name a graph read from standard input goes by in messages.
+STDIN_NAME = "<stdin>"
+
+
+def detect_format(data: bytes) -> str:
+    """``json`` when the first byte that is not a space (or a byte-order mark) opens a JSON object or
+    array, else ``yaml`` (YAML is a superset of JSON, so a mistake shows as YAML's own error)."""
+    head = data[:4096].lstrip(b"\xef\xbb\xbf").lstrip()
+    return "json" if head[:1] in (b"{", b"[") else "yaml"
+
+
+def load_graph_arg(ref: str, fmt: str | None = None):
+    """The graph a command-line argument names: a file, ``example:NAME``, or ``-`` for standard input
+    (format ``fmt``, else from the content). A graph from stdin has no folder, so it cannot use
+    ``.npz`` side files; the error says so."""
+    from autograd_run.graphs.load import MAX_FILE_BYTES, load_graph, loads_graph
+    if ref != "-":
+        if fmt is not None:
+            raise UsageError("--format applies to a graph read from stdin (-) only; a file's extension gives its format")
+        return load_graph(ref)
+    import sys
+    if sys.stdin is None or sys.stdin.isatty():
+        raise UsageError("-: no graph on stdin (it is a terminal); pipe one in, e.g. cat graph.json | autograd-run -")
+    data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    try:
+        return loads_graph(data, STDIN_NAME, fmt or detect_format(data), None)
+    except GraphFileError as exc:
+        if "npz" in exc.what or "side file" in exc.what:
+            raise GraphFileError(exc.file, exc.where, f"{exc.what} (a graph read from stdin has no folder for side "
+                                 "files: give it as a file beside its .npz)") from None
+        raise

@@ -25,7 +25,7 @@ class DefaultGroup(click.Group):
     """A group whose first argument, when it is not a command, is a graph to ``run``."""
 
     def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):  # "-": stdin
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
@@ -53,11 +53,11 @@ def validate(files):
     Example:
       autograd-run validate graph.yaml example:mlp
     """
-    from autograd_run.graphs.load import load_graph
+    from autograd_run.cli.common import load_graph_arg
     failed = False
     for f in files:
         try:
-            g = load_graph(f)
+            g = load_graph_arg(f)
         except GraphFileError as exc:
             error_line(str(exc))
             failed = True

@@ -8,7 +8,7 @@ import threading
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import Seconds, Whole, echo, error_line, note_lines, write
+from autograd_run.cli.common import Seconds, Whole, echo, error_line, load_graph_arg, note_lines, write
 from autograd_run.cli.interrupts import ctrl_c_stops
 from autograd_run.cli.terminal import make_console, plain, traceback_lines
 from autograd_run.engine.tracer import Tracer
@@ -81,11 +81,13 @@ class Progress(Tracer):
               help="Print the summary and gradients as JSON on stdout (NaN and infinities as strings).")
 @click.option("--timeout", type=Seconds(), default=None, metavar="SECONDS",
               help="Stop the run after SECONDS (all passes): what ran is written, marked incomplete; exit 124.")
+@click.option("--format", "fmt", type=click.Choice(["json", "yaml"]), default=None,
+              help="The format of a graph read from stdin (GRAPH is -)  [default: from its first character]")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
 def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithreading, backend, backend_old, anomaly,
         inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, summary, json_out, timeout,
-        verbose):
-    """Run a graph's backward pass (GRAPH is a file or example:NAME).
+        fmt, verbose):
+    """Run a graph's backward pass (GRAPH is a file, example:NAME, or - for stdin).
 
     \b
     Examples:
@@ -94,16 +96,16 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
       autograd-run example:mlp --no-multithreading --order-out golden.jsonl
       autograd-run example:mlp --no-multithreading --expect-order golden.jsonl
       autograd-run example:pipeline --repeat 20 --json
+      cat graph.json | autograd-run -
     """
     from autograd_run.cli.render import render_grads, render_summary, report_json
-    from autograd_run.graphs.load import load_graph
     from autograd_run.session import RunOptions, run_session
     from autograd_run.traces.order import read_order
 
     if backend and backend_old and backend != backend_old:
         raise UsageError("--devices is the old spelling of --backend: give one of them")
     devices = backend or backend_old or "auto"
-    g = load_graph(graph)
+    g = load_graph_arg(graph, fmt)
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(
         mode=mode, inputs=inputs.split(",") if inputs is not None else None, retain_graph=retain_graph,
@@ -123,11 +125,11 @@ def run(graph, trace_path, mode, inputs, retain_graph, create_graph, no_multithr
     if report.interrupted:
         _stopped(report, trace_path, order_out, repeat, timeout)
     if json_out:
-        write(jsonout.dumps(report_json(report, graph)))
+        write(jsonout.dumps(report_json(report, g.source)))
     elif summary:
         console = make_console()
         dev_line = report.devices.describe() if any(not d.is_cpu for d in g.devices) else None
-        render_summary(console, report.summary, f"{graph}: {len(g.nodes)} nodes", devices=dev_line)
+        render_summary(console, report.summary, f"{g.source}: {len(g.nodes)} nodes", devices=dev_line)
         if report.result is not None:
             render_grads(console, report.result)
         if trace_path:

@@ -75,12 +75,12 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
       autograd-run simulate model.json --compare devices=1,2,4 --json
       autograd-run simulate graph.json --order-out golden.jsonl   # then: run --expect-order
     """
-    from autograd_run.graphs.load import load_graph
+    from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import atomic_write, check_output_path
     from autograd_run.sim.session import SimOptions, simulate_session
     from autograd_run.traces.order import write_order
 
-    g = load_graph(graph)
+    g = load_graph_arg(graph)
     variants = _variants(compare, policy, devices)
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
         if path:
@@ -105,9 +105,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
     from autograd_run.cli.terminal import make_console, plain
     console = make_console()
     if len(reports) > 1:
-        render_compare(console, reports, f"{graph}: simulated, {len(g.nodes)} nodes")
+        render_compare(console, reports, f"{g.source}: simulated, {len(g.nodes)} nodes")
     elif summary:
-        render_summary(console, first.summary, f"{graph}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
+        render_summary(console, first.summary, f"{g.source}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
     if trace_path:
         console.print(plain(f"simulated trace written to {trace_path} (open it in https://ui.perfetto.dev)"))
