@@ -41,7 +41,7 @@ from autograd_run.traces.order import Divergence, compare_orders, write_order
 from autograd_run.traces.order_recorder import OrderRecorder
 from autograd_run.traces.recorder import Recorder
 from autograd_run.traces.recording import Recording
-from autograd_run.traces.summary import Summary, summarize
+from autograd_run.traces.summary import Summary, SummaryBuilder, summarize
 
 
 @dataclass
@@ -80,6 +80,10 @@ class RunOptions:
     timeout: float | None = None
     #: A handle to stop the run from outside (``stopping.RunStop``; Ctrl-C in the command line).
     stop: RunStop | None = None
+    #: Keep every pass's events in ``RunReport.recording``. Without a trace to write, a run of several
+    #: passes folds each pass into the summary and drops its events (memory stays flat with ``repeat``);
+    #: the report's recording is then the last pass's. None: keep them when a trace is written.
+    keep_recording: bool | None = None
 
 
 @dataclass
@@ -179,19 +183,27 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     engine = Engine(devices, tracer=tracer if tracer.enabled else None, multithreading=o.multithreading,
                     allow_python=o.allow_python)
     stopper = o.stop if o.stop is not None else (RunStop() if o.timeout is not None else None)
+    keep = o.keep_recording if o.keep_recording is not None else (bool(o.trace_path) or o.repeat == 1)
+    if o.trace_path and not keep:
+        raise RequestError("a trace needs every pass's events: keep_recording cannot be False", "trace_path")
+    builder = SummaryBuilder() if recorder is not None and not keep else None
+    fold = None if builder is None else (lambda: builder.add(_last(report, recorder.drain())))
     try:
         if stopper is None:
-            _run_passes(engine, graph, o, faults, report, None)
+            _run_passes(engine, graph, o, faults, report, None, fold)
         else:
             def stop(reason: str) -> None:
                 engine.interrupt(RunInterrupted(reason, _stop_message(reason, o.timeout)))
             with Watchdog(stopper, o.timeout, stop):
-                _run_passes(engine, graph, o, faults, report, stopper)
+                _run_passes(engine, graph, o, faults, report, stopper, fold)
     finally:
         engine.shutdown(timeout=5)
         if stopper is not None and o.stop is None:
             stopper.close()
-    if recorder is not None:
+    if builder is not None:
+        fold()  # what the workers recorded after the last pass's end
+        report._summary = builder.summary()
+    elif recorder is not None:
         report.recording = recorder.recording()
     if o.trace_path:
         t = time.perf_counter()
@@ -210,9 +222,17 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     return report
 
 
+def _last(report: RunReport, rec: Recording) -> Recording:
+    """Keep ``rec`` as the report's recording when it holds a backward call (not only trailing events)."""
+    if rec.graph_tasks:
+        report.recording = rec
+    return rec
+
+
 def _run_passes(engine: Engine, graph: Graph, o: RunOptions, faults: dict, report: RunReport,
-                stopper: RunStop | None) -> None:
-    """The timed passes; a failing pass ends them (``report.error``), so does a stop request."""
+                stopper: RunStop | None, fold=None) -> None:
+    """The timed passes; a failing pass ends them (``report.error``), so does a stop request. ``fold``,
+    when given, is called after each pass (outside the clock) to fold its events into the summary."""
     inputs = list(o.inputs) if o.inputs is not None else None
     elapsed = 0.0
     try:
@@ -231,6 +251,8 @@ def _run_passes(engine: Engine, graph: Graph, o: RunOptions, faults: dict, repor
                                           anomaly=o.anomaly, faults=faults, grads=grads)
             finally:
                 elapsed += time.perf_counter() - t
+                if fold is not None:
+                    fold()
             report.passes_done += 1
     except RunInterrupted as exc:
         report.error, report.result, report.interrupted = exc, None, exc.reason

@@ -200,6 +200,12 @@ class Engine:
                 if not reentrant:
                     self._active -= 1
                     self._active_cond.notify_all()
+            if gt.error is None:
+                # The node context refers back to the GraphTask (its bound methods): without this cycle
+                # the call's state (saved tensors, gradients) is freed now, not at some later cyclic
+                # collection, so repeated calls run in flat memory. Every node of a call that completed
+                # without an error has finished; a failed call's stragglers may still read it.
+                gt.ctx = None
         if gt.error is not None:
             raise _as_backward_error(gt)
         return gt.captured
