@@ -105,7 +105,14 @@ cli.add_command(capture)
 cli.add_command(check)
 
 
+#: numpy's floating-point warnings (an overflowing float16 gradient, 0/0 in a rule): the results show
+#: them (inf, NaN; anomaly mode names the node), so they are not repeated as warnings on stderr.
+NUMPY_WARNINGS = r"(overflow|underflow|invalid value|divide by zero) encountered"
+
+
 def main(argv=None):
+    import warnings
+    warnings.filterwarnings("ignore", message=NUMPY_WARNINGS, category=RuntimeWarning)
     try:
         cli.main(args=argv, prog_name="autograd-run", standalone_mode=False)
     except click.exceptions.Abort:
