@@ -133,3 +133,15 @@ def test_a_graph_from_stdin_cannot_use_side_files():
                    {"id": "acc", "name": "AccumulateGrad", "variable": "a", "inputs": [{"shape": [2]}]}]}
     p = cli(["-"], input=json.dumps(d).encode())
     assert p.code == 2 and "a graph read from stdin has no folder for side files" in p.err
+
+
+def test_simulate_never_writes_over_its_measured_costs(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    assert run_cli(["example:pipeline", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
+    before = trace.read_bytes()
+    code, out, err = run_cli(["simulate", "example:pipeline", "--costs", str(trace), "--trace", str(trace)], capsys)
+    assert code == 2 and err == f"Error: --trace: {trace}: is an input of this run; refusing to overwrite it\n"
+    assert trace.read_bytes() == before
+    code, out, err = run_cli(["simulate", "example:pipeline", "--trace", str(tmp_path / "x"), "--order-out",
+                              str(tmp_path / "x")], capsys)
+    assert code == 2 and "the trace is written there already" in err

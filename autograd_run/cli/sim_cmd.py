@@ -77,14 +77,19 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
     """
     from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import atomic_write, check_output_path
+    from autograd_run.errors import RequestError
     from autograd_run.sim.session import SimOptions, simulate_session
     from autograd_run.traces.order import write_order
 
     g = load_graph_arg(graph)
     variants = _variants(compare, policy, devices)
+    import os
+    inputs = [g.source, costs or "", spec if spec and os.path.isfile(spec) else ""]  # never overwritten
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
         if path:
-            check_output_path(path, option, [g.source])
+            check_output_path(path, option, inputs)
+    if trace_path and order_out and os.path.abspath(trace_path) == os.path.abspath(order_out):
+        raise RequestError(f"{order_out}: the trace is written there already", "order_out")
     reports = []
     for pol, k in variants:
         opts = SimOptions(spec=spec, devices=k, placement=placement or ("greedy" if k else "keep"), policy=pol,
