@@ -80,3 +80,11 @@ def test_backward_into_a_node_shows_what_it_accumulated(capsys):
     assert strict_json(out)["grads"] == {"a": None, "add": [1.0, 1.0]}
     code, out, err = run_cli(["example:seed", "--backward", "--inputs", "add", "--no-summary"], capsys)
     assert code == 0 and "gradients (backward)" in out and "[1., 1.]" in out
+
+
+def test_a_small_matrix_gradient_is_shown_on_its_rows_without_newlines(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run_cli(["example:mlp"], capsys)
+    assert code == 0, err
+    row = [line for line in out.splitlines() if line.startswith("│ w_out ")][0]
+    assert "[[" in row and "], [" in row and "\\n" not in out

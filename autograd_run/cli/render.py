@@ -164,8 +164,9 @@ def _values(arr) -> str:
     if arr.size > SHOW_VALUES:
         return ""
     with np.errstate(all="ignore"):
-        return np.array2string(arr, precision=6, separator=", ", max_line_width=10**6, threshold=SHOW_VALUES,
+        text = np.array2string(arr, precision=6, separator=", ", max_line_width=10**6, threshold=SHOW_VALUES,
                                floatmode="maxprec")
+    return " ".join(text.split())  # one line: rows of a matrix are not split with newlines
 
 
 def host(v):
