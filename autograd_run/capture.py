@@ -104,6 +104,18 @@ class _Arrays:
         return {"npz": key}
 
 
+def _tensors(torch, value, what: str, allow_none: bool = False) -> list:
+    """``value`` (a tensor or a list/tuple of them) as a list; a ``ValueError`` naming ``what`` otherwise."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a tensor or a list of tensors, got {type(value).__name__}")
+    for k, t in enumerate(value):
+        if not (isinstance(t, torch.Tensor) or (allow_none and t is None)):
+            raise ValueError(f"{what}[{k}] must be a tensor, got {type(t).__name__}")
+    return list(value)
+
+
 def _saved_value(torch, v, key: str, arrays: _Arrays):
     if isinstance(v, torch.Tensor):
         return arrays.put(key, v)
@@ -239,15 +251,30 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     (``mode`` then defaults to ``grad``, as ``torch.autograd.grad``).
     """
     torch = _torch()
-    if isinstance(outputs, torch.Tensor):
-        outputs = [outputs]
-    outputs = list(outputs)
-    for o in outputs:
+    outputs = _tensors(torch, outputs, "outputs")
+    if not outputs:
+        raise ValueError("outputs: no tensors to capture the backward graph of")
+    for k, o in enumerate(outputs):
         if o.grad_fn is None:
-            raise ValueError("an output has no grad_fn: it does not require grad")
-    grad_outputs = list(grad_outputs) if grad_outputs is not None else [None] * len(outputs)
+            what = f"output {k}" if len(outputs) > 1 else "the output"
+            if o.requires_grad:
+                raise ValueError(f"{what} is a leaf tensor (it requires grad, but no operation made it): "
+                                 "there is no backward graph to capture; return a result computed from it")
+            raise ValueError(f"{what} does not require grad: nothing it was computed from requires grad "
+                             "(or it was made under torch.no_grad()), so it has no backward graph")
+    grad_outputs = (_tensors(torch, grad_outputs, "grad_outputs", allow_none=True) if grad_outputs is not None
+                    else [None] * len(outputs))
+    if len(grad_outputs) != len(outputs):
+        raise ValueError(f"grad_outputs: {len(grad_outputs)} given for {len(outputs)} output(s)")
+    if inputs is not None:
+        inputs = _tensors(torch, inputs, "inputs")
     mode = mode or ("grad" if inputs else "backward")
+    if names is not None and not isinstance(names, Mapping):
+        raise ValueError(f"names must be a mapping of names to leaf tensors, got {type(names).__name__}")
     names = dict(names or {})
+    for n, t in names.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"names[{n!r}] must be a tensor, got {type(t).__name__}")
     leaf_name = {id(t): n for n, t in names.items()}
     arrays = _Arrays(inline=path is None)
 

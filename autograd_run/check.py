@@ -1,10 +1,23 @@
 """Check a replay against the PyTorch reference stored in a captured graph.
 
 ``check_graph(graph)`` replays the graph with multithreading off and compares
-(1) the executed order with ``meta.reference.order`` (name, sequence number;
-the first divergence is reported) and (2) each leaf's gradient with the
-reference (max absolute and relative error). Gradients are not compared
-when the graph has opaque nodes (ops without a rule compute zeros).
+(1) the executed order with ``meta.reference.order`` (name, sequence number,
+leaf; the first divergence is reported) and (2) each leaf's gradient with the
+reference (max absolute and relative error; complex gradients as complex).
+
+Tolerances follow the lowest precision on the way to each leaf: a float64
+model that computes a norm in float32 has float32 gradients on that path, so
+its leaves are compared at float32's tolerance. Each leaf's tolerance and the
+dtype it comes from are in the report. ``rtol``/``atol`` override them.
+
+Ops without a rule (opaque nodes) compute zeros, so a leaf reached through
+one cannot be compared: it is reported as not compared, naming the opaque
+node, and the check fails unless ``allow_opaque`` (the order is still
+compared; so are the leaves no opaque node leads to).
+
+The reference is part of an untrusted file: a malformed one is a
+``GraphFileError`` naming the place (``meta.reference.order[3]``), never
+another exception.
 """
 
 from __future__ import annotations
@@ -25,6 +38,9 @@ from autograd_run.traces.order_recorder import OrderRecorder
 #: Default tolerances by dtype: (rtol, atol).
 TOLERANCE = {"float64": (1e-6, 1e-9), "float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3),
              "complex128": (1e-6, 1e-9), "complex64": (1e-4, 1e-6)}
+#: Precision rank of each dtype (lower: less precise) and the real dtype of that precision.
+_RANK = {"float16": 0, "float32": 1, "complex64": 1, "float64": 2, "complex128": 2}
+_BY_RANK = {0: "float16", 1: "float32", 2: "float64"}
 
 
 @dataclass
@@ -34,6 +50,12 @@ class GradCheck:
     max_rel: float | None
     ok: bool
     note: str = ""
+    #: The tolerances used, and the lowest-precision dtype on the way to the leaf that chose them.
+    rtol: float | None = None
+    atol: float | None = None
+    precision: str | None = None
+    #: False when the gradient could not be compared (an opaque node leads to the leaf).
+    compared: bool = True
 
 
 @dataclass
@@ -42,51 +64,146 @@ class CheckReport:
     order_len: tuple[int, int]
     divergence: dict | None
     grads: list[GradCheck] = field(default_factory=list)
+    #: True when every leaf's gradient was compared.
     grads_compared: bool = True
     note: str = ""
+    #: Opaque nodes (ids) in the graph, and whether they were accepted (``allow_opaque``).
+    opaque: list[str] = field(default_factory=list)
+    allow_opaque: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.order_ok and all(g.ok for g in self.grads)
+        compared_ok = all(g.ok for g in self.grads if g.compared)
+        return self.order_ok and compared_ok and (self.allow_opaque or self.grads_compared)
 
 
-def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = None) -> CheckReport:
-    ref = (graph.meta or {}).get("reference")
-    if not isinstance(ref, dict) or "order" not in ref:
-        raise GraphFileError(graph.source, "meta.reference", "no PyTorch reference in this graph "
-                             "(capture it with `autograd-run capture`)")
+def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = None,
+                allow_opaque: bool = False) -> CheckReport:
+    order, ref_grads = read_reference(graph)
     rec = OrderRecorder()
     eng = Engine(tracer=rec, multithreading=False)
     res = run_graph(eng, graph, GraphState(graph), retain_graph=True)
     acc_var = {n.id: n.variable for n in graph.nodes}
     got = [[r.name, r.seq, acc_var.get(r.node_id)] for r in rec.executed()]
-    want = [list(x) for x in ref["order"]]
-    d = first_divergence(want, got)
+    d = first_divergence(order, got)
     divergence = None if d is None else {"position": d.position, "expected": d.expected, "got": d.got}
-    report = CheckReport(divergence is None, (len(want), len(got)), divergence)
-    opaque = [n.id for n in graph.nodes if n.op is OPAQUE]
-    if opaque:
-        report.grads_compared = False
-        report.note = f"gradients not compared: {len(opaque)} opaque node(s) without a rule (e.g. {opaque[0]})"
-        return report
-    for name, spec in (ref.get("grads") or {}).items():
+    report = CheckReport(divergence is None, (len(order), len(got)), divergence, allow_opaque=allow_opaque)
+    report.opaque = [n.id for n in graph.nodes if n.op is OPAQUE]
+    precision, through_opaque = _paths(graph)
+    leaf_node = {n.variable: n for n in graph.nodes if n.variable is not None}
+    for name, spec in ref_grads.items():
         ours = res.grads.get(name)
+        node = leaf_node.get(name)
+        blocked = through_opaque.get(node) if node is not None else None
+        if blocked is not None:
+            report.grads.append(GradCheck(name, None, None, False, f"not compared: opaque node {blocked!r} "
+                                          "(no rule) leads to it", compared=False))
+            continue
         if spec is None or ours is None:
             ok = (spec is None) == (ours is None)
             report.grads.append(GradCheck(name, None, None, ok, "" if ok else
                                           ("reference has no gradient" if spec is None else "ours has no gradient")))
             continue
-        theirs = tensors.materialize(spec, graph.side_files)
-        ours = np.asarray(ours)
-        if ours.shape != theirs.shape:
-            report.grads.append(GradCheck(name, None, None, False, f"shape {list(ours.shape)} != {list(theirs.shape)}"))
-            continue
-        r, a = TOLERANCE.get(str(theirs.dtype), (1e-4, 1e-6))
-        r, a = (rtol if rtol is not None else r), (atol if atol is not None else a)
-        diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
-        max_abs = float(diff.max()) if diff.size else 0.0
-        scale = np.abs(theirs.astype(np.float64))
-        max_rel = float((diff / np.maximum(scale, 1e-300)).max()) if diff.size else 0.0
-        ok = bool(np.all(diff <= a + r * scale))
-        report.grads.append(GradCheck(name, max_abs, max_rel, ok))
+        theirs = _reference_array(graph, name, spec)
+        report.grads.append(_compare(name, np.asarray(ours), theirs, precision.get(node), rtol, atol))
+    not_compared = [g.name for g in report.grads if not g.compared]
+    if report.opaque:
+        report.grads_compared = not not_compared
+        report.note = (f"{len(report.opaque)} opaque node(s) without a rule ({', '.join(report.opaque[:5])}"
+                       f"{', ...' if len(report.opaque) > 5 else ''}) compute zeros: gradients not compared for "
+                       + (", ".join(not_compared) if not_compared else "no leaf (none is reached through them)"))
     return report
+
+
+def read_reference(graph: Graph) -> tuple[list[list], dict]:
+    """``meta.reference``'s order (``[name, seq, leaf]`` items) and gradients (leaf -> spec or None), checked."""
+    src = graph.source
+    ref = (graph.meta or {}).get("reference")
+    if not isinstance(ref, dict) or "order" not in ref:
+        raise GraphFileError(src, "meta.reference", "no PyTorch reference in this graph "
+                             "(capture it with `autograd-run capture`)")
+    order = ref["order"]
+    if not isinstance(order, list):
+        raise GraphFileError(src, "meta.reference.order", f"must be a list, got {type(order).__name__}")
+    for k, item in enumerate(order):
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                and (item[1] is None or (isinstance(item[1], int) and not isinstance(item[1], bool)))
+                and (item[2] is None or isinstance(item[2], str))):
+            raise GraphFileError(src, f"meta.reference.order[{k}]",
+                                 f"each item must be [name, seq, leaf] (a string, an integer or null, a string "
+                                 f"or null), got {item!r:.80}")
+    grads = ref.get("grads") or {}
+    if not isinstance(grads, dict) or not all(isinstance(k, str) for k in grads):
+        raise GraphFileError(src, "meta.reference.grads",
+                             f"must be a mapping of leaf names to tensors, got {type(grads).__name__}")
+    return order, grads
+
+
+def _reference_array(graph: Graph, name: str, spec) -> np.ndarray:
+    """The reference gradient of leaf ``name`` as an array; a ``GraphFileError`` for a bad spec."""
+    where = f"meta.reference.grads.{name}"
+
+    def err(path, what):
+        return GraphFileError(graph.source, where, what)
+    try:
+        tensors.check_tensor(spec, (), err, graph.side_files)
+        return np.asarray(tensors.materialize(spec, graph.side_files))
+    except GraphFileError:
+        raise
+    except Exception as exc:  # a spec the checks let through but numpy refuses: still the file's fault
+        raise GraphFileError(graph.source, where, f"not a tensor: {type(exc).__name__}: {exc}") from None
+
+
+def _compare(name: str, ours: np.ndarray, theirs: np.ndarray, precision: str | None, rtol, atol) -> GradCheck:
+    if ours.shape != theirs.shape:
+        return GradCheck(name, None, None, False, f"shape {list(ours.shape)} != {list(theirs.shape)}")
+    dtype = precision or _lowest(str(ours.dtype), str(theirs.dtype))
+    r, a = TOLERANCE.get(dtype, (1e-4, 1e-6))
+    r, a = (rtol if rtol is not None else r), (atol if atol is not None else a)
+    wide = np.complex128 if np.iscomplexobj(ours) or np.iscomplexobj(theirs) else np.float64
+    with np.errstate(all="ignore"):
+        o, t = ours.astype(wide), theirs.astype(wide)
+        diff = np.abs(o - t)  # the modulus for complex values: real and imaginary parts both count
+        scale = np.abs(t)
+        same = (o == t) | (np.isnan(o) & np.isnan(t))  # equal infinities, NaN where PyTorch has NaN
+        err = np.where(same, 0.0, diff)
+        err = np.where(np.isnan(err), np.inf, err)  # NaN on one side only: as far off as can be
+        rel = np.where(err == 0, 0.0, err / np.maximum(scale, 1e-300))
+        rel = np.where(np.isnan(rel), np.inf, rel)
+        max_abs = float(err.max()) if err.size else 0.0
+        max_rel = float(rel.max()) if rel.size else 0.0
+        ok = bool(np.all(same | (np.isfinite(err) & (err <= a + r * scale))))
+    return GradCheck(name, max_abs, max_rel, ok, rtol=r, atol=a, precision=dtype)
+
+
+def _lowest(*dtypes: str) -> str:
+    ranks = [_RANK[d] for d in dtypes if d in _RANK]
+    return _BY_RANK[min(ranks)] if ranks else "float32"
+
+
+def _paths(graph: Graph) -> tuple[dict, dict]:
+    """For every node reached from the roots: the lowest-precision dtype of the gradients on any path
+    to it (as the real dtype of that precision), and an opaque node on a path to it (or None)."""
+    preds: dict = {}
+    indegree: dict = {}
+    for n in graph.nodes:
+        indegree.setdefault(n, 0)
+        for e in n.next:
+            if e is not None:
+                preds.setdefault(e.node, []).append(n)
+                indegree[e.node] = indegree.get(e.node, 0) + 1
+    rank: dict = {}
+    opaque: dict = {}
+    ready = [n for n in graph.nodes if indegree[n] == 0]
+    while ready:  # topological order from the roots: every predecessor is done before its node
+        n = ready.pop()
+        own = min((_RANK.get(m.dtype, 1) for m in n.inputs), default=2)
+        rank[n] = min([own] + [rank[p] for p in preds.get(n, ())])
+        op = n.id if n.op is OPAQUE else None
+        opaque[n] = op or next((opaque[p] for p in preds.get(n, ()) if opaque[p] is not None), None)
+        for e in n.next:
+            if e is not None:
+                indegree[e.node] -= 1
+                if indegree[e.node] == 0:
+                    ready.append(e.node)
+    return {n: _BY_RANK[r] for n, r in rank.items()}, opaque

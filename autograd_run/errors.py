@@ -7,6 +7,8 @@
 ``UsageError``      exit 2: the command line itself is wrong.
 ``BackwardError``   exit 1: the backward pass raised (a node failed).
 ``OrderMismatch``   exit 3: the executed order or gradients differ from a golden one.
+``RunInterrupted``  exit 130 (Ctrl-C) or 124 (the run's time limit): the run was stopped
+                    before it finished; what was recorded is written, marked incomplete.
 
 User mistakes are reported as ``Error: <message>`` without a traceback.
 """
@@ -68,3 +70,15 @@ class BackwardError(AutogradRunError):
 
 class OrderMismatch(AutogradRunError):
     exit_code = 3
+
+
+class RunInterrupted(BackwardError):
+    """A run stopped from outside: ``reason`` is ``interrupted`` (Ctrl-C, exit 130) or ``timeout``
+    (``--timeout``, exit 124). The engine raises it from every backward call it stopped."""
+
+    EXIT_CODES = {"interrupted": 130, "timeout": 124}
+
+    def __init__(self, reason: str, message: str | None = None):
+        self.reason = reason
+        self.exit_code = self.EXIT_CODES.get(reason, 130)
+        super().__init__(message or reason)

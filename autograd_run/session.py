@@ -25,22 +25,25 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from autograd_run.engine import DeviceSet, Engine, GraphState
-from autograd_run.engine.run import RunResult, run_graph
+from autograd_run.engine.run import RunResult, root_gradients, run_graph
 from autograd_run.engine.tracer import Tracer, Tracers
-from autograd_run.errors import BackwardError, RequestError
+from autograd_run.errors import BackwardError, RequestError, RunInterrupted
 from autograd_run.graphs.model import Graph
 from autograd_run.ops import ACCUMULATE_GRAD, OPAQUE
 from autograd_run.outputs import check_output_path
+from autograd_run.stopping import INTERRUPTED, TIMEOUT, RunStop, Watchdog
 from autograd_run.traces.order import Divergence, compare_orders, write_order
 from autograd_run.traces.order_recorder import OrderRecorder
 from autograd_run.traces.recorder import Recorder
 from autograd_run.traces.recording import Recording
-from autograd_run.traces.summary import Summary, summarize
+from autograd_run.traces.samples import Samples, pass_samples
+from autograd_run.traces.summary import Summary, SummaryBuilder, summarize
 
 
 @dataclass
@@ -83,6 +86,17 @@ class RunOptions:
     costs: str | None = None
     #: With a PyTorch profile: its N-th backward call of this graph instead of the median.
     costs_step: int | None = None
+    #: Keep every pass's samples (``traces.samples``: what ``diff`` compares) when the passes are folded
+    #: into the summary one by one (``--repeat`` without a trace): memory then grows with passes x nodes.
+    samples: bool = False
+    #: Seconds the whole run (every pass) may take; then it is stopped as by ``stop``. None: no limit.
+    timeout: float | None = None
+    #: A handle to stop the run from outside (``stopping.RunStop``; Ctrl-C in the command line).
+    stop: RunStop | None = None
+    #: Keep every pass's events in ``RunReport.recording``. Without a trace to write, a run of several
+    #: passes folds each pass into the summary and drops its events (memory stays flat with ``repeat``);
+    #: the report's recording is then the last pass's. None: keep them when a trace is written.
+    keep_recording: bool | None = None
 
 
 @dataclass
@@ -106,7 +120,21 @@ class RunReport:
     #: The measured costs given (``RunOptions.costs``) and the opaque node ids that took their measured time.
     measured: object = None
     measured_applied: list[str] = field(default_factory=list)
+    #: Why the run was stopped before it finished (``interrupted``, ``timeout``), or None.
+    #: Its recording, trace and order then hold what ran, and the files are marked incomplete.
+    interrupted: str | None = None
+    #: Passes that ran to completion.
+    passes_done: int = 0
     _summary: Summary | None = None
+    _samples: Samples | None = None
+    _folded: bool = False
+
+    @property
+    def samples(self) -> Samples | None:
+        """Per-pass samples (``traces.samples``); None when the passes were folded without keeping them."""
+        if self._samples is None and self.recording is not None and not self._folded:
+            self._samples = pass_samples(self.recording)
+        return self._samples
 
     @property
     def summary(self) -> Summary:
@@ -197,41 +225,118 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     report.measured, report.measured_applied = measured, sorted(n.id for n in measured_ns)
     engine = Engine(devices, tracer=tracer if tracer.enabled else None, multithreading=o.multithreading,
                     allow_python=o.allow_python)
-    inputs = list(o.inputs) if o.inputs is not None else None
-    elapsed = 0.0
+    stopper = o.stop if o.stop is not None else (RunStop() if o.timeout is not None else None)
+    keep = o.keep_recording if o.keep_recording is not None else (bool(o.trace_path) or o.repeat == 1)
+    if o.trace_path and not keep:
+        raise RequestError("a trace needs every pass's events: keep_recording cannot be False", "trace_path")
+    builder = SummaryBuilder() if recorder is not None and not keep else None
+    fold = None
+    if builder is not None:
+        report._folded = True
+        if o.samples:
+            report._samples = Samples()
+
+        def fold() -> None:
+            rec = _last(report, recorder.drain())
+            builder.add(rec)
+            if report._samples is not None and rec.graph_tasks:
+                report._samples.extend(pass_samples(rec))
     try:
-        for _ in range(o.repeat):
-            state = GraphState(graph)
-            state.measured_ns = measured_ns
-            state.prepare()  # saved tensors exist before the timed backward, as after a forward
-            t = time.perf_counter()
-            try:
-                report.result = run_graph(engine, graph, state, mode=o.mode, inputs=inputs,
-                                          retain_graph=o.retain_graph or None, create_graph=o.create_graph,
-                                          anomaly=o.anomaly, faults=faults)
-            finally:
-                elapsed += time.perf_counter() - t
-    except BackwardError as exc:
-        report.error = exc
-        report.result = None
+        if stopper is None:
+            _run_passes(engine, graph, o, faults, report, None, fold, measured_ns)
+        else:
+            def stop(reason: str) -> None:
+                engine.interrupt(RunInterrupted(reason, _stop_message(reason, o.timeout)))
+            with Watchdog(stopper, o.timeout, stop):
+                _run_passes(engine, graph, o, faults, report, stopper, fold, measured_ns)
     finally:
         engine.shutdown(timeout=5)
-    report.timings["backward"] = elapsed
-    if recorder is not None:
+        if stopper is not None and o.stop is None:
+            stopper.close()
+    if builder is not None:
+        fold()  # what the workers recorded after the last pass's end
+        report._summary = builder.summary()
+    elif recorder is not None:
         report.recording = recorder.recording()
     if o.trace_path:
-        from autograd_run.traces.chrome import write_chrome_trace
         t = time.perf_counter()
-        write_chrome_trace(o.trace_path, report.recording)
+        _write_trace(o.trace_path, report.recording, report.interrupted)
         report.timings["trace"] = time.perf_counter() - t
     if order is not None:
         report.order = order.rows()
         if o.order_out:
             t = time.perf_counter()
-            write_order(o.order_out, report.order)
+            write_order(o.order_out, report.order, incomplete=report.interrupted)
             report.timings["order"] = time.perf_counter() - t
         if o.expected_order is not None and report.error is None:
             threads = {r["thread"] for r in report.order}
             report.per_worker = o.multithreading and len(threads) > 1
             report.divergence = compare_orders(o.expected_order, report.order, report.per_worker)
     return report
+
+
+def _last(report: RunReport, rec: Recording) -> Recording:
+    """Keep ``rec`` as the report's recording when it holds a backward call (not only trailing events)."""
+    if rec.graph_tasks:
+        report.recording = rec
+    return rec
+
+
+def _run_passes(engine: Engine, graph: Graph, o: RunOptions, faults: dict, report: RunReport,
+                stopper: RunStop | None, fold=None, measured_ns=None) -> None:
+    """The timed passes; a failing pass ends them (``report.error``), so does a stop request. ``fold``,
+    when given, is called after each pass (outside the clock) to fold its events into the summary."""
+    inputs = list(o.inputs) if o.inputs is not None else None
+    elapsed = 0.0
+    try:
+        # Set-up is not part of the backward call: device threads (and BLAS limits) start before the clock.
+        engine.start_device_threads(graph.max_device_index + 1)
+        for _ in range(o.repeat):
+            if stopper is not None and stopper.requested:
+                raise RunInterrupted(stopper.reason, _stop_message(stopper.reason, o.timeout))
+            state = GraphState(graph)
+            state.measured_ns = measured_ns
+            state.prepare()  # saved tensors exist before the timed backward, as after a forward
+            grads = root_gradients(graph)
+            t = time.perf_counter()
+            try:
+                report.result = run_graph(engine, graph, state, mode=o.mode, inputs=inputs,
+                                          retain_graph=o.retain_graph or None, create_graph=o.create_graph,
+                                          anomaly=o.anomaly, faults=faults, grads=grads)
+            finally:
+                elapsed += time.perf_counter() - t
+                if fold is not None:
+                    fold()
+            report.passes_done += 1
+    except RunInterrupted as exc:
+        report.error, report.result, report.interrupted = exc, None, exc.reason
+    except KeyboardInterrupt:  # a second Ctrl-C, or a library caller's own: stop here, keep what was recorded
+        # From another thread, with a bound: the interrupt may have left a lock of this thread's held.
+        t = threading.Thread(target=engine.interrupt, args=(RunInterrupted(INTERRUPTED),), daemon=True)
+        t.start()
+        t.join(1.0)
+        report.error, report.result, report.interrupted = RunInterrupted(INTERRUPTED), None, INTERRUPTED
+    except BackwardError as exc:
+        report.error = exc
+        report.result = None
+    report.timings["backward"] = elapsed
+
+
+def _stop_message(reason: str, timeout: float | None) -> str:
+    if reason == TIMEOUT:
+        return f"the run took longer than its time limit of {timeout:g} s and was stopped"
+    return "the run was interrupted"
+
+
+def _write_trace(path: str, rec: Recording, incomplete: str | None) -> None:
+    """The Chrome trace; a stopped run's is marked incomplete (``otherData.incomplete`` and an instant event)."""
+    import msgspec
+    from autograd_run.outputs import atomic_write
+    from autograd_run.traces.chrome import to_chrome_trace
+    trace = to_chrome_trace(rec)
+    if incomplete:
+        trace.setdefault("otherData", {})["incomplete"] = incomplete
+        ts = (rec.end - rec.start) / 1000.0 + 1.0 if not rec.empty else 1.0
+        trace["traceEvents"].append({"ph": "i", "s": "g", "pid": 1, "tid": 0, "ts": ts, "cat": "incomplete",
+                                     "name": f"run {incomplete}: the trace is incomplete"})
+    atomic_write(path, msgspec.json.encode(trace), "trace_path")

@@ -73,3 +73,34 @@ def orders(pure_python: bool):
 def test_compiled_and_pure_engines_agree():
     compiled, pure_python = orders(False), orders(True)
     assert compiled == pure_python
+
+
+@pytest.mark.parametrize("impl", ["compiled", "pure"])
+def test_a_signal_reaches_the_main_thread_while_it_waits_on_an_empty_queue(impl):
+    """The caller sleeping in ``pop`` (its graph's nodes all on device threads) must still see Ctrl-C:
+    Python's own lock waits let a signal handler run, so the compiled wait must too."""
+    import signal
+    import time
+    if impl == "compiled" and not core.COMPILED:
+        pytest.skip("the compiled core is not built")
+    q = core.ReadyQueue("c") if impl == "compiled" else pure.ReadyQueue("p")
+
+    class Rang(Exception):
+        pass
+
+    def ring(signum, frame):
+        raise Rang()
+
+    old = signal.signal(signal.SIGALRM, ring)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        with pytest.raises(Rang):
+            q.pop()
+        assert time.monotonic() - t0 < 2.0
+        # the queue still works after the interrupted wait
+        q.push(1, ("gt", "item", None))
+        assert q.pop()[1] == "item" and len(q) == 0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

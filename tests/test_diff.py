@@ -242,3 +242,16 @@ def test_unreadable_inputs_exit_2_naming_the_file(tmp_path, capsys):
     bad.write_text('{"traceEvents": [1]}')
     code, out, err = run_cli(["diff", str(bad), str(bad)], capsys)
     assert code == 2 and err.strip() == f"Error: {bad}: $.traceEvents[0]: each event must be an object"
+
+
+def test_a_repeated_run_keeps_every_pass_in_its_json_samples(tmp_path, capsys):
+    # --repeat without a trace folds each pass into the summary and drops its events; the samples
+    # that a diff compares must still hold every pass, and a node's lists one entry per pass.
+    g = write(tmp_path, "g.json", branches())
+    code, out, err = run_cli([g, "--json", "--repeat", "4"], capsys)
+    assert code == 0, err
+    s = json.loads(out)["samples"]
+    assert s["passes"] == 4 and len(s["wall_ns"]) == len(s["critical_path"]) == 4
+    assert all(len(v) == 4 for v in s["worker_busy_ns"].values())
+    assert all(len(n["duration_ns"]) == 4 and None not in n["duration_ns"] for n in s["nodes"].values())
+    assert set(s["nodes"]) == {"r", "b1", "b2", "acc_x"}

@@ -58,9 +58,11 @@ def test_samples_of_one_pass_agree_with_the_summary():
     assert s.wall_ns == [rec.graph_tasks[0].end - rec.graph_tasks[0].start]
 
 
-def test_samples_of_repeated_passes():
-    r = run_session(load_graph("example:mlp"), RunOptions(repeat=4, multithreading=False))
-    s = pass_samples(r.recording)
+@pytest.mark.parametrize("keep", [True, False], ids=["whole recording", "folded pass by pass"])
+def test_samples_of_repeated_passes(keep):
+    r = run_session(load_graph("example:mlp"), RunOptions(repeat=4, multithreading=False, samples=True,
+                                                          keep_recording=keep))
+    s = pass_samples(r.recording) if keep else r.samples
     assert s.passes == 4 and len(s.wall_ns) == 4 and len(s.critical_path) == 4
     assert sum(s.wall_ns) == r.summary.passes.total_ns
     assert all(len(n.duration_ns) == 4 and None not in n.duration_ns for n in s.nodes.values())
@@ -140,7 +142,8 @@ def test_an_older_summary_without_samples_gives_aggregates(tmp_path):
 
 def test_concat_of_runs_keeps_every_pass(tmp_path):
     g = load_graph("example:seed")
-    parts = [P.from_recording(run_session(g, RunOptions(repeat=n, record_order=True)).recording, "x", "run")
+    parts = [P.from_recording(run_session(g, RunOptions(repeat=n, record_order=True, keep_recording=True)).recording,
+                             "x", "run")
              for n in (1, 2)]
     c = P.concat(parts, "both")
     assert c.passes == 3 and len(c.wall_ns) == 3 and len(c.order) == 3

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from autograd_run.cli.common import graph_format
+from autograd_run.cli.common import echo, graph_format
 from autograd_run.errors import OrderMismatch, UsageError
 
 
@@ -58,20 +58,20 @@ def capture(script, output, profile, steps, warmup, profile_trace):
         check_output_path(profile_trace, "profile_trace", [path, output])
     if importlib.util.find_spec("torch") is None:
         raise UsageError("capture needs PyTorch, which is not installed: pip install 'autograd-run[torch]'")
-    try:
-        namespace = runpy.run_path(path, run_name="__autograd_run_capture__")
-    except Exception as exc:
-        raise UsageError(f"{path}: running the script failed: {type(exc).__name__}: {exc}") from exc
+    namespace = _user_call(path, "running the script", lambda: runpy.run_path(path, run_name="__autograd_run_capture__"))
     fn = namespace.get(func)
     if not callable(fn):
         raise UsageError(f"{path}: no function {func!r}")
-    outputs, kw = _split(fn())
+    result = _user_call(path, f"{func}()", fn)
+    if isinstance(result, dict) and "outputs" not in result:
+        raise UsageError(f"{path}: {func}() returned a dict without 'outputs'")
+    outputs, kw = _split(result)
     try:
         doc = from_torch(outputs, path=output, **kw)
-    except (ValueError, RuntimeError) as exc:
-        raise UsageError(f"capture failed: {exc}") from exc
+    except (ValueError, RuntimeError, TypeError) as exc:
+        raise UsageError(f"{path}: {func}() returned what cannot be captured: {exc}") from exc
     opaque = sum(1 for n in doc["nodes"] if n.get("op") == "opaque")
-    click.echo(f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
+    echo(f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
                + (f", {opaque} opaque (no rule)" if opaque else "")
                + f"; PyTorch reference: {len(doc['meta']['reference']['order'])} nodes run")
     if profile:
@@ -106,38 +106,64 @@ def _split(result):
 
 
 @click.command()
-@click.argument("graph")
-@click.option("--rtol", type=float, default=None, help="Relative tolerance (default by dtype: 1e-6 for float64).")
-@click.option("--atol", type=float, default=None, help="Absolute tolerance (default by dtype).")
-def check(graph, rtol, atol):
+@click.argument("graph", metavar="FILE")
+@click.option("--rtol", type=click.FloatRange(0), default=None,
+              help="Relative tolerance  [default: by the lowest precision on the way to each leaf: 1e-6 for "
+                   "float64, 1e-4 for float32, 1e-2 for float16]")
+@click.option("--atol", type=click.FloatRange(0), default=None,
+              help="Absolute tolerance  [default: by precision: 1e-9, 1e-6, 1e-3]")
+@click.option("--allow-opaque", is_flag=True,
+              help="Pass although ops without a rule (opaque nodes) keep some gradients from being compared.")
+def check(graph, rtol, atol, allow_opaque):
     """Replay a captured graph and compare order and gradients with PyTorch's reference.
 
-    Exit 0 when they agree, 3 otherwise.
+    Exit 0 when they agree, 3 otherwise (also when opaque nodes keep a gradient
+    from being compared, unless --allow-opaque).
 
     \b
     Example:
       autograd-run check model.json --rtol 1e-5
     """
-    from rich.console import Console
-    from rich.table import Table
     from autograd_run.check import check_graph
-    from autograd_run.graphs.load import load_graph
-    report = check_graph(load_graph(graph), rtol, atol)
-    console = Console()
+    from autograd_run.cli.render import columns
+    from autograd_run.cli.terminal import PlainTable as Table, make_console, plain
+    from autograd_run.cli.common import load_graph_arg
+    report = check_graph(load_graph_arg(graph), rtol, atol, allow_opaque=allow_opaque)
+    console = make_console()
     if report.order_ok:
-        console.print(f"order: {report.order_len[1]} nodes, same as PyTorch")
+        console.print(plain(f"order: {report.order_len[1]} nodes, same as PyTorch"))
     else:
         d = report.divergence
-        console.print(f"order: differs at position {d['position']}: expected {d['expected']}, got {d['got']}")
-    if not report.grads_compared:
-        console.print(report.note)
-    else:
-        t = Table(title="gradients against PyTorch")
-        for c in ("leaf", "max abs err", "max rel err", "ok"):
-            t.add_column(c)
+        console.print(plain(f"order: differs at position {d['position']}: expected {d['expected']}, got {d['got']}"))
+    if report.note:
+        console.print(plain(report.note))
+    if report.grads:
+        t = columns(Table(title="gradients against PyTorch"), ("leaf", "id"), ("max abs err", "num"),
+                    ("max rel err", "num"), ("tolerance (rtol, atol)", "text"), ("ok", "text"))
         for g in report.grads:
+            tol = "-" if g.rtol is None else f"{g.rtol:g}, {g.atol:g}" + (f" ({g.precision})" if g.precision else "")
+            ok = "-" if not g.compared else ("yes" if g.ok else "NO")
             t.add_row(g.name, "-" if g.max_abs is None else f"{g.max_abs:.3g}",
-                      "-" if g.max_rel is None else f"{g.max_rel:.3g}", ("yes" if g.ok else "NO") + (f" ({g.note})" if g.note else ""))
+                      "-" if g.max_rel is None else f"{g.max_rel:.3g}", tol, ok + (f" ({g.note})" if g.note else ""))
         console.print(t)
     if not report.ok:
-        raise OrderMismatch(f"{graph}: replay differs from the PyTorch reference")
+        why = ("opaque nodes keep gradients from being compared (--allow-opaque accepts that)"
+               if report.order_ok and all(g.ok for g in report.grads if g.compared) else
+               "replay differs from the PyTorch reference")
+        raise OrderMismatch(f"{graph}: {why}")
+
+
+def _user_call(path: str, what: str, call):
+    """Run the user's code; its failure is shown as the user's error (type, message, and where in their
+    file), a usage error (exit 2), not a traceback of ours."""
+    import traceback
+    try:
+        return call()
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:
+        raise UsageError(f"{path}: {what} exited (SystemExit: {exc.code})") from None
+    except BaseException as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
+        where = f" (line {frames[-1].lineno})" if frames else ""
+        raise UsageError(f"{path}: {what} raised {type(exc).__name__}: {exc}{where}") from None

@@ -4,15 +4,43 @@ from __future__ import annotations
 
 import click
 
-from autograd_run.errors import UsageError
+from autograd_run.cli.terminal import escape, escape_lines
+from autograd_run.errors import GraphFileError, UsageError
 
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
-_CONTROL.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"})
+__all__ = ["escape", "echo", "write", "stdout_closed", "error_line", "note_lines", "graph_format"]
 
 
-def escape(text: str) -> str:
-    """``text`` with every control character (terminal escapes, newlines, carriage returns) made visible."""
-    return str(text).translate(_CONTROL)
+def echo(msg: str, err: bool = False) -> None:
+    """One line of output whose text may come from files or users: escaped, so it stays one line."""
+    write(escape(msg), err=err)
+
+
+def write(text: str, err: bool = False) -> None:
+    """``text`` and a newline on stdout (or stderr), as it is; a reader that went away is not an error."""
+    try:
+        click.echo(text, err=err)
+    except BrokenPipeError:
+        stdout_closed()
+
+
+def stdout_closed() -> None:
+    """The reader of stdout went away (``autograd-run ... | head -1``): further output is dropped
+    quietly, and the command ends with the exit status it would have had. Standard output is pointed
+    at the null device, so nothing written later (or flushed at exit) fails again."""
+    import os
+    import sys
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
+
+
+def note_lines(text: str, err: bool = True, indent: str = "  ") -> None:
+    """A multi-line text from a file (a forward trace) on stderr: each line escaped and indented."""
+    for line in escape_lines(text, indent):
+        click.echo(line, err=err)
 
 
 def error_line(msg: str) -> None:
@@ -29,3 +57,72 @@ def graph_format(path: str, flag: str = "-o") -> str:
     if not lower.endswith(GRAPH_EXTENSIONS):
         raise UsageError(f"{flag} must end in .json, .yaml or .yml")
     return "yaml" if lower.endswith((".yaml", ".yml")) else "json"
+
+
+class Whole(click.IntRange):
+    """An integer option whose range --help and errors say in words (``at least 1``, ``0 to 2**62``),
+    not as ``0<=x<=4611686018427387904``."""
+
+    def __init__(self, min: int | None = None, max: int | None = None, words: str | None = None):
+        super().__init__(min, max)
+        self.words = words or (f"at least {min}" if max is None else f"{min} to {max}")
+
+    def _describe_range(self) -> str:
+        return self.words
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r}: must be a whole number, {self.words}", param, ctx)
+
+
+class Seconds(click.FloatRange):
+    """A positive number of seconds."""
+
+    name = "seconds"
+
+    def __init__(self):
+        super().__init__(0, min_open=True)
+
+    def _describe_range(self) -> str:
+        return "more than 0"
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r}: must be a number of seconds, more than 0", param, ctx)
+
+
+#: The name a graph read from standard input goes by in messages.
+STDIN_NAME = "<stdin>"
+
+
+def detect_format(data: bytes) -> str:
+    """``json`` when the first byte that is not a space (or a byte-order mark) opens a JSON object or
+    array, else ``yaml`` (YAML is a superset of JSON, so a mistake shows as YAML's own error)."""
+    head = data[:4096].lstrip(b"\xef\xbb\xbf").lstrip()
+    return "json" if head[:1] in (b"{", b"[") else "yaml"
+
+
+def load_graph_arg(ref: str, fmt: str | None = None):
+    """The graph a command-line argument names: a file, ``example:NAME``, or ``-`` for standard input
+    (format ``fmt``, else from the content). A graph from stdin has no folder, so it cannot use
+    ``.npz`` side files; the error says so."""
+    from autograd_run.graphs.load import MAX_FILE_BYTES, load_graph, loads_graph
+    if ref != "-":
+        if fmt is not None:
+            raise UsageError("--format applies to a graph read from stdin (-) only; a file's extension gives its format")
+        return load_graph(ref)
+    import sys
+    if sys.stdin is None or sys.stdin.isatty():
+        raise UsageError("-: no graph on stdin (it is a terminal); pipe one in, e.g. cat graph.json | autograd-run -")
+    data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    try:
+        return loads_graph(data, STDIN_NAME, fmt or detect_format(data), None)
+    except GraphFileError as exc:
+        if "npz" in exc.what or "side file" in exc.what:
+            raise GraphFileError(exc.file, exc.where, f"{exc.what} (a graph read from stdin has no folder for side "
+                                 "files: give it as a file beside its .npz)") from None
+        raise

@@ -2,14 +2,35 @@
 
 Tables are built from a ``Summary`` only (``autograd_run.traces.summary``),
 so tests render them at a fixed width without colour and compare with
-golden text.
+golden text. Every table is a ``PlainTable``: ids, names, messages and
+paths from files are shown escaped, never as markup. On a narrow terminal
+id and name columns fold (the whole id stays visible, broken across
+lines), and numbers never wrap; workers show their short label
+(``cuda:0``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
+
+from autograd_run.cli.terminal import PlainTable as Table
+from autograd_run.engine.threads import worker_label
+
+#: Column kinds: (justify, no_wrap, overflow, min_width).
+_KINDS = {"id": ("left", False, "fold", 4), "name": ("left", False, "fold", 6),
+          "label": ("left", False, "fold", 6), "num": ("right", True, "fold", None),
+          "text": ("left", False, "fold", None)}
+
+
+def columns(t: Table, *spec: tuple[str, str]) -> Table:
+    """Add columns ``(header, kind)`` to ``t``; kinds: ``id``, ``name`` and ``label`` fold (every
+    character stays visible, broken across lines), ``num`` never wraps, ``text`` wraps at spaces."""
+    for header, kind in spec:
+        justify, no_wrap, overflow, min_width = _KINDS[kind]
+        t.add_column(header, justify=justify, no_wrap=no_wrap, overflow=overflow, min_width=min_width)
+    return t
 
 
 def fmt_ns(ns: float) -> str:
@@ -26,8 +47,8 @@ def summary_tables(s, title: str, top: int = 10, devices: str | None = None) -> 
     """The rich renderables for a Summary, in display order."""
     out = []
     head = Table(title=title, show_header=False, box=None, pad_edge=False, title_justify="left")
-    head.add_column(justify="left")
-    head.add_column(justify="right")
+    head.add_column(justify="left", no_wrap=True)
+    head.add_column(justify="right", overflow="fold")
     if devices:
         head.add_row("devices", devices)
     head.add_row("wall time", fmt_ns(s.wall_ns))
@@ -42,64 +63,63 @@ def summary_tables(s, title: str, top: int = 10, devices: str | None = None) -> 
         head.add_row("opaque nodes (no rule)", ", ".join(s.opaque_nodes[:8]) + (" ..." if len(s.opaque_nodes) > 8 else ""))
     out.append(head)
 
-    t = Table(title="workers")
-    for c, j in (("worker", "left"), ("nodes", "right"), ("busy", "right"), ("idle", "right"), ("util", "right")):
-        t.add_column(c, justify=j)
+    t = columns(Table(title="workers"), ("worker", "label"), ("nodes", "num"), ("busy", "num"), ("idle", "num"),
+                ("util", "num"))
     for w in s.workers:
-        t.add_row(w.name, str(w.nodes), fmt_ns(w.busy_ns), fmt_ns(w.idle_ns), f"{w.utilization:.0%}")
+        t.add_row(worker_label(w.name), str(w.nodes), fmt_ns(w.busy_ns), fmt_ns(w.idle_ns), f"{w.utilization:.0%}")
     out.append(t)
 
-    t = Table(title="ops")
-    for c, j in (("op", "left"), ("count", "right"), ("total", "right"), ("mean", "right"), ("p95", "right")):
-        t.add_column(c, justify=j)
+    t = columns(Table(title="ops"), ("op", "name"), ("count", "num"), ("total", "num"), ("mean", "num"),
+                ("p95", "num"))
     for name, d in list(s.ops.items())[:top]:
         t.add_row(name, str(d.count), fmt_ns(d.total_ns), fmt_ns(d.mean_ns), fmt_ns(d.p95_ns))
     if len(s.ops) > top:
         t.add_row(f"... {len(s.ops) - top} more", "", "", "", "")
     out.append(t)
 
-    t = Table(title="queue waits (push to pop)")
-    for c, j in (("queue", "left"), ("tasks", "right"), ("total", "right"), ("mean", "right"), ("p95", "right")):
-        t.add_column(c, justify=j)
+    t = columns(Table(title="queue waits (push to pop)"), ("queue", "id"), ("tasks", "num"), ("total", "num"),
+                ("mean", "num"), ("p95", "num"))
     for name, d in s.queue_waits.items():
-        t.add_row(name, str(d.count), fmt_ns(d.total_ns), fmt_ns(d.mean_ns), fmt_ns(d.p95_ns))
+        t.add_row(_queue_label(name), str(d.count), fmt_ns(d.total_ns), fmt_ns(d.mean_ns), fmt_ns(d.p95_ns))
     for name, d in s.lock_waits.items():
         t.add_row(f"lock: {name}", str(d.count), fmt_ns(d.total_ns), fmt_ns(d.mean_ns), fmt_ns(d.p95_ns))
     out.append(t)
 
     if s.syncs:
-        t = Table(title=f"syncs (producer end to consumer start: {fmt_ns(s.sync_latency_ns)} in all)")
-        t.add_column("from -> to")
-        t.add_column("count", justify="right")
+        t = columns(Table(title=f"syncs (producer end to consumer start: {fmt_ns(s.sync_latency_ns)} in all)"),
+                    ("from -> to", "id"), ("count", "num"))
         for k, v in s.syncs.items():
             t.add_row(k, str(v))
         out.append(t)
 
     if s.critical_path:
-        t = Table(title="critical path (queue wait + run time, root to leaf)")
-        for c, j in (("node", "left"), ("op", "left"), ("worker", "left"), ("queue wait", "right"), ("time", "right")):
-            t.add_column(c, justify=j)
+        t = columns(Table(title="critical path (queue wait + run time, root to leaf)"), ("node", "id"),
+                    ("op", "name"), ("worker", "label"), ("queued", "num"), ("time", "num"))
         shown = s.critical_path if len(s.critical_path) <= top else s.critical_path[:top - 1]
         for r in shown:
-            t.add_row(r.id, r.name, r.thread, fmt_ns(r.queue_wait_ns), fmt_ns(r.duration_ns))
+            t.add_row(r.id, r.name, worker_label(r.thread), fmt_ns(r.queue_wait_ns), fmt_ns(r.duration_ns))
         if len(shown) < len(s.critical_path):
             t.add_row(f"... {len(s.critical_path) - len(shown)} more", "", "", "", "")
         out.append(t)
 
-    t = Table(title=f"slowest nodes (top {min(top, len(s.slowest))})")
-    for c, j in (("node", "left"), ("op", "left"), ("worker", "left"), ("start", "right"), ("time", "right"),
-                 ("queue wait", "right")):
-        t.add_column(c, justify=j)
+    t = columns(Table(title=f"slowest nodes (top {min(top, len(s.slowest))})"), ("node", "id"), ("op", "name"),
+                ("worker", "label"), ("start", "num"), ("time", "num"), ("queued", "num"))
     for r in s.slowest[:top]:
-        t.add_row(r.id, r.name, r.thread, fmt_ns(r.start_ns), fmt_ns(r.duration_ns), fmt_ns(r.queue_wait_ns))
+        t.add_row(r.id, r.name, worker_label(r.thread), fmt_ns(r.start_ns), fmt_ns(r.duration_ns),
+                  fmt_ns(r.queue_wait_ns))
     out.append(t)
     if s.errors:
-        t = Table(title="errors")
-        t.add_column("node: message")
+        t = columns(Table(title="errors"), ("node: message", "text"))
         for e in s.errors:
             t.add_row(e)
         out.append(t)
     return out
+
+
+def _queue_label(name: str) -> str:
+    """``cpu:autograd-run reentrant-0`` -> ``cpu:reentrant-0``: the queue of a thread, by its short label."""
+    kind, sep, thread = name.partition(":")
+    return f"{kind}:{worker_label(thread)}" if sep and kind == "cpu" else name
 
 
 def render_summary(console: Console, s, title: str, top: int = 10, devices: str | None = None) -> None:
@@ -107,23 +127,51 @@ def render_summary(console: Console, s, title: str, top: int = 10, devices: str 
         console.print(r)
 
 
-def render_grads(console: Console, result) -> None:
-    g = Table(title=f"gradients ({result.mode})")
-    g.add_column("name")
-    g.add_column("shape")
-    g.add_column("sum", justify="right")
-    g.add_column("max |g|", justify="right")
+#: Gradients with at most this many elements show their values in the table.
+SHOW_VALUES = 8
+
+
+def grads_table(result) -> Table:
+    """One row per gradient: shape, sum, max |g|, and the values of small ones (at most ``SHOW_VALUES``)."""
+    rows = []
     for name, v in result.grads.items():
         if v is None:
-            g.add_row(name, "-", "None", "")
-        else:
-            arr = _host(v)
-            g.add_row(name, str(list(arr.shape)), f"{float(arr.sum()):.6g}",
-                      f"{float(abs(arr).max()) if arr.size else 0.0:.6g}")
-    console.print(g)
+            rows.append([name, "-", "None", "", ""])
+            continue
+        arr = np.asarray(host(v))
+        with np.errstate(all="ignore"):  # an overflowing float16 sum shows inf, with no warning
+            total = arr.sum() if arr.size else arr.dtype.type(0)
+            top = abs(arr).max() if arr.size else 0.0
+        rows.append([name, str(list(arr.shape)), _num(total), _num(top), _values(arr)])
+    spec = [("name", "id"), ("shape", "label"), ("sum", "num"), ("max |g|", "num")]
+    if any(r[4] for r in rows):
+        spec.append(("values", "text"))
+    g = columns(Table(title=f"gradients ({result.mode})"), *spec)
+    for r in rows:
+        g.add_row(*r[:len(spec)])
+    return g
 
 
-def _host(v):
+def render_grads(console: Console, result) -> None:
+    console.print(grads_table(result))
+
+
+def _num(x) -> str:
+    x = complex(x) if np.iscomplexobj(x) else float(x)
+    return f"{x:.6g}"
+
+
+def _values(arr) -> str:
+    if arr.size > SHOW_VALUES:
+        return ""
+    with np.errstate(all="ignore"):
+        text = np.array2string(arr, precision=6, separator=", ", max_line_width=10**6, threshold=SHOW_VALUES,
+                               floatmode="maxprec")
+    return " ".join(text.split())  # one line: rows of a matrix are not split with newlines
+
+
+def host(v):
+    """A numpy array of ``v`` (copied from the GPU when it is a cupy array)."""
     try:
         import cupy
         if isinstance(v, cupy.ndarray):
@@ -134,12 +182,13 @@ def _host(v):
 
 
 def report_json(report, graph: str) -> dict:
-    """The ``--json`` document of a run report."""
+    """The ``--json`` document of a run report (``jsonout.dumps`` makes it valid JSON)."""
+    from autograd_run.cli.jsonout import array_json
     error = report.error
     return {"graph": graph, "devices": report.devices.kind,
             "error": None if error is None else {"node": error.node_id, "name": error.node_name, "message": str(error)},
-            "summary": report.summary.to_dict(), "samples": samples_json(report.recording),
-            "grads": {} if report.result is None else {k: None if v is None else _host(v).tolist()
+            "summary": report.summary.to_dict(), "samples": None if report.samples is None else report.samples.to_dict(),
+            "grads": {} if report.result is None else {k: None if v is None else array_json(host(v))
                                                        for k, v in report.result.grads.items()}}
 
 
@@ -151,10 +200,8 @@ def samples_json(recording) -> dict | None:
 
 def render_compare(console: Console, reports, title: str) -> None:
     """One row per simulated variant: wall time, engine time, critical path, busiest worker."""
-    t = Table(title=title)
-    for c, j in (("policy", "left"), ("devices", "right"), ("placement", "left"), ("wall", "right"),
-                 ("engine done", "right"), ("critical path", "right"), ("vs first", "right")):
-        t.add_column(c, justify=j)
+    t = columns(Table(title=title), ("policy", "label"), ("devices", "num"), ("placement", "label"), ("wall", "num"),
+                ("engine done", "num"), ("critical path", "num"), ("vs first", "num"))
     base = reports[0].wall_ns or 1
     for r in reports:
         s = r.summary
@@ -167,9 +214,8 @@ def render_slack(console: Console, report) -> None:
     if not report.slack:
         return
     pct = int(report.options.slack_speedup * 100)
-    t = Table(title=f"what if a critical-path node were {pct}% faster")
-    for c, j in (("node", "left"), ("op", "left"), ("time", "right"), ("pass shortens by", "right")):
-        t.add_column(c, justify=j)
+    t = columns(Table(title=f"what if a critical-path node were {pct}% faster"), ("node", "id"), ("op", "name"),
+                ("time", "num"), ("pass shortens by", "num"))
     for s in report.slack:
         t.add_row(s.node, s.name, fmt_ns(s.duration_ns), fmt_ns(s.saved_ns))
     console.print(t)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-import traceback
 
 import click
 
-from autograd_run.cli.common import error_line, escape
+from autograd_run.cli import jsonout
+from autograd_run.cli.common import Seconds, Whole, echo, error_line, load_graph_arg, note_lines, write
 from autograd_run.cli.view_cmd import require_viewer, show_trace
+from autograd_run.cli.interrupts import ctrl_c_stops
+from autograd_run.cli.terminal import make_console, plain, traceback_lines
 from autograd_run.engine.tracer import Tracer
 from autograd_run.errors import OrderMismatch, UsageError
+from autograd_run.stopping import RunStop
 
 
 class Progress(Tracer):
@@ -30,10 +32,9 @@ class Progress(Tracer):
     def __enter__(self):
         if not self.enabled:
             return self
-        from rich.console import Console
         from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
         self.bar = Bar(TextColumn("backward"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                       TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                       TimeElapsedColumn(), console=make_console(stderr=True), transient=True)
         self.bar.start()
         self.task = self.bar.add_task("run", total=1.0)
         self.thread = threading.Thread(target=self._poll, daemon=True)
@@ -52,29 +53,32 @@ class Progress(Tracer):
 
 
 @click.command()
-@click.argument("graph")
-@click.option("--trace", "trace_path", default=None, help="Write a Chrome/Perfetto trace here.")
+@click.argument("graph", metavar="GRAPH")
+@click.option("--trace", "trace_path", default=None, metavar="FILE", help="Write a Chrome/Perfetto trace here.")
 @click.option("--open", "open_trace", is_flag=True,
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
-@click.option("--grad", "mode", flag_value="grad", default=None, help="Return gradients of --inputs (torch.autograd.grad).")
+@click.option("--grad", "mode", flag_value="grad", default=None,
+              help="Return gradients of --inputs (torch.autograd.grad)  [default: as the graph file says]")
 @click.option("--backward", "mode", flag_value="backward", help="Accumulate into variables (Tensor.backward).")
-@click.option("--inputs", default=None, help="Comma-separated variable names or node ids.")
+@click.option("--inputs", default=None, metavar="ID,...", help="Comma-separated variable names or node ids.")
 @click.option("--retain-graph", is_flag=True, help="Keep saved tensors (allows another pass).")
 @click.option("--create-graph", is_flag=True, help="Run nodes in grad mode (sets retain_graph).")
 @click.option("--no-multithreading", is_flag=True, help="Run every node on the calling thread.")
-@click.option("--devices", type=click.Choice(["auto", "virtual", "cuda"]), default="auto", show_default=True,
-              help="cuda:N devices: real GPUs (cupy), virtual (numpy on worker threads), or auto.")
+@click.option("--backend", type=click.Choice(["auto", "virtual", "cuda"]), default=None,
+              help="What runs cuda:N devices: real GPUs (cupy), virtual (numpy on worker threads), or auto (cupy "
+                   "when it finds a GPU)  [default: auto]")
+@click.option("--devices", "backend_old", type=click.Choice(["auto", "virtual", "cuda"]), default=None, hidden=True)
 @click.option("--anomaly", is_flag=True, help="Anomaly mode: fail on NaN gradients, show forward traces.")
 @click.option("--inject-error", multiple=True, metavar="NODE", help="Make NODE raise when it runs.")
 @click.option("--inject-nan", multiple=True, metavar="NODE", help="Make NODE return NaN gradients.")
-@click.option("--repeat", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
+@click.option("--repeat", type=Whole(1, 1_000_000, "1 to 1000000"), default=1, show_default=True, metavar="N",
               help="Run N backward passes (fresh state each); the summary shows their distribution.")
-@click.option("--seed", type=click.IntRange(0, 2**62), default=None,
-              help="Offset every random tensor's seed: another reproducible draw.")
+@click.option("--seed", type=Whole(0, 2**62, "0 to 2**62"), default=None, metavar="N",
+              help="Offset every random tensor's seed: another reproducible draw  [default: the file's seeds]")
 @click.option("--allow-python", is_flag=True, help="Allow python nodes to import and run their callables.")
-@click.option("--order-out", default=None, help="Write the executed order as JSON Lines.")
-@click.option("--expect-order", default=None, help="Compare the executed order with a JSON Lines golden file "
-              "(exact when deterministic, else per worker); exit 3 on a mismatch.")
+@click.option("--order-out", default=None, metavar="FILE", help="Write the executed order as JSON Lines.")
+@click.option("--expect-order", default=None, metavar="FILE", help="Compare the executed order with a JSON Lines "
+              "golden file (exact when deterministic, else per worker); exit 3 on a mismatch.")
 @click.option("--costs", default=None, metavar="FILE",
               help="Measured costs (a PyTorch profiler trace, a trace of `run --trace`, or a graph captured with "
                    "--profile): each opaque node (no rule here) takes its measured time, so a replay spends what "
@@ -82,12 +86,17 @@ class Progress(Tracer):
 @click.option("--step", type=click.IntRange(1, None), default=None, metavar="N",
               help="With a PyTorch profile: its N-th backward call of this graph, not the median.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
-@click.option("--json", "json_out", is_flag=True, help="Print the summary and gradients as JSON on stdout.")
+@click.option("--json", "json_out", is_flag=True,
+              help="Print the summary and gradients as JSON on stdout (NaN and infinities as strings).")
+@click.option("--timeout", type=Seconds(), default=None, metavar="SECONDS",
+              help="Stop the run after SECONDS (all passes): what ran is written, marked incomplete; exit 124.")
+@click.option("--format", "fmt", type=click.Choice(["json", "yaml"]), default=None,
+              help="The format of a graph read from stdin (GRAPH is -)  [default: from its first character]")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
-def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph, no_multithreading, devices, anomaly,
-        inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, costs, step, summary, json_out,
-        verbose):
-    """Run a graph's backward pass (GRAPH is a file or example:NAME).
+def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph, no_multithreading, backend,
+        backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, costs, step,
+        summary, json_out, timeout, fmt, verbose):
+    """Run a graph's backward pass (GRAPH is a file, example:NAME, or - for stdin).
 
     \b
     Examples:
@@ -98,9 +107,9 @@ def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph,
       autograd-run example:mlp --no-multithreading --expect-order golden.jsonl
       autograd-run example:pipeline --repeat 20 --json
       autograd-run lstm.json --costs lstm-profile.json   # opaque nodes take PyTorch's measured time
+      cat graph.json | autograd-run -
     """
     from autograd_run.cli.render import render_grads, render_summary, report_json
-    from autograd_run.graphs.load import load_graph
     from autograd_run.session import RunOptions, run_session
     from autograd_run.traces.order import read_order
 
@@ -108,52 +117,77 @@ def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph,
         if not trace_path:
             raise UsageError("--open needs --trace FILE")
         require_viewer()
-    g = load_graph(graph)
+    if backend and backend_old and backend != backend_old:
+        raise UsageError("--devices is the old spelling of --backend: give one of them")
+    devices = backend or backend_old or "auto"
+    g = load_graph_arg(graph, fmt)
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(
         mode=mode, inputs=inputs.split(",") if inputs is not None else None, retain_graph=retain_graph,
         create_graph=create_graph, multithreading=not no_multithreading, devices=devices, anomaly=anomaly,
         inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
-        profile=summary or json_out or bool(trace_path), trace_path=trace_path, order_out=order_out,
+        profile=summary or json_out or bool(trace_path), samples=json_out, trace_path=trace_path, order_out=order_out,
         expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
-        tracers=(progress,), costs=costs, costs_step=step)
+        tracers=(progress,), costs=costs, costs_step=step, timeout=timeout, stop=RunStop())
     if options.inputs is not None:
-        options.inputs = [s for s in options.inputs if s]
-    with progress:
-        report = run_session(g, options)
+        options.inputs = [s.strip() for s in options.inputs if s.strip()]  # "a, b" as "a,b"
+    try:
+        with ctrl_c_stops(options.stop), progress:
+            report = run_session(g, options)
+    finally:
+        options.stop.close()
     error = report.error
+    if report.interrupted:
+        _stopped(report, trace_path, order_out, repeat, timeout)
     if json_out:
-        click.echo(json.dumps(report_json(report, graph)))
+        write(jsonout.dumps(report_json(report, g.source)))
     elif summary:
-        from rich.console import Console
-        console = Console()
+        console = make_console()
         dev_line = report.devices.describe() if any(not d.is_cpu for d in g.devices) else None
         if report.measured is not None:
             from autograd_run.cli.render import render_costs
             render_costs(console, report.measured)
             applied = len(report.measured_applied)
-            console.print(f"measured time taken by {applied} opaque node{'s' if applied != 1 else ''}"
-                          + ("" if applied else " (nodes with a rule run their own formula)"))
-        render_summary(console, report.summary, f"{graph}: {len(g.nodes)} nodes", devices=dev_line)
+            console.print(plain(f"measured time taken by {applied} opaque node{'s' if applied != 1 else ''}"
+                                + ("" if applied else " (nodes with a rule run their own formula)")))
+        render_summary(console, report.summary, f"{g.source}: {len(g.nodes)} nodes", devices=dev_line)
         if report.result is not None:
             render_grads(console, report.result)
         if trace_path and not open_trace:
-            console.print(f"trace written to {escape(trace_path)} (open it with `autograd-run view`, or in "
-                          "https://ui.perfetto.dev)", markup=False, highlight=False, soft_wrap=True)
+            console.print(plain(f"trace written to {trace_path} (open it with `autograd-run view`, or in "
+                                "https://ui.perfetto.dev)"))
+    elif options.inputs and report.result is not None:  # asked for by name: shown even without the summary
+        from autograd_run.engine.run import RunResult
+        wanted = RunResult(report.result.mode, {k: v for k, v in report.result.grads.items() if k in options.inputs})
+        render_grads(make_console(), wanted)
     if open_trace:
         show_trace(trace_path, url_to_stderr=json_out)
     if error is not None:
         where = f"node {error.node_id!r} ({error.node_name})" if error.node_id else "backward"
         if verbose and error.__cause__ is not None:
-            traceback.print_exception(error.__cause__, file=sys.stderr)
-        note = getattr(error, "anomaly_note", None)
-        if note:
-            click.echo(note, err=True)
+            for line in traceback_lines(error.__cause__):
+                click.echo(line, err=True)
+        header = getattr(error, "anomaly_header", None)
+        if header:
+            echo(header, err=True)
+            note_lines(error.anomaly_trace or "(no forward trace recorded in the graph file)")
         error_line(f"{where}: {error}")
         sys.exit(1)
     if report.divergence is not None:
-        click.echo(report.divergence.describe(), err=True)
+        for line in report.divergence.lines():
+            echo(line, err=True)
         raise OrderMismatch(f"executed order differs from {expect_order}")
     if expect_order and not json_out:
-        click.echo(f"order matches {expect_order} ({len(report.order)} nodes"
-                   + (", compared per worker)" if report.per_worker else ")"))
+        echo(f"order matches {expect_order} ({len(report.order)} nodes"
+             + (", compared per worker)" if report.per_worker else ")"))
+
+
+def _stopped(report, trace_path, order_out, repeat, timeout) -> None:
+    """A stopped run: one line on stderr (what stopped it, how far it got, what was written), then exit
+    130 (Ctrl-C) or 124 (--timeout)."""
+    written = [p for p in (trace_path, order_out) if p]
+    where = f"in pass {report.passes_done + 1} of {repeat}" if repeat > 1 else "before the backward pass finished"
+    what = "interrupted" if report.interrupted == "interrupted" else f"--timeout: stopped after {timeout:g} s"
+    tail = f"; wrote {' and '.join(written)} (incomplete)" if written else ""
+    error_line(f"{what} {where}{tail}")
+    sys.exit(report.error.exit_code)

@@ -18,7 +18,8 @@ from autograd_run.errors import UsageError
 
 #: Options a side may not carry (they write files or choose what is printed).
 _REFUSED = {"trace_path": "--trace", "order_out": "--order-out", "expect_order": "--expect-order",
-            "json_out": "--json", "compare": "--compare", "verbose": "--verbose"}
+            "json_out": "--json", "compare": "--compare", "verbose": "--verbose", "open_trace": "--open",
+            "fmt": "--format"}
 
 
 @dataclass
@@ -41,9 +42,10 @@ class Side:
         inputs = [s for s in p["inputs"].split(",") if s] if p["inputs"] is not None else None
         return RunOptions(mode=p["mode"], inputs=inputs, retain_graph=p["retain_graph"],
                           create_graph=p["create_graph"], multithreading=not p["no_multithreading"],
-                          devices=p["devices"], anomaly=p["anomaly"], inject_error=p["inject_error"],
+                          devices=p.get("backend") or p.get("backend_old") or "auto", anomaly=p["anomaly"], inject_error=p["inject_error"],
                           inject_nan=p["inject_nan"], repeat=repeat, seed=p["seed"],
-                          allow_python=p["allow_python"], profile=True, record_order=True, order_ready=order_ready)
+                          allow_python=p["allow_python"], profile=True, samples=True, record_order=True,
+                          order_ready=order_ready)
 
     def sim_options(self):
         """``SimOptions`` of a simulation side."""

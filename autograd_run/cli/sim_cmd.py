@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from autograd_run.cli.common import escape
+from autograd_run.cli import jsonout
+from autograd_run.cli.common import echo, write
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.sim.placement import PLACEMENTS
 from autograd_run.sim.policies import POLICIES
@@ -88,8 +87,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
       autograd-run simulate graph.json --order-out golden.jsonl   # then: run --expect-order
       autograd-run simulate model.json --costs trace.pt.json.gz --spec local-torch
     """
-    from autograd_run.graphs.load import load_graph
+    from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import atomic_write, check_output_path
+    from autograd_run.errors import RequestError
     from autograd_run.sim.measured import load_costs
     from autograd_run.sim.session import SimOptions, simulate_session
     from autograd_run.traces.order import write_order
@@ -99,12 +99,16 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             from autograd_run.errors import UsageError
             raise UsageError("--open needs --trace FILE")
         require_viewer()
-    g = load_graph(graph)
+    g = load_graph_arg(graph)
     measured = load_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(compare, policy, devices)
+    import os
+    inputs = [g.source, costs or "", spec if spec and os.path.isfile(spec) else ""]  # never overwritten
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
         if path:
-            check_output_path(path, option, [g.source])
+            check_output_path(path, option, inputs)
+    if trace_path and order_out and os.path.abspath(trace_path) == os.path.abspath(order_out):
+        raise RequestError(f"{order_out}: the trace is written there already", "order_out")
     reports = []
     for pol, k in variants:
         opts = SimOptions(spec=spec, devices=k, placement=placement or ("greedy" if k else "keep"), policy=pol,
@@ -119,23 +123,23 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     if order_out:
         write_order(order_out, first.order)
     if json_out:
-        click.echo(json.dumps([_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)))
+        write(jsonout.dumps([_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)))
         if open_trace:
             show_trace(trace_path, url_to_stderr=True)
         return
-    from rich.console import Console
     from autograd_run.cli.render import render_compare, render_costs, render_slack, render_summary
-    console = Console()
+    from autograd_run.cli.terminal import make_console, plain
+    console = make_console()
     if measured is not None and summary:
         render_costs(console, measured)
     if len(reports) > 1:
-        render_compare(console, reports, f"{graph}: simulated, {len(g.nodes)} nodes")
+        render_compare(console, reports, f"{g.source}: simulated, {len(g.nodes)} nodes")
     elif summary:
-        render_summary(console, first.summary, f"{graph}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
+        render_summary(console, first.summary, f"{g.source}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
     if trace_path and not open_trace:
-        console.print(f"simulated trace written to {escape(trace_path)} (open it with `autograd-run view`, or in "
-                      "https://ui.perfetto.dev)", markup=False, highlight=False, soft_wrap=True)
+        console.print(plain(f"simulated trace written to {trace_path} (open it with `autograd-run view`, or in "
+                            "https://ui.perfetto.dev)"))
     if open_trace:
         show_trace(trace_path)
 
@@ -197,7 +201,7 @@ def calibrate(output, nodes, torch_engine):
     spec = measure(nodes=nodes)
     path = write_local(spec, output)
     e, h = spec.engine, spec.host
-    click.echo(f"engine: {e.node_overhead_us:.2f} us per node, hand-off {e.handoff_us:.1f} us (holds the GIL)")
-    click.echo(f"host: float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 {h.peak_flops['float64'] / 1e9:.1f} "
+    write(f"engine: {e.node_overhead_us:.2f} us per node, hand-off {e.handoff_us:.1f} us (holds the GIL)")
+    write(f"host: float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 {h.peak_flops['float64'] / 1e9:.1f} "
                f"GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest call {h.min_kernel_us:.2f} us")
-    click.echo(f"wrote {path}")
+    echo(f"wrote {path}")

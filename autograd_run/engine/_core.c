@@ -26,6 +26,13 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
+#include <errno.h>
+#include <pythread.h>
+
+/* The thread that imported the module (Python's main thread): only it runs signal handlers, so only
+ * its idle waits wake up now and then to let a Ctrl-C through (PyErr_CheckSignals). */
+static unsigned long MAIN_THREAD = 0;
+#define SIGNAL_CHECK_NS 50000000LL
 
 typedef unsigned __int128 u128;
 
@@ -336,12 +343,40 @@ static PyObject *Queue_pop(QueueObject *self, PyObject *const *args, Py_ssize_t 
             idle0 = now_ns();
         waited = 0;  /* waiting for the lock was part of going idle */
         self->waiting++;
-        Py_BEGIN_ALLOW_THREADS
-        while (self->size == 0)
-            pthread_cond_wait(&self->not_empty, &self->mutex);
-        self->waiting--;
-        pthread_mutex_unlock(&self->mutex);
-        Py_END_ALLOW_THREADS
+        /* Only the main thread runs signal handlers: it sleeps in slices and checks between them,
+         * so a Ctrl-C raises KeyboardInterrupt here as it would in Python's own lock waits. */
+        int on_main = PyThread_get_thread_ident() == MAIN_THREAD;
+        for (;;) {
+            int empty;
+            Py_BEGIN_ALLOW_THREADS
+            if (on_main) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                int64_t t = (int64_t)ts.tv_nsec + SIGNAL_CHECK_NS;
+                ts.tv_sec += (time_t)(t / 1000000000LL);
+                ts.tv_nsec = (long)(t % 1000000000LL);
+                while (self->size == 0)
+                    if (pthread_cond_timedwait(&self->not_empty, &self->mutex, &ts) == ETIMEDOUT)
+                        break;
+            } else {
+                while (self->size == 0)
+                    pthread_cond_wait(&self->not_empty, &self->mutex);
+            }
+            empty = self->size == 0;
+            if (!empty)
+                self->waiting--;
+            pthread_mutex_unlock(&self->mutex);
+            Py_END_ALLOW_THREADS
+            if (!empty)
+                break;
+            if (PyErr_CheckSignals() < 0) {  /* still counted as waiting: undo that, then raise */
+                lock_nogil(self, 0);
+                self->waiting--;
+                pthread_mutex_unlock(&self->mutex);
+                return NULL;
+            }
+            lock_nogil(self, 0);
+        }
         if (tracing)
             idle1 = now_ns();
         lock_nogil(self, 0);
@@ -1161,6 +1196,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_stream, "stream");
     if (PyType_Ready(&QueueType) < 0 || PyType_Ready(&BufferType) < 0)
         return NULL;
+    MAIN_THREAD = PyThread_get_thread_ident();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

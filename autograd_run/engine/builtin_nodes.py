@@ -17,7 +17,6 @@ reference executor alike.
 from __future__ import annotations
 
 import importlib
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,16 +108,18 @@ def cost(node, grads, ctx):
     else:
         flops = float(spec.get("flops", 0))
         seconds = flops / COST_FLOPS_PER_SECOND
+    gt = ctx.graph_task
+    stopped = (lambda: gt.has_error) if gt is not None else None  # the call failed or was stopped: stop early
     if mode == "matmul" and flops > 0:
         n = max(1, int(round((flops / 2) ** (1 / 3))))
         a = ctx.xp(node).ones((n, n), dtype=np.float32)
         a @ a
     elif mode == "sleep":
-        time.sleep(seconds)
+        waits.sleep(seconds, stopped)
     elif mode == "wait":
-        waits.wait(seconds)
+        waits.wait(seconds, stopped)
     elif seconds > 0:
-        waits.spin(seconds)
+        waits.spin(seconds, stopped)
     return _zeros(node, ctx)
 
 

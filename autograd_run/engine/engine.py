@@ -26,7 +26,9 @@ Locks:
   ``_threads_lock`` guards starting the device threads (``_device_queues``,
   ``_device_threads``, ``_started``; read without it once started);
   ``_active_lock`` (with ``_active_cond``) guards ``_active``, the
-  top-level backward calls running now, which ``shutdown`` waits for;
+  top-level backward calls running now, which ``shutdown`` waits for,
+  ``_running``, every GraphTask running now (nested ones too), and
+  ``_interrupt``, the error every call fails with after ``interrupt``;
   ``_pool_lock`` (with ``_pool_cond``) guards ``_pool_tasks``,
   ``_pool_idle`` and ``pool_threads``;
   ``_gc_lock`` guards ``_gc_calls``/``_gc_was_enabled``: the cyclic GC is
@@ -56,7 +58,7 @@ from autograd_run.engine.streams import StreamOps, current_stream, node_stream
 from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import thread_main, validate_outputs
-from autograd_run.errors import BackwardError, RequestError
+from autograd_run.errors import BackwardError, RequestError, RunInterrupted
 from autograd_run.graphs.model import Edge
 
 NO_DEVICE = -2
@@ -94,6 +96,8 @@ class Engine:
         self._active_lock = threading.Lock()  # guards _active
         self._active_cond = threading.Condition(self._active_lock)
         self._active = 0
+        self._running: set[GraphTask] = set()
+        self._interrupt: BaseException | None = None
         self._pool_lock = threading.Lock()  # guards _pool_tasks, _pool_idle, pool_threads
         self._pool_cond = threading.Condition(self._pool_lock)
         self._pool_tasks: collections.deque = collections.deque()
@@ -109,13 +113,16 @@ class Engine:
     # -- public API ------------------------------------------------------------
     def execute(self, state, roots: Sequence, grads: Sequence, *, retain_graph: bool | None = None,
                 create_graph: bool = False, accumulate_grad: bool = True, inputs: Sequence | None = None,
-                anomaly: bool = False, faults: dict[str, str] | None = None,
+                anomaly: bool | None = None, faults: dict[str, str] | None = None,
                 context: dict | None = None) -> list:
         """Run one backward call; returns the captured gradients (``grad()``), else ``[]``.
 
         ``roots``/``inputs`` are Edges (or ``(node_or_id, input_nr)`` pairs);
         ``grads`` one array per root. ``faults`` maps node ids to ``"error"`` or
         ``"nan"`` (fault injection). Raises ``BackwardError`` naming the node.
+        A nested (reentrant) call inherits what it is not given from the call
+        whose node made it: anomaly mode (thread-local in PyTorch, so a nested
+        backward checks too and names its own node) and the injected faults.
         """
         graph = state.graph
         roots = [_edge(graph, r) for r in roots]
@@ -135,8 +142,13 @@ class Engine:
             tls.queue = ReadyQueue(f"cpu:{threading.current_thread().name}", self.tracer)
         reentrant = tls.worker_device != NO_DEVICE
         frame = tls.frame
+        parent = frame[0] if frame is not None else None
         if context is None:
-            context = frame[0].context if frame is not None else {}
+            context = parent.context if parent is not None else {}
+        if anomaly is None:
+            anomaly = parent.anomaly if parent is not None else False
+        if faults is None:
+            faults = parent.faults if parent is not None else None
         gt = GraphTask(self, state, keep_graph=keep_graph, create_graph=create_graph,
                        reentrant_depth=tls.total_depth + 1 if reentrant else 0, cpu_queue=tls.queue,
                        anomaly=anomaly, multithreading=self.multithreading,
@@ -162,23 +174,37 @@ class Engine:
             init_to_execute(gt, graph_root, outputs, accumulate_grad, min_topo)
         if self.tracer.enabled:
             self.tracer.graph_task_start(gt)
-        if not reentrant:
-            with self._active_lock:
+        with self._active_lock:
+            if not reentrant:
                 self._active += 1
+            self._running.add(gt)
+            stopped = self._interrupt
+        if stopped is not None:  # interrupted before it started: fails at once, runs nothing
+            gt.set_error(stopped, None)
+            gt.finishing = True
+            self._complete(gt)
         if self.pause_gc:
             self._gc_enter()
         try:
-            self._execute_with_graph_task(gt, graph_root, buf)
+            if stopped is None:
+                self._execute_with_graph_task(gt, graph_root, buf)
             gt.done.wait()
         finally:
             if self.pause_gc:
                 self._gc_exit()
             if gt.error is not None:
                 self._expire(gt)
-            if not reentrant:
-                with self._active_lock:
+            with self._active_lock:
+                self._running.discard(gt)
+                if not reentrant:
                     self._active -= 1
                     self._active_cond.notify_all()
+            if gt.error is None:
+                # The node context refers back to the GraphTask (its bound methods): without this cycle
+                # the call's state (saved tensors, gradients) is freed now, not at some later cyclic
+                # collection, so repeated calls run in flat memory. Every node of a call that completed
+                # without an error has finished; a failed call's stragglers may still read it.
+                gt.ctx = None
         if gt.error is not None:
             raise _as_backward_error(gt)
         return gt.captured
@@ -216,6 +242,33 @@ class Engine:
         """False inside a node of a call with requested inputs (``grad()``/``inputs=``), or one nested in it."""
         frame = self.tls.frame
         return frame is None or frame[1]
+
+    # -- stopping a run from outside ----------------------------------------------
+    def interrupt(self, exc: BaseException) -> None:
+        """Make every backward call running now (nested ones too), and every one started later, fail
+        with ``exc``; their callers return at once, raising it (as a ``BackwardError``, ``exc`` itself
+        when it is one). A node that is running finishes first (cost nodes stop waiting early); queued
+        tasks are dropped. Call it from any thread but a signal handler (it takes locks); ``resume``
+        lets later calls run again.
+        """
+        with self._active_lock:
+            self._interrupt = exc
+            running = list(self._running)
+        for gt in running:
+            gt.set_error(exc, None)
+            with gt.lock:
+                if gt.finishing:
+                    continue
+                gt.finishing = True
+                owner = gt.owner
+            self._complete(gt)
+            if owner is not None:  # wake its caller, which may be waiting on an empty queue
+                self.queue_by_index(gt, owner).push_wakeup(gt)
+
+    def resume(self) -> None:
+        """Let backward calls run again after ``interrupt``."""
+        with self._active_lock:
+            self._interrupt = None
 
     # -- device threads ------------------------------------------------------
     def start_device_threads(self, needed: int = 0) -> None:
@@ -438,12 +491,19 @@ def _as_backward_error(gt: GraphTask) -> BaseException:
     err = gt.error
     if isinstance(err, BackwardError):
         return err
+    if isinstance(err, KeyboardInterrupt):  # Ctrl-C while a node ran: the run was interrupted, no node failed
+        stopped = RunInterrupted("interrupted")
+        stopped.__cause__ = err
+        return stopped
     node = gt.error_node
     msg = str(err) if isinstance(err, RuntimeError) else f"{type(err).__name__}: {err}"
     be = BackwardError(msg, node.id if node is not None else None, node.name if node is not None else None)
     be.__cause__ = err
     if gt.anomaly and node is not None:
         trace = node.attrs.get("trace")
-        be.anomaly_note = (f"Error detected in {node.name}. Traceback of forward call that caused the error:\n"
+        #: PyTorch's anomaly-mode warning, as its first line and the forward trace from the graph file.
+        be.anomaly_header = f"Error detected in {node.name}. Traceback of forward call that caused the error:"
+        be.anomaly_trace = str(trace) if trace else None
+        be.anomaly_note = (f"{be.anomaly_header}\n"
                            f"{trace if trace else '(no forward trace recorded in the graph file)'}")
     return be

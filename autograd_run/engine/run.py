@@ -33,7 +33,9 @@ class RunResult:
 
 def run_graph(engine, graph: Graph, state: GraphState | None = None, *, mode: str | None = None,
               inputs: list[str] | None = None, retain_graph: bool | None = None, create_graph: bool = False,
-              anomaly: bool = False, faults: dict[str, str] | None = None) -> RunResult:
+              anomaly: bool = False, faults: dict[str, str] | None = None, grads: list | None = None) -> RunResult:
+    """One backward call as the graph file says (``mode``/``inputs`` override it); ``grads``: the root
+    gradients, when already materialised (else they are, from the file)."""
     state = state or GraphState(graph)
     mode = mode or graph.mode
     names = list(inputs) if inputs is not None else list(graph.inputs)
@@ -41,14 +43,37 @@ def run_graph(engine, graph: Graph, state: GraphState | None = None, *, mode: st
         graph = _with_inputs(graph, names)
     edges = graph.input_edges() if names else []
     roots = [r.edge for r in graph.roots]
-    grads = root_gradients(graph)
+    if grads is None:
+        grads = root_gradients(graph)
     kw = dict(retain_graph=retain_graph, create_graph=create_graph, anomaly=anomaly, faults=faults)
     if mode == "grad":
         captured = engine.execute(state, roots, grads, accumulate_grad=False, inputs=edges, **kw)
         return RunResult("grad", dict(zip(names, captured)))
+    retained = _retain_grads(state, graph, names)
     engine.execute(state, roots, grads, accumulate_grad=True, inputs=edges or None, **kw)
     hidden = inner_variables(graph)
-    return RunResult("backward", {k: v for k, v in state.grads.items() if k not in hidden})
+    out = {k: v for k, v in state.grads.items() if k not in hidden}
+    out.update(retained)
+    return RunResult("backward", out)
+
+
+def _retain_grads(state: GraphState, graph: Graph, names: list[str]) -> dict[str, Any]:
+    """``backward(inputs=[t])`` with a non-leaf ``t`` accumulates into ``t.grad`` (PyTorch calls
+    ``t.retain_grad()`` for it): a retains-grad hook on that node's input slot 0 does the same here.
+    Returns the dict the hooks fill, by input name."""
+    nodes = [n for n in names if n not in graph.variables]
+    retained: dict[str, Any] = {n: None for n in nodes}
+
+    def hook(name):
+        def fn(grad):
+            if grad is not None:
+                old = retained[name]
+                retained[name] = grad.copy() if old is None else old + grad
+        return fn
+
+    for n in nodes:
+        state.register_retains_grad_hook(graph.by_id[n], 0, hook(n))
+    return retained
 
 
 def _with_inputs(graph: Graph, names: list[str]) -> Graph:

@@ -34,10 +34,29 @@ def _lower_timer_slack() -> None:
             pass
 
 
-def spin(seconds: float) -> None:
+#: A long wait checks this often whether it should stop early (its backward call was stopped).
+CHECK_EVERY = 0.02
+
+
+def spin(seconds: float, stopped=None) -> None:
+    """Busy-wait ``seconds`` holding the GIL; ``stopped()`` true ends it early."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        pass
+        if stopped is not None and stopped():
+            return
+
+
+def sleep(seconds: float, stopped=None) -> None:
+    """``time.sleep(seconds)``, in slices of ``CHECK_EVERY`` when ``stopped`` is given."""
+    if stopped is None:
+        time.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while not stopped():
+        left = end - time.perf_counter()
+        if left <= 0:
+            return
+        time.sleep(min(left, CHECK_EVERY))
 
 
 def _native_spin_until():
@@ -48,14 +67,20 @@ def _native_spin_until():
 _SPIN_UNTIL = _native_spin_until()
 
 
-def wait(seconds: float) -> None:
-    """Occupy this thread for ``seconds`` without holding the GIL (see the module docstring)."""
+def wait(seconds: float, stopped=None) -> None:
+    """Occupy this thread for ``seconds`` without holding the GIL (see the module docstring);
+    ``stopped()`` true ends it early (checked every ``CHECK_EVERY`` of a long wait)."""
     if seconds <= 0:
         return
     end = time.perf_counter() + seconds
     if seconds > SPIN_TAIL:
         _lower_timer_slack()
-        time.sleep(seconds - SPIN_TAIL)
+        if stopped is None or seconds < CHECK_EVERY:
+            time.sleep(seconds - SPIN_TAIL)
+        else:
+            sleep(seconds - SPIN_TAIL, stopped)
+            if stopped():
+                return
     if _SPIN_UNTIL is not None:
         _SPIN_UNTIL(end)
     else:

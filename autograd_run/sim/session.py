@@ -105,6 +105,26 @@ def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str, de
     return sim, gt
 
 
+def _check_scale(graph: Graph, scale: dict[str, float], count: int | None) -> None:
+    """Every ``--scale`` key names an op of the (placed) graph or one of its devices (with ``--devices K``,
+    any of cuda:0..K-1): a typo, or a device index the run does not have (``cuda:1000``), would
+    otherwise scale nothing, silently."""
+    names = {n.name for n in graph.nodes}
+    devices = {str(d) for d in graph.devices} | {f"cuda:{k}" for k in range(count or 0)}
+    for key in scale:
+        if key in names or key in devices:
+            continue
+        if ":" in key or key in ("cpu", "cuda"):
+            raise RequestError(f"{key!r}: no such device in {graph.source} (it has "
+                               f"{', '.join(sorted(devices, key=_device_order))})", "scale")
+        raise RequestError(f"{key!r} is neither an op name nor a device of {graph.source}", "scale")
+
+
+def _device_order(name: str) -> tuple:
+    kind, _, index = name.partition(":")
+    return (kind != "cpu", kind, int(index) if index.isdigit() else -1)
+
+
 def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimReport:
     o = options or SimOptions()
     measured = o.costs if isinstance(o.costs, MeasuredCosts) else load_costs(o.costs, graph, o.step)
@@ -116,6 +136,7 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
         model = CostModel(spec, measured, scale)  # costs of the placed graph's nodes
     elif o.placement != "keep":
         raise RequestError("a placement needs a device count", "placement")
+    _check_scale(graph, scale, o.devices)
     sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
     rec = to_recording(sim)
     wall = rec.end - rec.start

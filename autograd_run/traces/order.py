@@ -4,7 +4,9 @@ Row fields: ``position``, ``id``, ``name``, ``seq``, ``device``, ``thread``,
 ``depth`` (reentrant depth), ``graph_task``, ``pass`` (which top-level
 backward call of a ``--repeat`` run; absent means 0), and optionally
 ``ready`` (the ready set at the pop that chose the node, used to explain a
-mismatch; never written to files).
+mismatch; never written to files). The order of a run that was stopped
+(Ctrl-C, ``--timeout``) ends with one more line, ``{"incomplete": REASON}``;
+such a file is refused as a golden order.
 
 ``compare_orders(expected, got, per_worker)`` finds the first difference by
 node id. Passes are compared one by one: a golden file of one pass is
@@ -22,8 +24,9 @@ from autograd_run.errors import RequestError
 from autograd_run.outputs import atomic_write
 
 
-def read_order(path: str) -> list[dict]:
-    """The rows of an order file; ``RequestError`` naming the line when it is malformed."""
+def read_order(path: str, allow_incomplete: bool = False) -> list[dict]:
+    """The rows of an order file; ``RequestError`` naming the line when it is malformed, or when the
+    file is the order of a stopped run (unless ``allow_incomplete``: its rows are returned)."""
     rows = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -34,6 +37,12 @@ def read_order(path: str) -> list[dict]:
                     row = json.loads(line)
                 except ValueError as exc:
                     raise RequestError(f"{path}: line {n}: not JSON: {exc}", "expected_order") from None
+                if isinstance(row, dict) and "incomplete" in row and not allow_incomplete:
+                    raise RequestError(f"{path}: line {n}: the run that wrote this order was stopped "
+                                       f"({row['incomplete']}): an incomplete order cannot be a golden one",
+                                       "expected_order")
+                if isinstance(row, dict) and "incomplete" in row:
+                    continue
                 if not isinstance(row, dict) or not isinstance(row.get("id"), str):
                     raise RequestError(f"{path}: line {n}: each line needs an object with a string 'id'",
                                        "expected_order")
@@ -48,14 +57,17 @@ def read_order(path: str) -> list[dict]:
     return rows
 
 
-def dumps_order(rows: list[dict]) -> bytes:
-    """Rows as JSON Lines, without ready sets."""
-    return "".join(json.dumps({k: v for k, v in row.items() if k != "ready"}) + "\n" for row in rows).encode()
+def dumps_order(rows: list[dict], incomplete: str | None = None) -> bytes:
+    """Rows as JSON Lines, without ready sets; a stopped run's end with ``{"incomplete": REASON}``."""
+    text = "".join(json.dumps({k: v for k, v in row.items() if k != "ready"}) + "\n" for row in rows)
+    if incomplete:
+        text += json.dumps({"incomplete": incomplete}) + "\n"
+    return text.encode()
 
 
-def write_order(path: str, rows: list[dict]) -> None:
+def write_order(path: str, rows: list[dict], incomplete: str | None = None) -> None:
     """Write an order file atomically (a temporary file renamed into place)."""
-    atomic_write(path, dumps_order(rows), "order_out")
+    atomic_write(path, dumps_order(rows, incomplete), "order_out")
 
 
 @dataclass
@@ -67,12 +79,15 @@ class Divergence:
     pass_index: int = 0
     detail: list[str] = field(default_factory=list)
 
-    def describe(self) -> str:
+    def lines(self) -> list[str]:
+        """The explanation, one string per line (a node id with a newline in it stays in its line)."""
         where = f"position {self.position}" + (f" of worker {self.thread!r}" if self.thread else "")
         if self.pass_index:
             where += f" in pass {self.pass_index}"
-        lines = [f"order differs at {where}: expected {_short(self.expected)}, got {_short(self.got)}"]
-        return "\n".join(lines + self.detail)
+        return [f"order differs at {where}: expected {_short(self.expected)}, got {_short(self.got)}", *self.detail]
+
+    def describe(self) -> str:
+        return "\n".join(self.lines())
 
 
 def _short(row: dict | None) -> str:

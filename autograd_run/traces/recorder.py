@@ -70,7 +70,18 @@ class Recorder(Tracer):
 
     def recording(self) -> Recording:
         """The events so far as a typed ``Recording``."""
-        return Recording.from_events(self.events, self.threads, self.os_tids)
+        # Copies: a worker of a stopped run may still be finishing a node and recording it.
+        return Recording.from_events(list(self.events), dict(self.threads), dict(self.os_tids))
+
+    def drain(self) -> Recording:
+        """The events so far as a typed ``Recording``, forgotten here: a run of many passes drains the
+        recorder after each one and folds it into its summary, so memory stays flat. An event appended
+        meanwhile by a worker stays for the next drain."""
+        events = self.events
+        n = len(events)
+        batch = events[:n]
+        del events[:n]  # one operation under the GIL: an append racing with it lands after the first n
+        return Recording.from_events(batch, dict(self.threads), dict(self.os_tids))
 
     def graph_task_start(self, gt) -> None:
         self.events.append((GT_START, self.clock(), self._tid(), gt.id, gt.reentrant_depth))

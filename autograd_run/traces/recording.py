@@ -199,7 +199,10 @@ class Recording:
     kernels: list[KernelSlice] = field(default_factory=list)
     #: True for a simulated run (times on a virtual clock).
     simulated: bool = False
-    #: First and last time stamped by any event (0, 0 when empty).
+    #: The run's span: from the first top-level backward call's start to the last call's completion
+    #: (or the last node's end, if later), with idle spans clipped to it: the device threads' wait
+    #: before the first call and after the last is not part of the run. Without graph-task spans,
+    #: first to last event. (0, 0 when empty.)
     start: int = 0
     end: int = 0
 
@@ -229,7 +232,7 @@ class Recording:
         rec.threads = dict(sorted(infos.items(), key=lambda kv: thread_sort_key(kv[1].name)))
         if not events:
             return rec
-        first = last = events[0][1]
+        first, last = float("inf"), float("-inf")
         open_nodes: dict[tuple, tuple] = {}
         pushed: dict[tuple, tuple] = {}
         waits: dict[tuple, QueueWait] = {}
@@ -283,5 +286,12 @@ class Recording:
                 if span is not None:
                     span[3], span[5] = ts, ev[4]
         rec.graph_tasks = [GraphTaskSpan(*s) for s in gts.values()]
+        calls = [g for g in rec.graph_tasks if g.depth == 0]
+        if calls:  # the run is its backward calls: not the threads' start before, nor a wake-up after them
+            first = min(g.start for g in calls)
+            if all(g.end is not None for g in calls):
+                last = max(max(g.end for g in calls), max((sl.end for sl in rec.slices), default=first))
+            rec.idles = [i._replace(start=max(i.start, first), end=min(i.end, last)) for i in rec.idles
+                         if i.end > first and i.start < last]
         rec.start, rec.end = first, last
         return rec

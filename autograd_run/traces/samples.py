@@ -64,6 +64,36 @@ class Samples:
     critical_keys: set = field(default_factory=set, repr=False)
     pass_of_task: dict[int, int] = field(default_factory=dict, repr=False)
 
+    def extend(self, other: "Samples") -> None:
+        """Append ``other``'s passes after this one's (the passes of a run folded one recording at a time)."""
+        n, m = self.passes, other.passes
+        self.wall_ns += other.wall_ns
+        self.critical_path_ns += other.critical_path_ns
+        self.critical_path += other.critical_path
+        for w, v in other.worker_busy_ns.items():
+            self.worker_busy_ns.setdefault(w, [0] * n).extend(v)
+        for w, v in self.worker_busy_ns.items():
+            if len(v) < n + m:
+                v.extend([0] * (n + m - len(v)))
+        for k, o in other.nodes.items():
+            ns = self.nodes.get(k)
+            if ns is None:
+                ns = self.nodes[k] = NodeSamples(o.name, [None] * n, [None] * n, [None] * n, [None] * n)
+            ns.worker += o.worker
+            ns.start_ns += o.start_ns
+            ns.duration_ns += o.duration_ns
+            ns.queue_wait_ns += o.queue_wait_ns
+        for k, ns in self.nodes.items():
+            if len(ns.worker) < n + m:
+                pad = [None] * (n + m - len(ns.worker))
+                ns.worker += pad
+                ns.start_ns += pad
+                ns.duration_ns += pad
+                ns.queue_wait_ns += pad
+        self.critical_keys |= {(gt, nid) for gt, nid in other.critical_keys}
+        self.pass_of_task.update({gt: n + k for gt, k in other.pass_of_task.items()})
+        self.passes = n + m
+
     def to_dict(self) -> dict:
         return {"passes": self.passes, "wall_ns": self.wall_ns, "critical_path_ns": self.critical_path_ns,
                 "critical_path": self.critical_path, "worker_busy_ns": self.worker_busy_ns,

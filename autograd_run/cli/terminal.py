@@ -1,0 +1,121 @@
+"""Showing untrusted text on a terminal: escaped, and never read as rich markup.
+
+Node ids, names, variable names, ``attrs.fail``/``attrs.trace`` messages and
+file paths come from files and users. Shown raw, an escape sequence in them
+drives the terminal (sets its title, erases a line), a carriage return or a
+newline forges a line of our own output (``Error: all good``), and a rich
+markup tag (``[link=...]``, ``[/x]``) becomes a link, a colour or a
+``MarkupError``. So:
+
+* ``escape(text)`` makes every control character visible as a ``repr``-style
+  escape (``\\x1b``, ``\\n``, ``\\r``, ``\\t``), and so the C1 controls, the
+  bidirectional overrides and the Unicode line separators;
+* ``plain(text)`` is a rich ``Text`` of the escaped text: rich never parses
+  it as markup;
+* ``PlainTable`` is a rich ``Table`` whose title, caption, headers and
+  string cells are all ``plain``;
+* ``make_console()`` is a ``Console`` with markup, emoji codes and
+  highlighting off, a second line of defence for any string printed
+  through it.
+"""
+
+from __future__ import annotations
+
+from typing import IO
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
+_CONTROL.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"})
+# Invisible characters that reorder or break what is shown (bidi controls, line separators, BOM).
+_CONTROL.update({c: f"\\u{c:04x}" for c in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
+                                             0x2028, 0x2029, 0xFEFF)})
+
+
+def escape(text) -> str:
+    """``text`` with every control character (terminal escapes, newlines, carriage returns) made visible."""
+    return str(text).translate(_CONTROL)
+
+
+def plain(text, style: str | None = None) -> Text:
+    """A rich ``Text`` of ``escape(text)``: shown as written, never parsed as markup."""
+    if isinstance(text, Text):
+        return text
+    return Text(escape(text), style=style or "")
+
+
+def escape_lines(text: str, indent: str = "") -> list[str]:
+    """The lines of a multi-line text from a file (e.g. a forward trace), each escaped and indented,
+    so a line in it can neither drive the terminal nor pass for a line of our own."""
+    return [indent + escape(line) for line in str(text).split("\n")]
+
+
+class PlainTable(Table):
+    """A rich ``Table`` that shows its title, caption, headers and string cells as plain text."""
+
+    def __init__(self, *headers, title=None, caption=None, **kw):
+        super().__init__(title=None if title is None else plain(title),
+                         caption=None if caption is None else plain(caption), **kw)
+        for h in headers:
+            self.add_column(h)
+
+    def add_column(self, header="", *args, **kw) -> None:
+        super().add_column(plain(header), *args, **kw)
+
+    def add_row(self, *cells, **kw) -> None:
+        super().add_row(*(plain(c) if isinstance(c, str) else c for c in cells), **kw)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (``| head -1``): stop writing, quietly (rich would exit with status 1)."""
+        from autograd_run.cli.common import stdout_closed
+        self.quiet = True
+        if not self.stderr:
+            stdout_closed()
+
+
+def make_console(stderr: bool = False, file: IO[str] | None = None, **kw) -> Console:
+    """A console for the command line: no markup, no emoji codes, no highlighting of our strings; a
+    closed pipe ends its output quietly."""
+    return _Console(stderr=stderr, file=file, markup=False, emoji=False, highlight=False, **kw)
+
+
+def traceback_lines(exc: BaseException) -> list[str]:
+    """``exc``'s traceback as Python prints it (causes first), every line escaped.
+
+    The exception messages may come from a file (``attrs.fail``) and the
+    source lines from a user's module; a newline in a message stays inside
+    its line (``\\n``), so nothing in it can start a line of its own.
+    """
+    import traceback
+    chain: list[tuple[BaseException, str | None]] = []
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    link = None
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append((e, link))
+        if e.__cause__ is not None:
+            e, link = e.__cause__, ("The above exception was the direct cause of the following exception:")
+        elif e.__context__ is not None and not e.__suppress_context__:
+            e, link = e.__context__, ("During handling of the above exception, another exception occurred:")
+        else:
+            e = None
+    lines: list[str] = []
+    for e, link in reversed(chain):
+        if e.__traceback__ is not None:
+            lines.append("Traceback (most recent call last):")
+            for frame in traceback.format_tb(e.__traceback__):
+                lines.extend(escape(line) for line in frame.rstrip("\n").split("\n"))
+        name = type(e).__qualname__
+        module = type(e).__module__
+        if module not in ("builtins", "__main__"):
+            name = f"{module}.{name}"
+        msg = str(e)
+        lines.append(escape(f"{name}: {msg}" if msg else name))
+        if link is not None:
+            lines += ["", link, ""]
+    return lines

@@ -1,0 +1,150 @@
+"""``autograd-run check``: a malformed reference is a clear error (exit 2); opaque nodes fail the
+check (exit 3) unless --allow-opaque, naming what was not compared; complex gradients are compared
+as complex; tolerances follow the lowest precision on the way to each leaf."""
+
+import json
+
+import numpy as np
+import pytest
+
+from autograd_run.check import check_graph
+from builders import doc, graph, leaf, node, run_cli
+
+
+def seed_with(reference, tmp_path, name="g.json", nodes=None, **fields):
+    """example:seed's graph (or ``nodes``) with ``meta.reference`` = ``reference``, as a file."""
+    from importlib.resources import files
+    import yaml
+    d = yaml.safe_load((files("autograd_run.graphs") / "examples" / "seed.yaml").read_text())
+    if nodes is not None:
+        d = nodes
+    d["meta"] = {"reference": reference}
+    d.update(fields)
+    path = tmp_path / name
+    path.write_text(json.dumps(d))
+    return path
+
+
+SEED_ORDER = [["SumBackward0", 3, None], ["AddBackward0", 2, None], ["MulBackward0", 1, None],
+              ["MulBackward0", 0, None], ["AccumulateGrad", 2**64 - 1, "a"]]
+
+
+def test_a_good_reference_passes(tmp_path, capsys):
+    code, out, err = run_cli(["check", str(seed_with({"order": SEED_ORDER, "grads": {"a": [5.0, 5.0]}}, tmp_path))],
+                             capsys)
+    assert code == 0, err + out
+    assert "order: 5 nodes, same as PyTorch" in out
+
+
+@pytest.mark.parametrize("reference, where, what", [
+    ({"order": 5}, "meta.reference.order", "must be a list, got int"),
+    ({"order": ["SumBackward0", 3]}, "meta.reference.order[0]", "each item must be [name, seq, leaf]"),
+    ({"order": [["SumBackward0"]]}, "meta.reference.order[0]", "each item must be [name, seq, leaf]"),
+    ({"order": [[{"a": 1}, [2], None]]}, "meta.reference.order[0]", "each item must be [name, seq, leaf]"),
+    ({"order": [], "grads": [1, 2]}, "meta.reference.grads", "must be a mapping of leaf names to tensors"),
+    ({"order": [], "grads": {"a": "hello"}}, "meta.reference.grads.a", "unknown tensor value 'hello'"),
+    ({"order": [], "grads": {"a": [[1, 2], [3]]}}, "meta.reference.grads.a", "ragged"),
+    ({"order": [], "grads": {"a": {"random": "x"}}}, "meta.reference.grads.a", "seed"),
+    ({"order": [], "grads": {"a": {"npz": "k"}}}, "meta.reference.grads.a", "missing"),
+])
+def test_a_malformed_reference_is_a_clear_error(tmp_path, capsys, reference, where, what):
+    path = seed_with(reference, tmp_path)
+    code, out, err = run_cli(["check", str(path)], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith(f"Error: {path}: {where}: ") and what in err and err.count("\n") == 1
+
+
+def opaque_graph(tmp_path):
+    """d = (o(a) + b * 2).sum(): ``o`` has no rule (opaque), so a's gradient cannot be compared; b's can."""
+    return seed_with({"order": [["SumBackward0", 3, None], ["AddBackward0", 2, None], ["MulBackward0", 1, None],
+                                ["AccumulateGrad", 2**64 - 1, "b"], ["FancyBackward0", 0, None],
+                                ["AccumulateGrad", 2**64 - 1, "a"]],
+                      "grads": {"a": [7.0, 7.0], "b": [2.0, 2.0]}}, tmp_path, nodes=doc(
+        node("sum", "SumBackward0", seq=3, next=["add"], inputs=[[]], saved={"self_sym_sizes": [2]}),
+        node("add", "AddBackward0", seq=2, next=["o", "mul"], inputs=[[2]]),
+        node("o", "FancyBackward0", op="opaque", seq=0, next=["acc_a"], inputs=[[2]]),
+        node("mul", "MulBackward0", seq=1, next=["acc_b", None], inputs=[[2]], saved={"other": 2.0}),
+        leaf("a", [2]), leaf("b", [2])))
+
+
+def test_opaque_nodes_fail_the_check_naming_what_was_not_compared(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    path = opaque_graph(tmp_path)
+    code, out, err = run_cli(["check", str(path)], capsys)
+    assert code == 3
+    assert "order: 6 nodes, same as PyTorch" in out
+    assert "1 opaque node(s) without a rule (o) compute zeros: gradients not compared for a" in out
+    assert "not compared: opaque node 'o'" in out
+    assert err == f"Error: {path}: opaque nodes keep gradients from being compared (--allow-opaque accepts that)\n"
+    report = check_graph(__import__("autograd_run.graphs.load", fromlist=["x"]).load_graph(str(path)))
+    assert {g.name: (g.compared, g.ok) for g in report.grads} == {"a": (False, False), "b": (True, True)}
+
+
+def test_allow_opaque_accepts_them(tmp_path, capsys):
+    code, out, err = run_cli(["check", str(opaque_graph(tmp_path)), "--allow-opaque"], capsys)
+    assert code == 0, err
+
+
+def complex_graph(tmp_path, ref):
+    np.savez(tmp_path / "g.npz", g=np.array(1 + 2j, dtype=np.complex64), ref=np.asarray(ref, dtype=np.complex64))
+    return seed_with({"order": [["SumBackward0", 1, None], ["MulBackward0", 0, None],
+                                ["AccumulateGrad", 2**64 - 1, "a"]], "grads": {"a": {"npz": "ref"}}}, tmp_path,
+                     nodes=doc(
+        node("sum", "SumBackward0", seq=1, next=["mul"], inputs=[{"shape": [], "dtype": "complex64"}],
+             saved={"self_sym_sizes": [2]}),
+        node("mul", "MulBackward0", seq=0, next=["acc_a", None], inputs=[{"shape": [2], "dtype": "complex64"}],
+             saved={"other": 2.0}),
+        {**leaf("a", [2]), "inputs": [{"shape": [2], "dtype": "complex64"}]},
+        roots=[{"node": "sum", "grad": {"npz": "g"}}],
+        variables=[{"name": "a", "shape": [2], "dtype": "complex64"}]))
+
+
+def test_complex_gradients_are_compared_as_complex(tmp_path, capsys):
+    """Ours is [2+4j, 2+4j]; a reference that differs only in the imaginary part must fail."""
+    code, out, err = run_cli(["check", str(complex_graph(tmp_path, [2 + 4j, 2 + 4j]))], capsys)
+    assert code == 0, out + err
+    code, out, err = run_cli(["check", str(complex_graph(tmp_path, [2 - 4j, 2 + 4j]))], capsys)
+    assert code == 3 and "replay differs from the PyTorch reference" in err
+    row = [line for line in out.splitlines() if line.startswith("│ a ")][0]
+    assert "8" in row and "NO" in row  # |(2+4j) - (2-4j)| = 8
+
+
+def float32_segment(tmp_path, ref):
+    """d = (a.float() * 2).double().sum() for a float64 ``a``: the gradient passes through float32."""
+    f32 = {"shape": [3], "dtype": "float32"}
+    return seed_with({"order": [["SumBackward0", 3, None], ["ToCopyBackward0", 2, None], ["MulBackward0", 1, None],
+                                ["ToCopyBackward0", 0, None], ["AccumulateGrad", 2**64 - 1, "a"]],
+                      "grads": {"a": {"data": ref, "dtype": "float64"}}}, tmp_path, nodes=doc(
+        node("sum", "SumBackward0", seq=3, next=["back"], inputs=[{"shape": [], "dtype": "float64"}],
+             saved={"self_sym_sizes": [3]}),
+        node("back", "ToCopyBackward0", seq=2, next=["mul"], inputs=[{"shape": [3], "dtype": "float64"}]),
+        node("mul", "MulBackward0", seq=1, next=["to32", None], inputs=[f32], saved={"other": 2.0}),
+        node("to32", "ToCopyBackward0", seq=0, next=["acc_a"], inputs=[f32]),
+        {**leaf("a", [3]), "inputs": [{"shape": [3], "dtype": "float64"}]},
+        variables=[{"name": "a", "shape": [3], "dtype": "float64"}]))
+
+
+def test_tolerance_follows_the_lowest_precision_on_the_way_to_the_leaf(tmp_path, capsys):
+    """A float32 rounding-sized difference (1e-5 relative) passes at float32's tolerance, which the report
+    states, though the leaf is float64; a larger one still fails."""
+    code, out, err = run_cli(["check", str(float32_segment(tmp_path, [2.00002] * 3))], capsys)
+    assert code == 0, out + err
+    assert "0.0001, 1e-06 (float32)" in out
+    code, out, err = run_cli(["check", str(float32_segment(tmp_path, [2.002] * 3))], capsys)
+    assert code == 3
+
+
+def test_a_float64_model_with_a_float32_part_checks_against_pytorch(tmp_path):
+    torch = pytest.importorskip("torch")
+    from autograd_run.capture import from_torch
+    from autograd_run.graphs.load import load_graph
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+    y = m(torch.randn(32, 8, dtype=torch.float64))
+    w = torch.randn(4, 64)
+    loss = ((y.float() @ w) ** 2).sum().sqrt().double()  # a norm, in float32, of a float32 matmul
+    path = str(tmp_path / "m.json")
+    from_torch(loss, path=path, names=dict(m.named_parameters()))
+    report = check_graph(load_graph(path))
+    assert report.ok, report.grads
+    assert {g.precision for g in report.grads} == {"float32"}

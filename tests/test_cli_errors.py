@@ -1,0 +1,96 @@
+"""Mistakes and accidents end in a clear ``Error: ...`` line and the documented exit code, never a
+traceback: unwritable outputs, empty requests, malformed references, failing capture scripts, and a
+reader of stdout that goes away (``autograd-run example:mlp | head -1``)."""
+
+import subprocess
+
+import pytest
+
+from cli_proc import cli_argv, cli_env
+
+
+def closed_stdout(args):
+    """Run with stdout a pipe whose reader has gone away before anything is written (as ``| head -1``)."""
+    p = subprocess.Popen(cli_argv(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    return p.wait(timeout=60), err
+
+
+@pytest.mark.parametrize("args", [["example:mlp"], ["example:mlp", "--json"], ["examples"],
+                                  ["validate", "example:seed", "example:mlp"], ["simulate", "example:mlp"]])
+def test_a_closed_pipe_ends_quietly(args):
+    code, err = closed_stdout(args)
+    assert (code, err) == (0, "")
+
+
+def test_a_closed_pipe_keeps_the_exit_status_of_a_failed_run():
+    code, err = closed_stdout(["example:failing"])
+    assert code == 1 and err == "Error: node 'mul_c' (MulBackward0): simulated failure in c = a * 3\n"
+
+
+def test_gen_into_a_missing_folder(capsys):
+    from builders import run_cli
+    code, out, err = run_cli(["gen", "chain", "-o", "/nonexistent/c.json"], capsys)
+    assert code == 2 and err == "Error: -o: /nonexistent/c.json: no such directory: /nonexistent\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grad"], "Error: --inputs: `inputs` argument to `grad()` cannot be empty.\n"),
+    (["--inputs", ","], "Error: --inputs: no inputs given\n"),
+    (["--grad", "--inputs", " , "], "Error: --inputs: no inputs given\n"),
+])
+def test_empty_input_requests(capsys, args, message):
+    from builders import run_cli
+    code, out, err = run_cli(["example:seed", *args], capsys)
+    assert (code, out, err) == (2, "", message)
+
+
+CAPTURE_SCRIPT = '''
+import torch
+
+def raises():
+    return 1 / 0
+
+def not_a_tensor():
+    return 3.5
+
+def a_leaf():
+    return torch.ones(2, requires_grad=True)
+
+def no_grad():
+    return torch.ones(2) * 2
+
+def bad_names():
+    x = torch.ones(2, requires_grad=True)
+    return (x * 2).sum(), {"x": 5}
+
+def bad_inputs():
+    x = torch.ones(2, requires_grad=True)
+    return {"outputs": (x * 2).sum(), "inputs": [3]}
+
+def exits():
+    raise SystemExit(3)
+'''
+
+
+@pytest.mark.parametrize("func, message", [
+    ("raises", "raises() raised ZeroDivisionError: division by zero (line 5)"),
+    ("not_a_tensor", "not_a_tensor() returned what cannot be captured: outputs must be a tensor or a list of "
+                     "tensors, got float"),
+    ("a_leaf", "a_leaf() returned what cannot be captured: the output is a leaf tensor (it requires grad, but no "
+               "operation made it): there is no backward graph to capture; return a result computed from it"),
+    ("no_grad", "no_grad() returned what cannot be captured: the output does not require grad"),
+    ("bad_names", "bad_names() returned what cannot be captured: names['x'] must be a tensor, got int"),
+    ("bad_inputs", "bad_inputs() returned what cannot be captured: inputs[0] must be a tensor, got int"),
+    ("exits", "exits() exited (SystemExit: 3)"),
+])
+def test_capture_shows_the_users_error(tmp_path, capsys, func, message):
+    pytest.importorskip("torch")
+    from builders import run_cli
+    script = tmp_path / "model.py"
+    script.write_text(CAPTURE_SCRIPT)
+    code, out, err = run_cli(["capture", f"{script}:{func}", "-o", str(tmp_path / "m.json")], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith(f"Error: {script}: {message}") and err.count("\n") == 1
+    assert not (tmp_path / "m.json").exists()

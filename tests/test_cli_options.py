@@ -1,0 +1,147 @@
+"""Options say what they do and refuse what does not apply: ``gen``'s options per kind, one --size,
+per-option messages, no file that validate rejects; run's --backend (old --devices kept); metavars,
+defaults and ranges in --help; device names in flags that a graph does not have."""
+
+import json
+
+import pytest
+
+from builders import run_cli
+
+
+@pytest.mark.parametrize("args, message", [
+    (["chain", "--nodes", "200000"], "Error: --nodes does not apply to gen chain; its size is --size (ops)\n"),
+    (["chain", "--heads", "3"], "Error: --heads does not apply to gen chain (it takes --size, --op, --seed)\n"),
+    (["fanout", "--width", "3"], "Error: --width does not apply to gen fanout (it takes --size, --seed)\n"),
+    (["mlp", "--leaves", "3"], "Error: --leaves does not apply to gen mlp (it takes --size, --width, --batch, "
+                               "--in-features, --seed)\n"),
+    (["random", "--op", "add"], "Error: --op does not apply to gen random (it takes --size, --leaves, --width, "
+                                "--seed)\n"),
+    (["transformer", "--dim", "30"], "Error: --dim 30 must be a multiple of --heads 4\n"),
+    (["transformer", "--size", "2", "--devices", "3"],
+     "Error: --devices 3 is more than the 2 layer(s) to spread over them\n"),
+    (["fanout", "--size", "100000000"], "Error: --size: gen fanout would make about 200,000,002 nodes; at most "
+                                        "2,000,000\n"),
+    (["mlp", "--width", "100000", "--batch", "100000"],
+     "Error: gen mlp with these options makes a graph that does not validate: shape [100000, 100000] has "
+     "10000000000 elements, more than the limit of 2147483648\n"),
+])
+def test_gen_refuses_what_does_not_apply_or_would_not_validate(tmp_path, capsys, args, message):
+    out_file = tmp_path / "g.json"
+    code, out, err = run_cli(["gen", *args, "-o", str(out_file)], capsys)
+    assert (code, out, err) == (2, "", message)
+    assert not out_file.exists()
+
+
+def test_gen_size_errors_name_the_option(tmp_path, capsys):
+    code, out, err = run_cli(["gen", "chain", "--size", "0", "-o", str(tmp_path / "c.json")], capsys)
+    assert code == 2 and "Error: Invalid value for '--size': '0': must be a whole number, at least 1" in err
+
+
+@pytest.mark.parametrize("kind, args, nodes", [
+    ("chain", ["--size", "10"], 11), ("chain", ["--n", "10"], 11), ("fanout", ["--size", "3"], 7),
+    ("mlp", ["--size", "1", "--width", "4"], 8), ("random", ["--size", "20", "--leaves", "5"], None),
+    ("transformer", ["--layers", "2", "--devices", "2", "--heads", "1"], None),
+])
+def test_gen_writes_files_that_validate(tmp_path, capsys, kind, args, nodes):
+    out_file = tmp_path / "g.json"
+    code, out, err = run_cli(["gen", kind, *args, "-o", str(out_file)], capsys)
+    assert code == 0, err
+    n = len(json.loads(out_file.read_text())["nodes"])
+    assert out == f"{out_file}: {n} nodes\n" and (nodes is None or n == nodes)
+    assert run_cli(["validate", str(out_file)], capsys)[0] == 0
+
+
+def test_run_backend_and_its_old_spelling(capsys):
+    code, out, err = run_cli(["example:pipeline", "--backend", "virtual", "--json"], capsys)
+    assert code == 0 and json.loads(out)["devices"] == "virtual"
+    code, out, err = run_cli(["example:pipeline", "--devices", "virtual", "--json"], capsys)
+    assert code == 0 and json.loads(out)["devices"] == "virtual"
+    code, out, err = run_cli(["example:pipeline", "--devices", "virtual", "--backend", "cuda"], capsys)
+    assert code == 2 and err == "Error: --devices is the old spelling of --backend: give one of them\n"
+
+
+@pytest.mark.parametrize("command, shown", [
+    (["run"], ["--trace FILE", "--order-out FILE", "--expect-order FILE", "--inputs ID,...", "--repeat N",
+               "[default: 1; 1 to 1000000]", "--seed N", "[0 to 2**62]", "--timeout SECONDS",
+               "--backend [auto|virtual|cuda]", "[default: auto]"]),
+    (["gen"], ["-o, --output FILE", "--size N", "[default: 0; 0 to 2**32-1]", "--devices K"]),
+    (["check"], ["--allow-opaque"]),
+])
+def test_help_shows_metavars_defaults_and_ranges(capsys, command, shown):
+    code, out, err = run_cli([*command, "--help"], capsys)
+    assert code == 0
+    out = " ".join(out.split())  # help text is wrapped at 80 columns
+    for s in shown:
+        assert s in out, s
+    assert "4611686018427387904" not in out and "4294967295" not in out
+    assert "--devices [auto" not in out  # run's old spelling is hidden
+
+
+def test_a_seed_out_of_range_says_the_range(capsys):
+    code, out, err = run_cli(["example:seed", "--seed", "-1"], capsys)
+    assert code == 2 and "'-1': must be a whole number, 0 to 2**62" in err
+
+
+@pytest.mark.parametrize("scale, message", [
+    ("cuda:1000=2", "Error: --scale: 'cuda:1000': no such device in example:pipeline (it has cuda:0, cuda:1)\n"),
+    ("MmBackwardX=2", "Error: --scale: 'MmBackwardX' is neither an op name nor a device of example:pipeline\n"),
+])
+def test_simulate_scale_names_what_the_graph_has(capsys, scale, message):
+    code, out, err = run_cli(["simulate", "example:pipeline", "--scale", scale], capsys)
+    assert (code, out, err) == (2, "", message)
+
+
+def test_simulate_scale_accepts_devices_of_the_requested_count(capsys):
+    code, out, err = run_cli(["simulate", "example:mlp", "--devices", "4", "--scale", "cuda:3=2", "--no-summary"],
+                             capsys)
+    assert code == 0, err
+
+
+# -- a graph from stdin -----------------------------------------------------------------------------
+
+SEED = __import__("importlib.resources", fromlist=["files"]).files("autograd_run.graphs") / "examples" / "seed.yaml"
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_a_graph_from_stdin_by_its_content(fmt):
+    from cli_proc import cli
+    import yaml
+    text = SEED.read_text() if fmt == "yaml" else json.dumps(yaml.safe_load(SEED.read_text()))
+    p = cli(["-", "--json"], input=text.encode())
+    assert p.code == 0, p.err
+    d = json.loads(p.out)
+    assert d["graph"] == "<stdin>" and d["grads"]["a"] == [5.0, 5.0]
+    p = cli(["validate", "-"], input=text.encode())
+    assert p.code == 0 and p.out == "-: 5 nodes, 5 edges, devices: cpu, roots: 1\n"
+
+
+def test_stdin_format_option():
+    from cli_proc import cli
+    p = cli(["-", "--format", "json", "--no-summary"], input=SEED.read_bytes())
+    assert p.code == 2 and p.err.startswith("Error: <stdin>: line 1, column 1: invalid JSON")
+    p = cli(["example:seed", "--format", "json"])
+    assert p.code == 2 and p.err == ("Error: --format applies to a graph read from stdin (-) only; a file's "
+                                     "extension gives its format\n")
+
+
+def test_a_graph_from_stdin_cannot_use_side_files():
+    from cli_proc import cli
+    d = {"format": "autograd-graph/1", "roots": [{"node": "m", "grad": "ones"}], "variables": [{"name": "a", "shape": [2]}],
+         "nodes": [{"id": "m", "name": "MulBackward0", "next": [["acc", 0], None], "inputs": [{"shape": [2]}],
+                    "saved": {"other": {"npz": "w"}}},
+                   {"id": "acc", "name": "AccumulateGrad", "variable": "a", "inputs": [{"shape": [2]}]}]}
+    p = cli(["-"], input=json.dumps(d).encode())
+    assert p.code == 2 and "a graph read from stdin has no folder for side files" in p.err
+
+
+def test_simulate_never_writes_over_its_measured_costs(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    assert run_cli(["example:pipeline", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
+    before = trace.read_bytes()
+    code, out, err = run_cli(["simulate", "example:pipeline", "--costs", str(trace), "--trace", str(trace)], capsys)
+    assert code == 2 and err == f"Error: --trace: {trace}: is an input of this run; refusing to overwrite it\n"
+    assert trace.read_bytes() == before
+    code, out, err = run_cli(["simulate", "example:pipeline", "--trace", str(tmp_path / "x"), "--order-out",
+                              str(tmp_path / "x")], capsys)
+    assert code == 2 and "the trace is written there already" in err

@@ -1,0 +1,84 @@
+"""How the command line looks on a real terminal: a narrow one (COLUMNS=60) folds ids and never
+breaks a number, workers show their short label, numpy's floating-point warnings stay off stderr, and
+on a pseudo-terminal nothing from a hostile file drives the terminal."""
+
+import json
+import re
+
+from builders import doc, leaf, node
+from cli_proc import cli, cli_tty
+
+TIME = re.compile(r"^(\d+(\.\d+)? (ns|µs|ms|s))?$")
+LONG_ID = "a_rather_long_node_identifier_that_cannot_fit_in_a_narrow_column_0123456789"
+
+
+def cells(line):
+    return [c.strip() for c in line.strip("│┃").split("│")]
+
+
+def table_rows(out, title):
+    """The body rows of the table titled ``title``, as lists of cells (folded lines kept apart)."""
+    lines = out.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.strip().startswith(title))
+    rows, body = [], False
+    for line in lines[start + 1:]:
+        if line.startswith("┡"):
+            body = True
+        elif line.startswith("└"):
+            break
+        elif body and line.startswith("│"):
+            rows.append(cells(line))
+    return rows
+
+
+def long_graph(tmp_path):
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(doc(
+        node(LONG_ID, "SumBackward0", seq=2, next=["mul"], inputs=[{"shape": [], "device": "cuda:1"}],
+             saved={"self_sym_sizes": [2]}),
+        node("mul", "MulBackward0", seq=1, next=["acc_a", None], inputs=[{"shape": [2], "device": "cuda:1"}],
+             saved={"other": 2.0}),
+        leaf("a", [2], device="cuda:1"))))
+    return path
+
+
+def test_a_narrow_terminal_folds_ids_and_never_breaks_numbers(tmp_path):
+    p = cli([long_graph(tmp_path), "--devices", "virtual"], columns=60)
+    assert p.code == 0, p.err
+    assert max(len(line) for line in p.out.splitlines()) <= 60
+    rows = table_rows(p.out, "slowest nodes")
+    for r in rows:
+        assert all(TIME.match(c) for c in r[3:]), r  # start, time, queued: whole on one line
+    assert "".join(r[0] for r in rows).replace("mul", "").replace("acc_a", "") == LONG_ID  # folded, all there
+    workers = [r[0] for r in table_rows(p.out, "workers")]
+    assert "cuda:1" in workers and not any("autograd-run" in w for w in workers)
+
+
+def test_example_pipeline_at_60_columns():
+    p = cli(["example:pipeline", "--devices", "virtual"], columns=60)
+    assert p.code == 0, p.err
+    assert max(len(line) for line in p.out.splitlines()) <= 60
+    for title in ("workers", "ops", "critical path", "slowest nodes"):
+        for r in table_rows(p.out, title):
+            assert all(TIME.match(c) or re.match(r"^\d+%?$", c) for c in r if any(u in c for u in ("s", "%"))
+                       and c[:1].isdigit()), r
+            assert not any(c in ("µs", "ms", "ns") for c in r), r  # a unit wrapped away from its number
+
+
+def test_numpy_warnings_do_not_reach_stderr(tmp_path):
+    path = tmp_path / "inf.json"
+    path.write_text(json.dumps(doc(
+        node("mul", "MulBackward0", seq=0, next=["acc_a", None], inputs=[[2]], saved={"other": 1e30}),
+        leaf("a", [2]), roots=[{"node": "mul", "grad": [1e30, -1e30]}])))  # float32 overflows to inf
+    p = cli([path, "--json"])
+    assert p.code == 0 and p.err == ""
+    assert json.loads(p.out)["grads"]["a"] == ["Infinity", "-Infinity"]
+
+
+def test_a_hostile_graph_on_a_terminal(tmp_path):
+    from test_cli_untrusted import EVIL, SHOWN, hostile
+    p = cli_tty([hostile(tmp_path, fail=EVIL)], columns=400)
+    assert p.code == 1
+    for raw in ("\x1b]0;pwned", "\x1b[2KError", "\x07"):
+        assert raw not in p.out
+    assert SHOWN in p.out
