@@ -6,14 +6,20 @@ import os
 
 import click
 
-from autograd_run.cli.common import graph_format
+from autograd_run.cli import capture_golden
+from autograd_run.cli.common import escape, graph_format
 from autograd_run.errors import OrderMismatch, UsageError
 
 
 @click.command()
 @click.argument("script")
-@click.option("-o", "--output", required=True, help="Graph file to write (.json or .yaml); tensors go to a .npz beside it.")
-def capture(script, output):
+@click.option("-o", "--output", default=None, help="Graph file to write (.json or .yaml); tensors go to a .npz beside it.")
+@click.option("--order-out", default=None, help="Write PyTorch's executed order as a golden order (JSON Lines).")
+@click.option("--expect-order", default=None, help="Compare PyTorch's executed order with a golden order "
+              "(exit 3 with the first divergence).")
+@click.option("--check", "check_replay", is_flag=True, help="Also replay the graph and compare order and gradients "
+              "with PyTorch's (as `check`).")
+def capture(script, output, order_out, expect_order, check_replay):
     """Capture a PyTorch backward graph: SCRIPT.py[:FUNC] (FUNC defaults to `main`).
 
     FUNC takes no arguments and returns the outputs (a tensor, e.g. a loss, or a
@@ -22,9 +28,18 @@ def capture(script, output):
     `inputs` (tensors to take gradients for) and `grad_outputs`.
 
     \b
+    Golden orders: `--order-out` writes PyTorch's own executed order (the
+    order file of `run --order-out`, with each node's identity across
+    processes: name and rank among the graph's nodes of that name, or the
+    leaf's name, and the PyTorch version); `--expect-order` compares it with
+    one (exit 3 with the first divergence and the ready set at that pop).
+
+    \b
     Example:
       autograd-run capture model.py:main -o model.json
       autograd-run check model.json
+      autograd-run capture model.py:main --order-out golden.jsonl
+      autograd-run capture model.py:main --expect-order golden.jsonl --check
     """
     import runpy
     from autograd_run.capture import from_torch
@@ -33,8 +48,12 @@ def capture(script, output):
     func = func or "main"
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
-    graph_format(output)
-    check_output_path(output, "output", [path])
+    if not (output or order_out or expect_order or check_replay):
+        raise UsageError("give -o FILE, --order-out FILE, --expect-order FILE or --check")
+    if output:
+        graph_format(output)
+        check_output_path(output, "output", [path])
+    golden = capture_golden.prepare(path, output, order_out, expect_order)
     try:
         namespace = runpy.run_path(path, run_name="__autograd_run_capture__")
     except Exception as exc:
@@ -51,14 +70,22 @@ def capture(script, output):
         outputs, kw["names"] = result
     else:
         outputs = result
+    if order_out or expect_order or check_replay:
+        return capture_golden.finish(outputs, kw, output, order_out, expect_order, check_replay, golden,
+                                     _describe)
     try:
         doc = from_torch(outputs, path=output, **kw)
     except (ValueError, RuntimeError) as exc:
         raise UsageError(f"capture failed: {exc}") from exc
+    click.echo(escape(_describe(output, doc)))
+
+
+def _describe(output: str, doc: dict) -> str:
+    """The line a written capture is reported with."""
     opaque = sum(1 for n in doc["nodes"] if n.get("op") == "opaque")
-    click.echo(f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
-               + (f", {opaque} opaque (no rule)" if opaque else "")
-               + f"; PyTorch reference: {len(doc['meta']['reference']['order'])} nodes run")
+    return (f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
+            + (f", {opaque} opaque (no rule)" if opaque else "")
+            + f"; PyTorch reference: {len(doc['meta']['reference']['order'])} nodes run")
 
 
 @click.command()
