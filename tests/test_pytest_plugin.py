@@ -50,6 +50,17 @@ def run(pytester, *args):
     return pytester.runpytest("-p", PLUGIN, *QUIET, *args)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def imported_once():
+    """What a check imports on first use (sympy, by PyTorch's first backward: seconds), imported here once.
+
+    An in-process pytester run drops every module imported during it, so each run would import them again.
+    """
+    from autograd_run import golden
+    m = torch.nn.Linear(2, 2)
+    golden.replay(golden.capture_order(m(torch.ones(1, 2)).sum(), dict(m.named_parameters())).doc)
+
+
 def golden_rows(path):
     return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
 
