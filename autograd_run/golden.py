@@ -313,6 +313,8 @@ def ready_set(captured: Captured, d: Divergence) -> list[str]:
     ready = ours[p].ready
     lines = ["ready set at that pop, as this engine computes it (node, reentrant depth, seq; "
              "the queue pops the largest (depth, seq)):"]
+    if not ready:
+        lines.append("  (not recorded at that pop)")
     for k, (nid, depth, seq) in enumerate(ready):
         seq_text = "max (AccumulateGrad)" if seq == _MAX_SEQ else str(seq)
         mark = "  <- popped" if k == 0 else ""

@@ -86,6 +86,8 @@ class _State:
         self._own_claims_dir = False
         #: (status, golden path relative to the rootdir), one per check
         self.outcomes: list[tuple[str, str]] = []
+        #: --autograd-obtained, absolute (None: a folder in pytest's basetemp)
+        self.obtained: Path | None = None
 
     def claim(self, path: Path, test: str, digest: str) -> tuple[str, str] | None:
         """Claim ``path`` for writing in this run: None for the first claim, else the earlier (test, digest)."""
@@ -156,11 +158,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", f"{MARKER}: the test checks a golden backward order "
                                        "(added to every test that uses the backward_order fixture)")
     obtained = config.getoption("autograd_obtained", None)
-    if obtained and Path(obtained).resolve() == Path(config.rootpath).resolve():
-        raise pytest.UsageError("--autograd-obtained: must not be the rootdir (the golden files would be "
-                                "overwritten); name a folder of its own")
+    if obtained:  # relative to where pytest was started, whatever folder a test changes to
+        obtained = (Path(config.invocation_params.dir) / obtained).resolve()
+        if obtained == Path(config.rootpath).resolve():
+            raise pytest.UsageError("--autograd-obtained: must not be the rootdir (the golden files would be "
+                                    "overwritten); name a folder of its own")
     workerinput = getattr(config, "workerinput", None)  # on an xdist worker
     state = _State(workerinput.get("autograd_run_claims") if workerinput else None)
+    state.obtained = obtained
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "autograd_run_golden_state")
 
@@ -210,7 +215,8 @@ class BackwardOrder:
         position, ``0``, ``1``, ...); other leaves are ``leaf<k>``. ``inputs``
         takes gradients for those tensors only (``torch.autograd.grad``);
         ``grad_outputs`` are the outputs' gradients (default: ones).
-        ``name`` is the golden's file name (default: the test's name).
+        ``name`` is the golden's file name (default: the test's name, with
+        its class and parameters: ``TestNet-test_order-float32``).
         Returns PyTorch's order (golden rows).
         """
         __tracebackhide__ = True
@@ -256,7 +262,8 @@ class BackwardOrder:
     def _name(self, name: str | None) -> str:
         __tracebackhide__ = True
         if name is None:
-            name = re.sub(r"[^A-Za-z0-9_.-]+", "-", self._request.node.name).strip("-.") or "order"
+            test = self._request.node.nodeid.split("::", 1)[-1]  # the class too: TestA::test_x, TestB::test_x
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "-", test).strip("-.") or "order"
             return name[:128]
         if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
             raise ValueError(f"backward_order: name {name!r} is not a file name: use letters, digits, "
@@ -320,8 +327,9 @@ class BackwardOrder:
         import autograd_run.golden as golden
         from autograd_run.outputs import check_output_path
         from autograd_run.text import md_section
-        base = self._config.getoption("autograd_obtained")
-        root = Path(base) if base else self._request.getfixturevalue("tmp_path_factory").getbasetemp() / "autograd-obtained"
+        root = self._config.stash[_STATE].obtained
+        if root is None:
+            root = self._request.getfixturevalue("tmp_path_factory").getbasetemp() / "autograd-obtained"
         out = root / self._rel(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         check_output_path(str(out), "obtained", [str(path)])

@@ -155,7 +155,13 @@ def test_order_tests_carry_a_marker(pytester, model_test):
 def test_obtained_files_for_ci_go_where_asked(pytester, model_test, monkeypatch):
     run(pytester, "--autograd-update-golden").assert_outcomes(passed=1)
     monkeypatch.setenv("AUTOGRAD_RUN_TEST_CHANGE", "1")
+    pytester.mkdir("sub")
+    pytester.makeconftest("import pytest\n"
+                          "@pytest.fixture(autouse=True)\n"
+                          "def elsewhere(monkeypatch):  # DIR is where pytest started, not where a test went\n"
+                          "    monkeypatch.chdir('sub')\n")
     run(pytester, "--autograd-obtained", "order-changes").assert_outcomes(failed=1)
+    assert not (pytester.path / "sub" / "order-changes").exists()
     out = pytester.path / "order-changes" / "__golden__"
     assert sorted(p.name for p in out.iterdir()) == ["mlp.jsonl", "mlp.md"]
     assert "golden:   __golden__/mlp.jsonl" in (out / "mlp.md").read_text()
@@ -196,11 +202,17 @@ def test_default_names_and_bad_names(pytester):
         def test_bad(backward_order):
             w = torch.ones(3, requires_grad=True)
             backward_order.check(w.sum(), [w], name="../escape")
+
+        class TestNet:
+            def test_p(self, backward_order):
+                w = torch.ones(3, requires_grad=True)
+                backward_order.check(w.exp().sum(), [w])
     """)
     result = run(pytester, "--autograd-update-golden")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(["E       ValueError: backward_order: name '../escape' is not a file name*"])
-    assert sorted(p.name for p in (pytester.path / "__golden__").iterdir()) == ["test_p-1.jsonl", "test_p-2.jsonl"]
+    assert sorted(p.name for p in (pytester.path / "__golden__").iterdir()) == [
+        "TestNet-test_p.jsonl", "test_p-1.jsonl", "test_p-2.jsonl"]
     assert golden_rows(pytester.path / "__golden__" / "test_p-1.jsonl")[-1]["leaf"] == "0"  # tensors named by position
 
 
