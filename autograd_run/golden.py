@@ -8,8 +8,10 @@ writes (``position``, ``id``, ``name``, ``seq``, ``device``, ``thread``,
 ``depth``, ``graph_task``, ``pass``) and three more:
 
 ``nth``      the node's rank by sequence number among the captured graph's
-             nodes of its name (0: the first such node the forward created;
-             ``AddmmBackward0 #2`` is the third linear layer); null for leaves;
+             nodes of its name, counted from the loss (0: the last such node
+             the forward created, the first the backward reaches;
+             ``AddmmBackward0 #2`` is the third linear layer from the output);
+             null for leaves;
 ``leaf``     the leaf's name for an AccumulateGrad node (a parameter name
              when names were given, else ``leaf<k>``); null otherwise;
 ``torch``    the PyTorch version that recorded the order.
@@ -26,11 +28,12 @@ another process or after other tests; the rank of a node among its own
 graph's nodes of the same name does not change, and it rests on PyTorch's
 own facts (names and its scheduling key), not on this package's graph walk
 (which ``id`` depends on). Ranking within a name rather than over the whole
-graph keeps a local change local: one more multiplication shifts the ranks
-of the later ``MulBackward0`` nodes only, so the first divergence is where
-the new node runs, not at the root. A leaf's AccumulateGrad node has no
-rank (PyTorch gives all of them the largest number) and is known by its
-leaf's name.
+graph, and counting from the loss, keeps a change local: one more
+multiplication, or a ReLU made a GELU, shifts only the ranks of that name's
+nodes created before it in the forward, which the backward reaches after
+it, so the first divergence is where the backward reaches the change, not
+at the root. A leaf's AccumulateGrad node has no rank (PyTorch gives all of
+them the largest number) and is known by its leaf's name.
 
 On a divergence, ``explain`` replays the captured graph's structure on this
 package's engine and reports the ready set at the pop that went differently
@@ -137,11 +140,12 @@ def label(row: Mapping | None) -> str:
 
 
 def nth_of(doc: dict) -> dict[str, int]:
-    """Each op node's rank by sequence number among the document's nodes of its name (ties: walk order)."""
+    """Each op node's rank among the document's nodes of its name, the largest sequence number first
+    (ties, from a forward on several threads: walk order)."""
     out: dict[str, int] = {}
     count: dict[str, int] = {}
     ops = [(n["seq"], k, n) for k, n in enumerate(doc["nodes"]) if "variable" not in n]
-    for _, _, n in sorted(ops, key=lambda t: (t[0], t[1])):
+    for _, _, n in sorted(ops, key=lambda t: (-t[0], t[1])):
         out[n["id"]] = count.get(n["name"], 0)
         count[n["name"]] = out[n["id"]] + 1
     return out
@@ -262,7 +266,15 @@ def explain(golden_rows: list[dict], captured: Captured, d: Divergence) -> list[
     if d.got is None:
         lines.append(f"PyTorch's order ends there; the golden has {len(golden_rows) - d.position} more node(s)")
         return lines
-    return lines + ready_set(captured, d)
+    return lines + ready_set(captured, d, golden_rows)
+
+
+def _census(row: Mapping, rows: list[dict]) -> str:
+    """How many nodes of ``row``'s name ran (``3 ReluBackward0``), or whether its leaf's node ran."""
+    if row.get("leaf") is not None:
+        ran = any(r.get("leaf") == row["leaf"] for r in rows)
+        return visible(f"{'an' if ran else 'no'} AccumulateGrad node of {row['leaf']}")
+    return visible(f"{sum(r.get('name') == row.get('name') for r in rows)} {row.get('name')}")
 
 
 def structure_only(doc: dict) -> dict:
@@ -294,7 +306,7 @@ def replay(doc: dict):
     return rec.executed()
 
 
-def ready_set(captured: Captured, d: Divergence) -> list[str]:
+def ready_set(captured: Captured, d: Divergence, golden_rows: list[dict]) -> list[str]:
     """The ready set at pop ``d.position`` as our engine computes it, and why the expected node was not popped."""
     p = d.position
     try:
@@ -325,7 +337,8 @@ def ready_set(captured: Captured, d: Divergence) -> list[str]:
     want = node_key(e)
     nid = id_of.get(want)
     if nid is None:
-        lines.append(f"{label(e)} is not in the captured graph: the model's graph changed")
+        lines.append(f"{label(e)} is not in the graph now: {_census(e, golden_rows)} ran in the golden, "
+                     f"{_census(e, captured.rows)} now")
     elif any(r[0] == nid for r in ready):
         lines.append(f"{label(e)} was ready too, with a lower priority: PyTorch ran {label(d.got)} first")
     elif nid in {r.node_id for r in ours[:p]}:

@@ -24,12 +24,6 @@ pytestmark = pytest.mark.torch
 RUN_FIELDS = ("position", "id", "name", "seq", "device", "thread", "depth", "graph_task", "pass")
 
 
-def mlp(extra=False):
-    torch.manual_seed(0)
-    layers = [nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2)]
-    return nn.Sequential(*layers).double(), extra
-
-
 def residual_loss(scale_block=None):
     """Three residual blocks; ``scale_block=k`` adds one multiplication inside block k (a local change)."""
     torch.manual_seed(1)
@@ -235,7 +229,7 @@ def test_capture_order_out_then_expect_order(tmp_path, model, capsys, monkeypatc
     monkeypatch.setenv("AUTOGRAD_RUN_TEST_CHANGE", "1")
     code, out, err = run_cli(["capture", f"{model}:main", "--expect-order", str(golden_file)], capsys)
     assert code == 3
-    assert "order differs at position 10 (after AccumulateGrad(2.weight)): expected TanhBackward0 #0, got MulBackward0 #0" in err
+    assert "order differs at position 10 (after AccumulateGrad(2.weight)): expected TanhBackward0 #1, got MulBackward0 #0" in err
     assert "ready set at that pop" in err and "still waited for gradients from MulBackward0 #0" in err
     assert err.rstrip("\n").endswith(f"Error: PyTorch's order differs from {golden_file}")
 
@@ -289,3 +283,55 @@ def test_capture_golden_usage_errors_are_reported_before_the_script_runs(tmp_pat
     code, out, err = run_cli(["capture", f"{model}:main", *[a.format(tmp=tmp_path) for a in args]], capsys)
     assert code == 2 and err.startswith(message.format(tmp=tmp_path)) and err.count("\n") == 1
     assert not marker.exists()
+
+
+class Block(nn.Module):
+    def __init__(self, c, act):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.act = act()
+
+    def forward(self, x):
+        return torch.relu(x + self.bn2(self.conv2(self.act(self.bn1(self.conv1(x))))))
+
+
+def resnet_loss(acts):
+    """A small residual CNN (stem, one block per activation, pooled head) on a batch of 2."""
+    torch.manual_seed(3)
+    stem = nn.Conv2d(3, 8, 3, padding=1)
+    blocks = nn.Sequential(*(Block(8, a) for a in acts))
+    head = nn.Linear(8, 4)
+    x = torch.randn(2, 3, 8, 8)
+    loss = head(blocks(stem(x)).mean((2, 3))).logsumexp(1).mean()
+    return loss, dict(stem=stem.weight, **dict(blocks.named_parameters()), head=head.weight)
+
+
+def test_a_residual_cnn_with_another_activation_in_one_block(tmp_path):
+    g = golden_of(tmp_path, capture(resnet_loss([nn.ReLU, nn.ReLU, nn.ReLU])))
+    again = capture(resnet_loss([nn.ReLU, nn.ReLU, nn.ReLU]))
+    assert golden.compare(g, again).ok
+    result = golden.compare(g, capture(resnet_loss([nn.ReLU, nn.GELU, nn.ReLU])))
+    d = result.divergence
+    # Ranks count from the loss: block 2 and block 1's outer ReLU keep theirs, and the divergence is where the
+    # backward reaches block 1's inner activation (after its second convolution's parameters).
+    assert result.lines()[0] == (f"order differs at position {d.position} (after AccumulateGrad(1.conv2.bias)): "
+                                 "expected ReluBackward0 #3, got GeluBackward0 #0")
+    assert "only in the golden: ReluBackward0 #5" in result.lines() and "only now: GeluBackward0 #0" in result.lines()
+    assert [golden.label(r) for r in g.rows[:d.position]] == [golden.label(r) for r in again.rows[:d.position]]
+    assert d.position > 20
+
+
+def test_a_leaf_that_is_gone_is_named(tmp_path):
+    def model(insert):
+        torch.manual_seed(0)
+        layers = [nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)]
+        if insert:
+            layers.insert(1, nn.LayerNorm(8))  # Sequential's later parameters get other names
+        m = nn.Sequential(*layers)
+        return m(torch.randn(3, 4)).sum(), dict(m.named_parameters())
+    g = golden_of(tmp_path, capture(model(False)))
+    result = golden.compare(g, capture(model(True)))
+    assert result.lines()[0].endswith("expected AccumulateGrad(2.bias), got AccumulateGrad(3.bias)")
+    assert result.lines()[-1] == ("AccumulateGrad(2.bias) is not in the graph now: an AccumulateGrad node of 2.bias "
+                                  "ran in the golden, no AccumulateGrad node of 2.bias now")

@@ -30,8 +30,9 @@ def capture(script, output, order_out, expect_order, check_replay):
     \b
     Golden orders: `--order-out` writes PyTorch's own executed order (the
     order file of `run --order-out`, with each node's identity across
-    processes: name and rank among the graph's nodes of that name, or the
-    leaf's name, and the PyTorch version); `--expect-order` compares it with
+    processes: name and rank among the graph's nodes of that name counted
+    from the loss, or the leaf's name; and the PyTorch version);
+    `--expect-order` compares it with
     one (exit 3 with the first divergence and the ready set at that pop).
 
     \b
