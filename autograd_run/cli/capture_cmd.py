@@ -27,7 +27,6 @@ def capture(script, output, order_out, expect_order, check_replay):
     `dict(model.named_parameters())`), or a dict with keys `outputs`, `names`,
     `inputs` (tensors to take gradients for) and `grad_outputs`.
 
-    \b
     Golden orders: `--order-out` writes PyTorch's own executed order (the
     order file of `run --order-out`, with each node's identity across
     processes: name and rank among the graph's nodes of that name counted
