@@ -175,8 +175,8 @@ def test_a_golden_of_another_torch_version_passes_with_a_warning(pytester, model
     rows = [dict(r, torch="1.13.1") for r in golden_rows(model_test)]
     model_test.write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = run(pytester)
-    result.assert_outcomes(passed=1, warnings=1)
-    result.stdout.fnmatch_lines([
+    result.assert_outcomes(passed=1)  # (where the package is installed, pytest also warns that the in-process
+    result.stdout.fnmatch_lines([     # run cannot rewrite the plugin module's asserts: not counted here)
         "*GoldenTorchVersion: __golden__/mlp.jsonl: the golden order was recorded with PyTorch 1.13.1; "
         f"this is PyTorch {torch.__version__}"])
 
