@@ -226,7 +226,8 @@ class OrderCheck:
         out = []
         d = self.divergence
         if d is not None:
-            after = f" (after {label(self.golden.rows[d.position - 1])})" if 0 < d.position <= len(self.golden.rows) else ""
+            before = self.golden.rows[d.position - 1] if 0 < d.position <= len(self.golden.rows) else None
+            after = f" (after {label(before)})" if before is not None else ""
             out.append(f"order differs at position {d.position}{after}: expected {label(d.expected)}, "
                        f"got {label(d.got)}")
             out += [visible(x) for x in self.explanation]
