@@ -14,6 +14,12 @@ pre-hooks on every node) and stores PyTorch's reference in ``meta.reference``:
 the executed order as ``[name, seq, leaf]`` and the leaf gradients. Leaves'
 ``.grad`` are left as they were.
 
+``values=False`` captures the structure only (for golden orders,
+``autograd_run.golden``): no saved values and no reference gradients, every
+node but the leaves' ``opaque``. Such a graph replays PyTorch's scheduling
+(the order does not depend on values) but not its gradients, and capturing
+it costs a walk and one backward instead of copying every saved tensor.
+
 torch is optional: it is imported only here (``pip install autograd-run[torch]``).
 """
 
@@ -244,7 +250,7 @@ def _strided_index(sizes, strides, offset) -> np.ndarray:
 
 def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequence | None = None,
                names: Mapping[str, Any] | None = None, path: str | None = None,
-               mode: str | None = None, reference: bool = True) -> dict:
+               mode: str | None = None, reference: bool = True, values: bool = True) -> dict:
     """Capture the backward graph of ``outputs``; write it to ``path`` (JSON or YAML) when given.
 
     Returns the graph document. ``inputs`` requests gradients for those tensors
@@ -307,6 +313,8 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
             reason = None
             if op is None or op.engine:  # PyTorch's own nodes never run as one of our synthetic kinds
                 op, reason = None, f"no backward rule for {name}"
+            if not values:
+                op, reason = None, "captured without saved values (order only)"
             saved = {}
             if op is not None:
                 for attr in dir(fn):
@@ -359,14 +367,16 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                 raise ValueError("a requested input is not part of the graph")
         doc["inputs"] = req
     if reference:
-        doc["meta"] = {"reference": _reference(torch, outputs, grad_outputs, inputs, req, mode, fns, var_of, arrays)}
+        doc["meta"] = {"reference": _reference(torch, outputs, grad_outputs, inputs, req, mode, fns, var_of, arrays,
+                                                  keep_grads=values)}
     doc["nodes"] = nodes
     if path is not None:
         _write(doc, arrays, path)
     return doc
 
 
-def _reference(torch, outputs, grad_outputs, inputs, input_names, mode, fns, var_of, arrays) -> dict:
+def _reference(torch, outputs, grad_outputs, inputs, input_names, mode, fns, var_of, arrays,
+               keep_grads: bool = True) -> dict:
     """Run PyTorch's backward once, recording order and leaf gradients; leaves' .grad are restored."""
     order, handles = [], []
     for fn in fns:
@@ -395,7 +405,7 @@ def _reference(torch, outputs, grad_outputs, inputs, input_names, mode, fns, var
         for h in handles:
             h.remove()
     ref_grads = {}
-    for k, g in grads.items():
+    for k, g in (grads.items() if keep_grads else ()):
         key = f"ref.{k}"
         ref_grads[str(k)] = None if g is None else arrays.put(key, g)
     return {"torch": str(torch.__version__), "order": order, "grads": ref_grads}

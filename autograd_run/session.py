@@ -230,17 +230,7 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     if o.trace_path and not keep:
         raise RequestError("a trace needs every pass's events: keep_recording cannot be False", "trace_path")
     builder = SummaryBuilder() if recorder is not None and not keep else None
-    fold = None
-    if builder is not None:
-        report._folded = True
-        if o.samples:
-            report._samples = Samples()
-
-        def fold() -> None:
-            rec = _last(report, recorder.drain())
-            builder.add(rec)
-            if report._samples is not None and rec.graph_tasks:
-                report._samples.extend(pass_samples(rec))
+    fold = _folder(report, recorder, builder, o.samples) if builder is not None else None
     try:
         if stopper is None:
             _run_passes(engine, graph, o, faults, report, None, fold, measured_ns)
@@ -273,6 +263,20 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
             report.per_worker = o.multithreading and len(threads) > 1
             report.divergence = compare_orders(o.expected_order, report.order, report.per_worker)
     return report
+
+
+def _folder(report: RunReport, recorder: Recorder, builder: SummaryBuilder, samples: bool):
+    """What folds the events recorded since the last call into the summary (and the samples)."""
+    report._folded = True
+    if samples:
+        report._samples = Samples()
+
+    def fold() -> None:
+        rec = _last(report, recorder.drain())
+        builder.add(rec)
+        if report._samples is not None and rec.graph_tasks:
+            report._samples.extend(pass_samples(rec))
+    return fold
 
 
 def _last(report: RunReport, rec: Recording) -> Recording:

@@ -255,3 +255,42 @@ def test_a_repeated_run_keeps_every_pass_in_its_json_samples(tmp_path, capsys):
     assert all(len(v) == 4 for v in s["worker_busy_ns"].values())
     assert all(len(n["duration_ns"]) == 4 and None not in n["duration_ns"] for n in s["nodes"].values())
     assert set(s["nodes"]) == {"r", "b1", "b2", "acc_x"}
+
+
+def _order_lines(rows):
+    return "\n".join(json.dumps({"position": k, "pass": 0, "thread": "MainThread", **r}) for k, r in enumerate(rows))
+
+
+def test_a_node_that_runs_another_op_under_the_same_id_is_a_change(tmp_path, capsys):
+    """A ReLU made a sigmoid keeps its position and id: the diff must still see it (order and structure)."""
+    a = tmp_path / "a.jsonl"
+    b = tmp_path / "b.jsonl"
+    a.write_text(_order_lines([{"id": "n0", "name": "SumBackward0"}, {"id": "n1", "name": "ReluBackward0"},
+                               {"id": "x", "name": "AccumulateGrad"}]))
+    b.write_text(_order_lines([{"id": "n0", "name": "SumBackward0"}, {"id": "n1", "name": "SigmoidBackward0"},
+                               {"id": "x", "name": "AccumulateGrad"}]))
+    code, d, err = diff_json(capsys, str(a), str(b), "--fail-on", "order,structure")
+    assert code == 3, err
+    assert d["diff"]["order"]["changed"] == [["n1", "ReluBackward0", "SigmoidBackward0"]]
+    assert d["diff"]["order"]["divergence"]["position"] == 1
+    assert {v["threshold"]: v["crossed"] for v in d["thresholds"]} == {"order": True, "structure": True}
+
+
+def test_golden_orders_of_pytorch_are_compared_by_op_and_rank_not_by_capture_id(tmp_path, capsys):
+    """Capture ids are positions in one walk: a node added upstream renumbers the rest. Goldens carry
+    each node's rank among its op's nodes; two goldens that differ only in capture ids are the same."""
+    rows = [{"name": "SumBackward0", "nth": 0, "leaf": None}, {"name": "MulBackward0", "nth": 0, "leaf": None},
+            {"name": "MulBackward0", "nth": 1, "leaf": None},
+            {"name": "torch::autograd::AccumulateGrad", "nth": None, "leaf": "w"}]
+    a = tmp_path / "a.jsonl"
+    b = tmp_path / "b.jsonl"
+    a.write_text(_order_lines([{"id": f"n{k}", **r} for k, r in enumerate(rows)]))
+    b.write_text(_order_lines([{"id": f"n{k + 5}", **r} for k, r in enumerate(rows)]))
+    code, d, err = diff_json(capsys, str(a), str(b), "--fail-on", "order,structure")
+    assert code == 0, err
+    assert d["diff"]["order"]["divergence"] is None
+    b.write_text(_order_lines([{"id": f"n{k}", **r} for k, r in enumerate([rows[0], rows[2], rows[1], rows[3]])]))
+    code, d, err = diff_json(capsys, str(a), str(b), "--fail-on", "order")
+    assert code == 3
+    dv = d["diff"]["order"]["divergence"]
+    assert dv["position"] == 1 and dv["a"]["id"] == "MulBackward0 #0" and dv["b"]["id"] == "MulBackward0 #1"

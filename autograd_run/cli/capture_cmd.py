@@ -6,13 +6,14 @@ import os
 
 import click
 
+from autograd_run.cli import capture_golden
 from autograd_run.cli.common import echo, graph_format
 from autograd_run.errors import OrderMismatch, UsageError
 
 
 @click.command()
 @click.argument("script")
-@click.option("-o", "--output", required=True, help="Graph file to write (.json or .yaml); tensors go to a .npz beside it.")
+@click.option("-o", "--output", default=None, help="Graph file to write (.json or .yaml); tensors go to a .npz beside it.")
 @click.option("--profile", is_flag=True,
               help="Also measure each node's cost with PyTorch's profiler (stored in the graph; `simulate` uses it).")
 @click.option("--steps", type=click.IntRange(1, 10_000), default=10, show_default=True,
@@ -21,7 +22,13 @@ from autograd_run.errors import OrderMismatch, UsageError
               help="--profile: backward calls before profiling.")
 @click.option("--profile-trace", default=None, metavar="FILE",
               help="--profile: also keep the last profiled step's PyTorch profiler trace (Chrome JSON) here.")
-def capture(script, output, profile, steps, warmup, profile_trace):
+@click.option("--order-out", default=None, metavar="FILE",
+              help="Write PyTorch's executed order as a golden order (JSON Lines).")
+@click.option("--expect-order", default=None, metavar="FILE",
+              help="Compare PyTorch's executed order with a golden order (exit 3 with the first divergence).")
+@click.option("--check", "check_replay", is_flag=True,
+              help="Also replay the graph and compare order and gradients with PyTorch's (as `check`).")
+def capture(script, output, profile, steps, warmup, profile_trace, order_out, expect_order, check_replay):
     """Capture a PyTorch backward graph: SCRIPT.py[:FUNC] (FUNC defaults to `main`).
 
     FUNC takes no arguments and returns the outputs (a tensor, e.g. a loss, or a
@@ -35,12 +42,21 @@ def capture(script, output, profile, steps, warmup, profile_trace):
     its kernels per stream on a GPU) is stored in the graph with the device,
     PyTorch version and date.
 
+    Golden orders: `--order-out` writes PyTorch's own executed order (the
+    order file of `run --order-out`, with each node's identity across
+    processes: name and rank among the graph's nodes of that name counted
+    from the loss, or the leaf's name; and the PyTorch version);
+    `--expect-order` compares it with one (exit 3 with the first divergence
+    and the ready set at that pop).
+
     \b
     Example:
       autograd-run capture model.py:main -o model.json
       autograd-run check model.json
       autograd-run capture model.py:main -o model.json --profile --steps 20
       autograd-run simulate model.json       # uses the measured costs
+      autograd-run capture model.py:main --order-out golden.jsonl
+      autograd-run capture model.py:main --expect-order golden.jsonl --check
     """
     import importlib.util
     import runpy
@@ -50,12 +66,18 @@ def capture(script, output, profile, steps, warmup, profile_trace):
     func = func or "main"
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
-    graph_format(output)
-    check_output_path(output, "output", [path])
+    if not (output or order_out or expect_order or check_replay):
+        raise UsageError("give -o FILE, --order-out FILE, --expect-order FILE or --check")
+    if output:
+        graph_format(output)
+        check_output_path(output, "output", [path])
+    if profile and not output:
+        raise UsageError("--profile stores the measured costs in the graph file: give -o FILE")
     if not profile and (profile_trace or steps != 10 or warmup != 3):
         raise UsageError("--steps, --warmup and --profile-trace go with --profile")
     if profile_trace:
         check_output_path(profile_trace, "profile_trace", [path, output])
+    golden = capture_golden.prepare(path, output, order_out, expect_order)
     if importlib.util.find_spec("torch") is None:
         raise UsageError("capture needs PyTorch, which is not installed: pip install 'autograd-run[torch]'")
     namespace = _user_call(path, "running the script", lambda: runpy.run_path(path, run_name="__autograd_run_capture__"))
@@ -66,14 +88,15 @@ def capture(script, output, profile, steps, warmup, profile_trace):
     if isinstance(result, dict) and "outputs" not in result:
         raise UsageError(f"{path}: {func}() returned a dict without 'outputs'")
     outputs, kw = _split(result)
-    try:
-        doc = from_torch(outputs, path=output, **kw)
-    except (ValueError, RuntimeError, TypeError) as exc:
-        raise UsageError(f"{path}: {func}() returned what cannot be captured: {exc}") from exc
-    opaque = sum(1 for n in doc["nodes"] if n.get("op") == "opaque")
-    echo(f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
-               + (f", {opaque} opaque (no rule)" if opaque else "")
-               + f"; PyTorch reference: {len(doc['meta']['reference']['order'])} nodes run")
+    if order_out or expect_order or check_replay:
+        doc = capture_golden.finish(outputs, kw, output, order_out, expect_order, check_replay, golden,
+                                    _describe, f"{path}: {func}()")
+    else:
+        try:
+            doc = from_torch(outputs, path=output, **kw)
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise UsageError(f"{path}: {func}() returned what cannot be captured: {exc}") from exc
+        echo(_describe(output, doc))
     if profile:
         from autograd_run.capture_profile import profile_capture
         from autograd_run.cli.render import fmt_ns
@@ -90,6 +113,14 @@ def capture(script, output, profile, steps, warmup, profile_trace):
                    f"backward calls on {measured['device']}; PyTorch's backward without the profiler: "
                    f"{fmt_ns(wall['median'])} (median of {wall['runs']})"
                    + (f"; {cov.get('matched', 0)} nodes matched" if cov else ""))
+
+
+def _describe(output: str, doc: dict) -> str:
+    """The line a written capture is reported with."""
+    opaque = sum(1 for n in doc["nodes"] if n.get("op") == "opaque")
+    return (f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
+            + (f", {opaque} opaque (no rule)" if opaque else "")
+            + f"; PyTorch reference: {len(doc['meta']['reference']['order'])} nodes run")
 
 
 def _split(result):

@@ -96,6 +96,9 @@ def sections(d, a, b, verdicts, top: int = 10) -> list[tuple[str, list[str], lis
             rows.append([f"only in A ({len(o.only_a)})", ", ".join(o.only_a[:top]) + (" ..." if len(o.only_a) > top else "")])
         if o.only_b:
             rows.append([f"only in B ({len(o.only_b)})", ", ".join(o.only_b[:top]) + (" ..." if len(o.only_b) > top else "")])
+        if o.changed:
+            rows.append([f"another op ({len(o.changed)})", ", ".join(f"{i}: {x} -> {y}" for i, x, y in o.changed[:top])
+                         + (" ..." if len(o.changed) > top else "")])
         rows.append(["nodes on another worker", str(len(o.moved))])
         out.append(("order", ["", ""], rows))
         if o.moved:

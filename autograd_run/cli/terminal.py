@@ -27,16 +27,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
-_CONTROL.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"})
-# Invisible characters that reorder or break what is shown (bidi controls, line separators, BOM).
-_CONTROL.update({c: f"\\u{c:04x}" for c in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
-                                             0x2028, 0x2029, 0xFEFF)})
+from autograd_run.text import visible
+
 
 
 def escape(text) -> str:
     """``text`` with every control character (terminal escapes, newlines, carriage returns) made visible."""
-    return str(text).translate(_CONTROL)
+    return visible(text)
 
 
 def plain(text, style: str | None = None) -> Text:

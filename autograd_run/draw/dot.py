@@ -26,9 +26,8 @@ from collections import Counter
 from autograd_run.draw.colors import Scale, text_colour
 from autograd_run.draw.view import Item, View
 from autograd_run.ops import ACCUMULATE_GRAD
+from autograd_run.text import visible
 
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
-_CONTROL.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"})
 #: Longest text shown for one label line (ids and values past it are cut with an ellipsis).
 MAX_TEXT = 60
 
@@ -38,7 +37,7 @@ def text(s, limit: int = MAX_TEXT) -> str:
     s = str(s)
     if len(s) > limit:
         s = s[:limit - 1] + "…"
-    s = s.translate(_CONTROL)
+    s = visible(s)
     s = s.replace("\\", "\\\\").replace('"', '\\"')
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 

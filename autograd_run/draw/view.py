@@ -173,7 +173,7 @@ def collapse(v: View, max_nodes: int, roots: list) -> View:
                            f"box{'es' if len(groups) > 1 else ''}")
     if len(v.items) > max_nodes:
         order = _bfs_order(v, roots)
-        keep, rest = order[:max_nodes - 1], order[max_nodes - 1:]
+        rest = order[max_nodes - 1:]
         count = sum(len(it.nodes) for it in rest)
         _merge(v, [rest], "rest")
         v.notes.append(f"{count} nodes farthest from the roots drawn as one box (draw less with --around)")

@@ -9,8 +9,10 @@
   keys when the rows carry one. When A's own passes disagree (a
   nondeterministic order), a B pass counts as different only if its order
   matches none of A's passes. Also Kendall's tau between the two start
-  orders (first pass of each), the nodes only one side ran, and the nodes
-  that ran on another worker (each node's most frequent worker).
+  orders (first pass of each), the nodes only one side ran, the nodes
+  whose op changed (same id, another name: a row counts as the same node
+  only when both match), and the nodes that ran on another worker (each
+  node's most frequent worker).
 * time: wall and critical-path time, each op's total and each node's run
   time per pass, each worker's utilisation. A ``Change`` holds both sides'
   medians, the difference, and, when both sides have at least two passes,
@@ -101,6 +103,8 @@ class OrderDiff:
     tau_nodes: int = 0
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
+    #: (node id, A's op name, B's op name): the same id ran a different op.
+    changed: list[tuple[str, str, str]] = field(default_factory=list)
     #: (node id, A's worker, B's worker)
     moved: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -122,7 +126,8 @@ class Diff:
 
     def to_dict(self) -> dict:
         d = {"a": self.a, "b": self.b, "alpha": self.alpha,
-             "order": {**asdict(self.order), "moved": [list(m) for m in self.order.moved]},
+             "order": {**asdict(self.order), "moved": [list(m) for m in self.order.moved],
+                       "changed": [list(c) for c in self.order.changed]},
              "wall": self.wall.to_dict() if self.wall else None,
              "critical_path": self.critical_path.to_dict() if self.critical_path else None,
              "critical_path_joined": self.critical_joined, "critical_path_left": self.critical_left,
@@ -175,12 +180,21 @@ def _workers(rows: list[dict]) -> set:
     return {r.get("worker") for r in rows}
 
 
+def _same(x: dict, y: dict) -> bool:
+    """The same node: the same id and (where both name one) the same op."""
+    return x["id"] == y["id"] and (x.get("name") is None or y.get("name") is None or x["name"] == y["name"])
+
+
+def _ident(r: dict):
+    return (r["id"], r.get("name"))
+
+
 def _key(rows: list[dict], per_worker: bool):
     if not per_worker:
-        return tuple(r["id"] for r in rows)
+        return tuple(_ident(r) for r in rows)
     out: dict = {}
     for r in rows:
-        out.setdefault(r.get("worker"), []).append(r["id"])
+        out.setdefault(r.get("worker"), []).append(_ident(r))
     return tuple(sorted((str(w), tuple(ids)) for w, ids in out.items()))
 
 
@@ -198,7 +212,7 @@ def _first_divergence(a: list[dict], b: list[dict], per_worker: bool, k: int) ->
         for i in range(max(len(ra), len(rb))):
             x = ra[i] if i < len(ra) else None
             y = rb[i] if i < len(rb) else None
-            if x is not None and y is not None and x["id"] == y["id"]:
+            if x is not None and y is not None and _same(x, y):
                 continue
             ids_a, ids_b = [r["id"] for r in ra], [r["id"] for r in rb]
             d = Divergence(k, i, worker, x, y, ids_a[max(0, i - 3):i + 4], ids_b[max(0, i - 3):i + 4])
@@ -243,6 +257,10 @@ def compare_order(a: Profile, b: Profile) -> OrderDiff:
     all_b = {r["id"] for rows in b.order for r in rows}
     out.only_a = sorted(all_a - all_b)
     out.only_b = sorted(all_b - all_a)
+    names_a = {r["id"]: r.get("name") for rows in a.order for r in rows}
+    names_b = {r["id"]: r.get("name") for rows in b.order for r in rows}
+    out.changed = sorted((nid, names_a[nid], names_b[nid]) for nid in names_a.keys() & names_b.keys()
+                         if names_a[nid] is not None and names_b[nid] is not None and names_a[nid] != names_b[nid])
     wa, wb = _majority_workers(a), _majority_workers(b)
     out.moved = sorted((nid, wa[nid], wb[nid]) for nid in set(wa) & set(wb) if wa[nid] != wb[nid])
     return out
@@ -294,7 +312,7 @@ KEYS = {
     "order": (False, "the executed order differs (first divergence)"),
     "workers": (False, "a node ran on another worker"),
     "critical-path-nodes": (False, "a node joined or left the critical path"),
-    "structure": (False, "a node ran on one side only"),
+    "structure": (False, "a node ran on one side only, or its op changed"),
 }
 
 _UNITS = {"ns": 1, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
@@ -416,7 +434,8 @@ def check(d: Diff, thresholds: list[Threshold]) -> list[Verdict]:
             crossed = bool(d.critical_joined or d.critical_left)
             detail = f"{len(d.critical_joined)} joined, {len(d.critical_left)} left"
         elif t.key == "structure":
-            crossed = bool(d.order.only_a or d.order.only_b)
-            detail = f"{len(d.order.only_a)} only in A, {len(d.order.only_b)} only in B"
+            crossed = bool(d.order.only_a or d.order.only_b or d.order.changed)
+            detail = (f"{len(d.order.only_a)} only in A, {len(d.order.only_b)} only in B, "
+                      f"{len(d.order.changed)} with another op")
         out.append(Verdict(str(t), crossed, detail))
     return out

@@ -156,3 +156,15 @@ def first_divergence(expected: list, got: list, thread: str | None = None, key=l
                     d.detail.append(f"  {nid:<24} depth {depth:<3} seq {seq}{mark}")
             return d
     return None
+
+
+def node_label(row) -> str:
+    """A golden order row's node as one visible label: ``AddmmBackward0 #12`` (its op and its rank
+    among that op's nodes, from the loss) or ``AccumulateGrad(fc.weight)`` (a leaf by name)."""
+    from autograd_run.text import visible
+    if row is None:
+        return "(end of order)"
+    name = str(row.get("name"))
+    if row.get("leaf") is not None:
+        return visible(f"{name.rpartition('::')[2]}({row['leaf']})")
+    return visible(f"{name} #{row.get('nth')}")

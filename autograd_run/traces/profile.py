@@ -297,8 +297,16 @@ def _order_file(data: bytes, source: str) -> Profile:
         rows.append(row)
     if not rows:
         raise _Bad("line 1", "no order rows")
+    golden = all("nth" in r for r in rows)
+    if golden:
+        # A golden order of PyTorch (capture --order-out): its ids are positions in one capture's
+        # walk and shift when the model changes; a node is known by its op and rank (``golden``).
+        from autograd_run.traces.order import node_label
+        for r in rows:
+            r["capture_id"], r["id"] = r["id"], node_label(r)
     p = Profile(source, "order file", order=order_passes(rows))
-    p.notes.append(f"{source}: an order file has no times")
+    p.notes.append(f"{source}: " + ("a golden order of PyTorch: nodes are compared by op and rank, "
+                                    "leaves by name; " if golden else "") + "an order file has no times")
     return p
 
 
