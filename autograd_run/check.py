@@ -23,7 +23,7 @@ from autograd_run.traces.order import first_divergence
 from autograd_run.traces.order_recorder import OrderRecorder
 
 #: Default tolerances by dtype: (rtol, atol).
-TOLERANCE = {"float64": (1e-6, 1e-9), "float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3),
+TOLERANCE = {"float64": (1e-6, 1e-9), "float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3), "bfloat16": (5e-2, 5e-3),
              "complex128": (1e-6, 1e-9), "complex64": (1e-4, 1e-6)}
 
 

@@ -14,6 +14,7 @@ This package depends on numpy only: the graph loader, the engine, the
 simulation and capture all read the same table.
 """
 
+from autograd_run.ops import dtypes  # noqa: F401  (first: registers numpy's bfloat16)
 from autograd_run.ops import (  # noqa: F401  (importing a family registers its ops)
     activations, attention, conv, elementwise, engine_ops, indexing, linalg, losses, products, reductions, shape,
     sparse, spectral,
