@@ -24,12 +24,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from autograd_run.capture_inner import custom_function_reason, is_custom_function
 from autograd_run.graphs.model import FORMAT
 from autograd_run.ops import OPAQUE, lookup
 
 ACC = "torch::autograd::AccumulateGrad"
 COPY_SLICES = "torch::autograd::CopySlices"
-_TORCH_DTYPES = {"float16", "float32", "float64", "complex64", "complex128",
+_TORCH_DTYPES = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128",
                  "bool", "int8", "int16", "int32", "int64", "uint8"}
 
 
@@ -45,9 +46,10 @@ def _dtype(t) -> str:
     return str(t).replace("torch.", "")
 
 
-def walk_grad_fns(roots) -> list:
-    """Every grad_fn node reachable from ``roots`` (grad_fns), depth first, each once."""
-    seen, out, stack = set(), [], list(reversed(roots))
+def walk_grad_fns(roots, known=()) -> list:
+    """Every grad_fn node reachable from ``roots`` (grad_fns), depth first, each once; nodes in ``known``
+    are neither returned nor walked through."""
+    seen, out, stack = set(known), [], list(reversed(roots))
     while stack:
         fn = stack.pop()
         if fn is None or fn in seen:
@@ -73,6 +75,12 @@ class _Arrays:
         dt = _dtype(arr.dtype)
         if dt not in _TORCH_DTYPES:
             raise ValueError(f"cannot capture a tensor of dtype {dt} ({key})")
+        if dt == "bfloat16":  # numpy has no bfloat16: its exact float32 values, cast back on load
+            arr = arr.float().numpy()
+            if self.inline:
+                return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
+            self.arrays[key] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+            return {"npz": key, "dtype": dt}
         arr = arr.numpy()
         if self.inline:
             return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
@@ -207,31 +215,66 @@ def _strided_index(sizes, strides, offset) -> np.ndarray:
     return idx
 
 
-def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequence | None = None,
-               names: Mapping[str, Any] | None = None, path: str | None = None,
-               mode: str | None = None, reference: bool = True) -> dict:
-    """Capture the backward graph of ``outputs``; write it to ``path`` (JSON or YAML) when given.
+class _Capture:
+    """One capture's growing document: node ids, node and variable entries, the tensors to store.
 
-    Returns the graph document. ``inputs`` requests gradients for those tensors
-    (``mode`` then defaults to ``grad``, as ``torch.autograd.grad``).
+    Nodes are added by walks from roots (``add``): the outer graph first, then
+    each graph a custom Function's backward builds while the reference
+    backward runs (``capture_inner``). Nodes already seen keep their ids, so a
+    parameter's AccumulateGrad node is shared by the outer and inner graphs.
     """
-    torch = _torch()
-    if isinstance(outputs, torch.Tensor):
-        outputs = [outputs]
-    outputs = list(outputs)
-    for o in outputs:
-        if o.grad_fn is None:
-            raise ValueError("an output has no grad_fn: it does not require grad")
-    grad_outputs = list(grad_outputs) if grad_outputs is not None else [None] * len(outputs)
-    mode = mode or ("grad" if inputs else "backward")
-    names = dict(names or {})
-    leaf_name = {id(t): n for n, t in names.items()}
-    arrays = _Arrays(inline=path is None)
 
-    fns = walk_grad_fns([o.grad_fn for o in outputs])
-    ids = {fn: f"n{i}" for i, fn in enumerate(fns)}
-    nodes, variables, var_of = [], [], {}
-    for fn in fns:
+    def __init__(self, torch, names: Mapping[str, Any], arrays: _Arrays):
+        self.torch = torch
+        self.names = dict(names)
+        self.leaf_name = {id(t): n for n, t in self.names.items()}
+        self.arrays = arrays
+        self.ids: dict = {}
+        self.docs: dict = {}
+        self.nodes: list[dict] = []
+        self.variables: list[dict] = []
+        self.var_doc: dict[str, dict] = {}
+        self.var_of: dict = {}
+        #: Custom autograd.Function nodes without a rule: resolved by the reference run (``capture_inner``).
+        self.custom: list = []
+
+    def add(self, roots) -> list:
+        """Describe every node reachable from ``roots`` (grad_fns) not seen before; returns them in walk order."""
+        new = walk_grad_fns(roots, known=self.ids)
+        for fn in new:
+            self.ids[fn] = f"n{len(self.ids)}"
+        for fn in new:
+            doc = self._describe(fn)
+            self.docs[fn] = doc
+            self.nodes.append(doc)
+        return new
+
+    @staticmethod
+    def reachable(roots) -> list:
+        """Every node reachable from ``roots``, seen before or not."""
+        return walk_grad_fns(roots)
+
+    def _leaf_name(self, var) -> str:
+        name = self.leaf_name.get(id(var))
+        if name is None:
+            k = len(self.variables)
+            while f"leaf{k}" in self.var_doc or f"leaf{k}" in self.names:
+                k += 1
+            name = f"leaf{k}"
+        return name
+
+    def rename_variable(self, old: str, new: str) -> None:
+        """Give a variable (and its AccumulateGrad node) another name: a custom node's detached input."""
+        var = self.var_doc.pop(old)
+        var["name"] = new
+        self.var_doc[new] = var
+        for fn, name in self.var_of.items():
+            if name == old:
+                self.var_of[fn] = new
+                self.docs[fn]["variable"] = new
+
+    def _describe(self, fn) -> dict:
+        torch, ids, arrays = self.torch, self.ids, self.arrays
         nid = ids[fn]
         name = fn.name()
         metas = [{"shape": list(m.shape), "dtype": _dtype(m.dtype), "device": str(m.device)}
@@ -242,17 +285,22 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
         d: dict[str, Any] = {"id": nid, "name": name}
         if name == ACC:
             var = fn.variable
-            vname = leaf_name.get(id(var)) or f"leaf{len(variables)}"
-            var_of[fn] = vname
+            vname = self._leaf_name(var)
+            self.var_of[fn] = vname
             d["variable"] = vname
-            variables.append({"name": vname, "shape": list(var.shape), "dtype": _dtype(var.dtype),
-                              "device": metas[0]["device"] if metas else "cpu"})
+            vdoc = {"name": vname, "shape": list(var.shape), "dtype": _dtype(var.dtype),
+                    "device": metas[0]["device"] if metas else "cpu"}
+            self.variables.append(vdoc)
+            self.var_doc[vname] = vdoc
         else:
             d["seq"] = fn._sequence_nr()
             d["next"] = [None if nf is None else [ids[nf], nr] for nf, nr in fn.next_functions]
             op = lookup(name)
             reason = None
-            if op is None or op.engine:  # PyTorch's own nodes never run as one of our synthetic kinds
+            if op is None and is_custom_function(fn):
+                self.custom.append(fn)
+                reason = custom_function_reason(fn, "its backward did not run in the reference backward")
+            elif op is None or op.engine:  # PyTorch's own nodes never run as one of our synthetic kinds
                 op, reason = None, f"no backward rule for {name}"
             saved = {}
             if op is not None:
@@ -285,67 +333,123 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
             if attrs:
                 d["attrs"] = attrs
         d["inputs"] = metas
-        nodes.append(d)
+        return d
+
+
+def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequence | None = None,
+               names: Mapping[str, Any] | None = None, path: str | None = None,
+               mode: str | None = None, reference: bool = True) -> dict:
+    """Capture the backward graph of ``outputs``; write it to ``path`` (JSON or YAML) when given.
+
+    Returns the graph document. ``inputs`` requests gradients for those tensors
+    (``mode`` then defaults to ``grad``, as ``torch.autograd.grad``).
+    Custom autograd.Function nodes (a reentrant checkpoint among them) are
+    resolved by running PyTorch's backward once even when ``reference`` is
+    False: the graph their backward builds exists only while it runs.
+    """
+    torch = _torch()
+    if isinstance(outputs, torch.Tensor):
+        outputs = [outputs]
+    outputs = list(outputs)
+    for o in outputs:
+        if o.grad_fn is None:
+            raise ValueError("an output has no grad_fn: it does not require grad")
+    grad_outputs = list(grad_outputs) if grad_outputs is not None else [None] * len(outputs)
+    mode = mode or ("grad" if inputs else "backward")
+    cap = _Capture(torch, names or {}, _Arrays(inline=path is None))
+    arrays = cap.arrays
+    cap.add([o.grad_fn for o in outputs])
 
     roots = []
     for k, (o, g) in enumerate(zip(outputs, grad_outputs)):
         grad = "ones" if g is None else arrays.put(f"root{k}", g)
-        roots.append({"node": ids[o.grad_fn], "input_nr": o.output_nr, "grad": grad})
-    doc: dict[str, Any] = {"format": FORMAT, "mode": mode, "roots": roots, "variables": variables}
+        roots.append({"node": cap.ids[o.grad_fn], "input_nr": o.output_nr, "grad": grad})
+    doc: dict[str, Any] = {"format": FORMAT, "mode": mode, "roots": roots, "variables": cap.variables}
     req = []
     if inputs:
-        acc_of = {id(fn.variable): fn for fn in var_of}
+        acc_of = {id(fn.variable): fn for fn in cap.var_of}
         for t in inputs:
             if t.grad_fn is None and id(t) in acc_of:
-                req.append(var_of[acc_of[id(t)]])
-            elif t.grad_fn is not None and t.grad_fn in ids:
+                req.append(cap.var_of[acc_of[id(t)]])
+            elif t.grad_fn is not None and t.grad_fn in cap.ids:
                 if t.output_nr != 0:
                     raise ValueError("requested inputs that are a node's output other than 0 are not supported")
-                req.append(ids[t.grad_fn])
+                req.append(cap.ids[t.grad_fn])
             else:
                 raise ValueError("a requested input is not part of the graph")
         doc["inputs"] = req
-    if reference:
-        doc["meta"] = {"reference": _reference(torch, outputs, grad_outputs, inputs, req, mode, fns, var_of, arrays)}
-    doc["nodes"] = nodes
+    hook_watch = None
+    if reference or cap.custom:
+        ref, hook_watch = _reference(cap, outputs, grad_outputs, inputs, req, mode)
+        if reference:
+            doc["meta"] = {"reference": ref}
+    _report_hooks(doc, cap, hook_watch)
+    doc["nodes"] = cap.nodes
     if path is not None:
         _write(doc, arrays, path)
     return doc
 
 
-def _reference(torch, outputs, grad_outputs, inputs, input_names, mode, fns, var_of, arrays) -> dict:
-    """Run PyTorch's backward once, recording order and leaf gradients; leaves' .grad are restored."""
+def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode) -> dict:
+    """Run PyTorch's backward once, recording order and leaf gradients; leaves' .grad are restored.
+
+    Custom Function nodes are watched while it runs (``capture_inner``): the
+    graph a node's backward builds and differentiates is added to the capture,
+    with pre-hooks on its nodes, so the order includes them as PyTorch ran them.
+    """
+    from autograd_run.capture_hooks import HookWatch
+    from autograd_run.capture_inner import NestedCapture
+    torch = cap.torch
     order, handles = [], []
-    for fn in fns:
-        leaf = var_of.get(fn)
-        handles.append(fn.register_prehook(
-            lambda g, fn=fn, leaf=leaf: order.append([fn.name(), fn._sequence_nr(), leaf])))
+    hooks = HookWatch(torch, cap)
+    leaves: dict = {}     # AccumulateGrad fn -> its variable, for every user leaf (inner ones as found)
+    before: dict = {}     # and that variable's .grad before the run
+
+    def watch(fns) -> None:
+        for fn in fns:
+            handles.append(fn.register_prehook(lambda g, fn=fn: order.append(fn)))
+            handles.extend(hooks.handles(fn))
+            if fn in cap.var_of:
+                v = fn.variable
+                leaves[fn], before[fn] = v, v.grad
+                v.grad = None
+
+    watch(list(cap.docs))
     gos = [torch.ones_like(o) if g is None else g for o, g in zip(outputs, grad_outputs)]
     grads = {}
+    hooks.roots([(o.grad_fn, o.output_nr) for o in outputs], gos)
+    nested = NestedCapture(cap, watch, on_call=hooks.roots)
     try:
-        with torch.autograd.set_multithreading_enabled(False):
+        with torch.autograd.set_multithreading_enabled(False), nested:
             if mode == "grad":
                 res = torch.autograd.grad(outputs, list(inputs), gos, retain_graph=True, allow_unused=True)
                 grads = dict(zip(input_names, res))
             else:
-                leaves = {fn: fn.variable for fn in var_of}
-                before = {fn: v.grad for fn, v in leaves.items()}
-                for v in leaves.values():
-                    v.grad = None
-                try:
-                    torch.autograd.backward(outputs, gos, retain_graph=True, inputs=list(inputs) if inputs else None)
-                    grads = {var_of[fn]: v.grad for fn, v in leaves.items()}
-                finally:
-                    for fn, v in leaves.items():
-                        v.grad = before[fn]
+                torch.autograd.backward(outputs, gos, retain_graph=True, inputs=list(inputs) if inputs else None)
+                hidden = nested.inner_variables()
+                grads = {cap.var_of[fn]: v.grad for fn, v in leaves.items() if cap.var_of[fn] not in hidden}
     finally:
+        for fn, v in leaves.items():
+            v.grad = before[fn]
         for h in handles:
             h.remove()
+    nested.finish()
     ref_grads = {}
     for k, g in grads.items():
-        key = f"ref.{k}"
-        ref_grads[str(k)] = None if g is None else arrays.put(key, g)
-    return {"torch": str(torch.__version__), "order": order, "grads": ref_grads}
+        ref_grads[str(k)] = None if g is None else cap.arrays.put(f"ref.{k}", g)
+    return {"torch": str(torch.__version__),
+            "order": [[fn.name(), fn._sequence_nr(), cap.var_of.get(fn)] for fn in order],
+            "grads": ref_grads}, hooks
+
+
+def _report_hooks(doc: dict, cap: _Capture, watch) -> None:
+    """Warn about tensor hooks the graph file cannot hold, naming the tensors; list them in ``meta.hooks``."""
+    import warnings
+    from autograd_run.capture_hooks import describe, leaf_hooks, warning_text
+    found = describe(cap, watch, leaf_hooks(cap))
+    if found:
+        doc.setdefault("meta", {})["hooks"] = found
+        warnings.warn(warning_text(found), UserWarning, stacklevel=3)
 
 
 def _write(doc: dict, arrays: _Arrays, path: str) -> None:
