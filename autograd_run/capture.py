@@ -205,6 +205,21 @@ def _copy_slices(torch, fn, nid: str, arrays: _Arrays) -> tuple[dict, str | None
     return saved, None
 
 
+def _dirichlet_factor(torch, fn) -> dict:
+    x, concentration = fn.saved_tensors
+    total = concentration.sum(-1, True).expand_as(concentration)
+    return {"result": x, "grad_factor": torch._dirichlet_grad(x, concentration, total)}
+
+
+#: Nodes whose gradient needs a special function of their saved values that PyTorch evaluates with its own
+#: approximations: capture records the function's value (``grad_factor``) and what else the rule reads.
+_RECORDED_FACTORS = {
+    "StandardGammaBackward0": lambda torch, fn: {
+        "grad_factor": torch._standard_gamma_grad(fn._saved_self, fn._saved_result)},
+    "_DirichletBackward": _dirichlet_factor,
+}
+
+
 def _strided_index(sizes, strides, offset) -> np.ndarray:
     """The storage position of each element of a (sizes, strides, offset) layout."""
     idx = np.full(tuple(sizes), offset, dtype=np.int64)
@@ -319,6 +334,9 @@ class _Capture:
                             saved[field] = v
             if op is not None and name == COPY_SLICES:
                 saved, reason = _copy_slices(torch, fn, nid, arrays)
+            if op is not None and name in _RECORDED_FACTORS:
+                for field, t in _RECORDED_FACTORS[name](torch, fn).items():
+                    saved[field] = arrays.put(f"{nid}.{field}", t)
             if op is not None and op.unsupported is not None and not reason:
                 reason = op.unsupported(saved)  # a variant of the op without a rule here
             attrs = {}

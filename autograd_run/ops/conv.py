@@ -696,6 +696,15 @@ def max_pool_backward_backward(node, grads, ctx):
     return each(node, lambda i: _gather_indices(xp, g, idx, k) if i == 0 else xp.zeros_like(g))
 
 
+@op("MaxUnpool2DBackward0", "MaxUnpool3DBackward0", saved="indices:tensor", cost=cost.COPY)
+def max_unpool(node, grads, ctx):
+    """max_unpool(x, indices): x was written at the flat spatial indices, so its gradient is read there."""
+    idx = ctx.saved(node)["indices"].astype(np.int64, copy=False)
+    g = grads[0]
+    k = 2 if node.name.startswith("MaxUnpool2D") else 3
+    return each(node, lambda i: _gather_indices(ctx.xp(node), g, idx, k))
+
+
 # --- normalisation ----------------------------------------------------------------------------------------
 
 

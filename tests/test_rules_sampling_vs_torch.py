@@ -1,0 +1,84 @@
+"""Rules found missing by the model zoo, against PyTorch: grid_sample (every mode, padding, alignment; 2-d and
+3-d), affine_grid, max unpooling, multi-label margin loss, and Gamma, Dirichlet and Beta samples."""
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is the oracle for these tests")
+F = torch.nn.functional
+
+from rules_torch_cases import D, check, leaf, weigh  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _grid(*shape, seed, spread=1.3):
+    """Grid points partly outside [-1, 1] (so every padding mode matters), away from the integer lattice."""
+    g = torch.Generator().manual_seed(seed)
+    return ((torch.rand(*shape, dtype=D, generator=g) * 2 - 1) * spread).requires_grad_(True)
+
+
+@pytest.mark.parametrize("mode, padding, align", list(itertools.product(
+    ["bilinear", "nearest", "bicubic"], ["zeros", "border", "reflection"], [False, True])))
+def test_grid_sample_2d(mode, padding, align):
+    x = leaf(2, 3, 5, 4, seed=1)
+    grid = _grid(2, 3, 6, 2, seed=2)
+    y = F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align)
+    check(weigh(y), {"x": x, "grid": grid}, expect_names=["GridSampler2DBackward0"])
+
+
+@pytest.mark.parametrize("mode, padding, align", list(itertools.product(
+    ["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True])))
+def test_grid_sample_3d(mode, padding, align):
+    x = leaf(1, 2, 3, 4, 5, seed=3)
+    grid = _grid(1, 2, 3, 2, 3, seed=4)
+    y = F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align)
+    check(weigh(y), {"x": x, "grid": grid}, expect_names=["GridSampler3DBackward0"])
+
+
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("size", [[2, 3, 4, 5], [1, 1, 1, 3], [2, 1, 3, 2, 4]])
+def test_affine_grid_through_grid_sample(size, align):
+    k = len(size) - 2
+    theta = (torch.eye(k, k + 1, dtype=D).expand(size[0], k, k + 1) + 0.2 * leaf(size[0], k, k + 1, seed=5)).detach()
+    theta.requires_grad_(True)
+    grid = F.affine_grid(theta, size, align_corners=align)
+    x = leaf(*size, seed=6)
+    y = F.grid_sample(x, grid, align_corners=align)
+    check(weigh(y) + weigh(grid, seed=7), {"theta": theta, "x": x}, expect_names=["AffineGridGeneratorBackward0"])
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_max_unpool(dims):
+    x = leaf(2, 2, *([4] * dims), seed=8)
+    pool, unpool = (F.max_pool2d, F.max_unpool2d) if dims == 2 else (F.max_pool3d, F.max_unpool3d)
+    p, idx = pool(x, 2, return_indices=True)
+    y = unpool(p * 1.5, idx, 2)
+    check(weigh(y), {"x": x}, expect_names=[f"MaxUnpool{dims}DBackward0"])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multilabel_margin_loss(reduction):
+    x = leaf(3, 5, seed=9)
+    target = torch.tensor([[3, 0, -1, 1, 2], [1, 1, 4, -1, 0], [0, 1, 2, 3, 4]])
+    out = F.multilabel_margin_loss(x * 0.3, target, reduction=reduction)
+    check(weigh(out) if reduction == "none" else out * 2.0, {"x": x},
+          expect_names=["MultilabelMarginLossBackward0"])
+
+
+def test_multilabel_margin_loss_one_sample():
+    x = leaf(4, seed=10)
+    check(F.multilabel_margin_loss(x * 0.2, torch.tensor([2, 0, -1, 3])), {"x": x})
+
+
+def test_gamma_dirichlet_and_beta_samples():
+    torch.manual_seed(11)
+    a = leaf(4, positive=True, seed=12)
+    conc = leaf(2, 3, positive=True, seed=13)
+    b1, b2 = leaf(3, positive=True, seed=14), leaf(3, positive=True, seed=15)
+    s = (weigh(torch.distributions.Gamma(a, 2.0).rsample())
+         + weigh(torch.distributions.Dirichlet(conc).rsample((2,)))
+         + weigh(torch.distributions.Beta(b1, b2).rsample()))
+    check(s, {"a": a, "conc": conc, "b1": b1, "b2": b2},
+          expect_names=["StandardGammaBackward0", "_DirichletBackward"])
