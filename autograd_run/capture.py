@@ -264,6 +264,19 @@ class _Capture:
             self.nodes.append(doc)
         return new
 
+    def add_unreached(self, t) -> str:
+        """A requested leaf without an AccumulateGrad node here: a variable without a node (PyTorch's
+        unreachable input, or a tensor that does not require grad)."""
+        name = self._leaf_name(t)
+        if name in self.var_doc:
+            return name
+        vdoc = {"name": name, "shape": list(t.shape), "dtype": _dtype(t.dtype), "device": str(t.device)}
+        if not t.requires_grad:
+            vdoc["requires_grad"] = False
+        self.variables.append(vdoc)
+        self.var_doc[name] = vdoc
+        return name
+
     @staticmethod
     def reachable(roots) -> list:
         """Every node reachable from ``roots``, seen before or not."""
@@ -393,6 +406,8 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                 if t.output_nr != 0:
                     raise ValueError("requested inputs that are a node's output other than 0 are not supported")
                 req.append(cap.ids[t.grad_fn])
+            elif t.grad_fn is None:
+                req.append(cap.add_unreached(t))  # a leaf the graph does not reach, or one without grad
             else:
                 raise ValueError("a requested input is not part of the graph")
         doc["inputs"] = req

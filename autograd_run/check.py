@@ -57,7 +57,7 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
                              "(capture it with `autograd-run capture`)")
     rec = OrderRecorder()
     eng = Engine(tracer=rec, multithreading=False)
-    res = run_graph(eng, graph, GraphState(graph), retain_graph=True)
+    res = run_graph(eng, graph, GraphState(graph), retain_graph=True, allow_unused=True)
     acc_var = {n.id: n.variable for n in graph.nodes}
     got = [[r.name, r.seq, acc_var.get(r.node_id)] for r in rec.executed()]
     want = [list(x) for x in ref["order"]]
@@ -89,4 +89,17 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
         max_rel = float((diff / np.maximum(scale, 1e-300)).max()) if diff.size else 0.0
         ok = bool(np.all(diff <= a + r * scale))
         report.grads.append(GradCheck(name, max_abs, max_rel, ok))
+    if not report.ok:
+        report.note = _hooks_note(graph) or report.note
     return report
+
+
+def _hooks_note(graph: Graph) -> str:
+    """Why gradients may differ: hooks PyTorch ran that the file cannot hold (``meta.hooks``, from capture)."""
+    hooks = (graph.meta or {}).get("hooks")
+    if not isinstance(hooks, list) or not hooks:
+        return ""
+    names = [str(h.get("tensor")) for h in hooks if isinstance(h, dict)]
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return (f"PyTorch ran hooks that the graph file does not hold ({', '.join(names[:3])}{more}; see meta.hooks): "
+            "its gradients include their effect, the replay's do not")

@@ -50,6 +50,8 @@ class RunOptions:
     inputs: Sequence[str] | None = None
     retain_graph: bool = False
     create_graph: bool = False
+    #: ``grad()``: an input the graph does not reach gets None instead of PyTorch's error.
+    allow_unused: bool = False
     #: False: every node runs on the calling thread (``set_multithreading_enabled(False)``).
     multithreading: bool = True
     #: ``auto`` | ``virtual`` | ``cuda`` (see ``engine.devices``).
@@ -177,7 +179,7 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
             try:
                 report.result = run_graph(engine, graph, state, mode=o.mode, inputs=inputs,
                                           retain_graph=o.retain_graph or None, create_graph=o.create_graph,
-                                          anomaly=o.anomaly, faults=faults)
+                                          anomaly=o.anomaly, faults=faults, allow_unused=o.allow_unused)
             finally:
                 elapsed += time.perf_counter() - t
     except BackwardError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import click
 
@@ -52,13 +53,25 @@ def capture(script, output):
     else:
         outputs = result
     try:
-        doc = from_torch(outputs, path=output, **kw)
+        with warnings.catch_warnings():  # printed below from meta.hooks, once and plainly
+            warnings.filterwarnings("ignore", message="tensor hooks are not part of the graph file")
+            doc = from_torch(outputs, path=output, **kw)
     except (ValueError, RuntimeError) as exc:
         raise UsageError(f"capture failed: {exc}") from exc
-    opaque = sum(1 for n in doc["nodes"] if n.get("op") == "opaque")
+    hooks = doc.get("meta", {}).get("hooks")
+    if hooks:
+        from autograd_run.capture_hooks import warning_text
+        click.echo(f"Warning: {warning_text(hooks)}", err=True)
+    opaque = [n for n in doc["nodes"] if n.get("op") == "opaque"]
+    nested = sum(1 for n in doc["nodes"] if n.get("op") == "checkpoint")
     click.echo(f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
-               + (f", {opaque} opaque (no rule)" if opaque else "")
+               + (f", {nested} checkpoint(s) with their nested graphs" if nested else "")
+               + (f", {len(opaque)} opaque" if opaque else "")
                + f"; PyTorch reference: {len(doc['meta']['reference']['order'])} nodes run")
+    for n in opaque[:5]:
+        click.echo(f"  opaque {n['id']} {n['name']}: {n.get('attrs', {}).get('reason', '')}")
+    if len(opaque) > 5:
+        click.echo(f"  ... and {len(opaque) - 5} more opaque nodes")
 
 
 @click.command()
@@ -95,5 +108,7 @@ def check(graph, rtol, atol):
             t.add_row(g.name, "-" if g.max_abs is None else f"{g.max_abs:.3g}",
                       "-" if g.max_rel is None else f"{g.max_rel:.3g}", ("yes" if g.ok else "NO") + (f" ({g.note})" if g.note else ""))
         console.print(t)
+        if report.note:
+            console.print(report.note, markup=False, highlight=False)
     if not report.ok:
         raise OrderMismatch(f"{graph}: replay differs from the PyTorch reference")

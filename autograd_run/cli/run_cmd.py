@@ -59,6 +59,8 @@ class Progress(Tracer):
 @click.option("--grad", "mode", flag_value="grad", default=None, help="Return gradients of --inputs (torch.autograd.grad).")
 @click.option("--backward", "mode", flag_value="backward", help="Accumulate into variables (Tensor.backward).")
 @click.option("--inputs", default=None, help="Comma-separated variable names or node ids.")
+@click.option("--allow-unused", is_flag=True, help="--grad: an input the graph does not reach gets no gradient "
+              "instead of PyTorch's error (allow_unused=True).")
 @click.option("--retain-graph", is_flag=True, help="Keep saved tensors (allows another pass).")
 @click.option("--create-graph", is_flag=True, help="Run nodes in grad mode (sets retain_graph).")
 @click.option("--no-multithreading", is_flag=True, help="Run every node on the calling thread.")
@@ -78,7 +80,7 @@ class Progress(Tracer):
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the summary and gradients as JSON on stdout.")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
-def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph, no_multithreading, devices, anomaly,
+def run(graph, trace_path, open_trace, mode, inputs, allow_unused, retain_graph, create_graph, no_multithreading, devices, anomaly,
         inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, summary, json_out, verbose):
     """Run a graph's backward pass (GRAPH is a file or example:NAME).
 
@@ -103,7 +105,8 @@ def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph,
     g = load_graph(graph)
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(
-        mode=mode, inputs=inputs.split(",") if inputs is not None else None, retain_graph=retain_graph,
+        mode=mode, inputs=inputs.split(",") if inputs is not None else None, allow_unused=allow_unused,
+        retain_graph=retain_graph,
         create_graph=create_graph, multithreading=not no_multithreading, devices=devices, anomaly=anomaly,
         inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
         profile=summary or json_out or bool(trace_path), trace_path=trace_path, order_out=order_out,

@@ -142,6 +142,9 @@ class Variable:
     #: Initial ``.grad``: None, or a value/spec as for ``Root.grad``.
     grad: Any = None
     node: Node | None = None
+    #: False: a tensor that does not require grad (no AccumulateGrad node; asking for its gradient is
+    #: PyTorch's error). A variable that requires grad without a node is a leaf the graph does not reach.
+    requires_grad: bool = True
 
 
 @dataclass(slots=True)
