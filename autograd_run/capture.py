@@ -451,7 +451,7 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode) 
     gos = [torch.ones_like(o) if g is None else g for o, g in zip(outputs, grad_outputs)]
     grads = {}
     hooks.roots([(o.grad_fn, o.output_nr) for o in outputs], gos)
-    nested = NestedCapture(cap, watch, on_call=hooks.roots)
+    nested = NestedCapture(cap, watch, on_call=hooks.roots, position=lambda: len(order))
     try:
         with torch.autograd.set_multithreading_enabled(False), nested:
             if mode == "grad":
@@ -460,13 +460,17 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode) 
             else:
                 torch.autograd.backward(outputs, gos, retain_graph=True, inputs=list(inputs) if inputs else None)
                 hidden = nested.inner_variables()
-                grads = {cap.var_of[fn]: v.grad for fn, v in leaves.items() if cap.var_of[fn] not in hidden}
+                grads = {fn: v.grad for fn, v in leaves.items() if cap.var_of[fn] not in hidden}
     finally:
         for fn, v in leaves.items():
             v.grad = before[fn]
         for h in handles:
             h.remove()
-    nested.finish()
+    skip = nested.dropped_positions()
+    dropped = nested.finish()
+    order = [fn for i, fn in enumerate(order) if i not in skip]
+    if mode != "grad":
+        grads = {cap.var_of[fn]: g for fn, g in grads.items() if fn not in dropped}
     ref_grads = {}
     for k, g in grads.items():
         ref_grads[str(k)] = None if g is None else cap.arrays.put(f"ref.{k}", g)

@@ -104,7 +104,7 @@ def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]]) -> list
     if watch is not None:
         for (fn, slot), diff in watch.changed.items():
             nid = cap.ids.get(fn)
-            if nid is None or nid in seen:
+            if nid is None or nid in seen or fn not in cap.docs:
                 continue
             var = cap.var_of.get(fn)
             tensor = f"leaf {var!r}" if var is not None else f"output {slot} of {fn.name()} (node {nid})"

@@ -63,6 +63,8 @@ class _Call:
     leaf_grads: dict = field(default_factory=dict)
     #: Nodes this call added to the capture.
     new: list = field(default_factory=list)
+    #: Positions of the reference order this call's nodes ran at: [start, end).
+    window: tuple = (0, 0)
 
 
 @dataclass
@@ -77,13 +79,17 @@ class NestedCapture:
 
     ``on_new(fns)`` is called with the nodes each nested call adds (the
     reference run registers its order pre-hooks there, and watches the leaves),
-    ``on_call(edges, grads)`` with each nested call's roots and their gradients.
+    ``on_call(edges, grads)`` with each nested call's roots and their gradients,
+    ``position()`` gives the length of the reference order so far.
     """
 
-    def __init__(self, cap, on_new, on_call=None):
+    def __init__(self, cap, on_new, on_call=None, position=None):
         self.cap = cap
         self.on_new = on_new
         self.on_call = on_call
+        self.position = position or (lambda: 0)
+        #: Nested calls of nodes left opaque: their graphs do not run in the replay.
+        self.dropped: list[_Call] = []
         self.stack: list[_Running] = []
         self.handles: list = []
         self.watched: set = set()
@@ -149,7 +155,9 @@ class NestedCapture:
             return self._orig[0](tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
         call = self._start("backward", tensors, grad_tensors, inputs)
         accs = self._leaves(call)
+        start = self.position()
         out = self._orig[0](tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
+        call.window = (start, self.position())
         call.leaf_grads = {fn: fn.variable.grad for fn in accs}
         self.stack[-1].calls.append(call)
         return out
@@ -158,7 +166,9 @@ class NestedCapture:
         if not self._active():
             return self._orig[1](outputs, inputs, grad_outputs, retain_graph, create_graph, *args, **kw)
         call = self._start("grad", outputs, grad_outputs, inputs)
+        start = self.position()
         out = self._orig[1](outputs, inputs, grad_outputs, retain_graph, create_graph, *args, **kw)
+        call.window = (start, self.position())
         call.result = list(out)
         self.stack[-1].calls.append(call)
         return out
@@ -175,6 +185,10 @@ class NestedCapture:
         doc = self.cap.docs[fn]
         why = self._inner(run, outs)
         if isinstance(why, str):
+            if run.calls:  # its nested graphs ran in PyTorch, not in the replay: left out (``finish``)
+                self.dropped.extend(run.calls)
+                n = sum(len(c.new) for c in run.calls)
+                why += f"; the {n} node(s) its nested backward ran are left out of the graph and the order"
             doc["op"] = "opaque"
             doc.setdefault("attrs", {})["reason"] = custom_function_reason(fn, why)
             return
@@ -243,9 +257,45 @@ class NestedCapture:
         """The variables that are custom nodes' detached inputs (not user leaves)."""
         return set(self._inner_vars)
 
-    def finish(self) -> None:
-        """Custom nodes that never ran keep their opaque reason (set at capture)."""
+    def dropped_positions(self) -> set[int]:
+        """Positions of the reference order run by the nested calls of nodes left opaque."""
+        return {i for c in self.dropped for i in range(*c.window)}
+
+    def finish(self) -> set:
+        """Take the nested graphs of nodes left opaque out of the capture; returns the nodes removed.
+
+        A node stays when a kept node still points at it, and a user leaf's
+        AccumulateGrad node always stays. Custom nodes that never ran keep the
+        opaque reason they got at capture.
+        """
         self.stack.clear()
+        cap = self.cap
+        candidates = {fn for c in self.dropped for fn in c.new}
+        if not candidates:
+            return set()
+        by_id = {d["id"]: fn for fn, d in cap.docs.items()}
+        keep = {fn for fn in candidates if fn in cap.var_of and cap.var_of[fn] in cap.names}
+        changed = True
+        while changed:
+            changed = False
+            for fn, d in cap.docs.items():
+                if fn in candidates and fn not in keep:
+                    continue
+                targets = [e[0] for e in d.get("next") or () if e is not None]
+                targets += [r[0] for r in (d.get("attrs", {}).get("inner") or {}).get("roots", ()) if r]
+                for t in targets:
+                    tf = by_id.get(t)
+                    if tf in candidates and tf not in keep:
+                        keep.add(tf)
+                        changed = True
+        drop = candidates - keep
+        for fn in drop:
+            doc = cap.docs.pop(fn)
+            cap.nodes.remove(doc)
+            name = cap.var_of.pop(fn, None)
+            if name is not None:
+                cap.variables.remove(cap.var_doc.pop(name))
+        return drop
 
 
 def _root_slots(incoming: tuple, grads: list) -> list | None:
