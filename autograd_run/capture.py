@@ -211,12 +211,54 @@ def _dirichlet_factor(torch, fn) -> dict:
     return {"result": x, "grad_factor": torch._dirichlet_grad(x, concentration, total)}
 
 
-#: Nodes whose gradient needs a special function of their saved values that PyTorch evaluates with its own
-#: approximations: capture records the function's value (``grad_factor``) and what else the rule reads.
-_RECORDED_FACTORS = {
+def _cat_sizes(torch, fn) -> dict:
+    """CatBackward0 does not expose its inputs' sizes. Where inputs without a gradient edge come before one
+    with an edge, the rule needs them: found by calling the node on a gradient that numbers the positions
+    along dim (each input's slice then starts with its offset)."""
+    nexts = [nf for nf, _ in fn.next_functions]
+    missing = [i for i, nf in enumerate(nexts) if nf is None]
+    known = [i for i, nf in enumerate(nexts) if nf is not None]
+    if len(missing) < 2 or not known or missing[0] > known[-1]:
+        return {}
+    meta = fn._input_metadata[0]
+    shape = tuple(meta.shape)
+    if not shape:
+        return {}
+    dim = int(fn._saved_dim) % len(shape)
+    total = shape[dim]
+    exact = {torch.float16: 2048, torch.bfloat16: 256}.get(meta.dtype, 1 << 24)
+    if total > exact:
+        return {}
+    probe = torch.arange(total, dtype=torch.float64).reshape([-1 if d == dim else 1 for d in range(len(shape))])
+    with torch.no_grad():
+        outs = fn(probe.expand(shape).to(meta.dtype).contiguous())
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    sizes, cursor, pending = [], 0, None
+    for i, out in enumerate(outs):
+        if nexts[i] is None or out is None:
+            sizes.append(0)
+            pending = i if pending is None else pending
+            continue
+        n = out.shape[dim] if out.dim() > dim else 0
+        start = int(out.select(dim, 0).reshape(-1)[0].real.item()) if n else cursor
+        if pending is not None:
+            sizes[pending] = start - cursor
+            pending = None
+        sizes.append(n)
+        cursor = start + n
+    if pending is not None:
+        sizes[pending] = total - cursor
+    return {"sizes": sizes}
+
+
+#: What capture measures or derives for nodes whose rule needs more than PyTorch exposes: a special function
+#: of the saved values that PyTorch evaluates with its own approximations (``grad_factor``), or the sizes a
+#: cat does not expose.
+_MEASURED = {
     "StandardGammaBackward0": lambda torch, fn: {
         "grad_factor": torch._standard_gamma_grad(fn._saved_self, fn._saved_result)},
     "_DirichletBackward": _dirichlet_factor,
+    "CatBackward0": _cat_sizes,
 }
 
 
@@ -347,9 +389,9 @@ class _Capture:
                             saved[field] = v
             if op is not None and name == COPY_SLICES:
                 saved, reason = _copy_slices(torch, fn, nid, arrays)
-            if op is not None and name in _RECORDED_FACTORS:
-                for field, t in _RECORDED_FACTORS[name](torch, fn).items():
-                    saved[field] = arrays.put(f"{nid}.{field}", t)
+            if op is not None and name in _MEASURED:
+                for field, v in _MEASURED[name](torch, fn).items():
+                    saved[field] = arrays.put(f"{nid}.{field}", v) if isinstance(v, torch.Tensor) else v
             if op is not None and op.unsupported is not None and not reason:
                 reason = op.unsupported(saved)  # a variant of the op without a rule here
             attrs = {}

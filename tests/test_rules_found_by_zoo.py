@@ -1,5 +1,6 @@
-"""Rules found missing by the model zoo, against PyTorch: grid_sample (every mode, padding, alignment; 2-d and
-3-d), affine_grid, max unpooling, multi-label margin loss, and Gamma, Dirichlet and Beta samples."""
+"""Rules the model zoo found missing, against PyTorch: grid_sample (every mode, padding, alignment; 2-d and
+3-d), affine_grid, max unpooling, multi-label margin loss, Gamma, Dirichlet and Beta samples, index_reduce,
+fake quantization (QAT), and a cat whose constant inputs come before one with a gradient."""
 
 import itertools
 
@@ -82,3 +83,38 @@ def test_gamma_dirichlet_and_beta_samples():
          + weigh(torch.distributions.Beta(b1, b2).rsample()))
     check(s, {"a": a, "conc": conc, "b1": b1, "b2": b2},
           expect_names=["StandardGammaBackward0", "_DirichletBackward"])
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce(reduce, include_self):
+    x = leaf(4, 3, seed=16)
+    src = leaf(5, 3, seed=17)
+    with torch.no_grad():  # ties and a zero, so that sharing and zero handling matter
+        src[2, 1] = src[0, 1]
+        src[3, 0] = 0.0
+    index = torch.tensor([0, 2, 0, 3, 2])
+    y = x.index_reduce(0, index, src, reduce, include_self=include_self)
+    check(weigh(y), {"x": x, "src": src}, expect_names=["IndexReduceBackward0"])
+
+
+def test_fake_quantization_masks():
+    x = leaf(3, 4, seed=18, dtype=torch.float32)
+    w = leaf(2, 4, seed=19, dtype=torch.float32)
+    xq = torch.fake_quantize_per_tensor_affine(x * 4, 0.1, 0, -20, 20)
+    wq = torch.fake_quantize_per_channel_affine(w * 4, torch.tensor([0.05, 0.1]), torch.zeros(2, dtype=torch.int32),
+                                                0, -30, 30)
+    xq2 = torch.fake_quantize_per_tensor_affine(x, torch.tensor([0.2]), torch.tensor([1], dtype=torch.int32), 0, 8)
+    out = (xq @ wq.t()).sum() + (xq2 * torch.arange(4.0)).sum()
+    check(out, {"x": x, "w": w}, rtol=1e-5, atol=1e-6,
+          expect_names=["FakeQuantizePerTensorAffineCachemaskBackward0",
+                        "FakeQuantizePerChannelAffineCachemaskBackward0"])
+
+
+def test_cat_with_constants_before_a_tensor_with_gradient(tmp_path):
+    """cat does not expose its inputs' sizes; capture measures them when constants come first."""
+    a = leaf(2, 3, seed=20)
+    c1, c2 = torch.ones(2, 2, dtype=D), torch.zeros(2, 1, dtype=D)
+    b = leaf(2, 2, seed=21)
+    y = torch.cat([c1, a, c2, torch.ones(2, 4, dtype=D), b, c2], dim=1)
+    check(weigh(y), {"a": a, "b": b}, expect_names=["CatBackward0"])
