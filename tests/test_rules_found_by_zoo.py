@@ -1,6 +1,6 @@
 """Rules the model zoo found missing, against PyTorch: grid_sample (every mode, padding, alignment; 2-d and
 3-d), affine_grid, max unpooling, multi-label margin loss, Gamma, Dirichlet and Beta samples, index_reduce,
-fake quantization (QAT), and a cat whose constant inputs come before one with a gradient."""
+fake quantization (QAT), fractional max pooling, and a cat whose constant inputs come before one with a gradient."""
 
 import itertools
 
@@ -118,3 +118,11 @@ def test_cat_with_constants_before_a_tensor_with_gradient(tmp_path):
     b = leaf(2, 2, seed=21)
     y = torch.cat([c1, a, c2, torch.ones(2, 4, dtype=D), b, c2], dim=1)
     check(weigh(y), {"a": a, "b": b}, expect_names=["CatBackward0"])
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_fractional_max_pool(dims):
+    torch.manual_seed(22)
+    x = leaf(1, 2, *([7] * dims), seed=23)
+    pool = F.fractional_max_pool2d if dims == 2 else F.fractional_max_pool3d
+    check(weigh(pool(x, 2, output_size=4)), {"x": x}, expect_names=[f"FractionalMaxPool{dims}DBackward0"])

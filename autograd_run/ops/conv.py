@@ -674,10 +674,11 @@ def max_pool(node, grads, ctx):
     return each(node, lambda i: dx)
 
 
-@op("AdaptiveMaxPool2DBackward0", "AdaptiveMaxPool3DBackward0", saved="self:tensor result1:tensor",
+@op("AdaptiveMaxPool2DBackward0", "AdaptiveMaxPool3DBackward0", "FractionalMaxPool2DBackward0",
+    "FractionalMaxPool3DBackward0", saved="self:tensor result1:tensor kernel_size:ints? output_size:ints?",
     cost=cost.COPY)
 def adaptive_max_pool(node, grads, ctx):
-    """adaptive max pooling: each output's gradient to the input it chose."""
+    """adaptive and fractional max pooling: each output's gradient to the input it chose."""
     sv = ctx.saved(node)
     x, idx = sv["self"], sv["result1"].astype(np.int64, copy=False)
     dx = _scatter_indices(ctx.xp(node), grads[0], idx, x.shape, _spatial_k(node.name))

@@ -24,8 +24,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import numpy as np
-
 from autograd_run.ops import cost
 from autograd_run.ops.arrays import add_at, each
 from autograd_run.ops.spec import op
