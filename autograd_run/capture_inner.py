@@ -31,7 +31,6 @@ transforms the nested gradients before returning them.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 
@@ -95,7 +94,6 @@ class NestedCapture:
         self.watched: set = set()
         self.resolved: set = set()
         self._inner_vars: set[str] = set()
-        self._thread = threading.get_ident()
         self._orig = None
 
     # -- hooks ---------------------------------------------------------------------------------------
@@ -130,7 +128,10 @@ class NestedCapture:
         return False
 
     def _active(self) -> bool:
-        return bool(self.stack) and threading.get_ident() == self._thread
+        """Whether a watched custom node is running. Not tied to the capturing thread: PyTorch hands a
+        nested backward 60 levels deep to a pool thread while the caller waits, so the nodes still run
+        one at a time and the stack stays in order."""
+        return bool(self.stack)
 
     # -- the wrapped calls ---------------------------------------------------------------------------
     def _start(self, kind, tensors, grads, inputs) -> _Call:

@@ -262,3 +262,29 @@ def test_capture_command_prints_hooks_and_nested_graphs(tmp_path, capsys):
     assert err.count("Warning: tensor hooks are not part of the graph file") == 1
     code, text, _ = run_cli(["check", str(out)], capsys)
     assert code == 3 and "hooks that the graph file does not hold" in text
+
+
+def test_checkpoints_nested_past_the_hand_off_depth(tmp_path):
+    """64 nested checkpoints: PyTorch runs the nested backward 60 levels deep on a pool thread; capture follows
+    it there, leaves .grad untouched, and the replay (which hands off at the same depth) matches."""
+    import functools
+
+    def nested(k, t, w):
+        if k == 0:
+            return torch.tanh(t * w)
+        return checkpoint(functools.partial(nested, k - 1, w=w), t, use_reentrant=True)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(4, generator=g, dtype=D).requires_grad_()
+    w = torch.randn(4, generator=g, dtype=D).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = nested(64, x, w).sum()
+    doc, graph = capture(tmp_path, loss, names={"x": x, "w": w})
+    assert x.grad is None and w.grad is None
+    assert sum(n.get("op") == "checkpoint" for n in doc["nodes"]) == 64
+    assert not any(n.get("op") == "opaque" for n in doc["nodes"])
+    report = check_graph(graph)
+    assert report.ok and report.grads_compared, (report.divergence, report.grads)
+    rep = run_session(graph, RunOptions(multithreading=True, record_order=True, profile=False))
+    assert max(r["depth"] for r in rep.order) == 64
+    assert any(r["thread"].startswith("autograd-run reentrant") for r in rep.order)

@@ -1,5 +1,5 @@
 """Sampling grids: grid_sample (bilinear, nearest, bicubic; zeros, border, reflection padding; 2-d and 3-d),
-affine_grid; and the reparameterised gradients of Gamma and Dirichlet samples.
+affine_grid; and the reparameterised gradient of Gamma samples (Dirichlet's is in ``functions``).
 
 ``grid_sample`` reads the input at the points a grid gives (``[-1, 1]``
 coordinates, the last grid dim ordered x, y[, z]). Its backward scatters
@@ -11,12 +11,11 @@ derivative of those weights times the values read, times the
 Bicubic weights are the cubic convolution kernel with A = -0.75; each of its
 16 taps is padded on its own.
 
-The Gamma and Dirichlet nodes multiply the gradient by the derivative of the
-sample with respect to its parameters, a special function that PyTorch
-evaluates with its own approximations (``_standard_gamma_grad``,
-``_dirichlet_grad``): capture records its value at the saved sample as
-``grad_factor`` (it depends on nothing else), so the replay gives PyTorch's
-gradient exactly.
+The Gamma node multiplies the gradient by the derivative of the sample with
+respect to its parameter, a special function that PyTorch evaluates with
+its own approximations (``_standard_gamma_grad``): capture records its value
+at the saved sample as ``grad_factor`` (it depends on nothing else), so the
+replay gives PyTorch's gradient exactly.
 """
 
 from __future__ import annotations
@@ -236,11 +235,3 @@ def standard_gamma(node, grads, ctx):
     f = ctx.saved(node)["grad_factor"]
     return each(node, lambda i: grads[0] * f)
 
-
-@op("_DirichletBackward", saved="result:tensor grad_factor:tensor", elementwise=True, cost=cost.pointwise(4))
-def dirichlet(node, grads, ctx):
-    """torch.distributions' _Dirichlet (Dirichlet and Beta rsample), x the sample: f (g - sum(x g)) over the last
-    dim, f PyTorch's _dirichlet_grad (recorded)."""
-    sv = ctx.saved(node)
-    x, f, g = sv["result"], sv["grad_factor"], grads[0]
-    return each(node, lambda i: f * (g - (x * g).sum(axis=-1, keepdims=True)))

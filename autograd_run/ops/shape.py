@@ -423,12 +423,6 @@ def alias(node, grads, ctx):
     return each(node, lambda i: grads[0])
 
 
-@op("BackwardHookFunctionBackward", cost=cost.VIEW)
-def backward_hook_function(node, grads, ctx):
-    """nn.Module full backward hooks' pass-through (BackwardHookFunction): gradient k to input k (hooks not kept)."""
-    return each(node, lambda i: grads[i])
-
-
 # --- as_strided and in-place writes into views --------------------------------------------------------------------
 
 
