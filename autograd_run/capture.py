@@ -10,8 +10,13 @@ nodes carry their leaf's name (from ``names``, else ``leaf<k>``).
 
 It then runs PyTorch's own backward once (multithreading off, node
 pre-hooks on every node) and stores PyTorch's reference in ``meta.reference``:
-the executed order as ``[name, seq, leaf]`` and the leaf gradients. Leaves'
-``.grad`` are left as they were.
+the executed order as ``[name, seq, leaf]``, each run's reentrant depth
+(``depths``: 0, or more in a nested backward) and the leaf gradients. Leaves'
+``.grad`` are left as they were. That run also finds what exists only while
+it runs: the graphs that reentrant checkpoints and other custom Functions
+build and differentiate (``capture_inner``), and the effect of tensor hooks
+(``capture_hooks``); with ``reference=False`` it still runs when the graph
+has custom Functions.
 
 torch is optional: it is imported only here (``pip install autograd-run[torch]``).
 """
@@ -424,19 +429,21 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     if isinstance(outputs, torch.Tensor):
         outputs = [outputs]
     outputs = list(outputs)
-    for o in outputs:
-        if o.grad_fn is None:
-            raise ValueError("an output has no grad_fn: it does not require grad")
+    from torch.autograd.graph import get_gradient_edge
+    for k, o in enumerate(outputs):
+        if not o.requires_grad:  # PyTorch's text (torch.autograd.backward and grad)
+            raise ValueError(f"element {k} of tensors does not require grad and does not have a grad_fn")
+    edges = [get_gradient_edge(o) for o in outputs]  # a leaf output: its AccumulateGrad node
     grad_outputs = list(grad_outputs) if grad_outputs is not None else [None] * len(outputs)
     mode = mode or ("grad" if inputs else "backward")
     cap = _Capture(torch, names or {}, _Arrays(inline=path is None))
     arrays = cap.arrays
-    cap.add([o.grad_fn for o in outputs])
+    cap.add([e.node for e in edges])
 
     roots = []
-    for k, (o, g) in enumerate(zip(outputs, grad_outputs)):
+    for k, (e, g) in enumerate(zip(edges, grad_outputs)):
         grad = "ones" if g is None else arrays.put(f"root{k}", g)
-        roots.append({"node": cap.ids[o.grad_fn], "input_nr": o.output_nr, "grad": grad})
+        roots.append({"node": cap.ids[e.node], "input_nr": e.output_nr, "grad": grad})
     doc: dict[str, Any] = {"format": FORMAT, "mode": mode, "roots": roots, "variables": cap.variables}
     req = []
     if inputs:
@@ -482,18 +489,19 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode) 
 
     def watch(fns) -> None:
         for fn in fns:
-            handles.append(fn.register_prehook(lambda g, fn=fn: order.append(fn)))
+            handles.append(fn.register_prehook(lambda g, fn=fn: order.append((fn, nested.depth))))
             handles.extend(hooks.handles(fn))
             if fn in cap.var_of:
                 v = fn.variable
                 leaves[fn], before[fn] = v, v.grad
                 v.grad = None
 
+    nested = NestedCapture(cap, watch, on_call=hooks.roots, position=lambda: len(order))
     watch(list(cap.docs))
     gos = [torch.ones_like(o) if g is None else g for o, g in zip(outputs, grad_outputs)]
     grads = {}
-    hooks.roots([(o.grad_fn, o.output_nr) for o in outputs], gos)
-    nested = NestedCapture(cap, watch, on_call=hooks.roots, position=lambda: len(order))
+    from torch.autograd.graph import get_gradient_edge
+    hooks.roots([get_gradient_edge(o) for o in outputs], gos)
     try:
         with torch.autograd.set_multithreading_enabled(False), nested:
             if mode == "grad":
@@ -510,14 +518,15 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode) 
             h.remove()
     skip = nested.dropped_positions()
     dropped = nested.finish()
-    order = [fn for i, fn in enumerate(order) if i not in skip]
+    order = [run for i, run in enumerate(order) if i not in skip]
     if mode != "grad":
         grads = {cap.var_of[fn]: g for fn, g in grads.items() if fn not in dropped}
     ref_grads = {}
     for k, g in grads.items():
         ref_grads[str(k)] = None if g is None else cap.arrays.put(f"ref.{k}", g)
     return {"torch": str(torch.__version__),
-            "order": [[fn.name(), fn._sequence_nr(), cap.var_of.get(fn)] for fn in order],
+            "order": [[fn.name(), fn._sequence_nr(), cap.var_of.get(fn)] for fn, _ in order],
+            "depths": [depth for _, depth in order],
             "grads": ref_grads}, hooks
 
 

@@ -95,6 +95,8 @@ class NestedCapture:
         self.resolved: set = set()
         self._inner_vars: set[str] = set()
         self._orig = None
+        #: Nested calls running now: the reentrant depth of the nodes that run (0 in the outer backward).
+        self.depth = 0
 
     # -- hooks ---------------------------------------------------------------------------------------
     def watch(self, fns) -> None:
@@ -157,7 +159,11 @@ class NestedCapture:
         call = self._start("backward", tensors, grad_tensors, inputs)
         accs = self._leaves(call)
         start = self.position()
-        out = self._orig[0](tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
+        self.depth += 1
+        try:
+            out = self._orig[0](tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
+        finally:
+            self.depth -= 1
         call.window = (start, self.position())
         call.leaf_grads = {fn: fn.variable.grad for fn in accs}
         self.stack[-1].calls.append(call)
@@ -168,7 +174,11 @@ class NestedCapture:
             return self._orig[1](outputs, inputs, grad_outputs, retain_graph, create_graph, *args, **kw)
         call = self._start("grad", outputs, grad_outputs, inputs)
         start = self.position()
-        out = self._orig[1](outputs, inputs, grad_outputs, retain_graph, create_graph, *args, **kw)
+        self.depth += 1
+        try:
+            out = self._orig[1](outputs, inputs, grad_outputs, retain_graph, create_graph, *args, **kw)
+        finally:
+            self.depth -= 1
         call.window = (start, self.position())
         call.result = list(out)
         self.stack[-1].calls.append(call)

@@ -2,7 +2,8 @@
 
 ``check_graph(graph)`` replays the graph with multithreading off and compares
 (1) the executed order with ``meta.reference.order`` (name, sequence number;
-the first divergence is reported) and (2) each leaf's gradient with the
+the first divergence is reported; and each run's reentrant depth with
+``meta.reference.depths`` where capture recorded them) and (2) each leaf's gradient with the
 reference (max absolute and relative error). Gradients are not compared
 when the graph has opaque nodes (ops without a rule compute zeros).
 """
@@ -63,6 +64,8 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
     want = [list(x) for x in ref["order"]]
     d = first_divergence(want, got)
     divergence = None if d is None else {"position": d.position, "expected": d.expected, "got": d.got}
+    if divergence is None:
+        divergence = _depth_divergence(ref, want, [r.depth for r in rec.executed()])
     report = CheckReport(divergence is None, (len(want), len(got)), divergence)
     opaque = [n.id for n in graph.nodes if n.op is OPAQUE]
     if opaque:
@@ -92,6 +95,17 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
     if not report.ok:
         report.note = _hooks_note(graph) or report.note
     return report
+
+
+def _depth_divergence(ref: dict, order: list, got: list) -> dict | None:
+    """The first node run at another reentrant depth than PyTorch's (``meta.reference.depths``, from capture)."""
+    want = ref.get("depths")
+    if not isinstance(want, list) or len(want) != len(order):
+        return None
+    for i, (w, g) in enumerate(zip(want, got)):
+        if w != g:
+            return {"position": i, "expected": order[i] + [f"depth {w}"], "got": order[i] + [f"depth {g}"]}
+    return None
 
 
 def _hooks_note(graph: Graph) -> str:

@@ -288,3 +288,41 @@ def test_checkpoints_nested_past_the_hand_off_depth(tmp_path):
     rep = run_session(graph, RunOptions(multithreading=True, record_order=True, profile=False))
     assert max(r["depth"] for r in rep.order) == 64
     assert any(r["thread"].startswith("autograd-run reentrant") for r in rep.order)
+
+
+def test_pytorchs_depths_are_recorded_and_compared(tmp_path):
+    import json
+    loss, names = nested_model()
+    doc, g = capture(tmp_path, loss, names=names)
+    ref = doc["meta"]["reference"]
+    assert sorted(set(ref["depths"])) == [0, 1, 2] and len(ref["depths"]) == len(ref["order"])
+    rep = run_session(g, RunOptions(multithreading=False, record_order=True, profile=False))
+    assert [r["depth"] for r in rep.order] == ref["depths"]
+    # A reference whose depths differ is a divergence, named with the depths.
+    k = ref["depths"].index(1)
+    ref["depths"][k] = 0
+    path = tmp_path / "tampered.json"
+    path.write_text(json.dumps(doc))
+    (tmp_path / "tampered.npz").write_bytes((tmp_path / "g.npz").read_bytes())
+    report = check_graph(load_graph(str(path)))
+    assert not report.order_ok and report.divergence["position"] == k
+    assert report.divergence["expected"][-1] == "depth 0" and report.divergence["got"][-1] == "depth 1"
+
+
+def test_outputs_that_are_leaves_and_outputs_without_grad():
+    w = torch.tensor([1.0, 2.0], dtype=D, requires_grad=True)
+    doc = from_torch([(w * 3).sum(), w], grad_outputs=[None, torch.tensor([0.5, 0.25], dtype=D)], names={"w": w})
+    g = load_graph_doc(doc)
+    res = run_graph(Engine(multithreading=False), g)
+    np.testing.assert_allclose(res.grads["w"], [3.5, 3.25])
+    with pytest.raises(RuntimeError) as theirs:
+        torch.autograd.backward([torch.ones(2, dtype=D)])
+    with pytest.raises(ValueError) as ours:
+        from_torch([torch.ones(2, dtype=D)])
+    assert str(ours.value) == str(theirs.value)
+
+
+def load_graph_doc(doc):
+    import json
+    from autograd_run.graphs.load import loads_graph
+    return loads_graph(json.dumps(doc), "doc.json")

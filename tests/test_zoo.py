@@ -4,11 +4,14 @@ Each model in ``tests/zoo/models.py`` is captured to a JSON file with its
 ``.npz`` side file, then
 
 1. ``check_graph`` replays it single-threaded: the executed order (nested
-   checkpoint graphs included) must be PyTorch's exactly, and every leaf's
-   gradient must agree (float64 and float32: the check's tolerances; half
-   precision: ``zoo.registry.tolerance``);
+   checkpoint graphs included, with their reentrant depths) must be
+   PyTorch's exactly, and every leaf's gradient must agree (float64 and
+   float32: the check's tolerances; half precision: ``zoo.registry.tolerance``);
 2. a session replays it with the engine's threads on, recording the order
-   again, and its gradients are compared in the same way.
+   again, and its gradients are compared in the same way;
+3. the same graph with every slot on a (virtual) accelerator, ``cuda:0``:
+   now the engine's device worker thread runs every node while the caller
+   waits, and order and gradients are compared once more.
 
 Only the models that declare it may keep opaque nodes (custom Functions
 whose backward builds no graph). ``docs/zoo.md`` lists every model.
@@ -16,6 +19,7 @@ whose backward builds no graph). ``docs/zoo.md`` lists every model.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -46,6 +50,32 @@ def capture_model(name, folder):
         doc = from_torch(case.outputs, case.inputs, grad_outputs=case.grad_outputs, names=case.names, path=path,
                          mode=case.mode)
     return entry, doc, path
+
+
+def on_accelerator(path: str) -> str:
+    """The captured file with every input slot and variable on ``cuda:0`` (virtual without a GPU)."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    for n in doc["nodes"]:
+        for m in n.get("inputs", ()):
+            m["device"] = "cuda:0"
+    for v in doc["variables"]:
+        v["device"] = "cuda:0"
+    moved = path[:-5] + "_cuda.json"
+    with open(moved, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    os.link(path[:-5] + ".npz", moved[:-5] + ".npz")
+    return moved
+
+
+def compare_grads(got, want, rtol, atol):
+    for leaf, theirs in want.items():
+        ours = got.get(leaf)
+        assert (ours is None) == (theirs is None), leaf
+        if theirs is not None:
+            assert ours.dtype == theirs.dtype, leaf
+            np.testing.assert_allclose(ours.astype(np.float64), theirs.astype(np.float64), rtol=rtol, atol=atol,
+                                       err_msg=leaf)
 
 
 def reference_grads(graph):
@@ -79,20 +109,18 @@ def test_model_replays_like_pytorch(name, tmp_path):
         assert report.grads_compared, report.note
         assert report.grads and all(g.ok for g in report.grads), [g for g in report.grads if not g.ok]
 
-    # Threads on: the engine's default mode, through the session as `autograd-run run` does.
-    rep = run_session(graph, RunOptions(multithreading=True, record_order=True, profile=False, retain_graph=True))
-    assert rep.error is None, rep.error
-    expected = [tuple(r[:2]) for r in graph.meta["reference"]["order"]]
-    assert [(r["name"], r["seq"]) for r in rep.order] == expected
-    if not entry.opaque:
-        got = rep.result.grads
-        for leaf, theirs in want.items():
-            ours = got.get(leaf)
-            assert (ours is None) == (theirs is None), leaf
-            if theirs is not None:
-                assert ours.dtype == theirs.dtype, leaf
-                np.testing.assert_allclose(ours.astype(np.float64), theirs.astype(np.float64), rtol=rtol, atol=atol,
-                                           err_msg=leaf)
+    ref = graph.meta["reference"]
+    expected = [(name, seq, depth) for (name, seq, _), depth in zip(ref["order"], ref["depths"])]
+    # Threads on: the engine's default mode, through the session as `autograd-run run` does; then the same
+    # graph on a virtual accelerator, whose worker thread runs the nodes.
+    for g, worker in ((graph, "caller"), (load_graph(on_accelerator(path)), "autograd-run cuda:0")):
+        rep = run_session(g, RunOptions(multithreading=True, record_order=True, profile=False, retain_graph=True))
+        assert rep.error is None, rep.error
+        assert [(r["name"], r["seq"], r["depth"]) for r in rep.order] == expected
+        if worker != "caller":
+            assert {r["thread"] for r in rep.order if r["depth"] == 0} == {worker}
+        if not entry.opaque:
+            compare_grads(rep.result.grads, want, rtol, atol)
 
 
 def test_every_model_is_in_the_coverage_doc():

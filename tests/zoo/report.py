@@ -78,9 +78,12 @@ HEADER = """# The model zoo
 `tests/test_zoo.py` captures {count} small models written with plain `torch.nn`
 ({families} families), then for each one: the graph file and its `.npz` side
 file are written, `check_graph` replays it single-threaded and compares the
-executed order with PyTorch's (exactly, nested checkpoint graphs included)
-and every leaf gradient with PyTorch's, and a session replays it again with
-the engine's threads on (order and gradients compared once more). The
+executed order with PyTorch's (exactly, nested checkpoint graphs included,
+each node at PyTorch's reentrant depth) and every leaf gradient with
+PyTorch's; a session replays it again with the engine's threads on, and
+once more with every slot moved to a virtual accelerator (`cuda:0`), where
+the engine's device worker thread runs the nodes while the caller waits
+(order and gradients compared each time). The
 models live in `tests/zoo/models.py`; this page is written by
 `python tests/zoo/report.py --write` (a test checks that it lists every
 model).
