@@ -75,6 +75,8 @@ class _Arrays:
 
     def put(self, key: str, t) -> dict:
         arr = t.detach().cpu()
+        if arr.layout != _torch().strided:  # sparse gradients (Embedding(sparse=True)): the same values, dense
+            arr = arr.to_dense()
         if arr.is_conj() or arr.is_neg():  # lazy conjugate/negative views: materialise them first
             arr = arr.resolve_conj().resolve_neg()
         dt = _dtype(arr.dtype)
@@ -88,6 +90,12 @@ class _Arrays:
             return {"npz": key, "dtype": dt}
         arr = arr.numpy()
         if self.inline:
+            if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+                raise ValueError(f"{key}: a tensor with inf or nan values cannot be written inline (JSON has no "
+                                 "spelling for them); capture with a path, which stores tensors in an .npz file")
+            if arr.dtype.kind == "c":
+                raise ValueError(f"{key}: a complex tensor cannot be written inline; capture with a path, which "
+                                 "stores tensors in an .npz file")
             return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
         # (np.ascontiguousarray would turn a 0-d array into shape (1,))
         self.arrays[key] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)

@@ -326,3 +326,29 @@ def load_graph_doc(doc):
     import json
     from autograd_run.graphs.load import loads_graph
     return loads_graph(json.dumps(doc), "doc.json")
+
+
+# --- what inline JSON cannot hold, sparse gradients ------------------------------------------------------------
+
+
+def test_inline_capture_refuses_non_finite_and_complex_tensors_clearly(tmp_path):
+    lp = torch.randn(6, 2, 4, dtype=D, requires_grad=True)
+    loss = F.ctc_loss(lp.log_softmax(-1), torch.tensor([[1, 2], [3, 1]]), (6, 5), (2, 2), reduction="sum")
+    with pytest.raises(ValueError, match="inf or nan values cannot be written inline"):
+        from_torch(loss, names={"lp": lp}, reference=False)
+    w = torch.randn(2, 2, dtype=torch.complex128, requires_grad=True)
+    with pytest.raises(ValueError, match="complex tensor cannot be written inline"):
+        from_torch((w * w).abs().sum(), names={"w": w}, reference=False)
+    # With a path both go to the .npz file and replay.
+    for out, names in ((loss, {"lp": lp}), ((w * w).abs().sum(), {"w": w})):
+        _, g = capture(tmp_path, out, names=names)
+        assert check_graph(g).ok
+
+
+def test_sparse_gradients_are_captured_dense(tmp_path):
+    torch.manual_seed(7)
+    emb = nn.Embedding(6, 3, sparse=True).double()
+    loss = emb(torch.tensor([1, 4, 1])).pow(2).sum()
+    doc, g = capture(tmp_path, loss, names=dict(emb.named_parameters()))
+    report = check_graph(g)
+    assert report.ok and report.grads_compared

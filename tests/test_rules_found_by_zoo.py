@@ -1,6 +1,6 @@
 """Rules the model zoo found missing, against PyTorch: grid_sample (every mode, padding, alignment; 2-d and
 3-d), affine_grid, max unpooling, multi-label margin loss, Gamma, Dirichlet and Beta samples, index_reduce,
-fake quantization (QAT), fractional max pooling, and a cat whose constant inputs come before one with a gradient."""
+fake quantization (QAT), fractional max pooling, QR and the pseudo-inverse, and a cat whose constant inputs come before one with a gradient."""
 
 import itertools
 
@@ -126,3 +126,40 @@ def test_fractional_max_pool(dims):
     x = leaf(1, 2, *([7] * dims), seed=23)
     pool = F.fractional_max_pool2d if dims == 2 else F.fractional_max_pool3d
     check(weigh(pool(x, 2, output_size=4)), {"x": x}, expect_names=[f"FractionalMaxPool{dims}DBackward0"])
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 3), (3, 5), (2, 4, 3)])
+@pytest.mark.parametrize("dtype", [D, torch.complex128])
+@pytest.mark.parametrize("mode", ["reduced", "complete"])
+@pytest.mark.parametrize("which", ["both", "Q", "R"])
+def test_qr(tmp_path, shape, dtype, mode, which):
+    if mode == "complete" and shape[-2] > shape[-1]:
+        pytest.skip("PyTorch refuses it (test_qr_refusals)")
+    a = leaf(*shape, seed=24, dtype=dtype)
+    q, r = torch.linalg.qr(a, mode=mode)
+    out = {"both": weigh(q) + weigh(r, seed=5), "Q": weigh(q), "R": weigh(r, seed=5)}[which]
+    check(out, {"a": a}, path=tmp_path / "g.json", expect_names=["LinalgQrBackward0"])
+
+
+def test_qr_refusals():
+    from autograd_run.engine import Engine
+    from autograd_run.engine.run import run_graph
+    from autograd_run.errors import BackwardError
+    from torch_helpers import capture
+    from builders import graph
+    for mode, shape in (("r", (3, 4)), ("complete", (4, 3))):
+        a = leaf(*shape, seed=25)
+        out = torch.linalg.qr(a, mode=mode)
+        loss = out[1].sum() if mode == "r" else out[0].sum() + out[1].sum()
+        with pytest.raises(RuntimeError) as theirs:
+            loss.backward(retain_graph=True)
+        with pytest.raises(BackwardError) as ours:
+            run_graph(Engine(multithreading=False), graph(capture([loss], leaves={"a": a})))
+        assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (3, 3), (3, 5), (2, 3, 4)])
+@pytest.mark.parametrize("dtype", [D, torch.complex128])
+def test_pinv(tmp_path, shape, dtype):
+    a = leaf(*shape, seed=26, dtype=dtype)
+    check(weigh(torch.linalg.pinv(a)), {"a": a}, path=tmp_path / "g.json", expect_names=["LinalgPinvBackward0"])

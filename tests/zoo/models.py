@@ -1615,3 +1615,27 @@ def qat_prepared():
         warnings.simplefilter("ignore")
         m = prepare_qat(m.train())
     return F.cross_entropy(m(_rand(2, 2, 4, 4)), torch.tensor([0, 1])), m
+
+
+@model("qr_orthogonal_rnn", "language")
+def qr_orthogonal_rnn():
+    """Orthogonal recurrent weights from a QR decomposition (Q of a free parameter, signs fixed by diag(R))."""
+    raw = nn.Parameter(torch.randn(5, 5) * 0.5)
+    inp, out = nn.Linear(3, 5), nn.Linear(5, 2)
+    q, r = torch.linalg.qr(raw)
+    w = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+    h = torch.zeros(2, 5)
+    for x in torch.randn(4, 2, 3):
+        h = torch.tanh(inp(x) + h @ w.t())
+    return F.cross_entropy(out(h), torch.tensor([0, 1])), inp, out, {"raw": raw}
+
+
+@model("pinv_readout", "scientific")
+def pinv_readout():
+    """Closed-form least-squares readout (pseudo-inverse) on learned random features, differentiated end to end."""
+    feat = nn.Sequential(nn.Linear(2, 6), nn.Tanh())
+    x, y = _rand(8, 2), _rand(8, 1)
+    phi = feat(x)
+    beta = torch.linalg.pinv(phi) @ y
+    xv = _rand(4, 2)
+    return F.mse_loss(feat(xv) @ beta, torch.sin(xv.sum(-1, keepdim=True))), feat

@@ -144,7 +144,9 @@ are not compared (`check` says so).
 | custom Function whose backward transforms a nested backward's gradients | reversible networks that recombine gradients | only a nested `backward()`/`grad()` whose results are returned as they are can be kept as data; its nested graph is then left out of the file and of the order |
 | `CompiledFunctionBackward` | `torch.compile`d modules | an AOTAutograd custom Function running compiled code |
 | `FakeQuantizeLearnablePerTensorAffineBackward0`, `...PerChannel...` | LSQ (learnable scale and zero point) | no rule yet: the scale and zero-point gradients follow the kernel's float32 arithmetic and its own zero-point rounding |
-| `LinalgQrBackward0`, `LinalgEigBackward0`, `LinalgLstsqBackward0`, `LinalgPinvBackward0`, `LinalgLuBackward0` | models differentiating through these decompositions | no rule yet (the zoo's linear algebra uses `slogdet`, `cholesky`, `solve_triangular`, `matrix_exp`, which have rules) |
+| `LinalgEigBackward0`, `LinalgLstsqBackward0`, `LinalgLuBackward0`, `LinalgLuFactorExBackward0`, `LinalgHouseholderProductBackward0` | models differentiating through these decompositions | no rule yet (QR, pseudo-inverse, SVD, eigh, Cholesky, solves, determinants and the matrix exponential have rules) |
+| `CrossMapLRN2dBackward` | `nn.CrossMapLRN2d` (legacy) | one of PyTorch's own Python Functions, its backward Python arithmetic: kept opaque like any such Function |
+| any node saving a tensor with inf/nan values or complex values | CTC's log-alphas, complex models | not an opaque node, but such a tensor cannot be written inline: capture with a path (the `.npz` holds it) |
 | `CudnnRnnBackward0`, `CudnnConvolutionBackward0`, `FlashAttentionBackward0`, `EfficientAttentionBackward0`, `ThnnFusedLstmCellBackward0`, `MkldnnConvolutionBackward0` | graphs captured on a GPU (or with MKLDNN tensors) | fused backend kernels with their own saved layouts; a CPU capture records the generic nodes instead |
 | sparse gradients (`Embedding(sparse=True)`), nested tensors (`...AutogradNestedTensor0`) | | the format holds dense tensors only |
 
