@@ -75,17 +75,31 @@ class HookWatch:
                 self.add(nf, nr, g)
 
     def _received(self, fn, grads) -> None:
-        torch = self.torch
         for slot, got in enumerate(grads):
             want = self.sent.pop((fn, slot), None)
             if want is None or got is None or got is want:
                 continue
-            if got.shape != want.shape or not torch.equal(got, want.to(got.dtype)):
-                if got.shape == want.shape and bool(torch.isnan(got).eq(torch.isnan(want)).all()) and \
-                        torch.equal(torch.nan_to_num(got), torch.nan_to_num(want.to(got.dtype))):
-                    continue
-                diff = (got.double() - want.double()).abs().max().item() if got.shape == want.shape else float("nan")
+            try:
+                diff = self._difference(got, want)
+            except (RuntimeError, TypeError):  # layouts that cannot be compared (sparse): not judged
+                continue
+            if diff is not None:
                 self.changed[(fn, slot)] = diff
+
+    def _difference(self, got, want):
+        """None when ``got`` is what was sent (NaNs in the same places count as equal), else the max change."""
+        torch = self.torch
+        if got.layout != torch.strided or want.layout != torch.strided:
+            got, want = got.to_dense(), want.to_dense()
+        if got.shape != want.shape:
+            return float("nan")
+        want = want.to(got.dtype)
+        if torch.equal(got, want):
+            return None
+        if torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.nan_to_num(got),
+                                                                           torch.nan_to_num(want)):
+            return None
+        return (got.double() - want.double()).abs().max().item()
 
 
 def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]]) -> list[dict]:
