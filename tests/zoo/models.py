@@ -1639,3 +1639,29 @@ def pinv_readout():
     beta = torch.linalg.pinv(phi) @ y
     xv = _rand(4, 2)
     return F.mse_loss(feat(xv) @ beta, torch.sin(xv.sum(-1, keepdim=True))), feat
+
+
+@model("saliency_grad_mode", "interpretability")
+def saliency_grad_mode():
+    """torch.autograd.grad of a class score w.r.t. the input image and the first conv's weight (a grad() capture:
+    requested inputs, nothing accumulated), through a small CNN with batch norm in eval mode."""
+    from zoo.registry import Case
+    m = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                      nn.Flatten(), nn.Linear(4, 3)).eval()
+    img = _rand(1, 1, 6, 6, requires_grad=True)
+    score = m(img)[0, 2]
+    return Case(score, {"img": img, **dict(m.named_parameters())}, inputs=[img, m[0].weight])
+
+
+@model("multi_head_grad_outputs", "vision")
+def multi_head_grad_outputs():
+    """Two heads backpropagated together with explicit gradients: a scalar loss and a non-scalar dense map
+    (torch.autograd.backward([loss, dense], [1.5, weights]))."""
+    from zoo.registry import Case
+    trunk, cls, seg = nn.Conv2d(2, 4, 3, padding=1), nn.Linear(4, 3), nn.Conv2d(4, 2, 1)
+    h = F.relu(trunk(_rand(2, 2, 5, 5)))
+    loss = F.cross_entropy(cls(h.mean((2, 3))), torch.tensor([0, 2]))
+    dense = seg(h)
+    names = {f"{k}.{n}": p for k, mod in (("trunk", trunk), ("cls", cls), ("seg", seg))
+             for n, p in mod.named_parameters()}
+    return Case([loss, dense], names, grad_outputs=[torch.tensor(1.5), torch.randn(dense.shape)])
