@@ -11,8 +11,13 @@ nodes carry their leaf's name (from ``names``, else ``leaf<k>``).
 
 It then runs PyTorch's own backward once (multithreading off, node
 pre-hooks on every node) and stores PyTorch's reference in ``meta.reference``:
-the executed order as ``[name, seq, leaf]`` and the leaf gradients. Leaves'
-``.grad`` are left as they were.
+the executed order as ``[name, seq, leaf]``, each run's reentrant depth
+(``depths``: 0, or more in a nested backward) and the leaf gradients. Leaves'
+``.grad`` are left as they were. That run also finds what exists only while
+it runs: the graphs that reentrant checkpoints and other custom Functions
+build and differentiate (``capture_inner``), and the effect of tensor hooks
+(``capture_hooks``); with ``reference=False`` it still runs when the graph
+has custom Functions.
 
 ``values=False`` captures the structure only (for golden orders,
 ``autograd_run.golden``): no saved values and no reference gradients, every
@@ -31,12 +36,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from autograd_run.capture_inner import custom_function_reason, is_custom_function
 from autograd_run.graphs.model import FORMAT
 from autograd_run.ops import OPAQUE, lookup
 
 ACC = "torch::autograd::AccumulateGrad"
 COPY_SLICES = "torch::autograd::CopySlices"
-_TORCH_DTYPES = {"float16", "float32", "float64", "complex64", "complex128",
+_TORCH_DTYPES = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128",
                  "bool", "int8", "int16", "int32", "int64", "uint8"}
 
 
@@ -62,9 +68,10 @@ def forward_thread_id(torch) -> int | None:
     ``capture --profile`` reads each node's own from its profile. None when
     a profiler is already running or the probe fails.
     """
+    from autograd_run.native_stderr import silenced
     try:
         probe = torch.ones(1, requires_grad=True)
-        with torch.autograd.profiler.profile(use_kineto=False) as prof:
+        with silenced(), torch.autograd.profiler.profile(use_kineto=False) as prof:
             (probe * 2).sum().backward()
         for e in prof.function_events:
             if e.name == "MulBackward0" and e.sequence_nr >= 0:
@@ -74,9 +81,10 @@ def forward_thread_id(torch) -> int | None:
     return None
 
 
-def walk_grad_fns(roots) -> list:
-    """Every grad_fn node reachable from ``roots`` (grad_fns), depth first, each once."""
-    seen, out, stack = set(), [], list(reversed(roots))
+def walk_grad_fns(roots, known=()) -> list:
+    """Every grad_fn node reachable from ``roots`` (grad_fns), depth first, each once; nodes in ``known``
+    are neither returned nor walked through."""
+    seen, out, stack = set(known), [], list(reversed(roots))
     while stack:
         fn = stack.pop()
         if fn is None or fn in seen:
@@ -97,13 +105,27 @@ class _Arrays:
 
     def put(self, key: str, t) -> dict:
         arr = t.detach().cpu()
+        if arr.layout != _torch().strided:  # sparse gradients (Embedding(sparse=True)): the same values, dense
+            arr = arr.to_dense()
         if arr.is_conj() or arr.is_neg():  # lazy conjugate/negative views: materialise them first
             arr = arr.resolve_conj().resolve_neg()
         dt = _dtype(arr.dtype)
         if dt not in _TORCH_DTYPES:
             raise ValueError(f"cannot capture a tensor of dtype {dt} ({key})")
+        if dt == "bfloat16":  # numpy has no bfloat16: its exact float32 values, cast back on load
+            arr = arr.float().numpy()
+            if self.inline:
+                return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
+            self.arrays[key] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+            return {"npz": key, "dtype": dt}
         arr = arr.numpy()
         if self.inline:
+            if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+                raise ValueError(f"{key}: a tensor with inf or nan values cannot be written inline (JSON has no "
+                                 "spelling for them); capture with a path, which stores tensors in an .npz file")
+            if arr.dtype.kind == "c":
+                raise ValueError(f"{key}: a complex tensor cannot be written inline; capture with a path, which "
+                                 "stores tensors in an .npz file")
             return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
         # (np.ascontiguousarray would turn a 0-d array into shape (1,))
         self.arrays[key] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
@@ -238,6 +260,71 @@ def _copy_slices(torch, fn, nid: str, arrays: _Arrays) -> tuple[dict, str | None
     return saved, None
 
 
+def _dirichlet_factor(torch, fn) -> dict:
+    x, concentration = fn.saved_tensors
+    total = concentration.sum(-1, True).expand_as(concentration)
+    return {"result": x, "grad_factor": torch._dirichlet_grad(x, concentration, total)}
+
+
+def _cat_sizes(torch, fn) -> dict:
+    """CatBackward0 does not expose its inputs' sizes. Where inputs without a gradient edge come before one
+    with an edge, the rule needs them: found by calling the node on a gradient that numbers the positions
+    along dim (each input's slice then starts with its offset)."""
+    nexts = [nf for nf, _ in fn.next_functions]
+    missing = [i for i, nf in enumerate(nexts) if nf is None]
+    known = [i for i, nf in enumerate(nexts) if nf is not None]
+    if len(missing) < 2 or not known or missing[0] > known[-1]:
+        return {}
+    meta = fn._input_metadata[0]
+    shape = tuple(meta.shape)
+    if not shape:
+        return {}
+    dim = int(fn._saved_dim) % len(shape)
+    total = shape[dim]
+    exact = {torch.float16: 2048, torch.bfloat16: 256}.get(meta.dtype, 1 << 24)
+    if total > exact:
+        return {}
+    probe = torch.arange(total, dtype=torch.float64).reshape([-1 if d == dim else 1 for d in range(len(shape))])
+    with torch.no_grad():
+        outs = fn(probe.expand(shape).to(meta.dtype).contiguous())
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    sizes, cursor, pending = [], 0, None
+    for i, out in enumerate(outs):
+        if nexts[i] is None or out is None:
+            sizes.append(0)
+            pending = i if pending is None else pending
+            continue
+        n = out.shape[dim] if out.dim() > dim else 0
+        start = int(out.select(dim, 0).reshape(-1)[0].real.item()) if n else cursor
+        if pending is not None:
+            sizes[pending] = start - cursor
+            pending = None
+        sizes.append(n)
+        cursor = start + n
+    if pending is not None:
+        sizes[pending] = total - cursor
+    return {"sizes": sizes}
+
+
+#: What capture measures or derives for nodes whose rule needs more than PyTorch exposes: a special function
+#: of the saved values that PyTorch evaluates with its own approximations (``grad_factor``), or the sizes a
+#: cat does not expose.
+def _unused_saved(fn) -> set:
+    """Saved fields a node holds but its backward never reads, whose memory PyTorch left unset: stored
+    as zeros (their bytes are whatever the allocator had, NaN among them, and change from run to run)."""
+    if fn.name() == "RreluWithNoiseBackward0" and not getattr(fn, "_saved_training", True):
+        return {"noise"}  # eval mode: the slope is (lower + upper) / 2; the noise buffer is never filled
+    return set()
+
+
+_MEASURED = {
+    "StandardGammaBackward0": lambda torch, fn: {
+        "grad_factor": torch._standard_gamma_grad(fn._saved_self, fn._saved_result)},
+    "_DirichletBackward": _dirichlet_factor,
+    "CatBackward0": _cat_sizes,
+}
+
+
 def _strided_index(sizes, strides, offset) -> np.ndarray:
     """The storage position of each element of a (sizes, strides, offset) layout."""
     idx = np.full(tuple(sizes), offset, dtype=np.int64)
@@ -248,47 +335,84 @@ def _strided_index(sizes, strides, offset) -> np.ndarray:
     return idx
 
 
-def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequence | None = None,
-               names: Mapping[str, Any] | None = None, path: str | None = None,
-               mode: str | None = None, reference: bool = True, values: bool = True) -> dict:
-    """Capture the backward graph of ``outputs``; write it to ``path`` (JSON or YAML) when given.
+class _Capture:
+    """One capture's growing document: node ids, node and variable entries, the tensors to store.
 
-    Returns the graph document. ``inputs`` requests gradients for those tensors
-    (``mode`` then defaults to ``grad``, as ``torch.autograd.grad``).
+    Nodes are added by walks from roots (``add``): the outer graph first, then
+    each graph a custom Function's backward builds while the reference
+    backward runs (``capture_inner``). Nodes already seen keep their ids, so a
+    parameter's AccumulateGrad node is shared by the outer and inner graphs.
     """
-    torch = _torch()
-    outputs = _tensors(torch, outputs, "outputs")
-    if not outputs:
-        raise ValueError("outputs: no tensors to capture the backward graph of")
-    for k, o in enumerate(outputs):
-        if o.grad_fn is None:
-            what = f"output {k}" if len(outputs) > 1 else "the output"
-            if o.requires_grad:
-                raise ValueError(f"{what} is a leaf tensor (it requires grad, but no operation made it): "
-                                 "there is no backward graph to capture; return a result computed from it")
-            raise ValueError(f"{what} does not require grad: nothing it was computed from requires grad "
-                             "(or it was made under torch.no_grad()), so it has no backward graph")
-    grad_outputs = (_tensors(torch, grad_outputs, "grad_outputs", allow_none=True) if grad_outputs is not None
-                    else [None] * len(outputs))
-    if len(grad_outputs) != len(outputs):
-        raise ValueError(f"grad_outputs: {len(grad_outputs)} given for {len(outputs)} output(s)")
-    if inputs is not None:
-        inputs = _tensors(torch, inputs, "inputs")
-    mode = mode or ("grad" if inputs else "backward")
-    if names is not None and not isinstance(names, Mapping):
-        raise ValueError(f"names must be a mapping of names to leaf tensors, got {type(names).__name__}")
-    names = dict(names or {})
-    for n, t in names.items():
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"names[{n!r}] must be a tensor, got {type(t).__name__}")
-    leaf_name = {id(t): n for n, t in names.items()}
-    arrays = _Arrays(inline=path is None)
 
-    fns = walk_grad_fns([o.grad_fn for o in outputs])
-    fwd_thread = forward_thread_id(torch)
-    ids = {fn: f"n{i}" for i, fn in enumerate(fns)}
-    nodes, variables, var_of = [], [], {}
-    for fn in fns:
+    def __init__(self, torch, names: Mapping[str, Any], arrays: _Arrays, values: bool = True,
+                 fwd_thread: int | None = None):
+        self.torch = torch
+        #: False: structure only (every node but the leaves' opaque, nothing saved).
+        self.values = values
+        #: The forward thread id every node is given (``forward_thread_id``), or None.
+        self.fwd_thread = fwd_thread
+        self.names = dict(names)
+        self.leaf_name = {id(t): n for n, t in self.names.items()}
+        self.arrays = arrays
+        self.ids: dict = {}
+        self.docs: dict = {}
+        self.nodes: list[dict] = []
+        self.variables: list[dict] = []
+        self.var_doc: dict[str, dict] = {}
+        self.var_of: dict = {}
+        #: Custom autograd.Function nodes without a rule: resolved by the reference run (``capture_inner``).
+        self.custom: list = []
+
+    def add(self, roots) -> list:
+        """Describe every node reachable from ``roots`` (grad_fns) not seen before; returns them in walk order."""
+        new = walk_grad_fns(roots, known=self.ids)
+        for fn in new:
+            self.ids[fn] = f"n{len(self.ids)}"
+        for fn in new:
+            doc = self._describe(fn)
+            self.docs[fn] = doc
+            self.nodes.append(doc)
+        return new
+
+    def add_unreached(self, t) -> str:
+        """A requested leaf without an AccumulateGrad node here: a variable without a node (PyTorch's
+        unreachable input, or a tensor that does not require grad)."""
+        name = self._leaf_name(t)
+        if name in self.var_doc:
+            return name
+        vdoc = {"name": name, "shape": list(t.shape), "dtype": _dtype(t.dtype), "device": str(t.device)}
+        if not t.requires_grad:
+            vdoc["requires_grad"] = False
+        self.variables.append(vdoc)
+        self.var_doc[name] = vdoc
+        return name
+
+    @staticmethod
+    def reachable(roots) -> list:
+        """Every node reachable from ``roots``, seen before or not."""
+        return walk_grad_fns(roots)
+
+    def _leaf_name(self, var) -> str:
+        name = self.leaf_name.get(id(var))
+        if name is None:
+            k = len(self.variables)
+            while f"leaf{k}" in self.var_doc or f"leaf{k}" in self.names:
+                k += 1
+            name = f"leaf{k}"
+        return name
+
+    def rename_variable(self, old: str, new: str) -> None:
+        """Give a variable (and its AccumulateGrad node) another name: a custom node's detached input."""
+        var = self.var_doc.pop(old)
+        var["name"] = new
+        self.var_doc[new] = var
+        for fn, name in self.var_of.items():
+            if name == old:
+                self.var_of[fn] = new
+                self.docs[fn]["variable"] = new
+
+    def _describe(self, fn) -> dict:
+        torch, ids, arrays = self.torch, self.ids, self.arrays
         nid = ids[fn]
         name = fn.name()
         metas = [{"shape": list(m.shape), "dtype": _dtype(m.dtype), "device": str(m.device)}
@@ -299,24 +423,30 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
         d: dict[str, Any] = {"id": nid, "name": name}
         if name == ACC:
             var = fn.variable
-            vname = leaf_name.get(id(var)) or f"leaf{len(variables)}"
-            var_of[fn] = vname
+            vname = self._leaf_name(var)
+            self.var_of[fn] = vname
             d["variable"] = vname
-            variables.append({"name": vname, "shape": list(var.shape), "dtype": _dtype(var.dtype),
-                              "device": metas[0]["device"] if metas else "cpu"})
+            vdoc = {"name": vname, "shape": list(var.shape), "dtype": _dtype(var.dtype),
+                    "device": metas[0]["device"] if metas else "cpu"}
+            self.variables.append(vdoc)
+            self.var_doc[vname] = vdoc
         else:
             d["seq"] = fn._sequence_nr()
-            if fwd_thread is not None:
-                d["fwd_thread"] = fwd_thread
+            if self.fwd_thread is not None:
+                d["fwd_thread"] = self.fwd_thread
             d["next"] = [None if nf is None else [ids[nf], nr] for nf, nr in fn.next_functions]
             op = lookup(name)
             reason = None
-            if op is None or op.engine:  # PyTorch's own nodes never run as one of our synthetic kinds
+            if op is None and is_custom_function(fn):
+                self.custom.append(fn)
+                reason = custom_function_reason(fn, "its backward did not run in the reference backward")
+            elif op is None or op.engine:  # PyTorch's own nodes never run as one of our synthetic kinds
                 op, reason = None, f"no backward rule for {name}"
-            if not values:
+            if not self.values and not (op is None and is_custom_function(fn)):
                 op, reason = None, "captured without saved values (order only)"
             saved = {}
             if op is not None:
+                unused = _unused_saved(fn)
                 for attr in dir(fn):
                     if attr.startswith("_saved_"):
                         field = attr[len("_saved_"):]
@@ -324,6 +454,8 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                             v = getattr(fn, attr)
                         except RuntimeError:
                             continue  # already freed, or not saved for this call
+                        if field in unused and isinstance(v, torch.Tensor):
+                            v = torch.zeros_like(v)
                         if _is_tensor_list(torch, v):
                             saved.update(_saved_tensor_list(v, field, nid, arrays))
                             continue
@@ -332,6 +464,9 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                             saved[field] = v
             if op is not None and name == COPY_SLICES:
                 saved, reason = _copy_slices(torch, fn, nid, arrays)
+            if op is not None and name in _MEASURED:
+                for field, v in _MEASURED[name](torch, fn).items():
+                    saved[field] = arrays.put(f"{nid}.{field}", v) if isinstance(v, torch.Tensor) else v
             if op is not None and op.unsupported is not None and not reason:
                 reason = op.unsupported(saved)  # a variant of the op without a rule here
             attrs = {}
@@ -346,69 +481,146 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
             if attrs:
                 d["attrs"] = attrs
         d["inputs"] = metas
-        nodes.append(d)
+        return d
+
+
+def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequence | None = None,
+               names: Mapping[str, Any] | None = None, path: str | None = None,
+               mode: str | None = None, reference: bool = True, values: bool = True) -> dict:
+    """Capture the backward graph of ``outputs``; write it to ``path`` (JSON or YAML) when given.
+
+    Returns the graph document. ``inputs`` requests gradients for those tensors
+    (``mode`` then defaults to ``grad``, as ``torch.autograd.grad``).
+    Custom autograd.Function nodes (a reentrant checkpoint among them) are
+    resolved by running PyTorch's backward once even when ``reference`` is
+    False: the graph their backward builds exists only while it runs.
+    ``values=False``: the structure only (see the module docstring).
+    """
+    torch = _torch()
+    outputs = _tensors(torch, outputs, "outputs")
+    if not outputs:
+        raise ValueError("outputs: no tensors to capture the backward graph of")
+    from torch.autograd.graph import get_gradient_edge
+    for k, o in enumerate(outputs):
+        if not o.requires_grad:  # PyTorch's text (torch.autograd.backward and grad)
+            raise ValueError(f"element {k} of tensors does not require grad and does not have a grad_fn")
+    edges = [get_gradient_edge(o) for o in outputs]  # a leaf output: its AccumulateGrad node
+    grad_outputs = (_tensors(torch, grad_outputs, "grad_outputs", allow_none=True) if grad_outputs is not None
+                    else [None] * len(outputs))
+    if len(grad_outputs) != len(outputs):
+        raise ValueError(f"grad_outputs: {len(grad_outputs)} given for {len(outputs)} output(s)")
+    if inputs is not None:
+        inputs = _tensors(torch, inputs, "inputs")
+    mode = mode or ("grad" if inputs else "backward")
+    if names is not None and not isinstance(names, Mapping):
+        raise ValueError(f"names must be a mapping of names to leaf tensors, got {type(names).__name__}")
+    for n, t in (names or {}).items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"names[{n!r}] must be a tensor, got {type(t).__name__}")
+    cap = _Capture(torch, names or {}, _Arrays(inline=path is None), values=values,
+                   fwd_thread=forward_thread_id(torch))
+    arrays = cap.arrays
+    cap.add([e.node for e in edges])
 
     roots = []
-    for k, (o, g) in enumerate(zip(outputs, grad_outputs)):
+    for k, (e, g) in enumerate(zip(edges, grad_outputs)):
         grad = "ones" if g is None else arrays.put(f"root{k}", g)
-        roots.append({"node": ids[o.grad_fn], "input_nr": o.output_nr, "grad": grad})
-    doc: dict[str, Any] = {"format": FORMAT, "mode": mode, "roots": roots, "variables": variables}
+        roots.append({"node": cap.ids[e.node], "input_nr": e.output_nr, "grad": grad})
+    doc: dict[str, Any] = {"format": FORMAT, "mode": mode, "roots": roots, "variables": cap.variables}
     req = []
     if inputs:
-        acc_of = {id(fn.variable): fn for fn in var_of}
+        acc_of = {id(fn.variable): fn for fn in cap.var_of}
         for t in inputs:
             if t.grad_fn is None and id(t) in acc_of:
-                req.append(var_of[acc_of[id(t)]])
-            elif t.grad_fn is not None and t.grad_fn in ids:
+                req.append(cap.var_of[acc_of[id(t)]])
+            elif t.grad_fn is not None and t.grad_fn in cap.ids:
                 if t.output_nr != 0:
                     raise ValueError("requested inputs that are a node's output other than 0 are not supported")
-                req.append(ids[t.grad_fn])
+                req.append(cap.ids[t.grad_fn])
+            elif t.grad_fn is None:
+                req.append(cap.add_unreached(t))  # a leaf the graph does not reach, or one without grad
             else:
                 raise ValueError("a requested input is not part of the graph")
         doc["inputs"] = req
-    if reference:
-        doc["meta"] = {"reference": _reference(torch, outputs, grad_outputs, inputs, req, mode, fns, var_of, arrays,
-                                                  keep_grads=values)}
-    doc["nodes"] = nodes
+    hook_watch = None
+    if reference or cap.custom:
+        ref, hook_watch = _reference(cap, outputs, grad_outputs, inputs, req, mode, keep_grads=values)
+        if reference:
+            doc["meta"] = {"reference": ref}
+    _report_hooks(doc, cap, hook_watch)
+    doc["nodes"] = cap.nodes
     if path is not None:
         _write(doc, arrays, path)
     return doc
 
 
-def _reference(torch, outputs, grad_outputs, inputs, input_names, mode, fns, var_of, arrays,
-               keep_grads: bool = True) -> dict:
-    """Run PyTorch's backward once, recording order and leaf gradients; leaves' .grad are restored."""
+def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, keep_grads: bool = True) -> dict:
+    """Run PyTorch's backward once, recording order and leaf gradients (not kept without ``keep_grads``);
+    leaves' .grad are restored.
+
+    Custom Function nodes are watched while it runs (``capture_inner``): the
+    graph a node's backward builds and differentiates is added to the capture,
+    with pre-hooks on its nodes, so the order includes them as PyTorch ran them.
+    """
+    from autograd_run.capture_hooks import HookWatch
+    from autograd_run.capture_inner import NestedCapture
+    torch = cap.torch
     order, handles = [], []
-    for fn in fns:
-        leaf = var_of.get(fn)
-        handles.append(fn.register_prehook(
-            lambda g, fn=fn, leaf=leaf: order.append([fn.name(), fn._sequence_nr(), leaf])))
+    hooks = HookWatch(torch, cap)
+    leaves: dict = {}     # AccumulateGrad fn -> its variable, for every user leaf (inner ones as found)
+    before: dict = {}     # and that variable's .grad before the run
+
+    def watch(fns) -> None:
+        for fn in fns:
+            handles.append(fn.register_prehook(lambda g, fn=fn: order.append((fn, nested.depth))))
+            handles.extend(hooks.handles(fn))
+            if fn in cap.var_of:
+                v = fn.variable
+                leaves[fn], before[fn] = v, v.grad
+                v.grad = None
+
+    nested = NestedCapture(cap, watch, on_call=hooks.roots, position=lambda: len(order))
+    watch(list(cap.docs))
     gos = [torch.ones_like(o) if g is None else g for o, g in zip(outputs, grad_outputs)]
     grads = {}
+    from torch.autograd.graph import get_gradient_edge
+    hooks.roots([get_gradient_edge(o) for o in outputs], gos)
     try:
-        with torch.autograd.set_multithreading_enabled(False):
+        with torch.autograd.set_multithreading_enabled(False), nested:
             if mode == "grad":
                 res = torch.autograd.grad(outputs, list(inputs), gos, retain_graph=True, allow_unused=True)
                 grads = dict(zip(input_names, res))
             else:
-                leaves = {fn: fn.variable for fn in var_of}
-                before = {fn: v.grad for fn, v in leaves.items()}
-                for v in leaves.values():
-                    v.grad = None
-                try:
-                    torch.autograd.backward(outputs, gos, retain_graph=True, inputs=list(inputs) if inputs else None)
-                    grads = {var_of[fn]: v.grad for fn, v in leaves.items()}
-                finally:
-                    for fn, v in leaves.items():
-                        v.grad = before[fn]
+                torch.autograd.backward(outputs, gos, retain_graph=True, inputs=list(inputs) if inputs else None)
+                hidden = nested.inner_variables()
+                grads = {fn: v.grad for fn, v in leaves.items() if cap.var_of[fn] not in hidden}
     finally:
+        for fn, v in leaves.items():
+            v.grad = before[fn]
         for h in handles:
             h.remove()
+    skip = nested.dropped_positions()
+    dropped = nested.finish()
+    order = [run for i, run in enumerate(order) if i not in skip]
+    if mode != "grad":
+        grads = {cap.var_of[fn]: g for fn, g in grads.items() if fn not in dropped}
     ref_grads = {}
     for k, g in (grads.items() if keep_grads else ()):
-        key = f"ref.{k}"
-        ref_grads[str(k)] = None if g is None else arrays.put(key, g)
-    return {"torch": str(torch.__version__), "order": order, "grads": ref_grads}
+        ref_grads[str(k)] = None if g is None else cap.arrays.put(f"ref.{k}", g)
+    return {"torch": str(torch.__version__),
+            "order": [[fn.name(), fn._sequence_nr(), cap.var_of.get(fn)] for fn, _ in order],
+            "depths": [depth for _, depth in order],
+            "grads": ref_grads}, hooks
+
+
+def _report_hooks(doc: dict, cap: _Capture, watch) -> None:
+    """Warn about tensor hooks the graph file cannot hold, naming the tensors; list them in ``meta.hooks``."""
+    import warnings
+    from autograd_run.capture_hooks import describe, leaf_hooks, warning_text
+    found = describe(cap, watch, leaf_hooks(cap))
+    if found:
+        doc.setdefault("meta", {})["hooks"] = found
+        warnings.warn(warning_text(found), UserWarning, stacklevel=3)
 
 
 def _write(doc: dict, arrays: _Arrays, path: str) -> None:

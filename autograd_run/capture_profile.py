@@ -39,6 +39,8 @@ import tempfile
 import time
 from typing import Callable
 
+from autograd_run.native_stderr import silenced
+
 
 def _device(torch, on_gpu: bool) -> str:
     if on_gpu:
@@ -105,7 +107,7 @@ def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10,
             if k < warmup - 1:
                 backward()
             elif k == warmup - 1:
-                with profile(activities=activities):
+                with silenced(), profile(activities=activities):
                     backward()
                     sync()
             else:
@@ -120,7 +122,7 @@ def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10,
                 finally:
                     gc.enable()
                 backward, _ = step.prepare()
-                with profile(activities=activities) as prof:
+                with silenced(), profile(activities=activities) as prof:
                     backward()
                     sync()
                 profs.append(prof)  # exported after the loop: writing traces between steps disturbs the timing

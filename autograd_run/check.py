@@ -2,7 +2,8 @@
 
 ``check_graph(graph)`` replays the graph with multithreading off and compares
 (1) the executed order with ``meta.reference.order`` (name, sequence number,
-leaf; the first divergence is reported) and (2) each leaf's gradient with the
+leaf; the first divergence is reported; then each node's reentrant depth
+with ``meta.reference.depths`` where capture recorded them) and (2) each leaf's gradient with the
 reference (max absolute and relative error; complex gradients as complex).
 
 Tolerances follow the lowest precision on the way to each leaf: a float64
@@ -14,6 +15,10 @@ Ops without a rule (opaque nodes) compute zeros, so a leaf reached through
 one cannot be compared: it is reported as not compared, naming the opaque
 node, and the check fails unless ``allow_opaque`` (the order is still
 compared; so are the leaves no opaque node leads to).
+
+A gradient that differs in a graph whose capture saw hooks (``meta.hooks``)
+gets a note naming them: PyTorch's gradients include their effect, the
+replay's cannot.
 
 The reference is part of an untrusted file: a malformed one is a
 ``GraphFileError`` naming the place (``meta.reference.order[3]``), never
@@ -36,11 +41,11 @@ from autograd_run.traces.order import first_divergence
 from autograd_run.traces.order_recorder import OrderRecorder
 
 #: Default tolerances by dtype: (rtol, atol).
-TOLERANCE = {"float64": (1e-6, 1e-9), "float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3),
+TOLERANCE = {"float64": (1e-6, 1e-9), "float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3), "bfloat16": (5e-2, 5e-3),
              "complex128": (1e-6, 1e-9), "complex64": (1e-4, 1e-6)}
 #: Precision rank of each dtype (lower: less precise) and the real dtype of that precision.
-_RANK = {"float16": 0, "float32": 1, "complex64": 1, "float64": 2, "complex128": 2}
-_BY_RANK = {0: "float16", 1: "float32", 2: "float64"}
+_RANK = {"bfloat16": 0, "float16": 1, "float32": 2, "complex64": 2, "float64": 3, "complex128": 3}
+_BY_RANK = {0: "bfloat16", 1: "float16", 2: "float32", 3: "float64"}
 
 
 @dataclass
@@ -82,11 +87,13 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
     order, ref_grads = read_reference(graph)
     rec = OrderRecorder()
     eng = Engine(tracer=rec, multithreading=False)
-    res = run_graph(eng, graph, GraphState(graph), retain_graph=True)
+    res = run_graph(eng, graph, GraphState(graph), retain_graph=True, allow_unused=True)
     acc_var = {n.id: n.variable for n in graph.nodes}
     got = [[r.name, r.seq, acc_var.get(r.node_id)] for r in rec.executed()]
     d = first_divergence(order, got)
     divergence = None if d is None else {"position": d.position, "expected": d.expected, "got": d.got}
+    if divergence is None:
+        divergence = _depth_divergence(graph, order, [r.depth for r in rec.executed()])
     report = CheckReport(divergence is None, (len(order), len(got)), divergence, allow_opaque=allow_opaque)
     report.opaque = [n.id for n in graph.nodes if n.op is OPAQUE]
     precision, through_opaque = _paths(graph)
@@ -112,6 +119,8 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
         report.note = (f"{len(report.opaque)} opaque node(s) without a rule ({', '.join(report.opaque[:5])}"
                        f"{', ...' if len(report.opaque) > 5 else ''}) compute zeros: gradients not compared for "
                        + (", ".join(not_compared) if not_compared else "no leaf (none is reached through them)"))
+    if not all(g.ok for g in report.grads if g.compared):
+        report.note = _hooks_note(graph) or report.note
     return report
 
 
@@ -197,7 +206,7 @@ def _paths(graph: Graph) -> tuple[dict, dict]:
     ready = [n for n in graph.nodes if indegree[n] == 0]
     while ready:  # topological order from the roots: every predecessor is done before its node
         n = ready.pop()
-        own = min((_RANK.get(m.dtype, 1) for m in n.inputs), default=2)
+        own = min((_RANK.get(m.dtype, 2) for m in n.inputs), default=3)
         rank[n] = min([own] + [rank[p] for p in preds.get(n, ())])
         op = n.id if n.op is OPAQUE else None
         opaque[n] = op or next((opaque[p] for p in preds.get(n, ()) if opaque[p] is not None), None)
@@ -207,3 +216,29 @@ def _paths(graph: Graph) -> tuple[dict, dict]:
                 if indegree[e.node] == 0:
                     ready.append(e.node)
     return {n: _BY_RANK[r] for n, r in rank.items()}, opaque
+
+
+def _depth_divergence(graph: Graph, order: list, got: list) -> dict | None:
+    """The first node run at another reentrant depth than PyTorch's (``meta.reference.depths``, from capture)."""
+    want = graph.meta["reference"].get("depths")
+    if want is None:
+        return None
+    if not (isinstance(want, list) and len(want) == len(order)
+            and all(isinstance(w, int) and not isinstance(w, bool) for w in want)):
+        raise GraphFileError(graph.source, "meta.reference.depths",
+                             f"must be a list of {len(order)} integers (one per item of meta.reference.order)")
+    for i, (w, g) in enumerate(zip(want, got)):
+        if w != g:
+            return {"position": i, "expected": order[i] + [f"depth {w}"], "got": order[i] + [f"depth {g}"]}
+    return None
+
+
+def _hooks_note(graph: Graph) -> str:
+    """Why gradients may differ: hooks PyTorch ran that the file cannot hold (``meta.hooks``, from capture)."""
+    hooks = (graph.meta or {}).get("hooks")
+    if not isinstance(hooks, list) or not hooks:
+        return ""
+    names = [str(h.get("tensor")) for h in hooks if isinstance(h, dict)]
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return (f"PyTorch ran hooks that the graph file does not hold ({', '.join(names[:3])}{more}; see meta.hooks): "
+            "its gradients include their effect, the replay's do not")

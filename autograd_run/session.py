@@ -54,6 +54,8 @@ class RunOptions:
     inputs: Sequence[str] | None = None
     retain_graph: bool = False
     create_graph: bool = False
+    #: ``grad()``: an input the graph does not reach gets None instead of PyTorch's error.
+    allow_unused: bool = False
     #: False: every node runs on the calling thread (``set_multithreading_enabled(False)``).
     multithreading: bool = True
     #: ``auto`` | ``virtual`` | ``cuda`` (see ``engine.devices``).
@@ -306,7 +308,7 @@ def _run_passes(engine: Engine, graph: Graph, o: RunOptions, faults: dict, repor
             try:
                 report.result = run_graph(engine, graph, state, mode=o.mode, inputs=inputs,
                                           retain_graph=o.retain_graph or None, create_graph=o.create_graph,
-                                          anomaly=o.anomaly, faults=faults, grads=grads)
+                                          anomaly=o.anomaly, faults=faults, grads=grads, allow_unused=o.allow_unused)
             finally:
                 elapsed += time.perf_counter() - t
                 if fold is not None:

@@ -1,5 +1,6 @@
 """Capture real PyTorch models and check the replay: order exact, gradients within 1e-6 (float64)."""
 
+import json
 import math
 
 import pytest
@@ -211,3 +212,50 @@ def test_transposed_convolution_replays_with_gradients(tmp_path):
     assert all(n.op.name != "opaque" for n in g.nodes)
     report = check_graph(g)
     assert report.ok and report.grads_compared
+
+
+def test_capture_prints_only_its_own_lines_on_a_real_terminal_stream(tmp_path):
+    """PyTorch's profiler writes ``USDT: ... profiler_start`` to descriptor 2 whenever it starts (capture
+    probes the forward thread id with it): a user must see our output only, and stderr must still work."""
+    pytest.importorskip("torch")
+    from cli_proc import cli
+    script = tmp_path / "m.py"
+    script.write_text("import torch\n"
+                      "def main():\n"
+                      "    x = torch.ones(3, requires_grad=True)\n"
+                      "    return (x * 2).sum(), {'x': x}\n"
+                      "def broken():\n"
+                      "    return 5\n")
+    p = cli(["capture", f"{script}:main", "-o", tmp_path / "g.json"], timeout=180)
+    assert p.code == 0, p.err
+    assert "USDT" not in p.err and "profiler_start" not in p.err and p.err == ""
+    p = cli(["capture", f"{script}:broken", "-o", tmp_path / "h.json"], timeout=180)
+    assert p.code == 2 and p.err.startswith("Error: ") and "USDT" not in p.err
+
+
+def test_a_leaf_as_the_output_is_captured_as_pytorch_runs_it(tmp_path):
+    """``x.backward()`` on a leaf that requires grad runs its AccumulateGrad node alone (x.grad = ones),
+    so capture keeps that one-node graph rather than refusing it."""
+    torch = pytest.importorskip("torch")
+    from autograd_run.check import check_graph
+    from autograd_run.graphs.load import loads_graph
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    doc = from_torch(x, names={"x": x})
+    assert [n["name"] for n in doc["nodes"]] == ["torch::autograd::AccumulateGrad"]
+    assert doc["meta"]["reference"]["order"] == [["torch::autograd::AccumulateGrad", 2**64 - 1, "x"]]
+    report = check_graph(loads_graph(json.dumps(doc), "leaf.json"))
+    assert report.ok and x.grad is None
+
+
+def test_a_saved_buffer_the_backward_never_reads_is_stored_as_zeros():
+    """RReLU in eval mode saves a noise buffer PyTorch never fills (uninitialised memory: NaN at times,
+    which made the capture fail now and then); its backward uses the mean slope, so capture stores zeros."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    from autograd_run.graphs.load import loads_graph
+    x = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4).requires_grad_()
+    y = torch.nn.functional.rrelu(x, 0.1, 0.3, training=False)
+    doc = from_torch((y * y).sum(), names={"x": x})
+    node = next(n for n in doc["nodes"] if n["name"] == "RreluWithNoiseBackward0")
+    assert np.array(node["saved"]["noise"]["data"]).tolist() == np.zeros((3, 4)).tolist()
+    assert check_graph(loads_graph(json.dumps(doc), "rrelu.json")).ok

@@ -78,9 +78,8 @@ def exits():
     ("raises", "raises() raised ZeroDivisionError: division by zero (line 5)"),
     ("not_a_tensor", "not_a_tensor() returned what cannot be captured: outputs must be a tensor or a list of "
                      "tensors, got float"),
-    ("a_leaf", "a_leaf() returned what cannot be captured: the output is a leaf tensor (it requires grad, but no "
-               "operation made it): there is no backward graph to capture; return a result computed from it"),
-    ("no_grad", "no_grad() returned what cannot be captured: the output does not require grad"),
+    ("no_grad", "no_grad() returned what cannot be captured: element 0 of tensors does not require grad and "
+                "does not have a grad_fn"),
     ("bad_names", "bad_names() returned what cannot be captured: names['x'] must be a tensor, got int"),
     ("bad_inputs", "bad_inputs() returned what cannot be captured: inputs[0] must be a tensor, got int"),
     ("exits", "exits() exited (SystemExit: 3)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import click
 
@@ -88,15 +89,27 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
     if isinstance(result, dict) and "outputs" not in result:
         raise UsageError(f"{path}: {func}() returned a dict without 'outputs'")
     outputs, kw = _split(result)
-    if order_out or expect_order or check_replay:
-        doc = capture_golden.finish(outputs, kw, output, order_out, expect_order, check_replay, golden,
-                                    _describe, f"{path}: {func}()")
-    else:
-        try:
-            doc = from_torch(outputs, path=output, **kw)
-        except (ValueError, RuntimeError, TypeError) as exc:
-            raise UsageError(f"{path}: {func}() returned what cannot be captured: {exc}") from exc
-        echo(_describe(output, doc))
+    with warnings.catch_warnings():  # told below from meta.hooks, once and plainly
+        warnings.filterwarnings("ignore", message="tensor hooks are not part of the graph file")
+        if order_out or expect_order or check_replay:
+            doc = capture_golden.finish(outputs, kw, output, order_out, expect_order, check_replay, golden,
+                                        _describe, f"{path}: {func}()")
+        else:
+            try:
+                doc = from_torch(outputs, path=output, **kw)
+            except (ValueError, RuntimeError, TypeError) as exc:
+                raise UsageError(f"{path}: {func}() returned what cannot be captured: {exc}") from exc
+            echo(_describe(output, doc))
+    hooks = doc.get("meta", {}).get("hooks")
+    if hooks:
+        from autograd_run.capture_hooks import warning_text
+        echo(f"Warning: {warning_text(hooks)}", err=True)
+    opaque = [n for n in doc["nodes"] if n.get("op") == "opaque"]
+    if output:
+        for n in opaque[:5]:
+            echo(f"  opaque {n['id']} {n['name']}: {n.get('attrs', {}).get('reason', '')}")
+        if len(opaque) > 5:
+            echo(f"  ... and {len(opaque) - 5} more opaque nodes")
     if profile:
         from autograd_run.capture_profile import profile_capture
         from autograd_run.cli.render import fmt_ns
@@ -118,7 +131,9 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
 def _describe(output: str, doc: dict) -> str:
     """The line a written capture is reported with."""
     opaque = sum(1 for n in doc["nodes"] if n.get("op") == "opaque")
+    nested = sum(1 for n in doc["nodes"] if n.get("op") == "checkpoint")
     return (f"{output}: {len(doc['nodes'])} nodes, {len(doc['variables'])} leaves"
+            + (f", {nested} checkpoint(s) with their nested graphs" if nested else "")
             + (f", {opaque} opaque (no rule)" if opaque else "")
             + f"; PyTorch reference: {len(doc['meta']['reference']['order'])} nodes run")
 
@@ -177,6 +192,8 @@ def check(graph, rtol, atol, allow_opaque):
             t.add_row(g.name, "-" if g.max_abs is None else f"{g.max_abs:.3g}",
                       "-" if g.max_rel is None else f"{g.max_rel:.3g}", tol, ok + (f" ({g.note})" if g.note else ""))
         console.print(t)
+        if report.note:
+            console.print(report.note, markup=False, highlight=False)
     if not report.ok:
         why = ("opaque nodes keep gradients from being compared (--allow-opaque accepts that)"
                if report.order_ok and all(g.ok for g in report.grads if g.compared) else

@@ -61,6 +61,8 @@ class Progress(Tracer):
               help="Return gradients of --inputs (torch.autograd.grad)  [default: as the graph file says]")
 @click.option("--backward", "mode", flag_value="backward", help="Accumulate into variables (Tensor.backward).")
 @click.option("--inputs", default=None, metavar="ID,...", help="Comma-separated variable names or node ids.")
+@click.option("--allow-unused", is_flag=True, help="--grad: an input the graph does not reach gets no gradient "
+              "instead of PyTorch's error (allow_unused=True).")
 @click.option("--retain-graph", is_flag=True, help="Keep saved tensors (allows another pass).")
 @click.option("--create-graph", is_flag=True, help="Run nodes in grad mode (sets retain_graph).")
 @click.option("--no-multithreading", is_flag=True, help="Run every node on the calling thread.")
@@ -93,7 +95,7 @@ class Progress(Tracer):
 @click.option("--format", "fmt", type=click.Choice(["json", "yaml"]), default=None,
               help="The format of a graph read from stdin (GRAPH is -)  [default: from its first character]")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
-def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph, no_multithreading, backend,
+def run(graph, trace_path, open_trace, mode, inputs, allow_unused, retain_graph, create_graph, no_multithreading, backend,
         backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, costs, step,
         summary, json_out, timeout, fmt, verbose):
     """Run a graph's backward pass (GRAPH is a file, example:NAME, or - for stdin).
@@ -123,7 +125,8 @@ def run(graph, trace_path, open_trace, mode, inputs, retain_graph, create_graph,
     g = load_graph_arg(graph, fmt)
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(
-        mode=mode, inputs=inputs.split(",") if inputs is not None else None, retain_graph=retain_graph,
+        mode=mode, inputs=inputs.split(",") if inputs is not None else None, allow_unused=allow_unused,
+        retain_graph=retain_graph,
         create_graph=create_graph, multithreading=not no_multithreading, devices=devices, anomaly=anomaly,
         inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
         profile=summary or json_out or bool(trace_path), samples=json_out, trace_path=trace_path, order_out=order_out,

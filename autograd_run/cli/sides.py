@@ -40,7 +40,8 @@ class Side:
         from autograd_run.session import RunOptions
         p = self.params
         inputs = [s for s in p["inputs"].split(",") if s] if p["inputs"] is not None else None
-        return RunOptions(mode=p["mode"], inputs=inputs, retain_graph=p["retain_graph"],
+        return RunOptions(mode=p["mode"], inputs=inputs, allow_unused=p["allow_unused"],
+                          retain_graph=p["retain_graph"],
                           create_graph=p["create_graph"], multithreading=not p["no_multithreading"],
                           devices=p.get("backend") or p.get("backend_old") or "auto", anomaly=p["anomaly"], inject_error=p["inject_error"],
                           inject_nan=p["inject_nan"], repeat=repeat, seed=p["seed"],

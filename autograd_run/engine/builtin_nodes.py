@@ -143,39 +143,55 @@ def python(node, grads, ctx):
 
 
 def checkpoint(node, grads, ctx):
-    """A reentrant checkpoint: ``backward()`` over the recomputed graph, then its inputs' gradients.
+    """A reentrant checkpoint: a nested backward over the recomputed graph, then its inputs' gradients.
 
     ``attrs.inner``: ``roots`` (one ``[node, input_nr]`` or null per input slot
     of this node: the recomputed outputs' nodes), ``inputs`` (one variable
     name or null per next edge: the recomputation's detached inputs, whose
-    accumulated gradients are this node's outputs). As PyTorch's, it refuses to
-    run where checkpoints are not valid (inside ``grad()`` or ``inputs=``).
-    The recomputed graph is kept (``retain_graph``): PyTorch recomputes it on
-    every pass.
+    gradients are this node's outputs), ``mode`` (``backward``, the default:
+    they accumulate into those variables, as ``torch.autograd.backward``; or
+    ``grad``: they are captured, as ``torch.autograd.grad``) and
+    ``checkpoint`` (default true: ``torch.utils.checkpoint``'s node, which
+    refuses to run where checkpoints are not valid, inside ``grad()`` or
+    ``inputs=``; false for another custom Function whose backward makes a
+    nested call). An undefined incoming gradient is passed on as zeros, as
+    PyTorch materialises it for a custom Function. The recomputed graph is
+    kept (``retain_graph``): PyTorch recomputes it on every pass.
     """
     from autograd_run.engine.callables import ERR_CHECKPOINT_INVALID
+    from autograd_run.graphs.model import Edge
+    from autograd_run.ops.dtypes import np_dtype
     gt = ctx.graph_task
     if gt is None:
         raise RuntimeError(f"node {node.id!r}: checkpoint nodes run only in the engine")
     engine = gt.engine
-    if not engine.is_checkpoint_valid():
-        raise RuntimeError(ERR_CHECKPOINT_INVALID)
     inner = node.attrs["inner"]
+    if inner.get("checkpoint", True) and not engine.is_checkpoint_valid():
+        raise RuntimeError(ERR_CHECKPOINT_INVALID)
     by_id = ctx.state.graph.by_id
     roots, root_grads = [], []
     for slot, ref in enumerate(inner["roots"]):
-        if ref is not None and grads[slot] is not None:
+        if ref is not None:
+            g = grads[slot]
+            if g is None:
+                meta = node.inputs[slot]
+                g = ctx.xp(node).zeros(meta.shape, dtype=np_dtype(meta.dtype))
             roots.append((by_id[ref[0]], ref[1]))
-            root_grads.append(grads[slot])
+            root_grads.append(g)
     if not roots:
         raise RuntimeError("none of output has requires_grad=True, this checkpoint() is not necessary")
     state = ctx.state
     names = inner["inputs"]
+    kw = dict(retain_graph=True, create_graph=gt.create_graph, anomaly=gt.anomaly, faults=gt.faults)
+    if inner.get("mode", "backward") == "grad":
+        wanted = [name for name in names if name is not None]
+        edges = [Edge(state.graph.variables[name].node, 0) for name in wanted]
+        got = dict(zip(wanted, engine.execute(state, roots, root_grads, accumulate_grad=False, inputs=edges, **kw)))
+        return [None if e is None or name is None else got[name] for e, name in zip(node.next, names)]
     for name in names:
         if name is not None:
             state.grads[name] = None
-    engine.execute(state, roots, root_grads, retain_graph=True, create_graph=gt.create_graph,
-                   anomaly=gt.anomaly, faults=gt.faults)
+    engine.execute(state, roots, root_grads, **kw)
     out = []
     for e, name in zip(node.next, names):
         out.append(None if e is None or name is None else state.grads.get(name))

@@ -38,13 +38,16 @@ GraphTask and ReadyQueue locks are documented in their modules; the lock
 order is GraphTask lock, then a ReadyQueue lock.
 
 Injected, never global: the devices (``DeviceSet``), the tracer (hooks whose
-default does nothing) and the priority policy.
+default does nothing) and the priority policy. Process-wide, as in PyTorch:
+once any engine started device threads, a child forked afterwards refuses
+every backward call (``ERR_FORK``; ``os.register_at_fork``).
 """
 
 from __future__ import annotations
 
 import collections
 import gc
+import os
 import threading
 import time
 from typing import Sequence
@@ -64,6 +67,30 @@ from autograd_run.graphs.model import Edge
 NO_DEVICE = -2
 CPU_DEVICE = -1
 MAX_DEPTH = 60
+
+#: PyTorch's text (torch/csrc/autograd/engine.cpp) in a process forked after the engine's threads started.
+ERR_FORK = ("Unable to handle autograd's threading in combination with fork-based multiprocessing. "
+            "See https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork")
+
+# A child forked after any engine started device threads cannot use them (threads do not survive fork):
+# as PyTorch, every backward call in such a child is refused. Process-wide, registered once.
+_fork_lock = threading.Lock()  # guards _fork_tracked
+_fork_tracked = False
+_in_bad_fork = False
+
+
+def _forked_child() -> None:
+    global _in_bad_fork
+    _in_bad_fork = True
+
+
+def _track_bad_forks() -> None:
+    """Mark fork children as unable to run backward (``os.register_at_fork``, once per process)."""
+    global _fork_tracked
+    with _fork_lock:
+        if not _fork_tracked and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_forked_child)
+            _fork_tracked = True
 
 
 class _TLS(threading.local):
@@ -132,6 +159,8 @@ class Engine:
         validate_outputs(roots, grads, "", devices=self.devices)
         if not accumulate_grad and not outputs:
             raise ValueError("grad requires non-empty inputs.")
+        if _in_bad_fork:
+            raise BackwardError(ERR_FORK)
         self.start_device_threads(graph.max_device_index + 1)
         if graph.max_device_index >= len(self._device_queues) and graph.max_device_index >= 0:
             raise RequestError(f"device index {graph.max_device_index} is out of range: there are "
@@ -285,6 +314,7 @@ class Engine:
                 return
             count = self.devices.count if self.devices.count is not None else needed
             if count > 0:
+                _track_bad_forks()  # as PyTorch: only once device threads exist
                 self.devices.limit_blas()
                 ready = threading.Barrier(count + 1)
                 for index in range(count):

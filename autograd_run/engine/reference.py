@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from autograd_run.engine.builtin_nodes import RUNNERS, EngineContext, make_graph_root
+from autograd_run.ops.dtypes import upcast
 from autograd_run.engine.priority import PyTorchPriority
 from autograd_run.engine.ready_queue import ReadyQueue
 from autograd_run.engine.worker import validate_outputs
@@ -102,7 +103,10 @@ def reference_backward(state, roots, grads, *, inputs=None, accumulate_grad=True
         if not execute:
             outs = [None] * len(fn.next)
         else:
-            outs = RUNNERS[fn.op](fn, list(grads_in), ctx)
+            grads = list(grads_in)
+            if fn in state.half_nodes:  # float16/bfloat16: computed in float32, rounded by validate_outputs
+                grads = [upcast(g) for g in grads]
+            outs = RUNNERS[fn.op](fn, grads, ctx)
             if fn.op is not ACCUMULATE_GRAD:
                 validate_outputs(fn.next, outs, f"Function {fn.name} returned an ")
             if not keep_graph:

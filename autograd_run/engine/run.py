@@ -13,7 +13,7 @@ from typing import Any
 from autograd_run.engine.state import GraphState
 from autograd_run.graphs import tensors
 from autograd_run.graphs.checkpoints import inner_variables
-from autograd_run.graphs.model import Graph
+from autograd_run.graphs.model import Edge, Graph
 
 
 def root_gradients(graph: Graph) -> list:
@@ -31,30 +31,72 @@ class RunResult:
     grads: dict[str, Any] = field(default_factory=dict)
 
 
+#: PyTorch's texts (torch/csrc/autograd/python_engine.cpp, torch 2.13) for requested inputs it cannot serve.
+ERR_NOT_REQUIRES_GRAD = "One of the differentiated Tensors does not require grad"
+ERR_RETAIN_GRAD = "can't retain_grad on Tensor that has requires_grad=False"
+ERR_UNUSED = ("The differentiated Tensor at index {} appears to not have been used in the graph. "
+              "Set allow_unused=True if this is the desired behavior.")
+
+
 def run_graph(engine, graph: Graph, state: GraphState | None = None, *, mode: str | None = None,
               inputs: list[str] | None = None, retain_graph: bool | None = None, create_graph: bool = False,
-              anomaly: bool = False, faults: dict[str, str] | None = None, grads: list | None = None) -> RunResult:
-    """One backward call as the graph file says (``mode``/``inputs`` override it); ``grads``: the root
-    gradients, when already materialised (else they are, from the file)."""
+              anomaly: bool = False, faults: dict[str, str] | None = None, grads: list | None = None,
+              allow_unused: bool = False) -> RunResult:
+    """Run ``graph``'s backward as ``torch.autograd.backward`` or ``grad`` would, with PyTorch's input checks.
+
+    Requested inputs are variables or node ids. As PyTorch: a variable that
+    does not require grad is refused (``grad()``: "One of the differentiated
+    Tensors does not require grad"; ``backward(inputs=)``, which retains the
+    inputs' gradients: "can't retain_grad on Tensor that has
+    requires_grad=False"); a variable the graph does not reach gets no
+    gradient, which ``grad()`` refuses unless ``allow_unused`` ("The
+    differentiated Tensor at index i appears to not have been used in the
+    graph. ...").
+
+    ``grads``: the root gradients, when already materialised (else they are, from the file).
+    """
+    from autograd_run.errors import RequestError
     state = state or GraphState(graph)
     mode = mode or graph.mode
     names = list(inputs) if inputs is not None else list(graph.inputs)
     if inputs is not None:
         graph = _with_inputs(graph, names)
-    edges = graph.input_edges() if names else []
+    reached = []   # (index among the inputs, edge) of the inputs the graph reaches
+    for i, name in enumerate(names):
+        var = graph.variables.get(name)
+        if var is not None and not var.requires_grad:
+            raise RequestError(ERR_NOT_REQUIRES_GRAD if mode == "grad" else ERR_RETAIN_GRAD, "inputs")
+        if var is not None and var.node is None:
+            continue  # unreachable: PyTorch's Identity edge, never reached
+        reached.append((i, Edge(var.node if var is not None else graph.by_id[name], 0)))
+    edges = [e for _, e in reached]
     roots = [r.edge for r in graph.roots]
     if grads is None:
         grads = root_gradients(graph)
     kw = dict(retain_graph=retain_graph, create_graph=create_graph, anomaly=anomaly, faults=faults)
     if mode == "grad":
-        captured = engine.execute(state, roots, grads, accumulate_grad=False, inputs=edges, **kw)
+        captured = [None] * len(names)
+        if edges:
+            got = engine.execute(state, roots, grads, accumulate_grad=False, inputs=edges, **kw)
+            for (i, _), g in zip(reached, got):
+                captured[i] = g
+        if not allow_unused:
+            for i, g in enumerate(captured):
+                if g is None:
+                    raise RequestError(ERR_UNUSED.format(i), "inputs")
         return RunResult("grad", dict(zip(names, captured)))
+    if names and not edges:  # every requested input is out of reach: nothing runs, as in PyTorch
+        return RunResult("backward", _user_grads(graph, state))
     retained = _retain_grads(state, graph, names)
     engine.execute(state, roots, grads, accumulate_grad=True, inputs=edges or None, **kw)
+    return RunResult("backward", _user_grads(graph, state, retained))
+
+
+def _user_grads(graph: Graph, state: GraphState, retained: dict | None = None) -> dict:
     hidden = inner_variables(graph)
     out = {k: v for k, v in state.grads.items() if k not in hidden}
-    out.update(retained)
-    return RunResult("backward", out)
+    out.update(retained or {})
+    return out
 
 
 def _retain_grads(state: GraphState, graph: Graph, names: list[str]) -> dict[str, Any]:
@@ -81,10 +123,7 @@ def _with_inputs(graph: Graph, names: list[str]) -> Graph:
     if not names:
         raise RequestError("no inputs given", "inputs")
     for n in names:
-        if n in graph.variables:
-            if graph.variables[n].node is None:
-                raise RequestError(f"variable {n!r} has no AccumulateGrad node", "inputs")
-        elif n not in graph.by_id:
+        if n not in graph.variables and n not in graph.by_id:
             raise RequestError(f"{n!r} is neither a variable nor a node id of {graph.source}", "inputs")
     import copy
     g = copy.copy(graph)

@@ -24,6 +24,7 @@ import numpy as np
 
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import Graph, Node
+from autograd_run.ops.dtypes import HALF, upcast
 
 ERR_BACKWARD_TWICE = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -60,6 +61,9 @@ class GraphState:
         #: Measured time (ns) an ``opaque`` node takes when it runs (``run --costs``): it occupies its
         #: worker that long, without the GIL, as the C++ node it stands for did.
         self.measured_ns: dict[Node, float] = {}
+        #: Nodes with a float16/bfloat16 slot: their formulas compute in float32 (``ops.dtypes``),
+        #: on saved tensors and incoming gradients upcast here and in the engine.
+        self.half_nodes = frozenset(n for n in graph.nodes if _computes_in_half(n))
         self._next_seq = max((n.seq for n in graph.nodes if n.seq < 2**63), default=0) + 1
         self._seq_lock = threading.Lock()  # guards _next_seq
         for v in graph.variables.values():
@@ -94,14 +98,17 @@ class GraphState:
         if not node.saves_tensors or not any(type(v) is dict or type(v) is list for v in saved.values()):
             # Nothing to convert (plain numbers, sizes, flags): use the node's own mapping.
             return self._saved.setdefault(node, saved)
+        half = node in self.half_nodes
         for name, value in saved.items():
             if value is None:
                 cached[name] = None
             elif type(value) is dict and tensors.is_tensor_spec(value):
                 cached[name] = tensors.materialize(value, side)
+                if half:
+                    cached[name] = upcast(cached[name])
             elif name in tensor_fields and isinstance(value, list):
                 dtype = node.inputs[0].dtype if node.inputs else "float32"
-                cached[name] = np.asarray(value, dtype=dtype)
+                cached[name] = np.asarray(value, dtype="float32" if dtype in HALF else dtype)
             else:
                 # Plain numbers stay Python numbers: like PyTorch's wrapped
                 # scalars they do not change the gradient's dtype.
@@ -164,3 +171,12 @@ class GraphState:
                 self.grads[name] = old + grad
             else:
                 old += grad
+
+
+def _computes_in_half(node: Node) -> bool:
+    """A node with a formula (not one of the engine's own kinds) and a float16/bfloat16 input or output slot."""
+    if node.op.engine:
+        return False
+    if any(m.dtype in HALF for m in node.inputs):
+        return True
+    return any(e is not None and e.node.inputs[e.input_nr].dtype in HALF for e in node.next)

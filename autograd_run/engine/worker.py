@@ -40,6 +40,7 @@ from autograd_run.engine.streams import node_stream
 from autograd_run.graphs.model import DTYPES
 from autograd_run.ops import ACCUMULATE_GRAD, PYTHON
 from autograd_run.ops.arrays import sum_to
+from autograd_run.ops.dtypes import upcast
 
 
 _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
@@ -124,7 +125,7 @@ def _missing_saved(node, exc: KeyError) -> RuntimeError:
 def _call_function(engine, gt, node, inputs):
     state = gt.state
     grads = inputs.grads
-    if not (state.has_hooks or gt.faults or node.attrs):
+    if not (state.has_hooks or state.half_nodes or gt.faults or node.attrs):
         try:
             outputs = _RULE_FN[node.op](node, grads, gt.ctx)
         except KeyError as exc:
@@ -140,6 +141,8 @@ def _call_function(engine, gt, node, inputs):
             r = fn(tuple(grads))
             if r is not None:
                 grads = list(r)
+    if node in state.half_nodes:  # float16/bfloat16: computed in float32, rounded by validate_outputs
+        grads = [upcast(g) for g in grads]
     fault = gt.faults.get(node.id) if gt.faults else None
     if fault == "error" or "fail" in node.attrs:
         msg = node.attrs.get("fail") if "fail" in node.attrs else f"injected error in node {node.id!r}"

@@ -4,7 +4,9 @@ A checkpoint node's ``attrs.inner`` is ``{"roots": [...], "inputs": [...]}``:
 one ``[node id, input_nr]`` or null per input slot of the checkpoint (the
 nodes of the recomputed outputs), and one variable name or null per next
 edge (the recomputation's detached inputs, accumulated by their own
-AccumulateGrad nodes). The nested backward runs when the checkpoint runs, so
+AccumulateGrad nodes); optionally ``mode`` (``backward`` or ``grad``: the
+nested call the node makes) and ``checkpoint`` (false for a custom Function
+other than torch.utils.checkpoint's, which does not refuse ``grad()``). The nested backward runs when the checkpoint runs, so
 a checkpoint whose recomputed graph reaches itself (directly or through
 other checkpoints) would never end: refused here.
 """
@@ -33,8 +35,12 @@ def check_checkpoints(graph, err) -> None:
     for node in nodes:
         p = ("nodes", node.index, "attrs", "inner")
         inner = node.attrs.get("inner")
-        if not isinstance(inner, dict) or set(inner) - {"roots", "inputs"} or "roots" not in inner:
+        if not isinstance(inner, dict) or set(inner) - {"roots", "inputs", "mode", "checkpoint"} or "roots" not in inner:
             raise err(p, "a checkpoint node needs attrs.inner: {roots: [...], inputs: [...]}")
+        if inner.get("mode", "backward") not in ("backward", "grad"):
+            raise err(p + ("mode",), "mode must be 'backward' or 'grad'")
+        if not isinstance(inner.get("checkpoint", True), bool):
+            raise err(p + ("checkpoint",), "checkpoint must be true or false")
         roots, inputs = inner["roots"], inner.get("inputs", [])
         if not isinstance(roots, list) or len(roots) != len(node.inputs):
             raise err(p + ("roots",), f"roots must list one [node, input_nr] or null per input slot "

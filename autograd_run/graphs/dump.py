@@ -60,6 +60,8 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
                 vd["device"] = str(v.device)
             if v.grad is not None:
                 vd["grad"] = v.grad
+            if not v.requires_grad:
+                vd["requires_grad"] = False
             out["variables"].append(vd)
     if graph.inputs:
         out["inputs"] = list(graph.inputs)

@@ -29,7 +29,7 @@ ACCUMULATE_GRAD_SEQ = 2**64 - 1
 FORMAT = "autograd-graph/1"
 
 #: Dtypes a gradient (and so an input slot or a variable) may have.
-DTYPES = ("float16", "float32", "float64", "complex64", "complex128")
+DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
 #: Dtypes a saved tensor may have (indices, masks and wrapped integers too).
 SAVED_DTYPES = DTYPES + ("bool", "int8", "int16", "int32", "int64", "uint8")
 
@@ -145,6 +145,9 @@ class Variable:
     #: Initial ``.grad``: None, or a value/spec as for ``Root.grad``.
     grad: Any = None
     node: Node | None = None
+    #: False: a tensor that does not require grad (no AccumulateGrad node; asking for its gradient is
+    #: PyTorch's error). A variable that requires grad without a node is a leaf the graph does not reach.
+    requires_grad: bool = True
 
 
 @dataclass(slots=True)

@@ -48,6 +48,7 @@ class VariableSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     dtype: str = "float32"
     device: str = "cpu"
     grad: Any = None
+    requires_grad: bool = True
 
 
 class GraphSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

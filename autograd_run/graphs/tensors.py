@@ -6,7 +6,9 @@ A tensor value is one of:
 * a number or nested list: the values themselves;
 * ``{"data": [...], "dtype": ..., "shape": [...]}``: the same, with dtype/shape;
 * ``{"npz": KEY, "file": NAME}``: an array in an ``.npz`` side file in the
-  graph's folder (``file`` defaults to the graph's stem + ``.npz``);
+  graph's folder (``file`` defaults to the graph's stem + ``.npz``); with
+  ``dtype``, the array is cast to it (``bfloat16`` tensors are stored as their
+  exact float32 values, which every npz reader can open);
 * ``{"random": SEED, "shape": [...], "dtype": ..., "dist": "normal"|"uniform"}``:
   seeded random values (numpy's PCG64), the same on every machine.
 
@@ -151,7 +153,7 @@ def check_tensor(value: Any, path: tuple, err: Err, side: SideFiles,
         if len(kinds) != 1:
             raise err(path, "a tensor spec needs exactly one of 'data', 'npz', 'random'")
         kind = kinds[0]
-        allowed = {"data": {"data", "dtype", "shape"}, "npz": {"npz", "file"},
+        allowed = {"data": {"data", "dtype", "shape"}, "npz": {"npz", "file", "dtype"},
                    "random": {"random", "shape", "dtype", "dist"}}[kind]
         extra = sorted(set(value) - allowed)
         if extra:

@@ -94,6 +94,8 @@ class _Checker:
             raise self.err(p + ("variable",), f"unknown variable {ns.variable!r}")
         if var.node is not None:
             raise self.err(p + ("variable",), f"variable {ns.variable!r} already has AccumulateGrad node {var.node.id!r}")
+        if not var.requires_grad:
+            raise self.err(p + ("variable",), f"variable {ns.variable!r} does not require grad: it has no AccumulateGrad node")
         if ns.next:
             raise self.err(p + ("next",), "an AccumulateGrad node has no next edges")
         if not inputs:
@@ -129,7 +131,7 @@ class _Checker:
             dev = self.device(v.device, p + ("device",))
             if v.grad is not None:
                 tensors.check_tensor(v.grad, p + ("grad",), self.err, self.side, shape, v.dtype, allow_fill=True)
-            variables[v.name] = Variable(v.name, shape, v.dtype, dev, v.grad)
+            variables[v.name] = Variable(v.name, shape, v.dtype, dev, v.grad, requires_grad=v.requires_grad)
 
         nodes: list[Node] = []
         by_id: dict[str, Node] = {}
@@ -230,10 +232,7 @@ class _Checker:
 
         for i, name in enumerate(spec.inputs):
             var = variables.get(name)
-            if var is not None:
-                if var.node is None:
-                    raise self.err(("inputs", i), f"variable {name!r} has no AccumulateGrad node")
-            elif name not in by_id:
+            if var is None and name not in by_id:
                 raise self.err(("inputs", i), f"unknown input {name!r}: not a variable or node id")
         if spec.mode == "grad" and not spec.inputs:
             raise self.err(("inputs",), "mode 'grad' needs 'inputs' (grad requires non-empty inputs)")

@@ -674,10 +674,11 @@ def max_pool(node, grads, ctx):
     return each(node, lambda i: dx)
 
 
-@op("AdaptiveMaxPool2DBackward0", "AdaptiveMaxPool3DBackward0", saved="self:tensor result1:tensor",
+@op("AdaptiveMaxPool2DBackward0", "AdaptiveMaxPool3DBackward0", "FractionalMaxPool2DBackward0",
+    "FractionalMaxPool3DBackward0", saved="self:tensor result1:tensor kernel_size:ints? output_size:ints?",
     cost=cost.COPY)
 def adaptive_max_pool(node, grads, ctx):
-    """adaptive max pooling: each output's gradient to the input it chose."""
+    """adaptive and fractional max pooling: each output's gradient to the input it chose."""
     sv = ctx.saved(node)
     x, idx = sv["self"], sv["result1"].astype(np.int64, copy=False)
     dx = _scatter_indices(ctx.xp(node), grads[0], idx, x.shape, _spatial_k(node.name))
@@ -694,6 +695,15 @@ def max_pool_backward_backward(node, grads, ctx):
     xp = ctx.xp(node)
     k = _spatial_k(node.name)
     return each(node, lambda i: _gather_indices(xp, g, idx, k) if i == 0 else xp.zeros_like(g))
+
+
+@op("MaxUnpool2DBackward0", "MaxUnpool3DBackward0", saved="indices:tensor", cost=cost.COPY)
+def max_unpool(node, grads, ctx):
+    """max_unpool(x, indices): x was written at the flat spatial indices, so its gradient is read there."""
+    idx = ctx.saved(node)["indices"].astype(np.int64, copy=False)
+    g = grads[0]
+    k = 2 if node.name.startswith("MaxUnpool2D") else 3
+    return each(node, lambda i: _gather_indices(ctx.xp(node), g, idx, k))
 
 
 # --- normalisation ----------------------------------------------------------------------------------------

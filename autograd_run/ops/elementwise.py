@@ -822,6 +822,15 @@ def sampled(node, grads, ctx):
     return each(node, lambda i: _zeros_for(node, i, xp))
 
 
+@op("FakeQuantizePerTensorAffineCachemaskBackward0", "FakeQuantizePerChannelAffineCachemaskBackward0",
+    "FakeQuantizePerTensorAffineCachemaskTensorQparamsBackward0", "FusedMovingAvgObsFqHelperBackward0",
+    saved="mask:tensor", elementwise=True, cost=cost.pointwise(1))
+def fake_quantize(node, grads, ctx):
+    """Fake quantization (QAT's FakeQuantize, fused observer too): the gradient where the value was not clamped."""
+    mask = ctx.saved(node)["mask"]
+    return each(node, lambda i: grads[0] * mask)
+
+
 @op("CloneBackward0", elementwise=True, cost=cost.VIEW)
 def clone(node, grads, ctx):
     """clone(a): the gradient passes through."""

@@ -188,10 +188,35 @@ def scatter_reduce(node, grads, ctx):
     """a.scatter_reduce(dim, index, src, reduce, include_self) for sum, mean, amax/amin (ties share), prod."""
     sv = ctx.saved(node)
     g = grads[0]
-    xp = ctx.xp(node)
-    x, src, result, index = sv["self"], sv["src"], sv["result"], sv["index"]
     dim = _sdim(sv, g.ndim)
-    reduce, include_self = sv["reduce"], bool(sv.get("include_self", True))
+    gs, gsrc = _scatter_reduce_grads(ctx.xp(node), g, sv["self"], sv["src"], sv["result"], sv["index"], dim,
+                                     sv["reduce"], bool(sv.get("include_self", True)))
+    return each(node, lambda i: gs if i == 0 else gsrc)
+
+
+@op("IndexReduceBackward0",
+    saved="dim:int index:tensor reduce:str include_self:bool self:tensor source:tensor result:tensor",
+    cost=cost.reduction(3), unsupported=_unsupported_scatter_reduce)
+def index_reduce(node, grads, ctx):
+    """a.index_reduce(dim, index, source, reduce, include_self): scatter_reduce's gradients with the 1-d index
+    spread along dim over source's shape (mean, amax/amin with ties sharing, prod)."""
+    sv = ctx.saved(node)
+    g = grads[0]
+    xp = ctx.xp(node)
+    src = sv["source"]
+    dim = _sdim(sv, g.ndim)
+    index = xp.asarray(sv["index"]).reshape(-1).astype(xp.int64)
+    shape = [1] * src.ndim
+    if src.ndim:
+        shape[dim] = index.shape[0]
+        index = xp.broadcast_to(index.reshape(shape), src.shape)
+    gs, gsrc = _scatter_reduce_grads(xp, g, sv["self"], src, sv["result"], index, dim, sv["reduce"],
+                                     bool(sv.get("include_self", True)))
+    return each(node, lambda i: gs if i == 0 else gsrc)
+
+
+def _scatter_reduce_grads(xp, g, x, src, result, index, dim, reduce, include_self):
+    """Gradients of self and src of a scatter_reduce (``index`` of src's shape, or a prefix of it)."""
     shape = g.shape
     sub = tuple(slice(0, n) for n in index.shape)
     src = src[sub]
@@ -233,7 +258,7 @@ def scatter_reduce(node, grads, ctx):
         nz_at, zc_at = gather_along(xp, nonzero, dim, index), gather_along(xp, zeros, dim, index)
         others_src = xp.where(zc_at == 0, nz_at / xp.where(zsrc, one, src), xp.where((zc_at == 1) & zsrc, nz_at, 0))
         gsrc = gather_along(xp, g, dim, index) * others_src.conj()
-    return each(node, lambda i: gs if i == 0 else gsrc)
+    return gs, gsrc
 
 
 @op("IndexSelectBackward0", saved="dim:int index:tensor self_sym_sizes:sizes", cost=cost.COPY)

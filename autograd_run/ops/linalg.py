@@ -339,6 +339,77 @@ def cholesky_solve(node, grads, ctx):
     return each(node, lambda i: gb if i == 0 else (-low @ common if upper else -common @ low))
 
 
+#: PyTorch's texts (torch 2.13) where linalg.qr cannot be differentiated.
+ERR_QR_MODE_R = ("The derivative of linalg.qr depends on Q, which is not computed when mode='r'. Please use "
+                 "linalg.qr(A, mode='reduced') if you are going to differentiate through linalg.qr.")
+ERR_QR_COMPLETE = "The QR decomposition is not differentiable when mode='complete' and nrows > ncols."
+
+
+def _qr_tall(xp, q, r, gq, gr):
+    """A = QR with m >= n (Q m x n, R n x n): [gQ + Q syminvadj(triu(gR R^H - Q^H gQ))] R^-H."""
+    m = xp.zeros(r.shape, dtype=np.result_type(q, r, *(g for g in (gq, gr) if g is not None)))
+    if gr is not None:
+        m = m + gr @ _mh(r)
+    if gq is not None:
+        m = m - _mh(q) @ gq
+    upper = xp.triu(m)
+    diag = xp.real(xp.diagonal(upper, axis1=-2, axis2=-1))
+    sym = upper + _mh(upper) - diag[..., None] * _eye_like(xp, upper)
+    b = q @ sym
+    if gq is not None:
+        b = b + gq
+    return _solve_tri(xp, _mh(r), b, upper=False, left=False)
+
+
+@op("LinalgQrBackward0", saved="Q:tensor R:tensor mode:str?", cost=_CUBE)
+def qr(node, grads, ctx):
+    """linalg.qr(A) = (Q, R): for m >= n, [gQ + Q syminvadj(triu(gR R^H - Q^H gQ))] R^-H; for m < n, A = Q [X Y]
+    with R = [U V]: gY = Q gV and gX the square case of (gQ + Y gV^H, gU) (PyTorch's refusals for mode 'r' and
+    for 'complete' with more rows than columns)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    q, r = sv["Q"], sv["R"]
+    mode = sv.get("mode", "reduced")
+    gq = grads[0] if len(grads) > 0 else None
+    gr = grads[1] if len(grads) > 1 else None
+    if mode == "r":
+        raise RuntimeError(ERR_QR_MODE_R)
+    rows, cols = q.shape[-2], r.shape[-1]
+    if mode == "complete" and rows > cols:
+        raise RuntimeError(ERR_QR_COMPLETE)
+    if rows >= cols:
+        ga = _qr_tall(xp, q, r, gq, gr)
+    else:
+        u, v = r[..., :, :rows], r[..., :, rows:]
+        gu = None if gr is None else gr[..., :, :rows]
+        gv = None if gr is None else gr[..., :, rows:]
+        y = q @ v
+        gq2 = gq if gv is None else (y @ _mh(gv) if gq is None else gq + y @ _mh(gv))
+        gx = _qr_tall(xp, q, u, gq2, gu)
+        gy = xp.zeros(v.shape, dtype=gx.dtype) if gv is None else q @ gv
+        ga = xp.concatenate([gx, gy.astype(gx.dtype, copy=False)], axis=-1)
+    return each(node, lambda i: ga)
+
+
+@op("LinalgPinvBackward0", saved="self:tensor result:tensor", cost=_CUBE)
+def pinv(node, grads, ctx):
+    """linalg.pinv(A) = P, at constant rank: -(P K)^H + K P^H - A P K P^H + P^H P (g^H - K A), K = g^H P
+    (rows <= cols; the transposed arrangement otherwise, as PyTorch, so products stay small)."""
+    sv = ctx.saved(node)
+    a, p, g = sv["self"], sv["result"], grads[0]
+    rows, cols = a.shape[-2], a.shape[-1]
+    ph, gh = _mh(p), _mh(g)
+    if rows <= cols:
+        k = gh @ p
+        kph = k @ ph
+        ga = -_mh(p @ k) + kph - (a @ p) @ kph + (ph @ p) @ (gh - k @ a)
+    else:
+        k = p @ gh
+        phk = ph @ k
+        ga = -_mh(k @ p) + (gh - a @ k) @ p @ ph + phk - phk @ p @ a
+    return each(node, lambda i: ga)
+
+
 @op("LinalgEighBackward0", saved="eigenvalues:tensor eigenvectors:tensor", cost=_CUBE)
 def eigh(node, grads, ctx):
     """eigh(A) = (w, V): V (diag(g_w) + F o skew(V^H g_V)) V^H, F_ij = 1 / (w_j - w_i) off the diagonal (Hermitian)."""

@@ -1,5 +1,6 @@
 """Losses: mean squared error, negative log likelihood (1d and 2d targets), binary cross-entropy (on
-probabilities and on logits, with weights and pos_weight), smooth L1, Huber, soft margin, multi-class margin;
+probabilities and on logits, with weights and pos_weight), smooth L1, Huber, soft margin, multi-class margin,
+multi-label margin;
 and the double-backward nodes of MSE, smooth L1, Huber and NLL.
 
 ``reduction`` is PyTorch's enum: 0 none, 1 mean (over all elements, or
@@ -194,6 +195,36 @@ def multi_margin_loss(node, grads, ctx):
 
 # --- double backward --------------------------------------------------------------------------------------------
 # Inputs: the gradient of the first backward's grad_input; next edges: grad_output, self, target.
+
+
+@op("MultilabelMarginLossBackward0", saved="self:tensor target:tensor is_target:tensor reduction:int?",
+    cost=cost.pointwise(8))
+def multilabel_margin_loss(node, grads, ctx):
+    """multilabel_margin_loss(x, y): for each target j (up to the first -1) and non-target i with
+    1 - (x[j] - x[i]) > 0, -1/C to x[j] and +1/C to x[i]; times the (reduced) gradient."""
+    sv = ctx.saved(node)
+    x, y, is_t = sv["self"], sv["target"].astype(np.int64), sv["is_target"]
+    xp = ctx.xp(node)
+    squeeze = x.ndim < 2
+    x2, y2, t2 = (x.reshape(1, -1), y.reshape(1, -1), is_t.reshape(1, -1)) if squeeze else (x, y, is_t)
+    n, c = x2.shape
+    dx = xp.zeros_like(x2)
+    non_target = t2 == 0
+    for r in range(n):
+        for j in y2[r]:
+            if j < 0:
+                break
+            active = ((1 - (x2[r, j] - x2[r])) > 0) & non_target[r]
+            dx[r] += active / c
+            dx[r, j] -= active.sum() / c
+    reduction = sv.get("reduction", MEAN)
+    g = grads[0]
+    if reduction == NONE:
+        dx = dx * (g.reshape(-1, 1) if not squeeze else g)
+    else:
+        dx = dx * g / (n if reduction == MEAN else 1)
+    dx = dx.reshape(x.shape)
+    return each(node, lambda i: dx)
 
 
 @op("MseLossBackwardBackward0", saved="grad_output:tensor self:tensor target:tensor reduction:int?",

@@ -84,13 +84,14 @@ def _paired(torch, kind: str, n: int, reps: int, shapes: bool = False) -> tuple[
     machine preempted it in).
     """
     from torch.profiler import ProfilerActivity, profile
+    from autograd_run.native_stderr import silenced
     from autograd_run.traces.torch_profile import read_torch_profile
     walls, profs, calls = [], [], []
     for _ in range(reps):
         backward_time(_chain(torch, kind, n))  # warm again after the profiler
         walls.append(backward_time(_chain(torch, kind, n)))
         loss = _chain(torch, kind, n)
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
+        with silenced(), profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
             loss.backward()
         profs.append(prof)  # exported afterwards: writing and reading traces between rounds disturbs the timing
     with tempfile.TemporaryDirectory() as tmp:

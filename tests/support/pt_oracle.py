@@ -298,11 +298,17 @@ def _digest(entries, hook_log, lookup, leaf_names, caller: int) -> dict:
     gt_base = min((e[5] for e in nodes), default=0)
     # Nodes not in the graph as it was before backward (built during backward, e.g. by a
     # reentrant checkpoint's recomputation) are keyed by their sequence number relative to
-    # the lowest one in their graph task: one thread creates them all, in a fixed order.
+    # the lowest one in their graph task: one thread creates them all, in a fixed order. The graph
+    # as it was runs in the outermost call's graph task only (the first): a node of a nested call is
+    # never one of its nodes, even when its thread's sequence counter gives it the same (name, seq).
     dyn_base: dict[int, int] = {}
+
+    def static_id(name, seq, gt):
+        return lookup.get((name, seq)) if gt == gt_base else None
+
     for e in nodes:
         _, _, _, name, seq, gt, _, leaf, _ = e
-        if name not in (ACC, GRAPH_ROOT) and (name, seq) not in lookup:
+        if name not in (ACC, GRAPH_ROOT) and static_id(name, seq, gt) is None:
             dyn_base[gt] = min(dyn_base.get(gt, seq), seq)
 
     def key_of(name, seq, gt, leaf):
@@ -311,7 +317,7 @@ def _digest(entries, hook_log, lookup, leaf_names, caller: int) -> dict:
             return nid if nid is not None else f"AccumulateGrad[{leaf_names.get(leaf, '?')}]"
         if name == GRAPH_ROOT:
             return "GraphRoot"
-        nid = lookup.get((name, seq))
+        nid = static_id(name, seq, gt)
         return nid if nid is not None else f"{name}@+{seq - dyn_base[gt]}"
 
     workers: dict[str, dict] = {}

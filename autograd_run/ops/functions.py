@@ -1,0 +1,36 @@
+"""Nodes of the Python ``autograd.Function``s that PyTorch itself ships, whose backward is known.
+
+A custom Function's node is named ``<Class>Backward``. Most are the user's
+own and capture cannot know their backward (see ``autograd_run.capture_inner``);
+these are PyTorch's, with a fixed backward:
+
+* ``BackwardHookFunctionBackward``: what ``nn.Module.register_full_backward_hook``
+  (and ``_pre_hook``) put around a module's inputs and outputs; it passes each
+  gradient through to its own input (the hooks themselves are not in the
+  file: capture names them in ``meta.hooks``);
+* ``_DirichletBackward``: torch.distributions' reparameterised Dirichlet sample
+  (Dirichlet and Beta ``rsample``). Its factor is PyTorch's ``_dirichlet_grad``,
+  evaluated with PyTorch's own approximations: capture records its value at
+  the saved sample as ``grad_factor``.
+"""
+
+from __future__ import annotations
+
+from autograd_run.ops import cost
+from autograd_run.ops.arrays import each
+from autograd_run.ops.spec import op
+
+
+@op("BackwardHookFunctionBackward", cost=cost.VIEW)
+def backward_hook_function(node, grads, ctx):
+    """nn.Module full backward hooks' pass-through (BackwardHookFunction): gradient k to input k (hooks not kept)."""
+    return each(node, lambda i: grads[i])
+
+
+@op("_DirichletBackward", saved="result:tensor grad_factor:tensor", elementwise=True, cost=cost.pointwise(4))
+def dirichlet(node, grads, ctx):
+    """torch.distributions' _Dirichlet (Dirichlet and Beta rsample), x the sample: f (g - sum(x g)) over the last
+    dim, f PyTorch's _dirichlet_grad (recorded)."""
+    sv = ctx.saved(node)
+    x, f, g = sv["result"], sv["grad_factor"], grads[0]
+    return each(node, lambda i: f * (g - (x * g).sum(axis=-1, keepdims=True)))

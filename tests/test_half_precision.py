@@ -1,0 +1,100 @@
+"""float16 and bfloat16 end to end: the format (dtypes, inline and npz tensors), capture (CPU autocast), and
+rules that compute as PyTorch's half kernels do (in float32, rounded once)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is the oracle")
+nn = torch.nn
+F = torch.nn.functional
+
+from autograd_run.capture import from_torch  # noqa: E402
+from autograd_run.check import check_graph  # noqa: E402
+from autograd_run.engine import Engine  # noqa: E402
+from autograd_run.engine.run import run_graph  # noqa: E402
+from autograd_run.errors import GraphFileError  # noqa: E402
+from autograd_run.graphs.load import load_graph, loads_graph  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+BF16 = np.dtype("bfloat16")
+
+
+def test_a_bfloat16_graph_file_with_inline_and_npz_tensors(tmp_path):
+    np.savez(tmp_path / "h.npz", w=np.array([0.5, -1.25, 3.0], dtype=np.float32))
+    (tmp_path / "h.yaml").write_text(
+        "format: autograd-graph/1\n"
+        "roots: [{node: mul, grad: {data: [1.0, 2.0, 3.0], dtype: bfloat16}}]\n"
+        "variables: [{name: x, shape: [3], dtype: bfloat16}]\n"
+        "nodes:\n"
+        "  - {id: mul, name: MulBackward0, next: [[acc, 0], null], inputs: [{shape: [3], dtype: bfloat16}],\n"
+        "     saved: {other: {npz: w, dtype: bfloat16}}}\n"
+        "  - {id: acc, name: AccumulateGrad, variable: x}\n")
+    g = load_graph(str(tmp_path / "h.yaml"))
+    res = run_graph(Engine(multithreading=False), g)
+    assert res.grads["x"].dtype == BF16
+    np.testing.assert_array_equal(res.grads["x"].astype(np.float32), [0.5, -2.5, 9.0])
+
+
+def test_npz_dtype_must_be_a_known_one(tmp_path):
+    np.savez(tmp_path / "h.npz", w=np.ones(3, dtype=np.float32))
+    text = ('{"format": "autograd-graph/1", "roots": [{"node": "n", "grad": "ones"}], "nodes": [{"id": "n", '
+            '"name": "MulBackward0", "next": [null, null], "inputs": [{"shape": [3]}], '
+            '"saved": {"other": {"npz": "w", "dtype": "bfloat17"}}}]}')
+    (tmp_path / "h.json").write_text(text)
+    with pytest.raises(GraphFileError, match="unsupported dtype 'bfloat17'"):
+        load_graph(str(tmp_path / "h.json"))
+
+
+def ulps(ours, theirs, dtype):
+    """Largest difference in units of the half type's spacing at the reference's magnitude."""
+    eps = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+    t = theirs.float().numpy().astype(np.float64)
+    o = np.asarray(ours, dtype=np.float64)
+    spacing = np.maximum(np.abs(t), 2.0 ** -14) * eps
+    return float((np.abs(o - t) / spacing).max())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["mm", "softmax", "gelu", "mul", "conv"])
+def test_single_half_ops_round_once_like_pytorch(op, dtype):
+    """One node, half in and out: the replay differs from PyTorch's kernel by at most one rounding step."""
+    torch.manual_seed(0)
+    a = torch.randn(4, 6).to(dtype).requires_grad_(True)
+    b = torch.randn(6, 5).to(dtype).requires_grad_(True)
+    g = torch.randn(4, 5).to(dtype)
+    fwd = {"mm": lambda: a @ b, "softmax": lambda: torch.softmax(a, -1) * 1.0,
+           "gelu": lambda: F.gelu(a), "mul": lambda: a * a.detach().flip(0),
+           "conv": lambda: F.conv1d(a.unsqueeze(0), b[:4, :3].unsqueeze(1).expand(4, 4, 3).contiguous())}[op]
+    y = fwd()
+    go = torch.randn(y.shape).to(dtype)
+    doc = from_torch(y, grad_outputs=[go], names={"a": a, "b": b})
+    g = loads_graph(__import__("json").dumps(doc), "h.json")
+    res = run_graph(Engine(multithreading=False), g)
+    y.backward(go)
+    for name, t in (("a", a), ("b", b)):
+        if t.grad is None:
+            continue
+        assert res.grads[name].dtype == (BF16 if dtype == torch.bfloat16 else np.float16)
+        assert ulps(res.grads[name], t.grad, dtype) <= 1.0, (name, op)
+
+
+def test_cpu_autocast_captures_and_replays(tmp_path):
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = F.cross_entropy(m(torch.randn(5, 6)), torch.tensor([0, 1, 2, 0, 1]))
+    path = str(tmp_path / "ac.json")
+    doc = from_torch(loss, names=dict(m.named_parameters()), path=path)
+    dtypes = {(n["name"], n["inputs"][0]["dtype"]) for n in doc["nodes"] if n["inputs"]}
+    assert ("AddmmBackward0", "bfloat16") in dtypes and ("ToCopyBackward0", "bfloat16") in dtypes
+    assert {v["dtype"] for v in doc["variables"]} == {"float32"}
+    saved_bf16 = [v for n in doc["nodes"] for v in (n.get("saved") or {}).values()
+                  if isinstance(v, dict) and v.get("dtype") == "bfloat16"]
+    assert saved_bf16 and all("npz" in v for v in saved_bf16)
+    arrs = np.load(tmp_path / "ac.npz")
+    assert all(arrs[v["npz"]].dtype == np.float32 for v in saved_bf16)
+    report = check_graph(load_graph(path))
+    assert report.ok, report.grads
