@@ -18,7 +18,8 @@ from autograd_run.errors import AutogradRunError, GraphFileError, RequestError, 
 FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error", "inject_nan": "--inject-nan",
          "trace_path": "--trace", "order_out": "--order-out", "expected_order": "--expect-order",
          "devices": "--devices", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
-         "policy": "--policy", "placement": "--placement"}
+         "policy": "--policy", "placement": "--placement", "cache": "--cache", "scheduler": "--scheduler",
+         "workers": "--workers", "out": "--out", "transfer": "--transfer", "batch": "--batch"}
 
 
 class DefaultGroup(click.Group):
@@ -143,12 +144,14 @@ def gen(kind, output, n, op, width, layers, batch, in_features, heads, seq_len, 
 from autograd_run.cli.run_cmd import run  # noqa: E402  (registers the run command below)
 from autograd_run.cli.sim_cmd import calibrate, simulate  # noqa: E402
 from autograd_run.cli.capture_cmd import capture, check  # noqa: E402
+from autograd_run.cli.sweep_cmd import sweep  # noqa: E402
 
 cli.add_command(run)
 cli.add_command(simulate)
 cli.add_command(calibrate)
 cli.add_command(capture)
 cli.add_command(check)
+cli.add_command(sweep)
 
 
 def main(argv=None):
