@@ -315,3 +315,23 @@ def test_a_clear_message_when_the_extra_is_missing(tmp_path):
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("Error: the sweep runs on Dask distributed, which is not installed: "
                                "pip install 'autograd-run[sweep]'")
+
+
+@pytest.mark.parametrize("blocked,args,code,expect", [
+    ("pyarrow", ["--plot", "none"], 0, None),
+    ("matplotlib", [], 2, "Error: plots need matplotlib: pip install 'autograd-run[sweep]' (or --plot none)"),
+])
+def test_without_pyarrow_or_matplotlib(tmp_path, blocked, args, code, expect):
+    """Parquet is left out without pyarrow; plots without matplotlib are a clear error before any work."""
+    (tmp_path / "g.json").write_text(json.dumps(generate("chain", n=3)))
+    argv = ["sweep", "-g", str(tmp_path / "g.json"), "--spec", "h100", "--workers", "0", "--cache",
+            str(tmp_path / "c"), "--out", str(tmp_path / "o"), *args]
+    prog = (f"import sys; sys.modules[{blocked!r}] = None\n"
+            f"from autograd_run.cli.main import main\nmain({argv!r})")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == code, p.stderr
+    if expect:
+        assert p.stderr.startswith(expect) and not (tmp_path / "c").exists()
+    else:
+        assert sorted(os.listdir(tmp_path / "o")) == ["results.csv", "results.json"]

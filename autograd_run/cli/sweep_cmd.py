@@ -95,7 +95,8 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
         nonlocal task
         if progress is not None and todo:
             progress.start()
-            task = progress.add_task(f"sweep on {escape(where)}", total=total, completed=cached)
+            from rich.markup import escape as markup_escape  # a progress description is read as markup
+            task = progress.add_task(f"sweep on {markup_escape(escape(where))}", total=total, completed=cached)
 
     def on_row(row):
         if progress is not None and task is not None and not row.get("cached"):
