@@ -68,6 +68,19 @@ def test_a_grid_on_the_cluster_is_exactly_the_sequential_result(tmp_path, cluste
     assert stable_rows(par.rows) == stable_rows(seq.rows)
 
 
+def test_really_run_points_on_the_cluster_have_the_sequential_structure(tmp_path, cluster):
+    """Measurements differ run to run: the rows must agree in everything but the times."""
+    path = write_sweep(tmp_path, {"m.json": generate("mlp", layers=2, width=8), "t.json": generate("transformer", layers=1)},
+                       devices=[None, 2], policy=["pytorch", "single-thread"], mode="run", repeat=2)
+    seq = sweep(path, tmp_path / "seq", workers=0)
+    par = sweep(path, tmp_path / "par", scheduler=cluster)
+    timeless = ("wall_ns", "p95_ns", "critical_path_ns", "engine_done_ns", "compute_s", "cached")
+    assert par.failed == 0 and len(par.rows) == 8
+    assert [{k: v for k, v in r.items() if k not in timeless} for r in par.rows] == \
+        [{k: v for k, v in r.items() if k not in timeless} for r in seq.rows]
+    assert all(r["passes"] == 2 and r["wall_ns"] > 0 for r in par.rows)
+
+
 def test_a_rerun_hits_the_cache_without_a_cluster(tmp_path, cluster):
     path = write_sweep(tmp_path, graphs(), devices=[1, 2], policy=["pytorch", "fifo"], spec=["h100"])
     first = sweep(path, tmp_path / "c", scheduler=cluster)

@@ -79,10 +79,7 @@ def connect(scheduler: str | None, workers: int | None, verbose: bool = False,
                     raise RequestError(f"cannot reach the Dask scheduler at {scheduler}: {exc}", "scheduler") from None
             else:
                 n = workers or default_workers()
-                cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                                   host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                                   silence_logs=logging.DEBUG if verbose else logging.CRITICAL,
-                                                   preload=["autograd_run.sweep.worker_setup"])
+                cluster = _local_cluster(distributed, n, verbose)
                 client = distributed.Client(cluster, set_as_default=False)
         except BaseException:
             if cluster is not None:
@@ -102,6 +99,21 @@ def connect(scheduler: str | None, workers: int | None, verbose: bool = False,
             client.close(timeout=10)
             if cluster is not None:
                 cluster.close(timeout=20)
+
+
+#: The embedded cluster has no dashboard to show profiles or GIL contention, so the workers do not sample
+#: them: for this pure-Python, CPU-bound work that sampling only takes GIL time from the points.
+QUIET_WORKERS = {"distributed.worker.profile.enabled": False, "distributed.admin.system-monitor.gil.enabled": False}
+
+
+def _local_cluster(distributed, n: int, verbose: bool):
+    """``n`` worker processes, one thread each, on 127.0.0.1 only (the HTTP endpoint on a free port there too)."""
+    import dask
+    with dask.config.set(QUIET_WORKERS):  # a nanny hands its configuration to the worker process it starts
+        return distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                        dashboard_address="127.0.0.1:0",
+                                        silence_logs=logging.DEBUG if verbose else logging.CRITICAL,
+                                        preload=["autograd_run.sweep.worker_setup"])
 
 
 def check_workers(client) -> None:

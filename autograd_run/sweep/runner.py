@@ -21,7 +21,7 @@ from typing import Callable
 
 from autograd_run.errors import RequestError
 from autograd_run.sweep.cache import ResultCache, default_cache_dir
-from autograd_run.sweep.evaluate import make_payload, run_batch
+from autograd_run.sweep.evaluate import error_text, make_payload, run_batch
 from autograd_run.sweep.fingerprint import point_key, tool_fingerprint
 from autograd_run.sweep.grid import Grid, Point
 
@@ -160,14 +160,21 @@ def run_sweep(grid: Grid, options: SweepOptions | None = None) -> SweepReport:
         elif o.workers == 0:
             report.ran_on = "this process"
             _start(o, grid, report, len(todo), report.ran_on)
-            for gi, idx in batches_of(grid, todo, 1, o.batch):
-                try:
-                    payload = make_payload(grid.graphs[gi])
-                except Exception as exc:
-                    from autograd_run.sweep.evaluate import error_text
-                    batch_done(idx, None, error_text(exc))
-                    continue
-                batch_done(idx, run_batch(payload, [grid.points[i] for i in idx]), None)
+            payloads: dict[int, object] = {}
+            batches = batches_of(grid, todo, 1, o.batch)
+            last = {gi: k for k, (gi, _) in enumerate(batches)}
+            for k, (gi, idx) in enumerate(batches):
+                if gi not in payloads:
+                    try:
+                        payloads[gi] = make_payload(grid.graphs[gi])
+                    except Exception as exc:
+                        payloads[gi] = error_text(exc)
+                if isinstance(payloads[gi], str):
+                    batch_done(idx, None, payloads[gi])
+                else:
+                    batch_done(idx, run_batch(payloads[gi], [grid.points[i] for i in idx]), None)
+                if k == last[gi]:
+                    del payloads[gi]  # the graph's last batch: its bytes are not needed any more
         else:
             from autograd_run.sweep.cluster import connect, run_batches, worker_threads
             with connect(o.scheduler, o.workers, o.verbose, o.connect_timeout_s) as (client, desc):

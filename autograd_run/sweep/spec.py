@@ -257,8 +257,9 @@ def _scale_text(spec: SweepSpec, i: int, v: Any) -> str | None:
     if isinstance(v, dict):
         parts = []
         for name, factor in v.items():
-            if not isinstance(name, str) or isinstance(factor, bool) or not isinstance(factor, (int, float)):
-                raise spec.error("scale", i, "scale: a mapping of op or device names to numbers")
+            if not isinstance(name, str) or isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+                    or not name.strip() or "," in name or "=" in name:
+                raise spec.error("scale", i, "scale: a mapping of op or device names (without ',' or '=') to numbers")
             parts.append(f"{name}={factor!r}")
         return ",".join(parts)
     return _string(spec, "scale", i, v)
