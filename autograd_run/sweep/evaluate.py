@@ -144,7 +144,7 @@ def evaluate(graph: Graph, point: Point) -> dict:
         s = r.summary
         return {"wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns, "critical_path_ns": s.critical_path_ns,
                 "nodes": len(graph.nodes), "nodes_executed": s.nodes_executed,
-                "copies": len(r.graph.nodes) - len(graph.nodes), "workers": len(s.workers),
+                "copies": len(r.graph.nodes) - len(graph.nodes), "workers": sum(1 for w in s.workers if w.nodes),
                 "devices_used": len([d for d in r.graph.devices if not d.is_cpu])}
     from autograd_run.session import RunOptions, run_session
     from autograd_run.sim.costs import CostModel
@@ -162,7 +162,7 @@ def evaluate(graph: Graph, point: Point) -> dict:
     return {"wall_ns": int(s.passes.mean_ns) if s.passes.count else s.wall_ns, "p95_ns": s.passes.p95_ns,
             "critical_path_ns": s.critical_path_ns, "nodes": len(graph.nodes),
             "nodes_executed": s.nodes_executed // passes, "copies": len(placed.nodes) - len(graph.nodes),
-            "workers": len(s.workers), "devices_used": accelerators, "passes": s.passes.count}
+            "workers": sum(1 for w in s.workers if w.nodes), "devices_used": accelerators, "passes": s.passes.count}
 
 
 def error_text(exc: BaseException) -> str:
