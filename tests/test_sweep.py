@@ -21,7 +21,7 @@ from autograd_run.sweep.fingerprint import point_key
 from autograd_run.sweep.grid import build_grid
 from autograd_run.sweep.runner import SweepOptions, run_sweep
 from autograd_run.sweep.spec import SweepSpecError, read_spec_file
-from tests.builders import run_cli, stable_rows, write_sweep
+from builders import run_cli, stable_rows, write_sweep
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,7 +25,7 @@ from autograd_run.graphs.generators import generate  # noqa: E402
 from autograd_run.sweep.grid import build_grid  # noqa: E402
 from autograd_run.sweep.runner import SweepOptions, run_sweep  # noqa: E402
 from autograd_run.sweep.spec import read_spec_file  # noqa: E402
-from tests.builders import run_cli, stable_rows, write_sweep  # noqa: E402
+from builders import run_cli, stable_rows, write_sweep  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -74,11 +74,29 @@ def test_really_run_points_on_the_cluster_have_the_sequential_structure(tmp_path
                        devices=[None, 2], policy=["pytorch", "single-thread"], mode="run", repeat=2)
     seq = sweep(path, tmp_path / "seq", workers=0)
     par = sweep(path, tmp_path / "par", scheduler=cluster)
-    timeless = ("wall_ns", "p95_ns", "critical_path_ns", "engine_done_ns", "compute_s", "cached")
+    from autograd_run.sweep.results import VOLATILE
+    timeless = ("wall_ns", "p95_ns", "critical_path_ns", "engine_done_ns", *VOLATILE)
     assert par.failed == 0 and len(par.rows) == 8
     assert [{k: v for k, v in r.items() if k not in timeless} for r in par.rows] == \
         [{k: v for k, v in r.items() if k not in timeless} for r in seq.rows]
     assert all(r["passes"] == 2 and r["wall_ns"] > 0 for r in par.rows)
+
+
+@pytest.mark.parametrize("transfer", ["send", "path"])
+def test_side_files_travel_with_their_graph_and_are_part_of_its_key(tmp_path, cluster, transfer):
+    import numpy as np
+    from builders import doc, leaf, mul, total
+    d = doc(total("s", "m", seq=2, shape=[2]), mul("m", "acc_x", {"npz": "w"}, seq=1, shape=[2]), leaf("x", [2]))
+    np.savez(tmp_path / "g.npz", w=np.array([2.0, 3.0], dtype=np.float32))
+    path = write_sweep(tmp_path, {"g.json": d}, devices=[None, 2], policy=["pytorch", "single-thread"], mode="run")
+    grid = build_grid(read_spec_file(path))
+    assert grid.graphs[0].side.keys() == {"g.npz"} and str(tmp_path / "g.npz") in grid.inputs
+    seq = sweep(path, tmp_path / "seq", workers=0)
+    par = sweep(path, tmp_path / "par", scheduler=cluster, transfer=transfer)
+    assert par.failed == seq.failed == 0 and [r["key"] for r in par.rows] == [r["key"] for r in seq.rows]
+    np.savez(tmp_path / "g.npz", w=np.array([4.0, 5.0], dtype=np.float32))  # the same graph file, new values
+    again = sweep(path, tmp_path / "par", scheduler=cluster, transfer=transfer)
+    assert (again.cached, again.computed, again.failed) == (0, 4, 0)
 
 
 def test_a_rerun_hits_the_cache_without_a_cluster(tmp_path, cluster):

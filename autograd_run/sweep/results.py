@@ -16,11 +16,11 @@ from autograd_run.outputs import atomic_write, check_output_path
 #: The columns of the CSV and Parquet files, in order.
 COLUMNS = ("graph", "graph_sha", "mode", "spec", "devices", "placement", "policy", "scale", "repeat", "status",
            "wall_ns", "engine_done_ns", "critical_path_ns", "p95_ns", "passes", "nodes", "nodes_executed", "copies",
-           "workers", "devices_used", "compute_s", "cached", "error", "key")
+           "workers", "devices_used", "compute_s", "cpu_s", "cached", "error", "key")
 INT_COLUMNS = ("devices", "repeat", "wall_ns", "engine_done_ns", "critical_path_ns", "p95_ns", "passes", "nodes",
                "nodes_executed", "copies", "workers", "devices_used")
 #: What may differ between two sweeps of the same grid: how long a point took, and whether it was cached.
-VOLATILE = ("compute_s", "cached")
+VOLATILE = ("compute_s", "cpu_s", "cached")
 
 
 def ranked(rows: list[dict]) -> dict[str, list[dict]]:
@@ -89,7 +89,7 @@ def write_parquet(path: str, rows: list[dict]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
     types = {c: pa.int64() for c in INT_COLUMNS}
-    types.update(compute_s=pa.float64(), cached=pa.bool_())
+    types.update(compute_s=pa.float64(), cpu_s=pa.float64(), cached=pa.bool_())
     schema = pa.schema([(c, types.get(c, pa.string())) for c in COLUMNS])
     table = pa.table({c: [r.get(c) for r in rows] for c in COLUMNS}, schema=schema)
     tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
