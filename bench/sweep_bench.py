@@ -25,7 +25,7 @@ workers: a figure the machine's load hardly moves, which shows what running
 on Dask adds to the work itself. Prints the medians, the
 minimum and maximum of each ratio, and writes every figure as JSON.
 
-Graphs (a few hundred to 2500 nodes): two random DAGs, a
+Graphs (about 500 to 4000 nodes): two random DAGs, a
 transformer, an MLP and a chain; grid per graph: devices 1, 2, 4, 8 x
 placement greedy, round-robin x policy pytorch, fifo, critical-path,
 predicted-order, single-thread = 40 points.
@@ -40,11 +40,11 @@ import sys
 import tempfile
 import time
 
-GRAPHS = {"random-a.json": ("random", dict(nodes=600, leaves=60, seed=1)),
-          "random-b.json": ("random", dict(nodes=500, leaves=50, seed=2)),
-          "transformer.json": ("transformer", dict(layers=16, seed=3)),
-          "mlp.json": ("mlp", dict(layers=64, width=64, seed=4)),
-          "chain.json": ("chain", dict(n=2500, seed=5))}
+GRAPHS = {"random-a.json": ("random", dict(nodes=800, leaves=80, seed=1)),
+          "random-b.json": ("random", dict(nodes=700, leaves=70, seed=2)),
+          "transformer.json": ("transformer", dict(layers=24, seed=3)),
+          "mlp.json": ("mlp", dict(layers=96, width=64, seed=4)),
+          "chain.json": ("chain", dict(n=4000, seed=5))}
 GRID = {"devices": [1, 2, 4, 8], "placement": ["greedy", "round-robin"],
         "policy": ["pytorch", "fifo", "critical-path", "predicted-order", "single-thread"], "spec": ["h100"]}
 

@@ -158,12 +158,13 @@ def run_batches(client, grid, batches: list[tuple[int, list]], send: bool,
                 else:
                     # A task that returns the payload, not scattered data: the scheduler keeps the task, so a
                     # copy lost with a dead worker is made again instead of failing every batch of the graph.
-                    payloads[gi] = client.submit(hold, payload, pure=False,
-                                                 key=f"autograd-run-graph-{gi}-{os.urandom(4).hex()}") if send else payload
+                    key = f"autograd-run-graph-{gi}-{os.urandom(4).hex()}"
+                    payloads[gi] = client.submit(hold, payload, pure=False, key=key) if send else payload
             if isinstance(payloads[gi], Exception):
                 done(i, None, error_text(payloads[gi]))
                 continue
-            fut = client.submit(run_batch, payloads[gi], points, pure=False, key=f"autograd-run-sweep-{i}-{os.urandom(4).hex()}")
+            key = f"autograd-run-sweep-{i}-{os.urandom(4).hex()}"
+            fut = client.submit(run_batch, payloads[gi], points, pure=False, key=key)
             futures[fut] = i
         for fut in as_completed(list(futures), loop=client.loop):
             i = futures.pop(fut)
@@ -182,9 +183,9 @@ def run_batches(client, grid, batches: list[tuple[int, list]], send: bool,
             client.cancel(pending, force=True)
         raise
     finally:
-        scattered = [p for p in payloads.values() if not isinstance(p, Exception) and send]
-        if scattered:
+        sent = [p for p in payloads.values() if not isinstance(p, Exception) and send]
+        if sent:
             try:
-                client.cancel(scattered, force=True)
+                client.cancel(sent, force=True)
             except Exception:
                 pass
