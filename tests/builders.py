@@ -204,3 +204,26 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
         main(args)
     out = capsys.readouterr()
     return info.value.code, out.out, out.err
+
+
+# -- sweeps ------------------------------------------------------------------------------------
+
+def write_sweep(folder, graphs: dict[str, dict], name: str = "sweep.yaml", **grid) -> str:
+    """Write each graph document (file name -> document) into ``folder`` and a sweep spec over them.
+
+    ``grid`` gives the spec's other keys (``devices=[1, 2]``, ``policy=[...]``, ``spec=["h100"]``);
+    ``graphs_field`` replaces the spec's ``graphs`` list (the file names by default).
+    """
+    import yaml
+    for fname, d in graphs.items():
+        (folder / fname).write_bytes(dumps(d, "yaml" if fname.endswith((".yaml", ".yml")) else "json"))
+    spec = {"graphs": grid.pop("graphs_field", list(graphs)), **grid}
+    path = folder / name
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def stable_rows(rows: list[dict]) -> list[dict]:
+    """A sweep's rows without what may differ between two sweeps of the same grid (time taken, cached)."""
+    from autograd_run.sweep.results import VOLATILE
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]

@@ -21,7 +21,9 @@ FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error",
          "devices": "--backend", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
          "policy": "--policy", "placement": "--placement", "fail_on": "--fail-on",
          "trace": "--trace", "diff": "--diff", "around": "--around", "step": "--step", "costs_step": "--step",
-         "steps": "--steps", "warmup": "--warmup"}
+         "steps": "--steps", "warmup": "--warmup",
+         "cache": "--cache", "scheduler": "--scheduler", "workers": "--workers", "out": "--out",
+         "transfer": "--transfer", "batch": "--batch"}
 
 
 class DefaultGroup(click.Group):
@@ -103,6 +105,7 @@ from autograd_run.cli.view_cmd import view  # noqa: E402
 from autograd_run.cli.diff_cmd import diff  # noqa: E402
 from autograd_run.cli.draw_cmd import draw  # noqa: E402
 from autograd_run.cli.gen_cmd import gen  # noqa: E402
+from autograd_run.cli.sweep_cmd import sweep  # noqa: E402
 
 cli.add_command(run)
 cli.add_command(gen)
@@ -113,6 +116,7 @@ cli.add_command(check)
 cli.add_command(view)
 cli.add_command(diff)
 cli.add_command(draw)
+cli.add_command(sweep)
 
 
 #: numpy's floating-point warnings (an overflowing float16 gradient, 0/0 in a rule): the results show

@@ -120,6 +120,11 @@ class SideFiles:
             raise err(path, f"side file {name!r} is missing")
         return full
 
+    def opened(self) -> list[str]:
+        """The real paths of the side files read so far (after loading: every side file the graph names)."""
+        with self._lock:
+            return sorted(self._open)
+
     def archive(self, full: str, path: tuple, err: Err):
         with self._lock:
             arc = self._open.get(full)

@@ -50,6 +50,10 @@ class SimOptions:
     slack_speedup: float = 0.2
     #: Keep what a trace shows beyond the summary (queue depths over time).
     detail: bool = False
+    #: Refuse a ``scale`` key that names no op and no device of the (placed) graph (a typo would scale
+    #: nothing, silently). False (a sweep, whose grid crosses one scale with many graphs and device
+    #: counts): such a key leaves this simulation unscaled and is listed in ``SimReport.scale_unused``.
+    scale_must_apply: bool = True
 
 
 @dataclass
@@ -77,6 +81,8 @@ class SimReport:
     #: The measured costs used (with a PyTorch profile's coverage report), or None.
     measured: MeasuredCosts | None = None
     slack: list[Slack] = field(default_factory=list)
+    #: ``scale`` keys that named nothing here (only with ``SimOptions.scale_must_apply`` False).
+    scale_unused: list[str] = field(default_factory=list)
     _summary: Summary | None = None
 
     @property
@@ -105,19 +111,24 @@ def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str, de
     return sim, gt
 
 
-def _check_scale(graph: Graph, scale: dict[str, float], count: int | None) -> None:
+def _check_scale(graph: Graph, scale: dict[str, float], count: int | None, strict: bool = True) -> list[str]:
     """Every ``--scale`` key names an op of the (placed) graph or one of its devices (with ``--devices K``,
     any of cuda:0..K-1): a typo, or a device index the run does not have (``cuda:1000``), would
-    otherwise scale nothing, silently."""
+    otherwise scale nothing, silently. Not ``strict``: the keys that apply to nothing, returned."""
     names = {n.name for n in graph.nodes}
     devices = {str(d) for d in graph.devices} | {f"cuda:{k}" for k in range(count or 0)}
+    unused = []
     for key in scale:
         if key in names or key in devices:
+            continue
+        if not strict:
+            unused.append(key)
             continue
         if ":" in key or key in ("cpu", "cuda"):
             raise RequestError(f"{key!r}: no such device in {graph.source} (it has "
                                f"{', '.join(sorted(devices, key=_device_order))})", "scale")
         raise RequestError(f"{key!r} is neither an op name nor a device of {graph.source}", "scale")
+    return unused
 
 
 def _device_order(name: str) -> tuple:
@@ -136,12 +147,13 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
         model = CostModel(spec, measured, scale)  # costs of the placed graph's nodes
     elif o.placement != "keep":
         raise RequestError("a placement needs a device count", "placement")
-    _check_scale(graph, scale, o.devices)
+    scale_unused = _check_scale(graph, scale, o.devices, o.scale_must_apply)
     sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
     rec = to_recording(sim)
     wall = rec.end - rec.start
     report = SimReport(graph, o, spec, rec, order_rows(sim), (gt.returned or gt.end or 0) - gt.start, wall,
                        dict(Counter(c.source for c in model._cache.values())), measured)
+    report.scale_unused = scale_unused
     if o.slack_top > 0:
         report.slack = _slack(graph, spec, measured, scale, o, report)
     return report

@@ -1,0 +1,66 @@
+"""Results cached on disk, one small JSON file per grid point, keyed by ``fingerprint.point_key``.
+
+Layout: ``DIR/ab/abcdef....json`` holding ``{"key", "tool", "row"}``. Only
+the client reads and writes it (workers never see the cache), writes are
+atomic (a temporary file renamed into place), and an entry that cannot be
+read or does not match its key is a miss, not an error. Failed points are
+never cached: a rerun tries them again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from autograd_run.errors import RequestError
+
+MAX_ENTRY_BYTES = 1 << 20
+
+
+def default_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/autograd-run/sweep`` (``~/.cache/autograd-run/sweep``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "autograd-run", "sweep")
+
+
+class ResultCache:
+    def __init__(self, folder: str):
+        self.folder = folder
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise RequestError(f"{folder}: cannot create the cache folder: {exc.strerror or exc}", "cache") from None
+        if not os.access(folder, os.W_OK):
+            raise RequestError(f"{folder}: the cache folder is not writable", "cache")
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.folder, key[:2], key + ".json")
+
+    def get(self, key: str) -> dict | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                data = f.read(MAX_ENTRY_BYTES + 1)
+            doc = json.loads(data)
+        except (OSError, ValueError):
+            return None
+        if len(data) > MAX_ENTRY_BYTES or not isinstance(doc, dict) or doc.get("key") != key \
+                or not isinstance(doc.get("row"), dict):
+            return None
+        return doc["row"]
+
+    def put(self, key: str, tool: str, row: dict) -> bool:
+        """Store ``row``; False when it could not be written (a full disk: the sweep goes on, uncached)."""
+        path = self._path(key)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump({"key": key, "tool": tool, "row": row}, f)
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            return False
+        return True
