@@ -32,10 +32,18 @@ def check_output_path(path: str, option: str, inputs: list[str]) -> None:
 
 def atomic_write(path: str, data: bytes, option: str) -> None:
     """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
+    def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
+    atomic_write_with(path, write, option)
+
+
+def atomic_write_with(path: str, write, option: str) -> None:
+    """``write(tmp)`` makes a temporary file beside ``path`` (a library's own writer: Parquet, npz), which
+    is then renamed into place; a failure removes it and is a ``RequestError`` naming ``path``."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        write(tmp)
         os.replace(tmp, path)
     except OSError as exc:
         try:

@@ -15,10 +15,11 @@ import os
 import re
 
 from autograd_run.errors import UsageError
+from autograd_run.outputs import atomic_write_with
 from autograd_run.sweep.results import ranked
+from autograd_run.text import visible
 
 FORMATS = ("png", "svg")
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
 
 
 def require_matplotlib():
@@ -57,7 +58,8 @@ def series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
 
 
 def shown(text: str) -> str:
-    return str(text).translate(_CONTROL)
+    """A name from a file as a plot shows it: control characters visible (``text.visible``)."""
+    return visible(text)
 
 
 def draw(path: str, title: str, rows: list[dict], fmt: str) -> None:
@@ -81,13 +83,7 @@ def draw(path: str, title: str, rows: list[dict], fmt: str) -> None:
     ax.set_ylim(bottom=0)
     if lines:
         ax.legend(title="policy", fontsize=8)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        fig.savefig(tmp, format=fmt)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format=fmt), "out")
 
 
 def draw_all(folder: str, names: list[str], graphs, rows: list[dict], fmt: str) -> list[str]:

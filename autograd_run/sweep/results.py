@@ -11,7 +11,7 @@ import io
 import json
 import os
 
-from autograd_run.outputs import atomic_write, check_output_path
+from autograd_run.outputs import atomic_write, atomic_write_with, check_output_path
 
 #: The columns of the CSV and Parquet files, in order.
 COLUMNS = ("graph", "graph_sha", "mode", "spec", "devices", "placement", "policy", "scale", "scale_unused", "repeat",
@@ -93,16 +93,7 @@ def write_parquet(path: str, rows: list[dict]) -> None:
     types.update(compute_s=pa.float64(), cpu_s=pa.float64(), cached=pa.bool_())
     schema = pa.schema([(c, types.get(c, pa.string())) for c in COLUMNS])
     table = pa.table({c: [r.get(c) for r in rows] for c in COLUMNS}, schema=schema)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise_request(f"{path}: {exc.strerror or exc}")
+    atomic_write_with(path, lambda tmp: pq.write_table(table, tmp), "out")
 
 
 def report_json(report, outputs: list[str]) -> dict:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from autograd_run.errors import RequestError
-from autograd_run.traces.samples import NodeSamples, Samples, pass_samples, stable_worker
+from autograd_run.traces.samples import NodeSamples, Samples, append_passes, pass_samples, stable_worker
 from autograd_run.traces.summary import _union_length
 
 #: Inputs larger than this are refused before they are read.
@@ -134,27 +134,9 @@ def concat(profiles: list[Profile], source: str) -> Profile:
     out = Profile(source, first.kind, first.simulated, total)
     offset = 0
     for p in profiles:
-        out.wall_ns += p.wall_ns
-        out.critical_path_ns += p.critical_path_ns
-        out.critical_path += p.critical_path
+        append_passes(out, p, offset)
         out.order += p.order
-        for w, v in p.worker_busy_ns.items():
-            out.worker_busy_ns.setdefault(w, [0] * offset).extend(v)
-        for nid, ns in p.nodes.items():
-            cur = out.nodes.get(nid)
-            if cur is None:
-                cur = out.nodes[nid] = NodeSamples(ns.name, [None] * offset, [None] * offset, [None] * offset,
-                                                   [None] * offset)
-            cur.worker += ns.worker
-            cur.start_ns += ns.start_ns
-            cur.duration_ns += ns.duration_ns
-            cur.queue_wait_ns += ns.queue_wait_ns
         offset += p.passes
-        for w, v in out.worker_busy_ns.items():
-            v.extend([0] * (offset - len(v)))
-        for ns in out.nodes.values():
-            for lst in (ns.worker, ns.start_ns, ns.duration_ns, ns.queue_wait_ns):
-                lst.extend([None] * (offset - len(lst)))
     out.notes = sorted({n for p in profiles for n in p.notes})
     return _finish(out)
 

@@ -66,33 +66,11 @@ class Samples:
 
     def extend(self, other: "Samples") -> None:
         """Append ``other``'s passes after this one's (the passes of a run folded one recording at a time)."""
-        n, m = self.passes, other.passes
-        self.wall_ns += other.wall_ns
-        self.critical_path_ns += other.critical_path_ns
-        self.critical_path += other.critical_path
-        for w, v in other.worker_busy_ns.items():
-            self.worker_busy_ns.setdefault(w, [0] * n).extend(v)
-        for w, v in self.worker_busy_ns.items():
-            if len(v) < n + m:
-                v.extend([0] * (n + m - len(v)))
-        for k, o in other.nodes.items():
-            ns = self.nodes.get(k)
-            if ns is None:
-                ns = self.nodes[k] = NodeSamples(o.name, [None] * n, [None] * n, [None] * n, [None] * n)
-            ns.worker += o.worker
-            ns.start_ns += o.start_ns
-            ns.duration_ns += o.duration_ns
-            ns.queue_wait_ns += o.queue_wait_ns
-        for k, ns in self.nodes.items():
-            if len(ns.worker) < n + m:
-                pad = [None] * (n + m - len(ns.worker))
-                ns.worker += pad
-                ns.start_ns += pad
-                ns.duration_ns += pad
-                ns.queue_wait_ns += pad
-        self.critical_keys |= {(gt, nid) for gt, nid in other.critical_keys}
+        n = self.passes
+        append_passes(self, other, n)
+        self.critical_keys |= other.critical_keys
         self.pass_of_task.update({gt: n + k for gt, k in other.pass_of_task.items()})
-        self.passes = n + m
+        self.passes = n + other.passes
 
     def to_dict(self) -> dict:
         return {"passes": self.passes, "wall_ns": self.wall_ns, "critical_path_ns": self.critical_path_ns,
@@ -100,6 +78,32 @@ class Samples:
                 "nodes": {k: {"name": n.name, "worker": n.worker, "start_ns": n.start_ns,
                               "duration_ns": n.duration_ns, "queue_wait_ns": n.queue_wait_ns}
                           for k, n in self.nodes.items()}}
+
+
+def append_passes(into, other, before: int) -> None:
+    """Append the per-pass lists of ``other`` (``Samples`` or a ``traces.profile.Profile``: the same
+    fields) to ``into``, which holds ``before`` passes; a worker or node missing on one side gets 0 busy
+    time and None times for those passes. ``into.passes`` is left to the caller."""
+    total = before + other.passes
+    into.wall_ns += other.wall_ns
+    into.critical_path_ns += other.critical_path_ns
+    into.critical_path += other.critical_path
+    for w, v in other.worker_busy_ns.items():
+        into.worker_busy_ns.setdefault(w, [0] * before).extend(v)
+    for v in into.worker_busy_ns.values():
+        v.extend([0] * (total - len(v)))
+    for k, o in other.nodes.items():
+        ns = into.nodes.get(k)
+        if ns is None:
+            ns = into.nodes[k] = NodeSamples(o.name, [None] * before, [None] * before, [None] * before,
+                                             [None] * before)
+        ns.worker += o.worker
+        ns.start_ns += o.start_ns
+        ns.duration_ns += o.duration_ns
+        ns.queue_wait_ns += o.queue_wait_ns
+    for ns in into.nodes.values():
+        for lst in (ns.worker, ns.start_ns, ns.duration_ns, ns.queue_wait_ns):
+            lst.extend([None] * (total - len(lst)))
 
 
 def task_passes(rec: Recording) -> tuple[dict[int, int], list[tuple[int, int]]]:
