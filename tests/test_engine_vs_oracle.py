@@ -28,7 +28,8 @@ REPLAYS = 5
 #: Scenarios whose per-worker order (or event calls) depend on timing in PyTorch itself.
 ORDER_RACE = {"join_race"}
 EVENTS_RACE = {"two_roots"}
-#: Reentrant checkpoints replay once they are captured as inner graphs; the hand-off is compared below.
+#: Reentrant checkpoints (captured with their inner graphs): compared below, the nested nodes by their
+#: oracle labels (checkpoint_dev), and the depth-60 hand-off (nested_checkpoint).
 CHECKPOINTS = {"checkpoint_dev", "nested_checkpoint"}
 #: Forward streams are not visible to capture (PyTorch does not expose a node's stream to Python);
 #: and ``ve`` devices have no streams in PyTorch (one accelerator type per process), but replay as cuda here.
@@ -126,6 +127,44 @@ def test_two_roots_make_the_same_event_calls_in_some_order(pt_oracle_results):
                                    for w, t in v["workers"].items()} for v in r["variants"]]
     seen = [{w: e for w, e in s.items() if e} for s in seen]
     assert {w: sorted(e) for w, e in ours.items()} in [{w: sorted(e) for w, e in s.items()} for s in seen]
+
+
+def _as_oracle_labels(doc: dict, static: dict, nodes: dict) -> dict:
+    """Our per-worker ids with the nodes a checkpoint's backward builds (not in the graph as it was before
+    the backward) labelled as the oracle labels them: ``NAME@+k`` (k: the sequence number from the lowest
+    of those nodes) and ``AccumulateGrad[leaf]`` (``?`` for a leaf the model did not name)."""
+    import re
+    by_id = {n["id"]: n for n in doc["nodes"]}
+    inner = [n for i, n in by_id.items() if i not in static and "seq" in n]
+    base = min((n["seq"] for n in inner), default=0)
+
+    def label(i):
+        if i in static or i == "GraphRoot":
+            return i
+        n = by_id[i]
+        if "variable" in n:
+            v = n["variable"]
+            # capture's names for leaves the model did not name: leafK, and NODE.inputK for the detached
+            # input of a checkpoint's recomputation
+            unnamed = re.fullmatch(r"leaf[0-9]+|n[0-9]+[.]input[0-9]+", v) is not None
+            return f"AccumulateGrad[{'?' if unnamed else v}]"
+        return f"{n['name']}@+{n['seq'] - base}"
+    return {w: [label(i) for i in ids] for w, ids in nodes.items()}
+
+
+def test_a_checkpoint_across_devices_runs_as_pytorch_runs_it(pt_oracle_results):
+    """A reentrant checkpoint on accel:0 under a head on accel:1: PyTorch's device thread 0 runs the
+    checkpoint node, and its nested backward (the recomputed block, captured as the node's inner graph)
+    on the same thread; each worker's order, nested nodes included, is PyTorch's.
+
+        head (accel:1) <- to(accel:1) <- checkpoint(block) (accel:0) <- relu(l1(x)) (accel:0)
+    """
+    r = pt_oracle_results["checkpoint_dev"]
+    doc = r["capture"]
+    assert any(n.get("op") == "checkpoint" for n in doc["nodes"])
+    runs = [_as_oracle_labels(doc, r["static"], replay(doc)[0]) for _ in range(REPLAYS)]
+    assert all(run == runs[0] for run in runs), "our per-worker order varies between replays"
+    assert runs[0] == pytorch_nodes(r)
 
 
 def test_reentrant_hand_off_from_a_device_thread_matches_pytorch(pt_oracle_results):
