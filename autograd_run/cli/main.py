@@ -42,20 +42,39 @@ def _err(msg: str) -> None:
     click.echo(f"Error: {msg}", err=True)
 
 
+def _byte_size(ctx, param, value):
+    if value is None:
+        return None
+    from autograd_run.graphs.validate import parse_byte_size
+    try:
+        return parse_byte_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @cli.command()
 @click.argument("files", nargs=-1, required=True)
-def validate(files):
+@click.option("--allow-python", is_flag=True,
+              help="Accept python nodes (running them imports and calls code the file names).")
+@click.option("--max-memory", default=None, metavar="SIZE", callback=_byte_size,
+              help="Memory budget a graph may need (e.g. 8GiB); default 4 GiB or half the machine's memory.")
+def validate(files, allow_python, max_memory):
     """Check graph files; print one line per valid file, `Error: ...` per problem.
+
+    Checks everything `run` would refuse: syntax, schema, duplicate keys,
+    edges and shapes, saved values against each op's declared kinds, side
+    files, and the memory the graph needs to run.
 
     \b
     Example:
       autograd-run validate graph.yaml example:mlp
+      autograd-run validate big.json --max-memory 16GiB
     """
     from autograd_run.graphs.load import load_graph
     failed = False
     for f in files:
         try:
-            g = load_graph(f)
+            g = load_graph(f, max_bytes=max_memory, allow_python=allow_python, check_data=True)
         except GraphFileError as exc:
             _err(str(exc))
             failed = True

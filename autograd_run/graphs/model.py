@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
+import re
 from typing import Any, Mapping, NamedTuple
 
 from autograd_run.ops import OpSpec
@@ -33,9 +34,22 @@ DTYPES = ("float16", "float32", "float64", "complex64", "complex128")
 SAVED_DTYPES = DTYPES + ("bool", "int8", "int16", "int32", "int64", "uint8")
 
 
+#: Device indices are bounded (one worker thread per index): ``TYPE:0`` .. ``TYPE:255``.
+MAX_DEVICE_INDEX = 255
+#: Device types are lowercase identifiers (PyTorch's ``cuda``, ``xpu``, ``mps``, ``hpu``,
+#: ``xla``, a renamed PrivateUse1 backend such as ``openreg``), at most 32 characters.
+_DEVICE_TYPE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+#: Types that do not describe a place gradients can live on.
+_NOT_A_DEVICE = {"meta": "meta tensors carry no data, so a backward pass cannot run on them"}
+
+
 @dataclass(frozen=True, slots=True)
 class Device:
-    """``cpu`` (index -1) or ``cuda:N``."""
+    """``cpu`` (index -1) or an accelerator ``TYPE:N`` (``cuda:0``, ``xpu:1``, ``mps:0``, ...).
+
+    As in PyTorch, nodes on the same index of different accelerator types
+    share one worker thread (the engine routes by index).
+    """
 
     type: str
     index: int = -1
@@ -49,16 +63,44 @@ class Device:
 
     @staticmethod
     def parse(text: str) -> "Device | None":
-        """``cpu``, ``cuda`` (= ``cuda:0``) or ``cuda:N``; None when malformed."""
+        """``cpu``, ``TYPE`` (= ``TYPE:0``) or ``TYPE:N``; None when malformed (``explain`` says why)."""
         if text == "cpu":
             return CPU
-        if text == "cuda":
-            return Device("cuda", 0)
-        if text.startswith("cuda:"):
-            idx = text[5:]
-            if idx.isdigit() and len(idx) <= 3 and int(idx) < 256 and str(int(idx)) == idx:
-                return Device("cuda", int(idx))
+        if Device.explain(text) is not None:
+            return None
+        typ, _, idx = text.partition(":")
+        return Device(typ, int(idx) if idx else 0)
+
+    @staticmethod
+    def explain(text: Any) -> str | None:
+        """Why ``text`` is not a device string, or None when it is one."""
+        expected = "expected 'cpu', or 'TYPE:N' for an accelerator such as 'cuda:0'"
+        if not isinstance(text, str):
+            return f"a device must be a string, got {_short(text)}; {expected}"
+        if text == "cpu":
+            return None
+        typ, colon, idx = text.partition(":")
+        if not _DEVICE_TYPE.fullmatch(typ):
+            if typ.lower() != typ and _DEVICE_TYPE.fullmatch(typ.lower()):
+                return f"unknown device {_short(text)}: device types are lowercase ({typ.lower()!r})"
+            return f"unknown device {_short(text)}; {expected}"
+        if typ in _NOT_A_DEVICE:
+            return f"device {_short(text)} is not supported: {_NOT_A_DEVICE[typ]}"
+        if typ == "cpu":
+            return f"device {_short(text)}: 'cpu' has no index; write 'cpu'"
+        if not colon:
+            return None
+        if not idx.isascii() or not idx.isdigit() or (len(idx) > 1 and idx[0] == "0"):
+            return f"unknown device {_short(text)}: the index must be a non-negative integer without leading zeros"
+        if len(idx) > 3 or int(idx) > MAX_DEVICE_INDEX:
+            return f"device {_short(text)}: index out of range (at most {MAX_DEVICE_INDEX})"
         return None
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` cut to ``limit`` characters, for messages about untrusted values."""
+    r = repr(value)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 CPU = Device("cpu", -1)
