@@ -204,9 +204,11 @@ def test_a_missing_saved_value_names_the_node(tmp_path, capsys):
     f = tmp_path / "g.json"
     f.write_text(json.dumps(doc))
     code, out, err = run_main([str(f), "--no-summary"], capsys)
-    assert code == 1
-    assert err.strip() == ("Error: node 'm' (MulBackward0): MulBackward0 node 'm' needs saved value 'other', "
-                           "which the graph file does not provide")
+    # Found while loading now (exit 2), before the backward runs.
+    assert code == 2
+    assert err.strip() == (f"Error: {f}: node 'm' at $.nodes[0]: MulBackward0 node 'm' needs saved field 'other' "
+                           "(a tensor (a number, a nested list of numbers, or a spec with 'data', 'npz' or 'random')) "
+                           "for the gradient of its output 0, which the file does not give")
 
 
 def test_progress_bar_is_silent_when_stderr_is_not_a_terminal(capsys):

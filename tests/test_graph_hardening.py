@@ -257,9 +257,10 @@ def test_corrupt_npz_data_is_found_by_validate_and_by_run(tmp_path):
     (tmp_path / "g.npz").write_bytes(bytes(raw))
     doc = npz_doc({"npz": "x"}, "saved")
     doc["nodes"][2]["name"] = "MmBackward0"  # not elementwise: any saved shape will do
+    doc["nodes"][2]["saved"] = {"mat2": {"npz": "x"}}
     p = write(tmp_path, doc)
     err = _error(lambda: load_graph(p, check_data=True))
-    assert "member 'x' is corrupt: Bad CRC-32" in err.what and "$.nodes[2].saved.other" in err.where
+    assert "member 'x' is corrupt: Bad CRC-32" in err.what and "$.nodes[2].saved.mat2" in err.where
     g = load_graph(p)  # the header is fine: only reading the data finds it
     from autograd_run.engine import GraphState
     err = _error(lambda: GraphState(g).prepare())
@@ -283,7 +284,7 @@ def big_saved_doc(n=10, numel=1 << 30, dtype="float64"):
     for i in range(n):
         doc["nodes"].append({"id": f"m{i}", "name": "MulBackward0",
                              "next": [[f"m{i + 1}" if i < n - 1 else "acc", 0], None], "inputs": [{"shape": [1]}],
-                             "saved": {"self": {"random": i, "shape": [numel], "dtype": dtype}}})
+                             "saved": {"other": {"random": i, "shape": [numel], "dtype": dtype}}})
     doc["nodes"].append({"id": "acc", "name": "AccumulateGrad", "variable": "a"})
     return doc
 
@@ -292,7 +293,7 @@ def test_budget_refuses_80_gib_with_total_and_contributors():
     err = _error(lambda: load_doc(big_saved_doc(), "json"))
     assert "the graph needs 80.0 GiB of memory" in err.what
     assert "saved tensors 80.0 GiB" in err.what and "memory budget" in err.what
-    assert "largest: 8.0 GiB at node 'm0' at $.nodes[0].saved.self" in err.what
+    assert "largest: 8.0 GiB at node 'm0' at $.nodes[0].saved.other" in err.what
     assert "--max-memory" in err.what
 
 
@@ -312,7 +313,7 @@ def test_largest_gradient_counts():
     doc = copy_seed()
     doc["nodes"][0]["inputs"] = [{"shape": [1 << 31], "dtype": "complex128"}]
     err = _error(lambda: load_doc(doc, "json"))
-    assert "largest gradient 32.0 GiB" in err.what
+    assert "working gradients 64.0 GiB" in err.what
 
 
 def test_default_budget_follows_the_address_space_limit():
@@ -351,6 +352,7 @@ SAVED_CASES = [
     (2, {"other": {"value": 2}}, "must be a tensor", "$.nodes[2].saved.other"),
     (2, {"other": [[1, 2], [3]]}, "ragged", "$.nodes[2].saved.other"),
     (2, {"other": [1.0, 2.0, 3.0]}, "does not broadcast", "$.nodes[2].saved.other"),
+    (2, {"self": 2.0}, "MulBackward0 node 'mb' needs saved field 'other'", "$.nodes[2].saved"),
 ]
 
 

@@ -44,6 +44,7 @@ MAX_NPZ_DIRECTORY = 64 << 20
 MAX_NPY_HEADER = 10_000
 
 Err = Callable[[tuple, str], Exception]
+_RANDOM_CHUNK = 1 << 20
 
 _ITEMSIZE = {name: np.dtype(name).itemsize for name in SAVED_DTYPES}
 
@@ -484,10 +485,15 @@ def materialize(value: Any, side: SideFiles, shape: tuple[int, ...] | None = Non
                 arr = arr.reshape(shape)
             return arr.astype(dt, copy=False) if dt else arr
         rng = np.random.Generator(np.random.PCG64(value["random"] + side.seed_offset))
-        if value.get("dist", "normal") == "uniform":
-            arr = rng.random(shp)
-        else:
-            arr = rng.standard_normal(shp)
-        return np.asarray(arr, dtype=dt or "float32")
+        draw = rng.random if value.get("dist", "normal") == "uniform" else rng.standard_normal
+        n = math.prod(shp)
+        if n <= _RANDOM_CHUNK:
+            return np.asarray(draw(shp), dtype=dt or "float32")
+        # Big tensors in chunks: the same values (the stream is drawn in order), without a
+        # float64 temporary of the whole tensor next to the result.
+        out = np.empty(n, dtype=dt or "float32")
+        for i in range(0, n, _RANDOM_CHUNK):
+            out[i: i + _RANDOM_CHUNK] = draw(min(_RANDOM_CHUNK, n - i))
+        return out.reshape(shp)
     arr = np.asarray(value, dtype=dtype or "float32")
     return arr.reshape(shape) if shape is not None else arr

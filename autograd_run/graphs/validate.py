@@ -139,6 +139,18 @@ def is_expandable_to(shape: tuple[int, ...], desired: tuple[int, ...]) -> bool:
     return True
 
 
+#: Saved fields an op declares optional (PyTorch saves them only when the other input requires
+#: grad) but reads once a given output's edge exists: op name -> ((output index, field), ...).
+#: (This knowledge would sit better in ``OpSpec``; it is kept here until the op library says it.)
+NEEDED_FOR_OUTPUT = {
+    "MulBackward0": ((0, "other"), (1, "self")),
+    "DivBackward0": ((0, "other"), (1, "self"), (1, "other")),
+    "MmBackward0": ((0, "mat2"), (1, "self")),
+    "BmmBackward0": ((0, "mat2"), (1, "self")),
+    "AddmmBackward0": ((1, "mat2"), (2, "mat1")),
+}
+
+
 def _shape_like(name: str) -> bool:
     """A ``sizes`` field that is a tensor's shape (``self_sym_sizes``), not a list of lengths (cat's ``sizes``)."""
     return name.endswith(("_sym_sizes", "_sizes_opt")) or name == "normalized_shape"
@@ -161,7 +173,7 @@ class _Checker:
         self.max_bytes = default_max_bytes() if max_bytes is None else max_bytes
         #: Memory budget: bytes by category, and the largest contributors as (bytes, path).
         self.bytes = {"saved tensors": 0, "root gradients": 0, "variable gradients": 0,
-                      "reference gradients": 0, "largest gradient": 0}
+                      "reference gradients": 0, "working gradients": 0}
         self._top: list[tuple[int, tuple]] = []
         self._top_min = 0
         self._largest_path: tuple | None = None
@@ -184,12 +196,17 @@ class _Checker:
             self._top_min = top[-1][0]
 
     def gradient(self, nbytes: int, path: tuple) -> None:
-        """One gradient the run may hold (an input slot, a shape a rule allocates): the largest counts."""
-        if nbytes > self.bytes["largest gradient"]:
-            self.bytes["largest gradient"] = nbytes
+        """One gradient the run may hold (an input slot, a shape a rule allocates).
+
+        The largest counts twice ("working gradients"): a node holds its incoming
+        gradient while it makes the next one. An estimate, not a bound: many
+        gradients may wait in input buffers at once.
+        """
+        if 2 * nbytes > self.bytes["working gradients"]:
+            self.bytes["working gradients"] = 2 * nbytes
             self._top = [t for t in self._top if t[1] is not self._largest_path]
             self._largest_path = path
-            self._note(nbytes, path)
+            self._note(2 * nbytes, path)
 
     def check_budget(self) -> None:
         total = sum(self.bytes.values())
@@ -315,8 +332,9 @@ class _Checker:
             info = ops.get(op_text)
             if info is None:
                 op = self.resolve_op(ns, i)
-                info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved)
-            op, required, fields = info
+                info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved,
+                                       NEEDED_FOR_OUTPUT.get(op.name))
+            op, required, fields, needs = info
             seq = ns.seq
             if seq is unset:
                 seq = None
@@ -365,6 +383,13 @@ class _Checker:
                     check_value(node, i, key, value, f)
             if required:
                 self.check_required(node, i, required)
+            if needs is not None:
+                nxt = ns.next or ()
+                for k, key in needs:
+                    if key not in node.saved and k < len(nxt) and nxt[k] is not None:
+                        raise self.err(("nodes", i, "saved") if saved else ("nodes", i),
+                                       f"{op.name} node {nid!r} needs saved field {key!r} ({_KIND_TEXT['tensor']}) "
+                                       f"for the gradient of its output {k}, which the file does not give")
             if attrs:
                 self.check_attrs(node, i, attrs)
 
