@@ -147,14 +147,18 @@ def hostile(rng: random.Random):
 
 # -- mutations ------------------------------------------------------------------------------------------
 
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
+def _paths(obj, max_depth: int = 24):
+    """Every path into ``obj`` (iteratively; not below ``max_depth``: hostile values nest deep)."""
+    stack = [(obj, ())]
+    while stack:
+        o, prefix = stack.pop()
+        yield prefix
+        if len(prefix) >= max_depth:
+            continue
+        if isinstance(o, dict):
+            stack.extend((v, prefix + (k,)) for k, v in o.items())
+        elif isinstance(o, list):
+            stack.extend((v, prefix + (i,)) for i, v in enumerate(o))
 
 
 def _get(doc, path):
@@ -340,7 +344,7 @@ def make_case(rng: random.Random, seeds, folder: str) -> dict:
         fn = rng.choices([m for m, _ in MUTATORS], [w for _, w in MUTATORS])[0]
         try:
             steps.append(fn(rng, doc, members))
-        except (IndexError, KeyError, TypeError, ValueError, AttributeError):
+        except (IndexError, KeyError, TypeError, ValueError, AttributeError, RecursionError):
             steps.append(f"{fn.__name__} (skipped)")
     fmt = rng.choice(["json", "json", "yaml"])
     try:
