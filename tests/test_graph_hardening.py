@@ -291,9 +291,10 @@ def big_saved_doc(n=10, numel=1 << 30, dtype="float64"):
 
 def test_budget_refuses_80_gib_with_total_and_contributors():
     err = _error(lambda: load_doc(big_saved_doc(), "json"))
-    assert "the graph needs 80.0 GiB of memory" in err.what
+    assert "the graph needs 96.0 GiB of memory" in err.what
     assert "saved tensors 80.0 GiB" in err.what and "memory budget" in err.what
-    assert "largest: 8.0 GiB at node 'm0' at $.nodes[0].saved.other" in err.what
+    assert ("largest: 16.0 GiB at node 'm0' at $.nodes[0].saved.other (working gradients); "
+            "8.0 GiB at node 'm0' at $.nodes[0].saved.other (saved tensors)") in err.what
     assert "--max-memory" in err.what
 
 
@@ -302,7 +303,7 @@ def test_budget_can_be_raised_and_counts_every_category(tmp_path):
     doc["roots"][0]["grad"] = {"random": 1, "shape": [1], "dtype": "float64"}
     doc["variables"][0]["grad"] = "zeros"
     doc["meta"] = {"reference": {"order": [], "grads": {"a": {"data": [1.0]}}}}
-    g = loads_graph(dumps(doc, "json"), "g.json", max_bytes=17 << 20)
+    g = loads_graph(dumps(doc, "json"), "g.json", max_bytes=33 << 20)
     assert len(g.nodes) == 3
     err = _error(lambda: loads_graph(dumps(doc, "json"), "g.json", max_bytes=1 << 20))
     for part in ("saved tensors 16.0 MiB", "root gradients 8 B", "variable gradients 4 B", "reference gradients 4 B"):
@@ -314,6 +315,22 @@ def test_largest_gradient_counts():
     doc["nodes"][0]["inputs"] = [{"shape": [1 << 31], "dtype": "complex128"}]
     err = _error(lambda: load_doc(doc, "json"))
     assert "working gradients 64.0 GiB" in err.what
+
+
+def outer_product_doc(rows):
+    """A MulBackward0 whose saved [rows, 1] times its [1, 4096] gradient broadcasts to [rows, 4096]."""
+    return {"format": "autograd-graph/1", "roots": [{"node": "m"}], "variables": [{"name": "a", "shape": [1, 4096]}],
+            "nodes": [{"id": "m", "name": "MulBackward0", "next": [["acc", 0], None], "inputs": [{"shape": [1, 4096]}],
+                       "saved": {"other": {"random": 1, "shape": [rows, 1]}}},
+                      {"id": "acc", "name": "AccumulateGrad", "variable": "a"}]}
+
+
+def test_broadcast_products_are_capped_and_counted():
+    err = _error(lambda: load_doc(outer_product_doc(1 << 20), "json"))
+    assert "makes 4.29e+09 elements, more than the limit" in err.what and "$.nodes[0].saved.other" in err.where
+    err = _error(lambda: loads_graph(dumps(outer_product_doc(1 << 16), "json"), "g.json", max_bytes=1 << 30))
+    assert "working gradients 2.0 GiB" in err.what
+    assert len(load_doc(outer_product_doc(4), "json").nodes) == 2
 
 
 def test_default_budget_follows_the_address_space_limit():
@@ -424,6 +441,13 @@ def test_json_duplicate_keys_are_refused(old, new, key, where):
     assert old in text
     err = _error(lambda: loads_graph(text.replace(old, new, 1), "g.json"))
     assert f"duplicate key {key!r}" in err.what and where in err.where
+
+
+def test_big_json_duplicates_are_refused_without_the_exact_pass(monkeypatch):
+    monkeypatch.setattr(load_mod, "MAX_EXACT_DUPLICATE_CHECK", 100)
+    text = json.dumps(SEED).replace('{"id": "mb",', '{"id": "mb", "id": "sum",', 1)
+    err = _error(lambda: loads_graph(text, "g.json"))
+    assert "duplicate keys" in err.what and "too big to say where" in err.what
 
 
 def test_json_escaped_colons_without_duplicates_load():

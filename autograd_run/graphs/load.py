@@ -40,6 +40,8 @@ MAX_FILE_BYTES = 1 << 30
 #: YAML: most values the document may expand to once aliases are followed.
 MAX_YAML_VALUES = 50_000_000
 MAX_YAML_DEPTH = 64
+#: JSON: largest file whose duplicate key is located exactly (a slower pass, only when one is proven).
+MAX_EXACT_DUPLICATE_CHECK = 64 << 20
 
 
 
@@ -198,6 +200,11 @@ def _load_json(data: bytes, source: str, base_dir: str | None, side_name: str | 
     except RecursionError:
         raise GraphFileError(source, None, "invalid JSON: nesting is too deep") from None
     if not _json_has_no_duplicates(data, spec):
+        if len(data) > MAX_EXACT_DUPLICATE_CHECK and b"\\u003" not in data:
+            # The counts prove a duplicate; finding where would take several times the
+            # file's size in memory (Python's json): say so without the place.
+            raise GraphFileError(source, None, "duplicate keys in an object (JSON keys must be unique); "
+                                               "the file is too big to say where: check it with a JSON linter")
         _json_duplicates(data, source)
     return build_graph(spec, source, base_dir, JsonLocator(spec.nodes), side_name, max_bytes, check_data)
 

@@ -464,6 +464,17 @@ def spec_shape(value: Any, side: SideFiles | None = None) -> tuple[int, ...] | N
     return None
 
 
+def spec_dtype(value: Any, side: SideFiles | None = None) -> str | None:
+    """The dtype name of a checked tensor spec (None: the context's, float32 by default)."""
+    if isinstance(value, dict):
+        if "dtype" in value:
+            return value["dtype"]
+        if "npz" in value and side is not None:
+            fail = lambda p, m: ValueError(m)  # noqa: E731 - checked at load already
+            return side.header(side.resolve(value.get("file"), (), fail), value["npz"], (), fail)[1].name
+    return None
+
+
 def materialize(value: Any, side: SideFiles, shape: tuple[int, ...] | None = None,
                 dtype: str | None = None) -> np.ndarray:
     """The numpy array a (checked) tensor spec denotes."""

@@ -174,7 +174,7 @@ class _Checker:
         #: Memory budget: bytes by category, and the largest contributors as (bytes, path).
         self.bytes = {"saved tensors": 0, "root gradients": 0, "variable gradients": 0,
                       "reference gradients": 0, "working gradients": 0}
-        self._top: list[tuple[int, tuple]] = []
+        self._top: list[tuple[int, tuple, str]] = []
         self._top_min = 0
         self._largest_path: tuple | None = None
 
@@ -185,11 +185,11 @@ class _Checker:
     def count(self, nbytes: int, category: str, path: tuple) -> None:
         self.bytes[category] += nbytes
         if nbytes > self._top_min:
-            self._note(nbytes, path)
+            self._note(nbytes, path, category)
 
-    def _note(self, nbytes: int, path: tuple) -> None:
+    def _note(self, nbytes: int, path: tuple, category: str = "saved tensors") -> None:
         top = self._top
-        top.append((nbytes, path))
+        top.append((nbytes, path, category))
         if len(top) > 5:
             top.sort(key=lambda t: -t[0])
             del top[5:]
@@ -206,7 +206,7 @@ class _Checker:
             self.bytes["working gradients"] = 2 * nbytes
             self._top = [t for t in self._top if t[1] is not self._largest_path]
             self._largest_path = path
-            self._note(2 * nbytes, path)
+            self._note(2 * nbytes, path, "working gradients")
 
     def check_budget(self) -> None:
         total = sum(self.bytes.values())
@@ -214,7 +214,7 @@ class _Checker:
             return
         top = sorted(self._top, key=lambda t: -t[0])[:3]
         parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.bytes.items() if v)
-        largest = "; ".join(f"{format_bytes(b)} at {self._label(p)}" for b, p in top)
+        largest = "; ".join(f"{format_bytes(b)} at {self._label(p)} ({c})" for b, p, c in top)
         raise self.err(top[0][1] if top else (),
                        f"the graph needs {format_bytes(total)} of memory ({parts}), more than the memory budget "
                        f"of {format_bytes(self.max_bytes)}; largest: {largest}; raise the budget "
@@ -559,6 +559,7 @@ class _Checker:
                     raise bad()
                 self.count(tensors.check_tensor(value, path, self.err, self.side), "saved tensors", path)
                 shape = tensors.spec_shape(value, self.side)
+                dtype = tensors.spec_dtype(value, self.side)
             elif t is list:
                 shape = tensors._nested_shape(value, path, self.err)
                 dtype = node.inputs[0].dtype if node.inputs else "float32"
@@ -566,7 +567,7 @@ class _Checker:
             else:
                 raise bad()
             if shape is not None and node.op.elementwise and node.inputs:
-                self.check_broadcast(shape, node, path, key)
+                self.check_broadcast(shape, node, path, key, dtype)
         elif kind == "scalar":
             if t is not bool and t is not int and t is not float:  # a Scalar may be a bool in PyTorch
                 raise bad()
@@ -598,13 +599,29 @@ class _Checker:
         else:  # bool, str: the right types took the fast path
             raise bad()
 
-    def check_broadcast(self, shape: tuple, node: Node, path: tuple, key: str) -> None:
-        """An elementwise op's saved tensor must broadcast with the gradient it multiplies."""
-        grad = node.inputs[0].shape
-        for a, b in zip(reversed(shape), reversed(grad)):
+    def check_broadcast(self, shape: tuple, node: Node, path: tuple, key: str, dtype: str | None = None) -> None:
+        """An elementwise op's saved tensor must broadcast with the gradient it multiplies.
+
+        The product has the broadcast shape (``[n, 1]`` times ``[1, m]`` is
+        ``[n, m]``): it must stay under the element cap, and counts as a gradient.
+        """
+        meta = node.inputs[0]
+        grad = meta.shape
+        if shape == grad and tensors.itemsize(dtype) <= tensors.itemsize(meta.dtype):
+            return  # the product is the size of the gradient, already counted
+        out = []
+        for k in range(1, max(len(shape), len(grad)) + 1):
+            a = shape[-k] if k <= len(shape) else 1
+            b = grad[-k] if k <= len(grad) else 1
             if a != b and a != 1 and b != 1:
                 raise self.err(path, f"saved {key!r} has shape {list(shape)}, which does not broadcast "
                                      f"with the node's gradient shape {list(grad)}")
+            out.append(b if a == 1 else a)
+        numel = math.prod(out)
+        if numel > tensors.MAX_NUMEL:
+            raise self.err(path, f"saved {key!r} of shape {list(shape)} times the node's gradient of shape "
+                                 f"{list(grad)} makes {numel:.3g} elements, more than the limit of {tensors.MAX_NUMEL}")
+        self.gradient(numel * max(tensors.itemsize(dtype), tensors.itemsize(meta.dtype)), path)
 
     # -- meta.reference -------------------------------------------------------
     def check_reference(self, graph: Graph) -> None:

@@ -203,7 +203,7 @@ def main() -> None:
                              "inputs": [{"shape": [1]}],
                              "saved": {"other": {"random": i, "shape": [1 << 30], "dtype": "float64"}}})
     big["nodes"].append({"id": "acc", "name": "AccumulateGrad", "variable": "a"})
-    write("budget_80gib.json", big, "the graph needs 80.0 GiB of memory")
+    write("budget_80gib.json", big, "(saved tensors 80.0 GiB,")
     graph("more than the memory budget", "budget_root_grad.json",
           nodes__0__inputs=[{"shape": [1 << 31], "dtype": "float64"}],
           nodes__0__saved={"self_sym_sizes": [1 << 31]})
