@@ -225,54 +225,75 @@ class Graph:
         return out
 
 
-def derive(graph: Graph) -> None:
+def derive_node(node: Node, index: int) -> None:
+    """A node's own derived fields: index, an empty consumer list, saves_tensors, device/stream/cpu."""
+    node.index = index
+    node.consumers = []
+    saved = node.saved
+    if saved:
+        fields = node.op.tensor_fields
+        if fields and not fields.isdisjoint(saved):
+            node.saves_tensors = True
+        else:
+            for v in saved.values():
+                if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
+                    node.saves_tensors = True
+                    break
+    for meta in node.inputs:
+        if meta.device.type != "cpu":
+            node.device, node.stream, node.cpu = meta.device, meta.stream, False
+            break
+    else:
+        node.device, node.stream, node.cpu = CPU, 0, True
+
+
+def link(node: Node, out_nr: int, target: Node) -> None:
+    """Record the edge ``node.next[out_nr] -> target`` on the target (consumers, crosses_streams)."""
+    target.consumers.append((node, out_nr))
+    if not (target.cpu and node.cpu) and (target.stream != node.stream or target.device != node.device):
+        target.crosses_streams = True
+
+
+def derive(graph: Graph, prepared: bool = False, forward: bool | None = None) -> None:
     """Fill the derived fields: index, device, stream, consumers and topo_nr.
 
-    Raises ``ValueError(cycle)`` with the cycle as a list of nodes if the
-    graph is not acyclic. Iterative, so a chain of a million nodes does not
-    hit Python's recursion limit.
+    ``prepared``: the loader already called ``derive_node`` on each node
+    and ``link`` on each edge while building them (one pass fewer over a
+    big graph each); ``forward``: it also found whether every edge points
+    forward in the list. Raises ``ValueError(cycle)`` with the cycle as a
+    list of nodes if the graph is not acyclic. Iterative, so a chain of a
+    million nodes does not hit Python's recursion limit.
     """
     nodes = graph.nodes
+    if not prepared:
+        _derive_nodes(nodes)
+    if forward is None:
+        forward = _edges_point_forward(nodes)
+    _topo(nodes, forward)
+
+
+def _derive_nodes(nodes: list[Node]) -> None:
     for i, node in enumerate(nodes):
-        node.index = i
-        node.consumers = []
-        saved = node.saved
-        if saved:
-            fields = node.op.tensor_fields
-            if fields and not fields.isdisjoint(saved):
-                node.saves_tensors = True
-            else:
-                for v in saved.values():
-                    if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
-                        node.saves_tensors = True
-                        break
-        for meta in node.inputs:
-            if meta.device.type != "cpu":
-                node.device, node.stream, node.cpu = meta.device, meta.stream, False
-                break
-        else:
-            node.device, node.stream, node.cpu = CPU, 0, True
+        derive_node(node, i)
     for node in nodes:
-        out_nr = 0
-        for e in node.next:
+        for out_nr, e in enumerate(node.next):
             if e is not None:
-                target = e[0]
-                target.consumers.append((node, out_nr))
-                if not (target.cpu and node.cpu) and (target.stream != node.stream or target.device != node.device):
-                    target.crosses_streams = True
-            out_nr += 1
-    # Fast path: files usually list consumers before producers (edges point forward
-    # in the list); then one reverse pass gives the topological numbers and proves
-    # the graph acyclic.
-    forward = True
+                link(node, out_nr, e[0])
+
+
+def _edges_point_forward(nodes: list[Node]) -> bool:
     for node in nodes:
         i = node.index
         for e in node.next:
             if e is not None and e[0].index <= i:
-                forward = False
-                break
-        if not forward:
-            break
+                return False
+    return True
+
+
+def _topo(nodes: list[Node], forward: bool) -> None:
+    # Fast path: files usually list consumers before producers (edges point forward
+    # in the list); then one reverse pass gives the topological numbers and proves
+    # the graph acyclic.
     if forward:
         for node in reversed(nodes):
             topo = 0

@@ -151,6 +151,9 @@ NEEDED_FOR_OUTPUT = {
 }
 
 
+_NUMBERS = frozenset((int, float))
+
+
 def _shape_like(name: str) -> bool:
     """A ``sizes`` field that is a tensor's shape (``self_sym_sizes``), not a list of lengths (cat's ``sizes``)."""
     return name.endswith(("_sym_sizes", "_sizes_opt")) or name == "normalized_shape"
@@ -321,6 +324,8 @@ class _Checker:
         max_seq = ACCUMULATE_GRAD_SEQ
         unset = UNSET
         check_value = self.check_value
+        numbers = _NUMBERS
+        default_seqs = False
         for i, ns in enumerate(spec.nodes):
             nid = ns.id
             if not nid or nid in by_id:
@@ -333,8 +338,9 @@ class _Checker:
             if info is None:
                 op = self.resolve_op(ns, i)
                 info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved,
-                                       NEEDED_FOR_OUTPUT.get(op.name))
-            op, required, fields, needs = info
+                                       NEEDED_FOR_OUTPUT.get(op.name),
+                                       frozenset(k for k, f in op.saved.items() if f.kind in ("tensor", "scalar")))
+            op, required, fields, needs, takes_numbers = info
             seq = ns.seq
             if seq is unset:
                 seq = None
@@ -365,42 +371,64 @@ class _Checker:
                 variable = None
             saved = ns.saved
             attrs = ns.attrs
-            node = new_node(nid, ns.name, op, -1 if seq is None else seq, [], inputs, saved or EMPTY,
-                            attrs or EMPTY, variable)
+            # Derived here rather than in a pass of their own (model.derive_node does the same):
+            # index, consumers, device/stream/cpu (the first non-CPU input), saves_tensors.
+            device, stream, cpu = CPU, 0, True
+            for meta in inputs:
+                d = meta.device
+                if d is not CPU and d.type != "cpu":
+                    device, stream, cpu = d, meta.stream, False
+                    break
+            if seq is None:
+                seq = -1
+                default_seqs = True
+            node = new_node(nid, ns.name, op, seq, [], inputs, saved or EMPTY, attrs or EMPTY, variable,
+                            i, 0, device, stream, [], False, cpu)
             if op is acc:
                 variables[variable].node = node
             nodes.append(node)
             by_id[nid] = node
-            # Saved values against the op's declared kinds: plain numbers where numbers are
-            # expected pass here; everything else (tensor specs, lists, errors) in check_value.
             if saved:
+                tf = op.tensor_fields
+                if tf and not tf.isdisjoint(saved):
+                    node.saves_tensors = True
+                else:
+                    for v in saved.values():
+                        if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
+                            node.saves_tensors = True
+                            break
+                # Saved values against the op's declared kinds: plain numbers where numbers are
+                # expected pass here; everything else (tensor specs, lists, errors) in check_value.
                 for key, value in saved.items():
-                    f = fields.get(key)
-                    if f is not None:
-                        t = type(value)
-                        if (t is float or t is int) and (f.kind == "tensor" or f.kind == "scalar"):
-                            continue
-                    check_value(node, i, key, value, f)
+                    if key in takes_numbers and type(value) in numbers:
+                        continue
+                    check_value(node, i, key, value, fields.get(key))
+            else:
+                saved = EMPTY
             if required:
                 self.check_required(node, i, required)
             if needs is not None:
                 nxt = ns.next or ()
                 for k, key in needs:
-                    if key not in node.saved and k < len(nxt) and nxt[k] is not None:
+                    if key not in saved and k < len(nxt) and nxt[k] is not None:
                         raise self.err(("nodes", i, "saved") if saved else ("nodes", i),
                                        f"{op.name} node {nid!r} needs saved field {key!r} ({_KIND_TEXT['tensor']}) "
                                        f"for the gradient of its output {k}, which the file does not give")
             if attrs:
                 self.check_attrs(node, i, attrs)
 
-        # Edges, and gradient shapes out of elementwise nodes.
+        # Edges, with what model.link derives (consumers, crosses_streams), whether they all
+        # point forward in the list (model.derive's fast path), and gradient shapes out of
+        # elementwise nodes.
         make_edge = tuple.__new__
+        forward = True
         for i, ns in enumerate(spec.nodes):
             nxt = ns.next
             if not nxt:
                 continue
             node = nodes[i]
             out = node.next
+            node_cpu = node.cpu
             out_shape = node.inputs[0].shape if node.op.elementwise and node.inputs else None
             for k, e in enumerate(nxt):
                 if e is None:
@@ -420,20 +448,26 @@ class _Checker:
                                        f"{node.name} produces a gradient of shape {list(out_shape)} for "
                                        f"{tid!r} input {nr}, whose shape {list(want)} is not compatible")
                 out.append(make_edge(Edge, (target, nr)))
+                target.consumers.append((node, k))
+                if not (node_cpu and target.cpu) and (target.stream != node.stream or target.device != node.device):
+                    target.crosses_streams = True
+                if target.index <= i:
+                    forward = False
 
         graph = Graph(nodes, [], variables, list(spec.inputs or ()), mode, dict(spec.meta or {}),
                       self.source, self.base_dir, by_id)
         try:
-            derive(graph)
+            derive(graph, prepared=True, forward=forward)
         except ValueError as exc:
             cycle = exc.args[0]
             src = cycle[-2]
             k = next(k for k, e in enumerate(src.next) if e is not None and e.node is cycle[-1])
             raise self.err(("nodes", src.index, "next", k), "cycle: " + " -> ".join(n.id for n in cycle)) from None
         # Default sequence numbers: the topological number (nodes nearer the root run first).
-        for node in nodes:
-            if node.seq < 0:
-                node.seq = node.topo_nr
+        if default_seqs:
+            for node in nodes:
+                if node.seq < 0:
+                    node.seq = node.topo_nr
 
         for i, r in enumerate(spec.roots):
             p = ("roots", i)
