@@ -326,6 +326,7 @@ class _Checker:
         check_value = self.check_value
         numbers = _NUMBERS
         default_seqs = False
+        last_text = None
         for i, ns in enumerate(spec.nodes):
             nid = ns.id
             if not nid or nid in by_id:
@@ -334,19 +335,22 @@ class _Checker:
             op_text = ns.op
             if op_text is unset or op_text is None:
                 op_text = ns.name
-            info = ops.get(op_text)
-            if info is None:
-                op = self.resolve_op(ns, i)
-                info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved,
-                                       NEEDED_FOR_OUTPUT.get(op.name),
-                                       frozenset(k for k, f in op.saved.items() if f.kind in ("tensor", "scalar")))
-            op, required, fields, needs, takes_numbers = info
+            if op_text != last_text:
+                info = ops.get(op_text)
+                if info is None:
+                    op = self.resolve_op(ns, i)
+                    info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved,
+                                           NEEDED_FOR_OUTPUT.get(op.name),
+                                           frozenset(k for k, f in op.saved.items() if f.kind in ("tensor", "scalar")))
+                op, required, fields, needs, takes_numbers = info
+                last_text = op_text
             seq = ns.seq
             if seq is unset:
                 seq = None
             elif seq is not None and not 0 <= seq <= max_seq:
                 raise self.err(("nodes", i, "seq"), f"seq must be in [0, 2**64-1], got {tensors.short(seq)}")
             ins = ns.inputs
+            device, stream, cpu = CPU, 0, True
             if not ins:
                 inputs = []
             elif len(ins) == 1:  # the common case, without a comprehension's frame
@@ -354,6 +358,9 @@ class _Checker:
                 if meta is None:
                     meta = metas[ins[0]] = self._meta(ins[0], ("nodes", i, "inputs", 0))
                 inputs = [meta]
+                d = meta.device
+                if d is not CPU and d.type != "cpu":
+                    device, stream, cpu = d, meta.stream, False
             else:
                 inputs = [metas.get(m) for m in ins]
                 if None in inputs:
@@ -373,12 +380,13 @@ class _Checker:
             attrs = ns.attrs
             # Derived here rather than in a pass of their own (model.derive_node does the same):
             # index, consumers, device/stream/cpu (the first non-CPU input), saves_tensors.
-            device, stream, cpu = CPU, 0, True
-            for meta in inputs:
-                d = meta.device
-                if d is not CPU and d.type != "cpu":
-                    device, stream, cpu = d, meta.stream, False
-                    break
+            if len(inputs) > 1 or op is acc:
+                device, stream, cpu = CPU, 0, True
+                for meta in inputs:
+                    d = meta.device
+                    if d is not CPU and d.type != "cpu":
+                        device, stream, cpu = d, meta.stream, False
+                        break
             if seq is None:
                 seq = -1
                 default_seqs = True
