@@ -125,7 +125,7 @@ def check_python_nodes(graph: Graph, allow_python: bool = False) -> None:
             + (f", and {len(found) - 1} more" if len(found) > 1 else "")
             + ": running it imports and calls Python code named by the file; "
               "pass --allow-python if you trust this file")
-    raise GraphFileError(graph.source, f"node {n.id!r} at $.nodes[{n.index}]", what)
+    raise GraphFileError(graph.source, f"node {tensors.short(n.id)} at $.nodes[{n.index}]", what)
 
 
 def is_expandable_to(shape: tuple[int, ...], desired: tuple[int, ...]) -> bool:
@@ -179,7 +179,6 @@ class _Checker:
                       "reference gradients": 0, "working gradients": 0}
         self._top: list[tuple[int, tuple, str]] = []
         self._top_min = 0
-        self._largest_path: tuple | None = None
 
     def err(self, path: tuple, what: str) -> GraphFileError:
         return GraphFileError(self.source, self.locator.where(path), what)
@@ -207,8 +206,8 @@ class _Checker:
         """
         if 2 * nbytes > self.bytes["working gradients"]:
             self.bytes["working gradients"] = 2 * nbytes
-            self._top = [t for t in self._top if t[1] is not self._largest_path]
-            self._largest_path = path
+            self._top = [t for t in self._top if t[2] != "working gradients"]  # one entry: the largest
+            self._top_min = 0
             self._note(2 * nbytes, path, "working gradients")
 
     def check_budget(self) -> None:
@@ -243,7 +242,7 @@ class _Checker:
         dev = CPU if m.device is UNSET else self.device(m.device, path + ("device",))
         stream = 0 if m.stream is UNSET else m.stream
         if not 0 <= stream < MAX_STREAM:
-            raise self.err(path + ("stream",), f"stream must be in [0, {MAX_STREAM}), got {stream}")
+            raise self.err(path + ("stream",), f"stream must be in [0, {MAX_STREAM}), got {tensors.short(stream)}")
         meta = InputMeta(shape, dtype, dev, stream)
         self._meta_paths[meta] = path
         return meta
@@ -272,7 +271,7 @@ class _Checker:
         if var is None:
             raise self.err(p + ("variable",), f"unknown variable {tensors.short(ns.variable)}")
         if var.node is not None:
-            raise self.err(p + ("variable",), f"variable {ns.variable!r} already has AccumulateGrad node {var.node.id!r}")
+            raise self.err(p + ("variable",), f"variable {tensors.short(ns.variable)} already has AccumulateGrad node {tensors.short(var.node.id)}")
         if ns.next:
             raise self.err(p + ("next",), "an AccumulateGrad node has no next edges")
         if not inputs:
@@ -281,7 +280,7 @@ class _Checker:
             raise self.err(p + ("inputs",), "an AccumulateGrad node has exactly one input")
         if inputs[0].shape != var.shape:
             raise self.err(p + ("inputs", 0, "shape"),
-                           f"input shape {list(inputs[0].shape)} does not match variable {var.name!r} shape {list(var.shape)}")
+                           f"input shape {list(inputs[0].shape)} does not match variable {tensors.short(var.name)} shape {list(var.shape)}")
         return inputs
 
     # -- the whole graph ----------------------------------------------------
@@ -420,7 +419,7 @@ class _Checker:
                 for k, key in needs:
                     if key not in saved and k < len(nxt) and nxt[k] is not None:
                         raise self.err(("nodes", i, "saved") if saved else ("nodes", i),
-                                       f"{op.name} node {nid!r} needs saved field {key!r} ({_KIND_TEXT['tensor']}) "
+                                       f"{op.name} node {tensors.short(nid)} needs saved field {key!r} ({_KIND_TEXT['tensor']}) "
                                        f"for the gradient of its output {k}, which the file does not give")
             if attrs:
                 self.check_attrs(node, i, attrs)
@@ -448,13 +447,13 @@ class _Checker:
                     raise self.err(("nodes", i, "next", k, 0), f"edge to missing node {tensors.short(tid)}")
                 if not 0 <= nr < len(target.inputs):
                     raise self.err(("nodes", i, "next", k, 1),
-                                   f"input_nr {tensors.short(nr)} out of range: node {tid!r} has {len(target.inputs)} input(s)")
+                                   f"input_nr {tensors.short(nr)} out of range: node {tensors.short(tid)} has {len(target.inputs)} input(s)")
                 if out_shape is not None:
                     want = target.inputs[nr].shape
                     if want != out_shape and not is_expandable_to(want, out_shape):
                         raise self.err(("nodes", i, "next", k),
                                        f"{node.name} produces a gradient of shape {list(out_shape)} for "
-                                       f"{tid!r} input {nr}, whose shape {list(want)} is not compatible")
+                                       f"{tensors.short(tid)} input {nr}, whose shape {list(want)} is not compatible")
                 out.append(make_edge(Edge, (target, nr)))
                 target.consumers.append((node, k))
                 if not (node_cpu and target.cpu) and (target.stream != node.stream or target.device != node.device):
@@ -485,7 +484,7 @@ class _Checker:
             input_nr = 0 if r.input_nr is UNSET else r.input_nr
             if not 0 <= input_nr < len(target.inputs):
                 raise self.err(p + ("input_nr",),
-                               f"input_nr {tensors.short(input_nr)} out of range: node {r.node!r} has {len(target.inputs)} input(s)")
+                               f"input_nr {tensors.short(input_nr)} out of range: node {tensors.short(r.node)} has {len(target.inputs)} input(s)")
             meta = target.inputs[input_nr]
             grad = "ones" if r.grad is UNSET else r.grad
             nbytes = tensors.check_tensor(grad, p + ("grad",), self.err, self.side, meta.shape, meta.dtype,
@@ -499,7 +498,7 @@ class _Checker:
             var = variables.get(name)
             if var is not None:
                 if var.node is None:
-                    raise self.err(("inputs", i), f"variable {name!r} has no AccumulateGrad node")
+                    raise self.err(("inputs", i), f"variable {tensors.short(name)} has no AccumulateGrad node")
             elif name not in by_id:
                 raise self.err(("inputs", i), f"unknown input {tensors.short(name)}: not a variable or node id")
         if mode == "grad" and not graph.inputs:
@@ -553,7 +552,7 @@ class _Checker:
             if key not in saved:
                 f = node.op.saved[key]
                 raise self.err(("nodes", i, "saved") if saved else ("nodes", i),
-                               f"{node.op.name} node {node.id!r} needs saved field {key!r} ({_KIND_TEXT[f.kind]}), "
+                               f"{node.op.name} node {tensors.short(node.id)} needs saved field {key!r} ({_KIND_TEXT[f.kind]}), "
                                "which the file does not give")
 
     def check_value(self, node: Node, i: int, key: str, value: Any, f) -> None:
