@@ -10,7 +10,7 @@ generated graphs (``generators.generate``) and generated graphs whose saved
 tensors live in an ``.npz`` side file. Each case applies one to three
 mutations: a field replaced with a hostile value (huge, negative, NaN,
 strings, unicode and control characters, deeply nested lists, null), keys
-deleted, nodes or edges dropped or duplicated, edges retargeted, devices
+deleted or added (control characters, escapes of existing keys), nodes or edges dropped or duplicated, edges retargeted, devices
 and saved values swapped for wrong kinds, side-file names and npz members
 corrupted (flipped bytes, truncation, pickled/string/structured members,
 headers that lie), and text-level damage (duplicate keys, truncation,
@@ -46,6 +46,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -187,6 +188,16 @@ def _nodes(doc):
     return nodes if isinstance(nodes, list) and nodes else None
 
 
+def m_key(rng, doc, npz):
+    """A hostile key in some mapping: control characters, unicode, an escaped duplicate, a long one."""
+    dicts = [p for p in _paths(doc) if isinstance(_get(doc, p), dict)]
+    d = _get(doc, rng.choice(dicts))
+    key = rng.choice(["a\nTraceback (most recent call last):", "\x00", "\u202e", "", " ", "k" * 500,
+                      "id\r", "é🙂", "$.nodes[0]", "__proto__"] + list(d)[:3])
+    d[key] = hostile(rng)
+    return f"key {key[:20]!r}"
+
+
 def m_nodes(rng, doc, npz):
     nodes = _nodes(doc)
     if nodes is None:
@@ -289,7 +300,7 @@ def m_npz_ref(rng, doc, npz):
 
 
 MUTATORS = [(m_replace, 6), (m_delete, 2), (m_nodes, 2), (m_edges, 2), (m_saved, 4), (m_device, 1),
-            (m_shape, 1), (m_npz_ref, 1)]
+            (m_shape, 1), (m_npz_ref, 1), (m_key, 1)]
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:
@@ -398,6 +409,9 @@ def make_case(rng: random.Random, seeds, folder: str) -> dict:
 
 # -- workers ---------------------------------------------------------------------------------------------
 
+_MEMORY = re.compile(r"(^|: )(_Array)?MemoryError\b|Unable to allocate", re.M)
+
+
 def _invoke(cli_main, argv: list[str]) -> dict:
     out, err = io.StringIO(), io.StringIO()
     rc, tb, memory = None, None, False
@@ -413,10 +427,11 @@ def _invoke(cli_main, argv: list[str]) -> dict:
         except BaseException:  # noqa: BLE001 - exactly what the fuzzer looks for
             tb = traceback.format_exc()
     e = err.getvalue()
-    if tb is None and "Traceback (most recent call last)" in e:
+    lines = e.splitlines()
+    if tb is None and any(line.startswith("Traceback (most recent call last)") for line in lines):
         tb = e
-    if "MemoryError" in e:
-        memory = True
+    if any(_MEMORY.search(line) for line in lines) or (tb and _MEMORY.search(tb)):
+        memory = True  # raised, or caught by the engine and reported as a node's error
     return {"rc": rc, "err": e[-3000:], "tb": tb, "memory": memory}
 
 

@@ -509,6 +509,27 @@ def test_not_a_graph_and_empty(data, fmt, message):
     assert message in _error(lambda: loads_graph(data, f"g.{fmt}")).what
 
 
+def test_messages_stay_on_one_line(tmp_path, capsys):
+    """Ids, keys and file names from untrusted input cannot break "Error: FILE: PLACE: WHAT" over lines."""
+    doc = copy_seed()
+    doc["nodes"][0]["next"] = [["ghost\nTraceback (most recent call last):\u2028\x00", 0]]
+    doc["x\ry"] = 1
+    for fmt in ("json", "yaml"):
+        err = _error(lambda: load_doc(doc, fmt))
+        assert "\n" not in str(err) and "\r" not in str(err) and "\u2028" not in str(err)
+        assert "x\\ry" in str(err)
+    del doc["x\ry"]
+    err = _error(lambda: load_doc(doc, "json"))
+    assert "edge to missing node 'ghost\\nTraceback (most recent call last):\\u2028\\x00'" in err.what
+    from autograd_run.cli.main import main
+    bad = tmp_path / "a\nb.json"
+    bad.write_text("{")
+    with pytest.raises(SystemExit) as e:
+        main(["validate", str(bad)])
+    lines = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith("Error: ") and "a\\nb.json" in lines[0]
+
+
 @pytest.mark.parametrize("fmt", ["json", "yaml"])
 def test_utf8_bom_is_accepted(fmt):
     g = loads_graph(b"\xef\xbb\xbf" + dumps(copy_seed(), fmt), f"g.{fmt}")

@@ -98,7 +98,7 @@ def _schema_error(exc: msgspec.ValidationError, source: str, locator) -> GraphFi
     path = _parse_path(m.group(1)) if m else ()
     what = msg[: m.start()] if m else msg
     what = what.replace("`", "'")
-    fm = re.match(r"Object (missing required|contains unknown) field '(.*)'", what)
+    fm = re.match(r"Object (missing required|contains unknown) field '(.*)'", what, re.S)
     if fm:
         what = ("missing required field" if fm.group(1).startswith("missing") else "unknown field") + f" '{fm.group(2)}'"
         if fm.group(1).startswith("contains"):

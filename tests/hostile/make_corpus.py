@@ -130,6 +130,11 @@ def main() -> None:
     graph("edge to missing node 'ghost\\nTraceback (most recent call last):'", "newline_in_message.json",
           nodes__0__next=[["ghost\nTraceback (most recent call last):", 0]])
 
+    write("newline_key.json", json.dumps({**SEED, "x\nTraceback (most recent call last):": 1}),
+          "unknown field 'x\\nTraceback (most recent call last):'")
+    graph("duplicate node id 'mb\\u202e\\r'", "control_chars_in_ids.json",
+          nodes__2__id="mb\u202e\r", nodes__3__id="mb\u202e\r")
+
     # -- duplicate keys --
     text = json.dumps(SEED)
     write("dup_node_id.json", text.replace('{"id": "mb",', '{"id": "mb", "id": "sum",', 1), "duplicate key 'id'")
