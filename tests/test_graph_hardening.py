@@ -248,7 +248,7 @@ def test_corrupt_npz_data_is_found_by_validate_and_by_run(tmp_path):
     assert "Bad CRC-32" in _error(lambda: load_graph(p)).what
     # A bigger member: its header reads fine; validate (check_data) reads the data, run finds it too.
     data = io.BytesIO()
-    np.lib.format.write_array(data, np.arange(1 << 16, dtype=np.float64))
+    np.lib.format.write_array(data, np.arange(1 << 16, dtype=np.float64).reshape(256, 256))
     data = data.getvalue()
     with zipfile.ZipFile(tmp_path / "g.npz", "w") as z:
         z.writestr("x.npy", data)
@@ -400,6 +400,24 @@ def test_saved_kinds_of_other_ops(node, message):
     doc["nodes"][3]["next"] = [["acc", 0], None]
     err = _error(lambda: load_doc(doc, "json"))
     assert message in err.what and "$.nodes[2].saved" in err.where
+
+
+@pytest.mark.parametrize("value,message", [
+    (2, "(a 2-dim array for MmBackward0, not a number)"), (True, "not a number"),
+    ({"random": 1, "shape": [3]}, "not one of shape [3]"), ({"data": [[[1.0]]]}, "not one of shape [1, 1, 1]"),
+])
+def test_matrix_ops_take_matrices(value, message):
+    doc = copy_seed()
+    doc["nodes"][2] = {"id": "mb", "name": "MmBackward0", "next": [["acc", 0], None], "inputs": [{"shape": [2]}],
+                       "saved": {"mat2": value}}
+    err = _error(lambda: load_doc(doc, "json"))
+    assert message in err.what and "$.nodes[2].saved.mat2" in err.where
+
+
+def test_needed_fields_may_not_be_null():
+    doc = copy_seed()
+    doc["nodes"][2]["saved"] = {"other": None}
+    assert "needs saved field 'other'" in _error(lambda: load_doc(doc, "json")).what
 
 
 def test_saved_values_that_fit_are_accepted():

@@ -151,6 +151,10 @@ NEEDED_FOR_OUTPUT = {
 }
 
 
+#: Ops whose saved tensors are matrices (or batches of them): the rank each must have. A
+#: plain number is no matrix, though elsewhere it stands for a wrapped 0-dim tensor.
+MATRIX_RANK = {"MmBackward0": 2, "AddmmBackward0": 2, "BmmBackward0": 3}
+
 _NUMBERS = frozenset((int, float))
 
 
@@ -340,7 +344,8 @@ class _Checker:
                     op = self.resolve_op(ns, i)
                     info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved,
                                            NEEDED_FOR_OUTPUT.get(op.name),
-                                           frozenset(k for k, f in op.saved.items() if f.kind in ("tensor", "scalar")))
+                                           frozenset(k for k, f in op.saved.items() if f.kind == "scalar" or
+                                                     (f.kind == "tensor" and op.name not in MATRIX_RANK)))
                 op, required, fields, needs, takes_numbers = info
                 last_text = op_text
             seq = ns.seq
@@ -417,7 +422,7 @@ class _Checker:
             if needs is not None:
                 nxt = ns.next or ()
                 for k, key in needs:
-                    if key not in saved and k < len(nxt) and nxt[k] is not None:
+                    if k < len(nxt) and nxt[k] is not None and saved.get(key) is None:
                         raise self.err(("nodes", i, "saved") if saved else ("nodes", i),
                                        f"{op.name} node {tensors.short(nid)} needs saved field {key!r} ({_KIND_TEXT['tensor']}) "
                                        f"for the gradient of its output {k}, which the file does not give")
@@ -573,7 +578,7 @@ class _Checker:
         path = ("nodes", i, "saved", key)
         if kind == "tensor" and t is dict:
             n = tensors.quick_random_numel(value)
-            if n >= 0:
+            if n >= 0 and (f is None or len(value["shape"]) == MATRIX_RANK.get(node.op.name, len(value["shape"]))):
                 self.bytes["saved tensors"] += 4 * n
                 if 4 * n > self._top_min:
                     self._note(4 * n, path)
@@ -592,8 +597,11 @@ class _Checker:
         def bad(detail: str = "") -> GraphFileError:
             return self.err(path, f"saved {key!r} of {node.op.name} must be {_KIND_TEXT[kind]}, got "
                                   f"{tensors.short(value)}{detail}")
+        rank = MATRIX_RANK.get(node.op.name) if kind == "tensor" and f is not None else None
         if kind == "tensor":
             if t is bool or t is int or t is float:  # a wrapped scalar
+                if rank is not None:
+                    raise bad(f" (a {rank}-dim array for {node.op.name}, not a number)")
                 return
             if t is dict:
                 if not tensors.is_tensor_spec(value):
@@ -609,6 +617,8 @@ class _Checker:
                 raise bad()
             if shape is not None and node.op.elementwise and node.inputs:
                 self.check_broadcast(shape, node, path, key, dtype)
+            if rank is not None and shape is not None and len(shape) != rank:
+                raise bad(f" (a {rank}-dim array for {node.op.name}, not one of shape {list(shape)})")
         elif kind == "scalar":
             if t is not bool and t is not int and t is not float:  # a Scalar may be a bool in PyTorch
                 raise bad()
