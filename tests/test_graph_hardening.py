@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import resource
 import subprocess
 import sys
 import threading

@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from test_graph_hardening import _deflated_zero_member
 
