@@ -413,12 +413,29 @@ def read_file(path: str, source: str | None = None) -> bytes:
         st = os.fstat(fd)
         _check_regular(st.st_mode, st.st_size, source)  # the file may have been swapped since stat()
         try:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = _read_capped(f, st.st_size)
         except OSError as exc:
             raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_FILE_BYTES:
         raise GraphFileError(source, None, f"file is larger than {MAX_FILE_BYTES >> 20} MiB")
     return data
+
+
+def _read_capped(f, size: int) -> bytes:
+    """At most the cap plus one byte: the size the file has, in one read; more only if it grew
+    (or the kernel reports no size, as for /proc files), in chunks."""
+    want = min(size, MAX_FILE_BYTES) + 1
+    data = f.read(want)
+    if len(data) < want or len(data) > MAX_FILE_BYTES:
+        return data
+    parts, total = [data], len(data)
+    while total <= MAX_FILE_BYTES:
+        chunk = f.read(min(16 << 20, MAX_FILE_BYTES + 1 - total))
+        if not chunk:
+            break
+        parts.append(chunk)
+        total += len(chunk)
+    return b"".join(parts)
 
 
 def _check_regular(mode: int, size: int, source: str) -> None:
@@ -434,7 +451,14 @@ def _check_regular(mode: int, size: int, source: str) -> None:
 def read_stream(stream, source: str = "<stdin>") -> bytes:
     """Read a graph from a binary stream (standard input), at most the size cap."""
     try:
-        data = stream.read(MAX_FILE_BYTES + 1)
+        parts, total = [], 0
+        while total <= MAX_FILE_BYTES:  # in chunks: a pipe gives what it has, and a big request would allocate it all
+            chunk = stream.read(min(16 << 20, MAX_FILE_BYTES + 1 - total))
+            if not chunk:
+                break
+            parts.append(chunk)
+            total += len(chunk)
+        data = b"".join(parts)
     except OSError as exc:
         raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_FILE_BYTES:
