@@ -20,9 +20,9 @@ A gradient that differs in a graph whose capture saw hooks (``meta.hooks``)
 gets a note naming them: PyTorch's gradients include their effect, the
 replay's cannot.
 
-The reference is part of an untrusted file: a malformed one is a
-``GraphFileError`` naming the place (``meta.reference.order[3]``), never
-another exception.
+The reference is part of an untrusted file: the loader refuses a malformed
+one (``graphs.validate``) with a ``GraphFileError`` naming the place
+(``$.meta.reference.order[3]``), before anything runs.
 """
 
 from __future__ import annotations
@@ -125,27 +125,15 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
 
 
 def read_reference(graph: Graph) -> tuple[list[list], dict]:
-    """``meta.reference``'s order (``[name, seq, leaf]`` items) and gradients (leaf -> spec or None), checked."""
-    src = graph.source
+    """``meta.reference``'s order (``[name, seq, leaf]`` items) and gradients (leaf -> spec or None).
+
+    The loader checked their structure (``graphs.validate``); here only their presence.
+    """
     ref = (graph.meta or {}).get("reference")
     if not isinstance(ref, dict) or "order" not in ref:
-        raise GraphFileError(src, "meta.reference", "no PyTorch reference in this graph "
+        raise GraphFileError(graph.source, "meta.reference", "no PyTorch reference in this graph "
                              "(capture it with `autograd-run capture`)")
-    order = ref["order"]
-    if not isinstance(order, list):
-        raise GraphFileError(src, "meta.reference.order", f"must be a list, got {type(order).__name__}")
-    for k, item in enumerate(order):
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
-                and (item[1] is None or (isinstance(item[1], int) and not isinstance(item[1], bool)))
-                and (item[2] is None or isinstance(item[2], str))):
-            raise GraphFileError(src, f"meta.reference.order[{k}]",
-                                 f"each item must be [name, seq, leaf] (a string, an integer or null, a string "
-                                 f"or null), got {item!r:.80}")
-    grads = ref.get("grads") or {}
-    if not isinstance(grads, dict) or not all(isinstance(k, str) for k in grads):
-        raise GraphFileError(src, "meta.reference.grads",
-                             f"must be a mapping of leaf names to tensors, got {type(grads).__name__}")
-    return order, grads
+    return ref["order"], ref.get("grads") or {}
 
 
 def _reference_array(graph: Graph, name: str, spec) -> np.ndarray:
@@ -220,13 +208,9 @@ def _paths(graph: Graph) -> tuple[dict, dict]:
 
 def _depth_divergence(graph: Graph, order: list, got: list) -> dict | None:
     """The first node run at another reentrant depth than PyTorch's (``meta.reference.depths``, from capture)."""
-    want = graph.meta["reference"].get("depths")
+    want = graph.meta["reference"].get("depths")  # checked by the loader: one integer per order item
     if want is None:
         return None
-    if not (isinstance(want, list) and len(want) == len(order)
-            and all(isinstance(w, int) and not isinstance(w, bool) for w in want)):
-        raise GraphFileError(graph.source, "meta.reference.depths",
-                             f"must be a list of {len(order)} integers (one per item of meta.reference.order)")
     for i, (w, g) in enumerate(zip(want, got)):
         if w != g:
             return {"position": i, "expected": order[i] + [f"depth {w}"], "got": order[i] + [f"depth {g}"]}

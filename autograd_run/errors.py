@@ -15,6 +15,19 @@ User mistakes are reported as ``Error: <message>`` without a traceback.
 
 from __future__ import annotations
 
+import re
+
+#: Characters that would break an error message over lines or hide text (C0/C1 controls,
+#: DEL, Unicode line and paragraph separators, bidirectional overrides).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x00``, ``\\u202e``): one printable line."""
+    if not _UNPRINTABLE.search(text):
+        return text
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
 
 class AutogradRunError(Exception):
     """Base of every error the command line reports without a traceback."""
@@ -32,9 +45,12 @@ class GraphFileError(AutogradRunError):
     exit_code = 2
 
     def __init__(self, file: str, where: str | None, what: str):
-        self.file = file
-        self.where = where
-        self.what = what
+        # Graph files are untrusted: what they put in a message (ids, keys, file names) must
+        # not break it over lines; "Error: FILE: PLACE: WHAT" stays one line.
+        self.file = one_line(str(file))
+        self.where = None if where is None else one_line(where)
+        self.what = one_line(what)
+        file, where, what = self.file, self.where, self.what
         loc = f"{file}: {where}" if where else file
         super().__init__(f"{loc}: {what}")
 

@@ -37,21 +37,24 @@ def test_a_good_reference_passes(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("reference, where, what", [
-    ({"order": 5}, "meta.reference.order", "must be a list, got int"),
+    ({"order": 5}, "meta.reference.order", "must be a list of [name, seq, leaf] items, got int"),
     ({"order": ["SumBackward0", 3]}, "meta.reference.order[0]", "each item must be [name, seq, leaf]"),
     ({"order": [["SumBackward0"]]}, "meta.reference.order[0]", "each item must be [name, seq, leaf]"),
     ({"order": [[{"a": 1}, [2], None]]}, "meta.reference.order[0]", "each item must be [name, seq, leaf]"),
     ({"order": [], "grads": [1, 2]}, "meta.reference.grads", "must be a mapping of leaf names to tensors"),
     ({"order": [], "grads": {"a": "hello"}}, "meta.reference.grads.a", "unknown tensor value 'hello'"),
     ({"order": [], "grads": {"a": [[1, 2], [3]]}}, "meta.reference.grads.a", "ragged"),
-    ({"order": [], "grads": {"a": {"random": "x"}}}, "meta.reference.grads.a", "seed"),
-    ({"order": [], "grads": {"a": {"npz": "k"}}}, "meta.reference.grads.a", "missing"),
+    ({"order": [], "grads": {"a": {"random": "x"}}}, "meta.reference.grads.a.random", "seed"),
+    ({"order": [], "grads": {"a": {"npz": "k"}}}, "meta.reference.grads.a.npz", "missing"),
+    ({"order": [], "depths": [0]}, "meta.reference.depths", "must be a list of 0 non-negative integers"),
+    ({"order": 5, "grads": {}}, "meta.reference.order", "got int"),
+    ([1], "meta.reference", "must be a mapping with 'order' and 'grads', got list"),
 ])
 def test_a_malformed_reference_is_a_clear_error(tmp_path, capsys, reference, where, what):
     path = seed_with(reference, tmp_path)
     code, out, err = run_cli(["check", str(path)], capsys)
     assert code == 2 and out == ""
-    assert err.startswith(f"Error: {path}: {where}: ") and what in err and err.count("\n") == 1
+    assert err.startswith(f"Error: {path}: at $.{where}: ") and what in err and err.count("\n") == 1
 
 
 def opaque_graph(tmp_path):

@@ -58,14 +58,17 @@ def test_a_missing_saved_value_names_the_node(tmp_path, capsys):
         leaf("a", [2], id="acc"),
     )))
     code, out, err = run_cli([str(f), "--no-summary"], capsys)
-    assert code == 1
-    assert err.strip() == ("Error: node 'm' (MulBackward0): MulBackward0 node 'm' needs saved value 'other', "
-                           "which the graph file does not provide")
+    # Found while loading (exit 2), before the backward runs.
+    assert code == 2
+    assert err.strip() == (f"Error: {f}: node 'm' at $.nodes[0]: MulBackward0 node 'm' needs saved field 'other' "
+                           "(a tensor (a number, a nested list of numbers, or a spec with 'data', 'npz' or 'random')) "
+                           "for the gradient of its output 0, which the file does not give")
 
 
 def test_python_nodes_need_allow_python(capsys):
+    # Refused while loading (exit 2), before any node runs.
     code, _, err = run_cli(["example:reentrant", "--no-summary"], capsys)
-    assert code == 1 and "--allow-python" in err
+    assert code == 2 and "--allow-python" in err and err.count("\n") == 1
 
 
 def test_allow_python_runs_python_nodes(capsys):

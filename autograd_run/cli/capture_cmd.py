@@ -8,7 +8,7 @@ import warnings
 import click
 
 from autograd_run.cli import capture_golden
-from autograd_run.cli.common import echo, graph_format
+from autograd_run.cli.common import echo, graph_format, max_memory_option
 from autograd_run.errors import OrderMismatch, UsageError
 
 
@@ -160,7 +160,8 @@ def _split(result):
               help="Absolute tolerance  [default: by precision: 1e-9, 1e-6, 1e-3]")
 @click.option("--allow-opaque", is_flag=True,
               help="Pass although ops without a rule (opaque nodes) keep some gradients from being compared.")
-def check(graph, rtol, atol, allow_opaque):
+@max_memory_option
+def check(graph, rtol, atol, allow_opaque, max_memory):
     """Replay a captured graph and compare order and gradients with PyTorch's reference.
 
     Exit 0 when they agree, 3 otherwise (also when opaque nodes keep a gradient
@@ -174,7 +175,7 @@ def check(graph, rtol, atol, allow_opaque):
     from autograd_run.cli.render import columns
     from autograd_run.cli.terminal import PlainTable as Table, make_console, plain
     from autograd_run.cli.common import load_graph_arg
-    report = check_graph(load_graph_arg(graph), rtol, atol, allow_opaque=allow_opaque)
+    report = check_graph(load_graph_arg(graph, max_bytes=max_memory), rtol, atol, allow_opaque=allow_opaque)
     console = make_console()
     if report.order_ok:
         console.print(plain(f"order: {report.order_len[1]} nodes, same as PyTorch"))

@@ -99,28 +99,41 @@ class Seconds(click.FloatRange):
 STDIN_NAME = "<stdin>"
 
 
-def detect_format(data: bytes) -> str:
-    """``json`` when the first byte that is not a space (or a byte-order mark) opens a JSON object or
-    array, else ``yaml`` (YAML is a superset of JSON, so a mistake shows as YAML's own error)."""
-    head = data[:4096].lstrip(b"\xef\xbb\xbf").lstrip()
-    return "json" if head[:1] in (b"{", b"[") else "yaml"
+def _byte_size(ctx, param, value):
+    if value is None:
+        return None
+    from autograd_run.graphs.validate import parse_byte_size
+    try:
+        return parse_byte_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
-def load_graph_arg(ref: str, fmt: str | None = None):
+#: ``--max-memory SIZE``: the memory budget a graph may need to run (``max_memory``: bytes or None).
+max_memory_option = click.option(
+    "--max-memory", default=None, metavar="SIZE", callback=_byte_size,
+    help="Memory budget the graph may need to run (saved values, gradients, references), e.g. 8GiB  "
+         "[default: 4 GiB or half the machine's memory, whichever is less]")
+
+
+def load_graph_arg(ref: str, fmt: str | None = None, *, max_bytes: int | None = None,
+                   allow_python: bool = True, check_data: bool = False):
     """The graph a command-line argument names: a file, ``example:NAME``, or ``-`` for standard input
     (format ``fmt``, else from the content). A graph from stdin has no folder, so it cannot use
-    ``.npz`` side files; the error says so."""
-    from autograd_run.graphs.load import MAX_FILE_BYTES, load_graph, loads_graph
+    ``.npz`` side files; the error says so. ``max_bytes``, ``allow_python`` and ``check_data`` as for
+    ``graphs.load.load_graph``."""
+    from autograd_run.graphs.load import load_graph, load_graph_bytes, read_stream
     if ref != "-":
         if fmt is not None:
             raise UsageError("--format applies to a graph read from stdin (-) only; a file's extension gives its format")
-        return load_graph(ref)
+        return load_graph(ref, max_bytes=max_bytes, allow_python=allow_python, check_data=check_data)
     import sys
     if sys.stdin is None or sys.stdin.isatty():
         raise UsageError("-: no graph on stdin (it is a terminal); pipe one in, e.g. cat graph.json | autograd-run -")
-    data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    data = read_stream(sys.stdin.buffer, STDIN_NAME)
     try:
-        return loads_graph(data, STDIN_NAME, fmt or detect_format(data), None)
+        return load_graph_bytes(data, STDIN_NAME, None, fmt=fmt or "auto", max_bytes=max_bytes,
+                                allow_python=allow_python, check_data=check_data)
     except GraphFileError as exc:
         if "npz" in exc.what or "side file" in exc.what:
             raise GraphFileError(exc.file, exc.where, f"{exc.what} (a graph read from stdin has no folder for side "

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from autograd_run.cli.common import echo, error_line, escape, stdout_closed, write
+from autograd_run.cli.common import echo, error_line, escape, max_memory_option, stdout_closed, write
 from autograd_run.cli.version import show_version
 from autograd_run.errors import AutogradRunError, GraphFileError, RequestError
 
@@ -52,18 +52,26 @@ def cli():
 
 @cli.command()
 @click.argument("files", nargs=-1, required=True)
-def validate(files):
+@click.option("--allow-python", is_flag=True,
+              help="Accept python nodes (running them imports and calls code the file names).")
+@max_memory_option
+def validate(files, allow_python, max_memory):
     """Check graph files; print one line per valid file, `Error: ...` per problem.
+
+    Checks everything `run` would refuse: syntax, schema, duplicate keys,
+    edges and shapes, saved values against each op's declared kinds, side
+    files, and the memory the graph needs to run.
 
     \b
     Example:
       autograd-run validate graph.yaml example:mlp
+      autograd-run validate big.json --max-memory 16GiB
     """
     from autograd_run.cli.common import load_graph_arg
     failed = False
     for f in files:
         try:
-            g = load_graph_arg(f)
+            g = load_graph_arg(f, max_bytes=max_memory, allow_python=allow_python, check_data=True)
         except GraphFileError as exc:
             error_line(str(exc))
             failed = True

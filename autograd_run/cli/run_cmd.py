@@ -8,7 +8,9 @@ import threading
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import Seconds, Whole, echo, error_line, load_graph_arg, note_lines, write
+from autograd_run.cli.common import (
+    Seconds, Whole, echo, error_line, load_graph_arg, max_memory_option, note_lines, write,
+)
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.cli.interrupts import ctrl_c_stops
 from autograd_run.cli.terminal import make_console, plain, traceback_lines
@@ -78,6 +80,7 @@ class Progress(Tracer):
 @click.option("--seed", type=Whole(0, 2**62, "0 to 2**62"), default=None, metavar="N",
               help="Offset every random tensor's seed: another reproducible draw  [default: the file's seeds]")
 @click.option("--allow-python", is_flag=True, help="Allow python nodes to import and run their callables.")
+@max_memory_option
 @click.option("--order-out", default=None, metavar="FILE", help="Write the executed order as JSON Lines.")
 @click.option("--expect-order", default=None, metavar="FILE", help="Compare the executed order with a JSON Lines "
               "golden file (exact when deterministic, else per worker); exit 3 on a mismatch.")
@@ -96,8 +99,8 @@ class Progress(Tracer):
               help="The format of a graph read from stdin (GRAPH is -)  [default: from its first character]")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
 def run(graph, trace_path, open_trace, mode, inputs, allow_unused, retain_graph, create_graph, no_multithreading, backend,
-        backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, order_out, expect_order, costs, step,
-        summary, json_out, timeout, fmt, verbose):
+        backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, max_memory, order_out, expect_order,
+        costs, step, summary, json_out, timeout, fmt, verbose):
     """Run a graph's backward pass (GRAPH is a file, example:NAME, or - for stdin).
 
     \b
@@ -122,7 +125,7 @@ def run(graph, trace_path, open_trace, mode, inputs, allow_unused, retain_graph,
     if backend and backend_old and backend != backend_old:
         raise UsageError("--devices is the old spelling of --backend: give one of them")
     devices = backend or backend_old or "auto"
-    g = load_graph_arg(graph, fmt)
+    g = load_graph_arg(graph, fmt, max_bytes=max_memory, allow_python=allow_python)
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(
         mode=mode, inputs=inputs.split(",") if inputs is not None else None, allow_unused=allow_unused,

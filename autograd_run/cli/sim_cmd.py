@@ -11,6 +11,10 @@ from autograd_run.sim.placement import PLACEMENTS
 from autograd_run.sim.policies import POLICIES
 
 
+#: The memory budget of a graph that is simulated, not run: none (only its file's size bounds it).
+NO_BUDGET = 1 << 62
+
+
 def _variants(compare: str | None, policy: str, devices: int | None) -> list[tuple[str, int | None]]:
     """``--compare policy=a,b`` / ``devices=1,2,4`` / a list of policies: the (policy, devices) pairs to run."""
     if not compare:
@@ -99,7 +103,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             from autograd_run.errors import UsageError
             raise UsageError("--open needs --trace FILE")
         require_viewer()
-    g = load_graph_arg(graph)
+    g = load_graph_arg(graph, max_bytes=NO_BUDGET)  # a simulation materialises no tensor
     measured = load_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(compare, policy, devices)
     import os

@@ -24,6 +24,7 @@ import numpy as np
 
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import Graph, Node
+from autograd_run.ops.arrays import number
 from autograd_run.ops.dtypes import HALF, upcast
 
 ERR_BACKWARD_TWICE = (
@@ -95,7 +96,9 @@ class GraphState:
         side = self.graph.side_files
         tensor_fields = node.op.tensor_fields
         saved = node.saved
-        if not node.saves_tensors or not any(type(v) is dict or type(v) is list for v in saved.values()):
+        scalar_fields = node.op.scalar_fields
+        if (not node.saves_tensors or not any(type(v) is dict or type(v) is list for v in saved.values())) \
+                and not (scalar_fields and any(type(saved.get(k)) is str for k in scalar_fields)):
             # Nothing to convert (plain numbers, sizes, flags): use the node's own mapping.
             return self._saved.setdefault(node, saved)
         half = node in self.half_nodes
@@ -106,6 +109,8 @@ class GraphState:
                 cached[name] = tensors.materialize(value, side)
                 if half:
                     cached[name] = upcast(cached[name])
+            elif type(value) is str and name in scalar_fields:
+                cached[name] = number(value)  # a Scalar JSON cannot hold: "(1-2j)", "inf", "1e-3"
             elif name in tensor_fields and isinstance(value, list):
                 dtype = node.inputs[0].dtype if node.inputs else "float32"
                 cached[name] = np.asarray(value, dtype="float32" if dtype in HALF else dtype)

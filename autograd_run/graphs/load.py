@@ -1,37 +1,69 @@
 """Read a graph file (JSON or YAML, by extension) into a validated ``Graph``.
 
 JSON is the fast path: msgspec decodes straight into the typed schema,
-checking types while decoding. YAML goes through libyaml's CSafeLoader when
-present (SafeLoader otherwise): only plain data is ever constructed, alias
-expansion and nesting depth are bounded before anything is built, and
-errors carry line:column. Graph files are untrusted: every failure is a
-``GraphFileError``, never another exception.
+checking types while decoding, and a byte count proves the object keys
+unique (a slower exact pass runs only when it cannot). YAML goes through
+libyaml's CSafeLoader when present (SafeLoader otherwise): only plain data
+is ever constructed, alias expansion and nesting depth are bounded and
+duplicate keys refused before anything is built, exponent floats such as
+``1e-3`` are numbers (as in YAML 1.2 and JSON), and errors carry
+line:column. Graph files are untrusted: every failure is a
+``GraphFileError``, never another exception. Files are read only when they
+are regular files, and never past the size cap.
+
+Entry points: ``load_graph(path or example:NAME)``; ``loads_graph(bytes)``
+(format by extension, or ``fmt="auto"``: by content); ``load_graph_bytes``
+and ``read_stream`` for a graph given on standard input.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
+import stat
 from contextlib import contextmanager
 from importlib import resources
 
 import msgspec
+import numpy as np
 import yaml
 
 from autograd_run.errors import GraphFileError
 from autograd_run.graphs.locate import JsonLocator, YamlLocator, byte_to_line_col
-from autograd_run.graphs.model import Graph
+from autograd_run.graphs.model import FORMAT, Graph
 from autograd_run.graphs.schema import GraphSpec
-from autograd_run.graphs.validate import build_graph
+from autograd_run.graphs.validate import build_graph, check_python_nodes
 
 MAX_FILE_BYTES = 1 << 30
 #: YAML: most values the document may expand to once aliases are followed.
 MAX_YAML_VALUES = 50_000_000
 MAX_YAML_DEPTH = 64
+#: JSON: largest file whose duplicate key is located exactly (a slower pass, only when one is proven).
+MAX_EXACT_DUPLICATE_CHECK = 64 << 20
 
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _SafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """libyaml's safe loader, reading exponent floats (``1e-3``, ``2E5``) as numbers.
+
+    YAML 1.1 (PyYAML's default) needs a dot and a signed exponent, so
+    ``eps: 1e-5`` would be the string ``"1e-5"``; YAML 1.2 and JSON read a
+    number, and so do we.
+    """
+
+
+_SafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
 _JSON_DECODER = msgspec.json.Decoder(GraphSpec)
+_JSON_ENCODER = msgspec.json.Encoder()
+_BOM = b"\xef\xbb\xbf"
+_FIRST_NON_SPACE = re.compile(rb"[^ \t\r\n]")
+_UNDECODABLE = object()
 _AT = re.compile(r" - at `(\$[^`]*)`$")
 _PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z_0-9]*)|\[(\d+)\]|\[(['\"])(.*?)\3\]")
 
@@ -66,7 +98,7 @@ def _schema_error(exc: msgspec.ValidationError, source: str, locator) -> GraphFi
     path = _parse_path(m.group(1)) if m else ()
     what = msg[: m.start()] if m else msg
     what = what.replace("`", "'")
-    fm = re.match(r"Object (missing required|contains unknown) field '(.*)'", what)
+    fm = re.match(r"Object (missing required|contains unknown) field '(.*)'", what, re.S)
     if fm:
         what = ("missing required field" if fm.group(1).startswith("missing") else "unknown field") + f" '{fm.group(2)}'"
         if fm.group(1).startswith("contains"):
@@ -78,36 +110,85 @@ def is_yaml_name(name: str) -> bool:
     return name.lower().endswith((".yaml", ".yml"))
 
 
+def detect_format(data: bytes) -> str:
+    """``json`` when the first non-space byte (after a UTF-8 BOM) opens an object or a list, else
+    ``yaml`` (YAML is a superset of JSON, so a mistake shows as YAML's own error)."""
+    m = _FIRST_NON_SPACE.search(data, 3 if data.startswith(_BOM) else 0)
+    return "json" if m is not None and data[m.start()] in (0x7B, 0x5B) else "yaml"
+
+
 def loads_graph(data: bytes | str, source: str = "<memory>", fmt: str | None = None,
-                base_dir: str | None = None, side_name: str | None = None) -> Graph:
-    """Load a graph from bytes. ``fmt`` is ``json`` or ``yaml`` (default: by ``source``'s extension).
+                base_dir: str | None = None, side_name: str | None = None,
+                max_bytes: int | None = None, check_data: bool = False) -> Graph:
+    """Load a graph from bytes. ``fmt`` is ``json``, ``yaml``, ``auto`` (by content: see
+    ``detect_format``) or None (by ``source``'s extension).
 
     ``base_dir`` is the folder side files must lie in; ``side_name`` the
-    default side file (``<stem>.npz`` of ``source`` when not given).
+    default side file (``<stem>.npz`` of ``source`` when not given);
+    ``max_bytes`` the memory budget (default: ``validate.default_max_bytes()``);
+    ``check_data``: read side-file members through now (finds corrupt data before a run).
     """
     if isinstance(data, str):
-        data = data.encode("utf-8")
-    if fmt is None:
-        fmt = "yaml" if is_yaml_name(source) else "json"
+        data = data.encode("utf-8", "surrogatepass")
     if len(data) > MAX_FILE_BYTES:
         raise GraphFileError(source, None, f"file is larger than {MAX_FILE_BYTES >> 20} MiB")
+    if data.startswith(_BOM):
+        data = data[3:]
+    elif data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise GraphFileError(source, None, "the file is UTF-16 encoded; graph files are UTF-8")
+    if _FIRST_NON_SPACE.search(data) is None:
+        raise GraphFileError(source, None, "the file is empty")
+    if fmt == "auto":
+        fmt = detect_format(data)
+    elif fmt is None:
+        fmt = "yaml" if is_yaml_name(source) else "json"
     with _gc_paused():
         if fmt == "json":
-            return _load_json(data, source, base_dir, side_name)
-        return _load_yaml(data, source, base_dir, side_name)
+            return _load_json(data, source, base_dir, side_name, max_bytes, check_data)
+        return _load_yaml(data, source, base_dir, side_name, max_bytes, check_data)
 
 
-def _load_json(data: bytes, source: str, base_dir: str | None, side_name: str | None) -> Graph:
+def _not_a_graph(doc, source: str, locator) -> GraphFileError | None:
+    """The error for a document that is not a graph at all (a trace, another tool's JSON), or None."""
+    if not isinstance(doc, dict):
+        kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+                type(None): "null"}.get(type(doc), type(doc).__name__)
+        return GraphFileError(source, None, f"not an {FORMAT} file: the document is {kind}, not a mapping "
+                                            "with 'format', 'nodes' and 'roots'")
+    if "format" not in doc:
+        keys = [k for k in doc if isinstance(k, str)][:4]
+        found = f" (it has {', '.join(repr(k[:40]) for k in keys)}{', ...' if len(doc) > 4 else ''})" if keys else ""
+        return GraphFileError(source, None, f"not an {FORMAT} file: no 'format: {FORMAT}' field{found}")
+    fmt = doc["format"]
+    if fmt != FORMAT:
+        return GraphFileError(source, locator.where(("format",)),
+                              f"unsupported format {fmt!r:.60}; expected {FORMAT!r}" if isinstance(fmt, str)
+                              else f"not an {FORMAT} file: 'format' is {fmt!r:.60}")
+    return None
+
+
+def _load_json(data: bytes, source: str, base_dir: str | None, side_name: str | None,
+               max_bytes: int | None, check_data: bool = False) -> Graph:
     try:
         spec = _JSON_DECODER.decode(data)
     except msgspec.ValidationError as exc:
-        # Error path only: decode untyped to name the node the problem is in.
+        # Error path only: decode untyped to say what the file is and name the node.
         try:
             raw = msgspec.json.decode(data)
-            nodes = raw.get("nodes") if isinstance(raw, dict) else None
-        except (msgspec.DecodeError, RecursionError):
-            nodes = None
-        raise _schema_error(exc, source, JsonLocator(nodes if isinstance(nodes, list) else None)) from None
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            raw = _UNDECODABLE  # e.g. a number out of range: the typed error says where
+        nodes = raw.get("nodes") if isinstance(raw, dict) else None
+        locator = JsonLocator(nodes if isinstance(nodes, list) else None)
+        if raw is _UNDECODABLE:
+            if data[_FIRST_NON_SPACE.search(data).start()] != 0x7B:  # not an object at the top level
+                raise GraphFileError(source, None, f"not an {FORMAT} file: the document is not a mapping "
+                                                   "with 'format', 'nodes' and 'roots'") from None
+        else:
+            problem = _not_a_graph(raw, source, locator)
+            if problem is not None:
+                raise problem from None
+            _json_duplicates(data, source)
+        raise _schema_error(exc, source, locator) from None
     except msgspec.DecodeError as exc:
         msg = str(exc)
         m = re.search(r"\(byte (\d+)\)", msg)
@@ -119,11 +200,97 @@ def _load_json(data: bytes, source: str, base_dir: str | None, side_name: str | 
         raise GraphFileError(source, where, f"invalid JSON: {msg.replace('JSON is malformed: ', '')}") from None
     except RecursionError:
         raise GraphFileError(source, None, "invalid JSON: nesting is too deep") from None
-    return build_graph(spec, source, base_dir, JsonLocator(spec.nodes), side_name)
+    if not _json_has_no_duplicates(data, spec):
+        if len(data) > MAX_EXACT_DUPLICATE_CHECK and b"\\u003" not in data:
+            # The counts prove a duplicate; finding where would take several times the
+            # file's size in memory (Python's json): say so without the place.
+            raise GraphFileError(source, None, "duplicate keys in an object (JSON keys must be unique); "
+                                               "the file is too big to say where: check it with a JSON linter")
+        _json_duplicates(data, source)
+    return build_graph(spec, source, base_dir, JsonLocator(spec.nodes), side_name, max_bytes, check_data)
+
+
+def _json_has_no_duplicates(data: bytes, spec: GraphSpec) -> bool:
+    """True when the decoded spec provably kept every key of the file (no duplicate was dropped).
+
+    Every object member in JSON text has exactly one ``:`` outside strings;
+    colons inside strings are written as ``:`` or ``\\u003a``. Re-encoding the
+    decoded spec (optional fields are UNSET when absent, so only the fields
+    the file wrote come out) gives one ``:`` per kept member plus the colons
+    of the kept strings. Dropping a duplicate member loses at least its
+    colon, so equal counts prove there was none. False means "not proven";
+    the exact check then decides.
+    """
+    raw = _count_colons(data)
+    if b"\\" in data and b"\\u003" in data:  # an escaped colon (\u003a or \u003A) is a colon too
+        raw += data.count(b"\\u003a") + data.count(b"\\u003A")
+    try:
+        return _count_colons(_JSON_ENCODER.encode(spec)) == raw
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _count_colons(data: bytes) -> int:
+    """``data.count(b":")``, vectorised (several times faster on big files)."""
+    if len(data) < 65536:
+        return data.count(b":")
+    arr = np.frombuffer(data, np.uint8)
+    step = 256 << 10  # bounded temporary memory, in cache
+    return sum(int(np.count_nonzero(arr[i: i + step] == 58)) for i in range(0, len(arr), step))
+
+
+def _json_duplicates(data: bytes, source: str) -> None:
+    """Raise a ``GraphFileError`` naming the first duplicate key in the JSON text, if there is one (slow, exact)."""
+    marks: list = []
+
+    def pairs(items):
+        d = {}
+        for k, v in items:
+            if k in d:
+                d = _Marked(items)
+                d.dup = k
+                marks.append(d)
+                return d
+            d[k] = v
+        return d
+    try:
+        doc = json.loads(data, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return
+    if not marks:
+        return
+    # Find the first marked object's path (iteratively: nesting may be deep).
+    stack = [(doc, ())]
+    while stack:
+        obj, path = stack.pop()
+        if isinstance(obj, _Marked):
+            raise GraphFileError(source, JsonLocator(_nodes_of(doc)).where(path + (obj.dup,)),
+                                 f"duplicate key {obj.dup!r:.60} in an object (JSON keys must be unique; "
+                                 "the file would otherwise mean whichever came last)")
+        if isinstance(obj, dict):
+            stack.extend((v, path + (k,)) for k, v in reversed(list(obj.items())))
+        elif isinstance(obj, list):
+            stack.extend((v, path + (j,)) for j, v in reversed(list(enumerate(obj))))
+
+
+class _Marked(dict):
+    """An object with a duplicate key (``dup``), kept with its first values."""
+
+    dup = ""
+
+    def __init__(self, items):
+        super().__init__()
+        for k, v in items:
+            self.setdefault(k, v)
+
+
+def _nodes_of(doc):
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    return nodes if isinstance(nodes, list) else None
 
 
 def _check_yaml_tree(root: yaml.Node, source: str) -> None:
-    """Refuse alias bombs and deep nesting before anything is constructed.
+    """Refuse alias bombs, deep nesting and duplicate keys before anything is constructed.
 
     Counts the values the document expands to, following aliases, with one
     memoised count per distinct node, so a "billion laughs" document is
@@ -133,6 +300,7 @@ def _check_yaml_tree(root: yaml.Node, source: str) -> None:
     order = []
     stack = [(root, 0)]
     seen = set()
+    mapping = yaml.MappingNode
     while stack:
         node, depth = stack.pop()
         if depth > MAX_YAML_DEPTH:
@@ -145,14 +313,24 @@ def _check_yaml_tree(root: yaml.Node, source: str) -> None:
         order.append(node)
         if isinstance(node, yaml.SequenceNode):
             stack.extend((c, depth + 1) for c in node.value)
-        elif isinstance(node, yaml.MappingNode):
+        elif isinstance(node, mapping):
+            keys = {}
             for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    ident = (k.tag, k.value)
+                    first = keys.get(ident)
+                    if first is not None:
+                        m = k.start_mark
+                        raise GraphFileError(source, f"line {m.line + 1}, column {m.column + 1}",
+                                             f"duplicate key {k.value!r:.60} in a mapping (first at line "
+                                             f"{first.line + 1}); keys must be unique")
+                    keys[ident] = k.start_mark
                 stack.append((k, depth + 1))
                 stack.append((v, depth + 1))
     for node in reversed(order):  # children are visited after parents, so reverse is bottom-up
         if isinstance(node, yaml.SequenceNode):
             total = 1 + sum(sizes.get(id(c), 1) for c in node.value)
-        elif isinstance(node, yaml.MappingNode):
+        elif isinstance(node, mapping):
             total = 1 + sum(sizes.get(id(k), 1) + sizes.get(id(v), 1) for k, v in node.value)
         else:
             total = 1
@@ -163,13 +341,14 @@ def _check_yaml_tree(root: yaml.Node, source: str) -> None:
         sizes[id(node)] = total
 
 
-def _load_yaml(data: bytes, source: str, base_dir: str | None, side_name: str | None) -> Graph:
+def _load_yaml(data: bytes, source: str, base_dir: str | None, side_name: str | None,
+               max_bytes: int | None, check_data: bool = False) -> Graph:
     try:
         loader = _SafeLoader(data)
         try:
             root = loader.get_single_node()
             if root is None:
-                raise GraphFileError(source, None, "the file is empty")
+                raise GraphFileError(source, None, "the file is empty (no YAML document, only comments)")
             _check_yaml_tree(root, source)
             doc = loader.construct_document(root)
         finally:
@@ -180,12 +359,13 @@ def _load_yaml(data: bytes, source: str, base_dir: str | None, side_name: str | 
         what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
         raise GraphFileError(source, where, f"invalid YAML: {what}") from None
     except yaml.YAMLError as exc:
-        raise GraphFileError(source, None, f"invalid YAML: {exc}") from None
+        raise GraphFileError(source, None, f"invalid YAML: {str(exc)[:300]}") from None
     except (RecursionError, ValueError, TypeError, OverflowError) as exc:
-        raise GraphFileError(source, None, f"invalid YAML: {exc}") from None
-    if not isinstance(doc, dict):
-        raise GraphFileError(source, "line 1, column 1", "the document must be a mapping with 'format', 'nodes' and 'roots'")
+        raise GraphFileError(source, None, f"invalid YAML: {str(exc)[:300]}") from None
     locator = YamlLocator(root)
+    problem = _not_a_graph(doc, source, locator)
+    if problem is not None:
+        raise problem
     try:
         spec = msgspec.convert(doc, GraphSpec, strict=True)
     except msgspec.ValidationError as exc:
@@ -193,7 +373,7 @@ def _load_yaml(data: bytes, source: str, base_dir: str | None, side_name: str | 
     except RecursionError:
         raise GraphFileError(source, None, "nesting is too deep") from None
     locator.nodes = spec.nodes
-    return build_graph(spec, source, base_dir, locator, side_name)
+    return build_graph(spec, source, base_dir, locator, side_name, max_bytes, check_data)
 
 
 EXAMPLE_PREFIX = "example:"
@@ -205,41 +385,139 @@ def example_names() -> list[str]:
                   if f.name.endswith((".yaml", ".json")))
 
 
+_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_file(path: str, source: str | None = None) -> bytes:
+    """The bytes of a regular file, read only up to the size cap (symlinks are followed first).
+
+    Refuses FIFOs, devices (``/dev/zero``), sockets and directories before
+    opening them, opens non-blocking so that a FIFO swapped in meanwhile
+    cannot block, and reads at most the cap plus one byte.
+    """
+    source = path if source is None else source
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise GraphFileError(source, None, "no such file") from None
+    except ValueError:
+        raise GraphFileError(source, None, "the file name contains a NUL byte") from None
+    except OSError as exc:
+        raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
+    _check_regular(st.st_mode, st.st_size, source)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        _check_regular(st.st_mode, st.st_size, source)  # the file may have been swapped since stat()
+        try:
+            data = _read_capped(f, st.st_size)
+        except OSError as exc:
+            raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise GraphFileError(source, None, f"file is larger than {MAX_FILE_BYTES >> 20} MiB")
+    return data
+
+
+def _read_capped(f, size: int) -> bytes:
+    """At most the cap plus one byte: the size the file has, in one read; more only if it grew
+    (or the kernel reports no size, as for /proc files), in chunks."""
+    want = min(size, MAX_FILE_BYTES) + 1
+    data = f.read(want)
+    if len(data) < want or len(data) > MAX_FILE_BYTES:
+        return data
+    parts, total = [data], len(data)
+    while total <= MAX_FILE_BYTES:
+        chunk = f.read(min(16 << 20, MAX_FILE_BYTES + 1 - total))
+        if not chunk:
+            break
+        parts.append(chunk)
+        total += len(chunk)
+    return b"".join(parts)
+
+
+def _check_regular(mode: int, size: int, source: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise GraphFileError(source, None, "is a directory, not a graph file")
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in _FILE_KINDS if test(mode)), "not a regular file")
+        raise GraphFileError(source, None, f"is {kind}, not a regular file; graph files must be regular files")
+    if size > MAX_FILE_BYTES:
+        raise GraphFileError(source, None, f"file is larger than {MAX_FILE_BYTES >> 20} MiB")
+
+
+def read_stream(stream, source: str = "<stdin>") -> bytes:
+    """Read a graph from a binary stream (standard input), at most the size cap."""
+    try:
+        parts, total = [], 0
+        while total <= MAX_FILE_BYTES:  # in chunks: a pipe gives what it has, and a big request would allocate it all
+            chunk = stream.read(min(16 << 20, MAX_FILE_BYTES + 1 - total))
+            if not chunk:
+                break
+            parts.append(chunk)
+            total += len(chunk)
+        data = b"".join(parts)
+    except OSError as exc:
+        raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise GraphFileError(source, None, f"input is larger than {MAX_FILE_BYTES >> 20} MiB")
+    return data
+
+
 def read_source(ref: str) -> tuple[bytes, str, str | None]:
     """The bytes of a graph reference (a path or ``example:NAME``), its display name and folder."""
     if ref.startswith(EXAMPLE_PREFIX):
         name = ref[len(EXAMPLE_PREFIX):]
         folder = resources.files("autograd_run.graphs").joinpath("examples")
-        for ext in (".yaml", ".json"):
-            f = folder.joinpath(name + ext)
-            if f.is_file():
-                return f.read_bytes(), ref, str(folder)
-        raise GraphFileError(ref, None, f"no example named {name!r}; examples: {', '.join(example_names())}")
-    try:
-        size = os.path.getsize(ref)
-        if size > MAX_FILE_BYTES:
-            raise GraphFileError(ref, None, f"file is larger than {MAX_FILE_BYTES >> 20} MiB")
-        with open(ref, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise GraphFileError(ref, None, "no such file") from None
-    except IsADirectoryError:
-        raise GraphFileError(ref, None, "is a directory, not a graph file") from None
-    except OSError as exc:
-        raise GraphFileError(ref, None, f"cannot read: {exc.strerror or exc}") from None
-    return data, ref, os.path.dirname(os.path.abspath(ref))
+        if name in example_names():
+            for ext in (".yaml", ".json"):
+                f = folder.joinpath(name + ext)
+                if f.is_file():
+                    return f.read_bytes(), ref, str(folder)
+        raise GraphFileError(ref, None, f"no example named {name!r:.60}; examples: {', '.join(example_names())}")
+    return read_file(ref), ref, os.path.dirname(os.path.abspath(ref))
 
 
-def load_graph(ref: str | os.PathLike) -> Graph:
-    """Load and validate a graph file, or a shipped example (``example:NAME``)."""
+def load_graph(ref: str | os.PathLike, *, max_bytes: int | None = None, allow_python: bool = True,
+               check_data: bool = False) -> Graph:
+    """Load and validate a graph file, or a shipped example (``example:NAME``).
+
+    ``max_bytes``: the memory budget (default ``validate.default_max_bytes()``);
+    ``allow_python=False`` refuses graphs with ``python`` nodes (see ``check_python_nodes``);
+    ``check_data`` reads side-file data through (``validate`` does; ``run`` finds
+    corrupt data when it materialises it).
+    """
     ref = os.fspath(ref)
-    data, source, base_dir = read_source(ref)
-    fmt = None
-    if ref.startswith(EXAMPLE_PREFIX):
-        folder = resources.files("autograd_run.graphs").joinpath("examples")
-        name = ref[len(EXAMPLE_PREFIX):]
-        fmt = "yaml" if folder.joinpath(name + ".yaml").is_file() else "json"
-        return loads_graph(data, source, fmt, base_dir, name + ".npz")
-    if not (ref.lower().endswith(".json") or is_yaml_name(ref)):
+    if not ref.startswith(EXAMPLE_PREFIX) and not (ref.lower().endswith(".json") or is_yaml_name(ref)):
+        # Before reading: a FIFO or device named without an extension is refused here too.
+        read_file(ref)
         raise GraphFileError(ref, None, "unknown extension: graph files end in .json, .yaml or .yml")
-    return loads_graph(data, source, fmt, base_dir)
+    data, source, base_dir = read_source(ref)
+    if ref.startswith(EXAMPLE_PREFIX):
+        name = ref[len(EXAMPLE_PREFIX):]
+        folder = resources.files("autograd_run.graphs").joinpath("examples")
+        fmt = "yaml" if folder.joinpath(name + ".yaml").is_file() else "json"
+        graph = loads_graph(data, source, fmt, base_dir, name + ".npz", max_bytes, check_data)
+    else:
+        graph = loads_graph(data, source, None, base_dir, max_bytes=max_bytes, check_data=check_data)
+    check_python_nodes(graph, allow_python)
+    return graph
+
+
+def load_graph_bytes(data: bytes, source: str = "<stdin>", base_dir: str | None = None, *,
+                     fmt: str = "auto", max_bytes: int | None = None, allow_python: bool = True,
+                     check_data: bool = False) -> Graph:
+    """Load a graph from bytes (``autograd-run -`` reads stdin); ``fmt`` ``auto``: by content.
+
+    JSON when the first non-space byte opens an object or a list, else YAML.
+    ``base_dir`` (e.g. the current folder) lets ``npz`` specs name side
+    files; without it they are refused.
+    """
+    if len(data) > MAX_FILE_BYTES:
+        raise GraphFileError(source, None, f"input is larger than {MAX_FILE_BYTES >> 20} MiB")
+    graph = loads_graph(data, source, fmt, base_dir, None, max_bytes, check_data)
+    check_python_nodes(graph, allow_python)
+    return graph

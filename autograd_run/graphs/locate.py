@@ -14,9 +14,16 @@ import yaml
 
 
 def format_path(path: Sequence[Any]) -> str:
+    """``$.nodes[3].saved.other``; keys that are not identifiers are quoted: ``$.meta['a b']``."""
     out = "$"
     for p in path:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif isinstance(p, str) and p.isidentifier() and p.isascii():
+            out += f".{p}"
+        else:
+            r = repr(p)
+            out += f"[{r if len(r) <= 60 else r[:57] + '...'}]"
     return out
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
+import re
 from typing import Any, Mapping, NamedTuple
 
 from autograd_run.ops import OpSpec
@@ -34,9 +35,22 @@ DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128"
 SAVED_DTYPES = DTYPES + ("bool", "int8", "int16", "int32", "int64", "uint8")
 
 
+#: Device indices are bounded (one worker thread per index): ``TYPE:0`` .. ``TYPE:255``.
+MAX_DEVICE_INDEX = 255
+#: Device types are lowercase identifiers (PyTorch's ``cuda``, ``xpu``, ``mps``, ``hpu``,
+#: ``xla``, a renamed PrivateUse1 backend such as ``openreg``), at most 32 characters.
+_DEVICE_TYPE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+#: Types that do not describe a place gradients can live on.
+_NOT_A_DEVICE = {"meta": "meta tensors carry no data, so a backward pass cannot run on them"}
+
+
 @dataclass(frozen=True, slots=True)
 class Device:
-    """``cpu`` (index -1) or ``cuda:N``."""
+    """``cpu`` (index -1) or an accelerator ``TYPE:N`` (``cuda:0``, ``xpu:1``, ``mps:0``, ...).
+
+    As in PyTorch, nodes on the same index of different accelerator types
+    share one worker thread (the engine routes by index).
+    """
 
     type: str
     index: int = -1
@@ -50,16 +64,44 @@ class Device:
 
     @staticmethod
     def parse(text: str) -> "Device | None":
-        """``cpu``, ``cuda`` (= ``cuda:0``) or ``cuda:N``; None when malformed."""
+        """``cpu``, ``TYPE`` (= ``TYPE:0``) or ``TYPE:N``; None when malformed (``explain`` says why)."""
         if text == "cpu":
             return CPU
-        if text == "cuda":
-            return Device("cuda", 0)
-        if text.startswith("cuda:"):
-            idx = text[5:]
-            if idx.isdigit() and len(idx) <= 3 and int(idx) < 256 and str(int(idx)) == idx:
-                return Device("cuda", int(idx))
+        if Device.explain(text) is not None:
+            return None
+        typ, _, idx = text.partition(":")
+        return Device(typ, int(idx) if idx else 0)
+
+    @staticmethod
+    def explain(text: Any) -> str | None:
+        """Why ``text`` is not a device string, or None when it is one."""
+        expected = "expected 'cpu', or 'TYPE:N' for an accelerator such as 'cuda:0'"
+        if not isinstance(text, str):
+            return f"a device must be a string, got {_short(text)}; {expected}"
+        if text == "cpu":
+            return None
+        typ, colon, idx = text.partition(":")
+        if not _DEVICE_TYPE.fullmatch(typ):
+            if typ.lower() != typ and _DEVICE_TYPE.fullmatch(typ.lower()):
+                return f"unknown device {_short(text)}: device types are lowercase ({typ.lower()!r})"
+            return f"unknown device {_short(text)}; {expected}"
+        if typ in _NOT_A_DEVICE:
+            return f"device {_short(text)} is not supported: {_NOT_A_DEVICE[typ]}"
+        if typ == "cpu":
+            return f"device {_short(text)}: 'cpu' has no index; write 'cpu'"
+        if not colon:
+            return None
+        if not idx.isascii() or not idx.isdigit() or (len(idx) > 1 and idx[0] == "0"):
+            return f"unknown device {_short(text)}: the index must be a non-negative integer without leading zeros"
+        if len(idx) > 3 or int(idx) > MAX_DEVICE_INDEX:
+            return f"device {_short(text)}: index out of range (at most {MAX_DEVICE_INDEX})"
         return None
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` cut to ``limit`` characters, for messages about untrusted values."""
+    r = repr(value)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 CPU = Device("cpu", -1)
@@ -189,54 +231,76 @@ class Graph:
         return out
 
 
-def derive(graph: Graph) -> None:
+def derive_node(node: Node, index: int) -> None:
+    """A node's own derived fields: index, an empty consumer list, saves_tensors, device/stream/cpu."""
+    node.index = index
+    node.consumers = []
+    saved = node.saved
+    if saved:
+        fields = node.op.tensor_fields
+        if fields and not fields.isdisjoint(saved):
+            node.saves_tensors = True
+        else:
+            for v in saved.values():
+                if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
+                    node.saves_tensors = True
+                    break
+    for meta in node.inputs:
+        if meta.device.type != "cpu":
+            node.device, node.stream, node.cpu = meta.device, meta.stream, False
+            break
+    else:
+        node.device, node.stream, node.cpu = CPU, 0, True
+
+
+def link(node: Node, out_nr: int, target: Node) -> None:
+    """Record the edge ``node.next[out_nr] -> target`` on the target's consumers."""
+    target.consumers.append((node, out_nr))
+
+
+def derive(graph: Graph, prepared: bool = False, forward: bool | None = None) -> None:
     """Fill the derived fields: index, device, stream, consumers and topo_nr.
 
-    Raises ``ValueError(cycle)`` with the cycle as a list of nodes if the
-    graph is not acyclic. Iterative, so a chain of a million nodes does not
-    hit Python's recursion limit.
+    ``prepared``: the loader already called ``derive_node`` on each node
+    and ``link`` on each edge while building them, and set the graph's
+    ``max_device_index`` (one pass fewer over a big graph each); ``forward``: it also found whether every edge points
+    forward in the list. Raises ``ValueError(cycle)`` with the cycle as a
+    list of nodes if the graph is not acyclic. Iterative, so a chain of a
+    million nodes does not hit Python's recursion limit.
     """
     nodes = graph.nodes
+    if not prepared:
+        _derive_nodes(graph)
+    if forward is None:
+        forward = _edges_point_forward(nodes)
+    _topo(nodes, forward)
+
+
+def _derive_nodes(graph: Graph) -> None:
+    nodes = graph.nodes
     for i, node in enumerate(nodes):
-        node.index = i
-        node.consumers = []
-        saved = node.saved
-        if saved:
-            fields = node.op.tensor_fields
-            if fields and not fields.isdisjoint(saved):
-                node.saves_tensors = True
-            else:
-                for v in saved.values():
-                    if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
-                        node.saves_tensors = True
-                        break
-        for meta in node.inputs:
-            if meta.device.type != "cpu":
-                node.device, node.stream, node.cpu = meta.device, meta.stream, False
-                if meta.device.index > graph.max_device_index:
-                    graph.max_device_index = meta.device.index
-                break
-        else:
-            node.device, node.stream, node.cpu = CPU, 0, True
+        derive_node(node, i)
+        if not node.cpu and node.device.index > graph.max_device_index:
+            graph.max_device_index = node.device.index
     for node in nodes:
-        out_nr = 0
-        for e in node.next:
+        for out_nr, e in enumerate(node.next):
             if e is not None:
-                target = e[0]
-                target.consumers.append((node, out_nr))
-            out_nr += 1
-    # Fast path: files usually list consumers before producers (edges point forward
-    # in the list); then one reverse pass gives the topological numbers and proves
-    # the graph acyclic.
-    forward = True
+                link(node, out_nr, e[0])
+
+
+def _edges_point_forward(nodes: list[Node]) -> bool:
     for node in nodes:
         i = node.index
         for e in node.next:
             if e is not None and e[0].index <= i:
-                forward = False
-                break
-        if not forward:
-            break
+                return False
+    return True
+
+
+def _topo(nodes: list[Node], forward: bool) -> None:
+    # Fast path: files usually list consumers before producers (edges point forward
+    # in the list); then one reverse pass gives the topological numbers and proves
+    # the graph acyclic.
     if forward:
         for node in reversed(nodes):
             topo = 0

@@ -4,6 +4,11 @@ JSON files are decoded straight into these structs (types checked while
 decoding); YAML files are parsed safely and then converted into them, so
 both formats share one schema and one set of type errors. Semantic checks
 (ids, edges, cycles, shapes, side files) live in ``validate``.
+
+Optional fields default to ``UNSET`` (falsy), not to their documented
+default: a decoded struct then says exactly which fields the file wrote,
+which lets the loader prove cheaply that a JSON file has no duplicate keys
+(see ``load._json_has_no_duplicates``). ``validate`` applies the defaults.
 """
 
 from __future__ import annotations
@@ -11,51 +16,66 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import msgspec
+from msgspec import UNSET, UnsetType
+
+__all__ = ["UNSET", "MetaSpec", "NodeSpec", "RootSpec", "VariableSpec", "GraphSpec"]
 
 
-class MetaSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True):
-    """Frozen (hashable): the loader checks each distinct metadata once."""
+class MetaSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Frozen (hashable): the loader checks each distinct metadata once.
+
+    Defaults: dtype ``float32``, device ``cpu``, stream 0.
+    """
 
     shape: tuple[int, ...]
-    dtype: str = "float32"
-    device: str = "cpu"
-    stream: int = 0
+    dtype: str | UnsetType = UNSET
+    device: str | UnsetType = UNSET
+    stream: int | UnsetType = UNSET
 
 
-class NodeSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+class NodeSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Defaults: op = name, seq from the topology, no next edges, inputs, saved values or attrs."""
+
     id: str
     name: str
-    op: Optional[str] = None
-    seq: Optional[int] = None
+    op: Optional[str] | UnsetType = UNSET
+    seq: Optional[int] | UnsetType = UNSET
     #: The forward thread that created the node (RecordFunction's thread id, PyTorch's "Fwd thread id").
-    fwd_thread: Optional[int] = None
-    next: list[Optional[tuple[str, int]]] = []
-    inputs: list[MetaSpec] = []
-    saved: dict[str, Any] = {}
-    attrs: dict[str, Any] = {}
-    variable: Optional[str] = None
+    fwd_thread: Optional[int] | UnsetType = UNSET
+    next: list[Optional[tuple[str, int]]] | UnsetType = UNSET
+    inputs: list[MetaSpec] | UnsetType = UNSET
+    saved: dict[str, Any] | UnsetType = UNSET
+    attrs: dict[str, Any] | UnsetType = UNSET
+    variable: Optional[str] | UnsetType = UNSET
 
 
-class RootSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+class RootSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Defaults: input_nr 0, grad ``ones``."""
+
     node: str
-    input_nr: int = 0
-    grad: Any = "ones"
+    input_nr: int | UnsetType = UNSET
+    grad: Any = UNSET
 
 
-class VariableSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+class VariableSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Defaults: dtype ``float32``, device ``cpu``, no initial grad."""
+
     name: str
     shape: list[int]
-    dtype: str = "float32"
-    device: str = "cpu"
-    grad: Any = None
-    requires_grad: bool = True
+    dtype: str | UnsetType = UNSET
+    device: str | UnsetType = UNSET
+    grad: Any = UNSET
+    #: False: a tensor that does not require grad (it has no AccumulateGrad node).
+    requires_grad: bool | UnsetType = UNSET
 
 
-class GraphSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+class GraphSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Defaults: no variables or requested inputs, mode ``backward``, empty meta."""
+
     format: str
     nodes: list[NodeSpec]
     roots: list[RootSpec]
-    variables: list[VariableSpec] = []
-    inputs: list[str] = []
-    mode: str = "backward"
-    meta: dict[str, Any] = {}
+    variables: list[VariableSpec] | UnsetType = UNSET
+    inputs: list[str] | UnsetType = UNSET
+    mode: str | UnsetType = UNSET
+    meta: dict[str, Any] | UnsetType = UNSET

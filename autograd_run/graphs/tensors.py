@@ -13,13 +13,23 @@ A tensor value is one of:
   seeded random values (numpy's PCG64), the same on every machine.
 
 Saved values that are not tensors (sizes, dims, scalars) are plain JSON values.
+
+Side files are untrusted too. ``SideFiles`` opens them with ``zipfile`` and
+reads each member's ``.npy`` header (shape and dtype) before any data: only
+numeric dtypes (never objects, so never pickles), the same element cap as
+inline tensors, and a member whose stored size is exactly what its header
+declares, so decompressing it cannot produce more than the checked bytes.
+``check_tensor`` returns the bytes a value will take once materialised; the
+validator adds them up against the graph's memory budget.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import stat
 import threading
+import zipfile
 from typing import Any, Callable
 
 import numpy as np
@@ -30,51 +40,84 @@ TENSOR_KEYS = ("data", "npz", "random")
 #: Refuse any single tensor larger than this many elements (graph files are untrusted).
 MAX_NUMEL = 1 << 31
 MAX_DIMS = 16
+#: Side files: most members an archive may list, largest central directory and ``.npy`` header.
+MAX_NPZ_MEMBERS = 100_000
+MAX_NPZ_DIRECTORY = 64 << 20
+MAX_NPY_HEADER = 10_000
 
 Err = Callable[[tuple, str], Exception]
+_RANDOM_CHUNK = 1 << 20
+
+_ITEMSIZE = {name: np.dtype(name).itemsize for name in SAVED_DTYPES}
+
+
+def itemsize(dtype: str | None) -> int:
+    return _ITEMSIZE.get(dtype or "float32", 8)
 
 
 def is_tensor_spec(value: Any) -> bool:
     return isinstance(value, dict) and any(k in value for k in TENSOR_KEYS)
 
 
-def quick_random_ok(value: dict) -> bool:
-    """True for the common well-formed ``{"random": seed, "shape": [...]}`` spec (no slow checks needed)."""
+def quick_random_numel(value: dict) -> int:
+    """The element count of a well-formed ``{"random": seed, "shape": [...]}`` spec, else -1.
+
+    The common saved-tensor form, checked without the general (slower) path.
+    """
     if len(value) != 2:
-        return False
+        return -1
     seed = value.get("random")
     shape = value.get("shape")
     if type(seed) is not int or not 0 <= seed < 2**63 or type(shape) is not list or len(shape) > MAX_DIMS:
-        return False
+        return -1
     numel = 1
     for s in shape:
         if type(s) is not int or s < 0:
-            return False
+            return -1
         numel *= s
-    return numel <= MAX_NUMEL
+    return numel if numel <= MAX_NUMEL else -1
+
+
+def quick_random_ok(value: dict) -> bool:
+    """True for the common well-formed ``{"random": seed, "shape": [...]}`` spec (no slow checks needed)."""
+    return quick_random_numel(value) >= 0
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """``repr`` cut to ``limit`` characters, for messages that quote untrusted values."""
+    try:
+        r = repr(value)
+    except (ValueError, RecursionError):  # e.g. an int too long to print
+        r = f"<{type(value).__name__}>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def check_shape(shape: Any, path: tuple, err: Err) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or any(
         isinstance(s, bool) or not isinstance(s, int) for s in shape
     ):
-        raise err(path, f"a shape must be a list of integers, got {shape!r:.60}")
+        raise err(path, f"a shape must be a list of integers, got {short(shape)}")
     if len(shape) > MAX_DIMS:
         raise err(path, f"a shape may have at most {MAX_DIMS} dimensions, got {len(shape)}")
     numel = 1
     for s in shape:
         if s < 0:
-            raise err(path, f"a shape must not have negative sizes, got {list(shape)}")
+            raise err(path, f"a shape must not have negative sizes, got {short(list(shape))}")
         numel *= s
     if numel > MAX_NUMEL:
-        raise err(path, f"shape {list(shape)} has {numel} elements, more than the limit of {MAX_NUMEL}")
+        raise err(path, f"shape {short(list(shape))} has {numel:.3g} elements, more than the limit of {MAX_NUMEL}"
+                  if numel > 10**15 else
+                  f"shape {list(shape)} has {numel} elements, more than the limit of {MAX_NUMEL}")
     return tuple(shape)
 
 
 def check_dtype(dtype: Any, path: tuple, err: Err, allowed: tuple = DTYPES) -> str:
-    if dtype not in allowed:
-        raise err(path, f"unsupported dtype {dtype!r}; expected one of {', '.join(allowed)}")
+    if not isinstance(dtype, str) or dtype not in allowed:
+        raise err(path, f"unsupported dtype {short(dtype)}; expected one of {', '.join(allowed)}")
     return dtype
+
+
+_NUMBER_TYPES = {int, float, bool}
 
 
 def _nested_shape(value: Any, path: tuple, err: Err, depth: int = 0) -> tuple[int, ...]:
@@ -87,37 +130,81 @@ def _nested_shape(value: Any, path: tuple, err: Err, depth: int = 0) -> tuple[in
     if isinstance(value, list):
         if not value:
             return (0,)
+        if set(map(type, value)) <= _NUMBER_TYPES:  # a row of numbers: no call per element
+            return (len(value),)
         inner = _nested_shape(value[0], path, err, depth + 1)
         for v in value[1:]:
             if _nested_shape(v, path, err, depth + 1) != inner:
                 raise err(path, "nested list is ragged: rows have different lengths")
-        return (len(value),) + inner
+        shape = (len(value),) + inner
+        if math.prod(shape) > MAX_NUMEL:
+            raise err(path, f"values have {math.prod(shape)} elements, more than the limit of {MAX_NUMEL}")
+        return shape
+    if isinstance(value, str):
+        raise err(path, f"expected a tensor value, got the string {short(value)}")
     raise err(path, f"expected a tensor value, got {type(value).__name__}")
 
 
-class SideFiles:
-    """Opens ``.npz`` side files once per graph, refusing paths outside its folder."""
+def _side_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a side file, or None."""
+    if not isinstance(name, str):
+        return f"'file' must be the name of an .npz file in the graph's folder, got {short(name)}"
+    if name == "":
+        return ("'file' is empty: name an .npz file in the graph's folder, or leave 'file' out "
+                "for the default (the graph's stem + .npz)")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"side file name {short(name)} contains a NUL or control character"
+    if os.path.isabs(name) or name.startswith("~"):
+        return f"side file {short(name)} must be a path relative to the graph's folder"
+    if not name.endswith(".npz"):
+        return f"side file must be an .npz file, got {short(name)}"
+    return None
 
-    def __init__(self, base_dir: str | None, default_name: str | None):
+
+class SideFiles:
+    """Opens ``.npz`` side files once per graph, refusing paths outside its folder.
+
+    Members are read with ``zipfile`` and ``numpy.lib.format`` directly (never
+    ``np.load``): headers are checked before any data is read.
+    """
+
+    def __init__(self, base_dir: str | None, default_name: str | None, source: str = "<memory>"):
         self.base_dir = base_dir
         self.default_name = default_name
-        self._open: dict[str, Any] = {}
+        #: The graph's display name, for errors found while materialising (a side file changed).
+        self.source = source
+        self._open: dict[str, zipfile.ZipFile] = {}
+        #: (file, member) -> (shape, dtype, fortran_order, ZipInfo) from the member's header.
+        self._headers: dict[tuple[str, str], tuple] = {}
         #: Added to every random spec's seed (``--seed``): another reproducible draw.
         self.seed_offset = 0
-        self._lock = threading.Lock()  # guards _open (nodes materialize from several threads)
+        self._lock = threading.Lock()  # guards _open/_headers and reads (nodes materialize from several threads)
 
-    def resolve(self, name: str | None, path: tuple, err: Err) -> str:
-        name = name or self.default_name
-        if self.base_dir is None or name is None:
+    def resolve(self, name: Any, path: tuple, err: Err) -> str:
+        """The real path of side file ``name`` (None: the default), checked to be a regular file in the folder."""
+        if name is None:
+            name = self.default_name
+            if name is None or self.base_dir is None:
+                raise err(path, "npz side files need a graph loaded from a file")
+        problem = _side_name_problem(name)
+        if problem:
+            raise err(path, problem)
+        if self.base_dir is None:
             raise err(path, "npz side files need a graph loaded from a file")
-        if not isinstance(name, str) or not name.endswith(".npz"):
-            raise err(path, f"side file must be an .npz file, got {name!r}")
-        base = os.path.realpath(self.base_dir)
-        full = os.path.realpath(os.path.join(base, name))
-        if os.path.commonpath([base, full]) != base:
-            raise err(path, f"side file {name!r} lies outside the graph's folder")
-        if not os.path.isfile(full):
-            raise err(path, f"side file {name!r} is missing")
+        try:
+            base = os.path.realpath(self.base_dir)
+            full = os.path.realpath(os.path.join(base, name))
+            inside = os.path.commonpath([base, full]) == base
+        except (ValueError, OSError):
+            inside = False
+        if not inside:
+            raise err(path, f"side file {short(name)} lies outside the graph's folder")
+        try:
+            st = os.stat(full)
+        except (OSError, ValueError):
+            raise err(path, f"side file {short(name)} is missing") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise err(path, f"side file {short(name)} is not a regular file")
         return full
 
     def opened(self) -> list[str]:
@@ -125,34 +212,200 @@ class SideFiles:
         with self._lock:
             return sorted(self._open)
 
-    def archive(self, full: str, path: tuple, err: Err):
+    def _archive(self, full: str, path: tuple, err: Err) -> zipfile.ZipFile:
+        zf = self._open.get(full)
+        if zf is not None:
+            return zf
+        label = os.path.basename(full)
+        try:
+            # O_NONBLOCK: a FIFO swapped in after resolve() cannot block the open.
+            fd = os.open(full, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise err(path, f"cannot read side file {label!r}: {exc.strerror or exc}") from None
+        f = os.fdopen(fd, "rb")
+        problem = None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                problem = f"side file {label!r} is not a regular file"
+            else:
+                problem = self._directory_problem(f, label)
+                if problem is None:
+                    zf = zipfile.ZipFile(f)
+        except Exception as exc:  # a corrupt side file is bad input, not a crash
+            problem = f"cannot read side file {label!r}: not an .npz (zip) archive ({_why(exc)})"
+        if problem is not None:
+            f.close()
+            raise err(path, problem)
+        self._open[full] = zf
+        return zf
+
+    @staticmethod
+    def _directory_problem(f, label: str) -> str | None:
+        """Refuse archives whose central directory lists absurdly many members (before reading it)."""
+        end = getattr(zipfile, "_EndRecData", None)  # private but stable; without it zipfile's own checks remain
+        if end is None:
+            return None
+        rec = end(f)
+        if rec is None:
+            raise zipfile.BadZipFile("no end of central directory record")
+        entries, size = rec[zipfile._ECD_ENTRIES_TOTAL], rec[zipfile._ECD_SIZE]
+        if entries > MAX_NPZ_MEMBERS or size > MAX_NPZ_DIRECTORY:
+            return (f"side file {label!r} lists {entries} members in {size} bytes of directory, "
+                    f"more than the limit of {MAX_NPZ_MEMBERS} members or {MAX_NPZ_DIRECTORY >> 20} MiB")
+        return None
+
+    def header(self, full: str, key: Any, path: tuple, err: Err) -> tuple[tuple[int, ...], np.dtype]:
+        """Shape and dtype of member ``key`` (checked), read from its ``.npy`` header only."""
+        label = os.path.basename(full)
+        if not isinstance(key, str):
+            raise err(path, "npz key must be a string")
         with self._lock:
-            arc = self._open.get(full)
-            if arc is None:
+            cached = self._headers.get((full, key))
+            if cached is not None:
+                return cached[0], cached[1]
+            zf = self._archive(full, path, err)
+            info = None
+            for name in (key + ".npy", key):
+                info = zf.NameToInfo.get(name)
+                if info is not None:
+                    break
+            if info is None:
+                raise err(path, f"key {short(key)} is not in side file {label!r}")
+            where = f"side file {label!r} member {short(key)}"
+            if info.flag_bits & 0x1:
+                raise err(path, f"{where} is encrypted")
+            try:
+                with zf.open(info) as f:
+                    shape, fortran, dtype, offset = _read_npy_header(f)
+            except _NpyProblem as exc:
+                raise err(path, f"{where}: {exc}") from None
+            except Exception as exc:
+                raise err(path, f"{where} cannot be read: {_why(exc)}") from None
+            if len(shape) > MAX_DIMS:
+                raise err(path, f"{where} has {len(shape)} dimensions, more than the limit of {MAX_DIMS}")
+            numel = math.prod(shape)
+            if numel > MAX_NUMEL:
+                raise err(path, f"{where} declares shape {short(list(shape))} ({numel:.3g} elements), "
+                                f"more than the limit of {MAX_NUMEL}")
+            expected = offset + numel * dtype.itemsize
+            if info.file_size != expected:
+                raise err(path, f"{where} holds {info.file_size} bytes but its header declares "
+                                f"{expected} (shape {list(shape)}, {dtype.name}): the member is corrupt")
+            self._headers[(full, key)] = (shape, dtype, fortran, info, path)
+            return shape, dtype
+
+    def read(self, full: str, key: str) -> np.ndarray:
+        """The data of a member checked by ``header`` (raises ``GraphFileError`` if it changed or is corrupt)."""
+        from autograd_run.errors import GraphFileError
+        label = os.path.basename(full)
+        fail = lambda p, m: GraphFileError(self.source, None, m)  # noqa: E731
+        self.header(full, key, (), fail)
+        with self._lock:
+            shape, dtype, fortran, info, _ = self._headers[(full, key)]
+            try:
+                with self._open[full].open(info) as f:
+                    _read_npy_header(f)
+                    arr = np.empty(shape, dtype=dtype, order="F" if fortran else "C")
+                    view = memoryview(arr.reshape(-1, order="A").view(np.uint8)) if arr.size else memoryview(b"")
+                    done, total = 0, arr.nbytes
+                    while done < total:
+                        n = f.readinto(view[done: done + (16 << 20)])
+                        if not n:
+                            raise _NpyProblem(f"the data ends after {done} of {total} bytes")
+                        done += n
+                    if f.read(1):  # also makes zipfile check the CRC at the end of the member
+                        raise _NpyProblem("there is data after the array")
+            except Exception as exc:
+                raise GraphFileError(self.source, None,
+                                     f"side file {label!r} member {short(key)} cannot be read: {_why(exc)}") from None
+        return arr
+
+    def verify(self, err: Err) -> None:
+        """Read every member checked so far to its end (in chunks), so that a corrupt or
+        truncated member (bad CRC, short deflate stream) is found now rather than at run."""
+        with self._lock:
+            for (full, key), (shape, dtype, fortran, info, path) in list(self._headers.items()):
+                label = os.path.basename(full)
                 try:
-                    arc = np.load(full, allow_pickle=False)
-                except Exception as exc:  # a corrupt side file is bad input, not a crash
-                    raise err(path, f"cannot read side file {os.path.basename(full)!r}: {exc}") from None
-                if not hasattr(arc, "files"):
-                    raise err(path, f"side file {os.path.basename(full)!r} is not an .npz archive")
-                self._open[full] = arc
-            return arc
+                    with self._open[full].open(info) as f:
+                        left = info.file_size
+                        while left > 0:
+                            chunk = f.read(min(left, 16 << 20))
+                            if not chunk:
+                                raise _NpyProblem(f"the data ends {left} bytes early")
+                            left -= len(chunk)
+                        if f.read(1):
+                            raise _NpyProblem("there is data after the array")
+                except Exception as exc:
+                    raise err(path, f"side file {label!r} member {short(key)} is corrupt: {_why(exc)}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            for zf in self._open.values():
+                try:
+                    zf.fp.close() if zf.fp else None
+                    zf.close()
+                except Exception:
+                    pass
+            self._open.clear()
+
+
+class _NpyProblem(Exception):
+    pass
+
+
+def _why(exc: BaseException) -> str:
+    """A short description of a read error, never suggesting to load pickles."""
+    msg = str(exc) or type(exc).__name__
+    if "pickle" in msg.lower():
+        msg = "it holds Python objects, which autograd-run never loads"
+    return msg[:200]
+
+
+def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """Parse an ``.npy`` header from a file-like object; refuse non-numeric dtypes."""
+    fmt = np.lib.format
+    magic = f.read(len(fmt.MAGIC_PREFIX) + 2)
+    if len(magic) < len(fmt.MAGIC_PREFIX) + 2 or not magic.startswith(fmt.MAGIC_PREFIX):
+        raise _NpyProblem("not a .npy array (no NumPy magic string)")
+    version = (magic[-2], magic[-1])
+    if version == (1, 0):
+        shape, fortran, dtype = fmt.read_array_header_1_0(f, max_header_size=MAX_NPY_HEADER)
+    elif version == (2, 0):
+        shape, fortran, dtype = fmt.read_array_header_2_0(f, max_header_size=MAX_NPY_HEADER)
+    else:
+        raise _NpyProblem(f"unsupported .npy format version {version[0]}.{version[1]}")
+    offset = f.tell()
+    if dtype.hasobject:
+        raise _NpyProblem("it holds Python objects (pickled data), which autograd-run never loads; "
+                          "save numeric arrays")
+    if dtype.names is not None or dtype.subdtype is not None:
+        raise _NpyProblem(f"it has a structured dtype {short(str(dtype))}; expected a numeric array")
+    if dtype.kind in "SUaV":
+        raise _NpyProblem(f"it holds strings or raw bytes ({dtype.str}), not numbers")
+    if dtype.name not in SAVED_DTYPES:
+        raise _NpyProblem(f"unsupported dtype {dtype.name!r}; expected one of {', '.join(SAVED_DTYPES)}")
+    if not isinstance(shape, tuple) or any(type(s) is not int or s < 0 for s in shape):
+        raise _NpyProblem(f"its header has an invalid shape {short(shape)}")
+    return shape, bool(fortran), dtype, offset
 
 
 def check_tensor(value: Any, path: tuple, err: Err, side: SideFiles,
                  shape: tuple[int, ...] | None = None, dtype: str | None = None,
-                 allow_fill: bool = False) -> None:
-    """Raise ``err(path, ...)`` unless ``value`` is a well-formed tensor spec.
+                 allow_fill: bool = False) -> int:
+    """Raise ``err(path, ...)`` unless ``value`` is a well-formed tensor spec; return its size in bytes.
 
-    ``shape``/``dtype``, when given, are what the context expects; explicit
-    values must have exactly that shape.
+    ``shape``/``dtype``, when given, are what the context expects (a root
+    gradient, a variable's grad); explicit values must have exactly that
+    shape. ``allow_fill``: the context is a gradient (``ones``/``zeros``
+    allowed, dtypes limited to gradient dtypes).
     """
     if isinstance(value, str):
         if allow_fill and value in ("ones", "zeros"):
             if shape is None:
                 raise err(path, f"'{value}' needs a shape from the context")
-            return
-        raise err(path, f"unknown tensor value {value!r}" + ("; expected 'ones', 'zeros', numbers or a spec" if allow_fill else ""))
+            return math.prod(shape) * itemsize(dtype)
+        raise err(path, f"unknown tensor value {short(value)}" + ("; expected 'ones', 'zeros', numbers or a spec" if allow_fill else ""))
     if isinstance(value, dict):
         kinds = [k for k in TENSOR_KEYS if k in value]
         if len(kinds) != 1:
@@ -160,39 +413,73 @@ def check_tensor(value: Any, path: tuple, err: Err, side: SideFiles,
         kind = kinds[0]
         allowed = {"data": {"data", "dtype", "shape"}, "npz": {"npz", "file", "dtype"},
                    "random": {"random", "shape", "dtype", "dist"}}[kind]
-        extra = sorted(set(value) - allowed)
+        extra = sorted(set(value) - allowed, key=str)
         if extra:
-            raise err(path, f"unknown field {extra[0]!r} in a {kind!r} tensor spec")
+            raise err(path, f"unknown field {short(extra[0])} in a {kind!r} tensor spec")
+        vdtype = None
         if "dtype" in value:
-            check_dtype(value["dtype"], path + ("dtype",), err, DTYPES if allow_fill else SAVED_DTYPES)
+            vdtype = check_dtype(value["dtype"], path + ("dtype",), err, DTYPES if allow_fill else SAVED_DTYPES)
         declared = check_shape(value["shape"], path + ("shape",), err) if "shape" in value else None
         if declared is not None and shape is not None and declared != tuple(shape):
             raise err(path + ("shape",), f"shape {list(declared)} does not match the expected {list(shape)}")
+        size = max(itemsize(vdtype or dtype), itemsize(dtype))
         if kind == "data":
             got = _nested_shape(value["data"], path + ("data",), err)
             want = declared if declared is not None else shape
             if want is not None and got != tuple(want) and not (got == () and math.prod(want) == 1):
                 raise err(path + ("data",), f"values have shape {list(got)}, expected {list(want)}")
-        elif kind == "npz":
-            key = value["npz"]
-            if not isinstance(key, str):
-                raise err(path + ("npz",), "npz key must be a string")
+            return math.prod(want if want is not None else got) * size
+        if kind == "npz":
             full = side.resolve(value.get("file"), path + ("npz",), err)
-            arc = side.archive(full, path + ("npz",), err)
-            if key not in arc.files:
-                raise err(path + ("npz",), f"key {key!r} is not in side file {os.path.basename(full)!r}")
-        else:
-            seed = value["random"]
-            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-                raise err(path + ("random",), "random seed must be a non-negative integer")
-            if value.get("dist", "normal") not in ("normal", "uniform"):
-                raise err(path + ("dist",), "dist must be 'normal' or 'uniform'")
-            if declared is None and shape is None:
-                raise err(path, "a random tensor needs a shape")
-        return
+            got, got_dtype = side.header(full, value["npz"], path + ("npz",), err)
+            where = f"array {short(value['npz'])} in {os.path.basename(full)!r}"
+            if shape is not None and got != tuple(shape) and not (math.prod(got) == 1 == math.prod(shape)):
+                raise err(path + ("npz",), f"{where} has shape {list(got)}, expected {list(shape)}")
+            if allow_fill and got_dtype.kind == "c" and dtype is not None and not dtype.startswith("complex"):
+                raise err(path + ("npz",), f"{where} is {got_dtype.name}, but the gradient is {dtype}: "
+                                           "casting would drop the imaginary part")
+            if allow_fill and got_dtype.kind not in "fciub":
+                raise err(path + ("npz",), f"{where} is {got_dtype.name}, not a number type")
+            return math.prod(shape if shape is not None else got) * max(got_dtype.itemsize, size)
+        seed = value["random"]
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise err(path + ("random",), "random seed must be a non-negative integer")
+        if value.get("dist", "normal") not in ("normal", "uniform"):
+            raise err(path + ("dist",), "dist must be 'normal' or 'uniform'")
+        if declared is None and shape is None:
+            raise err(path, "a random tensor needs a shape")
+        return math.prod(declared if declared is not None else shape) * size
     got = _nested_shape(value, path, err)
     if shape is not None and got != tuple(shape) and not (got == () and math.prod(shape) == 1):
         raise err(path, f"values have shape {list(got)}, expected {list(shape)}")
+    return math.prod(shape if shape is not None else got) * itemsize(dtype)
+
+
+def spec_shape(value: Any, side: SideFiles | None = None) -> tuple[int, ...] | None:
+    """The shape of a checked tensor spec (None when the context gives it)."""
+    if isinstance(value, dict):
+        if "shape" in value:
+            return tuple(value["shape"])
+        if "data" in value:
+            return _nested_shape(value["data"], (), lambda p, m: ValueError(m))
+        if "npz" in value and side is not None:
+            fail = lambda p, m: ValueError(m)  # noqa: E731 - checked at load already
+            return side.header(side.resolve(value.get("file"), (), fail), value["npz"], (), fail)[0]
+        return None
+    if isinstance(value, (list, int, float)):
+        return _nested_shape(value, (), lambda p, m: ValueError(m))
+    return None
+
+
+def spec_dtype(value: Any, side: SideFiles | None = None) -> str | None:
+    """The dtype name of a checked tensor spec (None: the context's, float32 by default)."""
+    if isinstance(value, dict):
+        if "dtype" in value:
+            return value["dtype"]
+        if "npz" in value and side is not None:
+            fail = lambda p, m: ValueError(m)  # noqa: E731 - checked at load already
+            return side.header(side.resolve(value.get("file"), (), fail), value["npz"], (), fail)[1].name
+    return None
 
 
 def materialize(value: Any, side: SideFiles, shape: tuple[int, ...] | None = None,
@@ -208,15 +495,23 @@ def materialize(value: Any, side: SideFiles, shape: tuple[int, ...] | None = Non
             arr = np.asarray(value["data"], dtype=dt or "float32")
             return arr.reshape(shp) if shp is not None else arr
         if "npz" in value:
-            fail = lambda p, m: ValueError(m)  # noqa: E731 - checked at load already
+            from autograd_run.errors import GraphFileError
+            fail = lambda p, m: GraphFileError(side.source, None, m)  # noqa: E731 - checked at load already
             full = side.resolve(value.get("file"), (), fail)
-            arr = np.asarray(side.archive(full, (), fail)[value["npz"]])
+            arr = side.read(full, value["npz"])
+            if shape is not None and arr.shape != tuple(shape):
+                arr = arr.reshape(shape)
             return arr.astype(dt, copy=False) if dt else arr
         rng = np.random.Generator(np.random.PCG64(value["random"] + side.seed_offset))
-        if value.get("dist", "normal") == "uniform":
-            arr = rng.random(shp)
-        else:
-            arr = rng.standard_normal(shp)
-        return np.asarray(arr, dtype=dt or "float32")
+        draw = rng.random if value.get("dist", "normal") == "uniform" else rng.standard_normal
+        n = math.prod(shp)
+        if n <= _RANDOM_CHUNK:
+            return np.asarray(draw(shp), dtype=dt or "float32")
+        # Big tensors in chunks: the same values (the stream is drawn in order), without a
+        # float64 temporary of the whole tensor next to the result.
+        out = np.empty(n, dtype=dt or "float32")
+        for i in range(0, n, _RANDOM_CHUNK):
+            out[i: i + _RANDOM_CHUNK] = draw(min(_RANDOM_CHUNK, n - i))
+        return out.reshape(shp)
     arr = np.asarray(value, dtype=dtype or "float32")
     return arr.reshape(shape) if shape is not None else arr

@@ -4,12 +4,20 @@ Every problem raises ``GraphFileError`` naming the file, the place (through
 the locator) and what is wrong. Checks, in order: format and mode; node ids,
 ops, sequence numbers, input metadata; variables; edges (targets exist,
 input_nr in range); AccumulateGrad wiring; cycles (reported as a path of
-ids); gradient shapes between producers and consumers; roots and their
-gradients; requested inputs; saved tensor specs and side files.
+ids); gradient shapes between producers and consumers; saved values against
+their op's declared kinds (``autograd_run.ops.spec``), saved tensor specs
+and side files; attrs; roots and their gradients; requested inputs;
+``meta.reference``; and last the memory budget: the bytes the graph will
+materialise (saved tensors, root gradients, variable gradients, reference
+gradients, the largest single gradient) must fit ``max_bytes``.
+
+``check_python_nodes`` is separate: a graph with ``python`` nodes is valid,
+but running it imports and calls code, so callers refuse it unless allowed.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -17,16 +25,125 @@ from autograd_run.errors import GraphFileError
 from autograd_run.graphs import tensors
 from autograd_run.graphs.checkpoints import check_checkpoints
 from autograd_run.graphs.model import (
-    ACCUMULATE_GRAD_SEQ, EMPTY, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
+    ACCUMULATE_GRAD_SEQ, CPU, EMPTY, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
 )
+from autograd_run.graphs.schema import UNSET, GraphSpec
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, lookup
-from autograd_run.graphs.schema import GraphSpec
 
 MAX_NODES = 5_000_000  # about 5 GB of model objects: past this a file is a resource bomb here
 MAX_STREAM = 1 << 16
 #: A cost node may spin or sleep at most a minute, or multiply at most 8192x8192 matrices.
 MAX_COST_US = 60e6
 MAX_COST_FLOPS = 2 * 8192 ** 3
+#: Saved ``ints``/``sizes`` lists: at most this many entries (a cat of this many tensors).
+MAX_SAVED_LIST = 65_536
+#: Saved ``int``/``ints`` values: int64, or PyTorch's uint64 spelling of negatives (2**64-1 is -1).
+INT_MIN, INT_END = -(2**63), 2**64
+SIZE_END = 2**63
+
+#: Memory budget: the bytes a graph may ask to materialise, unless ``max_bytes`` says otherwise.
+DEFAULT_MAX_BYTES = 4 << 30
+
+_KIND_TEXT = {
+    "tensor": "a tensor (a number, a nested list of numbers, or a spec with 'data', 'npz' or 'random')",
+    "sizes": "a list of non-negative integers (sizes)",
+    "ints": "a list of integers",
+    "int": "an integer",
+    "scalar": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "tensors": "a list whose entries are null, the name of another saved field, inline 'data' or numbers",
+}
+
+
+def _number_text(text: str) -> bool:
+    """Whether ``text`` spells a real or complex number (as ``ops.arrays.number`` reads saved Scalars)."""
+    if len(text) > 64:
+        return False
+    try:
+        float(text)
+        return True
+    except ValueError:
+        pass
+    try:
+        complex(text)
+        return True
+    except ValueError:
+        return False
+
+
+def default_max_bytes() -> int:
+    """The default memory budget: 4 GiB, less where the machine has less to give.
+
+    At most half of the physical memory, of a cgroup (container) memory
+    limit, and of the process's address-space limit (``RLIMIT_AS``).
+    """
+    limit = DEFAULT_MAX_BYTES
+    try:
+        limit = min(limit, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2)
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            text = f.read().strip()
+        if text.isdigit():
+            limit = min(limit, int(text) // 2)
+    except OSError:
+        pass
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            limit = min(limit, soft // 2)
+    except (ImportError, ValueError, OSError):
+        pass
+    return max(limit, 1 << 20)
+
+
+def format_bytes(n: int) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
+def parse_byte_size(text: str) -> int:
+    """``"8GiB"``, ``"512 MiB"``, ``"2G"``, ``"1e9"`` or a plain byte count; ValueError otherwise."""
+    t = text.strip().lower().replace(" ", "")
+    for suffix, mult in (("tib", 1 << 40), ("gib", 1 << 30), ("mib", 1 << 20), ("kib", 1 << 10),
+                         ("tb", 10**12), ("gb", 10**9), ("mb", 10**6), ("kb", 10**3),
+                         ("t", 1 << 40), ("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10), ("b", 1)):
+        if t.endswith(suffix):
+            t, m = t[: -len(suffix)], mult
+            break
+    else:
+        m = 1
+    try:
+        v = float(t)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (e.g. 8GiB, 512MiB)") from None
+    if not math.isfinite(v) or v <= 0 or v * m > 2**62:
+        raise ValueError(f"not a size: {text!r} (e.g. 8GiB, 512MiB)")
+    return int(v * m)
+
+
+def check_python_nodes(graph: Graph, allow_python: bool = False) -> None:
+    """Refuse a graph with ``python`` nodes unless ``allow_python``: running them imports and calls code.
+
+    Call it before running a graph (``run`` and ``validate`` take ``--allow-python``).
+    """
+    if allow_python:
+        return
+    found = [n for n in graph.nodes if n.op is PYTHON]
+    if not found:
+        return
+    n = found[0]
+    call = n.attrs.get("callable") if n.attrs else None
+    what = ("a python node" + (f" (it calls {call!r:.80})" if isinstance(call, str) else "")
+            + (f", and {len(found) - 1} more" if len(found) > 1 else "")
+            + ": running it imports and calls Python code named by the file; "
+              "pass --allow-python if you trust this file")
+    raise GraphFileError(graph.source, f"node {tensors.short(n.id)} at $.nodes[{n.index}]", what)
 
 
 def is_expandable_to(shape: tuple[int, ...], desired: tuple[int, ...]) -> bool:
@@ -40,62 +157,145 @@ def is_expandable_to(shape: tuple[int, ...], desired: tuple[int, ...]) -> bool:
     return True
 
 
+#: Saved fields an op declares optional (PyTorch saves them only when the other input requires
+#: grad) but reads once a given output's edge exists: op name -> ((output index, field), ...).
+#: (This knowledge would sit better in ``OpSpec``; it is kept here until the op library says it.)
+NEEDED_FOR_OUTPUT = {
+    "MulBackward0": ((0, "other"), (1, "self")),
+    "DivBackward0": ((0, "other"), (1, "self"), (1, "other")),
+    "MmBackward0": ((0, "mat2"), (1, "self")),
+    "BmmBackward0": ((0, "mat2"), (1, "self")),
+    "AddmmBackward0": ((1, "mat2"), (2, "mat1")),
+}
+
+
+#: Ops whose saved tensors are matrices (or batches of them): the rank each must have. A
+#: plain number is no matrix, though elsewhere it stands for a wrapped 0-dim tensor.
+MATRIX_RANK = {"MmBackward0": 2, "AddmmBackward0": 2, "BmmBackward0": 3}
+
+_NUMBERS = frozenset((int, float))
+
+
+def _shape_like(name: str) -> bool:
+    """A ``sizes`` field that is a tensor's shape (``self_sym_sizes``), not a list of lengths (cat's ``sizes``)."""
+    return name.endswith(("_sym_sizes", "_sizes_opt")) or name == "normalized_shape"
+
+
 class _Checker:
     def __init__(self, spec: GraphSpec, source: str, base_dir: str | None, locator,
-                 side_name: str | None = None):
+                 side_name: str | None = None, max_bytes: int | None = None, check_data: bool = False):
         self.spec = spec
+        self.check_data = check_data
         self.source = source
         self.locator = locator
         if side_name is None and base_dir:
             side_name = os.path.splitext(os.path.basename(source))[0] + ".npz"
-        self.side = tensors.SideFiles(base_dir, side_name)
+        self.side = tensors.SideFiles(base_dir, side_name, source)
         self._metas: dict = {}
+        #: The path where each distinct input metadata was first seen (for the budget message).
+        self._meta_paths: dict = {}
         self.base_dir = base_dir
+        self.max_bytes = default_max_bytes() if max_bytes is None else max_bytes
+        #: Memory budget: bytes by category, and the largest contributors as (bytes, path).
+        self.bytes = {"saved tensors": 0, "root gradients": 0, "variable gradients": 0,
+                      "reference gradients": 0, "working gradients": 0}
+        self._top: list[tuple[int, tuple, str]] = []
+        self._top_min = 0
 
     def err(self, path: tuple, what: str) -> GraphFileError:
         return GraphFileError(self.source, self.locator.where(path), what)
+
+    # -- memory budget ------------------------------------------------------
+    def count(self, nbytes: int, category: str, path: tuple) -> None:
+        self.bytes[category] += nbytes
+        if nbytes > self._top_min:
+            self._note(nbytes, path, category)
+
+    def _note(self, nbytes: int, path: tuple, category: str = "saved tensors") -> None:
+        top = self._top
+        top.append((nbytes, path, category))
+        if len(top) > 5:
+            top.sort(key=lambda t: -t[0])
+            del top[5:]
+            self._top_min = top[-1][0]
+
+    def gradient(self, nbytes: int, path: tuple) -> None:
+        """One gradient the run may hold (an input slot, a shape a rule allocates).
+
+        The largest counts twice ("working gradients"): a node holds its incoming
+        gradient while it makes the next one. An estimate, not a bound: many
+        gradients may wait in input buffers at once.
+        """
+        if 2 * nbytes > self.bytes["working gradients"]:
+            self.bytes["working gradients"] = 2 * nbytes
+            self._top = [t for t in self._top if t[2] != "working gradients"]  # one entry: the largest
+            self._top_min = 0
+            self._note(2 * nbytes, path, "working gradients")
+
+    def check_budget(self) -> None:
+        total = sum(self.bytes.values())
+        if total <= self.max_bytes:
+            return
+        top = sorted(self._top, key=lambda t: -t[0])[:3]
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.bytes.items() if v)
+        largest = "; ".join(f"{format_bytes(b)} at {self._label(p)} ({c})" for b, p, c in top)
+        raise self.err(top[0][1] if top else (),
+                       f"the graph needs {format_bytes(total)} of memory ({parts}), more than the memory budget "
+                       f"of {format_bytes(self.max_bytes)}; largest: {largest}; raise the budget "
+                       f"(--max-memory) only if this machine has the memory")
+
+    def _label(self, path: tuple) -> str:
+        from autograd_run.graphs.locate import format_path
+        if len(path) >= 2 and path[0] == "nodes" and isinstance(path[1], int) and path[1] < len(self.spec.nodes):
+            return f"node {tensors.short(self.spec.nodes[path[1]].id)} at {format_path(path)}"
+        return format_path(path)
 
     # -- pieces -------------------------------------------------------------
     def device(self, text: Any, path: tuple) -> Device:
         dev = Device.parse(text) if isinstance(text, str) else None
         if dev is None:
-            raise self.err(path, f"unknown device {text!r}; expected 'cpu' or 'cuda:N'")
+            raise self.err(path, Device.explain(text) or f"unknown device {tensors.short(text)}")
         return dev
 
     def _meta(self, m, path: tuple) -> InputMeta:
         shape = tensors.check_shape(m.shape, path + ("shape",), self.err)
-        tensors.check_dtype(m.dtype, path + ("dtype",), self.err)
-        dev = self.device(m.device, path + ("device",))
-        if not 0 <= m.stream < MAX_STREAM:
-            raise self.err(path + ("stream",), f"stream must be in [0, {MAX_STREAM}), got {m.stream}")
-        return InputMeta(shape, m.dtype, dev, m.stream)
+        dtype = "float32" if m.dtype is UNSET else m.dtype
+        tensors.check_dtype(dtype, path + ("dtype",), self.err)
+        dev = CPU if m.device is UNSET else self.device(m.device, path + ("device",))
+        stream = 0 if m.stream is UNSET else m.stream
+        if not 0 <= stream < MAX_STREAM:
+            raise self.err(path + ("stream",), f"stream must be in [0, {MAX_STREAM}), got {tensors.short(stream)}")
+        meta = InputMeta(shape, dtype, dev, stream)
+        self._meta_paths[meta] = path
+        return meta
 
     def resolve_op(self, ns, i: int) -> OpSpec:
         p = ("nodes", i)
         if not ns.name:
             raise self.err(p + ("name",), "node name must not be empty")
-        op_text = ns.op if ns.op is not None else ns.name
+        explicit = ns.op is not UNSET and ns.op is not None
+        op_text = ns.op if explicit else ns.name
         op = lookup(op_text)
         if op is GRAPH_ROOT:
-            raise self.err(p + ("name",) if ns.op is None else p + ("op",),
+            raise self.err(p + ("op",) if explicit else p + ("name",),
                            "GraphRoot nodes are created by the engine, not declared in a file")
         if op is None:
-            where = p + ("op",) if ns.op is not None else p + ("name",)
-            hint = "" if ns.op is not None else " (give 'op: opaque' to replay it without a rule)"
-            raise self.err(where, f"unknown op {op_text!r}{hint}")
+            where = p + ("op",) if explicit else p + ("name",)
+            hint = "" if explicit else " (give 'op: opaque' to replay it without a rule)"
+            raise self.err(where, f"unknown op {tensors.short(op_text)}{hint}")
         return op
 
     def check_accumulate(self, ns, i: int, inputs: list, variables: dict) -> list:
         p = ("nodes", i)
-        if ns.variable is None:
+        if ns.variable is UNSET or ns.variable is None:
             raise self.err(p, "an AccumulateGrad node needs 'variable'")
         var = variables.get(ns.variable)
         if var is None:
-            raise self.err(p + ("variable",), f"unknown variable {ns.variable!r}")
+            raise self.err(p + ("variable",), f"unknown variable {tensors.short(ns.variable)}")
         if var.node is not None:
-            raise self.err(p + ("variable",), f"variable {ns.variable!r} already has AccumulateGrad node {var.node.id!r}")
+            raise self.err(p + ("variable",), f"variable {tensors.short(ns.variable)} already has AccumulateGrad node {tensors.short(var.node.id)}")
         if not var.requires_grad:
-            raise self.err(p + ("variable",), f"variable {ns.variable!r} does not require grad: it has no AccumulateGrad node")
+            raise self.err(p + ("variable",), f"variable {tensors.short(ns.variable)} does not require grad: it has no AccumulateGrad node")
         if ns.next:
             raise self.err(p + ("next",), "an AccumulateGrad node has no next edges")
         if not inputs:
@@ -104,171 +304,261 @@ class _Checker:
             raise self.err(p + ("inputs",), "an AccumulateGrad node has exactly one input")
         if inputs[0].shape != var.shape:
             raise self.err(p + ("inputs", 0, "shape"),
-                           f"input shape {list(inputs[0].shape)} does not match variable {var.name!r} shape {list(var.shape)}")
+                           f"input shape {list(inputs[0].shape)} does not match variable {tensors.short(var.name)} shape {list(var.shape)}")
         return inputs
 
     # -- the whole graph ----------------------------------------------------
     def run(self) -> Graph:
         spec = self.spec
         if spec.format != FORMAT:
-            raise self.err(("format",), f"unsupported format {spec.format!r}; expected {FORMAT!r}")
-        if spec.mode not in ("backward", "grad"):
-            raise self.err(("mode",), f"mode must be 'backward' or 'grad', got {spec.mode!r}")
+            raise self.err(("format",), f"unsupported format {tensors.short(spec.format)}; expected {FORMAT!r}")
+        mode = "backward" if spec.mode is UNSET else spec.mode
+        if mode not in ("backward", "grad"):
+            raise self.err(("mode",), f"mode must be 'backward' or 'grad', got {tensors.short(mode)}")
         if len(spec.nodes) > MAX_NODES:
             raise self.err(("nodes",), f"{len(spec.nodes)} nodes is more than the limit of {MAX_NODES}")
         if not spec.nodes:
             raise self.err(("nodes",), "a graph needs at least one node")
 
         variables: dict[str, Variable] = {}
-        for i, v in enumerate(spec.variables):
+        initial_grads: dict[str, int] = {}
+        for i, v in enumerate(spec.variables or ()):
             p = ("variables", i)
             if not v.name:
                 raise self.err(p + ("name",), "variable name must not be empty")
             if v.name in variables:
-                raise self.err(p + ("name",), f"duplicate variable name {v.name!r}")
+                raise self.err(p + ("name",), f"duplicate variable name {tensors.short(v.name)}")
             shape = tensors.check_shape(v.shape, p + ("shape",), self.err)
-            tensors.check_dtype(v.dtype, p + ("dtype",), self.err)
-            dev = self.device(v.device, p + ("device",))
-            if v.grad is not None:
-                tensors.check_tensor(v.grad, p + ("grad",), self.err, self.side, shape, v.dtype, allow_fill=True)
-            variables[v.name] = Variable(v.name, shape, v.dtype, dev, v.grad, requires_grad=v.requires_grad)
+            dtype = "float32" if v.dtype is UNSET else v.dtype
+            tensors.check_dtype(dtype, p + ("dtype",), self.err)
+            dev = CPU if v.device is UNSET else self.device(v.device, p + ("device",))
+            grad = None if v.grad is UNSET else v.grad
+            if grad is not None:
+                initial_grads[v.name] = tensors.check_tensor(grad, p + ("grad",), self.err, self.side, shape,
+                                                             dtype, allow_fill=True)
+            requires_grad = v.requires_grad is UNSET or v.requires_grad
+            variables[v.name] = Variable(v.name, shape, dtype, dev, grad, requires_grad=requires_grad)
 
         nodes: list[Node] = []
         by_id: dict[str, Node] = {}
-        ops: dict[str, OpSpec] = {}
+        ops: dict[str, tuple] = {}  # op text -> (OpSpec, required saved fields, declared fields)
         metas = self._metas
         new_node = Node
         acc = ACCUMULATE_GRAD
         max_seq = ACCUMULATE_GRAD_SEQ
+        unset = UNSET
+        check_value = self.check_value
+        numbers = _NUMBERS
+        default_seqs = False
+        max_device_index = -1
+        last_text = None
         for i, ns in enumerate(spec.nodes):
             nid = ns.id
             if not nid or nid in by_id:
                 p = ("nodes", i, "id")
-                raise self.err(p, "node id must not be empty" if not nid else f"duplicate node id {nid!r}")
-            op_text = ns.op if ns.op is not None else ns.name
-            op = ops.get(op_text)
-            if op is None:
-                op = ops[op_text] = self.resolve_op(ns, i)
+                raise self.err(p, "node id must not be empty" if not nid else f"duplicate node id {tensors.short(nid)}")
+            op_text = ns.op
+            if op_text is unset or op_text is None:
+                op_text = ns.name
+            if op_text != last_text:
+                info = ops.get(op_text)
+                if info is None:
+                    op = self.resolve_op(ns, i)
+                    info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved,
+                                           NEEDED_FOR_OUTPUT.get(op.name),
+                                           frozenset(k for k, f in op.saved.items() if f.kind == "scalar" or
+                                                     (f.kind == "tensor" and op.name not in MATRIX_RANK)))
+                op, required, fields, needs, takes_numbers = info
+                last_text = op_text
             seq = ns.seq
-            if seq is not None and not 0 <= seq <= max_seq:
-                raise self.err(("nodes", i, "seq"), f"seq must be in [0, 2**64-1], got {seq}")
-            if ns.fwd_thread is not None and not 0 <= ns.fwd_thread < 2**63:
-                raise self.err(("nodes", i, "fwd_thread"), f"fwd_thread must be in [0, 2**63), got {ns.fwd_thread}")
+            if seq is unset:
+                seq = None
+            elif seq is not None and not 0 <= seq <= max_seq:
+                raise self.err(("nodes", i, "seq"), f"seq must be in [0, 2**64-1], got {tensors.short(seq)}")
+            fwd_thread = ns.fwd_thread
+            if fwd_thread is unset:
+                fwd_thread = None
+            elif fwd_thread is not None and not 0 <= fwd_thread < 2**63:
+                raise self.err(("nodes", i, "fwd_thread"), f"fwd_thread must be in [0, 2**63), got {tensors.short(fwd_thread)}")
             ins = ns.inputs
-            if len(ins) == 1:  # the common case, without a comprehension's frame
+            device, stream, cpu = CPU, 0, True
+            if not ins:
+                inputs = []
+            elif len(ins) == 1:  # the common case, without a comprehension's frame
                 meta = metas.get(ins[0])
                 if meta is None:
                     meta = metas[ins[0]] = self._meta(ins[0], ("nodes", i, "inputs", 0))
                 inputs = [meta]
+                d = meta.device
+                if d is not CPU and d.type != "cpu":
+                    device, stream, cpu = d, meta.stream, False
             else:
                 inputs = [metas.get(m) for m in ins]
                 if None in inputs:
                     for j, m in enumerate(ins):
                         if inputs[j] is None:
                             inputs[j] = metas[m] = self._meta(m, ("nodes", i, "inputs", j))
+            variable = ns.variable
             if op is acc:
                 inputs = self.check_accumulate(ns, i, inputs, variables)
                 if seq is None:
                     seq = max_seq
-            elif ns.variable is not None:
+            elif variable is not unset and variable is not None:
                 raise self.err(("nodes", i, "variable"), "only AccumulateGrad nodes name a variable")
-            node = new_node(nid, ns.name, op, -1 if seq is None else seq, [], inputs, ns.saved or EMPTY,
-                            ns.attrs or EMPTY, ns.variable)
-            if ns.fwd_thread is not None:
-                node.fwd_thread = ns.fwd_thread
+            else:
+                variable = None
+            saved = ns.saved
+            attrs = ns.attrs
+            # Derived here rather than in a pass of their own (model.derive_node does the same):
+            # index, consumers, device/stream/cpu (the first non-CPU input), saves_tensors.
+            if len(inputs) > 1 or op is acc:
+                device, stream, cpu = CPU, 0, True
+                for meta in inputs:
+                    d = meta.device
+                    if d is not CPU and d.type != "cpu":
+                        device, stream, cpu = d, meta.stream, False
+                        break
+            if not cpu and device.index > max_device_index:
+                max_device_index = device.index
+            if seq is None:
+                seq = -1
+                default_seqs = True
+            node = new_node(nid, ns.name, op, seq, [], inputs, saved or EMPTY, attrs or EMPTY, variable,
+                            fwd_thread, i, 0, device, stream, [], cpu)
             if op is acc:
-                variables[ns.variable].node = node
+                variables[variable].node = node
             nodes.append(node)
             by_id[nid] = node
+            if saved:
+                tf = op.tensor_fields
+                if tf and not tf.isdisjoint(saved):
+                    node.saves_tensors = True
+                else:
+                    for v in saved.values():
+                        if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
+                            node.saves_tensors = True
+                            break
+                # Saved values against the op's declared kinds: plain numbers where numbers are
+                # expected pass here; everything else (tensor specs, lists, errors) in check_value.
+                for key, value in saved.items():
+                    if key in takes_numbers and type(value) in numbers:
+                        continue
+                    check_value(node, i, key, value, fields.get(key))
+            else:
+                saved = EMPTY
+            if required:
+                self.check_required(node, i, required)
+            if needs is not None:
+                nxt = ns.next or ()
+                for k, key in needs:
+                    if k < len(nxt) and nxt[k] is not None and saved.get(key) is None:
+                        raise self.err(("nodes", i, "saved") if saved else ("nodes", i),
+                                       f"{op.name} node {tensors.short(nid)} needs saved field {key!r} ({_KIND_TEXT['tensor']}) "
+                                       f"for the gradient of its output {k}, which the file does not give")
+            if attrs:
+                self.check_attrs(node, i, attrs)
 
-        # Edges.
+        # Edges, with what model.link derives (consumers), whether they all
+        # point forward in the list (model.derive's fast path), and gradient shapes out of
+        # elementwise nodes.
         make_edge = tuple.__new__
+        forward = True
         for i, ns in enumerate(spec.nodes):
-            out = nodes[i].next
-            for k, e in enumerate(ns.next):
+            nxt = ns.next
+            if not nxt:
+                continue
+            node = nodes[i]
+            out = node.next
+            out_shape = node.inputs[0].shape if node.op.elementwise and node.inputs else None
+            for k, e in enumerate(nxt):
                 if e is None:
                     out.append(None)
                     continue
                 tid, nr = e
                 target = by_id.get(tid)
                 if target is None:
-                    raise self.err(("nodes", i, "next", k, 0), f"edge to missing node {tid!r}")
+                    raise self.err(("nodes", i, "next", k, 0), f"edge to missing node {tensors.short(tid)}")
                 if not 0 <= nr < len(target.inputs):
                     raise self.err(("nodes", i, "next", k, 1),
-                                   f"input_nr {nr} out of range: node {tid!r} has {len(target.inputs)} input(s)")
+                                   f"input_nr {tensors.short(nr)} out of range: node {tensors.short(tid)} has {len(target.inputs)} input(s)")
+                if out_shape is not None:
+                    want = target.inputs[nr].shape
+                    if want != out_shape and not is_expandable_to(want, out_shape):
+                        raise self.err(("nodes", i, "next", k),
+                                       f"{node.name} produces a gradient of shape {list(out_shape)} for "
+                                       f"{tensors.short(tid)} input {nr}, whose shape {list(want)} is not compatible")
                 out.append(make_edge(Edge, (target, nr)))
+                target.consumers.append((node, k))
+                if target.index <= i:
+                    forward = False
 
-        graph = Graph(nodes, [], variables, list(spec.inputs), spec.mode, dict(spec.meta),
+        graph = Graph(nodes, [], variables, list(spec.inputs or ()), mode, dict(spec.meta or {}),
                       self.source, self.base_dir, by_id)
+        graph.max_device_index = max_device_index
         try:
-            derive(graph)
+            derive(graph, prepared=True, forward=forward)
         except ValueError as exc:
             cycle = exc.args[0]
             src = cycle[-2]
             k = next(k for k, e in enumerate(src.next) if e is not None and e.node is cycle[-1])
             raise self.err(("nodes", src.index, "next", k), "cycle: " + " -> ".join(n.id for n in cycle)) from None
         # Default sequence numbers: the topological number (nodes nearer the root run first).
-        for node in nodes:
-            if node.seq < 0:
-                node.seq = node.topo_nr
-        self.check_shapes(nodes)
-        self.check_saved(spec, nodes)
-        self.check_attrs(nodes)
+        if default_seqs:
+            for node in nodes:
+                if node.seq < 0:
+                    node.seq = node.topo_nr
         check_checkpoints(graph, self.err)
 
         for i, r in enumerate(spec.roots):
             p = ("roots", i)
             target = by_id.get(r.node)
             if target is None:
-                raise self.err(p + ("node",), f"root edge to missing node {r.node!r}")
-            if not 0 <= r.input_nr < len(target.inputs):
+                raise self.err(p + ("node",), f"root edge to missing node {tensors.short(r.node)}")
+            input_nr = 0 if r.input_nr is UNSET else r.input_nr
+            if not 0 <= input_nr < len(target.inputs):
                 raise self.err(p + ("input_nr",),
-                               f"input_nr {r.input_nr} out of range: node {r.node!r} has {len(target.inputs)} input(s)")
-            meta = target.inputs[r.input_nr]
-            tensors.check_tensor(r.grad, p + ("grad",), self.err, self.side, meta.shape, meta.dtype, allow_fill=True)
-            graph.roots.append(Root(Edge(target, r.input_nr), r.grad))
+                               f"input_nr {tensors.short(input_nr)} out of range: node {tensors.short(r.node)} has {len(target.inputs)} input(s)")
+            meta = target.inputs[input_nr]
+            grad = "ones" if r.grad is UNSET else r.grad
+            nbytes = tensors.check_tensor(grad, p + ("grad",), self.err, self.side, meta.shape, meta.dtype,
+                                          allow_fill=True)
+            self.count(nbytes, "root gradients", p + ("grad",))
+            graph.roots.append(Root(Edge(target, input_nr), grad))
         if not graph.roots:
             raise self.err(("roots",), "a graph needs at least one root")
 
-        for i, name in enumerate(spec.inputs):
+        for i, name in enumerate(graph.inputs):
             var = variables.get(name)
             if var is None and name not in by_id:
-                raise self.err(("inputs", i), f"unknown input {name!r}: not a variable or node id")
-        if spec.mode == "grad" and not spec.inputs:
+                raise self.err(("inputs", i), f"unknown input {tensors.short(name)}: not a variable or node id")
+        if mode == "grad" and not graph.inputs:
             raise self.err(("inputs",), "mode 'grad' needs 'inputs' (grad requires non-empty inputs)")
+
+        for i, v in enumerate(variables.values()):
+            own = math.prod(v.shape) * tensors.itemsize(v.dtype) if v.node is not None else 0
+            self.count(max(own, initial_grads.get(v.name, 0)), "variable gradients", ("variables", i))
+        self.check_reference(graph)
+        for meta, path in self._meta_paths.items():
+            self.gradient(math.prod(meta.shape) * tensors.itemsize(meta.dtype), path)
+        self.check_budget()
+        if self.check_data:
+            self.side.verify(self.err)
         return graph
 
-    def check_shapes(self, nodes: list[Node]) -> None:
-        for i, node in enumerate(nodes):
-            if node.op.elementwise and node.inputs:
-                out_shape = node.inputs[0].shape
-                for k, e in enumerate(node.next):
-                    if e is None:
-                        continue
-                    want = e.node.inputs[e.input_nr].shape
-                    if want != out_shape and not is_expandable_to(want, out_shape):
-                        raise self.err(("nodes", i, "next", k),
-                                       f"{node.name} produces a gradient of shape {list(out_shape)} for "
-                                       f"{e.node.id!r} input {e.input_nr}, whose shape {list(want)} is not compatible")
-
-    def check_attrs(self, nodes: list[Node]) -> None:
+    def check_attrs(self, node: Node, i: int, attrs: dict) -> None:
         """The attrs the engine acts on must be well-formed and bounded (files are untrusted)."""
-        for i, node in enumerate(nodes):
-            attrs = node.attrs
-            if not attrs:
-                continue
-            p = ("nodes", i, "attrs")
-            if "fail" in attrs and not isinstance(attrs["fail"], str):
-                raise self.err(p + ("fail",), "attrs.fail must be a message string")
-            if "nan" in attrs and not isinstance(attrs["nan"], bool):
-                raise self.err(p + ("nan",), "attrs.nan must be true or false")
-            if "trace" in attrs and not isinstance(attrs["trace"], str):
-                raise self.err(p + ("trace",), "attrs.trace must be a string")
-            if node.op is PYTHON and "callable" in attrs and not (
-                    isinstance(attrs["callable"], str) and ":" in attrs["callable"]):
-                raise self.err(p + ("callable",), "attrs.callable must be 'module:function'")
-            if node.op is COST:
-                self.check_cost(attrs.get("cost"), p + ("cost",))
+        p = ("nodes", i, "attrs")
+        if "fail" in attrs and not isinstance(attrs["fail"], str):
+            raise self.err(p + ("fail",), "attrs.fail must be a message string")
+        if "nan" in attrs and not isinstance(attrs["nan"], bool):
+            raise self.err(p + ("nan",), "attrs.nan must be true or false")
+        if "trace" in attrs and not isinstance(attrs["trace"], str):
+            raise self.err(p + ("trace",), "attrs.trace must be a string")
+        if node.op is PYTHON and "callable" in attrs and not (
+                isinstance(attrs["callable"], str) and ":" in attrs["callable"]):
+            raise self.err(p + ("callable",), "attrs.callable must be 'module:function'")
+        if node.op is COST:
+            self.check_cost(attrs.get("cost"), p + ("cost",))
 
     def check_cost(self, cost, p: tuple) -> None:
         if cost is None:
@@ -277,47 +567,211 @@ class _Checker:
             raise self.err(p, "attrs.cost must be a mapping with 'us' or 'flops' and an optional 'mode'")
         mode = cost.get("mode", "spin")
         if mode not in ("spin", "wait", "sleep", "matmul"):
-            raise self.err(p + ("mode",), f"cost mode must be spin, wait, sleep or matmul, got {mode!r}")
+            raise self.err(p + ("mode",), f"cost mode must be spin, wait, sleep or matmul, got {tensors.short(mode)}")
         for key, limit in (("us", MAX_COST_US), ("flops", MAX_COST_FLOPS)):
             v = cost.get(key)
             if v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= limit:
-                raise self.err(p + (key,), f"cost {key} must be a number in [0, {limit:g}], got {v!r}")
+                raise self.err(p + (key,), f"cost {key} must be a number in [0, {limit:g}], got {tensors.short(v)}")
 
-    def check_saved(self, spec: GraphSpec, nodes: list[Node]) -> None:
-        check = tensors.check_tensor
-        quick_random = tensors.quick_random_ok
-        for i, node in enumerate(nodes):
-            saved = node.saved
-            if not saved:
-                continue
-            elementwise = node.op.elementwise and node.inputs
-            for key, value in saved.items():
-                if type(value) is dict and (quick_random(value) or tensors.is_tensor_spec(value)):
-                    if not quick_random(value):
-                        check(value, ("nodes", i, "saved", key), self.err, self.side)
-                    if elementwise:
-                        self.check_broadcast(value, node, ("nodes", i, "saved", key), key)
+    # -- saved values ---------------------------------------------------------
+    def check_required(self, node: Node, i: int, required: tuple) -> None:
+        saved = node.saved
+        for key in required:
+            if key not in saved:
+                f = node.op.saved[key]
+                raise self.err(("nodes", i, "saved") if saved else ("nodes", i),
+                               f"{node.op.name} node {tensors.short(node.id)} needs saved field {key!r} ({_KIND_TEXT[f.kind]}), "
+                               "which the file does not give")
 
-    def check_broadcast(self, value: dict, node: Node, path: tuple, key: str) -> None:
-        """An elementwise op's saved tensor must broadcast with the gradient it multiplies."""
-        if "shape" in value:
-            shape = tuple(value["shape"])
-        elif "data" in value:
-            shape = tensors._nested_shape(value["data"], path, self.err)
+    def check_value(self, node: Node, i: int, key: str, value: Any, f) -> None:
+        """One saved value against its declared field ``f`` (None: undeclared, then only tensor specs are checked).
+
+        Numbers where numbers are expected never get here (the caller's fast
+        path); well-formed random specs take a short path. Undeclared fields
+        are accepted: captures carry more than the rules read.
+        """
+        t = type(value)
+        if f is None:
+            if t is dict and tensors.is_tensor_spec(value):
+                kind, optional = "tensor", True
+            else:
+                return
         else:
-            return  # npz: the shape is only known by reading the array
-        grad = node.inputs[0].shape
-        for a, b in zip(reversed(shape), reversed(grad)):
+            kind, optional = f.kind, f.optional
+        path = ("nodes", i, "saved", key)
+        if kind == "tensor" and t is dict:
+            n = tensors.quick_random_numel(value)
+            if n >= 0 and (f is None or len(value["shape"]) == MATRIX_RANK.get(node.op.name, len(value["shape"]))):
+                self.bytes["saved tensors"] += 4 * n
+                if 4 * n > self._top_min:
+                    self._note(4 * n, path)
+                if node.op.elementwise and node.inputs:
+                    self.check_broadcast(tuple(value["shape"]), node, path, key)
+                return
+        elif (kind == "int" and t is int and INT_MIN <= value < INT_END) or (kind == "bool" and t is bool) \
+                or (kind == "str" and t is str):
+            return
+        if value is None:
+            if optional:
+                return
+            raise self.err(path, f"saved {key!r} of {node.op.name} must be {_KIND_TEXT[kind]}, got null "
+                                 "(it is not optional)")
+
+        def bad(detail: str = "") -> GraphFileError:
+            return self.err(path, f"saved {key!r} of {node.op.name} must be {_KIND_TEXT[kind]}, got "
+                                  f"{tensors.short(value)}{detail}")
+        rank = MATRIX_RANK.get(node.op.name) if kind == "tensor" and f is not None else None
+        if kind == "tensor":
+            if t is bool or t is int or t is float:  # a wrapped scalar
+                if rank is not None:
+                    raise bad(f" (a {rank}-dim array for {node.op.name}, not a number)")
+                return
+            if t is dict:
+                if not tensors.is_tensor_spec(value):
+                    raise bad()
+                self.count(tensors.check_tensor(value, path, self.err, self.side), "saved tensors", path)
+                shape = tensors.spec_shape(value, self.side)
+                dtype = tensors.spec_dtype(value, self.side)
+            elif t is list:
+                shape = tensors._nested_shape(value, path, self.err)
+                dtype = node.inputs[0].dtype if node.inputs else "float32"
+                self.count(math.prod(shape) * tensors.itemsize(dtype), "saved tensors", path)
+            else:
+                raise bad()
+            if shape is not None and node.op.elementwise and node.inputs:
+                self.check_broadcast(shape, node, path, key, dtype)
+            if rank is not None and shape is not None and len(shape) != rank:
+                raise bad(f" (a {rank}-dim array for {node.op.name}, not one of shape {list(shape)})")
+        elif kind == "scalar":
+            if t is str:  # what JSON cannot hold, as capture writes it ("(1-2j)", "inf", "nan"); YAML 1.1's "1e-3"
+                if not _number_text(value):
+                    raise bad(" (a string is accepted only when it spells a number, e.g. \"1e-3\", \"inf\", \"(1-2j)\")")
+            elif t is not bool and t is not int and t is not float:  # a Scalar may be a bool in PyTorch
+                raise bad()
+        elif kind == "int":
+            if t is int:
+                raise bad(f" (out of range: integers must lie in [-2**63, 2**64))")
+            raise bad()
+        elif kind in ("ints", "sizes"):
+            if t is not list:
+                raise bad()
+            if len(value) > MAX_SAVED_LIST:
+                raise bad(f" ({len(value)} entries, more than the limit of {MAX_SAVED_LIST})")
+            lo, end = (0, SIZE_END) if kind == "sizes" else (INT_MIN, INT_END)
+            for j, s in enumerate(value):
+                if type(s) is not int:
+                    raise self.err(path + (j,), f"saved {key!r} of {node.op.name} must be {_KIND_TEXT[kind]}; "
+                                                f"entry {j} is {tensors.short(s)}")
+                if not lo <= s < end:
+                    raise self.err(path + (j,), f"saved {key!r} of {node.op.name} must be {_KIND_TEXT[kind]}; "
+                                                f"entry {j} ({tensors.short(s)}) is out of range")
+            if kind == "sizes" and _shape_like(key):
+                if len(value) > tensors.MAX_DIMS:
+                    raise bad(f" (more than {tensors.MAX_DIMS} dimensions)")
+                numel = math.prod(value)
+                if numel > tensors.MAX_NUMEL:
+                    raise bad(f" ({numel:.3g} elements, more than the limit of {tensors.MAX_NUMEL})")
+                dtype = node.inputs[0].dtype if node.inputs else "float32"
+                self.gradient(numel * tensors.itemsize(dtype), path)
+        elif kind == "tensors":
+            if t is not list:
+                raise bad()
+            if len(value) > MAX_SAVED_LIST:
+                raise bad(f" ({len(value)} entries, more than the limit of {MAX_SAVED_LIST})")
+            for j, v in enumerate(value):
+                entry = path + (j,)
+                if v is None:
+                    continue
+                if type(v) is str:  # another saved field holds it (what capture writes: ``indices.0``)
+                    if v == key or v not in node.saved:
+                        raise self.err(entry, f"saved {key!r} of {node.op.name}: entry {j} names saved field "
+                                              f"{tensors.short(v)}, which the node does not have")
+                    continue
+                if type(v) is dict and set(v) - {"data", "dtype", "shape"}:
+                    raise self.err(entry, f"saved {key!r} of {node.op.name}: entry {j} must be inline data "
+                                          "or the name of a saved field, not another tensor spec")
+                if type(v) not in (dict, list, int, float, bool):
+                    raise bad(f" (entry {j} is {tensors.short(v)})")
+                self.count(tensors.check_tensor(v, entry, self.err, self.side), "saved tensors", entry)
+        else:  # bool, str: the right types took the fast path
+            raise bad()
+
+    def check_broadcast(self, shape: tuple, node: Node, path: tuple, key: str, dtype: str | None = None) -> None:
+        """An elementwise op's saved tensor must broadcast with the gradient it multiplies.
+
+        The product has the broadcast shape (``[n, 1]`` times ``[1, m]`` is
+        ``[n, m]``): it must stay under the element cap, and counts as a gradient.
+        """
+        meta = node.inputs[0]
+        grad = meta.shape
+        if shape == grad and tensors.itemsize(dtype) <= tensors.itemsize(meta.dtype):
+            return  # the product is the size of the gradient, already counted
+        out = []
+        for k in range(1, max(len(shape), len(grad)) + 1):
+            a = shape[-k] if k <= len(shape) else 1
+            b = grad[-k] if k <= len(grad) else 1
             if a != b and a != 1 and b != 1:
                 raise self.err(path, f"saved {key!r} has shape {list(shape)}, which does not broadcast "
                                      f"with the node's gradient shape {list(grad)}")
+            out.append(b if a == 1 else a)
+        numel = math.prod(out)
+        if numel > tensors.MAX_NUMEL:
+            raise self.err(path, f"saved {key!r} of shape {list(shape)} times the node's gradient of shape "
+                                 f"{list(grad)} makes {numel:.3g} elements, more than the limit of {tensors.MAX_NUMEL}")
+        self.gradient(numel * max(tensors.itemsize(dtype), tensors.itemsize(meta.dtype)), path)
+
+    # -- meta.reference -------------------------------------------------------
+    def check_reference(self, graph: Graph) -> None:
+        """``meta.reference`` (a capture's PyTorch run): its order rows, depths and gradients.
+
+        ``check`` reads them without checking again: every malformed reference is refused here,
+        with its place, before anything runs (and its gradients count toward the memory budget).
+        """
+        ref = graph.meta.get("reference") if graph.meta else None
+        if ref is None:
+            return
+        p = ("meta", "reference")
+        if not isinstance(ref, dict):
+            raise self.err(p, f"must be a mapping with 'order' and 'grads', got {type(ref).__name__}")
+        order = ref.get("order")
+        if order is not None:
+            if not isinstance(order, list):
+                raise self.err(p + ("order",), f"must be a list of [name, seq, leaf] items, got {type(order).__name__}")
+            for k, item in enumerate(order):
+                if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                        and (item[1] is None or (type(item[1]) is int and 0 <= item[1] < 2**64))
+                        and (item[2] is None or isinstance(item[2], str))):
+                    raise self.err(p + ("order", k), "each item must be [name, seq, leaf] (a string, an integer "
+                                                     f"or null, a string or null), got {tensors.short(item)}")
+        depths = ref.get("depths")
+        if depths is not None:
+            n = len(order) if isinstance(order, list) else 0
+            if not (isinstance(depths, list) and len(depths) == n
+                    and all(type(d) is int and 0 <= d < 2**31 for d in depths)):
+                raise self.err(p + ("depths",), f"must be a list of {n} non-negative integers "
+                                                "(one per item of meta.reference.order)")
+        grads = ref.get("grads")
+        if grads is None:
+            return
+        if not isinstance(grads, dict):
+            raise self.err(p + ("grads",), f"must be a mapping of leaf names to tensors, got {type(grads).__name__}")
+        for name, value in grads.items():
+            if value is None:
+                continue
+            var = graph.variables.get(name)
+            path = p + ("grads", name)
+            nbytes = tensors.check_tensor(value, path, self.err, self.side,
+                                          var.shape if var is not None else None,
+                                          var.dtype if var is not None else None)
+            self.count(nbytes, "reference gradients", path)
 
 
 def build_graph(spec: GraphSpec, source: str, base_dir: str | None, locator,
-                side_name: str | None = None) -> Graph:
-    checker = _Checker(spec, source, base_dir, locator, side_name)
+                side_name: str | None = None, max_bytes: int | None = None, check_data: bool = False) -> Graph:
+    """Validate ``spec`` into a ``Graph``; ``check_data`` also reads side-file data through (CRC)."""
+    checker = _Checker(spec, source, base_dir, locator, side_name, max_bytes, check_data)
     graph = checker.run()
     graph.side_files = checker.side
     return graph

@@ -97,9 +97,12 @@ class OpSpec:
     doc: str = ""
     #: The saved fields of kind ``tensor`` (derived).
     tensor_fields: frozenset = field(init=False)
+    #: The saved fields of kind ``scalar`` (derived): a file may write one as a string ("(1-2j)", "inf", "1e-3").
+    scalar_fields: frozenset = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "tensor_fields", frozenset(k for k, f in self.saved.items() if f.kind == "tensor"))
+        object.__setattr__(self, "scalar_fields", frozenset(k for k, f in self.saved.items() if f.kind == "scalar"))
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
