@@ -23,6 +23,7 @@ from autograd_run.graphs.load import load_graph, load_graph_bytes, loads_graph, 
 from autograd_run.graphs.model import Device
 from autograd_run.graphs.tensors import materialize
 from autograd_run.graphs.validate import check_python_nodes, default_max_bytes, parse_byte_size
+from builders import graph as load_doc  # load_doc(doc, fmt, folder): as the file g.<fmt> would load
 
 
 #: A small valid graph (sum <- add <- two muls -> one leaf) that tests mutate.
@@ -45,15 +46,6 @@ SEED = {
 
 def copy_seed():
     return json.loads(json.dumps(SEED))
-
-
-def load_doc(doc, fmt, tmp_path=None):
-    data = dumps(doc, fmt)
-    if tmp_path is not None:
-        p = tmp_path / f"g.{fmt}"
-        p.write_bytes(data)
-        return load_graph(str(p))
-    return loads_graph(data, f"g.{fmt}")
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,10 +101,10 @@ def test_reads_at_most_the_cap_plus_one(tmp_path, monkeypatch):
     size = os.path.getsize(p)
     assert load_mod.read_file(p) == open(p, "rb").read()
     assert load_mod.read_file("/proc/self/status", "status.json").startswith(b"Name:")
-    assert load_mod._read_capped(io.BytesIO(b"x" * 10), 10) == b"x" * 10
-    monkeypatch.setattr(load_mod, "MAX_FILE_BYTES", 100)
-    assert load_mod._read_capped(io.BytesIO(b"x" * 1000), 0) == b"x" * 101  # no size reported: stops at cap+1
-    assert load_mod._read_capped(io.BytesIO(b"x" * 50), 10) == b"x" * 50  # grew since stat
+    from autograd_run.untrusted import read_capped
+    assert read_capped(io.BytesIO(b"x" * 10), 10, 1 << 30) == b"x" * 10
+    assert read_capped(io.BytesIO(b"x" * 1000), 0, 100) == b"x" * 101  # no size reported: stops at cap+1
+    assert read_capped(io.BytesIO(b"x" * 50), 10, 100) == b"x" * 50  # grew since stat
     monkeypatch.setattr(load_mod, "MAX_FILE_BYTES", size - 1)
     with pytest.raises(GraphFileError, match="larger than"):
         load_mod.read_file(p)

@@ -270,3 +270,23 @@ def test_cli_simulate_compare_json():
     rows = json.loads(out.stdout)
     assert [r["policy"] for r in rows] == ["pytorch", "fifo", "single-thread"]
     assert all(r["wall_ns"] > 0 for r in rows)
+
+
+def test_a_machine_spec_file_is_read_as_untrusted_data(tmp_path):
+    """Spec files go through the same reader as graph files: regular files only, bounded YAML, duplicate keys."""
+    import os
+    from autograd_run.errors import RequestError
+    from autograd_run.sim.specs import load_spec
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+                    + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n"
+                              for p, c in zip("abcdefg", "bcdefgh")))
+    with pytest.raises(RequestError, match="aliases expand to more than"):
+        load_spec(str(bomb))
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("name: x\nname: y\n")
+    with pytest.raises(RequestError, match=r"line 2, column 1\): duplicate key 'name'"):
+        load_spec(str(dup))
+    os.mkfifo(tmp_path / "pipe.json")
+    with pytest.raises(RequestError):  # refused, not blocked on
+        load_spec(str(tmp_path / "pipe.json"))

@@ -79,7 +79,7 @@ SPEC_ERRORS = [
     ("devices: [1]\n", "missing 'graphs'"),
     ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
      "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
-     "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\ngraphs: [g.json]\n", "expands to more than 100000 values"),
+     "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\ngraphs: [g.json]\n", "aliases expand to more than 100000 values"),
 ]
 
 
@@ -115,7 +115,24 @@ def test_a_too_large_spec_is_refused_before_it_is_parsed(tmp_path, capsys):
     path = tmp_path / "big.yaml"
     path.write_text("graphs: [g.json]\n" + "#" * (1 << 20))
     code, _, err = run_cli(["sweep", str(path)], capsys)
-    assert code == 2 and "a sweep spec is at most 1024 KiB" in err
+    assert code == 2 and "file is larger than 1 MiB" in err
+
+
+def test_a_fifo_or_device_spec_is_refused_without_blocking(tmp_path, capsys):
+    import os
+    os.mkfifo(tmp_path / "pipe.yaml")
+    code, _, err = run_cli(["sweep", str(tmp_path / "pipe.yaml")], capsys)
+    assert code == 2 and "is a FIFO (named pipe), not a regular file" in err
+    os.symlink("/dev/zero", tmp_path / "zero.yaml")
+    code, _, err = run_cli(["sweep", str(tmp_path / "zero.yaml")], capsys)
+    assert code == 2 and "is a character device" in err
+
+
+def test_duplicate_keys_in_a_spec_are_refused(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text("graphs: [a.json]\ndevices: [1]\ngraphs: [b.json]\n")
+    code, _, err = run_cli(["sweep", str(path)], capsys)
+    assert code == 2 and "line 3, column 1" in err and "duplicate key 'graphs'" in err
 
 
 # -- the work of a point ------------------------------------------------------------------------

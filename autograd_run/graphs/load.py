@@ -22,14 +22,13 @@ import gc
 import json
 import os
 import re
-import stat
 from contextlib import contextmanager
 from importlib import resources
 
 import msgspec
 import numpy as np
-import yaml
 
+from autograd_run import untrusted
 from autograd_run.errors import GraphFileError
 from autograd_run.graphs.locate import JsonLocator, YamlLocator, byte_to_line_col
 from autograd_run.graphs.model import FORMAT, Graph
@@ -44,20 +43,6 @@ MAX_YAML_DEPTH = 64
 MAX_EXACT_DUPLICATE_CHECK = 64 << 20
 
 
-
-class _SafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """libyaml's safe loader, reading exponent floats (``1e-3``, ``2E5``) as numbers.
-
-    YAML 1.1 (PyYAML's default) needs a dot and a signed exponent, so
-    ``eps: 1e-5`` would be the string ``"1e-5"``; YAML 1.2 and JSON read a
-    number, and so do we.
-    """
-
-
-_SafeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
 
 _JSON_DECODER = msgspec.json.Decoder(GraphSpec)
 _JSON_ENCODER = msgspec.json.Encoder()
@@ -289,79 +274,14 @@ def _nodes_of(doc):
     return nodes if isinstance(nodes, list) else None
 
 
-def _check_yaml_tree(root: yaml.Node, source: str) -> None:
-    """Refuse alias bombs, deep nesting and duplicate keys before anything is constructed.
-
-    Counts the values the document expands to, following aliases, with one
-    memoised count per distinct node, so a "billion laughs" document is
-    refused in time linear in its size.
-    """
-    sizes: dict[int, int] = {}
-    order = []
-    stack = [(root, 0)]
-    seen = set()
-    mapping = yaml.MappingNode
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_YAML_DEPTH:
-            m = node.start_mark
-            raise GraphFileError(source, f"line {m.line + 1}, column {m.column + 1}",
-                                 f"nesting deeper than {MAX_YAML_DEPTH} levels")
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        if isinstance(node, yaml.SequenceNode):
-            stack.extend((c, depth + 1) for c in node.value)
-        elif isinstance(node, mapping):
-            keys = {}
-            for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
-                    ident = (k.tag, k.value)
-                    first = keys.get(ident)
-                    if first is not None:
-                        m = k.start_mark
-                        raise GraphFileError(source, f"line {m.line + 1}, column {m.column + 1}",
-                                             f"duplicate key {k.value!r:.60} in a mapping (first at line "
-                                             f"{first.line + 1}); keys must be unique")
-                    keys[ident] = k.start_mark
-                stack.append((k, depth + 1))
-                stack.append((v, depth + 1))
-    for node in reversed(order):  # children are visited after parents, so reverse is bottom-up
-        if isinstance(node, yaml.SequenceNode):
-            total = 1 + sum(sizes.get(id(c), 1) for c in node.value)
-        elif isinstance(node, mapping):
-            total = 1 + sum(sizes.get(id(k), 1) + sizes.get(id(v), 1) for k, v in node.value)
-        else:
-            total = 1
-        if total > MAX_YAML_VALUES:
-            m = node.start_mark
-            raise GraphFileError(source, f"line {m.line + 1}, column {m.column + 1}",
-                                 f"YAML aliases expand to more than {MAX_YAML_VALUES} values")
-        sizes[id(node)] = total
-
-
 def _load_yaml(data: bytes, source: str, base_dir: str | None, side_name: str | None,
                max_bytes: int | None, check_data: bool = False) -> Graph:
     try:
-        loader = _SafeLoader(data)
-        try:
-            root = loader.get_single_node()
-            if root is None:
-                raise GraphFileError(source, None, "the file is empty (no YAML document, only comments)")
-            _check_yaml_tree(root, source)
-            doc = loader.construct_document(root)
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
-        what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
-        raise GraphFileError(source, where, f"invalid YAML: {what}") from None
-    except yaml.YAMLError as exc:
-        raise GraphFileError(source, None, f"invalid YAML: {str(exc)[:300]}") from None
-    except (RecursionError, ValueError, TypeError, OverflowError) as exc:
-        raise GraphFileError(source, None, f"invalid YAML: {str(exc)[:300]}") from None
+        root, doc = untrusted.load_yaml(data, MAX_YAML_VALUES, MAX_YAML_DEPTH)
+    except untrusted.Problem as p:
+        raise GraphFileError(source, p.where, p.what) from None
+    if root is None:
+        raise GraphFileError(source, None, "the file is empty (no YAML document, only comments)")
     locator = YamlLocator(root)
     problem = _not_a_graph(doc, source, locator)
     if problem is not None:
@@ -385,81 +305,18 @@ def example_names() -> list[str]:
                   if f.name.endswith((".yaml", ".json")))
 
 
-_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
 def read_file(path: str, source: str | None = None) -> bytes:
-    """The bytes of a regular file, read only up to the size cap (symlinks are followed first).
-
-    Refuses FIFOs, devices (``/dev/zero``), sockets and directories before
-    opening them, opens non-blocking so that a FIFO swapped in meanwhile
-    cannot block, and reads at most the cap plus one byte.
-    """
-    source = path if source is None else source
+    """The bytes of a regular file, read only up to the size cap (see ``untrusted.read_regular_file``)."""
     try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        raise GraphFileError(source, None, "no such file") from None
-    except ValueError:
-        raise GraphFileError(source, None, "the file name contains a NUL byte") from None
-    except OSError as exc:
-        raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
-    _check_regular(st.st_mode, st.st_size, source)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        _check_regular(st.st_mode, st.st_size, source)  # the file may have been swapped since stat()
-        try:
-            data = _read_capped(f, st.st_size)
-        except OSError as exc:
-            raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise GraphFileError(source, None, f"file is larger than {MAX_FILE_BYTES >> 20} MiB")
-    return data
-
-
-def _read_capped(f, size: int) -> bytes:
-    """At most the cap plus one byte: the size the file has, in one read; more only if it grew
-    (or the kernel reports no size, as for /proc files), in chunks."""
-    want = min(size, MAX_FILE_BYTES) + 1
-    data = f.read(want)
-    if len(data) < want or len(data) > MAX_FILE_BYTES:
-        return data
-    parts, total = [data], len(data)
-    while total <= MAX_FILE_BYTES:
-        chunk = f.read(min(16 << 20, MAX_FILE_BYTES + 1 - total))
-        if not chunk:
-            break
-        parts.append(chunk)
-        total += len(chunk)
-    return b"".join(parts)
-
-
-def _check_regular(mode: int, size: int, source: str) -> None:
-    if stat.S_ISDIR(mode):
-        raise GraphFileError(source, None, "is a directory, not a graph file")
-    if not stat.S_ISREG(mode):
-        kind = next((k for test, k in _FILE_KINDS if test(mode)), "not a regular file")
-        raise GraphFileError(source, None, f"is {kind}, not a regular file; graph files must be regular files")
-    if size > MAX_FILE_BYTES:
-        raise GraphFileError(source, None, f"file is larger than {MAX_FILE_BYTES >> 20} MiB")
+        return untrusted.read_regular_file(path, MAX_FILE_BYTES)
+    except untrusted.Problem as p:
+        raise GraphFileError(path if source is None else source, p.where, p.what) from None
 
 
 def read_stream(stream, source: str = "<stdin>") -> bytes:
     """Read a graph from a binary stream (standard input), at most the size cap."""
     try:
-        parts, total = [], 0
-        while total <= MAX_FILE_BYTES:  # in chunks: a pipe gives what it has, and a big request would allocate it all
-            chunk = stream.read(min(16 << 20, MAX_FILE_BYTES + 1 - total))
-            if not chunk:
-                break
-            parts.append(chunk)
-            total += len(chunk)
-        data = b"".join(parts)
+        data = untrusted.read_capped(stream, 0, MAX_FILE_BYTES)
     except OSError as exc:
         raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_FILE_BYTES:

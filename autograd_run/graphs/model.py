@@ -231,20 +231,23 @@ class Graph:
         return out
 
 
+def saves_tensors(op: OpSpec, saved: dict) -> bool:
+    """Whether saved values ``saved`` of an ``op`` node hold a tensor (a field of kind tensor, or a tensor spec)."""
+    fields = op.tensor_fields
+    if fields and not fields.isdisjoint(saved):
+        return True
+    for v in saved.values():
+        if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
+            return True
+    return False
+
+
 def derive_node(node: Node, index: int) -> None:
     """A node's own derived fields: index, an empty consumer list, saves_tensors, device/stream/cpu."""
     node.index = index
     node.consumers = []
-    saved = node.saved
-    if saved:
-        fields = node.op.tensor_fields
-        if fields and not fields.isdisjoint(saved):
-            node.saves_tensors = True
-        else:
-            for v in saved.values():
-                if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
-                    node.saves_tensors = True
-                    break
+    if node.saved and saves_tensors(node.op, node.saved):
+        node.saves_tensors = True
     for meta in node.inputs:
         if meta.device.type != "cpu":
             node.device, node.stream, node.cpu = meta.device, meta.stream, False

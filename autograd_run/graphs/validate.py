@@ -26,6 +26,7 @@ from autograd_run.graphs import tensors
 from autograd_run.graphs.checkpoints import check_checkpoints
 from autograd_run.graphs.model import (
     ACCUMULATE_GRAD_SEQ, CPU, EMPTY, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
+    saves_tensors,
 )
 from autograd_run.graphs.schema import UNSET, GraphSpec
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, lookup
@@ -430,14 +431,8 @@ class _Checker:
             nodes.append(node)
             by_id[nid] = node
             if saved:
-                tf = op.tensor_fields
-                if tf and not tf.isdisjoint(saved):
+                if saves_tensors(op, saved):
                     node.saves_tensors = True
-                else:
-                    for v in saved.values():
-                        if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
-                            node.saves_tensors = True
-                            break
                 # Saved values against the op's declared kinds: plain numbers where numbers are
                 # expected pass here; everything else (tensor specs, lists, errors) in check_value.
                 for key, value in saved.items():

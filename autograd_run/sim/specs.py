@@ -138,6 +138,12 @@ def local_spec_path(name: str = "local") -> str:
     return os.path.join(base, "autograd-run", LOCAL[name][0])
 
 
+#: A machine spec file (untrusted): at most this big, this many values once YAML aliases expand, this deep.
+MAX_SPEC_FILE_BYTES = 1 << 20
+MAX_SPEC_FILE_VALUES = 100_000
+MAX_SPEC_FILE_DEPTH = 32
+
+
 def load_spec(ref: str) -> MachineSpec:
     """A shipped spec by name, ``local`` / ``local-torch`` (calibrated here), or a JSON/YAML file."""
     if ref in SHIPPED:
@@ -148,18 +154,18 @@ def load_spec(ref: str) -> MachineSpec:
         raise RequestError(f"no {ref} spec yet: run `{LOCAL[ref][1]}` first", "spec")
     if not os.path.isfile(path):
         raise RequestError(f"{ref}: not a shipped spec ({', '.join(SHIPPED)}, local, local-torch) nor a file", "spec")
+    from autograd_run import untrusted
     try:
-        with open(path, "rb") as f:
-            data = f.read(1 << 20)
+        data = untrusted.read_regular_file(path, MAX_SPEC_FILE_BYTES)
         if path.lower().endswith((".yaml", ".yml")):
-            import yaml
-            doc = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            doc = untrusted.load_yaml(data, MAX_SPEC_FILE_VALUES, MAX_SPEC_FILE_DEPTH)[1]
         else:
             doc = json.loads(data)
-    except (OSError, ValueError) as exc:
-        raise RequestError(f"{path}: cannot read the spec: {exc}", "spec") from None
-    except Exception as exc:  # a YAML error
-        raise RequestError(f"{path}: not a valid spec file: {exc}", "spec") from None
+    except untrusted.Problem as p:
+        where = f" ({p.where})" if p.where else ""
+        raise RequestError(f"{path}{where}: {p.what}", "spec") from None
+    except (ValueError, RecursionError) as exc:  # JSON (UnicodeDecodeError is a ValueError)
+        raise RequestError(f"{path}: not a valid spec file: {str(exc)[:300]}", "spec") from None
     return MachineSpec.from_dict(doc, path)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from autograd_run import untrusted
 from autograd_run.errors import UsageError
 
 MAX_SPEC_BYTES = 1 << 20
@@ -46,7 +47,6 @@ MAX_DEVICES = 1024
 DIMENSIONS = ("devices", "placement", "policy", "scale", "spec")
 KEYS = ("graphs", *DIMENSIONS, "mode", "repeat")
 MODES = ("simulate", "run")
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class SweepSpecError(UsageError):
@@ -93,38 +93,6 @@ class SweepSpec:
         return SweepSpecError(self.file, self.where(key, index), what)
 
 
-def _mark(node: yaml.Node) -> str:
-    return f"line {node.start_mark.line + 1}, column {node.start_mark.column + 1}"
-
-
-def _check_tree(root: yaml.Node, file: str) -> None:
-    """Refuse alias bombs and deep nesting before constructing anything (memoised counts per node)."""
-    sizes: dict[int, int] = {}
-    order, stack, seen = [], [(root, 0)], set()
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_SPEC_DEPTH:
-            raise SweepSpecError(file, _mark(node), f"nesting deeper than {MAX_SPEC_DEPTH} levels")
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        if isinstance(node, yaml.SequenceNode):
-            stack.extend((c, depth + 1) for c in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            stack.extend((x, depth + 1) for kv in node.value for x in kv)
-    for node in reversed(order):
-        if isinstance(node, yaml.SequenceNode):
-            total = 1 + sum(sizes.get(id(c), 1) for c in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            total = 1 + sum(sizes.get(id(k), 1) + sizes.get(id(v), 1) for k, v in node.value)
-        else:
-            total = 1
-        if total > MAX_SPEC_VALUES:
-            raise SweepSpecError(file, _mark(node), f"the document expands to more than {MAX_SPEC_VALUES} values")
-        sizes[id(node)] = total
-
-
 def _marks(root: yaml.Node) -> dict:
     """(key, index) -> "line L, column C" for each top-level key's value and its list items."""
     out: dict = {}
@@ -134,45 +102,24 @@ def _marks(root: yaml.Node) -> dict:
         key = getattr(k, "value", None)
         if not isinstance(key, str):
             continue
-        out[(key, None)] = _mark(v)
+        out[(key, None)] = untrusted.mark(v)
         if isinstance(v, yaml.SequenceNode):
             for i, item in enumerate(v.value):
-                out[(key, i)] = _mark(item)
+                out[(key, i)] = untrusted.mark(item)
     return out
 
 
 def read_spec_file(path: str) -> SweepSpec:
     """Read and check a sweep spec file (see the module docstring)."""
-    try:
-        size = os.path.getsize(path)
-        if size > MAX_SPEC_BYTES:
-            raise SweepSpecError(path, None, f"a sweep spec is at most {MAX_SPEC_BYTES >> 10} KiB, this is {size} bytes")
-        with open(path, "rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)
-    except FileNotFoundError:
-        raise SweepSpecError(path, None, "no such file") from None
-    except IsADirectoryError:
-        raise SweepSpecError(path, None, "is a directory, not a sweep spec") from None
-    except OSError as exc:
-        raise SweepSpecError(path, None, f"cannot read: {exc.strerror or exc}") from None
     if not path.lower().endswith((".yaml", ".yml")):
         raise SweepSpecError(path, None, "a sweep spec is a YAML file (.yaml or .yml)")
     try:
-        loader = _SafeLoader(data)
-        try:
-            root = loader.get_single_node()
-            if root is None:
-                raise SweepSpecError(path, None, "the file is empty")
-            _check_tree(root, path)
-            doc = loader.construct_document(root)
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
-        raise SweepSpecError(path, where, "invalid YAML: " + " ".join(str(x) for x in (exc.context, exc.problem) if x)) from None
-    except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError) as exc:
-        raise SweepSpecError(path, None, f"invalid YAML: {exc}") from None
+        data = untrusted.read_regular_file(path, MAX_SPEC_BYTES)
+        root, doc = untrusted.load_yaml(data, MAX_SPEC_VALUES, MAX_SPEC_DEPTH)
+    except untrusted.Problem as p:
+        raise SweepSpecError(path, p.where, p.what) from None
+    if root is None:
+        raise SweepSpecError(path, None, "the file is empty")
     if not isinstance(doc, dict):
         raise SweepSpecError(path, "line 1, column 1", "a sweep spec is a mapping with 'graphs' and grid lists")
     spec = SweepSpec(graphs=[], file=path, root=os.path.dirname(os.path.abspath(path)), marks=_marks(root))

@@ -1,0 +1,195 @@
+"""Reading files that are untrusted data: graph files, sweep specs, machine specs.
+
+One place for the two things every such reader needs, so that each keeps
+only its own schema and its own error type:
+
+* ``read_regular_file(path, cap)``: the bytes of a regular file, refusing
+  FIFOs, devices, sockets and directories before opening them (a FIFO would
+  block, ``/dev/zero`` would never end), opening non-blocking (a FIFO swapped
+  in meanwhile cannot block either), and reading at most ``cap`` plus one
+  byte, so a file that grows while read is still caught;
+* ``load_yaml(data, max_values, max_depth)``: a YAML document through
+  libyaml's safe loader (only plain data is ever constructed), with alias
+  expansion, nesting depth and duplicate keys checked on the node tree
+  before anything is built, and exponent floats (``1e-3``) read as numbers
+  as YAML 1.2 and JSON do.
+
+Both raise ``Problem(where, what)``: ``where`` is ``line L, column C`` or
+None; the caller turns it into its own error, naming its file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+
+import yaml
+
+_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+#: Read a file that grew past its size (or that reports none, as /proc files do) in chunks of this.
+_CHUNK = 16 << 20
+
+
+class Problem(Exception):
+    """What is wrong with an untrusted file, and where (``line L, column C`` or None)."""
+
+    def __init__(self, where: str | None, what: str):
+        super().__init__(what)
+        self.where, self.what = where, what
+
+
+# -- files -------------------------------------------------------------------------------------
+
+def _size_text(cap: int) -> str:
+    return f"{cap >> 20} MiB" if cap >= 1 << 20 else f"{cap >> 10} KiB"
+
+
+def check_regular(mode: int, size: int, cap: int) -> None:
+    """Refuse what is not a regular file, or one larger than ``cap`` bytes."""
+    if stat.S_ISDIR(mode):
+        raise Problem(None, "is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in _FILE_KINDS if test(mode)), "not a regular file")
+        raise Problem(None, f"is {kind}, not a regular file; only regular files are read")
+    if size > cap:
+        raise Problem(None, f"file is larger than {_size_text(cap)}")
+
+
+def read_regular_file(path: str, cap: int) -> bytes:
+    """The bytes of regular file ``path`` (symlinks followed), at most ``cap``; ``Problem`` otherwise."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise Problem(None, "no such file") from None
+    except ValueError:
+        raise Problem(None, "the file name contains a NUL byte") from None
+    except OSError as exc:
+        raise Problem(None, f"cannot read: {exc.strerror or exc}") from None
+    check_regular(st.st_mode, st.st_size, cap)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise Problem(None, f"cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        check_regular(st.st_mode, st.st_size, cap)  # the path may name another file since stat()
+        try:
+            data = read_capped(f, st.st_size, cap)
+        except OSError as exc:
+            raise Problem(None, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > cap:
+        raise Problem(None, f"file is larger than {_size_text(cap)}")
+    return data
+
+
+def read_capped(f, size: int, cap: int) -> bytes:
+    """At most ``cap`` plus one byte of binary file ``f``: the ``size`` it reports in one read; more only
+    if it grew (or reports no size), in chunks, so no request is larger than what may come."""
+    want = min(size, cap) + 1
+    data = f.read(want)
+    if len(data) < want or len(data) > cap:
+        return data
+    parts, total = [data], len(data)
+    while total <= cap:
+        chunk = f.read(min(_CHUNK, cap + 1 - total))
+        if not chunk:
+            break
+        parts.append(chunk)
+        total += len(chunk)
+    return b"".join(parts)
+
+
+# -- YAML --------------------------------------------------------------------------------------
+
+class SafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """libyaml's safe loader (PyYAML's own without libyaml), reading exponent floats as numbers.
+
+    YAML 1.1 (PyYAML's default) needs a dot and a signed exponent, so
+    ``eps: 1e-5`` would be the string ``"1e-5"``; YAML 1.2 and JSON read a
+    number, and so does this loader.
+    """
+
+
+SafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def mark(node: yaml.Node) -> str:
+    """``line L, column C`` (1-based) where ``node`` starts."""
+    return f"line {node.start_mark.line + 1}, column {node.start_mark.column + 1}"
+
+
+def load_yaml(data: bytes, max_values: int, max_depth: int) -> tuple[yaml.Node | None, object]:
+    """The node tree and the document of YAML ``data``; ``(None, None)`` for a file with no document.
+
+    The tree is checked before the document is built (see ``check_tree``);
+    every YAML error is a ``Problem`` with its line and column.
+    """
+    try:
+        loader = SafeLoader(data)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return None, None
+            check_tree(root, max_values, max_depth)
+            doc = loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        m = exc.problem_mark or exc.context_mark
+        where = f"line {m.line + 1}, column {m.column + 1}" if m else None
+        raise Problem(where, "invalid YAML: " + " ".join(str(x) for x in (exc.context, exc.problem) if x)) from None
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError) as exc:
+        raise Problem(None, f"invalid YAML: {str(exc)[:300]}") from None
+    return root, doc
+
+
+def check_tree(root: yaml.Node, max_values: int, max_depth: int) -> None:
+    """Refuse alias bombs, deep nesting and duplicate keys on the node tree, before construction.
+
+    Counts the values the document expands to, following aliases, with one
+    memoised count per distinct node, so a "billion laughs" document is
+    refused in time linear in its size.
+    """
+    sizes: dict[int, int] = {}
+    order = []
+    stack = [(root, 0)]
+    seen = set()
+    mapping, sequence, scalar = yaml.MappingNode, yaml.SequenceNode, yaml.ScalarNode
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            raise Problem(mark(node), f"nesting deeper than {max_depth} levels")
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        if isinstance(node, sequence):
+            stack.extend((c, depth + 1) for c in node.value)
+        elif isinstance(node, mapping):
+            keys = {}
+            for k, v in node.value:
+                if isinstance(k, scalar) and k.tag != "tag:yaml.org,2002:merge":
+                    ident = (k.tag, k.value)
+                    first = keys.get(ident)
+                    if first is not None:
+                        raise Problem(mark(k), f"duplicate key {k.value!r:.60} in a mapping (first at line "
+                                               f"{first.line + 1}); keys must be unique")
+                    keys[ident] = k.start_mark
+                stack.append((k, depth + 1))
+                stack.append((v, depth + 1))
+    for node in reversed(order):  # children are visited after parents, so reverse is bottom-up
+        if isinstance(node, sequence):
+            total = 1 + sum(sizes.get(id(c), 1) for c in node.value)
+        elif isinstance(node, mapping):
+            total = 1 + sum(sizes.get(id(k), 1) + sizes.get(id(v), 1) for k, v in node.value)
+        else:
+            total = 1
+        if total > max_values:
+            raise Problem(mark(node), f"YAML aliases expand to more than {max_values} values")
+        sizes[id(node)] = total
