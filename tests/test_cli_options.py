@@ -145,3 +145,12 @@ def test_simulate_never_writes_over_its_measured_costs(tmp_path, capsys):
     code, out, err = run_cli(["simulate", "example:pipeline", "--trace", str(tmp_path / "x"), "--order-out",
                               str(tmp_path / "x")], capsys)
     assert code == 2 and "the trace is written there already" in err
+
+
+def test_request_errors_name_the_option_of_their_command(capsys):
+    """run's device choice is --backend; simulate's device count is --devices: each error names its own."""
+    code, _, err = run_cli(["example:pipeline", "--backend", "cuda", "--no-summary"], capsys)
+    if code != 0:  # no GPU here
+        assert code == 2 and err.startswith("Error: --backend: no usable CUDA device")
+    code, _, err = run_cli(["simulate", "example:pipeline", "--devices", "1", "--placement", "keep"], capsys)
+    assert code == 2 and err.startswith("Error: --devices: ")

@@ -67,7 +67,7 @@ def test_forcing_cuda_without_a_gpu_is_a_request_error():
     from autograd_run.errors import RequestError
     with pytest.raises(RequestError, match="no usable CUDA device") as info:
         DeviceSet("cuda")
-    assert info.value.option == "devices"
+    assert info.value.option == "backend"
     assert DeviceSet("auto").kind == "virtual"
     assert "virtual" in DeviceSet("auto").describe()
 

@@ -18,7 +18,7 @@ from autograd_run.errors import AutogradRunError, GraphFileError, RequestError
 #: The command-line flag of each session request field, for error messages.
 FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error", "inject_nan": "--inject-nan",
          "trace_path": "--trace", "order_out": "--order-out", "expected_order": "--expect-order",
-         "devices": "--backend", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
+         "backend": "--backend", "devices": "--devices", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
          "policy": "--policy", "placement": "--placement", "fail_on": "--fail-on",
          "trace": "--trace", "diff": "--diff", "around": "--around", "step": "--step", "costs_step": "--step",
          "steps": "--steps", "warmup": "--warmup",

@@ -49,10 +49,10 @@ class DeviceSet:
 
     def __init__(self, mode: str = "auto", blas_threads_per_device: int | None = 1, count: int | None = None):
         if mode not in ("auto", "virtual", "cuda"):
-            raise RequestError(f"devices must be auto, virtual or cuda, not {mode!r}", "devices")
+            raise RequestError(f"the backend must be auto, virtual or cuda, not {mode!r}", "backend")
         cupy, why = _cupy_status() if mode != "virtual" else (None, "virtual devices were requested")
         if mode == "cuda" and cupy is None:
-            raise RequestError(f"no usable CUDA device: {why}", "devices")
+            raise RequestError(f"no usable CUDA device: {why}", "backend")
         self.mode = mode
         self.real_cuda = cupy is not None
         #: Why devices are real or virtual, said once in the run's output.
@@ -60,7 +60,7 @@ class DeviceSet:
         self.blas_threads_per_device = blas_threads_per_device
         self._cupy = cupy
         if count is not None and count < 0:
-            raise RequestError(f"device count must be non-negative, got {count}", "devices")
+            raise RequestError(f"device count must be non-negative, got {count}", "backend")
         self.count = cupy.cuda.runtime.getDeviceCount() if cupy is not None else count
         self._lock = threading.Lock()  # guards _streams
         self._streams: dict[tuple[int, int], object] = {}

@@ -164,7 +164,7 @@ class Engine:
         self.start_device_threads(graph.max_device_index + 1)
         if graph.max_device_index >= len(self._device_queues) and graph.max_device_index >= 0:
             raise RequestError(f"device index {graph.max_device_index} is out of range: there are "
-                               f"{len(self._device_queues)} device(s)", "devices")
+                               f"{len(self._device_queues)} device(s)", "backend")
         keep_graph = create_graph if retain_graph is None else retain_graph
         tls = self.tls
         if tls.queue is None:
