@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autograd_run.check import check_graph
-from builders import doc, graph, leaf, node, run_cli
+from builders import doc, leaf, node, run_cli
 
 
 def seed_with(reference, tmp_path, name="g.json", nodes=None, **fields):

@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch", reason="golden orders are PyTorch's (pip in
 nn = torch.nn
 
 from autograd_run import golden  # noqa: E402
-from autograd_run.capture import from_torch  # noqa: E402
 from autograd_run.errors import RequestError  # noqa: E402
 from autograd_run.traces.order import read_order  # noqa: E402
 from builders import run_cli  # noqa: E402

@@ -647,7 +647,7 @@ class _Checker:
                 raise bad()
         elif kind == "int":
             if t is int:
-                raise bad(f" (out of range: integers must lie in [-2**63, 2**64))")
+                raise bad(" (out of range: integers must lie in [-2**63, 2**64))")
             raise bad()
         elif kind in ("ints", "sizes"):
             if t is not list:
