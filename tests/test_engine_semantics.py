@@ -394,3 +394,58 @@ def test_cpu_producer_feeding_a_device_node_waits_only_when_streams_differ():
     # a CPU producer has no stream: its gradient counts as made on the device's current stream (0)
     assert run(0) == []
     assert run(1)[:2] == [("record", "c", "cuda:0/s0"), ("wait", "d", "cuda:0/s1")]
+
+
+def test_a_device_thread_the_os_refuses_is_a_clear_error_and_leaves_no_thread_behind():
+    """The OS refuses the second worker's thread (a real limit: its stack does not fit the address
+    space left); the run fails with one message, the first worker ends, and shutdown does not raise."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import resource, threading
+        from autograd_run.engine import DeviceSet, Engine
+        from autograd_run.errors import AutogradRunError
+        eng = Engine(DeviceSet("virtual", count=2))
+        with open("/proc/self/statm") as f:
+            vm = int(f.read().split()[0]) * resource.getpagesize()
+        threading.stack_size(1 << 30)  # 1 GiB stacks: the second one cannot fit under the limit
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30) + (256 << 20),) * 2)
+        try:
+            eng.start_device_threads()
+        except AutogradRunError as exc:
+            print("refused:", exc)
+        threading.stack_size(0)
+        eng.shutdown(timeout=2)
+        print("threads:", sorted(t.name for t in threading.enumerate() if t.name.startswith("autograd-run")))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "refused: cannot start the worker thread of device 1 of 2:" in r.stdout
+    assert "threads: []" in r.stdout
+
+
+def test_shutdown_after_a_failed_call_stops_every_device_thread():
+    """
+        root (cpu: AddBackward0) ---> bad (cuda:0, fails at once)
+                                 |--> slow1 (cuda:1, 200 ms) -> w
+                                 \--> slow2 (cuda:1, 200 ms) -> w
+    The call fails while cuda:1 runs one slow node, the other's task still queued behind it for a
+    call that has returned. Shutdown stops both workers anyway (an engine per run leaks no thread).
+    """
+    slow = {"name": "Slow", "op": "cost", "next": [["acc", 0]], "inputs": [m(device="cuda:1")],
+            "attrs": {"cost": {"us": 200_000, "mode": "sleep"}}}
+    g = graph([{"id": "root", "name": "Split", "op": "cost", "seq": 3, "next": [["bad", 0], ["slow1", 0], ["slow2", 0]],
+                "inputs": [m()], "attrs": {"cost": {"us": 0}}},
+               {"id": "bad", "name": "Bad", "op": "cost", "seq": 2, "next": [None], "inputs": [m(device="cuda:0")],
+                "attrs": {"cost": {"us": 0}, "fail": "boom"}},
+               dict(slow, id="slow1", seq=1), dict(slow, id="slow2", seq=0),
+               {"id": "acc", "name": "AccumulateGrad", "variable": "w", "inputs": [m(device="cuda:1")]}],
+              [{"node": "root"}], [{"name": "w", "shape": [2], "device": "cuda:1"}])
+    before = {t.ident for t in threading.enumerate()}
+    eng = Engine(DeviceSet("virtual"))
+    with pytest.raises(BackwardError, match="boom"):
+        run_graph(eng, g)
+    eng.shutdown(timeout=5)
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert left == [] and eng.device_threads == {}

@@ -61,7 +61,7 @@ from autograd_run.engine.streams import StreamOps, current_stream, node_stream
 from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import thread_main, validate_outputs
-from autograd_run.errors import BackwardError, RequestError, RunInterrupted
+from autograd_run.errors import AutogradRunError, BackwardError, RequestError, RunInterrupted
 from autograd_run.graphs.model import Edge
 
 NO_DEVICE = -2
@@ -317,13 +317,23 @@ class Engine:
                 _track_bad_forks()  # as PyTorch: only once device threads exist
                 self.devices.limit_blas()
                 ready = threading.Barrier(count + 1)
-                for index in range(count):
-                    q = ReadyQueue(f"cuda:{index}", self.tracer)
-                    t = threading.Thread(target=self._device_thread_main, args=(index, q, ready),
-                                         name=device_thread_name(index), daemon=True)
-                    self._device_queues.append(q)
-                    self._device_threads.append(t)
-                    t.start()
+                queues, threads = [], []
+                try:
+                    for index in range(count):
+                        q = ReadyQueue(f"cuda:{index}", self.tracer)
+                        t = threading.Thread(target=self._device_thread_main, args=(index, q, ready),
+                                             name=device_thread_name(index), daemon=True)
+                        t.start()
+                        queues.append(q)
+                        threads.append(t)
+                except RuntimeError as exc:  # the OS refused a thread (a limit on threads or memory)
+                    ready.abort()  # the threads already started see it and end
+                    for t in threads:
+                        t.join(1.0)
+                    self.devices.restore_blas()
+                    raise AutogradRunError(f"cannot start the worker thread of device {index} of {count}: {exc} "
+                                           "(the process is at its limit of threads or memory)") from None
+                self._device_queues, self._device_threads = queues, threads
                 ready.wait()
             self._started = True
 
@@ -362,7 +372,10 @@ class Engine:
         tls = self.tls
         tls.worker_device = index
         tls.queue = queue
-        ready.wait()
+        try:
+            ready.wait()
+        except threading.BrokenBarrierError:  # another device's thread could not start: none runs
+            return
         thread_main(self, None)
 
     # -- routing ---------------------------------------------------------------
