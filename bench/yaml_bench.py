@@ -8,7 +8,9 @@ Measures, best of ``--repeat`` in one process:
 * ``ryml``: ``ryml.parse_in_arena`` + ``emit_json`` + ``msgspec`` decode
   (the cheapest way from YAML bytes to the same Python document), when the
   ``rapidyaml`` package is installed (it is not a dependency);
-* whether both give the same document.
+* whether both give the same document, and on a list of probe scalars
+  (``k: VALUE``) how many type or read differently (YAML 1.1 as PyYAML
+  reads it, with our exponent floats, against ryml's YAML 1.2 JSON).
 
 Run: ``python -m bench.yaml_bench --nodes 10000`` (``pip install rapidyaml``
 first for the second line). See docs/performance.md, "YAML".
@@ -59,6 +61,34 @@ def main(argv=None) -> None:
     print(f"  ryml (parse + emit_json + msgspec): {t_ryml:8.3f} s  {t_ryml / n * 1e6:7.1f} us/node  "
           f"({t_lib / t_ryml:.0f}x faster)")
     print(f"  same document: {other == doc}")
+    diffs = probe_differences(ryml, msgspec, untrusted)
+    print(f"  probe scalars read differently: {len(diffs)} of {len(PROBES)}: {', '.join(diffs)}")
+
+
+#: Plain scalars whose reading a graph file may depend on (bools, nulls, numbers in their YAML 1.1 spellings).
+PROBES = ["yes", "no", "on", "off", "y", "n", "true", "True", "TRUE", "false", "null", "Null", "NULL", "~", "",
+          "0777", "0o17", "0x1F", "0b101", "1_000", "1:30", "1.5", "1e5", "1E5", "-1e-3", ".inf", "-.inf", ".nan",
+          "inf", "nan", "2001-12-14", "+1", "+1.5", "1.", ".5", "-0", "007", "01.5", "3.0e+5", "'quoted'",
+          '"dq"', "a b", "0x", "--1"]
+
+
+def probe_differences(ryml, msgspec, untrusted) -> list[str]:
+    out = []
+    for v in PROBES:
+        text = f"k: {v}\n".encode()
+        try:
+            ours = untrusted.load_yaml(text, 1000, 10)[1]["k"]
+        except untrusted.Problem:
+            ours = "<error>"
+        tree = ryml.parse_in_arena(text)
+        try:
+            theirs = msgspec.json.decode(ryml.emit_json_malloc(tree, tree.root_id()))["k"]
+        except msgspec.DecodeError:
+            theirs = "<error>"
+        same = type(ours) is type(theirs) and (ours == theirs or ours != ours and theirs != theirs)
+        if not same:
+            out.append(repr(v))
+    return out
 
 
 if __name__ == "__main__":
