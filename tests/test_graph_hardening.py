@@ -350,11 +350,16 @@ def test_broadcast_products_are_capped_and_counted():
 
 
 def test_default_budget_follows_the_address_space_limit():
-    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30));"
-            "from autograd_run.graphs.validate import default_max_bytes; print(default_max_bytes())")
+    """Half of what RLIMIT_AS leaves above the address space the process already maps (not half the limit:
+    thread stacks and allocator arenas live there too, and a budget of half the limit ran out of memory)."""
+    code = ("import resource; from autograd_run.graphs import validate as v;"
+            "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30));"
+            "used = v._address_space_used(); print(used, v.default_max_bytes(), v.default_max_bytes())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": REPO}, timeout=60)
-    assert int(out.stdout) == min(3 << 29, default_max_bytes())
+    used, budget, again = map(int, out.stdout.split())
+    assert used > 10 << 20  # the interpreter and numpy are mapped already
+    assert budget == again and abs(budget - min((3 << 30) - used, 2 * default_max_bytes()) // 2) <= 4 << 20
 
 
 @pytest.mark.parametrize("text,value", [("8GiB", 8 << 30), ("512 MiB", 512 << 20), ("2G", 2 << 30),
@@ -634,3 +639,18 @@ def test_load_graph_bytes_errors_name_the_source():
     assert err.file == "<stdin>" and "invalid JSON" in err.what
     err = _error(lambda: load_graph_bytes(b"format: [", source="<stdin>"))
     assert "invalid YAML" in err.what
+
+
+def test_a_null_optional_scalar_is_the_rules_default():
+    """AddBackward0's alpha written null (found by fuzzing: the rule multiplied by None) runs as alpha 1."""
+    doc = copy_seed()
+    doc["nodes"][1]["saved"] = {"alpha": None}
+    g = loads_graph(dumps(doc, "json"), "g.json")
+    assert "alpha" not in g.by_id["add"].saved
+    from autograd_run.engine import DeviceSet, Engine
+    from autograd_run.engine.run import run_graph
+    eng = Engine(DeviceSet("virtual"), multithreading=False)
+    try:
+        assert run_graph(eng, g).grads["a"].tolist() == [5.0, 5.0]  # d/da (2a + 3a)
+    finally:
+        eng.shutdown()

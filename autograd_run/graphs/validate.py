@@ -73,11 +73,22 @@ def _number_text(text: str) -> bool:
         return False
 
 
+def _address_space_used() -> int:
+    """Bytes of address space the process maps now (Linux ``/proc/self/statm``; 0 where unknown)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
+
+
 def default_max_bytes() -> int:
     """The default memory budget: 4 GiB, less where the machine has less to give.
 
-    At most half of the physical memory, of a cgroup (container) memory
-    limit, and of the process's address-space limit (``RLIMIT_AS``).
+    At most half of the physical memory, half of what a cgroup (container)
+    memory limit leaves, and half of what the process's address-space limit
+    (``RLIMIT_AS``) leaves above the address space it already uses (thread
+    stacks and allocator arenas count there, so a limit is never all data).
     """
     limit = DEFAULT_MAX_BYTES
     try:
@@ -88,14 +99,20 @@ def default_max_bytes() -> int:
         with open("/sys/fs/cgroup/memory.max") as f:
             text = f.read().strip()
         if text.isdigit():
-            limit = min(limit, int(text) // 2)
+            used = 0
+            try:
+                with open("/sys/fs/cgroup/memory.current") as f:
+                    used = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                pass
+            limit = min(limit, max(int(text) - used, 0) // 2)
     except OSError:
         pass
     try:
         import resource
         soft = resource.getrlimit(resource.RLIMIT_AS)[0]
         if soft != resource.RLIM_INFINITY and soft > 0:
-            limit = min(limit, soft // 2)
+            limit = min(limit, max(soft - _address_space_used(), 0) // 2)
     except (ImportError, ValueError, OSError):
         pass
     return max(limit, 1 << 20)
@@ -435,10 +452,15 @@ class _Checker:
                     node.saves_tensors = True
                 # Saved values against the op's declared kinds: plain numbers where numbers are
                 # expected pass here; everything else (tensor specs, lists, errors) in check_value.
+                nulls = None
                 for key, value in saved.items():
                     if key in takes_numbers and type(value) in numbers:
                         continue
                     check_value(node, i, key, value, fields.get(key))
+                    if value is None and key in op.scalar_fields:
+                        nulls = (nulls or []) + [key]
+                if nulls:  # an optional Scalar written null is absent (the rule's default), never None
+                    node.saved = saved = {k: v for k, v in saved.items() if k not in nulls} or EMPTY
             else:
                 saved = EMPTY
             if required:
