@@ -93,3 +93,14 @@ def test_capture_shows_the_users_error(tmp_path, capsys, func, message):
     assert code == 2 and out == ""
     assert err.startswith(f"Error: {script}: {message}") and err.count("\n") == 1
     assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("compare, message", [
+    ("policy=", "Error: --compare policy=: give the values to compare, e.g. policy=pytorch,fifo\n"),
+    ("devices=,", "Error: --compare devices=: give the values to compare, e.g. devices=1,2,4\n"),
+    (",", "Error: --compare policy=: give the values to compare, e.g. policy=pytorch,fifo\n"),
+])
+def test_simulate_compare_with_nothing_to_compare(capsys, compare, message):
+    from builders import run_cli
+    code, out, err = run_cli(["simulate", "example:seed", "--compare", compare], capsys)
+    assert (code, out, err) == (2, "", message)

@@ -20,6 +20,9 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
     if not sep:
         key, values = "policy", compare
     items = [v.strip() for v in values.split(",") if v.strip()]
+    if key in ("policy", "devices") and not items:
+        raise UsageError(f"--compare {key}=: give the values to compare, e.g. "
+                         + ("policy=pytorch,fifo" if key == "policy" else "devices=1,2,4"))
     if key == "policy":
         bad = [v for v in items if v not in POLICIES]
         if bad:
