@@ -104,3 +104,34 @@ def test_simulate_compare_with_nothing_to_compare(capsys, compare, message):
     from builders import run_cli
     code, out, err = run_cli(["simulate", "example:seed", "--compare", compare], capsys)
     assert (code, out, err) == (2, "", message)
+
+
+@pytest.fixture
+def quick_calibrate(monkeypatch):
+    """``calibrate`` without the minute of measuring: the measurement returns the shipped cpu spec."""
+    import autograd_run.sim.calibrate as cal
+    from autograd_run.sim.specs import load_spec
+    calls = []
+    monkeypatch.setattr(cal, "calibrate", lambda nodes=4000: calls.append(nodes) or load_spec("cpu"))
+    return calls
+
+
+def test_calibrate_writes_a_file_named_without_a_folder(tmp_path, monkeypatch, capsys, quick_calibrate):
+    from builders import run_cli
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["calibrate", "-o", "spec.json"], capsys)
+    assert (code, err) == (0, "") and out.endswith("wrote spec.json\n")
+    from autograd_run.sim.specs import load_spec
+    assert load_spec(str(tmp_path / "spec.json")).name
+
+
+@pytest.mark.parametrize("where, message", [
+    ("missing/spec.json", "Error: -o: {p}: no such directory: {d}\n"),
+    (".", "Error: -o: {p}: is a directory\n"),
+])
+def test_calibrate_refuses_a_bad_output_before_measuring(tmp_path, capsys, quick_calibrate, where, message):
+    from builders import run_cli
+    path = str(tmp_path / where)
+    code, out, err = run_cli(["calibrate", "-o", path], capsys)
+    assert (code, out, err) == (2, "", message.format(p=path, d=str(tmp_path / "missing")))
+    assert quick_calibrate == [] and not (tmp_path / "missing").exists()  # nothing measured, no folder made

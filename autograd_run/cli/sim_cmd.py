@@ -185,6 +185,9 @@ def calibrate(output, nodes, torch_engine):
       autograd-run calibrate --torch && autograd-run simulate model.json --costs profile.json
     """
     from autograd_run.sim.calibrate import write_local
+    if output:  # a bad path is told before the measurement, not after it
+        from autograd_run.outputs import check_output_path
+        check_output_path(output, "output", [])
     if torch_engine:
         from autograd_run.sim.calibrate_torch import calibrate_torch
         from autograd_run.sim.specs import local_spec_path
