@@ -168,6 +168,8 @@ def faults_of(graph: Graph, inject_error: Sequence[str], inject_nan: Sequence[st
 def _check_request(graph: Graph, o: RunOptions) -> None:
     if o.repeat < 1:
         raise RequestError("repeat must be at least 1", "repeat")
+    if o.timeout is not None and not o.timeout > 0:  # NaN too: it compares false
+        raise RequestError(f"a time limit is a number of seconds, more than 0, not {o.timeout!r}", "timeout")
     if o.inputs is not None:
         bad = [n for n in o.inputs if n not in graph.variables and n not in graph.by_id]
         if not o.inputs:

@@ -145,3 +145,15 @@ def test_simulate_never_writes_over_its_measured_costs(tmp_path, capsys):
     code, out, err = run_cli(["simulate", "example:pipeline", "--trace", str(tmp_path / "x"), "--order-out",
                               str(tmp_path / "x")], capsys)
     assert code == 2 and "the trace is written there already" in err
+
+
+@pytest.mark.parametrize("args", [
+    ["check", "example:seed", "--rtol", "nan"], ["check", "example:seed", "--atol", "inf"],
+    ["diff", "a.json", "b.json", "--alpha", "nan"], ["view", "t.json", "--timeout", "nan"],
+])
+def test_number_options_refuse_nan_and_infinity(capsys, args):
+    """click's FloatRange lets NaN through (it compares false with both ends): a NaN tolerance failed
+    every gradient, a NaN --alpha passed nothing, a NaN view --timeout never stopped the server."""
+    code, out, err = run_cli(args, capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"Error: Invalid value for '{args[-2]}': '{args[-1]}': must be a finite number"

@@ -8,7 +8,7 @@ import warnings
 import click
 
 from autograd_run.cli import capture_golden
-from autograd_run.cli.common import echo, graph_format
+from autograd_run.cli.common import Finite, echo, graph_format
 from autograd_run.errors import OrderMismatch, UsageError
 
 
@@ -153,10 +153,10 @@ def _split(result):
 
 @click.command()
 @click.argument("graph", metavar="FILE")
-@click.option("--rtol", type=click.FloatRange(0), default=None,
+@click.option("--rtol", type=Finite(0), default=None,
               help="Relative tolerance  [default: by the lowest precision on the way to each leaf: 1e-6 for "
                    "float64, 1e-4 for float32, 1e-2 for float16]")
-@click.option("--atol", type=click.FloatRange(0), default=None,
+@click.option("--atol", type=Finite(0), default=None,
               help="Absolute tolerance  [default: by precision: 1e-9, 1e-6, 1e-3]")
 @click.option("--allow-opaque", is_flag=True,
               help="Pass although ops without a rule (opaque nodes) keep some gradients from being compared.")

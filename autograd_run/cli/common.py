@@ -7,7 +7,8 @@ import click
 from autograd_run.cli.terminal import escape, escape_lines
 from autograd_run.errors import GraphFileError, UsageError
 
-__all__ = ["escape", "echo", "write", "stdout_closed", "error_line", "note_lines", "graph_format"]
+__all__ = ["escape", "echo", "write", "stdout_closed", "error_line", "note_lines", "graph_format", "Finite",
+           "Seconds", "Whole"]
 
 
 def echo(msg: str, err: bool = False) -> None:
@@ -77,8 +78,20 @@ class Whole(click.IntRange):
             self.fail(f"{value!r}: must be a whole number, {self.words}", param, ctx)
 
 
-class Seconds(click.FloatRange):
-    """A positive number of seconds."""
+class Finite(click.FloatRange):
+    """A number in a range, never NaN or infinite: click's own range lets ``nan`` through (it compares
+    false with both ends) and ``inf`` past an open top, and neither is a tolerance, a level or a time."""
+
+    def convert(self, value, param, ctx):
+        import math
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r}: must be a finite number", param, ctx)
+        return rv
+
+
+class Seconds(Finite):
+    """A positive, finite number of seconds."""
 
     name = "seconds"
 
@@ -92,7 +105,7 @@ class Seconds(click.FloatRange):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            self.fail(f"{value!r}: must be a number of seconds, more than 0", param, ctx)
+            self.fail(f"{value!r}: must be a finite number of seconds, more than 0", param, ctx)
 
 
 #: The name a graph read from standard input goes by in messages.

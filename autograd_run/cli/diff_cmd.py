@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from autograd_run.cli.common import Finite
 from autograd_run.errors import AutogradRunError, RequestError, UsageError
 
 
@@ -27,7 +28,7 @@ class ThresholdCrossed(AutogradRunError):
               help="Exit 3 when one is crossed, e.g. 'wall>10%,critical-path>5%,node>2ms,order'. "
                    "Keys: wall, critical-path, node, op, utilization (>VALUE); order, workers, "
                    "critical-path-nodes, structure.")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.01,
+@click.option("--alpha", type=Finite(0, 1, min_open=True, max_open=True), default=0.01,
               show_default=True, help="Significance level of the Mann–Whitney U test (Holm-adjusted per table).")
 @click.option("--top", type=click.IntRange(1, 10_000), default=10, show_default=True, help="Rows per table.")
 @click.option("--json", "json_out", is_flag=True, help="Print the comparison as JSON.")

@@ -21,7 +21,8 @@ FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error",
          "devices": "--backend", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
          "policy": "--policy", "placement": "--placement", "fail_on": "--fail-on",
          "trace": "--trace", "diff": "--diff", "around": "--around", "step": "--step", "costs_step": "--step",
-         "steps": "--steps", "warmup": "--warmup",
+         "steps": "--steps", "warmup": "--warmup", "timeout": "--timeout", "allow_unused": "--allow-unused",
+         "profile_trace": "--profile-trace",
          "cache": "--cache", "scheduler": "--scheduler", "workers": "--workers", "out": "--out",
          "transfer": "--transfer", "batch": "--batch"}
 
