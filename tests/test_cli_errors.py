@@ -135,3 +135,18 @@ def test_calibrate_refuses_a_bad_output_before_measuring(tmp_path, capsys, quick
     code, out, err = run_cli(["calibrate", "-o", path], capsys)
     assert (code, out, err) == (2, "", message.format(p=path, d=str(tmp_path / "missing")))
     assert quick_calibrate == [] and not (tmp_path / "missing").exists()  # nothing measured, no folder made
+
+
+def test_diff_of_summaries_with_huge_times_is_a_file_error(tmp_path, capsys):
+    """JSON integers have no limit: a sample of 10**400 ns was an OverflowError traceback in the median."""
+    import json
+    from builders import run_cli
+    code, out, err = run_cli(["example:seed", "--json"], capsys)
+    assert code == 0
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(out)
+    doc = json.loads(out)
+    doc["samples"]["wall_ns"] = [10 ** 400]
+    b.write_text(json.dumps(doc))
+    code, out, err = run_cli(["diff", str(a), str(b)], capsys)
+    assert (code, out) == (2, "") and err == f"Error: {b}: $.samples.wall_ns[0]: must be an integer of at most 2**64\n"
