@@ -179,7 +179,7 @@ def _check_request(graph: Graph, o: RunOptions) -> None:
     mode = o.mode or graph.mode
     if mode == "grad" and not (o.inputs if o.inputs is not None else graph.inputs):
         raise RequestError("`inputs` argument to `grad()` cannot be empty.", "inputs")
-    inputs = [graph.source, o.expected_order_path or "", *_side_file_paths(graph)]
+    inputs = [graph.source, o.expected_order_path or "", o.costs or "", *_side_file_paths(graph)]
     for path, option in ((o.trace_path, "trace_path"), (o.order_out, "order_out")):
         if path:
             check_output_path(path, option, inputs)

@@ -157,3 +157,13 @@ def test_number_options_refuse_nan_and_infinity(capsys, args):
     code, out, err = run_cli(args, capsys)
     assert (code, out) == (2, "")
     assert err.splitlines()[-1] == f"Error: Invalid value for '{args[-2]}': '{args[-1]}': must be a finite number"
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--order-out"])
+def test_run_never_writes_over_its_measured_costs(tmp_path, capsys, flag):
+    trace = tmp_path / "t.json"
+    assert run_cli(["example:pipeline", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
+    before = trace.read_bytes()
+    code, out, err = run_cli(["example:pipeline", "--costs", str(trace), flag, str(trace)], capsys)
+    assert (code, out) == (2, "") and err == f"Error: {flag}: {trace}: is an input of this run; refusing to overwrite it\n"
+    assert trace.read_bytes() == before
