@@ -62,23 +62,25 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
     import importlib.util
     import runpy
     from autograd_run.capture import from_torch
-    from autograd_run.outputs import check_output_path
     path, _, func = script.partition(":")
     func = func or "main"
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
     if not (output or order_out or expect_order or check_replay):
         raise UsageError("give -o FILE, --order-out FILE, --expect-order FILE or --check")
+    written: dict[str, str] = {}  # what this capture writes: never an input, no two at one path
     if output:
         graph_format(output)
-        check_output_path(output, "output", [path])
+        capture_golden.claim(written, output, "output", "the graph", [path, expect_order])
+        capture_golden.claim(written, os.path.splitext(output)[0] + ".npz", "output", "the graph's .npz",
+                             [path, expect_order])
     if profile and not output:
         raise UsageError("--profile stores the measured costs in the graph file: give -o FILE")
     if not profile and (profile_trace or steps != 10 or warmup != 3):
         raise UsageError("--steps, --warmup and --profile-trace go with --profile")
     if profile_trace:
-        check_output_path(profile_trace, "profile_trace", [path, output])
-    golden = capture_golden.prepare(path, output, order_out, expect_order)
+        capture_golden.claim(written, profile_trace, "profile_trace", "the profiler trace", [path, expect_order])
+    golden = capture_golden.prepare(path, written, order_out, expect_order)
     if importlib.util.find_spec("torch") is None:
         raise UsageError("capture needs PyTorch, which is not installed: pip install 'autograd-run[torch]'")
     namespace = _user_call(path, "running the script", lambda: runpy.run_path(path, run_name="__autograd_run_capture__"))
