@@ -18,10 +18,32 @@ def closed_stdout(args):
 
 
 @pytest.mark.parametrize("args", [["example:mlp"], ["example:mlp", "--json"], ["examples"],
-                                  ["validate", "example:seed", "example:mlp"], ["simulate", "example:mlp"]])
+                                  ["validate", "example:seed", "example:mlp"], ["simulate", "example:mlp"],
+                                  ["--help"], ["--version"], ["run", "--help"], ["diff", "--help"]])
 def test_a_closed_pipe_ends_quietly(args):
     code, err = closed_stdout(args)
     assert (code, err) == (0, "")
+
+
+@pytest.fixture
+def two_orders(tmp_path):
+    from cli_proc import cli
+    paths = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    for path, extra in zip(paths, ([], ["--no-multithreading"])):
+        assert cli(["example:pipeline", "--devices", "virtual", "--no-summary", "--order-out", path, *extra]).code == 0
+    return paths
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--markdown"]])
+def test_a_closed_pipe_ends_diff_and_draw_quietly(tmp_path, two_orders, extra):
+    """click turns a BrokenPipeError into exit status 1, and so did rich's plain Console in diff."""
+    assert closed_stdout(["diff", *two_orders, *extra]) == (0, "")
+    assert closed_stdout(["draw", "example:seed", "-o", str(tmp_path / "s.dot")]) == (0, "")
+
+
+def test_a_closed_pipe_keeps_diffs_exit_status(two_orders):
+    code, err = closed_stdout(["diff", *two_orders, "--fail-on", "workers"])
+    assert code == 3 and err.startswith("Error: crossed: workers")
 
 
 def test_a_closed_pipe_keeps_the_exit_status_of_a_failed_run():

@@ -78,9 +78,9 @@ def diff(inputs, side_a, side_b, warmup, fail_on, alpha, top, json_out, markdown
         from autograd_run.cli.diff_render import markdown as render_md
         click.echo(render_md(d, a, b, verdicts, top))
     else:
-        from rich.console import Console
         from autograd_run.cli.diff_render import render
-        render(Console(), d, a, b, verdicts, top)
+        from autograd_run.cli.terminal import make_console
+        render(make_console(), d, a, b, verdicts, top)
     crossed = [v for v in verdicts if v.crossed]
     if crossed:
         raise ThresholdCrossed("crossed: " + "; ".join(f"{v.threshold} ({v.detail})" for v in crossed))

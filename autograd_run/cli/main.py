@@ -28,12 +28,33 @@ FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error",
 
 
 class DefaultGroup(click.Group):
-    """A group whose first argument, when it is not a command, is a graph to ``run``."""
+    """A group whose first argument, when it is not a command, is a graph to ``run``.
+
+    A reader of stdout that goes away (``| head -1``) ends the command quietly with status 0: click
+    itself turns that ``BrokenPipeError`` into exit status 1, so it is caught here first, around the
+    parsing (``--help``, ``--version``) and the command.
+    """
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):  # "-": stdin
             args = ["run", *args]
-        return super().parse_args(ctx, args)
+        with _quiet_when_stdout_closes():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        with _quiet_when_stdout_closes():
+            return super().invoke(ctx)
+
+
+class _quiet_when_stdout_closes:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, BrokenPipeError):
+            stdout_closed()
+            raise click.exceptions.Exit(0)
+        return False
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
