@@ -179,6 +179,9 @@ def _check_request(graph: Graph, o: RunOptions) -> None:
     mode = o.mode or graph.mode
     if mode == "grad" and not (o.inputs if o.inputs is not None else graph.inputs):
         raise RequestError("`inputs` argument to `grad()` cannot be empty.", "inputs")
+    if o.allow_unused and mode != "grad":
+        raise RequestError(f"applies to grad() only (--grad, or a graph file in grad mode); {graph.source} runs "
+                           "backward(), where an input the graph does not reach is no error", "allow_unused")
     inputs = [graph.source, o.expected_order_path or "", o.costs or "", *_side_file_paths(graph)]
     for path, option in ((o.trace_path, "trace_path"), (o.order_out, "order_out")):
         if path:

@@ -167,3 +167,21 @@ def test_run_never_writes_over_its_measured_costs(tmp_path, capsys, flag):
     code, out, err = run_cli(["example:pipeline", "--costs", str(trace), flag, str(trace)], capsys)
     assert (code, out) == (2, "") and err == f"Error: {flag}: {trace}: is an input of this run; refusing to overwrite it\n"
     assert trace.read_bytes() == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grad", "--backward", "--inputs", "a"], "Error: --grad and --backward: choose one\n"),
+    (["--backward", "--grad", "--inputs", "a"], "Error: --grad and --backward: choose one\n"),
+    (["--allow-unused"], "Error: --allow-unused: applies to grad() only (--grad, or a graph file in grad mode); "
+                         "example:seed runs backward(), where an input the graph does not reach is no error\n"),
+    (["--backward", "--inputs", "a", "--allow-unused"], "Error: --allow-unused: applies to grad() only"),
+])
+def test_run_mode_options_that_contradict_or_do_not_apply(capsys, args, message):
+    """The last of --grad/--backward used to win silently, and --allow-unused was ignored by backward()."""
+    code, out, err = run_cli(["example:seed", "--no-summary", *args], capsys)
+    assert (code, out) == (2, "") and err.startswith(message)
+
+
+def test_diff_sides_refuse_both_modes(capsys):
+    code, out, err = run_cli(["diff", "example:seed", "--a", "--grad --backward --inputs a"], capsys)
+    assert (code, out, err) == (2, "", "Error: --a: --grad and --backward: choose one\n")

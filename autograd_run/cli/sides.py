@@ -77,6 +77,12 @@ def parse_side(text: str, flag: str, default_kind: str = "run") -> Side:
     except click.ClickException as exc:
         raise UsageError(f"{flag}: {exc.format_message()}") from None
     params = dict(ctx.params)
+    if kind == "run":
+        from autograd_run.cli.run_cmd import run_mode
+        try:
+            params["mode"] = run_mode(params.pop("grad_mode"), params.pop("backward_mode"))
+        except UsageError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
     for p in command.params:
         if p.name in _REFUSED and params.get(p.name) not in (None, False, p.default):
             raise UsageError(f"{flag}: {_REFUSED[p.name]} is not available here (a side only measures)")
