@@ -185,3 +185,29 @@ def test_run_mode_options_that_contradict_or_do_not_apply(capsys, args, message)
 def test_diff_sides_refuse_both_modes(capsys):
     code, out, err = run_cli(["diff", "example:seed", "--a", "--grad --backward --inputs a"], capsys)
     assert (code, out, err) == (2, "", "Error: --a: --grad and --backward: choose one\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--compare", "policy=fifo", "--policy", "pytorch"],
+     "Error: --policy and --compare policy=...: give the policy values in --compare only\n"),
+    (["--compare", "fifo,pytorch", "--policy", "critical-path"],
+     "Error: --policy and --compare policy=...: give the policy values in --compare only\n"),
+    (["--compare", "devices=1,2", "--devices", "3"],
+     "Error: --devices and --compare devices=...: give the devices values in --compare only\n"),
+    (["--compare", "policy=fifo,pytorch", "--slack", "3"], "Error: --slack goes with one simulation, not with --compare\n"),
+    (["--compare", "policy=fifo,pytorch", "--trace", "t.json"],
+     "Error: --trace writes one simulation: with --compare, simulate the variant you want written on its own\n"),
+    (["--compare", "devices=1,2", "--order-out", "o.jsonl"],
+     "Error: --order-out writes one simulation: with --compare, simulate the variant you want written on its own\n"),
+])
+def test_simulate_compare_refuses_what_it_would_override_or_apply_to_one_variant(tmp_path, capsys, args, message):
+    code, out, err = run_cli(["simulate", "example:pipeline", *[str(tmp_path / a) if a.endswith((".json", ".jsonl"))
+                                                                 else a for a in args]], capsys)
+    assert (code, out, err) == (2, "", message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_compare_policies_on_given_devices(capsys):
+    code, out, err = run_cli(["simulate", "example:pipeline", "--compare", "policy=fifo,pytorch", "--devices", "2",
+                              "--json"], capsys)
+    assert code == 0 and [(r["policy"], r["devices"]) for r in json.loads(out)] == [("fifo", 2), ("pytorch", 2)]

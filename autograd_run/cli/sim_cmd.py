@@ -102,6 +102,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             from autograd_run.errors import UsageError
             raise UsageError("--open needs --trace FILE")
         require_viewer()
+    if compare:
+        _compare_conflicts(compare, trace_path, order_out)
     g = load_graph_arg(graph)
     measured = load_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(compare, policy, devices)
@@ -145,6 +147,23 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                             "https://ui.perfetto.dev)"))
     if open_trace:
         show_trace(trace_path)
+
+
+def _compare_conflicts(compare: str, trace_path, order_out) -> None:
+    """Options that --compare would silently override or apply to one variant only: usage errors."""
+    from click.core import ParameterSource
+    from autograd_run.errors import UsageError
+    ctx = click.get_current_context()
+    given = {name for name in ("policy", "devices", "slack")
+             if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+    key = compare.partition("=")[0] if "=" in compare else "policy"
+    if key in given:
+        raise UsageError(f"--{key} and --compare {key}=...: give the {key} values in --compare only")
+    if "slack" in given:
+        raise UsageError("--slack goes with one simulation, not with --compare")
+    if trace_path or order_out:
+        raise UsageError(f"{'--trace' if trace_path else '--order-out'} writes one simulation: with --compare, "
+                         "simulate the variant you want written on its own")
 
 
 def _report_json(r) -> dict:
