@@ -211,3 +211,31 @@ def test_simulate_compare_policies_on_given_devices(capsys):
     code, out, err = run_cli(["simulate", "example:pipeline", "--compare", "policy=fifo,pytorch", "--devices", "2",
                               "--json"], capsys)
     assert code == 0 and [(r["policy"], r["devices"]) for r in json.loads(out)] == [("fifo", 2), ("pytorch", 2)]
+
+
+@pytest.mark.parametrize("side, message", [
+    ("--timeout 5", "Error: --a: --timeout is not available here (a side only measures)\n"),
+    ("--no-summary", "Error: --a: --summary/--no-summary is not available here (a side only measures)\n"),
+    ("simulate --slack 3", "Error: --a: --slack is not available here (a side only measures)\n"),
+])
+def test_diff_sides_refuse_options_they_would_ignore(capsys, side, message):
+    code, out, err = run_cli(["diff", "example:seed", "--a", side], capsys)
+    assert (code, out, err) == (2, "", message)
+
+
+def test_diff_run_sides_apply_measured_costs(tmp_path, capsys):
+    """A run side's --costs and --step were parsed and then dropped (never read, never applied)."""
+    missing = tmp_path / "missing.json"
+    code, out, err = run_cli(["diff", "example:seed", "--a", f"--costs {missing}"], capsys)
+    assert (code, out, err) == (2, "", f"Error: --a: --costs: {missing}: no such file\n")
+    code, out, err = run_cli(["diff", "example:seed", "--b", "--step 2"], capsys)
+    assert (code, out, err) == (2, "", "Error: --b: --step: a step is picked from measured costs: give them too\n")
+    trace = tmp_path / "t.json"
+    assert run_cli(["example:seed", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
+    code, out, err = run_cli(["diff", "example:seed", "--a", f"--costs {trace}", "--json"], capsys)
+    assert code == 0, err
+
+
+def test_diff_warmup_goes_with_a_graph(tmp_path, capsys):
+    code, out, err = run_cli(["diff", "a.json", "b.json", "--warmup", "3"], capsys)
+    assert (code, out, err) == (2, "", "Error: --warmup goes with one GRAPH run two ways, not with two files to compare\n")

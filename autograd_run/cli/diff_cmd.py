@@ -58,6 +58,9 @@ def diff(inputs, side_a, side_b, warmup, fail_on, alpha, top, json_out, markdown
     if len(inputs) == 2:
         if side_a is not None or side_b is not None:
             raise UsageError("--a/--b go with one GRAPH, not with two files to compare")
+        from click.core import ParameterSource
+        if click.get_current_context().get_parameter_source("warmup") is not ParameterSource.DEFAULT:
+            raise UsageError("--warmup goes with one GRAPH run two ways, not with two files to compare")
         a, b = _read_pair(inputs)
     elif len(inputs) == 1:
         if side_a is None and side_b is None:
