@@ -238,6 +238,8 @@ def test_without_dot_the_error_names_what_to_install(tmp_path, capsys, monkeypat
     (["-o", "x.dot", "--color-by", "wait"], "--color-by and --log-scale need --trace or --simulate"),
     (["-o", "x.dot", "--simulate=--bogus"], "--simulate: No such option '--bogus'"),
     (["-o", "x.dot", "--simulate=run"], "--simulate takes the options of `simulate`"),
+    (["-o", "x.dot", "--costs", "t.json", "--color-by", "wait"], "--color-by goes with --trace or --simulate"),
+    (["-o", "x.dot", "--diff", "a", "b", "--color-by", "start"], "--color-by goes with --trace or --simulate"),
 ])
 def test_refused_requests_exit_2(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)

@@ -81,6 +81,8 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
         raise UsageError("--trace, --simulate, --costs and --diff: choose one")
     if around_node is None and depth != 2:
         raise UsageError("--depth goes with --around")
+    if metric != "duration" and (costs_path is not None or diff_paths is not None):
+        raise UsageError("--color-by goes with --trace or --simulate (--costs and --diff colour by run time)")
     fmt = render.output_format(output)
     g = load_graph(graph)
     side = None
