@@ -71,6 +71,12 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
         raise UsageError("--workers sizes the embedded cluster; with --scheduler the scheduler's workers are used")
     if scheduler and workers == 0:
         raise UsageError("--workers 0 runs in this process; it does not combine with --scheduler")
+    from click.core import ParameterSource
+    given = click.get_current_context().get_parameter_source
+    if not out and given("plot_fmt") is not ParameterSource.DEFAULT:
+        raise UsageError("--plot goes with --out DIR (the plots are written to DIR/plots)")
+    if json_out and given("top") is not ParameterSource.DEFAULT:
+        raise UsageError("--top sets the rows of the table; --json holds every point")
     base = read_spec_file(spec_file) if spec_file else None
     spec = from_options(list(graphs), devices, placement, policy, list(scale), machine, mode, repeat, base)
     grid = build_grid(spec)
