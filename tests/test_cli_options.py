@@ -239,3 +239,27 @@ def test_diff_run_sides_apply_measured_costs(tmp_path, capsys):
 def test_diff_warmup_goes_with_a_graph(tmp_path, capsys):
     code, out, err = run_cli(["diff", "a.json", "b.json", "--warmup", "3"], capsys)
     assert (code, out, err) == (2, "", "Error: --warmup goes with one GRAPH run two ways, not with two files to compare\n")
+
+
+@pytest.mark.parametrize("command", ["run", "simulate", "calibrate", "capture", "check", "view", "diff", "draw",
+                                     "sweep", "gen"])
+def test_every_help_says_ranges_in_words_with_a_metavar(capsys, command):
+    """One style across commands: `--top N ... [default: 10; 1 to 10000]`, not `--top INTEGER RANGE
+    [1<=x<=10000]` next to `--repeat N [1 to 1000000]`; every -o is a FILE."""
+    code, out, err = run_cli([command, "--help"], capsys)
+    assert code == 0
+    for bad in ("INTEGER RANGE", "FLOAT RANGE", "<=x", "x>=", "<x", "-o, --output TEXT"):
+        assert bad not in out, (command, bad)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["simulate", "example:seed", "--devices", "0"], "Error: Invalid value for '--devices': '0': must be a whole "
+                                                     "number, 1 to 1024"),
+    (["diff", "a", "b", "--top", "0"], "Error: Invalid value for '--top': '0': must be a whole number, 1 to 10000"),
+    (["diff", "a", "b", "--alpha", "1"], "Error: Invalid value for '--alpha': '1': must be a number, more than 0, "
+                                         "less than 1"),
+    (["check", "g.json", "--rtol", "-1"], "Error: Invalid value for '--rtol': '-1': must be a number, at least 0"),
+])
+def test_range_errors_in_words(capsys, args, message):
+    code, out, err = run_cli(args, capsys)
+    assert code == 2 and err.splitlines()[-1] == message

@@ -8,18 +8,18 @@ import warnings
 import click
 
 from autograd_run.cli import capture_golden
-from autograd_run.cli.common import Finite, echo, graph_format
+from autograd_run.cli.common import Finite, Whole, echo, graph_format
 from autograd_run.errors import OrderMismatch, UsageError
 
 
 @click.command()
 @click.argument("script")
-@click.option("-o", "--output", default=None, help="Graph file to write (.json or .yaml); tensors go to a .npz beside it.")
+@click.option("-o", "--output", default=None, metavar="FILE", help="Graph file to write (.json or .yaml); tensors go to a .npz beside it.")
 @click.option("--profile", is_flag=True,
               help="Also measure each node's cost with PyTorch's profiler (stored in the graph; `simulate` uses it).")
-@click.option("--steps", type=click.IntRange(1, 10_000), default=10, show_default=True,
+@click.option("--steps", type=Whole(1, 10_000), default=10, show_default=True, metavar="N",
               help="--profile: profiled backward calls (costs are their median).")
-@click.option("--warmup", type=click.IntRange(0, 10_000), default=3, show_default=True,
+@click.option("--warmup", type=Whole(0, 10_000), default=3, show_default=True, metavar="N",
               help="--profile: backward calls before profiling.")
 @click.option("--profile-trace", default=None, metavar="FILE",
               help="--profile: also keep the last profiled step's PyTorch profiler trace (Chrome JSON) here.")
@@ -155,10 +155,10 @@ def _split(result):
 
 @click.command()
 @click.argument("graph", metavar="FILE")
-@click.option("--rtol", type=Finite(0), default=None,
+@click.option("--rtol", type=Finite(0), default=None, metavar="TOL",
               help="Relative tolerance  [default: by the lowest precision on the way to each leaf: 1e-6 for "
                    "float64, 1e-4 for float32, 1e-2 for float16]")
-@click.option("--atol", type=Finite(0), default=None,
+@click.option("--atol", type=Finite(0), default=None, metavar="TOL",
               help="Absolute tolerance  [default: by precision: 1e-9, 1e-6, 1e-3]")
 @click.option("--allow-opaque", is_flag=True,
               help="Pass although ops without a rule (opaque nodes) keep some gradients from being compared.")

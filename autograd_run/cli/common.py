@@ -80,11 +80,22 @@ class Whole(click.IntRange):
 
 class Finite(click.FloatRange):
     """A number in a range, never NaN or infinite: click's own range lets ``nan`` through (it compares
-    false with both ends) and ``inf`` past an open top, and neither is a tolerance, a level or a time."""
+    false with both ends) and ``inf`` past an open top, and neither is a tolerance, a level or a time.
+    --help says the range in words, as ``Whole`` does."""
+
+    def _describe_range(self) -> str:
+        low = None if self.min is None else f"{'more than' if self.min_open else 'at least'} {self.min:g}"
+        high = None if self.max is None else f"{'less than' if self.max_open else 'at most'} {self.max:g}"
+        if low and high and not (self.min_open or self.max_open):
+            return f"{self.min:g} to {self.max:g}"
+        return ", ".join(w for w in (low, high) if w)
 
     def convert(self, value, param, ctx):
         import math
-        rv = super().convert(value, param, ctx)
+        try:
+            rv = super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r}: must be a number, {self._describe_range()}", param, ctx)
         if not math.isfinite(rv):
             self.fail(f"{value!r}: must be a finite number", param, ctx)
         return rv

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from autograd_run.cli.common import Finite
+from autograd_run.cli.common import Finite, Whole
 from autograd_run.errors import AutogradRunError, RequestError, UsageError
 
 
@@ -22,15 +22,16 @@ class ThresholdCrossed(AutogradRunError):
 @click.option("--a", "side_a", default=None, metavar="OPTIONS",
               help="With GRAPH: side A's options, as for `run` (e.g. '--repeat 20'), or 'simulate ...'.")
 @click.option("--b", "side_b", default=None, metavar="OPTIONS", help="With GRAPH: side B's options.")
-@click.option("--warmup", type=click.IntRange(0, 1000), default=1, show_default=True,
+@click.option("--warmup", type=Whole(0, 1000), default=1, show_default=True, metavar="N",
               help="With GRAPH: discarded passes per run side before measuring.")
 @click.option("--fail-on", default=None, metavar="RULES",
               help="Exit 3 when one is crossed, e.g. 'wall>10%,critical-path>5%,node>2ms,order'. "
                    "Keys: wall, critical-path, node, op, utilization (>VALUE); order, workers, "
                    "critical-path-nodes, structure.")
-@click.option("--alpha", type=Finite(0, 1, min_open=True, max_open=True), default=0.01,
+@click.option("--alpha", type=Finite(0, 1, min_open=True, max_open=True), default=0.01, metavar="P",
               show_default=True, help="Significance level of the Mann–Whitney U test (Holm-adjusted per table).")
-@click.option("--top", type=click.IntRange(1, 10_000), default=10, show_default=True, help="Rows per table.")
+@click.option("--top", type=Whole(1, 10_000), default=10, show_default=True, metavar="N",
+              help="Rows per table.")
 @click.option("--json", "json_out", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--markdown", is_flag=True, help="Print the comparison as Markdown (a CI job summary, a PR comment).")
 def diff(inputs, side_a, side_b, warmup, fail_on, alpha, top, json_out, markdown):

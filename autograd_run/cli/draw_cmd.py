@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from autograd_run.cli.common import Whole
 from autograd_run.draw.timing import METRICS
 from autograd_run.errors import RequestError, UsageError
 
@@ -50,9 +51,9 @@ class _DrawCommand(click.Command):
               help="With --trace or --simulate: which time colours the nodes.")
 @click.option("--log-scale", is_flag=True, help="A logarithmic colour scale (times spread over decades).")
 @click.option("--around", "around_node", default=None, metavar="NODE", help="Only the nodes near NODE.")
-@click.option("--depth", type=click.IntRange(0, 10_000), default=2, show_default=True,
+@click.option("--depth", type=Whole(0, 10_000), default=2, show_default=True, metavar="N",
               help="With --around: how many edges away from NODE.")
-@click.option("--max-nodes", type=click.IntRange(2, 1_000_000), default=300, show_default=True,
+@click.option("--max-nodes", type=Whole(2, 1_000_000), default=300, show_default=True, metavar="N",
               help="Collapse repeated structure beyond this many boxes (the picture says what).")
 def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_path, diff_paths, metric, log_scale, around_node,
          depth, max_nodes):

@@ -85,7 +85,7 @@ class Progress(Tracer):
               help="Measured costs (a PyTorch profiler trace, a trace of `run --trace`, or a graph captured with "
                    "--profile): each opaque node (no rule here) takes its measured time, so a replay spends what "
                    "PyTorch spent there.")
-@click.option("--step", type=click.IntRange(1, None), default=None, metavar="N",
+@click.option("--step", type=Whole(1), default=None, metavar="N",
               help="With a PyTorch profile: its N-th backward call of this graph, not the median.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import echo, write
+from autograd_run.cli.common import Whole, echo, write
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.sim.placement import PLACEMENTS
 from autograd_run.sim.policies import POLICIES
@@ -44,7 +44,7 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @click.option("--spec", default=None, metavar="NAME|FILE",
               help="Machine spec: h100, h200, a100, l4, cpu, local (measured by `calibrate`) or a file. "
                    "Default: local when calibrated, else h100.")
-@click.option("--devices", type=click.IntRange(1, 1024), default=None,
+@click.option("--devices", type=Whole(1, 1024), default=None, metavar="K",
               help="Remap the graph onto K accelerator devices (with --placement).")
 @click.option("--placement", type=click.Choice(PLACEMENTS), default=None,
               help="How nodes are placed on --devices  [default: keep, or greedy with --devices]")
@@ -56,7 +56,7 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="Measured node costs: a PyTorch profiler trace (torch.profiler's export_chrome_trace, "
                    ".json or gzipped), a trace of `run --trace`, or a graph captured with --profile; "
                    "`analytic` ignores the graph's own measured costs. Default: the graph's own, if any.")
-@click.option("--step", type=click.IntRange(1, None), default=None, metavar="N",
+@click.option("--step", type=Whole(1), default=None, metavar="N",
               help="With a PyTorch profile: the costs of its N-th backward call of this graph, not the median.")
 @click.option("--compare", default=None, metavar="policy=A,B|devices=K,K",
               help="Simulate several policies or device counts and print one table.")
@@ -65,7 +65,7 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--order-out", default=None, metavar="FILE",
               help="Write the predicted order (a golden for `run --expect-order`).")
-@click.option("--slack", type=click.IntRange(0, 100), default=5, show_default=True,
+@click.option("--slack", type=Whole(0, 100), default=5, show_default=True, metavar="N",
               help="What-if for the N slowest critical-path nodes made 20% faster.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
@@ -186,7 +186,7 @@ def _measured_json(m) -> dict | None:
 @click.command()
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="Where to write the spec  [default: the user cache folder, used as --spec local / local-torch]")
-@click.option("--nodes", type=click.IntRange(200, 1_000_000), default=4000, show_default=True,
+@click.option("--nodes", type=Whole(200, 1_000_000), default=4000, show_default=True, metavar="N",
               help="Chain length of the engine measurements.")
 @click.option("--torch", "torch_engine", is_flag=True,
               help="Measure PyTorch's engine instead (per-node and per-call overhead outside the profiled nodes, "
