@@ -172,3 +172,32 @@ def test_diff_of_summaries_with_huge_times_is_a_file_error(tmp_path, capsys):
     b.write_text(json.dumps(doc))
     code, out, err = run_cli(["diff", str(a), str(b)], capsys)
     assert (code, out) == (2, "") and err == f"Error: {b}: $.samples.wall_ns[0]: must be an integer of at most 2**64\n"
+
+
+def test_an_output_fifo_is_written_through_not_replaced(tmp_path, capsys):
+    """--trace /dev/null or a FIFO: the old rename put a regular file in its place (as root: in /dev)."""
+    import json
+    import os
+    import stat
+    import threading
+    from builders import run_cli
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    code, out, err = run_cli(["example:seed", "--trace", str(fifo), "--no-summary"], capsys)
+    reader.join(10)
+    assert (code, err) == (0, "") and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert "traceEvents" in json.loads(got[0])
+    assert [p.name for p in tmp_path.iterdir()] == ["fifo"]  # no temporary file left beside it
+
+
+def test_an_output_symlink_stays_a_link_and_its_target_is_written(tmp_path, capsys):
+    from builders import run_cli
+    target, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    code, out, err = run_cli(["example:seed", "--order-out", str(link), "--no-summary"], capsys)
+    assert (code, err) == (0, "") and link.is_symlink()
+    assert target.read_text().startswith('{"position": 0, "id": "sum"')
