@@ -4,6 +4,7 @@ graphs cut down with a note, and hostile ids that cannot break out of their stri
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import xml.etree.ElementTree as ET
@@ -265,3 +266,17 @@ def test_a_trace_of_another_graph_is_refused(tmp_path, capsys):
     run_cli(["example:mlp", "--trace", str(trace), "--no-summary"], capsys)
     code, _, err = draw(capsys, "example:seed", "-o", str(tmp_path / "x.dot"), "--trace", str(trace))
     assert code == 2 and err.startswith(f"Error: --trace: {trace}: no node of example:seed has a time there")
+
+
+def test_a_graph_from_stdin(tmp_path):
+    """draw takes - as run and simulate do (it said: -: no such file); diff, which reads GRAPH once per side,
+    says why it cannot."""
+    from cli_proc import cli
+    seed = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "autograd_run", "graphs",
+                        "examples", "seed.yaml")
+    with open(seed, "rb") as f:
+        data = f.read()
+    p = cli(["draw", "-", "-o", tmp_path / "s.dot"], input=data)
+    assert (p.code, p.err) == (0, "") and 'label="&lt;stdin&gt;: 5 nodes' in (tmp_path / "s.dot").read_text()
+    p = cli(["diff", "-", "--a", "--repeat 2"], input=data)
+    assert (p.code, p.err) == (2, "Error: -: GRAPH is read once per side; give it as a file, not on stdin\n")

@@ -66,6 +66,8 @@ def diff(inputs, side_a, side_b, warmup, fail_on, alpha, top, json_out, markdown
     elif len(inputs) == 1:
         if side_a is None and side_b is None:
             raise UsageError("one input: give --a and/or --b to run GRAPH two ways (or give two files)")
+        if inputs[0] == "-":
+            raise UsageError("-: GRAPH is read once per side; give it as a file, not on stdin")
         a, b = _measure(inputs[0], side_a or "", side_b or "", warmup)
     else:
         raise UsageError(f"expected A B (two files) or one GRAPH with --a/--b; got {len(inputs)} arguments")

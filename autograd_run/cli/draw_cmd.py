@@ -57,7 +57,8 @@ class _DrawCommand(click.Command):
               help="Collapse repeated structure beyond this many boxes (the picture says what).")
 def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_path, diff_paths, metric, log_scale, around_node,
          depth, max_nodes):
-    """Draw GRAPH: nodes by device (and stream), leaves and outputs marked, optionally coloured by time.
+    """Draw GRAPH (a file, example:NAME, or - for stdin): nodes by device (and stream), leaves and outputs
+    marked, optionally coloured by time.
 
     DOT is written by autograd-run itself; SVG, PNG and HTML need Graphviz
     (the `dot` program and `pip install 'autograd-run[draw]'`).
@@ -71,7 +72,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
       autograd-run draw big.json -o part.png --around mm_12 --depth 3
     """
     from autograd_run.draw import dot, render, timing, view
-    from autograd_run.graphs.load import load_graph
+    from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import atomic_write, check_output_path
     from autograd_run.traces.profile import read_profile
 
@@ -85,7 +86,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
     if metric != "duration" and (costs_path is not None or diff_paths is not None):
         raise UsageError("--color-by goes with --trace or --simulate (--costs and --diff colour by run time)")
     fmt = render.output_format(output)
-    g = load_graph(graph)
+    g = load_graph_arg(graph)
     side = None
     if simulate_opts is not None:
         from autograd_run.cli.sides import parse_side
@@ -116,7 +117,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
 
     v = view.around(g, around_node, depth) if around_node is not None else view.whole(g)
     v = view.collapse(v, max_nodes, [r.edge.node for r in g.roots])
-    title = f"{graph}: {len(g.nodes)} nodes" + (f", {colouring.title}" if colouring is not None else "")
+    title = f"{g.source}: {len(g.nodes)} nodes" + (f", {colouring.title}" if colouring is not None else "")
     text = dot.to_dot(g, v, colouring, saved=saved, log=log_scale, title=title)
     data = render.render(text, fmt, title, v.notes)
     atomic_write(output, data, "output")
