@@ -263,3 +263,31 @@ def test_every_help_says_ranges_in_words_with_a_metavar(capsys, command):
 def test_range_errors_in_words(capsys, args, message):
     code, out, err = run_cli(args, capsys)
     assert code == 2 and err.splitlines()[-1] == message
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["example:seed", "--trace", ""], "'--trace'"),
+    (["example:seed", "--order-out", ""], "'--order-out'"),
+    (["simulate", "example:seed", "--scale", ""], "'--scale'"),
+    (["simulate", "example:seed", "--compare", ""], "'--compare'"),
+    (["sweep", "-g", "example:seed", "--workers", "0", "--out", ""], "'--out'"),
+    (["sweep", "-g", "example:seed", "--workers", "0", "--devices", ""], "'--devices'"),
+    (["sweep", ""], "'[SPEC.yaml]'"),
+    (["gen", "chain", "-o", ""], "'-o' / '--output'"),
+    (["diff", "", ""], "'A B | GRAPH'"),
+])
+def test_an_empty_value_is_an_error(tmp_path, monkeypatch, capsys, args, shown):
+    """`--trace "$OUT"` with OUT unset ran without a trace, exit 0; `--scale ''` scaled nothing; `sweep --out ''`
+    wrote nothing: the CI step believed it had its file."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(args, capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"Error: Invalid value for {shown}: an empty value (an unset shell variable?)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_empty_values_that_mean_something_stay(capsys):
+    code, out, err = run_cli(["diff", "example:seed", "--a", "", "--b", "--no-multithreading", "--json"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["example:seed", "--inputs", ""], capsys)
+    assert (code, err) == (2, "Error: --inputs: no inputs given\n")

@@ -140,6 +140,25 @@ cli.add_command(diff)
 cli.add_command(draw)
 cli.add_command(sweep)
 
+#: Options whose empty value means something: a side with the command's defaults (``--a ''``), and
+#: those with a message of their own (``--inputs ''``: no inputs given).
+EMPTY_OK = {("diff", "side_a"), ("diff", "side_b"), ("draw", "simulate_opts"), ("run", "inputs"), ("diff", "fail_on")}
+
+
+def _not_empty(ctx, param, value):
+    """An option or argument given an empty value (``--trace "$OUT"`` with OUT unset) is an error, not
+    "no trace"."""
+    if value == "" or (isinstance(value, tuple) and "" in value):
+        raise click.BadParameter("an empty value (an unset shell variable?)", ctx, param)
+    return value
+
+
+for _name, _command in cli.commands.items():
+    for _param in _command.params:
+        if (not getattr(_param, "is_flag", False) and (_name, _param.name) not in EMPTY_OK and _param.callback is None
+                and isinstance(_param.type, click.types.StringParamType)):
+            _param.callback = _not_empty
+
 
 #: numpy's floating-point warnings (an overflowing float16 gradient, 0/0 in a rule): the results show
 #: them (inf, NaN; anomaly mode names the node), so they are not repeated as warnings on stderr.
