@@ -194,8 +194,6 @@ def check(graph, rtol, atol, allow_opaque):
             t.add_row(g.name, "-" if g.max_abs is None else f"{g.max_abs:.3g}",
                       "-" if g.max_rel is None else f"{g.max_rel:.3g}", tol, ok + (f" ({g.note})" if g.note else ""))
         console.print(t)
-        if report.note:
-            console.print(report.note, markup=False, highlight=False)
     if not report.ok:
         why = ("opaque nodes keep gradients from being compared (--allow-opaque accepts that)"
                if report.order_ok and all(g.ok for g in report.grads if g.compared) else
