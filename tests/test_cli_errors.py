@@ -201,3 +201,27 @@ def test_an_output_symlink_stays_a_link_and_its_target_is_written(tmp_path, caps
     code, out, err = run_cli(["example:seed", "--order-out", str(link), "--no-summary"], capsys)
     assert (code, err) == (0, "") and link.is_symlink()
     assert target.read_text().startswith('{"position": 0, "id": "sum"')
+
+
+def test_calibrate_torch_shows_its_output_path_escaped(tmp_path, monkeypatch, capsys):
+    import autograd_run.sim.calibrate_torch as cal
+    from builders import run_cli
+    from autograd_run.sim.specs import load_spec
+    monkeypatch.setattr(cal, "calibrate_torch", lambda log=None: load_spec("cpu"))
+    path = tmp_path / "x\x1b]0;t\x07.json"
+    code, out, err = run_cli(["calibrate", "--torch", "-o", str(path)], capsys)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out and out.endswith(f"wrote {tmp_path}/x\\x1b]0;t\\x07.json\n")
+
+
+def test_capture_profile_shows_its_output_path_escaped(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from builders import run_cli
+    script = tmp_path / "m.py"
+    script.write_text("import torch\ndef main():\n    w = torch.ones(3, requires_grad=True)\n"
+                      "    return (w * 2).sum(), {'w': w}\n")
+    out_file = tmp_path / "g\x1b[2K.json"
+    code, out, err = run_cli(["capture", str(script), "-o", str(out_file), "--profile", "--steps", "1", "--warmup", "0"],
+                             capsys)
+    assert code == 0, err
+    assert "\x1b" not in out and f"{tmp_path}/g\\x1b[2K.json: measured " in out

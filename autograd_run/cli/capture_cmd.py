@@ -124,10 +124,9 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
             raise UsageError(f"profiling failed: {type(exc).__name__}: {exc}") from exc
         cov = measured.get("coverage", {})
         wall = measured["backward_wall_ns"]
-        click.echo(f"{output}: measured {len(measured['nodes'])} of {len(doc['nodes'])} nodes over {steps} profiled "
-                   f"backward calls on {measured['device']}; PyTorch's backward without the profiler: "
-                   f"{fmt_ns(wall['median'])} (median of {wall['runs']})"
-                   + (f"; {cov.get('matched', 0)} nodes matched" if cov else ""))
+        echo(f"{output}: measured {len(measured['nodes'])} of {len(doc['nodes'])} nodes over {steps} profiled "
+             f"backward calls on {measured['device']}; PyTorch's backward without the profiler: "
+             f"{fmt_ns(wall['median'])} (median of {wall['runs']})" + (f"; {cov.get('matched', 0)} nodes matched" if cov else ""))
 
 
 def _describe(output: str, doc: dict) -> str:

@@ -220,7 +220,7 @@ def calibrate(output, nodes, torch_engine):
         click.echo(f"host (torch): float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 "
                    f"{h.peak_flops['float64'] / 1e9:.1f} GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest node "
                    f"{h.min_kernel_us:.2f} us")
-        click.echo(f"wrote {path}")
+        echo(f"wrote {path}")
         return
     from autograd_run.sim.calibrate import calibrate as measure
     spec = measure(nodes=nodes)
