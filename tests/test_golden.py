@@ -284,6 +284,8 @@ def test_capture_in_grad_mode(tmp_path, capsys):
      "Error: --profile-trace: {tmp}/g.npz: the graph's .npz is written there already"),
     (["-o", "{tmp}/g.json", "--profile", "--profile-trace", "{tmp}/p.json", "--order-out", "{tmp}/p.json"],
      "Error: --order-out: {tmp}/p.json: the profiler trace is written there already"),
+    (["-o", "{tmp}/g.json", "--steps", "10"], "Error: --steps, --warmup and --profile-trace go with --profile"),
+    (["-o", "{tmp}/g.json", "--warmup", "3"], "Error: --steps, --warmup and --profile-trace go with --profile"),
 ])
 def test_capture_golden_usage_errors_are_reported_before_the_script_runs(tmp_path, model, capsys, args, message):
     (tmp_path / "o.jsonl").write_text("")

@@ -76,7 +76,9 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
                              [path, expect_order])
     if profile and not output:
         raise UsageError("--profile stores the measured costs in the graph file: give -o FILE")
-    if not profile and (profile_trace or steps != 10 or warmup != 3):
+    from click.core import ParameterSource
+    given = click.get_current_context().get_parameter_source
+    if not profile and (profile_trace or any(given(o) is not ParameterSource.DEFAULT for o in ("steps", "warmup"))):
         raise UsageError("--steps, --warmup and --profile-trace go with --profile")
     if profile_trace:
         capture_golden.claim(written, profile_trace, "profile_trace", "the profiler trace", [path, expect_order])
