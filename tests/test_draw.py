@@ -235,6 +235,8 @@ def test_without_dot_the_error_names_what_to_install(tmp_path, capsys, monkeypat
     (["-o", "x.pdf"], "-o: x.pdf: the output must end in .dot, .svg, .png or .html"),
     (["-o", "x.dot", "--trace", "a", "--costs", "b"], "--trace, --simulate, --costs and --diff: choose one"),
     (["-o", "x.dot", "--depth", "3"], "--depth goes with --around"),
+    (["-o", "x.dot", "--depth", "2"], "--depth goes with --around"),
+    (["-o", "x.dot", "--color-by", "duration"], "--color-by and --log-scale need --trace or --simulate"),
     (["-o", "x.dot", "--around", "nope"], "--around: no node 'nope' in example:seed"),
     (["-o", "x.dot", "--color-by", "wait"], "--color-by and --log-scale need --trace or --simulate"),
     (["-o", "x.dot", "--simulate=--bogus"], "--simulate: No such option '--bogus'"),

@@ -81,9 +81,12 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
     sources = [s for s in (trace_path, simulate_opts, costs_path, diff_paths) if s is not None]
     if len(sources) > 1:
         raise UsageError("--trace, --simulate, --costs and --diff: choose one")
-    if around_node is None and depth != 2:
+    from click.core import ParameterSource
+    given = {name for name in ("depth", "metric")
+             if click.get_current_context().get_parameter_source(name) is not ParameterSource.DEFAULT}
+    if around_node is None and "depth" in given:
         raise UsageError("--depth goes with --around")
-    if metric != "duration" and (costs_path is not None or diff_paths is not None):
+    if "metric" in given and (costs_path is not None or diff_paths is not None):
         raise UsageError("--color-by goes with --trace or --simulate (--costs and --diff colour by run time)")
     fmt = render.output_format(output)
     g = load_graph_arg(graph)
@@ -112,7 +115,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
     elif side is not None:
         g, profile = _simulate(g, side)
         colouring = timing.from_profile(g, profile, metric)
-    elif metric != "duration" or log_scale:
+    elif "metric" in given or log_scale:
         raise UsageError("--color-by and --log-scale need --trace or --simulate (or --costs, --diff)")
 
     v = view.around(g, around_node, depth) if around_node is not None else view.whole(g)
