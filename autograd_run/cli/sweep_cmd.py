@@ -77,6 +77,8 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
         raise UsageError("--plot goes with --out DIR (the plots are written to DIR/plots)")
     if json_out and given("top") is not ParameterSource.DEFAULT:
         raise UsageError("--top sets the rows of the table; --json holds every point")
+    if workers == 0 and given("transfer") is not ParameterSource.DEFAULT:
+        raise UsageError("--transfer says how graphs reach Dask's workers; --workers 0 runs in this process")
     base = read_spec_file(spec_file) if spec_file else None
     spec = from_options(list(graphs), devices, placement, policy, list(scale), machine, mode, repeat, base)
     grid = build_grid(spec)
