@@ -346,3 +346,13 @@ def test_python_dash_m_runs_the_command():
     p = subprocess.run([sys.executable, "-m", "autograd_run", "nope.json"], capture_output=True, text=True,
                        env=cli_env(), timeout=60)
     assert (p.returncode, p.stderr) == (2, "Error: nope.json: no such file\n")
+
+
+def test_no_arguments_show_the_help_readably(capsys):
+    """click raises the help as an error when no argument is given; escaping it (as other errors are) made
+    it one line of \\n escapes."""
+    from builders import run_cli
+    code, out, err = run_cli([], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("Usage: autograd-run [OPTIONS] COMMAND [ARGS]...\n\n  Replay and profile")
+    assert "\\n" not in err and "\n  run " in err

@@ -174,7 +174,8 @@ def main(argv=None):
         error_line("aborted")
         sys.exit(130)
     except click.ClickException as exc:
-        exc.message = escape(exc.message)  # click quotes some values with repr, not all (No such option: ...)
+        if not isinstance(exc, click.exceptions.NoArgsIsHelpError):  # that one's message is our help text
+            exc.message = escape(exc.message)  # click quotes some values with repr, not all (No such option: ...)
         exc.show()
         sys.exit(exc.exit_code)
     except RequestError as exc:
