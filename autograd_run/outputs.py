@@ -21,6 +21,10 @@ def check_output_path(path: str, option: str, inputs: list[str]) -> None:
             raise RequestError(f"{path}: is an input of this run; refusing to overwrite it", option)
     if os.path.isdir(path):
         raise RequestError(f"{path}: is a directory", option)
+    if _in_place(path):  # /dev/null, a FIFO, a link: written through, its folder is not touched
+        if not os.access(path, os.W_OK):
+            raise RequestError(f"{path}: the file is not writable", option)
+        return
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise RequestError(f"{path}: no such directory: {os.path.dirname(path) or '.'}", option)
@@ -30,8 +34,20 @@ def check_output_path(path: str, option: str, inputs: list[str]) -> None:
         raise RequestError(f"{path}: the file is not writable", option)
 
 
+def _in_place(path: str) -> bool:
+    """Whether ``path`` is written through rather than replaced: a symbolic link (replacing it would cut
+    the link, e.g. /dev/stdout) or an existing file that is not a regular one (/dev/null, a FIFO: a
+    rename would put a regular file in its place)."""
+    import stat
+    try:
+        return os.path.islink(path) or not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # missing (or a dangling link, caught above): a new file
+        return False
+
+
 def atomic_write(path: str, data: bytes, option: str) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
+    """Write ``data`` to a temporary file beside ``path``, then rename it into place; a device, FIFO or
+    symbolic link at ``path`` is written through instead (see ``_in_place``)."""
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -40,7 +56,15 @@ def atomic_write(path: str, data: bytes, option: str) -> None:
 
 def atomic_write_with(path: str, write, option: str) -> None:
     """``write(tmp)`` makes a temporary file beside ``path`` (a library's own writer: Parquet, npz), which
-    is then renamed into place; a failure removes it and is a ``RequestError`` naming ``path``."""
+    is then renamed into place; a failure removes it and is a ``RequestError`` naming ``path``. A device,
+    FIFO or symbolic link at ``path`` is written through (``write(path)``): replacing it would put a
+    regular file in its place or cut the link."""
+    if _in_place(path):
+        try:
+            write(path)
+        except OSError as exc:
+            raise RequestError(f"{path}: {exc.strerror or exc}", option) from None
+        return
     tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         write(tmp)

@@ -168,6 +168,8 @@ def faults_of(graph: Graph, inject_error: Sequence[str], inject_nan: Sequence[st
 def _check_request(graph: Graph, o: RunOptions) -> None:
     if o.repeat < 1:
         raise RequestError("repeat must be at least 1", "repeat")
+    if o.timeout is not None and not o.timeout > 0:  # NaN too: it compares false
+        raise RequestError(f"a time limit is a number of seconds, more than 0, not {o.timeout!r}", "timeout")
     if o.inputs is not None:
         bad = [n for n in o.inputs if n not in graph.variables and n not in graph.by_id]
         if not o.inputs:
@@ -177,7 +179,10 @@ def _check_request(graph: Graph, o: RunOptions) -> None:
     mode = o.mode or graph.mode
     if mode == "grad" and not (o.inputs if o.inputs is not None else graph.inputs):
         raise RequestError("`inputs` argument to `grad()` cannot be empty.", "inputs")
-    inputs = [graph.source, o.expected_order_path or "", *_side_file_paths(graph)]
+    if o.allow_unused and mode != "grad":
+        raise RequestError(f"applies to grad() only (--grad, or a graph file in grad mode); {graph.source} runs "
+                           "backward(), where an input the graph does not reach is no error", "allow_unused")
+    inputs = [graph.source, o.expected_order_path or "", o.costs or "", *_side_file_paths(graph)]
     for path, option in ((o.trace_path, "trace_path"), (o.order_out, "order_out")):
         if path:
             check_output_path(path, option, inputs)

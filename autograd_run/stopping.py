@@ -59,6 +59,10 @@ class RunStop:
         self._r = self._w = -1
 
 
+#: The longest single wait of the watchdog (a timeout beyond it is waited for in turns).
+MAX_WAIT_S = 86400.0
+
+
 class Watchdog:
     """A thread that calls ``stop(reason)`` once, when ``stopper`` is requested or ``timeout`` passes."""
 
@@ -80,7 +84,10 @@ class Watchdog:
         fd = self.stopper._r
         while True:
             left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-            ready, _, _ = select.select([fd], [], [], left)
+            # select takes at most what the platform's time_t holds: a far deadline is waited for by the day
+            ready, _, _ = select.select([fd], [], [], None if left is None else min(left, MAX_WAIT_S))
+            if not ready and left is not None and left > MAX_WAIT_S:
+                continue
             if not ready:  # the time limit passed
                 if self.stopper.reason is None:
                     self.stopper.reason = TIMEOUT

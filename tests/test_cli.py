@@ -335,3 +335,27 @@ def test_unknown_option_is_a_usage_error(capsys):
 def test_help_shows_examples(capsys, command):
     code, out, err = run_cli([*command, "--help"], capsys)
     assert code == 0 and "autograd-run" in out and "Example" in out
+
+
+def test_python_dash_m_runs_the_command():
+    """``python -m autograd_run`` (no console script on PATH) is the command, not "No module named
+    autograd_run.__main__"."""
+    import subprocess
+    import sys
+    from cli_proc import cli_env
+    p = subprocess.run([sys.executable, "-m", "autograd_run", "validate", "example:seed"], capture_output=True,
+                       text=True, env=cli_env(), timeout=60)
+    assert (p.returncode, p.stderr) == (0, "") and p.stdout.startswith("example:seed: ")
+    p = subprocess.run([sys.executable, "-m", "autograd_run", "nope.json"], capture_output=True, text=True,
+                       env=cli_env(), timeout=60)
+    assert (p.returncode, p.stderr) == (2, "Error: nope.json: no such file\n")
+
+
+def test_no_arguments_show_the_help_readably(capsys):
+    """click raises the help as an error when no argument is given; escaping it (as other errors are) made
+    it one line of \\n escapes."""
+    from builders import run_cli
+    code, out, err = run_cli([], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("Usage: autograd-run [OPTIONS] COMMAND [ARGS]...\n\n  Replay and profile")
+    assert "\\n" not in err and "\n  run " in err

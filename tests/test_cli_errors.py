@@ -18,10 +18,32 @@ def closed_stdout(args):
 
 
 @pytest.mark.parametrize("args", [["example:mlp"], ["example:mlp", "--json"], ["examples"],
-                                  ["validate", "example:seed", "example:mlp"], ["simulate", "example:mlp"]])
+                                  ["validate", "example:seed", "example:mlp"], ["simulate", "example:mlp"],
+                                  ["--help"], ["--version"], ["run", "--help"], ["diff", "--help"]])
 def test_a_closed_pipe_ends_quietly(args):
     code, err = closed_stdout(args)
     assert (code, err) == (0, "")
+
+
+@pytest.fixture
+def two_orders(tmp_path):
+    from cli_proc import cli
+    paths = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    for path, extra in zip(paths, ([], ["--no-multithreading"])):
+        assert cli(["example:pipeline", "--devices", "virtual", "--no-summary", "--order-out", path, *extra]).code == 0
+    return paths
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--markdown"]])
+def test_a_closed_pipe_ends_diff_and_draw_quietly(tmp_path, two_orders, extra):
+    """click turns a BrokenPipeError into exit status 1, and so did rich's plain Console in diff."""
+    assert closed_stdout(["diff", *two_orders, *extra]) == (0, "")
+    assert closed_stdout(["draw", "example:seed", "-o", str(tmp_path / "s.dot")]) == (0, "")
+
+
+def test_a_closed_pipe_keeps_diffs_exit_status(two_orders):
+    code, err = closed_stdout(["diff", *two_orders, "--fail-on", "workers"])
+    assert code == 3 and err.startswith("Error: crossed: workers")
 
 
 def test_a_closed_pipe_keeps_the_exit_status_of_a_failed_run():
@@ -93,3 +115,113 @@ def test_capture_shows_the_users_error(tmp_path, capsys, func, message):
     assert code == 2 and out == ""
     assert err.startswith(f"Error: {script}: {message}") and err.count("\n") == 1
     assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("compare, message", [
+    ("policy=", "Error: --compare policy=: give the values to compare, e.g. policy=pytorch,fifo\n"),
+    ("devices=,", "Error: --compare devices=: give the values to compare, e.g. devices=1,2,4\n"),
+    (",", "Error: --compare policy=: give the values to compare, e.g. policy=pytorch,fifo\n"),
+])
+def test_simulate_compare_with_nothing_to_compare(capsys, compare, message):
+    from builders import run_cli
+    code, out, err = run_cli(["simulate", "example:seed", "--compare", compare], capsys)
+    assert (code, out, err) == (2, "", message)
+
+
+@pytest.fixture
+def quick_calibrate(monkeypatch):
+    """``calibrate`` without the minute of measuring: the measurement returns the shipped cpu spec."""
+    import autograd_run.sim.calibrate as cal
+    from autograd_run.sim.specs import load_spec
+    calls = []
+    monkeypatch.setattr(cal, "calibrate", lambda nodes=4000: calls.append(nodes) or load_spec("cpu"))
+    return calls
+
+
+def test_calibrate_writes_a_file_named_without_a_folder(tmp_path, monkeypatch, capsys, quick_calibrate):
+    from builders import run_cli
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["calibrate", "-o", "spec.json"], capsys)
+    assert (code, err) == (0, "") and out.endswith("wrote spec.json\n")
+    from autograd_run.sim.specs import load_spec
+    assert load_spec(str(tmp_path / "spec.json")).name
+
+
+@pytest.mark.parametrize("where, message", [
+    ("missing/spec.json", "Error: -o: {p}: no such directory: {d}\n"),
+    (".", "Error: -o: {p}: is a directory\n"),
+])
+def test_calibrate_refuses_a_bad_output_before_measuring(tmp_path, capsys, quick_calibrate, where, message):
+    from builders import run_cli
+    path = str(tmp_path / where)
+    code, out, err = run_cli(["calibrate", "-o", path], capsys)
+    assert (code, out, err) == (2, "", message.format(p=path, d=str(tmp_path / "missing")))
+    assert quick_calibrate == [] and not (tmp_path / "missing").exists()  # nothing measured, no folder made
+
+
+def test_diff_of_summaries_with_huge_times_is_a_file_error(tmp_path, capsys):
+    """JSON integers have no limit: a sample of 10**400 ns was an OverflowError traceback in the median."""
+    import json
+    from builders import run_cli
+    code, out, err = run_cli(["example:seed", "--json"], capsys)
+    assert code == 0
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(out)
+    doc = json.loads(out)
+    doc["samples"]["wall_ns"] = [10 ** 400]
+    b.write_text(json.dumps(doc))
+    code, out, err = run_cli(["diff", str(a), str(b)], capsys)
+    assert (code, out) == (2, "") and err == f"Error: {b}: $.samples.wall_ns[0]: must be an integer of at most 2**64\n"
+
+
+def test_an_output_fifo_is_written_through_not_replaced(tmp_path, capsys):
+    """--trace /dev/null or a FIFO: the old rename put a regular file in its place (as root: in /dev)."""
+    import json
+    import os
+    import stat
+    import threading
+    from builders import run_cli
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    code, out, err = run_cli(["example:seed", "--trace", str(fifo), "--no-summary"], capsys)
+    reader.join(10)
+    assert (code, err) == (0, "") and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert "traceEvents" in json.loads(got[0])
+    assert [p.name for p in tmp_path.iterdir()] == ["fifo"]  # no temporary file left beside it
+
+
+def test_an_output_symlink_stays_a_link_and_its_target_is_written(tmp_path, capsys):
+    from builders import run_cli
+    target, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    code, out, err = run_cli(["example:seed", "--order-out", str(link), "--no-summary"], capsys)
+    assert (code, err) == (0, "") and link.is_symlink()
+    assert target.read_text().startswith('{"position": 0, "id": "sum"')
+
+
+def test_calibrate_torch_shows_its_output_path_escaped(tmp_path, monkeypatch, capsys):
+    import autograd_run.sim.calibrate_torch as cal
+    from builders import run_cli
+    from autograd_run.sim.specs import load_spec
+    monkeypatch.setattr(cal, "calibrate_torch", lambda log=None: load_spec("cpu"))
+    path = tmp_path / "x\x1b]0;t\x07.json"
+    code, out, err = run_cli(["calibrate", "--torch", "-o", str(path)], capsys)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out and out.endswith(f"wrote {tmp_path}/x\\x1b]0;t\\x07.json\n")
+
+
+def test_capture_profile_shows_its_output_path_escaped(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from builders import run_cli
+    script = tmp_path / "m.py"
+    script.write_text("import torch\ndef main():\n    w = torch.ones(3, requires_grad=True)\n"
+                      "    return (w * 2).sum(), {'w': w}\n")
+    out_file = tmp_path / "g\x1b[2K.json"
+    code, out, err = run_cli(["capture", str(script), "-o", str(out_file), "--profile", "--steps", "1", "--warmup", "0"],
+                             capsys)
+    assert code == 0, err
+    assert "\x1b" not in out and f"{tmp_path}/g\\x1b[2K.json: measured " in out

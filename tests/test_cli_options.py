@@ -154,3 +154,149 @@ def test_request_errors_name_the_option_of_their_command(capsys):
         assert code == 2 and err.startswith("Error: --backend: no usable CUDA device")
     code, _, err = run_cli(["simulate", "example:pipeline", "--devices", "1", "--placement", "keep"], capsys)
     assert code == 2 and err.startswith("Error: --devices: ")
+
+
+@pytest.mark.parametrize("args", [
+    ["check", "example:seed", "--rtol", "nan"], ["check", "example:seed", "--atol", "inf"],
+    ["diff", "a.json", "b.json", "--alpha", "nan"], ["view", "t.json", "--timeout", "nan"],
+])
+def test_number_options_refuse_nan_and_infinity(capsys, args):
+    """click's FloatRange lets NaN through (it compares false with both ends): a NaN tolerance failed
+    every gradient, a NaN --alpha passed nothing, a NaN view --timeout never stopped the server."""
+    code, out, err = run_cli(args, capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"Error: Invalid value for '{args[-2]}': '{args[-1]}': must be a finite number"
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--order-out"])
+def test_run_never_writes_over_its_measured_costs(tmp_path, capsys, flag):
+    trace = tmp_path / "t.json"
+    assert run_cli(["example:pipeline", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
+    before = trace.read_bytes()
+    code, out, err = run_cli(["example:pipeline", "--costs", str(trace), flag, str(trace)], capsys)
+    assert (code, out) == (2, "") and err == f"Error: {flag}: {trace}: is an input of this run; refusing to overwrite it\n"
+    assert trace.read_bytes() == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grad", "--backward", "--inputs", "a"], "Error: --grad and --backward: choose one\n"),
+    (["--backward", "--grad", "--inputs", "a"], "Error: --grad and --backward: choose one\n"),
+    (["--allow-unused"], "Error: --allow-unused: applies to grad() only (--grad, or a graph file in grad mode); "
+                         "example:seed runs backward(), where an input the graph does not reach is no error\n"),
+    (["--backward", "--inputs", "a", "--allow-unused"], "Error: --allow-unused: applies to grad() only"),
+])
+def test_run_mode_options_that_contradict_or_do_not_apply(capsys, args, message):
+    """The last of --grad/--backward used to win silently, and --allow-unused was ignored by backward()."""
+    code, out, err = run_cli(["example:seed", "--no-summary", *args], capsys)
+    assert (code, out) == (2, "") and err.startswith(message)
+
+
+def test_diff_sides_refuse_both_modes(capsys):
+    code, out, err = run_cli(["diff", "example:seed", "--a", "--grad --backward --inputs a"], capsys)
+    assert (code, out, err) == (2, "", "Error: --a: --grad and --backward: choose one\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--compare", "policy=fifo", "--policy", "pytorch"],
+     "Error: --policy and --compare policy=...: give the policy values in --compare only\n"),
+    (["--compare", "fifo,pytorch", "--policy", "critical-path"],
+     "Error: --policy and --compare policy=...: give the policy values in --compare only\n"),
+    (["--compare", "devices=1,2", "--devices", "3"],
+     "Error: --devices and --compare devices=...: give the devices values in --compare only\n"),
+    (["--compare", "policy=fifo,pytorch", "--slack", "3"], "Error: --slack goes with one simulation, not with --compare\n"),
+    (["--compare", "policy=fifo,pytorch", "--trace", "t.json"],
+     "Error: --trace writes one simulation: with --compare, simulate the variant you want written on its own\n"),
+    (["--compare", "devices=1,2", "--order-out", "o.jsonl"],
+     "Error: --order-out writes one simulation: with --compare, simulate the variant you want written on its own\n"),
+])
+def test_simulate_compare_refuses_what_it_would_override_or_apply_to_one_variant(tmp_path, capsys, args, message):
+    code, out, err = run_cli(["simulate", "example:pipeline", *[str(tmp_path / a) if a.endswith((".json", ".jsonl"))
+                                                                 else a for a in args]], capsys)
+    assert (code, out, err) == (2, "", message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_compare_policies_on_given_devices(capsys):
+    code, out, err = run_cli(["simulate", "example:pipeline", "--compare", "policy=fifo,pytorch", "--devices", "2",
+                              "--json"], capsys)
+    assert code == 0 and [(r["policy"], r["devices"]) for r in json.loads(out)] == [("fifo", 2), ("pytorch", 2)]
+
+
+@pytest.mark.parametrize("side, message", [
+    ("--timeout 5", "Error: --a: --timeout is not available here (a side only measures)\n"),
+    ("--no-summary", "Error: --a: --summary/--no-summary is not available here (a side only measures)\n"),
+    ("simulate --slack 3", "Error: --a: --slack is not available here (a side only measures)\n"),
+])
+def test_diff_sides_refuse_options_they_would_ignore(capsys, side, message):
+    code, out, err = run_cli(["diff", "example:seed", "--a", side], capsys)
+    assert (code, out, err) == (2, "", message)
+
+
+def test_diff_run_sides_apply_measured_costs(tmp_path, capsys):
+    """A run side's --costs and --step were parsed and then dropped (never read, never applied)."""
+    missing = tmp_path / "missing.json"
+    code, out, err = run_cli(["diff", "example:seed", "--a", f"--costs {missing}"], capsys)
+    assert (code, out, err) == (2, "", f"Error: --a: --costs: {missing}: no such file\n")
+    code, out, err = run_cli(["diff", "example:seed", "--b", "--step 2"], capsys)
+    assert (code, out, err) == (2, "", "Error: --b: --step: a step is picked from measured costs: give them too\n")
+    trace = tmp_path / "t.json"
+    assert run_cli(["example:seed", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
+    code, out, err = run_cli(["diff", "example:seed", "--a", f"--costs {trace}", "--json"], capsys)
+    assert code == 0, err
+
+
+def test_diff_warmup_goes_with_a_graph(tmp_path, capsys):
+    code, out, err = run_cli(["diff", "a.json", "b.json", "--warmup", "3"], capsys)
+    assert (code, out, err) == (2, "", "Error: --warmup goes with one GRAPH run two ways, not with two files to compare\n")
+
+
+@pytest.mark.parametrize("command", ["run", "simulate", "calibrate", "capture", "check", "view", "diff", "draw",
+                                     "sweep", "gen"])
+def test_every_help_says_ranges_in_words_with_a_metavar(capsys, command):
+    """One style across commands: `--top N ... [default: 10; 1 to 10000]`, not `--top INTEGER RANGE
+    [1<=x<=10000]` next to `--repeat N [1 to 1000000]`; every -o is a FILE."""
+    code, out, err = run_cli([command, "--help"], capsys)
+    assert code == 0
+    for bad in ("INTEGER RANGE", "FLOAT RANGE", "<=x", "x>=", "<x", "-o, --output TEXT"):
+        assert bad not in out, (command, bad)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["simulate", "example:seed", "--devices", "0"], "Error: Invalid value for '--devices': '0': must be a whole "
+                                                     "number, 1 to 1024"),
+    (["diff", "a", "b", "--top", "0"], "Error: Invalid value for '--top': '0': must be a whole number, 1 to 10000"),
+    (["diff", "a", "b", "--alpha", "1"], "Error: Invalid value for '--alpha': '1': must be a number, more than 0, "
+                                         "less than 1"),
+    (["check", "g.json", "--rtol", "-1"], "Error: Invalid value for '--rtol': '-1': must be a number, at least 0"),
+])
+def test_range_errors_in_words(capsys, args, message):
+    code, out, err = run_cli(args, capsys)
+    assert code == 2 and err.splitlines()[-1] == message
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["example:seed", "--trace", ""], "'--trace'"),
+    (["example:seed", "--order-out", ""], "'--order-out'"),
+    (["simulate", "example:seed", "--scale", ""], "'--scale'"),
+    (["simulate", "example:seed", "--compare", ""], "'--compare'"),
+    (["sweep", "-g", "example:seed", "--workers", "0", "--out", ""], "'--out'"),
+    (["sweep", "-g", "example:seed", "--workers", "0", "--devices", ""], "'--devices'"),
+    (["sweep", ""], "'[SPEC.yaml]'"),
+    (["gen", "chain", "-o", ""], "'-o' / '--output'"),
+    (["diff", "", ""], "'A B | GRAPH'"),
+])
+def test_an_empty_value_is_an_error(tmp_path, monkeypatch, capsys, args, shown):
+    """`--trace "$OUT"` with OUT unset ran without a trace, exit 0; `--scale ''` scaled nothing; `sweep --out ''`
+    wrote nothing: the CI step believed it had its file."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(args, capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"Error: Invalid value for {shown}: an empty value (an unset shell variable?)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_empty_values_that_mean_something_stay(capsys):
+    code, out, err = run_cli(["diff", "example:seed", "--a", "", "--b", "--no-multithreading", "--json"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["example:seed", "--inputs", ""], capsys)
+    assert (code, err) == (2, "Error: --inputs: no inputs given\n")

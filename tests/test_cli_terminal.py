@@ -82,3 +82,89 @@ def test_a_hostile_graph_on_a_terminal(tmp_path):
     for raw in ("\x1b]0;pwned", "\x1b[2KError", "\x07"):
         assert raw not in p.out
     assert SHOWN in p.out
+
+
+def _ops_table():
+    from autograd_run.cli.render import columns
+    from autograd_run.cli.terminal import PlainTable
+    t = columns(PlainTable(title="ops"), ("op", "name"), ("count", "num"), ("total", "num"), ("mean", "num"),
+                ("p95", "num"))
+    t.add_row("MmBackward0", "2", "114.9 µs", "57.4 µs", "91.1 µs")
+    t.add_row("x[/b]\x1b]0;t\x07", "1", "17.1 µs", "17.1 µs", "17.1 µs")
+    t.add_row("... 3 more", "", "", "", "")
+    return t
+
+
+def _shown(renderable, width):
+    import io
+    from rich.console import Console
+    f = io.StringIO()
+    Console(file=f, width=width, color_system=None, force_terminal=False, legacy_windows=False).print(renderable)
+    return [line.rstrip() for line in f.getvalue().split("\n")]
+
+
+def test_plain_table_at_60_columns_keeps_its_box():
+    assert _shown(_ops_table(), 60) == [
+        "                            ops",
+        "┏━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━┓",
+        "┃ op                ┃ count ┃    total ┃    mean ┃     p95 ┃",
+        "┡━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━┩",
+        "│ MmBackward0       │     2 │ 114.9 µs │ 57.4 µs │ 91.1 µs │",
+        "│ x[/b]\\x1b]0;t\\x07 │     1 │  17.1 µs │ 17.1 µs │ 17.1 µs │",
+        "│ ... 3 more        │       │          │         │         │",
+        "└───────────────────┴───────┴──────────┴─────────┴─────────┘",
+        ""]
+
+
+def test_plain_table_at_40_columns_drops_its_box_and_keeps_numbers_whole():
+    assert _shown(_ops_table(), 40) == [
+        "                  ops",
+        "op        count    total    mean     p95",
+        "────────────────────────────────────────",
+        "MmBackwar     2 114.9 µs 57.4 µs 91.1 µs",
+        "d0",
+        "x[/b]\\x1b     1  17.1 µs 17.1 µs 17.1 µs",
+        "]0;t\\x07",
+        "... 3",
+        "more",
+        ""]
+
+
+def test_plain_table_at_30_columns_stacks_rows_as_header_value_lines():
+    assert _shown(_ops_table(), 30) == [
+        "ops",
+        "op: MmBackward0",
+        "  count: 2",
+        "  total: 114.9 µs",
+        "  mean: 57.4 µs",
+        "  p95: 91.1 µs",
+        "op: x[/b]\\x1b]0;t\\x07",
+        "  count: 1",
+        "  total: 17.1 µs",
+        "  mean: 17.1 µs",
+        "  p95: 17.1 µs",
+        "op: ... 3 more",  # its empty cells: no lines
+        ""]
+
+
+def test_a_stacked_value_too_long_for_the_line_folds_and_keeps_every_character():
+    from autograd_run.cli.render import columns
+    from autograd_run.cli.terminal import PlainTable
+    t = columns(PlainTable(), ("leaf", "id"), ("max abs err", "num"), ("max rel err", "num"))
+    t.add_row(LONG_ID, "1e-07", "2.5e-08")
+    lines = _shown(t, 24)  # too narrow even without the box (2 + 4 + 11 + 11)
+    assert all(len(line) <= 24 for line in lines)
+    assert lines[-3:] == ["  max abs err: 1e-07", "  max rel err: 2.5e-08", ""]
+    assert lines[0] == "leaf:" and "".join(lines[1:-3]) == LONG_ID  # folded, every character there
+
+
+def test_example_pipeline_at_30_columns():
+    p = cli(["example:pipeline", "--devices", "virtual"], columns=30)
+    assert p.code == 0, p.err
+    lines = p.out.splitlines()
+    assert max(len(line) for line in lines) <= 30
+    for line in lines:  # stacked rows: every time whole on its line, with its unit
+        if line.startswith("  ") and line.lstrip().split(":")[0] in ("busy", "idle", "total", "mean", "p95", "time",
+                                                                        "queued", "start"):
+            assert TIME.match(line.split(": ", 1)[1]), line
+    assert "node: mm1" in lines and "op: MmBackward0" in lines

@@ -151,3 +151,14 @@ def test_hostile_variable_names_in_gradients(tmp_path, kind):
     assert_safe(p)
     if kind == "json":
         assert EVIL + "v" in json.loads(p.out)["grads"]
+
+
+def test_check_shows_a_hostile_hook_note_once_and_escaped(tmp_path):
+    """The note (hook names from meta.hooks, opaque node ids) was printed a second time after the table,
+    raw: its escape sequences reached the terminal and its newline forged a line."""
+    g = hostile(tmp_path, meta={"reference": {"order": [[EVIL, 1, None]], "grads": {EVIL + "v": [5.0, 5.0]}},
+                                "hooks": [{"tensor": EVIL}]})
+    p = cli(["check", g], columns=1000)
+    assert p.code == 3
+    assert_safe(p)
+    assert p.out.count("PyTorch ran hooks that the graph file does not hold") == 1 and SHOWN in p.out

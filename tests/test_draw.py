@@ -4,6 +4,7 @@ graphs cut down with a note, and hostile ids that cannot break out of their stri
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import xml.etree.ElementTree as ET
@@ -234,10 +235,14 @@ def test_without_dot_the_error_names_what_to_install(tmp_path, capsys, monkeypat
     (["-o", "x.pdf"], "-o: x.pdf: the output must end in .dot, .svg, .png or .html"),
     (["-o", "x.dot", "--trace", "a", "--costs", "b"], "--trace, --simulate, --costs and --diff: choose one"),
     (["-o", "x.dot", "--depth", "3"], "--depth goes with --around"),
+    (["-o", "x.dot", "--depth", "2"], "--depth goes with --around"),
+    (["-o", "x.dot", "--color-by", "duration"], "--color-by and --log-scale need --trace or --simulate"),
     (["-o", "x.dot", "--around", "nope"], "--around: no node 'nope' in example:seed"),
     (["-o", "x.dot", "--color-by", "wait"], "--color-by and --log-scale need --trace or --simulate"),
     (["-o", "x.dot", "--simulate=--bogus"], "--simulate: No such option '--bogus'"),
     (["-o", "x.dot", "--simulate=run"], "--simulate takes the options of `simulate`"),
+    (["-o", "x.dot", "--costs", "t.json", "--color-by", "wait"], "--color-by goes with --trace or --simulate"),
+    (["-o", "x.dot", "--diff", "a", "b", "--color-by", "start"], "--color-by goes with --trace or --simulate"),
 ])
 def test_refused_requests_exit_2(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
@@ -263,3 +268,17 @@ def test_a_trace_of_another_graph_is_refused(tmp_path, capsys):
     run_cli(["example:mlp", "--trace", str(trace), "--no-summary"], capsys)
     code, _, err = draw(capsys, "example:seed", "-o", str(tmp_path / "x.dot"), "--trace", str(trace))
     assert code == 2 and err.startswith(f"Error: --trace: {trace}: no node of example:seed has a time there")
+
+
+def test_a_graph_from_stdin(tmp_path):
+    """draw takes - as run and simulate do (it said: -: no such file); diff, which reads GRAPH once per side,
+    says why it cannot."""
+    from cli_proc import cli
+    seed = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "autograd_run", "graphs",
+                        "examples", "seed.yaml")
+    with open(seed, "rb") as f:
+        data = f.read()
+    p = cli(["draw", "-", "-o", tmp_path / "s.dot"], input=data)
+    assert (p.code, p.err) == (0, "") and 'label="&lt;stdin&gt;: 5 nodes' in (tmp_path / "s.dot").read_text()
+    p = cli(["diff", "-", "--a", "--repeat 2"], input=data)
+    assert (p.code, p.err) == (2, "Error: -: GRAPH is read once per side; give it as a file, not on stdin\n")

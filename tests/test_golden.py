@@ -274,9 +274,22 @@ def test_capture_in_grad_mode(tmp_path, capsys):
     (["-o", "{tmp}/g.json", "--order-out", "{tmp}/g.json"], "Error: --order-out: {tmp}/g.json: the graph is written"),
     (["--order-out", "{tmp}/nodir/o.jsonl"], "Error: --order-out: {tmp}/nodir/o.jsonl: no such directory"),
     (["--expect-order", "{tmp}/missing.jsonl"], "Error: --expect-order: {tmp}/missing.jsonl: cannot read"),
+    # The graph and its .npz never go over the golden read, nor the order and the profiler trace over the .npz.
+    (["-o", "{tmp}/o.json", "--expect-order", "{tmp}/o.json"], "Error: -o: {tmp}/o.json: is an input of this run"),
+    (["-o", "{tmp}/o.json", "--expect-order", "{tmp}/o.npz"], "Error: -o: {tmp}/o.npz: is an input of this run"),
+    (["-o", "{tmp}/g.json", "--order-out", "{tmp}/g.npz"],
+     "Error: --order-out: {tmp}/g.npz: the graph's .npz is written there already"),
+    (["-o", "{tmp}/g.json", "--profile", "--profile-trace", "{tmp}/g.npz"],
+     "Error: --profile-trace: {tmp}/g.npz: the graph's .npz is written there already"),
+    (["-o", "{tmp}/g.json", "--profile", "--profile-trace", "{tmp}/p.json", "--order-out", "{tmp}/p.json"],
+     "Error: --order-out: {tmp}/p.json: the profiler trace is written there already"),
+    (["-o", "{tmp}/g.json", "--steps", "10"], "Error: --steps, --warmup and --profile-trace go with --profile"),
+    (["-o", "{tmp}/g.json", "--warmup", "3"], "Error: --steps, --warmup and --profile-trace go with --profile"),
 ])
 def test_capture_golden_usage_errors_are_reported_before_the_script_runs(tmp_path, model, capsys, args, message):
     (tmp_path / "o.jsonl").write_text("")
+    for golden_file in ("o.json", "o.npz"):
+        (tmp_path / golden_file).write_text('{"id": "SumBackward0"}\n')
     marker = tmp_path / "ran"
     model.write_text(f"open({str(marker)!r}, 'w').close()\n" + MODEL)
     code, out, err = run_cli(["capture", f"{model}:main", *[a.format(tmp=tmp_path) for a in args]], capsys)

@@ -162,3 +162,33 @@ def test_a_keyboard_interrupt_inside_a_node_is_an_interruption_not_a_node_failur
                        attrs={"callable": "test_interrupts:raise_keyboard_interrupt"}), leaf("x", [2])))
     r = run_session(g, RunOptions(allow_python=True, multithreading=False))
     assert r.interrupted == "interrupted" and r.error.exit_code == 130 and r.error.node_id is None
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+def test_timeout_must_be_finite(value, capsys):
+    from builders import run_cli
+    code, out, err = run_cli(["example:seed", "--timeout", value], capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == (f"Error: Invalid value for '--timeout': '{value}': must be a finite number of "
+                                    "seconds, more than 0")
+
+
+def test_a_far_timeout_is_no_traceback_and_still_a_limit():
+    """select() cannot wait 1e300 s (time_t overflows): the watchdog waits for it by the day."""
+    p = cli(["example:seed", "--timeout", "1e300", "--no-summary"])
+    assert (p.code, p.err) == (0, "")
+    from autograd_run.stopping import MAX_WAIT_S, RunStop, Watchdog
+    stopped = []
+    stop = RunStop()
+    with Watchdog(stop, 1e300, stopped.append):
+        pass
+    assert stopped == [] and MAX_WAIT_S <= 86400
+
+
+def test_the_session_refuses_a_nan_timeout():
+    from autograd_run.errors import RequestError
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.session import RunOptions, run_session
+    with pytest.raises(RequestError, match="time limit") as info:
+        run_session(load_graph("example:seed"), RunOptions(timeout=float("nan"), profile=False))
+    assert info.value.option == "timeout"

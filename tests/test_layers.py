@@ -117,7 +117,9 @@ def test_layers_do_not_reach_up(package):
 
 
 def test_only_the_cli_imports_the_cli():
-    bad = [(m, t) for m, targets in IMPORTS.items() if layer(m) != "cli" for t in targets if layer(t) == "cli"]
+    # autograd_run.__main__ is the command line too: `python -m autograd_run`.
+    bad = [(m, t) for m, targets in IMPORTS.items() if layer(m) not in ("cli", "__main__") for t in targets
+           if layer(t) == "cli"]
     assert bad == []
 
 

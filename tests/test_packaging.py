@@ -49,11 +49,13 @@ def test_the_wheel_carries_package_data(dist):
 def test_the_wheel_runs_in_a_fresh_environment_outside_the_checkout(dist, tmp_path):
     (wheel,) = dist.glob("*.whl")
     venv = tmp_path / "venv"
-    sh([sys.executable, "-m", "venv", str(venv)], tmp_path)
-    py = venv / "bin" / "python"
-    sh([str(py), "-m", "pip", "install", "-q", str(wheel)], tmp_path)
-    tool = str(venv / "bin" / "autograd-run")
+    # Without the checkout on PYTHONPATH: pip would see its autograd_run.egg-info (made by the build) as the
+    # package already installed, and install nothing.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AUTOGRAD_RUN_PURE_PYTHON")}
+    sh([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
+    py = venv / "bin" / "python"
+    sh([str(py), "-m", "pip", "install", "-q", str(wheel)], tmp_path, env)
+    tool = str(venv / "bin" / "autograd-run")
     work = tmp_path / "elsewhere"
     work.mkdir()
     assert "a" in sh([tool, "example:seed"], work, env)

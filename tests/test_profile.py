@@ -179,6 +179,10 @@ def refused(tmp_path, content: bytes | str, name="in.json") -> str:
     ('{"summary": {}, "samples": {"passes": 1, "wall_ns": [1], "critical_path_ns": [1], "critical_path": [[]],'
      ' "worker_busy_ns": {}, "nodes": {"x": {"name": "N", "worker": ["caller"], "start_ns": [0],'
      ' "duration_ns": ["1"], "queue_wait_ns": [0]}}}}', "$.samples.nodes['x'].duration_ns[0]: must be an integer"),
+    ('{"summary": {}, "samples": {"passes": 1, "wall_ns": [1' + "0" * 400 + '], "critical_path_ns": [1]}}',
+     "$.samples.wall_ns[0]: must be an integer of at most 2**64"),  # was an OverflowError in diff's median
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1e308, "dur": 1, "args": {"id": "a", "graph_task": 0}}]}',
+     "$.traceEvents[0]: a node slice needs a number 'ts'"),  # 1e308 us in ns: an OverflowError in round()
     ('{"summary": {}, "error": {"message": "boom"}}', "$.error: the run failed (boom)"),
     ('{"id": "a"}\n{"id": 3}\n', "line 2: each line needs an object with a string 'id'"),
     ('{"id": "a", "pass": -1}\n{"id": "b"}\n', "line 1: 'pass' must be an integer"),

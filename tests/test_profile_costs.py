@@ -158,8 +158,9 @@ def test_a_profile_of_another_model_is_rejected_with_the_coverage(captured, tmp_
     assert "Traceback" not in errtext
 
 
-def test_simulate_command_shows_the_coverage_and_uses_the_costs(captured, capsys):
+def test_simulate_command_shows_the_coverage_and_uses_the_costs(captured, capsys, monkeypatch):
     g, plain, _, folder = captured
+    monkeypatch.setenv("COLUMNS", "300")  # the lines hold a temporary path: at 80 columns they wrap where it ends
     code, out, err = run_cli(["simulate", str(folder / "mlp.json"), "--costs", plain, "--spec", "cpu", "--json"],
                              capsys)
     assert code == 0, err

@@ -290,3 +290,39 @@ def test_a_machine_spec_file_is_read_as_untrusted_data(tmp_path):
     os.mkfifo(tmp_path / "pipe.json")
     with pytest.raises(RequestError):  # refused, not blocked on
         load_spec(str(tmp_path / "pipe.json"))
+
+
+def _h100_with(change):
+    from importlib import resources
+    d = json.loads(resources.files("autograd_run.sim").joinpath("specs", "h100.json").read_text())
+    change(d)
+    return d
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["accelerator"].update(bw_efficiency=0), "accelerator: bw_efficiency must be more than 0"),
+    (lambda d: d["engine"].update(handoff_us=1e308), "engine: handoff_us must be a number from 0 to 1e+09"),
+    (lambda d: d["host"].update(mem_bw=float("inf")), "host: mem_bw must be a number from 0 to 1e+21"),
+    (lambda d: d["accelerator"].update(mem_bw=1e-300), "accelerator: mem_bw must be 0 (none) or at least 1 byte/s"),
+    (lambda d: d["accelerator"].update(peak_flops={"float32": 1e-300}), "accelerator: peak_flops maps dtypes to"),
+    (lambda d: d["host"].update(flops_efficiency=2), "host: flops_efficiency must be a number from 0 to 1"),
+    (lambda d: d.pop("accelerator"), "a spec needs 'accelerator'"),
+    (lambda d: d.update(nodes=[]), "unknown field 'nodes'"),
+])
+def test_a_spec_file_that_would_break_the_simulation_is_refused(tmp_path, capsys, change, message):
+    """A zero efficiency was a ZeroDivisionError traceback, a 1e308 us hand-off an OverflowError one, and a
+    graph file or a run's JSON summary passed for a spec (every field defaulted)."""
+    from builders import run_cli
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(_h100_with(change)))
+    code, out, err = run_cli(["simulate", "example:pipeline", "--spec", str(path)], capsys)
+    assert (code, out) == (2, "") and err.startswith(f"Error: --spec: {path}: {message}"), err
+
+
+def test_a_graph_file_is_not_a_spec(capsys):
+    import os
+    from builders import run_cli
+    from cli_proc import ROOT
+    seed = os.path.join(ROOT, "autograd_run", "graphs", "examples", "seed.yaml")
+    code, out, err = run_cli(["simulate", "example:seed", "--spec", seed], capsys)
+    assert code == 2 and "unknown field 'format'" in err

@@ -322,6 +322,18 @@ def test_options_name_their_flag_in_errors(tmp_path, capsys):
     assert code == 2 and "no graphs" in err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--plot", "svg"], "Error: --plot goes with --out DIR (the plots are written to DIR/plots)\n"),
+    (["--json", "--top", "5"], "Error: --top sets the rows of the table; --json holds every point\n"),
+    (["--transfer", "path"], "Error: --transfer says how graphs reach Dask's workers; --workers 0 runs in this "
+                             "process\n"),
+])
+def test_options_that_would_be_ignored_are_refused(tmp_path, capsys, args, message):
+    code, out, err = run_cli(["sweep", "-g", "example:seed", "--workers", "0", "--cache", str(tmp_path), *args], capsys)
+    assert (code, out, err) == (2, "", message)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_clear_message_when_the_extra_is_missing(tmp_path):
     (tmp_path / "g.json").write_text(json.dumps(generate("chain", n=3)))
     # The real command in a fresh interpreter where `distributed` cannot be imported.

@@ -8,18 +8,18 @@ import warnings
 import click
 
 from autograd_run.cli import capture_golden
-from autograd_run.cli.common import echo, graph_format, max_memory_option
+from autograd_run.cli.common import Finite, Whole, echo, graph_format, max_memory_option
 from autograd_run.errors import OrderMismatch, UsageError
 
 
 @click.command()
 @click.argument("script")
-@click.option("-o", "--output", default=None, help="Graph file to write (.json or .yaml); tensors go to a .npz beside it.")
+@click.option("-o", "--output", default=None, metavar="FILE", help="Graph file to write (.json or .yaml); tensors go to a .npz beside it.")
 @click.option("--profile", is_flag=True,
               help="Also measure each node's cost with PyTorch's profiler (stored in the graph; `simulate` uses it).")
-@click.option("--steps", type=click.IntRange(1, 10_000), default=10, show_default=True,
+@click.option("--steps", type=Whole(1, 10_000), default=10, show_default=True, metavar="N",
               help="--profile: profiled backward calls (costs are their median).")
-@click.option("--warmup", type=click.IntRange(0, 10_000), default=3, show_default=True,
+@click.option("--warmup", type=Whole(0, 10_000), default=3, show_default=True, metavar="N",
               help="--profile: backward calls before profiling.")
 @click.option("--profile-trace", default=None, metavar="FILE",
               help="--profile: also keep the last profiled step's PyTorch profiler trace (Chrome JSON) here.")
@@ -62,23 +62,27 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
     import importlib.util
     import runpy
     from autograd_run.capture import from_torch
-    from autograd_run.outputs import check_output_path
     path, _, func = script.partition(":")
     func = func or "main"
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
     if not (output or order_out or expect_order or check_replay):
         raise UsageError("give -o FILE, --order-out FILE, --expect-order FILE or --check")
+    written: dict[str, str] = {}  # what this capture writes: never an input, no two at one path
     if output:
         graph_format(output)
-        check_output_path(output, "output", [path])
+        capture_golden.claim(written, output, "output", "the graph", [path, expect_order])
+        capture_golden.claim(written, os.path.splitext(output)[0] + ".npz", "output", "the graph's .npz",
+                             [path, expect_order])
     if profile and not output:
         raise UsageError("--profile stores the measured costs in the graph file: give -o FILE")
-    if not profile and (profile_trace or steps != 10 or warmup != 3):
+    from click.core import ParameterSource
+    given = click.get_current_context().get_parameter_source
+    if not profile and (profile_trace or any(given(o) is not ParameterSource.DEFAULT for o in ("steps", "warmup"))):
         raise UsageError("--steps, --warmup and --profile-trace go with --profile")
     if profile_trace:
-        check_output_path(profile_trace, "profile_trace", [path, output])
-    golden = capture_golden.prepare(path, output, order_out, expect_order)
+        capture_golden.claim(written, profile_trace, "profile_trace", "the profiler trace", [path, expect_order])
+    golden = capture_golden.prepare(path, written, order_out, expect_order)
     if importlib.util.find_spec("torch") is None:
         raise UsageError("capture needs PyTorch, which is not installed: pip install 'autograd-run[torch]'")
     namespace = _user_call(path, "running the script", lambda: runpy.run_path(path, run_name="__autograd_run_capture__"))
@@ -122,10 +126,9 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
             raise UsageError(f"profiling failed: {type(exc).__name__}: {exc}") from exc
         cov = measured.get("coverage", {})
         wall = measured["backward_wall_ns"]
-        click.echo(f"{output}: measured {len(measured['nodes'])} of {len(doc['nodes'])} nodes over {steps} profiled "
-                   f"backward calls on {measured['device']}; PyTorch's backward without the profiler: "
-                   f"{fmt_ns(wall['median'])} (median of {wall['runs']})"
-                   + (f"; {cov.get('matched', 0)} nodes matched" if cov else ""))
+        echo(f"{output}: measured {len(measured['nodes'])} of {len(doc['nodes'])} nodes over {steps} profiled "
+             f"backward calls on {measured['device']}; PyTorch's backward without the profiler: "
+             f"{fmt_ns(wall['median'])} (median of {wall['runs']})" + (f"; {cov.get('matched', 0)} nodes matched" if cov else ""))
 
 
 def _describe(output: str, doc: dict) -> str:
@@ -153,10 +156,10 @@ def _split(result):
 
 @click.command()
 @click.argument("graph", metavar="FILE")
-@click.option("--rtol", type=click.FloatRange(0), default=None,
+@click.option("--rtol", type=Finite(0), default=None, metavar="TOL",
               help="Relative tolerance  [default: by the lowest precision on the way to each leaf: 1e-6 for "
                    "float64, 1e-4 for float32, 1e-2 for float16]")
-@click.option("--atol", type=click.FloatRange(0), default=None,
+@click.option("--atol", type=Finite(0), default=None, metavar="TOL",
               help="Absolute tolerance  [default: by precision: 1e-9, 1e-6, 1e-3]")
 @click.option("--allow-opaque", is_flag=True,
               help="Pass although ops without a rule (opaque nodes) keep some gradients from being compared.")
@@ -193,8 +196,6 @@ def check(graph, rtol, atol, allow_opaque, max_memory):
             t.add_row(g.name, "-" if g.max_abs is None else f"{g.max_abs:.3g}",
                       "-" if g.max_rel is None else f"{g.max_rel:.3g}", tol, ok + (f" ({g.note})" if g.note else ""))
         console.print(t)
-        if report.note:
-            console.print(report.note, markup=False, highlight=False)
     if not report.ok:
         why = ("opaque nodes keep gradients from being compared (--allow-opaque accepts that)"
                if report.order_ok and all(g.ok for g in report.grads if g.compared) else

@@ -20,14 +20,23 @@ from autograd_run.cli.common import escape
 from autograd_run.errors import OrderMismatch, RequestError, UsageError
 
 
-def prepare(script: str, output: str | None, order_out: str | None, expect_order: str | None):
-    """Check ``--order-out`` and read ``--expect-order`` (a ``golden.Golden``, or None), before any work."""
-    from autograd_run.golden import read_golden
+def claim(written: dict[str, str], path: str, option: str, what: str, inputs: list[str | None]) -> None:
+    """Check an output ``path`` (``what`` is written there) before any work: not one of ``inputs``, not
+    where another output (``written``: path -> what) goes, creatable; then add it to ``written``."""
     from autograd_run.outputs import check_output_path
+    for other, owner in written.items():
+        if os.path.realpath(path) == os.path.realpath(other):
+            raise RequestError(f"{path}: {owner} is written there already", option)
+    check_output_path(path, option, [p for p in inputs if p])
+    written[path] = what
+
+
+def prepare(script: str, written: dict[str, str], order_out: str | None, expect_order: str | None):
+    """Check ``--order-out`` against the inputs and the other outputs (``written``: path -> what) and read
+    ``--expect-order`` (a ``golden.Golden``, or None), before any work."""
+    from autograd_run.golden import read_golden
     if order_out:
-        if output and os.path.abspath(order_out) == os.path.abspath(output):
-            raise RequestError(f"{order_out}: the graph is written there already", "order_out")
-        check_output_path(order_out, "order_out", [script, expect_order or "", output or ""])
+        claim(written, order_out, "order_out", "the order", [script, expect_order])
     return read_golden(expect_order, "expected_order") if expect_order else None
 
 

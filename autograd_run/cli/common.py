@@ -7,7 +7,8 @@ import click
 from autograd_run.cli.terminal import escape, escape_lines
 from autograd_run.errors import GraphFileError, UsageError
 
-__all__ = ["escape", "echo", "write", "stdout_closed", "error_line", "note_lines", "graph_format"]
+__all__ = ["escape", "echo", "write", "stdout_closed", "error_line", "note_lines", "graph_format", "Finite",
+           "Seconds", "Whole"]
 
 
 def echo(msg: str, err: bool = False) -> None:
@@ -77,8 +78,31 @@ class Whole(click.IntRange):
             self.fail(f"{value!r}: must be a whole number, {self.words}", param, ctx)
 
 
-class Seconds(click.FloatRange):
-    """A positive number of seconds."""
+class Finite(click.FloatRange):
+    """A number in a range, never NaN or infinite: click's own range lets ``nan`` through (it compares
+    false with both ends) and ``inf`` past an open top, and neither is a tolerance, a level or a time.
+    --help says the range in words, as ``Whole`` does."""
+
+    def _describe_range(self) -> str:
+        low = None if self.min is None else f"{'more than' if self.min_open else 'at least'} {self.min:g}"
+        high = None if self.max is None else f"{'less than' if self.max_open else 'at most'} {self.max:g}"
+        if low and high and not (self.min_open or self.max_open):
+            return f"{self.min:g} to {self.max:g}"
+        return ", ".join(w for w in (low, high) if w)
+
+    def convert(self, value, param, ctx):
+        import math
+        try:
+            rv = super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r}: must be a number, {self._describe_range()}", param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r}: must be a finite number", param, ctx)
+        return rv
+
+
+class Seconds(Finite):
+    """A positive, finite number of seconds."""
 
     name = "seconds"
 
@@ -92,7 +116,7 @@ class Seconds(click.FloatRange):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            self.fail(f"{value!r}: must be a number of seconds, more than 0", param, ctx)
+            self.fail(f"{value!r}: must be a finite number of seconds, more than 0", param, ctx)
 
 
 #: The name a graph read from standard input goes by in messages.

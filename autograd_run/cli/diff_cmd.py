@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from autograd_run.cli.common import Finite, Whole
 from autograd_run.errors import AutogradRunError, RequestError, UsageError
 
 
@@ -21,15 +22,16 @@ class ThresholdCrossed(AutogradRunError):
 @click.option("--a", "side_a", default=None, metavar="OPTIONS",
               help="With GRAPH: side A's options, as for `run` (e.g. '--repeat 20'), or 'simulate ...'.")
 @click.option("--b", "side_b", default=None, metavar="OPTIONS", help="With GRAPH: side B's options.")
-@click.option("--warmup", type=click.IntRange(0, 1000), default=1, show_default=True,
+@click.option("--warmup", type=Whole(0, 1000), default=1, show_default=True, metavar="N",
               help="With GRAPH: discarded passes per run side before measuring.")
 @click.option("--fail-on", default=None, metavar="RULES",
               help="Exit 3 when one is crossed, e.g. 'wall>10%,critical-path>5%,node>2ms,order'. "
                    "Keys: wall, critical-path, node, op, utilization (>VALUE); order, workers, "
                    "critical-path-nodes, structure.")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.01,
+@click.option("--alpha", type=Finite(0, 1, min_open=True, max_open=True), default=0.01, metavar="P",
               show_default=True, help="Significance level of the Mann–Whitney U test (Holm-adjusted per table).")
-@click.option("--top", type=click.IntRange(1, 10_000), default=10, show_default=True, help="Rows per table.")
+@click.option("--top", type=Whole(1, 10_000), default=10, show_default=True, metavar="N",
+              help="Rows per table.")
 @click.option("--json", "json_out", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--markdown", is_flag=True, help="Print the comparison as Markdown (a CI job summary, a PR comment).")
 def diff(inputs, side_a, side_b, warmup, fail_on, alpha, top, json_out, markdown):
@@ -57,10 +59,15 @@ def diff(inputs, side_a, side_b, warmup, fail_on, alpha, top, json_out, markdown
     if len(inputs) == 2:
         if side_a is not None or side_b is not None:
             raise UsageError("--a/--b go with one GRAPH, not with two files to compare")
+        from click.core import ParameterSource
+        if click.get_current_context().get_parameter_source("warmup") is not ParameterSource.DEFAULT:
+            raise UsageError("--warmup goes with one GRAPH run two ways, not with two files to compare")
         a, b = _read_pair(inputs)
     elif len(inputs) == 1:
         if side_a is None and side_b is None:
             raise UsageError("one input: give --a and/or --b to run GRAPH two ways (or give two files)")
+        if inputs[0] == "-":
+            raise UsageError("-: GRAPH is read once per side; give it as a file, not on stdin")
         a, b = _measure(inputs[0], side_a or "", side_b or "", warmup)
     else:
         raise UsageError(f"expected A B (two files) or one GRAPH with --a/--b; got {len(inputs)} arguments")
@@ -77,9 +84,9 @@ def diff(inputs, side_a, side_b, warmup, fail_on, alpha, top, json_out, markdown
         from autograd_run.cli.diff_render import markdown as render_md
         click.echo(render_md(d, a, b, verdicts, top))
     else:
-        from rich.console import Console
         from autograd_run.cli.diff_render import render
-        render(Console(), d, a, b, verdicts, top)
+        from autograd_run.cli.terminal import make_console
+        render(make_console(), d, a, b, verdicts, top)
     crossed = [v for v in verdicts if v.crossed]
     if crossed:
         raise ThresholdCrossed("crossed: " + "; ".join(f"{v.threshold} ({v.detail})" for v in crossed))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from autograd_run.cli.common import Whole
 from autograd_run.draw.timing import METRICS
 from autograd_run.errors import RequestError, UsageError
 
@@ -50,13 +51,14 @@ class _DrawCommand(click.Command):
               help="With --trace or --simulate: which time colours the nodes.")
 @click.option("--log-scale", is_flag=True, help="A logarithmic colour scale (times spread over decades).")
 @click.option("--around", "around_node", default=None, metavar="NODE", help="Only the nodes near NODE.")
-@click.option("--depth", type=click.IntRange(0, 10_000), default=2, show_default=True,
+@click.option("--depth", type=Whole(0, 10_000), default=2, show_default=True, metavar="N",
               help="With --around: how many edges away from NODE.")
-@click.option("--max-nodes", type=click.IntRange(2, 1_000_000), default=300, show_default=True,
+@click.option("--max-nodes", type=Whole(2, 1_000_000), default=300, show_default=True, metavar="N",
               help="Collapse repeated structure beyond this many boxes (the picture says what).")
 def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_path, diff_paths, metric, log_scale, around_node,
          depth, max_nodes):
-    """Draw GRAPH: nodes by device (and stream), leaves and outputs marked, optionally coloured by time.
+    """Draw GRAPH (a file, example:NAME, or - for stdin): nodes by device (and stream), leaves and outputs
+    marked, optionally coloured by time.
 
     DOT is written by autograd-run itself; SVG, PNG and HTML need Graphviz
     (the `dot` program and `pip install 'autograd-run[draw]'`).
@@ -70,7 +72,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
       autograd-run draw big.json -o part.png --around mm_12 --depth 3
     """
     from autograd_run.draw import dot, render, timing, view
-    from autograd_run.graphs.load import load_graph
+    from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import atomic_write, check_output_path
     from autograd_run.traces.profile import read_profile
 
@@ -79,10 +81,15 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
     sources = [s for s in (trace_path, simulate_opts, costs_path, diff_paths) if s is not None]
     if len(sources) > 1:
         raise UsageError("--trace, --simulate, --costs and --diff: choose one")
-    if around_node is None and depth != 2:
+    from click.core import ParameterSource
+    given = {name for name in ("depth", "metric")
+             if click.get_current_context().get_parameter_source(name) is not ParameterSource.DEFAULT}
+    if around_node is None and "depth" in given:
         raise UsageError("--depth goes with --around")
+    if "metric" in given and (costs_path is not None or diff_paths is not None):
+        raise UsageError("--color-by goes with --trace or --simulate (--costs and --diff colour by run time)")
     fmt = render.output_format(output)
-    g = load_graph(graph)
+    g = load_graph_arg(graph)
     side = None
     if simulate_opts is not None:
         from autograd_run.cli.sides import parse_side
@@ -108,12 +115,12 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
     elif side is not None:
         g, profile = _simulate(g, side)
         colouring = timing.from_profile(g, profile, metric)
-    elif metric != "duration" or log_scale:
+    elif "metric" in given or log_scale:
         raise UsageError("--color-by and --log-scale need --trace or --simulate (or --costs, --diff)")
 
     v = view.around(g, around_node, depth) if around_node is not None else view.whole(g)
     v = view.collapse(v, max_nodes, [r.edge.node for r in g.roots])
-    title = f"{graph}: {len(g.nodes)} nodes" + (f", {colouring.title}" if colouring is not None else "")
+    title = f"{g.source}: {len(g.nodes)} nodes" + (f", {colouring.title}" if colouring is not None else "")
     text = dot.to_dot(g, v, colouring, saved=saved, log=log_scale, title=title)
     data = render.render(text, fmt, title, v.notes)
     atomic_write(output, data, "output")

@@ -21,18 +21,40 @@ FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error",
          "backend": "--backend", "devices": "--devices", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
          "policy": "--policy", "placement": "--placement", "fail_on": "--fail-on",
          "trace": "--trace", "diff": "--diff", "around": "--around", "step": "--step", "costs_step": "--step",
-         "steps": "--steps", "warmup": "--warmup",
+         "steps": "--steps", "warmup": "--warmup", "timeout": "--timeout", "allow_unused": "--allow-unused",
+         "profile_trace": "--profile-trace",
          "cache": "--cache", "scheduler": "--scheduler", "workers": "--workers", "out": "--out",
          "transfer": "--transfer", "batch": "--batch"}
 
 
 class DefaultGroup(click.Group):
-    """A group whose first argument, when it is not a command, is a graph to ``run``."""
+    """A group whose first argument, when it is not a command, is a graph to ``run``.
+
+    A reader of stdout that goes away (``| head -1``) ends the command quietly with status 0: click
+    itself turns that ``BrokenPipeError`` into exit status 1, so it is caught here first, around the
+    parsing (``--help``, ``--version``) and the command.
+    """
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):  # "-": stdin
             args = ["run", *args]
-        return super().parse_args(ctx, args)
+        with _quiet_when_stdout_closes():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        with _quiet_when_stdout_closes():
+            return super().invoke(ctx)
+
+
+class _quiet_when_stdout_closes:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, BrokenPipeError):
+            stdout_closed()
+            raise click.exceptions.Exit(0)
+        return False
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -126,6 +148,25 @@ cli.add_command(diff)
 cli.add_command(draw)
 cli.add_command(sweep)
 
+#: Options whose empty value means something: a side with the command's defaults (``--a ''``), and
+#: those with a message of their own (``--inputs ''``: no inputs given).
+EMPTY_OK = {("diff", "side_a"), ("diff", "side_b"), ("draw", "simulate_opts"), ("run", "inputs"), ("diff", "fail_on")}
+
+
+def _not_empty(ctx, param, value):
+    """An option or argument given an empty value (``--trace "$OUT"`` with OUT unset) is an error, not
+    "no trace"."""
+    if value == "" or (isinstance(value, tuple) and "" in value):
+        raise click.BadParameter("an empty value (an unset shell variable?)", ctx, param)
+    return value
+
+
+for _name, _command in cli.commands.items():
+    for _param in _command.params:
+        if (not getattr(_param, "is_flag", False) and (_name, _param.name) not in EMPTY_OK and _param.callback is None
+                and isinstance(_param.type, click.types.StringParamType)):
+            _param.callback = _not_empty
+
 
 #: numpy's floating-point warnings (an overflowing float16 gradient, 0/0 in a rule): the results show
 #: them (inf, NaN; anomaly mode names the node), so they are not repeated as warnings on stderr.
@@ -141,7 +182,8 @@ def main(argv=None):
         error_line("aborted")
         sys.exit(130)
     except click.ClickException as exc:
-        exc.message = escape(exc.message)  # click quotes some values with repr, not all (No such option: ...)
+        if not isinstance(exc, click.exceptions.NoArgsIsHelpError):  # that one's message is our help text
+            exc.message = escape(exc.message)  # click quotes some values with repr, not all (No such option: ...)
         exc.show()
         sys.exit(exc.exit_code)
     except RequestError as exc:

@@ -59,9 +59,9 @@ class Progress(Tracer):
 @click.option("--trace", "trace_path", default=None, metavar="FILE", help="Write a Chrome/Perfetto trace here.")
 @click.option("--open", "open_trace", is_flag=True,
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
-@click.option("--grad", "mode", flag_value="grad", default=None,
+@click.option("--grad", "grad_mode", is_flag=True,
               help="Return gradients of --inputs (torch.autograd.grad)  [default: as the graph file says]")
-@click.option("--backward", "mode", flag_value="backward", help="Accumulate into variables (Tensor.backward).")
+@click.option("--backward", "backward_mode", is_flag=True, help="Accumulate into variables (Tensor.backward).")
 @click.option("--inputs", default=None, metavar="ID,...", help="Comma-separated variable names or node ids.")
 @click.option("--allow-unused", is_flag=True, help="--grad: an input the graph does not reach gets no gradient "
               "instead of PyTorch's error (allow_unused=True).")
@@ -88,7 +88,7 @@ class Progress(Tracer):
               help="Measured costs (a PyTorch profiler trace, a trace of `run --trace`, or a graph captured with "
                    "--profile): each opaque node (no rule here) takes its measured time, so a replay spends what "
                    "PyTorch spent there.")
-@click.option("--step", type=click.IntRange(1, None), default=None, metavar="N",
+@click.option("--step", type=Whole(1), default=None, metavar="N",
               help="With a PyTorch profile: its N-th backward call of this graph, not the median.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True,
@@ -98,9 +98,9 @@ class Progress(Tracer):
 @click.option("--format", "fmt", type=click.Choice(["json", "yaml"]), default=None,
               help="The format of a graph read from stdin (GRAPH is -)  [default: from its first character]")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
-def run(graph, trace_path, open_trace, mode, inputs, allow_unused, retain_graph, create_graph, no_multithreading, backend,
-        backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, max_memory, order_out, expect_order,
-        costs, step, summary, json_out, timeout, fmt, verbose):
+def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_unused, retain_graph, create_graph,
+        no_multithreading, backend, backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, max_memory,
+        order_out, expect_order, costs, step, summary, json_out, timeout, fmt, verbose):
     """Run a graph's backward pass (GRAPH is a file, example:NAME, or - for stdin).
 
     \b
@@ -118,6 +118,7 @@ def run(graph, trace_path, open_trace, mode, inputs, allow_unused, retain_graph,
     from autograd_run.session import RunOptions, run_session
     from autograd_run.traces.order import read_order
 
+    mode = run_mode(grad_mode, backward_mode)
     if open_trace:
         if not trace_path:
             raise UsageError("--open needs --trace FILE")
@@ -186,6 +187,13 @@ def run(graph, trace_path, open_trace, mode, inputs, allow_unused, retain_graph,
     if expect_order and not json_out:
         echo(f"order matches {expect_order} ({len(report.order)} nodes"
              + (", compared per worker)" if report.per_worker else ")"))
+
+
+def run_mode(grad: bool, backward: bool) -> str | None:
+    """``--grad`` / ``--backward`` as a run mode (None: as the graph file says); both is a usage error."""
+    if grad and backward:
+        raise UsageError("--grad and --backward: choose one")
+    return "grad" if grad else "backward" if backward else None
 
 
 def _stopped(report, trace_path, order_out, repeat, timeout) -> None:

@@ -16,10 +16,10 @@ import click
 
 from autograd_run.errors import UsageError
 
-#: Options a side may not carry (they write files or choose what is printed).
+#: Options a side may not carry (they write files, choose what is printed, or stop a run part way).
 _REFUSED = {"trace_path": "--trace", "order_out": "--order-out", "expect_order": "--expect-order",
             "json_out": "--json", "compare": "--compare", "verbose": "--verbose", "open_trace": "--open",
-            "fmt": "--format"}
+            "fmt": "--format", "summary": "--summary/--no-summary", "slack": "--slack", "timeout": "--timeout"}
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Side:
                           devices=p.get("backend") or p.get("backend_old") or "auto", anomaly=p["anomaly"], inject_error=p["inject_error"],
                           inject_nan=p["inject_nan"], repeat=repeat, seed=p["seed"],
                           allow_python=p["allow_python"], profile=True, samples=True, record_order=True,
-                          order_ready=order_ready)
+                          order_ready=order_ready, costs=p["costs"], costs_step=p["step"])
 
     def sim_options(self):
         """``SimOptions`` of a simulation side."""
@@ -54,7 +54,7 @@ class Side:
         p = self.params
         return SimOptions(spec=p["spec"], devices=p["devices"],
                           placement=p["placement"] or ("greedy" if p["devices"] else "keep"), policy=p["policy"],
-                          scale=p["scale"], costs=p["costs"], slack_top=0, detail=False)
+                          scale=p["scale"], costs=p["costs"], step=p["step"], slack_top=0, detail=False)
 
 
 def parse_side(text: str, flag: str, default_kind: str = "run") -> Side:
@@ -76,8 +76,15 @@ def parse_side(text: str, flag: str, default_kind: str = "run") -> Side:
         ctx = command.make_context(f"{flag} {kind}", ["GRAPH", *args], resilient_parsing=False)
     except click.ClickException as exc:
         raise UsageError(f"{flag}: {exc.format_message()}") from None
+    from click.core import ParameterSource
     params = dict(ctx.params)
+    if kind == "run":
+        from autograd_run.cli.run_cmd import run_mode
+        try:
+            params["mode"] = run_mode(params.pop("grad_mode"), params.pop("backward_mode"))
+        except UsageError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
     for p in command.params:
-        if p.name in _REFUSED and params.get(p.name) not in (None, False, p.default):
+        if p.name in _REFUSED and ctx.get_parameter_source(p.name) not in (ParameterSource.DEFAULT, None):
             raise UsageError(f"{flag}: {_REFUSED[p.name]} is not available here (a side only measures)")
     return Side(kind, text, params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import echo, write
+from autograd_run.cli.common import Whole, echo, write
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.sim.placement import PLACEMENTS
 from autograd_run.sim.policies import POLICIES
@@ -24,6 +24,9 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
     if not sep:
         key, values = "policy", compare
     items = [v.strip() for v in values.split(",") if v.strip()]
+    if key in ("policy", "devices") and not items:
+        raise UsageError(f"--compare {key}=: give the values to compare, e.g. "
+                         + ("policy=pytorch,fifo" if key == "policy" else "devices=1,2,4"))
     if key == "policy":
         bad = [v for v in items if v not in POLICIES]
         if bad:
@@ -45,7 +48,7 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @click.option("--spec", default=None, metavar="NAME|FILE",
               help="Machine spec: h100, h200, a100, l4, cpu, local (measured by `calibrate`) or a file. "
                    "Default: local when calibrated, else h100.")
-@click.option("--devices", type=click.IntRange(1, 1024), default=None,
+@click.option("--devices", type=Whole(1, 1024), default=None, metavar="K",
               help="Remap the graph onto K accelerator devices (with --placement).")
 @click.option("--placement", type=click.Choice(PLACEMENTS), default=None,
               help="How nodes are placed on --devices  [default: keep, or greedy with --devices]")
@@ -57,7 +60,7 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="Measured node costs: a PyTorch profiler trace (torch.profiler's export_chrome_trace, "
                    ".json or gzipped), a trace of `run --trace`, or a graph captured with --profile; "
                    "`analytic` ignores the graph's own measured costs. Default: the graph's own, if any.")
-@click.option("--step", type=click.IntRange(1, None), default=None, metavar="N",
+@click.option("--step", type=Whole(1), default=None, metavar="N",
               help="With a PyTorch profile: the costs of its N-th backward call of this graph, not the median.")
 @click.option("--compare", default=None, metavar="policy=A,B|devices=K,K",
               help="Simulate several policies or device counts and print one table.")
@@ -66,7 +69,7 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--order-out", default=None, metavar="FILE",
               help="Write the predicted order (a golden for `run --expect-order`).")
-@click.option("--slack", type=click.IntRange(0, 100), default=5, show_default=True,
+@click.option("--slack", type=Whole(0, 100), default=5, show_default=True, metavar="N",
               help="What-if for the N slowest critical-path nodes made 20% faster.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
@@ -103,6 +106,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             from autograd_run.errors import UsageError
             raise UsageError("--open needs --trace FILE")
         require_viewer()
+    if compare:
+        _compare_conflicts(compare, trace_path, order_out)
     g = load_graph_arg(graph, max_bytes=NO_BUDGET)  # a simulation materialises no tensor
     measured = load_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(compare, policy, devices)
@@ -148,6 +153,23 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         show_trace(trace_path)
 
 
+def _compare_conflicts(compare: str, trace_path, order_out) -> None:
+    """Options that --compare would silently override or apply to one variant only: usage errors."""
+    from click.core import ParameterSource
+    from autograd_run.errors import UsageError
+    ctx = click.get_current_context()
+    given = {name for name in ("policy", "devices", "slack")
+             if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+    key = compare.partition("=")[0] if "=" in compare else "policy"
+    if key in given:
+        raise UsageError(f"--{key} and --compare {key}=...: give the {key} values in --compare only")
+    if "slack" in given:
+        raise UsageError("--slack goes with one simulation, not with --compare")
+    if trace_path or order_out:
+        raise UsageError(f"{'--trace' if trace_path else '--order-out'} writes one simulation: with --compare, "
+                         "simulate the variant you want written on its own")
+
+
 def _report_json(r) -> dict:
     from autograd_run.cli.render import samples_json
     return {"spec": r.spec.name, "policy": r.options.policy, "devices": r.options.devices,
@@ -168,7 +190,7 @@ def _measured_json(m) -> dict | None:
 @click.command()
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="Where to write the spec  [default: the user cache folder, used as --spec local / local-torch]")
-@click.option("--nodes", type=click.IntRange(200, 1_000_000), default=4000, show_default=True,
+@click.option("--nodes", type=Whole(200, 1_000_000), default=4000, show_default=True, metavar="N",
               help="Chain length of the engine measurements.")
 @click.option("--torch", "torch_engine", is_flag=True,
               help="Measure PyTorch's engine instead (per-node and per-call overhead outside the profiled nodes, "
@@ -186,6 +208,9 @@ def calibrate(output, nodes, torch_engine):
       autograd-run calibrate --torch && autograd-run simulate model.json --costs profile.json
     """
     from autograd_run.sim.calibrate import write_local
+    if output:  # a bad path is told before the measurement, not after it
+        from autograd_run.outputs import check_output_path
+        check_output_path(output, "output", [])
     if torch_engine:
         from autograd_run.sim.calibrate_torch import calibrate_torch
         from autograd_run.sim.specs import local_spec_path
@@ -199,7 +224,7 @@ def calibrate(output, nodes, torch_engine):
         click.echo(f"host (torch): float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 "
                    f"{h.peak_flops['float64'] / 1e9:.1f} GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest node "
                    f"{h.min_kernel_us:.2f} us")
-        click.echo(f"wrote {path}")
+        echo(f"wrote {path}")
         return
     from autograd_run.sim.calibrate import calibrate as measure
     spec = measure(nodes=nodes)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autograd_run.cli.common import echo, error_line, escape, write
+from autograd_run.cli.common import Whole, echo, error_line, escape, write
 from autograd_run.cli.terminal import make_console
 from autograd_run.cli.render import fmt_ns
 from autograd_run.sweep.spec import MAX_REPEAT, MODES
@@ -27,20 +27,20 @@ MAX_SHOWN_ERRORS = 20
 @click.option("--scale", multiple=True, metavar="NAME=F,...", help="A cost scaling; repeatable, one value each.")
 @click.option("--spec", "machine", default=None, metavar="NAME|FILE,...", help="Machine specs: h100, a100, ..., local, files.")
 @click.option("--mode", type=click.Choice(MODES), default=None, help="Simulate each point (default) or really run it.")
-@click.option("--repeat", type=click.IntRange(1, MAX_REPEAT), default=None, help="mode run: passes per point.")
+@click.option("--repeat", type=Whole(1, MAX_REPEAT), default=None, metavar="N", help="mode run: passes per point.")
 @click.option("--out", default=None, metavar="DIR", help="Write results.csv, results.json, results.parquet and plots/ there.")
 @click.option("--cache", "cache_dir", default=None, metavar="DIR",
               help="Results cache  [default: ~/.cache/autograd-run/sweep]")
 @click.option("--no-cache", is_flag=True, help="Recompute every point (the cache is refreshed).")
 @click.option("--scheduler", default=None, metavar="tcp://HOST:PORT", help="Use a running Dask scheduler's workers.")
-@click.option("--workers", type=click.IntRange(0, 1024), default=None,
+@click.option("--workers", type=Whole(0, 1024), default=None, metavar="N",
               help="Worker processes of the embedded cluster  [default: one per CPU]; 0: this process, no Dask.")
 @click.option("--transfer", type=click.Choice(["send", "path"]), default="send", show_default=True,
               help="Send each graph to the cluster once, or let workers read its path (a shared filesystem).")
-@click.option("--batch", type=click.IntRange(1, 10_000), default=None, help="Points per task  [default: automatic]")
+@click.option("--batch", type=Whole(1, 10_000), default=None, metavar="N", help="Points per task  [default: automatic]")
 @click.option("--plot", "plot_fmt", type=click.Choice(["png", "svg", "none"]), default="png", show_default=True,
               help="Plot format in DIR/plots (with --out).")
-@click.option("--top", type=click.IntRange(1, 1000), default=3, show_default=True, help="Rows shown per graph.")
+@click.option("--top", type=Whole(1, 1000), default=3, show_default=True, metavar="N", help="Rows shown per graph.")
 @click.option("--json", "json_out", is_flag=True, help="Print the results as JSON.")
 @click.option("--verbose", is_flag=True, help="Show Dask's own log messages.")
 def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, repeat, out, cache_dir, no_cache,
@@ -71,6 +71,14 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
         raise UsageError("--workers sizes the embedded cluster; with --scheduler the scheduler's workers are used")
     if scheduler and workers == 0:
         raise UsageError("--workers 0 runs in this process; it does not combine with --scheduler")
+    from click.core import ParameterSource
+    given = click.get_current_context().get_parameter_source
+    if not out and given("plot_fmt") is not ParameterSource.DEFAULT:
+        raise UsageError("--plot goes with --out DIR (the plots are written to DIR/plots)")
+    if json_out and given("top") is not ParameterSource.DEFAULT:
+        raise UsageError("--top sets the rows of the table; --json holds every point")
+    if workers == 0 and given("transfer") is not ParameterSource.DEFAULT:
+        raise UsageError("--transfer says how graphs reach Dask's workers; --workers 0 runs in this process")
     base = read_spec_file(spec_file) if spec_file else None
     spec = from_options(list(graphs), devices, placement, policy, list(scale), machine, mode, repeat, base)
     grid = build_grid(spec)

@@ -13,7 +13,10 @@ markup tag (``[link=...]``, ``[/x]``) becomes a link, a colour or a
 * ``plain(text)`` is a rich ``Text`` of the escaped text: rich never parses
   it as markup;
 * ``PlainTable`` is a rich ``Table`` whose title, caption, headers and
-  string cells are all ``plain``;
+  string cells are all ``plain``, folded rather than cut to an ellipsis; on
+  a terminal too narrow for it, it drops its box, then shows each row as
+  ``header: value`` lines, so a column that never wraps (a number) is never
+  cut or broken and none is squeezed away;
 * ``make_console()`` is a ``Console`` with markup, emoji codes and
   highlighting off, a second line of defence for any string printed
   through it.
@@ -59,10 +62,70 @@ class PlainTable(Table):
             self.add_column(h)
 
     def add_column(self, header="", *args, **kw) -> None:
+        kw.setdefault("overflow", "fold")  # text from files is broken across lines, never cut to an ellipsis
         super().add_column(plain(header), *args, **kw)
 
     def add_row(self, *cells, **kw) -> None:
         super().add_row(*(plain(c) if isinstance(c, str) else c for c in cells), **kw)
+
+    # -- narrow terminals --------------------------------------------------------------------
+
+    def _needed(self, chrome: int) -> int:
+        """The width the table needs without breaking a cell of a no-wrap column or squeezing any
+        column below its ``min_width`` (1 when it has none), plus ``chrome`` (borders and padding)."""
+        from rich.cells import cell_len
+        total = chrome
+        for col in self.columns:
+            if col.no_wrap:
+                texts = [col.header, *col._cells] if self.show_header else list(col._cells)
+                total += max((cell_len(_text_of(t)) for t in texts), default=1)
+            else:
+                total += max(col.min_width or 1, 1)
+        return total
+
+    def __rich_console__(self, console, options):
+        width = options.max_width
+        n = len(self.columns)
+        if self.box is None or not n:
+            yield from super().__rich_console__(console, options)
+            return
+        _, right, _, left = self.padding
+        boxed = n * (left + right) + (n + 1 if self.show_edge else n - 1)
+        if self._needed(boxed) <= width:
+            yield from super().__rich_console__(console, options)
+            return
+        if self._needed(n - 1) <= width:  # no box, no padding: one space between columns
+            import copy
+            from rich import box
+            compact = copy.copy(self)
+            compact.box, compact.show_edge, compact.padding, compact.pad_edge = box.SIMPLE_HEAD, False, (0, 0), False
+            yield from Table.__rich_console__(compact, console, options)
+            return
+        yield from self._stacked()
+
+    def _stacked(self):
+        """Each row as lines: its first cell, then ``header: value`` for the others that are not empty
+        (folded, never cut)."""
+        if self.title is not None:
+            yield Text(_text_of(self.title), overflow="fold")
+        headers = [_text_of(c.header) for c in self.columns]
+        rows = zip(*(c._cells for c in self.columns)) if self.columns else ()
+        for row in rows:
+            for k, (h, cell) in enumerate(zip(headers, row)):
+                value = _text_of(cell)
+                if k and not value:  # an empty cell (a "... 3 more" row): no line of its own
+                    continue
+                line = " ".join(p for p in (f"{h}:" if h else "", value) if p)
+                yield Text(f"  {line}" if k else line, overflow="fold")
+        if self.caption is not None:
+            yield Text(_text_of(self.caption), overflow="fold")
+
+
+def _text_of(renderable) -> str:
+    """The plain text of a cell, header or title (``Text`` or ``str``; anything else by ``str``)."""
+    if isinstance(renderable, Text):
+        return renderable.plain
+    return escape(renderable) if isinstance(renderable, str) else escape(str(renderable))
 
 
 class _Console(Console):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from autograd_run.cli.common import escape
+from autograd_run.cli.common import Finite, Whole, escape
 
 #: Seconds to wait for a page to load the trace.
 DEFAULT_TIMEOUT = 600
@@ -50,11 +50,11 @@ def show_trace(path: str, port: int | None = None, browser: bool | None = None,
 
 @click.command()
 @click.argument("trace")
-@click.option("--port", type=click.IntRange(0, 65535), default=None,
+@click.option("--port", type=Whole(0, 65535), default=None, metavar="PORT",
               help="Port on 127.0.0.1 (0: any free port)  [default: 9001 when free, else any free port]")
 @click.option("--browser/--no-browser", default=None,
               help="Open the URL in a browser  [default: when there is a display]")
-@click.option("--timeout", type=click.FloatRange(1, 86400), default=DEFAULT_TIMEOUT, show_default=True,
+@click.option("--timeout", type=Finite(1, 86400), default=DEFAULT_TIMEOUT, show_default=True, metavar="SECONDS",
               help="Stop after this many seconds when no page has loaded the trace.")
 def view(trace, port, browser, timeout):
     """Open TRACE in the Perfetto UI, served from this machine (no internet needed).

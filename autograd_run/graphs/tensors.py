@@ -182,13 +182,14 @@ class SideFiles:
 
     def resolve(self, name: Any, path: tuple, err: Err) -> str:
         """The real path of side file ``name`` (None: the default), checked to be a regular file in the folder."""
-        if name is None:
+        if name is None:  # the graph's own stem + .npz: named by the user who named the graph, not by the file
             name = self.default_name
             if name is None or self.base_dir is None:
                 raise err(path, "npz side files need a graph loaded from a file")
-        problem = _side_name_problem(name)
-        if problem:
-            raise err(path, problem)
+        else:
+            problem = _side_name_problem(name)
+            if problem:
+                raise err(path, problem)
         if self.base_dir is None:
             raise err(path, "npz side files need a graph loaded from a file")
         try:

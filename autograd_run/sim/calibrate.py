@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from autograd_run.errors import RequestError
 from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec, local_spec_path
 
 
@@ -126,10 +127,16 @@ def calibrate(nodes: int = 4000, repeat: int = 5) -> MachineSpec:
 
 
 def write_local(spec: MachineSpec, path: str | None = None) -> str:
+    """Write ``spec`` to ``path`` (the user cache folder's ``local`` spec by default). The cache folder is
+    made when missing; any other path's folder must exist (``calibrate -o`` checks it first)."""
+    from autograd_run.outputs import atomic_write
+    from autograd_run.sim.specs import LOCAL
     path = path or local_spec_path()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(spec.to_dict(), f, indent=2)
-    os.replace(tmp, path)
+    cache = path in (local_spec_path(name) for name in LOCAL)
+    if cache:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as exc:
+            raise RequestError(f"{os.path.dirname(path)}: cannot create the folder: {exc.strerror or exc}") from None
+    atomic_write(path, json.dumps(spec.to_dict(), indent=2).encode(), None if cache else "output")
     return path

@@ -91,6 +91,13 @@ class MachineSpec:
     def from_dict(doc: Any, where: str = "spec") -> "MachineSpec":
         if not isinstance(doc, dict):
             raise RequestError(f"{where}: a spec is a mapping with 'name', 'host', 'accelerator'", "spec")
+        extra = sorted(set(doc) - {"name", "source", "host", "accelerator", "engine"}, key=str)
+        if extra:  # a graph file, a summary or a trace given as a spec
+            raise RequestError(f"{where}: unknown field {extra[0]!r} (a spec has name, source, host, accelerator, "
+                               "engine)", "spec")
+        missing = [k for k in ("host", "accelerator") if k not in doc]
+        if missing:
+            raise RequestError(f"{where}: a spec needs {missing[0]!r}", "spec")
         try:
             host = _device(doc.get("host", {}), f"{where}: host")
             acc = _device(doc.get("accelerator", {}), f"{where}: accelerator")
@@ -110,16 +117,29 @@ def _known(cls, d: Any, where: str) -> dict:
     for k, v in d.items():
         if k in ("name",) or k == "peak_flops" or isinstance(v, bool):
             continue
-        if not isinstance(v, (int, float)) or v < 0 or v != v:
-            raise RequestError(f"{where}: {k} must be a non-negative number, got {v!r}", "spec")
+        if not isinstance(v, (int, float)) or not 0 <= v <= _LIMITS.get(k[k.rfind("_") + 1:], MAX_RATE):
+            raise RequestError(f"{where}: {k} must be a number from 0 to "
+                               f"{_LIMITS.get(k[k.rfind('_') + 1:], MAX_RATE):g}, got {v!r}", "spec")
+        if k.endswith("_efficiency") and v == 0:
+            raise RequestError(f"{where}: {k} must be more than 0 (a fraction of the peak, at most 1)", "spec")
+        if k.endswith("_bw") and 0 < v < 1:
+            raise RequestError(f"{where}: {k} must be 0 (none) or at least 1 byte/s, got {v!r}", "spec")
     return d
+
+
+#: The largest FLOP/s or bytes/s a spec may give (a divisor of every analytic cost: with bounds on
+#: both sides, no cost overflows the simulation's integer nanoseconds).
+MAX_RATE = 1e21
+#: Bounds by the last word of a field's name: fractions of the peak, microseconds (1000 s at most).
+_LIMITS = {"efficiency": 1.0, "us": 1e9}
 
 
 def _device(d: Any, where: str) -> DeviceSpec:
     d = dict(_known(DeviceSpec, d, where))
     flops = d.get("peak_flops", {})
-    if not isinstance(flops, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in flops.values()):
-        raise RequestError(f"{where}: peak_flops maps dtypes to positive FLOP/s", "spec")
+    if not isinstance(flops, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                              and 1 <= v <= MAX_RATE for v in flops.values()):
+        raise RequestError(f"{where}: peak_flops maps dtypes to FLOP/s from 1 to {MAX_RATE:g}", "spec")
     d.setdefault("name", where)
     return DeviceSpec(**d)
 

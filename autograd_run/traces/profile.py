@@ -251,8 +251,14 @@ def _from_list(doc, source: str) -> Profile:
 
 # -- order files -------------------------------------------------------------------------------
 
+#: The largest magnitude a number in these files may have (2**64: a sequence number is an unsigned
+#: 64-bit integer). JSON integers have no limit and a float may be 1e308: beyond it a median, a
+#: difference or a conversion to nanoseconds would overflow (an OverflowError, or an infinity in --json).
+MAX_MAGNITUDE = 2 ** 64
+
+
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and -MAX_MAGNITUDE <= v <= MAX_MAGNITUDE
 
 
 def _order_file(data: bytes, source: str) -> Profile:
@@ -303,7 +309,8 @@ def _check_ready(ready, where: str) -> None:
 # -- Chrome traces -----------------------------------------------------------------------------
 
 def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A JSON number of at most ``MAX_MAGNITUDE`` (so never NaN or infinite)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and -MAX_MAGNITUDE <= v <= MAX_MAGNITUDE
 
 
 _ARG_CHECKS = (("pass", lambda v: _is_int(v) and 0 <= v < MAX_PASSES), ("worker", lambda v: isinstance(v, str)),
@@ -461,7 +468,7 @@ def _int_list(v, n: int, where: str, none_ok: bool = False) -> list:
         raise _Bad(where, f"must be a list of {n} values (one per pass)")
     for j, x in enumerate(v):
         if not (_is_int(x) or (none_ok and x is None)):
-            raise _Bad(f"{where}[{j}]", "must be an integer" + (" or null" if none_ok else ""))
+            raise _Bad(f"{where}[{j}]", "must be an integer of at most 2**64" + (" or null" if none_ok else ""))
     return v
 
 
