@@ -326,3 +326,25 @@ def test_a_graph_file_is_not_a_spec(capsys):
     seed = os.path.join(ROOT, "autograd_run", "graphs", "examples", "seed.yaml")
     code, out, err = run_cli(["simulate", "example:seed", "--spec", seed], capsys)
     assert code == 2 and "unknown field 'format'" in err
+
+
+def test_waiting_cost_nodes_take_the_calibrated_wake_up_on_top_of_their_time():
+    """``wait_overhead_us`` (measured by calibrate: a sleeping worker wakes late and runs cold) is added
+    to each cost node that waits without the GIL, not to spinning ones; the shipped specs have none."""
+    from autograd_run.sim.calibrate import _chain_doc
+    from autograd_run.sim.specs import load_spec
+    g = loads_graph(dumps(_chain_doc(10, ["cuda:0"], 100), "json"), "w.json")
+    base = load_spec("h100")
+    assert base.engine.wait_overhead_us == 0
+    import dataclasses
+    slow = dataclasses.replace(base, engine=dataclasses.replace(base.engine, wait_overhead_us=50.0))
+    t0 = simulate_session(g, SimOptions(spec=base, slack_top=0)).wall_ns
+    t1 = simulate_session(g, SimOptions(spec=slow, slack_top=0)).wall_ns
+    assert t1 - t0 == 10 * 50_000
+    spun = _chain_doc(10, ["cuda:0"], 100)
+    for n in spun["nodes"]:
+        if n.get("op") == "cost":
+            n["attrs"]["cost"]["mode"] = "spin"
+    g = loads_graph(dumps(spun, "json"), "s.json")
+    assert simulate_session(g, SimOptions(spec=slow, slack_top=0)).wall_ns == \
+        simulate_session(g, SimOptions(spec=base, slack_top=0)).wall_ns

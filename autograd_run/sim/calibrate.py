@@ -8,6 +8,10 @@ What it measures (medians of repeated runs, each a few hundred ms):
 * the hand-off latency: a chain alternating between the CPU and a virtual
   device, so every node is a hand-off to the other thread; per node, minus
   the fixed cost;
+* what a node that waits without the GIL (a cost node, ``wait``) costs
+  beyond its stated time on a device worker: a chain of such nodes, per
+  node, minus the stated time and the fixed cost (the thread's wake-up
+  after its sleep, and what running cold costs after it);
 * the host: float32 and float64 matmul FLOP/s, memory bandwidth (a large
   copy), the smallest numpy call.
 
@@ -31,13 +35,21 @@ from autograd_run.errors import RequestError
 from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec, local_spec_path
 
 
-def _chain_doc(n: int, devices: list[str]) -> dict:
+#: The stated time of each node of the wait chain, µs.
+WAIT_US = 300
+
+
+def _chain_doc(n: int, devices: list[str], wait_us: float | None = None) -> dict:
+    """A chain of ``identity`` nodes, or of cost nodes that wait ``wait_us``, round-robin over ``devices``."""
     nodes = []
     for i in range(n):
         dev = devices[i % len(devices)]
         nxt = [[f"n{i + 1}", 0]] if i + 1 < n else [["acc", 0]]
-        nodes.append({"id": f"n{i}", "name": "Identity", "op": "identity", "seq": n - i, "next": nxt,
-                      "inputs": [{"shape": [1], "device": dev}]})
+        node = {"id": f"n{i}", "name": "Identity", "op": "identity", "seq": n - i, "next": nxt,
+                "inputs": [{"shape": [1], "device": dev}]}
+        if wait_us is not None:
+            node.update(name="Wait", op="cost", attrs={"cost": {"us": wait_us, "mode": "wait"}})
+        nodes.append(node)
     nodes.append({"id": "acc", "name": "AccumulateGrad", "variable": "x",
                   "inputs": [{"shape": [1], "device": devices[(n) % len(devices)]}]})
     return {"format": "autograd-graph/1", "roots": [{"node": "n0", "grad": "ones"}],
@@ -116,13 +128,16 @@ def calibrate(nodes: int = 4000, repeat: int = 5) -> MachineSpec:
     overhead = max(0.1, single - ident)
     hop = _per_node_us(_chain_doc(max(200, nodes // 10), ["cpu", "cuda:0"]), repeat)
     handoff = max(0.0, hop - single)
+    waited = _per_node_us(_chain_doc(max(50, nodes // 40), ["cuda:0"], WAIT_US), repeat)
+    wait_extra = max(0.0, waited - WAIT_US - overhead)
     host = DeviceSpec("this machine's CPU (numpy)",
                       peak_flops={"float32": _matmul_flops(np.float32), "float64": _matmul_flops(np.float64)},
                       mem_bw=_bandwidth(), flops_efficiency=0.9, bw_efficiency=0.9, min_kernel_us=_min_call_us())
     acc = DeviceSpec("virtual device (this machine's CPU)", dict(host.peak_flops), host.mem_bw, 0.9, 0.9,
                      host.min_kernel_us)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return MachineSpec("local", host, acc, EngineSpec(round(overhead, 3), round(handoff, 3), True),
+    return MachineSpec("local", host, acc, EngineSpec(round(overhead, 3), round(handoff, 3), True,
+                                                      wait_overhead_us=round(wait_extra, 3)),
                        f"measured by autograd-run calibrate on {platform.node()} ({os.cpu_count()} CPUs) at {when}")
 
 

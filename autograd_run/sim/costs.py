@@ -154,6 +154,8 @@ class CostModel:
             mode = spec.get("mode") or ("wait" if not node.cpu else "spin")
             if "us" in spec:
                 ns = float(spec["us"]) * 1e3
+                if mode in ("wait", "sleep") and ns > 0:
+                    ns += self.spec.engine.wait_overhead_us * 1e3
             elif mode == "matmul":
                 ns = float(spec.get("flops", 0)) / (self.spec.host.flops_per_s("float32")
                                                   * self.spec.host.flops_efficiency) * 1e9

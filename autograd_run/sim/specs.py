@@ -73,6 +73,10 @@ class EngineSpec:
     profiler_event_shapes_us: float = 0.0
     #: CPU time of a backward call beyond its nodes (entering the engine, the graph task, returning), µs.
     call_overhead_us: float = 0.0
+    #: A cost node that waits without the GIL (``wait``/``sleep``) takes this much longer than it states in
+    #: autograd-run's engine (its thread's wake-up after the sleep, running cold after it), µs; measured by
+    #: ``calibrate`` (0 in the shipped specs: a GPU kernel's time is what was measured).
+    wait_overhead_us: float = 0.0
 
 
 @dataclass
