@@ -73,3 +73,108 @@ def orders(pure_python: bool):
 def test_compiled_and_pure_engines_agree():
     compiled, pure_python = orders(False), orders(True)
     assert compiled == pure_python
+
+
+# -- the compiled worker loop, event log, lock and summary loops against their twins -------------------
+
+compiled = pytest.mark.skipif(not core.COMPILED, reason="the compiled core is not built")
+
+
+def fake_clock():
+    t = [0]
+
+    def clock():
+        t[0] += 10
+        return t[0]
+    return clock
+
+
+class _GT:
+    def __init__(self, i, depth=0):
+        self.id, self.reentrant_depth = i, depth
+
+
+class _Q:
+    def __init__(self, name):
+        self.name = name
+
+
+@compiled
+def test_the_event_logs_keep_the_same_records_and_tables():
+    from autograd_run.traces.event_log import EventLogPy
+    named = {"c": [], "p": []}
+    c = core.EventLog(fake_clock(), named["c"].append)
+    p = EventLogPy(fake_clock(), named["p"].append)
+    nodes = [object() for _ in range(5)]
+    q1, q2 = _Q("cpu"), _Q("cuda:0")
+    gts = [_GT(0), _GT(7, depth=2)]
+    rnd = random.Random(0)
+    for step in range(400):
+        kind = rnd.randrange(5)
+        gt, node, q = rnd.choice(gts), rnd.choice(nodes + [None]), rnd.choice([q1, q2])
+        waited = rnd.choice([None, gt])
+        for log in (c, p):
+            if kind == 0:
+                log.push(q, gt if node is not None else None, node, step % 9)
+            elif kind == 1:
+                log.pop(q, gt, node, step % 7)
+            elif kind == 2 and node is not None:
+                log.start(gt, node)
+            elif kind == 3 and node is not None:
+                log.end(gt, node)
+            elif kind == 4:
+                log.idle(q, step, step + 5, waited)
+    assert len(c) == len(p) > 0
+    dc, nc, tc, qc = c.take()
+    dp, np_, tp, qp = p.take()
+    assert dc == dp and nc == np_ and tc == tp and qc == qp
+    assert named["c"] == named["p"] and len(c) == 0 and c.take()[0] == b""
+
+
+@compiled
+def test_the_compiled_lock_behaves_as_a_lock():
+    import threading
+    lock = core.Lock()
+    assert lock.acquire() and lock.locked() and not lock.acquire(False)
+    assert lock.acquire(timeout=0.01) is False
+    lock.release()
+    with pytest.raises(RuntimeError):
+        lock.release()
+    counter = [0]
+
+    def bump():
+        for _ in range(2000):
+            with lock:
+                counter[0] += 1
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counter[0] == 8000 and not lock.locked()
+
+
+@compiled
+@pytest.mark.parametrize("seed", range(4))
+def test_the_summary_loops_agree_with_their_twins(seed):
+    import numpy as np
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.traces import kernels
+    g = loads_graph(dumps(generate("random", nodes=200, leaves=30, seed=seed), "json"), "r.json")
+    rnd = np.random.default_rng(seed)
+    nodes = list(g.nodes)
+    rnd.shuffle(nodes)
+    for attr, identity in (("name", False), ("op", True)):
+        a, va = kernels.attr_codes(nodes, attr, identity)
+        b, vb = kernels.attr_codes_py(nodes, attr, identity)
+        assert np.array_equal(a, b) and all(x is y or x == y for x, y in zip(va, vb)) and len(va) == len(vb)
+    m = 300
+    node = rnd.integers(0, len(nodes), m)
+    gt = rnd.integers(0, 2, m)
+    weight = rnd.integers(0, 5, m)  # small: many ties
+    start = rnd.integers(0, 50, m)
+    order = np.argsort(-start, kind="stable")
+    assert kernels.critical_path(nodes, gt, node, weight, start, order) == \
+        kernels.critical_path_py(nodes, gt, node, weight, start, order)

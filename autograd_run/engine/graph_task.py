@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass, field
 
 from autograd_run.engine.builtin_nodes import EngineContext
+from autograd_run.engine.core import Lock
 
 
 _ids = itertools.count()
@@ -48,6 +49,14 @@ class ExecInfo:
 
 
 class GraphTask:
+    # Slots: the compiled worker loop reads the hot fields (completed, expired, has_error,
+    # outstanding, reentrant_depth) at fixed offsets.
+    __slots__ = ("id", "engine", "state", "keep_graph", "create_graph", "reentrant_depth", "cpu_queue", "owner",
+                 "anomaly", "multithreading", "allow_python", "context", "lock", "dependencies", "not_ready",
+                 "exec_info", "captured", "outstanding", "has_error", "error", "error_node", "completed",
+                 "finishing", "faults", "done", "final_callbacks", "callbacks_lock", "graph_root", "leaf_streams",
+                 "expired", "ctx")
+
     def __init__(self, engine, state, *, keep_graph: bool, create_graph: bool, reentrant_depth: int,
                  cpu_queue, anomaly: bool, multithreading: bool, allow_python: bool, context: dict):
         self.id = next(_ids)
@@ -62,7 +71,7 @@ class GraphTask:
         self.multithreading = multithreading
         self.allow_python = allow_python
         self.context = context
-        self.lock = threading.Lock()  # guards the mutable fields listed in the module docstring
+        self.lock = Lock()  # guards the mutable fields listed in the module docstring
         self.dependencies: dict = {}
         self.not_ready: dict = {}
         self.exec_info: dict = {}
@@ -81,7 +90,9 @@ class GraphTask:
         self.leaf_streams: set = set()
         self.expired = False
         #: What the nodes of this call run with (their rules see only the RuleContext part).
-        self.ctx = EngineContext(self.saved, self.xp, engine.devices.transfer, create_graph,
+        #: Without real GPUs ``saved`` is the state's own (the same values, one call less per node).
+        saved = self.saved if engine.devices.real_cuda else state.saved
+        self.ctx = EngineContext(saved, self.xp, engine.devices.transfer, create_graph,
                                  state=state, graph_task=self, allow_python=allow_python)
 
     # -- what the nodes' context reads -------------------------------------------

@@ -4,6 +4,15 @@
 documented fields, JSON-ready through ``to_dict``). It never looks at the
 clock or the engine, so tests feed it synthetic recordings.
 
+It reads the Recording's columns with numpy, and the two loops over node
+objects (their names and ops; the critical path over their next edges) are
+compiled (``traces.kernels``), so a million-node run makes no per-node
+Python objects: the critical path is a ``RunList`` that makes each
+``NodeRun`` when it is read. ``summarize_reference`` is the same summary
+computed record by record over the typed lists (the definition the tests
+hold the fast one to, and what runs in the one case the columns do not
+cover: a node run twice within one GraphTask).
+
 Definitions:
   wall          first to last event of the run, in ns;
   busy          per worker, time inside at least one node slice (nested
@@ -17,9 +26,13 @@ Definitions:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 
-from autograd_run.ops import OPAQUE, is_graph_root
+import numpy as np
+
+from autograd_run.ops import GRAPH_ROOT, OPAQUE, is_graph_root
+from autograd_run.traces import kernels
 from autograd_run.traces.recording import Recording
 
 
@@ -91,11 +104,166 @@ class Summary:
     passes: Dist = field(default_factory=Dist)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(replace(self, critical_path=[]))
+        d["critical_path"] = [asdict(r) for r in self.critical_path]
+        return d
+
+
+class RunList(Sequence):
+    """A read-only list of ``NodeRun`` made one at a time as they are read (``make(i)``)."""
+
+    def __init__(self, n: int, make):
+        self._n, self._make = n, make
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._make(k) for k in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("run index out of range")
+        return self._make(i)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, tuple, Sequence)) and len(other) == self._n and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"RunList({self._n} runs)"
+
+
+def _dists(group: np.ndarray, values: np.ndarray, groups: int) -> list[Dist]:
+    """``Dist.of`` the ``values`` of each group id 0 .. groups-1 (an empty group: ``Dist()``)."""
+    if groups == 0:
+        return []
+    count = np.bincount(group, minlength=groups)
+    total = np.bincount(group, weights=values, minlength=groups)  # exact: integer sums below 2**53 ns
+    order = np.lexsort((values, group))
+    first = np.concatenate([[0], np.cumsum(count)[:-1]])
+    rank = first + np.maximum(0, -(-95 * count // 100) - 1)  # nearest rank, as p95()
+    out = []
+    for g in range(groups):
+        n = int(count[g])
+        if n == 0:
+            out.append(Dist())
+            continue
+        t = int(total[g])
+        out.append(Dist(n, t, t / n, int(values[order[rank[g]]])))
+    return out
+
+
+def _union_lengths(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict[int, int]:
+    """Per tid, the total length covered by possibly nested or overlapping [start, end] intervals."""
+    out = {}
+    order = np.lexsort((end, start, tid))
+    t, s, e = tid[order], start[order], end[order]
+    bounds = np.nonzero(np.r_[True, t[1:] != t[:-1], True])[0]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        ss, ee = s[a:b], e[a:b]
+        reach = np.maximum.accumulate(ee)
+        new = np.r_[True, ss[1:] > reach[:-1]]
+        first = np.nonzero(new)[0]
+        last = np.r_[first[1:] - 1, len(ss) - 1]
+        out[int(t[a])] = int((reach[last] - ss[first]).sum())
+    return out
 
 
 def summarize(rec: Recording, slowest: int = 10) -> Summary:
     """The statistics of a recorded run (see the module docstring for the definitions)."""
+    s = Summary()
+    if rec.empty:
+        return s
+    c = rec.columns()
+    S, W, nodes = c.slices, c.waits, c.nodes
+    op_code, ops = kernels.attr_codes(nodes, "op", True)
+    root_ops = np.array([op is GRAPH_ROOT for op in ops] or [False])
+    opaque_ops = np.array([op is OPAQUE for op in ops] or [False])
+    is_root = root_ops[op_code][S.node] if len(nodes) else np.zeros(len(S), dtype=bool)
+    runs = np.nonzero(~is_root)[0]
+    r_gt, r_node = S.gt[runs], S.node[runs]
+    if len(runs) > 1 and _repeats(r_gt, r_node):
+        return summarize_reference(rec, slowest)
+    t_first = rec.start
+    s.wall_ns = rec.end - rec.start
+    name = rec.thread_name
+    r_start, r_end, r_tid = S.start[runs], S.end[runs], S.tid[runs]
+    r_dur = r_end - r_start
+    r_wait_idx = S.wait[runs]
+    r_waited = np.where(r_wait_idx >= 0, (W.popped - W.pushed)[np.maximum(r_wait_idx, 0)] if len(W) else 0, 0)
+
+    # workers: every thread with a slice or an idle span
+    tids = list(dict.fromkeys(S.tid.tolist() + c.idles.tid.tolist()))
+    workers = {t: Worker(name(t)) for t in tids}
+    for t, n in zip(*np.unique(r_tid, return_counts=True)):
+        workers[int(t)].nodes = int(n)
+    for t, busy in _union_lengths(S.tid, S.start, S.end).items():
+        workers[t].busy_ns = busy
+    I = c.idles
+    for t in np.unique(I.tid).tolist():
+        workers[t].idle_ns = int((I.end - I.start)[I.tid == t].sum())
+    for w in workers.values():
+        w.utilization = w.busy_ns / s.wall_ns if s.wall_ns else 0.0
+    order = {tid: k for k, tid in enumerate(rec.threads)}
+    s.workers = [workers[t] for t in sorted(workers, key=lambda t: (order.get(t, len(order)), workers[t].name))]
+
+    # ops: by node name, the largest total first (ties: first seen first)
+    name_code, names = kernels.attr_codes(nodes, "name", False)
+    r_name = name_code[r_node] if len(runs) else np.zeros(0, dtype=np.int64)
+    groups, first_seen, inverse = np.unique(r_name, return_index=True, return_inverse=True)
+    dists = _dists(inverse.reshape(-1), r_dur, len(groups))
+    ranked = sorted(range(len(groups)), key=lambda g: (-dists[g].total_ns, first_seen[g]))
+    s.ops = {names[groups[g]]: dists[g] for g in ranked}
+    qd = _dists(W.queue, W.popped - W.pushed, len(c.queues))
+    s.queue_waits = {c.queues[q]: qd[q] for q in sorted(set(W.queue.tolist()), key=lambda q: c.queues[q])}
+    lock_waits: dict[str, list[int]] = {}
+    for lw in rec.lock_waits:
+        lock_waits.setdefault(lw.lock, []).append(lw.waited)
+    s.lock_waits = {k: Dist.of(v) for k, v in sorted(lock_waits.items())}
+    s.nodes_skipped = len(rec.skips)
+
+    def run(k: int) -> NodeRun:
+        node = nodes[r_node[k]]
+        return NodeRun(node.id, node.name, name(int(r_tid[k])), int(r_start[k]) - t_first, int(r_dur[k]),
+                       int(r_waited[k]), int(r_gt[k]))
+
+    opaque = np.nonzero(opaque_ops[op_code][r_node])[0] if len(runs) else []
+    s.opaque_nodes = list(dict.fromkeys(nodes[r_node[k]].id for k in opaque))
+    if rec.syncs:
+        by_key = {(g, nodes[n]): k for k, (g, n) in enumerate(zip(r_gt.tolist(), r_node.tolist()))}
+        for sync in rec.syncs:
+            key = f"{sync.src} -> {sync.dst}"
+            s.syncs[key] = s.syncs.get(key, 0) + 1
+            p, q = by_key.get((sync.gt, sync.producer)), by_key.get((sync.gt, sync.consumer))
+            if p is not None and q is not None:
+                s.sync_latency_ns += max(0, int(r_start[q]) - int(r_end[p]))
+    s.errors = [f"{e.node.id if e.node is not None else '-'}: {e.message}" for e in rec.errors]
+    s.graph_tasks = len(rec.graph_tasks)
+    s.passes = Dist.of([g.end - g.start for g in rec.graph_tasks if g.depth == 0 and g.end is not None])
+    s.nodes_executed = len(runs)
+    top = np.lexsort((np.arange(len(runs)), r_start, -r_dur))[:slowest]
+    s.slowest = [run(int(k)) for k in top]
+    if len(runs):
+        if r_gt.min() < 0:
+            return summarize_reference(rec, slowest)
+        visit = np.argsort(-r_start, kind="stable")
+        path, total = kernels.critical_path(nodes, r_gt, r_node, r_waited + r_dur, r_start, visit)
+        s.critical_path, s.critical_path_ns = RunList(len(path), lambda i: run(path[i])), int(total)
+    s.critical_path_share = s.critical_path_ns / s.wall_ns if s.wall_ns else 0.0
+    return s
+
+
+def _repeats(gt: np.ndarray, node: np.ndarray) -> bool:
+    """Whether some (GraphTask, node) pair occurs twice."""
+    if gt.min() == gt.max():
+        return bool(np.bincount(node).max() > 1)
+    o = np.lexsort((node, gt))
+    return bool(np.any((gt[o][1:] == gt[o][:-1]) & (node[o][1:] == node[o][:-1])))
+
+
+def summarize_reference(rec: Recording, slowest: int = 10) -> Summary:
+    """``summarize`` record by record over the typed lists (see the module docstring)."""
     s = Summary()
     if rec.empty:
         return s
