@@ -106,19 +106,23 @@ def render_summary(console: Console, s, title: str, top: int = 10, devices: str 
         console.print(r)
 
 
-def render_grads(console: Console, result) -> None:
+def render_grads(console: Console, result, top: int = 20) -> None:
+    """The first ``top`` gradients (``--json`` has them all): a table of 1e5 rows takes minutes to draw."""
     g = Table(title=f"gradients ({result.mode})")
     g.add_column("name")
     g.add_column("shape")
     g.add_column("sum", justify="right")
     g.add_column("max |g|", justify="right")
-    for name, v in result.grads.items():
+    items = list(result.grads.items())
+    for name, v in items[:top]:
         if v is None:
             g.add_row(name, "-", "None", "")
         else:
             arr = _host(v)
             g.add_row(name, str(list(arr.shape)), f"{float(arr.sum()):.6g}",
                       f"{float(abs(arr).max()) if arr.size else 0.0:.6g}")
+    if len(items) > top:
+        g.add_row(f"... {len(items) - top} more", "", "", "")
     console.print(g)
 
 

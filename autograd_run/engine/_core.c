@@ -2166,6 +2166,43 @@ static PyObject *run_rule(PyObject *node, PyObject *op, PyObject *grads, PyObjec
     return out;
 }
 
+/* worker._call_function's fast path: the rule, then validate_outputs unless the outputs already
+ * match their slots. New reference, or NULL. */
+static PyObject *call_function(EngineInfo *ei, int real_cuda, PyObject *node, PyObject *op, PyObject *grads,
+                               PyObject *ctx) {
+    PyObject *outputs = run_rule(node, op, grads, ctx);
+    if (outputs == NULL || op == ACC_OP)
+        return outputs;
+    PyObject *next = node_get(node, NF_NEXT);
+    if (next == NULL)
+        goto fail;
+    int match = 0;
+    if (!real_cuda) {
+        PyObject *a[3] = {next, outputs, NP_DTYPES};
+        PyObject *m = outputs_match(NULL, a, 3);
+        if (m == NULL)
+            goto fail;
+        match = m == Py_True;
+        Py_DECREF(m);
+    }
+    if (!match) {
+        PyObject *devices = PyObject_GetAttr(ei->engine, s_devices);
+        PyObject *r = devices ? PyObject_CallFunctionObjArgs(VALIDATE_OUTPUTS, next, outputs, node, Py_None, devices,
+                                                             NULL)
+                              : NULL;
+        Py_XDECREF(devices);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+    }
+    Py_DECREF(next);
+    return outputs;
+fail:
+    Py_XDECREF(next);
+    Py_DECREF(outputs);
+    return NULL;
+}
+
 /* evaluate_function(engine, gt, node, buf): True/False when the task finished routing (whether that
  * completed the GraphTask), None when it did not route; NULL on error. */
 static PyObject *evaluate(EngineInfo *ei, GtInfo *gi, int real_cuda, PyObject *node, PyObject *buf) {
@@ -2200,8 +2237,9 @@ static PyObject *evaluate(EngineInfo *ei, GtInfo *gi, int real_cuda, PyObject *n
         Py_DECREF(op);
         return NULL;
     }
-    PyObject *outputs = run_rule(node, op, grads, gi->ctx);
+    PyObject *outputs = call_function(ei, real_cuda, node, op, grads, gi->ctx);
     Py_DECREF(grads);
+    Py_DECREF(op);
     if (ei->tracing) {  /* as a `finally`: an error here replaces the rule's */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
@@ -2214,37 +2252,8 @@ static PyObject *evaluate(EngineInfo *ei, GtInfo *gi, int real_cuda, PyObject *n
             PyErr_Restore(et, ev, tb);
         }
     }
-    if (outputs == NULL) {
-        Py_DECREF(op);
+    if (outputs == NULL)
         return NULL;
-    }
-    PyObject *next = NULL;
-    if (op != ACC_OP) {
-        next = node_get(node, NF_NEXT);
-        if (next == NULL)
-            goto fail;
-        int match = 0;
-        if (!real_cuda) {
-            PyObject *a[3] = {next, outputs, NP_DTYPES};
-            PyObject *m = outputs_match(NULL, a, 3);
-            if (m == NULL)
-                goto fail;
-            match = m == Py_True;
-            Py_DECREF(m);
-        }
-        if (!match) {
-            PyObject *devices = PyObject_GetAttr(ei->engine, s_devices);
-            PyObject *r = devices ? PyObject_CallFunctionObjArgs(VALIDATE_OUTPUTS, next, outputs, node, Py_None,
-                                                                 devices, NULL)
-                                  : NULL;
-            Py_XDECREF(devices);
-            if (r == NULL)
-                goto fail;
-            Py_DECREF(r);
-        }
-    }
-    Py_DECREF(op);
-    Py_CLEAR(next);
     int saves = node_true(node, NF_SAVES);
     if (saves < 0)
         goto fail;
@@ -2265,8 +2274,6 @@ static PyObject *evaluate(EngineInfo *ei, GtInfo *gi, int real_cuda, PyObject *n
     Py_DECREF(outputs);
     return res;
 fail:
-    Py_XDECREF(op);
-    Py_XDECREF(next);
     Py_DECREF(outputs);
     return NULL;
 }

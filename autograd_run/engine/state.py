@@ -73,7 +73,7 @@ class GraphState:
             return s
 
     # -- saved tensors ---------------------------------------------------------
-    def saved(self, node: Node) -> dict[str, Any]:
+    def saved(self, node: Node, premade: dict | None = None) -> dict[str, Any]:
         """Node's saved values; its op's tensor fields (``OpSpec.tensor_fields``) and tensor specs as arrays.
 
         Raises PyTorch's backward-twice error once the node's saved tensors
@@ -95,7 +95,8 @@ class GraphState:
             if value is None:
                 cached[name] = None
             elif type(value) is dict and tensors.is_tensor_spec(value):
-                cached[name] = tensors.materialize(value, side)
+                made = premade.get(id(value)) if premade else None
+                cached[name] = made if made is not None else tensors.materialize(value, side)
             elif name in tensor_fields and isinstance(value, list):
                 dtype = node.inputs[0].dtype if node.inputs else "float32"
                 cached[name] = np.asarray(value, dtype=dtype)
@@ -125,10 +126,15 @@ class GraphState:
 
     def prepare(self) -> None:
         """Materialise every node's saved values now (as a forward pass would have made them),
-        so a timed backward call measures the backward alone."""
-        for node in self.graph.nodes:
-            if node.saved and node not in self._released:
-                self.saved(node)
+        so a timed backward call measures the backward alone. Random specs are seeded in bulk."""
+        todo = [n for n in self.graph.nodes if n.saved and n not in self._released and n not in self._saved]
+        specs = [v for n in todo if n.saves_tensors for v in n.saved.values()
+                 if type(v) is dict and "random" in v and "shape" in v]
+        premade = {}
+        if specs:
+            premade = dict(zip(map(id, specs), tensors.materialize_random_many(specs, self.graph.side_files)))
+        for node in todo:
+            self.saved(node, premade)
 
     # -- hooks -----------------------------------------------------------------
 

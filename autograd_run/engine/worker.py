@@ -50,6 +50,13 @@ _RULE_FN = RUNNERS
 _ACC = ACCUMULATE_GRAD
 
 
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
@@ -93,7 +100,8 @@ def validate_outputs(edges, grads, prefix, xp=None, devices=None) -> None:
                     raise RuntimeError(f"{_pfx(prefix)}invalid gradient at index {i} - got {_fmt_shape(gshape)} "
                                        f"but expected shape compatible with {_fmt_shape(shape)}")
             if reduce:
-                g = sum_to(xp or np, g, shape)
+                # only size-1 dimensions to drop or keep: the sum of one element is that element
+                g = g.reshape(shape) if g.size == _numel(shape) else sum_to(xp or np, g, shape)
         want = _NP_DTYPES[meta.dtype]
         if g.dtype is not want and g.dtype != want:
             g = g.astype(want)

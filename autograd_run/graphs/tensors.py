@@ -8,7 +8,9 @@ A tensor value is one of:
 * ``{"npz": KEY, "file": NAME}``: an array in an ``.npz`` side file in the
   graph's folder (``file`` defaults to the graph's stem + ``.npz``);
 * ``{"random": SEED, "shape": [...], "dtype": ..., "dist": "normal"|"uniform"}``:
-  seeded random values (numpy's PCG64), the same on every machine.
+  seeded random values, the same on every machine: ``standard_normal`` (or
+  ``random``) of ``numpy.random.Generator(numpy.random.PCG64(SEED))`` (seeded
+  in bulk by ``graphs.seeding``, value for value the same).
 
 Saved values that are not tensors (sizes, dims, scalars) are plain JSON values.
 """
@@ -23,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from autograd_run.graphs.model import DTYPES, SAVED_DTYPES
+from autograd_run.graphs.seeding import draw_many
 
 TENSOR_KEYS = ("data", "npz", "random")
 #: Refuse any single tensor larger than this many elements (graph files are untrusted).
@@ -205,11 +208,16 @@ def materialize(value: Any, side: SideFiles, shape: tuple[int, ...] | None = Non
             full = side.resolve(value.get("file"), (), fail)
             arr = np.asarray(side.archive(full, (), fail)[value["npz"]])
             return arr.astype(dt, copy=False) if dt else arr
-        rng = np.random.Generator(np.random.PCG64(value["random"] + side.seed_offset))
-        if value.get("dist", "normal") == "uniform":
-            arr = rng.random(shp)
-        else:
-            arr = rng.standard_normal(shp)
-        return np.asarray(arr, dtype=dt or "float32")
+        return draw_many([_random_spec(value, side, shp, dt)])[0]
     arr = np.asarray(value, dtype=dtype or "float32")
     return arr.reshape(shape) if shape is not None else arr
+
+
+def _random_spec(value: dict, side: SideFiles, shape, dtype) -> tuple:
+    return (value["random"] + side.seed_offset, shape, dtype or "float32", value.get("dist", "normal"))
+
+
+def materialize_random_many(values: list[dict], side: SideFiles) -> list[np.ndarray]:
+    """``materialize`` of many (checked) ``random`` specs that carry their shapes, seeded in bulk
+    (``graphs.seeding``: the same values, several times faster than one at a time)."""
+    return draw_many([_random_spec(v, side, tuple(v["shape"]), v.get("dtype")) for v in values])
