@@ -97,11 +97,11 @@ typedef struct {
     Py_ssize_t offsets[16];
 } SlotTable;
 
-static PyObject *s_next, *s_inputs, *s_cpu, *s_seq, *s_op, *s_attrs, *s_saves_tensors, *s_completed, *s_expired,
+static PyObject *s_next, *s_inputs, *s_cpu, *s_seq, *s_op, *s_attrs, *s_saves_tensors, *s_topo_nr, *s_completed, *s_expired,
     *s_has_error, *s_outstanding, *s_reentrant_depth, *s_shape, *s_dtype;
 
-enum { NF_NEXT, NF_INPUTS, NF_CPU, NF_SEQ, NF_OP, NF_ATTRS, NF_SAVES };
-static SlotTable NODE_SLOTS = {NULL, 7, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors}};
+enum { NF_NEXT, NF_INPUTS, NF_CPU, NF_SEQ, NF_OP, NF_ATTRS, NF_SAVES, NF_TOPO };
+static SlotTable NODE_SLOTS = {NULL, 8, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors, &s_topo_nr}};
 enum { GF_COMPLETED, GF_EXPIRED, GF_HAS_ERROR, GF_OUTSTANDING, GF_DEPTH };
 static SlotTable GT_SLOTS = {NULL, 5, {&s_completed, &s_expired, &s_has_error, &s_outstanding, &s_reentrant_depth}};
 enum { MF_SHAPE, MF_DTYPE };
@@ -2825,6 +2825,81 @@ done:
     return result;
 }
 
+/* ------------------------------------------------ compute_dependencies */
+
+/* compute_dependencies(root, dependencies, min_topo_nr): graph_task.compute_dependencies_py, compiled:
+ * for every node reachable from root, the number of edges that lead into it (an iterative DFS that
+ * does not expand nodes below min_topo_nr), counted into the dict `dependencies`. */
+static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
+    PyObject *root, *deps;
+    long long min_topo;
+    if (!PyArg_ParseTuple(args, "OO!L", &root, &PyDict_Type, &deps, &min_topo))
+        return NULL;
+    PyObject *seen = PySet_New(NULL);
+    PyObject *stack = PyList_New(0);
+    PyObject *result = NULL;
+    if (seen == NULL || stack == NULL || PyList_Append(stack, root) < 0)
+        goto done;
+    while (PyList_GET_SIZE(stack)) {
+        Py_ssize_t top = PyList_GET_SIZE(stack) - 1;
+        PyObject *fn = Py_NewRef(PyList_GET_ITEM(stack, top));
+        if (PyList_SetSlice(stack, top, top + 1, NULL) < 0) {
+            Py_DECREF(fn);
+            goto done;
+        }
+        PyObject *tv = node_get(fn, NF_TOPO);
+        long long topo = tv ? PyLong_AsLongLong(tv) : -1;
+        Py_XDECREF(tv);
+        if (topo == -1 && PyErr_Occurred()) {
+            Py_DECREF(fn);
+            goto done;
+        }
+        if (topo < min_topo) {
+            Py_DECREF(fn);
+            continue;
+        }
+        PyObject *next = node_get(fn, NF_NEXT);
+        Py_DECREF(fn);
+        PyObject *fast = next ? PySequence_Fast(next, "next edges must be a sequence") : NULL;
+        Py_XDECREF(next);
+        if (fast == NULL)
+            goto done;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+            PyObject *e = PySequence_Fast_GET_ITEM(fast, i);
+            if (e == Py_None)
+                continue;
+            PyObject *nxt = PyTuple_Check(e) && PyTuple_GET_SIZE(e) > 0 ? Py_NewRef(PyTuple_GET_ITEM(e, 0))
+                                                                         : PyObject_GetAttr(e, s_node);
+            if (nxt == NULL) {
+                Py_DECREF(fast);
+                goto done;
+            }
+            PyObject *count = PyDict_GetItemWithError(deps, nxt);
+            long c = 0;
+            if (count != NULL)
+                c = PyLong_AsLong(count);
+            PyObject *nc = (count == NULL && PyErr_Occurred()) || (c == -1 && PyErr_Occurred()) ? NULL
+                                                                                              : PyLong_FromLong(c + 1);
+            int bad = nc == NULL || PyDict_SetItem(deps, nxt, nc) < 0;
+            Py_XDECREF(nc);
+            int known = bad ? -1 : PySet_Contains(seen, nxt);
+            if (known == 0 && (PySet_Add(seen, nxt) < 0 || PyList_Append(stack, nxt) < 0))
+                known = -1;
+            Py_DECREF(nxt);
+            if (known < 0) {
+                Py_DECREF(fast);
+                goto done;
+            }
+        }
+        Py_DECREF(fast);
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(seen);
+    Py_XDECREF(stack);
+    return result;
+}
+
 static PyObject *configure(PyObject *mod, PyObject *args) {
     PyObject *shutdown, *buffer_type;
     if (!PyArg_ParseTuple(args, "OO", &shutdown, &buffer_type))
@@ -2842,6 +2917,8 @@ static PyMethodDef module_methods[] = {
     {"configure_worker", configure_worker, METH_VARARGS,
      "configure_worker(Node, GraphTask, InputMeta, probe_array, RUNNERS, direct_rules, ACCUMULATE_GRAD, np_dtypes, "
      "validate_outputs, missing_saved, evaluate_function, thread_main_py): what thread_main runs nodes with"},
+    {"compute_dependencies", compute_dependencies, METH_VARARGS,
+     "compute_dependencies(root, dependencies, min_topo_nr): see engine/graph_task.py"},
     {"attr_codes", attr_codes, METH_VARARGS,
      "attr_codes(objs, name, identity) -> (int64 codes bytes, distinct values): see traces/kernels.py"},
     {"critical_path", critical_path, METH_VARARGS,
@@ -2893,6 +2970,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_get, "get");
     INTERN(s_push, "push");
     INTERN(s_stream, "stream");
+    INTERN(s_topo_nr, "topo_nr");
     INTERN(s_id, "id");
     INTERN(s_op, "op");
     INTERN(s_attrs, "attrs");

@@ -46,6 +46,7 @@ if COMPILED:
     Lock = _core.Lock
     attr_codes = _core.attr_codes
     critical_path = _core.critical_path
+    compute_dependencies = _core.compute_dependencies
 else:
     InputBuffer = _ib.InputBuffer
     ReadyQueue = _rq.ReadyQueue
@@ -58,3 +59,4 @@ else:
     Lock = threading.Lock
     attr_codes = None  # traces.kernels' twins
     critical_path = None
+    compute_dependencies = None  # graph_task.compute_dependencies_py

@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass, field
 
 from autograd_run.engine.builtin_nodes import EngineContext
+from autograd_run.engine import core
 from autograd_run.engine.core import Lock
 
 
@@ -126,8 +127,16 @@ def compute_dependencies(root, gt: GraphTask, min_topo_nr: int) -> None:
     """Count, for every node reachable from ``root``, the edges that lead into it.
 
     Iterative DFS as PyTorch's: nodes below ``min_topo_nr`` are not expanded
-    (they cannot lead to a requested output).
+    (they cannot lead to a requested output). Compiled where the core is built
+    (``compute_dependencies_py`` is the twin).
     """
+    if core.compute_dependencies is not None:
+        core.compute_dependencies(root, gt.dependencies, min_topo_nr)
+    else:
+        compute_dependencies_py(root, gt, min_topo_nr)
+
+
+def compute_dependencies_py(root, gt: GraphTask, min_topo_nr: int) -> None:
     deps = gt.dependencies
     seen = set()
     stack = [root]

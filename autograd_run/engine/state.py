@@ -79,6 +79,8 @@ class GraphState:
         Raises PyTorch's backward-twice error once the node's saved tensors
         were released by a backward call without ``retain_graph``.
         """
+        if not node.saves_tensors:  # plain numbers, sizes, flags: the node's own mapping, never released
+            return node.saved
         cached = self._saved.get(node)
         if cached is not None:
             return cached
@@ -127,7 +129,7 @@ class GraphState:
     def prepare(self) -> None:
         """Materialise every node's saved values now (as a forward pass would have made them),
         so a timed backward call measures the backward alone. Random specs are seeded in bulk."""
-        todo = [n for n in self.graph.nodes if n.saved and n not in self._released and n not in self._saved]
+        todo = [n for n in self.graph.nodes if n.saves_tensors and n not in self._released and n not in self._saved]
         specs = [v for n in todo if n.saves_tensors for v in n.saved.values()
                  if type(v) is dict and "random" in v and "shape" in v]
         premade = {}

@@ -465,22 +465,80 @@ def _pair(ev: np.ndarray, tid_of: np.ndarray, nodes: list, queues: list[str]) ->
                     depth=ev["b"][sm].astype(np.int64), pushed=kind[sm] == L.PUSH)
 
     # waits: a pop right after a push of the same (gt, node), in pop order
-    sel = np.nonzero(samples.node >= 0)[0]
-    order = sel[np.lexsort((sel, samples.node[sel], samples.gt[sel]))]
-    new = _first_of_group(samples.gt[order], samples.node[order])
-    k = samples.pushed[order]
-    pair = ~k & ~new
-    pair[1:] &= k[:-1]
-    pops = order[pair]
-    pushes = order[np.nonzero(pair)[0] - 1]
-    o = np.argsort(pops, kind="stable")
-    pops, pushes = pops[o], pushes[o]
+    pairs = _pairs_once(samples.gt, samples.node, samples.pushed, len(nodes))
+    if pairs is not None:
+        pushes, pops = pairs
+    else:
+        pushes, pops = _pairs_sorted(samples.gt, samples.node, samples.pushed)
     waits = Table(gt=samples.gt[pops], node=samples.node[pops], queue=samples.queue[pushes],
                   pushed=samples.ts[pushes], popped=samples.ts[pops], tid=samples.tid[pops])
     wait_pos = sm[pops]  # event positions of the pops
 
     # slices: an end pairs with a start right before it of the same (tid, gt, node), in end order
     se = np.nonzero((kind == L.START) | (kind == L.END))[0]
+    pairs = _pairs_once(gt[se], node[se], kind[se] == L.START, len(nodes), tid[se])
+    if pairs is not None:
+        starts, ends = se[pairs[0]], se[pairs[1]]
+    else:
+        starts, ends = _slices_sorted(se, kind, tid, gt, node)
+
+    slice_wait = _slice_waits(waits, wait_pos, gt[ends], node[ends], ends, len(nodes))
+    slices = Table(gt=gt[ends], depth=ev["b"][starts].astype(np.int64), node=node[ends], tid=tid[ends],
+                   start=ev["ts"][starts], end=ev["ts"][ends], wait=slice_wait)
+
+    im = np.nonzero(kind == L.IDLE)[0]
+    idles = Table(start=ev["ts"][im], end=gt[im], tid=tid[im], queue=ev["queue"][im].astype(np.int64),
+                  waiting_for=ev["b"][im].astype(np.int64))
+    return Columns(nodes, queues, slices, waits, samples, idles)
+
+
+def _pairs_once(gt: np.ndarray, node: np.ndarray, opens: np.ndarray, n_nodes: int, tid: np.ndarray | None = None):
+    """The common case, paired in linear time: one GraphTask, and each node opened once and then closed
+    once (on the same thread). Returns (open rows, close rows) in close order, or None when it does not hold
+    (then the sorting pairing applies)."""
+    sel = node >= 0
+    if not sel.any():
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    rows = np.nonzero(sel)[0]
+    g = gt[rows]
+    if g.min() != g.max():
+        return None
+    n = node[rows]
+    o = opens[rows]
+    if np.bincount(n, minlength=n_nodes).max() > 2:
+        return None
+    open_at = np.full(n_nodes, -1, dtype=np.int64)
+    open_at[n[o]] = rows[o]
+    close_rows = rows[~o]
+    close_nodes = n[~o]
+    if (len(close_nodes) and np.bincount(close_nodes, minlength=n_nodes).max() > 1) or (open_at[n[o]] != rows[o]).any():
+        return None
+    paired = open_at[close_nodes]
+    ok = (paired >= 0) & (paired < close_rows)
+    if tid is not None:
+        ok &= tid[np.maximum(paired, 0)] == tid[close_rows]
+    if not ok.all():
+        return None
+    return paired, close_rows
+
+
+def _pairs_sorted(gt: np.ndarray, node: np.ndarray, pushed: np.ndarray):
+    """Pushes and pops paired by sorting on (gt, node): a pop pairs with a push right before it."""
+    sel = np.nonzero(node >= 0)[0]
+    order = sel[np.lexsort((sel, node[sel], gt[sel]))]
+    new = _first_of_group(gt[order], node[order])
+    k = pushed[order]
+    pair = ~k & ~new
+    pair[1:] &= k[:-1]
+    pops = order[pair]
+    pushes = order[np.nonzero(pair)[0] - 1]
+    o = np.argsort(pops, kind="stable")
+    return pushes[o], pops[o]
+
+
+def _slices_sorted(se: np.ndarray, kind: np.ndarray, tid: np.ndarray, gt: np.ndarray, node: np.ndarray):
+    """Starts and ends paired by sorting on (tid, gt, node): an end pairs with a start right before it,
+    else starts where it ends. Returns (start rows, end rows) in end order."""
     order = se[np.lexsort((se, node[se], gt[se], tid[se]))]
     new = _first_of_group(tid[order], gt[order], node[order])
     is_end = kind[order] == L.END
@@ -490,12 +548,21 @@ def _pair(ev: np.ndarray, tid_of: np.ndarray, nodes: list, queues: list[str]) ->
     ends = order[at]
     starts = np.where(has_start[at], order[at - 1], ends)
     o = np.argsort(ends, kind="stable")
-    ends, starts = ends[o], starts[o]
+    return starts[o], ends[o]
 
-    # each slice's wait: the last wait of its (gt, node) popped before its end
-    nw, ns = len(pops), len(ends)
-    kg = np.concatenate([waits.gt, gt[ends]])
-    kn = np.concatenate([waits.node, node[ends]])
+
+def _slice_waits(waits: Table, wait_pos: np.ndarray, s_gt: np.ndarray, s_node: np.ndarray, ends: np.ndarray,
+                 n_nodes: int) -> np.ndarray:
+    """Each slice's wait: the last wait of its (gt, node) popped before its end (-1: none)."""
+    nw, ns = len(waits), len(ends)
+    if nw and (waits.gt.min() == waits.gt.max()) and (not ns or s_gt.min() == s_gt.max() == waits.gt[0]) \
+            and np.bincount(waits.node, minlength=n_nodes).max() == 1:
+        at = np.full(n_nodes, -1, dtype=np.int64)
+        at[waits.node] = np.arange(nw)
+        w = at[s_node]
+        return np.where((w >= 0) & (wait_pos[np.maximum(w, 0)] < ends), w, -1)
+    kg = np.concatenate([waits.gt, s_gt])
+    kn = np.concatenate([waits.node, s_node])
     kp = np.concatenate([wait_pos, ends])
     order = np.lexsort((kp, kn, kg))
     is_wait = order < nw
@@ -506,13 +573,7 @@ def _pair(ev: np.ndarray, tid_of: np.ndarray, nodes: list, queues: list[str]) ->
     slice_wait = np.full(ns, -1, dtype=np.int64)
     rows = ~is_wait
     slice_wait[order[rows] - nw] = np.where(found[rows], order[np.maximum(last_wait[rows], 0)], -1)
-    slices = Table(gt=gt[ends], depth=ev["b"][starts].astype(np.int64), node=node[ends], tid=tid[ends],
-                   start=ev["ts"][starts], end=ev["ts"][ends], wait=slice_wait)
-
-    im = np.nonzero(kind == L.IDLE)[0]
-    idles = Table(start=ev["ts"][im], end=gt[im], tid=tid[im], queue=ev["queue"][im].astype(np.int64),
-                  waiting_for=ev["b"][im].astype(np.int64))
-    return Columns(nodes, queues, slices, waits, samples, idles)
+    return slice_wait
 
 
 def _lists_of(c: Columns) -> dict[str, list]:

@@ -157,8 +157,11 @@ def _dists(group: np.ndarray, values: np.ndarray, groups: int) -> list[Dist]:
 def _union_lengths(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict[int, int]:
     """Per tid, the total length covered by possibly nested or overlapping [start, end] intervals."""
     out = {}
-    order = np.lexsort((end, start, tid))
-    t, s, e = tid[order], start[order], end[order]
+    if len(tid) and tid.min() == tid.max() and (np.diff(start) >= 0).all():
+        t, s, e = tid, start, end  # one thread, already in start order (ties need no order: the union is the same)
+    else:
+        order = np.lexsort((end, start, tid))
+        t, s, e = tid[order], start[order], end[order]
     bounds = np.nonzero(np.r_[True, t[1:] != t[:-1], True])[0]
     for a, b in zip(bounds[:-1], bounds[1:]):
         ss, ee = s[a:b], e[a:b]
@@ -194,15 +197,13 @@ def summarize(rec: Recording, slowest: int = 10) -> Summary:
     r_waited = np.where(r_wait_idx >= 0, (W.popped - W.pushed)[np.maximum(r_wait_idx, 0)] if len(W) else 0, 0)
 
     # workers: every thread with a slice or an idle span
-    tids = list(dict.fromkeys(S.tid.tolist() + c.idles.tid.tolist()))
-    workers = {t: Worker(name(t)) for t in tids}
-    for t, n in zip(*np.unique(r_tid, return_counts=True)):
-        workers[int(t)].nodes = int(n)
+    I = c.idles
+    workers = {t: Worker(name(t)) for t in _distinct(S.tid) + _distinct(I.tid)}
+    for t, w in workers.items():
+        w.nodes = int(np.count_nonzero(r_tid == t))
+        w.idle_ns = int((I.end - I.start)[I.tid == t].sum()) if len(I) else 0
     for t, busy in _union_lengths(S.tid, S.start, S.end).items():
         workers[t].busy_ns = busy
-    I = c.idles
-    for t in np.unique(I.tid).tolist():
-        workers[t].idle_ns = int((I.end - I.start)[I.tid == t].sum())
     for w in workers.values():
         w.utilization = w.busy_ns / s.wall_ns if s.wall_ns else 0.0
     order = {tid: k for k, tid in enumerate(rec.threads)}
@@ -211,10 +212,14 @@ def summarize(rec: Recording, slowest: int = 10) -> Summary:
     # ops: by node name, the largest total first (ties: first seen first)
     name_code, names = kernels.attr_codes(nodes, "name", False)
     r_name = name_code[r_node] if len(runs) else np.zeros(0, dtype=np.int64)
-    groups, first_seen, inverse = np.unique(r_name, return_index=True, return_inverse=True)
-    dists = _dists(inverse.reshape(-1), r_dur, len(groups))
-    ranked = sorted(range(len(groups)), key=lambda g: (-dists[g].total_ns, first_seen[g]))
-    s.ops = {names[groups[g]]: dists[g] for g in ranked}
+    dists = _dists(r_name, r_dur, len(names))
+    first_seen = np.full(len(names), len(runs), dtype=np.int64)
+    if len(runs):
+        at = np.nonzero(np.r_[True, r_name[1:] != r_name[:-1]])[0]  # where the name changes: the first of each
+        np.minimum.at(first_seen, r_name[at], at)
+    ranked = sorted((g for g in range(len(names)) if dists[g].count),
+                    key=lambda g: (-dists[g].total_ns, first_seen[g]))
+    s.ops = {names[g]: dists[g] for g in ranked}
     qd = _dists(W.queue, W.popped - W.pushed, len(c.queues))
     s.queue_waits = {c.queues[q]: qd[q] for q in sorted(set(W.queue.tolist()), key=lambda q: c.queues[q])}
     lock_waits: dict[str, list[int]] = {}
@@ -242,8 +247,7 @@ def summarize(rec: Recording, slowest: int = 10) -> Summary:
     s.graph_tasks = len(rec.graph_tasks)
     s.passes = Dist.of([g.end - g.start for g in rec.graph_tasks if g.depth == 0 and g.end is not None])
     s.nodes_executed = len(runs)
-    top = np.lexsort((np.arange(len(runs)), r_start, -r_dur))[:slowest]
-    s.slowest = [run(int(k)) for k in top]
+    s.slowest = [run(int(k)) for k in _slowest(r_dur, r_start, slowest)]
     if len(runs):
         if r_gt.min() < 0:
             return summarize_reference(rec, slowest)
@@ -252,6 +256,25 @@ def summarize(rec: Recording, slowest: int = 10) -> Summary:
         s.critical_path, s.critical_path_ns = RunList(len(path), lambda i: run(path[i])), int(total)
     s.critical_path_share = s.critical_path_ns / s.wall_ns if s.wall_ns else 0.0
     return s
+
+
+def _distinct(values: np.ndarray) -> list[int]:
+    """The distinct values in order of first appearance (few distinct values, in long runs)."""
+    if not len(values):
+        return []
+    changes = values[np.r_[True, values[1:] != values[:-1]]]
+    return list(dict.fromkeys(changes.tolist()))
+
+
+def _slowest(dur: np.ndarray, start: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k longest runs, by (-duration, start, index)."""
+    n = len(dur)
+    if n > 4 * k > 0:
+        cut = np.partition(dur, n - k)[n - k]  # the k-th longest duration
+        cand = np.nonzero(dur >= cut)[0]
+        if len(cand) <= 64 * k:
+            return cand[np.lexsort((cand, start[cand], -dur[cand]))][:k]
+    return np.lexsort((np.arange(n), start, -dur))[:k]
 
 
 def _repeats(gt: np.ndarray, node: np.ndarray) -> bool:
