@@ -723,6 +723,7 @@ static PyObject *Log_take(LogObject *self, PyObject *unused) {
     PyMem_RawFree(self->blocks);
     self->blocks = NULL;
     self->nblocks = self->cap_blocks = self->n = 0;
+    Py_CLEAR(self->last_gt);  /* let the GraphTask go */
     PyObject *idents = PyList_New(self->nthreads);
     for (Py_ssize_t i = 0; idents && i < self->nthreads; i++) {
         PyObject *v = PyLong_FromUnsignedLong(self->tidents[i]);
@@ -841,7 +842,32 @@ static int Queue_init(QueueObject *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
+/* The queue takes part in cyclic GC: its tracer (and log) can reach a GraphTask whose engine reaches
+ * the queue again (through the engine's thread-local state). Items change only with the GIL held. */
+static int Queue_traverse(QueueObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->name);
+    Py_VISIT(self->tracer);
+    Py_VISIT(self->log);
+    Py_VISIT(self->others);
+    for (Py_ssize_t i = 0; i < self->size; i++)
+        Py_VISIT(self->items[i]);
+    return 0;
+}
+
+static int Queue_clear(QueueObject *self) {
+    Py_CLEAR(self->tracer);
+    Py_CLEAR(self->log);
+    Py_CLEAR(self->others);
+    self->tracing = 0;
+    Py_ssize_t n = self->size;
+    self->size = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_CLEAR(self->items[i]);
+    return 0;
+}
+
 static void Queue_dealloc(QueueObject *self) {
+    PyObject_GC_UnTrack(self);
     for (Py_ssize_t i = 0; i < self->size; i++)
         Py_DECREF(self->items[i]);
     PyMem_Free(self->keys);
@@ -1239,7 +1265,9 @@ static PyTypeObject QueueType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "autograd_run.engine._core.ReadyQueue",
     .tp_basicsize = sizeof(QueueObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Queue_traverse,
+    .tp_clear = (inquiry)Queue_clear,
     .tp_doc = "A blocking max-heap with libstdc++'s exact tie order (see engine/ready_queue.py).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Queue_init,
