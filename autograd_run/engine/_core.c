@@ -51,7 +51,7 @@ static PyObject *s_enabled, *s_task_pushed, *s_task_popped, *s_worker_idle, *s_l
     *s_dependencies, *s_not_ready,
     *s_device, *s_type, *s_index, *s_name, *s_default_priority, *s_priority, *s_key,
     *s_device_queue, *s_streams, *s_add, *s_add_on_device, *s_should_execute,
-    *s_input_nr, *s_node, *s_cpu_str, *s_get, *s_push, *s_stream, *s_id,
+    *s_input_nr, *s_node, *s_cpu_str, *s_get, *s_push, *s_stream, *s_id, *s_reshape,
     *s_event_log, *s_others, *s_exec_info, *s_state, *s_ctx, *s_anomaly, *s_keep_graph,
     *s_faults, *s_has_hooks, *s_grads, *s_devices, *s_node_start, *s_node_end,
     *s_node_skipped, *s_frame, *s_on_exception, *s_mark_completed,
@@ -2034,6 +2034,73 @@ static int array_matches(PyObject *g, PyObject *shape, PyObject *want) {
     return ok;
 }
 
+/* The compiled loop's check before validate_outputs: 1 when every gradient already fits its slot, or
+ * only differs from it in size-1 dimensions (then it is reshaped here, in `grads`, exactly as
+ * validate_outputs would: the sum over size-1 dimensions is the element itself); 0 when the full
+ * validate_outputs must run (another shape, a dtype to cast, a count that differs); -1 on error. */
+static int conform_outputs(PyObject *edges, PyObject *grads, PyObject *dtypes) {
+    if (!PyList_Check(edges) || !PyList_Check(grads) || PyList_GET_SIZE(edges) != PyList_GET_SIZE(grads))
+        return 0;
+    Py_ssize_t n = PyList_GET_SIZE(edges);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(edges, i), *g = PyList_GET_ITEM(grads, i);
+        if (e == Py_None || g == Py_None)
+            continue;
+        PyObject *target = PyTuple_GET_ITEM(e, 0), *nr = PyTuple_GET_ITEM(e, 1);
+        PyObject *ins = node_get(target, NF_INPUTS);
+        PyObject *meta = ins ? PyObject_GetItem(ins, nr) : NULL;
+        Py_XDECREF(ins);
+        if (meta == NULL)
+            return -1;
+        PyObject *shape = slot_get(&META_SLOTS, meta, MF_SHAPE);
+        PyObject *name = shape ? slot_get(&META_SLOTS, meta, MF_DTYPE) : NULL;
+        Py_DECREF(meta);
+        if (name == NULL) {
+            Py_XDECREF(shape);
+            return -1;
+        }
+        PyObject *want = PyDict_GetItemWithError(dtypes, name);  /* borrowed */
+        Py_DECREF(name);
+        if (want == NULL) {
+            Py_DECREF(shape);
+            if (PyErr_Occurred())
+                return -1;
+            return 0;
+        }
+        int ok = array_matches(g, shape, want);
+        if (ok == 0 && Py_TYPE(g) == ARRAY_TYPE && ((ArrayHead *)g)->descr == want && PyTuple_CheckExact(shape)) {
+            ArrayHead *a = (ArrayHead *)g;
+            Py_ssize_t nd = PyTuple_GET_SIZE(shape), td = a->nd, want_n = 1, have_n = 1;
+            int fits = nd <= td;
+            for (Py_ssize_t k = 1; fits && k <= nd; k++) {
+                Py_ssize_t sv = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, nd - k)), t = a->dimensions[td - k];
+                if (sv == -1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    fits = 0;
+                } else if (sv != 1 && sv != t) {
+                    fits = 0;
+                }
+                want_n *= sv;
+            }
+            for (Py_ssize_t k = 0; fits && k < td; k++)
+                have_n *= a->dimensions[k];
+            if (fits && want_n == have_n) {
+                PyObject *r = PyObject_CallMethodOneArg(g, s_reshape, shape);
+                if (r == NULL) {
+                    Py_DECREF(shape);
+                    return -1;
+                }
+                PyList_SetItem(grads, i, r);  /* steals r */
+                ok = 1;
+            }
+        }
+        Py_DECREF(shape);
+        if (ok <= 0)
+            return ok;
+    }
+    return 1;
+}
+
 /* outputs_match(edges, grads, np_dtypes) -> bool: every gradient for a valid edge already has its
  * slot's shape and dtype (np_dtypes maps a dtype name to the numpy dtype object), and the counts
  * agree; False sends the caller to the full validate_outputs. */
@@ -2204,15 +2271,9 @@ static PyObject *call_function(EngineInfo *ei, int real_cuda, PyObject *node, Py
     PyObject *next = node_get(node, NF_NEXT);
     if (next == NULL)
         goto fail;
-    int match = 0;
-    if (!real_cuda) {
-        PyObject *a[3] = {next, outputs, NP_DTYPES};
-        PyObject *m = outputs_match(NULL, a, 3);
-        if (m == NULL)
-            goto fail;
-        match = m == Py_True;
-        Py_DECREF(m);
-    }
+    int match = real_cuda ? 0 : conform_outputs(next, outputs, NP_DTYPES);
+    if (match < 0)
+        goto fail;
     if (!match) {
         PyObject *devices = PyObject_GetAttr(ei->engine, s_devices);
         PyObject *r = devices ? PyObject_CallFunctionObjArgs(VALIDATE_OUTPUTS, next, outputs, node, Py_None, devices,
@@ -2999,6 +3060,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_push, "push");
     INTERN(s_stream, "stream");
     INTERN(s_topo_nr, "topo_nr");
+    INTERN(s_reshape, "reshape");
     INTERN(s_id, "id");
     INTERN(s_op, "op");
     INTERN(s_attrs, "attrs");
