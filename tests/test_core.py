@@ -178,3 +178,53 @@ def test_the_summary_loops_agree_with_their_twins(seed):
     order = np.argsort(-start, kind="stable")
     assert kernels.critical_path(nodes, gt, node, weight, start, order) == \
         kernels.critical_path_py(nodes, gt, node, weight, start, order)
+
+
+@compiled
+def test_fill_formats_as_its_twin():
+    """The trace writers' template loop: every op, strings that need escaping or are not valid UTF-8."""
+    import numpy as np
+    from autograd_run.traces import encode as E
+    rng = np.random.default_rng(0)
+    n = 400
+    cols = [rng.integers(-5, 10**12, n), rng.integers(0, 3, n), rng.integers(-1, 2, n),
+            np.full(n, 2**64 - 1, dtype=np.uint64).view(np.int64), rng.integers(0, 2**40, n).cumsum()]
+    tables = [['a"b\\c\n\x01é\t', "x", b"raw"], [b"\x00\x01", "zz", "ü\ud800"]]
+    lits = [b"{", b"}", b","]
+    t0 = E.template((E.LIT, 0), (E.I64, 0), (E.US, 0), (E.DUR, 0), (E.MICRO, 0), (E.JSTR, 0, 1), (E.JESC, 1, 1),
+                    (E.RAW, 0, 1), (E.SKIPNEG, 2, 2), (E.LIT, 2), (E.U64, 3), (E.LIT, 1))
+    t1 = E.template((E.PB_BEGIN, 1), (E.PB_DELTA, 8, 4), (E.PB_VARINT, 3, 1), (E.PB_BEGIN, 11),
+                    (E.PB_STR, 5, 1, 1), (E.PB_FIXED64, 47, 3), (E.PB_BEGIN, 2), (E.RAW, 0, 1), (E.PB_END,),
+                    (E.PB_END,), (E.PB_END,))
+    kinds = rng.integers(0, 2, n)
+    index = np.argsort(cols[4] % 97, kind="stable")
+    for idx in (None, index):
+        a = E.fill([t0, t1], kinds, cols, tables, lits, -7, 0, n, idx)
+        b = E.fill_py([t0, t1], kinds, [np.asarray(c).view(np.int64) for c in cols], tables, lits, -7, 0, n, idx)
+        assert a == b and len(a) > 1000
+    long = ["y" * 300]  # a nested message longer than 127 bytes: a two-byte length
+    t2 = E.template((E.PB_BEGIN, 1), (E.RAW, 0, 0), (E.PB_END,))
+    z = [np.zeros(1, dtype=np.int64)]
+    assert E.fill([t2], None, z, [long], []) == E.fill_py([t2], None, z, [long], [], 0, 0, 1) == \
+        b"\x0a\xac\x02" + b"y" * 300
+
+
+@compiled
+def test_the_node_tables_and_saved_split_agree_with_their_twins():
+    import numpy as np
+    from autograd_run.engine.state import split_saved_py
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import load_graph, loads_graph
+    from autograd_run.traces import kernels
+    graphs = [load_graph("example:" + n) for n in ("seed", "mlp", "pipeline", "checkpoint")]
+    graphs.append(loads_graph(dumps(generate("transformer", layers=1, devices=2), "json"), "t.json"))
+    for g in graphs:
+        nodes = list(g.nodes)
+        a, b = kernels.node_columns(nodes), kernels.node_columns_py(nodes)
+        assert a[0] == b[0] and a[1] == b[1] and all(np.array_equal(x, y) for x, y in zip(a[2:], b[2:]))
+        ca, sa = kernels.input_shape_codes(nodes)
+        cb, sb = kernels.input_shape_codes_py(nodes)
+        assert np.array_equal(ca, cb) and sa == sb
+        released, cached = set(nodes[:2]), {nodes[2]: {}}
+        assert core.split_saved(nodes, released, cached) == split_saved_py(nodes, released, cached)

@@ -47,6 +47,10 @@ if COMPILED:
     attr_codes = _core.attr_codes
     critical_path = _core.critical_path
     compute_dependencies = _core.compute_dependencies
+    fill = _core.fill
+    input_shape_codes = _core.input_shape_codes
+    node_columns = _core.node_columns
+    split_saved = _core.split_saved
 else:
     InputBuffer = _ib.InputBuffer
     ReadyQueue = _rq.ReadyQueue
@@ -60,3 +64,7 @@ else:
     attr_codes = None  # traces.kernels' twins
     critical_path = None
     compute_dependencies = None  # graph_task.compute_dependencies_py
+    fill = None  # traces.encode.fill_py
+    input_shape_codes = None  # traces.kernels' twins
+    node_columns = None
+    split_saved = None  # engine.state's twin

@@ -17,11 +17,13 @@ Hooks are registered before a backward call and only read during it.
 
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any, Callable
 
 import numpy as np
 
+from autograd_run.engine import core
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import Graph, Node
 
@@ -36,6 +38,22 @@ ERR_BACKWARD_TWICE = (
 
 class SavedTensorReleased(RuntimeError):
     pass
+
+
+_SAVED = operator.attrgetter("saved")
+
+
+def split_saved_py(nodes, released: set, cached: dict) -> tuple[list, list]:
+    """The nodes that save tensors, neither released nor cached, split into plain ones (no saved value is a
+    dict or a list: the node's own mapping serves as its saved values) and the rest (compiled twin:
+    ``_core.split_saved``)."""
+    plain, rest = [], []
+    for n in nodes:
+        if n.saves_tensors and n not in released and n not in cached:
+            saved = n.saved
+            convert = type(saved) is not dict or any(type(v) is dict or type(v) is list for v in saved.values())
+            (rest if convert else plain).append(n)
+    return plain, rest
 
 
 class GraphState:
@@ -129,9 +147,10 @@ class GraphState:
     def prepare(self) -> None:
         """Materialise every node's saved values now (as a forward pass would have made them),
         so a timed backward call measures the backward alone. Random specs are seeded in bulk."""
-        todo = [n for n in self.graph.nodes if n.saves_tensors and n not in self._released and n not in self._saved]
-        specs = [v for n in todo if n.saves_tensors for v in n.saved.values()
-                 if type(v) is dict and "random" in v and "shape" in v]
+        plain, todo = (core.split_saved or split_saved_py)(self.graph.nodes, self._released, self._saved)
+        # no value to convert: the node's own mapping (what saved() would cache for it)
+        self._saved.update(zip(plain, map(_SAVED, plain)))
+        specs = [v for n in todo for v in n.saved.values() if type(v) is dict and "random" in v and "shape" in v]
         premade = {}
         if specs:
             premade = dict(zip(map(id, specs), tensors.materialize_random_many(specs, self.graph.side_files)))

@@ -4,6 +4,12 @@
     each object's attribute ``name`` as the position of its value among the
     distinct values (first appearance order), compared by identity or by
     equality: ``(int64 codes, values)``.
+``node_columns(nodes)``
+    each node's id and name (lists), seq (uint64), stream (int64) and -1
+    where its id is its name (else 0): ``(ids, names, seq, stream, same)``.
+``input_shape_codes(nodes)``
+    each node's input shapes (a tuple of shape tuples) as a code among the
+    distinct ones: ``(int64 codes, shapes)``.
 ``critical_path(nodes, gt, node, weight, start, order)``
     the longest chain of runs following next edges within a GraphTask (run
     ``k``: node ``nodes[node[k]]`` of GraphTask ``gt[k]``, ``weight[k]`` its
@@ -70,6 +76,42 @@ def critical_path_py(nodes: list, gt: np.ndarray, node: np.ndarray, weight: np.n
         path.append(k)
         k = succ[k]
     return path, best[first]
+
+
+def node_columns_py(nodes: list) -> tuple:
+    ids = [n.id for n in nodes]
+    names = [n.name for n in nodes]
+    seq = np.array([n.seq for n in nodes], dtype=np.uint64)
+    stream = np.array([n.stream for n in nodes], dtype=np.int64)
+    same = np.array([-1 if a == b else 0 for a, b in zip(ids, names)], dtype=np.int64)
+    return ids, names, seq, stream, same
+
+
+def node_columns(nodes: list) -> tuple:
+    if core.node_columns is None:
+        return node_columns_py(nodes)
+    ids, names, seq, stream, same = core.node_columns(nodes)
+    return (ids, names, np.frombuffer(seq, dtype=np.uint64), np.frombuffer(stream, dtype=np.int64),
+            np.frombuffer(same, dtype=np.int64))
+
+
+def input_shape_codes_py(nodes: list) -> tuple[np.ndarray, list]:
+    seen: dict = {}
+    codes = np.empty(len(nodes), dtype=np.int64)
+    for i, n in enumerate(nodes):
+        key = tuple(tuple(m.shape) for m in n.inputs)
+        c = seen.get(key)
+        if c is None:
+            c = seen[key] = len(seen)
+        codes[i] = c
+    return codes, list(seen)
+
+
+def input_shape_codes(nodes: list) -> tuple[np.ndarray, list]:
+    if core.input_shape_codes is None:
+        return input_shape_codes_py(nodes)
+    data, shapes = core.input_shape_codes(nodes)
+    return np.frombuffer(data, dtype=np.int64), shapes
 
 
 def attr_codes(objs: list, name: str, identity: bool = False) -> tuple[np.ndarray, list]:
