@@ -189,9 +189,9 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     if recorder is not None:
         report.recording = recorder.recording()
     if o.trace_path:
-        from autograd_run.traces.chrome import write_chrome_trace
+        from autograd_run.traces.trace_file import write_trace
         t = time.perf_counter()
-        write_chrome_trace(o.trace_path, report.recording)
+        write_trace(o.trace_path, report.recording)
         report.timings["trace"] = time.perf_counter() - t
     if order is not None:
         report.order = order.rows()

@@ -222,3 +222,34 @@ def test_perfetto_shows_the_error_of_a_failing_run():
         assert import_errors(tp) == []
         inst = tp.query("select name from slice where category = 'error'")
         assert [r["name"] for r in inst] == ["error"]
+
+
+# -- the streaming writer -------------------------------------------------------------------------------
+
+def _recordings():
+    """Recordings of every kind of event: threads, reentrant nesting, syncs, a failure, simulated streams."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.load import loads_graph
+    out = [(n, recording(load_graph("example:" + n), allow_python=True)) for n in ("seed", "pipeline", "reentrant")]
+    out.append(("failing", recording(load_graph("example:failing"), fails=True)))
+    g = loads_graph(dumps(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2), "json"), "t.json")
+    out.append(("transformer", run_session(g, RunOptions(repeat=2)).recording))
+    out.append(("simulated", simulate_session(load_graph("example:pipeline"), SimOptions(detail=True)).recording))
+    return out
+
+
+def test_the_streamed_trace_is_the_trace():
+    """write_chrome_trace formats from columns, in chunks; the file parses to exactly to_chrome_trace's dict."""
+    from autograd_run.traces.chrome import chrome_chunks
+    for name, rec in _recordings():
+        assert json.loads(b"".join(chrome_chunks(rec))) == to_chrome_trace(rec), name
+
+
+def test_a_gz_trace_is_the_compressed_trace(tmp_path):
+    import gzip
+    from autograd_run.traces.trace_file import write_trace
+    rec = recording(load_graph("example:pipeline"))
+    write_trace(str(tmp_path / "t.json.gz"), rec)
+    write_trace(str(tmp_path / "t.json"), rec)
+    assert gzip.decompress((tmp_path / "t.json.gz").read_bytes()) == (tmp_path / "t.json").read_bytes()
+    assert json.loads((tmp_path / "t.json").read_bytes()) == to_chrome_trace(rec)

@@ -80,7 +80,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
       autograd-run simulate graph.json --order-out golden.jsonl   # then: run --expect-order
     """
     from autograd_run.graphs.load import load_graph
-    from autograd_run.outputs import atomic_write, check_output_path
+    from autograd_run.outputs import check_output_path
     from autograd_run.sim.session import SimOptions, simulate_session
     from autograd_run.traces.order import write_order
 
@@ -102,9 +102,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, compare, tra
         reports.append(simulate_session(g, opts))
     first = reports[0]
     if trace_path:
-        import msgspec
-        from autograd_run.traces.chrome import to_chrome_trace
-        atomic_write(trace_path, msgspec.json.encode(to_chrome_trace(first.recording)), "trace_path")
+        from autograd_run.traces.trace_file import write_trace
+        write_trace(trace_path, first.recording)
     if order_out:
         write_order(order_out, first.order)
     if json_out:

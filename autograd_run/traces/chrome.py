@@ -1,5 +1,12 @@
 """Chrome / Perfetto trace: a pure function from a ``Recording`` to the JSON trace.
 
+``to_chrome_trace(rec)`` builds the trace as a dict (the definition of its
+content); ``write_chrome_trace(path, rec)`` writes the same trace (``json.loads``
+of the file equals that dict) without building it: the node slices, queue
+waits and counter samples, millions at a million nodes, are formatted from the
+Recording's columns by ``traces.encode.fill`` in chunks, streamed to the file
+(gzip-compressed for a ``.gz`` path).
+
 One process ("autograd-run"), one thread track per worker (the caller, which
 is also the CPU worker of its calls, is ``caller (<thread name>)``); one complete
 (``X``) slice per node execution titled ``<node id> <op name>`` (so a search
@@ -19,15 +26,20 @@ Async slices use ``id2.local`` (process scope): a bare ``id`` is global in
 the legacy JSON rules and lands outside the process.
 
 Timestamps are microseconds from the first event, offset by 1 µs so nothing
-sits at 0.
+sits at 0, to the nanosecond (three decimals at most).
 """
 
 from __future__ import annotations
 
+import gzip
+
 import msgspec
+import numpy as np
 
 from autograd_run.engine.threads import ThreadKind
-from autograd_run.outputs import atomic_write
+from autograd_run.outputs import atomic_writer
+from autograd_run.traces import encode as E
+from autograd_run.traces import kernels
 from autograd_run.traces.recording import Recording
 
 PID = 1
@@ -52,7 +64,7 @@ def to_chrome_trace(rec: Recording) -> dict:
     t0 = rec.start
 
     def us(ns: int) -> float:
-        return (ns - t0) / 1000.0 + 1.0
+        return (ns - t0 + 1000) / 1000
 
     tids = thread_tids(rec)
 
@@ -63,18 +75,12 @@ def to_chrome_trace(rec: Recording) -> dict:
         return t
 
     process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
-    out: list[dict] = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": process}},
-                       {"ph": "M", "pid": PID, "name": "process_sort_index", "args": {"sort_index": 0}}]
-    for rank, t in enumerate(rec.threads.values()):
-        name = f"caller ({t.name})" if t.kind is ThreadKind.CALLER else t.name
-        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_name", "args": {"name": name}})
-        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_sort_index",
-                    "args": {"sort_index": rank}})
+    out: list[dict] = _metadata(rec, process, tids)
 
     slices: dict[tuple, tuple] = {}  # (gt, node) -> (tid, start_us)
     for sl in rec.slices:
         node = sl.node
-        start, dur = us(sl.start), max(sl.duration / 1000.0, 0.001)
+        start, dur = us(sl.start), max(sl.duration, 1) / 1000
         tid = tid_of(sl.tid)
         out.append({"ph": "X", "pid": PID, "tid": tid, "ts": start, "dur": dur, "name": node_title(node),
                     "cat": "node", "args": {"id": node.id, "name": node.name, "seq": node.seq, "depth": sl.depth,
@@ -89,17 +95,40 @@ def to_chrome_trace(rec: Recording) -> dict:
         out.append({**common, "ph": "b", "ts": us(w.pushed),
                     "args": {"id": w.node.id, "node": w.node.name, "graph_task": w.gt}})
         out.append({**common, "ph": "e", "ts": us(w.popped)})
-    for lw in rec.lock_waits:
-        out.append({"ph": "X", "pid": PID, "tid": tid_of(lw.tid), "ts": us(lw.end - lw.waited),
-                    "dur": lw.waited / 1000.0, "name": f"lock wait: {lw.lock}", "cat": "lock_wait",
-                    "args": {"graph_task": lw.gt}})
+    _lock_waits(rec, out, us, tid_of)
     for idle in rec.idles:
         waiting = idle.waiting_for is not None
         out.append({"ph": "X", "pid": PID, "tid": tid_of(idle.tid), "ts": us(idle.start),
-                    "dur": max((idle.end - idle.start) / 1000.0, 0.001),
+                    "dur": max(idle.end - idle.start, 1) / 1000,
                     "name": f"waiting for graph task {idle.waiting_for}" if waiting else "idle",
                     "cat": "wait" if waiting else "idle",
                     "args": {"queue": idle.queue, **({"graph_task": idle.waiting_for} if waiting else {})}})
+    _instants_and_flows(rec, out, us, tid_of, slices)
+    _kernels(rec, out, us)
+    return {"traceEvents": out, "displayTimeUnit": "ns"}
+
+
+def _metadata(rec: Recording, process: str, tids: dict) -> list[dict]:
+    out: list[dict] = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": process}},
+                       {"ph": "M", "pid": PID, "name": "process_sort_index", "args": {"sort_index": 0}}]
+    for rank, t in enumerate(rec.threads.values()):
+        name = f"caller ({t.name})" if t.kind is ThreadKind.CALLER else t.name
+        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_name", "args": {"name": name}})
+        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_sort_index",
+                    "args": {"sort_index": rank}})
+    return out
+
+
+def _lock_waits(rec: Recording, out: list, us, tid_of) -> None:
+    for lw in rec.lock_waits:
+        out.append({"ph": "X", "pid": PID, "tid": tid_of(lw.tid), "ts": us(lw.end - lw.waited),
+                    "dur": lw.waited / 1000, "name": f"lock wait: {lw.lock}", "cat": "lock_wait",
+                    "args": {"graph_task": lw.gt}})
+
+
+def _instants_and_flows(rec: Recording, out: list, us, tid_of, slices: dict) -> None:
+    """Errors and NaN detections as instants; syncs as flows between slices (``slices``: (gt, node) ->
+    (trace tid, start in µs))."""
     for kind, items in (("error", rec.errors), ("nan", rec.nans)):
         for e in items:
             detail = e.message if kind == "error" else e.index
@@ -121,8 +150,6 @@ def to_chrome_trace(rec: Recording) -> dict:
                     "cat": "node"})
         out.append({"ph": "i", "pid": PID, "tid": c[0], "ts": c[1], "s": "t", "name": label, "cat": "sync",
                     "args": {"producer": sync.producer.id, "consumer": sync.consumer.id}})
-    _kernels(rec, out, us)
-    return {"traceEvents": out, "displayTimeUnit": "ns"}
 
 
 def _counters(rec: Recording, out: list, us) -> None:
@@ -165,10 +192,189 @@ def _kernels(rec: Recording, out: list, us) -> None:
                     "args": {"sort_index": tids[name]}})
     for k in rec.kernels:
         out.append({"ph": "X", "pid": PID + 1, "tid": tids[k.stream], "ts": us(k.start),
-                    "dur": max((k.end - k.start) / 1000.0, 0.001), "name": node_title(k.node), "cat": "kernel",
+                    "dur": max(k.end - k.start, 1) / 1000, "name": node_title(k.node), "cat": "kernel",
                     "args": {"id": k.node.id, "stream": k.stream}})
 
 
-def write_chrome_trace(path: str, rec: Recording) -> None:
-    """Write the trace atomically (a temporary file renamed into place)."""
-    atomic_write(path, msgspec.json.encode(to_chrome_trace(rec)), "trace_path")
+# -- the streaming writer ---------------------------------------------------------------------
+
+#: Rows formatted per ``fill`` call (bounds the memory the text of one chunk takes).
+CHUNK = 1 << 16
+
+
+def node_tables(nodes: list) -> dict:
+    """What slices and waits show of each node of a Recording's node table, as columns and tables."""
+    ids, names, seq, stream, same = kernels.node_columns(nodes)
+    dev_code, devs = kernels.attr_codes(nodes, "device", True)
+    shape_code, shapes = kernels.input_shape_codes(nodes)
+    return {"ids": ids, "names": names, "seq": seq, "stream": stream, "same": same, "device": dev_code,
+            "devices": [str(d) for d in devs], "shape": shape_code, "shape_tuples": shapes,
+            "shapes": [msgspec.json.encode([list(s) for s in shape]) for shape in shapes]}
+
+
+def trace_ranks(rec: Recording):
+    """The trace tid of an OS tid (``thread_tids``, unknown threads ranked as they first appear), and a
+    function mapping a column of OS tids to trace tids."""
+    tids = thread_tids(rec)
+
+    def tid_of(os_tid: int) -> int:
+        t = tids.get(os_tid)
+        if t is None:
+            t = tids[os_tid] = FIRST_TID + len(tids)
+        return t
+
+    def column(col: np.ndarray) -> np.ndarray:
+        out = np.empty(len(col), dtype=np.int64)
+        if len(col):
+            changes = col[np.r_[True, col[1:] != col[:-1]]]
+            for t in dict.fromkeys(changes.tolist()):
+                out[col == t] = tid_of(t)
+        return out
+    return tid_of, column
+
+
+# a node slice; its title is "<id> <name>", or the name alone when the id is the name
+_X = E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.US, 1), (E.LIT, 2), (E.DUR, 2), (E.LIT, 3),
+                (E.SKIPNEG, 10, 2), (E.JESC, 0, 3), (E.LIT, 13), (E.JESC, 1, 3),
+                (E.LIT, 4), (E.JSTR, 0, 3), (E.LIT, 5), (E.JSTR, 1, 3), (E.LIT, 6), (E.U64, 4), (E.LIT, 7),
+                (E.I64, 5), (E.LIT, 8), (E.I64, 6), (E.LIT, 9), (E.JSTR, 2, 7), (E.LIT, 10), (E.I64, 8),
+                (E.LIT, 11), (E.RAW, 3, 9), (E.LIT, 12))
+_X_LITS = [b',{"ph":"X","pid":1,"tid":', b',"ts":', b',"dur":', b',"name":"', b'","cat":"node","args":{"id":',
+           b',"name":', b',"seq":', b',"depth":', b',"graph_task":', b',"device":', b',"stream":',
+           b',"input_shapes":', b'}}', b' ']
+_WAIT = [E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2), (E.JSTR, 0, 2), (E.LIT, 3),
+                    (E.US, 3), (E.LIT, 4), (E.JSTR, 1, 4), (E.LIT, 5), (E.JSTR, 2, 4), (E.LIT, 6), (E.I64, 5),
+                    (E.LIT, 7)),
+         E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2), (E.JSTR, 0, 2), (E.LIT, 8),
+                    (E.US, 3), (E.LIT, 9))]
+_WAIT_LITS = [b',{"pid":1,"tid":', b',"cat":"queue_wait","id2":{"local":', b'},"name":', b',"ph":"b","ts":',
+              b',"args":{"id":', b',"node":', b',"graph_task":', b'}}', b',"ph":"e","ts":', b'}']
+_QUEUE = E.template((E.LIT, 0), (E.US, 0), (E.LIT, 1), (E.JSTR, 0, 1), (E.LIT, 2), (E.I64, 2), (E.LIT, 3))
+_QUEUE_LITS = [b',{"ph":"C","pid":1,"ts":', b',"name":', b',"args":{"queued":', b'}}']
+_OUTSTANDING = E.template((E.LIT, 0), (E.US, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2))
+_OUTSTANDING_LITS = [b',{"ph":"C","pid":1,"ts":', b',"name":"outstanding","args":{"tasks":', b'}}']
+
+
+def outstanding_changes(rec: Recording, origins: bool = False) -> tuple:
+    """(time, tasks outstanding after it) at each change of the engine's outstanding tasks, as ``_counters``;
+    with ``origins`` also what made each change: 0 a push (the queue sample's row), 1 a node slice's end
+    (the slice's row), 2 a skip (its index)."""
+    c = rec.columns()
+    q, S = c.samples, c.slices
+    up = np.nonzero(q.pushed & (q.node >= 0))[0]
+    skip_ts = np.array([sk.ts for sk in rec.skips], dtype=np.int64)
+    skip_gt = np.array([sk.gt for sk in rec.skips], dtype=np.int64)
+    ts = np.concatenate([q.ts[up], S.end, skip_ts])
+    delta = np.concatenate([np.ones(len(up), dtype=np.int64), -np.ones(len(S) + len(skip_ts), dtype=np.int64)])
+    gt = np.concatenate([q.gt[up], S.gt, skip_gt])
+    kind = np.concatenate([np.zeros(len(up), dtype=np.int64), np.ones(len(S), dtype=np.int64),
+                           np.full(len(skip_ts), 2, dtype=np.int64)])
+    index = np.concatenate([up, np.arange(len(S)), np.arange(len(skip_ts))])
+    order = np.lexsort((np.arange(len(ts)), -delta, ts))
+    ts, delta, gt, kind, index = ts[order], delta[order], gt[order], kind[order], index[order]
+    # a decrease of a GraphTask with none outstanding is dropped (its push was not recorded): when no
+    # GraphTask's own running count goes below zero there is none to drop
+    n = len(ts)
+    og = np.lexsort((np.arange(n), gt))
+    cs = np.cumsum(delta[og])
+    first = np.r_[True, gt[og][1:] != gt[og][:-1]] if n else np.zeros(0, dtype=bool)
+    at = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else og
+    if (cs - np.where(at > 0, cs[np.maximum(at - 1, 0)], 0) >= 0).all():
+        return (ts, np.cumsum(delta), kind, index) if origins else (ts, np.cumsum(delta))
+    keep, per_task, total, values = [], {}, 0, []  # some decreases to drop: one by one
+    for k, (d, g) in enumerate(zip(delta.tolist(), gt.tolist())):
+        n = per_task.get(g, 0)
+        if d < 0 and n == 0:
+            continue
+        per_task[g] = n + d
+        total += d
+        keep.append(k)
+        values.append(total)
+    values = np.array(values, dtype=np.int64)
+    return (ts[keep], values, kind[keep], index[keep]) if origins else (ts[keep], values)
+
+
+def chrome_chunks(rec: Recording):
+    """The JSON trace of ``rec`` as a sequence of bytes chunks (``json.loads`` of their concatenation
+    equals ``to_chrome_trace(rec)``)."""
+    if rec.empty:
+        yield msgspec.json.encode({"traceEvents": [], "displayTimeUnit": "ns"})
+        return
+    t0 = rec.start
+    base = t0 - 1000  # the 1 µs offset
+
+    def us(ns: int) -> float:
+        return (ns - t0 + 1000) / 1000
+    tid_of, tid_column = trace_ranks(rec)
+    tids = thread_tids(rec)
+    process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
+    meta = _metadata(rec, process, tids)
+    yield b'{"traceEvents":[' + b",".join(msgspec.json.encode(e) for e in meta)
+    c = rec.columns()
+    info = node_tables(c.nodes)
+    S = c.slices
+    s_tid = tid_column(S.tid)
+    node = S.node
+    cols = [s_tid, S.start, S.end - S.start, node, info["seq"][node].view(np.int64), S.depth, S.gt,
+            info["device"][node], info["stream"][node], info["shape"][node], info["same"][node]]
+    tables = [info["ids"], info["names"], info["devices"], info["shapes"]]
+    for a in range(0, len(S), CHUNK):
+        yield E.fill([_X], None, cols, tables, _X_LITS, base, a, min(a + CHUNK, len(S)))
+    q = c.samples
+    for a in range(0, len(q), CHUNK):
+        yield E.fill([_QUEUE], None, [q.ts, q.queue, q.depth], [c.queues], _QUEUE_LITS, base, a,
+                     min(a + CHUNK, len(q)))
+    ots, ovals = outstanding_changes(rec)
+    for a in range(0, len(ots), CHUNK):
+        yield E.fill([_OUTSTANDING], None, [ots, ovals], [], _OUTSTANDING_LITS, base, a, min(a + CHUNK, len(ots)))
+    W = c.waits
+    if len(W):
+        wt = tid_column(W.tid)
+        rows = 2 * len(W)
+        two = lambda a, b: np.stack([a, b], axis=1).reshape(-1)  # noqa: E731 - b then e of each wait
+        k = np.arange(1, len(W) + 1)
+        cols = [two(wt, wt), two(k, k), two(W.queue, W.queue), two(W.pushed, W.popped), two(W.node, W.node),
+                two(W.gt, W.gt)]
+        kinds = np.tile(np.array([0, 1], dtype=np.int64), len(W))
+        names = [f"queue wait {name}" for name in c.queues]
+        for a in range(0, rows, CHUNK):
+            yield E.fill(_WAIT, kinds, cols, [names, info["ids"], info["names"]], _WAIT_LITS, base, a,
+                         min(a + CHUNK, rows))
+    rest: list[dict] = []
+    _lock_waits(rec, rest, us, tid_of)
+    I = c.idles
+    if len(I):
+        it = tid_column(I.tid)
+        for t, s_, e_, qn, wf in zip(it.tolist(), I.start.tolist(), I.end.tolist(), I.queue.tolist(),
+                                     I.waiting_for.tolist()):
+            waiting = wf >= 0
+            rest.append({"ph": "X", "pid": PID, "tid": t, "ts": us(s_), "dur": max(e_ - s_, 1) / 1000,
+                         "name": f"waiting for graph task {wf}" if waiting else "idle",
+                         "cat": "wait" if waiting else "idle",
+                         "args": {"queue": c.queues[qn], **({"graph_task": wf} if waiting else {})}})
+    slices = {}
+    if rec.syncs:
+        wanted = {(sy.gt, n) for sy in rec.syncs for n in (sy.producer, sy.consumer)}
+        for g, n, t, st in zip(S.gt.tolist(), S.node.tolist(), s_tid.tolist(), S.start.tolist()):
+            if (g, c.nodes[n]) in wanted:
+                slices[(g, c.nodes[n])] = (t, us(st))
+    _instants_and_flows(rec, rest, us, tid_of, slices)
+    _kernels(rec, rest, us)
+    for a in range(0, len(rest), CHUNK):
+        yield b"".join(b"," + msgspec.json.encode(e) for e in rest[a:a + CHUNK])
+    yield b'],"displayTimeUnit":"ns"}'
+
+
+def write_chrome_trace(path: str, rec: Recording, compress: bool | None = None) -> None:
+    """Write the trace atomically (a temporary file renamed into place), gzip-compressed when ``compress``
+    (by default: when the path ends in ``.gz``)."""
+    if compress is None:
+        compress = path.endswith(".gz")
+    with atomic_writer(path, "trace_path") as f:
+        if compress:
+            with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=3, mtime=0) as z:
+                for chunk in chrome_chunks(rec):
+                    z.write(chunk)
+        else:
+            for chunk in chrome_chunks(rec):
+                f.write(chunk)
