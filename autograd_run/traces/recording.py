@@ -214,7 +214,8 @@ class Columns:
     ``node`` and ``queue`` columns index (-1: none).
 
     * ``slices``: gt, depth, node, tid, start, end, wait (index into ``waits`` or -1), in end order;
-    * ``waits``: gt, node, queue, pushed, popped, tid, in pop order;
+    * ``waits``: gt, node, queue, pushed, popped, tid, in pop order, and the rows of the queue samples of
+      its push and pop (``push_row``, ``pop_row``; -1 where not known: a Recording made from lists);
     * ``samples`` (queue samples): ts, tid, queue, gt, node, depth, pushed (bool), in event order;
     * ``idles``: start, end, tid, queue, waiting_for (-1: none), in event order.
     """
@@ -471,7 +472,8 @@ def _pair(ev: np.ndarray, tid_of: np.ndarray, nodes: list, queues: list[str]) ->
     else:
         pushes, pops = _pairs_sorted(samples.gt, samples.node, samples.pushed)
     waits = Table(gt=samples.gt[pops], node=samples.node[pops], queue=samples.queue[pushes],
-                  pushed=samples.ts[pushes], popped=samples.ts[pops], tid=samples.tid[pops])
+                  pushed=samples.ts[pushes], popped=samples.ts[pops], tid=samples.tid[pops],
+                  push_row=np.asarray(pushes, dtype=np.int64), pop_row=np.asarray(pops, dtype=np.int64))
     wait_pos = sm[pops]  # event positions of the pops
 
     # slices: an end pairs with a start right before it of the same (tid, gt, node), in end order
@@ -627,7 +629,8 @@ def _columns_of(slices: list, waits: list, samples: list, idles: list) -> Column
                wait=_i64(-1 if s.wait is None else wait_ids.get(id(s.wait), -1) for s in slices))
     wt = Table(gt=_i64(w.gt for w in waits), node=_i64(n_of(w.node) for w in waits),
                queue=_i64(q_of(w.queue) for w in waits), pushed=_i64(w.pushed for w in waits),
-               popped=_i64(w.popped for w in waits), tid=_i64(w.tid for w in waits))
+               popped=_i64(w.popped for w in waits), tid=_i64(w.tid for w in waits),
+               push_row=np.full(len(waits), -1, dtype=np.int64), pop_row=np.full(len(waits), -1, dtype=np.int64))
     qt = Table(ts=_i64(q.ts for q in samples), tid=_i64(q.tid for q in samples),
                queue=_i64(q_of(q.queue) for q in samples), gt=_i64(q.gt for q in samples),
                node=_i64(n_of(q.node) for q in samples), depth=_i64(q.depth for q in samples),
