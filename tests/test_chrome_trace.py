@@ -235,7 +235,24 @@ def _recordings():
     g = loads_graph(dumps(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2), "json"), "t.json")
     out.append(("transformer", run_session(g, RunOptions(repeat=2)).recording))
     out.append(("simulated", simulate_session(load_graph("example:pipeline"), SimOptions(detail=True)).recording))
+    out.append(("from events", _recording_from_events()))
     return out
+
+
+def _recording_from_events():
+    """A Recording made from event tuples (its waits do not know their samples' rows), with what the
+    outstanding-tasks counter drops: a node run without a recorded push, a skip, a task of another
+    GraphTask ending after its count went to zero; and a slice of no duration."""
+    from autograd_run.traces.recording import NODE_END, NODE_START, POP, PUSH, SKIP, Recording
+    a, b, c, d, e = load_graph("example:seed").nodes[:5]
+    q = "cpu:MainThread"
+    events = [(PUSH, 10, 1, q, 1, a, 1), (PUSH, 12, 1, q, 2, c, 2), (POP, 20, 1, q, 1, a, 1),
+              (NODE_START, 20, 1, 1, 0, a), (NODE_END, 30, 1, 1, 0, a),
+              (NODE_START, 35, 1, 1, 0, b), (NODE_END, 40, 1, 1, 0, b),
+              (POP, 45, 1, q, 2, c, 0), (NODE_START, 46, 1, 2, 0, c), (SKIP, 55, 1, 2, d),
+              (NODE_END, 60, 1, 2, 0, c), (PUSH, 62, 1, q, 1, e, 1), (POP, 63, 1, q, 1, e, 0),
+              (NODE_START, 64, 1, 1, 0, e), (NODE_END, 64, 1, 1, 0, e)]
+    return Recording.from_events(events, {1: "MainThread"}, {1: 4242})
 
 
 def test_the_streamed_trace_is_the_trace():
@@ -243,6 +260,17 @@ def test_the_streamed_trace_is_the_trace():
     from autograd_run.traces.chrome import chrome_chunks
     for name, rec in _recordings():
         assert json.loads(b"".join(chrome_chunks(rec))) == to_chrome_trace(rec), name
+
+
+def test_chunks_change_nothing(monkeypatch):
+    """Formatted a few rows at a time (every chunk boundary crossed), both traces are the same bytes."""
+    from autograd_run.traces import chrome, pftrace
+    for name, rec in _recordings():
+        whole = b"".join(chrome.chrome_chunks(rec)), b"".join(pftrace.pftrace_chunks(rec))
+        with monkeypatch.context() as m:
+            m.setattr(chrome, "CHUNK", 6)
+            m.setattr(pftrace, "CHUNK", 5)
+            assert (b"".join(chrome.chrome_chunks(rec)), b"".join(pftrace.pftrace_chunks(rec))) == whole, name
 
 
 def test_a_gz_trace_is_the_compressed_trace(tmp_path):

@@ -44,9 +44,8 @@ SEQ = 1                # trusted_packet_sequence_id
 PROCESS_UUID = 1
 KERNEL_PROCESS_UUID = 2
 OUTSTANDING_UUID = 3
+TRACK_UUID0 = 4        # + k: queue counters (k = queue index), then wait lanes (_track_uuid)
 THREAD_UUID0 = 100     # + trace tid
-QUEUE_UUID0 = 1 << 20  # + queue index (counters)
-LANE_UUID0 = 1 << 40   # + (queue index << 20) + lane number (queue waits)
 KERNEL_UUID0 = 1 << 36  # + stream number
 
 # TrackEvent types
@@ -202,39 +201,85 @@ def _lanes(pushed: np.ndarray, popped: np.ndarray, queue: np.ndarray) -> np.ndar
 
 
 class _Rows:
-    """Packet rows gathered per kind, then concatenated and sorted by time."""
+    """Packet rows gathered per kind (a part), sorted by time, and gathered a chunk at a time.
+
+    A part's columns are arrays (a value per row), ints (one for all), or functions of row positions
+    (values made when a chunk needs them), so that the only arrays over all packets are the times and
+    the order to write them in."""
+
+    NAMES = ("ts", "track", "node", "depth", "gt", "seq", "dev", "stream", "shape", "same", "flows", "uuid_a",
+             "val_a", "uuid_b", "val_b", "blob", "name", "opname")  # the C_* columns, in order
 
     def __init__(self):
-        self.parts: list[dict] = []
+        self.parts: list[tuple[int, int, dict]] = []  # (kind, rows, columns)
 
-    def add(self, kind: int, ts: np.ndarray, prio, tie=0, **cols: np.ndarray) -> None:
+    def add(self, kind: int, ts: np.ndarray, prio, tie=0, **cols) -> None:
         """Rows of ``kind`` at times ``ts``; at one instant they sort by ``prio`` (ends 0, counters 1, starts
         2, instants 3, ends of waits that began at that instant 4), then ``tie`` (an end: minus its start,
         inner first; a start: minus its end, outer first), then as added."""
-        n = len(ts)
-        if n:
-            self.parts.append({"kind": np.full(n, kind, dtype=np.int64), "ts": ts,
-                               "prio": np.broadcast_to(np.asarray(prio, dtype=np.int64), (n,)),
-                               "tie": np.broadcast_to(np.asarray(tie, dtype=np.int64), (n,)), **cols})
+        if len(ts):
+            self.parts.append((kind, len(ts), {"ts": ts, "prio": prio, "tie": tie, **cols}))
 
-    def sorted_columns(self) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
-        """(kinds, columns, order): the rows as added, and the order to write them in."""
-        n = sum(len(p["ts"]) for p in self.parts)
+    def _locate(self, rows: np.ndarray, offsets: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """(part, positions in ``rows``, rows within the part) for each part ``rows`` holds."""
+        pid = np.searchsorted(offsets, rows, side="right") - 1
+        out = []
+        for p in np.unique(pid).tolist():
+            at = np.nonzero(pid == p)[0]
+            out.append((p, at, rows[at] - offsets[p]))
+        return out
 
-        def col(name: str, fill: int = -1) -> np.ndarray:
-            out = np.full(n, fill, dtype=np.int64)
-            at = 0
-            for p in self.parts:
-                m = len(p["ts"])
-                if name in p:
-                    out[at:at + m] = p[name]
-                at += m
-            return out
-        ts, prio, tie, kind = col("ts"), col("prio"), col("tie"), col("kind")
-        order = np.lexsort((np.arange(n), tie, prio, ts))
-        names = ["track", "node", "depth", "gt", "seq", "dev", "stream", "shape", "same", "flows", "uuid_a",
-                 "val_a", "uuid_b", "val_b", "blob", "name", "opname"]
-        return kind, [ts] + [col(nm) for nm in names], order
+    @staticmethod
+    def _values(spec, local: np.ndarray):
+        if spec is None:
+            return -1
+        if isinstance(spec, (int, np.integer)):
+            return spec
+        if callable(spec):
+            return spec(local)
+        return spec[local]
+
+    def _gather(self, where: list, names, m: int) -> list[np.ndarray]:
+        out = [np.full(m, -1, dtype=np.int64) for _ in names]
+        for p, at, local in where:
+            cols = self.parts[p][2]
+            for o, name in zip(out, names):
+                spec = cols.get(name)
+                if spec is not None:
+                    o[at] = self._values(spec, local)
+        return out
+
+    def chunks(self, size: int):
+        """(kinds, columns) of ``size`` rows at a time, in writing order: by time, then as ``add`` says."""
+        lengths = [n for _, n, _ in self.parts]
+        offsets = np.cumsum([0] + lengths[:-1]).astype(np.int64)
+        ts = np.concatenate([np.asarray(c["ts"], dtype=np.int64) for _, _, c in self.parts]) \
+            if self.parts else np.zeros(0, dtype=np.int64)
+        order = np.argsort(ts, kind="stable")  # the parts are runs already in time order, mostly
+        ts = ts[order]
+        same = ts[1:] == ts[:-1]
+        if same.any():  # rows at one instant: by prio, then tie, then as added (lexsort is stable)
+            tied = np.zeros(len(ts), dtype=bool)
+            tied[1:] = same
+            tied[:-1] |= same
+            pos = np.nonzero(tied)[0]
+            rows = order[pos]
+            prio, tie = self._gather(self._locate(rows, offsets), ("prio", "tie"), len(rows))
+            order[pos] = rows[np.lexsort((tie, prio, ts[pos]))]
+        del ts, same
+        kinds = np.array([k for k, _, _ in self.parts], dtype=np.int64)
+        for a in range(0, len(order), size):
+            rows = order[a:a + size]
+            where = self._locate(rows, offsets)
+            kind = np.empty(len(rows), dtype=np.int64)
+            for p, at, _ in where:
+                kind[at] = kinds[p]
+            yield kind, self._gather(where, self.NAMES, len(rows))
+
+
+def _track_uuid(k: int) -> int:
+    """The uuid of the ``k``-th queue counter or wait track: one varint byte for the first 96."""
+    return TRACK_UUID0 + k if k < 96 else (1 << 20) + k
 
 
 def pftrace_chunks(rec: Recording):
@@ -248,66 +293,84 @@ def pftrace_chunks(rec: Recording):
     codes, distinct = kernels.attr_codes(c.nodes, "name", False)
     name_code = {nm: k + 1 for k, nm in enumerate(distinct)}
     op_iid = codes + 1 if len(codes) else np.zeros(1, dtype=np.int64)  # by node
+    del codes
     dev_iid = np.arange(len(info["devices"]), dtype=np.int64) + len(name_code) + 1
+    dev_by_node = dev_iid[info["device"]] if len(info["device"]) else np.zeros(1, dtype=np.int64)
+    seq_by_node = info["seq"].view(np.int64)
     wait_names = [f"queue wait {q}" for q in c.queues]
+    queue_uuid = np.array([_track_uuid(q) for q in range(len(c.queues))] or [0], dtype=np.int64)
 
-    head = _header(rec, tid_of, c, name_code, info["devices"], wait_names)
+    head = _header(rec, tid_of, c, name_code, info["devices"], wait_names)  # ranks every thread's tid
     S, W, Q, I = c.slices, c.waits, c.samples, c.idles
     rows = _Rows()
     blobs: list[bytes] = []
 
     # node slices: begins and ends on their threads (the caller's is the default track)
-    s_tid = tid_column(S.tid)
-    caller = FIRST_TID
-    track = np.where(s_tid == caller, -1, THREAD_UUID0 + s_tid)
+    os_tids = np.unique(S.tid)
+    tracks = np.array([-1 if tid_of(t) == FIRST_TID else THREAD_UUID0 + tid_of(t) for t in os_tids.tolist()],
+                      dtype=np.int64)
+
+    def track(i):
+        return tracks[np.searchsorted(os_tids, S.tid[i])]
     flows, flow_blobs, sync_at = _flows(rec, c, S, tid_of)
-    node = S.node
     s_end = np.maximum(S.end, S.start + 1)  # at least 1 ns, as in the JSON trace
-    rows.add(NODE_B, S.start, 2, -s_end, track=track, node=node, depth=S.depth, gt=S.gt,
-             seq=info["seq"][node].view(np.int64), dev=dev_iid[info["device"][node]] if len(node) else node,
-             stream=info["stream"][node], shape=info["shape"][node], same=info["same"][node], flows=flows,
-             opname=op_iid[node] if len(node) else node)
+    node = S.node
+    rows.add(NODE_B, S.start, 2, lambda i: -s_end[i], track=track, node=node, depth=S.depth, gt=S.gt,
+             seq=lambda i: seq_by_node[node[i]], dev=lambda i: dev_by_node[node[i]],
+             stream=lambda i: info["stream"][node[i]], shape=lambda i: info["shape"][node[i]],
+             same=lambda i: info["same"][node[i]], flows=flows, opname=lambda i: op_iid[node[i]])
     # outstanding tasks: each change rides on the event at its instant (a node's end, a wait's start)
     o_ts, o_val, o_kind, o_index = outstanding_changes(rec, origins=True)
     end_val = np.full(len(S), -1, dtype=np.int64)
     push_val = np.full(len(Q), -1, dtype=np.int64)
-    on_end = (o_kind == 1) & (S.end[o_index * (o_kind == 1)] > S.start[o_index * (o_kind == 1)])
+    on_end = o_kind == 1
+    at_end = o_index * on_end
+    on_end &= S.end[at_end] > S.start[at_end]  # not a slice widened to 1 ns: its end is not the change's time
+    del at_end
     end_val[o_index[on_end]] = o_val[on_end]
     on_push = o_kind == 0
     push_val[o_index[on_push]] = o_val[on_push]
-    alone = np.ones(len(o_ts), dtype=bool)
-    alone[on_end] = False
-    rows.add(NODE_E, s_end, 0, -S.start, track=track, uuid_a=np.full(len(S), OUTSTANDING_UUID), val_a=end_val)
+    alone = ~on_end
+    del on_end
+    rows.add(NODE_E, s_end, 0, lambda i: -S.start[i], track=track, uuid_a=OUTSTANDING_UUID, val_a=end_val)
     # queue waits on lanes; their queue samples ride on them
-    lane = _lanes(W.pushed, W.popped, W.queue)
     carried = np.zeros(len(Q), dtype=bool)
     if len(W):
-        lane_uuid = LANE_UUID0 + (W.queue << 20) + lane  # a track per (queue, lane)
-        for uuid in np.unique(lane_uuid).tolist():
-            q = (uuid - LANE_UUID0) >> 20
-            head += packet(pb_bytes(60, pb_varint(1, uuid) + pb_varint(5, PROCESS_UUID) + pb_bytes(2, wait_names[q])))
+        lane = _lanes(W.pushed, W.popped, W.queue)
+        keys = (W.queue << 32) + lane  # a track per (queue, lane)
+        distinct_keys, lane_k = np.unique(keys, return_inverse=True)
+        del keys, lane
+        lane_uuid = np.array([_track_uuid(len(c.queues) + k) for k in range(len(distinct_keys))], dtype=np.int64)
+        for k, key in enumerate(distinct_keys.tolist()):
+            head += packet(pb_bytes(60, pb_varint(1, int(lane_uuid[k])) + pb_varint(5, PROCESS_UUID) +
+                                    pb_bytes(2, wait_names[key >> 32])))
+        wait_track = lane_uuid[lane_k.reshape(-1)]
+        del lane_k
         push_row, pop_row = W.push_row, W.pop_row
         has_push, has_pop = push_row >= 0, pop_row >= 0
         qa = np.where(has_push, Q.depth[np.maximum(push_row, 0)], -1)
         ob = np.where(has_push, push_val[np.maximum(push_row, 0)], -1)
         carried[push_row[has_push]] = True
         carried[pop_row[has_pop]] = True
-        alone_push = np.zeros(len(Q), dtype=bool)
-        alone_push[push_row[has_push]] = True
-        rows.add(WAIT_B, W.pushed, 2, -W.popped, track=lane_uuid, node=W.node, gt=W.gt, name=W.queue + 1,
-                 opname=op_iid[W.node], uuid_a=QUEUE_UUID0 + W.queue, val_a=qa,
-                 uuid_b=np.full(len(W), OUTSTANDING_UUID), val_b=ob)
-        rows.add(WAIT_E, W.popped, np.where(W.popped > W.pushed, 0, 4), -W.pushed, track=lane_uuid,
-                 uuid_a=QUEUE_UUID0 + W.queue,
-                 val_a=np.where(has_pop, Q.depth[np.maximum(pop_row, 0)], -1))
         # an outstanding change at a push that carries it need not stand alone
-        carried_change = on_push & np.isin(o_index, push_row[has_push])
-        alone[carried_change] = False
+        pushed_rows = np.zeros(len(Q), dtype=bool)
+        pushed_rows[push_row[has_push]] = True
+        alone[on_push & pushed_rows[np.where(on_push, o_index, 0)]] = False
+        del pushed_rows, has_push
+        rows.add(WAIT_B, W.pushed, 2, lambda i: -W.popped[i], track=wait_track, node=W.node, gt=W.gt,
+                 name=lambda i: W.queue[i] + 1, opname=lambda i: op_iid[W.node[i]],
+                 uuid_a=lambda i: queue_uuid[W.queue[i]], val_a=qa, uuid_b=OUTSTANDING_UUID, val_b=ob)
+        rows.add(WAIT_E, W.popped, lambda i: np.where(W.popped[i] > W.pushed[i], 0, 4), lambda i: -W.pushed[i],
+                 track=wait_track, uuid_a=lambda i: queue_uuid[W.queue[i]],
+                 val_a=lambda i: np.where(has_pop[i], Q.depth[np.maximum(pop_row[i], 0)], -1))
+    del push_val, on_push
     # queue samples and outstanding changes with no event to ride on
     lone = np.nonzero(~carried)[0]
-    rows.add(COUNT, Q.ts[lone], 1, 0, uuid_a=QUEUE_UUID0 + Q.queue[lone], val_a=Q.depth[lone])
+    del carried
+    rows.add(COUNT, Q.ts[lone], 1, 0, uuid_a=queue_uuid[Q.queue[lone]], val_a=Q.depth[lone])
     lone = np.nonzero(alone)[0]
-    rows.add(COUNT, o_ts[lone], 1, 0, uuid_a=np.full(len(lone), OUTSTANDING_UUID), val_a=o_val[lone])
+    rows.add(COUNT, o_ts[lone], 1, 0, uuid_a=OUTSTANDING_UUID, val_a=o_val[lone])
+    del o_ts, o_val, o_kind, o_index, alone, lone
     # the rarer events, one by one
     rare_ts, rare_prio, rare_tie = [], [], []
 
@@ -349,11 +412,12 @@ def pftrace_chunks(rec: Recording):
     head += _kernels(rec, rare)
     rows.add(BLOB, np.array(rare_ts, dtype=np.int64), np.array(rare_prio, dtype=np.int64),
              np.array(rare_tie, dtype=np.int64), blob=np.arange(len(rare_ts)))
-    kinds, cols, order = rows.sorted_columns()
     yield head
     tables = [info["ids"], names, [_shapes_blob(sh) for sh in info["shape_tuples"]], blobs, flow_blobs]
-    for a in range(0, len(order), CHUNK):
-        yield E.fill(TEMPLATES, kinds, cols, tables, _LITS, t0, a, min(a + CHUNK, len(order)), order)
+    prev = t0  # the clock's deltas run on from one chunk to the next
+    for kinds, cols in rows.chunks(CHUNK):
+        yield E.fill(TEMPLATES, kinds, cols, tables, _LITS, prev, 0, len(kinds))
+        prev = int(cols[C_TS][-1])
 
 
 def _flows(rec, c, S, tid_of) -> tuple[np.ndarray, list[bytes], list[tuple]]:
@@ -419,7 +483,7 @@ def _header(rec: Recording, tid_of, c, name_code: dict, devices: list[str], wait
             out += packet(pb_bytes(60, pb_varint(1, THREAD_UUID0 + tid) + pb_varint(5, PROCESS_UUID) +
                                    pb_bytes(4, pb_varint(1, PID) + pb_varint(2, tid))))
     for q, name in enumerate(c.queues):
-        out += packet(pb_bytes(60, pb_varint(1, QUEUE_UUID0 + q) + pb_varint(5, PROCESS_UUID) +
+        out += packet(pb_bytes(60, pb_varint(1, _track_uuid(q)) + pb_varint(5, PROCESS_UUID) +
                                pb_bytes(2, f"{name} queued") + pb_bytes(8, b"")))
     out += packet(pb_bytes(60, pb_varint(1, OUTSTANDING_UUID) + pb_varint(5, PROCESS_UUID) +
                            pb_bytes(2, "outstanding tasks") + pb_bytes(8, b"")))
