@@ -199,7 +199,7 @@ def _kernels(rec: Recording, out: list, us) -> None:
 # -- the streaming writer ---------------------------------------------------------------------
 
 #: Rows formatted per ``fill`` call (bounds the memory the text of one chunk takes).
-CHUNK = 1 << 16
+CHUNK = 1 << 14  # about 4 MB of text
 
 
 def node_tables(nodes: list) -> dict:
@@ -262,41 +262,60 @@ def outstanding_changes(rec: Recording, origins: bool = False) -> tuple:
     c = rec.columns()
     q, S = c.samples, c.slices
     up = np.nonzero(q.pushed & (q.node >= 0))[0]
-    skip_ts = np.array([sk.ts for sk in rec.skips], dtype=np.int64)
-    skip_gt = np.array([sk.gt for sk in rec.skips], dtype=np.int64)
-    ts = np.concatenate([q.ts[up], S.end, skip_ts])
-    delta = np.concatenate([np.ones(len(up), dtype=np.int64), -np.ones(len(S) + len(skip_ts), dtype=np.int64)])
-    gt = np.concatenate([q.gt[up], S.gt, skip_gt])
-    kind = np.concatenate([np.zeros(len(up), dtype=np.int64), np.ones(len(S), dtype=np.int64),
-                           np.full(len(skip_ts), 2, dtype=np.int64)])
-    index = np.concatenate([up, np.arange(len(S)), np.arange(len(skip_ts))])
-    order = np.lexsort((np.arange(len(ts)), -delta, ts))
-    ts, delta, gt, kind, index = ts[order], delta[order], gt[order], kind[order], index[order]
-    # a decrease of a GraphTask with none outstanding is dropped (its push was not recorded): when no
-    # GraphTask's own running count goes below zero there is none to drop
+    n_up, n_s, n_sk = len(up), len(S), len(rec.skips)
+    ts = np.concatenate([q.ts[up], S.end, np.array([sk.ts for sk in rec.skips], dtype=np.int64)])
     n = len(ts)
-    og = np.lexsort((np.arange(n), gt))
-    cs = np.cumsum(delta[og])
-    first = np.r_[True, gt[og][1:] != gt[og][:-1]] if n else np.zeros(0, dtype=bool)
-    at = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else og
-    if (cs - np.where(at > 0, cs[np.maximum(at - 1, 0)], 0) >= 0).all():
-        return (ts, np.cumsum(delta), kind, index) if origins else (ts, np.cumsum(delta))
-    keep, per_task, total, values = [], {}, 0, []  # some decreases to drop: one by one
-    for k, (d, g) in enumerate(zip(delta.tolist(), gt.tolist())):
-        n = per_task.get(g, 0)
-        if d < 0 and n == 0:
-            continue
-        per_task[g] = n + d
-        total += d
-        keep.append(k)
-        values.append(total)
-    values = np.array(values, dtype=np.int64)
-    return (ts[keep], values, kind[keep], index[keep]) if origins else (ts[keep], values)
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return (empty, empty, empty, empty) if origins else (empty, empty)
+    # by time, increases before decreases at one instant, else as concatenated: one stable sort of one key
+    key = (ts - ts.min()) * 2
+    key[n_up:] += 1
+    order = np.argsort(key, kind="stable")
+    del key
+    ts = ts[order]
+    delta = np.where(order < n_up, 1, -1)
+    values = np.cumsum(delta)
+    gts = [q.gt[up], S.gt, np.array([sk.gt for sk in rec.skips], dtype=np.int64)]
+    one_task = min(g.min() for g in gts if len(g)) == max(g.max() for g in gts if len(g))
+    gt = None
+    if not one_task:
+        gt = np.concatenate(gts)[order]
+    elif values.min() < 0:  # one GraphTask: a decrease to drop only where its count goes below zero
+        gt = np.zeros(n, dtype=np.int64)
+    del gts
+    if gt is not None:
+        # a decrease of a GraphTask with none outstanding is dropped (its push was not recorded): when no
+        # GraphTask's own running count goes below zero there is none to drop
+        og = np.argsort(gt, kind="stable")
+        cs = np.cumsum(delta[og])
+        first = np.r_[True, gt[og][1:] != gt[og][:-1]]
+        at = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+        if not (cs - np.where(at > 0, cs[np.maximum(at - 1, 0)], 0) >= 0).all():
+            keep, kept, per_task, total = [], [], {}, 0  # some decreases to drop: one by one
+            for k, (d, g) in enumerate(zip(delta.tolist(), gt.tolist())):
+                m = per_task.get(g, 0)
+                if d < 0 and m == 0:
+                    continue
+                per_task[g] = m + d
+                total += d
+                keep.append(k)
+                kept.append(total)
+            values = np.array(kept, dtype=np.int64)
+            ts, order = ts[keep], order[keep]
+    if not origins:
+        return ts, values
+    kind = np.where(order < n_up, 0, np.where(order < n_up + n_s, 1, 2))
+    index = np.where(kind == 0, up[np.minimum(order, max(n_up - 1, 0))] if n_up else 0,
+                     np.where(kind == 1, order - n_up, order - n_up - n_s))
+    return ts, values, kind, index
 
 
 def chrome_chunks(rec: Recording):
     """The JSON trace of ``rec`` as a sequence of bytes chunks (``json.loads`` of their concatenation
-    equals ``to_chrome_trace(rec)``)."""
+    equals ``to_chrome_trace(rec)``). Each kind of bulk event is formatted ``CHUNK`` rows at a time from
+    the Recording's columns, gathered per chunk, so the memory it takes beyond the Recording is the
+    node tables and one chunk's."""
     if rec.empty:
         yield msgspec.json.encode({"traceEvents": [], "displayTimeUnit": "ns"})
         return
@@ -313,13 +332,14 @@ def chrome_chunks(rec: Recording):
     c = rec.columns()
     info = node_tables(c.nodes)
     S = c.slices
-    s_tid = tid_column(S.tid)
-    node = S.node
-    cols = [s_tid, S.start, S.end - S.start, node, info["seq"][node].view(np.int64), S.depth, S.gt,
-            info["device"][node], info["stream"][node], info["shape"][node], info["same"][node]]
     tables = [info["ids"], info["names"], info["devices"], info["shapes"]]
     for a in range(0, len(S), CHUNK):
-        yield E.fill([_X], None, cols, tables, _X_LITS, base, a, min(a + CHUNK, len(S)))
+        b = min(a + CHUNK, len(S))
+        node, start = S.node[a:b], S.start[a:b]
+        cols = [tid_column(S.tid[a:b]), start, S.end[a:b] - start, node, info["seq"][node].view(np.int64),
+                S.depth[a:b], S.gt[a:b], info["device"][node], info["stream"][node], info["shape"][node],
+                info["same"][node]]
+        yield E.fill([_X], None, cols, tables, _X_LITS, base, 0, b - a)
     q = c.samples
     for a in range(0, len(q), CHUNK):
         yield E.fill([_QUEUE], None, [q.ts, q.queue, q.depth], [c.queues], _QUEUE_LITS, base, a,
@@ -327,19 +347,20 @@ def chrome_chunks(rec: Recording):
     ots, ovals = outstanding_changes(rec)
     for a in range(0, len(ots), CHUNK):
         yield E.fill([_OUTSTANDING], None, [ots, ovals], [], _OUTSTANDING_LITS, base, a, min(a + CHUNK, len(ots)))
+    del ots, ovals
     W = c.waits
-    if len(W):
-        wt = tid_column(W.tid)
-        rows = 2 * len(W)
-        two = lambda a, b: np.stack([a, b], axis=1).reshape(-1)  # noqa: E731 - b then e of each wait
-        k = np.arange(1, len(W) + 1)
-        cols = [two(wt, wt), two(k, k), two(W.queue, W.queue), two(W.pushed, W.popped), two(W.node, W.node),
-                two(W.gt, W.gt)]
-        kinds = np.tile(np.array([0, 1], dtype=np.int64), len(W))
-        names = [f"queue wait {name}" for name in c.queues]
-        for a in range(0, rows, CHUNK):
-            yield E.fill(_WAIT, kinds, cols, [names, info["ids"], info["names"]], _WAIT_LITS, base, a,
-                         min(a + CHUNK, rows))
+    names = [f"queue wait {name}" for name in c.queues]
+    wait_tables = [names, info["ids"], info["names"]]
+    half = CHUNK // 2
+    kinds = np.tile(np.array([0, 1], dtype=np.int64), half)  # b then e of each wait
+
+    def two(x, y):
+        return np.stack([x, y], axis=1).reshape(-1)
+    for a in range(0, len(W), half):
+        b = min(a + half, len(W))
+        wt, k, qn, nd, g = tid_column(W.tid[a:b]), np.arange(a + 1, b + 1), W.queue[a:b], W.node[a:b], W.gt[a:b]
+        cols = [two(wt, wt), two(k, k), two(qn, qn), two(W.pushed[a:b], W.popped[a:b]), two(nd, nd), two(g, g)]
+        yield E.fill(_WAIT, kinds, cols, wait_tables, _WAIT_LITS, base, 0, 2 * (b - a))
     rest: list[dict] = []
     _lock_waits(rec, rest, us, tid_of)
     I = c.idles
@@ -355,9 +376,9 @@ def chrome_chunks(rec: Recording):
     slices = {}
     if rec.syncs:
         wanted = {(sy.gt, n) for sy in rec.syncs for n in (sy.producer, sy.consumer)}
-        for g, n, t, st in zip(S.gt.tolist(), S.node.tolist(), s_tid.tolist(), S.start.tolist()):
+        for g, n, t, st in zip(S.gt.tolist(), S.node.tolist(), S.tid.tolist(), S.start.tolist()):
             if (g, c.nodes[n]) in wanted:
-                slices[(g, c.nodes[n])] = (t, us(st))
+                slices[(g, c.nodes[n])] = (tid_of(t), us(st))
     _instants_and_flows(rec, rest, us, tid_of, slices)
     _kernels(rec, rest, us)
     for a in range(0, len(rest), CHUNK):
