@@ -22,6 +22,7 @@ not raised but reported in ``RunReport.error``.
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import time
@@ -186,8 +187,16 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     finally:
         engine.shutdown(timeout=5)
     report.timings["backward"] = elapsed
+    # The last pass's state (saved values, released nodes) goes before the recording is made: its
+    # GraphTask holds it in a cycle (the nodes' context refers back to the task), young since the
+    # collector was paused for the run, so a collection of the youngest generation frees it once the
+    # event log has let go of the task.
+    state = None
     if recorder is not None:
-        report.recording = recorder.recording()
+        recorder.flush()
+    gc.collect(0)
+    if recorder is not None:
+        report.recording = recorder.take_recording()
     if o.trace_path:
         from autograd_run.traces.trace_file import write_trace
         t = time.perf_counter()

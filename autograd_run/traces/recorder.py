@@ -62,6 +62,10 @@ class Recorder(Tracer):
             self._on_thread(ident)
         return ident
 
+    def flush(self) -> None:
+        """Move the event log's records here (the log lets go of the last GraphTask it saw)."""
+        self._take()
+
     def _take(self) -> None:
         data, nodes, idents, queues = self.event_log.take()
         if data:
@@ -75,6 +79,14 @@ class Recorder(Tracer):
         data = self._taken[0] if len(self._taken) == 1 else b"".join(self._taken)
         self._taken = [data] if data else []
         return Recording.from_log(data, nodes, idents, queues, self.rare, self.threads, self.os_tids)
+
+    def take_recording(self) -> Recording:
+        """``recording()``, after which the Recorder keeps no records (its raw records, 128 bytes a node,
+        are not kept beside the Recording's columns): a run's last call."""
+        rec = self.recording()
+        self._taken = []
+        self.rare = []
+        return rec
 
     @property
     def events(self) -> list[tuple]:
