@@ -53,7 +53,8 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @click.option("--costs", default=None, metavar="TRACE", help="Node durations measured in a trace of `run --trace`.")
 @click.option("--compare", default=None, metavar="policy=A,B|devices=K,K",
               help="Simulate several policies or device counts and print one table.")
-@click.option("--trace", "trace_path", default=None, metavar="FILE", help="Write the simulated Chrome/Perfetto trace.")
+@click.option("--trace", "trace_path", default=None, metavar="FILE",
+              help="Write the simulated trace (.json, .json.gz or .pftrace, as run --trace).")
 @click.option("--open", "open_trace", is_flag=True,
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--order-out", default=None, metavar="FILE",

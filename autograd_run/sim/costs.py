@@ -25,9 +25,11 @@ that applies:
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
+import zlib
 from dataclasses import dataclass
 
 from autograd_run.errors import RequestError
@@ -70,11 +72,18 @@ def shapes_of(node) -> Shapes:
 
 
 def read_measured(path: str) -> dict[str, float]:
-    """Median node slice duration (ns) by node id, from a Chrome trace written by ``run --trace``."""
+    """Median node slice duration (ns) by node id, from a Chrome trace written by ``run --trace`` (JSON,
+    or JSON compressed with gzip)."""
     try:
         with open(path, "rb") as f:
-            doc = json.loads(f.read())
-    except (OSError, ValueError) as exc:
+            data = f.read()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        if data[:1] == b"\x0a":  # a protobuf Trace's first packet
+            raise RequestError(f"{path}: a Perfetto protobuf trace; --costs reads the JSON trace of "
+                               "`run --trace FILE.json` (or .json.gz)", "costs")
+        doc = json.loads(data)
+    except (OSError, ValueError, EOFError, zlib.error) as exc:
         raise RequestError(f"{path}: cannot read costs: {exc}", "costs") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
