@@ -1,6 +1,8 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e f g h]`: benchmarks, ratios within one run.
 
-``--full`` adds the 1e6-node YAML load (about 5 minutes by itself).
+``--full`` adds the 1e6-node YAML load (about 5 minutes by itself). Parts f, g and h
+(``bench.e2e_bench``: the whole command against PyTorch, the trace formats, a traced
+1e6-node run) run only when named.
 
 Prints a line per measurement and writes bench/results.json. See docs/performance.md.
 """
@@ -10,7 +12,7 @@ import os
 import sys
 import time
 
-from bench import engine_bench, load_bench
+from bench import e2e_bench, engine_bench, load_bench
 
 
 def main(argv):
@@ -30,6 +32,12 @@ def main(argv):
         results["d_devices"] = engine_bench.bench_devices(per_device=4 if quick else 8)
     if "e" in parts:
         results["e_million"] = engine_bench.bench_million(n=200_000 if quick else 1_000_000)
+    if "f" in parts:
+        results["f_e2e"] = e2e_bench.bench_e2e(n=20_000 if quick else 200_000)
+    if "g" in parts:
+        results["g_trace"] = e2e_bench.bench_trace(n=20_000 if quick else 100_000)
+    if "h" in parts:
+        results["h_million_trace"] = e2e_bench.bench_million_trace(n=200_000 if quick else 1_000_000)
     results["seconds"] = time.time() - t
     print_table(results)
     with open(out, "w") as f:
@@ -61,6 +69,21 @@ def print_table(results: dict) -> None:
         e = results["e_million"]
         t.add_row(f"(e) {e['nodes']} nodes", f"{e['us_per_node']:.2f} us/node, {e['run_peak_bytes_per_node']:.0f} B/node",
                   "<= 1.5 KB/node")
+    for r in results.get("f_e2e", []):
+        t.add_row(f"(f) run - validate, {r['shape']} {r['nodes']} nodes",
+                  f"{r['wall']['ours_us_per_node']:.2f} vs {r['wall']['torch_us_per_node']:.2f} us/node = "
+                  f"{r['wall']['ratio']:.2f}x", "")
+    if "g_trace" in results:
+        g = results["g_trace"]
+        for fmt, r in g["formats"].items():
+            t.add_row(f"(g) --trace x{fmt}, {g['nodes']} nodes",
+                      f"{r['bytes_per_node']:.0f} B/node; run {r['wall_ratio']:.2f}x (whole command "
+                      f"{r['command_wall_ratio']:.2f}x)", "")
+    if "h_million_trace" in results:
+        h = results["h_million_trace"]
+        t.add_row(f"(h) {h['nodes']} nodes, --trace x{h['format']}",
+                  f"{h['wall_ratio']:.2f}x wall; peak {h['peak_bytes_per_node']:.0f} B/node RSS, "
+                  f"{h['tracemalloc_peak_bytes_per_node']:.0f} B/node tracemalloc", "<= 2 KB/node")
     Console().print(t)
 
 

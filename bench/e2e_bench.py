@@ -151,12 +151,15 @@ def bench_trace(n: int = 200_000, rounds: int = 3, formats=(".json", ".pftrace",
         res[f"plain_{metric}_s"] = plain
         res[f"summary_{metric}_ratio"] = (med(runs["summary"], metric) - base) / plain
         for f in formats:
-            res["formats"].setdefault(f, {})[f"{metric}_ratio"] = (med(runs[f], metric) - base) / plain
+            r = res["formats"].setdefault(f, {})
+            r[f"{metric}_ratio"] = (med(runs[f], metric) - base) / plain
+            r[f"command_{metric}_ratio"] = med(runs[f], metric) / med(runs["plain"], metric)
     for f in formats:
         res["formats"][f]["bytes_per_node"] = sizes[f] / nodes
         r = res["formats"][f]
         print(f"(3/4) {nodes}-node chain, --trace x{f}: {r['wall_ratio']:.2f}x wall, {r['cpu_ratio']:.2f}x cpu "
-              f"of the run without a trace (--no-summary); {r['bytes_per_node']:.0f} B/node", flush=True)
+              f"of the run without a trace (--no-summary; the whole command {r['command_wall_ratio']:.2f}x wall, "
+              f"{r['command_cpu_ratio']:.2f}x cpu); {r['bytes_per_node']:.0f} B/node", flush=True)
     print(f"(3) the summary alone: {res['summary_wall_ratio']:.2f}x wall, {res['summary_cpu_ratio']:.2f}x cpu",
           flush=True)
     return res
@@ -168,15 +171,56 @@ def bench_million_trace(n: int = 1_000_000, fmt: str = ".pftrace") -> dict:
         path, nodes = write_graph("chain_mul", n, d)
         t = os.path.join(d, "trace" + fmt)
         val = command(["validate", path])
-        plain = command(["run", path, "--no-summary"])
+        bare = command(["run", path, "--no-summary"])  # no recorder at all
+        plain = command(["run", path])  # the recorder runs for the summary: the trace is the difference
         traced = command(["run", path, "--trace", t])
         size = os.path.getsize(t)
-    r = {"nodes": nodes, "format": fmt, "validate": val, "plain": plain, "traced": traced,
+        traced_mem = traced_memory(path, t)
+    r = {"nodes": nodes, "format": fmt, "validate": val, "bare": bare, "plain": plain, "traced": traced,
          "peak_bytes_per_node": traced["rss"] / nodes, "plain_peak_bytes_per_node": plain["rss"] / nodes,
+         "bare_peak_bytes_per_node": bare["rss"] / nodes, "bare_wall_ratio": traced["wall"] / bare["wall"],
          "wall_ratio": traced["wall"] / plain["wall"], "cpu_ratio": traced["cpu"] / plain["cpu"],
-         "trace_bytes_per_node": size / nodes}
-    print(f"(5) {nodes} nodes, --trace x{fmt}: {traced['wall']:.1f} s vs {plain['wall']:.1f} s without "
-          f"({r['wall_ratio']:.2f}x wall, {r['cpu_ratio']:.2f}x cpu); peak RSS {r['peak_bytes_per_node']:.0f} B/node "
-          f"(without a trace {r['plain_peak_bytes_per_node']:.0f}); trace {r['trace_bytes_per_node']:.0f} B/node",
-          flush=True)
+         "trace_bytes_per_node": size / nodes, **traced_mem}
+    print(f"(5) {nodes} nodes, run --trace x{fmt}: {traced['wall']:.1f} s vs {plain['wall']:.1f} s without "
+          f"({r['wall_ratio']:.2f}x wall, {r['cpu_ratio']:.2f}x cpu; {bare['wall']:.1f} s with --no-summary); "
+          f"peak RSS {r['peak_bytes_per_node']:.0f} B/node (without a trace {r['plain_peak_bytes_per_node']:.0f}, "
+          f"--no-summary {r['bare_peak_bytes_per_node']:.0f}); tracemalloc: graph "
+          f"{r['tracemalloc_graph_bytes_per_node']:.0f} B/node, peak after loading "
+          f"{r['tracemalloc_peak_bytes_per_node']:.0f} B/node (loading {r['tracemalloc_load_peak_bytes_per_node']:.0f}); "
+          f"trace {r['trace_bytes_per_node']:.0f} B/node", flush=True)
     return r
+
+
+def traced_memory(graph: str, trace: str) -> dict:
+    """Python's own count of the memory of ``run GRAPH --trace TRACE`` (tracemalloc, in a subprocess: the
+    way (e) measures a run), per node: the loaded graph, the peak while loading, the peak after it."""
+    import json
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-m", "bench.e2e_bench", "tracemalloc", graph, trace], env=env, cwd=ROOT,
+                         capture_output=True, check=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def _tracemalloc_run(graph: str, trace: str) -> dict:
+    import tracemalloc
+
+    import numpy as np
+
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.session import RunOptions, run_session
+    tracemalloc.start()
+    g = load_graph(graph)
+    graph_bytes, load_peak = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    with np.errstate(over="ignore"):  # 1.0001 ** 1e6 overflows float32; the work is the same
+        run_session(g, RunOptions(trace_path=trace))
+    _, peak = tracemalloc.get_traced_memory()
+    n = len(g.nodes)
+    return {"tracemalloc_graph_bytes_per_node": graph_bytes / n, "tracemalloc_load_peak_bytes_per_node": load_peak / n,
+            "tracemalloc_peak_bytes_per_node": peak / n}
+
+
+if __name__ == "__main__":
+    import json
+    if sys.argv[1:2] == ["tracemalloc"]:
+        print(json.dumps(_tracemalloc_run(sys.argv[2], sys.argv[3])))
