@@ -25,7 +25,7 @@ demo: $(STAMP)
 # The engine's tests run a second time on the pure-Python twin of the compiled core.
 PURE_TESTS := tests/test_engine.py tests/test_engine_semantics.py tests/test_scheduling.py \
 	tests/test_order_vs_torch.py tests/test_devices.py tests/test_simulate.py tests/test_checkpoint_kind.py \
-	tests/test_recording.py tests/test_summary.py tests/test_tracers.py
+	tests/test_recording.py tests/test_summary.py tests/test_tracers.py tests/test_chrome_trace.py
 
 # The Perfetto UI test drives the system Chromium: installed here where the machine
 # allows (root with apt-get); elsewhere that test skips and says why. Never fails the build.

@@ -262,7 +262,7 @@ def outstanding_changes(rec: Recording, origins: bool = False) -> tuple:
     c = rec.columns()
     q, S = c.samples, c.slices
     up = np.nonzero(q.pushed & (q.node >= 0))[0]
-    n_up, n_s, n_sk = len(up), len(S), len(rec.skips)
+    n_up, n_s = len(up), len(S)
     ts = np.concatenate([q.ts[up], S.end, np.array([sk.ts for sk in rec.skips], dtype=np.int64)])
     n = len(ts)
     if n == 0:

@@ -455,7 +455,6 @@ def _first_of_group(*keys: np.ndarray) -> np.ndarray:
 def _pair(ev: np.ndarray, tid_of: np.ndarray, nodes: list, queues: list[str]) -> Columns:
     """Pair an EventLog's records as ``from_events`` pairs tuples, vectorised (see there for the rules)."""
     kind = ev["kind"]
-    pos = np.arange(len(ev))
     node = ev["node"].astype(np.int64)
     gt = ev["a"]
     tid = tid_of[ev["thread"]] if len(ev) else np.zeros(0, dtype=np.int64)
