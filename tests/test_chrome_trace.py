@@ -281,3 +281,21 @@ def test_a_gz_trace_is_the_compressed_trace(tmp_path):
     write_trace(str(tmp_path / "t.json"), rec)
     assert gzip.decompress((tmp_path / "t.json.gz").read_bytes()) == (tmp_path / "t.json").read_bytes()
     assert json.loads((tmp_path / "t.json").read_bytes()) == to_chrome_trace(rec)
+
+
+def test_a_trace_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    """The writers stream (the file's first bytes are written before the bulk events are formatted): a
+    failure then leaves the file that was there, and no temporary beside it."""
+    from autograd_run.traces import encode
+    from autograd_run.traces.trace_file import write_trace
+    rec = recording(load_graph("example:pipeline"))
+
+    def failing(*a, **kw):
+        raise MemoryError("out of memory")
+    monkeypatch.setattr(encode, "fill", failing)
+    for name in ("t.json", "t.json.gz", "t.pftrace"):
+        (tmp_path / name).write_bytes(b"old")
+        with pytest.raises(MemoryError):
+            write_trace(str(tmp_path / name), rec)
+        assert (tmp_path / name).read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.json.gz", "t.pftrace"]
