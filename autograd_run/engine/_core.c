@@ -714,10 +714,20 @@ static PyObject *Log_idle_m(LogObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
-/* take() -> (bytes of the records, node table, thread idents, queue table); the records are moved
- * out (the log keeps its tables, so later events keep the same indices). Blocks are freed as they
- * are copied, so the peak is the records plus one block. */
-static PyObject *Log_take(LogObject *self, PyObject *unused) {
+/* take(forget_nodes=False) -> (bytes of the records, node table, thread idents, queue table); the
+ * records are moved out (the log keeps its tables, so later events keep the same indices). Blocks are
+ * freed as they are copied, so the peak is the records plus one block. With forget_nodes the log
+ * lets go of its node table too, in the same step (no record in between): later records index a new
+ * one (a run of many passes drains the log after each, and a pass's GraphRoot, with its root
+ * gradients, is not kept for the rest of the run). */
+static PyObject *Log_take(LogObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "take(forget_nodes=False)");
+        return NULL;
+    }
+    int forget = nargs ? PyObject_IsTrue(args[0]) : 0;
+    if (forget < 0)
+        return NULL;
     Py_ssize_t n = self->n;
     PyObject *data = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(Event));
     if (data == NULL)
@@ -744,7 +754,19 @@ static PyObject *Log_take(LogObject *self, PyObject *unused) {
         }
         PyList_SET_ITEM(idents, i, v);
     }
-    PyObject *nodes = PyList_GetSlice(self->nodes, 0, PyList_GET_SIZE(self->nodes));
+    PyObject *nodes;
+    if (forget) {
+        PyObject *fresh = PyList_New(0);
+        nodes = fresh != NULL ? self->nodes : NULL;  /* handed over whole: its new reference is ours */
+        if (fresh != NULL) {
+            self->nodes = fresh;
+            if (self->hcap)
+                memset(self->hkeys, 0, self->hcap * sizeof(PyObject *));  /* the keys were the old list's */
+            self->hcount = 0;
+        }
+    } else {
+        nodes = PyList_GetSlice(self->nodes, 0, PyList_GET_SIZE(self->nodes));
+    }
     PyObject *queues = PyList_GetSlice(self->queues, 0, PyList_GET_SIZE(self->queues));
     PyObject *out = (idents && nodes && queues) ? PyTuple_Pack(4, data, nodes, idents, queues) : NULL;
     Py_DECREF(data);
@@ -773,8 +795,9 @@ static PyMethodDef Log_methods[] = {
     {"idle", (PyCFunction)(void (*)(void))Log_idle_m, METH_FASTCALL,
      "idle(queue, start_ns, end_ns, waiting_for): this thread waited on an empty queue"},
     {"now", (PyCFunction)Log_now, METH_NOARGS, "now() -> the log's clock in ns"},
-    {"take", (PyCFunction)Log_take, METH_NOARGS,
-     "take() -> (records bytes, nodes, thread idents, queues): the records so far, moved out"},
+    {"take", (PyCFunction)(void (*)(void))Log_take, METH_FASTCALL,
+     "take(forget_nodes=False) -> (records bytes, nodes, thread idents, queues): the records so far, moved "
+     "out; with forget_nodes the node table too (later records index a new one)"},
     {NULL}};
 
 static PySequenceMethods Log_as_sequence = {.sq_length = (lenfunc)Log_len};

@@ -6,7 +6,9 @@ fixed-size records rather than Python objects: the compiled core's
 ready queue and worker loop; ``EventLogPy`` below is its pure-Python twin
 with the same methods, tables and record layout, used when the core is not
 built. Either's ``take()`` hands the records over as bytes in
-``EVENT_DTYPE`` layout, with the tables the records index into:
+``EVENT_DTYPE`` layout, with the tables the records index into (with
+``take(forget_nodes=True)`` the log starts a new node table, so a run of
+many passes does not keep every pass's GraphRoot):
 
 * ``nodes``: each distinct node, in order of first appearance (a record's
   ``node`` field is a position here, -1 for none);
@@ -60,6 +62,8 @@ class EventLogPy:
         self._threads: list[int] = []
         self._named: set[int] = set()
         self._queues: list = []
+        #: Guards the records and the node table together (``take(forget_nodes=True)`` swaps both).
+        self._lock = threading.Lock()
 
     def now(self) -> int:
         return self._clock()
@@ -100,11 +104,11 @@ class EventLogPy:
         thread = self._thread(kind == START)
         q = self._queue(queue) if kind in (PUSH, POP) else 0
         gid = -1 if gt is None else gt.id
-        ni = self._node(node)
         if kind in (START, END):
             b = gt.reentrant_depth
         ts = self._clock()
-        self._records.append((ts, gid, ni, min(b, _INT32_MAX), thread, q, kind))
+        with self._lock:
+            self._records.append((ts, gid, self._node(node), min(b, _INT32_MAX), thread, q, kind))
 
     def push(self, queue, gt, node, depth: int) -> None:
         self._append(PUSH, queue, gt, node, depth)
@@ -121,16 +125,25 @@ class EventLogPy:
     def idle(self, queue, start_ns: int, end_ns: int, waiting_for) -> None:
         thread = self._thread(True)
         wid = -1 if waiting_for is None else min(waiting_for.id, _INT32_MAX)
-        self._records.append((start_ns, end_ns, -1, wid, thread, self._queue(queue), IDLE))
+        q = self._queue(queue)
+        with self._lock:
+            self._records.append((start_ns, end_ns, -1, wid, thread, q, IDLE))
 
-    def take(self) -> tuple[bytes, list, list, list]:
-        """(records as bytes, node table, thread idents, queue table); the records are moved out."""
-        records, self._records = self._records, []
+    def take(self, forget_nodes: bool = False) -> tuple[bytes, list, list, list]:
+        """(records as bytes, node table, thread idents, queue table); the records are moved out, and with
+        ``forget_nodes`` the node table too (later records index a new one)."""
+        with self._lock:  # no record between taking the records and forgetting the table they index
+            records, self._records = self._records, []
+            nodes = self._nodes
+            if forget_nodes:
+                self._nodes, self._node_index = [], {}
+            else:
+                nodes = list(nodes)
         arr = np.zeros(len(records), dtype=EVENT_DTYPE)  # zeroed: the padding bytes too, as the C struct's
         if records:
             arr[:] = records
         data = arr.tobytes()
-        return data, list(self._nodes), list(self._threads), list(self._queues)
+        return data, nodes, list(self._threads), list(self._queues)
 
 
 #: The compiled log where the core is built, else the twin.

@@ -90,10 +90,11 @@ class Recorder(Tracer):
         n = len(rare)
         batch = rare[:n]
         del rare[:n]  # one operation under the GIL: an append racing with it lands after the first n
-        data, nodes, idents, queues = self.event_log.take()
-        self._tables = (nodes, idents, queues)
+        # the log forgets its node table too: a pass's GraphRoot (its root gradients) is not kept
+        data, nodes, idents, queues = self.event_log.take(True)
         chunks = self._taken + ([data] if data else [])
         self._taken = []
+        self._tables = ([], idents, queues)
         return Recording.from_log(chunks, nodes, idents, queues, batch, dict(self.threads), dict(self.os_tids))
 
     def take_recording(self) -> Recording:
