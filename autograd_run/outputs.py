@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from autograd_run.errors import RequestError
@@ -75,3 +76,35 @@ def atomic_write_with(path: str, write, option: str) -> None:
         except OSError:
             pass
         raise RequestError(f"{path}: {exc.strerror or exc}", option) from None
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str, option: str):
+    """A binary file to write ``path`` through: a temporary file beside it, renamed into place when the
+    block ends without an error (and removed when it fails). A device, FIFO or symbolic link at ``path``
+    is written through instead (see ``_in_place``)."""
+    if _in_place(path):
+        try:
+            with open(path, "wb") as f:
+                yield f
+        except OSError as exc:
+            raise RequestError(f"{path}: {exc.strerror or exc}", option) from None
+        return
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except OSError as exc:
+        _unlink(tmp)
+        raise RequestError(f"{path}: {exc.strerror or exc}", option) from None
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -23,6 +23,7 @@ not raised but reported in ``RunReport.error``.
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import threading
@@ -254,10 +255,17 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
         fold()  # what the workers recorded after the last pass's end
         report._summary = builder.summary()
     elif recorder is not None:
-        report.recording = recorder.recording()
+        # The last pass's state (saved values, released nodes) goes before the recording is made: a
+        # GraphTask that failed holds it in a cycle (the nodes' context refers back to the task), young
+        # since the collector was paused for the run, so a collection of the youngest generation frees
+        # it once the event log has let go of the task.
+        recorder.flush()
+        gc.collect(0)
+        report.recording = recorder.take_recording()
     if o.trace_path:
+        from autograd_run.traces.trace_file import write_trace
         t = time.perf_counter()
-        _write_trace(o.trace_path, report.recording, report.interrupted)
+        write_trace(o.trace_path, report.recording, incomplete=report.interrupted)
         report.timings["trace"] = time.perf_counter() - t
     if order is not None:
         report.order = order.rows()
@@ -337,17 +345,3 @@ def _stop_message(reason: str, timeout: float | None) -> str:
     if reason == TIMEOUT:
         return f"the run took longer than its time limit of {timeout:g} s and was stopped"
     return "the run was interrupted"
-
-
-def _write_trace(path: str, rec: Recording, incomplete: str | None) -> None:
-    """The Chrome trace; a stopped run's is marked incomplete (``otherData.incomplete`` and an instant event)."""
-    import msgspec
-    from autograd_run.outputs import atomic_write
-    from autograd_run.traces.chrome import to_chrome_trace
-    trace = to_chrome_trace(rec)
-    if incomplete:
-        trace.setdefault("otherData", {})["incomplete"] = incomplete
-        ts = (rec.end - rec.start) / 1000.0 + 1.0 if not rec.empty else 1.0
-        trace["traceEvents"].append({"ph": "i", "s": "g", "pid": 1, "tid": 0, "ts": ts, "cat": "incomplete",
-                                     "name": f"run {incomplete}: the trace is incomplete"})
-    atomic_write(path, msgspec.json.encode(trace), "trace_path")

@@ -1,8 +1,10 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e h]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i]`: benchmarks, ratios within one run.
 
 (h) is the simulation with PyTorch-measured costs against PyTorch itself (``bench/profcosts_bench.py``).
 
-``--full`` adds the 1e6-node YAML load (about 5 minutes by itself).
+``--full`` adds the 1e6-node YAML load (about 5 minutes by itself). Parts f, g and i
+(``bench.e2e_bench``: the whole command against PyTorch, the trace formats, a traced
+1e6-node run) run only when named.
 
 Prints a line per measurement and writes bench/results.json. See docs/performance.md.
 """
@@ -12,7 +14,7 @@ import os
 import sys
 import time
 
-from bench import engine_bench, load_bench, profcosts_bench
+from bench import e2e_bench, engine_bench, load_bench, profcosts_bench
 
 
 def main(argv):
@@ -34,6 +36,12 @@ def main(argv):
         results["e_million"] = engine_bench.bench_million(n=200_000 if quick else 1_000_000)
     if "h" in parts:
         results["h_profiled_costs"] = profcosts_bench.bench_accuracy(steps=11 if quick else 31)
+    if "f" in parts:
+        results["f_e2e"] = e2e_bench.bench_e2e(n=20_000 if quick else 200_000)
+    if "g" in parts:
+        results["g_trace"] = e2e_bench.bench_trace(n=20_000 if quick else 100_000)
+    if "i" in parts:
+        results["i_million_trace"] = e2e_bench.bench_million_trace(n=200_000 if quick else 1_000_000)
     results["seconds"] = time.time() - t
     print_table(results)
     with open(out, "w") as f:
@@ -72,6 +80,21 @@ def print_table(results: dict) -> None:
                       f"{r['predicted_us']:.0f} vs {r['torch_cpu_us']:.0f} us: {r['error_cpu']:+.1%}", "")
         t.add_row("(h) mean abs. error, measured costs", f"{h['mape_cpu']:.1%}", "<= 10% (goal 5%)")
         t.add_row(f"(h) held out ({h['held_out']}), analytic costs", f"{h['held_out_error_cpu']:+.1%}", "")
+    for r in results.get("f_e2e", []):
+        t.add_row(f"(f) run - validate, {r['shape']} {r['nodes']} nodes",
+                  f"{r['wall']['ours_us_per_node']:.2f} vs {r['wall']['torch_us_per_node']:.2f} us/node = "
+                  f"{r['wall']['ratio']:.2f}x", "")
+    if "g_trace" in results:
+        g = results["g_trace"]
+        for fmt, r in g["formats"].items():
+            t.add_row(f"(g) --trace x{fmt}, {g['nodes']} nodes",
+                      f"{r['bytes_per_node']:.0f} B/node; run {r['wall_ratio']:.2f}x (whole command "
+                      f"{r['command_wall_ratio']:.2f}x)", "")
+    if "i_million_trace" in results:
+        i = results["i_million_trace"]
+        t.add_row(f"(i) {i['nodes']} nodes, --trace x{i['format']}",
+                  f"{i['wall_ratio']:.2f}x wall; peak {i['peak_bytes_per_node']:.0f} B/node RSS, "
+                  f"{i['tracemalloc_peak_bytes_per_node']:.0f} B/node tracemalloc", "<= 2 KB/node")
     Console().print(t)
 
 

@@ -64,50 +64,55 @@ def our_graph(shape: str, n: int):
     return loads_graph(dumps(doc, "json"), f"{shape}.json")
 
 
+def torch_build(shape: str, n: int):
+    """PyTorch's forward of ``shape`` (1-element tensors): the output to call ``backward()`` on."""
+    import torch
+    x = torch.ones(1, requires_grad=True)
+    if shape == "chain_mul":
+        y = x
+        for _ in range(n):
+            y = y * 1.0001
+    elif shape == "chain_add":
+        y = x
+        for _ in range(n):
+            y = y + 1
+    elif shape == "fanout":
+        branches = [x * float(i + 1) for i in range(n // 2)]
+        y = branches[0]
+        for b in branches[1:]:
+            y = y + b
+        y = y.sum()
+    else:
+        h = torch.ones(1, 1)
+        for _ in range(max(1, n // 5)):
+            w = torch.ones(1, 1, requires_grad=True)
+            b = torch.ones(1, requires_grad=True)
+            h = torch.relu(h.mm(w) + b)
+        w = torch.ones(1, 1, requires_grad=True)
+        y = h.mm(w).sum()
+    return y
+
+
+def torch_count(shape: str, n: int, y) -> int:
+    """Nodes of PyTorch's backward graph from ``y`` (walked before the clock starts)."""
+    if shape == "chain_mul":
+        return n + 1
+    seen, stack = set(), [y.grad_fn]
+    while stack:
+        f = stack.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        stack.extend(nf for nf, _ in f.next_functions)
+    return len(seen)
+
+
 def torch_backward_time(shape: str, n: int, multithreading: bool, repeat: int) -> tuple[float, int]:
     import torch
 
-    def build():
-        x = torch.ones(1, requires_grad=True)
-        if shape == "chain_mul":
-            y = x
-            for _ in range(n):
-                y = y * 1.0001
-        elif shape == "chain_add":
-            y = x
-            for _ in range(n):
-                y = y + 1
-        elif shape == "fanout":
-            branches = [x * float(i + 1) for i in range(n // 2)]
-            y = branches[0]
-            for b in branches[1:]:
-                y = y + b
-            y = y.sum()
-        else:
-            h = torch.ones(1, 1)
-            params = []
-            for _ in range(max(1, n // 5)):
-                w = torch.ones(1, 1, requires_grad=True)
-                b = torch.ones(1, requires_grad=True)
-                params += [w, b]
-                h = torch.relu(h.mm(w) + b)
-            w = torch.ones(1, 1, requires_grad=True)
-            y = h.mm(w).sum()
-        return y
-
-    def count(y):
-        seen, stack = set(), [y.grad_fn]
-        while stack:
-            f = stack.pop()
-            if f is None or f in seen:
-                continue
-            seen.add(f)
-            stack.extend(nf for nf, _ in f.next_functions)
-        return len(seen)
-
     def one():
-        y = build()
-        nodes = count(y) if shape != "chain_mul" else n + 1
+        y = torch_build(shape, n)
+        nodes = torch_count(shape, n, y)
         with torch.autograd.set_multithreading_enabled(multithreading):
             t = time.perf_counter()
             y.backward()

@@ -222,3 +222,128 @@ def test_perfetto_shows_the_error_of_a_failing_run():
         assert import_errors(tp) == []
         inst = tp.query("select name from slice where category = 'error'")
         assert [r["name"] for r in inst] == ["error"]
+
+
+# -- the streaming writer -------------------------------------------------------------------------------
+
+def _recordings():
+    """Recordings of every kind of event: threads, reentrant nesting, syncs, a failure, simulated streams."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.load import loads_graph
+    out = [(n, recording(load_graph("example:" + n), allow_python=True)) for n in ("seed", "pipeline", "reentrant")]
+    out.append(("failing", recording(load_graph("example:failing"), fails=True)))
+    g = loads_graph(dumps(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2), "json"), "t.json")
+    out.append(("transformer", run_session(g, RunOptions(repeat=2)).recording))
+    out.append(("simulated", simulate_session(load_graph("example:pipeline"), SimOptions(detail=True)).recording))
+    out.append(("from events", _recording_from_events()))
+    return out
+
+
+def _recording_from_events():
+    """A Recording made from event tuples (its waits do not know their samples' rows), with what the
+    outstanding-tasks counter drops: a node run without a recorded push, a skip, a task of another
+    GraphTask ending after its count went to zero; and a slice of no duration."""
+    from autograd_run.traces.recording import NODE_END, NODE_START, POP, PUSH, SKIP, Recording
+    a, b, c, d, e = load_graph("example:seed").nodes[:5]
+    q = "cpu:MainThread"
+    events = [(PUSH, 10, 1, q, 1, a, 1), (PUSH, 12, 1, q, 2, c, 2), (POP, 20, 1, q, 1, a, 1),
+              (NODE_START, 20, 1, 1, 0, a), (NODE_END, 30, 1, 1, 0, a),
+              (NODE_START, 35, 1, 1, 0, b), (NODE_END, 40, 1, 1, 0, b),
+              (POP, 45, 1, q, 2, c, 0), (NODE_START, 46, 1, 2, 0, c), (SKIP, 55, 1, 2, d),
+              (NODE_END, 60, 1, 2, 0, c), (PUSH, 62, 1, q, 1, e, 1), (POP, 63, 1, q, 1, e, 0),
+              (NODE_START, 64, 1, 1, 0, e), (NODE_END, 64, 1, 1, 0, e)]
+    return Recording.from_events(events, {1: "MainThread"}, {1: 4242})
+
+
+def test_the_streamed_trace_is_the_trace():
+    """write_chrome_trace formats from columns, in chunks; the file parses to exactly to_chrome_trace's dict."""
+    from autograd_run.traces.chrome import chrome_chunks
+    for name, rec in _recordings():
+        assert json.loads(b"".join(chrome_chunks(rec))) == to_chrome_trace(rec), name
+
+
+def test_chunks_change_nothing(monkeypatch):
+    """Formatted a few rows at a time (every chunk boundary crossed), both traces are the same bytes."""
+    from autograd_run.traces import chrome, pftrace
+    for name, rec in _recordings():
+        whole = b"".join(chrome.chrome_chunks(rec)), b"".join(pftrace.pftrace_chunks(rec))
+        with monkeypatch.context() as m:
+            m.setattr(chrome, "CHUNK", 6)
+            m.setattr(pftrace, "CHUNK", 5)
+            assert (b"".join(chrome.chrome_chunks(rec)), b"".join(pftrace.pftrace_chunks(rec))) == whole, name
+
+
+def test_a_gz_trace_is_the_compressed_trace(tmp_path):
+    import gzip
+    from autograd_run.traces.trace_file import write_trace
+    rec = recording(load_graph("example:pipeline"))
+    write_trace(str(tmp_path / "t.json.gz"), rec)
+    write_trace(str(tmp_path / "t.json"), rec)
+    assert gzip.decompress((tmp_path / "t.json.gz").read_bytes()) == (tmp_path / "t.json").read_bytes()
+    assert json.loads((tmp_path / "t.json").read_bytes()) == to_chrome_trace(rec)
+
+
+def test_a_trace_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    """The writers stream (the file's first bytes are written before the bulk events are formatted): a
+    failure then leaves the file that was there, and no temporary beside it."""
+    from autograd_run.traces import encode
+    from autograd_run.traces.trace_file import write_trace
+    rec = recording(load_graph("example:pipeline"))
+
+    def failing(*a, **kw):
+        raise MemoryError("out of memory")
+    monkeypatch.setattr(encode, "fill", failing)
+    for name in ("t.json", "t.json.gz", "t.pftrace"):
+        (tmp_path / name).write_bytes(b"old")
+        with pytest.raises(MemoryError):
+            write_trace(str(tmp_path / name), rec)
+        assert (tmp_path / name).read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.json.gz", "t.pftrace"]
+
+
+def test_node_slices_carry_the_marks_of_pass_samples():
+    """Each node slice's pass, worker, critical_path and graph_root (what ``diff`` reads from a trace), made
+    from the columns with the critical path compiled, are pass_samples' (the record-by-record definition)."""
+    from autograd_run.ops import is_graph_root
+    from autograd_run.traces.chrome import chrome_chunks, thread_tids
+    from autograd_run.traces.samples import pass_samples, stable_worker
+    recs = _recordings()
+    g = load_graph("example:pipeline")
+    recs += [(f"pipeline x3, mt={mt}", run_session(g, RunOptions(repeat=3, multithreading=mt,
+                                                                  keep_recording=True)).recording)
+             for mt in (False, True)]
+    for name, rec in recs:
+        s = pass_samples(rec)
+        ranks = thread_tids(rec)
+        workers = {ranks[tid]: stable_worker(t.name) for tid, t in rec.threads.items()}
+        roots = {(sl.gt, sl.node.id) for sl in rec.slices if is_graph_root(sl.node)}
+        trace = json.loads(b"".join(chrome_chunks(rec)))
+        slices = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "node"]
+        assert len(slices) == len(rec.slices), name
+        for e in slices:
+            a = e["args"]
+            key = (a["graph_task"], a["id"])
+            assert a["pass"] == s.pass_of_task.get(key[0], 0), name
+            assert a["worker"] == workers.get(e["tid"], str(e["tid"])), name
+            assert a.get("critical_path", False) == (key in s.critical_keys), (name, key)
+            assert a.get("graph_root", False) == (key in roots), (name, key)
+        if len(s.critical_keys):
+            assert any(e["args"].get("critical_path") for e in slices), name
+
+
+def test_a_stopped_runs_trace_is_marked_incomplete_in_every_format(tmp_path):
+    from autograd_run.traces.chrome import chrome_chunks
+    from autograd_run.traces.pftrace import pftrace_chunks
+    from autograd_run.traces.trace_file import write_trace
+    rec = recording(load_graph("example:pipeline"))
+    marked = to_chrome_trace(rec, "timeout")
+    assert marked["otherData"] == {"incomplete": "timeout"}
+    assert marked["traceEvents"][-1]["cat"] == "incomplete" and "timeout" in marked["traceEvents"][-1]["name"]
+    assert json.loads(b"".join(chrome_chunks(rec, "timeout"))) == marked
+    assert "otherData" not in to_chrome_trace(rec)
+    write_trace(str(tmp_path / "t.json.gz"), rec, incomplete="interrupted")
+    import gzip
+    assert json.loads(gzip.decompress((tmp_path / "t.json.gz").read_bytes()))["otherData"] == {
+        "incomplete": "interrupted"}
+    plain, stopped = b"".join(pftrace_chunks(rec)), b"".join(pftrace_chunks(rec, "interrupted"))
+    assert b"the trace is incomplete" in stopped and b"the trace is incomplete" not in plain

@@ -88,3 +88,22 @@ def test_a_small_matrix_gradient_is_shown_on_its_rows_without_newlines(capsys, m
     assert code == 0, err
     row = [line for line in out.splitlines() if line.startswith("│ w_out ")][0]
     assert "[[" in row and "], [" in row and "\\n" not in out
+
+
+def test_the_gradients_table_shows_twenty_rows_then_how_many_more():
+    """A table of 1e5 rows takes minutes to draw: the first 20 gradients (values of small ones, names shown
+    as written, never as markup), then '... N more'; --json has them all."""
+    import io
+    import types
+
+    import numpy as np
+    from rich.console import Console
+
+    from autograd_run.cli.render import grads_table
+    grads = {f"[bold]v{k}": np.full(2, float(k), dtype=np.float32) for k in range(25)}
+    con = Console(file=io.StringIO(), width=120, color_system=None)
+    con.print(grads_table(types.SimpleNamespace(mode="backward", grads=grads)))
+    lines = con.file.getvalue().splitlines()
+    rows = [line for line in lines if line.startswith("│ [bold]v")]
+    assert [r.split()[1] for r in rows] == [f"[bold]v{k}" for k in range(20)]
+    assert "[19., 19.]" in rows[-1] and any(line.startswith("│ ... 5 more ") for line in lines)

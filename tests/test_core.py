@@ -75,6 +75,35 @@ def test_compiled_and_pure_engines_agree():
     assert compiled == pure_python
 
 
+HALF = r'''
+import hashlib, json
+from autograd_run.graphs.load import loads_graph
+from autograd_run.session import RunOptions, run_session
+text = json.dumps({"format": "autograd-graph/1",
+                   "roots": [{"node": "cs", "grad": {"random": 1, "shape": [4096], "dtype": "float16"}}],
+                   "variables": [{"name": "x", "shape": [4096], "dtype": "float16"}],
+                   "nodes": [{"id": "cs", "name": "CumsumBackward0", "next": [["acc", 0]],
+                              "inputs": [{"shape": [4096], "dtype": "float16"}], "saved": {"dim": 0}},
+                             {"id": "acc", "name": "AccumulateGrad", "variable": "x"}]})
+r = run_session(loads_graph(text, "h.json"), RunOptions(multithreading=False))
+print(hashlib.sha1(r.result.grads["x"].tobytes()).hexdigest())
+'''
+
+
+@pytest.mark.skipif(not core.COMPILED, reason="the compiled core is not built")
+def test_a_float16_node_computes_in_float32_in_the_compiled_loop_too():
+    """A float16 node's incoming gradients are upcast (its formula computes in float32, rounded once): the
+    compiled loop hands such a node to the Python path, which does it (a cumulative sum of float16 values
+    rounds at every step otherwise)."""
+    digests = []
+    for pure_python in (False, True):
+        env = {**os.environ, "AUTOGRAD_RUN_PURE_PYTHON": "1" if pure_python else "0"}
+        out = subprocess.run([sys.executable, "-c", HALF], env=env, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stderr
+        digests.append(out.stdout)
+    assert digests[0] == digests[1]
+
+
 @pytest.mark.parametrize("impl", ["compiled", "pure"])
 def test_a_signal_reaches_the_main_thread_while_it_waits_on_an_empty_queue(impl):
     """The caller sleeping in ``pop`` (its graph's nodes all on device threads) must still see Ctrl-C:
@@ -104,3 +133,162 @@ def test_a_signal_reaches_the_main_thread_while_it_waits_on_an_empty_queue(impl)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+# -- the compiled worker loop, event log, lock and summary loops against their twins -------------------
+
+compiled = pytest.mark.skipif(not core.COMPILED, reason="the compiled core is not built")
+
+
+def fake_clock():
+    t = [0]
+
+    def clock():
+        t[0] += 10
+        return t[0]
+    return clock
+
+
+class _GT:
+    def __init__(self, i, depth=0):
+        self.id, self.reentrant_depth = i, depth
+
+
+class _Q:
+    def __init__(self, name):
+        self.name = name
+
+
+@compiled
+def test_the_event_logs_keep_the_same_records_and_tables():
+    from autograd_run.traces.event_log import EventLogPy
+    named = {"c": [], "p": []}
+    c = core.EventLog(fake_clock(), named["c"].append)
+    p = EventLogPy(fake_clock(), named["p"].append)
+    nodes = [object() for _ in range(5)]
+    q1, q2 = _Q("cpu"), _Q("cuda:0")
+    gts = [_GT(0), _GT(7, depth=2)]
+    rnd = random.Random(0)
+    for step in range(400):
+        kind = rnd.randrange(5)
+        gt, node, q = rnd.choice(gts), rnd.choice(nodes + [None]), rnd.choice([q1, q2])
+        waited = rnd.choice([None, gt])
+        for log in (c, p):
+            if kind == 0:
+                log.push(q, gt if node is not None else None, node, step % 9)
+            elif kind == 1:
+                log.pop(q, gt, node, step % 7)
+            elif kind == 2 and node is not None:
+                log.start(gt, node)
+            elif kind == 3 and node is not None:
+                log.end(gt, node)
+            elif kind == 4:
+                log.idle(q, step, step + 5, waited)
+        if step in (150, 300):  # as Recorder.drain does: the node table goes with the records
+            taken = c.take(True), p.take(True)
+            assert taken[0] == taken[1] and taken[0][0] and taken[0][1]
+            assert c.take() == p.take() == (b"", [], taken[0][2], taken[0][3])
+    assert len(c) == len(p) > 0
+    dc, nc, tc, qc = c.take()
+    dp, np_, tp, qp = p.take()
+    assert dc == dp and nc == np_ and tc == tp and qc == qp
+    assert named["c"] == named["p"] and len(c) == 0 and c.take()[0] == b""
+
+
+@compiled
+def test_the_compiled_lock_behaves_as_a_lock():
+    import threading
+    lock = core.Lock()
+    assert lock.acquire() and lock.locked() and not lock.acquire(False)
+    assert lock.acquire(timeout=0.01) is False
+    lock.release()
+    with pytest.raises(RuntimeError):
+        lock.release()
+    counter = [0]
+
+    def bump():
+        for _ in range(2000):
+            with lock:
+                counter[0] += 1
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counter[0] == 8000 and not lock.locked()
+
+
+@compiled
+@pytest.mark.parametrize("seed", range(4))
+def test_the_summary_loops_agree_with_their_twins(seed):
+    import numpy as np
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.traces import kernels
+    g = loads_graph(dumps(generate("random", nodes=200, leaves=30, seed=seed), "json"), "r.json")
+    rnd = np.random.default_rng(seed)
+    nodes = list(g.nodes)
+    rnd.shuffle(nodes)
+    for attr, identity in (("name", False), ("op", True)):
+        a, va = kernels.attr_codes(nodes, attr, identity)
+        b, vb = kernels.attr_codes_py(nodes, attr, identity)
+        assert np.array_equal(a, b) and all(x is y or x == y for x, y in zip(va, vb)) and len(va) == len(vb)
+    m = 300
+    node = rnd.integers(0, len(nodes), m)
+    gt = rnd.integers(0, 2, m)
+    weight = rnd.integers(0, 5, m)  # small: many ties
+    start = rnd.integers(0, 50, m)
+    order = np.argsort(-start, kind="stable")
+    assert kernels.critical_path(nodes, gt, node, weight, start, order) == \
+        kernels.critical_path_py(nodes, gt, node, weight, start, order)
+
+
+@compiled
+def test_fill_formats_as_its_twin():
+    """The trace writers' template loop: every op, strings that need escaping or are not valid UTF-8."""
+    import numpy as np
+    from autograd_run.traces import encode as E
+    rng = np.random.default_rng(0)
+    n = 400
+    cols = [rng.integers(-5, 10**12, n), rng.integers(0, 3, n), rng.integers(-1, 2, n),
+            np.full(n, 2**64 - 1, dtype=np.uint64).view(np.int64), rng.integers(0, 2**40, n).cumsum()]
+    tables = [['a"b\\c\n\x01é\t', "x", b"raw"], [b"\x00\x01", "zz", "ü\ud800"]]
+    lits = [b"{", b"}", b","]
+    t0 = E.template((E.LIT, 0), (E.I64, 0), (E.US, 0), (E.DUR, 0), (E.MICRO, 0), (E.JSTR, 0, 1), (E.JESC, 1, 1),
+                    (E.RAW, 0, 1), (E.SKIPNEG, 2, 2), (E.LIT, 2), (E.U64, 3), (E.LIT, 1))
+    t1 = E.template((E.PB_BEGIN, 1), (E.PB_DELTA, 8, 4), (E.PB_VARINT, 3, 1), (E.PB_BEGIN, 11),
+                    (E.PB_STR, 5, 1, 1), (E.PB_FIXED64, 47, 3), (E.PB_BEGIN, 2), (E.RAW, 0, 1), (E.PB_END,),
+                    (E.PB_END,), (E.PB_END,))
+    kinds = rng.integers(0, 2, n)
+    index = np.argsort(cols[4] % 97, kind="stable")
+    for idx in (None, index):
+        a = E.fill([t0, t1], kinds, cols, tables, lits, -7, 0, n, idx)
+        b = E.fill_py([t0, t1], kinds, [np.asarray(c).view(np.int64) for c in cols], tables, lits, -7, 0, n, idx)
+        assert a == b and len(a) > 1000
+    long = ["y" * 300]  # a nested message longer than 127 bytes: a two-byte length
+    t2 = E.template((E.PB_BEGIN, 1), (E.RAW, 0, 0), (E.PB_END,))
+    z = [np.zeros(1, dtype=np.int64)]
+    assert E.fill([t2], None, z, [long], []) == E.fill_py([t2], None, z, [long], [], 0, 0, 1) == \
+        b"\x0a\xac\x02" + b"y" * 300
+
+
+@compiled
+def test_the_node_tables_and_saved_split_agree_with_their_twins():
+    import numpy as np
+    from autograd_run.engine.state import split_saved_py
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import load_graph, loads_graph
+    from autograd_run.traces import kernels
+    graphs = [load_graph("example:" + n) for n in ("seed", "mlp", "pipeline", "checkpoint")]
+    graphs.append(loads_graph(dumps(generate("transformer", layers=1, devices=2), "json"), "t.json"))
+    for g in graphs:
+        nodes = list(g.nodes)
+        a, b = kernels.node_columns(nodes), kernels.node_columns_py(nodes)
+        assert a[0] == b[0] and a[1] == b[1] and all(np.array_equal(x, y) for x, y in zip(a[2:], b[2:]))
+        ca, sa = kernels.input_shape_codes(nodes)
+        cb, sb = kernels.input_shape_codes_py(nodes)
+        assert np.array_equal(ca, cb) and sa == sb
+        released, cached = set(nodes[:2]), {nodes[2]: {}}
+        assert core.split_saved(nodes, released, cached) == split_saved_py(nodes, released, cached)

@@ -122,8 +122,8 @@ def two_stream_fan_in():
 
 
 class Events(Recorder):
-    def __post_init__(self):
-        super().__post_init__()
+    def __init__(self):
+        super().__init__()
         self.stream_events = []
 
     def event_record(self, gt, node, stream, event_id):

@@ -98,3 +98,54 @@ def test_a_real_run_pairs_every_node_with_its_wait():
     assert all(s.wait is not None and s.wait.node is s.node and s.wait.popped <= s.start for s in rec.slices)
     assert [(g.depth, g.error) for g in rec.graph_tasks] == [(0, None)]
     assert all(g.start <= s.start and s.end <= g.end for g in rec.graph_tasks for s in rec.slices)
+
+
+def test_a_logged_recording_reads_as_its_events_paired_one_by_one():
+    """Recording.from_log (vectorised pairing of the EventLog's records) gives the same typed records
+    as from_events over the Recorder's events as tuples, on real runs with several threads."""
+    from autograd_run.engine import DeviceSet, Engine, GraphState
+    from autograd_run.engine.run import run_graph
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.traces.recorder import Recorder
+    graphs = [load_graph("example:" + n) for n in ("seed", "pipeline", "checkpoint")]
+    graphs.append(loads_graph(dumps(generate("transformer", layers=2, devices=2), "json"), "t.json"))
+    for g in graphs:
+        rec = Recorder()
+        eng = Engine(DeviceSet("virtual"), tracer=rec)
+        for _ in range(2):
+            run_graph(eng, g, GraphState(g))
+        eng.shutdown()
+        logged = rec.recording()
+        paired = Recording.from_events(rec.events, rec.threads, rec.os_tids)
+        assert logged == paired, g.source
+        assert len(logged.slices) == len(g.nodes) * 2 - (0 if len(g.roots) == 1 else -2)
+
+
+def test_drain_hands_over_the_events_so_far_and_forgets_them():
+    """A run of many passes drains the recorder after each one (flat memory): each drain is a Recording of
+    the events since the last one, paired as recording() pairs them; the thread names stay."""
+    from autograd_run.engine import DeviceSet, Engine, GraphState
+    from autograd_run.engine.run import run_graph
+    from autograd_run.traces.recorder import Recorder
+    g = load_graph("example:pipeline")
+    rec = Recorder()
+    eng = Engine(DeviceSet("virtual"), tracer=rec)
+    drained = []
+    try:
+        for _ in range(3):
+            run_graph(eng, g, GraphState(g))
+            whole = rec.recording()  # the same events, not forgotten
+            drained.append(rec.drain())
+            assert drained[-1] == whole
+    finally:
+        eng.shutdown()
+    for d in drained:
+        assert len(d.graph_tasks) == 1 and d.graph_tasks[0].depth == 0
+        assert len(d.slices) == len(drained[0].slices) > len(g.nodes) - 1
+        assert d.start == d.graph_tasks[0].start and d.threads == drained[0].threads
+    assert drained[0].end <= drained[1].start and drained[1].end <= drained[2].start
+    last = rec.drain()  # what the workers recorded after the last pass (their idle ends), then nothing
+    assert rec.drain().empty and last.graph_tasks == [] and last.slices == []
+    assert rec.events == [] and rec.recording().empty

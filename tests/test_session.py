@@ -136,3 +136,30 @@ def test_a_bad_request_is_refused_before_anything_runs(tmp_path, option, make):
     assert info.value.option == option
     assert mine.ids == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["golden.jsonl"]
+
+
+def test_the_run_state_and_raw_records_are_gone_before_the_trace_is_written(tmp_path, monkeypatch):
+    """At a million nodes the last pass's state (held in a cycle by its GraphTask) and the recorder's raw
+    records would sit beside the trace writer's work: they go first."""
+    import gc
+
+    from autograd_run.engine import GraphState
+    from autograd_run.traces import recorder as recorder_mod
+    from autograd_run.traces import trace_file
+    g = load_graph("example:mlp")
+    seen = {}
+    recorders = []
+    make = recorder_mod.Recorder.__init__
+
+    def init(self, *a, **kw):
+        make(self, *a, **kw)
+        recorders.append(self)
+
+    def write(path, rec, incomplete=None):
+        seen["states"] = sum(1 for o in gc.get_objects() if type(o) is GraphState and o.graph is g)
+        seen["raw"] = [len(r._taken) + len(r.rare) for r in recorders]
+        seen["slices"] = len(rec.slices)
+    monkeypatch.setattr(recorder_mod.Recorder, "__init__", init)
+    monkeypatch.setattr(trace_file, "write_trace", write)
+    run_session(g, RunOptions(trace_path=str(tmp_path / "t.json"), repeat=2))
+    assert seen == {"states": 0, "raw": [0], "slices": 2 * len(g.nodes)}

@@ -222,6 +222,17 @@ def test_measured_costs_from_a_trace(tmp_path):
         simulate_session(other, SimOptions(spec=spec(), costs=str(trace)))
 
 
+def test_measured_costs_from_a_compressed_trace_and_not_from_a_protobuf_one(tmp_path):
+    from autograd_run.errors import RequestError
+    g = load_graph("example:mlp")
+    for name in ("t.json.gz", "t.pftrace"):
+        run_session(g, RunOptions(trace_path=str(tmp_path / name), multithreading=False))
+    r = simulate_session(g, SimOptions(spec=spec(), costs=str(tmp_path / "t.json.gz"), slack_top=0))
+    assert r.cost_sources == {"measured": len(g.nodes)}
+    with pytest.raises(RequestError, match="protobuf"):
+        simulate_session(g, SimOptions(spec=spec(), costs=str(tmp_path / "t.pftrace")))
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 10_000), st.integers(5, 60), st.sampled_from([0, 2]))
 def test_wall_between_critical_path_and_total_work(seed, nodes, devices):

@@ -93,3 +93,73 @@ def render(s, width=100):
 
 def test_summary_tables_golden_text():
     assert render(seed_summary()) == GOLDEN
+
+
+def _runs():
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.session import RunOptions, run_session
+    graphs = [load_graph("example:" + n) for n in ("seed", "mlp", "pipeline", "checkpoint")]
+    graphs += [loads_graph(dumps(generate("random", nodes=200, leaves=40, seed=s), "json"), "r.json") for s in (0, 1)]
+    graphs.append(loads_graph(dumps(generate("transformer", layers=2, devices=2), "json"), "t.json"))
+    for g in graphs:
+        for mt in (False, True):
+            # every pass's events: the gaps between passes are left out of wall and idle times
+            yield g, run_session(g, RunOptions(multithreading=mt, repeat=2, keep_recording=True)).recording
+
+
+def test_the_columnar_summary_is_the_reference_summary():
+    """summarize (numpy over columns, compiled loops) equals the record-by-record reference on real runs."""
+    from autograd_run.traces.summary import summarize_reference
+    for g, rec in _runs():
+        fast, ref = summarize(rec), summarize_reference(rec)
+        assert fast == ref, g.source
+        assert fast.to_dict() == ref.to_dict()
+
+
+def test_a_folded_summary_is_the_reference_folded_summary():
+    """A --repeat run without a trace folds each pass (a drained Recording) into a SummaryBuilder: read as
+    columns, it is the same as folded record by record."""
+    from autograd_run.engine import DeviceSet, Engine, GraphState
+    from autograd_run.engine.run import run_graph
+    from autograd_run.traces.summary import SummaryBuilder
+    for name in ("mlp", "pipeline", "checkpoint"):
+        g = load_graph("example:" + name)
+        rec = Recorder()
+        eng = Engine(DeviceSet("virtual"), tracer=rec)
+        drained = []
+        try:
+            for _ in range(3):
+                run_graph(eng, g, GraphState(g))
+                drained.append(rec.drain())
+        finally:
+            eng.shutdown()
+        drained.append(rec.drain())
+        fast, ref = SummaryBuilder(), SummaryBuilder(reference=True)
+        for d in drained:
+            fast.add(d)
+            ref.add(d)
+        assert fast.summary() == ref.summary(), name
+        assert fast.summary().to_dict() == ref.summary().to_dict(), name
+        assert fast.summary().passes.count == 3 and fast.summary().graph_tasks >= 3
+
+
+def test_the_summary_of_a_simulation_is_the_reference_summary():
+    from autograd_run.sim.session import SimOptions, simulate_session
+    from autograd_run.traces.summary import summarize_reference
+    for name in ("seed", "mlp", "pipeline", "checkpoint"):
+        rec = simulate_session(load_graph("example:" + name), SimOptions()).recording
+        assert summarize(rec) == summarize_reference(rec), name
+
+
+def test_a_node_run_twice_in_one_graph_task_falls_back_to_the_reference():
+    class N:
+        def __init__(self, i):
+            from autograd_run.ops import IDENTITY
+            self.id, self.name, self.op, self.next = f"n{i}", "X", IDENTITY, []
+    a = N(1)
+    ev = [(R.NODE_START, 100, 1, 0, 0, a), (R.NODE_END, 200, 1, 0, 0, a),
+          (R.NODE_START, 300, 1, 0, 0, a), (R.NODE_END, 450, 1, 0, 0, a)]
+    s = summarize(Recording.from_events(ev, {1: "w"}))
+    assert s.nodes_executed == 1 and s.ops["X"].count == 2 and s.critical_path[0].duration_ns == 150

@@ -129,20 +129,26 @@ def render_summary(console: Console, s, title: str, top: int = 10, devices: str 
 
 #: Gradients with at most this many elements show their values in the table.
 SHOW_VALUES = 8
+#: Gradients shown in the table (``--json`` has them all): a table of 1e5 rows takes minutes to draw.
+SHOW_GRADS = 20
 
 
-def grads_table(result) -> Table:
-    """One row per gradient: shape, sum, max |g|, and the values of small ones (at most ``SHOW_VALUES``)."""
+def grads_table(result, top: int = SHOW_GRADS) -> Table:
+    """One row per gradient, the first ``top`` of them: shape, sum, max |g|, and the values of small ones
+    (at most ``SHOW_VALUES``); then a row ``... N more`` when there are more."""
     rows = []
-    for name, v in result.grads.items():
+    items = list(result.grads.items())
+    for name, v in items[:top]:
         if v is None:
             rows.append([name, "-", "None", "", ""])
             continue
         arr = np.asarray(host(v))
         with np.errstate(all="ignore"):  # an overflowing float16 sum shows inf, with no warning
             total = arr.sum() if arr.size else arr.dtype.type(0)
-            top = abs(arr).max() if arr.size else 0.0
-        rows.append([name, str(list(arr.shape)), _num(total), _num(top), _values(arr)])
+            top_abs = abs(arr).max() if arr.size else 0.0
+        rows.append([name, str(list(arr.shape)), _num(total), _num(top_abs), _values(arr)])
+    if len(items) > top:
+        rows.append([f"... {len(items) - top} more", "", "", "", ""])
     spec = [("name", "id"), ("shape", "label"), ("sum", "num"), ("max |g|", "num")]
     if any(r[4] for r in rows):
         spec.append(("values", "text"))

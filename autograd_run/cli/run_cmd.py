@@ -56,7 +56,9 @@ class Progress(Tracer):
 
 @click.command()
 @click.argument("graph", metavar="GRAPH")
-@click.option("--trace", "trace_path", default=None, metavar="FILE", help="Write a Chrome/Perfetto trace here.")
+@click.option("--trace", "trace_path", default=None, metavar="FILE",
+              help="Write a trace here: Chrome JSON (.json; .json.gz compressed) or Perfetto protobuf "
+                   "(.pftrace, about 4x smaller).")
 @click.option("--open", "open_trace", is_flag=True,
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--grad", "grad_mode", is_flag=True,

@@ -64,7 +64,8 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="With a PyTorch profile: the costs of its N-th backward call of this graph, not the median.")
 @click.option("--compare", default=None, metavar="policy=A,B|devices=K,K",
               help="Simulate several policies or device counts and print one table.")
-@click.option("--trace", "trace_path", default=None, metavar="FILE", help="Write the simulated Chrome/Perfetto trace.")
+@click.option("--trace", "trace_path", default=None, metavar="FILE",
+              help="Write the simulated trace (.json, .json.gz or .pftrace, as run --trace).")
 @click.option("--open", "open_trace", is_flag=True,
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--order-out", default=None, metavar="FILE",
@@ -95,7 +96,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
       autograd-run simulate model.json --costs trace.pt.json.gz --spec local-torch
     """
     from autograd_run.cli.common import load_graph_arg
-    from autograd_run.outputs import atomic_write, check_output_path
+    from autograd_run.outputs import check_output_path
     from autograd_run.errors import RequestError
     from autograd_run.sim.measured import load_costs
     from autograd_run.sim.session import SimOptions, simulate_session
@@ -126,9 +127,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         reports.append(simulate_session(g, opts))
     first = reports[0]
     if trace_path:
-        import msgspec
-        from autograd_run.traces.chrome import to_chrome_trace
-        atomic_write(trace_path, msgspec.json.encode(to_chrome_trace(first.recording)), "trace_path")
+        from autograd_run.traces.trace_file import write_trace
+        write_trace(trace_path, first.recording)
     if order_out:
         write_order(order_out, first.order)
     if json_out:

@@ -1,7 +1,8 @@
 """Which implementation of the per-node scheduling work the engine uses: compiled, or pure Python.
 
 The compiled core (``_core.c``: the ready queue, InputBuffer slots,
-``route``, ``outputs_match``, ``spin_until``) is built when the package is
+``route``, ``outputs_match``, ``spin_until``, the worker loop ``thread_main``,
+the Recorder's ``EventLog`` and the GraphTask's ``Lock``) is built when the package is
 installed with a C compiler present; each piece has a pure-Python twin with
 the same behaviour and the same order, used when the extension is missing
 or when ``AUTOGRAD_RUN_PURE_PYTHON=1`` is set (the tests run both).
@@ -13,6 +14,7 @@ bug reports.
 from __future__ import annotations
 
 import os
+import threading
 
 from autograd_run.engine import input_buffer as _ib
 from autograd_run.engine import ready_queue as _rq
@@ -38,9 +40,31 @@ if COMPILED:
     route_impl = _core.route
     outputs_match = _core.outputs_match
     spin_until = _core.spin_until
+    thread_main_impl = _core.thread_main
+    configure_worker = _core.configure_worker
+    EventLog = _core.EventLog
+    Lock = _core.Lock
+    attr_codes = _core.attr_codes
+    critical_path = _core.critical_path
+    compute_dependencies = _core.compute_dependencies
+    fill = _core.fill
+    input_shape_codes = _core.input_shape_codes
+    node_columns = _core.node_columns
+    split_saved = _core.split_saved
 else:
     InputBuffer = _ib.InputBuffer
     ReadyQueue = _rq.ReadyQueue
     route_impl = None  # the worker's own route()
     outputs_match = None
     spin_until = None
+    thread_main_impl = None  # the worker's own thread_main_py()
+    configure_worker = None
+    EventLog = None  # traces.event_log's twin
+    Lock = threading.Lock
+    attr_codes = None  # traces.kernels' twins
+    critical_path = None
+    compute_dependencies = None  # graph_task.compute_dependencies_py
+    fill = None  # traces.encode.fill_py
+    input_shape_codes = None  # traces.kernels' twins
+    node_columns = None
+    split_saved = None  # engine.state's twin

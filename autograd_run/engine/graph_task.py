@@ -32,6 +32,8 @@ import threading
 from dataclasses import dataclass, field
 
 from autograd_run.engine.builtin_nodes import EngineContext
+from autograd_run.engine import core
+from autograd_run.engine.core import Lock
 
 
 _ids = itertools.count()
@@ -48,6 +50,14 @@ class ExecInfo:
 
 
 class GraphTask:
+    # Slots: the compiled worker loop reads the hot fields (completed, expired, has_error,
+    # outstanding, reentrant_depth) at fixed offsets.
+    __slots__ = ("id", "engine", "state", "keep_graph", "create_graph", "reentrant_depth", "cpu_queue", "owner",
+                 "anomaly", "multithreading", "allow_python", "context", "lock", "dependencies", "not_ready",
+                 "exec_info", "captured", "outstanding", "has_error", "error", "error_node", "completed",
+                 "finishing", "faults", "done", "final_callbacks", "callbacks_lock", "graph_root", "leaf_streams",
+                 "expired", "ctx")
+
     def __init__(self, engine, state, *, keep_graph: bool, create_graph: bool, reentrant_depth: int,
                  cpu_queue, anomaly: bool, multithreading: bool, allow_python: bool, context: dict):
         self.id = next(_ids)
@@ -62,7 +72,7 @@ class GraphTask:
         self.multithreading = multithreading
         self.allow_python = allow_python
         self.context = context
-        self.lock = threading.Lock()  # guards the mutable fields listed in the module docstring
+        self.lock = Lock()  # guards the mutable fields listed in the module docstring
         self.dependencies: dict = {}
         self.not_ready: dict = {}
         self.exec_info: dict = {}
@@ -81,7 +91,9 @@ class GraphTask:
         self.leaf_streams: set = set()
         self.expired = False
         #: What the nodes of this call run with (their rules see only the RuleContext part).
-        self.ctx = EngineContext(self.saved, self.xp, engine.devices.transfer, create_graph,
+        #: Without real GPUs ``saved`` is the state's own (the same values, one call less per node).
+        saved = self.saved if engine.devices.real_cuda else state.saved
+        self.ctx = EngineContext(saved, self.xp, engine.devices.transfer, create_graph,
                                  state=state, graph_task=self, allow_python=allow_python)
 
     # -- what the nodes' context reads -------------------------------------------
@@ -115,8 +127,16 @@ def compute_dependencies(root, gt: GraphTask, min_topo_nr: int) -> None:
     """Count, for every node reachable from ``root``, the edges that lead into it.
 
     Iterative DFS as PyTorch's: nodes below ``min_topo_nr`` are not expanded
-    (they cannot lead to a requested output).
+    (they cannot lead to a requested output). Compiled where the core is built
+    (``compute_dependencies_py`` is the twin).
     """
+    if core.compute_dependencies is not None:
+        core.compute_dependencies(root, gt.dependencies, min_topo_nr)
+    else:
+        compute_dependencies_py(root, gt, min_topo_nr)
+
+
+def compute_dependencies_py(root, gt: GraphTask, min_topo_nr: int) -> None:
     deps = gt.dependencies
     seen = set()
     stack = [root]

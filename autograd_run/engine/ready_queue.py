@@ -41,6 +41,10 @@ class ReadyQueue:
         with self._lock:
             return len(self._keys)
 
+    def empty(self) -> bool:
+        """Whether the queue is empty now (a hint: read without the lock)."""
+        return not self._keys
+
     def push(self, key: int, item) -> None:
         tracer = self.tracer
         if tracer is not None and tracer.enabled:

@@ -17,11 +17,13 @@ Hooks are registered before a backward call and only read during it.
 
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any, Callable
 
 import numpy as np
 
+from autograd_run.engine import core
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import Graph, Node
 from autograd_run.ops.arrays import number
@@ -38,6 +40,29 @@ ERR_BACKWARD_TWICE = (
 
 class SavedTensorReleased(RuntimeError):
     pass
+
+
+_SAVED = operator.attrgetter("saved")
+
+
+def _scalar_strings(node: Node) -> bool:
+    """Whether a Scalar field of the node's saved values is a string to convert (``ops.arrays.number``)."""
+    fields = node.op.scalar_fields
+    return bool(fields) and any(type(node.saved.get(k)) is str for k in fields)
+
+
+def split_saved_py(nodes, released: set, cached: dict) -> tuple[list, list]:
+    """The nodes that save tensors, neither released nor cached, split into plain ones (no saved value is a
+    dict, a list or a string: the node's own mapping serves as its saved values) and the rest, which
+    ``saved()`` converts (a string may be a Scalar to convert; compiled twin: ``_core.split_saved``)."""
+    plain, rest = [], []
+    for n in nodes:
+        if n.saves_tensors and n not in released and n not in cached:
+            saved = n.saved
+            convert = type(saved) is not dict or any(type(v) is dict or type(v) is list or type(v) is str
+                                                     for v in saved.values())
+            (rest if convert else plain).append(n)
+    return plain, rest
 
 
 class GraphState:
@@ -81,12 +106,14 @@ class GraphState:
             return s
 
     # -- saved tensors ---------------------------------------------------------
-    def saved(self, node: Node) -> dict[str, Any]:
+    def saved(self, node: Node, premade: dict | None = None) -> dict[str, Any]:
         """Node's saved values; its op's tensor fields (``OpSpec.tensor_fields``) and tensor specs as arrays.
 
         Raises PyTorch's backward-twice error once the node's saved tensors
         were released by a backward call without ``retain_graph``.
         """
+        if not node.saves_tensors and not _scalar_strings(node):
+            return node.saved  # plain numbers, sizes, flags: the node's own mapping, never released
         cached = self._saved.get(node)
         if cached is not None:
             return cached
@@ -106,7 +133,8 @@ class GraphState:
             if value is None:
                 cached[name] = None
             elif type(value) is dict and tensors.is_tensor_spec(value):
-                cached[name] = tensors.materialize(value, side)
+                made = premade.get(id(value)) if premade else None
+                cached[name] = made if made is not None else tensors.materialize(value, side)
                 if half:
                     cached[name] = upcast(cached[name])
             elif type(value) is str and name in scalar_fields:
@@ -140,10 +168,16 @@ class GraphState:
 
     def prepare(self) -> None:
         """Materialise every node's saved values now (as a forward pass would have made them),
-        so a timed backward call measures the backward alone."""
-        for node in self.graph.nodes:
-            if node.saved and node not in self._released:
-                self.saved(node)
+        so a timed backward call measures the backward alone. Random specs are seeded in bulk."""
+        plain, todo = (core.split_saved or split_saved_py)(self.graph.nodes, self._released, self._saved)
+        # no value to convert: the node's own mapping (what saved() would cache for it)
+        self._saved.update(zip(plain, map(_SAVED, plain)))
+        specs = [v for n in todo for v in n.saved.values() if type(v) is dict and "random" in v and "shape" in v]
+        premade = {}
+        if specs:
+            premade = dict(zip(map(id, specs), tensors.materialize_random_many(specs, self.graph.side_files)))
+        for node in todo:
+            self.saved(node, premade)
 
     # -- hooks -----------------------------------------------------------------
 

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 class Tracer:
     enabled = False
+    #: A compiled ``EventLog`` (``engine.core``) that takes this tracer's hot hooks (task pushed and
+    #: popped, node start and end, worker idle) straight from the compiled queue and worker loop,
+    #: which then call only ``others`` (the remaining tracers, or None) for those hooks.
+    event_log = None
+    others = None
 
     def graph_task_start(self, gt) -> None:
         """A backward call created GraphTask ``gt`` (after dependencies are counted)."""
@@ -83,6 +88,13 @@ class Tracers(Tracer):
     def __init__(self, *tracers: Tracer):
         self.tracers = [t for t in tracers if t is not None and t.enabled]
         self.enabled = bool(self.tracers)
+        logged = next((t for t in self.tracers if t.event_log is not None), None)
+        if logged is not None:
+            self.event_log = logged.event_log
+            rest = [t for t in self.tracers if t is not logged]
+            if logged.others is not None:
+                rest.insert(0, logged.others)
+            self.others = Tracers(*rest) if rest else None
         for name in HOOKS:
             impls = [getattr(t, name) for t in self.tracers if _implements(t, name)]
             if len(impls) == 1:

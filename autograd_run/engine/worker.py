@@ -51,6 +51,13 @@ _RULE_FN = RUNNERS
 _ACC = ACCUMULATE_GRAD
 
 
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
@@ -94,7 +101,8 @@ def validate_outputs(edges, grads, prefix, xp=None, devices=None) -> None:
                     raise RuntimeError(f"{_pfx(prefix)}invalid gradient at index {i} - got {_fmt_shape(gshape)} "
                                        f"but expected shape compatible with {_fmt_shape(shape)}")
             if reduce:
-                g = sum_to(xp or np, g, shape)
+                # only size-1 dimensions to drop or keep: the sum of one element is that element
+                g = g.reshape(shape) if g.size == _numel(shape) else sum_to(xp or np, g, shape)
         want = _NP_DTYPES[meta.dtype]
         if g.dtype is not want and g.dtype != want:
             g = g.astype(want)
@@ -311,37 +319,81 @@ def route_py(engine, gt, node, outputs, exec_info, tracer, parent) -> bool:
 route = core.route_impl or route_py
 
 
-def thread_main(engine, graph_task) -> None:
-    """Run tasks from this thread's queue until ``graph_task`` completes (None: until shutdown)."""
+def thread_main_py(engine, graph_task) -> None:
+    """Run tasks from this thread's queue until ``graph_task`` completes (None: until shutdown).
+
+    The thread-local frame of a task is installed before it runs and kept while this thread runs
+    more tasks of the same GraphTask; it is put back before a pop that may block (an empty queue)
+    or run Python tracer hooks, before a task of another GraphTask, before the completion and
+    skipped-node hooks, and when the loop returns: no Python code outside a task's node ever sees
+    it (the compiled loop does the same).
+    """
     tls = engine.tls
     queue = tls.queue
     tracer = engine.tracer
-    while graph_task is None or not graph_task.completed:
-        item = queue.pop(graph_task)
-        if item is SHUTDOWN:
-            break
-        gt, node, buf = item
-        if gt.expired:  # its caller returned after a failure: drop the task unseen, as PyTorch does
-            continue
-        finished = None
-        if node is not None:
-            if not gt.has_error:
-                prev = tls.frame
-                tls.frame = (gt, (prev is None or prev[1]) and not gt.exec_info)
-                try:
-                    finished = evaluate_function(engine, gt, node, buf)
-                except BaseException as exc:  # captured as a value, re-raised by the caller
-                    finished = None
-                    engine.on_exception(gt, node, exc)
-                finally:
-                    tls.frame = prev
-            elif tracer.enabled:
-                tracer.node_skipped(gt, node)
-        if finished is None:  # not retired while routing: retire the task here
-            with gt.lock:
-                gt.outstanding -= 1
-                finished = gt.outstanding == 0
-        if finished:
-            engine.mark_completed(gt)
-            if tls.worker_device != gt.owner:
-                engine.queue_by_index(gt, gt.owner).push_wakeup(gt)
+    held = None  # the GraphTask whose frame is installed
+    prev = None  # the frame that was there before it
+    # whether a pop may run Python tracer hooks other than an event log's
+    pop_hooks = tracer.enabled and (tracer.event_log is None or tracer.others is not None)
+    try:
+        while graph_task is None or not graph_task.completed:
+            if held is not None and (pop_hooks or queue.empty()):
+                tls.frame, held = prev, None
+            item = queue.pop(graph_task)
+            if item is SHUTDOWN:
+                break
+            gt, node, buf = item
+            if gt.expired:  # its caller returned after a failure: drop the task unseen, as PyTorch does
+                continue
+            finished = None
+            if node is not None:
+                if not gt.has_error:
+                    if held is not gt:
+                        if held is not None:
+                            tls.frame = prev
+                        prev = tls.frame
+                        tls.frame = (gt, (prev is None or prev[1]) and not gt.exec_info)
+                        held = gt
+                    try:
+                        finished = evaluate_function(engine, gt, node, buf)
+                    except BaseException as exc:  # captured as a value, re-raised by the caller
+                        finished = None
+                        engine.on_exception(gt, node, exc)
+                elif tracer.enabled:
+                    if held is not None:
+                        tls.frame, held = prev, None
+                    tracer.node_skipped(gt, node)
+            if finished is None:  # not retired while routing: retire the task here
+                with gt.lock:
+                    gt.outstanding -= 1
+                    finished = gt.outstanding == 0
+            if finished:
+                if held is not None:
+                    tls.frame, held = prev, None
+                engine.mark_completed(gt)
+                if tls.worker_device != gt.owner:
+                    engine.queue_by_index(gt, gt.owner).push_wakeup(gt)
+    finally:
+        if held is not None:
+            tls.frame = prev
+
+
+def _direct_rules() -> dict:
+    """OpSpec -> formula, for the ops whose runner is ``undefined_passthrough`` around a formula.
+
+    The compiled loop calls the formula itself after the same all-undefined check, saving a frame.
+    """
+    return {spec: fn.__wrapped__ for spec, fn in RUNNERS.items() if getattr(fn, "undefined_passthrough", False)}
+
+
+#: ``thread_main_py``, or its compiled twin (``engine.core``), which runs the common node
+#: (CPU, no hooks, faults, anomaly mode or requested inputs) without Python frames of its own and
+#: every other one through ``evaluate_function``.
+if core.thread_main_impl is not None:
+    from autograd_run.engine.graph_task import GraphTask as _GraphTask
+    from autograd_run.graphs.model import InputMeta as _InputMeta, Node as _Node
+    #: Which classes the compiled loop reads at their slot offsets (the rest through getattr).
+    DIRECT_READS = core.configure_worker(_Node, _GraphTask, _InputMeta, np.empty((2, 3), np.float32), RUNNERS,
+                                         _direct_rules(), _ACC, _NP_DTYPES, validate_outputs, _missing_saved,
+                                         evaluate_function, thread_main_py)
+thread_main = core.thread_main_impl or thread_main_py

@@ -155,6 +155,7 @@ def undefined_passthrough(fn: Callable) -> Callable:
         return [None] * len(node.next)
     rule.__name__, rule.__qualname__, rule.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
     rule.__module__, rule.__wrapped__ = fn.__module__, fn
+    rule.undefined_passthrough = True  # the compiled worker loop runs ``fn`` after the same check
     return rule
 
 

@@ -1,10 +1,21 @@
 """Chrome / Perfetto trace: a pure function from a ``Recording`` to the JSON trace.
 
+``to_chrome_trace(rec)`` builds the trace as a dict (the definition of its
+content); ``write_chrome_trace(path, rec)`` writes the same trace (``json.loads``
+of the file equals that dict) without building it: the node slices, queue
+waits and counter samples, millions at a million nodes, are formatted from the
+Recording's columns by ``traces.encode.fill`` in chunks, streamed to the file
+(gzip-compressed for a ``.gz`` path).
+
 One process ("autograd-run"), one thread track per worker (the caller, which
 is also the CPU worker of its calls, is ``caller (<thread name>)``); one complete
 (``X``) slice per node execution titled ``<node id> <op name>`` (so a search
 for either finds it) with its id, name, seq, depth, device, stream and input
-shapes as args; queue waits as process-scoped async slices, one track per
+shapes as args, and what a comparison of runs reads (``traces.profile``):
+``pass`` (which top-level backward call), ``worker`` (a label stable across
+runs), ``critical_path: true`` on its pass's critical path and
+``graph_root: true`` on the engine's GraphRoot (``slice_marks``, from the
+columns); queue waits as process-scoped async slices, one track per
 queue; syncs as flow arrows from producer to consumer slice; one counter
 track per queue (its depth) and one for the engine's outstanding tasks;
 errors and NaN detections as instant events. A caller blocked until its own
@@ -19,15 +30,23 @@ Async slices use ``id2.local`` (process scope): a bare ``id`` is global in
 the legacy JSON rules and lands outside the process.
 
 Timestamps are microseconds from the first event, offset by 1 µs so nothing
-sits at 0.
+sits at 0, to the nanosecond (three decimals at most). A stopped run's trace
+(``incomplete``: ``interrupted`` or ``timeout``) ends with an instant event
+saying so and has ``"otherData": {"incomplete": REASON}``.
 """
 
 from __future__ import annotations
 
+import gzip
+
 import msgspec
+import numpy as np
 
 from autograd_run.engine.threads import ThreadKind
-from autograd_run.outputs import atomic_write
+from autograd_run.ops import GRAPH_ROOT
+from autograd_run.outputs import atomic_writer
+from autograd_run.traces import encode as E
+from autograd_run.traces import kernels
 from autograd_run.traces.recording import Recording
 
 PID = 1
@@ -45,14 +64,15 @@ def thread_tids(rec: Recording) -> dict[int, int]:
     return {tid: FIRST_TID + rank for rank, tid in enumerate(rec.threads)}
 
 
-def to_chrome_trace(rec: Recording) -> dict:
-    """The Chrome trace of a recorded run."""
+def to_chrome_trace(rec: Recording, incomplete: str | None = None) -> dict:
+    """The Chrome trace of a recorded run; a stopped run's (``incomplete``: ``interrupted``, ``timeout``) is
+    marked so (``otherData.incomplete`` and an instant event at its end)."""
     if rec.empty:
-        return {"traceEvents": [], "displayTimeUnit": "ns"}
+        return _mark({"traceEvents": [], "displayTimeUnit": "ns"}, rec, incomplete)
     t0 = rec.start
 
     def us(ns: int) -> float:
-        return (ns - t0) / 1000.0 + 1.0
+        return (ns - t0 + 1000) / 1000
 
     tids = thread_tids(rec)
 
@@ -63,23 +83,25 @@ def to_chrome_trace(rec: Recording) -> dict:
         return t
 
     process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
-    out: list[dict] = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": process}},
-                       {"ph": "M", "pid": PID, "name": "process_sort_index", "args": {"sort_index": 0}}]
-    for rank, t in enumerate(rec.threads.values()):
-        name = f"caller ({t.name})" if t.kind is ThreadKind.CALLER else t.name
-        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_name", "args": {"name": name}})
-        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_sort_index",
-                    "args": {"sort_index": rank}})
+    out: list[dict] = _metadata(rec, process, tids)
 
     slices: dict[tuple, tuple] = {}  # (gt, node) -> (tid, start_us)
-    for sl in rec.slices:
+    passes, critical, root = slice_marks(rec)
+    workers = worker_labels(rec)
+    for k, sl in enumerate(rec.slices):
         node = sl.node
-        start, dur = us(sl.start), max(sl.duration / 1000.0, 0.001)
+        start, dur = us(sl.start), max(sl.duration, 1) / 1000
         tid = tid_of(sl.tid)
+        args = {"id": node.id, "name": node.name, "seq": node.seq, "depth": sl.depth, "graph_task": sl.gt,
+                "device": str(node.device), "stream": node.stream,
+                "input_shapes": [list(m.shape) for m in node.inputs],
+                "pass": int(passes[k]), "worker": workers.get(tid, str(tid))}
+        if critical[k]:
+            args["critical_path"] = True
+        if root[k]:
+            args["graph_root"] = True
         out.append({"ph": "X", "pid": PID, "tid": tid, "ts": start, "dur": dur, "name": node_title(node),
-                    "cat": "node", "args": {"id": node.id, "name": node.name, "seq": node.seq, "depth": sl.depth,
-                                            "graph_task": sl.gt, "device": str(node.device), "stream": node.stream,
-                                            "input_shapes": [list(m.shape) for m in node.inputs]}})
+                    "cat": "node", "args": args})
         slices[(sl.gt, node)] = (tid, start)
     _counters(rec, out, us)
     for k, w in enumerate(rec.waits, 1):
@@ -89,17 +111,47 @@ def to_chrome_trace(rec: Recording) -> dict:
         out.append({**common, "ph": "b", "ts": us(w.pushed),
                     "args": {"id": w.node.id, "node": w.node.name, "graph_task": w.gt}})
         out.append({**common, "ph": "e", "ts": us(w.popped)})
-    for lw in rec.lock_waits:
-        out.append({"ph": "X", "pid": PID, "tid": tid_of(lw.tid), "ts": us(lw.end - lw.waited),
-                    "dur": lw.waited / 1000.0, "name": f"lock wait: {lw.lock}", "cat": "lock_wait",
-                    "args": {"graph_task": lw.gt}})
+    _lock_waits(rec, out, us, tid_of)
     for idle in rec.idles:
         waiting = idle.waiting_for is not None
         out.append({"ph": "X", "pid": PID, "tid": tid_of(idle.tid), "ts": us(idle.start),
-                    "dur": max((idle.end - idle.start) / 1000.0, 0.001),
+                    "dur": max(idle.end - idle.start, 1) / 1000,
                     "name": f"waiting for graph task {idle.waiting_for}" if waiting else "idle",
                     "cat": "wait" if waiting else "idle",
                     "args": {"queue": idle.queue, **({"graph_task": idle.waiting_for} if waiting else {})}})
+    _instants_and_flows(rec, out, us, tid_of, slices)
+    _kernels(rec, out, us)
+    return _mark({"traceEvents": out, "displayTimeUnit": "ns"}, rec, incomplete)
+
+
+def _mark(trace: dict, rec: Recording, incomplete: str | None) -> dict:
+    if incomplete:
+        trace["traceEvents"].append(incomplete_event(rec, incomplete))
+        trace["otherData"] = {"incomplete": incomplete}
+    return trace
+
+
+def _metadata(rec: Recording, process: str, tids: dict) -> list[dict]:
+    out: list[dict] = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": process}},
+                       {"ph": "M", "pid": PID, "name": "process_sort_index", "args": {"sort_index": 0}}]
+    for rank, t in enumerate(rec.threads.values()):
+        name = f"caller ({t.name})" if t.kind is ThreadKind.CALLER else t.name
+        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_name", "args": {"name": name}})
+        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_sort_index",
+                    "args": {"sort_index": rank}})
+    return out
+
+
+def _lock_waits(rec: Recording, out: list, us, tid_of) -> None:
+    for lw in rec.lock_waits:
+        out.append({"ph": "X", "pid": PID, "tid": tid_of(lw.tid), "ts": us(lw.end - lw.waited),
+                    "dur": lw.waited / 1000, "name": f"lock wait: {lw.lock}", "cat": "lock_wait",
+                    "args": {"graph_task": lw.gt}})
+
+
+def _instants_and_flows(rec: Recording, out: list, us, tid_of, slices: dict) -> None:
+    """Errors and NaN detections as instants; syncs as flows between slices (``slices``: (gt, node) ->
+    (trace tid, start in µs))."""
     for kind, items in (("error", rec.errors), ("nan", rec.nans)):
         for e in items:
             detail = e.message if kind == "error" else e.index
@@ -121,9 +173,6 @@ def to_chrome_trace(rec: Recording) -> dict:
                     "cat": "node"})
         out.append({"ph": "i", "pid": PID, "tid": c[0], "ts": c[1], "s": "t", "name": label, "cat": "sync",
                     "args": {"producer": sync.producer.id, "consumer": sync.consumer.id}})
-    _kernels(rec, out, us)
-    _annotate(rec, out)
-    return {"traceEvents": out, "displayTimeUnit": "ns"}
 
 
 def _counters(rec: Recording, out: list, us) -> None:
@@ -151,27 +200,33 @@ def _counters(rec: Recording, out: list, us) -> None:
         out.append({"ph": "C", "pid": PID, "ts": us(ts), "name": "outstanding", "args": {"tasks": total}})
 
 
-def _annotate(rec: Recording, out: list) -> None:
-    """Node slices' args gain what a comparison of runs reads (``traces.profile``): ``pass`` (which
-    top-level backward call), ``worker`` (a label stable across runs), ``critical_path`` (on its
-    pass's critical path) and ``graph_root`` (the engine's own GraphRoot)."""
-    from autograd_run.ops import is_graph_root
-    from autograd_run.traces.samples import pass_samples, stable_worker
-    s = pass_samples(rec)
+def slice_marks(rec: Recording) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node slice (a row of the Recording's slice columns), what a comparison of runs reads from a trace
+    (``traces.profile``) beside the slice's own arguments: its ``pass`` (which top-level backward call),
+    whether it is on its pass's ``critical_path``, and whether it is the engine's own ``graph_root``."""
+    from autograd_run.traces.samples import slice_passes
+    passes, critical = slice_passes(rec)
+    c = rec.columns()
+    root = np.zeros(len(c.slices), dtype=bool)
+    if len(c.nodes) and len(c.slices):
+        op_code, ops = kernels.attr_codes(c.nodes, "op", True)
+        root = np.array([op is GRAPH_ROOT for op in ops])[op_code][c.slices.node]
+    return passes, critical, root
+
+
+def worker_labels(rec: Recording) -> dict[int, str]:
+    """The ``worker`` argument of node slices by trace tid: a label stable across runs (``caller``,
+    ``cuda:0``, ``reentrant-1``); a thread the recording did not name is its trace tid, as text."""
+    from autograd_run.traces.samples import stable_worker
     ranks = thread_tids(rec)
-    workers = {ranks[tid]: stable_worker(t.name) for tid, t in rec.threads.items()}
-    roots = {(sl.gt, sl.node.id) for sl in rec.slices if is_graph_root(sl.node)}
-    for e in out:
-        if e.get("ph") != "X" or e.get("cat") != "node":
-            continue
-        args = e["args"]
-        key = (args["graph_task"], args["id"])
-        args["pass"] = s.pass_of_task.get(key[0], 0)
-        args["worker"] = workers.get(e["tid"], str(e["tid"]))
-        if key in s.critical_keys:
-            args["critical_path"] = True
-        if key in roots:
-            args["graph_root"] = True
+    return {ranks[tid]: stable_worker(t.name) for tid, t in rec.threads.items()}
+
+
+def incomplete_event(rec: Recording, incomplete: str) -> dict:
+    """The instant event that marks the trace of a stopped run (``interrupted``, ``timeout``), at its end."""
+    ts = (rec.end - rec.start + 1000) / 1000 if not rec.empty else 1.0
+    return {"ph": "i", "s": "g", "pid": PID, "tid": 0, "ts": ts, "cat": "incomplete",
+            "name": f"run {incomplete}: the trace is incomplete"}
 
 
 def _kernels(rec: Recording, out: list, us) -> None:
@@ -189,10 +244,226 @@ def _kernels(rec: Recording, out: list, us) -> None:
                     "args": {"sort_index": tids[name]}})
     for k in rec.kernels:
         out.append({"ph": "X", "pid": PID + 1, "tid": tids[k.stream], "ts": us(k.start),
-                    "dur": max((k.end - k.start) / 1000.0, 0.001), "name": node_title(k.node), "cat": "kernel",
+                    "dur": max(k.end - k.start, 1) / 1000, "name": node_title(k.node), "cat": "kernel",
                     "args": {"id": k.node.id, "stream": k.stream}})
 
 
-def write_chrome_trace(path: str, rec: Recording) -> None:
-    """Write the trace atomically (a temporary file renamed into place)."""
-    atomic_write(path, msgspec.json.encode(to_chrome_trace(rec)), "trace_path")
+# -- the streaming writer ---------------------------------------------------------------------
+
+#: Rows formatted per ``fill`` call (bounds the memory the text of one chunk takes).
+CHUNK = 1 << 14  # about 4 MB of text
+
+
+def node_tables(nodes: list) -> dict:
+    """What slices and waits show of each node of a Recording's node table, as columns and tables."""
+    ids, names, seq, stream, same = kernels.node_columns(nodes)
+    dev_code, devs = kernels.attr_codes(nodes, "device", True)
+    shape_code, shapes = kernels.input_shape_codes(nodes)
+    return {"ids": ids, "names": names, "seq": seq, "stream": stream, "same": same, "device": dev_code,
+            "devices": [str(d) for d in devs], "shape": shape_code, "shape_tuples": shapes,
+            "shapes": [msgspec.json.encode([list(s) for s in shape]) for shape in shapes]}
+
+
+def trace_ranks(rec: Recording):
+    """The trace tid of an OS tid (``thread_tids``, unknown threads ranked as they first appear), and a
+    function mapping a column of OS tids to trace tids."""
+    tids = thread_tids(rec)
+
+    def tid_of(os_tid: int) -> int:
+        t = tids.get(os_tid)
+        if t is None:
+            t = tids[os_tid] = FIRST_TID + len(tids)
+        return t
+
+    def column(col: np.ndarray) -> np.ndarray:
+        out = np.empty(len(col), dtype=np.int64)
+        if len(col):
+            changes = col[np.r_[True, col[1:] != col[:-1]]]
+            for t in dict.fromkeys(changes.tolist()):
+                out[col == t] = tid_of(t)
+        return out
+    return tid_of, column
+
+
+# a node slice; its title is "<id> <name>", or the name alone when the id is the name
+_X = E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.US, 1), (E.LIT, 2), (E.DUR, 2), (E.LIT, 3),
+                (E.SKIPNEG, 10, 2), (E.JESC, 0, 3), (E.LIT, 13), (E.JESC, 1, 3),
+                (E.LIT, 4), (E.JSTR, 0, 3), (E.LIT, 5), (E.JSTR, 1, 3), (E.LIT, 6), (E.U64, 4), (E.LIT, 7),
+                (E.I64, 5), (E.LIT, 8), (E.I64, 6), (E.LIT, 9), (E.JSTR, 2, 7), (E.LIT, 10), (E.I64, 8),
+                (E.LIT, 11), (E.RAW, 3, 9), (E.LIT, 14), (E.I64, 11), (E.LIT, 15), (E.JSTR, 4, 12),
+                (E.SKIPNEG, 13, 1), (E.LIT, 16), (E.SKIPNEG, 14, 1), (E.LIT, 17), (E.LIT, 12))
+_X_LITS = [b',{"ph":"X","pid":1,"tid":', b',"ts":', b',"dur":', b',"name":"', b'","cat":"node","args":{"id":',
+           b',"name":', b',"seq":', b',"depth":', b',"graph_task":', b',"device":', b',"stream":',
+           b',"input_shapes":', b'}}', b' ', b',"pass":', b',"worker":', b',"critical_path":true',
+           b',"graph_root":true']
+_WAIT = [E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2), (E.JSTR, 0, 2), (E.LIT, 3),
+                    (E.US, 3), (E.LIT, 4), (E.JSTR, 1, 4), (E.LIT, 5), (E.JSTR, 2, 4), (E.LIT, 6), (E.I64, 5),
+                    (E.LIT, 7)),
+         E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2), (E.JSTR, 0, 2), (E.LIT, 8),
+                    (E.US, 3), (E.LIT, 9))]
+_WAIT_LITS = [b',{"pid":1,"tid":', b',"cat":"queue_wait","id2":{"local":', b'},"name":', b',"ph":"b","ts":',
+              b',"args":{"id":', b',"node":', b',"graph_task":', b'}}', b',"ph":"e","ts":', b'}']
+_QUEUE = E.template((E.LIT, 0), (E.US, 0), (E.LIT, 1), (E.JSTR, 0, 1), (E.LIT, 2), (E.I64, 2), (E.LIT, 3))
+_QUEUE_LITS = [b',{"ph":"C","pid":1,"ts":', b',"name":', b',"args":{"queued":', b'}}']
+_OUTSTANDING = E.template((E.LIT, 0), (E.US, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2))
+_OUTSTANDING_LITS = [b',{"ph":"C","pid":1,"ts":', b',"name":"outstanding","args":{"tasks":', b'}}']
+
+
+def outstanding_changes(rec: Recording, origins: bool = False) -> tuple:
+    """(time, tasks outstanding after it) at each change of the engine's outstanding tasks, as ``_counters``;
+    with ``origins`` also what made each change: 0 a push (the queue sample's row), 1 a node slice's end
+    (the slice's row), 2 a skip (its index)."""
+    c = rec.columns()
+    q, S = c.samples, c.slices
+    up = np.nonzero(q.pushed & (q.node >= 0))[0]
+    n_up, n_s = len(up), len(S)
+    ts = np.concatenate([q.ts[up], S.end, np.array([sk.ts for sk in rec.skips], dtype=np.int64)])
+    n = len(ts)
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return (empty, empty, empty, empty) if origins else (empty, empty)
+    # by time, increases before decreases at one instant, else as concatenated: one stable sort of one key
+    key = (ts - ts.min()) * 2
+    key[n_up:] += 1
+    order = np.argsort(key, kind="stable")
+    del key
+    ts = ts[order]
+    delta = np.where(order < n_up, 1, -1)
+    values = np.cumsum(delta)
+    gts = [q.gt[up], S.gt, np.array([sk.gt for sk in rec.skips], dtype=np.int64)]
+    one_task = min(g.min() for g in gts if len(g)) == max(g.max() for g in gts if len(g))
+    gt = None
+    if not one_task:
+        gt = np.concatenate(gts)[order]
+    elif values.min() < 0:  # one GraphTask: a decrease to drop only where its count goes below zero
+        gt = np.zeros(n, dtype=np.int64)
+    del gts
+    if gt is not None:
+        # a decrease of a GraphTask with none outstanding is dropped (its push was not recorded): when no
+        # GraphTask's own running count goes below zero there is none to drop
+        og = np.argsort(gt, kind="stable")
+        cs = np.cumsum(delta[og])
+        first = np.r_[True, gt[og][1:] != gt[og][:-1]]
+        at = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+        if not (cs - np.where(at > 0, cs[np.maximum(at - 1, 0)], 0) >= 0).all():
+            keep, kept, per_task, total = [], [], {}, 0  # some decreases to drop: one by one
+            for k, (d, g) in enumerate(zip(delta.tolist(), gt.tolist())):
+                m = per_task.get(g, 0)
+                if d < 0 and m == 0:
+                    continue
+                per_task[g] = m + d
+                total += d
+                keep.append(k)
+                kept.append(total)
+            values = np.array(kept, dtype=np.int64)
+            ts, order = ts[keep], order[keep]
+    if not origins:
+        return ts, values
+    kind = np.where(order < n_up, 0, np.where(order < n_up + n_s, 1, 2))
+    index = np.where(kind == 0, up[np.minimum(order, max(n_up - 1, 0))] if n_up else 0,
+                     np.where(kind == 1, order - n_up, order - n_up - n_s))
+    return ts, values, kind, index
+
+
+def chrome_chunks(rec: Recording, incomplete: str | None = None):
+    """The JSON trace of ``rec`` as a sequence of bytes chunks (``json.loads`` of their concatenation
+    equals ``to_chrome_trace(rec, incomplete)``). Each kind of bulk event is formatted ``CHUNK`` rows at a
+    time from the Recording's columns, gathered per chunk, so the memory it takes beyond the Recording is
+    the node tables, a few columns over the slices, and one chunk's."""
+    if rec.empty:
+        yield msgspec.json.encode(_mark({"traceEvents": [], "displayTimeUnit": "ns"}, rec, incomplete))
+        return
+    t0 = rec.start
+    base = t0 - 1000  # the 1 µs offset
+
+    def us(ns: int) -> float:
+        return (ns - t0 + 1000) / 1000
+    tid_of, tid_column = trace_ranks(rec)
+    tids = thread_tids(rec)
+    process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
+    meta = _metadata(rec, process, tids)
+    yield b'{"traceEvents":[' + b",".join(msgspec.json.encode(e) for e in meta)
+    c = rec.columns()
+    info = node_tables(c.nodes)
+    S = c.slices
+    passes, critical, root = slice_marks(rec)
+    named = worker_labels(rec)
+    workers: list[str] = []  # by trace tid - FIRST_TID
+    tables = [info["ids"], info["names"], info["devices"], info["shapes"], workers]
+    for a in range(0, len(S), CHUNK):
+        b = min(a + CHUNK, len(S))
+        node, start = S.node[a:b], S.start[a:b]
+        tid = tid_column(S.tid[a:b])
+        if len(tid):
+            workers += [named.get(t, str(t)) for t in range(FIRST_TID + len(workers), int(tid.max()) + 1)]
+        cols = [tid, start, S.end[a:b] - start, node, info["seq"][node].view(np.int64),
+                S.depth[a:b], S.gt[a:b], info["device"][node], info["stream"][node], info["shape"][node],
+                info["same"][node], passes[a:b], tid - FIRST_TID, np.where(critical[a:b], 0, -1),
+                np.where(root[a:b], 0, -1)]
+        yield E.fill([_X], None, cols, tables, _X_LITS, base, 0, b - a)
+    del passes, critical, root
+    q = c.samples
+    for a in range(0, len(q), CHUNK):
+        yield E.fill([_QUEUE], None, [q.ts, q.queue, q.depth], [c.queues], _QUEUE_LITS, base, a,
+                     min(a + CHUNK, len(q)))
+    ots, ovals = outstanding_changes(rec)
+    for a in range(0, len(ots), CHUNK):
+        yield E.fill([_OUTSTANDING], None, [ots, ovals], [], _OUTSTANDING_LITS, base, a, min(a + CHUNK, len(ots)))
+    del ots, ovals
+    W = c.waits
+    names = [f"queue wait {name}" for name in c.queues]
+    wait_tables = [names, info["ids"], info["names"]]
+    half = CHUNK // 2
+    kinds = np.tile(np.array([0, 1], dtype=np.int64), half)  # b then e of each wait
+
+    def two(x, y):
+        return np.stack([x, y], axis=1).reshape(-1)
+    for a in range(0, len(W), half):
+        b = min(a + half, len(W))
+        wt, k, qn, nd, g = tid_column(W.tid[a:b]), np.arange(a + 1, b + 1), W.queue[a:b], W.node[a:b], W.gt[a:b]
+        cols = [two(wt, wt), two(k, k), two(qn, qn), two(W.pushed[a:b], W.popped[a:b]), two(nd, nd), two(g, g)]
+        yield E.fill(_WAIT, kinds, cols, wait_tables, _WAIT_LITS, base, 0, 2 * (b - a))
+    rest: list[dict] = []
+    _lock_waits(rec, rest, us, tid_of)
+    I = c.idles
+    if len(I):
+        it = tid_column(I.tid)
+        for t, s_, e_, qn, wf in zip(it.tolist(), I.start.tolist(), I.end.tolist(), I.queue.tolist(),
+                                     I.waiting_for.tolist()):
+            waiting = wf >= 0
+            rest.append({"ph": "X", "pid": PID, "tid": t, "ts": us(s_), "dur": max(e_ - s_, 1) / 1000,
+                         "name": f"waiting for graph task {wf}" if waiting else "idle",
+                         "cat": "wait" if waiting else "idle",
+                         "args": {"queue": c.queues[qn], **({"graph_task": wf} if waiting else {})}})
+    slices = {}
+    if rec.syncs:
+        wanted = {(sy.gt, n) for sy in rec.syncs for n in (sy.producer, sy.consumer)}
+        for g, n, t, st in zip(S.gt.tolist(), S.node.tolist(), S.tid.tolist(), S.start.tolist()):
+            if (g, c.nodes[n]) in wanted:
+                slices[(g, c.nodes[n])] = (tid_of(t), us(st))
+    _instants_and_flows(rec, rest, us, tid_of, slices)
+    _kernels(rec, rest, us)
+    if incomplete:
+        rest.append(incomplete_event(rec, incomplete))
+    for a in range(0, len(rest), CHUNK):
+        yield b"".join(b"," + msgspec.json.encode(e) for e in rest[a:a + CHUNK])
+    if incomplete:
+        yield b'],"displayTimeUnit":"ns","otherData":' + msgspec.json.encode({"incomplete": incomplete}) + b"}"
+    else:
+        yield b'],"displayTimeUnit":"ns"}'
+
+
+def write_chrome_trace(path: str, rec: Recording, compress: bool | None = None,
+                       incomplete: str | None = None) -> None:
+    """Write the trace atomically (a temporary file renamed into place), gzip-compressed when ``compress``
+    (by default: when the path ends in ``.gz``); a stopped run's marked ``incomplete`` (``to_chrome_trace``)."""
+    if compress is None:
+        compress = path.endswith(".gz")
+    with atomic_writer(path, "trace_path") as f:
+        if compress:
+            with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=3, mtime=0) as z:
+                for chunk in chrome_chunks(rec, incomplete):
+                    z.write(chunk)
+        else:
+            for chunk in chrome_chunks(rec, incomplete):
+                f.write(chunk)

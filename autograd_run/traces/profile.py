@@ -15,7 +15,9 @@ queue wait and worker (the definitions are ``traces.samples``'s). Sources:
                                                           without them gives aggregates
   a recording   a run or simulation made in-process       everything
 
-``read_profile(path)`` detects the kind from the content, not the name. An
+``read_profile(path)`` detects the kind from the content, not the name (a
+gzipped file is decompressed first: ``--trace FILE.json.gz``; a Perfetto
+protobuf trace, ``.pftrace``, is refused with a message saying so). An
 input is untrusted: its size is bounded (``MAX_BYTES``, ``MAX_ROWS``,
 ``MAX_PASSES``), every field is type-checked, and a problem is a
 ``RequestError`` naming the file, the place (line, event index or JSON
@@ -173,6 +175,9 @@ def _read(path: str, option: str | None) -> bytes:
         raise RequestError(f"{path}: cannot read: {exc.strerror or exc}", option) from None
     if len(data) > MAX_BYTES:
         raise RequestError(f"{path}: more than the {MAX_BYTES >> 20} MiB an input may have", option)
+    if data[:2] == b"\x1f\x8b":  # a gzipped trace (run --trace FILE.json.gz): decompressed, bounded
+        from autograd_run.traces.jsonfile import read_bounded
+        return read_bounded(path, option, MAX_BYTES)
     return data
 
 
@@ -201,17 +206,26 @@ def _decode(data: bytes, where_base: int = 0, full: bytes | None = None):
         raise _Bad("JSON", f"not valid JSON: {msg}") from None
 
 
+_PROTOBUF = ("a Perfetto protobuf trace (.pftrace): diff reads the JSON trace of `run --trace FILE.json` "
+             "(or .json.gz), order files and JSON summaries")
+
+
 def parse_profile(data: bytes, source: str) -> Profile:
     """Detect the kind of ``data`` and read it (``_Bad`` on a problem)."""
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
+    from autograd_run.traces.torch_profile import is_protobuf_trace
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        if is_protobuf_trace(data, source):
+            raise _Bad("line 1", _PROTOBUF) from None
         raise _Bad(_position(data, exc.start), "not UTF-8 text (an order file, trace or JSON summary is)") from None
     head = data.lstrip()[:1]
     if not head:
         raise _Bad("line 1", "the file is empty")
+    if head not in (b"[", b"{") and is_protobuf_trace(data, source):
+        raise _Bad("line 1", _PROTOBUF)
     if head == b"[":
         doc = _decode(data)
         return _from_list(doc, source)

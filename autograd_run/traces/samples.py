@@ -27,10 +27,13 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from autograd_run.engine.threads import ThreadKind, thread_kind, worker_label
 from autograd_run.ops import is_graph_root
+from autograd_run.traces import kernels
 from autograd_run.traces.recording import Recording
-from autograd_run.traces.summary import NodeRun, _critical_path, _union_length
+from autograd_run.traces.summary import NodeRun, _column_runs, _critical_path, _groups, _union_length
 
 CALLER = "caller"
 
@@ -160,3 +163,32 @@ def pass_samples(rec: Recording) -> Samples:
         s.critical_path_ns.append(total)
         s.critical_keys.update((r.graph_task, r.id) for r in path)
     return s
+
+
+def slice_passes(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
+    """Per node slice (a row of the Recording's slice columns): its pass, and whether it is on its pass's
+    critical path (its (GraphTask, node id) among ``pass_samples(rec).critical_keys``), from the columns
+    with the critical path compiled: what a trace marks on each node slice, without a per-node object."""
+    S = rec.columns().slices
+    n = len(S)
+    passes = np.zeros(n, dtype=np.int64)
+    critical = np.zeros(n, dtype=bool)
+    if rec.empty or not n:
+        return passes, critical
+    pass_of, _ = task_passes(rec)
+    if pass_of:
+        distinct, inverse = np.unique(S.gt, return_inverse=True)
+        passes = np.array([pass_of.get(g, 0) for g in distinct.tolist()], dtype=np.int64)[inverse.reshape(-1)]
+    r = _column_runs(rec)
+    if r is None:  # a node run twice within one GraphTask: as pass_samples does it
+        keys = pass_samples(rec).critical_keys
+        critical[:] = [(g, node.id) in keys for g, node in
+                       zip(S.gt.tolist(), (rec.columns().nodes[k] for k in S.node.tolist()))]
+        return passes, critical
+    nodes = rec.columns().nodes
+    weight = r.waited + r.dur
+    for _, rows in _groups(passes[r.rows]):
+        visit = np.argsort(-r.start[rows], kind="stable")
+        path, _ = kernels.critical_path(nodes, r.gt[rows], r.node[rows], weight[rows], r.start[rows], visit)
+        critical[r.rows[rows[np.asarray(path, dtype=np.int64)]]] = True
+    return passes, critical

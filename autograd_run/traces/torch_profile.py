@@ -81,6 +81,12 @@ class ChromeDoc(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(Union[ChromeDoc, list[ChromeEvent]])
 
 
+def is_protobuf_trace(data: bytes, path: str = "") -> bool:
+    """Whether ``data`` (not JSON) is a Perfetto protobuf trace (``run --trace FILE.pftrace``): its name says
+    so, or it starts as a ``Trace`` does (field 1, ``packet``, length-delimited: byte 0x0a)."""
+    return path.lower().endswith((".pftrace", ".perfetto-trace")) or data[:1] == b"\x0a"
+
+
 def decode_chrome(data: bytes, path: str, option: str) -> ChromeDoc:
     """A Chrome trace's top level (a bare event list becomes ``ChromeDoc(traceEvents=...)``)."""
     try:
@@ -88,6 +94,9 @@ def decode_chrome(data: bytes, path: str, option: str) -> ChromeDoc:
     except msgspec.ValidationError as exc:
         raise RequestError(f"{path}: not a trace this can read: {exc}", option) from None
     except msgspec.DecodeError as exc:
+        if is_protobuf_trace(data, path):
+            raise RequestError(f"{path}: a Perfetto protobuf trace; this reads JSON traces (`run --trace FILE.json`, "
+                               "or .json.gz)", option) from None
         raise RequestError(f"{path}: not valid JSON: {exc}", option) from None
     except RecursionError:
         raise RequestError(f"{path}: JSON nested too deeply", option) from None
