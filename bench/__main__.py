@@ -50,53 +50,68 @@ def main(argv):
 
 
 def print_table(results: dict) -> None:
+    """One line per measurement: what, the value, the goal, and whether this run met it."""
     from rich.console import Console
     from rich.table import Table
     t = Table(title="autograd-run benchmarks (ratios measured within this run)")
-    for c in ("measure", "value", "goal"):
+    for c in ("measure", "value", "goal", "met"):
         t.add_column(c)
+
+    def row(measure: str, value: str, goal: str = "", ok: bool | None = None) -> None:
+        t.add_row(measure, value, goal, "" if ok is None else ("yes" if ok else "NO"))
+
     for r in results.get("a_vs_torch", []):
-        t.add_row(f"(a) {r['shape']} n={r['n']} mt={'on' if r['multithreading'] else 'off'}",
-                  f"{r['ours_us_per_node']:.2f} vs {r['torch_us_per_node']:.2f} us/node = {r['ratio']:.2f}x", "<= 1.0x")
+        row(f"(a) {r['shape']} n={r['n']} mt={'on' if r['multithreading'] else 'off'}",
+            f"{r['ours_us_per_node']:.2f} vs {r['torch_us_per_node']:.2f} us/node = {r['ratio']:.2f}x", "<= 1.0x",
+            r["ratio"] <= 1.0)
     if "b_tracing" in results:
         b = results["b_tracing"]
-        t.add_row(f"(b) tracing on/off, {b['n']} nodes", f"{b['ratio']:.2f}x", "<= 1.3x")
+        row(f"(b) tracing on/off, {b['n']} nodes", f"{b['ratio']:.2f}x", "<= 1.3x", b["ratio"] <= 1.3)
     for r in results.get("c_load", []):
         if r["nodes"] >= 100_000 and r["nodes"] < 1_000_000:
-            t.add_row(f"(c) load {r['format']} {r['nodes']} nodes", f"{r['load_s']:.3f} s"
-                      + (f" ({r['ratio_to_json_loads']:.2f}x json.loads)" if r.get("ratio_to_json_loads") else ""),
-                      "<= 0.5 s (JSON)")
+            json_ = r["format"].lower() == "json"
+            row(f"(c) load {r['format']} {r['nodes']} nodes", f"{r['load_s']:.3f} s"
+                + (f" ({r['ratio_to_json_loads']:.2f}x json.loads)" if r.get("ratio_to_json_loads") else ""),
+                "<= 0.5 s" if json_ else "", r["load_s"] <= 0.5 if json_ else None)
     if "d_devices" in results:
         d = results["d_devices"]
-        t.add_row(f"(d) 2 virtual devices vs 1, {d['matmuls']} matmuls {d['size']}^2", f"{d['speedup']:.2f}x", ">= 1.8x")
+        row(f"(d) 2 virtual devices vs 1, {d['matmuls']} matmuls {d['size']}^2", f"{d['speedup']:.2f}x", ">= 1.8x",
+            d["speedup"] >= 1.8)
     if "e_million" in results:
         e = results["e_million"]
-        t.add_row(f"(e) {e['nodes']} nodes", f"{e['us_per_node']:.2f} us/node, {e['run_peak_bytes_per_node']:.0f} B/node",
-                  "<= 1.5 KB/node")
+        row(f"(e) {e['nodes']} nodes", f"{e['us_per_node']:.2f} us/node, {e['run_peak_bytes_per_node']:.0f} B/node",
+            "<= 1.5 KB/node", e["run_peak_bytes_per_node"] <= 1536)
     if "h_profiled_costs" in results:
         h = results["h_profiled_costs"]
         for r in h["rows"]:
-            t.add_row(f"(h) {r['model']} ({r['nodes']} nodes), simulated vs PyTorch",
-                      f"{r['predicted_us']:.0f} vs {r['torch_cpu_us']:.0f} us: {r['error_cpu']:+.1%}", "")
-        t.add_row("(h) mean abs. error, measured costs", f"{h['mape_cpu']:.1%}", "<= 10% (goal 5%)")
-        t.add_row(f"(h) held out ({h['held_out']}), analytic costs", f"{h['held_out_error_cpu']:+.1%}", "")
+            row(f"(h) {r['model']} ({r['nodes']} nodes), simulated vs PyTorch",
+                f"{r['predicted_us']:.0f} vs {r['torch_cpu_us']:.0f} us: {r['error_cpu']:+.1%}")
+        row("(h) mean abs. error, measured costs", f"{h['mape_cpu']:.1%}", "<= 10% (goal 5%)", h["mape_cpu"] <= 0.10)
+        row(f"(h) held out ({h['held_out']}), analytic costs", f"{h['held_out_error_cpu']:+.1%}")
     for r in results.get("f_e2e", []):
-        t.add_row(f"(f) run - validate, {r['shape']} {r['nodes']} nodes",
-                  f"{r['wall']['ours_us_per_node']:.2f} vs {r['wall']['torch_us_per_node']:.2f} us/node = "
-                  f"{r['wall']['ratio']:.2f}x", "")
+        w = r["wall"]
+        row(f"(f) run - validate, {r['shape']} {r['nodes']} nodes",
+            f"{w['ours_us_per_node']:.2f} vs {w['torch_us_per_node']:.2f} us/node = {w['ratio']:.2f}x", "<= 1.0x",
+            w["ratio"] <= 1.0)
     if "g_trace" in results:
         g = results["g_trace"]
+        size_goal = {".json": 500, ".pftrace": 200}
         for fmt, r in g["formats"].items():
-            t.add_row(f"(g) --trace x{fmt}, {g['nodes']} nodes",
-                      f"{r['bytes_per_node']:.0f} B/node; run {r['wall_ratio']:.2f}x (whole command "
-                      f"{r['command_wall_ratio']:.2f}x)", "")
+            ext = fmt if fmt.startswith(".") else "." + fmt
+            goal = size_goal.get(ext)
+            row(f"(g) --trace x{fmt}, {g['nodes']} nodes, size", f"{r['bytes_per_node']:.0f} B/node",
+                f"<= {goal} B/node" if goal else "", r["bytes_per_node"] <= goal if goal else None)
+            row(f"(g) --trace x{fmt}, {g['nodes']} nodes, whole command with/without",
+                f"{r['command_wall_ratio']:.2f}x (the run alone {r['wall_ratio']:.2f}x)", "<= 1.3x",
+                r["command_wall_ratio"] <= 1.3)
     if "i_million_trace" in results:
         i = results["i_million_trace"]
-        t.add_row(f"(i) {i['nodes']} nodes, --trace x{i['format']}",
-                  f"{i['wall_ratio']:.2f}x wall; peak {i['peak_bytes_per_node']:.0f} B/node RSS, "
-                  f"{i['tracemalloc_peak_bytes_per_node']:.0f} B/node tracemalloc", "<= 2 KB/node")
+        row(f"(i) {i['nodes']} nodes, --trace x{i['format']}, peak memory",
+            f"{i['peak_bytes_per_node']:.0f} B/node RSS, {i['tracemalloc_peak_bytes_per_node']:.0f} B/node tracemalloc",
+            "<= 2 KB/node", i["peak_bytes_per_node"] <= 2048)
+        row(f"(i) {i['nodes']} nodes, --trace x{i['format']}, wall with/without", f"{i['wall_ratio']:.2f}x", "<= 2x",
+            i["wall_ratio"] <= 2.0)
     Console().print(t)
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])
