@@ -45,12 +45,6 @@ class SavedTensorReleased(RuntimeError):
 _SAVED = operator.attrgetter("saved")
 
 
-def _scalar_strings(node: Node) -> bool:
-    """Whether a Scalar field of the node's saved values is a string to convert (``ops.arrays.number``)."""
-    fields = node.op.scalar_fields
-    return bool(fields) and any(type(node.saved.get(k)) is str for k in fields)
-
-
 def split_saved_py(nodes, released: set, cached: dict) -> tuple[list, list]:
     """The nodes that save tensors, neither released nor cached, split into plain ones (no saved value is a
     dict, a list or a string: the node's own mapping serves as its saved values) and the rest, which
@@ -112,7 +106,7 @@ class GraphState:
         Raises PyTorch's backward-twice error once the node's saved tensors
         were released by a backward call without ``retain_graph``.
         """
-        if not node.saves_tensors and not _scalar_strings(node):
+        if not node.saves_tensors and not node.saved_strings:
             return node.saved  # plain numbers, sizes, flags: the node's own mapping, never released
         cached = self._saved.get(node)
         if cached is not None:
@@ -124,8 +118,7 @@ class GraphState:
         tensor_fields = node.op.tensor_fields
         saved = node.saved
         scalar_fields = node.op.scalar_fields
-        if (not node.saves_tensors or not any(type(v) is dict or type(v) is list for v in saved.values())) \
-                and not (scalar_fields and any(type(saved.get(k)) is str for k in scalar_fields)):
+        if not node.saved_strings and not any(type(v) is dict or type(v) is list for v in saved.values()):
             # Nothing to convert (plain numbers, sizes, flags): use the node's own mapping.
             return self._saved.setdefault(node, saved)
         half = node in self.half_nodes

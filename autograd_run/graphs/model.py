@@ -148,6 +148,8 @@ class Node:
     cpu: bool = True
     #: Whether the node saves tensors (freed by a backward without retain_graph).
     saves_tensors: bool = False
+    #: Whether a Scalar saved value is written as a string the run reads as a number ("(1-2j)", "inf").
+    saved_strings: bool = False
 
     @property
     def num_inputs(self) -> int:
@@ -242,12 +244,21 @@ def saves_tensors(op: OpSpec, saved: dict) -> bool:
     return False
 
 
+def has_scalar_strings(op: OpSpec, saved: dict) -> bool:
+    """Whether a saved value of one of ``op``'s Scalar fields is a string (read as a number at run time)."""
+    fields = op.scalar_fields
+    return bool(fields) and any(type(saved.get(k)) is str for k in fields)
+
+
 def derive_node(node: Node, index: int) -> None:
     """A node's own derived fields: index, an empty consumer list, saves_tensors, device/stream/cpu."""
     node.index = index
     node.consumers = []
-    if node.saved and saves_tensors(node.op, node.saved):
-        node.saves_tensors = True
+    if node.saved:
+        if saves_tensors(node.op, node.saved):
+            node.saves_tensors = True
+        if has_scalar_strings(node.op, node.saved):
+            node.saved_strings = True
     for meta in node.inputs:
         if meta.device.type != "cpu":
             node.device, node.stream, node.cpu = meta.device, meta.stream, False

@@ -26,10 +26,11 @@ from autograd_run.graphs import tensors
 from autograd_run.graphs.checkpoints import check_checkpoints
 from autograd_run.graphs.model import (
     ACCUMULATE_GRAD_SEQ, CPU, EMPTY, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
-    saves_tensors,
+    has_scalar_strings, saves_tensors,
 )
 from autograd_run.graphs.schema import UNSET, GraphSpec
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, lookup
+from autograd_run.ops.arrays import number
 
 MAX_NODES = 5_000_000  # about 5 GB of model objects: past this a file is a resource bomb here
 MAX_STREAM = 1 << 16
@@ -58,19 +59,14 @@ _KIND_TEXT = {
 
 
 def _number_text(text: str) -> bool:
-    """Whether ``text`` spells a real or complex number (as ``ops.arrays.number`` reads saved Scalars)."""
+    """Whether ``text`` spells a real or complex number, as ``ops.arrays.number`` reads saved Scalars."""
     if len(text) > 64:
         return False
     try:
-        float(text)
-        return True
-    except ValueError:
-        pass
-    try:
-        complex(text)
-        return True
+        number(text)
     except ValueError:
         return False
+    return True
 
 
 def _address_space_used() -> int:
@@ -461,6 +457,8 @@ class _Checker:
                         nulls = (nulls or []) + [key]
                 if nulls:  # an optional Scalar written null is absent (the rule's default), never None
                     node.saved = saved = {k: v for k, v in saved.items() if k not in nulls} or EMPTY
+                if has_scalar_strings(op, saved):
+                    node.saved_strings = True
             else:
                 saved = EMPTY
             if required:

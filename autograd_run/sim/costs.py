@@ -154,13 +154,13 @@ class CostModel:
             mode = spec.get("mode") or ("wait" if not node.cpu else "spin")
             if "us" in spec:
                 ns = float(spec["us"]) * 1e3
-                if mode in ("wait", "sleep") and ns > 0:
-                    ns += self.spec.engine.wait_overhead_us * 1e3
             elif mode == "matmul":
                 ns = float(spec.get("flops", 0)) / (self.spec.host.flops_per_s("float32")
                                                   * self.spec.host.flops_efficiency) * 1e9
             else:
                 ns = float(spec.get("flops", 0)) / COST_FLOPS_PER_SECOND * 1e9
+            if mode in ("wait", "sleep") and ns > 0:  # a sleeping worker wakes late (calibrate measures it)
+                ns += self.spec.engine.wait_overhead_us * 1e3
             return NodeCost(int(ns), 0, mode == "spin", "attrs")
         m = self.measured.get(node.id)
         if m is not None:
