@@ -152,7 +152,7 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
         write(jsonout.dumps(report_json(report, g.source)))
     elif summary:
         console = make_console()
-        dev_line = report.devices.describe() if any(not d.is_cpu for d in g.devices) else None
+        dev_line = report.devices.describe() if g.max_device_index >= 0 else None
         if report.measured is not None:
             from autograd_run.cli.render import render_costs
             render_costs(console, report.measured)

@@ -83,7 +83,9 @@ class GraphState:
         self.measured_ns: dict[Node, float] = {}
         #: Nodes with a float16/bfloat16 slot: their formulas compute in float32 (``ops.dtypes``),
         #: on saved tensors and incoming gradients upcast here and in the engine.
-        self.half_nodes = frozenset(n for n in graph.nodes if _computes_in_half(n))
+        known = graph.slot_dtypes
+        self.half_nodes = frozenset() if known is not None and HALF.isdisjoint(known) else \
+            frozenset(n for n in graph.nodes if _computes_in_half(n))
         self._next_seq = max((n.seq for n in graph.nodes if n.seq < 2**63), default=0) + 1
         self._seq_lock = threading.Lock()  # guards _next_seq
         for v in graph.variables.values():

@@ -213,6 +213,9 @@ class Graph:
     side_files: Any = None
     #: The highest accelerator device index any node uses (-1: CPU only); derived at load.
     max_device_index: int = -1
+    #: Every dtype a node's input slot has (a superset is allowed), when the loader collected them from its
+    #: interned metas; None (graphs built in code): unknown, so a run looks at each node.
+    slot_dtypes: frozenset | None = None
 
     @property
     def num_edges(self) -> int:
@@ -239,15 +242,17 @@ def saves_tensors(op: OpSpec, saved: dict) -> bool:
     if fields and not fields.isdisjoint(saved):
         return True
     for v in saved.values():
-        if type(v) is dict and ("data" in v or "npz" in v or "random" in v):
+        if type(v) is dict and ("random" in v or "data" in v or "npz" in v):
             return True
     return False
 
 
 def has_scalar_strings(op: OpSpec, saved: dict) -> bool:
     """Whether a saved value of one of ``op``'s Scalar fields is a string (read as a number at run time)."""
-    fields = op.scalar_fields
-    return bool(fields) and any(type(saved.get(k)) is str for k in fields)
+    for k in op.scalar_fields:  # a loop, not any(): called once per loaded node
+        if type(saved.get(k)) is str:
+            return True
+    return False
 
 
 def derive_node(node: Node, index: int) -> None:

@@ -510,6 +510,8 @@ class _Checker:
         graph = Graph(nodes, [], variables, list(spec.inputs or ()), mode, dict(spec.meta or {}),
                       self.source, self.base_dir, by_id)
         graph.max_device_index = max_device_index
+        # Every input slot's meta is one of the interned metas, or an AccumulateGrad's made from its variable.
+        graph.slot_dtypes = frozenset({m.dtype for m in metas.values()} | {v.dtype for v in variables.values()})
         try:
             derive(graph, prepared=True, forward=forward)
         except ValueError as exc:
