@@ -47,8 +47,6 @@ def add(node, grads, ctx):
     nxt = node.next
     if g.dtype.kind == "c":
         return each(node, lambda i: real_for(node, i, g if i == 0 else _scaled(g, node.saved.get("alpha", 1))))
-    if len(nxt) == 1:
-        return [g]
     alpha = node.saved.get("alpha", 1)
     return [None if nxt[0] is None else g, None if nxt[1] is None else (g if alpha == 1 else g * num(alpha))]
 
@@ -66,8 +64,7 @@ def sub(node, grads, ctx):
     alpha = node.saved.get("alpha", 1)
     if g.dtype.kind == "c":
         return each(node, lambda i: real_for(node, i, g if i == 0 else -_scaled(g, alpha)))
-    return [None if node.next[0] is None else g,
-            None if len(node.next) < 2 or node.next[1] is None else -g * num(alpha)]
+    return [None if node.next[0] is None else g, None if node.next[1] is None else -g * num(alpha)]
 
 
 @op("SubBackward1", outputs=1, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
@@ -99,8 +96,6 @@ def mul(node, grads, ctx):
     nxt = node.next
     if g.dtype.kind == "c":  # a real gradient means real operands: no conjugation
         return each(node, lambda i: real_for(node, i, g * conj(s["other"] if i == 0 else s["self"])))
-    if len(nxt) != 2:
-        return each(node, lambda i: g * (s["other"] if i == 0 else s["self"]))
     return [None if nxt[0] is None else g * s["other"], None if nxt[1] is None else g * s["self"]]
 
 
