@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torch_helpers import capture, our_order, torch_order
+from torch_helpers import capture, check_outputs, our_order, torch_order
 
 D = torch.float64
 
@@ -42,6 +42,7 @@ def _replay_from_file(outputs, leaves, path):
     from autograd_run.engine.run import run_graph
     from autograd_run.graphs.load import load_graph
     from autograd_run.traces.order_recorder import OrderRecorder
+    check_outputs(outputs)
     doc = from_torch(outputs, names=leaves, path=str(path), reference=False)
     g = load_graph(str(path))
     rec = OrderRecorder()

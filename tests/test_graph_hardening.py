@@ -654,3 +654,53 @@ def test_a_null_optional_scalar_is_the_rules_default():
         assert run_graph(eng, g).grads["a"].tolist() == [5.0, 5.0]  # d/da (2a + 3a)
     finally:
         eng.shutdown()
+
+
+# -- the number of next edges ------------------------------------------------------------------
+
+@pytest.mark.parametrize("i,nxt,message", [
+    (1, [], "AddBackward0 node 'add' has 0 next edges; AddBackward0 has 2 outputs "
+            "(one per differentiable input of the forward add;"),
+    (1, [["mb", 0], ["mc", 0], ["mc", 0]], "AddBackward0 node 'add' has 3 next edges; AddBackward0 has 2 outputs"),
+    (2, [["acc", 0]], "MulBackward0 node 'mb' has 1 next edge; MulBackward0 has 2 outputs"),
+    (0, [["add", 0], None], "SumBackward0 node 'sum' has 2 next edges; SumBackward0 has 1 output "
+                            "(one per differentiable input of the forward sum;"),
+])
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_next_edges_must_match_the_ops_outputs(fmt, i, nxt, message):
+    """Found by fuzzing: a wrong count passed validate and failed mid-run (IndexError, or PyTorch's
+    "invalid number of gradients" after other nodes ran)."""
+    doc = copy_seed()
+    doc["nodes"][i]["next"] = nxt
+    err = _error(lambda: load_doc(doc, fmt))
+    assert message in err.what and "an input that needs no gradient keeps its place as a null edge" in err.what
+    assert err.file.endswith(f"g.{fmt}")
+    if fmt == "json":
+        assert err.where.endswith(f"$.nodes[{i}].next")
+    else:
+        assert "line" in err.where
+
+
+def test_null_edges_count_and_synthetic_ops_take_any_number():
+    doc = copy_seed()
+    doc["nodes"][1]["next"] = [None, ["mc", 0]]  # a constant first input: the place stays
+    doc["nodes"][2] = {"id": "mb", "name": "Split", "op": "identity", "next": [], "inputs": [{"shape": [2]}]}
+    doc["nodes"][3]["op"] = "opaque"  # a MulBackward0 replayed without its rule: no count
+    doc["nodes"][3]["next"] = [["acc", 0]]
+    load_doc(doc, "json")
+
+
+def test_counts_read_from_the_node():
+    """cat: one output per entry of saved 'sizes' where the file gives them; unknown (not checked) otherwise."""
+    doc = copy_seed()
+    doc["nodes"][1] = {"id": "add", "name": "CatBackward0", "seq": 2, "next": [["mb", 0], ["mc", 0]],
+                       "inputs": [{"shape": [2]}], "saved": {"dim": 0, "sizes": [1, 1, 0]}}
+    for n in (2, 3):
+        doc["nodes"][n].update(op="opaque", inputs=[{"shape": [1]}])
+    err = _error(lambda: load_doc(doc, "json"))
+    assert "CatBackward0 node 'add' has 2 next edges; CatBackward0 has 3 outputs (one per entry of saved 'sizes';" \
+        in err.what and err.where.endswith("$.nodes[1].next")
+    doc["nodes"][1]["saved"]["sizes"] = [1, 1]
+    load_doc(doc, "json")
+    del doc["nodes"][1]["saved"]["sizes"]
+    load_doc(doc, "json")

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is the oracle for these tests")
 F = torch.nn.functional
 
+from autograd_run.ops import lookup  # noqa: E402
 from test_rules_vs_torch import leaf, weigh  # noqa: E402
 from torch_helpers import torch_order  # noqa: E402
 
@@ -522,7 +523,6 @@ def test_attention_rule(case, tmp_path):
 
 def test_attention_with_dropout_has_no_rule():
     """The CPU kernel refuses dropout; CUDA captures with dropout become opaque nodes (their masks are random)."""
-    from autograd_run.ops import lookup
     for name in ("ScaledDotProductFlashAttentionForCpuBackward0", "ScaledDotProductFlashAttentionBackward0",
                  "ScaledDotProductEfficientAttentionBackward0", "ScaledDotProductCudnnAttentionBackward0"):
         spec = lookup(name)
@@ -559,7 +559,11 @@ def _cuda_attention_doc(name, L, grad, *, scale=None, causal=None, bias=None, bi
     for key, value in (saved or {}).items():
         values[key] = value(t, out, lse) if callable(value) else value
     meta = {"dtype": "float64", "device": "cuda:0"}
-    nodes = [{"id": "att", "name": name, "seq": 1, "next": [[n, 0] for n in names],
+    # One edge per output, as PyTorch's node has: the bias of the kernels that differentiate it is an output
+    # even where it is a constant or absent (a null edge).
+    edges = [[n, 0] for n in names]
+    edges += [None] * (lookup(name).outputs - len(edges))
+    nodes = [{"id": "att", "name": name, "seq": 1, "next": edges,
               "inputs": [dict(meta, shape=list(out.shape))], "saved": values}]
     variables = []
     for n in names:

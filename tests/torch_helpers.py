@@ -8,7 +8,24 @@ from builders import graph, run_traced
 
 def capture(outputs, grad_outputs=None, leaves=None, inputs=None, mode="backward"):
     """Our graph document for the backward of ``outputs``, tensors inline, no reference run."""
+    check_outputs(outputs)
     return from_torch(outputs, inputs, grad_outputs=grad_outputs, names=leaves, mode=mode, reference=False)
+
+
+def check_outputs(outputs) -> None:
+    """Each PyTorch node behind ``outputs`` has as many next functions as its op declares outputs.
+
+    Ops whose count is read per node (``Outputs``: cat's saved sizes, ...) are checked when the
+    captured file loads: capture copies ``next_functions`` edge for edge into ``next``. Each rule
+    then returns exactly that many gradients when the graph runs: the loader refuses another count
+    of next edges, and the engine's ``validate_outputs`` another count of gradients.
+    """
+    from autograd_run.ops import lookup
+    for fn in walk(outputs):
+        spec = lookup(fn.name())
+        if spec is not None and not spec.engine and type(spec.outputs) is int:
+            n = len(fn.next_functions)
+            assert n == spec.outputs, f"PyTorch's {fn.name()} has {n} next functions; {spec.name} declares {spec.outputs}"
 
 
 def walk(outputs):

@@ -2,7 +2,8 @@
 
 Every problem raises ``GraphFileError`` naming the file, the place (through
 the locator) and what is wrong. Checks, in order: format and mode; node ids,
-ops, sequence numbers, input metadata; variables; edges (targets exist,
+ops, sequence numbers, input metadata, the number of next edges (the op's
+``outputs``); variables; edges (targets exist,
 input_nr in range); AccumulateGrad wiring; cycles (reported as a path of
 ids); gradient shapes between producers and consumers; saved values against
 their op's declared kinds (``autograd_run.ops.spec``), saved tensor specs
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 from autograd_run.errors import GraphFileError
@@ -29,7 +31,7 @@ from autograd_run.graphs.model import (
     has_scalar_strings, saves_tensors,
 )
 from autograd_run.graphs.schema import UNSET, GraphSpec
-from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, lookup
+from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, Outputs, lookup
 from autograd_run.ops.arrays import number
 
 MAX_NODES = 5_000_000  # about 5 GB of model objects: past this a file is a resource bomb here
@@ -188,6 +190,31 @@ NEEDED_FOR_OUTPUT = {
 MATRIX_RANK = {"MmBackward0": 2, "AddmmBackward0": 2, "BmmBackward0": 3}
 
 _NUMBERS = frozenset((int, float))
+
+
+_BACKWARD_SUFFIX = re.compile(r"Backward\d+(_copy)?$")
+
+
+def _forward_name(op_name: str) -> str | None:
+    """PyTorch's forward op of a generated node name (``AddBackward0``: add,
+    ``MaxPool2DWithIndicesBackward0``: max_pool2d_with_indices); None for other names."""
+    m = _BACKWARD_SUFFIX.search(op_name)
+    if m is None or not op_name[:1].isupper():
+        return None
+    stem = re.sub(r"(\d)D", r"\1d", op_name[:m.start()])
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", stem).lower() + (m.group(1) or "")
+
+
+def outputs_mismatch(op: OpSpec, node_id: str, have: int, want: int) -> str:
+    """The message for a node of ``op`` with ``have`` next edges where the op has ``want`` outputs."""
+    if isinstance(op.outputs, Outputs):
+        why = op.outputs.text
+    else:
+        fwd = _forward_name(op.name)
+        why = f"one per differentiable input of the forward {fwd}" if fwd else "one per input of its forward op"
+    return (f"{op.name} node {tensors.short(node_id)} has {have} next edge{'' if have == 1 else 's'}; "
+            f"{op.name} has {want} output{'' if want == 1 else 's'} ({why}; an input that needs no gradient "
+            "keeps its place as a null edge)")
 
 
 def _shape_like(name: str) -> bool:
@@ -355,7 +382,9 @@ class _Checker:
 
         nodes: list[Node] = []
         by_id: dict[str, Node] = {}
-        ops: dict[str, tuple] = {}  # op text -> (OpSpec, required saved fields, declared fields)
+        # op text -> (OpSpec, required saved fields, declared fields, NEEDED_FOR_OUTPUT entry, fields that
+        # take plain numbers, the fixed number of outputs (-1: none), the per-node count (an Outputs or None))
+        ops: dict[str, tuple] = {}
         metas = self._metas
         new_node = Node
         acc = ACCUMULATE_GRAD
@@ -381,8 +410,10 @@ class _Checker:
                     info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved,
                                            NEEDED_FOR_OUTPUT.get(op.name),
                                            frozenset(k for k, f in op.saved.items() if f.kind == "scalar" or
-                                                     (f.kind == "tensor" and op.name not in MATRIX_RANK)))
-                op, required, fields, needs, takes_numbers = info
+                                                     (f.kind == "tensor" and op.name not in MATRIX_RANK)),
+                                           op.outputs if type(op.outputs) is int else -1,
+                                           op.outputs if isinstance(op.outputs, Outputs) else None)
+                op, required, fields, needs, takes_numbers, n_out, count_out = info
                 last_text = op_text
             seq = ns.seq
             if seq is unset:
@@ -463,6 +494,16 @@ class _Checker:
                 saved = EMPTY
             if required:
                 self.check_required(node, i, required)
+            # One next edge per output: an int compare on the common path (about 30 ns a node).
+            if n_out >= 0:
+                nxt = ns.next
+                if (len(nxt) if nxt else 0) != n_out:
+                    raise self.err(("nodes", i, "next"), outputs_mismatch(op, nid, len(nxt or ()), n_out))
+            elif count_out is not None:
+                nxt = ns.next
+                want = count_out.count(node)
+                if want is not None and len(nxt or ()) != want:
+                    raise self.err(("nodes", i, "next"), outputs_mismatch(op, nid, len(nxt or ()), want))
             if needs is not None:
                 nxt = ns.next or ()
                 for k, key in needs:

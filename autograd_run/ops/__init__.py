@@ -23,7 +23,7 @@ from autograd_run.ops import (  # noqa: F401  (importing a family registers its 
 from autograd_run.ops.engine_ops import (
     ACCUMULATE_GRAD, CHECKPOINT, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, is_graph_root,
 )
-from autograd_run.ops.spec import REGISTRY, Field, OpSpec, RuleContext
+from autograd_run.ops.spec import REGISTRY, Field, OpSpec, Outputs, RuleContext
 
 FAMILIES = ("elementwise", "activations", "linalg", "shape", "reductions", "indexing", "conv", "losses",
             "attention", "products", "spectral", "sparse", "sampling", "functions", "engine_ops")
@@ -45,5 +45,5 @@ def lookup(name: str) -> OpSpec | None:
     return REGISTRY.get(name)
 
 
-__all__ = ["REGISTRY", "OpSpec", "Field", "RuleContext", "lookup", "is_graph_root",
+__all__ = ["REGISTRY", "OpSpec", "Outputs", "Field", "RuleContext", "lookup", "is_graph_root",
            "ACCUMULATE_GRAD", "CHECKPOINT", "COST", "GRAPH_ROOT", "IDENTITY", "OPAQUE", "PYTHON"]

@@ -26,14 +26,14 @@ def _sigmoid(xp, x):
         return 1 / (1 + xp.exp(-x))
 
 
-@op("ReluBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(1))
+@op("ReluBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(1))
 def relu(node, grads, ctx):
     """relu(a): the gradient where the result is positive."""
     r = ctx.saved(node)["result"]
     return each(node, lambda i: grads[0] * (r > 0))
 
 
-@op("TanhBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("TanhBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(3))
 def tanh(node, grads, ctx):
     """tanh(a): g conj(1 - result**2)."""
     r = ctx.saved(node)["result"]
@@ -42,7 +42,7 @@ def tanh(node, grads, ctx):
     return each(node, lambda i: grads[0] * (1 - r * r))
 
 
-@op("SigmoidBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("SigmoidBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(3))
 def sigmoid(node, grads, ctx):
     """sigmoid(a): g conj((1 - result) result)."""
     r = ctx.saved(node)["result"]
@@ -73,7 +73,7 @@ def _gelu_second_derivative(xp, x, approximate):
     return xp.exp(-0.5 * x * x) * _INV_SQRT_2PI * (2 - x * x)
 
 
-@op("GeluBackward0", saved="self:tensor approximate:str?", elementwise=True, cost=cost.pointwise(12))
+@op("GeluBackward0", outputs=1, saved="self:tensor approximate:str?", elementwise=True, cost=cost.pointwise(12))
 def gelu(node, grads, ctx):
     """gelu(a), exact (erf) or tanh approximation."""
     sv = ctx.saved(node)
@@ -81,7 +81,7 @@ def gelu(node, grads, ctx):
     return each(node, lambda i: grads[0] * d)
 
 
-@op("SiluBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(6))
+@op("SiluBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(6))
 def silu(node, grads, ctx):
     """silu(a) = a sigmoid(a)."""
     x = ctx.saved(node)["self"]
@@ -89,7 +89,7 @@ def silu(node, grads, ctx):
     return each(node, lambda i: grads[0] * s * (1 + x * (1 - s)))
 
 
-@op("MishBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(10))
+@op("MishBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(10))
 def mish(node, grads, ctx):
     """mish(a) = a tanh(softplus(a)): g (tanh(sp) + a sigmoid(a) (1 - tanh(sp)**2))."""
     x = ctx.saved(node)["self"]
@@ -98,7 +98,8 @@ def mish(node, grads, ctx):
     return each(node, lambda i: grads[0] * (t + x * _sigmoid(xp, x) * (1 - t * t)))
 
 
-@op("LeakyReluBackward0", saved="self:tensor negative_slope:scalar?", elementwise=True, cost=cost.pointwise(2))
+@op("LeakyReluBackward0", outputs=1,
+    saved="self:tensor negative_slope:scalar?", elementwise=True, cost=cost.pointwise(2))
 def leaky_relu(node, grads, ctx):
     """leaky_relu(a, slope): g where a > 0, slope * g elsewhere."""
     sv = ctx.saved(node)
@@ -106,7 +107,8 @@ def leaky_relu(node, grads, ctx):
     return each(node, lambda i: grads[0] * ctx.xp(node).where(x > 0, 1.0, slope).astype(grads[0].dtype))
 
 
-@op("LeakyReluBackward1", saved="result:tensor negative_slope:scalar?", elementwise=True, cost=cost.pointwise(2))
+@op("LeakyReluBackward1", outputs=1,
+    saved="result:tensor negative_slope:scalar?", elementwise=True, cost=cost.pointwise(2))
 def leaky_relu_inplace(node, grads, ctx):
     """in-place leaky_relu_(a, slope) (result saved): g where the result is > 0, slope * g elsewhere."""
     sv = ctx.saved(node)
@@ -121,7 +123,7 @@ def _elu_factor(xp, x, alpha, scale, input_scale, is_result):
     return xp.where(x <= 0, input_scale * alpha * scale * xp.exp(xp.minimum(x, 0) * input_scale), scale)
 
 
-@op("EluBackward0", saved="self:tensor alpha:scalar? scale:scalar? input_scale:scalar?", elementwise=True,
+@op("EluBackward0", outputs=1, saved="self:tensor alpha:scalar? scale:scalar? input_scale:scalar?", elementwise=True,
     cost=cost.pointwise(4))
 def elu(node, grads, ctx):
     """elu / selu: g scale where a > 0, g input_scale alpha scale exp(input_scale a) elsewhere."""
@@ -131,7 +133,7 @@ def elu(node, grads, ctx):
     return each(node, lambda i: grads[0] * d)
 
 
-@op("EluBackward1", saved="result:tensor alpha:scalar? scale:scalar? input_scale:scalar?", elementwise=True,
+@op("EluBackward1", outputs=1, saved="result:tensor alpha:scalar? scale:scalar? input_scale:scalar?", elementwise=True,
     cost=cost.pointwise(4))
 def elu_inplace(node, grads, ctx):
     """in-place elu_ / selu_ (result saved): g scale where it is > 0, g input_scale (result + alpha scale) elsewhere."""
@@ -141,7 +143,7 @@ def elu_inplace(node, grads, ctx):
     return each(node, lambda i: grads[0] * d)
 
 
-@op("CeluBackward0", saved="self:tensor alpha:scalar?", elementwise=True, cost=cost.pointwise(4))
+@op("CeluBackward0", outputs=1, saved="self:tensor alpha:scalar?", elementwise=True, cost=cost.pointwise(4))
 def celu(node, grads, ctx):
     """celu(a, alpha): g where a > 0, g exp(a / alpha) elsewhere."""
     sv = ctx.saved(node)
@@ -150,7 +152,7 @@ def celu(node, grads, ctx):
     return each(node, lambda i: grads[0] * d)
 
 
-@op("CeluBackward1", saved="result:tensor alpha:scalar?", elementwise=True, cost=cost.pointwise(4))
+@op("CeluBackward1", outputs=1, saved="result:tensor alpha:scalar?", elementwise=True, cost=cost.pointwise(4))
 def celu_inplace(node, grads, ctx):
     """in-place celu_(a, alpha) (result saved): g where the result is > 0, g (result / alpha + 1) elsewhere."""
     sv = ctx.saved(node)
@@ -159,7 +161,7 @@ def celu_inplace(node, grads, ctx):
     return each(node, lambda i: grads[0] * d)
 
 
-@op("HardtanhBackward0", saved="self:tensor min_val:scalar? max_val:scalar?", elementwise=True,
+@op("HardtanhBackward0", outputs=1, saved="self:tensor min_val:scalar? max_val:scalar?", elementwise=True,
     cost=cost.pointwise(2))
 def hardtanh(node, grads, ctx):
     """hardtanh(a, min, max) (relu6 too): the gradient where min < a < max."""
@@ -169,7 +171,7 @@ def hardtanh(node, grads, ctx):
     return each(node, lambda i: grads[0] * ((x > lo) & (x < hi)))
 
 
-@op("HardswishBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("HardswishBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
 def hardswish(node, grads, ctx):
     """hardswish(a) = a relu6(a + 3) / 6: 0 up to -3, g (a / 3 + 1/2) strictly inside, g from 3 on."""
     x = ctx.saved(node)["self"]
@@ -178,7 +180,7 @@ def hardswish(node, grads, ctx):
     return each(node, lambda i: grads[0] * d)
 
 
-@op("HardsigmoidBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("HardsigmoidBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(3))
 def hardsigmoid(node, grads, ctx):
     """hardsigmoid(a) = relu6(a + 3) / 6: g / 6 where -3 < a < 3."""
     x = ctx.saved(node)["self"]
@@ -190,7 +192,7 @@ def _softplus_factor(xp, x, beta, threshold):
     return xp.where(z > threshold, 1.0, _sigmoid(xp, z))
 
 
-@op("SoftplusBackward0", saved="self:tensor beta:scalar? threshold:scalar?", elementwise=True,
+@op("SoftplusBackward0", outputs=1, saved="self:tensor beta:scalar? threshold:scalar?", elementwise=True,
     cost=cost.pointwise(4))
 def softplus(node, grads, ctx):
     """softplus(a, beta, threshold): g sigmoid(beta a), or g where beta a > threshold (linear there)."""
@@ -205,14 +207,14 @@ def _log_sigmoid_factor(xp, x):
     return xp.where(x < 0, 1 / (1 + z), z / (1 + z))
 
 
-@op("LogSigmoidBackward0", saved="self:tensor buffer:tensor?", elementwise=True, cost=cost.pointwise(4))
+@op("LogSigmoidBackward0", outputs=1, saved="self:tensor buffer:tensor?", elementwise=True, cost=cost.pointwise(4))
 def log_sigmoid(node, grads, ctx):
     """log(sigmoid(a)): g sigmoid(-a) (the saved buffer is not needed)."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * _log_sigmoid_factor(ctx.xp(node), x))
 
 
-@op("HardshrinkBackward0", "SoftshrinkBackward0", saved="self:tensor lambd:scalar?", elementwise=True,
+@op("HardshrinkBackward0", "SoftshrinkBackward0", outputs=1, saved="self:tensor lambd:scalar?", elementwise=True,
     cost=cost.pointwise(2))
 def shrink(node, grads, ctx):
     """hardshrink / softshrink(a, lambd): the gradient where |a| > lambd."""
@@ -221,7 +223,7 @@ def shrink(node, grads, ctx):
     return each(node, lambda i: grads[0] * ((x > lam) | (x < -lam)))
 
 
-@op("ThresholdBackward0", "ThresholdBackward1", saved="self:tensor threshold:scalar", elementwise=True,
+@op("ThresholdBackward0", "ThresholdBackward1", outputs=1, saved="self:tensor threshold:scalar", elementwise=True,
     cost=cost.pointwise(1))
 def threshold(node, grads, ctx):
     """threshold(a, t, v): the gradient where a > t."""
@@ -229,7 +231,7 @@ def threshold(node, grads, ctx):
     return each(node, lambda i: grads[0] * (sv["self"] > num(sv["threshold"])))
 
 
-@op("RreluWithNoiseBackward0", saved="self:tensor noise:tensor lower:scalar? upper:scalar? training:bool?",
+@op("RreluWithNoiseBackward0", outputs=1, saved="self:tensor noise:tensor lower:scalar? upper:scalar? training:bool?",
     elementwise=True, cost=cost.pointwise(2))
 def rrelu(node, grads, ctx):
     """rrelu: g times the sampled noise in training, else leaky relu with slope (lower + upper) / 2."""
@@ -241,7 +243,7 @@ def rrelu(node, grads, ctx):
     return each(node, lambda i: grads[0] * ctx.xp(node).where(sv["self"] > 0, 1.0, slope))
 
 
-@op("PreluKernelBackward0", saved="self:tensor weight:tensor", cost=cost.pointwise(4))
+@op("PreluKernelBackward0", outputs=2, saved="self:tensor weight:tensor", cost=cost.pointwise(4))
 def prelu(node, grads, ctx):
     """prelu(a, w): g where a > 0, w g elsewhere to a; a g where a <= 0 to w, summed to w's shape."""
     sv = ctx.saved(node)
@@ -257,7 +259,7 @@ def prelu(node, grads, ctx):
     return each(node, out)
 
 
-@op("GluBackward0", saved="self:tensor dim:int", cost=cost.pointwise(6))
+@op("GluBackward0", outputs=1, saved="self:tensor dim:int", cost=cost.pointwise(6))
 def glu(node, grads, ctx):
     """glu(a, dim) = first half * sigmoid(second half): both halves' gradients, concatenated."""
     sv = ctx.saved(node)
@@ -269,7 +271,7 @@ def glu(node, grads, ctx):
     return each(node, lambda i: xp.concatenate([g * s, g * a * s * (1 - s)], axis=dim))
 
 
-@op("SoftmaxBackward0", "SafeSoftmaxBackward0", saved="result:tensor dim:int", cost=cost.pointwise(4))
+@op("SoftmaxBackward0", "SafeSoftmaxBackward0", outputs=1, saved="result:tensor dim:int", cost=cost.pointwise(4))
 def softmax(node, grads, ctx):
     """softmax(a, dim) (and _safe_softmax, zeros on fully masked rows): y (g - sum(g y))."""
     sv = ctx.saved(node)
@@ -278,7 +280,7 @@ def softmax(node, grads, ctx):
     return each(node, lambda i: y * (g - (g * y).sum(axis=dim, keepdims=True)))
 
 
-@op("LogSoftmaxBackward0", saved="result:tensor dim:int", cost=cost.pointwise(4))
+@op("LogSoftmaxBackward0", outputs=1, saved="result:tensor dim:int", cost=cost.pointwise(4))
 def log_softmax(node, grads, ctx):
     """log_softmax(a, dim): g - exp(y) sum(g)."""
     sv = ctx.saved(node)
@@ -293,7 +295,7 @@ def log_softmax(node, grads, ctx):
 # its next edges are the first backward's inputs: grad_output, then the saved tensors it used.
 
 
-@op("TanhBackwardBackward0", saved="grad_output:tensor output:tensor", cost=cost.pointwise(6))
+@op("TanhBackwardBackward0", outputs=2, saved="grad_output:tensor output:tensor", cost=cost.pointwise(6))
 def tanh_backward_backward(node, grads, ctx):
     """tanh_backward(go, y) = go (1 - y**2): g (1 - y**2) to go, -2 g go y to y."""
     sv = ctx.saved(node)
@@ -302,7 +304,7 @@ def tanh_backward_backward(node, grads, ctx):
     return each(node, lambda i: g * (1 - y * y) if i == 0 else conj(g) * (-2 * y * go))
 
 
-@op("SigmoidBackwardBackward0", saved="grad_output:tensor output:tensor", cost=cost.pointwise(6))
+@op("SigmoidBackwardBackward0", outputs=2, saved="grad_output:tensor output:tensor", cost=cost.pointwise(6))
 def sigmoid_backward_backward(node, grads, ctx):
     """sigmoid_backward(go, y) = go y (1 - y): g y (1 - y) to go, g go (1 - 2y) to y."""
     sv = ctx.saved(node)
@@ -311,7 +313,7 @@ def sigmoid_backward_backward(node, grads, ctx):
     return each(node, lambda i: g * (1 - y) * y if i == 0 else conj(g) * go * (1 - 2 * y))
 
 
-@op("ThresholdBackwardBackward0", saved="self:tensor threshold:scalar", cost=cost.pointwise(1))
+@op("ThresholdBackwardBackward0", outputs=2, saved="self:tensor threshold:scalar", cost=cost.pointwise(1))
 def threshold_backward_backward(node, grads, ctx):
     """threshold_backward(go, a, t) (relu's gradient): g where a > t to go; zero to a."""
     sv = ctx.saved(node)
@@ -320,7 +322,7 @@ def threshold_backward_backward(node, grads, ctx):
     return each(node, lambda i: grads[0] * (x > num(sv["threshold"])) if i == 0 else xp.zeros_like(x))
 
 
-@op("HardtanhBackwardBackward0", saved="self:tensor min_val:scalar? max_val:scalar?", cost=cost.pointwise(2))
+@op("HardtanhBackwardBackward0", outputs=2, saved="self:tensor min_val:scalar? max_val:scalar?", cost=cost.pointwise(2))
 def hardtanh_backward_backward(node, grads, ctx):
     """hardtanh_backward(go, a): g where min < a < max to go; zero to a."""
     sv = ctx.saved(node)
@@ -330,7 +332,7 @@ def hardtanh_backward_backward(node, grads, ctx):
     return each(node, lambda i: grads[0] * ((x > lo) & (x < hi)) if i == 0 else xp.zeros_like(x))
 
 
-@op("LeakyReluBackwardBackward0", saved="self:tensor negative_slope:scalar?", cost=cost.pointwise(2))
+@op("LeakyReluBackwardBackward0", outputs=2, saved="self:tensor negative_slope:scalar?", cost=cost.pointwise(2))
 def leaky_relu_backward_backward(node, grads, ctx):
     """leaky_relu_backward(go, a, slope): g where a > 0, slope g elsewhere, to go; zero to a."""
     sv = ctx.saved(node)
@@ -339,7 +341,8 @@ def leaky_relu_backward_backward(node, grads, ctx):
     return each(node, lambda i: grads[0] * xp.where(x > 0, 1.0, slope) if i == 0 else xp.zeros_like(x))
 
 
-@op("GeluBackwardBackward0", saved="grad_output:tensor self:tensor approximate:str?", cost=cost.pointwise(20))
+@op("GeluBackwardBackward0", outputs=2,
+    saved="grad_output:tensor self:tensor approximate:str?", cost=cost.pointwise(20))
 def gelu_backward_backward(node, grads, ctx):
     """gelu_backward(go, a) = go gelu'(a): g gelu'(a) to go, g go gelu''(a) to a."""
     sv = ctx.saved(node)
@@ -354,7 +357,7 @@ def gelu_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("EluBackwardBackward0",
+@op("EluBackwardBackward0", outputs=2,
     saved="grad_output:tensor self_or_result:tensor alpha:scalar? scale:scalar? input_scale:scalar? is_result:bool?",
     cost=cost.pointwise(6))
 def elu_backward_backward(node, grads, ctx):
@@ -376,7 +379,7 @@ def elu_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("SoftplusBackwardBackward0", saved="grad_output:tensor self:tensor beta:scalar? threshold:scalar?",
+@op("SoftplusBackwardBackward0", outputs=2, saved="grad_output:tensor self:tensor beta:scalar? threshold:scalar?",
     cost=cost.pointwise(6))
 def softplus_backward_backward(node, grads, ctx):
     """softplus_backward(go, a): g sigmoid(beta a) to go; g go beta s (1 - s) to a (zero in the linear region)."""
@@ -394,7 +397,8 @@ def softplus_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("LogSigmoidBackwardBackward0", saved="self:tensor buffer:tensor? grad_output:tensor", cost=cost.pointwise(6))
+@op("LogSigmoidBackwardBackward0", outputs=2,
+    saved="self:tensor buffer:tensor? grad_output:tensor", cost=cost.pointwise(6))
 def log_sigmoid_backward_backward(node, grads, ctx):
     """log_sigmoid_backward(go, a) = go sigmoid(-a): g sigmoid(-a) to go; -g go s (1 - s) to a."""
     sv = ctx.saved(node)
@@ -410,7 +414,7 @@ def log_sigmoid_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("SoftmaxBackwardDataBackward0", saved="grad_output:tensor output:tensor dim:int", cost=cost.pointwise(8))
+@op("SoftmaxBackwardDataBackward0", outputs=2, saved="grad_output:tensor output:tensor dim:int", cost=cost.pointwise(8))
 def softmax_backward_backward(node, grads, ctx):
     """softmax_backward(go, y) = y (go - sum(go y)): its gradients to go and y."""
     sv = ctx.saved(node)
@@ -425,7 +429,8 @@ def softmax_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("LogSoftmaxBackwardDataBackward0", saved="grad_output:tensor output:tensor dim:int", cost=cost.pointwise(6))
+@op("LogSoftmaxBackwardDataBackward0", outputs=2,
+    saved="grad_output:tensor output:tensor dim:int", cost=cost.pointwise(6))
 def log_softmax_backward_backward(node, grads, ctx):
     """log_softmax_backward(go, y) = go - exp(y) sum(go): its gradients to go and y."""
     sv = ctx.saved(node)
@@ -441,7 +446,8 @@ def log_softmax_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("PreluKernelBackwardBackward0", saved="grad_output:tensor self:tensor weight:tensor", cost=cost.pointwise(8))
+@op("PreluKernelBackwardBackward0", outputs=3,
+    saved="grad_output:tensor self:tensor weight:tensor", cost=cost.pointwise(8))
 def prelu_backward_backward(node, grads, ctx):
     """prelu's backward (gradients for a and w) differentiated again: to grad_output, a and w."""
     sv = ctx.saved(node)
@@ -459,7 +465,7 @@ def prelu_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("HardswishBackwardBackward0", saved="grad_output:tensor self:tensor", cost=cost.pointwise(4))
+@op("HardswishBackwardBackward0", outputs=2, saved="grad_output:tensor self:tensor", cost=cost.pointwise(4))
 def hardswish_backward_backward(node, grads, ctx):
     """hardswish_backward(go, a): hardswish'(a) g to go; g go / 3 strictly inside (-3, 3) to a."""
     sv = ctx.saved(node)
@@ -474,7 +480,7 @@ def hardswish_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("HardshrinkBackwardBackward0", "SoftshrinkBackwardBackward0", saved="self:tensor lambd:scalar?",
+@op("HardshrinkBackwardBackward0", "SoftshrinkBackwardBackward0", outputs=2, saved="self:tensor lambd:scalar?",
     cost=cost.pointwise(2))
 def shrink_backward_backward(node, grads, ctx):
     """hard/softshrink_backward(go, a): g where |a| > lambd to go; zero to a."""
@@ -484,7 +490,7 @@ def shrink_backward_backward(node, grads, ctx):
     return each(node, lambda i: grads[0] * ((x > lam) | (x < -lam)) if i == 0 else xp.zeros_like(x))
 
 
-@op("RreluWithNoiseBackwardBackward0",
+@op("RreluWithNoiseBackwardBackward0", outputs=2,
     saved="self:tensor noise:tensor lower:scalar? upper:scalar? training:bool?", cost=cost.pointwise(2))
 def rrelu_backward_backward(node, grads, ctx):
     """rrelu's backward is linear in go: the same factor times g to go; zero to a."""
@@ -498,7 +504,7 @@ def rrelu_backward_backward(node, grads, ctx):
     return each(node, lambda i: grads[0] * factor if i == 0 else xp.zeros_like(sv["self"]))
 
 
-@op("GluBackwardBackward0", saved="grad_output:tensor self:tensor dim:int", cost=cost.pointwise(10))
+@op("GluBackwardBackward0", outputs=2, saved="grad_output:tensor self:tensor dim:int", cost=cost.pointwise(10))
 def glu_backward_backward(node, grads, ctx):
     """glu_backward(go, [a, b]) = [go s, go a s (1 - s)] with s = sigmoid(b), differentiated: to go and to a, b."""
     sv = ctx.saved(node)

@@ -118,7 +118,7 @@ def _no_dropout(saved):
     return None
 
 
-@op("ScaledDotProductFlashAttentionForCpuBackward0",
+@op("ScaledDotProductFlashAttentionForCpuBackward0", outputs=3,
     saved="query:tensor key:tensor value:tensor output:tensor? logsumexp:tensor? attn_mask:tensor? "
           "dropout_p:scalar? is_causal:bool? scale:scalar?",
     cost=ATTENTION, unsupported=_no_dropout)
@@ -130,7 +130,7 @@ def flash_cpu(node, grads, ctx):
     return attention_backward(node, grads, ctx, bias_field="attn_mask")
 
 
-@op("ScaledDotProductFlashAttentionBackward0",
+@op("ScaledDotProductFlashAttentionBackward0", outputs=3,
     saved="query:tensor key:tensor value:tensor output:tensor? logsumexp:tensor? cum_seq_q:tensor? "
           "cum_seq_k:tensor? max_q:int? max_k:int? dropout_p:scalar? is_causal:bool? rng_state:tensor? "
           "unused:tensor? scale:scalar?",
@@ -143,7 +143,7 @@ def flash_cuda(node, grads, ctx):
     return attention_backward(node, grads, ctx, bottom_right=True)
 
 
-@op("ScaledDotProductEfficientAttentionBackward0",
+@op("ScaledDotProductEfficientAttentionBackward0", outputs=4,
     saved="query:tensor key:tensor value:tensor attn_bias:tensor? output:tensor? log_sumexp:tensor? "
           "philox_seed:tensor? philox_offset:tensor? dropout_p:scalar? is_causal:bool? scale:scalar?",
     cost=ATTENTION, unsupported=_no_dropout)
@@ -155,7 +155,7 @@ def efficient_cuda(node, grads, ctx):
     return attention_backward(node, grads, ctx, bias_field="attn_bias", bias_edge=3)
 
 
-@op("ScaledDotProductCudnnAttentionBackward0",
+@op("ScaledDotProductCudnnAttentionBackward0", outputs=3,
     saved="query:tensor key:tensor value:tensor output:tensor? logsumexp:tensor? philox_seed:tensor? "
           "philox_offset:tensor? attn_bias:tensor? cum_seq_q:tensor? cum_seq_k:tensor? max_q:int? max_k:int? "
           "dropout_p:scalar? is_causal:bool? scale:scalar?",
@@ -168,7 +168,7 @@ def cudnn_cuda(node, grads, ctx):
     return attention_backward(node, grads, ctx, bias_field="attn_bias")
 
 
-@op("ScaledDotProductFusedAttentionOverrideableBackward0",
+@op("ScaledDotProductFusedAttentionOverrideableBackward0", outputs=4,
     saved="query:tensor key:tensor value:tensor attn_bias:tensor? output:tensor? logsumexp:tensor? "
           "cum_seq_q:tensor? cum_seq_k:tensor? max_q:int? max_k:int? philox_seed:tensor? philox_offset:tensor? "
           "dropout_p:scalar? is_causal:bool? scale:scalar?",

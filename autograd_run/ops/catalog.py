@@ -13,21 +13,27 @@ def _saved(spec) -> str:
     return ", ".join(f"{k}{'?' if f.optional else ''}: {f.kind}" for k, f in spec.saved.items()) or "-"
 
 
-def rows() -> list[tuple[str, str, str, str]]:
-    """(family, name, saved fields, what it computes) for every op, by family then name."""
+def _outputs(spec) -> str:
+    """The number of outputs (next edges): an int, where it comes from, or "-" (unknown, not checked)."""
+    return "-" if spec.outputs is None else str(spec.outputs)
+
+
+def rows() -> list[tuple[str, str, str, str, str]]:
+    """(family, name, outputs, saved fields, what it computes) for every op, by family then name."""
     order = {f: i for i, f in enumerate(FAMILIES)}
     specs = sorted(REGISTRY, key=lambda s: (order.get(s.family, len(order)), s.name.lower()))
-    return [(s.family, s.name + "".join(f" / `{a}`" for a in s.aliases), _saved(s), s.doc) for s in specs]
+    return [(s.family, s.name + "".join(f" / `{a}`" for a in s.aliases), _outputs(s), _saved(s), s.doc)
+            for s in specs]
 
 
 def markdown() -> str:
     out = [f"{len(REGISTRY)} ops.", ""]
     family = None
-    for fam, name, saved, doc in rows():
+    for fam, name, outputs, saved, doc in rows():
         if fam != family:
             family = fam
-            out += ["", f"### {fam}", "", "| op | saved fields | computes |", "|---|---|---|"]
-        out.append(f"| `{name}` | {saved} | {doc.replace('|', chr(92) + '|')} |")
+            out += ["", f"### {fam}", "", "| op | outputs | saved fields | computes |", "|---|---|---|---|"]
+        out.append(f"| `{name}` | {outputs} | {saved} | {doc.replace('|', chr(92) + '|')} |")
     return "\n".join(out).replace("\n\n\n", "\n\n") + "\n"
 
 

@@ -139,7 +139,7 @@ def _conv_params(sv, k):
     return stride, padding, dilation, int(signed(sv.get("groups", 1)))
 
 
-@op("ConvolutionBackward0",
+@op("ConvolutionBackward0", outputs=3,
     saved="input:tensor weight:tensor stride:ints padding:ints dilation:ints groups:int? transposed:bool? "
           "output_padding:ints? bias_sym_sizes_opt:sizes?",
     cost=cost.CostModel(_conv_flops))
@@ -172,7 +172,7 @@ def convolution(node, grads, ctx):
     return each(node, lambda i: (grad_input, grad_weight, grad_bias)[i]())
 
 
-@op("ConvolutionBackwardBackward0",
+@op("ConvolutionBackwardBackward0", outputs=3,
     saved="grad_output:tensor input:tensor weight:tensor stride:ints padding:ints dilation:ints groups:int? "
           "transposed:bool? output_padding:ints?",
     cost=cost.CostModel(lambda s: 2 * _conv_flops(s)))
@@ -247,7 +247,7 @@ def _col2im(xp, cols, size, ks, dilation, padding, stride):
     return _crop(dxpad, padding)
 
 
-@op("Im2ColBackward0",
+@op("Im2ColBackward0", outputs=1,
     saved="kernel_size:ints dilation:ints padding:ints stride:ints self_sym_argsize_minus_2:int "
           "self_sym_argsize_minus_1:int", cost=cost.COPY)
 def im2col(node, grads, ctx):
@@ -263,7 +263,7 @@ def im2col(node, grads, ctx):
     return each(node, lambda i: dx[0] if unbatched else dx)
 
 
-@op("Col2ImBackward0", saved="kernel_size:ints dilation:ints padding:ints stride:ints", cost=cost.COPY)
+@op("Col2ImBackward0", outputs=1, saved="kernel_size:ints dilation:ints padding:ints stride:ints", cost=cost.COPY)
 def col2im(node, grads, ctx):
     """fold (col2im): the gradient read back window by window (im2col)."""
     sv = node.saved
@@ -294,13 +294,13 @@ def _pixel_unshuffle(xp, t, r):
     return t.reshape(tuple(lead) + (c * r * r, h // r, w // r))
 
 
-@op("PixelShuffleBackward0", saved="upscale_factor:int", cost=cost.COPY)
+@op("PixelShuffleBackward0", outputs=1, saved="upscale_factor:int", cost=cost.COPY)
 def pixel_shuffle(node, grads, ctx):
     """pixel_shuffle(a, r): the gradient unshuffled."""
     return each(node, lambda i: _pixel_unshuffle(ctx.xp(node), grads[0], int(node.saved["upscale_factor"])))
 
 
-@op("PixelUnshuffleBackward0", saved="downscale_factor:int", cost=cost.COPY)
+@op("PixelUnshuffleBackward0", outputs=1, saved="downscale_factor:int", cost=cost.COPY)
 def pixel_unshuffle(node, grads, ctx):
     """pixel_unshuffle(a, r): the gradient shuffled."""
     return each(node, lambda i: _pixel_shuffle(ctx.xp(node), grads[0], int(node.saved["downscale_factor"])))
@@ -502,7 +502,7 @@ _UPSAMPLE = ("UpsampleNearest1D", "UpsampleNearest2D", "UpsampleNearest3D", "Ups
              "UpsampleTrilinear3D", "UpsampleBicubic2D", "UpsampleBilinear2DAa", "UpsampleBicubic2DAa")
 
 
-@op(*(f"{n}Backward0" for n in _UPSAMPLE),
+@op(*(f"{n}Backward0" for n in _UPSAMPLE), outputs=1,
     saved="output_size:sizes self_sym_sizes:sizes align_corners:bool? scales:scalar? scales_d:scalar? "
           "scales_h:scalar? scales_w:scalar?",
     cost=cost.reduction(2))
@@ -516,7 +516,7 @@ def upsample(node, grads, ctx):
     return each(node, lambda i: apply_dims(ctx.xp(node), grads[0], mats, adjoint=True))
 
 
-@op(*(f"{n}BackwardBackward0" for n in _UPSAMPLE),
+@op(*(f"{n}BackwardBackward0" for n in _UPSAMPLE), outputs=1,
     saved="output_size:sizes align_corners:bool? scales:scalar? scales_d:scalar? scales_h:scalar? scales_w:scalar?",
     cost=cost.reduction(2))
 def upsample_backward_backward(node, grads, ctx):
@@ -528,7 +528,7 @@ def upsample_backward_backward(node, grads, ctx):
     return each(node, lambda i: apply_dims(ctx.xp(node), g, mats, adjoint=False))
 
 
-@op("AdaptiveAvgPool2DBackward0", "AdaptiveAvgPool3DBackward0", saved="self:tensor", cost=cost.reduction(1))
+@op("AdaptiveAvgPool2DBackward0", "AdaptiveAvgPool3DBackward0", outputs=1, saved="self:tensor", cost=cost.reduction(1))
 def adaptive_avg_pool(node, grads, ctx):
     """adaptive average pooling: each output's gradient spread evenly over its (possibly overlapping) window."""
     x = ctx.saved(node)["self"]
@@ -538,7 +538,7 @@ def adaptive_avg_pool(node, grads, ctx):
     return each(node, lambda i: apply_dims(ctx.xp(node), g, mats, adjoint=True))
 
 
-@op("AdaptiveAvgPool2DBackwardBackward0", "AdaptiveAvgPool3DBackwardBackward0",
+@op("AdaptiveAvgPool2DBackwardBackward0", "AdaptiveAvgPool3DBackwardBackward0", outputs=2,
     saved="grad_output_sym_argsize_minus_3:int? grad_output_sym_argsize_minus_2:int "
           "grad_output_sym_argsize_minus_1:int", cost=cost.reduction(1))
 def adaptive_avg_pool_backward_backward(node, grads, ctx):
@@ -571,7 +571,7 @@ def _avg_pool_mats(sv, in_spatial, out_spatial=None):
     return mats, (float(override) if override else None)
 
 
-@op("AvgPool2DBackward0", "AvgPool3DBackward0",
+@op("AvgPool2DBackward0", "AvgPool3DBackward0", outputs=1,
     saved="self:tensor kernel_size:ints stride:ints? padding:ints? ceil_mode:bool? count_include_pad:bool? "
           "divisor_override:int?",
     cost=cost.reduction(1))
@@ -586,7 +586,7 @@ def avg_pool(node, grads, ctx):
     return each(node, lambda i: dx / override if override else dx)
 
 
-@op("AvgPool2DBackwardBackward0", "AvgPool3DBackwardBackward0",
+@op("AvgPool2DBackwardBackward0", "AvgPool3DBackwardBackward0", outputs=2,
     saved="kernel_size:ints stride:ints? padding:ints? ceil_mode:bool? count_include_pad:bool? divisor_override:int?",
     cost=cost.reduction(1))
 def avg_pool_backward_backward(node, grads, ctx):
@@ -615,7 +615,7 @@ _PADS = ("ReflectionPad1D", "ReflectionPad2D", "ReflectionPad3D", "ReplicationPa
          "ReplicationPad3D")
 
 
-@op(*(f"{n}Backward0" for n in _PADS), saved="self:tensor padding:ints", cost=cost.reduction(1))
+@op(*(f"{n}Backward0" for n in _PADS), outputs=1, saved="self:tensor padding:ints", cost=cost.reduction(1))
 def reflection_replication_pad(node, grads, ctx):
     """reflection / replication padding: each padded element's gradient back to the element it copies."""
     x = ctx.saved(node)["self"]
@@ -625,7 +625,7 @@ def reflection_replication_pad(node, grads, ctx):
     return each(node, lambda i: apply_dims(ctx.xp(node), grads[0], mats, adjoint=True))
 
 
-@op(*(f"{n}BackwardBackward0" for n in _PADS), saved="padding:ints", cost=cost.reduction(1))
+@op(*(f"{n}BackwardBackward0" for n in _PADS), outputs=2, saved="padding:ints", cost=cost.reduction(1))
 def pad_backward_backward(node, grads, ctx):
     """padding's backward, differentiated: the padded gradient to grad_output; zero to the input."""
     g = grads[0]
@@ -663,7 +663,7 @@ def _gather_indices(xp, g, idx, k):
     return out.reshape(idx.shape)
 
 
-@op("MaxPool1DWithIndicesBackward0", "MaxPool2DWithIndicesBackward0", "MaxPool3DWithIndicesBackward0",
+@op("MaxPool1DWithIndicesBackward0", "MaxPool2DWithIndicesBackward0", "MaxPool3DWithIndicesBackward0", outputs=1,
     saved="self:tensor result1:tensor kernel_size:ints stride:ints? padding:ints? dilation:ints? ceil_mode:bool?",
     cost=cost.COPY)
 def max_pool(node, grads, ctx):
@@ -675,7 +675,7 @@ def max_pool(node, grads, ctx):
 
 
 @op("AdaptiveMaxPool2DBackward0", "AdaptiveMaxPool3DBackward0", "FractionalMaxPool2DBackward0",
-    "FractionalMaxPool3DBackward0", saved="self:tensor result1:tensor kernel_size:ints? output_size:ints?",
+    "FractionalMaxPool3DBackward0", outputs=1, saved="self:tensor result1:tensor kernel_size:ints? output_size:ints?",
     cost=cost.COPY)
 def adaptive_max_pool(node, grads, ctx):
     """adaptive and fractional max pooling: each output's gradient to the input it chose."""
@@ -686,7 +686,7 @@ def adaptive_max_pool(node, grads, ctx):
 
 
 @op("MaxPool2DWithIndicesBackwardBackward0", "MaxPool3DWithIndicesBackwardBackward0",
-    "AdaptiveMaxPool2DBackwardBackward0", "AdaptiveMaxPool3DBackwardBackward0", saved="indices:tensor",
+    "AdaptiveMaxPool2DBackwardBackward0", "AdaptiveMaxPool3DBackwardBackward0", outputs=2, saved="indices:tensor",
     cost=cost.COPY)
 def max_pool_backward_backward(node, grads, ctx):
     """max pooling's backward, differentiated: the gradient at the chosen inputs to grad_output; zero to the input."""
@@ -697,7 +697,7 @@ def max_pool_backward_backward(node, grads, ctx):
     return each(node, lambda i: _gather_indices(xp, g, idx, k) if i == 0 else xp.zeros_like(g))
 
 
-@op("MaxUnpool2DBackward0", "MaxUnpool3DBackward0", saved="indices:tensor", cost=cost.COPY)
+@op("MaxUnpool2DBackward0", "MaxUnpool3DBackward0", outputs=1, saved="indices:tensor", cost=cost.COPY)
 def max_unpool(node, grads, ctx):
     """max_unpool(x, indices): x was written at the flat spatial indices, so its gradient is read there."""
     idx = ctx.saved(node)["indices"].astype(np.int64, copy=False)
@@ -738,7 +738,7 @@ def _batch_norm_backward(node, grads, ctx, mean_key, invstd_key, training, eps):
     return each(node, out)
 
 
-@op("NativeBatchNormBackward0",
+@op("NativeBatchNormBackward0", outputs=3,
     saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
           "training:bool? eps:scalar?",
     cost=cost.pointwise(8))
@@ -749,7 +749,7 @@ def batch_norm(node, grads, ctx):
                                 num(sv.get("eps", 1e-5)))
 
 
-@op("CudnnBatchNormBackward0", "MiopenBatchNormBackward0",
+@op("CudnnBatchNormBackward0", "MiopenBatchNormBackward0", outputs=3,
     saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
           "result3:tensor? training:bool? epsilon:scalar?",
     cost=cost.pointwise(8))
@@ -760,7 +760,7 @@ def vendor_batch_norm(node, grads, ctx):
                                 num(sv.get("epsilon", 1e-5)))
 
 
-@op("NativeLayerNormBackward0",
+@op("NativeLayerNormBackward0", outputs=3,
     saved="input:tensor result1:tensor result2:tensor normalized_shape:sizes weight:tensor? bias:tensor?",
     cost=cost.pointwise(8))
 def layer_norm(node, grads, ctx):
@@ -828,7 +828,7 @@ def _norm_double_backward(xp, x, go, w, mean, rstd, axes, ggx, ggw, ggb):
     return g_go, g_x, g_w
 
 
-@op("NativeBatchNormBackwardBackward0",
+@op("NativeBatchNormBackwardBackward0", outputs=5,
     saved="grad_out:tensor input:tensor weight:tensor? running_mean:tensor? running_var:tensor? save_mean:tensor? "
           "save_invstd:tensor? train:bool? eps:scalar?",
     cost=cost.pointwise(24))
@@ -870,7 +870,7 @@ def batch_norm_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("NativeLayerNormBackwardBackward0",
+@op("NativeLayerNormBackwardBackward0", outputs=6,
     saved="grad_out:tensor input:tensor mean:tensor rstd:tensor normalized_shape:sizes weight:tensor?",
     cost=cost.pointwise(24))
 def layer_norm_backward_backward(node, grads, ctx):
@@ -897,7 +897,7 @@ def layer_norm_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("NativeGroupNormBackward0",
+@op("NativeGroupNormBackward0", outputs=3,
     saved="input:tensor result1:tensor result2:tensor weight:tensor? N:int C:int HxW:int group:int eps:scalar?",
     cost=cost.pointwise(8))
 def group_norm(node, grads, ctx):
@@ -926,7 +926,7 @@ def group_norm(node, grads, ctx):
     return each(node, out)
 
 
-@op("WeightNormInterfaceBackward0", saved="v:tensor g:tensor result1:tensor dim:int", cost=cost.pointwise(6))
+@op("WeightNormInterfaceBackward0", outputs=2, saved="v:tensor g:tensor result1:tensor dim:int", cost=cost.pointwise(6))
 def weight_norm(node, grads, ctx):
     """weight norm w = g v / ||v|| (norm over every dim but ``dim``): gradients to v and g."""
     sv = ctx.saved(node)

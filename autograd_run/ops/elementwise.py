@@ -40,43 +40,40 @@ def _scaled(g, alpha):
 # --- add, sub, mul, div, neg ------------------------------------------------------------------------------
 
 
-@op("AddBackward0", saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
+@op("AddBackward0", outputs=2, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
 def add(node, grads, ctx):
     """a + alpha * b: the gradient passes to a, times conj(alpha) to b."""
     g = grads[0]
     nxt = node.next
     if g.dtype.kind == "c":
         return each(node, lambda i: real_for(node, i, g if i == 0 else _scaled(g, node.saved.get("alpha", 1))))
-    if len(nxt) == 1:
-        return [g]
     alpha = node.saved.get("alpha", 1)
     return [None if nxt[0] is None else g, None if nxt[1] is None else (g if alpha == 1 else g * num(alpha))]
 
 
-@op("AddBackward1", saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
+@op("AddBackward1", outputs=1, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
 def add_scalar(node, grads, ctx):
     """a + other (a number): the gradient passes through."""
     return each(node, lambda i: real_for(node, i, grads[0]))
 
 
-@op("SubBackward0", saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(1))
+@op("SubBackward0", outputs=2, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(1))
 def sub(node, grads, ctx):
     """a - alpha * b."""
     g = grads[0]
     alpha = node.saved.get("alpha", 1)
     if g.dtype.kind == "c":
         return each(node, lambda i: real_for(node, i, g if i == 0 else -_scaled(g, alpha)))
-    return [None if node.next[0] is None else g,
-            None if len(node.next) < 2 or node.next[1] is None else -g * num(alpha)]
+    return [None if node.next[0] is None else g, None if node.next[1] is None else -g * num(alpha)]
 
 
-@op("SubBackward1", saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
+@op("SubBackward1", outputs=1, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
 def sub_scalar(node, grads, ctx):
     """a - other (a number): the gradient passes through."""
     return each(node, lambda i: real_for(node, i, grads[0]))
 
 
-@op("RsubBackward0", saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(1))
+@op("RsubBackward0", outputs=2, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(1))
 def rsub(node, grads, ctx):
     """other - alpha * a (torch.rsub(a, other)): -alpha g to a, g to other."""
     g = grads[0]
@@ -84,14 +81,14 @@ def rsub(node, grads, ctx):
     return each(node, lambda i: real_for(node, i, -_scaled(g, alpha) if i == 0 else g))
 
 
-@op("RsubBackward1", saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(1))
+@op("RsubBackward1", outputs=1, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(1))
 def rsub_scalar(node, grads, ctx):
     """other - alpha * a, other a number."""
     alpha = node.saved.get("alpha", 1)
     return each(node, lambda i: real_for(node, i, -_scaled(grads[0], alpha)))
 
 
-@op("MulBackward0", saved="self:tensor? other:tensor?", elementwise=True, cost=cost.pointwise(1))
+@op("MulBackward0", outputs=2, saved="self:tensor? other:tensor?", elementwise=True, cost=cost.pointwise(1))
 def mul(node, grads, ctx):
     """a * b: each side gets the gradient times the other's conjugate."""
     g = grads[0]
@@ -99,12 +96,10 @@ def mul(node, grads, ctx):
     nxt = node.next
     if g.dtype.kind == "c":  # a real gradient means real operands: no conjugation
         return each(node, lambda i: real_for(node, i, g * conj(s["other"] if i == 0 else s["self"])))
-    if len(nxt) != 2:
-        return each(node, lambda i: g * (s["other"] if i == 0 else s["self"]))
     return [None if nxt[0] is None else g * s["other"], None if nxt[1] is None else g * s["self"]]
 
 
-@op("MulBackward1", saved="other:scalar", elementwise=True, cost=cost.pointwise(1))
+@op("MulBackward1", outputs=1, saved="other:scalar", elementwise=True, cost=cost.pointwise(1))
 def mul_scalar(node, grads, ctx):
     """a * other, other a number."""
     other = num(node.saved["other"])
@@ -123,20 +118,20 @@ def _div(node, g, s):
     return each(node, out)
 
 
-@op("DivBackward0", saved="self:tensor? other:tensor?", elementwise=True, cost=cost.pointwise(3))
+@op("DivBackward0", outputs=2, saved="self:tensor? other:tensor?", elementwise=True, cost=cost.pointwise(3))
 def div(node, grads, ctx):
     """a / b: g / conj(b) and -g conj(a / b**2)."""
     return _div(node, grads[0], ctx.saved(node))
 
 
-@op("DivBackward1", saved="other:scalar", elementwise=True, cost=cost.pointwise(1))
+@op("DivBackward1", outputs=1, saved="other:scalar", elementwise=True, cost=cost.pointwise(1))
 def div_scalar(node, grads, ctx):
     """a / other, other a number."""
     other = num(node.saved["other"])
     return each(node, lambda i: real_for(node, i, grads[0] / conj(other)))
 
 
-@op("DivBackward2", saved="self:tensor? other:tensor? rounding_mode:str?", elementwise=True,
+@op("DivBackward2", outputs=2, saved="self:tensor? other:tensor? rounding_mode:str?", elementwise=True,
     cost=cost.pointwise(3))
 def div_mode(node, grads, ctx):
     """a / b with a rounding mode: zero gradients ('trunc', 'floor'); as a / b without one."""
@@ -147,7 +142,7 @@ def div_mode(node, grads, ctx):
     return each(node, lambda i: _zeros_for(node, i, xp))
 
 
-@op("DivBackward3", saved="other:scalar rounding_mode:str?", elementwise=True, cost=cost.pointwise(1))
+@op("DivBackward3", outputs=1, saved="other:scalar rounding_mode:str?", elementwise=True, cost=cost.pointwise(1))
 def div_scalar_mode(node, grads, ctx):
     """a / other (a number) with a rounding mode: a zero gradient; as a / other without one."""
     if node.saved.get("rounding_mode") is None:
@@ -157,7 +152,7 @@ def div_scalar_mode(node, grads, ctx):
     return each(node, lambda i: _zeros_for(node, i, xp))
 
 
-@op("NegBackward0", elementwise=True, cost=cost.pointwise(1))
+@op("NegBackward0", outputs=1, elementwise=True, cost=cost.pointwise(1))
 def neg(node, grads, ctx):
     """-a."""
     return each(node, lambda i: -grads[0])
@@ -166,7 +161,7 @@ def neg(node, grads, ctx):
 # --- powers, exponentials, logarithms ---------------------------------------------------------------------
 
 
-@op("PowBackward0", saved="self:tensor exponent:scalar", elementwise=True, cost=cost.pointwise(3))
+@op("PowBackward0", outputs=1, saved="self:tensor exponent:scalar", elementwise=True, cost=cost.pointwise(3))
 def pow_scalar(node, grads, ctx):
     """a ** e with a number e: g * conj(e * a**(e-1)); zero for e == 0."""
     sv = ctx.saved(node)
@@ -178,7 +173,8 @@ def pow_scalar(node, grads, ctx):
     return each(node, lambda i: real_for(node, i, grads[0] * conj(e * x ** (e - 1))))
 
 
-@op("PowBackward1", saved="self:tensor exponent:tensor result:tensor", elementwise=True, cost=cost.pointwise(8))
+@op("PowBackward1", outputs=2,
+    saved="self:tensor exponent:tensor result:tensor", elementwise=True, cost=cost.pointwise(8))
 def pow_tensor(node, grads, ctx):
     """a ** b, both tensors: g conj(b a**(b-1)) (0 where b == 0) and g conj(result log a) (0 where a == 0 <= b)."""
     sv = ctx.saved(node)
@@ -196,7 +192,8 @@ def pow_tensor(node, grads, ctx):
     return each(node, out)
 
 
-@op("PowBackward2", saved="self:scalar exponent:tensor result:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("PowBackward2", outputs=1,
+    saved="self:scalar exponent:tensor result:tensor", elementwise=True, cost=cost.pointwise(3))
 def pow_scalar_base(node, grads, ctx):
     """base ** b, base a number: g conj(result log base) (0 where base == 0 <= b)."""
     sv = ctx.saved(node)
@@ -211,7 +208,7 @@ def pow_scalar_base(node, grads, ctx):
     return each(node, lambda i: real_for(node, i, grads[0] * d))
 
 
-@op("ExpBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(1))
+@op("ExpBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(1))
 def exp(node, grads, ctx):
     """exp(a): g * conj(result)."""
     r = ctx.saved(node)["result"]
@@ -220,21 +217,21 @@ def exp(node, grads, ctx):
     return each(node, lambda i: grads[0] * r)
 
 
-@op("Exp2Backward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("Exp2Backward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
 def exp2(node, grads, ctx):
     """2 ** a: g * conj(result) * ln 2."""
     r = ctx.saved(node)["result"]
     return each(node, lambda i: grads[0] * conj(r) * _LN2)
 
 
-@op("Expm1Backward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("Expm1Backward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
 def expm1(node, grads, ctx):
     """exp(a) - 1: g * (conj(result) + 1)."""
     r = ctx.saved(node)["result"]
     return each(node, lambda i: grads[0] * (conj(r) + 1))
 
 
-@op("LogBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(1))
+@op("LogBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(1))
 def log(node, grads, ctx):
     """log(a): g / conj(a)."""
     s = ctx.saved(node)["self"]
@@ -243,28 +240,28 @@ def log(node, grads, ctx):
     return each(node, lambda i: grads[0] / s)
 
 
-@op("Log2Backward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("Log2Backward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def log2(node, grads, ctx):
     """log2(a): g / (conj(a) ln 2)."""
     s = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] / (conj(s) * _LN2))
 
 
-@op("Log10Backward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("Log10Backward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def log10(node, grads, ctx):
     """log10(a): g / (conj(a) ln 10)."""
     s = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] / (conj(s) * _LN10))
 
 
-@op("Log1PBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("Log1PBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def log1p(node, grads, ctx):
     """log(1 + a): g / conj(1 + a)."""
     s = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] / conj(s + 1))
 
 
-@op("SqrtBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("SqrtBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
 def sqrt(node, grads, ctx):
     """sqrt(a): g / (2 conj(result))."""
     r = ctx.saved(node)["result"]
@@ -273,7 +270,7 @@ def sqrt(node, grads, ctx):
     return each(node, lambda i: grads[0] / (2 * r))
 
 
-@op("RsqrtBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("RsqrtBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(4))
 def rsqrt(node, grads, ctx):
     """1/sqrt(a): -g conj(result**3) / 2."""
     r = ctx.saved(node)["result"]
@@ -282,14 +279,14 @@ def rsqrt(node, grads, ctx):
     return each(node, lambda i: -0.5 * grads[0] * r * r * r)
 
 
-@op("ReciprocalBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("ReciprocalBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(2))
 def reciprocal(node, grads, ctx):
     """1/a: -g conj(result**2)."""
     r = ctx.saved(node)["result"]
     return each(node, lambda i: -grads[0] * conj(r * r))
 
 
-@op("XlogyBackward0", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("XlogyBackward0", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(4))
 def xlogy(node, grads, ctx):
     """x log y: g log y (0 where g == 0, or x == 0 and y <= 0) to x; g x / y to y."""
     sv = ctx.saved(node)
@@ -305,14 +302,14 @@ def xlogy(node, grads, ctx):
     return each(node, out)
 
 
-@op("XlogyBackward1", saved="self:scalar other:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("XlogyBackward1", outputs=1, saved="self:scalar other:tensor", elementwise=True, cost=cost.pointwise(2))
 def xlogy_scalar_self(node, grads, ctx):
     """x log y with x a number: g x / y."""
     sv = ctx.saved(node)
     return each(node, lambda i: grads[0] * num(sv["self"]) / sv["other"])
 
 
-@op("XlogyBackward2", saved="self:tensor other:scalar", elementwise=True, cost=cost.pointwise(2))
+@op("XlogyBackward2", outputs=1, saved="self:tensor other:scalar", elementwise=True, cost=cost.pointwise(2))
 def xlogy_scalar_other(node, grads, ctx):
     """x log y with y a number: g log y (0 where g == 0; also where x == 0 if y <= 0)."""
     sv = ctx.saved(node)
@@ -328,7 +325,7 @@ def xlogy_scalar_other(node, grads, ctx):
 # --- absolute value, sign, rounding -------------------------------------------------------------------------
 
 
-@op("AbsBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("AbsBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def abs_(node, grads, ctx):
     """|a|: g * sgn(a) (a / |a| for complex a)."""
     x = ctx.saved(node)["self"]
@@ -337,7 +334,7 @@ def abs_(node, grads, ctx):
     return each(node, lambda i: grads[0] * sgn(ctx.xp(node), x))
 
 
-@op("SgnBackward0", saved="self:tensor result:tensor", elementwise=True, cost=cost.pointwise(6))
+@op("SgnBackward0", outputs=1, saved="self:tensor result:tensor", elementwise=True, cost=cost.pointwise(6))
 def sgn_(node, grads, ctx):
     """sgn(a) = a / |a|: (g - sgn**2 conj(g)) / (2|a|) for complex a (0 at 0); zero for real a."""
     sv = ctx.saved(node)
@@ -357,39 +354,39 @@ def _zero_grad(node, grads, ctx):
     return each(node, lambda i: xp.zeros_like(grads[0]))
 
 
-@op("SignBackward0", "FloorBackward0", "CeilBackward0", "RoundBackward0", "RoundBackward1", "TruncBackward0",
+@op("SignBackward0", "FloorBackward0", "CeilBackward0", "RoundBackward0", "RoundBackward1", "TruncBackward0", outputs=1,
     elementwise=True, cost=cost.pointwise(0))
 def zero_grad(node, grads, ctx):
     """sign, floor, ceil, round, trunc: piecewise constant, a zero gradient."""
     return _zero_grad(node, grads, ctx)
 
 
-@op("FracBackward0", elementwise=True, cost=cost.VIEW)
+@op("FracBackward0", outputs=1, elementwise=True, cost=cost.VIEW)
 def frac(node, grads, ctx):
     """frac(a) = a - trunc(a): the gradient passes through."""
     return each(node, lambda i: grads[0])
 
 
-@op("NanToNumBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("NanToNumBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def nan_to_num(node, grads, ctx):
     """nan_to_num(a): the gradient where a is finite."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * ctx.xp(node).isfinite(x))
 
 
-@op("Deg2RadBackward0", elementwise=True, cost=cost.pointwise(1))
+@op("Deg2RadBackward0", outputs=1, elementwise=True, cost=cost.pointwise(1))
 def deg2rad(node, grads, ctx):
     """a * pi / 180."""
     return each(node, lambda i: grads[0] * (math.pi / 180.0))
 
 
-@op("Rad2DegBackward0", elementwise=True, cost=cost.pointwise(1))
+@op("Rad2DegBackward0", outputs=1, elementwise=True, cost=cost.pointwise(1))
 def rad2deg(node, grads, ctx):
     """a * 180 / pi."""
     return each(node, lambda i: grads[0] * (180.0 / math.pi))
 
 
-@op("CopysignBackward0", saved="self:tensor result:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("CopysignBackward0", outputs=2, saved="self:tensor result:tensor", elementwise=True, cost=cost.pointwise(3))
 def copysign(node, grads, ctx):
     """copysign(a, b): g * result / a (0 where a == 0) to a; zero to b."""
     sv = ctx.saved(node)
@@ -404,7 +401,7 @@ def copysign(node, grads, ctx):
     return each(node, out)
 
 
-@op("CopysignBackward1", saved="self:tensor result:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("CopysignBackward1", outputs=1, saved="self:tensor result:tensor", elementwise=True, cost=cost.pointwise(3))
 def copysign_scalar(node, grads, ctx):
     """copysign(a, number): g * result / a (0 where a == 0)."""
     sv = ctx.saved(node)
@@ -418,7 +415,7 @@ def copysign_scalar(node, grads, ctx):
 # --- trigonometric and hyperbolic ---------------------------------------------------------------------------
 
 
-@op("SinBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("SinBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def sin(node, grads, ctx):
     """sin(a): g conj(cos a)."""
     x = ctx.saved(node)["self"]
@@ -427,7 +424,7 @@ def sin(node, grads, ctx):
     return each(node, lambda i: grads[0] * conj(ctx.xp(node).cos(x)))
 
 
-@op("CosBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("CosBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def cos(node, grads, ctx):
     """cos(a): -g conj(sin a)."""
     x = ctx.saved(node)["self"]
@@ -436,56 +433,56 @@ def cos(node, grads, ctx):
     return each(node, lambda i: -grads[0] * conj(ctx.xp(node).sin(x)))
 
 
-@op("TanBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("TanBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(3))
 def tan(node, grads, ctx):
     """tan(a): g conj(1 + result**2)."""
     r = ctx.saved(node)["result"]
     return each(node, lambda i: grads[0] * conj(1 + r * r))
 
 
-@op("SinhBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("SinhBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def sinh(node, grads, ctx):
     """sinh(a): g conj(cosh a)."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * conj(ctx.xp(node).cosh(x)))
 
 
-@op("CoshBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("CoshBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def cosh(node, grads, ctx):
     """cosh(a): g conj(sinh a)."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * conj(ctx.xp(node).sinh(x)))
 
 
-@op("AsinBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("AsinBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
 def asin(node, grads, ctx):
     """asin(a): g conj(1 / sqrt(1 - a**2))."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * conj(1 / ctx.xp(node).sqrt(1 - x * x)))
 
 
-@op("AcosBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("AcosBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
 def acos(node, grads, ctx):
     """acos(a): -g conj(1 / sqrt(1 - a**2))."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: -grads[0] * conj(1 / ctx.xp(node).sqrt(1 - x * x)))
 
 
-@op("AtanBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("AtanBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(3))
 def atan(node, grads, ctx):
     """atan(a): g / conj(1 + a**2)."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] / conj(1 + x * x))
 
 
-@op("AsinhBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("AsinhBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
 def asinh(node, grads, ctx):
     """asinh(a): g conj(1 / sqrt(a**2 + 1))."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * conj(1 / ctx.xp(node).sqrt(x * x + 1)))
 
 
-@op("AcoshBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("AcoshBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
 def acosh(node, grads, ctx):
     """acosh(a): g / sqrt(a**2 - 1) (complex: g conj(1 / (sqrt(a + 1) sqrt(a - 1))))."""
     x = ctx.saved(node)["self"]
@@ -495,14 +492,14 @@ def acosh(node, grads, ctx):
     return each(node, lambda i: grads[0] / xp.sqrt(x * x - 1))
 
 
-@op("AtanhBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("AtanhBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(3))
 def atanh(node, grads, ctx):
     """atanh(a): g / conj(1 - a**2)."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] / conj(1 - x * x))
 
 
-@op("Atan2Backward0", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(5))
+@op("Atan2Backward0", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(5))
 def atan2(node, grads, ctx):
     """atan2(y, x): g x / (x**2 + y**2) to y, -g y / (x**2 + y**2) to x."""
     sv = ctx.saved(node)
@@ -511,14 +508,15 @@ def atan2(node, grads, ctx):
     return each(node, lambda i: r * x if i == 0 else -r * y)
 
 
-@op("HypotBackward0", saved="self:tensor other:tensor result:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("HypotBackward0", outputs=2,
+    saved="self:tensor other:tensor result:tensor", elementwise=True, cost=cost.pointwise(2))
 def hypot(node, grads, ctx):
     """hypot(a, b) = sqrt(a**2 + b**2): g a / result and g b / result."""
     sv = ctx.saved(node)
     return each(node, lambda i: grads[0] * (sv["self"] if i == 0 else sv["other"]) / sv["result"])
 
 
-@op("SincBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(8))
+@op("SincBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(8))
 def sinc(node, grads, ctx):
     """sin(pi a) / (pi a): g conj((pi a cos(pi a) - sin(pi a)) / (pi a**2)), 0 at a == 0."""
     x = ctx.saved(node)["self"]
@@ -532,21 +530,21 @@ def sinc(node, grads, ctx):
 # --- special functions ------------------------------------------------------------------------------------
 
 
-@op("ErfBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("ErfBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
 def erf_(node, grads, ctx):
     """erf(a): g 2/sqrt(pi) exp(-a**2)."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * (_TWO_OVER_SQRT_PI * ctx.xp(node).exp(-x * x)))
 
 
-@op("ErfcBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("ErfcBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
 def erfc(node, grads, ctx):
     """erfc(a): -g 2/sqrt(pi) exp(-a**2)."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * (-_TWO_OVER_SQRT_PI * ctx.xp(node).exp(-x * x)))
 
 
-@op("ErfinvBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(30))
+@op("ErfinvBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(30))
 def erfinv_(node, grads, ctx):
     """erfinv(a): g sqrt(pi)/2 exp(erfinv(a)**2)."""
     x = ctx.saved(node)["self"]
@@ -555,21 +553,21 @@ def erfinv_(node, grads, ctx):
     return each(node, lambda i: grads[0] * (math.sqrt(math.pi) / 2 * xp.exp(y * y)))
 
 
-@op("LgammaBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(30))
+@op("LgammaBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(30))
 def lgamma(node, grads, ctx):
     """lgamma(a): g digamma(a)."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * digamma(ctx.xp(node), x))
 
 
-@op("DigammaBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(30))
+@op("DigammaBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(30))
 def digamma_(node, grads, ctx):
     """digamma(a): g trigamma(a)."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: grads[0] * trigamma(ctx.xp(node), x))
 
 
-@op("LogitBackward0", saved="self:tensor eps:scalar?", elementwise=True, cost=cost.pointwise(4))
+@op("LogitBackward0", outputs=1, saved="self:tensor eps:scalar?", elementwise=True, cost=cost.pointwise(4))
 def logit(node, grads, ctx):
     """log(a / (1 - a)): g / (a (1 - a)); outside [eps, 1 - eps] zero, or NaN outside [0, 1] without eps."""
     sv = ctx.saved(node)
@@ -584,7 +582,7 @@ def logit(node, grads, ctx):
     return each(node, lambda i: d)
 
 
-@op("LogaddexpBackward0", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("LogaddexpBackward0", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(4))
 def logaddexp(node, grads, ctx):
     """log(exp a + exp b): g / (1 + exp(b - a)) to a, g / (1 + exp(a - b)) to b."""
     sv = ctx.saved(node)
@@ -594,7 +592,7 @@ def logaddexp(node, grads, ctx):
         return each(node, lambda i: grads[0] / conj(1 + xp.exp(b - a if i == 0 else a - b)))
 
 
-@op("Logaddexp2Backward0", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("Logaddexp2Backward0", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(4))
 def logaddexp2(node, grads, ctx):
     """log2(2**a + 2**b): g / (1 + 2**(b - a)) to a, g / (1 + 2**(a - b)) to b."""
     sv = ctx.saved(node)
@@ -606,7 +604,7 @@ def logaddexp2(node, grads, ctx):
 # --- clamp, minimum, maximum, where -----------------------------------------------------------------------
 
 
-@op("ClampBackward1", saved="self:tensor min:scalar? max:scalar?", elementwise=True, cost=cost.pointwise(2))
+@op("ClampBackward1", outputs=1, saved="self:tensor min:scalar? max:scalar?", elementwise=True, cost=cost.pointwise(2))
 def clamp(node, grads, ctx):
     """clamp(a, min, max) with numbers: the gradient where min <= a <= max."""
     sv = ctx.saved(node)
@@ -619,7 +617,7 @@ def clamp(node, grads, ctx):
     return each(node, lambda i: grads[0] * mask)
 
 
-@op("ClampBackward0", saved="self:tensor min:tensor? max:tensor?", elementwise=True, cost=cost.pointwise(4))
+@op("ClampBackward0", outputs=3, saved="self:tensor min:tensor? max:tensor?", elementwise=True, cost=cost.pointwise(4))
 def clamp_tensor(node, grads, ctx):
     """clamp(a, min, max), tensors: to a inside [min, max], to min where a < min < max, to max past it or min > max."""
     sv = ctx.saved(node)
@@ -640,21 +638,21 @@ def clamp_tensor(node, grads, ctx):
     return each(node, out)
 
 
-@op("ClampMinBackward0", saved="self:tensor min:scalar", elementwise=True, cost=cost.pointwise(2))
+@op("ClampMinBackward0", outputs=1, saved="self:tensor min:scalar", elementwise=True, cost=cost.pointwise(2))
 def clamp_min(node, grads, ctx):
     """clamp_min(a, number): the gradient where a >= min."""
     sv = ctx.saved(node)
     return each(node, lambda i: grads[0] * (sv["self"] >= num(sv["min"])))
 
 
-@op("ClampMaxBackward0", saved="self:tensor max:scalar", elementwise=True, cost=cost.pointwise(2))
+@op("ClampMaxBackward0", outputs=1, saved="self:tensor max:scalar", elementwise=True, cost=cost.pointwise(2))
 def clamp_max(node, grads, ctx):
     """clamp_max(a, number): the gradient where a <= max."""
     sv = ctx.saved(node)
     return each(node, lambda i: grads[0] * (sv["self"] <= num(sv["max"])))
 
 
-@op("ClampMinBackward1", saved="self:tensor min:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("ClampMinBackward1", outputs=2, saved="self:tensor min:tensor", elementwise=True, cost=cost.pointwise(2))
 def clamp_min_tensor(node, grads, ctx):
     """clamp_min(a, tensor): the gradient to a where a >= min, to min elsewhere."""
     sv = ctx.saved(node)
@@ -662,7 +660,7 @@ def clamp_min_tensor(node, grads, ctx):
     return each(node, lambda i: grads[0] * (keep if i == 0 else ~keep))
 
 
-@op("ClampMaxBackward1", saved="self:tensor max:tensor", elementwise=True, cost=cost.pointwise(2))
+@op("ClampMaxBackward1", outputs=2, saved="self:tensor max:tensor", elementwise=True, cost=cost.pointwise(2))
 def clamp_max_tensor(node, grads, ctx):
     """clamp_max(a, tensor): the gradient to a where a <= max, to max elsewhere."""
     sv = ctx.saved(node)
@@ -679,13 +677,13 @@ def _min_max(node, grads, ctx, self_loses, other_loses):
     return each(node, lambda i: xp.where(self_loses(xp, a, b) if i == 0 else other_loses(xp, a, b), 0, split))
 
 
-@op("MaximumBackward0", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("MaximumBackward0", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
 def maximum(node, grads, ctx):
     """maximum(a, b): the gradient to the larger, split in half on ties."""
     return _min_max(node, grads, ctx, lambda xp, a, b: a < b, lambda xp, a, b: a > b)
 
 
-@op("MinimumBackward0", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("MinimumBackward0", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
 def minimum(node, grads, ctx):
     """minimum(a, b): the gradient to the smaller, split in half on ties."""
     return _min_max(node, grads, ctx, lambda xp, a, b: a > b, lambda xp, a, b: a < b)
@@ -699,19 +697,19 @@ def _pick(node, grads, ctx, self_wins):
     return each(node, lambda i: xp.where(win if i == 0 else ~win, g, 0))
 
 
-@op("FmaxBackward0", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("FmaxBackward0", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
 def fmax(node, grads, ctx):
     """fmax(a, b): the whole gradient to a where a >= b or b is NaN (ties included), to b elsewhere."""
     return _pick(node, grads, ctx, lambda xp, a, b: (a >= b) | xp.isnan(b))
 
 
-@op("FminBackward0", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("FminBackward0", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
 def fmin(node, grads, ctx):
     """fmin(a, b): the whole gradient to a where a <= b or b is NaN (ties included), to b elsewhere."""
     return _pick(node, grads, ctx, lambda xp, a, b: (a <= b) | xp.isnan(b))
 
 
-@op("WhereBackward0", saved="condition:tensor", cost=cost.pointwise(1))
+@op("WhereBackward0", outputs=2, saved="condition:tensor", cost=cost.pointwise(1))
 def where(node, grads, ctx):
     """where(c, a, b): the gradient to a where c holds, to b elsewhere."""
     c = ctx.saved(node)["condition"]
@@ -725,14 +723,14 @@ def where(node, grads, ctx):
 # --- lerp, addcmul, addcdiv, fmod, remainder ---------------------------------------------------------------
 
 
-@op("LerpBackward0", saved="weight:scalar", elementwise=True, cost=cost.pointwise(2))
+@op("LerpBackward0", outputs=2, saved="weight:scalar", elementwise=True, cost=cost.pointwise(2))
 def lerp_scalar(node, grads, ctx):
     """a + w (b - a), w a number: g (1 - conj w) to a, g conj(w) to b."""
     w = num(node.saved["weight"])
     return each(node, lambda i: grads[0] * ((1 - conj(w)) if i == 0 else conj(w)))
 
 
-@op("LerpBackward1", saved="self:tensor end:tensor weight:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("LerpBackward1", outputs=3, saved="self:tensor end:tensor weight:tensor", elementwise=True, cost=cost.pointwise(3))
 def lerp_tensor(node, grads, ctx):
     """a + w (b - a), w a tensor: g conj(1 - w), g conj(w), g conj(b - a)."""
     sv = ctx.saved(node)
@@ -741,7 +739,7 @@ def lerp_tensor(node, grads, ctx):
     return each(node, lambda i: real_for(node, i, g * conj((1 - w, w, b - a)[i])))
 
 
-@op("AddcmulBackward0", saved="tensor1:tensor? tensor2:tensor? value:scalar", elementwise=True,
+@op("AddcmulBackward0", outputs=3, saved="tensor1:tensor? tensor2:tensor? value:scalar", elementwise=True,
     cost=cost.pointwise(2))
 def addcmul(node, grads, ctx):
     """a + value t1 t2: g, g conj(value t2), g conj(value t1)."""
@@ -756,7 +754,7 @@ def addcmul(node, grads, ctx):
     return each(node, out)
 
 
-@op("AddcdivBackward0", saved="tensor1:tensor? tensor2:tensor value:scalar", elementwise=True,
+@op("AddcdivBackward0", outputs=3, saved="tensor1:tensor? tensor2:tensor value:scalar", elementwise=True,
     cost=cost.pointwise(4))
 def addcdiv(node, grads, ctx):
     """a + value t1 / t2: g, g conj(value / t2), -g conj(value t1 / t2**2)."""
@@ -774,13 +772,13 @@ def addcdiv(node, grads, ctx):
     return each(node, out)
 
 
-@op("FmodBackward0", "RemainderBackward0", elementwise=True, cost=cost.VIEW)
+@op("FmodBackward0", "RemainderBackward0", outputs=1, elementwise=True, cost=cost.VIEW)
 def fmod_scalar(node, grads, ctx):
     """fmod / remainder by a number: the gradient passes through."""
     return each(node, lambda i: grads[0])
 
 
-@op("FmodBackward1", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("FmodBackward1", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
 def fmod(node, grads, ctx):
     """fmod(a, b) = a - trunc(a / b) b: g to a, -g trunc(a / b) to b."""
     sv = ctx.saved(node)
@@ -788,7 +786,7 @@ def fmod(node, grads, ctx):
     return each(node, lambda i: grads[0] if i == 0 else -grads[0] * xp.trunc(sv["self"] / sv["other"]))
 
 
-@op("RemainderBackward1", saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("RemainderBackward1", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(3))
 def remainder(node, grads, ctx):
     """remainder(a, b) = a - floor(a / b) b: g to a, -g floor(a / b) to b."""
     sv = ctx.saved(node)
@@ -796,7 +794,8 @@ def remainder(node, grads, ctx):
     return each(node, lambda i: grads[0] if i == 0 else -grads[0] * xp.floor(sv["self"] / sv["other"]))
 
 
-@op("NativeDropoutBackward0", saved="result1:tensor p:scalar train:bool?", elementwise=True, cost=cost.pointwise(2))
+@op("NativeDropoutBackward0", outputs=1,
+    saved="result1:tensor p:scalar train:bool?", elementwise=True, cost=cost.pointwise(2))
 def native_dropout(node, grads, ctx):
     """native_dropout(a, p, train): g * mask / (1 - p) (0 for p == 1); g * mask when train is False.
 
@@ -809,13 +808,16 @@ def native_dropout(node, grads, ctx):
     return each(node, lambda i: grads[0] * sv["result1"] * scale)
 
 
-_SAMPLERS = ("BernoulliBackward0", "BernoulliBackward1", "BernoulliBackward2", "NormalBackward0", "NormalBackward1",
-             "NormalBackward2", "NormalBackward3", "UniformBackward0", "PoissonBackward0", "ExponentialBackward0",
-             "CauchyBackward0", "GeometricBackward0", "LogNormalBackward0", "RandomBackward0", "RandomBackward1",
-             "RandomBackward2")
+#: Samplers of one tensor (``normal(mean, 1.0)``, ``bernoulli_(a, 0.5)``, ...), and of two:
+#: ``bernoulli_(a, p)`` with a tensor p, ``normal(mean, std)`` with tensors for both.
+_SAMPLERS = ("BernoulliBackward0", "BernoulliBackward2", "NormalBackward0", "NormalBackward1", "NormalBackward2",
+             "UniformBackward0", "PoissonBackward0", "ExponentialBackward0", "CauchyBackward0", "GeometricBackward0",
+             "LogNormalBackward0", "RandomBackward0", "RandomBackward1", "RandomBackward2")
+_SAMPLERS_2 = ("BernoulliBackward1", "NormalBackward3")
 
 
-@op(*_SAMPLERS, saved="mean_sym_sizes:sizes? std_sym_sizes:sizes?", cost=cost.COPY)
+@op(*_SAMPLERS, outputs=1, saved="mean_sym_sizes:sizes? std_sym_sizes:sizes?", cost=cost.COPY)
+@op(*_SAMPLERS_2, outputs=2, saved="mean_sym_sizes:sizes? std_sym_sizes:sizes?", cost=cost.COPY)
 def sampled(node, grads, ctx):
     """random sampling (bernoulli, normal, uniform, ...): a zero gradient for every input."""
     xp = ctx.xp(node)
@@ -823,7 +825,7 @@ def sampled(node, grads, ctx):
 
 
 @op("FakeQuantizePerTensorAffineCachemaskBackward0", "FakeQuantizePerChannelAffineCachemaskBackward0",
-    "FakeQuantizePerTensorAffineCachemaskTensorQparamsBackward0", "FusedMovingAvgObsFqHelperBackward0",
+    "FakeQuantizePerTensorAffineCachemaskTensorQparamsBackward0", "FusedMovingAvgObsFqHelperBackward0", outputs=1,
     saved="mask:tensor", elementwise=True, cost=cost.pointwise(1))
 def fake_quantize(node, grads, ctx):
     """Fake quantization (QAT's FakeQuantize, fused observer too): the gradient where the value was not clamped."""
@@ -831,7 +833,7 @@ def fake_quantize(node, grads, ctx):
     return each(node, lambda i: grads[0] * mask)
 
 
-@op("CloneBackward0", elementwise=True, cost=cost.VIEW)
+@op("CloneBackward0", outputs=1, elementwise=True, cost=cost.VIEW)
 def clone(node, grads, ctx):
     """clone(a): the gradient passes through."""
     return each(node, lambda i: grads[0])
@@ -840,13 +842,13 @@ def clone(node, grads, ctx):
 # --- complex numbers ----------------------------------------------------------------------------------------
 
 
-@op("ConjBackward0", "ConjPhysicalBackward0", elementwise=True, cost=cost.pointwise(1))
+@op("ConjBackward0", "ConjPhysicalBackward0", outputs=1, elementwise=True, cost=cost.pointwise(1))
 def conj_(node, grads, ctx):
     """conj(a): the conjugate of the gradient."""
     return each(node, lambda i: conj(grads[0]))
 
 
-@op("AngleBackward0", saved="self:tensor", elementwise=True, cost=cost.pointwise(5))
+@op("AngleBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(5))
 def angle(node, grads, ctx):
     """angle(a): g i a / |a|**2 for complex a (0 at 0); zero for real a."""
     x = ctx.saved(node)["self"]
@@ -860,7 +862,7 @@ def angle(node, grads, ctx):
     return each(node, lambda i: xp.where(x == 0, 0, d))
 
 
-@op("ViewAsRealBackward0", cost=cost.COPY)
+@op("ViewAsRealBackward0", outputs=1, cost=cost.COPY)
 def view_as_real(node, grads, ctx):
     """view_as_real(a), (..., 2) real from complex: g[..., 0] + i g[..., 1]."""
     g = grads[0]
@@ -872,7 +874,7 @@ def view_as_real(node, grads, ctx):
     return each(node, out)
 
 
-@op("ViewAsComplexBackward0", cost=cost.COPY)
+@op("ViewAsComplexBackward0", outputs=1, cost=cost.COPY)
 def view_as_complex(node, grads, ctx):
     """view_as_complex(a), complex from (..., 2) real: the real and imaginary parts of g, stacked last."""
     g = grads[0]
@@ -880,14 +882,14 @@ def view_as_complex(node, grads, ctx):
     return each(node, lambda i: xp.stack([g.real, g.imag], axis=-1))
 
 
-@op("ComplexBackward0", saved="real:tensor? imag:tensor?", elementwise=True, cost=cost.COPY)
+@op("ComplexBackward0", outputs=2, saved="real:tensor? imag:tensor?", elementwise=True, cost=cost.COPY)
 def complex_(node, grads, ctx):
     """complex(re, im): the real part of g to re, its imaginary part to im."""
     g = grads[0]
     return each(node, lambda i: g.real if i == 0 else g.imag)
 
 
-@op("PolarBackward0", saved="result:tensor", elementwise=True, cost=cost.pointwise(6))
+@op("PolarBackward0", outputs=2, saved="result:tensor", elementwise=True, cost=cost.pointwise(6))
 def polar(node, grads, ctx):
     """polar(r, theta) = r exp(i theta): Re(conj(g) sgn(result)) to r, Re(conj(g) i result) to theta."""
     z = ctx.saved(node)["result"]

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 from autograd_run.ops import cost
 from autograd_run.ops.arrays import each
-from autograd_run.ops.spec import op
+from autograd_run.ops.spec import PER_INPUT, op
 
 
-@op("BackwardHookFunctionBackward", cost=cost.VIEW)
+@op("BackwardHookFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW)
 def backward_hook_function(node, grads, ctx):
     """nn.Module full backward hooks' pass-through (BackwardHookFunction): gradient k to input k (hooks not kept)."""
     return each(node, lambda i: grads[i])
 
 
-@op("_DirichletBackward", saved="result:tensor grad_factor:tensor", elementwise=True, cost=cost.pointwise(4))
+@op("_DirichletBackward", outputs=1, saved="result:tensor grad_factor:tensor", elementwise=True, cost=cost.pointwise(4))
 def dirichlet(node, grads, ctx):
     """torch.distributions' _Dirichlet (Dirichlet and Beta rsample), x the sample: f (g - sum(x g)) over the last
     dim, f PyTorch's _dirichlet_grad (recorded)."""

@@ -12,7 +12,8 @@ from autograd_run.ops.arrays import add_at, each, is_numpy, number, out_meta, si
 from autograd_run.ops.spec import op
 
 
-@op("SelectBackward0", "SelectBackward0_copy", saved="self_sym_sizes:sizes dim:int index:int", cost=cost.COPY)
+@op("SelectBackward0", "SelectBackward0_copy", outputs=1,
+    saved="self_sym_sizes:sizes dim:int index:int", cost=cost.COPY)
 def select(node, grads, ctx):
     """a.select(dim, index): the gradient placed at that index, zeros elsewhere."""
     sizes = tuple(node.saved["self_sym_sizes"])
@@ -29,7 +30,8 @@ def select(node, grads, ctx):
     return each(node, out)
 
 
-@op("SliceBackward0", "SliceBackward0_copy", saved="self_sym_sizes:sizes dim:int start:int? end:int? step:int?",
+@op("SliceBackward0", "SliceBackward0_copy", outputs=1,
+    saved="self_sym_sizes:sizes dim:int start:int? end:int? step:int?",
     cost=cost.COPY)
 def slice_(node, grads, ctx):
     """a[start:end:step] along dim: the gradient placed in that slice, zeros elsewhere."""
@@ -48,7 +50,7 @@ def slice_(node, grads, ctx):
     return each(node, out)
 
 
-@op("EmbeddingBackward0",
+@op("EmbeddingBackward0", outputs=1,
     saved="indices:tensor weight_sym_argsize_0:int padding_idx:int? scale_grad_by_freq:bool? sparse:bool?",
     cost=cost.COPY)
 def embedding(node, grads, ctx):
@@ -126,7 +128,7 @@ def _sdim(sv, ndim):
     return wrap_dim(sv["dim"], ndim)
 
 
-@op("GatherBackward0", saved="dim:int index:tensor self:tensor? sparse_grad:bool?", cost=cost.COPY)
+@op("GatherBackward0", outputs=1, saved="dim:int index:tensor self:tensor? sparse_grad:bool?", cost=cost.COPY)
 def gather(node, grads, ctx):
     """a.gather(dim, index) (and torch.take_along_dim): the gradient added back where each element was read."""
     sv = ctx.saved(node)
@@ -139,7 +141,7 @@ def gather(node, grads, ctx):
     return each(node, out)
 
 
-@op("ScatterAddBackward0", saved="dim:int index:tensor", cost=cost.COPY)
+@op("ScatterAddBackward0", outputs=2, saved="dim:int index:tensor", cost=cost.COPY)
 def scatter_add(node, grads, ctx):
     """a.scatter_add(dim, index, src): a gets the gradient, src the gradient gathered at index."""
     sv = ctx.saved(node)
@@ -148,7 +150,7 @@ def scatter_add(node, grads, ctx):
     return each(node, lambda i: g if i == 0 else gather_along(xp, g, _sdim(sv, g.ndim), sv["index"]))
 
 
-@op("ScatterBackward0", saved="dim:int index:tensor", cost=cost.COPY)
+@op("ScatterBackward0", outputs=2, saved="dim:int index:tensor", cost=cost.COPY)
 def scatter(node, grads, ctx):
     """a.scatter(dim, index, src): a gets the gradient where nothing was written, src the gradient at index."""
     sv = ctx.saved(node)
@@ -158,7 +160,7 @@ def scatter(node, grads, ctx):
     return each(node, lambda i: _zero_at(xp, g, dim, sv["index"]) if i == 0 else gather_along(xp, g, dim, sv["index"]))
 
 
-@op("ScatterBackward1", saved="dim:int index:tensor", cost=cost.COPY)
+@op("ScatterBackward1", outputs=1, saved="dim:int index:tensor", cost=cost.COPY)
 def scatter_value(node, grads, ctx):
     """a.scatter(dim, index, value): the gradient, zero where the value was written."""
     sv = ctx.saved(node)
@@ -181,7 +183,7 @@ def _unsupported_scatter_reduce(saved):
     return None
 
 
-@op("ScatterReduceBackward0",
+@op("ScatterReduceBackward0", outputs=2,
     saved="dim:int index:tensor reduce:str include_self:bool self:tensor src:tensor result:tensor",
     cost=cost.reduction(3), unsupported=_unsupported_scatter_reduce)
 def scatter_reduce(node, grads, ctx):
@@ -194,7 +196,7 @@ def scatter_reduce(node, grads, ctx):
     return each(node, lambda i: gs if i == 0 else gsrc)
 
 
-@op("IndexReduceBackward0",
+@op("IndexReduceBackward0", outputs=2,
     saved="dim:int index:tensor reduce:str include_self:bool self:tensor source:tensor result:tensor",
     cost=cost.reduction(3), unsupported=_unsupported_scatter_reduce)
 def index_reduce(node, grads, ctx):
@@ -261,7 +263,7 @@ def _scatter_reduce_grads(xp, g, x, src, result, index, dim, reduce, include_sel
     return gs, gsrc
 
 
-@op("IndexSelectBackward0", saved="dim:int index:tensor self_sym_sizes:sizes", cost=cost.COPY)
+@op("IndexSelectBackward0", outputs=1, saved="dim:int index:tensor self_sym_sizes:sizes", cost=cost.COPY)
 def index_select(node, grads, ctx):
     """a.index_select(dim, index) (and repeat_interleave with a tensor): rows of the gradient added back."""
     sv = ctx.saved(node)
@@ -301,7 +303,8 @@ def _index_zeroed(xp, g, dim, index):
     return out
 
 
-@op("IndexAddBackward0", saved="dim:int index:tensor source:tensor? source_dim:int? alpha:scalar?", cost=cost.COPY)
+@op("IndexAddBackward0", outputs=2,
+    saved="dim:int index:tensor source:tensor? source_dim:int? alpha:scalar?", cost=cost.COPY)
 def index_add(node, grads, ctx):
     """a.index_add(dim, index, source, alpha): a gets the gradient, source the selected rows times alpha."""
     sv = ctx.saved(node)
@@ -318,7 +321,7 @@ def index_add(node, grads, ctx):
     return each(node, out)
 
 
-@op("IndexCopyBackward0", saved="dim:int index:tensor source:tensor? source_dim:int?", cost=cost.COPY)
+@op("IndexCopyBackward0", outputs=2, saved="dim:int index:tensor source:tensor? source_dim:int?", cost=cost.COPY)
 def index_copy(node, grads, ctx):
     """a.index_copy(dim, index, source): a gets the gradient off the copied rows, source those rows."""
     sv = ctx.saved(node)
@@ -329,7 +332,7 @@ def index_copy(node, grads, ctx):
                 else _fit(xp, _take(xp, g, dim, sv["index"]), node, i))
 
 
-@op("IndexFillBackward0", saved="dim:int index:tensor", cost=cost.COPY)
+@op("IndexFillBackward0", outputs=1, saved="dim:int index:tensor", cost=cost.COPY)
 def index_fill(node, grads, ctx):
     """a.index_fill(dim, index, value): the gradient, zero on the filled rows."""
     sv = ctx.saved(node)
@@ -337,7 +340,7 @@ def index_fill(node, grads, ctx):
     return each(node, lambda i: _index_zeroed(ctx.xp(node), g, _sdim(sv, g.ndim), sv["index"]))
 
 
-@op("IndexFillBackward1", saved="dim:int index:tensor", cost=cost.COPY)
+@op("IndexFillBackward1", outputs=2, saved="dim:int index:tensor", cost=cost.COPY)
 def index_fill_tensor(node, grads, ctx):
     """a.index_fill(dim, index, value tensor): a as with a number; the value gets the filled rows' gradient summed."""
     sv = ctx.saved(node)
@@ -348,7 +351,7 @@ def index_fill_tensor(node, grads, ctx):
                 else _take(xp, g, dim, xp.unique(xp.asarray(sv["index"]))).sum().reshape(out_meta(node, i).shape))
 
 
-@op("TakeBackward0", saved="index:tensor self:tensor?", cost=cost.COPY)
+@op("TakeBackward0", outputs=1, saved="index:tensor self:tensor?", cost=cost.COPY)
 def take(node, grads, ctx):
     """a.take(index) (flat indices): the gradient added back at each flat position read."""
     sv = ctx.saved(node)
@@ -383,7 +386,7 @@ def index_tuple(xp, indices):
     return tuple(out)
 
 
-@op("IndexBackward0", "UnsafeIndexBackward0", saved="self_sym_sizes:sizes indices:tensors", cost=cost.COPY)
+@op("IndexBackward0", "UnsafeIndexBackward0", outputs=1, saved="self_sym_sizes:sizes indices:tensors", cost=cost.COPY)
 def index(node, grads, ctx):
     """a[idx] (advanced indexing with integer tensors or masks): the gradient added back at the positions read."""
     sv = ctx.saved(node)
@@ -398,7 +401,8 @@ def index(node, grads, ctx):
     return each(node, out)
 
 
-@op("IndexPutBackward0", "IndexPutImplBackward0", "UnsafeIndexPutBackward0", saved="indices:tensors accumulate:bool",
+@op("IndexPutBackward0", "IndexPutImplBackward0", "UnsafeIndexPutBackward0", outputs=2,
+    saved="indices:tensors accumulate:bool",
     cost=cost.COPY)
 def index_put(node, grads, ctx):
     """a[idx] = values (index_put, accumulate or not): a keeps the gradient off written positions, values gets them."""
@@ -422,7 +426,7 @@ def _mask(xp, sv):
     return xp.asarray(sv["mask"]).astype(bool)
 
 
-@op("MaskedFillBackward0", saved="mask:tensor", cost=cost.pointwise(1))
+@op("MaskedFillBackward0", outputs=1, saved="mask:tensor", cost=cost.pointwise(1))
 def masked_fill(node, grads, ctx):
     """a.masked_fill(mask, value): the gradient, zero where the mask is set."""
     sv = ctx.saved(node)
@@ -431,7 +435,7 @@ def masked_fill(node, grads, ctx):
     return each(node, lambda i: sum_to(xp, xp.where(_mask(xp, sv), 0, g), out_meta(node, i).shape))
 
 
-@op("MaskedFillBackward1", saved="mask:tensor", cost=cost.pointwise(1))
+@op("MaskedFillBackward1", outputs=2, saved="mask:tensor", cost=cost.pointwise(1))
 def masked_fill_tensor(node, grads, ctx):
     """a.masked_fill(mask, value tensor): a as with a number; the value gets the masked gradient summed."""
     sv = ctx.saved(node)
@@ -446,7 +450,7 @@ def masked_fill_tensor(node, grads, ctx):
     return each(node, out)
 
 
-@op("MaskedScatterBackward0", saved="mask:tensor source_sym_sizes:sizes", cost=cost.COPY)
+@op("MaskedScatterBackward0", outputs=2, saved="mask:tensor source_sym_sizes:sizes", cost=cost.COPY)
 def masked_scatter(node, grads, ctx):
     """a.masked_scatter(mask, source): a gets the gradient off the mask, source the masked gradient in order."""
     sv = ctx.saved(node)
@@ -465,7 +469,7 @@ def masked_scatter(node, grads, ctx):
     return each(node, out)
 
 
-@op("MaskedSelectBackward0", saved="mask:tensor self:tensor?", cost=cost.COPY)
+@op("MaskedSelectBackward0", outputs=1, saved="mask:tensor self:tensor?", cost=cost.COPY)
 def masked_select(node, grads, ctx):
     """a.masked_select(mask) (and a[mask] on some paths): the gradient written back at the mask's positions."""
     sv = ctx.saved(node)
@@ -483,7 +487,7 @@ def masked_select(node, grads, ctx):
     return each(node, out)
 
 
-@op("PutBackward0", saved="index:tensor source:tensor? accumulate:bool", cost=cost.COPY)
+@op("PutBackward0", outputs=2, saved="index:tensor source:tensor? accumulate:bool", cost=cost.COPY)
 def put(node, grads, ctx):
     """a.put(index, source, accumulate): source gets the gradient at the flat positions written.
 
@@ -507,7 +511,7 @@ def put(node, grads, ctx):
     return each(node, out)
 
 
-@op("SelectBackwardBackward0", saved="dim:int index:int", cost=cost.COPY)
+@op("SelectBackwardBackward0", outputs=1, saved="dim:int index:int", cost=cost.COPY)
 def select_backward_backward(node, grads, ctx):
     """The backward of select's backward (create_graph): the gradient's slice at that index."""
     g = grads[0]
@@ -516,7 +520,7 @@ def select_backward_backward(node, grads, ctx):
     return each(node, lambda i: g[tuple(idx)])
 
 
-@op("SliceBackwardBackward0", saved="dim:int start:int end:int step:int", cost=cost.COPY)
+@op("SliceBackwardBackward0", outputs=1, saved="dim:int start:int end:int step:int", cost=cost.COPY)
 def slice_backward_backward(node, grads, ctx):
     """The backward of slicing's backward (create_graph): the gradient's slice."""
     g = grads[0]
@@ -526,7 +530,7 @@ def slice_backward_backward(node, grads, ctx):
     return each(node, lambda i: g[tuple(idx)])
 
 
-@op("MaskedScatterBackwardBackward0", saved="mask:tensor", cost=cost.COPY)
+@op("MaskedScatterBackwardBackward0", outputs=1, saved="mask:tensor", cost=cost.COPY)
 def masked_scatter_backward_backward(node, grads, ctx):
     """The backward of masked_scatter's source gradient (create_graph): the gradient scattered into the mask."""
     sv = ctx.saved(node)

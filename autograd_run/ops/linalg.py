@@ -21,7 +21,7 @@ def _same(x):
     return x
 
 
-@op("MmBackward0", saved="self:tensor? mat2:tensor? self_sym_sizes:sizes? mat2_sym_sizes:sizes?",
+@op("MmBackward0", outputs=2, saved="self:tensor? mat2:tensor? self_sym_sizes:sizes? mat2_sym_sizes:sizes?",
     cost=cost.MATMUL)
 def mm(node, grads, ctx):
     """a @ b: g @ conj(b).T and conj(a).T @ g."""
@@ -37,7 +37,7 @@ def _addmm_flops(s: cost.Shapes) -> float:
     return float(bias + cost.MATMUL.flops(cost.Shapes(s.inputs, [None, *s.outputs[1:]])))
 
 
-@op("AddmmBackward0", saved="mat1:tensor? mat2:tensor? alpha:scalar? beta:scalar?",
+@op("AddmmBackward0", outputs=3, saved="mat1:tensor? mat2:tensor? alpha:scalar? beta:scalar?",
     cost=cost.CostModel(_addmm_flops))
 def addmm(node, grads, ctx):
     """beta * c + alpha * (a @ b)."""
@@ -54,7 +54,7 @@ def addmm(node, grads, ctx):
     return each(node, out)
 
 
-@op("BmmBackward0", saved="self:tensor? mat2:tensor?", cost=cost.MATMUL)
+@op("BmmBackward0", outputs=2, saved="self:tensor? mat2:tensor?", cost=cost.MATMUL)
 def bmm(node, grads, ctx):
     """Batched a @ b."""
     g = grads[0]
@@ -71,7 +71,7 @@ def _mv_flops(s: cost.Shapes) -> float:
     return 2.0 * n * sum(1 for m in s.outputs if m is not None)
 
 
-@op("MvBackward0", saved="self:tensor? vec:tensor?", cost=cost.CostModel(_mv_flops))
+@op("MvBackward0", outputs=2, saved="self:tensor? vec:tensor?", cost=cost.CostModel(_mv_flops))
 def mv(node, grads, ctx):
     """matrix @ vector: outer(g, conj(vec)) to the matrix, conj(matrix).T @ g to the vector."""
     g = grads[0]
@@ -80,7 +80,7 @@ def mv(node, grads, ctx):
     return each(node, lambda i: xp.multiply.outer(g, conj(sv["vec"])) if i == 0 else conj(sv["self"]).T @ g)
 
 
-@op("DotBackward0", saved="self:tensor? tensor:tensor?", cost=cost.pointwise(1))
+@op("DotBackward0", outputs=2, saved="self:tensor? tensor:tensor?", cost=cost.pointwise(1))
 def dot(node, grads, ctx):
     """dot(a, b) = sum(a b): g conj(b) and g conj(a)."""
     g = grads[0]
@@ -88,7 +88,7 @@ def dot(node, grads, ctx):
     return each(node, lambda i: g * conj(sv["tensor"] if i == 0 else sv["self"]))
 
 
-@op("VdotBackward0", saved="self:tensor? other:tensor?", cost=cost.pointwise(1))
+@op("VdotBackward0", outputs=2, saved="self:tensor? other:tensor?", cost=cost.pointwise(1))
 def vdot(node, grads, ctx):
     """vdot(a, b) = sum(conj(a) b): conj(g) b to a, g a to b."""
     g = grads[0]
@@ -140,7 +140,7 @@ def _norm_flops(s: cost.Shapes) -> float:
     return 4.0 * s.out_numel
 
 
-@op("LinalgVectorNormBackward0", saved="self:tensor result:tensor ord:scalar? dim:ints? keepdim:bool?",
+@op("LinalgVectorNormBackward0", outputs=1, saved="self:tensor result:tensor ord:scalar? dim:ints? keepdim:bool?",
     cost=cost.CostModel(_norm_flops))
 def vector_norm(node, grads, ctx):
     """linalg.vector_norm(a, ord, dim, keepdim): ord 2, 1, +-inf (ties share), 0 (no gradient), any p."""
@@ -150,7 +150,7 @@ def vector_norm(node, grads, ctx):
     return each(node, lambda i: r)
 
 
-@op("NormBackward0", "NormBackward1", "NormBackward2", "NormBackward3",
+@op("NormBackward0", "NormBackward1", "NormBackward2", "NormBackward3", outputs=1,
     saved="self:tensor result:tensor p:scalar? dim:ints? keepdim:bool?", cost=cost.CostModel(_norm_flops))
 def norm(node, grads, ctx):
     """torch.norm(a, p[, dim, keepdim][, dtype]): as linalg.vector_norm."""
@@ -160,7 +160,8 @@ def norm(node, grads, ctx):
     return each(node, lambda i: r)
 
 
-@op("DistBackward0", saved="self:tensor other:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
+@op("DistBackward0", outputs=2,
+    saved="self:tensor other:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
 def dist(node, grads, ctx):
     """dist(a, b, p) = norm(a - b, p): the norm's gradient to a, its negation to b."""
     sv = ctx.saved(node)
@@ -168,7 +169,7 @@ def dist(node, grads, ctx):
     return each(node, lambda i: None if r is None else (r if i == 0 else -r))
 
 
-@op("LinalgCrossBackward0", saved="self:tensor other:tensor dim:int?", cost=cost.pointwise(6))
+@op("LinalgCrossBackward0", outputs=2, saved="self:tensor other:tensor dim:int?", cost=cost.pointwise(6))
 def cross(node, grads, ctx):
     """linalg.cross(a, b, dim): cross(conj(b), g) to a, cross(g, conj(a)) to b."""
     sv = ctx.saved(node)
@@ -210,7 +211,7 @@ def _cube_flops(s: cost.Shapes) -> float:
 _CUBE = cost.CostModel(_cube_flops)
 
 
-@op("LinalgInvExBackward0", saved="inverse:tensor", cost=_CUBE)
+@op("LinalgInvExBackward0", outputs=1, saved="inverse:tensor", cost=_CUBE)
 def inv(node, grads, ctx):
     """inverse(A): -inv(A)^H g inv(A)^H."""
     b = _mh(ctx.saved(node)["inverse"])
@@ -228,7 +229,7 @@ def _cofactor(xp, a):
     return conj(adj).swapaxes(-1, -2)
 
 
-@op("LinalgDetBackward0", saved="A:tensor result:tensor? LU:tensor? pivots:tensor?", cost=_CUBE)
+@op("LinalgDetBackward0", outputs=1, saved="A:tensor result:tensor? LU:tensor? pivots:tensor?", cost=_CUBE)
 def det(node, grads, ctx):
     """det(A): g times the conjugated cofactor matrix (g conj(det) inv(A)^H when A is invertible)."""
     a = ctx.saved(node)["A"]
@@ -236,7 +237,7 @@ def det(node, grads, ctx):
     return each(node, lambda i: grads[0][..., None, None] * _cofactor(xp, a))
 
 
-@op("LinalgSlogdetBackward0", saved="A:tensor sign:tensor LU:tensor? pivots:tensor?", cost=_CUBE)
+@op("LinalgSlogdetBackward0", outputs=1, saved="A:tensor sign:tensor LU:tensor? pivots:tensor?", cost=_CUBE)
 def slogdet(node, grads, ctx):
     """slogdet(A) = (sign, log|det|): (g_logabsdet - i Im(conj(g_sign) sign)) inv(A)^H."""
     sv = ctx.saved(node)
@@ -257,7 +258,8 @@ def _as_matrix_rhs(a, x):
     return x.ndim == a.ndim - 1 or x.ndim == 1
 
 
-@op("LinalgSolveExBackward0", saved="A:tensor result:tensor left:bool? LU:tensor? pivots:tensor?", cost=_CUBE)
+@op("LinalgSolveExBackward0", outputs=2,
+    saved="A:tensor result:tensor left:bool? LU:tensor? pivots:tensor?", cost=_CUBE)
 def solve(node, grads, ctx):
     """linalg.solve(A, B): solve(A^H, g) to B and -gB X^H to A (left); the mirror image for left=False."""
     sv = ctx.saved(node)
@@ -292,7 +294,7 @@ def _solve_tri(xp, a, b, upper, left=True, unit=False):
     return _mh(xp.linalg.solve(_mh(a), _mh(b)))
 
 
-@op("LinalgSolveTriangularBackward0",
+@op("LinalgSolveTriangularBackward0", outputs=2,
     saved="self:tensor result:tensor upper:bool left:bool? unitriangular:bool?", cost=_CUBE)
 def solve_triangular(node, grads, ctx):
     """linalg.solve_triangular(A, B): the solve's gradients, A's kept on its triangle (off the unit diagonal)."""
@@ -310,7 +312,7 @@ def solve_triangular(node, grads, ctx):
     return each(node, lambda i: ga if i == 0 else gb)
 
 
-@op("LinalgCholeskyExBackward0", saved="L:tensor upper:bool?", cost=_CUBE)
+@op("LinalgCholeskyExBackward0", outputs=1, saved="L:tensor upper:bool?", cost=_CUBE)
 def cholesky(node, grads, ctx):
     """cholesky(A) = L (A = L L^H): L^-H N L^-1, N = (tril(L^H gL) + tril(L^H gL, -1)^H) / 2 (as PyTorch)."""
     sv = ctx.saved(node)
@@ -325,7 +327,7 @@ def cholesky(node, grads, ctx):
     return each(node, lambda i: ga)
 
 
-@op("CholeskySolveBackward0", saved="self:tensor input2:tensor result:tensor upper:bool?", cost=_CUBE)
+@op("CholeskySolveBackward0", outputs=2, saved="self:tensor input2:tensor result:tensor upper:bool?", cost=_CUBE)
 def cholesky_solve(node, grads, ctx):
     """cholesky_solve(B, L): X = (L L^H)^-1 B; cholesky_solve(g, L) to B, -(gB X^H + X gB^H) L to L."""
     sv = ctx.saved(node)
@@ -361,7 +363,7 @@ def _qr_tall(xp, q, r, gq, gr):
     return _solve_tri(xp, _mh(r), b, upper=False, left=False)
 
 
-@op("LinalgQrBackward0", saved="Q:tensor R:tensor mode:str?", cost=_CUBE)
+@op("LinalgQrBackward0", outputs=1, saved="Q:tensor R:tensor mode:str?", cost=_CUBE)
 def qr(node, grads, ctx):
     """linalg.qr(A) = (Q, R): for m >= n, [gQ + Q syminvadj(triu(gR R^H - Q^H gQ))] R^-H; for m < n, A = Q [X Y]
     with R = [U V]: gY = Q gV and gX the square case of (gQ + Y gV^H, gU) (PyTorch's refusals for mode 'r' and
@@ -391,7 +393,7 @@ def qr(node, grads, ctx):
     return each(node, lambda i: ga)
 
 
-@op("LinalgPinvBackward0", saved="self:tensor result:tensor", cost=_CUBE)
+@op("LinalgPinvBackward0", outputs=1, saved="self:tensor result:tensor", cost=_CUBE)
 def pinv(node, grads, ctx):
     """linalg.pinv(A) = P, at constant rank: -(P K)^H + K P^H - A P K P^H + P^H P (g^H - K A), K = g^H P
     (rows <= cols; the transposed arrangement otherwise, as PyTorch, so products stay small)."""
@@ -410,7 +412,7 @@ def pinv(node, grads, ctx):
     return each(node, lambda i: ga)
 
 
-@op("LinalgEighBackward0", saved="eigenvalues:tensor eigenvectors:tensor", cost=_CUBE)
+@op("LinalgEighBackward0", outputs=1, saved="eigenvalues:tensor eigenvectors:tensor", cost=_CUBE)
 def eigh(node, grads, ctx):
     """eigh(A) = (w, V): V (diag(g_w) + F o skew(V^H g_V)) V^H, F_ij = 1 / (w_j - w_i) off the diagonal (Hermitian)."""
     sv = ctx.saved(node)
@@ -431,7 +433,7 @@ def eigh(node, grads, ctx):
     return each(node, lambda i: ga)
 
 
-@op("LinalgSvdBackward0", saved="U:tensor S:tensor Vh:tensor full_matrices:bool? S_sym_argsize_minus_1:int?",
+@op("LinalgSvdBackward0", outputs=1, saved="U:tensor S:tensor Vh:tensor full_matrices:bool? S_sym_argsize_minus_1:int?",
     cost=_CUBE)
 def svd(node, grads, ctx):
     """svd(A) = U S Vh (reduced, or full narrowed to the k singular vectors): the gradient for A from those of
@@ -503,7 +505,7 @@ def _cdist_grads(xp, g, x1, x2, dist, p):
     return t.sum(axis=-2), -t.sum(axis=-3)
 
 
-@op("CdistBackward0", saved="x1:tensor x2:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
+@op("CdistBackward0", outputs=2, saved="x1:tensor x2:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
 def cdist(node, grads, ctx):
     """cdist(x1, x2, p): each distance's gradient to both points, along d ||x1_i - x2_j||_p / d x1_i."""
     sv = ctx.saved(node)
@@ -511,7 +513,7 @@ def cdist(node, grads, ctx):
     return each(node, lambda i: g1 if i == 0 else g2)
 
 
-@op("EuclideanDistBackward0", saved="x1:tensor x2:tensor result:tensor", cost=cost.MATMUL)
+@op("EuclideanDistBackward0", outputs=2, saved="x1:tensor x2:tensor result:tensor", cost=cost.MATMUL)
 def euclidean_dist(node, grads, ctx):
     """cdist(x1, x2) by matrix products (large inputs): r = g / dist (0 where dist is 0); x1 sum(r) - r @ x2, ..."""
     sv = ctx.saved(node)
@@ -523,7 +525,7 @@ def euclidean_dist(node, grads, ctx):
                 else x2 * r.sum(axis=-2)[..., None] - r.swapaxes(-1, -2) @ x1)
 
 
-@op("PdistBackward0", saved="self:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
+@op("PdistBackward0", outputs=1, saved="self:tensor result:tensor p:scalar?", cost=cost.CostModel(_norm_flops))
 def pdist(node, grads, ctx):
     """pdist(x, p): the condensed distances' gradients to both points of each pair i < j."""
     sv = ctx.saved(node)
@@ -563,7 +565,7 @@ def expm(xp, a):
     return r
 
 
-@op("LinalgMatrixExpBackward0", saved="self:tensor", cost=cost.CostModel(lambda s: 8.0 * _cube_flops(s)))
+@op("LinalgMatrixExpBackward0", outputs=1, saved="self:tensor", cost=cost.CostModel(lambda s: 8.0 * _cube_flops(s)))
 def matrix_exp(node, grads, ctx):
     """matrix_exp(A): the upper-right block of exp([[A^H, g], [0, A^H]]) (the Frechet derivative's adjoint)."""
     a = ctx.saved(node)["self"]

@@ -24,7 +24,7 @@ def _mean(d, reduction, n):
     return d / n if reduction == MEAN else d
 
 
-@op("MseLossBackward0", saved="self:tensor target:tensor reduction:int?", cost=cost.pointwise(3))
+@op("MseLossBackward0", outputs=2, saved="self:tensor target:tensor reduction:int?", cost=cost.pointwise(3))
 def mse_loss(node, grads, ctx):
     """mse_loss(a, t): 2 (a - t) g, over numel for 'mean'; the negation for t."""
     sv = ctx.saved(node)
@@ -40,7 +40,7 @@ def _nll_scale(xp, target, weight, ignore, dtype):
     return safe_t, w
 
 
-@op("NllLossBackward0", "NllLoss2DBackward0",
+@op("NllLossBackward0", "NllLoss2DBackward0", outputs=1,
     saved="self:tensor target:tensor weight:tensor? total_weight:tensor? reduction:int? ignore_index:int?",
     cost=cost.pointwise(2))
 def nll_loss(node, grads, ctx):
@@ -76,7 +76,7 @@ def _softplus(xp, x):
     return xp.logaddexp(0, x)
 
 
-@op("BinaryCrossEntropyWithLogitsBackward0",
+@op("BinaryCrossEntropyWithLogitsBackward0", outputs=2,
     saved="self:tensor target:tensor weight:tensor? pos_weight:tensor? reduction:int?", cost=cost.pointwise(8))
 def bce_with_logits(node, grads, ctx):
     """binary_cross_entropy_with_logits(a, t, weight, pos_weight): w ((1 - t + pw t) sigmoid(a) - pw t) to a;
@@ -104,7 +104,7 @@ def bce_with_logits(node, grads, ctx):
     return each(node, out)
 
 
-@op("BinaryCrossEntropyBackward0", saved="self:tensor target:tensor weight:tensor? reduction:int?",
+@op("BinaryCrossEntropyBackward0", outputs=2, saved="self:tensor target:tensor weight:tensor? reduction:int?",
     cost=cost.pointwise(6))
 def bce(node, grads, ctx):
     """binary_cross_entropy(p, t, weight): w (p - t) / max(p (1 - p), 1e-12) to p; -w logit(p) to t."""
@@ -133,7 +133,8 @@ def _smooth_l1_slope(xp, d, beta):
     return xp.where(d <= -beta, -1.0, xp.where(d >= beta, 1.0, d / beta))
 
 
-@op("SmoothL1LossBackward0", saved="self:tensor target:tensor reduction:int? beta:scalar?", cost=cost.pointwise(4))
+@op("SmoothL1LossBackward0", outputs=2,
+    saved="self:tensor target:tensor reduction:int? beta:scalar?", cost=cost.pointwise(4))
 def smooth_l1_loss(node, grads, ctx):
     """smooth_l1_loss(a, t, beta): (a - t) / beta inside |a - t| < beta, its sign outside; the negation for t."""
     sv = ctx.saved(node)
@@ -143,7 +144,8 @@ def smooth_l1_loss(node, grads, ctx):
     return each(node, lambda i: d if i == 0 else -d)
 
 
-@op("HuberLossBackward0", saved="self:tensor target:tensor reduction:int? delta:scalar?", cost=cost.pointwise(3))
+@op("HuberLossBackward0", outputs=2,
+    saved="self:tensor target:tensor reduction:int? delta:scalar?", cost=cost.pointwise(3))
 def huber_loss(node, grads, ctx):
     """huber_loss(a, t, delta): a - t clipped to [-delta, delta]; the negation for t."""
     sv = ctx.saved(node)
@@ -153,7 +155,7 @@ def huber_loss(node, grads, ctx):
     return each(node, lambda i: d if i == 0 else -d)
 
 
-@op("SoftMarginLossBackward0", saved="self:tensor target:tensor reduction:int?", cost=cost.pointwise(5))
+@op("SoftMarginLossBackward0", outputs=1, saved="self:tensor target:tensor reduction:int?", cost=cost.pointwise(5))
 def soft_margin_loss(node, grads, ctx):
     """soft_margin_loss(a, t) = log(1 + exp(-t a)): -t sigmoid(-t a) g."""
     sv = ctx.saved(node)
@@ -162,7 +164,7 @@ def soft_margin_loss(node, grads, ctx):
     return each(node, lambda i: d)
 
 
-@op("MultiMarginLossBackward0",
+@op("MultiMarginLossBackward0", outputs=1,
     saved="self:tensor target:tensor p:scalar? margin:scalar? weight:tensor? reduction:int?",
     cost=cost.pointwise(6))
 def multi_margin_loss(node, grads, ctx):
@@ -197,7 +199,7 @@ def multi_margin_loss(node, grads, ctx):
 # Inputs: the gradient of the first backward's grad_input; next edges: grad_output, self, target.
 
 
-@op("MultilabelMarginLossBackward0", saved="self:tensor target:tensor is_target:tensor reduction:int?",
+@op("MultilabelMarginLossBackward0", outputs=1, saved="self:tensor target:tensor is_target:tensor reduction:int?",
     cost=cost.pointwise(8))
 def multilabel_margin_loss(node, grads, ctx):
     """multilabel_margin_loss(x, y): for each target j (up to the first -1) and non-target i with
@@ -227,7 +229,7 @@ def multilabel_margin_loss(node, grads, ctx):
     return each(node, lambda i: dx)
 
 
-@op("MseLossBackwardBackward0", saved="grad_output:tensor self:tensor target:tensor reduction:int?",
+@op("MseLossBackwardBackward0", outputs=3, saved="grad_output:tensor self:tensor target:tensor reduction:int?",
     cost=cost.pointwise(4))
 def mse_loss_backward_backward(node, grads, ctx):
     """mse_loss_backward(go, a, t) = 2 (a - t) go: 2 (a - t) g to go (summed), 2 g go to a, -2 g go to t."""
@@ -244,7 +246,7 @@ def mse_loss_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("SmoothL1LossBackwardBackward0",
+@op("SmoothL1LossBackwardBackward0", outputs=3,
     saved="grad_output:tensor self:tensor target:tensor reduction:int? beta:scalar?", cost=cost.pointwise(5))
 def smooth_l1_loss_backward_backward(node, grads, ctx):
     """smooth_l1_loss_backward differentiated: the slope times g to go; g go / beta inside |a - t| < beta to a."""
@@ -265,7 +267,7 @@ def smooth_l1_loss_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("HuberLossBackwardBackward0",
+@op("HuberLossBackwardBackward0", outputs=3,
     saved="grad_output:tensor self:tensor target:tensor reduction:int? delta:scalar?", cost=cost.pointwise(4))
 def huber_loss_backward_backward(node, grads, ctx):
     """huber_loss_backward differentiated: the clipped difference times g to go; g go inside |a - t| < delta to a."""
@@ -283,7 +285,7 @@ def huber_loss_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("NllLossBackwardBackward0", "NllLoss2DBackwardBackward0",
+@op("NllLossBackwardBackward0", "NllLoss2DBackwardBackward0", outputs=2,
     saved="target:tensor weight:tensor? reduction:int? ignore_index:int?", cost=cost.pointwise(2))
 def nll_loss_backward_backward(node, grads, ctx):
     """nll_loss_backward is linear in go: nll_loss(g, target) to go; zero to the log-probabilities."""
@@ -308,7 +310,7 @@ def nll_loss_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("SoftMarginLossBackwardBackward0", saved="grad_output:tensor self:tensor target:tensor reduction:int?",
+@op("SoftMarginLossBackwardBackward0", outputs=2, saved="grad_output:tensor self:tensor target:tensor reduction:int?",
     cost=cost.pointwise(6))
 def soft_margin_loss_backward_backward(node, grads, ctx):
     """soft_margin_loss_backward(go, a, t) = -t sigmoid(-t a) go: its gradients to go and a."""
@@ -326,7 +328,7 @@ def soft_margin_loss_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-@op("BinaryCrossEntropyBackwardBackward0",
+@op("BinaryCrossEntropyBackwardBackward0", outputs=3,
     saved="grad_output:tensor self:tensor target:tensor weight:tensor? reduction:int?", cost=cost.pointwise(8))
 def bce_backward_backward(node, grads, ctx):
     """binary_cross_entropy_backward(go, p, t) = go w (p - t) / (p (1 - p)): its gradients to go, p and t."""
@@ -393,7 +395,7 @@ def _ctc_grad_one(lp, labels, t_len, blank, nll):
     return grad
 
 
-@op("CtcLossBackward0",
+@op("CtcLossBackward0", outputs=1,
     saved="log_probs:tensor targets:tensor input_lengths:ints target_lengths:ints result0:tensor? result1:tensor? "
           "blank:int? zero_infinity:bool?",
     cost=cost.CostModel(lambda s: 20.0 * s.out_numel))

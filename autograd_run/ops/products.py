@@ -21,7 +21,7 @@ def _baddbmm_flops(s: cost.Shapes) -> float:
     return float(bias + cost.MATMUL.flops(cost.Shapes(s.inputs, [None, *s.outputs[1:]])))
 
 
-@op("BaddbmmBackward0", saved="batch1:tensor? batch2:tensor? alpha:scalar? beta:scalar?",
+@op("BaddbmmBackward0", outputs=3, saved="batch1:tensor? batch2:tensor? alpha:scalar? beta:scalar?",
     cost=cost.CostModel(_baddbmm_flops))
 def baddbmm(node, grads, ctx):
     """beta * c + alpha * (a @ b), batched: c gets beta g, a gets alpha g b^H, b gets alpha a^H g."""
@@ -39,7 +39,8 @@ def baddbmm(node, grads, ctx):
     return each(node, out)
 
 
-@op("AddbmmBackward0", saved="batch1:tensor? batch2:tensor? alpha:scalar? beta:scalar? batch1_sym_argsize_0:int? "
+@op("AddbmmBackward0", outputs=3,
+    saved="batch1:tensor? batch2:tensor? alpha:scalar? beta:scalar? batch1_sym_argsize_0:int? "
                             "batch1_sym_argsize_1:int? batch2_sym_argsize_2:int?",
     cost=cost.CostModel(_baddbmm_flops))
 def addbmm(node, grads, ctx):
@@ -64,7 +65,8 @@ def _mv_flops(s: cost.Shapes) -> float:
     return float(sum(2 * max(s.numel(m), g) for m in s.outputs if m is not None))
 
 
-@op("AddmvBackward0", saved="mat:tensor? vec:tensor? alpha:scalar? beta:scalar?", cost=cost.CostModel(_mv_flops))
+@op("AddmvBackward0", outputs=3,
+    saved="mat:tensor? vec:tensor? alpha:scalar? beta:scalar?", cost=cost.CostModel(_mv_flops))
 def addmv(node, grads, ctx):
     """beta * c + alpha * (m @ v): c gets beta g, m gets alpha g v^H (an outer product), v gets alpha m^H g."""
     g = grads[0]
@@ -81,7 +83,8 @@ def addmv(node, grads, ctx):
     return each(node, out)
 
 
-@op("AddrBackward0", saved="vec1:tensor? vec2:tensor? alpha:scalar? beta:scalar?", cost=cost.CostModel(_mv_flops))
+@op("AddrBackward0", outputs=3,
+    saved="vec1:tensor? vec2:tensor? alpha:scalar? beta:scalar?", cost=cost.CostModel(_mv_flops))
 def addr(node, grads, ctx):
     """beta * c + alpha * outer(u, v): c gets beta g, u gets alpha g v^*, v gets alpha g^T u^*."""
     g = grads[0]
@@ -136,7 +139,8 @@ def _trilinear_flops(s: cost.Shapes) -> float:
     return float(4 * full * sum(1 for m in s.outputs if m is not None))
 
 
-@op("TrilinearBackward0", saved="i1:tensor? i2:tensor? i3:tensor? expand1:ints expand2:ints expand3:ints sumdim:ints",
+@op("TrilinearBackward0", outputs=3,
+    saved="i1:tensor? i2:tensor? i3:tensor? expand1:ints expand2:ints expand3:ints sumdim:ints",
     cost=cost.CostModel(_trilinear_flops))
 def trilinear(node, grads, ctx):
     """torch._trilinear (nn.Bilinear): each input gets the gradient contracted with the other two (conjugated)."""

@@ -38,7 +38,7 @@ def expand_reduced(node, g, xp, scale=None):
     return each(node, lambda i: xp.broadcast_to(g, sizes))
 
 
-@op("SumBackward0", saved="self_sym_sizes:sizes", cost=cost.reduction(0))
+@op("SumBackward0", outputs=1, saved="self_sym_sizes:sizes", cost=cost.reduction(0))
 def sum_all(node, grads, ctx):
     """a.sum(): the gradient broadcast to the input's sizes."""
     sizes = tuple(node.saved["self_sym_sizes"])
@@ -46,13 +46,13 @@ def sum_all(node, grads, ctx):
     return each(node, lambda i: xp.broadcast_to(grads[0], sizes))
 
 
-@op("SumBackward1", saved="self_sym_sizes:sizes dim:ints? keepdim:bool?", cost=cost.reduction(0))
+@op("SumBackward1", outputs=1, saved="self_sym_sizes:sizes dim:ints? keepdim:bool?", cost=cost.reduction(0))
 def sum_dim(node, grads, ctx):
     """a.sum(dims, keepdim)."""
     return expand_reduced(node, grads[0], ctx.xp(node))
 
 
-@op("MeanBackward0", saved="self_sym_sizes:sizes self_sym_numel:int?", cost=cost.reduction(1))
+@op("MeanBackward0", outputs=1, saved="self_sym_sizes:sizes self_sym_numel:int?", cost=cost.reduction(1))
 def mean_all(node, grads, ctx):
     """a.mean(): the gradient over numel, broadcast."""
     sizes = tuple(node.saved["self_sym_sizes"])
@@ -61,14 +61,14 @@ def mean_all(node, grads, ctx):
     return each(node, lambda i: xp.broadcast_to(grads[0] / n, sizes))
 
 
-@op("MeanBackward1", saved="self_sym_sizes:sizes dim:ints? keepdim:bool? self_sym_numel:int?",
+@op("MeanBackward1", outputs=1, saved="self_sym_sizes:sizes dim:ints? keepdim:bool? self_sym_numel:int?",
     cost=cost.reduction(1))
 def mean_dim(node, grads, ctx):
     """a.mean(dims, keepdim)."""
     return expand_reduced(node, grads[0], ctx.xp(node), scale=True)
 
 
-@op("MaxBackward1", "MinBackward1", saved="self:tensor result:tensor", cost=cost.reduction(3))
+@op("MaxBackward1", "MinBackward1", outputs=1, saved="self:tensor result:tensor", cost=cost.reduction(3))
 def max_all(node, grads, ctx):
     """a.max() / a.min(): the gradient split evenly over the positions equal to the result."""
     sv = ctx.saved(node)
@@ -77,7 +77,7 @@ def max_all(node, grads, ctx):
     return each(node, lambda i: mask * (grads[0] / mask.sum()))
 
 
-@op("AmaxBackward0", "AminBackward0", saved="self:tensor result:tensor dim:ints? keepdim:bool?",
+@op("AmaxBackward0", "AminBackward0", outputs=1, saved="self:tensor result:tensor dim:ints? keepdim:bool?",
     cost=cost.reduction(3))
 def amax(node, grads, ctx):
     """amax / amin over dims: split evenly over the extremal positions of each reduced slice."""
@@ -126,7 +126,7 @@ def _select_back(xp, g, indices, dim, sizes, keepdim):
 
 
 @op("MaxBackward0", "MinBackward0", "KthvalueBackward0", "MedianBackward1", "NanmedianBackward1", "ModeBackward0",
-    saved="dim:int indices:tensor keepdim:bool? self_sym_sizes:sizes", cost=cost.COPY)
+    outputs=1, saved="dim:int indices:tensor keepdim:bool? self_sym_sizes:sizes", cost=cost.COPY)
 def value_selecting(node, grads, ctx):
     """max/min/kthvalue/median/nanmedian/mode over a dim: the gradient goes to the selected index."""
     sv = ctx.saved(node)
@@ -136,7 +136,7 @@ def value_selecting(node, grads, ctx):
                                              bool(sv.get("keepdim", False))))
 
 
-@op("SortBackward0", "SortBackward1", "TopkBackward0", saved="dim:int indices:tensor self_sym_sizes:sizes",
+@op("SortBackward0", "SortBackward1", "TopkBackward0", outputs=1, saved="dim:int indices:tensor self_sym_sizes:sizes",
     cost=cost.COPY)
 def sort(node, grads, ctx):
     """sort / topk along a dim: each value's gradient goes back to the position it came from."""
@@ -146,7 +146,7 @@ def sort(node, grads, ctx):
     return each(node, lambda i: _select_back(ctx.xp(node), grads[0], sv["indices"], dim, sizes, True))
 
 
-@op("CummaxBackward0", "CumminBackward0", saved="dim:int indices:tensor self:tensor?", cost=cost.COPY)
+@op("CummaxBackward0", "CumminBackward0", outputs=1, saved="dim:int indices:tensor self:tensor?", cost=cost.COPY)
 def cummax(node, grads, ctx):
     """cummax / cummin along a dim: each running extreme's gradient added to the position that holds it."""
     sv = ctx.saved(node)
@@ -155,7 +155,7 @@ def cummax(node, grads, ctx):
                                              g.shape, True))
 
 
-@op("MedianBackward0", "NanmedianBackward0", saved="self:tensor result:tensor", cost=cost.reduction(3))
+@op("MedianBackward0", "NanmedianBackward0", outputs=1, saved="self:tensor result:tensor", cost=cost.reduction(3))
 def median_all(node, grads, ctx):
     """a.median() / a.nanmedian(): the gradient split evenly over the positions equal to the result (NaN: the NaNs)."""
     sv = ctx.saved(node)
@@ -165,7 +165,8 @@ def median_all(node, grads, ctx):
     return each(node, lambda i: mask * (grads[0] / mask.sum()))
 
 
-@op("AminmaxBackward0", saved="self:tensor min:tensor max:tensor dim:int? keepdim:bool?", cost=cost.reduction(3))
+@op("AminmaxBackward0", outputs=1,
+    saved="self:tensor min:tensor max:tensor dim:int? keepdim:bool?", cost=cost.reduction(3))
 def aminmax(node, grads, ctx):
     """torch.aminmax: the min's and the max's gradients each split evenly over their ties."""
     sv = ctx.saved(node)
@@ -190,7 +191,7 @@ def _reverse_cumsum(xp, t, axis):
     return xp.flip(xp.cumsum(xp.flip(t, axis), axis=axis), axis)
 
 
-@op("CumsumBackward0", saved="dim:int", cost=cost.reduction(1))
+@op("CumsumBackward0", outputs=1, saved="dim:int", cost=cost.reduction(1))
 def cumsum(node, grads, ctx):
     """a.cumsum(dim): the reversed cumulative sum of the gradient."""
     g = grads[0]
@@ -199,7 +200,7 @@ def cumsum(node, grads, ctx):
     return each(node, lambda i: _reverse_cumsum(ctx.xp(node), g, signed(node.saved["dim"]) % g.ndim))
 
 
-@op("CumprodBackward0", saved="self:tensor result:tensor dim:int", cost=cost.reduction(6))
+@op("CumprodBackward0", outputs=1, saved="self:tensor result:tensor dim:int", cost=cost.reduction(6))
 def cumprod(node, grads, ctx):
     """a.cumprod(dim), zeros in the input too.
 
@@ -237,7 +238,7 @@ def _reverse_logcumsumexp(xp, t, axis):
     return xp.flip(out, axis)
 
 
-@op("LogcumsumexpBackward0", saved="self:tensor result:tensor dim:int", cost=cost.reduction(8))
+@op("LogcumsumexpBackward0", outputs=1, saved="self:tensor result:tensor dim:int", cost=cost.reduction(8))
 def logcumsumexp(node, grads, ctx):
     """a.logcumsumexp(dim): sum_k>=i g_k exp(x_i - r_k), in log space for the gradient's positive and negative parts."""
     sv = ctx.saved(node)
@@ -264,7 +265,7 @@ def _product_of_others(xp, x, axis):
     return xp.moveaxis(left * right, -1, axis)
 
 
-@op("ProdBackward0", saved="self:tensor result:tensor?", cost=cost.reduction(4))
+@op("ProdBackward0", outputs=1, saved="self:tensor result:tensor?", cost=cost.reduction(4))
 def prod_all(node, grads, ctx):
     """a.prod(): each element gets the gradient times the product of all the others (conjugated)."""
     sv = ctx.saved(node)
@@ -274,7 +275,7 @@ def prod_all(node, grads, ctx):
     return each(node, lambda i: grads[0] * others.conj())
 
 
-@op("ProdBackward1", saved="self:tensor result:tensor? dim:int keepdim:bool?", cost=cost.reduction(4))
+@op("ProdBackward1", outputs=1, saved="self:tensor result:tensor? dim:int keepdim:bool?", cost=cost.reduction(4))
 def prod_dim(node, grads, ctx):
     """a.prod(dim, keepdim): each element gets the gradient times the product of the others in its slice."""
     sv = ctx.saved(node)
@@ -312,7 +313,7 @@ def _std_grad(xp, g, std):
     return xp.where(std == 0, 0, g / xp.where(std == 0, 1, 2 * std))
 
 
-@op("VarBackward0", saved="self:tensor dim:ints? correction:scalar? keepdim:bool?", cost=cost.reduction(4))
+@op("VarBackward0", outputs=1, saved="self:tensor dim:ints? correction:scalar? keepdim:bool?", cost=cost.reduction(4))
 def var(node, grads, ctx):
     """a.var(dim, correction, keepdim): 2 (x - mean) g / (N - correction)."""
     sv = ctx.saved(node)
@@ -322,7 +323,7 @@ def var(node, grads, ctx):
     return each(node, lambda i: _var_back(xp, grads[0], x, dims, sv.get("correction"), keep))
 
 
-@op("StdBackward0", saved="self:tensor result:tensor dim:ints? correction:scalar? keepdim:bool?",
+@op("StdBackward0", outputs=1, saved="self:tensor result:tensor dim:ints? correction:scalar? keepdim:bool?",
     cost=cost.reduction(5))
 def std(node, grads, ctx):
     """a.std(dim, correction, keepdim): the variance's gradient with g / (2 std) (zero where std is zero)."""
@@ -348,20 +349,21 @@ def _moments_mean(node, grads, ctx, first):
     return each(node, lambda i: total)
 
 
-@op("VarMeanBackward0", saved="self:tensor dim:ints? correction:scalar? keepdim:bool?", cost=cost.reduction(5))
+@op("VarMeanBackward0", outputs=1,
+    saved="self:tensor dim:ints? correction:scalar? keepdim:bool?", cost=cost.reduction(5))
 def var_mean(node, grads, ctx):
     """torch.var_mean: the variance's and the mean's gradients summed."""
     return _moments_mean(node, grads, ctx, lambda xp, g, sv: g)
 
 
-@op("StdMeanBackward0", saved="self:tensor result0:tensor dim:ints? correction:scalar? keepdim:bool?",
+@op("StdMeanBackward0", outputs=1, saved="self:tensor result0:tensor dim:ints? correction:scalar? keepdim:bool?",
     cost=cost.reduction(6))
 def std_mean(node, grads, ctx):
     """torch.std_mean: the std's and the mean's gradients summed."""
     return _moments_mean(node, grads, ctx, lambda xp, g, sv: _std_grad(xp, g, sv["result0"]))
 
 
-@op("LogsumexpBackward0", saved="self:tensor result:tensor dim:ints keepdim:bool?", cost=cost.reduction(3))
+@op("LogsumexpBackward0", outputs=1, saved="self:tensor result:tensor dim:ints keepdim:bool?", cost=cost.reduction(3))
 def logsumexp(node, grads, ctx):
     """a.logsumexp(dim, keepdim): the gradient times softmax, exp(x - result)."""
     sv = ctx.saved(node)
@@ -372,7 +374,7 @@ def logsumexp(node, grads, ctx):
     return each(node, lambda i: restore(xp, grads[0], dims, keep) * xp.exp(x - r).conj())
 
 
-@op("NansumBackward0", saved="self:tensor dim:ints? keepdim:bool?", cost=cost.reduction(1))
+@op("NansumBackward0", outputs=1, saved="self:tensor dim:ints? keepdim:bool?", cost=cost.reduction(1))
 def nansum(node, grads, ctx):
     """a.nansum(dim, keepdim): the gradient broadcast back, zero at the NaNs."""
     sv = ctx.saved(node)
@@ -382,7 +384,7 @@ def nansum(node, grads, ctx):
     return each(node, lambda i: xp.where(xp.isnan(x), 0, restore(xp, grads[0], dims, keep)))
 
 
-@op("TraceBackward0", saved="self_sym_sizes:sizes", cost=cost.COPY)
+@op("TraceBackward0", outputs=1, saved="self_sym_sizes:sizes", cost=cost.COPY)
 def trace(node, grads, ctx):
     """a.trace(): the gradient on the main diagonal, zeros elsewhere."""
     rows, cols = (int(n) for n in node.saved["self_sym_sizes"])

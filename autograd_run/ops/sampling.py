@@ -161,7 +161,7 @@ def _in_bounds(idx, sizes):
     return ok
 
 
-@op("GridSampler2DBackward0", "GridSampler3DBackward0",
+@op("GridSampler2DBackward0", "GridSampler3DBackward0", outputs=2,
     saved="input:tensor grid:tensor interpolation_mode:int padding_mode:int align_corners:bool",
     cost=cost.pointwise(40))
 def grid_sampler(node, grads, ctx):
@@ -214,7 +214,7 @@ def _base_grid(xp, sizes, align_corners, dtype):
     return xp.stack(comps + [xp.ones(tuple(sizes), dtype=dtype)], axis=-1)
 
 
-@op("AffineGridGeneratorBackward0", saved="size:sizes align_corners:bool", cost=cost.reduction(2))
+@op("AffineGridGeneratorBackward0", outputs=1, saved="size:sizes align_corners:bool", cost=cost.reduction(2))
 def affine_grid(node, grads, ctx):
     """affine_grid(theta, size): grid = base @ theta^T, so d theta = g^T base (summed over the grid points)."""
     sv = ctx.saved(node)
@@ -228,7 +228,7 @@ def affine_grid(node, grads, ctx):
     return each(node, lambda i: dtheta)
 
 
-@op("StandardGammaBackward0", saved="self:tensor? result:tensor? grad_factor:tensor", elementwise=True,
+@op("StandardGammaBackward0", outputs=1, saved="self:tensor? result:tensor? grad_factor:tensor", elementwise=True,
     cost=cost.pointwise(1))
 def standard_gamma(node, grads, ctx):
     """_standard_gamma(alpha) (Gamma.rsample): g * d sample / d alpha (PyTorch's _standard_gamma_grad, recorded)."""

@@ -7,23 +7,24 @@ from __future__ import annotations
 
 from autograd_run.ops import cost
 from autograd_run.ops.arrays import add_at, each, filled, out_meta, signed, sum_to, tensor_list, wrap_dim
-from autograd_run.ops.spec import op
+from autograd_run.ops.spec import op, per_saved
 
 
-@op("TBackward0", "TBackward1", "TBackward0_copy", cost=cost.VIEW)
+@op("TBackward0", "TBackward1", "TBackward0_copy", outputs=1, cost=cost.VIEW)
 def t(node, grads, ctx):
     """a.t() (and in place, t_)."""
     return each(node, lambda i: grads[0].T)
 
 
-@op("TransposeBackward0", "TransposeBackward1", "TransposeBackward0_copy", saved="dim0:int dim1:int", cost=cost.VIEW)
+@op("TransposeBackward0", "TransposeBackward1", "TransposeBackward0_copy", outputs=1,
+    saved="dim0:int dim1:int", cost=cost.VIEW)
 def transpose(node, grads, ctx):
     """a.transpose(d0, d1) (and in place, transpose_)."""
     d0, d1 = signed(node.saved["dim0"]), signed(node.saved["dim1"])
     return each(node, lambda i: grads[0].swapaxes(d0, d1))
 
 
-@op("PermuteBackward0", "PermuteBackward0_copy", saved="dims:ints", cost=cost.VIEW)
+@op("PermuteBackward0", "PermuteBackward0_copy", outputs=1, saved="dims:ints", cost=cost.VIEW)
 def permute(node, grads, ctx):
     """a.permute(dims): the inverse permutation."""
     dims = [signed(d) % grads[0].ndim for d in node.saved["dims"]]
@@ -34,7 +35,7 @@ def permute(node, grads, ctx):
 
 
 @op("ViewBackward0", "ReshapeAliasBackward0", "UnsafeViewBackward0", "SqueezeBackward0", "SqueezeBackward3",
-    "ViewBackward0_copy", "ReshapeAliasBackward0_copy", "SqueezeBackward0_copy", "ReshapeCopyBackward0",
+    "ViewBackward0_copy", "ReshapeAliasBackward0_copy", "SqueezeBackward0_copy", "ReshapeCopyBackward0", outputs=1,
     saved="self_sym_sizes:sizes", cost=cost.VIEW)
 def view(node, grads, ctx):
     """view / reshape / squeeze() (and squeeze_()): the gradient reshaped to the input's sizes."""
@@ -42,21 +43,21 @@ def view(node, grads, ctx):
     return each(node, lambda i: grads[0].reshape(sizes))
 
 
-@op("SqueezeBackward1", "SqueezeBackward4", "SqueezeBackward1_copy", saved="self_sym_sizes:sizes dim:int?",
+@op("SqueezeBackward1", "SqueezeBackward4", "SqueezeBackward1_copy", outputs=1, saved="self_sym_sizes:sizes dim:int?",
     cost=cost.VIEW)
 def squeeze_dim(node, grads, ctx):
     """squeeze(dim) (and squeeze_(dim))."""
     return view(node, grads, ctx)
 
 
-@op("SqueezeBackward2", "SqueezeBackward5", "SqueezeBackward2_copy", saved="self_sym_sizes:sizes dim:ints?",
+@op("SqueezeBackward2", "SqueezeBackward5", "SqueezeBackward2_copy", outputs=1, saved="self_sym_sizes:sizes dim:ints?",
     cost=cost.VIEW)
 def squeeze_dims(node, grads, ctx):
     """squeeze(dims) (and squeeze_(dims))."""
     return view(node, grads, ctx)
 
 
-@op("UnsqueezeBackward0", "UnsqueezeBackward1", "UnsqueezeBackward0_copy", saved="dim:int", cost=cost.VIEW)
+@op("UnsqueezeBackward0", "UnsqueezeBackward1", "UnsqueezeBackward0_copy", outputs=1, saved="dim:int", cost=cost.VIEW)
 def unsqueeze(node, grads, ctx):
     """unsqueeze(dim) (and unsqueeze_): squeeze that dim back out."""
     g = grads[0]
@@ -64,7 +65,7 @@ def unsqueeze(node, grads, ctx):
     return each(node, lambda i: g.squeeze(dim))
 
 
-@op("ExpandBackward0", "ExpandBackward0_copy", saved="self_sym_sizes:sizes", cost=cost.reduction())
+@op("ExpandBackward0", "ExpandBackward0_copy", outputs=1, saved="self_sym_sizes:sizes", cost=cost.reduction())
 def expand(node, grads, ctx):
     """expand(sizes): sum the broadcast dimensions back."""
     sizes = tuple(node.saved["self_sym_sizes"])
@@ -102,7 +103,7 @@ def _split_sizes(node, dim, total):
     return out
 
 
-@op("CatBackward0", saved="dim:int? sizes:sizes?", cost=cost.COPY)
+@op("CatBackward0", outputs=per_saved("sizes"), saved="dim:int? sizes:sizes?", cost=cost.COPY)
 def cat(node, grads, ctx):
     """cat(tensors, dim): each input gets its slice of the gradient."""
     g = grads[0]
@@ -119,7 +120,7 @@ def cat(node, grads, ctx):
     return each(node, piece)
 
 
-@op("StackBackward0", saved="dim:int?", cost=cost.COPY)
+@op("StackBackward0", outputs=None, saved="dim:int?", cost=cost.COPY)
 def stack(node, grads, ctx):
     """stack(tensors, dim): each input gets its index along dim."""
     g = grads[0]
@@ -127,7 +128,7 @@ def stack(node, grads, ctx):
     return each(node, lambda i: g.take(i, axis=dim))
 
 
-@op("SplitBackward0", "UnsafeSplitBackward0", "SplitBackward0_copy",
+@op("SplitBackward0", "UnsafeSplitBackward0", "SplitBackward0_copy", outputs=1,
     saved="dim:int? self_sym_sizes:sizes? split_size:int?",
     cost=cost.COPY)
 def split(node, grads, ctx):
@@ -139,7 +140,7 @@ def split(node, grads, ctx):
     return each(node, lambda i: xp.concatenate(filled(node, grads, xp), axis=dim))
 
 
-@op("SplitWithSizesBackward0", "UnsafeSplitWithSizesBackward0", "SplitWithSizesBackward0_copy",
+@op("SplitWithSizesBackward0", "UnsafeSplitWithSizesBackward0", "SplitWithSizesBackward0_copy", outputs=1,
     saved="dim:int? self_sym_sizes:sizes? split_sizes:ints?",
     cost=cost.COPY)
 def split_with_sizes(node, grads, ctx):
@@ -147,7 +148,7 @@ def split_with_sizes(node, grads, ctx):
     return split(node, grads, ctx)
 
 
-@op("UnbindBackward0", "UnbindBackward0_copy", saved="dim:int?", cost=cost.COPY)
+@op("UnbindBackward0", "UnbindBackward0_copy", outputs=1, saved="dim:int?", cost=cost.COPY)
 def unbind(node, grads, ctx):
     """unbind(dim): stack the slices' gradients (zeros for unused slices)."""
     xp = ctx.xp(node)
@@ -156,7 +157,7 @@ def unbind(node, grads, ctx):
     return each(node, lambda i: xp.stack(pieces, axis=dim))
 
 
-@op("ToCopyBackward0", cost=cost.COPY)
+@op("ToCopyBackward0", outputs=1, cost=cost.COPY)
 def to_copy(node, grads, ctx):
     """a.to(dtype or device): the gradient goes back to the input's dtype and device."""
     def convert(i):
@@ -188,14 +189,14 @@ def _crop_or_pad(xp, g, pads):
     return out
 
 
-@op("ConstantPadNdBackward0", saved="pad:ints", cost=cost.COPY)
+@op("ConstantPadNdBackward0", outputs=1, saved="pad:ints", cost=cost.COPY)
 def constant_pad_nd(node, grads, ctx):
     """F.pad(x, pad, value=c): the gradient with the padding cut off (zeros where the pad cropped)."""
     pads = list(node.saved["pad"])
     return each(node, lambda i: _crop_or_pad(ctx.xp(node), grads[0], pads))
 
 
-@op("RepeatBackward0", saved="repeats:ints self_sym_sizes:sizes", cost=cost.reduction(1))
+@op("RepeatBackward0", outputs=1, saved="repeats:ints self_sym_sizes:sizes", cost=cost.reduction(1))
 def repeat(node, grads, ctx):
     """a.repeat(repeats): sum the tiles back onto one."""
     g = grads[0]
@@ -212,7 +213,7 @@ def repeat(node, grads, ctx):
     return each(node, out)
 
 
-@op("FlipBackward0", saved="dims:ints", cost=cost.COPY)
+@op("FlipBackward0", outputs=1, saved="dims:ints", cost=cost.COPY)
 def flip(node, grads, ctx):
     """a.flip(dims): flip the gradient back."""
     g = grads[0]
@@ -220,7 +221,7 @@ def flip(node, grads, ctx):
     return each(node, lambda i: ctx.xp(node).flip(g, axis=dims) if dims else g)
 
 
-@op("RollBackward0", saved="shifts:ints dims:ints", cost=cost.COPY)
+@op("RollBackward0", outputs=1, saved="shifts:ints dims:ints", cost=cost.COPY)
 def roll(node, grads, ctx):
     """a.roll(shifts, dims): roll the gradient the other way (flattened when no dims)."""
     g = grads[0]
@@ -235,7 +236,7 @@ def roll(node, grads, ctx):
     return each(node, out)
 
 
-@op("Rot90Backward0", saved="k:int dims:ints", cost=cost.COPY)
+@op("Rot90Backward0", outputs=1, saved="k:int dims:ints", cost=cost.COPY)
 def rot90(node, grads, ctx):
     """a.rot90(k, dims): rotate the gradient back by -k."""
     g = grads[0]
@@ -244,7 +245,7 @@ def rot90(node, grads, ctx):
     return each(node, lambda i: ctx.xp(node).rot90(g, -k, axes=dims))
 
 
-@op("ChannelShuffleBackward0", saved="groups:int", cost=cost.COPY)
+@op("ChannelShuffleBackward0", outputs=1, saved="groups:int", cost=cost.COPY)
 def channel_shuffle(node, grads, ctx):
     """F.channel_shuffle(x, groups): shuffle the gradient's channels back (C/groups groups)."""
     g = grads[0]
@@ -280,7 +281,7 @@ def _embed_diagonal(xp, g, sizes, offset, d1, d2):
     return out
 
 
-@op("DiagonalBackward0", "DiagonalBackward0_copy", saved="self_sym_sizes:sizes offset:int dim1:int dim2:int",
+@op("DiagonalBackward0", "DiagonalBackward0_copy", outputs=1, saved="self_sym_sizes:sizes offset:int dim1:int dim2:int",
     cost=cost.COPY)
 def diagonal(node, grads, ctx):
     """a.diagonal(offset, d1, d2) (and torch.diag of a matrix): the gradient on that diagonal, zeros elsewhere."""
@@ -291,7 +292,7 @@ def diagonal(node, grads, ctx):
     return each(node, lambda i: _embed_diagonal(ctx.xp(node), grads[0], sizes, offset, d1, d2))
 
 
-@op("DiagEmbedBackward0", saved="offset:int dim1:int dim2:int", cost=cost.COPY)
+@op("DiagEmbedBackward0", outputs=1, saved="offset:int dim1:int dim2:int", cost=cost.COPY)
 def diag_embed(node, grads, ctx):
     """torch.diag_embed(a, offset, d1, d2) (and torch.diag of a vector): the gradient's diagonal."""
     g = grads[0]
@@ -300,13 +301,13 @@ def diag_embed(node, grads, ctx):
     return each(node, lambda i: ctx.xp(node).diagonal(g, signed(sv["offset"]), d1, d2))
 
 
-@op("TrilBackward0", saved="diagonal:int", cost=cost.COPY)
+@op("TrilBackward0", outputs=1, saved="diagonal:int", cost=cost.COPY)
 def tril(node, grads, ctx):
     """a.tril(k): the gradient's lower triangle."""
     return each(node, lambda i: ctx.xp(node).tril(grads[0], signed(node.saved["diagonal"])))
 
 
-@op("TriuBackward0", saved="diagonal:int", cost=cost.COPY)
+@op("TriuBackward0", outputs=1, saved="diagonal:int", cost=cost.COPY)
 def triu(node, grads, ctx):
     """a.triu(k): the gradient's upper triangle."""
     return each(node, lambda i: ctx.xp(node).triu(grads[0], signed(node.saved["diagonal"])))
@@ -315,7 +316,7 @@ def triu(node, grads, ctx):
 # --- windows, narrowing, scatters into slices -----------------------------------------------------------------------
 
 
-@op("UnfoldBackward0", "UnfoldBackward0_copy", saved="self_sym_sizes:sizes dimension:int size:int step:int",
+@op("UnfoldBackward0", "UnfoldBackward0_copy", outputs=1, saved="self_sym_sizes:sizes dimension:int size:int step:int",
     cost=cost.reduction(1))
 def unfold(node, grads, ctx):
     """a.unfold(dim, size, step): each window's gradient added back where the window was read."""
@@ -346,7 +347,7 @@ def _slice_index(ndim, dim, start, end, step):
     return tuple(idx)
 
 
-@op("NarrowCopyBackward0", saved="self_sym_sizes:sizes dim:int start:int length:int", cost=cost.COPY)
+@op("NarrowCopyBackward0", outputs=1, saved="self_sym_sizes:sizes dim:int start:int length:int", cost=cost.COPY)
 def narrow_copy(node, grads, ctx):
     """a.narrow_copy(dim, start, length): the gradient placed in that range, zeros elsewhere."""
     sv = node.saved
@@ -361,7 +362,7 @@ def narrow_copy(node, grads, ctx):
     return each(node, out)
 
 
-@op("SliceScatterBackward0", saved="dim:int start:int? end:int? step:int?", cost=cost.COPY)
+@op("SliceScatterBackward0", outputs=2, saved="dim:int start:int? end:int? step:int?", cost=cost.COPY)
 def slice_scatter(node, grads, ctx):
     """torch.slice_scatter(a, src, dim, start, end, step): a gets the gradient outside the slice, src the slice."""
     g = grads[0]
@@ -377,7 +378,7 @@ def slice_scatter(node, grads, ctx):
     return each(node, out)
 
 
-@op("SelectScatterBackward0", saved="dim:int index:int", cost=cost.COPY)
+@op("SelectScatterBackward0", outputs=2, saved="dim:int index:int", cost=cost.COPY)
 def select_scatter(node, grads, ctx):
     """torch.select_scatter(a, src, dim, index): a gets the gradient outside that index, src the index's slice."""
     g = grads[0]
@@ -394,7 +395,7 @@ def select_scatter(node, grads, ctx):
     return each(node, out)
 
 
-@op("DiagonalScatterBackward0", saved="offset:int dim1:int dim2:int", cost=cost.COPY)
+@op("DiagonalScatterBackward0", outputs=2, saved="offset:int dim1:int dim2:int", cost=cost.COPY)
 def diagonal_scatter(node, grads, ctx):
     """torch.diagonal_scatter(a, src, offset, d1, d2): a gets the gradient off that diagonal, src the diagonal."""
     g = grads[0]
@@ -417,7 +418,7 @@ def diagonal_scatter(node, grads, ctx):
 
 
 @op("AliasBackward0", "AliasBackward0_copy", "LiftBackward0", "LiftFreshBackward0", "LiftFreshBackward0_copy",
-    "LazyCloneBackward0", "PinMemoryBackward0", cost=cost.VIEW)
+    "LazyCloneBackward0", "PinMemoryBackward0", outputs=1, cost=cost.VIEW)
 def alias(node, grads, ctx):
     """An alias or a plain copy of a (alias, lift_fresh, _lazy_clone, pin_memory): the gradient as is."""
     return each(node, lambda i: grads[0])
@@ -451,7 +452,7 @@ def _extent(sizes, strides, offset):
     return int(offset) + 1 + sum((int(n) - 1) * int(st) for n, st in zip(sizes, strides))
 
 
-@op("AsStridedBackward0", "AsStridedBackward1", "AsStridedBackward0_copy",
+@op("AsStridedBackward0", "AsStridedBackward1", "AsStridedBackward0_copy", outputs=1,
     saved="size:sizes stride:ints storage_offset:int?",
     cost=cost.reduction(1))
 def as_strided(node, grads, ctx):
@@ -479,7 +480,7 @@ def as_strided(node, grads, ctx):
     return each(node, out)
 
 
-@op("torch::autograd::CopySlices", aliases=("CopySlices",),
+@op("torch::autograd::CopySlices", aliases=("CopySlices",), outputs=per_saved("input_scales"),
     saved="base_sizes:sizes base_strides:ints view_sizes:sizes view_strides:ints view_offset:int "
           "result_scale:tensor input_scales:tensors",
     cost=cost.pointwise(2))
@@ -516,7 +517,8 @@ def copy_slices(node, grads, ctx):
 # --- writes that do not depend on what was there -------------------------------------------------------------------
 
 
-@op("FillBackward0", "FillBackward1", "FillBackward2", "FillBackward3", "ZeroBackward0", cost=cost.COPY)
+@op("FillBackward0", "FillBackward2", "ZeroBackward0", outputs=1, cost=cost.COPY)
+@op("FillBackward1", "FillBackward3", outputs=2, cost=cost.COPY)
 def fill(node, grads, ctx):
     """a.fill(value) / a.fill_(value) / a.zero_(): a gets zeros; a value tensor gets the gradient summed."""
     g = grads[0]
@@ -528,7 +530,7 @@ def fill(node, grads, ctx):
     return each(node, out)
 
 
-@op("torch::autograd::CopyBackwards", aliases=("CopyBackwards",), cost=cost.COPY)
+@op("torch::autograd::CopyBackwards", aliases=("CopyBackwards",), outputs=2, cost=cost.COPY)
 def copy(node, grads, ctx):
     """a.copy_(src) on a tensor that is not a view: a gets zeros, src the gradient.
 
@@ -568,7 +570,7 @@ def _block_sizes(node, rows, cols):
     return blocks
 
 
-@op("BlockDiagBackward0", cost=cost.COPY)
+@op("BlockDiagBackward0", outputs=None, cost=cost.COPY)
 def block_diag(node, grads, ctx):
     """torch.block_diag(*tensors): each input gets its block of the gradient."""
     g = grads[0]
@@ -583,7 +585,7 @@ def block_diag(node, grads, ctx):
     return each(node, out)
 
 
-@op("PackPaddedSequenceBackward0", saved="input_sym_sizes:sizes batch_first:bool result1:tensor",
+@op("PackPaddedSequenceBackward0", outputs=1, saved="input_sym_sizes:sizes batch_first:bool result1:tensor",
     cost=cost.COPY)
 def pack_padded_sequence(node, grads, ctx):
     """nn.utils.rnn.pack_padded_sequence: each packed row's gradient back at its (time, batch) place.
@@ -610,13 +612,13 @@ def pack_padded_sequence(node, grads, ctx):
 # --- double backward of views: the view applied to the gradient -----------------------------------------------------
 
 
-@op("DiagonalBackwardBackward0", saved="offset:int dim1:int dim2:int", cost=cost.COPY)
+@op("DiagonalBackwardBackward0", outputs=1, saved="offset:int dim1:int dim2:int", cost=cost.COPY)
 def diagonal_backward_backward(node, grads, ctx):
     """The backward of diagonal's backward (create_graph): the gradient's diagonal."""
     return diag_embed(node, grads, ctx)
 
 
-@op("UnfoldBackwardBackward0", saved="dim:int size:int step:int", cost=cost.COPY)
+@op("UnfoldBackwardBackward0", outputs=1, saved="dim:int size:int step:int", cost=cost.COPY)
 def unfold_backward_backward(node, grads, ctx):
     """The backward of unfold's backward (create_graph): the gradient unfolded into windows."""
     g = grads[0]

@@ -34,7 +34,7 @@ def _offset2bag(xp, offsets, n):
     return xp.cumsum(marks)[:n]
 
 
-@op("EmbeddingBagBackward0",
+@op("EmbeddingBagBackward0", outputs=2,
     saved="indices:tensor offsets:tensor result1:tensor? result2:tensor? result3:tensor? mode:int? "
           "padding_idx:int? per_sample_weights:tensor? weight:tensor? scale_grad_by_freq:bool? sparse:bool? "
           "weight_sym_argsize_0:int",

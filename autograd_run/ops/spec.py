@@ -95,6 +95,8 @@ class OpSpec:
     engine: bool = False
     #: Shown in docs and ``--help`` listings.
     doc: str = ""
+    #: Gradients returned, one per next edge: an int, an ``Outputs`` (per node), or None (unknown).
+    outputs: int | Outputs | None = None
     #: The saved fields of kind ``tensor`` (derived).
     tensor_fields: frozenset = field(init=False)
     #: The saved fields of kind ``scalar`` (derived): a file may write one as a string ("(1-2j)", "inf", "1e-3").
@@ -106,6 +108,36 @@ class OpSpec:
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """An output count that varies by node: ``count(node)`` is it, or None where the node does not say.
+
+    ``text`` says where it comes from (for the catalogue and error messages).
+    """
+
+    count: Callable[[Any], int | None]
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def per_saved(key: str) -> Outputs:
+    """One output per entry of the node's saved list ``key`` (unknown where the node does not save it)."""
+    def count(node) -> int | None:
+        value = node.saved.get(key)
+        return len(value) if type(value) is list else None
+    return Outputs(count, f"one per entry of saved {key!r}")
+
+
+def _per_input(node) -> int | None:
+    return len(node.inputs) or None
+
+
+#: As many outputs as input slots (a pass-through Function); unknown where the file gives no inputs.
+PER_INPUT = Outputs(_per_input, "one per input slot")
 
 
 class Registry:
@@ -159,12 +191,16 @@ def undefined_passthrough(fn: Callable) -> Callable:
     return rule
 
 
-def op(*names: str, saved: str = "", elementwise: bool = False, cost=None, aliases: tuple[str, ...] = (),
-       unsupported: Callable | None = None):
+def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise: bool = False, cost=None,
+       aliases: tuple[str, ...] = (), unsupported: Callable | None = None):
     """Declare the decorated backward formula as the rule of ``names`` (one spec per name).
 
+    ``outputs`` must be given (None only where nothing tells the count; see the module docstring).
+    Names with different counts take one ``op`` each, stacked on the same formula.
     The spec runs the formula through ``undefined_passthrough``: formulas see at least one defined gradient.
     """
+    if not (outputs is None or isinstance(outputs, Outputs) or (type(outputs) is int and outputs >= 0)):
+        raise ValueError(f"outputs of {names} must be a non-negative int, an Outputs or None, got {outputs!r}")
     fields = parse_saved(saved)
 
     def register(fn: Callable) -> Callable:
@@ -173,7 +209,7 @@ def op(*names: str, saved: str = "", elementwise: bool = False, cost=None, alias
         rule = undefined_passthrough(fn)
         for i, name in enumerate(names):
             REGISTRY.add(OpSpec(name, rule, fields, elementwise, family, cost,
-                                aliases if i == 0 else (), unsupported, False, doc))
+                                aliases if i == 0 else (), unsupported, False, doc, outputs))
         return fn
     return register
 

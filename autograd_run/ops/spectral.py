@@ -45,7 +45,7 @@ def _c2c(xp, g, dims, normalization, forward):
     return y * _scale(normalization, n)
 
 
-@op("FftC2CBackward0", saved="dim:ints normalization:int forward:bool", cost=FFT)
+@op("FftC2CBackward0", outputs=1, saved="dim:ints normalization:int forward:bool", cost=FFT)
 def fft_c2c(node, grads, ctx):
     """torch.fft.fft/ifft/fftn of a complex tensor: the transform the other way, same normalisation."""
     g = grads[0]
@@ -54,7 +54,7 @@ def fft_c2c(node, grads, ctx):
                                      not bool(sv["forward"])))
 
 
-@op("FftR2CBackward0", saved="self:tensor? dim:ints normalization:int onesided:bool", cost=FFT)
+@op("FftR2CBackward0", outputs=1, saved="self:tensor? dim:ints normalization:int onesided:bool", cost=FFT)
 def fft_r2c(node, grads, ctx):
     """torch.fft.rfft/rfftn, fft of a real tensor, stft: the spectrum's gradient transformed back, real part.
 
@@ -76,7 +76,7 @@ def fft_r2c(node, grads, ctx):
     return each(node, out)
 
 
-@op("FftC2RBackward0", saved="dim:ints normalization:int", cost=FFT)
+@op("FftC2RBackward0", outputs=1, saved="dim:ints normalization:int", cost=FFT)
 def fft_c2r(node, grads, ctx):
     """torch.fft.irfft/irfftn/hfft: the real gradient's half spectrum, each bin that stands for two doubled.
 

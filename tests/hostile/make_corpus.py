@@ -167,6 +167,11 @@ def main() -> None:
         deep = [deep]
     graph("too deep", "other_deep.json", nodes__2__saved={"other": deep})
     graph("does not broadcast", "other_no_broadcast.json", nodes__2__saved={"other": {"random": 1, "shape": [3]}})
+    # -- next edges against the op's number of outputs (found by fuzzing: the run failed mid-way) --
+    graph("AddBackward0 node 'add' has 0 next edges; AddBackward0 has 2 outputs", "next_missing.json",
+          nodes__1__next=_DEL)
+    graph("AddBackward0 node 'add' has 3 next edges; AddBackward0 has 2 outputs", "next_duplicated.json",
+          nodes__1__next=[["mb", 0], ["mc", 0], ["mc", 0]])
     write("exponent_null.yaml",
           "format: autograd-graph/1\nroots: [{node: p}]\nvariables: [{name: a, shape: [2]}]\nnodes:\n"
           "- {id: p, name: PowBackward0, next: [[acc, 0]], inputs: [{shape: [2]}],\n"
