@@ -196,7 +196,6 @@ def bench_million_trace(n: int = 1_000_000, fmt: str = ".pftrace") -> dict:
 def traced_memory(graph: str, trace: str) -> dict:
     """Python's own count of the memory of ``run GRAPH --trace TRACE`` (tracemalloc, in a subprocess: the
     way (e) measures a run), per node: the loaded graph, the peak while loading, the peak after it."""
-    import json
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "bench.e2e_bench", "tracemalloc", graph, trace], env=env, cwd=ROOT,
                          capture_output=True, check=True, text=True).stdout
@@ -223,6 +222,5 @@ def _tracemalloc_run(graph: str, trace: str) -> dict:
 
 
 if __name__ == "__main__":
-    import json
     if sys.argv[1:2] == ["tracemalloc"]:
         print(json.dumps(_tracemalloc_run(sys.argv[2], sys.argv[3])))
