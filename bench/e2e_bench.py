@@ -16,6 +16,7 @@ less disturbed by other processes on a busy machine.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -51,19 +52,20 @@ def write_graph(shape: str, n: int, folder: str) -> tuple[str, int]:
 
 
 def command(args: list[str]) -> dict:
-    """Run ``autograd-run ARGS`` in a subprocess: wall s, CPU s (user + sys), peak RSS bytes."""
+    """Run ``autograd-run ARGS`` in a subprocess: wall s, CPU s (user + sys), peak RSS bytes. The command is
+    started by ``bench.spawn`` (a fresh, small process), so that its peak RSS is its own and not this
+    process's (see there)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    t = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "autograd_run.cli.main", *args], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, env=env, cwd=ROOT)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    err = p.stderr.read().decode(errors="replace")
-    p.stderr.close()
-    if p.returncode != 0:
-        raise RuntimeError(f"autograd-run {' '.join(args)} failed ({p.returncode}): {err[-2000:]}")
-    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss": ru.ru_maxrss * 1024}
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
+        p = subprocess.run([sys.executable, "-m", "bench.spawn", out.name, sys.executable, "-m",
+                            "autograd_run.cli.main", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           env=env, cwd=ROOT)
+        figures = json.load(out)
+    code = figures.pop("returncode")
+    if p.returncode != 0 or code != 0:
+        err = p.stderr.decode(errors="replace")
+        raise RuntimeError(f"autograd-run {' '.join(args)} failed ({code}): {err[-2000:]}")
+    return figures
 
 
 def torch_backward(shape: str, n: int) -> dict:
@@ -194,7 +196,6 @@ def bench_million_trace(n: int = 1_000_000, fmt: str = ".pftrace") -> dict:
 def traced_memory(graph: str, trace: str) -> dict:
     """Python's own count of the memory of ``run GRAPH --trace TRACE`` (tracemalloc, in a subprocess: the
     way (e) measures a run), per node: the loaded graph, the peak while loading, the peak after it."""
-    import json
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "bench.e2e_bench", "tracemalloc", graph, trace], env=env, cwd=ROOT,
                          capture_output=True, check=True, text=True).stdout
@@ -221,6 +222,5 @@ def _tracemalloc_run(graph: str, trace: str) -> dict:
 
 
 if __name__ == "__main__":
-    import json
     if sys.argv[1:2] == ["tracemalloc"]:
         print(json.dumps(_tracemalloc_run(sys.argv[2], sys.argv[3])))

@@ -76,7 +76,7 @@ def test_trace_slices_carry_pass_worker_and_critical_path():
     rec = seed_recording()
     tr = to_chrome_trace(rec)
     node_slices = [e for e in tr["traceEvents"] if e.get("cat") == "node" and e["ph"] == "X"]
-    assert {e["args"]["pass"] for e in node_slices} == {0}
+    assert all("pass" not in e["args"] for e in node_slices)  # one pass: pass 0 is left out (read as 0)
     assert {e["args"]["worker"] for e in node_slices} == {"caller"}
     assert [e["args"]["id"] for e in node_slices if e["args"].get("critical_path")] == ["sum", "add", "mul_b", "acc_a"]
 

@@ -3,7 +3,8 @@
 The same process, threads (same names and order), node slices (titled
 ``<id> <name>``, category ``node``, the same arguments as debug annotations:
 ``debug.id`` ... ``debug.input_shapes``, ``debug.pass``, ``debug.worker``,
-``debug.critical_path``, ``debug.graph_root``), queue waits (process-scoped tracks
+``debug.critical_path``, ``debug.graph_root``; ``depth``, ``stream`` and
+``pass`` left out where 0, as there), queue waits (process-scoped tracks
 named ``queue wait <queue>``; waits that overlap go on separate tracks of that
 name), counters (``<queue> queued`` per queue, ``outstanding tasks``), idle
 and lock-wait slices, error, NaN and sync instants and sync flows as the JSON
@@ -38,7 +39,8 @@ from autograd_run.outputs import atomic_writer
 from autograd_run.traces import encode as E
 from autograd_run.traces import kernels
 from autograd_run.traces.chrome import (
-    FIRST_TID, PID, node_tables, node_title, outstanding_changes, slice_marks, trace_ranks, worker_labels,
+    FIRST_TID, PID, absent_if_zero, node_tables, node_title, outstanding_changes, slice_marks, trace_ranks,
+    worker_labels,
 )
 from autograd_run.traces.recording import Recording
 
@@ -158,11 +160,11 @@ def _templates() -> list[np.ndarray]:
         (B, 4), (L, 7), (S, 6, T_IDS, C_NODE), (N,),
         (B, 4), (L, 8), (V, 17, C_OPNAME), (N,),
         (B, 4), (L, 9), (V, 3, C_SEQ), (N,),
-        (B, 4), (L, 10), (V, 4, C_DEPTH), (N,),
+        (K, C_DEPTH, 4), (B, 4), (L, 10), (V, 4, C_DEPTH), (N,),
         (B, 4), (L, 11), (V, 4, C_GT), (N,),
         (B, 4), (L, 12), (V, 17, C_DEV), (N,),
-        (B, 4), (L, 13), (V, 4, C_STREAM), (N,),
-        (B, 4), (L, 15), (V, 4, C_PASS), (N,),
+        (K, C_STREAM, 4), (B, 4), (L, 13), (V, 4, C_STREAM), (N,),
+        (K, C_PASS, 4), (B, 4), (L, 15), (V, 4, C_PASS), (N,),
         (B, 4), (L, 16), (V, 17, C_WORKER), (N,),
         (K, C_CRIT, 4), (B, 4), (L, 17), (L, 19), (N,),
         (K, C_ROOT, 4), (B, 4), (L, 18), (L, 19), (N,),
@@ -338,10 +340,11 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
     flows, flow_blobs, sync_at = _flows(rec, c, S, tid_of)
     s_end = np.maximum(S.end, S.start + 1)  # at least 1 ns, as in the JSON trace
     node = S.node
-    rows.add(NODE_B, S.start, 2, lambda i: -s_end[i], track=track, node=node, depth=S.depth, gt=S.gt,
-             seq=lambda i: seq_by_node[node[i]], dev=lambda i: dev_by_node[node[i]],
-             stream=lambda i: info["stream"][node[i]], shape=lambda i: info["shape"][node[i]],
-             same=lambda i: info["same"][node[i]], flows=flows, opname=lambda i: op_iid[node[i]], pass_=passes,
+    rows.add(NODE_B, S.start, 2, lambda i: -s_end[i], track=track, node=node,
+             depth=lambda i: absent_if_zero(S.depth[i]), gt=S.gt, seq=lambda i: seq_by_node[node[i]],
+             dev=lambda i: dev_by_node[node[i]], stream=lambda i: absent_if_zero(info["stream"][node[i]]),
+             shape=lambda i: info["shape"][node[i]], same=lambda i: info["same"][node[i]], flows=flows,
+             opname=lambda i: op_iid[node[i]], pass_=lambda i: absent_if_zero(passes[i]),
              worker=worker, crit=lambda i: np.where(critical[i], 0, -1), root=lambda i: np.where(root[i], 0, -1))
     # outstanding tasks: each change rides on the event at its instant (a node's end, a wait's start)
     o_ts, o_val, o_kind, o_index = outstanding_changes(rec, origins=True)

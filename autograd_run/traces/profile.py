@@ -392,13 +392,15 @@ def _trace(events, source: str, where: str) -> Profile:
         rank = sort_index.get(sl[2])
         return f"track {rank}" if _is_int(rank) else f"track tid {sl[2]}"
 
-    pass_of = _trace_passes(slices)
-    n = max(pass_of.values()) + 1
+    # A slice's pass: its ``pass`` argument; absent, 0 in a trace whose slices are labelled (the writer leaves
+    # out a pass of 0), else (an older trace, without the argument) found from the graph tasks' spans.
+    pass_of = _trace_passes(slices) if not labelled else {}
+    passes = [sl[6]["pass"] if "pass" in sl[6] else pass_of.get(sl[3], 0) for sl in slices]
+    n = max(passes) + 1
     if n > MAX_PASSES:
         raise _Bad(where, f"more than {MAX_PASSES} passes")
     spans = [[None, None] for _ in range(n)]
-    for sl in slices:
-        k = pass_of[sl[3]] if "pass" not in sl[6] else sl[6]["pass"]
+    for sl, k in zip(slices, passes):
         sp = spans[k]
         sp[0] = sl[0] if sp[0] is None else min(sp[0], sl[0])
         sp[1] = sl[1] if sp[1] is None else max(sp[1], sl[1])
@@ -410,8 +412,8 @@ def _trace(events, source: str, where: str) -> Profile:
     busy: dict[str, list[list]] = {}
     crit: list[list] = [[] for _ in range(n)]
     order: list[list] = [[] for _ in range(n)]
-    for sl in sorted(slices, key=lambda s: (s[0], s[7])):
-        k = index[pass_of[sl[3]] if "pass" not in sl[6] else sl[6]["pass"]]
+    for sl, k in sorted(zip(slices, passes), key=lambda s: (s[0][0], s[0][7])):
+        k = index[k]
         w = worker(sl)
         busy.setdefault(w, [[] for _ in range(n)])[k].append((sl[0], sl[1]))
         wait = waits.get((sl[3], sl[4]), 0)

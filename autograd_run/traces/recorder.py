@@ -98,12 +98,10 @@ class Recorder(Tracer):
         return Recording.from_log(chunks, nodes, idents, queues, batch, dict(self.threads), dict(self.os_tids))
 
     def take_recording(self) -> Recording:
-        """``recording()``, after which the Recorder keeps no records (its raw records, 128 bytes a node,
-        are not kept beside the Recording's columns): a run's last call."""
-        rec = self.recording()
-        self._taken = []
-        self.rare = []
-        return rec
+        """The events so far as a typed ``Recording``, after which the Recorder keeps none of them: neither
+        its raw records (128 bytes a node) nor the log's node table and its index (about 35 bytes a node)
+        beside the Recording's columns: a run's last call (``drain``)."""
+        return self.drain()
 
     @property
     def events(self) -> list[tuple]:
