@@ -294,3 +294,23 @@ def test_golden_orders_of_pytorch_are_compared_by_op_and_rank_not_by_capture_id(
     assert code == 3
     dv = d["diff"]["order"]["divergence"]
     assert dv["position"] == 1 and dv["a"]["id"] == "MulBackward0 #0" and dv["b"]["id"] == "MulBackward0 #1"
+
+
+def test_queue_waits_pair_by_their_scoped_ids_in_a_trace_sorted_by_time(tmp_path, capsys):
+    """Queue-wait begins and ends pair by ``id2.local`` (and name), not by their place in the file: the
+    same trace with its events sorted by timestamp, where several waits are open at once, reads back
+    with the same waits per node. (r fans out to b1 and b2: both wait in their queues together.)"""
+    g = write(tmp_path, "g.json", branches())
+    t = tmp_path / "t.json"
+    code, _, err = run_cli([g, "--no-summary", "--trace", str(t)], capsys)
+    assert code == 0, err
+    trace = json.loads(t.read_text())
+    events = trace["traceEvents"]
+    waits = [e for e in events if e.get("cat") == "queue_wait"]
+    assert waits and all("id2" in e and "id" not in e for e in waits)
+    resorted = tmp_path / "sorted.json"
+    resorted.write_text(json.dumps(dict(trace, traceEvents=sorted(events, key=lambda e: e.get("ts", 0)))))
+    before, after = read_profile(str(t)), read_profile(str(resorted))
+    got = {k: v.queue_wait_ns for k, v in after.nodes.items()}
+    assert got == {k: v.queue_wait_ns for k, v in before.nodes.items()}
+    assert sum(w[0] for w in got.values()) > 0

@@ -363,10 +363,13 @@ def _trace(events, source: str, where: str) -> Profile:
             slices.append((start, start + round(dur * 1000), e.get("tid"), args["graph_task"], args["id"],
                            e.get("name") if isinstance(e.get("name"), str) else "?", args, i))
         elif cat == "queue_wait" and ph in ("b", "e") and _num(e.get("ts")):
+            key = _async_key(e)
+            if key is None:
+                continue
             if ph == "b" and isinstance(e.get("args"), dict):
-                begins[e.get("id")] = e
+                begins[key] = e
             elif ph == "e":
-                b = begins.pop(e.get("id"), None)
+                b = begins.pop(key, None)
                 if b is not None:
                     a = b["args"]
                     if isinstance(a.get("id"), str) and _is_int(a.get("graph_task")) and _num(b.get("ts")):
@@ -442,6 +445,24 @@ def _trace(events, source: str, where: str) -> Profile:
         p.notes.append(f"{source}: the trace marks no critical path (an older trace)")
     p.notes.append(f"{source}: a trace's pass wall time is its first node's start to its last node's end")
     return _finish(p)
+
+
+def _async_key(e: dict):
+    """What pairs an async begin with its end, as the trace viewers do: the id (``id2.local`` or
+    ``id2.global``, or a bare ``id``) with the event's name and, for a local id, its process. None when
+    the id is missing or not a string or integer (a hostile trace: that wait is ignored)."""
+    id2 = e.get("id2")
+    if isinstance(id2, dict):
+        if "local" in id2:
+            ident, scope = id2["local"], e.get("pid")
+        else:
+            ident, scope = id2.get("global"), None
+    else:
+        ident, scope = e.get("id"), None
+    if type(ident) not in (str, int) or (scope is not None and type(scope) not in (str, int)):
+        return None
+    name = e.get("name")
+    return scope, ident, name if isinstance(name, str) else None
 
 
 def _trace_passes(slices) -> dict[int, int]:
