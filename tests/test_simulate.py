@@ -283,6 +283,22 @@ def test_cli_simulate_compare_json():
     assert all(r["wall_ns"] > 0 for r in rows)
 
 
+@pytest.mark.parametrize("args, slack", [([], 5), (["--no-summary"], 0), (["--no-summary", "--json"], 5),
+                                         (["--slack", "2"], 2), (["--no-summary", "--slack", "2"], 0)])
+def test_cli_simulate_computes_slack_only_where_it_is_shown(monkeypatch, capsys, args, slack):
+    """The what-ifs re-simulate the graph: with --no-summary alone nothing shows them, so none is run."""
+    from autograd_run.sim import session
+    from tests.builders import run_cli
+    seen = []
+    real = session._slack
+    monkeypatch.setattr(session, "_slack", lambda *a, **kw: seen.append(a[-2].slack_top) or real(*a, **kw))
+    code, out, err = run_cli(["simulate", "example:mlp", "--spec", "h100", *args], capsys)
+    assert code == 0, err
+    assert seen == ([slack] if slack else [])
+    if slack and "--json" in args:
+        assert len(json.loads(out)["slack"]) == slack
+
+
 def test_a_machine_spec_file_is_read_as_untrusted_data(tmp_path):
     """Spec files go through the same reader as graph files: regular files only, bounded YAML, duplicate keys."""
     import os
