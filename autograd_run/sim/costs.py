@@ -102,6 +102,14 @@ class CostModel:
         #: Analytic costs by (op, input metas, output metas): nodes alike cost alike (metas are interned).
         self._by_signature: dict = {}
 
+    def with_cost(self, node, cost: NodeCost) -> "CostModel":
+        """This model with ``node`` costing ``cost``: the costs resolved so far are shared, not resolved again."""
+        other = CostModel.__new__(CostModel)
+        other.__dict__.update(self.__dict__)
+        other._cache = dict(self._cache)
+        other._cache[node] = cost
+        return other
+
     def __call__(self, node) -> NodeCost:
         c = self._cache.get(node)
         if c is None:

@@ -10,6 +10,19 @@ from autograd_run.traces.recording import (
 )
 
 
+def span(sim) -> tuple[int, int]:
+    """The simulated run's (start, end): from the first call's start to the last node, kernel or call end.
+
+    A ``Recording`` of the simulation has this span (``to_recording``); the wall time is its length.
+    """
+    start = min((g.start for g in sim.graph_tasks), default=0)
+    end = max(max((s[5] for s in sim.slices), default=0), max((k[3] for k in sim.kernels), default=0),
+              max((e for g in sim.graph_tasks if (e := g.returned or g.end)), default=0))
+    if end == start == 0:
+        end = 1  # a non-empty recording of zero length
+    return start, end
+
+
 def to_recording(sim) -> Recording:
     rec = Recording(simulated=True)
     workers = [sim.caller, *sim.devices, *sim.pool]
@@ -30,9 +43,5 @@ def to_recording(sim) -> Recording:
     rec.graph_tasks = [GraphTaskSpan(g.id, g.reentrant_depth, g.start, g.returned or g.end, g.tid, None)
                        for g in sim.graph_tasks]
     rec.kernels = [KernelSlice(stream_name(st), node, a, b) for st, node, a, b in sim.kernels]
-    times = [s.end for s in rec.slices] + [k.end for k in rec.kernels] + [g.end for g in rec.graph_tasks if g.end]
-    rec.start = min([g.start for g in rec.graph_tasks] or [0])
-    rec.end = max(times or [0])
-    if rec.end == rec.start == 0:
-        rec.end = 1  # a non-empty recording of zero length
+    rec.start, rec.end = span(sim)
     return rec

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 from autograd_run.errors import RequestError
 from autograd_run.graphs.model import Graph
-from autograd_run.sim.costs import CostModel, parse_scale
+from autograd_run.sim.costs import CostModel, NodeCost, parse_scale
 from autograd_run.sim.measured import MeasuredCosts, load_costs
 from autograd_run.sim.order import order_rows
 from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
-from autograd_run.sim.result import to_recording
+from autograd_run.sim.result import span, to_recording
 from autograd_run.sim.scheduler import Simulator
 from autograd_run.sim.specs import MachineSpec, default_spec, load_spec
 from autograd_run.traces.recording import Recording
@@ -155,24 +155,26 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
                        dict(Counter(c.source for c in model._cache.values())), measured)
     report.scale_unused = scale_unused
     if o.slack_top > 0:
-        report.slack = _slack(graph, spec, measured, scale, o, report)
+        report.slack = _slack(graph, spec, model, o, report)
     return report
 
 
-def _slack(graph, spec, measured, scale, o: SimOptions, report: SimReport) -> list[Slack]:
-    """Re-simulate with each of the slowest critical-path nodes ``slack_speedup`` faster."""
+def _slack(graph, spec, model: CostModel, o: SimOptions, report: SimReport) -> list[Slack]:
+    """Re-simulate with each of the slowest critical-path nodes ``slack_speedup`` faster.
+
+    Each what-if shares ``model``'s resolved costs (one node's replaced) and reads only the simulated span.
+    """
     path = sorted(report.summary.critical_path, key=lambda r: -r.duration_ns)[:o.slack_top]
+    factor = 1.0 - o.slack_speedup
     out = []
     for run in path:
         node = graph.by_id.get(run.id)
         if node is None:
             continue
-        model = CostModel(spec, measured, scale)
         base = model(node)
-        factor = 1.0 - o.slack_speedup
-        model._cache[node] = type(base)(int(base.cpu_ns * factor), int(base.gpu_ns * factor), base.holds_gil,
-                                        base.source, base.blocking)
-        sim, _ = _simulate(graph, spec, model, o.policy)
-        wall = to_recording(sim)
-        out.append(Slack(run.id, run.name, run.duration_ns, report.wall_ns - (wall.end - wall.start)))
+        faster = NodeCost(int(base.cpu_ns * factor), int(base.gpu_ns * factor), base.holds_gil, base.source,
+                          base.blocking)
+        sim, _ = _simulate(graph, spec, model.with_cost(node, faster), o.policy)
+        start, end = span(sim)
+        out.append(Slack(run.id, run.name, run.duration_ns, report.wall_ns - (end - start)))
     return out
