@@ -98,46 +98,30 @@ class CostModel:
         self.measured = measured.nodes if measured is not None else {}
         self.from_pytorch = measured is not None and measured.from_pytorch
         self.scale = scale or {}
-        self._cache: dict = {}
-        #: Analytic costs by (op, input metas, output metas): nodes alike cost alike (metas are interned).
+        #: node -> NodeCost of each node asked for so far (``cost_sources`` counts these).
+        self.resolved: dict = {}
+        #: Costs by ``signature``: nodes alike cost alike (resolved once per kind of node).
         self._by_signature: dict = {}
 
     def with_cost(self, node, cost: NodeCost) -> "CostModel":
         """This model with ``node`` costing ``cost``: the costs resolved so far are shared, not resolved again."""
         other = CostModel.__new__(CostModel)
         other.__dict__.update(self.__dict__)
-        other._cache = dict(self._cache)
-        other._cache[node] = cost
+        other.resolved = dict(self.resolved)
+        other.resolved[node] = cost
         return other
 
     def __call__(self, node) -> NodeCost:
-        c = self._cache.get(node)
+        c = self.resolved.get(node)
         if c is None:
-            c = self._cache[node] = self._resolve(node)
+            c = self.resolved[node] = self._resolve(node)
         return c
 
     def _signature(self, node):
         """A key shared by nodes whose cost is the same (op, shapes, saved shapes and values), or None."""
         if node.attrs or node.id in self.measured:
             return None
-        saved = ()
-        if node.saved:
-            items = []
-            for k, v in node.saved.items():
-                if type(v) is dict:
-                    shape = v.get("shape")
-                    if shape is None:
-                        return None
-                    items.append((k, tuple(shape), v.get("dtype")))
-                elif type(v) is list:
-                    if not all(type(x) is int for x in v):
-                        return None
-                    items.append((k, tuple(v)))
-                else:
-                    items.append((k, v))
-            saved = tuple(items)
-        return (node.op, node.name, node.device, tuple(node.inputs),
-                tuple(None if e is None else e.node.inputs[e.input_nr] for e in node.next), saved)
+        return signature(node)
 
     def _resolve(self, node) -> NodeCost:
         key = self._signature(node)
@@ -214,6 +198,52 @@ class CostModel:
         bw, lat = (acc.host_bw, acc.host_latency_us) if to_host else (acc.link_bw or acc.host_bw, acc.link_latency_us)
         transfer = int((moved / bw * 1e9 if bw else 0) + lat * 1e3)
         return NodeCost(cpu, max(gpu, transfer), False, "analytic", blocking=to_host)
+
+
+#: Ends the input metas in a ``signature`` (a meta's fields start with its shape, a tuple).
+_OUTPUTS = "->"
+
+
+def signature(node) -> tuple | None:
+    """What a node's analytic cost depends on, as a flat tuple: nodes with equal signatures cost the same.
+
+    Op, name and device; per input and per output gradient (the next node's input meta, or None) the meta's
+    shape, dtype, device type and index and stream (what ``InputMeta`` equality compares); the saved items
+    (a tensor by shape and dtype, a list of ints, a value). None when a saved item has no shape or is a list
+    of other values (such a node is costed on its own). Flat tuples of builtin values hash without calling
+    back into Python (a frozen dataclass's ``__hash__`` is Python code), once per node of a large graph.
+    """
+    dev = node.device
+    key = [node.op, node.name, dev.type, dev.index]
+    for m in node.inputs:
+        dev = m.device
+        key += (m.shape, m.dtype, dev.type, dev.index, m.stream)
+    key.append(_OUTPUTS)
+    for e in node.next:
+        if e is None:
+            key.append(None)
+        else:
+            m = e.node.inputs[e.input_nr]
+            dev = m.device
+            key += (m.shape, m.dtype, dev.type, dev.index, m.stream)
+    saved = node.saved
+    if saved:
+        items = []
+        for k, v in saved.items():
+            t = type(v)
+            if t is dict:
+                shape = v.get("shape")
+                if shape is None:
+                    return None
+                items.append((k, tuple(shape), v.get("dtype")))
+            elif t is list:
+                if not all(type(x) is int for x in v):
+                    return None
+                items.append((k, tuple(v)))
+            else:
+                items.append((k, v))
+        key.append(tuple(items))
+    return tuple(key)
 
 
 def _roofline(dev, flops: float, nbytes: float, dtype: str) -> int:

@@ -152,7 +152,7 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
     rec = to_recording(sim)
     wall = rec.end - rec.start
     report = SimReport(graph, o, spec, rec, order_rows(sim), (gt.returned or gt.end or 0) - gt.start, wall,
-                       dict(Counter(c.source for c in model._cache.values())), measured)
+                       dict(Counter(c.source for c in model.resolved.values())), measured)
     report.scale_unused = scale_unused
     if o.slack_top > 0:
         report.slack = _slack(graph, spec, model, o, report)
