@@ -31,10 +31,11 @@ What it models:
 
 State of one simulation (``Simulator``): ``now`` (ns), the event heap
 ``_events`` of (time, order, action), the workers (``SimWorker``: queue,
-busy/idle, reentrant depth), ``_gil_free_at``/``_gil_queue``, the stream
-timelines ``stream_free`` (stream -> ns when its last kernel ends), and the
-records of what happened (``slices``, ``kernels``, ``waits``, ...), turned
-into a ``Recording`` by ``result()``.
+busy/idle, reentrant depth), ``_gil_free_at``, the stream timelines
+``stream_free`` (stream -> ns when its last kernel ends), and the records of
+what happened (``slices``, ``kernels``, ``started``, ...), turned into a
+``Recording`` by ``result.to_recording``. A queued task carries the time and
+queue of its push, so the slice of the node records how long it waited.
 """
 
 from __future__ import annotations
@@ -46,9 +47,8 @@ from typing import Any, Callable
 
 from autograd_run.engine.builtin_nodes import make_graph_root
 from autograd_run.engine.graph_task import compute_dependencies, init_to_execute
-from autograd_run.engine.core import InputBuffer
+from autograd_run.engine.core import InputBuffer, Lock, ReadyQueue
 from autograd_run.engine.priority import WAKEUP_KEY, PyTorchPriority
-from autograd_run.engine.ready_queue import ReadyQueue
 from autograd_run.engine.streams import current_stream, node_stream, stream_name
 from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
@@ -63,27 +63,10 @@ CALLER = -1
 _CHECKPOINT = "autograd_run.engine.callables:checkpoint"
 
 
-class _NoLock:
-    """The simulation is single-threaded: GraphTask locks are free."""
-
-    def acquire(self, blocking: bool = True) -> bool:
-        return True
-
-    def release(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NOLOCK = _NoLock()
-
-
 class SimQueue:
-    """A ready queue for the simulation: the engine's exact heap, no locks, pushes wake its consumer.
+    """A ready queue for the simulation: the engine's ready queue (its exact heap, compiled where the core is
+    built), whose items are ``(task, pushed)`` (the engine's task and the virtual time of its push); a push
+    wakes the queue's consumer.
 
     ``consumers`` is a stack: the worker serving the queue is the last one (a
     pool thread serves the queue of the thread it stands in for while that
@@ -99,14 +82,16 @@ class SimQueue:
         self.consumers: list[SimWorker] = []
 
     def push(self, key: int, task) -> None:
-        self.heap._push(key, task)
-        self.sim.pushed(self, task)
+        sim = self.sim
+        self.heap.push(key, (task, sim.now))
+        sim.pushed(self, task)
 
-    def pop(self):
-        return self.heap._pop()
+    def pop(self) -> tuple:
+        """The top ``(task, pushed)`` (the queue is not empty: the simulation pops only then)."""
+        return self.heap.pop()
 
     def __len__(self) -> int:
-        return len(self.heap._keys)
+        return len(self.heap)
 
 
 class SimTask:
@@ -120,7 +105,7 @@ class SimTask:
         self.cpu_queue = cpu_queue
         self.multithreading = multithreading
         self.owner = owner
-        self.lock = _NOLOCK
+        self.lock = Lock()  # never contended (one simulated thread runs at a time); routing takes it
         self.dependencies: dict = {}
         self.not_ready: dict = {}
         self.exec_info: dict = {}
@@ -226,18 +211,26 @@ class Simulator:
         self._pool_idle: list[SimWorker] = []
         self._gil_free_at = 0
         self.stream_free: dict = {}
-        # What happened, as plain tuples (``result()`` makes a Recording of them).
-        self.slices: list = []      # (gt, depth, node, tid, start, end, queue, pushed, popped)
+        # What happened, as plain tuples (``result.to_recording`` makes a Recording of them).
+        self.slices: list = []      # (gt, depth, node, tid, start, end, queue, pushed), in end order
         self.kernels: list = []     # (stream, node, start, end)
-        self.pending: dict = {}     # (gt id, node) -> (queue, pushed)
         self.queue_samples: list = []
         self.syncs: list = []
         self.stream_events: list = []
         self.idles: list = []
         self.skips: list = []
         self.graph_tasks: list[SimTask] = []
-        #: Nodes in the order their functions started: (gt id, depth, node, worker), as node pre-hooks see it.
-        self.started: list = []
+        #: Nodes in the order their functions started: (gt id, depth, node, worker), as node pre-hooks see it;
+        #: None when one worker ran everything (then it is the order of ``slices``): see ``starts()``.
+        self.started: list | None = []
+        #: The gradients routing hands on: a 1 for each output of any node (routing reads as many as it has).
+        self._ones = [1] * max(max(map(len, (n.next for n in graph.nodes)), default=0), len(graph.roots), 1)
+
+    def starts(self):
+        """(gt id, depth, node, worker) of each node run, in the order their functions started."""
+        if self.started is not None:
+            return self.started
+        return ((s[0], s[1], s[2], self.caller) for s in self.slices)
 
     # -- engine-facing API (duck-typed for worker.route) -------------------------
     def device_queue(self, index: int) -> SimQueue:
@@ -286,44 +279,48 @@ class Simulator:
     def _run_sequential(self, gt: SimTask) -> None:
         """The one-worker case as a plain loop: each popped node runs right after the previous one."""
         w = self.caller
+        self.started = None  # the start order is the slices' order: one worker runs each node to its end
         heap = w.queue.heap
+        pop = heap.pop
         costs, overhead, route_, streams = self.costs, self.overhead_ns, route, self.streams
-        started, slices, pending, samples = self.started, self.slices, self.pending, self.queue_samples
+        known = costs.resolved.get  # costs asked for already (the slack what-ifs start with them all)
+        slices, samples, ones = self.slices, self.queue_samples, self._ones
+        append = slices.append
         qname, tid, detail = w.queue.name, w.tid, self.detail
+        exec_info, gid = gt.exec_info, gt.id
         self._current_tid = tid
         t = self.now
-        while heap._keys:
-            task_gt, node, buf = heap._pop()
+        while len(heap):
+            (task_gt, node, buf), pushed = pop()
             if detail:
-                samples.append((t, tid, qname, task_gt.id, node, len(heap._keys), False))
+                samples.append((t, tid, qname, task_gt.id, node, len(heap), False))
             if node is None:
                 continue
             start = t
-            parent = None if node.cpu else node_stream(node)
-            if parent is not None:
+            if node.cpu:
+                parent = None
+            else:
+                parent = node_stream(node)
                 for _, event in buf.ready_waits(parent):
                     streams.wait(gt, parent, event, node)
-            fi = gt.exec_info.get(node) if gt.exec_info else None
-            if fi is not None and not fi.needed:
-                if fi.captures and parent is not None:
-                    gt.leaf_streams.add(parent)
-                pending.pop((gt.id, node), None)
-                self.skips.append((t, tid, gt.id, node))
-                gt.outstanding -= 1
-                continue
-            c = costs(node)
-            started.append((gt.id, 0, node, w))
+            if exec_info:
+                fi = exec_info.get(node)
+                if fi is not None and not fi.needed:
+                    if fi.captures and parent is not None:
+                        gt.leaf_streams.add(parent)
+                    self.skips.append((t, tid, gid, node))
+                    gt.outstanding -= 1
+                    continue
+            c = known(node) or costs(node)
             t += overhead + c.cpu_ns
             if parent is not None and c.gpu_ns:
                 end = self.kernel(parent, node, c.gpu_ns, not_before=t)
                 if c.blocking and end > t:
                     t = end
             self.now = t
-            pushed = pending.pop((gt.id, node), None)
-            slices.append((gt.id, 0, node, tid, start, t, pushed[0] if pushed else None,
-                           pushed[1] if pushed else None))
+            append((gid, 0, node, tid, start, t, qname, pushed))
             if node.next:
-                route_(self, gt, node, [1] * len(node.next), gt.exec_info, NULL_TRACER, parent)
+                route_(self, gt, node, ones, exec_info, NULL_TRACER, parent)
             else:
                 if parent is not None:
                     gt.leaf_streams.add(parent)
@@ -361,11 +358,10 @@ class Simulator:
 
     # -- workers ----------------------------------------------------------------
     def pushed(self, queue: SimQueue, task) -> None:
-        gt, node, _ = task
-        if node is not None:
-            self.pending[(gt.id, node)] = (queue.name, self.now)
+        """``task`` was pushed onto ``queue``: sample the queue (with ``detail``), wake its sleeping consumer."""
         w = queue.consumers[-1]
         if self.detail:
+            gt, node, _ = task
             self.queue_samples.append((self.now, self._current_tid, queue.name, gt.id, node, len(queue), True))
         if w.idle and not w.wake_pending:  # asleep on its queue: woken from another thread
             w.wake_pending = True
@@ -400,15 +396,16 @@ class Simulator:
             w.idle = True
             w.idle_since = self.now
             return
-        gt, node, buf = q.pop()
+        (gt, node, buf), pushed = q.pop()
         if self.detail:
             self.queue_samples.append((self.now, w.tid, q.name, gt.id, node, len(q), False))
         if node is None:  # a wake-up: the loop condition is checked again
             self._step(w)
             return
-        self._run_node(w, gt, node, buf)
+        self._run_node(w, gt, node, buf, (q.name, pushed))
 
-    def _run_node(self, w: SimWorker, gt: SimTask, node, buf: InputBuffer) -> None:
+    def _run_node(self, w: SimWorker, gt: SimTask, node, buf: InputBuffer, pushed: tuple) -> None:
+        """Run ``node`` on ``w`` from now; ``pushed``: (queue name, push time) of its task."""
         start = self.now
         parent = node_stream(node)
         if parent is not None:
@@ -418,7 +415,6 @@ class Simulator:
         if fi is not None and not fi.needed:  # captured for grad() only: the node does not run
             if fi.captures and parent is not None:
                 gt.leaf_streams.add(parent)
-            self.pending.pop((gt.id, node), None)
             self.skips.append((self.now, w.tid, gt.id, node))
             self._retire(w, gt, None)
             return
@@ -428,7 +424,7 @@ class Simulator:
 
         def function():
             if checkpoint:
-                self._nested_call(w, gt, node, parent, start)
+                self._nested_call(w, gt, node, parent, start, pushed)
             else:
                 self._cpu(cost.cpu_ns, cost.holds_gil, lambda: launched(self.now))
 
@@ -436,9 +432,9 @@ class Simulator:
             if parent is not None and cost.gpu_ns:
                 end = self.kernel(parent, node, cost.gpu_ns, not_before=t)
                 if cost.blocking and end > t:  # a copy to the host: the worker waits for its stream
-                    self.at(end, lambda: self._node_done(w, gt, node, start, parent))
+                    self.at(end, lambda: self._node_done(w, gt, node, start, parent, pushed))
                     return
-            self._node_done(w, gt, node, start, parent)
+            self._node_done(w, gt, node, start, parent, pushed)
 
         self._cpu(self.overhead_ns, self.overhead_gil, function)
 
@@ -462,18 +458,17 @@ class Simulator:
             self.kernels.append((stream, node, start, end))
         return end
 
-    def _node_done(self, w: SimWorker, gt: SimTask, node, start: int, parent) -> None:
-        end = self.now
-        pushed = self.pending.pop((gt.id, node), None)
-        self.slices.append((gt.id, gt.reentrant_depth, node, w.tid, start, end,
-                            pushed[0] if pushed else None, pushed[1] if pushed else None))
+    def _node_done(self, w: SimWorker, gt: SimTask, node, start: int, parent, pushed: tuple) -> None:
+        self.slices.append((gt.id, gt.reentrant_depth, node, w.tid, start, self.now, pushed[0], pushed[1]))
         if not node.next:  # AccumulateGrad and other nodes without outputs
             if parent is not None:
                 gt.leaf_streams.add(parent)
             self._retire(w, gt, None)
             return
         self._current_tid = w.tid
-        finished = route(self, gt, node, [1] * len(node.next), gt.exec_info, NULL_TRACER, parent)
+        if len(node.next) > len(self._ones):  # a graph root of a nested call over many roots
+            self._ones = [1] * len(node.next)
+        finished = route(self, gt, node, self._ones, gt.exec_info, NULL_TRACER, parent)
         self._retire(w, gt, finished)
 
     def _retire(self, w: SimWorker, gt: SimTask, finished) -> None:
@@ -498,9 +493,9 @@ class Simulator:
             owner.queue.push(WAKEUP_KEY, (gt, None, None))
 
     # -- reentrant checkpoints ---------------------------------------------------------
-    def _nested_call(self, w: SimWorker, gt: SimTask, node, parent, start: int) -> None:
+    def _nested_call(self, w: SimWorker, gt: SimTask, node, parent, start: int, pushed: tuple) -> None:
         """A checkpoint node's function: a nested backward over its segment, one level deeper."""
-        resume = lambda: self.at(self.now, lambda: self._node_done(w, gt, node, start, parent))  # noqa: E731
+        resume = lambda: self.at(self.now, lambda: self._node_done(w, gt, node, start, parent, pushed))  # noqa: E731
         by_id = self.graph.by_id
         if node.op is CHECKPOINT:  # backward() over the recomputed graph
             roots = [Edge(by_id[r[0]], r[1]) for r in node.attrs["inner"]["roots"] if r is not None]
