@@ -185,10 +185,13 @@ class _Accumulate:
 
 
 class Simulator:
+    """One simulated backward call (``run``) of ``graph`` on ``spec``'s machine (see the module docstring)."""
+
     def __init__(self, graph, spec: MachineSpec, costs: CostModel | None = None, *, priority=None,
                  multithreading: bool = True, device_count: int | None = None, detail: bool = True):
         self.graph = graph
         self.spec = spec
+        #: node -> NodeCost: a ``CostModel``, or any such callable.
         self.costs = costs or CostModel(spec)
         self.priority = priority or PyTorchPriority()
         self.default_priority = type(self.priority) is PyTorchPriority
@@ -220,16 +223,16 @@ class Simulator:
         self.idles: list = []
         self.skips: list = []
         self.graph_tasks: list[SimTask] = []
-        #: Nodes in the order their functions started: (gt id, depth, node, worker), as node pre-hooks see it;
-        #: None when one worker ran everything (then it is the order of ``slices``): see ``starts()``.
-        self.started: list | None = []
+        # Nodes in the order their functions started: (gt id, depth, node, worker), as node pre-hooks see it;
+        # None when one worker ran everything (then it is the order of ``slices``): read it with ``starts()``.
+        self._started: list | None = []
         #: The gradients routing hands on: a 1 for each output of any node (routing reads as many as it has).
         self._ones = [1] * max(max(map(len, (n.next for n in graph.nodes)), default=0), len(graph.roots), 1)
 
     def starts(self):
         """(gt id, depth, node, worker) of each node run, in the order their functions started."""
-        if self.started is not None:
-            return self.started
+        if self._started is not None:
+            return self._started
         return ((s[0], s[1], s[2], self.caller) for s in self.slices)
 
     # -- engine-facing API (duck-typed for worker.route) -------------------------
@@ -279,11 +282,12 @@ class Simulator:
     def _run_sequential(self, gt: SimTask) -> None:
         """The one-worker case as a plain loop: each popped node runs right after the previous one."""
         w = self.caller
-        self.started = None  # the start order is the slices' order: one worker runs each node to its end
+        self._started = None  # the start order is the slices' order: one worker runs each node to its end
         heap = w.queue.heap
         pop = heap.pop
         costs, overhead, route_, streams = self.costs, self.overhead_ns, route, self.streams
-        known = costs.resolved.get  # costs asked for already (the slack what-ifs start with them all)
+        # A CostModel's costs asked for already, read without a call (the slack what-ifs start with them all).
+        known = getattr(costs, "resolved", {}).get
         slices, samples, ones = self.slices, self.queue_samples, self._ones
         append = slices.append
         qname, tid, detail = w.queue.name, w.tid, self.detail
@@ -419,7 +423,7 @@ class Simulator:
             self._retire(w, gt, None)
             return
         cost = self.costs(node)
-        self.started.append((gt.id, gt.reentrant_depth, node, w))
+        self._started.append((gt.id, gt.reentrant_depth, node, w))
         checkpoint = node.op is CHECKPOINT or (node.op is PYTHON and node.attrs.get("callable") == _CHECKPOINT)
 
         def function():
