@@ -3,10 +3,11 @@
 The ``simulate`` command, the benchmarks and the tests call this. Steps: load
 the machine spec; resolve costs (``costs``); remap the graph onto the
 requested devices (``placement``); pick the policy (``policies``); run the
-simulator (``scheduler``) for the graph's backward call; turn what happened
-into a ``Recording`` (the same summary and trace writer as a real run) and
-order rows; estimate, by simulating again, how much the pass shortens when
-each of the slowest critical-path nodes is made faster (``slack``).
+simulator (``scheduler``) for the graph's backward call; estimate, by
+simulating again, how much the pass shortens when each of the slowest
+critical-path nodes is made faster (``slack``). What happened becomes a
+``Recording`` (the same summary and trace writer as a real run: ``result``)
+and order rows (``order``) when the report is first asked for them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from autograd_run.errors import RequestError
+from autograd_run.graphs.load import gc_paused
 from autograd_run.graphs.model import Graph
 from autograd_run.sim.costs import CostModel, NodeCost, parse_scale
 from autograd_run.sim.measured import MeasuredCosts, load_costs
@@ -68,11 +70,13 @@ class Slack:
 
 @dataclass
 class SimReport:
+    """One simulation's results. ``recording``, ``order`` and ``summary`` are made from the finished
+    simulation ``sim`` on first use (a run that shows none of them never makes them)."""
+
     graph: Graph
     options: SimOptions
     spec: MachineSpec
-    recording: Recording
-    order: list[dict]
+    sim: Simulator
     #: When the engine's work ended (the backward call returned) and when the last kernel ended.
     engine_done_ns: int
     wall_ns: int
@@ -83,12 +87,31 @@ class SimReport:
     slack: list[Slack] = field(default_factory=list)
     #: ``scale`` keys that named nothing here (only with ``SimOptions.scale_must_apply`` False).
     scale_unused: list[str] = field(default_factory=list)
+    _recording: Recording | None = None
+    _order: list[dict] | None = None
     _summary: Summary | None = None
+
+    @property
+    def recording(self) -> Recording:
+        if self._recording is None:
+            with gc_paused():
+                self._recording = to_recording(self.sim)
+        return self._recording
+
+    @property
+    def order(self) -> list[dict]:
+        """The simulated executed order as order-file rows (``traces.order``)."""
+        if self._order is None:
+            with gc_paused():
+                self._order = order_rows(self.sim)
+        return self._order
 
     @property
     def summary(self) -> Summary:
         if self._summary is None:
-            self._summary = summarize(self.recording)
+            rec = self.recording
+            with gc_paused():
+                self._summary = summarize(rec)
         return self._summary
 
     @property
@@ -137,7 +160,15 @@ def _device_order(name: str) -> tuple:
 
 
 def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimReport:
-    o = options or SimOptions()
+    """Simulate ``graph``'s backward call as ``options`` say (see the module docstring).
+
+    The cyclic GC is paused meanwhile, as while loading: a simulation allocates millions of small objects
+    (records, tasks) and frees none of them in cycles."""
+    with gc_paused():
+        return _simulate_session(graph, options or SimOptions())
+
+
+def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     measured = o.costs if isinstance(o.costs, MeasuredCosts) else load_costs(o.costs, graph, o.step)
     spec = _spec(o.spec, measured)
     scale = o.scale if isinstance(o.scale, dict) else parse_scale(o.scale)
@@ -149,9 +180,8 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
         raise RequestError("a placement needs a device count", "placement")
     scale_unused = _check_scale(graph, scale, o.devices, o.scale_must_apply)
     sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
-    rec = to_recording(sim)
-    wall = rec.end - rec.start
-    report = SimReport(graph, o, spec, rec, order_rows(sim), (gt.returned or gt.end or 0) - gt.start, wall,
+    start, end = span(sim)
+    report = SimReport(graph, o, spec, sim, (gt.returned or gt.end or 0) - gt.start, end - start,
                        dict(Counter(c.source for c in model.resolved.values())), measured)
     report.scale_unused = scale_unused
     if o.slack_top > 0:
