@@ -30,7 +30,7 @@ What it models:
     ``call_overhead_us``) on the caller before its root is pushed.
 
 State of one simulation (``Simulator``): ``now`` (ns), the event heap
-``_events`` of (time, order, action), the workers (``SimWorker``: queue,
+``_events`` of (time, order, function, argument), the workers (``SimWorker``: queue,
 busy/idle, reentrant depth), ``_gil_free_at``, the stream timelines
 ``stream_free`` (stream -> ns when its last kernel ends), and the records of
 what happened (``slices``, ``kernels``, ``started``, ...), turned into a
@@ -82,9 +82,16 @@ class SimQueue:
         self.consumers: list[SimWorker] = []
 
     def push(self, key: int, task) -> None:
+        """Queue ``task`` (routing calls this); sample the queue (with ``detail``); wake its sleeping consumer."""
         sim = self.sim
-        self.heap.push(key, (task, sim.now))
-        sim.pushed(self, task)
+        now = sim.now
+        self.heap.push(key, (task, now))
+        if sim.detail:
+            sim.queue_samples.append((now, sim._current_tid, self.name, task[0].id, task[1], len(self.heap), True))
+        w = self.consumers[-1]
+        if w.idle and not w.wake_pending:  # asleep on its queue: woken from another thread
+            w.wake_pending = True
+            sim.at(now + sim.handoff_ns, sim._wake, w)
 
     def pop(self) -> tuple:
         """The top ``(task, pushed)`` (the queue is not empty: the simulation pops only then)."""
@@ -138,6 +145,23 @@ class SimWorker:
     wake_pending: bool = False
 
 
+@dataclass(slots=True, eq=False)
+class _NodeRun:
+    """A node being run by a worker: what its later steps (events) need."""
+
+    w: SimWorker
+    gt: "SimTask"
+    node: Any
+    start: int
+    #: The node's stream (None on the CPU).
+    parent: tuple | None
+    #: The queue its task was popped from, and when the task was pushed there.
+    queue: str
+    pushed: int
+    cost: Any
+    checkpoint: bool
+
+
 @dataclass(slots=True)
 class SimEvent:
     time: int
@@ -146,24 +170,42 @@ class SimEvent:
     id: int
 
 
+def stream_key(stream) -> tuple:
+    """A stream ``(Device, id)`` as (device type, index, id): equal for equal streams, hashed without calling
+    back into Python (a ``Device`` is a frozen dataclass, whose ``__hash__`` is Python code)."""
+    dev = stream[0]
+    return (dev.type, dev.index, stream[1])
+
+
 class SimStreams:
     """Stream timelines: records are events at a stream's current end, waits delay a stream's next kernel."""
 
     def __init__(self, sim: "Simulator"):
         self.sim = sim
         self._ids = itertools.count(1)
+        #: stream_key -> the stream's name in records (``streams.stream_name``)
+        self._names: dict = {}
+
+    def name(self, stream) -> str:
+        key = stream_key(stream)
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = stream_name(stream)
+        return name
 
     def record(self, gt, stream, node) -> SimEvent:
-        ev = SimEvent(self.sim.stream_free.get(stream, 0), stream, node, next(self._ids))
-        self.sim.stream_events.append((self.sim.now, gt.id, "record", node, stream_name(stream), ev.id))
+        sim = self.sim
+        ev = SimEvent(sim.stream_free.get(stream_key(stream), 0), stream, node, next(self._ids))
+        sim.stream_events.append((sim.now, gt.id, "record", node, self.name(stream), ev.id))
         return ev
 
     def wait(self, gt, stream, event: SimEvent, node) -> None:
         sim = self.sim
-        sim.stream_free[stream] = max(sim.stream_free.get(stream, 0), event.time)
-        sim.stream_events.append((sim.now, gt.id, "wait", node, stream_name(stream), event.id))
+        key = stream_key(stream)
+        sim.stream_free[key] = max(sim.stream_free.get(key, 0), event.time)
+        sim.stream_events.append((sim.now, gt.id, "wait", node, self.name(stream), event.id))
         if event.node is not None and event.node is not node:
-            sim.syncs.append((sim.now, gt.id, event.node, node, stream_name(event.stream), stream_name(stream)))
+            sim.syncs.append((sim.now, gt.id, event.node, node, self.name(event.stream), self.name(stream)))
 
     def on_stream(self, stream):
         return _Accumulate(self.sim, stream)
@@ -213,6 +255,7 @@ class Simulator:
         self.pool: list[SimWorker] = []
         self._pool_idle: list[SimWorker] = []
         self._gil_free_at = 0
+        #: stream_key -> when the stream's last kernel ends (a kernel starts no earlier; waits move it on).
         self.stream_free: dict = {}
         # What happened, as plain tuples (``result.to_recording`` makes a Recording of them).
         self.slices: list = []      # (gt, depth, node, tid, start, end, queue, pushed), in end order
@@ -247,8 +290,9 @@ class Simulator:
         return w
 
     # -- the event loop ----------------------------------------------------------
-    def at(self, t: int, action: Callable) -> None:
-        heapq.heappush(self._events, (t, next(self._order), action))
+    def at(self, t: int, action: Callable, arg=None) -> None:
+        """Call ``action(arg)`` at virtual time ``t`` (events at one time run in the order they were made)."""
+        heapq.heappush(self._events, (t, next(self._order), action, arg))
 
     def run(self, roots: list[Edge], inputs: list[Edge] | None = None, accumulate_grad: bool = True) -> SimTask:
         """Simulate one top-level backward call from the caller; returns its (completed) task."""
@@ -262,13 +306,13 @@ class Simulator:
             self._run_sequential(gt)
             return gt
         caller.waiting_for.append(gt)
-        self.at(self.now, lambda: self._step(caller))
+        self.at(self.now, self._step, caller)
         events = self._events
         pop = heapq.heappop
         while events:
-            t, _, action = pop(events)
+            t, _, action, arg = pop(events)
             self.now = t
-            action()
+            action(arg)
         if not gt.completed:
             raise RuntimeError("simulation stalled: the backward call never completed")
         return gt
@@ -361,16 +405,7 @@ class Simulator:
         return gt
 
     # -- workers ----------------------------------------------------------------
-    def pushed(self, queue: SimQueue, task) -> None:
-        """``task`` was pushed onto ``queue``: sample the queue (with ``detail``), wake its sleeping consumer."""
-        w = queue.consumers[-1]
-        if self.detail:
-            gt, node, _ = task
-            self.queue_samples.append((self.now, self._current_tid, queue.name, gt.id, node, len(queue), True))
-        if w.idle and not w.wake_pending:  # asleep on its queue: woken from another thread
-            w.wake_pending = True
-            self.at(self.now + self.handoff_ns, lambda: self._wake(w))
-
+    #: The thread that is routing (pushing) now, for the queue samples.
     _current_tid = 0
 
     def _wake(self, w: SimWorker) -> None:
@@ -406,10 +441,11 @@ class Simulator:
         if node is None:  # a wake-up: the loop condition is checked again
             self._step(w)
             return
-        self._run_node(w, gt, node, buf, (q.name, pushed))
+        self._run_node(w, gt, node, buf, q.name, pushed)
 
-    def _run_node(self, w: SimWorker, gt: SimTask, node, buf: InputBuffer, pushed: tuple) -> None:
-        """Run ``node`` on ``w`` from now; ``pushed``: (queue name, push time) of its task."""
+    def _run_node(self, w: SimWorker, gt: SimTask, node, buf: InputBuffer, queue: str, pushed: int) -> None:
+        """Run ``node`` on ``w`` from now (its task was pushed onto ``queue`` at ``pushed``): the engine's
+        overhead, then its function (``_function``), its kernel (``_launched``), its routing (``_done``)."""
         start = self.now
         parent = node_stream(node)
         if parent is not None:
@@ -425,45 +461,51 @@ class Simulator:
         cost = self.costs(node)
         self._started.append((gt.id, gt.reentrant_depth, node, w))
         checkpoint = node.op is CHECKPOINT or (node.op is PYTHON and node.attrs.get("callable") == _CHECKPOINT)
+        run = _NodeRun(w, gt, node, start, parent, queue, pushed, cost, checkpoint)
+        self._cpu(self.overhead_ns, self.overhead_gil, self._function, run)
 
-        def function():
-            if checkpoint:
-                self._nested_call(w, gt, node, parent, start, pushed)
-            else:
-                self._cpu(cost.cpu_ns, cost.holds_gil, lambda: launched(self.now))
+    def _function(self, run: _NodeRun) -> None:
+        """The engine's overhead is done: the node's function (a nested call for a checkpoint)."""
+        if run.checkpoint:
+            self._nested_call(run)
+        else:
+            self._cpu(run.cost.cpu_ns, run.cost.holds_gil, self._launched, run)
 
-        def launched(t):
-            if parent is not None and cost.gpu_ns:
-                end = self.kernel(parent, node, cost.gpu_ns, not_before=t)
-                if cost.blocking and end > t:  # a copy to the host: the worker waits for its stream
-                    self.at(end, lambda: self._node_done(w, gt, node, start, parent, pushed))
-                    return
-            self._node_done(w, gt, node, start, parent, pushed)
+    def _launched(self, run: _NodeRun) -> None:
+        """The function's CPU part is done: its kernel goes onto the node's stream."""
+        t, cost = self.now, run.cost
+        if run.parent is not None and cost.gpu_ns:
+            end = self.kernel(run.parent, run.node, cost.gpu_ns, not_before=t)
+            if cost.blocking and end > t:  # a copy to the host: the worker waits for its stream
+                self.at(end, self._done, run)
+                return
+        self._done(run)
 
-        self._cpu(self.overhead_ns, self.overhead_gil, function)
-
-    def _cpu(self, ns: int, gil: bool, then: Callable) -> None:
-        """CPU work of ``ns`` from now (once the GIL is free, when it takes the GIL); then ``then``."""
+    def _cpu(self, ns: int, gil: bool, then: Callable, run: _NodeRun) -> None:
+        """CPU work of ``ns`` from now (once the GIL is free, when it takes the GIL); then ``then(run)``."""
         if ns <= 0:
-            then()
+            then(run)
             return
         t = self.now
         if gil:
             t = max(t, self._gil_free_at)
             self._gil_free_at = t + ns
-        self.at(t + ns, then)
+        self.at(t + ns, then, run)
 
     def kernel(self, stream, node, ns: int, not_before: int | None = None) -> int:
         """Enqueue a kernel on ``stream``; returns when it ends."""
-        start = max(self.stream_free.get(stream, 0), self.now if not_before is None else not_before)
+        key = stream_key(stream)
+        start = max(self.stream_free.get(key, 0), self.now if not_before is None else not_before)
         end = start + ns
-        self.stream_free[stream] = end
+        self.stream_free[key] = end
         if node is not None:
             self.kernels.append((stream, node, start, end))
         return end
 
-    def _node_done(self, w: SimWorker, gt: SimTask, node, start: int, parent, pushed: tuple) -> None:
-        self.slices.append((gt.id, gt.reentrant_depth, node, w.tid, start, self.now, pushed[0], pushed[1]))
+    def _done(self, run: _NodeRun) -> None:
+        """The node is done: record its slice, route its outputs, retire its task, go on."""
+        w, gt, node, parent = run.w, run.gt, run.node, run.parent
+        self.slices.append((gt.id, gt.reentrant_depth, node, w.tid, run.start, self.now, run.queue, run.pushed))
         if not node.next:  # AccumulateGrad and other nodes without outputs
             if parent is not None:
                 gt.leaf_streams.add(parent)
@@ -497,9 +539,10 @@ class Simulator:
             owner.queue.push(WAKEUP_KEY, (gt, None, None))
 
     # -- reentrant checkpoints ---------------------------------------------------------
-    def _nested_call(self, w: SimWorker, gt: SimTask, node, parent, start: int, pushed: tuple) -> None:
+    def _nested_call(self, run: _NodeRun) -> None:
         """A checkpoint node's function: a nested backward over its segment, one level deeper."""
-        resume = lambda: self.at(self.now, lambda: self._node_done(w, gt, node, start, parent, pushed))  # noqa: E731
+        w, node = run.w, run.node
+        resume = lambda: self.at(self.now, self._done, run)  # noqa: E731
         by_id = self.graph.by_id
         if node.op is CHECKPOINT:  # backward() over the recomputed graph
             roots = [Edge(by_id[r[0]], r[1]) for r in node.attrs["inner"]["roots"] if r is not None]
@@ -520,7 +563,7 @@ class Simulator:
             nested.on_done.append(pool_done)
             p.waiting_for.append(nested)
             p.idle = False
-            self.at(self.now + self.handoff_ns, lambda: self._step(p))
+            self.at(self.now + self.handoff_ns, self._step, p)
             return
         w.current_depth += 1
         w.total_depth += 1
