@@ -34,7 +34,8 @@ State of one simulation (``Simulator``): ``now`` (ns), the event heap
 busy/idle, reentrant depth), ``_gil_free_at``, the stream timelines
 ``stream_free`` (stream -> ns when its last kernel ends), and the records of
 what happened (``slices``, ``kernels``, ``started``, ...), turned into a
-``Recording`` by ``result.to_recording``. A queued task carries the time and
+``Recording`` by ``result.to_recording``. The simulated threads, queues and
+GraphTasks are in ``tasks``, the stream timelines in ``streams``. A queued task carries the time and
 queue of its push, so the slice of the node records how long it waited.
 """
 
@@ -42,14 +43,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from autograd_run.engine.builtin_nodes import make_graph_root
 from autograd_run.engine.graph_task import compute_dependencies, init_to_execute
-from autograd_run.engine.core import InputBuffer, Lock, ReadyQueue
+from autograd_run.engine.core import InputBuffer
 from autograd_run.engine.priority import WAKEUP_KEY, PyTorchPriority
-from autograd_run.engine.streams import current_stream, node_stream, stream_name
+from autograd_run.engine.streams import current_stream, node_stream
 from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import route
@@ -57,173 +57,12 @@ from autograd_run.graphs.model import Edge
 from autograd_run.ops import CHECKPOINT, PYTHON
 from autograd_run.sim.costs import CostModel
 from autograd_run.sim.specs import MachineSpec
+from autograd_run.sim.streams import SimStreams, stream_key
+from autograd_run.sim.tasks import NodeRun, SimQueue, SimTask, SimWorker
 
 MAX_DEPTH = 60
 CALLER = -1
 _CHECKPOINT = "autograd_run.engine.callables:checkpoint"
-
-
-class SimQueue:
-    """A ready queue for the simulation: the engine's ready queue (its exact heap, compiled where the core is
-    built), whose items are ``(task, pushed)`` (the engine's task and the virtual time of its push); a push
-    wakes the queue's consumer.
-
-    ``consumers`` is a stack: the worker serving the queue is the last one (a
-    pool thread serves the queue of the thread it stands in for while that
-    thread is blocked in a reentrant call).
-    """
-
-    __slots__ = ("name", "heap", "sim", "consumers")
-
-    def __init__(self, name: str, sim: "Simulator"):
-        self.name = name
-        self.heap = ReadyQueue(name)
-        self.sim = sim
-        self.consumers: list[SimWorker] = []
-
-    def push(self, key: int, task) -> None:
-        """Queue ``task`` (routing calls this); sample the queue (with ``detail``); wake its sleeping consumer."""
-        sim = self.sim
-        now = sim.now
-        self.heap.push(key, (task, now))
-        if sim.detail:
-            sim.queue_samples.append((now, sim._current_tid, self.name, task[0].id, task[1], len(self.heap), True))
-        w = self.consumers[-1]
-        if w.idle and not w.wake_pending:  # asleep on its queue: woken from another thread
-            w.wake_pending = True
-            sim.at(now + sim.handoff_ns, sim._wake, w)
-
-    def pop(self) -> tuple:
-        """The top ``(task, pushed)`` (the queue is not empty: the simulation pops only then)."""
-        return self.heap.pop()
-
-    def __len__(self) -> int:
-        return len(self.heap)
-
-
-class SimTask:
-    """The slice of a GraphTask that the engine's routing code reads and writes, for one simulated call."""
-
-    _ids = itertools.count()
-
-    def __init__(self, depth: int, cpu_queue: SimQueue, multithreading: bool, owner: "SimWorker"):
-        self.id = next(SimTask._ids)
-        self.reentrant_depth = depth
-        self.cpu_queue = cpu_queue
-        self.multithreading = multithreading
-        self.owner = owner
-        self.lock = Lock()  # never contended (one simulated thread runs at a time); routing takes it
-        self.dependencies: dict = {}
-        self.not_ready: dict = {}
-        self.exec_info: dict = {}
-        self.captured: list = []
-        self.outstanding = 0
-        self.completed = False
-        self.start = 0
-        self.end: int | None = None
-        #: When the owner saw the completion and the call returned (top-level calls).
-        self.returned: int | None = None
-        self.tid = owner.tid
-        self.leaf_streams: set = set()
-        self.graph_root = None
-        #: Called when the call completes (the node that made a nested call resumes).
-        self.on_done: list[Callable] = []
-
-
-@dataclass(slots=True)
-class SimWorker:
-    name: str
-    index: int
-    queue: Any
-    tid: int
-    idle: bool = True
-    idle_since: int | None = None
-    #: The calls this worker's nested thread_main loops wait for, innermost last (empty: a device loop).
-    waiting_for: list = field(default_factory=list)
-    current_depth: int = 0
-    total_depth: int = 0
-    wake_pending: bool = False
-
-
-@dataclass(slots=True, eq=False)
-class _NodeRun:
-    """A node being run by a worker: what its later steps (events) need."""
-
-    w: SimWorker
-    gt: "SimTask"
-    node: Any
-    start: int
-    #: The node's stream (None on the CPU).
-    parent: tuple | None
-    #: The queue its task was popped from, and when the task was pushed there.
-    queue: str
-    pushed: int
-    cost: Any
-    checkpoint: bool
-
-
-@dataclass(slots=True)
-class SimEvent:
-    time: int
-    stream: tuple
-    node: Any
-    id: int
-
-
-def stream_key(stream) -> tuple:
-    """A stream ``(Device, id)`` as (device type, index, id): equal for equal streams, hashed without calling
-    back into Python (a ``Device`` is a frozen dataclass, whose ``__hash__`` is Python code)."""
-    dev = stream[0]
-    return (dev.type, dev.index, stream[1])
-
-
-class SimStreams:
-    """Stream timelines: records are events at a stream's current end, waits delay a stream's next kernel."""
-
-    def __init__(self, sim: "Simulator"):
-        self.sim = sim
-        self._ids = itertools.count(1)
-        #: stream_key -> the stream's name in records (``streams.stream_name``)
-        self._names: dict = {}
-
-    def name(self, stream) -> str:
-        key = stream_key(stream)
-        name = self._names.get(key)
-        if name is None:
-            name = self._names[key] = stream_name(stream)
-        return name
-
-    def record(self, gt, stream, node) -> SimEvent:
-        sim = self.sim
-        ev = SimEvent(sim.stream_free.get(stream_key(stream), 0), stream, node, next(self._ids))
-        sim.stream_events.append((sim.now, gt.id, "record", node, self.name(stream), ev.id))
-        return ev
-
-    def wait(self, gt, stream, event: SimEvent, node) -> None:
-        sim = self.sim
-        key = stream_key(stream)
-        sim.stream_free[key] = max(sim.stream_free.get(key, 0), event.time)
-        sim.stream_events.append((sim.now, gt.id, "wait", node, self.name(stream), event.id))
-        if event.node is not None and event.node is not node:
-            sim.syncs.append((sim.now, gt.id, event.node, node, self.name(event.stream), self.name(stream)))
-
-    def on_stream(self, stream):
-        return _Accumulate(self.sim, stream)
-
-
-class _Accumulate:
-    """Summing two gradients on a stream: a small kernel on that stream's timeline."""
-
-    __slots__ = ("sim", "stream")
-
-    def __init__(self, sim, stream):
-        self.sim, self.stream = sim, stream
-
-    def __enter__(self):
-        self.sim.kernel(self.stream, None, int(self.sim.spec.accelerator.min_kernel_us * 1e3))
-
-    def __exit__(self, *exc):
-        return False
 
 
 class Simulator:
@@ -461,17 +300,17 @@ class Simulator:
         cost = self.costs(node)
         self._started.append((gt.id, gt.reentrant_depth, node, w))
         checkpoint = node.op is CHECKPOINT or (node.op is PYTHON and node.attrs.get("callable") == _CHECKPOINT)
-        run = _NodeRun(w, gt, node, start, parent, queue, pushed, cost, checkpoint)
+        run = NodeRun(w, gt, node, start, parent, queue, pushed, cost, checkpoint)
         self._cpu(self.overhead_ns, self.overhead_gil, self._function, run)
 
-    def _function(self, run: _NodeRun) -> None:
+    def _function(self, run: NodeRun) -> None:
         """The engine's overhead is done: the node's function (a nested call for a checkpoint)."""
         if run.checkpoint:
             self._nested_call(run)
         else:
             self._cpu(run.cost.cpu_ns, run.cost.holds_gil, self._launched, run)
 
-    def _launched(self, run: _NodeRun) -> None:
+    def _launched(self, run: NodeRun) -> None:
         """The function's CPU part is done: its kernel goes onto the node's stream."""
         t, cost = self.now, run.cost
         if run.parent is not None and cost.gpu_ns:
@@ -481,7 +320,7 @@ class Simulator:
                 return
         self._done(run)
 
-    def _cpu(self, ns: int, gil: bool, then: Callable, run: _NodeRun) -> None:
+    def _cpu(self, ns: int, gil: bool, then: Callable, run: NodeRun) -> None:
         """CPU work of ``ns`` from now (once the GIL is free, when it takes the GIL); then ``then(run)``."""
         if ns <= 0:
             then(run)
@@ -502,7 +341,7 @@ class Simulator:
             self.kernels.append((stream, node, start, end))
         return end
 
-    def _done(self, run: _NodeRun) -> None:
+    def _done(self, run: NodeRun) -> None:
         """The node is done: record its slice, route its outputs, retire its task, go on."""
         w, gt, node, parent = run.w, run.gt, run.node, run.parent
         self.slices.append((gt.id, gt.reentrant_depth, node, w.tid, run.start, self.now, run.queue, run.pushed))
@@ -539,7 +378,7 @@ class Simulator:
             owner.queue.push(WAKEUP_KEY, (gt, None, None))
 
     # -- reentrant checkpoints ---------------------------------------------------------
-    def _nested_call(self, run: _NodeRun) -> None:
+    def _nested_call(self, run: NodeRun) -> None:
         """A checkpoint node's function: a nested backward over its segment, one level deeper."""
         w, node = run.w, run.node
         resume = lambda: self.at(self.now, self._done, run)  # noqa: E731
