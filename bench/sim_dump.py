@@ -130,9 +130,18 @@ def dump_case(g, kw: dict) -> dict:
         "graph_tasks": [(gid[t.gt], t.depth, t.start, t.end, t.tid, t.error) for t in rec.graph_tasks],
         "queue_samples": [(q.ts, q.tid, q.queue, gid.get(q.gt), nid(q.node), q.depth, q.pushed)
                           for q in rec.queue_samples],
-        "summary": r.summary.to_dict(),
+        "summary": _renumber_runs(r.summary.to_dict(), gid),
         "samples": samples_json(rec),
     }
+
+
+def _renumber_runs(summary: dict, gid: dict) -> dict:
+    """The summary with its runs' GraphTask ids renumbered as the case's records are."""
+    for key in ("critical_path", "slowest"):
+        for run in summary.get(key) or []:
+            if isinstance(run, dict) and "graph_task" in run:
+                run["graph_task"] = gid.get(run["graph_task"], run["graph_task"])
+    return summary
 
 
 def _default(o):
