@@ -210,6 +210,44 @@ def test_scale_and_slack():
     assert {s.node: s.saved_ns for s in r.slack} == {"a": 20_000, "b": 10_000}
 
 
+def _resimulated_slack(r, policy):
+    """Each of ``r``'s what-ifs by simulating the graph again (what the slack was before its shortcut)."""
+    from autograd_run.sim.costs import NodeCost
+    from autograd_run.sim.result import span
+    from autograd_run.sim.session import _simulate
+    model = CostModel(r.spec)
+    out = {}
+    for s in r.slack:
+        node = r.graph.by_id[s.node]
+        base = model(node)
+        faster = NodeCost(int(base.cpu_ns * 0.8), int(base.gpu_ns * 0.8), base.holds_gil, base.source, base.blocking)
+        start, end = span(_simulate(r.graph, r.spec, model.with_cost(node, faster), policy)[0])
+        out[s.node] = r.wall_ns - (end - start)
+    return out
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(5, 60), st.sampled_from(["pytorch", "fifo", "critical-path",
+                                                                   "single-thread", "predicted-order"]))
+def test_slack_on_one_cpu_worker_is_what_simulating_again_gives(seed, nodes, policy):
+    """One worker, every node on the CPU: the what-ifs are not simulated again, and come out the same."""
+    doc = generate("random", nodes=nodes, leaves=max(2, nodes // 5), seed=seed)
+    g = loads_graph(dumps(doc, "json"), "r.json")
+    r = simulate_session(g, SimOptions(spec=spec(), policy=policy, slack_top=8))
+    assert r.sim.cpu_only_one_worker and r.slack
+    assert {s.node: s.saved_ns for s in r.slack} == _resimulated_slack(r, policy)
+
+
+def test_slack_of_a_pass_that_shrinks_to_nothing():
+    """A 1 ns pass made 20% faster takes 0 ns, which a recording shows as 1 ns: nothing saved."""
+    g = graph([cost("a", 0.001, nxt=[("acc_x", 0)]), acc("x")], [{"node": "a"}], [{"name": "x", "shape": [1]}])
+    host = DeviceSpec("host", {"float32": 1e12}, 1e12, 1.0, 1.0, min_kernel_us=0.0)
+    machine = MachineSpec("zero", host, host, EngineSpec(0.0, 0.0, False))
+    r = simulate_session(g, SimOptions(spec=machine, slack_top=2))
+    assert r.sim.cpu_only_one_worker and r.wall_ns == 1
+    assert {s.node: s.saved_ns for s in r.slack} == _resimulated_slack(r, "pytorch") == {"a": 0}
+
+
 def test_measured_costs_from_a_trace(tmp_path):
     g = load_graph("example:mlp")
     trace = tmp_path / "t.json"

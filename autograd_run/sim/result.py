@@ -24,12 +24,20 @@ def span(sim) -> tuple[int, int]:
 
     A ``Recording`` of the simulation has this span (``to_recording``); the wall time is its length.
     """
+    return nonempty(*last_times(sim))
+
+
+def last_times(sim) -> tuple[int, int]:
+    """The first call's start and the last node, kernel or call end (0, 0 when nothing happened)."""
     start = min((g.start for g in sim.graph_tasks), default=0)
     end = max(max((s[5] for s in sim.slices), default=0), max((k[3] for k in sim.kernels), default=0),
               max((e for g in sim.graph_tasks if (e := g.returned or g.end)), default=0))
-    if end == start == 0:
-        end = 1  # a non-empty recording of zero length
     return start, end
+
+
+def nonempty(start: int, end: int) -> tuple[int, int]:
+    """A recording of zero length (nothing happened) spans (0, 1)."""
+    return (start, 1) if end == start == 0 else (start, end)
 
 
 def to_recording(sim) -> Recording:

@@ -108,6 +108,10 @@ class Simulator:
         # Nodes in the order their functions started: (gt id, depth, node, worker), as node pre-hooks see it;
         # None when one worker ran everything (then it is the order of ``slices``): read it with ``starts()``.
         self._started: list | None = []
+        #: Whether ``run`` took the one-worker loop with every node on the CPU (no stream, no GIL, no hand-off):
+        #: then the call ended at its start plus the call overhead plus, over the nodes that ran, the engine's
+        #: overhead and each node's CPU time, in whatever order they ran (``_run_sequential``).
+        self.cpu_only_one_worker = False
         #: The gradients routing hands on: a 1 for each output of any node (routing reads as many as it has).
         self._ones = [1] * max(max(map(len, (n.next for n in graph.nodes)), default=0), len(graph.roots), 1)
 
@@ -141,8 +145,10 @@ class Simulator:
         self.now += self.call_ns  # entering the engine: the caller's own CPU time before the root is pushed
         gt = self._new_task(roots, inputs or [], accumulate_grad, caller, 0)
         gt.start = start
+        self.cpu_only_one_worker = False
         if self._one_worker():
             self._run_sequential(gt)
+            self.cpu_only_one_worker = self.graph.max_device_index < 0
             return gt
         caller.waiting_for.append(gt)
         self.at(self.now, self._step, caller)

@@ -23,11 +23,11 @@ from autograd_run.sim.measured import MeasuredCosts, load_costs
 from autograd_run.sim.order import order_rows
 from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
-from autograd_run.sim.result import span, to_recording
+from autograd_run.sim.result import last_times, nonempty, span, to_recording
 from autograd_run.sim.scheduler import Simulator
 from autograd_run.sim.specs import MachineSpec, default_spec, load_spec
 from autograd_run.traces.recording import Recording
-from autograd_run.traces.summary import Summary, summarize
+from autograd_run.traces.summary import Summary, longest_runs, summarize
 
 
 @dataclass
@@ -193,8 +193,11 @@ def _slack(graph, spec, model: CostModel, o: SimOptions, report: SimReport) -> l
     """Re-simulate with each of the slowest critical-path nodes ``slack_speedup`` faster.
 
     Each what-if shares ``model``'s resolved costs (one node's replaced) and reads only the simulated span.
+    Where one worker ran every node on the CPU (``Simulator.cpu_only_one_worker``), the call's end is a sum
+    over the nodes that ran, in any order: the node's CPU time saved comes off it as it would in a new
+    simulation, which is not run.
     """
-    path = sorted(report.summary.critical_path, key=lambda r: -r.duration_ns)[:o.slack_top]
+    path = longest_runs(report.summary.critical_path, o.slack_top)
     factor = 1.0 - o.slack_speedup
     out = []
     for run in path:
@@ -204,7 +207,10 @@ def _slack(graph, spec, model: CostModel, o: SimOptions, report: SimReport) -> l
         base = model(node)
         faster = NodeCost(int(base.cpu_ns * factor), int(base.gpu_ns * factor), base.holds_gil, base.source,
                           base.blocking)
-        sim, _ = _simulate(graph, spec, model.with_cost(node, faster), o.policy)
-        start, end = span(sim)
+        if report.sim.cpu_only_one_worker:  # the node ran once, on the CPU: its end moves by what it saves
+            start, end = last_times(report.sim)
+            start, end = nonempty(start, end - (base.cpu_ns - faster.cpu_ns))
+        else:
+            start, end = span(_simulate(graph, spec, model.with_cost(node, faster), o.policy)[0])
         out.append(Slack(run.id, run.name, run.duration_ns, report.wall_ns - (end - start)))
     return out
