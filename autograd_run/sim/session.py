@@ -138,6 +138,8 @@ def _check_scale(graph: Graph, scale: dict[str, float], count: int | None, stric
     """Every ``--scale`` key names an op of the (placed) graph or one of its devices (with ``--devices K``,
     any of cuda:0..K-1): a typo, or a device index the run does not have (``cuda:1000``), would
     otherwise scale nothing, silently. Not ``strict``: the keys that apply to nothing, returned."""
+    if not scale:  # nothing to check: no pass over the graph's nodes
+        return []
     names = {n.name for n in graph.nodes}
     devices = {str(d) for d in graph.devices} | {f"cuda:{k}" for k in range(count or 0)}
     unused = []
@@ -199,6 +201,7 @@ def _slack(graph, spec, model: CostModel, o: SimOptions, report: SimReport) -> l
     """
     path = longest_runs(report.summary.critical_path, o.slack_top)
     factor = 1.0 - o.slack_speedup
+    start0, end0 = last_times(report.sim)
     out = []
     for run in path:
         node = graph.by_id.get(run.id)
@@ -208,8 +211,7 @@ def _slack(graph, spec, model: CostModel, o: SimOptions, report: SimReport) -> l
         faster = NodeCost(int(base.cpu_ns * factor), int(base.gpu_ns * factor), base.holds_gil, base.source,
                           base.blocking)
         if report.sim.cpu_only_one_worker:  # the node ran once, on the CPU: its end moves by what it saves
-            start, end = last_times(report.sim)
-            start, end = nonempty(start, end - (base.cpu_ns - faster.cpu_ns))
+            start, end = nonempty(start0, end0 - (base.cpu_ns - faster.cpu_ns))
         else:
             start, end = span(_simulate(graph, spec, model.with_cost(node, faster), o.policy)[0])
         out.append(Slack(run.id, run.name, run.duration_ns, report.wall_ns - (end - start)))
