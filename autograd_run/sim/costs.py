@@ -117,20 +117,15 @@ class CostModel:
             c = self.resolved[node] = self._resolve(node)
         return c
 
-    def _signature(self, node):
-        """A key shared by nodes whose cost is the same (op, shapes, saved shapes and values), or None."""
-        if node.attrs or node.id in self.measured:
-            return None
-        return signature(node)
-
     def _resolve(self, node) -> NodeCost:
-        key = self._signature(node)
-        if key is not None:
-            c = self._by_signature.get(key)
-            if c is None:
-                c = self._by_signature[key] = self._scaled(node)
-            return c
-        return self._scaled(node)
+        """The node's cost: shared by the nodes of its ``signature`` (none for cost and measured nodes)."""
+        key = None if node.attrs or node.id in self.measured else signature(node)
+        if key is None:
+            return self._scaled(node)
+        c = self._by_signature.get(key)
+        if c is None:
+            c = self._by_signature[key] = self._scaled(node)
+        return c
 
     def _scaled(self, node) -> NodeCost:
         c = self._base(node)

@@ -13,6 +13,7 @@ and order rows (``order``) when the report is first asked for them.
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 from dataclasses import dataclass, field
 
 from autograd_run.errors import RequestError
@@ -184,7 +185,7 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
     start, end = span(sim)
     report = SimReport(graph, o, spec, sim, (gt.returned or gt.end or 0) - gt.start, end - start,
-                       dict(Counter(c.source for c in model.resolved.values())), measured)
+                       dict(Counter(map(attrgetter("source"), model.resolved.values()))), measured)
     report.scale_unused = scale_unused
     if o.slack_top > 0:
         report.slack = _slack(graph, spec, model, o, report)
