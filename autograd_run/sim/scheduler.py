@@ -115,6 +115,15 @@ class Simulator:
         #: The gradients routing hands on: a 1 for each output of any node (routing reads as many as it has).
         self._ones = [1] * max(max(map(len, (n.next for n in graph.nodes)), default=0), len(graph.roots), 1)
 
+    def release(self) -> None:
+        """Drop what the simulation recorded (a what-if whose span was read keeps nothing else). The
+        simulator's parts refer to each other (a queue to its simulator): without this its records would
+        wait for the cyclic GC, which ``simulate_session`` pauses."""
+        for records in (self.slices, self.kernels, self.queue_samples, self.syncs, self.stream_events, self.idles,
+                        self.skips, self.graph_tasks, self._events):
+            records.clear()
+        self._started = []
+
     def starts(self):
         """(gt id, depth, node, worker) of each node run, in the order their functions started."""
         if self._started is not None:

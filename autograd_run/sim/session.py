@@ -214,6 +214,8 @@ def _slack(graph, spec, model: CostModel, o: SimOptions, report: SimReport) -> l
         if report.sim.cpu_only_one_worker:  # the node ran once, on the CPU: its end moves by what it saves
             start, end = nonempty(start0, end0 - (base.cpu_ns - faster.cpu_ns))
         else:
-            start, end = span(_simulate(graph, spec, model.with_cost(node, faster), o.policy)[0])
+            what_if = _simulate(graph, spec, model.with_cost(node, faster), o.policy)[0]
+            start, end = span(what_if)
+            what_if.release()
         out.append(Slack(run.id, run.name, run.duration_ns, report.wall_ns - (end - start)))
     return out
