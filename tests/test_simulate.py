@@ -248,6 +248,25 @@ def test_slack_of_a_pass_that_shrinks_to_nothing():
     assert {s.node: s.saved_ns for s in r.slack} == _resimulated_slack(r, "pytorch") == {"a": 0}
 
 
+def test_nodes_share_a_cost_unless_their_cost_model_reads_their_saved_values():
+    """One cost per kind of node: saved values set kinds apart only where the op's cost model reads them."""
+    from autograd_run.graphs.model import CPU, InputMeta
+
+    class NS:  # an op or a node: identity-hashed, as the real ones
+        def __init__(self, **fields):
+            self.__dict__.update(fields)
+    from autograd_run.ops.cost import CostModel as OpCost
+    reads = NS(name="Reads", engine=False, cost=OpCost(lambda s: 1e7 * s.values.get("k", 0), lambda s: 0.0))
+    ignores = NS(name="Ignores", engine=False, cost=OpCost(lambda s: 1e7, lambda s: 0.0))
+
+    def node(op, k):
+        return NS(id=f"{op.name}{k}", name=op.name, op=op, device=CPU, cpu=True, inputs=[InputMeta((1,))], next=[],
+                  saved={"k": k}, attrs={})
+    model = CostModel(spec())
+    assert [model(node(reads, k)).cpu_ns for k in (1, 2, 3, 2)] == [10_000, 20_000, 30_000, 20_000]
+    assert [model(node(ignores, k)).cpu_ns for k in (1, 2, 3)] == [10_000] * 3
+
+
 def test_measured_costs_from_a_trace(tmp_path):
     g = load_graph("example:mlp")
     trace = tmp_path / "t.json"

@@ -36,6 +36,7 @@ from autograd_run.errors import RequestError
 from autograd_run.ops import COST, PYTHON
 from autograd_run.ops.cost import Shapes
 from autograd_run.sim.measured import MeasuredCost, MeasuredCosts
+from autograd_run.sim.signature import ValuesRead, signature
 from autograd_run.sim.specs import MachineSpec
 
 #: The engine's throughput assumption for ``flops`` cost nodes (builtin_nodes.COST_FLOPS_PER_SECOND).
@@ -100,8 +101,10 @@ class CostModel:
         self.scale = scale or {}
         #: node -> NodeCost of each node asked for so far (``cost_sources`` counts these).
         self.resolved: dict = {}
-        #: Costs by ``signature``: nodes alike cost alike (resolved once per kind of node).
+        #: Costs by ``signature`` key: nodes alike cost alike (resolved once per kind of node), or
+        #: ``_BY_VALUES`` where the op's cost model read the node's saved values: then by (key, values).
         self._by_signature: dict = {}
+        self._by_values: dict = {}
 
     def with_cost(self, node, cost: NodeCost) -> "CostModel":
         """This model with ``node`` costing ``cost``: the costs resolved so far are shared, not resolved again."""
@@ -118,23 +121,40 @@ class CostModel:
         return c
 
     def _resolve(self, node) -> NodeCost:
-        """The node's cost: shared by the nodes of its ``signature`` (none for cost and measured nodes)."""
-        key = None if node.attrs or node.id in self.measured else signature(node)
-        if key is None:
+        """The node's cost: shared by the nodes of its ``signature`` (none for cost and measured nodes).
+
+        The first node of a key is costed with its saved values watched (``ValuesRead``). A cost model is a
+        pure function of what it reads: if it read no value, every node of the key costs the same whatever
+        its values; if it did, nodes share a cost only with the nodes of the same key and values.
+        """
+        sig = None if node.attrs or node.id in self.measured else signature(node)
+        if sig is None:
             return self._scaled(node)
+        key, values = sig
         c = self._by_signature.get(key)
         if c is None:
-            c = self._by_signature[key] = self._scaled(node)
+            watch: list = []
+            c = self._scaled(node, watch)
+            if any(w.read for w in watch):
+                self._by_signature[key] = _BY_VALUES
+                self._by_values[(key, values)] = c
+            else:
+                self._by_signature[key] = c
+        elif c is _BY_VALUES:
+            c = self._by_values.get((key, values))
+            if c is None:
+                c = self._by_values[(key, values)] = self._scaled(node)
         return c
 
-    def _scaled(self, node) -> NodeCost:
-        c = self._base(node)
+    def _scaled(self, node, watch: list | None = None) -> NodeCost:
+        """The node's cost, scaled by ``--scale``; ``watch``: gets the ``ValuesRead`` its cost model saw."""
+        c = self._base(node, watch)
         factor = self.scale.get(node.name, 1.0) * self.scale.get(str(node.device), 1.0)
         if factor != 1.0:
             c = NodeCost(int(c.cpu_ns * factor), int(c.gpu_ns * factor), c.holds_gil, c.source, c.blocking)
         return c
 
-    def _base(self, node) -> NodeCost:
+    def _base(self, node, watch: list | None = None) -> NodeCost:
         holds = self.spec.engine.overhead_holds_gil
         if node.op is COST:
             spec = node.attrs.get("cost") or {}
@@ -158,6 +178,9 @@ class CostModel:
         if node.op.engine and model is None:
             return NodeCost(0, 0, False, "engine")
         s = shapes_of(node)
+        if watch is not None:
+            s.values = ValuesRead(s.values)
+            watch.append(s.values)
         flops = model.flops(s) if model is not None else 0.0
         nbytes = model.bytes(s) if model is not None else 0.0
         dtype = node.inputs[0].dtype if node.inputs else "float32"
@@ -195,50 +218,8 @@ class CostModel:
         return NodeCost(cpu, max(gpu, transfer), False, "analytic", blocking=to_host)
 
 
-#: Ends the input metas in a ``signature`` (a meta's fields start with its shape, a tuple).
-_OUTPUTS = "->"
-
-
-def signature(node) -> tuple | None:
-    """What a node's analytic cost depends on, as a flat tuple: nodes with equal signatures cost the same.
-
-    Op, name and device; per input and per output gradient (the next node's input meta, or None) the meta's
-    shape, dtype, device type and index and stream (what ``InputMeta`` equality compares); the saved items
-    (a tensor by shape and dtype, a list of ints, a value). None when a saved item has no shape or is a list
-    of other values (such a node is costed on its own). Flat tuples of builtin values hash without calling
-    back into Python (a frozen dataclass's ``__hash__`` is Python code), once per node of a large graph.
-    """
-    dev = node.device
-    key = [node.op, node.name, dev.type, dev.index]
-    for m in node.inputs:
-        dev = m.device
-        key += (m.shape, m.dtype, dev.type, dev.index, m.stream)
-    key.append(_OUTPUTS)
-    for e in node.next:
-        if e is None:
-            key.append(None)
-        else:
-            m = e.node.inputs[e.input_nr]
-            dev = m.device
-            key += (m.shape, m.dtype, dev.type, dev.index, m.stream)
-    saved = node.saved
-    if saved:
-        items = []
-        for k, v in saved.items():
-            t = type(v)
-            if t is dict:
-                shape = v.get("shape")
-                if shape is None:
-                    return None
-                items.append((k, tuple(shape), v.get("dtype")))
-            elif t is list:
-                if not all(type(x) is int for x in v):
-                    return None
-                items.append((k, tuple(v)))
-            else:
-                items.append((k, v))
-        key.append(tuple(items))
-    return tuple(key)
+#: In ``CostModel._by_signature``: this kind of node's cost depends on its saved values too.
+_BY_VALUES = object()
 
 
 def _roofline(dev, flops: float, nbytes: float, dtype: str) -> int:
