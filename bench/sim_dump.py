@@ -5,7 +5,8 @@ generator outputs, a deep reentrant chain that needs pool threads, a graph with 
 several policies, device counts, placements, specs and scales, and writes per case: the executed order,
 the wall and engine times, every node slice (thread, start, end, queue, push time), kernels, stream
 events, syncs, idles, skips, graph-task spans, queue samples (with ``detail``), cost sources, the slack
-figures and the summary as ``--json`` prints it. ``python -m bench.sim_dump --compare A.json B.json``
+figures and the summary as ``--json`` prints it. ``SIM_DUMP_EXTRA=FOLDER`` adds the graph files of a folder (the zoo's models, captured once).
+``python -m bench.sim_dump --compare A.json B.json``
 lists the cases that differ. GraphTask ids are renumbered per case (they come from a process-wide
 counter, so they depend on what ran before in the same process).
 """
@@ -19,6 +20,8 @@ import sys
 
 #: The fixed inputs (a measured-costs trace made once by a real run) live here between runs.
 WORK = os.environ.get("SIM_DUMP_DIR", "/tmp/sim_dump")
+#: A folder of more graph files (e.g. the zoo's models captured from PyTorch), each simulated a few ways.
+EXTRA = os.environ.get("SIM_DUMP_EXTRA")
 
 
 def _deep_checkpoints(depth: int) -> dict:
@@ -89,6 +92,17 @@ def cases(quick: bool = False):
         yield f"{name}|d2-fifo-detail", g, {"spec": "h100", "devices": 2, "placement": "round-robin",
                                             "policy": "fifo", "detail": True}
         yield f"{name}|d2-cp", g, {"spec": "l4", "devices": 2, "placement": "layer", "policy": "critical-path"}
+    if EXTRA:
+        from autograd_run.graphs.load import load_graph
+        for fname in sorted(os.listdir(EXTRA)):
+            if not fname.endswith((".json", ".yaml")):
+                continue
+            g = load_graph(os.path.join(EXTRA, fname))
+            yield f"{fname}|pytorch", g, {"spec": "h100", "detail": True}
+            yield f"{fname}|cpu-single-thread", g, {"spec": "cpu", "policy": "single-thread"}
+            yield f"{fname}|critical-path", g, {"spec": "a100", "policy": "critical-path"}
+            yield f"{fname}|d2-greedy", g, {"spec": "h100", "devices": 2, "placement": "greedy"}
+            yield f"{fname}|d3-layer-fifo", g, {"spec": "l4", "devices": 3, "placement": "layer", "policy": "fifo"}
     mlp = gs["example:mlp"]
     trace = _measured_trace(mlp)
     yield "example:mlp|measured", mlp, {"spec": "cpu", "costs": trace}
