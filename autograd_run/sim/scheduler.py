@@ -30,13 +30,15 @@ What it models:
     ``call_overhead_us``) on the caller before its root is pushed.
 
 State of one simulation (``Simulator``): ``now`` (ns), the event heap
-``_events`` of (time, order, function, argument), the workers (``SimWorker``: queue,
-busy/idle, reentrant depth), ``_gil_free_at``, the stream timelines
+``_events`` of (time, order, function, argument), the workers (``SimWorker``:
+queue, busy/idle, reentrant depth), ``_gil_free_at``, the stream timelines
 ``stream_free`` (stream -> ns when its last kernel ends), and the records of
-what happened (``slices``, ``kernels``, ``started``, ...), turned into a
-``Recording`` by ``result.to_recording``. The simulated threads, queues and
-GraphTasks are in ``tasks``, the stream timelines in ``streams``. A queued task carries the time and
-queue of its push, so the slice of the node records how long it waited.
+what happened (``slices``, ``kernels``, the start order, ...), turned into a
+``Recording`` by ``result.to_recording``. A queued task carries the time of
+its push, so the slice of its node records how long it waited. The simulated
+threads, queues and GraphTasks are in ``tasks``, the stream timelines in
+``streams``. Where one worker runs everything (``_run_sequential``), a plain
+loop replaces the events.
 """
 
 from __future__ import annotations
