@@ -10,6 +10,8 @@ task was queued, in slice order.
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 
 from autograd_run.engine.streams import stream_name
@@ -30,7 +32,7 @@ def span(sim) -> tuple[int, int]:
 def last_times(sim) -> tuple[int, int]:
     """The first call's start and the last node, kernel or call end (0, 0 when nothing happened)."""
     start = min((g.start for g in sim.graph_tasks), default=0)
-    end = max(max((s[5] for s in sim.slices), default=0), max((k[3] for k in sim.kernels), default=0),
+    end = max(max(map(itemgetter(5), sim.slices), default=0), max(map(itemgetter(3), sim.kernels), default=0),
               max((e for g in sim.graph_tasks if (e := g.returned or g.end)), default=0))
     return start, end
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from operator import attrgetter
 from typing import Callable
 
 from autograd_run.engine.builtin_nodes import make_graph_root
@@ -115,7 +116,7 @@ class Simulator:
         #: overhead and each node's CPU time, in whatever order they ran (``_run_sequential``).
         self.cpu_only_one_worker = False
         #: The gradients routing hands on: a 1 for each output of any node (routing reads as many as it has).
-        self._ones = [1] * max(max(map(len, (n.next for n in graph.nodes)), default=0), len(graph.roots), 1)
+        self._ones = [1] * max(max(map(len, map(attrgetter("next"), graph.nodes)), default=0), len(graph.roots), 1)
 
     def release(self) -> None:
         """Drop what the simulation recorded (a what-if whose span was read keeps nothing else). The
@@ -177,7 +178,8 @@ class Simulator:
         """Whether the caller alone runs everything (then nothing competes: no events are needed)."""
         if self.multithreading and self.graph.max_device_index >= 0:
             return False
-        return not any(n.op is PYTHON or n.op is CHECKPOINT for n in self.graph.nodes)
+        ops = set(map(attrgetter("op"), self.graph.nodes))
+        return PYTHON not in ops and CHECKPOINT not in ops
 
     def _run_sequential(self, gt: SimTask) -> None:
         """The one-worker case as a plain loop: each popped node runs right after the previous one."""
