@@ -180,11 +180,11 @@ def bench_speed(shapes=SPEED_SHAPES, rounds: int = 3) -> list[dict]:
     two simulations in a subprocess, beyond the loaded graph, per node (RSS includes the graph, ~1.7 KB/node).
     """
     import tempfile
-    from bench.e2e_bench import command, med, write_graph
+    from bench.e2e_bench import command, med
     out = []
     with tempfile.TemporaryDirectory() as d:
         for shape, n in shapes:
-            path, nodes = write_graph(shape, n, d)
+            path, nodes = _write_graph_apart(shape, n, d)
             runs: dict[str, list] = {"validate": [], "no_summary": [], "summary": []}
             cmds = {"validate": ["validate", path], "no_summary": ["simulate", path, "--no-summary"],
                     "summary": ["simulate", path]}
@@ -213,17 +213,32 @@ def bench_speed(shapes=SPEED_SHAPES, rounds: int = 3) -> list[dict]:
     return out
 
 
-def simulated_memory(path: str) -> dict:
-    """tracemalloc's count of a simulation of the graph file at ``path`` (in a subprocess), per node."""
-    import json
+def _subprocess(args: list[str]) -> str:
+    """``python ARGS`` from the repository root: its standard output."""
     import os
     import subprocess
     import sys
     from bench.e2e_bench import ROOT
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-m", "bench.sim_bench", "tracemalloc", path], env=env, cwd=ROOT,
-                         capture_output=True, check=True, text=True).stdout
-    return json.loads(out.splitlines()[-1])
+    return subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, check=True,
+                          text=True).stdout
+
+
+def _write_graph_apart(shape: str, n: int, folder: str) -> tuple[str, int]:
+    """``e2e_bench.write_graph`` in a subprocess: a child's peak RSS counts its parent's at the fork, and a
+    million-node document built here would be in every later command's figure."""
+    import json
+    out = _subprocess(["-c", "import json, sys; from bench.e2e_bench import write_graph; "
+                             "print(json.dumps(write_graph(sys.argv[1], int(sys.argv[2]), sys.argv[3])))",
+                       shape, str(n), folder])
+    path, nodes = json.loads(out.splitlines()[-1])
+    return path, nodes
+
+
+def simulated_memory(path: str) -> dict:
+    """tracemalloc's count of a simulation of the graph file at ``path`` (in a subprocess), per node."""
+    import json
+    return json.loads(_subprocess(["-m", "bench.sim_bench", "tracemalloc", path]).splitlines()[-1])
 
 
 def _tracemalloc_simulation(path: str) -> dict:
