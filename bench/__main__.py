@@ -1,10 +1,11 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j]`: benchmarks, ratios within one run.
 
 (h) is the simulation with PyTorch-measured costs against PyTorch itself (``bench/profcosts_bench.py``).
 
 ``--full`` adds the 1e6-node YAML load (about 5 minutes by itself). Parts f, g and i
 (``bench.e2e_bench``: the whole command against PyTorch, the trace formats, a traced
-1e6-node run) run only when named.
+1e6-node run) and j (``bench.sim_bench``: the simulation's speed and memory on a 1e6-node
+chain, a 2e5-node fan-out and MLP; about 5 minutes) run only when named.
 
 Prints a line per measurement and writes bench/results.json. See docs/performance.md.
 """
@@ -14,7 +15,7 @@ import os
 import sys
 import time
 
-from bench import e2e_bench, engine_bench, load_bench, profcosts_bench
+from bench import e2e_bench, engine_bench, load_bench, profcosts_bench, sim_bench
 
 
 def main(argv):
@@ -42,6 +43,9 @@ def main(argv):
         results["g_trace"] = e2e_bench.bench_trace(n=20_000 if quick else 100_000)
     if "i" in parts:
         results["i_million_trace"] = e2e_bench.bench_million_trace(n=200_000 if quick else 1_000_000)
+    if "j" in parts:
+        results["j_sim_speed"] = sim_bench.bench_speed(
+            shapes=(("chain_mul", 200_000),) if quick else sim_bench.SPEED_SHAPES, rounds=1 if quick else 3)
     results["seconds"] = time.time() - t
     print_table(results)
     with open(out, "w") as f:
@@ -111,6 +115,16 @@ def print_table(results: dict) -> None:
             "<= 2 KB/node", i["peak_bytes_per_node"] <= 2048)
         row(f"(i) {i['nodes']} nodes, --trace x{i['format']}, wall with/without", f"{i['wall_ratio']:.2f}x", "<= 2x",
             i["wall_ratio"] <= 2.0)
+    for r in results.get("j_sim_speed", []):
+        goal = r is results["j_sim_speed"][0] and r["nodes"] >= 1_000_000
+        row(f"(j) simulate --no-summary - validate, {r['shape']} {r['nodes']} nodes",
+            f"{r['no_summary_wall_s']:.2f} s ({r['no_summary_us_per_node']:.2f} us/node; with the summary "
+            f"{r['summary_wall_s']:.2f} s)", f"<= {sim_bench.SPEED_GOAL_S:.0f} s" if goal else "",
+            r["no_summary_wall_s"] <= sim_bench.SPEED_GOAL_S if goal else None)
+        row(f"(j) simulate, {r['shape']} {r['nodes']} nodes, memory beyond the graph",
+            f"{r['no_summary_peak_bytes_per_node']:.0f} B/node (with the summary "
+            f"{r['summary_peak_bytes_per_node']:.0f}; peak RSS {r['summary_rss_bytes_per_node']:.0f} B/node)",
+            f"<= {sim_bench.MEMORY_GOAL_BYTES} B/node", r["summary_peak_bytes_per_node"] <= sim_bench.MEMORY_GOAL_BYTES)
     Console().print(t)
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@
     percentage error, and whether the ranking of policies is the same
     (for every pair the measurement tells apart by more than 5%; closer
     pairs are ties, their order is noise);
-(g) speed: a 1e6-node chain simulated (no trace), seconds and peak memory
-    per node beyond the loaded graph.
+(j) speed: ``simulate`` of a 1e6-node chain (and 2e5-node fan-out and MLP)
+    as a user runs it, minus ``validate``, and peak memory per node beyond
+    the loaded graph (``python -m bench j``).
 """
 
 from __future__ import annotations
@@ -161,25 +162,112 @@ def bench_accuracy(seed: int = 0, repeat: int = 5) -> dict:
     return {"rows": rows, "mape": mape, "rankings": ranks, "device_rankings": device_ranks, "spec": spec.to_dict()}
 
 
-def bench_speed(n: int = 1_000_000) -> dict:
-    from autograd_run.sim.session import SimOptions, simulate_session
-    data = dumps(generate("chain", n=n), "json")
-    g = loads_graph(data, "chain.json")
-    gc.collect()
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    t = time.perf_counter()
-    r = simulate_session(g, SimOptions(spec="h100", slack_top=0))
-    s = r.summary
-    dt = time.perf_counter() - t
-    peak = tracemalloc.get_traced_memory()[1] - base
-    tracemalloc.stop()
-    out = {"nodes": len(g.nodes), "seconds": dt, "bytes_per_node": peak / len(g.nodes), "wall_ns": s.wall_ns}
-    print(f"(g) simulated {len(g.nodes)} nodes in {dt:.2f} s (summary included), "
-          f"{out['bytes_per_node']:.0f} B/node beyond the graph", flush=True)
+#: (j)'s goal: a 1e6-node chain simulated (``simulate --no-summary`` minus ``validate``) within this many
+#: seconds, with at most this much memory per node beyond the loaded graph.
+SPEED_GOAL_S = 10.0
+MEMORY_GOAL_BYTES = 1024
+#: (j)'s shapes: (e2e_bench shape, nodes); the first is the goal's.
+SPEED_SHAPES = (("chain_mul", 1_000_000), ("fanout", 200_000), ("mlp", 200_000))
+
+
+def bench_speed(shapes=SPEED_SHAPES, rounds: int = 3) -> list[dict]:
+    """(j) Simulation speed: ``simulate GRAPH`` as a user runs it, minus ``validate`` on the same file.
+
+    Per shape, in rounds that rotate the commands (``e2e_bench.command``: wall, CPU, peak RSS of a
+    subprocess; medians over the rounds): ``validate``, ``simulate --no-summary`` (no slack what-ifs,
+    nothing rendered), ``simulate`` (the summary and the 5 slack what-ifs). The difference to ``validate``
+    is the simulation (start-up, imports and loading are in both). Memory: tracemalloc's peak of the same
+    two simulations in a subprocess, beyond the loaded graph, per node (RSS includes the graph, ~1.7 KB/node).
+    """
+    import tempfile
+    from bench.e2e_bench import command, med
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        for shape, n in shapes:
+            path, nodes = _write_graph_apart(shape, n, d)
+            runs: dict[str, list] = {"validate": [], "no_summary": [], "summary": []}
+            cmds = {"validate": ["validate", path], "no_summary": ["simulate", path, "--no-summary"],
+                    "summary": ["simulate", path]}
+            for r in range(rounds):
+                keys = list(cmds)
+                for k in range(len(keys)):
+                    key = keys[(k + r) % len(keys)]
+                    runs[key].append(command(cmds[key]))
+            row = {"shape": shape, "nodes": nodes, "rounds": rounds, **simulated_memory(path)}
+            for metric in ("wall", "cpu"):
+                base = med(runs["validate"], metric)
+                for key in ("no_summary", "summary"):
+                    row[f"{key}_{metric}_s"] = med(runs[key], metric) - base
+                row[f"validate_{metric}_s"] = base
+            for key in runs:
+                row[f"{key}_rss_bytes_per_node"] = med(runs[key], "rss") / nodes
+            row["no_summary_us_per_node"] = row["no_summary_wall_s"] / nodes * 1e6
+            out.append(row)
+            print(f"(j) simulate {shape} {nodes} nodes: --no-summary {row['no_summary_wall_s']:.2f} s wall "
+                  f"({row['no_summary_cpu_s']:.2f} s cpu, {row['no_summary_us_per_node']:.2f} us/node), with the "
+                  f"summary and slack {row['summary_wall_s']:.2f} s ({row['summary_cpu_s']:.2f} s cpu), beyond "
+                  f"validate ({row['validate_wall_s']:.2f} s); peak beyond the graph (tracemalloc) "
+                  f"{row['no_summary_peak_bytes_per_node']:.0f} B/node, with the summary "
+                  f"{row['summary_peak_bytes_per_node']:.0f}; peak RSS {row['summary_rss_bytes_per_node']:.0f} "
+                  f"B/node (validate {row['validate_rss_bytes_per_node']:.0f})", flush=True)
     return out
 
 
+def _subprocess(args: list[str]) -> str:
+    """``python ARGS`` from the repository root: its standard output."""
+    import os
+    import subprocess
+    import sys
+    from bench.e2e_bench import ROOT
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, check=True,
+                          text=True).stdout
+
+
+def _write_graph_apart(shape: str, n: int, folder: str) -> tuple[str, int]:
+    """``e2e_bench.write_graph`` in a subprocess: a child's peak RSS counts its parent's at the fork, and a
+    million-node document built here would be in every later command's figure."""
+    import json
+    out = _subprocess(["-c", "import json, sys; from bench.e2e_bench import write_graph; "
+                             "print(json.dumps(write_graph(sys.argv[1], int(sys.argv[2]), sys.argv[3])))",
+                       shape, str(n), folder])
+    path, nodes = json.loads(out.splitlines()[-1])
+    return path, nodes
+
+
+def simulated_memory(path: str) -> dict:
+    """tracemalloc's count of a simulation of the graph file at ``path`` (in a subprocess), per node."""
+    import json
+    return json.loads(_subprocess(["-m", "bench.sim_bench", "tracemalloc", path]).splitlines()[-1])
+
+
+def _tracemalloc_simulation(path: str) -> dict:
+    """The loaded graph, then the peak beyond it of what ``simulate --no-summary`` and ``simulate`` do."""
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.sim.session import SimOptions, simulate_session
+    from autograd_run.cli.sim_cmd import NO_BUDGET
+    g = load_graph(path, max_bytes=NO_BUDGET)
+    n = len(g.nodes)
+    gc.collect()
+    tracemalloc.start()
+    r = simulate_session(g, SimOptions(costs="analytic", slack_top=0))  # --no-summary: no what-ifs
+    quiet = tracemalloc.get_traced_memory()[1]
+    del r
+    gc.collect()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    r = simulate_session(g, SimOptions(costs="analytic"))  # the summary, for the slack what-ifs and to show
+    r.summary
+    full = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    return {"no_summary_peak_bytes_per_node": quiet / n, "summary_peak_bytes_per_node": full / n}
+
+
 if __name__ == "__main__":
-    bench_accuracy()
-    bench_speed(200_000)
+    import json
+    import sys
+    if sys.argv[1:2] == ["tracemalloc"]:
+        print(json.dumps(_tracemalloc_simulation(sys.argv[2])))
+    else:
+        bench_accuracy()
+        bench_speed(shapes=(("chain_mul", 200_000),), rounds=1)

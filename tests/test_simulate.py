@@ -210,6 +210,63 @@ def test_scale_and_slack():
     assert {s.node: s.saved_ns for s in r.slack} == {"a": 20_000, "b": 10_000}
 
 
+def _resimulated_slack(r, policy):
+    """Each of ``r``'s what-ifs by simulating the graph again (what the slack was before its shortcut)."""
+    from autograd_run.sim.costs import NodeCost
+    from autograd_run.sim.result import span
+    from autograd_run.sim.session import _simulate
+    model = CostModel(r.spec)
+    out = {}
+    for s in r.slack:
+        node = r.graph.by_id[s.node]
+        base = model(node)
+        faster = NodeCost(int(base.cpu_ns * 0.8), int(base.gpu_ns * 0.8), base.holds_gil, base.source, base.blocking)
+        start, end = span(_simulate(r.graph, r.spec, model.with_cost(node, faster), policy)[0])
+        out[s.node] = r.wall_ns - (end - start)
+    return out
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(5, 60), st.sampled_from(["pytorch", "fifo", "critical-path",
+                                                                   "single-thread", "predicted-order"]))
+def test_slack_on_one_cpu_worker_is_what_simulating_again_gives(seed, nodes, policy):
+    """One worker, every node on the CPU: the what-ifs are not simulated again, and come out the same."""
+    doc = generate("random", nodes=nodes, leaves=max(2, nodes // 5), seed=seed)
+    g = loads_graph(dumps(doc, "json"), "r.json")
+    r = simulate_session(g, SimOptions(spec=spec(), policy=policy, slack_top=8))
+    assert r.sim.cpu_only_one_worker and r.slack
+    assert {s.node: s.saved_ns for s in r.slack} == _resimulated_slack(r, policy)
+
+
+def test_slack_of_a_pass_that_shrinks_to_nothing():
+    """A 1 ns pass made 20% faster takes 0 ns, which a recording shows as 1 ns: nothing saved."""
+    g = graph([cost("a", 0.001, nxt=[("acc_x", 0)]), acc("x")], [{"node": "a"}], [{"name": "x", "shape": [1]}])
+    host = DeviceSpec("host", {"float32": 1e12}, 1e12, 1.0, 1.0, min_kernel_us=0.0)
+    machine = MachineSpec("zero", host, host, EngineSpec(0.0, 0.0, False))
+    r = simulate_session(g, SimOptions(spec=machine, slack_top=2))
+    assert r.sim.cpu_only_one_worker and r.wall_ns == 1
+    assert {s.node: s.saved_ns for s in r.slack} == _resimulated_slack(r, "pytorch") == {"a": 0}
+
+
+def test_nodes_share_a_cost_unless_their_cost_model_reads_their_saved_values():
+    """One cost per kind of node: saved values set kinds apart only where the op's cost model reads them."""
+    from autograd_run.graphs.model import CPU, InputMeta
+
+    class NS:  # an op or a node: identity-hashed, as the real ones
+        def __init__(self, **fields):
+            self.__dict__.update(fields)
+    from autograd_run.ops.cost import CostModel as OpCost
+    reads = NS(name="Reads", engine=False, cost=OpCost(lambda s: 1e7 * s.values.get("k", 0), lambda s: 0.0))
+    ignores = NS(name="Ignores", engine=False, cost=OpCost(lambda s: 1e7, lambda s: 0.0))
+
+    def node(op, k):
+        return NS(id=f"{op.name}{k}", name=op.name, op=op, device=CPU, cpu=True, inputs=[InputMeta((1,))], next=[],
+                  saved={"k": k}, attrs={})
+    model = CostModel(spec())
+    assert [model(node(reads, k)).cpu_ns for k in (1, 2, 3, 2)] == [10_000, 20_000, 30_000, 20_000]
+    assert [model(node(ignores, k)).cpu_ns for k in (1, 2, 3)] == [10_000] * 3
+
+
 def test_measured_costs_from_a_trace(tmp_path):
     g = load_graph("example:mlp")
     trace = tmp_path / "t.json"
@@ -281,6 +338,22 @@ def test_cli_simulate_compare_json():
     rows = json.loads(out.stdout)
     assert [r["policy"] for r in rows] == ["pytorch", "fifo", "single-thread"]
     assert all(r["wall_ns"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("args, slack", [([], 5), (["--no-summary"], 0), (["--no-summary", "--json"], 5),
+                                         (["--slack", "2"], 2), (["--no-summary", "--slack", "2"], 0)])
+def test_cli_simulate_computes_slack_only_where_it_is_shown(monkeypatch, capsys, args, slack):
+    """The what-ifs re-simulate the graph: with --no-summary alone nothing shows them, so none is run."""
+    from autograd_run.sim import session
+    from tests.builders import run_cli
+    seen = []
+    real = session._slack
+    monkeypatch.setattr(session, "_slack", lambda *a, **kw: seen.append(a[-2].slack_top) or real(*a, **kw))
+    code, out, err = run_cli(["simulate", "example:mlp", "--spec", "h100", *args], capsys)
+    assert code == 0, err
+    assert seen == ([slack] if slack else [])
+    if slack and "--json" in args:
+        assert len(json.loads(out)["slack"]) == slack
 
 
 def test_a_machine_spec_file_is_read_as_untrusted_data(tmp_path):

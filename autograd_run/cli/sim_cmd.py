@@ -71,7 +71,8 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @click.option("--order-out", default=None, metavar="FILE",
               help="Write the predicted order (a golden for `run --expect-order`).")
 @click.option("--slack", type=Whole(0, 100), default=5, show_default=True, metavar="N",
-              help="What-if for the N slowest critical-path nodes made 20% faster.")
+              help="What-if for the N slowest critical-path nodes made 20% faster (shown with the summary and in "
+                   "--json; not computed with --no-summary alone).")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, open_trace, order_out,
@@ -120,10 +121,11 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     if trace_path and order_out and os.path.abspath(trace_path) == os.path.abspath(order_out):
         raise RequestError(f"{order_out}: the trace is written there already", "order_out")
     reports = []
+    # The what-ifs re-simulate the graph: only when something shows them (the summary, or --json).
+    slack_top = slack if len(variants) == 1 and (summary or json_out) else 0
     for pol, k in variants:
         opts = SimOptions(spec=spec, devices=k, placement=placement or ("greedy" if k else "keep"), policy=pol,
-                          scale=scale, costs=measured or "analytic", slack_top=slack if len(variants) == 1 else 0,
-                          detail=bool(trace_path))
+                          scale=scale, costs=measured or "analytic", slack_top=slack_top, detail=bool(trace_path))
         reports.append(simulate_session(g, opts))
     first = reports[0]
     if trace_path:

@@ -54,8 +54,9 @@ _PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z_0-9]*)|\[(\d+)\]|\[(['\"])(.*?)\3\
 
 
 @contextmanager
-def _gc_paused():
-    """Loading allocates millions of small objects; the cyclic GC only slows that down."""
+def gc_paused():
+    """The cyclic GC off meanwhile: loading (or a simulation) allocates millions of small objects, none
+    freed in cycles; the GC would only scan them again and again. Restores the state it found."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -127,7 +128,7 @@ def loads_graph(data: bytes | str, source: str = "<memory>", fmt: str | None = N
         fmt = detect_format(data)
     elif fmt is None:
         fmt = "yaml" if is_yaml_name(source) else "json"
-    with _gc_paused():
+    with gc_paused():
         if fmt == "json":
             return _load_json(data, source, base_dir, side_name, max_bytes, check_data)
         return _load_yaml(data, source, base_dir, side_name, max_bytes, check_data)

@@ -36,6 +36,7 @@ from autograd_run.errors import RequestError
 from autograd_run.ops import COST, PYTHON
 from autograd_run.ops.cost import Shapes
 from autograd_run.sim.measured import MeasuredCost, MeasuredCosts
+from autograd_run.sim.signature import ValuesRead, signature
 from autograd_run.sim.specs import MachineSpec
 
 #: The engine's throughput assumption for ``flops`` cost nodes (builtin_nodes.COST_FLOPS_PER_SECOND).
@@ -98,56 +99,62 @@ class CostModel:
         self.measured = measured.nodes if measured is not None else {}
         self.from_pytorch = measured is not None and measured.from_pytorch
         self.scale = scale or {}
-        self._cache: dict = {}
-        #: Analytic costs by (op, input metas, output metas): nodes alike cost alike (metas are interned).
+        #: node -> NodeCost of each node asked for so far (``cost_sources`` counts these).
+        self.resolved: dict = {}
+        #: Costs by ``signature`` key: nodes alike cost alike (resolved once per kind of node), or
+        #: ``_BY_VALUES`` where the op's cost model read the node's saved values: then by (key, values).
         self._by_signature: dict = {}
+        self._by_values: dict = {}
+
+    def with_cost(self, node, cost: NodeCost) -> "CostModel":
+        """This model with ``node`` costing ``cost``: the costs resolved so far are shared, not resolved again."""
+        other = CostModel.__new__(CostModel)
+        other.__dict__.update(self.__dict__)
+        other.resolved = dict(self.resolved)
+        other.resolved[node] = cost
+        return other
 
     def __call__(self, node) -> NodeCost:
-        c = self._cache.get(node)
+        c = self.resolved.get(node)
         if c is None:
-            c = self._cache[node] = self._resolve(node)
+            c = self.resolved[node] = self._resolve(node)
         return c
 
-    def _signature(self, node):
-        """A key shared by nodes whose cost is the same (op, shapes, saved shapes and values), or None."""
-        if node.attrs or node.id in self.measured:
-            return None
-        saved = ()
-        if node.saved:
-            items = []
-            for k, v in node.saved.items():
-                if type(v) is dict:
-                    shape = v.get("shape")
-                    if shape is None:
-                        return None
-                    items.append((k, tuple(shape), v.get("dtype")))
-                elif type(v) is list:
-                    if not all(type(x) is int for x in v):
-                        return None
-                    items.append((k, tuple(v)))
-                else:
-                    items.append((k, v))
-            saved = tuple(items)
-        return (node.op, node.name, node.device, tuple(node.inputs),
-                tuple(None if e is None else e.node.inputs[e.input_nr] for e in node.next), saved)
-
     def _resolve(self, node) -> NodeCost:
-        key = self._signature(node)
-        if key is not None:
-            c = self._by_signature.get(key)
-            if c is None:
-                c = self._by_signature[key] = self._scaled(node)
-            return c
-        return self._scaled(node)
+        """The node's cost: shared by the nodes of its ``signature`` (none for cost and measured nodes).
 
-    def _scaled(self, node) -> NodeCost:
-        c = self._base(node)
+        The first node of a key is costed with its saved values watched (``ValuesRead``). A cost model is a
+        pure function of what it reads: if it read no value, every node of the key costs the same whatever
+        its values; if it did, nodes share a cost only with the nodes of the same key and values.
+        """
+        sig = None if node.attrs or node.id in self.measured else signature(node)
+        if sig is None:
+            return self._scaled(node)
+        key, values = sig
+        c = self._by_signature.get(key)
+        if c is None:
+            watch: list = []
+            c = self._scaled(node, watch)
+            if any(w.read for w in watch):
+                self._by_signature[key] = _BY_VALUES
+                self._by_values[(key, values)] = c
+            else:
+                self._by_signature[key] = c
+        elif c is _BY_VALUES:
+            c = self._by_values.get((key, values))
+            if c is None:
+                c = self._by_values[(key, values)] = self._scaled(node)
+        return c
+
+    def _scaled(self, node, watch: list | None = None) -> NodeCost:
+        """The node's cost, scaled by ``--scale``; ``watch``: gets the ``ValuesRead`` its cost model saw."""
+        c = self._base(node, watch)
         factor = self.scale.get(node.name, 1.0) * self.scale.get(str(node.device), 1.0)
         if factor != 1.0:
             c = NodeCost(int(c.cpu_ns * factor), int(c.gpu_ns * factor), c.holds_gil, c.source, c.blocking)
         return c
 
-    def _base(self, node) -> NodeCost:
+    def _base(self, node, watch: list | None = None) -> NodeCost:
         holds = self.spec.engine.overhead_holds_gil
         if node.op is COST:
             spec = node.attrs.get("cost") or {}
@@ -171,6 +178,9 @@ class CostModel:
         if node.op.engine and model is None:
             return NodeCost(0, 0, False, "engine")
         s = shapes_of(node)
+        if watch is not None:
+            s.values = ValuesRead(s.values)
+            watch.append(s.values)
         flops = model.flops(s) if model is not None else 0.0
         nbytes = model.bytes(s) if model is not None else 0.0
         dtype = node.inputs[0].dtype if node.inputs else "float32"
@@ -206,6 +216,10 @@ class CostModel:
         bw, lat = (acc.host_bw, acc.host_latency_us) if to_host else (acc.link_bw or acc.host_bw, acc.link_latency_us)
         transfer = int((moved / bw * 1e9 if bw else 0) + lat * 1e3)
         return NodeCost(cpu, max(gpu, transfer), False, "analytic", blocking=to_host)
+
+
+#: In ``CostModel._by_signature``: this kind of node's cost depends on its saved values too.
+_BY_VALUES = object()
 
 
 def _roofline(dev, flops: float, nbytes: float, dtype: str) -> int:

@@ -7,7 +7,7 @@ from autograd_run.ops import is_graph_root
 
 def order_rows(sim) -> list[dict]:
     rows = []
-    for gt, depth, node, w in sim.started:
+    for gt, depth, node, w in sim.starts():
         if is_graph_root(node):
             continue
         rows.append({"position": len(rows), "id": node.id, "name": node.name, "seq": node.seq,

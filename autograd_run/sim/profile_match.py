@@ -146,7 +146,7 @@ def predicted_order(graph: Graph) -> list[list]:
     sim = Simulator(graph, load_spec("cpu"), lambda node: same, detail=False)
     sim.run([r.edge for r in graph.roots], graph.input_edges() or None, graph.mode != "grad")
     per: dict[int, list] = {}
-    for _, _, node, worker in sim.started:
+    for _, _, node, worker in sim.starts():
         if node.id in graph.by_id and graph.by_id[node.id] is node:
             per.setdefault(worker.tid, []).append(node)
     return list(per.values())

@@ -1,38 +1,106 @@
-"""A finished simulation as a ``Recording`` (the summary and trace writer read it as any run's)."""
+"""A finished simulation as a ``Recording`` (the summary and trace writer read it as any run's).
+
+The simulator keeps what happened as plain tuples (``Simulator.slices`` and
+the rest); ``to_recording`` turns the per-node ones into the Recording's numpy
+``Columns`` directly (no record object per node), laid out as
+``recording._columns_of`` lays out the same records given as lists: nodes and
+queues numbered in order of first appearance, one queue wait per slice whose
+task was queued, in slice order.
+"""
 
 from __future__ import annotations
+
+from operator import itemgetter
+
+import numpy as np
 
 from autograd_run.engine.streams import stream_name
 from autograd_run.engine.threads import thread_kind, thread_sort_key, worker_label
 from autograd_run.traces.recording import (
-    GraphTaskSpan, Idle, KernelSlice, NodeSlice, QueueSample, QueueWait, Recording, Skip, StreamEvent, Sync,
-    ThreadInfo,
+    Columns, GraphTaskSpan, KernelSlice, Recording, Skip, StreamEvent, Sync, Table, ThreadInfo,
 )
 
 
+def span(sim) -> tuple[int, int]:
+    """The simulated run's (start, end): from the first call's start to the last node, kernel or call end.
+
+    A ``Recording`` of the simulation has this span (``to_recording``); the wall time is its length.
+    """
+    return nonempty(*last_times(sim))
+
+
+def last_times(sim) -> tuple[int, int]:
+    """The first call's start and the last node, kernel or call end (0, 0 when nothing happened)."""
+    start = min((g.start for g in sim.graph_tasks), default=0)
+    end = max(max(map(itemgetter(5), sim.slices), default=0), max(map(itemgetter(3), sim.kernels), default=0),
+              max((e for g in sim.graph_tasks if (e := g.returned or g.end)), default=0))
+    return start, end
+
+
+def nonempty(start: int, end: int) -> tuple[int, int]:
+    """A recording of zero length (nothing happened) spans (0, 1)."""
+    return (start, 1) if end == start == 0 else (start, end)
+
+
 def to_recording(sim) -> Recording:
-    rec = Recording(simulated=True)
+    cols = _columns(sim)
     workers = [sim.caller, *sim.devices, *sim.pool]
-    used = {t for s in sim.slices for t in (s[3],)} | {sim.caller.tid}
+    used = set(np.unique(cols.slices.tid).tolist()) | {sim.caller.tid}
     infos = [ThreadInfo(w.tid, w.name, thread_kind(w.name), worker_label(w.name)) for w in workers if w.tid in used]
-    rec.threads = {t.tid: t for t in sorted(infos, key=lambda t: thread_sort_key(t.name))}
-    for gt, depth, node, tid, start, end, queue, pushed in sim.slices:
-        wait = QueueWait(gt, node, queue, pushed, start, tid) if queue is not None else None
-        if wait is not None:
-            rec.waits.append(wait)
-        rec.slices.append(NodeSlice(gt, depth, node, tid, start, end, wait))
-    rec.queue_samples = [QueueSample(*q) for q in sim.queue_samples]
-    rec.skips = [Skip(*s) for s in sim.skips]
-    rec.syncs = [Sync(ts, 0, gt, p, c, src, dst) for ts, gt, p, c, src, dst in sim.syncs]
-    rec.stream_events = [StreamEvent(ts, 0, gt, action, node, stream, ev)
-                         for ts, gt, action, node, stream, ev in sim.stream_events]
-    rec.idles = [Idle(*i) for i in sim.idles]
-    rec.graph_tasks = [GraphTaskSpan(g.id, g.reentrant_depth, g.start, g.returned or g.end, g.tid, None)
-                       for g in sim.graph_tasks]
-    rec.kernels = [KernelSlice(stream_name(st), node, a, b) for st, node, a, b in sim.kernels]
-    times = [s.end for s in rec.slices] + [k.end for k in rec.kernels] + [g.end for g in rec.graph_tasks if g.end]
-    rec.start = min([g.start for g in rec.graph_tasks] or [0])
-    rec.end = max(times or [0])
-    if rec.end == rec.start == 0:
-        rec.end = 1  # a non-empty recording of zero length
+    rec = Recording.from_columns(
+        cols, simulated=True,
+        threads={t.tid: t for t in sorted(infos, key=lambda t: thread_sort_key(t.name))},
+        skips=[Skip(*s) for s in sim.skips],
+        syncs=[Sync(ts, 0, gt, p, c, src, dst) for ts, gt, p, c, src, dst in sim.syncs],
+        stream_events=[StreamEvent(ts, 0, gt, action, node, stream, ev)
+                       for ts, gt, action, node, stream, ev in sim.stream_events],
+        graph_tasks=[GraphTaskSpan(g.id, g.reentrant_depth, g.start, g.returned or g.end, g.tid, None)
+                     for g in sim.graph_tasks],
+        kernels=[KernelSlice(stream_name(st), node, a, b) for st, node, a, b in sim.kernels])
+    rec.start, rec.end = span(sim)
     return rec
+
+
+def _i64(values) -> np.ndarray:
+    return np.array(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+
+
+def _columns(sim) -> Columns:
+    """The Recording's columns of ``sim.slices``, ``sim.queue_samples`` and ``sim.idles``."""
+    node_code: dict = {}   # node -> its row in the node table, in order of first appearance
+    queue_code: dict = {}  # queue name -> its row in the queue table, likewise
+
+    def codes(table: dict, values) -> list:
+        return [-1 if v is None else table.setdefault(v, len(table)) for v in values]
+
+    # slices: (gt, depth, node, tid, start, end, queue or None, pushed or None), in end order
+    n = len(sim.slices)
+    gt, depth, node, tid, start, end, queue, pushed = zip(*sim.slices) if n else ((),) * 8
+    node_col = _i64(codes(node_code, node))
+    queued = [k for k, q in enumerate(queue) if q is not None]
+    wait = np.full(n, -1, dtype=np.int64)
+    if len(queued) == n:  # every task was queued (what the simulator does)
+        rows, wait[:] = slice(None), np.arange(n)
+        w_queue, w_pushed = queue, pushed
+    else:
+        rows, wait[queued] = np.array(queued, dtype=np.int64), np.arange(len(queued))
+        w_queue, w_pushed = [queue[k] for k in queued], [pushed[k] for k in queued]
+    gt_col, tid_col, start_col = _i64(gt), _i64(tid), _i64(start)
+    slices = Table(gt=gt_col, depth=_i64(depth), node=node_col, tid=tid_col, start=start_col, end=_i64(end),
+                   wait=wait)
+    m = len(w_queue)
+    waits = Table(gt=gt_col[rows], node=node_col[rows], queue=_i64(codes(queue_code, w_queue)),
+                  pushed=_i64(w_pushed), popped=start_col[rows], tid=tid_col[rows],
+                  push_row=np.full(m, -1, dtype=np.int64), pop_row=np.full(m, -1, dtype=np.int64))
+    # queue samples (with ``detail``): (ts, tid, queue, gt, node or None, depth, pushed), in event order
+    qs = sim.queue_samples
+    ts, s_tid, s_queue, s_gt, s_node, s_depth, s_pushed = zip(*qs) if qs else ((),) * 7
+    samples = Table(ts=_i64(ts), tid=_i64(s_tid), queue=_i64(codes(queue_code, s_queue)), gt=_i64(s_gt),
+                    node=_i64(codes(node_code, s_node)), depth=_i64(s_depth),
+                    pushed=np.array([bool(p) for p in s_pushed], dtype=bool))
+    # idle spans: (start, end, tid, queue, waited-for gt or None), in event order
+    ids = sim.idles
+    i_start, i_end, i_tid, i_queue, i_wait = zip(*ids) if ids else ((),) * 5
+    idles = Table(start=_i64(i_start), end=_i64(i_end), tid=_i64(i_tid), queue=_i64(codes(queue_code, i_queue)),
+                  waiting_for=_i64([-1 if w is None else w for w in i_wait]))
+    return Columns(list(node_code), list(queue_code), slices, waits, samples, idles)

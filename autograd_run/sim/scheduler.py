@@ -30,26 +30,29 @@ What it models:
     ``call_overhead_us``) on the caller before its root is pushed.
 
 State of one simulation (``Simulator``): ``now`` (ns), the event heap
-``_events`` of (time, order, action), the workers (``SimWorker``: queue,
-busy/idle, reentrant depth), ``_gil_free_at``/``_gil_queue``, the stream
-timelines ``stream_free`` (stream -> ns when its last kernel ends), and the
-records of what happened (``slices``, ``kernels``, ``waits``, ...), turned
-into a ``Recording`` by ``result()``.
+``_events`` of (time, order, function, argument), the workers (``SimWorker``:
+queue, busy/idle, reentrant depth), ``_gil_free_at``, the stream timelines
+``stream_free`` (stream -> ns when its last kernel ends), and the records of
+what happened (``slices``, ``kernels``, the start order, ...), turned into a
+``Recording`` by ``result.to_recording``. A queued task carries the time of
+its push, so the slice of its node records how long it waited. The simulated
+threads, queues and GraphTasks are in ``tasks``, the stream timelines in
+``streams``. Where one worker runs everything (``_run_sequential``), a plain
+loop replaces the events.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from operator import attrgetter
+from typing import Callable
 
 from autograd_run.engine.builtin_nodes import make_graph_root
 from autograd_run.engine.graph_task import compute_dependencies, init_to_execute
 from autograd_run.engine.core import InputBuffer
 from autograd_run.engine.priority import WAKEUP_KEY, PyTorchPriority
-from autograd_run.engine.ready_queue import ReadyQueue
-from autograd_run.engine.streams import current_stream, node_stream, stream_name
+from autograd_run.engine.streams import current_stream, node_stream
 from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import route
@@ -57,153 +60,22 @@ from autograd_run.graphs.model import Edge
 from autograd_run.ops import CHECKPOINT, PYTHON
 from autograd_run.sim.costs import CostModel
 from autograd_run.sim.specs import MachineSpec
+from autograd_run.sim.streams import SimStreams, stream_key
+from autograd_run.sim.tasks import NodeRun, SimQueue, SimTask, SimWorker
 
 MAX_DEPTH = 60
 CALLER = -1
 _CHECKPOINT = "autograd_run.engine.callables:checkpoint"
 
 
-class _NoLock:
-    """The simulation is single-threaded: GraphTask locks are free."""
-
-    def acquire(self, blocking: bool = True) -> bool:
-        return True
-
-    def release(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NOLOCK = _NoLock()
-
-
-class SimQueue:
-    """A ready queue for the simulation: the engine's exact heap, no locks, pushes wake its consumer.
-
-    ``consumers`` is a stack: the worker serving the queue is the last one (a
-    pool thread serves the queue of the thread it stands in for while that
-    thread is blocked in a reentrant call).
-    """
-
-    __slots__ = ("name", "heap", "sim", "consumers")
-
-    def __init__(self, name: str, sim: "Simulator"):
-        self.name = name
-        self.heap = ReadyQueue(name)
-        self.sim = sim
-        self.consumers: list[SimWorker] = []
-
-    def push(self, key: int, task) -> None:
-        self.heap._push(key, task)
-        self.sim.pushed(self, task)
-
-    def pop(self):
-        return self.heap._pop()
-
-    def __len__(self) -> int:
-        return len(self.heap._keys)
-
-
-class SimTask:
-    """The slice of a GraphTask that the engine's routing code reads and writes, for one simulated call."""
-
-    _ids = itertools.count()
-
-    def __init__(self, depth: int, cpu_queue: SimQueue, multithreading: bool, owner: "SimWorker"):
-        self.id = next(SimTask._ids)
-        self.reentrant_depth = depth
-        self.cpu_queue = cpu_queue
-        self.multithreading = multithreading
-        self.owner = owner
-        self.lock = _NOLOCK
-        self.dependencies: dict = {}
-        self.not_ready: dict = {}
-        self.exec_info: dict = {}
-        self.captured: list = []
-        self.outstanding = 0
-        self.completed = False
-        self.start = 0
-        self.end: int | None = None
-        #: When the owner saw the completion and the call returned (top-level calls).
-        self.returned: int | None = None
-        self.tid = owner.tid
-        self.leaf_streams: set = set()
-        self.graph_root = None
-        #: Called when the call completes (the node that made a nested call resumes).
-        self.on_done: list[Callable] = []
-
-
-@dataclass(slots=True)
-class SimWorker:
-    name: str
-    index: int
-    queue: Any
-    tid: int
-    idle: bool = True
-    idle_since: int | None = None
-    #: The calls this worker's nested thread_main loops wait for, innermost last (empty: a device loop).
-    waiting_for: list = field(default_factory=list)
-    current_depth: int = 0
-    total_depth: int = 0
-    wake_pending: bool = False
-
-
-@dataclass(slots=True)
-class SimEvent:
-    time: int
-    stream: tuple
-    node: Any
-    id: int
-
-
-class SimStreams:
-    """Stream timelines: records are events at a stream's current end, waits delay a stream's next kernel."""
-
-    def __init__(self, sim: "Simulator"):
-        self.sim = sim
-        self._ids = itertools.count(1)
-
-    def record(self, gt, stream, node) -> SimEvent:
-        ev = SimEvent(self.sim.stream_free.get(stream, 0), stream, node, next(self._ids))
-        self.sim.stream_events.append((self.sim.now, gt.id, "record", node, stream_name(stream), ev.id))
-        return ev
-
-    def wait(self, gt, stream, event: SimEvent, node) -> None:
-        sim = self.sim
-        sim.stream_free[stream] = max(sim.stream_free.get(stream, 0), event.time)
-        sim.stream_events.append((sim.now, gt.id, "wait", node, stream_name(stream), event.id))
-        if event.node is not None and event.node is not node:
-            sim.syncs.append((sim.now, gt.id, event.node, node, stream_name(event.stream), stream_name(stream)))
-
-    def on_stream(self, stream):
-        return _Accumulate(self.sim, stream)
-
-
-class _Accumulate:
-    """Summing two gradients on a stream: a small kernel on that stream's timeline."""
-
-    __slots__ = ("sim", "stream")
-
-    def __init__(self, sim, stream):
-        self.sim, self.stream = sim, stream
-
-    def __enter__(self):
-        self.sim.kernel(self.stream, None, int(self.sim.spec.accelerator.min_kernel_us * 1e3))
-
-    def __exit__(self, *exc):
-        return False
-
-
 class Simulator:
+    """One simulated backward call (``run``) of ``graph`` on ``spec``'s machine (see the module docstring)."""
+
     def __init__(self, graph, spec: MachineSpec, costs: CostModel | None = None, *, priority=None,
                  multithreading: bool = True, device_count: int | None = None, detail: bool = True):
         self.graph = graph
         self.spec = spec
+        #: node -> NodeCost: a ``CostModel``, or any such callable.
         self.costs = costs or CostModel(spec)
         self.priority = priority or PyTorchPriority()
         self.default_priority = type(self.priority) is PyTorchPriority
@@ -225,19 +97,41 @@ class Simulator:
         self.pool: list[SimWorker] = []
         self._pool_idle: list[SimWorker] = []
         self._gil_free_at = 0
+        #: stream_key -> when the stream's last kernel ends (a kernel starts no earlier; waits move it on).
         self.stream_free: dict = {}
-        # What happened, as plain tuples (``result()`` makes a Recording of them).
-        self.slices: list = []      # (gt, depth, node, tid, start, end, queue, pushed, popped)
+        # What happened, as plain tuples (``result.to_recording`` makes a Recording of them).
+        self.slices: list = []      # (gt, depth, node, tid, start, end, queue, pushed), in end order
         self.kernels: list = []     # (stream, node, start, end)
-        self.pending: dict = {}     # (gt id, node) -> (queue, pushed)
         self.queue_samples: list = []
         self.syncs: list = []
         self.stream_events: list = []
         self.idles: list = []
         self.skips: list = []
         self.graph_tasks: list[SimTask] = []
-        #: Nodes in the order their functions started: (gt id, depth, node, worker), as node pre-hooks see it.
-        self.started: list = []
+        # Nodes in the order their functions started: (gt id, depth, node, worker), as node pre-hooks see it;
+        # None when one worker ran everything (then it is the order of ``slices``): read it with ``starts()``.
+        self._started: list | None = []
+        #: Whether ``run`` took the one-worker loop with every node on the CPU (no stream, no GIL, no hand-off):
+        #: then the call ended at its start plus the call overhead plus, over the nodes that ran, the engine's
+        #: overhead and each node's CPU time, in whatever order they ran (``_run_sequential``).
+        self.cpu_only_one_worker = False
+        #: The gradients routing hands on: a 1 for each output of any node (routing reads as many as it has).
+        self._ones = [1] * max(max(map(len, map(attrgetter("next"), graph.nodes)), default=0), len(graph.roots), 1)
+
+    def release(self) -> None:
+        """Drop what the simulation recorded (a what-if whose span was read keeps nothing else). The
+        simulator's parts refer to each other (a queue to its simulator): without this its records would
+        wait for the cyclic GC, which ``simulate_session`` pauses."""
+        for records in (self.slices, self.kernels, self.queue_samples, self.syncs, self.stream_events, self.idles,
+                        self.skips, self.graph_tasks, self._events):
+            records.clear()
+        self._started = []
+
+    def starts(self):
+        """(gt id, depth, node, worker) of each node run, in the order their functions started."""
+        if self._started is not None:
+            return self._started
+        return ((s[0], s[1], s[2], self.caller) for s in self.slices)
 
     # -- engine-facing API (duck-typed for worker.route) -------------------------
     def device_queue(self, index: int) -> SimQueue:
@@ -251,8 +145,9 @@ class Simulator:
         return w
 
     # -- the event loop ----------------------------------------------------------
-    def at(self, t: int, action: Callable) -> None:
-        heapq.heappush(self._events, (t, next(self._order), action))
+    def at(self, t: int, action: Callable, arg=None) -> None:
+        """Call ``action(arg)`` at virtual time ``t`` (events at one time run in the order they were made)."""
+        heapq.heappush(self._events, (t, next(self._order), action, arg))
 
     def run(self, roots: list[Edge], inputs: list[Edge] | None = None, accumulate_grad: bool = True) -> SimTask:
         """Simulate one top-level backward call from the caller; returns its (completed) task."""
@@ -262,17 +157,19 @@ class Simulator:
         self.now += self.call_ns  # entering the engine: the caller's own CPU time before the root is pushed
         gt = self._new_task(roots, inputs or [], accumulate_grad, caller, 0)
         gt.start = start
+        self.cpu_only_one_worker = False
         if self._one_worker():
             self._run_sequential(gt)
+            self.cpu_only_one_worker = self.graph.max_device_index < 0
             return gt
         caller.waiting_for.append(gt)
-        self.at(self.now, lambda: self._step(caller))
+        self.at(self.now, self._step, caller)
         events = self._events
         pop = heapq.heappop
         while events:
-            t, _, action = pop(events)
+            t, _, action, arg = pop(events)
             self.now = t
-            action()
+            action(arg)
         if not gt.completed:
             raise RuntimeError("simulation stalled: the backward call never completed")
         return gt
@@ -281,49 +178,55 @@ class Simulator:
         """Whether the caller alone runs everything (then nothing competes: no events are needed)."""
         if self.multithreading and self.graph.max_device_index >= 0:
             return False
-        return not any(n.op is PYTHON or n.op is CHECKPOINT for n in self.graph.nodes)
+        ops = set(map(attrgetter("op"), self.graph.nodes))
+        return PYTHON not in ops and CHECKPOINT not in ops
 
     def _run_sequential(self, gt: SimTask) -> None:
         """The one-worker case as a plain loop: each popped node runs right after the previous one."""
         w = self.caller
+        self._started = None  # the start order is the slices' order: one worker runs each node to its end
         heap = w.queue.heap
+        pop = heap.pop
         costs, overhead, route_, streams = self.costs, self.overhead_ns, route, self.streams
-        started, slices, pending, samples = self.started, self.slices, self.pending, self.queue_samples
+        # A CostModel's costs asked for already, read without a call (the slack what-ifs start with them all).
+        known = getattr(costs, "resolved", {}).get
+        slices, samples, ones = self.slices, self.queue_samples, self._ones
+        append = slices.append
         qname, tid, detail = w.queue.name, w.tid, self.detail
+        exec_info, gid = gt.exec_info, gt.id
         self._current_tid = tid
         t = self.now
-        while heap._keys:
-            task_gt, node, buf = heap._pop()
+        while len(heap):
+            (task_gt, node, buf), pushed = pop()
             if detail:
-                samples.append((t, tid, qname, task_gt.id, node, len(heap._keys), False))
+                samples.append((t, tid, qname, task_gt.id, node, len(heap), False))
             if node is None:
                 continue
             start = t
-            parent = None if node.cpu else node_stream(node)
-            if parent is not None:
+            if node.cpu:
+                parent = None
+            else:
+                parent = node_stream(node)
                 for _, event in buf.ready_waits(parent):
                     streams.wait(gt, parent, event, node)
-            fi = gt.exec_info.get(node) if gt.exec_info else None
-            if fi is not None and not fi.needed:
-                if fi.captures and parent is not None:
-                    gt.leaf_streams.add(parent)
-                pending.pop((gt.id, node), None)
-                self.skips.append((t, tid, gt.id, node))
-                gt.outstanding -= 1
-                continue
-            c = costs(node)
-            started.append((gt.id, 0, node, w))
+            if exec_info:
+                fi = exec_info.get(node)
+                if fi is not None and not fi.needed:
+                    if fi.captures and parent is not None:
+                        gt.leaf_streams.add(parent)
+                    self.skips.append((t, tid, gid, node))
+                    gt.outstanding -= 1
+                    continue
+            c = known(node) or costs(node)
             t += overhead + c.cpu_ns
             if parent is not None and c.gpu_ns:
                 end = self.kernel(parent, node, c.gpu_ns, not_before=t)
                 if c.blocking and end > t:
                     t = end
             self.now = t
-            pushed = pending.pop((gt.id, node), None)
-            slices.append((gt.id, 0, node, tid, start, t, pushed[0] if pushed else None,
-                           pushed[1] if pushed else None))
+            append((gid, 0, node, tid, start, t, qname, pushed))
             if node.next:
-                route_(self, gt, node, [1] * len(node.next), gt.exec_info, NULL_TRACER, parent)
+                route_(self, gt, node, ones, exec_info, NULL_TRACER, parent)
             else:
                 if parent is not None:
                     gt.leaf_streams.add(parent)
@@ -360,17 +263,7 @@ class Simulator:
         return gt
 
     # -- workers ----------------------------------------------------------------
-    def pushed(self, queue: SimQueue, task) -> None:
-        gt, node, _ = task
-        if node is not None:
-            self.pending[(gt.id, node)] = (queue.name, self.now)
-        w = queue.consumers[-1]
-        if self.detail:
-            self.queue_samples.append((self.now, self._current_tid, queue.name, gt.id, node, len(queue), True))
-        if w.idle and not w.wake_pending:  # asleep on its queue: woken from another thread
-            w.wake_pending = True
-            self.at(self.now + self.handoff_ns, lambda: self._wake(w))
-
+    #: The thread that is routing (pushing) now, for the queue samples.
     _current_tid = 0
 
     def _wake(self, w: SimWorker) -> None:
@@ -400,15 +293,17 @@ class Simulator:
             w.idle = True
             w.idle_since = self.now
             return
-        gt, node, buf = q.pop()
+        (gt, node, buf), pushed = q.pop()
         if self.detail:
             self.queue_samples.append((self.now, w.tid, q.name, gt.id, node, len(q), False))
         if node is None:  # a wake-up: the loop condition is checked again
             self._step(w)
             return
-        self._run_node(w, gt, node, buf)
+        self._run_node(w, gt, node, buf, q.name, pushed)
 
-    def _run_node(self, w: SimWorker, gt: SimTask, node, buf: InputBuffer) -> None:
+    def _run_node(self, w: SimWorker, gt: SimTask, node, buf: InputBuffer, queue: str, pushed: int) -> None:
+        """Run ``node`` on ``w`` from now (its task was pushed onto ``queue`` at ``pushed``): the engine's
+        overhead, then its function (``_function``), its kernel (``_launched``), its routing (``_done``)."""
         start = self.now
         parent = node_stream(node)
         if parent is not None:
@@ -418,62 +313,66 @@ class Simulator:
         if fi is not None and not fi.needed:  # captured for grad() only: the node does not run
             if fi.captures and parent is not None:
                 gt.leaf_streams.add(parent)
-            self.pending.pop((gt.id, node), None)
             self.skips.append((self.now, w.tid, gt.id, node))
             self._retire(w, gt, None)
             return
         cost = self.costs(node)
-        self.started.append((gt.id, gt.reentrant_depth, node, w))
+        self._started.append((gt.id, gt.reentrant_depth, node, w))
         checkpoint = node.op is CHECKPOINT or (node.op is PYTHON and node.attrs.get("callable") == _CHECKPOINT)
+        run = NodeRun(w, gt, node, start, parent, queue, pushed, cost, checkpoint)
+        self._cpu(self.overhead_ns, self.overhead_gil, self._function, run)
 
-        def function():
-            if checkpoint:
-                self._nested_call(w, gt, node, parent, start)
-            else:
-                self._cpu(cost.cpu_ns, cost.holds_gil, lambda: launched(self.now))
+    def _function(self, run: NodeRun) -> None:
+        """The engine's overhead is done: the node's function (a nested call for a checkpoint)."""
+        if run.checkpoint:
+            self._nested_call(run)
+        else:
+            self._cpu(run.cost.cpu_ns, run.cost.holds_gil, self._launched, run)
 
-        def launched(t):
-            if parent is not None and cost.gpu_ns:
-                end = self.kernel(parent, node, cost.gpu_ns, not_before=t)
-                if cost.blocking and end > t:  # a copy to the host: the worker waits for its stream
-                    self.at(end, lambda: self._node_done(w, gt, node, start, parent))
-                    return
-            self._node_done(w, gt, node, start, parent)
+    def _launched(self, run: NodeRun) -> None:
+        """The function's CPU part is done: its kernel goes onto the node's stream."""
+        t, cost = self.now, run.cost
+        if run.parent is not None and cost.gpu_ns:
+            end = self.kernel(run.parent, run.node, cost.gpu_ns, not_before=t)
+            if cost.blocking and end > t:  # a copy to the host: the worker waits for its stream
+                self.at(end, self._done, run)
+                return
+        self._done(run)
 
-        self._cpu(self.overhead_ns, self.overhead_gil, function)
-
-    def _cpu(self, ns: int, gil: bool, then: Callable) -> None:
-        """CPU work of ``ns`` from now (once the GIL is free, when it takes the GIL); then ``then``."""
+    def _cpu(self, ns: int, gil: bool, then: Callable, run: NodeRun) -> None:
+        """CPU work of ``ns`` from now (once the GIL is free, when it takes the GIL); then ``then(run)``."""
         if ns <= 0:
-            then()
+            then(run)
             return
         t = self.now
         if gil:
             t = max(t, self._gil_free_at)
             self._gil_free_at = t + ns
-        self.at(t + ns, then)
+        self.at(t + ns, then, run)
 
     def kernel(self, stream, node, ns: int, not_before: int | None = None) -> int:
         """Enqueue a kernel on ``stream``; returns when it ends."""
-        start = max(self.stream_free.get(stream, 0), self.now if not_before is None else not_before)
+        key = stream_key(stream)
+        start = max(self.stream_free.get(key, 0), self.now if not_before is None else not_before)
         end = start + ns
-        self.stream_free[stream] = end
+        self.stream_free[key] = end
         if node is not None:
             self.kernels.append((stream, node, start, end))
         return end
 
-    def _node_done(self, w: SimWorker, gt: SimTask, node, start: int, parent) -> None:
-        end = self.now
-        pushed = self.pending.pop((gt.id, node), None)
-        self.slices.append((gt.id, gt.reentrant_depth, node, w.tid, start, end,
-                            pushed[0] if pushed else None, pushed[1] if pushed else None))
+    def _done(self, run: NodeRun) -> None:
+        """The node is done: record its slice, route its outputs, retire its task, go on."""
+        w, gt, node, parent = run.w, run.gt, run.node, run.parent
+        self.slices.append((gt.id, gt.reentrant_depth, node, w.tid, run.start, self.now, run.queue, run.pushed))
         if not node.next:  # AccumulateGrad and other nodes without outputs
             if parent is not None:
                 gt.leaf_streams.add(parent)
             self._retire(w, gt, None)
             return
         self._current_tid = w.tid
-        finished = route(self, gt, node, [1] * len(node.next), gt.exec_info, NULL_TRACER, parent)
+        if len(node.next) > len(self._ones):  # a graph root of a nested call over many roots
+            self._ones = [1] * len(node.next)
+        finished = route(self, gt, node, self._ones, gt.exec_info, NULL_TRACER, parent)
         self._retire(w, gt, finished)
 
     def _retire(self, w: SimWorker, gt: SimTask, finished) -> None:
@@ -498,9 +397,10 @@ class Simulator:
             owner.queue.push(WAKEUP_KEY, (gt, None, None))
 
     # -- reentrant checkpoints ---------------------------------------------------------
-    def _nested_call(self, w: SimWorker, gt: SimTask, node, parent, start: int) -> None:
+    def _nested_call(self, run: NodeRun) -> None:
         """A checkpoint node's function: a nested backward over its segment, one level deeper."""
-        resume = lambda: self.at(self.now, lambda: self._node_done(w, gt, node, start, parent))  # noqa: E731
+        w, node = run.w, run.node
+        resume = lambda: self.at(self.now, self._done, run)  # noqa: E731
         by_id = self.graph.by_id
         if node.op is CHECKPOINT:  # backward() over the recomputed graph
             roots = [Edge(by_id[r[0]], r[1]) for r in node.attrs["inner"]["roots"] if r is not None]
@@ -521,7 +421,7 @@ class Simulator:
             nested.on_done.append(pool_done)
             p.waiting_for.append(nested)
             p.idle = False
-            self.at(self.now + self.handoff_ns, lambda: self._step(p))
+            self.at(self.now + self.handoff_ns, self._step, p)
             return
         w.current_depth += 1
         w.total_depth += 1

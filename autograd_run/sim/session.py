@@ -3,29 +3,32 @@
 The ``simulate`` command, the benchmarks and the tests call this. Steps: load
 the machine spec; resolve costs (``costs``); remap the graph onto the
 requested devices (``placement``); pick the policy (``policies``); run the
-simulator (``scheduler``) for the graph's backward call; turn what happened
-into a ``Recording`` (the same summary and trace writer as a real run) and
-order rows; estimate, by simulating again, how much the pass shortens when
-each of the slowest critical-path nodes is made faster (``slack``).
+simulator (``scheduler``) for the graph's backward call; estimate, by
+simulating again, how much the pass shortens when each of the slowest
+critical-path nodes is made faster (``slack``). What happened becomes a
+``Recording`` (the same summary and trace writer as a real run: ``result``)
+and order rows (``order``) when the report is first asked for them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 from dataclasses import dataclass, field
 
 from autograd_run.errors import RequestError
+from autograd_run.graphs.load import gc_paused
 from autograd_run.graphs.model import Graph
-from autograd_run.sim.costs import CostModel, parse_scale
+from autograd_run.sim.costs import CostModel, NodeCost, parse_scale
 from autograd_run.sim.measured import MeasuredCosts, load_costs
 from autograd_run.sim.order import order_rows
 from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
-from autograd_run.sim.result import to_recording
+from autograd_run.sim.result import last_times, nonempty, span, to_recording
 from autograd_run.sim.scheduler import Simulator
 from autograd_run.sim.specs import MachineSpec, default_spec, load_spec
 from autograd_run.traces.recording import Recording
-from autograd_run.traces.summary import Summary, summarize
+from autograd_run.traces.summary import Summary, longest_runs, summarize
 
 
 @dataclass
@@ -68,11 +71,13 @@ class Slack:
 
 @dataclass
 class SimReport:
+    """One simulation's results. ``recording``, ``order`` and ``summary`` are made from the finished
+    simulation ``sim`` on first use (a run that shows none of them never makes them)."""
+
     graph: Graph
     options: SimOptions
     spec: MachineSpec
-    recording: Recording
-    order: list[dict]
+    sim: Simulator
     #: When the engine's work ended (the backward call returned) and when the last kernel ended.
     engine_done_ns: int
     wall_ns: int
@@ -83,12 +88,31 @@ class SimReport:
     slack: list[Slack] = field(default_factory=list)
     #: ``scale`` keys that named nothing here (only with ``SimOptions.scale_must_apply`` False).
     scale_unused: list[str] = field(default_factory=list)
+    _recording: Recording | None = None
+    _order: list[dict] | None = None
     _summary: Summary | None = None
+
+    @property
+    def recording(self) -> Recording:
+        if self._recording is None:
+            with gc_paused():
+                self._recording = to_recording(self.sim)
+        return self._recording
+
+    @property
+    def order(self) -> list[dict]:
+        """The simulated executed order as order-file rows (``traces.order``)."""
+        if self._order is None:
+            with gc_paused():
+                self._order = order_rows(self.sim)
+        return self._order
 
     @property
     def summary(self) -> Summary:
         if self._summary is None:
-            self._summary = summarize(self.recording)
+            rec = self.recording
+            with gc_paused():
+                self._summary = summarize(rec)
         return self._summary
 
     @property
@@ -115,6 +139,8 @@ def _check_scale(graph: Graph, scale: dict[str, float], count: int | None, stric
     """Every ``--scale`` key names an op of the (placed) graph or one of its devices (with ``--devices K``,
     any of cuda:0..K-1): a typo, or a device index the run does not have (``cuda:1000``), would
     otherwise scale nothing, silently. Not ``strict``: the keys that apply to nothing, returned."""
+    if not scale:  # nothing to check: no pass over the graph's nodes
+        return []
     names = {n.name for n in graph.nodes}
     devices = {str(d) for d in graph.devices} | {f"cuda:{k}" for k in range(count or 0)}
     unused = []
@@ -137,7 +163,15 @@ def _device_order(name: str) -> tuple:
 
 
 def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimReport:
-    o = options or SimOptions()
+    """Simulate ``graph``'s backward call as ``options`` say (see the module docstring).
+
+    The cyclic GC is paused meanwhile, as while loading: a simulation allocates millions of small objects
+    (records, tasks) and frees none of them in cycles."""
+    with gc_paused():
+        return _simulate_session(graph, options or SimOptions())
+
+
+def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     measured = o.costs if isinstance(o.costs, MeasuredCosts) else load_costs(o.costs, graph, o.step)
     spec = _spec(o.spec, measured)
     scale = o.scale if isinstance(o.scale, dict) else parse_scale(o.scale)
@@ -149,30 +183,39 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
         raise RequestError("a placement needs a device count", "placement")
     scale_unused = _check_scale(graph, scale, o.devices, o.scale_must_apply)
     sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
-    rec = to_recording(sim)
-    wall = rec.end - rec.start
-    report = SimReport(graph, o, spec, rec, order_rows(sim), (gt.returned or gt.end or 0) - gt.start, wall,
-                       dict(Counter(c.source for c in model._cache.values())), measured)
+    start, end = span(sim)
+    report = SimReport(graph, o, spec, sim, (gt.returned or gt.end or 0) - gt.start, end - start,
+                       dict(Counter(map(attrgetter("source"), model.resolved.values()))), measured)
     report.scale_unused = scale_unused
     if o.slack_top > 0:
-        report.slack = _slack(graph, spec, measured, scale, o, report)
+        report.slack = _slack(graph, spec, model, o, report)
     return report
 
 
-def _slack(graph, spec, measured, scale, o: SimOptions, report: SimReport) -> list[Slack]:
-    """Re-simulate with each of the slowest critical-path nodes ``slack_speedup`` faster."""
-    path = sorted(report.summary.critical_path, key=lambda r: -r.duration_ns)[:o.slack_top]
+def _slack(graph, spec, model: CostModel, o: SimOptions, report: SimReport) -> list[Slack]:
+    """Re-simulate with each of the slowest critical-path nodes ``slack_speedup`` faster.
+
+    Each what-if shares ``model``'s resolved costs (one node's replaced) and reads only the simulated span.
+    Where one worker ran every node on the CPU (``Simulator.cpu_only_one_worker``), the call's end is a sum
+    over the nodes that ran, in any order: the node's CPU time saved comes off it as it would in a new
+    simulation, which is not run.
+    """
+    path = longest_runs(report.summary.critical_path, o.slack_top)
+    factor = 1.0 - o.slack_speedup
+    start0, end0 = last_times(report.sim)
     out = []
     for run in path:
         node = graph.by_id.get(run.id)
         if node is None:
             continue
-        model = CostModel(spec, measured, scale)
         base = model(node)
-        factor = 1.0 - o.slack_speedup
-        model._cache[node] = type(base)(int(base.cpu_ns * factor), int(base.gpu_ns * factor), base.holds_gil,
-                                        base.source, base.blocking)
-        sim, _ = _simulate(graph, spec, model, o.policy)
-        wall = to_recording(sim)
-        out.append(Slack(run.id, run.name, run.duration_ns, report.wall_ns - (wall.end - wall.start)))
+        faster = NodeCost(int(base.cpu_ns * factor), int(base.gpu_ns * factor), base.holds_gil, base.source,
+                          base.blocking)
+        if report.sim.cpu_only_one_worker:  # the node ran once, on the CPU: its end moves by what it saves
+            start, end = nonempty(start0, end0 - (base.cpu_ns - faster.cpu_ns))
+        else:
+            what_if = _simulate(graph, spec, model.with_cost(node, faster), o.policy)[0]
+            start, end = span(what_if)
+            what_if.release()
+        out.append(Slack(run.id, run.name, run.duration_ns, report.wall_ns - (end - start)))
     return out

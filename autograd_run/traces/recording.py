@@ -6,15 +6,14 @@ as plain tuples; after the run ``Recording.from_log`` pairs them once (node
 start with its end, a task's push with its pop, a GraphTask's start with
 its end), the hot ones vectorised with numpy into ``Columns``.
 ``Recording.from_events`` does the same from tuples alone (the layouts
-below), and a simulation builds a Recording from typed records directly.
+below), and a simulation builds its ``Columns`` directly (``from_columns``).
 
 Either way a Recording offers both views, each made from the other on
 first use and then kept: ``slices``, ``waits``, ``queue_samples`` and
 ``idles`` as lists of the typed records below, and ``columns()`` as numpy
 arrays (what the summary and the trace writers read, so a million-node run
 never makes a million record objects). A Recording is read-only once made,
-except that a list-backed one (a simulation's) may be filled in before it is
-first read.
+except that a list-backed one may be filled in before it is first read.
 
 Times are ``int`` nanoseconds of the recorder's clock; ``tid`` is the OS
 thread id (what trace viewers show); ``gt`` a GraphTask id; ``node`` the
@@ -369,6 +368,14 @@ class Recording:
         return rec
 
     @staticmethod
+    def from_columns(columns: Columns, **fields) -> "Recording":
+        """A Recording whose hot records are ``columns`` (their typed lists made on first use); ``fields``:
+        the other constructor arguments (not ``slices``, ``waits``, ``queue_samples``, ``idles``)."""
+        rec = Recording(**fields)
+        rec._columns, rec._lists, rec._from_columns = columns, None, True
+        return rec
+
+    @staticmethod
     def from_log(data: bytes | list[bytes], nodes: list, idents: list[int], queues: list, rare: list[tuple],
                  threads: dict[int, str], os_tids: dict[int, int] | None = None) -> "Recording":
         """A Recording of an ``EventLog``'s records (``take()``: ``data``, ``nodes``, ``idents``, ``queues``)
@@ -643,7 +650,7 @@ def _lists_of(c: Columns) -> dict[str, list]:
 
 
 def _columns_of(slices: list, waits: list, samples: list, idles: list) -> Columns:
-    """Columns of typed-record lists (a simulation's or ``from_events``' Recording, read as columns)."""
+    """Columns of typed-record lists (a ``from_events`` Recording, or one filled in as lists, read as columns)."""
     nodes: list = []
     node_ids: dict[int, int] = {}
     queues: list[str] = []

@@ -125,8 +125,10 @@ class Summary:
 class RunList(Sequence):
     """A read-only list of ``NodeRun`` made one at a time as they are read (``make(i)``)."""
 
-    def __init__(self, n: int, make):
+    def __init__(self, n: int, make, durations: np.ndarray | None = None):
         self._n, self._make = n, make
+        #: Each run's ``duration_ns`` (int64), when known: ``longest_runs`` reads it instead of every run.
+        self.durations = durations
 
     def __len__(self) -> int:
         return self._n
@@ -394,7 +396,7 @@ class SummaryBuilder:
                 p = np.asarray(rows, dtype=np.int64)
                 # only the path's rows are kept (not the recording's columns): a RunList of them
                 path = RunList(len(p), _run_maker(nodes, thread_names, self.t0, r.node[p], r.tid[p], r.start[p],
-                                                  r.dur[p], r.waited[p], r.gt[p]))
+                                                  r.dur[p], r.waited[p], r.gt[p]), durations=r.dur[p])
         self._keep(slowest, path, int(total))
 
     def summary(self) -> Summary:
@@ -447,6 +449,15 @@ def _column_runs(rec: Recording) -> _Runs | None:
     r_wait_idx = S.wait[runs]
     r_waited = np.where(r_wait_idx >= 0, (W.popped - W.pushed)[np.maximum(r_wait_idx, 0)] if len(W) else 0, 0)
     return _Runs(runs, r_gt, r_node, S.tid[runs], r_start, S.end[runs] - r_start, r_waited.astype(np.int64))
+
+
+def longest_runs(runs, n: int) -> list[NodeRun]:
+    """The ``n`` longest of ``runs``, longest first, ties in their order (``sorted(runs, key=-duration)[:n]``),
+    without making every run of a ``RunList`` that knows its durations."""
+    durations = getattr(runs, "durations", None)
+    if durations is None:
+        return sorted(runs, key=lambda r: -r.duration_ns)[:n]
+    return [runs[int(k)] for k in np.argsort(-durations, kind="stable")[:n]]
 
 
 def _run_maker(nodes: list, thread_names: dict, t0: int, node, tid, start, dur, waited, gt):

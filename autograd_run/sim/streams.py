@@ -1,0 +1,81 @@
+"""Stream timelines of a simulation: when each accelerator stream's last kernel ends, events, waits.
+
+The engine's ``InputBuffer`` decides which stream records and which waits
+(``engine.input_buffer``); here a record is an event at the stream's current
+end and a wait moves a stream's end on to the event's time.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autograd_run.engine.streams import stream_name
+
+if TYPE_CHECKING:
+    from autograd_run.sim.scheduler import Simulator
+
+
+@dataclass(slots=True)
+class SimEvent:
+    time: int
+    stream: tuple
+    node: Any
+    id: int
+
+
+def stream_key(stream) -> tuple:
+    """A stream ``(Device, id)`` as (device type, index, id): equal for equal streams, hashed without calling
+    back into Python (a ``Device`` is a frozen dataclass, whose ``__hash__`` is Python code)."""
+    dev = stream[0]
+    return (dev.type, dev.index, stream[1])
+
+
+class SimStreams:
+    """Stream timelines: records are events at a stream's current end, waits delay a stream's next kernel."""
+
+    def __init__(self, sim: "Simulator"):
+        self.sim = sim
+        self._ids = itertools.count(1)
+        #: stream_key -> the stream's name in records (``streams.stream_name``)
+        self._names: dict = {}
+
+    def name(self, stream) -> str:
+        key = stream_key(stream)
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = stream_name(stream)
+        return name
+
+    def record(self, gt, stream, node) -> SimEvent:
+        sim = self.sim
+        ev = SimEvent(sim.stream_free.get(stream_key(stream), 0), stream, node, next(self._ids))
+        sim.stream_events.append((sim.now, gt.id, "record", node, self.name(stream), ev.id))
+        return ev
+
+    def wait(self, gt, stream, event: SimEvent, node) -> None:
+        sim = self.sim
+        key = stream_key(stream)
+        sim.stream_free[key] = max(sim.stream_free.get(key, 0), event.time)
+        sim.stream_events.append((sim.now, gt.id, "wait", node, self.name(stream), event.id))
+        if event.node is not None and event.node is not node:
+            sim.syncs.append((sim.now, gt.id, event.node, node, self.name(event.stream), self.name(stream)))
+
+    def on_stream(self, stream):
+        return _Accumulate(self.sim, stream)
+
+
+class _Accumulate:
+    """Summing two gradients on a stream: a small kernel on that stream's timeline."""
+
+    __slots__ = ("sim", "stream")
+
+    def __init__(self, sim, stream):
+        self.sim, self.stream = sim, stream
+
+    def __enter__(self):
+        self.sim.kernel(self.stream, None, int(self.sim.spec.accelerator.min_kernel_us * 1e3))
+
+    def __exit__(self, *exc):
+        return False
