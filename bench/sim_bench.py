@@ -180,11 +180,11 @@ def bench_speed(shapes=SPEED_SHAPES, rounds: int = 3) -> list[dict]:
     two simulations in a subprocess, beyond the loaded graph, per node (RSS includes the graph, ~1.7 KB/node).
     """
     import tempfile
-    from bench.e2e_bench import command, med
+    from bench.e2e_bench import command, med, write_graph
     out = []
     with tempfile.TemporaryDirectory() as d:
         for shape, n in shapes:
-            path, nodes = _write_graph_apart(shape, n, d)
+            path, nodes = write_graph(shape, n, d)  # commands start from bench.spawn: this process's size is not theirs
             runs: dict[str, list] = {"validate": [], "no_summary": [], "summary": []}
             cmds = {"validate": ["validate", path], "no_summary": ["simulate", path, "--no-summary"],
                     "summary": ["simulate", path]}
@@ -222,17 +222,6 @@ def _subprocess(args: list[str]) -> str:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, check=True,
                           text=True).stdout
-
-
-def _write_graph_apart(shape: str, n: int, folder: str) -> tuple[str, int]:
-    """``e2e_bench.write_graph`` in a subprocess: a child's peak RSS counts its parent's at the fork, and a
-    million-node document built here would be in every later command's figure."""
-    import json
-    out = _subprocess(["-c", "import json, sys; from bench.e2e_bench import write_graph; "
-                             "print(json.dumps(write_graph(sys.argv[1], int(sys.argv[2]), sys.argv[3])))",
-                       shape, str(n), folder])
-    path, nodes = json.loads(out.splitlines()[-1])
-    return path, nodes
 
 
 def simulated_memory(path: str) -> dict:
