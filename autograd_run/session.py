@@ -261,7 +261,7 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
         # it once the event log has let go of the task.
         recorder.flush()
         gc.collect(0)
-        report.recording = recorder.take_recording()
+        report.recording = recorder.drain()  # nothing of it kept in the recorder: the run's last read
     if o.trace_path:
         from autograd_run.traces.trace_file import write_trace
         t = time.perf_counter()

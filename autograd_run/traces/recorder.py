@@ -97,12 +97,6 @@ class Recorder(Tracer):
         self._tables = ([], idents, queues)
         return Recording.from_log(chunks, nodes, idents, queues, batch, dict(self.threads), dict(self.os_tids))
 
-    def take_recording(self) -> Recording:
-        """The events so far as a typed ``Recording``, after which the Recorder keeps none of them: neither
-        its raw records (128 bytes a node) nor the log's node table and its index (about 35 bytes a node)
-        beside the Recording's columns: a run's last call (``drain``)."""
-        return self.drain()
-
     @property
     def events(self) -> list[tuple]:
         """Every event so far as a tuple (the layouts in ``recording``), in the order they were recorded
