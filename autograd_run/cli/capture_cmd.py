@@ -177,8 +177,10 @@ def check(graph, rtol, atol, allow_opaque, max_memory):
     from autograd_run.check import check_graph
     from autograd_run.cli.render import columns
     from autograd_run.cli.terminal import PlainTable as Table, make_console, plain
-    from autograd_run.cli.common import load_graph_arg
-    report = check_graph(load_graph_arg(graph, max_bytes=max_memory), rtol, atol, allow_opaque=allow_opaque)
+    from autograd_run.cli.common import keep_until_exit, load_graph_arg
+    g = load_graph_arg(graph, max_bytes=max_memory)
+    keep_until_exit()
+    report = check_graph(g, rtol, atol, allow_opaque=allow_opaque)
     console = make_console()
     if report.order_ok:
         console.print(plain(f"order: {report.order_len[1]} nodes, same as PyTorch"))

@@ -140,6 +140,24 @@ max_memory_option = click.option(
          "[default: 4 GiB or half the machine's memory, whichever is less]")
 
 
+#: ``main()`` (the console script) runs one command and the process ends with it: it passes this as
+#: click's context object, so a command may treat what it loads as living until exit.
+ONE_SHOT = "one-shot process"
+
+
+def keep_until_exit() -> None:
+    """What is loaded so far (the command's graph) lives until the process exits: take it out of the
+    cyclic collector's sight (``gc.freeze``). A loaded graph is millions of objects the collector
+    would otherwise scan again each time the run allocates (at 2e5 nodes about 1.3 s of collections
+    while saved tensors are made, and 1.5 s more at exit). Done only when ``main()`` runs the
+    command as the process's one command; a command called from a library or a test changes nothing,
+    as frozen objects in a cycle would never be freed there."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.find_root().obj == ONE_SHOT:
+        import gc
+        gc.freeze()
+
+
 def load_graph_arg(ref: str, fmt: str | None = None, *, max_bytes: int | None = None,
                    allow_python: bool = True, check_data: bool = False):
     """The graph a command-line argument names: a file, ``example:NAME``, or ``-`` for standard input

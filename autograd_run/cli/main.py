@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from autograd_run.cli.common import echo, error_line, escape, max_memory_option, stdout_closed, write
+from autograd_run.cli.common import ONE_SHOT, echo, error_line, escape, max_memory_option, stdout_closed, write
 from autograd_run.cli.version import show_version
 from autograd_run.errors import AutogradRunError, GraphFileError, RequestError
 
@@ -89,7 +89,7 @@ def validate(files, allow_python, max_memory):
       autograd-run validate graph.yaml example:mlp
       autograd-run validate big.json --max-memory 16GiB
     """
-    from autograd_run.cli.common import load_graph_arg
+    from autograd_run.cli.common import keep_until_exit, load_graph_arg
     failed = False
     for f in files:
         try:
@@ -98,6 +98,8 @@ def validate(files, allow_python, max_memory):
             error_line(str(exc))
             failed = True
             continue
+        if len(files) == 1:  # with more, each graph is garbage once checked: the collector frees it
+            keep_until_exit()
         devs = ", ".join(str(d) for d in g.devices)
         echo(f"{f}: {len(g.nodes)} nodes, {g.num_edges} edges, devices: {devs}, roots: {len(g.roots)}")
     if failed:
@@ -177,7 +179,7 @@ def main(argv=None):
     import warnings
     warnings.filterwarnings("ignore", message=NUMPY_WARNINGS, category=RuntimeWarning)
     try:
-        cli.main(args=argv, prog_name="autograd-run", standalone_mode=False)
+        cli.main(args=argv, prog_name="autograd-run", standalone_mode=False, obj=ONE_SHOT)
     except click.exceptions.Abort:
         error_line("aborted")
         sys.exit(130)
