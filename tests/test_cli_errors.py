@@ -134,7 +134,7 @@ def quick_calibrate(monkeypatch):
     import autograd_run.sim.calibrate as cal
     from autograd_run.sim.specs import load_spec
     calls = []
-    monkeypatch.setattr(cal, "calibrate", lambda nodes=4000: calls.append(nodes) or load_spec("cpu"))
+    monkeypatch.setattr(cal, "calibrate", lambda nodes=4000, log=None: calls.append(nodes) or load_spec("cpu"))
     return calls
 
 

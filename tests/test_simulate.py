@@ -392,6 +392,9 @@ def _h100_with(change):
     (lambda d: d["host"].update(flops_efficiency=2), "host: flops_efficiency must be a number from 0 to 1"),
     (lambda d: d.pop("accelerator"), "a spec needs 'accelerator'"),
     (lambda d: d.update(nodes=[]), "unknown field 'nodes'"),
+    (lambda d: d["engine"].update(spread={"handoff_us": -1}), "engine: spread maps the names of the figures"),
+    (lambda d: d["engine"].update(spread={"nodes": 0.1}), "engine: spread maps the names of the figures"),
+    (lambda d: d["engine"].update(spread=[0.1]), "engine: spread maps the names of the figures"),
 ])
 def test_a_spec_file_that_would_break_the_simulation_is_refused(tmp_path, capsys, change, message):
     """A zero efficiency was a ZeroDivisionError traceback, a 1e308 us hand-off an OverflowError one, and a
@@ -432,3 +435,53 @@ def test_waiting_cost_nodes_take_the_calibrated_wake_up_on_top_of_their_time():
     g = loads_graph(dumps(spun, "json"), "s.json")
     assert simulate_session(g, SimOptions(spec=slow, slack_top=0)).wall_ns == \
         simulate_session(g, SimOptions(spec=base, slack_top=0)).wall_ns
+
+
+def test_calibration_rounds_end_when_their_medians_settle():
+    """At least three rounds; then the rounds go on while a new round moves a median by more than 3% (and
+    more than 0.5 us); a spread-out machine gets its medians, not its last round."""
+    from autograd_run.sim.calibrate import MAX_ROUNDS, settled
+
+    def rounds(*handoffs):
+        return [{"node_overhead_us": 2.0, "handoff_us": h, "wait_overhead_us": 40.0} for h in handoffs]
+    assert not settled(rounds(50, 50))  # too few
+    assert settled(rounds(50, 50, 50))
+    assert settled(rounds(50, 52, 90))  # an outlier round does not move the median: median 52 before and after
+    assert not settled(rounds(50, 60, 70))  # 55 -> 60
+    assert settled(rounds(50, 60, 70, 60))  # 60 -> 60
+    tiny = [{"node_overhead_us": x, "handoff_us": 50.0, "wait_overhead_us": 40.0} for x in (1.0, 1.4, 1.2)]
+    assert settled(tiny)  # 1.2 -> 1.2: sub-microsecond changes are within the absolute tolerance
+    assert MAX_ROUNDS >= 3
+
+
+def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
+    """The spec gets the medians over the rounds and how far the rounds lay apart; it is read back."""
+    import autograd_run.sim.calibrate as cal
+    from autograd_run.sim.specs import MachineSpec
+    seq = iter([{"node_overhead_us": 2.0, "handoff_us": h, "wait_overhead_us": w}
+                for h, w in ((40, 30), (60, 50), (50, 40), (50, 40), (50, 40), (50, 40), (50, 40), (50, 40))])
+    monkeypatch.setattr(cal, "_engine_round", lambda nodes, repeat: next(seq))
+    lines = []
+    spec = cal.calibrate(nodes=10, log=lines.append)
+    assert (spec.engine.handoff_us, spec.engine.wait_overhead_us) == (50.0, 40.0)
+    assert spec.engine.spread == {"node_overhead_us": 0.0, "handoff_us": 0.4, "wait_overhead_us": 0.5}
+    assert len(lines) == 3 and lines[0].startswith("round 1: node_overhead_us 2.00, handoff_us 40.00")
+    assert MachineSpec.from_dict(spec.to_dict()).engine == spec.engine
+
+
+def test_a_real_calibration_reports_its_rounds_and_spread():
+    """The real measurement (small chains): between 3 and MAX_ROUNDS rounds, each figure's median among
+    its rounds' values, the spread their range over the median."""
+    import re
+    from autograd_run.sim.calibrate import MAX_ROUNDS, MIN_ROUNDS, calibrate
+    lines = []
+    spec = calibrate(nodes=400, repeat=3, log=lines.append)
+    assert MIN_ROUNDS <= len(lines) <= MAX_ROUNDS
+    assert spec.source.endswith(f", {len(lines)} rounds")
+    seen = {k: [float(v) for v in re.findall(rf"{k} ([0-9.]+)", " ".join(lines))]
+            for k in ("node_overhead_us", "handoff_us", "wait_overhead_us")}
+    for k, values in seen.items():
+        assert len(values) == len(lines)
+        assert min(values) - 0.01 <= getattr(spec.engine, k) <= max(values) + 0.01
+        mid = getattr(spec.engine, k)  # the logged values are rounded to 0.01 us
+        assert abs(spec.engine.spread[k] * mid - (max(values) - min(values))) < 0.011 + 0.001 * mid

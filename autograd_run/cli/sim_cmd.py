@@ -230,10 +230,15 @@ def calibrate(output, nodes, torch_engine):
         echo(f"wrote {path}")
         return
     from autograd_run.sim.calibrate import calibrate as measure
-    spec = measure(nodes=nodes)
+    spec = measure(nodes=nodes, log=lambda m: click.echo(m, err=True))
     path = write_local(spec, output)
     e, h = spec.engine, spec.host
-    write(f"engine: {e.node_overhead_us:.2f} us per node, hand-off {e.handoff_us:.1f} us (holds the GIL)")
+
+    def apart(key: str) -> str:
+        return f" (rounds within {e.spread[key]:.0%})" if key in e.spread else ""
+    write(f"engine: {e.node_overhead_us:.2f} us per node{apart('node_overhead_us')}, hand-off {e.handoff_us:.1f} us"
+          f"{apart('handoff_us')}, a GIL-free wait ends {e.wait_overhead_us:.1f} us late{apart('wait_overhead_us')} "
+          "(holds the GIL)")
     write(f"host: float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 {h.peak_flops['float64'] / 1e9:.1f} "
                f"GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest call {h.min_kernel_us:.2f} us")
     echo(f"wrote {path}")

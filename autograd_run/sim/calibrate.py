@@ -18,6 +18,16 @@ What it measures (medians of repeated runs, each a few hundred ms):
 The engine's per-node work is Python, so it holds the GIL
 (``overhead_holds_gil``). Virtual devices are this CPU: the accelerator part
 of the spec repeats the host's figures with no launch cost.
+
+The three engine figures are measured in rounds (each round: the three
+chains, each the median of ``repeat`` passes) until they settle: from the
+third round on, the median over all rounds so far must have moved by less
+than ``SETTLE`` (relative, or ``SETTLE_US`` absolute) when the last round
+came in; at most ``MAX_ROUNDS``. The spec keeps the medians, and
+``EngineSpec.spread`` says how far the rounds' values lay apart (the range
+over the median, per figure): on a shared or virtual machine the wake-up
+and hand-off latencies drift by tens of percent within minutes, and a
+simulation of a graph that waits a lot inherits that spread.
 """
 
 from __future__ import annotations
@@ -37,6 +47,12 @@ from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec, local_sp
 
 #: The stated time of each node of the wait chain, µs.
 WAIT_US = 300
+#: Rounds end when the medians move by less than this (relative) or ``SETTLE_US`` (absolute), or after
+#: ``MAX_ROUNDS``; at least ``MIN_ROUNDS``.
+SETTLE = 0.03
+SETTLE_US = 0.5
+MIN_ROUNDS = 3
+MAX_ROUNDS = 8
 
 
 def _chain_doc(n: int, devices: list[str], wait_us: float | None = None) -> dict:
@@ -122,23 +138,60 @@ def _min_call_us() -> float:
     return (time.perf_counter() - t) / reps * 1e6
 
 
-def calibrate(nodes: int = 4000, repeat: int = 5) -> MachineSpec:
+def _engine_round(nodes: int, repeat: int) -> dict[str, float]:
+    """One round of the engine figures: per-node overhead, hand-off latency, a wait's overhead (µs)."""
     ident = _identity_us()
     single = _per_node_us(_chain_doc(nodes, ["cpu"]), repeat)
     overhead = max(0.1, single - ident)
     hop = _per_node_us(_chain_doc(max(200, nodes // 10), ["cpu", "cuda:0"]), repeat)
-    handoff = max(0.0, hop - single)
     waited = _per_node_us(_chain_doc(max(50, nodes // 40), ["cuda:0"], WAIT_US), repeat)
-    wait_extra = max(0.0, waited - WAIT_US - overhead)
+    return {"node_overhead_us": overhead, "handoff_us": max(0.0, hop - single),
+            "wait_overhead_us": max(0.0, waited - WAIT_US - overhead)}
+
+
+def settled(rounds: list[dict[str, float]]) -> bool:
+    """Whether the per-figure medians over ``rounds`` moved by less than the tolerance with the last one."""
+    if len(rounds) < MIN_ROUNDS:
+        return False
+    for key in rounds[0]:
+        now = statistics.median(r[key] for r in rounds)
+        before = statistics.median(r[key] for r in rounds[:-1])
+        if abs(now - before) > max(SETTLE * abs(before), SETTLE_US):
+            return False
+    return True
+
+
+def engine_figures(nodes: int = 4000, repeat: int = 5, log=None) -> tuple[dict, dict, int]:
+    """The engine figures measured in rounds until they settle (module docstring): their medians, their
+    spread (range over median, per figure) and the number of rounds."""
+    rounds: list[dict[str, float]] = []
+    while len(rounds) < MAX_ROUNDS:
+        rounds.append(_engine_round(nodes, repeat))
+        if log is not None:
+            log(f"round {len(rounds)}: " + ", ".join(f"{k} {v:.2f}" for k, v in rounds[-1].items()))
+        if settled(rounds):
+            break
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    spread = {k: (max(r[k] for r in rounds) - min(r[k] for r in rounds)) / med[k] if med[k] else 0.0
+              for k in rounds[0]}
+    return med, spread, len(rounds)
+
+
+def calibrate(nodes: int = 4000, repeat: int = 5, log=None) -> MachineSpec:
+    """Measure this machine (module docstring); ``log(line)`` gets each round's figures."""
+    med, spread, rounds = engine_figures(nodes, repeat, log)
     host = DeviceSpec("this machine's CPU (numpy)",
                       peak_flops={"float32": _matmul_flops(np.float32), "float64": _matmul_flops(np.float64)},
                       mem_bw=_bandwidth(), flops_efficiency=0.9, bw_efficiency=0.9, min_kernel_us=_min_call_us())
     acc = DeviceSpec("virtual device (this machine's CPU)", dict(host.peak_flops), host.mem_bw, 0.9, 0.9,
                      host.min_kernel_us)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return MachineSpec("local", host, acc, EngineSpec(round(overhead, 3), round(handoff, 3), True,
-                                                      wait_overhead_us=round(wait_extra, 3)),
-                       f"measured by autograd-run calibrate on {platform.node()} ({os.cpu_count()} CPUs) at {when}")
+    engine = EngineSpec(round(med["node_overhead_us"], 3), round(med["handoff_us"], 3), True,
+                        wait_overhead_us=round(med["wait_overhead_us"], 3),
+                        spread={k: round(v, 3) for k, v in spread.items()})
+    return MachineSpec("local", host, acc, engine,
+                       f"measured by autograd-run calibrate on {platform.node()} ({os.cpu_count()} CPUs) at {when}, "
+                       f"{rounds} rounds")
 
 
 def write_local(spec: MachineSpec, path: str | None = None) -> str:

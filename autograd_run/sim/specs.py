@@ -77,6 +77,9 @@ class EngineSpec:
     #: autograd-run's engine (its thread's wake-up after the sleep, running cold after it), µs; measured by
     #: ``calibrate`` (0 in the shipped specs: a GPU kernel's time is what was measured).
     wait_overhead_us: float = 0.0
+    #: How far ``calibrate``'s rounds lay apart, per figure above (its name): the range of the rounds'
+    #: values over their median (0.1: within 10%). Empty for a spec that was not measured in rounds.
+    spread: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -120,6 +123,12 @@ def _known(cls, d: Any, where: str) -> dict:
         raise RequestError(f"{where}: unknown field {extra[0]!r}", "spec")
     for k, v in d.items():
         if k in ("name",) or k == "peak_flops" or isinstance(v, bool):
+            continue
+        if k == "spread":
+            if not isinstance(v, dict) or not all(isinstance(x, str) and x in names for x in v) or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1e6 for x in v.values()):
+                raise RequestError(f"{where}: spread maps the names of the figures above to numbers from 0 "
+                                   "(the rounds agreed) upwards", "spec")
             continue
         if not isinstance(v, (int, float)) or not 0 <= v <= _LIMITS.get(k[k.rfind("_") + 1:], MAX_RATE):
             raise RequestError(f"{where}: {k} must be a number from 0 to "
