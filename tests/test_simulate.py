@@ -80,14 +80,15 @@ def test_cross_device_sync_delays_the_consumers_kernel():
 
 
 def test_gil_holding_nodes_take_turns():
-    """Two 50 µs spin nodes on two devices hold the GIL, so they run one after the other;
-    in the default mode (wait, no GIL) they overlap."""
+    """Two 50 µs spin nodes on two devices hold the GIL, so they run one after the other, the second
+    thread woken the hand-off latency (10 µs) after the first lets the GIL go; in the default mode
+    (wait, no GIL) they overlap."""
     def g(mode):
         return graph([cost("r", 0, seq=3, nxt=[("a", 0), ("b", 0)]), cost("a", 50, "cuda:0", [("acc_x", 0)], 2, mode),
                       cost("b", 50, "cuda:1", [("acc_x", 0)], 1, mode), acc("x")], [{"node": "r"}],
                      [{"name": "x", "shape": [1]}])
     overlap, turns = sim(g(None)).wall_ns, sim(g("spin")).wall_ns
-    assert turns - overlap == 50_000
+    assert turns - overlap == 50_000 + 10_000
 
 
 def test_copies_use_the_link():
@@ -291,8 +292,10 @@ def test_measured_costs_from_a_compressed_trace_and_not_from_a_protobuf_one(tmp_
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 10_000), st.integers(5, 60), st.sampled_from([0, 2]))
-def test_wall_between_critical_path_and_total_work(seed, nodes, devices):
+@given(st.integers(0, 10_000), st.integers(5, 60), st.sampled_from([0, 2]), st.booleans())
+def test_wall_between_critical_path_and_total_work(seed, nodes, devices, gil):
+    """With ``gil``, the engine's overhead and a third of the nodes (spinning) hold the GIL: a thread may
+    then also wait for the GIL, and be woken a hand-off after it is let go (at most twice per node)."""
     import random
     rnd = random.Random(seed)
     doc = generate("random", nodes=nodes, leaves=max(2, nodes // 5), seed=seed)
@@ -300,14 +303,17 @@ def test_wall_between_critical_path_and_total_work(seed, nodes, devices):
         if n["name"] != "AccumulateGrad":
             n["op"] = "cost"
             n["attrs"] = {"cost": {"us": rnd.randint(1, 50)}}
+            if gil and rnd.random() < 1 / 3:
+                n["attrs"]["cost"]["mode"] = "spin"
             n.pop("saved", None)
     g = loads_graph(dumps(doc, "json"), "r.json")
-    s = spec(gil=False)
+    s = spec(gil=gil)
     r = simulate_session(g, SimOptions(spec=s, devices=devices or None, placement="round-robin" if devices else "keep",
                                        slack_top=0))
     model = CostModel(s)
     work = sum(model(n).cpu_ns + model(n).gpu_ns for n in r.graph.nodes)
-    overheads = len(r.graph.nodes) * (1000 + 10_000) + 10_000  # per node: overhead and at most one hand-off
+    # per node: overhead and at most one hand-off from a queue (and two from the GIL)
+    overheads = len(r.graph.nodes) * (1000 + (3 if gil else 1) * 10_000) + 10_000
     longest = {}
     for n in sorted(r.graph.nodes, key=lambda n: n.topo_nr):
         c = model(n)

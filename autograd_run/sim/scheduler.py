@@ -15,7 +15,9 @@ What it models:
     after the spec's hand-off latency;
   * per node, CPU time on its worker: the engine's fixed overhead plus the
     node's CPU cost (``costs.CostModel``); the overhead and GIL-holding
-    costs take the GIL, a shared resource granted in request order;
+    costs take the GIL, a shared resource granted in request order; a
+    thread that finds it held by another waits for its release and then
+    the hand-off latency (it sleeps, and is woken as from a queue);
   * accelerator nodes: a kernel on the node's stream after its launch, the
     stream a timeline of its own, so a device thread runs ahead of its
     streams; events recorded and waited on exactly where the engine's
@@ -31,7 +33,7 @@ What it models:
 
 State of one simulation (``Simulator``): ``now`` (ns), the event heap
 ``_events`` of (time, order, function, argument), the workers (``SimWorker``:
-queue, busy/idle, reentrant depth), ``_gil_free_at``, the stream timelines
+queue, busy/idle, reentrant depth), ``_gil_free_at`` and ``_gil_holder``, the stream timelines
 ``stream_free`` (stream -> ns when its last kernel ends), and the records of
 what happened (``slices``, ``kernels``, the start order, ...), turned into a
 ``Recording`` by ``result.to_recording``. A queued task carries the time of
@@ -97,6 +99,7 @@ class Simulator:
         self.pool: list[SimWorker] = []
         self._pool_idle: list[SimWorker] = []
         self._gil_free_at = 0
+        self._gil_holder = None  # the worker of the latest GIL-holding CPU work
         #: stream_key -> when the stream's last kernel ends (a kernel starts no earlier; waits move it on).
         self.stream_free: dict = {}
         # What happened, as plain tuples (``result.to_recording`` makes a Recording of them).
@@ -346,8 +349,12 @@ class Simulator:
             return
         t = self.now
         if gil:
-            t = max(t, self._gil_free_at)
+            if self._gil_free_at > t and self._gil_holder is not run.w:
+                # held by another thread: this one sleeps until it is released, and is woken as a thread
+                # waiting on a queue is (the hand-off latency), as CPython's GIL hands itself over
+                t = self._gil_free_at + self.handoff_ns
             self._gil_free_at = t + ns
+            self._gil_holder = run.w
         self.at(t + ns, then, run)
 
     def kernel(self, stream, node, ns: int, not_before: int | None = None) -> int:
