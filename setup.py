@@ -1,9 +1,29 @@
-"""Build the engine's compiled core (optional: without a C compiler the pure-Python twin is used).
+"""Build the compiled parts (optional: without a C compiler the pure-Python twins are used).
+
+* ``autograd_run.engine._core``: the engine's per-node scheduling work.
+* ``autograd_run.graphs._draw``: seeded random tensors in bulk; it links numpy's ``npyrandom``
+  static library (shipped with numpy for extensions, see numpy's "Extending numpy.random") for
+  numpy's own distributions, so it is built only where numpy is importable at build time
+  (``pyproject.toml`` lists it among the build requirements).
 
 Everything else about the package is in pyproject.toml.
 """
 
+import os
+
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("autograd_run.engine._core", ["autograd_run/engine/_core.c"],
-                             extra_compile_args=["-O2"], optional=True)])
+extensions = [Extension("autograd_run.engine._core", ["autograd_run/engine/_core.c"],
+                        extra_compile_args=["-O2"], optional=True)]
+try:
+    import numpy
+except ImportError:
+    numpy = None
+if numpy is not None:
+    random_lib = os.path.join(os.path.dirname(numpy.__file__), "random", "lib")
+    if os.path.isdir(random_lib):
+        extensions.append(Extension("autograd_run.graphs._draw", ["autograd_run/graphs/_draw.c"],
+                                    include_dirs=[numpy.get_include()], library_dirs=[random_lib],
+                                    libraries=["npyrandom", "m"], extra_compile_args=["-O2"], optional=True))
+
+setup(ext_modules=extensions)

@@ -30,7 +30,7 @@ def dist(tmp_path_factory):
 def test_the_sdist_carries_the_sources_examples_and_specs(dist):
     (sdist,) = dist.glob("*.tar.gz")
     names = tarfile.open(sdist).getnames()
-    for must in ("autograd_run/engine/_core.c", "setup.py", "LICENSE", "autograd_run/graphs/examples/seed.yaml",
+    for must in ("autograd_run/engine/_core.c", "autograd_run/graphs/_draw.c", "setup.py", "LICENSE", "autograd_run/graphs/examples/seed.yaml",
                  "autograd_run/sim/specs/h100.json"):
         assert any(n.endswith(must) for n in names), must
 
@@ -39,6 +39,7 @@ def test_the_wheel_carries_package_data(dist):
     (wheel,) = dist.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("autograd_run/engine/_core") and n.endswith(".so") for n in names), "compiled core"
+    assert any(n.startswith("autograd_run/graphs/_draw") and n.endswith(".so") for n in names), "compiled drawing"
     for must in ("autograd_run/graphs/examples/seed.yaml", "autograd_run/graphs/examples/checkpoint.yaml",
                  "autograd_run/sim/specs/h100.json"):
         assert must in names, must
@@ -65,6 +66,7 @@ def test_the_wheel_runs_in_a_fresh_environment_outside_the_checkout(dist, tmp_pa
     assert "simulated" in sh([tool, "simulate", "example:mlp", "--spec", "a100"], work, env)
     version = sh([tool, "--version"], work, env)
     assert "engine: compiled core" in version and "autograd-run 0.1.0" in version
+    assert "random tensors: compiled, in bulk" in version
     # it is the installed copy that ran, not the checkout
     where = sh([str(py), "-c", "import autograd_run; print(autograd_run.__file__)"], work, env)
     assert str(ROOT) not in where and str(venv) in where

@@ -127,7 +127,7 @@ class GraphState:
         for name, value in saved.items():
             if value is None:
                 cached[name] = None
-            elif type(value) is dict and tensors.is_tensor_spec(value):
+            elif type(value) is dict and ((premade and id(value) in premade) or tensors.is_tensor_spec(value)):
                 made = premade.get(id(value)) if premade else None
                 cached[name] = made if made is not None else tensors.materialize(value, side)
                 if half:

@@ -518,4 +518,6 @@ def _random_spec(value: dict, side: SideFiles, shape, dtype) -> tuple:
 def materialize_random_many(values: list[dict], side: SideFiles) -> list[np.ndarray]:
     """``materialize`` of many (checked) ``random`` specs that carry their shapes, seeded in bulk
     (``graphs.seeding``: the same values, several times faster than one at a time)."""
-    return draw_many([_random_spec(v, side, tuple(v["shape"]), v.get("dtype")) for v in values])
+    off = side.seed_offset
+    return draw_many([(v["random"] + off, tuple(v["shape"]), v.get("dtype") or "float32", v.get("dist", "normal"))
+                      for v in values])
