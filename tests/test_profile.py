@@ -225,6 +225,10 @@ def refused(tmp_path, content: bytes | str, name="in.json") -> str:
      "$.samples.wall_ns[0]: must be an integer of at most 2**64"),  # was an OverflowError in diff's median
     ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1e308, "dur": 1, "args": {"id": "a", "graph_task": 0}}]}',
      "$.traceEvents[0]: a node slice needs a number 'ts'"),  # 1e308 us in ns: an OverflowError in round()
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "tid": [2], "ts": 1, "dur": 1, "args": {"id": "a"}}]}',
+     "$.traceEvents[0].tid: must be an integer or a string"),  # was a TypeError (an unhashable tid)
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1, "dur": 1, "args": {"id": "a", "graph_task": "0"}}]}',
+     "$.traceEvents[0].args.graph_task: must be an integer"),  # absent is 0; present, an integer
     ('{"summary": {}, "error": {"message": "boom"}}', "$.error: the run failed (boom)"),
     ('{"id": "a"}\n{"id": 3}\n', "line 2: each line needs an object with a string 'id'"),
     ('{"id": "a", "pass": -1}\n{"id": "b"}\n', "line 1: 'pass' must be an integer"),
