@@ -36,7 +36,13 @@ process's threads by tid, so tids are display ranks (callers, then device
 workers by index, then reentrant pool threads, as the Recording orders
 them), not OS thread ids; ``thread_sort_index`` is kept for chrome://tracing.
 Async slices use ``id2.local`` (process scope): a bare ``id`` is global in
-the legacy JSON rules and lands outside the process.
+the legacy JSON rules and lands outside the process. Each wait has an id of
+its own: Perfetto binds an id to the track of the first wait that used it
+(a later wait of another queue with that id would be drawn on that queue's
+track). A wait's end repeats its begin's category, name and thread: Perfetto
+pairs them without the name and thread, but chrome://tracing drops an end
+without a name (the wait then has no end) and makes a thread of each event's
+tid, a missing one too.
 
 Timestamps are microseconds from the first event, offset by 1 µs so nothing
 sits at 0, to the nanosecond (three decimals at most). A stopped run's trace
