@@ -236,14 +236,6 @@ def slice_marks(rec: Recording) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return passes, critical, root
 
 
-def worker_labels(rec: Recording) -> dict[int, str]:
-    """The ``worker`` argument of node slices by trace tid: a label stable across runs (``caller``,
-    ``cuda:0``, ``reentrant-1``); a thread the recording did not name is its trace tid, as text."""
-    from autograd_run.traces.samples import stable_worker
-    ranks = thread_tids(rec)
-    return {ranks[tid]: stable_worker(t.name) for tid, t in rec.threads.items()}
-
-
 def incomplete_event(rec: Recording, incomplete: str) -> dict:
     """The instant event that marks the trace of a stopped run (``interrupted``, ``timeout``), at its end."""
     ts = (rec.end - rec.start + 1000) / 1000 if not rec.empty else 1.0
