@@ -41,8 +41,8 @@ its own: Perfetto binds an id to the track of the first wait that used it
 (a later wait of another queue with that id would be drawn on that queue's
 track). A wait's end repeats its begin's category, name and thread: Perfetto
 pairs them without the name and thread, but chrome://tracing drops an end
-without a name (the wait then has no end) and makes a thread of each event's
-tid, a missing one too.
+without a name (the wait is then drawn without its length, as an error) and
+makes a thread of each event's tid, a missing one too.
 
 Timestamps are microseconds from the first event, offset by 1 µs so nothing
 sits at 0, to the nanosecond (three decimals at most). A stopped run's trace
