@@ -62,9 +62,13 @@ def test_pipeline_trace_structure():
     assert {"autograd-run cuda:0", "autograd-run cuda:1"} <= names
     nodes = [e for e in events if e["ph"] == "X" and e["cat"] == "node"]
     assert sorted(e["args"]["id"] for e in nodes) == sorted(n.id for n in load_graph("example:pipeline").nodes)
-    assert all({"id", "name", "seq", "graph_task", "device", "input_shapes", "worker"} <= set(e["args"]) for e in nodes)
-    # depth, stream and pass are left out where they are 0
-    assert all(e["args"].get(k, 1) != 0 for e in nodes for k in ("depth", "stream", "pass"))
+    assert all({"id", "seq", "device", "input_shapes"} <= set(e["args"]) for e in nodes)
+    # what the title and the track say is not repeated: the op name is the title's, the worker the thread's
+    assert not any({"name", "worker"} & set(e["args"]) for e in nodes)
+    # depth, graph_task, stream and pass are left out where they are 0
+    assert all(e["args"].get(k, 1) != 0 for e in nodes for k in ("depth", "graph_task", "stream", "pass"))
+    waits = [e for e in events if e["ph"] == "b"]
+    assert waits and all(e["args"].get("graph_task", 1) != 0 and {"id", "node"} <= set(e["args"]) for e in waits)
     assert sum(1 for e in events if e["ph"] == "s") == 1  # the cuda:1 -> cuda:0 copy
 
 
@@ -211,9 +215,8 @@ def test_perfetto_shows_reentrant_nesting():
     trace = trace_of(load_graph("example:reentrant"))
     with TraceProcessor(json.dumps(trace).encode()) as tp:
         assert import_errors(tp) == []
-        rows = tp.query("select extract_arg(arg_set_id, 'args.name') as name, s.depth as depth from slice s "
-                        "where s.category = 'node'")
-        depth = {r["name"]: r["depth"] for r in rows}
+        rows = tp.query("select s.name as title, s.depth as depth from slice s where s.category = 'node'")
+        depth = {r["title"].split(" ", 1)[1]: r["depth"] for r in rows}
         assert depth["ExpBackward0"] > depth["CheckpointFunctionBackward"]  # nested inside the checkpoint node
 
 
@@ -322,11 +325,16 @@ def test_node_slices_carry_the_marks_of_pass_samples():
         trace = json.loads(b"".join(chrome_chunks(rec)))
         slices = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "node"]
         assert len(slices) == len(rec.slices), name
+        labels = {e["tid"]: e["args"]["worker"] for e in trace["traceEvents"]
+                  if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == PID}  # once, on its thread
+        assert {t: w for t, w in workers.items() if t in labels} == labels, name
         for e in slices:
             a = e["args"]
-            key = (a["graph_task"], a["id"])
+            key = (a.get("graph_task", 0), a["id"])
+            assert a.get("graph_task") != 0, name  # 0: left out
             assert a.get("pass", 0) == s.pass_of_task.get(key[0], 0) and a.get("pass") != 0, name  # 0: left out
-            assert a["worker"] == workers.get(e["tid"], str(e["tid"])), name
+            assert labels.get(e["tid"], str(e["tid"])) == workers.get(e["tid"], str(e["tid"])), name
+            assert "worker" not in a, name
             assert a.get("critical_path", False) == (key in s.critical_keys), (name, key)
             assert a.get("graph_root", False) == (key in roots), (name, key)
         if len(s.critical_keys):

@@ -77,7 +77,9 @@ def test_trace_slices_carry_pass_worker_and_critical_path():
     tr = to_chrome_trace(rec)
     node_slices = [e for e in tr["traceEvents"] if e.get("cat") == "node" and e["ph"] == "X"]
     assert all("pass" not in e["args"] for e in node_slices)  # one pass: pass 0 is left out (read as 0)
-    assert {e["args"]["worker"] for e in node_slices} == {"caller"}
+    threads = [e for e in tr["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert [e["args"]["worker"] for e in threads] == ["caller"]  # the worker label: once, on its thread
+    assert all("worker" not in e["args"] for e in node_slices)
     assert [e["args"]["id"] for e in node_slices if e["args"].get("critical_path")] == ["sum", "add", "mul_b", "acc_a"]
 
 
@@ -115,13 +117,53 @@ def test_one_run_read_from_its_trace_summary_and_order_file(tmp_path):
     assert s.worker_busy_ns == live.worker_busy_ns
 
 
+def test_what_a_trace_leaves_out_reads_back_as_it_was(tmp_path, monkeypatch):
+    """A node slice's op name is only in its title, its worker only on its thread's metadata, and a GraphTask of
+    0 is left out of slices and queue waits: the profile read from the trace has each op by its name, each
+    node's worker and the queue waits of GraphTask 0, as the live run's; and a trace written before (every
+    argument on every slice) reads the same."""
+    import itertools
+    from autograd_run.engine import graph_task
+    monkeypatch.setattr(graph_task, "_ids", itertools.count())  # the first GraphTask is 0, as in a fresh process
+    r, trace, summary, _ = run_files(tmp_path, "example:pipeline", repeat=2)
+    doc = json.loads(trace.read_text())
+    events = doc["traceEvents"]
+    nodes = [e for e in events if e["ph"] == "X" and e.get("cat") == "node"]
+    assert any("graph_task" not in e["args"] for e in nodes)
+    assert any("graph_task" not in e["args"] for e in events if e["ph"] == "b")
+    live = P.from_recording(r.recording, "live", "run", r.order)
+    t, s = P.read_profile(str(trace)), P.read_profile(str(summary))
+    assert set(t.ops) == set(s.ops) == set(live.ops) == {n.name for n in load_graph("example:pipeline").nodes}
+    for nid, ns in live.nodes.items():
+        assert (t.nodes[nid].name, t.nodes[nid].worker) == (ns.name, ns.worker)
+        assert all(abs(a - b) <= 1 for a, b in zip(t.nodes[nid].queue_wait_ns, ns.queue_wait_ns)), nid
+    assert all(w > 0 for ns in t.nodes.values() for w in ns.queue_wait_ns)
+    # the same run as the writer gave it before: the op name, worker and GraphTask on every slice and wait
+    workers = {e["tid"]: e["args"].pop("worker") for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    for e in nodes:
+        e["args"].update(name=e["name"].split(" ", 1)[1], worker=workers[e["tid"]],
+                         graph_task=e["args"].get("graph_task", 0))
+    for e in events:
+        if e["ph"] == "b":
+            e["args"].setdefault("graph_task", 0)
+    before = tmp_path / "before.json"
+    before.write_text(json.dumps(doc))
+    b = P.read_profile(str(before))
+    assert (b.nodes, b.ops, b.order, b.wall_ns, b.critical_path) == (t.nodes, t.ops, t.order, t.wall_ns,
+                                                                     t.critical_path)
+
+
 def test_an_older_trace_without_labels_still_reads(tmp_path):
     r, trace, _, _ = run_files(tmp_path, "example:seed", repeat=2, multithreading=False)
     doc = json.loads(trace.read_text())
     for e in doc["traceEvents"]:
         if e.get("cat") == "node" and e["ph"] == "X":
-            for k in ("pass", "worker", "critical_path", "graph_root"):
+            for k in ("pass", "critical_path", "graph_root"):
                 e["args"].pop(k, None)
+            e["args"].setdefault("graph_task", 0)
+            e["args"]["name"] = e["name"].split(" ", 1)[1]
+        if e["ph"] == "M" and e["name"] == "thread_name":
+            e["args"].pop("worker")
     old = tmp_path / "old.json"
     old.write_text(json.dumps(doc))
     p = P.read_profile(str(old))
@@ -183,6 +225,10 @@ def refused(tmp_path, content: bytes | str, name="in.json") -> str:
      "$.samples.wall_ns[0]: must be an integer of at most 2**64"),  # was an OverflowError in diff's median
     ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1e308, "dur": 1, "args": {"id": "a", "graph_task": 0}}]}',
      "$.traceEvents[0]: a node slice needs a number 'ts'"),  # 1e308 us in ns: an OverflowError in round()
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "tid": [2], "ts": 1, "dur": 1, "args": {"id": "a"}}]}',
+     "$.traceEvents[0].tid: must be an integer or a string"),  # was a TypeError (an unhashable tid)
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1, "dur": 1, "args": {"id": "a", "graph_task": "0"}}]}',
+     "$.traceEvents[0].args.graph_task: must be an integer"),  # absent is 0; present, an integer
     ('{"summary": {}, "error": {"message": "boom"}}', "$.error: the run failed (boom)"),
     ('{"id": "a"}\n{"id": 3}\n', "line 2: each line needs an object with a string 'id'"),
     ('{"id": "a", "pass": -1}\n{"id": "b"}\n', "line 1: 'pass' must be an integer"),

@@ -10,17 +10,22 @@ Recording's columns by ``traces.encode.fill`` in chunks, streamed to the file
 One process ("autograd-run"), one thread track per worker (the caller, which
 is also the CPU worker of its calls, is ``caller (<thread name>)``); one complete
 (``X``) slice per node execution titled ``<node id> <op name>`` (so a search
-for either finds it) with its id, name, seq, depth, device, stream and input
-shapes as args, and what a comparison of runs reads (``traces.profile``):
-``pass`` (which top-level backward call), ``worker`` (a label stable across
-runs), ``critical_path: true`` on its pass's critical path and
-``graph_root: true`` on the engine's GraphRoot (``slice_marks``, from the
-columns). The arguments ``depth``, ``stream`` and ``pass`` are left out
-where they are 0 (not reentrant, the default stream, the first or only
-pass: ``DEFAULT_ZERO``), as ``critical_path`` and ``graph_root`` are where
-false: a million-node trace is 30 bytes a node smaller, and readers take
-an absent one as 0. Queue waits as process-scoped async slices, one track per
-queue; syncs as flow arrows from producer to consumer slice; one counter
+for either finds it) with its id, seq, depth, GraphTask, device, stream and
+input shapes as args, and what a comparison of runs reads (``traces.profile``):
+``pass`` (which top-level backward call), ``critical_path: true`` on its
+pass's critical path and ``graph_root: true`` on the engine's GraphRoot
+(``slice_marks``, from the columns). What the slice's title or track already
+says is not repeated in its args: the op name is the title's (``node_title``),
+and the worker (a label stable across runs: ``caller``, ``cuda:0``) is its
+thread's, given once in the thread's ``thread_name`` metadata (``worker``,
+beside ``name``). The arguments ``depth``, ``graph_task``, ``stream`` and
+``pass`` are left out where they are 0 (not reentrant, the first GraphTask,
+the default stream, the first or only pass: ``DEFAULT_ZERO``), as
+``critical_path`` and ``graph_root`` are where false; readers take an absent
+one as 0 (``traces.profile``, which still reads the older traces that carried
+them all). Queue waits as process-scoped async slices, one track per
+queue, with the node's id and op name (and a GraphTask other than 0) on their
+begin; syncs as flow arrows from producer to consumer slice; one counter
 track per queue (its depth) and one for the engine's outstanding tasks;
 errors and NaN detections as instant events. A caller blocked until its own
 GraphTask completes shows "waiting for graph task N"; "idle" is a worker
@@ -31,7 +36,13 @@ process's threads by tid, so tids are display ranks (callers, then device
 workers by index, then reentrant pool threads, as the Recording orders
 them), not OS thread ids; ``thread_sort_index`` is kept for chrome://tracing.
 Async slices use ``id2.local`` (process scope): a bare ``id`` is global in
-the legacy JSON rules and lands outside the process.
+the legacy JSON rules and lands outside the process. Each wait has an id of
+its own: Perfetto binds an id to the track of the first wait that used it
+(a later wait of another queue with that id would be drawn on that queue's
+track). A wait's end repeats its begin's category, name and thread: Perfetto
+pairs them without the name and thread, but chrome://tracing drops an end
+without a name (the wait is then drawn without its length, as an error) and
+makes a thread of each event's tid, a missing one too.
 
 Timestamps are microseconds from the first event, offset by 1 µs so nothing
 sits at 0, to the nanosecond (three decimals at most). A stopped run's trace
@@ -56,8 +67,9 @@ from autograd_run.traces.recording import Recording
 PID = 1
 #: The first thread's tid: above the pid, so no worker is taken for the process's main thread.
 FIRST_TID = PID + 1
-#: Node slice arguments left out where they are 0 (the protobuf trace leaves out the same).
-DEFAULT_ZERO = ("depth", "stream", "pass")
+#: Node slice arguments left out where they are 0 (the protobuf trace leaves out the same; a queue wait's
+#: ``graph_task`` too).
+DEFAULT_ZERO = ("depth", "graph_task", "stream", "pass")
 
 
 def node_title(node) -> str:
@@ -93,15 +105,13 @@ def to_chrome_trace(rec: Recording, incomplete: str | None = None) -> dict:
 
     slices: dict[tuple, tuple] = {}  # (gt, node) -> (tid, start_us)
     passes, critical, root = slice_marks(rec)
-    workers = worker_labels(rec)
     for k, sl in enumerate(rec.slices):
         node = sl.node
         start, dur = us(sl.start), max(sl.duration, 1) / 1000
         tid = tid_of(sl.tid)
-        args = {"id": node.id, "name": node.name, "seq": node.seq, "depth": sl.depth, "graph_task": sl.gt,
+        args = {"id": node.id, "seq": node.seq, "depth": sl.depth, "graph_task": sl.gt,
                 "device": str(node.device), "stream": node.stream,
-                "input_shapes": [list(m.shape) for m in node.inputs],
-                "pass": int(passes[k]), "worker": workers.get(tid, str(tid))}
+                "input_shapes": [list(m.shape) for m in node.inputs], "pass": int(passes[k])}
         for name in DEFAULT_ZERO:
             if args[name] == 0:
                 del args[name]
@@ -118,7 +128,7 @@ def to_chrome_trace(rec: Recording, incomplete: str | None = None) -> dict:
         common = {"pid": PID, "tid": tid_of(w.tid), "cat": "queue_wait", "id2": {"local": k},
                   "name": f"queue wait {w.queue}"}
         out.append({**common, "ph": "b", "ts": us(w.pushed),
-                    "args": {"id": w.node.id, "node": w.node.name, "graph_task": w.gt}})
+                    "args": {"id": w.node.id, "node": w.node.name, **({"graph_task": w.gt} if w.gt else {})}})
         out.append({**common, "ph": "e", "ts": us(w.popped)})
     _lock_waits(rec, out, us, tid_of)
     for idle in rec.idles:
@@ -143,9 +153,12 @@ def _mark(trace: dict, rec: Recording, incomplete: str | None) -> dict:
 def _metadata(rec: Recording, process: str, tids: dict) -> list[dict]:
     out: list[dict] = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": process}},
                        {"ph": "M", "pid": PID, "name": "process_sort_index", "args": {"sort_index": 0}}]
+    from autograd_run.traces.samples import stable_worker
     for rank, t in enumerate(rec.threads.values()):
         name = f"caller ({t.name})" if t.kind is ThreadKind.CALLER else t.name
-        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_name", "args": {"name": name}})
+        # the worker label of its node slices (what diff compares across runs), once per thread
+        out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_name",
+                    "args": {"name": name, "worker": stable_worker(t.name)}})
         out.append({"ph": "M", "pid": PID, "tid": tids[t.tid], "name": "thread_sort_index",
                     "args": {"sort_index": rank}})
     return out
@@ -223,14 +236,6 @@ def slice_marks(rec: Recording) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return passes, critical, root
 
 
-def worker_labels(rec: Recording) -> dict[int, str]:
-    """The ``worker`` argument of node slices by trace tid: a label stable across runs (``caller``,
-    ``cuda:0``, ``reentrant-1``); a thread the recording did not name is its trace tid, as text."""
-    from autograd_run.traces.samples import stable_worker
-    ranks = thread_tids(rec)
-    return {ranks[tid]: stable_worker(t.name) for tid, t in rec.threads.items()}
-
-
 def incomplete_event(rec: Recording, incomplete: str) -> dict:
     """The instant event that marks the trace of a stopped run (``interrupted``, ``timeout``), at its end."""
     ts = (rec.end - rec.start + 1000) / 1000 if not rec.empty else 1.0
@@ -299,22 +304,23 @@ def trace_ranks(rec: Recording):
     return tid_of, column
 
 
-# a node slice; its title is "<id> <name>", or the name alone when the id is the name
-# (depth, stream and pass: columns 5, 8 and 11, -1 where the value is 0, which leaves the argument out)
+# a node slice; its title is "<id> <name>", or the name alone when the id is the name. Columns: 0 tid,
+# 1 start, 2 duration, 3 node, 4 seq, 5 depth, 6 graph task, 7 device, 8 stream, 9 input shapes, 10 whether
+# the id differs from the name, 11 pass, 12 critical path, 13 GraphRoot; depth, graph task, stream and pass
+# are -1 where the value is 0 (the argument is left out), the marks -1 where false.
 _X = E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.US, 1), (E.LIT, 2), (E.DUR, 2), (E.LIT, 3),
-                (E.SKIPNEG, 10, 2), (E.JESC, 0, 3), (E.LIT, 13), (E.JESC, 1, 3),
-                (E.LIT, 4), (E.JSTR, 0, 3), (E.LIT, 5), (E.JSTR, 1, 3), (E.LIT, 6), (E.U64, 4),
-                (E.SKIPNEG, 5, 2), (E.LIT, 7), (E.I64, 5), (E.LIT, 8), (E.I64, 6), (E.LIT, 9), (E.JSTR, 2, 7),
-                (E.SKIPNEG, 8, 2), (E.LIT, 10), (E.I64, 8),
-                (E.LIT, 11), (E.RAW, 3, 9), (E.SKIPNEG, 11, 2), (E.LIT, 14), (E.I64, 11), (E.LIT, 15),
-                (E.JSTR, 4, 12), (E.SKIPNEG, 13, 1), (E.LIT, 16), (E.SKIPNEG, 14, 1), (E.LIT, 17), (E.LIT, 12))
-_X_LITS = [b',{"ph":"X","pid":1,"tid":', b',"ts":', b',"dur":', b',"name":"', b'","cat":"node","args":{"id":',
-           b',"name":', b',"seq":', b',"depth":', b',"graph_task":', b',"device":', b',"stream":',
-           b',"input_shapes":', b'}}', b' ', b',"pass":', b',"worker":', b',"critical_path":true',
-           b',"graph_root":true']
+                (E.SKIPNEG, 10, 2), (E.JESC, 0, 3), (E.LIT, 4), (E.JESC, 1, 3),
+                (E.LIT, 5), (E.JSTR, 0, 3), (E.LIT, 6), (E.U64, 4),
+                (E.SKIPNEG, 5, 2), (E.LIT, 7), (E.I64, 5), (E.SKIPNEG, 6, 2), (E.LIT, 8), (E.I64, 6),
+                (E.LIT, 9), (E.JSTR, 2, 7), (E.SKIPNEG, 8, 2), (E.LIT, 10), (E.I64, 8),
+                (E.LIT, 11), (E.RAW, 3, 9), (E.SKIPNEG, 11, 2), (E.LIT, 12), (E.I64, 11),
+                (E.SKIPNEG, 12, 1), (E.LIT, 13), (E.SKIPNEG, 13, 1), (E.LIT, 14), (E.LIT, 15))
+_X_LITS = [b',{"ph":"X","pid":1,"tid":', b',"ts":', b',"dur":', b',"name":"', b' ', b'","cat":"node","args":{"id":',
+           b',"seq":', b',"depth":', b',"graph_task":', b',"device":', b',"stream":', b',"input_shapes":',
+           b',"pass":', b',"critical_path":true', b',"graph_root":true', b'}}']
 _WAIT = [E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2), (E.JSTR, 0, 2), (E.LIT, 3),
-                    (E.US, 3), (E.LIT, 4), (E.JSTR, 1, 4), (E.LIT, 5), (E.JSTR, 2, 4), (E.LIT, 6), (E.I64, 5),
-                    (E.LIT, 7)),
+                    (E.US, 3), (E.LIT, 4), (E.JSTR, 1, 4), (E.LIT, 5), (E.JSTR, 2, 4), (E.SKIPNEG, 5, 2),
+                    (E.LIT, 6), (E.I64, 5), (E.LIT, 7)),
          E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2), (E.JSTR, 0, 2), (E.LIT, 8),
                     (E.US, 3), (E.LIT, 9))]
 _WAIT_LITS = [b',{"pid":1,"tid":', b',"cat":"queue_wait","id2":{"local":', b'},"name":', b',"ph":"b","ts":',
@@ -403,19 +409,15 @@ def chrome_chunks(rec: Recording, incomplete: str | None = None):
     info = node_tables(c.nodes)
     S = c.slices
     passes, critical, root = slice_marks(rec)
-    named = worker_labels(rec)
-    workers: list[str] = []  # by trace tid - FIRST_TID
-    tables = [info["ids"], info["names"], info["devices"], info["shapes"], workers]
+    tables = [info["ids"], info["names"], info["devices"], info["shapes"]]
     for a in range(0, len(S), CHUNK):
         b = min(a + CHUNK, len(S))
         node, start = S.node[a:b], S.start[a:b]
         tid = tid_column(S.tid[a:b])
-        if len(tid):
-            workers += [named.get(t, str(t)) for t in range(FIRST_TID + len(workers), int(tid.max()) + 1)]
         cols = [tid, start, S.end[a:b] - start, node, info["seq"][node].view(np.int64),
-                absent_if_zero(S.depth[a:b]), S.gt[a:b], info["device"][node], absent_if_zero(info["stream"][node]),
-                info["shape"][node], info["same"][node], absent_if_zero(passes[a:b]), tid - FIRST_TID,
-                np.where(critical[a:b], 0, -1), np.where(root[a:b], 0, -1)]
+                absent_if_zero(S.depth[a:b]), absent_if_zero(S.gt[a:b]), info["device"][node],
+                absent_if_zero(info["stream"][node]), info["shape"][node], info["same"][node],
+                absent_if_zero(passes[a:b]), np.where(critical[a:b], 0, -1), np.where(root[a:b], 0, -1)]
         yield E.fill([_X], None, cols, tables, _X_LITS, base, 0, b - a)
     del passes, critical, root
     q = c.samples
@@ -436,7 +438,8 @@ def chrome_chunks(rec: Recording, incomplete: str | None = None):
         return np.stack([x, y], axis=1).reshape(-1)
     for a in range(0, len(W), half):
         b = min(a + half, len(W))
-        wt, k, qn, nd, g = tid_column(W.tid[a:b]), np.arange(a + 1, b + 1), W.queue[a:b], W.node[a:b], W.gt[a:b]
+        wt, k, qn, nd = tid_column(W.tid[a:b]), np.arange(a + 1, b + 1), W.queue[a:b], W.node[a:b]
+        g = absent_if_zero(W.gt[a:b])
         cols = [two(wt, wt), two(k, k), two(qn, qn), two(W.pushed[a:b], W.popped[a:b]), two(nd, nd), two(g, g)]
         yield E.fill(_WAIT, kinds, cols, wait_tables, _WAIT_LITS, base, 0, 2 * (b - a))
     rest: list[dict] = []

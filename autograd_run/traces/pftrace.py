@@ -2,9 +2,9 @@
 
 The same process, threads (same names and order), node slices (titled
 ``<id> <name>``, category ``node``, the same arguments as debug annotations:
-``debug.id`` ... ``debug.input_shapes``, ``debug.pass``, ``debug.worker``,
-``debug.critical_path``, ``debug.graph_root``; ``depth``, ``stream`` and
-``pass`` left out where 0, as there), queue waits (process-scoped tracks
+``debug.id`` ... ``debug.input_shapes``, ``debug.pass``,
+``debug.critical_path``, ``debug.graph_root``; ``depth``, ``graph_task``,
+``stream`` and ``pass`` left out where 0, as there), queue waits (process-scoped tracks
 named ``queue wait <queue>``; waits that overlap go on separate tracks of that
 name), counters (``<queue> queued`` per queue, ``outstanding tasks``), idle
 and lock-wait slices, error, NaN and sync instants and sync flows as the JSON
@@ -40,7 +40,6 @@ from autograd_run.traces import encode as E
 from autograd_run.traces import kernels
 from autograd_run.traces.chrome import (
     FIRST_TID, PID, absent_if_zero, node_tables, node_title, outstanding_changes, slice_marks, trace_ranks,
-    worker_labels,
 )
 from autograd_run.traces.recording import Recording
 
@@ -58,8 +57,8 @@ KERNEL_UUID0 = 1 << 36  # + stream number
 # TrackEvent types
 BEGIN, END, INSTANT, COUNTER = 1, 2, 3, 4
 # debug annotation names (interned ids)
-ARG_NAMES = ("id", "name", "seq", "depth", "graph_task", "device", "stream", "input_shapes", "node", "queue",
-             "producer", "consumer", "detail", "pass", "worker", "critical_path", "graph_root")
+ARG_NAMES = ("id", "seq", "depth", "graph_task", "device", "stream", "input_shapes", "node", "queue",
+             "producer", "consumer", "detail", "pass", "critical_path", "graph_root")
 ARG = {name: k + 1 for k, name in enumerate(ARG_NAMES)}
 CATEGORIES = ("node", "queue_wait", "lock_wait", "idle", "wait", "error", "nan", "sync", "kernel", "incomplete")
 CAT = {name: k + 1 for k, name in enumerate(CATEGORIES)}
@@ -126,7 +125,7 @@ def track_event(kind: int, *, track: int | None = None, name: str | None = None,
 
 # columns of the sorted packet rows
 (C_TS, C_TRACK, C_NODE, C_DEPTH, C_GT, C_SEQ, C_DEV, C_STREAM, C_SHAPE, C_SAME, C_FLOWS, C_UUID_A, C_VAL_A,
- C_UUID_B, C_VAL_B, C_BLOB, C_NAME, C_OPNAME, C_PASS, C_WORKER, C_CRIT, C_ROOT) = range(22)
+ C_UUID_B, C_VAL_B, C_BLOB, C_NAME, C_OPNAME, C_PASS, C_CRIT, C_ROOT) = range(21)
 # tables
 T_IDS, T_NAMES, T_SHAPES, T_BLOBS, T_FLOWS = range(5)
 NODE_B, NODE_E, WAIT_B, WAIT_E, COUNT, BLOB = range(6)
@@ -137,11 +136,10 @@ _LITS = [pb_varint(10, SEQ),                       # 0 the sequence
          pb_varint(3, CAT["node"]),                # 4
          pb_varint(3, CAT["queue_wait"]),          # 5
          b" ",                                     # 6
-         pb_varint(1, ARG["id"]), pb_varint(1, ARG["name"]), pb_varint(1, ARG["seq"]),  # 7, 8, 9
-         pb_varint(1, ARG["depth"]), pb_varint(1, ARG["graph_task"]), pb_varint(1, ARG["device"]),  # 10-12
-         pb_varint(1, ARG["stream"]), pb_varint(1, ARG["node"]),  # 13, 14
-         pb_varint(1, ARG["pass"]), pb_varint(1, ARG["worker"]),  # 15, 16
-         pb_varint(1, ARG["critical_path"]), pb_varint(1, ARG["graph_root"]), pb_varint(2, 1)]  # 17, 18, 19 (true)
+         pb_varint(1, ARG["id"]), pb_varint(1, ARG["seq"]),  # 7, 8
+         pb_varint(1, ARG["depth"]), pb_varint(1, ARG["graph_task"]), pb_varint(1, ARG["device"]),  # 9-11
+         pb_varint(1, ARG["stream"]), pb_varint(1, ARG["node"]), pb_varint(1, ARG["pass"]),  # 12-14
+         pb_varint(1, ARG["critical_path"]), pb_varint(1, ARG["graph_root"]), pb_varint(2, 1)]  # 15, 16, 17 (true)
 
 
 def _templates() -> list[np.ndarray]:
@@ -158,22 +156,20 @@ def _templates() -> list[np.ndarray]:
     node_b = head(1) + track() + [
         (L, 4), (B, 23), (K, C_SAME, 2), (E.RAW, T_IDS, C_NODE), (L, 6), (E.RAW, T_NAMES, C_NODE), (N,),
         (B, 4), (L, 7), (S, 6, T_IDS, C_NODE), (N,),
-        (B, 4), (L, 8), (V, 17, C_OPNAME), (N,),
-        (B, 4), (L, 9), (V, 3, C_SEQ), (N,),
-        (K, C_DEPTH, 4), (B, 4), (L, 10), (V, 4, C_DEPTH), (N,),
-        (B, 4), (L, 11), (V, 4, C_GT), (N,),
-        (B, 4), (L, 12), (V, 17, C_DEV), (N,),
-        (K, C_STREAM, 4), (B, 4), (L, 13), (V, 4, C_STREAM), (N,),
-        (K, C_PASS, 4), (B, 4), (L, 15), (V, 4, C_PASS), (N,),
-        (B, 4), (L, 16), (V, 17, C_WORKER), (N,),
-        (K, C_CRIT, 4), (B, 4), (L, 17), (L, 19), (N,),
-        (K, C_ROOT, 4), (B, 4), (L, 18), (L, 19), (N,),
+        (B, 4), (L, 8), (V, 3, C_SEQ), (N,),
+        (K, C_DEPTH, 4), (B, 4), (L, 9), (V, 4, C_DEPTH), (N,),
+        (K, C_GT, 4), (B, 4), (L, 10), (V, 4, C_GT), (N,),
+        (B, 4), (L, 11), (V, 17, C_DEV), (N,),
+        (K, C_STREAM, 4), (B, 4), (L, 12), (V, 4, C_STREAM), (N,),
+        (K, C_PASS, 4), (B, 4), (L, 14), (V, 4, C_PASS), (N,),
+        (K, C_CRIT, 4), (B, 4), (L, 15), (L, 17), (N,),
+        (K, C_ROOT, 4), (B, 4), (L, 16), (L, 17), (N,),
         (R, T_SHAPES, C_SHAPE), (K, C_FLOWS, 1), (R, T_FLOWS, C_FLOWS), (N,), (N,)]
     node_e = head(2) + track() + extra(C_UUID_A, C_VAL_A) + [(N,), (N,)]
     wait_b = head(1) + [(V, 11, C_TRACK), (V, 10, C_NAME), (L, 5),
                         (B, 4), (L, 7), (S, 6, T_IDS, C_NODE), (N,),
-                        (B, 4), (L, 14), (V, 17, C_OPNAME), (N,),
-                        (B, 4), (L, 11), (V, 4, C_GT), (N,)] + \
+                        (B, 4), (L, 13), (V, 17, C_OPNAME), (N,),
+                        (K, C_GT, 4), (B, 4), (L, 10), (V, 4, C_GT), (N,)] + \
         extra(C_UUID_A, C_VAL_A) + extra(C_UUID_B, C_VAL_B) + [(N,), (N,)]
     wait_e = head(2) + [(V, 11, C_TRACK)] + extra(C_UUID_A, C_VAL_A) + [(N,), (N,)]
     count = head(3) + [(V, 11, C_UUID_A), (V, 30, C_VAL_A), (N,), (N,)]
@@ -221,7 +217,7 @@ class _Rows:
     the order to write them in."""
 
     NAMES = ("ts", "track", "node", "depth", "gt", "seq", "dev", "stream", "shape", "same", "flows", "uuid_a",
-             "val_a", "uuid_b", "val_b", "blob", "name", "opname", "pass_", "worker", "crit", "root")  # C_*, in order
+             "val_a", "uuid_b", "val_b", "blob", "name", "opname", "pass_", "crit", "root")  # C_*, in order
 
     def __init__(self):
         self.parts: list[tuple[int, int, dict]] = []  # (kind, rows, columns)
@@ -314,12 +310,7 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
     wait_names = [f"queue wait {q}" for q in c.queues]
     queue_uuid = np.array([_track_uuid(q) for q in range(len(c.queues))] or [0], dtype=np.int64)
 
-    # every thread's trace tid, ranked as _header ranks them, and its worker label (interned)
-    trace_tids = sorted({tid_of(t) for t in [*rec.threads, *_unnamed_tids(rec, c)]})
-    named = worker_labels(rec)
-    labels = list(dict.fromkeys(named.get(t, str(t)) for t in trace_tids))
-    label_iid = {label: len(name_code) + len(info["devices"]) + 1 + k for k, label in enumerate(labels)}
-    head = _header(rec, tid_of, c, name_code, info["devices"] + labels, wait_names)
+    head = _header(rec, tid_of, c, name_code, info["devices"], wait_names)
     S, W, Q, I = c.slices, c.waits, c.samples, c.idles
     rows = _Rows()
     blobs: list[bytes] = []
@@ -329,23 +320,19 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
     tracks = np.array([-1 if tid_of(t) == FIRST_TID else THREAD_UUID0 + tid_of(t) for t in os_tids.tolist()],
                       dtype=np.int64)
 
-    workers = np.array([label_iid[named.get(tid_of(t), str(tid_of(t)))] for t in os_tids.tolist()], dtype=np.int64)
-
     def track(i):
         return tracks[np.searchsorted(os_tids, S.tid[i])]
-
-    def worker(i):
-        return workers[np.searchsorted(os_tids, S.tid[i])]
     passes, critical, root = slice_marks(rec)
     flows, flow_blobs, sync_at = _flows(rec, c, S, tid_of)
     s_end = np.maximum(S.end, S.start + 1)  # at least 1 ns, as in the JSON trace
     node = S.node
     rows.add(NODE_B, S.start, 2, lambda i: -s_end[i], track=track, node=node,
-             depth=lambda i: absent_if_zero(S.depth[i]), gt=S.gt, seq=lambda i: seq_by_node[node[i]],
+             depth=lambda i: absent_if_zero(S.depth[i]), gt=lambda i: absent_if_zero(S.gt[i]),
+             seq=lambda i: seq_by_node[node[i]],
              dev=lambda i: dev_by_node[node[i]], stream=lambda i: absent_if_zero(info["stream"][node[i]]),
              shape=lambda i: info["shape"][node[i]], same=lambda i: info["same"][node[i]], flows=flows,
-             opname=lambda i: op_iid[node[i]], pass_=lambda i: absent_if_zero(passes[i]),
-             worker=worker, crit=lambda i: np.where(critical[i], 0, -1), root=lambda i: np.where(root[i], 0, -1))
+             pass_=lambda i: absent_if_zero(passes[i]),
+             crit=lambda i: np.where(critical[i], 0, -1), root=lambda i: np.where(root[i], 0, -1))
     # outstanding tasks: each change rides on the event at its instant (a node's end, a wait's start)
     o_ts, o_val, o_kind, o_index = outstanding_changes(rec, origins=True)
     end_val = np.full(len(S), -1, dtype=np.int64)
@@ -384,7 +371,8 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
         pushed_rows[push_row[has_push]] = True
         alone[on_push & pushed_rows[np.where(on_push, o_index, 0)]] = False
         del pushed_rows, has_push
-        rows.add(WAIT_B, W.pushed, 2, lambda i: -W.popped[i], track=wait_track, node=W.node, gt=W.gt,
+        rows.add(WAIT_B, W.pushed, 2, lambda i: -W.popped[i], track=wait_track, node=W.node,
+                 gt=lambda i: absent_if_zero(W.gt[i]),
                  name=lambda i: W.queue[i] + 1, opname=lambda i: op_iid[W.node[i]],
                  uuid_a=lambda i: queue_uuid[W.queue[i]], val_a=qa, uuid_b=OUTSTANDING_UUID, val_b=ob)
         rows.add(WAIT_E, W.popped, lambda i: np.where(W.popped[i] > W.pushed[i], 0, 4), lambda i: -W.pushed[i],
@@ -486,7 +474,7 @@ def _shapes_blob(shapes: tuple) -> bytes:
 
 def _header(rec: Recording, tid_of, c, name_code: dict, devices: list[str], wait_names: list[str]) -> bytes:
     """The first packets: clock, defaults, interned strings (``devices``: the string values interned after
-    the op names: devices, then worker labels); the process, its threads and counter tracks."""
+    the op names); the process, its threads and counter tracks."""
     t0 = rec.start
     # the first event at 1 µs, as in the JSON trace
     clocks = pb_bytes(1, pb_varint(1, CLOCK_ID) + pb_varint(2, t0) + pb_varint(3, 1)) + \

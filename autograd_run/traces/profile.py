@@ -8,8 +8,10 @@ queue wait and worker (the definitions are ``traces.samples``'s). Sources:
   order file    ``--order-out`` (JSON Lines rows)        the order only (with the ready
                                                           sets when the rows carry them)
   Chrome trace  ``--trace`` of ``run`` or ``simulate``    order and times, from the node
-                                                          slices' args (never titles or
-                                                          track names)
+                                                          slices' args, their threads'
+                                                          worker labels and, where the
+                                                          args leave it out, the op name
+                                                          from the title ``<id> <op>``
   JSON summary  ``run --json`` / ``simulate --json``      order and times from its
                                                           ``samples``; an older summary
                                                           without them gives aggregates
@@ -340,6 +342,7 @@ def _trace(events, source: str, where: str) -> Profile:
     begins: dict = {}
     waits: dict = {}
     sort_index: dict = {}
+    thread_workers: dict = {}  # tid -> the worker label of its thread_name metadata
     simulated = False
     for i, e in enumerate(events):
         if not isinstance(e, dict):
@@ -349,19 +352,24 @@ def _trace(events, source: str, where: str) -> Profile:
             args, ts, dur = e.get("args"), e.get("ts"), e.get("dur")
             if not isinstance(args, dict) or not isinstance(args.get("id"), str):
                 raise _Bad(f"{where}[{i}].args", "a node slice needs args with a string 'id'")
-            if not _is_int(args.get("graph_task")):
+            gt = args.get("graph_task", 0)  # left out where 0
+            if not _is_int(gt):
                 raise _Bad(f"{where}[{i}].args.graph_task", "must be an integer")
             if not _num(ts) or not _num(dur) or dur < 0:
                 raise _Bad(f"{where}[{i}]", "a node slice needs a number 'ts' and a non-negative 'dur'")
+            if not _tid_ok(e.get("tid")):
+                raise _Bad(f"{where}[{i}].tid", "must be an integer or a string")
+            # the engine's GraphRoot: marked, or in an older trace (its slices carried the op name) unmarked
             if args.get("graph_root") is True or (args["id"] == "GraphRoot" and e.get("name") == "GraphRoot"
+                                                  and args.get("name") == "GraphRoot"
                                                   and "graph_root" not in args and "pass" not in args):
                 continue
             for k, check in _ARG_CHECKS:
                 if k in args and not check(args[k]):
                     raise _Bad(f"{where}[{i}].args.{k}", "has the wrong type")
             start = round(ts * 1000)
-            slices.append((start, start + round(dur * 1000), e.get("tid"), args["graph_task"], args["id"],
-                           e.get("name") if isinstance(e.get("name"), str) else "?", args, i))
+            slices.append((start, start + round(dur * 1000), e.get("tid"), gt, args["id"],
+                           _op_name(args, e.get("name")), args, i))
         elif cat == "queue_wait" and ph in ("b", "e") and _num(e.get("ts")):
             key = _async_key(e)
             if key is None:
@@ -372,10 +380,15 @@ def _trace(events, source: str, where: str) -> Profile:
                 b = begins.pop(key, None)
                 if b is not None:
                     a = b["args"]
-                    if isinstance(a.get("id"), str) and _is_int(a.get("graph_task")) and _num(b.get("ts")):
-                        waits[(a["graph_task"], a["id"])] = max(0, round((e["ts"] - b["ts"]) * 1000))
+                    gt = a.get("graph_task", 0)
+                    if isinstance(a.get("id"), str) and _is_int(gt) and _num(b.get("ts")):
+                        waits[(gt, a["id"])] = max(0, round((e["ts"] - b["ts"]) * 1000))
         elif ph == "M" and e.get("name") == "thread_sort_index" and isinstance(e.get("args"), dict):
-            sort_index[e.get("tid")] = e["args"].get("sort_index")
+            if _tid_ok(e.get("tid")):
+                sort_index[e.get("tid")] = e["args"].get("sort_index")
+        elif ph == "M" and e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
+            if _tid_ok(e.get("tid")) and isinstance(e["args"].get("worker"), str):
+                thread_workers[e.get("tid")] = e["args"]["worker"]
         elif ph == "M" and e.get("name") == "process_name" and isinstance(e.get("args"), dict):
             simulated = simulated or "simulated" in str(e["args"].get("name", ""))
         elif ph == "X" and cat == "kernel":
@@ -383,7 +396,9 @@ def _trace(events, source: str, where: str) -> Profile:
     if not slices:
         raise _Bad(where, "the trace has no node slices (cat 'node'): not a trace of autograd-run")
     p = Profile(source, "trace", simulated)
-    labelled = all("worker" in s[6] for s in slices)
+    # Worker labels: on each thread's metadata (a slice on a thread without one: its tid, as text), or in an
+    # older trace on each slice; the oldest traces have none.
+    labelled = bool(thread_workers) or all("worker" in s[6] for s in slices)
     if not labelled:
         p.notes.append(f"{source}: the trace's slices carry no worker labels (an older trace): "
                        "workers are told apart by track position")
@@ -392,11 +407,14 @@ def _trace(events, source: str, where: str) -> Profile:
         w = sl[6].get("worker")
         if isinstance(w, str):
             return w
+        if thread_workers:
+            w = thread_workers.get(sl[2])
+            return w if w is not None else str(sl[2])
         rank = sort_index.get(sl[2])
         return f"track {rank}" if _is_int(rank) else f"track tid {sl[2]}"
 
-    # A slice's pass: its ``pass`` argument; absent, 0 in a trace whose slices are labelled (the writer leaves
-    # out a pass of 0), else (an older trace, without the argument) found from the graph tasks' spans.
+    # A slice's pass: its ``pass`` argument; absent, 0 in a trace with worker labels (the writer leaves out a
+    # pass of 0), else (an older trace, without the argument) found from the graph tasks' spans.
     pass_of = _trace_passes(slices) if not labelled else {}
     passes = [sl[6]["pass"] if "pass" in sl[6] else pass_of.get(sl[3], 0) for sl in slices]
     n = max(passes) + 1
@@ -445,6 +463,23 @@ def _trace(events, source: str, where: str) -> Profile:
         p.notes.append(f"{source}: the trace marks no critical path (an older trace)")
     p.notes.append(f"{source}: a trace's pass wall time is its first node's start to its last node's end")
     return _finish(p)
+
+
+def _tid_ok(tid) -> bool:
+    """A thread id a trace may give (absent, an integer or a string): one to look threads up by."""
+    return tid is None or type(tid) in (int, str)
+
+
+def _op_name(args: dict, title) -> str:
+    """A node slice's op name: its ``name`` argument (older traces), else its title ``<id> <op>`` less the id
+    (the title is the op alone where the id is the op's name, as GraphRoot's)."""
+    name = args.get("name")
+    if isinstance(name, str):
+        return name
+    if not isinstance(title, str):
+        return "?"
+    prefix = args["id"] + " "
+    return title[len(prefix):] if title.startswith(prefix) else title
 
 
 def _async_key(e: dict):
