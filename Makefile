@@ -36,7 +36,8 @@ demo: $(RUNTIME)
 # The engine's tests run a second time on the pure-Python twin of the compiled core.
 PURE_TESTS := tests/test_engine.py tests/test_engine_semantics.py tests/test_scheduling.py \
 	tests/test_order_vs_torch.py tests/test_devices.py tests/test_simulate.py tests/test_checkpoint_kind.py \
-	tests/test_recording.py tests/test_summary.py tests/test_tracers.py tests/test_chrome_trace.py
+	tests/test_recording.py tests/test_summary.py tests/test_tracers.py tests/test_chrome_trace.py \
+	tests/test_seeding.py
 
 # Graphviz's `dot` renders `draw`'s SVG/PNG. Installed here only where the system allows it
 # (root and apt-get); otherwise, or if the install fails, the tests that need it skip with a reason.
