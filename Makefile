@@ -33,7 +33,7 @@ demo: $(RUNTIME)
 	$(VENV)/bin/autograd-run validate example:mlp
 	$(VENV)/bin/autograd-run example:mlp --trace demo-trace.json
 
-# The engine's tests run a second time on the pure-Python twin of the compiled core.
+# The engine's (and the seeded drawing's) tests run a second time on the pure-Python twins of the compiled parts.
 PURE_TESTS := tests/test_engine.py tests/test_engine_semantics.py tests/test_scheduling.py \
 	tests/test_order_vs_torch.py tests/test_devices.py tests/test_simulate.py tests/test_checkpoint_kind.py \
 	tests/test_recording.py tests/test_summary.py tests/test_tracers.py tests/test_chrome_trace.py \
