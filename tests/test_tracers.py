@@ -86,3 +86,39 @@ def test_the_engine_reaches_every_tracer():
     assert order.ids() == ["sum", "add", "mul_c", "mul_b", "acc_a"]
     assert [s.node.id for s in rec.recording().slices] == order.ids()
     assert [n.id for _, n in log if n.id in order.ids()] == order.ids()
+
+
+class Pushes(Tracer):
+    enabled = True
+
+    def __init__(self, log):
+        self.log = log
+
+    def task_pushed(self, queue, gt, node, depth):
+        self.log.append(("push", node))
+
+
+def test_implemented_names_the_hooks_some_tracer_overrides():
+    """The compiled engine calls, of the hot hooks, only these (the others are the base's no-ops)."""
+    assert Tracers(Starts("a", []), Ends([])).implemented >= {"node_start", "node_end"}
+    assert not Tracers(Starts("a", []), Ends([])).implemented & {"task_pushed", "task_popped", "worker_idle"}
+    assert {"task_pushed", "node_start", "node_end", "worker_idle"} <= Tracers(Recorder()).implemented
+
+
+def test_the_hooks_a_tracer_implements_are_called_beside_the_recorder_or_alone():
+    """With and without a Recorder's compiled log in front (the engine then calls the rest through
+    ``others``), each tracer gets every call of the hooks it implements, on a graph with a device."""
+    g = load_graph("example:pipeline")
+    runs = []
+    for with_recorder in (False, True):
+        log = []
+        rec = Recorder() if with_recorder else None
+        run_traced(g, Tracers(rec, Ends(log), Pushes(log)), devices="virtual")
+        ends = [n.id for kind, n in log if kind == "end"]
+        pushes = [n.id if n is not None else "(wake-up)" for kind, n in log if kind == "push"]
+        runs.append((sorted(ends), sorted(pushes)))
+        if rec is not None:
+            assert len(rec.drain().slices) == len(ends)
+    assert runs[0] == runs[1]
+    assert len(runs[0][0]) == len(g.nodes)  # every node (one root: no GraphRoot)
+    assert len(runs[0][1]) >= len(g.nodes)  # every task pushed, the root's too

@@ -830,6 +830,7 @@ typedef struct {
     int tracing;          /* tracer is not None and tracer.enabled, read when the tracer is set */
     LogObject *log;       /* tracer.event_log when compiled (pushes, pops and idle spans go there), or NULL */
     PyObject *others;     /* with a log: tracer.others, the tracers besides it (or NULL) */
+    int hooks;            /* the hot hooks to call in Python (HOOK_*): `others`'s with a log, else the tracer's */
     u128 *keys;
     PyObject **items;
     Py_ssize_t size, cap;
@@ -840,19 +841,30 @@ typedef struct {
 
 static PyTypeObject QueueType;
 
-static int tracer_info(PyObject *tracer, int *tracing, LogObject **log, PyObject **others);
+/* Which hot hooks the tracer that gets them implements (`Tracers.implemented`): the tracer's `others`
+ * beside a compiled event log, else the tracer itself. The rest are the base class's no-ops, not called. */
+#define HOOK_PUSH 1
+#define HOOK_POP 2
+#define HOOK_START 4
+#define HOOK_END 8
+#define HOOK_IDLE 16
+#define HOOK_ALL 31
+
+static int tracer_info(PyObject *tracer, int *tracing, LogObject **log, PyObject **others, int *mask);
 
 static int queue_set_tracer(QueueObject *self, PyObject *tracer) {
     int tracing;
     LogObject *log;
     PyObject *others;
-    if (tracer_info(tracer, &tracing, &log, &others) < 0)
+    int mask;
+    if (tracer_info(tracer, &tracing, &log, &others, &mask) < 0)
         return -1;
     Py_XINCREF(tracer);
     Py_XSETREF(self->tracer, tracer);
     Py_XINCREF(log);
     Py_XSETREF(self->log, log);
     Py_XSETREF(self->others, others);
+    self->hooks = mask;
     self->tracing = tracing;
     return 0;
 }
@@ -1024,9 +1036,9 @@ static int report(QueueObject *q, PyObject *method, PyObject *item, Py_ssize_t d
     if (q->log != NULL) {
         if (log_event(q->log, method == s_task_pushed ? EV_PUSH : EV_POP, (PyObject *)q, gt, node, depth) < 0)
             return -1;
-        if (q->others == NULL)
-            return 0;
     }
+    if (!(q->hooks & (method == s_task_pushed ? HOOK_PUSH : HOOK_POP)))
+        return 0;
     PyObject *d = PyLong_FromSsize_t(depth);
     if (d == NULL)
         return -1;
@@ -1043,9 +1055,9 @@ static int report_idle(QueueObject *q, int64_t t0, int64_t t1, PyObject *waiting
     if (q->log != NULL) {
         if (log_idle(q->log, (PyObject *)q, t0, t1, waiting_for) < 0)
             return -1;
-        if (q->others == NULL)
-            return 0;
     }
+    if (!(q->hooks & HOOK_IDLE))
+        return 0;
     PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1);
     PyObject *r = (a && b) ? PyObject_CallMethodObjArgs(q->log != NULL ? q->others : q->tracer, s_worker_idle,
                                                         (PyObject *)q, a, b, waiting_for, NULL)
@@ -1540,6 +1552,7 @@ typedef struct {
     int tracing;         /* tracer.enabled */
     LogObject *log;      /* tracer.event_log when it is a compiled EventLog (borrowed), else NULL */
     PyObject *others;    /* tracer.others: the tracers besides that log (new reference), or NULL */
+    int hooks;           /* the hot hooks to call in Python (HOOK_*): `others`'s with a log, else the tracer's */
     PyObject *key_fn;    /* engine.priority.key unless the default priority (new reference), or NULL */
 } EngineInfo;
 
@@ -1548,10 +1561,39 @@ static void engine_info_clear(EngineInfo *ei) {
     Py_CLEAR(ei->key_fn);
 }
 
-static int tracer_info(PyObject *tracer, int *tracing, LogObject **log, PyObject **others) {
+/* HOOK_* bits of the hot hooks `t` implements: its `implemented` set (Tracers), else all of them. */
+static int hooks_mask(PyObject *t, int *mask) {
+    *mask = HOOK_ALL;
+    PyObject *impl = PyObject_GetAttrString(t, "implemented");
+    if (impl == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyAnySet_Check(impl)) {
+        PyObject *names[5] = {s_task_pushed, s_task_popped, s_node_start, s_node_end, s_worker_idle};
+        int m = 0;
+        for (int i = 0; i < 5; i++) {
+            int has = PySet_Contains(impl, names[i]);
+            if (has < 0) {
+                Py_DECREF(impl);
+                return -1;
+            }
+            if (has)
+                m |= 1 << i;
+        }
+        *mask = m;
+    }
+    Py_DECREF(impl);
+    return 0;
+}
+
+static int tracer_info(PyObject *tracer, int *tracing, LogObject **log, PyObject **others, int *mask) {
     *tracing = 0;
     *log = NULL;
     *others = NULL;
+    *mask = HOOK_ALL;
     if (tracer == NULL || tracer == Py_None)
         return 0;
     int t = attr_true(tracer, s_enabled);
@@ -1565,9 +1607,14 @@ static int tracer_info(PyObject *tracer, int *tracing, LogObject **log, PyObject
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
             return -1;
         PyErr_Clear();
-        return 0;
+        return hooks_mask(tracer, mask);
     }
-    if (Py_IS_TYPE(lg, &LogType)) {
+    if (!Py_IS_TYPE(lg, &LogType)) {
+        Py_DECREF(lg);
+        return hooks_mask(tracer, mask);
+    }
+    *mask = 0;  /* the log takes the hot hooks; `others`, when there are others, the ones they implement */
+    {
         *log = (LogObject *)lg;  /* the tracer keeps it alive */
         PyObject *o = PyObject_GetAttr(tracer, s_others);
         if (o == NULL) {
@@ -1580,6 +1627,11 @@ static int tracer_info(PyObject *tracer, int *tracing, LogObject **log, PyObject
             Py_DECREF(o);
         } else {
             *others = o;
+            if (hooks_mask(o, mask) < 0) {
+                Py_CLEAR(*others);
+                Py_DECREF(lg);
+                return -1;
+            }
         }
     }
     Py_DECREF(lg);
@@ -1602,7 +1654,7 @@ static int engine_info_fill(EngineInfo *ei, PyObject *engine, PyObject *tracer) 
         if (ei->key_fn == NULL)
             return -1;
     }
-    if (tracer_info(tracer, &ei->tracing, &ei->log, &ei->others) < 0) {
+    if (tracer_info(tracer, &ei->tracing, &ei->log, &ei->others, &ei->hooks) < 0) {
         engine_info_clear(ei);
         return -1;
     }
@@ -2278,9 +2330,9 @@ static int trace_node(EngineInfo *ei, int kind, PyObject *gt, PyObject *node) {
     if (ei->log != NULL) {
         if (log_event(ei->log, kind, NULL, gt, node, -1) < 0)
             return -1;
-        if (ei->others == NULL)
-            return 0;
     }
+    if (!(ei->hooks & (kind == EV_START ? HOOK_START : HOOK_END)))
+        return 0;
     PyObject *target = ei->log != NULL ? ei->others : ei->tracer;
     PyObject *r = PyObject_CallMethodObjArgs(target, kind == EV_START ? s_node_start : s_node_end, gt, node, NULL);
     if (r == NULL)
@@ -2679,7 +2731,7 @@ static PyObject *thread_main(PyObject *mod, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     /* whether a pop may run Python tracer hooks (the frame is put back before them) */
-    int pop_hooks = ei.tracing && (ei.log == NULL || ei.others != NULL);
+    int pop_hooks = ei.tracing && (ei.hooks & (HOOK_POP | HOOK_IDLE));
     for (;;) {
         if (graph_task != Py_None) {
             int completed = slot_true(&GT_SLOTS, graph_task, GF_COMPLETED);

@@ -95,6 +95,8 @@ class Tracers(Tracer):
             if logged.others is not None:
                 rest.insert(0, logged.others)
             self.others = Tracers(*rest) if rest else None
+        #: The hooks some tracer here implements (the compiled engine calls no other of the hot ones).
+        self.implemented = frozenset(name for name in HOOKS if any(_implements(t, name) for t in self.tracers))
         for name in HOOKS:
             impls = [getattr(t, name) for t in self.tracers if _implements(t, name)]
             if len(impls) == 1:
