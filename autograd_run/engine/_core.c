@@ -352,6 +352,8 @@ typedef struct {
     PyObject *clock;                     /* callable() -> ns, or NULL for CLOCK_MONOTONIC (perf_counter_ns) */
     PyObject *last_gt;                   /* the GraphTask whose id is cached (held, so its address is not reused) */
     int64_t last_gt_id;
+    PyObject *last_node;                 /* the node last looked up (borrowed, as the hash's keys), or NULL */
+    int32_t last_node_idx;               /* its table index: a task's pop, start and end name the same node */
 } LogObject;
 
 static PyTypeObject LogType;
@@ -403,6 +405,7 @@ static int Log_clear(LogObject *self) {
     self->hkeys = NULL;
     self->hvals = NULL;
     self->hcap = self->hcount = 0;
+    self->last_node = NULL;
     return 0;
 }
 
@@ -454,12 +457,17 @@ static int log_rehash(LogObject *self, Py_ssize_t cap) {
 static int32_t log_node(LogObject *self, PyObject *node) {
     if (node == Py_None || node == NULL)
         return -1;
+    if (node == self->last_node)
+        return self->last_node_idx;
     if (self->hcap) {
         size_t h = ptr_hash(node) & (self->hcap - 1);
         PyObject *k;
         while ((k = self->hkeys[h]) != NULL) {
-            if (k == node)
+            if (k == node) {
+                self->last_node = node;
+                self->last_node_idx = self->hvals[h];
                 return self->hvals[h];
+            }
             h = (h + 1) & (self->hcap - 1);
         }
     }
@@ -478,6 +486,8 @@ static int32_t log_node(LogObject *self, PyObject *node) {
     self->hkeys[h] = node;  /* borrowed: the list holds it */
     self->hvals[h] = (int32_t)idx;
     self->hcount++;
+    self->last_node = node;
+    self->last_node_idx = (int32_t)idx;
     return (int32_t)idx;
 }
 
@@ -767,6 +777,7 @@ static PyObject *Log_take(LogObject *self, PyObject *const *args, Py_ssize_t nar
             self->hkeys = NULL;
             self->hvals = NULL;
             self->hcap = self->hcount = 0;
+            self->last_node = NULL;
         }
     } else {
         nodes = PyList_GetSlice(self->nodes, 0, PyList_GET_SIZE(self->nodes));
