@@ -92,3 +92,26 @@ def test_the_tail_of_the_ziggurat_is_drawn_as_numpy_draws_it():
         want = plain(*sp)
         assert np.abs(want).max() > 3.65  # the tail was drawn
         assert arr.tobytes() == want.tobytes()
+
+
+def test_the_compiled_drawing_works_in_bounded_batches(monkeypatch):
+    """Each call of the compiled drawing makes at most ``BATCH`` values (its float64 buffer is bounded
+    whatever the graph); groups split across batches still give numpy's values."""
+    if not seeding.NATIVE:
+        pytest.skip("the compiled drawing is not built (or AUTOGRAD_RUN_PURE_PYTHON is set)")
+    calls = []
+    real = seeding._native.draw
+
+    class Spy:
+        @staticmethod
+        def draw(seeds, counts, uniform):
+            calls.append(sum(np.frombuffer(counts, dtype=np.int64)))
+            return real(seeds, counts, uniform)
+    monkeypatch.setattr(seeding, "_native", Spy)
+    monkeypatch.setattr(seeding, "BATCH", 100)
+    specs = [(s, [(3,), (40,), (7, 9), (150,), (0,)][s % 5], "float32", "normal") for s in range(60)]
+    got = seeding.draw_many(specs)
+    for sp, arr in zip(specs, got):
+        assert arr.tobytes() == plain(*sp).tobytes(), sp
+    assert len(calls) > 5 and max(calls) <= 150  # a 150-value tensor is drawn alone, the rest within 100
+    assert all(c <= 100 for c in calls if c != 150)

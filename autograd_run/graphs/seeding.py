@@ -144,10 +144,16 @@ def draw_many(specs: list[tuple[int, tuple, str, str]]) -> list[np.ndarray]:
 ROWS_MAX = 64
 
 
+#: Values drawn per call of the compiled drawing, at most (its float64 buffer: 32 MiB), so the drawing
+#: never holds more than this beside the arrays it makes (a graph of many mid-sized tensors would
+#: otherwise need a float64 copy of them all at once).
+BATCH = 1 << 22
+
+
 def _draw_native(specs: list, which: list[int], out: list) -> None:
-    """``out[k]`` for each k in ``which`` from one call of the compiled drawing (module docstring), drawn
-    group by group (one shape and dtype), so that each group's values lie together and are cast at once,
-    as ``np.asarray(values, dtype)`` casts them."""
+    """``out[k]`` for each k in ``which`` from the compiled drawing (module docstring), in batches of at most
+    ``BATCH`` values, group by group (one shape and dtype), so that a group's values lie together and are
+    cast at once, as ``np.asarray(values, dtype)`` casts them."""
     groups: dict = {}
     for k in which:
         sp = specs[k]
@@ -157,19 +163,36 @@ def _draw_native(specs: list, which: list[int], out: list) -> None:
             groups[key] = [k]
         else:
             g.append(k)
-    order = [k for g in groups.values() for k in g]
-    counts = []
-    for (shape, _), g in groups.items():
-        counts += [math.prod(shape)] * len(g)
+    runs = [(shape, np.dtype(dtype), math.prod(shape), g) for (shape, dtype), g in groups.items()]
+    batch: list = []  # (shape, dtype, n, specs) runs of at most BATCH values in all
+    size = 0
+    for shape, dt, n, g in runs:
+        i = 0
+        while i < len(g):
+            take = len(g) - i if n == 0 else max(1, min(len(g) - i, (BATCH - size) // n))
+            if batch and size + take * n > BATCH:
+                _draw_batch(specs, batch, out)
+                batch, size = [], 0
+                continue
+            batch.append((shape, dt, n, g[i: i + take]))
+            size += take * n
+            i += take
+    if batch:
+        _draw_batch(specs, batch, out)
+
+
+def _draw_batch(specs: list, runs: list, out: list) -> None:
+    order = [k for *_, g in runs for k in g]
+    counts: list = []
+    for _, _, n, g in runs:
+        counts += [n] * len(g)
     values = np.frombuffer(_native.draw(np.array([specs[k][0] for k in order], dtype=np.uint64).tobytes(),
                                         np.array(counts, dtype=np.int64).tobytes(),
                                         bytes(specs[k][3] == "uniform" for k in order)), dtype=np.float64)
     at = 0
-    for (shape, dtype), g in groups.items():
-        n = math.prod(shape)
+    for shape, dt, n, g in runs:
         block = values[at: at + n * len(g)]
         at += n * len(g)
-        dt = np.dtype(dtype)
         if shape and n <= ROWS_MAX:
             for k, row in zip(g, block.astype(dt).reshape((len(g), *shape))):
                 out[k] = row
