@@ -475,6 +475,18 @@ def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
     assert MachineSpec.from_dict(spec.to_dict()).engine == spec.engine
 
 
+def test_calibrate_warns_when_its_rounds_never_settle(monkeypatch):
+    import itertools
+    import autograd_run.sim.calibrate as cal
+    seq = itertools.cycle([{"node_overhead_us": 2.0, "handoff_us": h, "wait_overhead_us": 40.0}
+                           for h in (20, 90, 40, 160, 60, 200, 30, 300)])
+    monkeypatch.setattr(cal, "_engine_round", lambda nodes, repeat: next(seq))
+    lines = []
+    spec = cal.calibrate(nodes=10, log=lines.append)
+    assert len(lines) == cal.MAX_ROUNDS + 1 and lines[-1].startswith("warning: the figures did not settle in 8 rounds")
+    assert spec.engine.handoff_us == 75.0 and spec.source.endswith(", 8 rounds")
+
+
 def test_a_real_calibration_reports_its_rounds_and_spread():
     """The real measurement (small chains): between 3 and MAX_ROUNDS rounds, each figure's median among
     its rounds' values, the spread their range over the median."""

@@ -171,6 +171,11 @@ def engine_figures(nodes: int = 4000, repeat: int = 5, log=None) -> tuple[dict, 
             log(f"round {len(rounds)}: " + ", ".join(f"{k} {v:.2f}" for k, v in rounds[-1].items()))
         if settled(rounds):
             break
+    else:
+        if log is not None:
+            log(f"warning: the figures did not settle in {MAX_ROUNDS} rounds (this machine's latencies are "
+                "drifting, e.g. other work is running): the spec keeps their medians, and simulated times "
+                "carry that uncertainty; calibrate again when the machine is quieter")
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     spread = {k: (max(r[k] for r in rounds) - min(r[k] for r in rounds)) / med[k] if med[k] else 0.0
               for k in rounds[0]}
