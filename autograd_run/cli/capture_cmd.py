@@ -177,9 +177,8 @@ def check(graph, rtol, atol, allow_opaque, max_memory):
     from autograd_run.check import check_graph
     from autograd_run.cli.render import columns
     from autograd_run.cli.terminal import PlainTable as Table, make_console, plain
-    from autograd_run.cli.common import keep_until_exit, load_graph_arg
-    g = load_graph_arg(graph, max_bytes=max_memory)
-    keep_until_exit()
+    from autograd_run.cli.common import load_graph_arg
+    g = load_graph_arg(graph, max_bytes=max_memory, keep=True)
     report = check_graph(g, rtol, atol, allow_opaque=allow_opaque)
     console = make_console()
     if report.order_ok:

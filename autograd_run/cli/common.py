@@ -145,25 +145,39 @@ max_memory_option = click.option(
 ONE_SHOT = "one-shot process"
 
 
-def keep_until_exit() -> None:
-    """What is loaded so far (the command's graph) lives until the process exits: take it out of the
-    cyclic collector's sight (``gc.freeze``). A loaded graph is millions of objects the collector
-    would otherwise scan again each time the run allocates (at 2e5 nodes about 1.3 s of collections
-    while saved tensors are made, and 1.5 s more at exit). Done only when ``main()`` runs the
-    command as the process's one command; a command called from a library or a test changes nothing,
-    as frozen objects in a cycle would never be freed there."""
+def _one_shot() -> bool:
     ctx = click.get_current_context(silent=True)
-    if ctx is not None and ctx.find_root().obj == ONE_SHOT:
-        import gc
-        gc.freeze()
+    return ctx is not None and ctx.find_root().obj == ONE_SHOT
 
 
 def load_graph_arg(ref: str, fmt: str | None = None, *, max_bytes: int | None = None,
-                   allow_python: bool = True, check_data: bool = False):
+                   allow_python: bool = True, check_data: bool = False, keep: bool = False):
     """The graph a command-line argument names: a file, ``example:NAME``, or ``-`` for standard input
     (format ``fmt``, else from the content). A graph from stdin has no folder, so it cannot use
     ``.npz`` side files; the error says so. ``max_bytes``, ``allow_python`` and ``check_data`` as for
-    ``graphs.load.load_graph``."""
+    ``graphs.load.load_graph``.
+
+    ``keep``: the graph lives until the process exits (the command's one graph). When ``main()`` runs
+    the command as the process's one command, the graph is then loaded with the cyclic collector off
+    and frozen (``gc.freeze``) before it is turned back on: a loaded graph is millions of objects,
+    which the collector would otherwise scan as they age through its generations and each time the
+    run allocates (at 2e5 nodes about 2 s, and 1.5 s more at exit). A command called from a library
+    or a test loads as a library does: frozen objects in a cycle would never be freed there."""
+    if not (keep and _one_shot()):
+        return _load_graph_arg(ref, fmt, max_bytes, allow_python, check_data)
+    import gc
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        g = _load_graph_arg(ref, fmt, max_bytes, allow_python, check_data)
+        gc.freeze()
+        return g
+    finally:
+        if was:
+            gc.enable()
+
+
+def _load_graph_arg(ref: str, fmt: str | None, max_bytes: int | None, allow_python: bool, check_data: bool):
     from autograd_run.graphs.load import load_graph, load_graph_bytes, read_stream
     if ref != "-":
         if fmt is not None:

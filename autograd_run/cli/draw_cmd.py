@@ -72,7 +72,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
       autograd-run draw big.json -o part.png --around mm_12 --depth 3
     """
     from autograd_run.draw import dot, render, timing, view
-    from autograd_run.cli.common import keep_until_exit, load_graph_arg
+    from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import atomic_write, check_output_path
     from autograd_run.traces.profile import read_profile
 
@@ -89,8 +89,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
     if "metric" in given and (costs_path is not None or diff_paths is not None):
         raise UsageError("--color-by goes with --trace or --simulate (--costs and --diff colour by run time)")
     fmt = render.output_format(output)
-    g = load_graph_arg(graph)
-    keep_until_exit()
+    g = load_graph_arg(graph, keep=True)
     side = None
     if simulate_opts is not None:
         from autograd_run.cli.sides import parse_side

@@ -89,17 +89,17 @@ def validate(files, allow_python, max_memory):
       autograd-run validate graph.yaml example:mlp
       autograd-run validate big.json --max-memory 16GiB
     """
-    from autograd_run.cli.common import keep_until_exit, load_graph_arg
+    from autograd_run.cli.common import load_graph_arg
     failed = False
     for f in files:
         try:
-            g = load_graph_arg(f, max_bytes=max_memory, allow_python=allow_python, check_data=True)
+            # one file: its graph lives until exit; with more, each is garbage once checked
+            g = load_graph_arg(f, max_bytes=max_memory, allow_python=allow_python, check_data=True,
+                               keep=len(files) == 1)
         except GraphFileError as exc:
             error_line(str(exc))
             failed = True
             continue
-        if len(files) == 1:  # with more, each graph is garbage once checked: the collector frees it
-            keep_until_exit()
         devs = ", ".join(str(d) for d in g.devices)
         echo(f"{f}: {len(g.nodes)} nodes, {g.num_edges} edges, devices: {devs}, roots: {len(g.roots)}")
     if failed:

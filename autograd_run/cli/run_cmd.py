@@ -9,7 +9,7 @@ import click
 
 from autograd_run.cli import jsonout
 from autograd_run.cli.common import (
-    Seconds, Whole, echo, error_line, keep_until_exit, load_graph_arg, max_memory_option, note_lines, write,
+    Seconds, Whole, echo, error_line, load_graph_arg, max_memory_option, note_lines, write,
 )
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.cli.interrupts import ctrl_c_stops
@@ -128,8 +128,7 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
     if backend and backend_old and backend != backend_old:
         raise UsageError("--devices is the old spelling of --backend: give one of them")
     devices = backend or backend_old or "auto"
-    g = load_graph_arg(graph, fmt, max_bytes=max_memory, allow_python=allow_python)
-    keep_until_exit()
+    g = load_graph_arg(graph, fmt, max_bytes=max_memory, allow_python=allow_python, keep=True)
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(
         mode=mode, inputs=inputs.split(",") if inputs is not None else None, allow_unused=allow_unused,

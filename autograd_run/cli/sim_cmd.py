@@ -96,7 +96,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
       autograd-run simulate graph.json --order-out golden.jsonl   # then: run --expect-order
       autograd-run simulate model.json --costs trace.pt.json.gz --spec local-torch
     """
-    from autograd_run.cli.common import keep_until_exit, load_graph_arg
+    from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import check_output_path
     from autograd_run.errors import RequestError
     from autograd_run.sim.measured import load_costs
@@ -110,8 +110,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         require_viewer()
     if compare:
         _compare_conflicts(compare, trace_path, order_out)
-    g = load_graph_arg(graph, max_bytes=NO_BUDGET)  # a simulation materialises no tensor
-    keep_until_exit()
+    g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
     measured = load_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(compare, policy, devices)
     import os

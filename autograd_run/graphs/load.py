@@ -54,22 +54,20 @@ _PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z_0-9]*)|\[(\d+)\]|\[(['\"])(.*?)\3\
 
 
 @contextmanager
-def gc_paused(promote: bool = False):
+def gc_paused():
     """The cyclic GC off meanwhile: loading (or a simulation) allocates millions of small objects, none
     freed in cycles; the GC would only scan them again and again. Restores the state it found.
 
-    ``promote``: what is alive at the end (a loaded graph: long-lived by purpose) moves to the oldest
-    generation unexamined, instead of being scanned by the first young collection after it (0.5 s at
-    2e5 nodes) and again on its way up. Skipped when some caller has frozen objects
-    (``gc.freeze``): the move goes through the frozen set, which it would empty."""
+    (What is made meanwhile then ages through the generations as usual, scanned on its way; the command
+    line, whose one graph lives until exit, loads with the collector off and freezes the graph:
+    ``cli.common.load_graph_arg``. Moving it to the oldest generation unscanned instead would hide it
+    from the count that starts full collections, so a process loading graph after graph would keep
+    their cycles.)"""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if promote and gc.get_freeze_count() == 0:
-            gc.freeze()
-            gc.unfreeze()
         if was:
             gc.enable()
 
@@ -136,7 +134,7 @@ def loads_graph(data: bytes | str, source: str = "<memory>", fmt: str | None = N
         fmt = detect_format(data)
     elif fmt is None:
         fmt = "yaml" if is_yaml_name(source) else "json"
-    with gc_paused(promote=True):
+    with gc_paused():
         if fmt == "json":
             return _load_json(data, source, base_dir, side_name, max_bytes, check_data)
         return _load_yaml(data, source, base_dir, side_name, max_bytes, check_data)
