@@ -492,8 +492,12 @@ def test_a_real_calibration_reports_its_rounds_and_spread():
     its rounds' values, the spread their range over the median."""
     import re
     from autograd_run.sim.calibrate import MAX_ROUNDS, MIN_ROUNDS, calibrate
-    lines = []
-    spec = calibrate(nodes=400, repeat=3, log=lines.append)
+    logged = []
+    spec = calibrate(nodes=400, repeat=3, log=logged.append)
+    lines = [m for m in logged if m.startswith("round ")]
+    # a busy machine may not settle: then the rounds stop at the most, with a warning
+    assert logged[len(lines):] == ([] if len(lines) < MAX_ROUNDS else logged[len(lines):])
+    assert all(m.startswith("warning: the figures did not settle") for m in logged[len(lines):])
     assert MIN_ROUNDS <= len(lines) <= MAX_ROUNDS
     assert spec.source.endswith(f", {len(lines)} rounds")
     seen = {k: [float(v) for v in re.findall(rf"{k} ([0-9.]+)", " ".join(lines))]
