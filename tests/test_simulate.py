@@ -496,8 +496,9 @@ def test_a_real_calibration_reports_its_rounds_and_spread():
     spec = calibrate(nodes=400, repeat=3, log=logged.append)
     lines = [m for m in logged if m.startswith("round ")]
     # a busy machine may not settle: then the rounds stop at the most, with a warning
-    assert logged[len(lines):] == ([] if len(lines) < MAX_ROUNDS else logged[len(lines):])
-    assert all(m.startswith("warning: the figures did not settle") for m in logged[len(lines):])
+    tail = logged[len(lines):]
+    assert tail == [] or (len(lines) == MAX_ROUNDS and len(tail) == 1
+                          and tail[0].startswith("warning: the figures did not settle"))
     assert MIN_ROUNDS <= len(lines) <= MAX_ROUNDS
     assert spec.source.endswith(f", {len(lines)} rounds")
     seen = {k: [float(v) for v in re.findall(rf"{k} ([0-9.]+)", " ".join(lines))]
