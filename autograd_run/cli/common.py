@@ -140,8 +140,9 @@ max_memory_option = click.option(
          "[default: 4 GiB or half the machine's memory, whichever is less]")
 
 
-#: ``main()`` (the console script) runs one command and the process ends with it: it passes this as
-#: click's context object, so a command may treat what it loads as living until exit.
+#: ``main()`` without arguments (the console script) runs the process's command line, and the process
+#: ends with it: it passes this as click's context object, so a command may treat what it loads as
+#: living until exit.
 ONE_SHOT = "one-shot process"
 
 
@@ -158,7 +159,7 @@ def load_graph_arg(ref: str, fmt: str | None = None, *, max_bytes: int | None = 
     ``graphs.load.load_graph``.
 
     ``keep``: the graph lives until the process exits (the command's one graph). When ``main()`` runs
-    the command as the process's one command, the graph is then loaded with the cyclic collector off
+    the process's own command line (``ONE_SHOT``), the graph is then loaded with the cyclic collector off
     and frozen (``gc.freeze``) before it is turned back on: a loaded graph is millions of objects,
     which the collector would otherwise scan as they age through its generations and each time the
     run allocates (at 2e5 nodes about 2 s, and 1.5 s more at exit). A command called from a library

@@ -176,10 +176,14 @@ NUMPY_WARNINGS = r"(overflow|underflow|invalid value|divide by zero) encountered
 
 
 def main(argv=None):
+    """The ``autograd-run`` command. Without ``argv`` (the console script, ``python -m autograd_run``) it
+    runs this process's own command line, and the process ends with it: the command may then keep
+    what it loads until exit (``cli.common.load_graph_arg``). With ``argv`` (a caller's own list, as
+    in tests) it is one call among others, and leaves the process as it found it."""
     import warnings
     warnings.filterwarnings("ignore", message=NUMPY_WARNINGS, category=RuntimeWarning)
     try:
-        cli.main(args=argv, prog_name="autograd-run", standalone_mode=False, obj=ONE_SHOT)
+        cli.main(args=argv, prog_name="autograd-run", standalone_mode=False, obj=ONE_SHOT if argv is None else None)
     except click.exceptions.Abort:
         error_line("aborted")
         sys.exit(130)
