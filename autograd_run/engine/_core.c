@@ -394,18 +394,23 @@ static int Log_traverse(LogObject *self, visitproc visit, void *arg) {
     return 0;
 }
 
-static int Log_clear(LogObject *self) {
-    Py_CLEAR(self->nodes);   /* the hash's keys are borrowed from this list */
-    Py_CLEAR(self->queues);
-    Py_CLEAR(self->clock);
-    Py_CLEAR(self->on_thread);
-    Py_CLEAR(self->last_gt);
+/* Drop the node index (its keys are borrowed from the node list, which goes with it). */
+static void log_forget_index(LogObject *self) {
     PyMem_RawFree(self->hkeys);
     PyMem_RawFree(self->hvals);
     self->hkeys = NULL;
     self->hvals = NULL;
     self->hcap = self->hcount = 0;
     self->last_node = NULL;
+}
+
+static int Log_clear(LogObject *self) {
+    Py_CLEAR(self->nodes);   /* the hash's keys are borrowed from this list */
+    Py_CLEAR(self->queues);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->on_thread);
+    Py_CLEAR(self->last_gt);
+    log_forget_index(self);
     return 0;
 }
 
@@ -772,12 +777,7 @@ static PyObject *Log_take(LogObject *self, PyObject *const *args, Py_ssize_t nar
             self->nodes = fresh;
             /* the index goes with the list (its keys were the old list's), as the twin's dict does: a log
              * taken for the last time keeps nothing per node (12 bytes a slot, 25 MB at 1e6 nodes) */
-            PyMem_RawFree(self->hkeys);
-            PyMem_RawFree(self->hvals);
-            self->hkeys = NULL;
-            self->hvals = NULL;
-            self->hcap = self->hcount = 0;
-            self->last_node = NULL;
+            log_forget_index(self);
         }
     } else {
         nodes = PyList_GetSlice(self->nodes, 0, PyList_GET_SIZE(self->nodes));

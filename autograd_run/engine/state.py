@@ -127,11 +127,10 @@ class GraphState:
         for name, value in saved.items():
             if value is None:
                 cached[name] = None
-            elif type(value) is dict and ((premade and id(value) in premade) or tensors.is_tensor_spec(value)):
-                made = premade.get(id(value)) if premade else None
-                cached[name] = made if made is not None else tensors.materialize(value, side)
-                if half:
-                    cached[name] = upcast(cached[name])
+            elif type(value) is dict and ((made := premade.get(id(value)) if premade else None) is not None
+                                          or tensors.is_tensor_spec(value)):
+                arr = made if made is not None else tensors.materialize(value, side)
+                cached[name] = upcast(arr) if half else arr
             elif type(value) is str and name in scalar_fields:
                 cached[name] = number(value)  # a Scalar JSON cannot hold: "(1-2j)", "inf", "1e-3"
             elif name in tensor_fields and isinstance(value, list):
