@@ -108,7 +108,8 @@ typedef struct {
 
 static PyObject *s_next, *s_inputs, *s_cpu, *s_seq, *s_op, *s_attrs, *s_saves_tensors, *s_topo_nr, *s_id, *s_name,
     *s_stream, *s_saved, *s_completed, *s_expired,
-    *s_has_error, *s_outstanding, *s_reentrant_depth, *s_shape, *s_dtype;
+    *s_has_error, *s_outstanding, *s_reentrant_depth, *s_shape, *s_dtype, *s_saved_strings, *s_tensor_fields,
+    *s_random, *s_dist, *s_float32, *s_normal;
 
 enum { NF_NEXT, NF_INPUTS, NF_CPU, NF_SEQ, NF_OP, NF_ATTRS, NF_SAVES, NF_TOPO, NF_ID, NF_NAME, NF_STREAM, NF_SAVED };
 static SlotTable NODE_SLOTS = {NULL, 12, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors,
@@ -2946,6 +2947,130 @@ fail:
     return NULL;
 }
 
+/* group_saved(todo, half, offset) -> (groups, sinks, done, slow): one walk over the saved values of the
+ * nodes split_saved says to convert, grouping each random spec's seed (plus offset) by (shape, dtype,
+ * dist) and noting where its array goes; engine/state.py's group_saved_py is the twin and says more. */
+static PyObject *group_saved(PyObject *mod, PyObject *args) {
+    PyObject *todo, *half, *offset;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &todo, &half, &offset))
+        return NULL;
+    PyObject *groups = PyDict_New(), *sinks = PyDict_New(), *done = PyList_New(0), *slow = PyList_New(0);
+    PyObject *saved = NULL, *mapping = NULL, *op = NULL, *fields = NULL, *shape = NULL, *key = NULL;
+    if (groups == NULL || sinks == NULL || done == NULL || slow == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(todo); i++) {
+        PyObject *node = PyList_GET_ITEM(todo, i);
+        if ((saved = node_get(node, NF_SAVED)) == NULL)
+            goto fail;
+        mapping = PyDict_CheckExact(saved) ? PyDict_Copy(saved) : PyObject_CallOneArg((PyObject *)&PyDict_Type, saved);
+        Py_CLEAR(saved);
+        if (mapping == NULL)
+            goto fail;
+        PyObject *strings = PyObject_GetAttr(node, s_saved_strings);
+        if (strings == NULL)
+            goto fail;
+        int easy = PyObject_Not(strings);
+        Py_DECREF(strings);
+        if (easy < 0)
+            goto fail;
+        if (easy) {
+            int in = PySequence_Contains(half, node);
+            if (in < 0)
+                goto fail;
+            easy = !in;
+        }
+        if ((op = node_get(node, NF_OP)) == NULL || (fields = PyObject_GetAttr(op, s_tensor_fields)) == NULL)
+            goto fail;
+        Py_CLEAR(op);
+        Py_ssize_t pos = 0;
+        PyObject *name, *v;
+        while (PyDict_Next(mapping, &pos, &name, &v)) {
+            if (Py_IS_TYPE(v, &PyDict_Type)) {
+                PyObject *seed = PyDict_GetItemWithError(v, s_random);
+                PyObject *shp = seed ? PyDict_GetItemWithError(v, s_shape) : NULL;
+                if (shp == NULL) {
+                    if (PyErr_Occurred())
+                        goto fail;
+                    easy = 0;
+                    continue;
+                }
+                PyObject *dtype = PyDict_GetItemWithError(v, s_dtype);
+                if (dtype == NULL && PyErr_Occurred())
+                    goto fail;
+                int given = dtype ? PyObject_IsTrue(dtype) : 0;
+                if (given < 0)
+                    goto fail;
+                PyObject *dist = PyDict_GetItemWithError(v, s_dist);
+                if (dist == NULL && PyErr_Occurred())
+                    goto fail;
+                if ((shape = PySequence_Tuple(shp)) == NULL)
+                    goto fail;
+                key = PyTuple_Pack(3, shape, given ? dtype : s_float32, dist ? dist : s_normal);
+                Py_CLEAR(shape);
+                if (key == NULL)
+                    goto fail;
+                PyObject *seeds = PyDict_GetItemWithError(groups, key), *sink;
+                if (seeds == NULL) {
+                    if (PyErr_Occurred())
+                        goto fail;
+                    seeds = PyList_New(0);
+                    sink = PyList_New(0);
+                    int bad = seeds == NULL || sink == NULL || PyDict_SetItem(groups, key, seeds) < 0 ||
+                              PyDict_SetItem(sinks, key, sink) < 0;
+                    Py_XDECREF(seeds);  /* the dicts hold them */
+                    Py_XDECREF(sink);
+                    if (bad)
+                        goto fail;
+                } else if ((sink = PyDict_GetItemWithError(sinks, key)) == NULL) {
+                    goto fail;
+                }
+                Py_CLEAR(key);
+                PyObject *s = PyNumber_Add(seed, offset);
+                if (s == NULL)
+                    goto fail;
+                int bad = PyList_Append(seeds, s);
+                Py_DECREF(s);
+                PyObject *where = bad ? NULL : PyTuple_Pack(2, mapping, name);
+                bad = where == NULL || PyList_Append(sink, where) < 0;
+                Py_XDECREF(where);
+                if (bad)
+                    goto fail;
+            } else if (Py_IS_TYPE(v, &PyList_Type)) {
+                int in = PySequence_Contains(fields, name);
+                if (in < 0)
+                    goto fail;
+                if (in)
+                    easy = 0;
+            }
+        }
+        Py_CLEAR(fields);
+        PyObject *pair = PyTuple_Pack(2, node, mapping);
+        Py_CLEAR(mapping);
+        int bad = pair == NULL || PyList_Append(easy ? done : slow, pair) < 0;
+        Py_XDECREF(pair);
+        if (bad)
+            goto fail;
+    }
+    PyObject *out = PyTuple_Pack(4, groups, sinks, done, slow);
+    Py_DECREF(groups);
+    Py_DECREF(sinks);
+    Py_DECREF(done);
+    Py_DECREF(slow);
+    return out;
+fail:
+    Py_XDECREF(saved);
+    Py_XDECREF(mapping);
+    Py_XDECREF(op);
+    Py_XDECREF(fields);
+    Py_XDECREF(shape);
+    Py_XDECREF(key);
+    Py_XDECREF(groups);
+    Py_XDECREF(sinks);
+    Py_XDECREF(done);
+    Py_XDECREF(slow);
+    return NULL;
+}
+
 /* node_columns(nodes) -> (ids, names, seq bytes, stream bytes, same bytes): what trace writers show of
  * each node: its id and name (lists), seq (uint64) and stream (int64), and -1 where the id is the name
  * (else 0), as int64 columns. */
@@ -3712,6 +3837,8 @@ static PyMethodDef module_methods[] = {
      "compute_dependencies(root, dependencies, min_topo_nr): see engine/graph_task.py"},
     {"fill", fill, METH_VARARGS,
      "fill(templates, kinds, columns, tables, lits, base, start, stop, index=None) -> bytes: see traces/encode.py"},
+    {"group_saved", group_saved, METH_VARARGS,
+     "group_saved(todo, half, offset) -> (groups, sinks, done, slow): see engine/state.py"},
     {"split_saved", split_saved, METH_VARARGS,
      "split_saved(nodes, released, cached) -> (plain, rest): see engine/state.py"},
     {"node_columns", node_columns, METH_O,
@@ -3771,6 +3898,12 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_stream, "stream");
     INTERN(s_topo_nr, "topo_nr");
     INTERN(s_saved, "saved");
+    INTERN(s_saved_strings, "saved_strings");
+    INTERN(s_tensor_fields, "tensor_fields");
+    INTERN(s_random, "random");
+    INTERN(s_dist, "dist");
+    INTERN(s_float32, "float32");
+    INTERN(s_normal, "normal");
     INTERN(s_reshape, "reshape");
     INTERN(s_id, "id");
     INTERN(s_op, "op");

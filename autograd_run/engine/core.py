@@ -51,6 +51,7 @@ if COMPILED:
     input_shape_codes = _core.input_shape_codes
     node_columns = _core.node_columns
     split_saved = _core.split_saved
+    group_saved = _core.group_saved
 else:
     InputBuffer = _ib.InputBuffer
     ReadyQueue = _rq.ReadyQueue
@@ -68,3 +69,4 @@ else:
     input_shape_codes = None  # traces.kernels' twins
     node_columns = None
     split_saved = None  # engine.state's twin
+    group_saved = None  # engine.state's twin

@@ -24,7 +24,8 @@ from typing import Any, Callable
 import numpy as np
 
 from autograd_run.engine import core
-from autograd_run.graphs import tensors
+from autograd_run.graphs import seeding, tensors
+from autograd_run.graphs.load import gc_paused
 from autograd_run.graphs.model import Graph, Node
 from autograd_run.ops.arrays import number
 from autograd_run.ops.dtypes import HALF, upcast
@@ -57,6 +58,43 @@ def split_saved_py(nodes, released: set, cached: dict) -> tuple[list, list]:
                                                      for v in saved.values())
             (rest if convert else plain).append(n)
     return plain, rest
+
+
+def group_saved_py(todo: list, half: frozenset, offset: int) -> tuple[dict, dict, list, list]:
+    """One walk over the saved values of ``todo`` (nodes ``split_saved`` says to convert): ``groups``, each
+    random spec's seed (plus ``offset``) under ``(shape, dtype, dist)``; ``sinks``, under the same key, where
+    each drawn array goes (``(mapping, name)``); ``done``, ``(node, mapping)`` for the nodes whose other values
+    are all kept as they are; ``slow``, the same for the rest (a Scalar string, a formula in float16, a
+    literal or ``.npz`` tensor, a tensor field given as a list), which ``saved()`` converts. Each mapping is
+    a copy of the node's ``saved``. Compiled twin: ``_core.group_saved``."""
+    groups: dict = {}
+    sinks: dict = {}
+    done: list = []
+    slow: list = []
+    for node in todo:
+        saved = node.saved
+        mapping = dict(saved)
+        easy = not node.saved_strings and node not in half
+        fields = node.op.tensor_fields
+        for name, v in saved.items():
+            kind = type(v)
+            if kind is dict:
+                if "random" in v and "shape" in v:
+                    key = (tuple(v["shape"]), v.get("dtype") or "float32", v.get("dist", "normal"))
+                    seeds = groups.get(key)
+                    if seeds is None:
+                        groups[key] = seeds = []
+                        sinks[key] = sink = []
+                    else:
+                        sink = sinks[key]
+                    seeds.append(v["random"] + offset)
+                    sink.append((mapping, name))
+                else:
+                    easy = False
+            elif kind is list and name in fields:
+                easy = False
+        (done if easy else slow).append((node, mapping))
+    return groups, sinks, done, slow
 
 
 class GraphState:
@@ -166,12 +204,26 @@ class GraphState:
         plain, todo = (core.split_saved or split_saved_py)(self.graph.nodes, self._released, self._saved)
         # no value to convert: the node's own mapping (what saved() would cache for it)
         self._saved.update(zip(plain, map(_SAVED, plain)))
-        specs = [v for n in todo for v in n.saved.values() if type(v) is dict and "random" in v and "shape" in v]
-        premade = {}
-        if specs:
-            premade = dict(zip(map(id, specs), tensors.materialize_random_many(specs, self.graph.side_files)))
-        for node in todo:
-            self.saved(node, premade)
+        if todo:
+            with gc_paused():  # a few objects per node, all living as long as the state: nothing to collect
+                self._prepare_converted(todo)
+
+    def _prepare_converted(self, todo: list) -> None:
+        """``saved()`` of every node in ``todo`` at once: one walk over their values (``group_saved_py``)
+        groups the random specs by shape, dtype and distribution, ``seeding.draw_groups`` draws each group
+        in one go, and each array is put where the walk said; the nodes it could not finish go through
+        ``saved()`` with their random specs drawn."""
+        group = core.group_saved or group_saved_py
+        groups, sinks, done, slow = group(todo, self.half_nodes, self.graph.side_files.seed_offset)
+        for key, arrays in seeding.draw_groups(groups).items():
+            for (mapping, name), arr in zip(sinks[key], arrays):
+                mapping[name] = arr
+        setdefault = self._saved.setdefault
+        for node, mapping in done:
+            setdefault(node, mapping)
+        for node, mapping in slow:
+            saved = node.saved
+            self.saved(node, {id(saved[name]): arr for name, arr in mapping.items() if arr is not saved[name]})
 
     # -- hooks -----------------------------------------------------------------
 

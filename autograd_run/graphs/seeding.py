@@ -112,21 +112,69 @@ def pcg64_states(seeds: np.ndarray) -> tuple[list[int], list[int]]:
 def draw_many(specs: list[tuple[int, tuple, str, str]]) -> list[np.ndarray]:
     """Arrays for ``(seed, shape, dtype, dist)`` specs: ``Generator(PCG64(seed))``'s ``standard_normal`` (dist
     ``normal``) or ``random`` (``uniform``) of that shape, cast to dtype."""
+    groups: dict = {}  # (shape, dtype, dist) -> ([seed, ...], [index into specs, ...])
+    for k, (seed, shape, dtype, dist) in enumerate(specs):
+        g = groups.get((shape, dtype, dist))
+        if g is None:
+            groups[(shape, dtype, dist)] = g = ([], [])
+        g[0].append(seed)
+        g[1].append(k)
     out: list = [None] * len(specs)
-    bulk = [k for k, sp in enumerate(specs) if 0 <= sp[0] < 2**64]
-    for k, sp in enumerate(specs):
-        if not 0 <= sp[0] < 2**64:
-            out[k] = _draw(np.random.Generator(np.random.PCG64(sp[0])), sp)
+    drawn = draw_groups({key: seeds for key, (seeds, _) in groups.items()})
+    for key, (_, where) in groups.items():
+        for k, arr in zip(where, drawn[key]):
+            out[k] = arr
+    return out
+
+
+def draw_groups(groups: dict[tuple[tuple, str, str], list[int]]) -> dict[tuple, list[np.ndarray]]:
+    """``draw_many`` for specs already grouped by ``(shape, dtype, dist)``: each group's seeds in, its arrays
+    out in the same order. What a caller that walks many specs uses (no tuple per spec)."""
+    out: dict = {}
+    native: list = []  # (shape, dtype, n, uniform, seeds, positions) of the compiled drawing
+    for key, seeds in groups.items():
+        shape, dtype, dist = key
+        arrs: list = [None] * len(seeds)
+        out[key] = arrs
+        n = math.prod(shape)
+        plain = []
+        if _native is not None and n <= NATIVE_MAX:
+            small = [k for k, s in enumerate(seeds) if 0 <= s < 2**64]
+            if len(small) == len(seeds):
+                native.append((shape, np.dtype(dtype), n, dist == "uniform", seeds, arrs))
+                continue
+            native.append((shape, np.dtype(dtype), n, dist == "uniform", [seeds[k] for k in small],
+                           _Scatter(arrs, small)))
+            plain = [k for k, s in enumerate(seeds) if not 0 <= s < 2**64]
+        else:
+            plain = range(len(seeds))
+        _draw_plain(key, seeds, plain, arrs)
+    if native:
+        _draw_native(native)
+    return out
+
+
+class _Scatter:
+    """A write-only list view: item i goes to ``target[where[i]]``."""
+
+    def __init__(self, target: list, where: list[int]):
+        self.target, self.where = target, where
+
+    def __setitem__(self, i: int, value) -> None:
+        self.target[self.where[i]] = value
+
+
+def _draw_plain(key: tuple, seeds: list[int], which, arrs: list) -> None:
+    """``arrs[k]`` for each k in ``which`` with numpy's own generator: the seed's PCG64 state set in one reused
+    bit generator (seeds below 2**64, hashed in bulk), else a generator of its own."""
+    spec = (None, *key)
+    bulk = [k for k in which if 0 <= seeds[k] < 2**64]
+    for k in which:
+        if not 0 <= seeds[k] < 2**64:
+            arrs[k] = _draw(np.random.Generator(np.random.PCG64(seeds[k])), spec)
     if not bulk:
-        return out
-    if _native is not None:
-        small = [k for k in bulk if math.prod(specs[k][1]) <= NATIVE_MAX]
-        if small:
-            _draw_native(specs, small, out)
-            if len(small) == len(bulk):
-                return out
-            bulk = [k for k in bulk if out[k] is None]
-    states, incs = pcg64_states(np.array([specs[k][0] for k in bulk], dtype=np.uint64))
+        return
+    states, incs = pcg64_states(np.array([seeds[k] for k in bulk], dtype=np.uint64))
     bit_gen = np.random.PCG64()
     gen = np.random.Generator(bit_gen)
     full = {"bit_generator": "PCG64", "state": {"state": 0, "inc": 0}, "has_uint32": 0, "uinteger": 0}
@@ -134,8 +182,7 @@ def draw_many(specs: list[tuple[int, tuple, str, str]]) -> list[np.ndarray]:
     for k, state, inc in zip(bulk, states, incs):
         inner["state"], inner["inc"] = state, inc
         bit_gen.state = full
-        out[k] = _draw(gen, specs[k])
-    return out
+        arrs[k] = _draw(gen, spec)
 
 
 #: Tensors of at most this many elements (and at least one dimension) of one shape and dtype are cut
@@ -150,55 +197,47 @@ ROWS_MAX = 64
 BATCH = 1 << 22
 
 
-def _draw_native(specs: list, which: list[int], out: list) -> None:
-    """``out[k]`` for each k in ``which`` from the compiled drawing (module docstring), in batches of at most
-    ``BATCH`` values, group by group (one shape and dtype), so that a group's values lie together and are
-    cast at once, as ``np.asarray(values, dtype)`` casts them."""
-    groups: dict = {}
-    for k in which:
-        sp = specs[k]
-        key = (sp[1], sp[2])
-        g = groups.get(key)
-        if g is None:
-            groups[key] = [k]
-        else:
-            g.append(k)
-    runs = [(shape, np.dtype(dtype), math.prod(shape), g) for (shape, dtype), g in groups.items()]
-    batch: list = []  # (shape, dtype, n, specs) runs of at most BATCH values in all
+def _draw_native(groups: list) -> None:
+    """Each group's arrays (``(shape, dtype, n, uniform, seeds, arrs)``: ``arrs[i]`` for ``seeds[i]``) from the
+    compiled drawing (module docstring), in batches of at most ``BATCH`` values; a group's values lie
+    together and are cast at once, as ``np.asarray(values, dtype)`` casts them."""
+    batch: list = []  # (shape, dtype, n, uniform, seeds, arrs, first) runs of at most BATCH values in all
     size = 0
-    for shape, dt, n, g in runs:
+    for shape, dt, n, uniform, seeds, arrs in groups:
         i = 0
-        while i < len(g):
-            take = len(g) - i if n == 0 else max(1, min(len(g) - i, (BATCH - size) // n))
+        while i < len(seeds):
+            take = len(seeds) - i if n == 0 else max(1, min(len(seeds) - i, (BATCH - size) // n))
             if batch and size + take * n > BATCH:
-                _draw_batch(specs, batch, out)
+                _draw_batch(batch)
                 batch, size = [], 0
                 continue
-            batch.append((shape, dt, n, g[i: i + take]))
+            batch.append((shape, dt, n, uniform, seeds[i: i + take], arrs, i))
             size += take * n
             i += take
     if batch:
-        _draw_batch(specs, batch, out)
+        _draw_batch(batch)
 
 
-def _draw_batch(specs: list, runs: list, out: list) -> None:
-    order = [k for *_, g in runs for k in g]
-    counts: list = []
-    for _, _, n, g in runs:
-        counts += [n] * len(g)
-    values = np.frombuffer(_native.draw(np.array([specs[k][0] for k in order], dtype=np.uint64).tobytes(),
-                                        np.array(counts, dtype=np.int64).tobytes(),
-                                        bytes(specs[k][3] == "uniform" for k in order)), dtype=np.float64)
+def _draw_batch(runs: list) -> None:
+    seeds = np.array([s for run in runs for s in run[4]], dtype=np.uint64)
+    counts = np.concatenate([np.full(len(run[4]), run[2], dtype=np.int64) for run in runs])
+    uniform = b"".join((b"\x01" if run[3] else b"\x00") * len(run[4]) for run in runs)
+    values = np.frombuffer(_native.draw(seeds.tobytes(), counts.tobytes(), uniform), dtype=np.float64)
     at = 0
-    for shape, dt, n, g in runs:
-        block = values[at: at + n * len(g)]
-        at += n * len(g)
+    for shape, dt, n, _, part, arrs, first in runs:
+        m = len(part)
+        block = values[at: at + n * m]
+        at += n * m
         if shape and n <= ROWS_MAX:
-            for k, row in zip(g, block.astype(dt).reshape((len(g), *shape))):
-                out[k] = row
+            rows = block.astype(dt).reshape((m, *shape))
+            if type(arrs) is list and first == 0 and m == len(arrs):
+                arrs[:] = list(rows)
+            else:
+                for i, row in enumerate(rows):
+                    arrs[first + i] = row
         else:
-            for i, k in enumerate(g):
-                out[k] = block[i * n: (i + 1) * n].reshape(shape).astype(dt)
+            for i in range(m):
+                arrs[first + i] = block[i * n: (i + 1) * n].reshape(shape).astype(dt)
 
 
 def _draw(gen: np.random.Generator, spec: tuple) -> np.ndarray:
