@@ -74,9 +74,11 @@ def print_table(results: dict) -> None:
     for r in results.get("c_load", []):
         if r["nodes"] >= 100_000 and r["nodes"] < 1_000_000:
             json_ = r["format"].lower() == "json"
-            row(f"(c) load {r['format']} {r['nodes']} nodes", f"{r['load_s']:.3f} s"
-                + (f" ({r['ratio_to_json_loads']:.2f}x json.loads)" if r.get("ratio_to_json_loads") else ""),
-                "<= 0.5 s" if json_ else "", r["load_s"] <= 0.5 if json_ else None)
+            cli = r.get("cli_load_s", r["load_s"])  # the command line's load (collector off, graph frozen)
+            row(f"(c) load {r['format']} {r['nodes']} nodes", f"{cli:.3f} s as the command loads; library "
+                f"{r['load_s']:.3f} s" + (f" ({r['ratio_to_json_loads']:.2f}x json.loads)"
+                                          if r.get("ratio_to_json_loads") else ""),
+                "<= 0.5 s" if json_ else "", cli <= 0.5 if json_ else None)
     if "d_devices" in results:
         d = results["d_devices"]
         row(f"(d) 2 virtual devices vs 1, {d['matmuls']} matmuls {d['size']}^2", f"{d['speedup']:.2f}x", ">= 1.8x",

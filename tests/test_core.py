@@ -292,3 +292,45 @@ def test_the_node_tables_and_saved_split_agree_with_their_twins():
         assert np.array_equal(ca, cb) and sa == sb
         released, cached = set(nodes[:2]), {nodes[2]: {}}
         assert core.split_saved(nodes, released, cached) == split_saved_py(nodes, released, cached)
+
+
+@pytest.mark.skipif(not core.COMPILED, reason="the compiled core is not built")
+def test_the_compiled_accumulate_grad_adds_as_its_twin():
+    """A first gradient copied in (the caller's array untouched later), then added in place; out of place
+    under create_graph; None passes; an overridden ``accumulate`` (instance or subclass) is the one called."""
+    import numpy as np
+
+    from autograd_run.engine.builtin_nodes import EngineContext, accumulate_grad_py
+    from autograd_run.engine.state import GraphState
+    from autograd_run.graphs.load import load_graph
+
+    g = load_graph("example:pipeline")
+    acc = next(n for n in g.nodes if n.variable is not None)
+    results = []
+    for run in (core.accumulate_grad, accumulate_grad_py):
+        state = GraphState(g)
+        ctx = EngineContext(None, None, None, create_graph=False, state=state)
+        first = np.full(acc.inputs[0].shape, 2.0, dtype=np.float32)
+        assert run(acc, [first], ctx) == []
+        held = state.grads[acc.variable]
+        assert held is not first and np.array_equal(held, first)
+        run(acc, [first], ctx)
+        assert state.grads[acc.variable] is held and float(held.flat[0]) == 4.0  # in place
+        assert float(first.flat[0]) == 2.0
+        assert run(acc, [None], ctx) == [] and state.grads[acc.variable] is held
+        ctx.create_graph = True
+        run(acc, [first], ctx)
+        assert state.grads[acc.variable] is not held and float(held.flat[0]) == 4.0  # a new array
+        results.append(state.grads[acc.variable].tobytes())
+
+        seen = []
+        state.accumulate = lambda name, grad, cg, seen=seen: seen.append((name, cg))
+        run(acc, [first], ctx)
+        assert seen == [(acc.variable, True)]
+
+        class Mine(GraphState):
+            def accumulate(self, name, grad, create_graph):
+                seen.append("subclass")
+        run(acc, [first], EngineContext(None, None, None, state=Mine(g)))
+        assert seen[-1] == "subclass"
+    assert results[0] == results[1]

@@ -109,7 +109,7 @@ typedef struct {
 static PyObject *s_next, *s_inputs, *s_cpu, *s_seq, *s_op, *s_attrs, *s_saves_tensors, *s_topo_nr, *s_id, *s_name,
     *s_stream, *s_saved, *s_completed, *s_expired,
     *s_has_error, *s_outstanding, *s_reentrant_depth, *s_shape, *s_dtype, *s_saved_strings, *s_tensor_fields,
-    *s_random, *s_dist, *s_float32, *s_normal;
+    *s_random, *s_dist, *s_float32, *s_normal, *s_create_graph, *s_variable, *s_grad_lock, *s_accumulate, *s_copy;
 
 enum { NF_NEXT, NF_INPUTS, NF_CPU, NF_SEQ, NF_OP, NF_ATTRS, NF_SAVES, NF_TOPO, NF_ID, NF_NAME, NF_STREAM, NF_SAVED };
 static SlotTable NODE_SLOTS = {NULL, 12, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors,
@@ -2947,6 +2947,84 @@ fail:
     return NULL;
 }
 
+/* GraphState.accumulate (the plain function), registered by engine/state.py: accumulate_grad adds in C
+ * only where the state's accumulate is that one (not a subclass's or an instance's own). */
+static PyObject *plain_accumulate = NULL;
+
+static PyObject *register_accumulate(PyObject *mod, PyObject *fn) {
+    Py_INCREF(fn);
+    Py_XSETREF(plain_accumulate, fn);
+    Py_RETURN_NONE;
+}
+
+/* accumulate_grad(node, grads, ctx) -> []: the AccumulateGrad runner (engine/builtin_nodes.py's
+ * accumulate_grad_py is the twin): state.accumulate(variable, grad, create_graph). Where that is
+ * GraphState.accumulate and the state's _grad_lock a _core.Lock, its three cases run here under the lock,
+ * taken directly: a first gradient is copied in, create_graph adds out of place, else in place (`+=`). */
+static PyObject *accumulate_grad(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "accumulate_grad(node, grads, ctx)");
+        return NULL;
+    }
+    PyObject *g = PySequence_GetItem(args[1], 0);
+    if (g == NULL)
+        return NULL;
+    if (g == Py_None) {
+        Py_DECREF(g);
+        return PyList_New(0);
+    }
+    PyObject *state = NULL, *create = NULL, *name = NULL, *method = NULL, *lock = NULL, *store = NULL, *result = NULL;
+    if ((state = PyObject_GetAttr(args[2], s_state)) == NULL || (create = PyObject_GetAttr(args[2], s_create_graph)) == NULL ||
+        (name = PyObject_GetAttr(args[0], s_variable)) == NULL || (method = PyObject_GetAttr(state, s_accumulate)) == NULL)
+        goto done;
+    int plain = PyMethod_Check(method) && PyMethod_GET_FUNCTION(method) == plain_accumulate && plain_accumulate != NULL;
+    if (plain && (lock = PyObject_GetAttr(state, s_grad_lock)) == NULL)
+        goto done;
+    if (!plain || !Py_IS_TYPE(lock, &CLockType)) {
+        PyObject *r = PyObject_CallFunctionObjArgs(method, name, g, create, NULL);
+        if (r != NULL) {
+            Py_DECREF(r);
+            result = PyList_New(0);
+        }
+        goto done;
+    }
+    int out_of_place = PyObject_IsTrue(create);
+    if (out_of_place < 0 || (store = PyObject_GetAttr(state, s_grads)) == NULL)
+        goto done;
+    clock_acquire((CLockObject *)lock, 1, -1);
+    int ok = -1;
+    PyObject *old = PyDict_GetItemWithError(store, name), *sum;
+    Py_XINCREF(old);  /* the dict may change under a call below */
+    if (old == NULL && PyErr_Occurred()) {
+        ok = -1;
+    } else if (old == NULL || old == Py_None) {
+        PyObject *copy = PyObject_CallMethodNoArgs(g, s_copy);
+        ok = copy == NULL ? -1 : PyDict_SetItem(store, name, copy);
+        Py_XDECREF(copy);
+    } else if (out_of_place) {
+        sum = PyNumber_Add(old, g);
+        ok = sum == NULL ? -1 : PyDict_SetItem(store, name, sum);
+        Py_XDECREF(sum);
+    } else {
+        sum = PyNumber_InPlaceAdd(old, g);  /* as `old += g`: no store back (numpy adds in place) */
+        ok = sum == NULL ? -1 : 0;
+        Py_XDECREF(sum);
+    }
+    Py_XDECREF(old);
+    clock_release((CLockObject *)lock);  /* held: cannot fail, keeps a pending exception */
+    if (ok == 0)
+        result = PyList_New(0);
+done:
+    Py_DECREF(g);
+    Py_XDECREF(state);
+    Py_XDECREF(create);
+    Py_XDECREF(name);
+    Py_XDECREF(method);
+    Py_XDECREF(lock);
+    Py_XDECREF(store);
+    return result;
+}
+
 /* group_saved(todo, half, offset) -> (groups, sinks, done, slow): one walk over the saved values of the
  * nodes split_saved says to convert, grouping each random spec's seed (plus offset) by (shape, dtype,
  * dist) and noting where its array goes; engine/state.py's group_saved_py is the twin and says more. */
@@ -3837,6 +3915,10 @@ static PyMethodDef module_methods[] = {
      "compute_dependencies(root, dependencies, min_topo_nr): see engine/graph_task.py"},
     {"fill", fill, METH_VARARGS,
      "fill(templates, kinds, columns, tables, lits, base, start, stop, index=None) -> bytes: see traces/encode.py"},
+    {"register_accumulate", register_accumulate, METH_O,
+     "register_accumulate(GraphState.accumulate): see accumulate_grad"},
+    {"accumulate_grad", (PyCFunction)(void (*)(void))accumulate_grad, METH_FASTCALL,
+     "accumulate_grad(node, grads, ctx) -> []: see engine/builtin_nodes.py"},
     {"group_saved", group_saved, METH_VARARGS,
      "group_saved(todo, half, offset) -> (groups, sinks, done, slow): see engine/state.py"},
     {"split_saved", split_saved, METH_VARARGS,
@@ -3899,6 +3981,11 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_topo_nr, "topo_nr");
     INTERN(s_saved, "saved");
     INTERN(s_saved_strings, "saved_strings");
+    INTERN(s_create_graph, "create_graph");
+    INTERN(s_variable, "variable");
+    INTERN(s_grad_lock, "_grad_lock");
+    INTERN(s_accumulate, "accumulate");
+    INTERN(s_copy, "copy");
     INTERN(s_tensor_fields, "tensor_fields");
     INTERN(s_random, "random");
     INTERN(s_dist, "dist");

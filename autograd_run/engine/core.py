@@ -52,6 +52,8 @@ if COMPILED:
     node_columns = _core.node_columns
     split_saved = _core.split_saved
     group_saved = _core.group_saved
+    accumulate_grad = _core.accumulate_grad
+    register_accumulate = _core.register_accumulate
 else:
     InputBuffer = _ib.InputBuffer
     ReadyQueue = _rq.ReadyQueue
@@ -70,3 +72,5 @@ else:
     node_columns = None
     split_saved = None  # engine.state's twin
     group_saved = None  # engine.state's twin
+    accumulate_grad = None  # engine.builtin_nodes' twin
+    register_accumulate = None

@@ -102,7 +102,7 @@ class GraphState:
         self.graph = graph
         #: Variable name -> accumulated gradient (array) or None.
         self.grads: dict[str, Any] = {}
-        self._grad_lock = threading.Lock()  # guards grads
+        self._grad_lock = core.Lock()  # guards grads (a _core.Lock: the compiled AccumulateGrad takes it directly)
         self._saved: dict[Node, dict[str, Any]] = {}
         self._released: set[Node] = set()
         #: Saved values moved to the node's GPU (real CUDA only).
@@ -248,6 +248,9 @@ class GraphState:
 
     # -- accumulation ----------------------------------------------------------
     def accumulate(self, name: str, grad, create_graph: bool) -> None:
+        """Add ``grad`` into variable ``name``'s gradient: a first one is copied in, ``create_graph`` adds out
+        of place (a new array), else in place. The compiled AccumulateGrad (``_core.accumulate_grad``) does
+        the same where this method is not overridden."""
         with self._grad_lock:
             old = self.grads.get(name)
             if old is None:
@@ -256,6 +259,10 @@ class GraphState:
                 self.grads[name] = old + grad
             else:
                 old += grad
+
+
+if core.register_accumulate is not None:
+    core.register_accumulate(GraphState.accumulate)
 
 
 def _computes_in_half(node: Node) -> bool:
