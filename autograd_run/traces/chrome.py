@@ -77,6 +77,34 @@ def node_title(node) -> str:
     return node.name if node.id == node.name else f"{node.id} {node.name}"
 
 
+def title_says_id(name: str) -> bool:
+    """Whether a slice titled by ``node_title`` tells its node's id without an ``id`` argument: where the op
+    name has no space, the title split at its last space is ``<id> <op name>`` (node ids may have spaces),
+    and a title without a space is a node whose id is its name. A node given an op name with a space (a
+    graph file's ``name`` beside an explicit ``op``) keeps its ``id`` argument."""
+    return " " not in name
+
+
+def slice_node(title, args: dict) -> tuple[str, str] | None:
+    """The node id and op name of a node (or kernel) slice from its title and arguments, the inverse of
+    ``node_title``: the ``id`` argument where there is one (traces written before left none out; an op name
+    with a space keeps it), else the title split at its last space; the op name is the ``name`` argument of
+    older traces, else the title less its id. None when neither the arguments nor the title say."""
+    nid = args.get("id")
+    if isinstance(nid, str):
+        name = args.get("name")
+        if isinstance(name, str):
+            return nid, name
+        if not isinstance(title, str):
+            return nid, "?"
+        prefix = nid + " "
+        return nid, title[len(prefix):] if title.startswith(prefix) else title
+    if not isinstance(title, str) or not title or "id" in args:
+        return None
+    nid, space, name = title.rpartition(" ")
+    return (nid, name) if space else (title, title)
+
+
 def thread_tids(rec: Recording) -> dict[int, int]:
     """Trace tid of each recorded thread: its display rank (the Recording's order) from ``FIRST_TID``."""
     return {tid: FIRST_TID + rank for rank, tid in enumerate(rec.threads)}
