@@ -16,8 +16,8 @@ from autograd_run.graphs.load import load_graph
 from autograd_run.graphs.model import Edge
 from autograd_run.session import RunOptions, run_session
 from autograd_run.sim.session import SimOptions, simulate_session
-from autograd_run.traces.chrome import PID, node_title, to_chrome_trace
-from builders import graph, recording
+from autograd_run.traces.chrome import PID, node_title, slice_node, to_chrome_trace
+from builders import doc, graph, leaf, node, recording
 from tp_wasm.tp import TraceProcessor, available
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,6 +26,22 @@ pytestmark = pytest.mark.timeout(120)
 def trace_of(g, fails=False):
     """The Chrome trace of one run of ``g`` (which must fail when ``fails``)."""
     return to_chrome_trace(recording(g, allow_python=True, fails=fails))
+
+
+def node_id(e) -> str:
+    """The node id of a node (or kernel) slice: its title's, or its ``id`` argument where it has one."""
+    return slice_node(e["name"], e["args"])[0]
+
+
+def spaced_graph():
+    """Node ids with spaces, an op name with a space (a graph file's ``name`` beside ``op``) and a node
+    whose id is its name (titled by the name alone)."""
+    return graph(doc(node("sum all", "SumBackward0", seq=3, next=["my scale"], inputs=[[]],
+                          saved={"self_sym_sizes": [2]}),
+                     node("my scale", "Scale Twice", op="identity", seq=2, next=["Fan"], inputs=[[2]]),
+                     node("Fan", "Fan", op="identity", seq=1, next=["acc x y"], inputs=[[2]]),
+                     leaf("x y", [2], id="acc x y"),
+                     variables=[{"name": "x y", "shape": [2]}]))
 
 
 def check_structure(trace):
@@ -61,23 +77,53 @@ def test_pipeline_trace_structure():
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {"autograd-run cuda:0", "autograd-run cuda:1"} <= names
     nodes = [e for e in events if e["ph"] == "X" and e["cat"] == "node"]
-    assert sorted(e["args"]["id"] for e in nodes) == sorted(n.id for n in load_graph("example:pipeline").nodes)
-    assert all({"id", "seq", "device", "input_shapes"} <= set(e["args"]) for e in nodes)
-    # what the title and the track say is not repeated: the op name is the title's, the worker the thread's
-    assert not any({"name", "worker"} & set(e["args"]) for e in nodes)
-    # depth, graph_task, stream and pass are left out where they are 0
+    assert sorted(node_id(e) for e in nodes) == sorted(n.id for n in load_graph("example:pipeline").nodes)
+    assert all({"seq", "input_shapes"} <= set(e["args"]) for e in nodes)
+    # what the title and the track say is not repeated: the node id and the op name are the title's, the
+    # worker the thread's
+    assert not any({"id", "name", "worker"} & set(e["args"]) for e in nodes)
+    # depth, graph_task, stream and pass are left out where they are 0, the device where it is cpu
     assert all(e["args"].get(k, 1) != 0 for e in nodes for k in ("depth", "graph_task", "stream", "pass"))
+    assert {e["args"]["device"] for e in nodes} == {"cuda:0", "cuda:1"}  # every node of this graph on one
     waits = [e for e in events if e["ph"] == "b"]
-    assert waits and all(e["args"].get("graph_task", 1) != 0 and {"id", "node"} <= set(e["args"]) for e in waits)
+    # a wait's begin names its node by id; its op name is the node slice's
+    assert waits and all(e["args"].get("graph_task", 1) != 0 and set(e["args"]) - {"graph_task"} == {"id"}
+                         for e in waits)
+    assert {e["args"]["id"] for e in waits} <= {node_id(e) for e in nodes}
     assert sum(1 for e in events if e["ph"] == "s") == 1  # the cuda:1 -> cuda:0 copy
 
 
 def test_a_node_slice_is_titled_with_its_id_then_its_op():
     events = trace_of(load_graph("example:seed"))["traceEvents"]
-    titles = {e["args"]["id"]: e["name"] for e in events if e["ph"] == "X" and e["cat"] == "node"}
+    titles = {node_id(e): e["name"] for e in events if e["ph"] == "X" and e["cat"] == "node"}
     assert titles["mul_b"] == "mul_b MulBackward0" and titles["sum"] == "sum SumBackward0"
     seed = load_graph("example:seed")
     assert node_title(make_graph_root([Edge(seed.by_id["sum"], 0)], [1], 0)) == "GraphRoot"  # id == name
+
+
+def test_a_node_id_with_spaces_round_trips_through_the_title():
+    """Node ids may have spaces: the title is split at its last space (the op name has none); a node whose op
+    name has a space keeps its ``id`` argument; a node whose id is its name is titled by the name alone."""
+    g = spaced_graph()
+    events = trace_of(g)["traceEvents"]
+    nodes = {node_id(e): e for e in events
+             if e["ph"] == "X" and e["cat"] == "node" and not e["args"].get("graph_root")}
+    assert set(nodes) == {n.id for n in g.nodes}
+    assert not any("device" in e["args"] for e in nodes.values())  # cpu: left out
+    assert {slice_node(e["name"], e["args"]) for e in nodes.values()} == {(n.id, n.name) for n in g.nodes}
+    assert nodes["sum all"]["name"] == "sum all SumBackward0" and "id" not in nodes["sum all"]["args"]
+    assert nodes["acc x y"]["name"] == "acc x y AccumulateGrad" and "id" not in nodes["acc x y"]["args"]
+    assert nodes["Fan"]["name"] == "Fan" and "id" not in nodes["Fan"]["args"]
+    assert nodes["my scale"]["name"] == "my scale Scale Twice" and nodes["my scale"]["args"]["id"] == "my scale"
+    waits = {e["args"]["id"] for e in events if e["ph"] == "b"}
+    assert waits == {n.id for n in g.nodes}
+    # older traces carried the id (and the op name) as arguments: they win over the title
+    assert slice_node("a b MulBackward0", {"id": "a b", "name": "MulBackward0"}) == ("a b", "MulBackward0")
+    assert slice_node("a b MulBackward0", {"id": "a b"}) == ("a b", "MulBackward0")
+    assert slice_node("a b MulBackward0", {}) == ("a b", "MulBackward0")
+    assert slice_node(" MulBackward0", {}) == ("", "MulBackward0")  # an empty id
+    assert slice_node("GraphRoot", {}) == ("GraphRoot", "GraphRoot")
+    assert slice_node("", {}) is None and slice_node(None, {}) is None and slice_node("a b", {"id": 3}) is None
 
 
 def test_thread_tids_are_display_ranks_caller_first_then_devices_by_index():
@@ -127,7 +173,11 @@ def test_a_simulated_trace_names_nodes_and_waits_the_same_way():
     events = to_chrome_trace(rec)["traceEvents"]
     check_structure({"traceEvents": events})
     kernels = [e for e in events if e["ph"] == "X" and e["cat"] == "kernel"]
-    assert kernels and all(e["name"].startswith(e["args"]["id"] + " ") for e in kernels)
+    assert kernels and all(e["name"].startswith(node_id(e) + " ") and e["args"] == {} for e in kernels)
+    streams = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+               and e["pid"] == PID + 1}
+    # the stream is the track's
+    assert {streams[e["tid"]] for e in kernels} == {f"stream {k.stream}" for k in rec.kernels}
     assert any(e["name"] == "waiting for graph task " + str(rec.graph_tasks[0].gt) for e in events if e["ph"] == "X")
 
 
@@ -181,12 +231,14 @@ def test_perfetto_puts_queue_waits_and_counters_in_the_process():
 
 @needs_tp
 def test_perfetto_finds_a_node_by_its_id_and_shows_its_args():
+    """The title says the node's id (not repeated among the arguments, see spaced_graph for where it is)."""
     g = graph(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2))
     node = next(n for n in g.nodes if n.name == "MmBackward0")
     with TraceProcessor(json.dumps(trace_of(g)).encode()) as tp:
         found = tp.query("select name, extract_arg(arg_set_id, 'args.id') as id, extract_arg(arg_set_id, 'args.seq') "
-                         f"as seq from slice where category = 'node' and name glob '{node.id} *'")
-        assert found == [{"name": f"{node.id} MmBackward0", "id": node.id, "seq": node.seq}]
+                         f"as seq, extract_arg(arg_set_id, 'args.device') as device from slice "
+                         f"where category = 'node' and name glob '{node.id} *'")
+        assert found == [{"name": f"{node.id} MmBackward0", "id": None, "seq": node.seq, "device": str(node.device)}]
 
 
 @needs_tp
@@ -236,6 +288,7 @@ def _recordings():
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.load import loads_graph
     out = [(n, recording(load_graph("example:" + n), allow_python=True)) for n in ("seed", "pipeline", "reentrant")]
+    out.append(("spaces", recording(spaced_graph())))
     out.append(("failing", recording(load_graph("example:failing"), fails=True)))
     g = loads_graph(dumps(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2), "json"), "t.json")
     out.append(("transformer", run_session(g, RunOptions(repeat=2)).recording))
@@ -330,7 +383,7 @@ def test_node_slices_carry_the_marks_of_pass_samples():
         assert {t: w for t, w in workers.items() if t in labels} == labels, name
         for e in slices:
             a = e["args"]
-            key = (a.get("graph_task", 0), a["id"])
+            key = (a.get("graph_task", 0), node_id(e))
             assert a.get("graph_task") != 0, name  # 0: left out
             assert a.get("pass", 0) == s.pass_of_task.get(key[0], 0) and a.get("pass") != 0, name  # 0: left out
             assert labels.get(e["tid"], str(e["tid"])) == workers.get(e["tid"], str(e["tid"])), name

@@ -14,6 +14,7 @@ import pytest
 from autograd_run.errors import RunInterrupted
 from autograd_run.session import RunOptions, run_session
 from autograd_run.stopping import RunStop
+from autograd_run.traces.chrome import slice_node
 from autograd_run.traces.order import read_order
 from autograd_run.errors import RequestError
 from builders import doc, graph, leaf, node
@@ -95,7 +96,8 @@ def test_ctrl_c_stops_the_run_and_writes_what_was_recorded(tmp_path, where):
     assert out == "" and took < 10
     t = json.loads(trace.read_text())
     assert t["otherData"]["incomplete"] == "interrupted"
-    ran = [e["args"]["id"] for e in t["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "node"]
+    ran = [slice_node(e["name"], e["args"])[0] for e in t["traceEvents"]
+           if e.get("ph") == "X" and e.get("cat") == "node"]
     assert ran[0] == "start" and 1 < len(ran) < 101
     lines = order.read_text().splitlines()
     assert json.loads(lines[-1]) == {"incomplete": "interrupted"} and len(lines) == len(ran) + 1

@@ -135,10 +135,11 @@ def test_the_perfetto_ui_shows_the_workers_in_order_the_waits_in_the_process_and
             assert sum(1 for t in titles if t == "outstanding tasks") == 1
 
             details = select_by_search(page, node.id, f"{node.id} MmBackward0")
-            assert details["id"] == node.id and details["seq"] == str(node.seq), details
+            assert details["seq"] == str(node.seq) and details["device"] == str(node.device), details
             assert details["Category"] == "node", details
-            # the op name is the title's, the worker the track's: neither is repeated among the arguments
-            assert "name" not in details and "worker" not in details, details
+            # the node id and op name are the title's, the worker the track's: none is repeated among the
+            # arguments
+            assert not {"id", "name", "worker"} & set(details), details
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.locator(".pf-tree-node", has_text="seq").last.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "perfetto-ui-transformer.png"))

@@ -52,7 +52,7 @@ def content(data: bytes, arg_prefix: str) -> dict:
         }
 
 
-@pytest.mark.parametrize("which", range(7))
+@pytest.mark.parametrize("which", range(8))  # _recordings(), each
 def test_the_protobuf_trace_shows_what_the_json_trace_shows(which):
     name, rec = _recordings()[which]
     proto = content(b"".join(pftrace_chunks(rec)), "debug")

@@ -12,13 +12,13 @@ from autograd_run.errors import RequestError
 from autograd_run.graphs.load import load_graph
 from autograd_run.session import RunOptions, run_session
 from autograd_run.traces import profile as P
-from autograd_run.traces.chrome import to_chrome_trace
+from autograd_run.traces.chrome import slice_node, to_chrome_trace
 from autograd_run.traces.order import dumps_order
 from autograd_run.traces.recorder import Recorder
 from autograd_run.traces.recording import Recording
 from autograd_run.traces.samples import pass_samples, stable_worker
 from autograd_run.traces.summary import summarize
-from builders import run_traced
+from builders import doc, graph, leaf, node, run_cli, run_traced
 
 
 def fake_clock(step=1000):
@@ -80,7 +80,8 @@ def test_trace_slices_carry_pass_worker_and_critical_path():
     threads = [e for e in tr["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"]
     assert [e["args"]["worker"] for e in threads] == ["caller"]  # the worker label: once, on its thread
     assert all("worker" not in e["args"] for e in node_slices)
-    assert [e["args"]["id"] for e in node_slices if e["args"].get("critical_path")] == ["sum", "add", "mul_b", "acc_a"]
+    assert [slice_node(e["name"], e["args"])[0] for e in node_slices if e["args"].get("critical_path")] == \
+        ["sum", "add", "mul_b", "acc_a"]
 
 
 def run_files(tmp_path, graph="example:pipeline", repeat=3, **kw):
@@ -138,11 +139,12 @@ def test_what_a_trace_leaves_out_reads_back_as_it_was(tmp_path, monkeypatch):
         assert (t.nodes[nid].name, t.nodes[nid].worker) == (ns.name, ns.worker)
         assert all(abs(a - b) <= 1 for a, b in zip(t.nodes[nid].queue_wait_ns, ns.queue_wait_ns)), nid
     assert all(w > 0 for ns in t.nodes.values() for w in ns.queue_wait_ns)
-    # the same run as the writer gave it before: the op name, worker and GraphTask on every slice and wait
+    # the same run as the writer gave it before: the id, op name, device, worker and GraphTask on every slice,
+    # the op name and GraphTask on every wait
+    as_written_before(doc)
     workers = {e["tid"]: e["args"].pop("worker") for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     for e in nodes:
-        e["args"].update(name=e["name"].split(" ", 1)[1], worker=workers[e["tid"]],
-                         graph_task=e["args"].get("graph_task", 0))
+        e["args"].update(worker=workers[e["tid"]], graph_task=e["args"].get("graph_task", 0))
     for e in events:
         if e["ph"] == "b":
             e["args"].setdefault("graph_task", 0)
@@ -151,6 +153,71 @@ def test_what_a_trace_leaves_out_reads_back_as_it_was(tmp_path, monkeypatch):
     b = P.read_profile(str(before))
     assert (b.nodes, b.ops, b.order, b.wall_ns, b.critical_path) == (t.nodes, t.ops, t.order, t.wall_ns,
                                                                      t.critical_path)
+
+
+def as_written_before(trace: dict) -> dict:
+    """``trace`` (a JSON trace, changed in place) as the writer gave it before the node id, a device of cpu
+    and a wait's op name were left out: each node slice with ``id``, ``name`` (its op) and ``device``
+    arguments, each queue wait's begin with ``node`` (its op name)."""
+    ops = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e.get("cat") == "node":
+            nid, op = slice_node(e["name"], e["args"])
+            e["args"] = {"id": nid, "name": op, "device": "cpu", **e["args"]}
+            ops[nid] = op
+    for e in trace["traceEvents"]:
+        if e["ph"] == "b" and e.get("cat") == "queue_wait":
+            e["args"] = {"id": e["args"]["id"], "node": ops[e["args"]["id"]], **e["args"]}
+    return trace
+
+
+def spaced_graph_file(tmp_path) -> str:
+    """A graph of node ids with spaces, on the CPU and two devices; one op name with a space (an explicit op)."""
+    d = doc(node("sum all", "SumBackward0", seq=4, next=["my scale"], inputs=[[]], saved={"self_sym_sizes": [2]}),
+            node("my scale", "Scale Twice", op="identity", seq=3, next=["to dev 0", "to dev 1"], inputs=[[2]]),
+            *(node(f"to dev {k}", "Fan", op="identity", seq=2 - k, next=["acc x y"],
+                   inputs=[{"shape": [2], "device": f"cuda:{k}"}]) for k in (0, 1)),
+            leaf("x y", [2], id="acc x y"), variables=[{"name": "x y", "shape": [2]}])
+    path = tmp_path / "spaced.json"
+    path.write_text(json.dumps(d))
+    graph(d)  # a valid graph
+    return str(path)
+
+
+@pytest.mark.parametrize("which", ["example:pipeline", "spaced"])
+def test_a_trace_written_before_reads_as_the_new_one(tmp_path, capsys, which):
+    """Traces written before carried each node slice's id (its title has it), its device also where it was
+    cpu, and each queue wait's op name (its node slice's title has it): such a trace gives the profile and
+    the diff the new trace of the same run gives. Node ids with spaces are read from the title's split at
+    its last space, or from the ``id`` argument a node whose op name has a space keeps."""
+    g = spaced_graph_file(tmp_path) if which == "spaced" else which
+    _, trace, _, _ = run_files(tmp_path, g, repeat=2)
+    new = json.loads(trace.read_text())
+    ids = {slice_node(e["name"], e["args"])[0] for e in new["traceEvents"]
+           if e["ph"] == "X" and e.get("cat") == "node"}
+    assert ids - {"GraphRoot"} == {n.id for n in load_graph(g).nodes}
+    if which == "spaced":
+        assert {"sum all", "my scale", "to dev 0", "acc x y"} <= ids
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(as_written_before(json.loads(trace.read_text()))))
+    assert old.stat().st_size > trace.stat().st_size
+    a, b = P.read_profile(str(trace)), P.read_profile(str(old))
+    assert (b.nodes, b.ops, b.order, b.wall_ns, b.critical_path, b.worker_busy_ns) == \
+        (a.nodes, a.ops, a.order, a.wall_ns, a.critical_path, a.worker_busy_ns)
+    assert set(a.nodes) == ids - {"GraphRoot"}
+    assert {k: v.name for k, v in a.nodes.items()} == {n.id: n.name for n in load_graph(g).nodes}
+    other = tmp_path / "other"
+    other.mkdir()
+    _, other_trace, _, _ = run_files(other, g, repeat=2)
+    diffs = []
+    for first in (trace, old):
+        code, out, err = run_cli(["diff", str(first), str(other_trace), "--json"], capsys)
+        assert code == 0, err
+        d = json.loads(out)
+        assert d["diff"].pop("a") == str(first)
+        d["diff"]["notes"] = [n.replace(str(first), "A") for n in d["diff"]["notes"]]  # they name the file
+        diffs.append((d["diff"], d["a"]["passes"], d["b"]["passes"]))
+    assert diffs[0] == diffs[1]
 
 
 def test_an_older_trace_without_labels_still_reads(tmp_path):
@@ -213,7 +280,11 @@ def refused(tmp_path, content: bytes | str, name="in.json") -> str:
     ('{"traceEvents": 3}', "$.traceEvents: traceEvents must be a list"),
     ('{"traceEvents": []}', "$.traceEvents: the trace has no node slices"),
     ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1, "dur": 1, "args": {"graph_task": 0}}]}',
-     "$.traceEvents[0].args: a node slice needs args with a string 'id'"),
+     "$.traceEvents[0]: a node slice needs a title '<id> <op>' (a string 'name') or a string 'id' in its args"),
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "name": "a b", "ts": 1, "dur": 1, "args": {"id": 3}}]}',
+     "$.traceEvents[0]: a node slice needs a title '<id> <op>' (a string 'name') or a string 'id' in its args"),
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "name": "a b", "ts": 1, "dur": 1, "args": []}]}',
+     "$.traceEvents[0].args: a node slice needs args (an object)"),
     ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": "1", "dur": 1, "args": {"id": "a", "graph_task": 0}}]}',
      "$.traceEvents[0]: a node slice needs a number 'ts'"),
     ('[{"summary": {}, "spec": "h100"}]', "$: a list of 1 simulation results (simulate --compare --json)"),

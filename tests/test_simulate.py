@@ -280,6 +280,20 @@ def test_measured_costs_from_a_trace(tmp_path):
         simulate_session(other, SimOptions(spec=spec(), costs=str(trace)))
 
 
+def test_measured_costs_from_a_trace_written_before_are_the_same(tmp_path):
+    """Traces written before carried each node slice's id as an argument (the title says it now): the costs
+    read from either are the same, by node id."""
+    import json
+    from autograd_run.sim.measured import load_costs
+    from test_profile import as_written_before
+    g = load_graph("example:mlp")
+    trace, old = tmp_path / "t.json", tmp_path / "old.json"
+    run_session(g, RunOptions(trace_path=str(trace), multithreading=False))
+    old.write_text(json.dumps(as_written_before(json.loads(trace.read_text()))))
+    new_costs, old_costs = load_costs(str(trace), g), load_costs(str(old), g)
+    assert set(new_costs.nodes) >= {n.id for n in g.nodes} and new_costs.nodes == old_costs.nodes
+
+
 def test_measured_costs_from_a_compressed_trace_and_not_from_a_protobuf_one(tmp_path):
     from autograd_run.errors import RequestError
     g = load_graph("example:mlp")

@@ -133,12 +133,13 @@ def from_profile(trace, graph: Graph, step: int | None = None, order: list | Non
 
 
 def _from_ours(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:
+    from autograd_run.traces.chrome import slice_node
     by_id: dict[str, list[float]] = {}
     for e in doc.traceEvents:
         if e.ph == "X" and e.cat == "node":
-            nid = e.args.get("id")
-            if isinstance(nid, str) and e.dur >= 0 and math.isfinite(e.dur):
-                by_id.setdefault(nid, []).append(e.dur * 1000.0)
+            node = slice_node(e.name, e.args) if isinstance(e.args, dict) else None
+            if node is not None and e.dur >= 0 and math.isfinite(e.dur):
+                by_id.setdefault(node[0], []).append(e.dur * 1000.0)
     if not by_id:
         raise RequestError(f"{path}: neither a PyTorch profiler trace nor an autograd-run trace "
                            "(no backward node events)", option)

@@ -8,28 +8,37 @@ Recording's columns by ``traces.encode.fill`` in chunks, streamed to the file
 (gzip-compressed for a ``.gz`` path).
 
 One process ("autograd-run"), one thread track per worker (the caller, which
-is also the CPU worker of its calls, is ``caller (<thread name>)``); one complete
-(``X``) slice per node execution titled ``<node id> <op name>`` (so a search
-for either finds it) with its id, seq, depth, GraphTask, device, stream and
-input shapes as args, and what a comparison of runs reads (``traces.profile``):
-``pass`` (which top-level backward call), ``critical_path: true`` on its
-pass's critical path and ``graph_root: true`` on the engine's GraphRoot
-(``slice_marks``, from the columns). What the slice's title or track already
-says is not repeated in its args: the op name is the title's (``node_title``),
-and the worker (a label stable across runs: ``caller``, ``cuda:0``) is its
-thread's, given once in the thread's ``thread_name`` metadata (``worker``,
-beside ``name``). The arguments ``depth``, ``graph_task``, ``stream`` and
-``pass`` are left out where they are 0 (not reentrant, the first GraphTask,
-the default stream, the first or only pass: ``DEFAULT_ZERO``), as
-``critical_path`` and ``graph_root`` are where false; readers take an absent
-one as 0 (``traces.profile``, which still reads the older traces that carried
-them all). Queue waits as process-scoped async slices, one track per
-queue, with the node's id and op name (and a GraphTask other than 0) on their
-begin; syncs as flow arrows from producer to consumer slice; one counter
-track per queue (its depth) and one for the engine's outstanding tasks;
-errors and NaN detections as instant events. A caller blocked until its own
-GraphTask completes shows "waiting for graph task N"; "idle" is a worker
-with an empty queue and nothing of its own to wait for.
+is also the CPU worker of its calls, is ``caller (<thread name>)``); one
+complete (``X``) slice per node execution titled ``<node id> <op name>`` (so
+a search for either finds it) with its seq, depth, GraphTask, device, stream
+and input shapes as args, and what a comparison of runs reads
+(``traces.profile``): ``pass`` (which top-level backward call),
+``critical_path: true`` on its pass's critical path and ``graph_root: true``
+on the engine's GraphRoot (``slice_marks``, from the columns). What the
+slice's title or track already says is not repeated in its args: the node id
+and the op name are the title's (``node_title``), and the worker (a label
+stable across runs: ``caller``, ``cuda:0``) is its thread's, given once in
+the thread's ``thread_name`` metadata (``worker``, beside ``name``). A title
+splits at its last space into ``<id> <op>`` (node ids may have spaces; a
+title without a space is a node whose id is its op name: ``slice_node``), so
+a node whose op name has a space (a graph file may name a node so beside an
+explicit ``op``) keeps its ``id`` argument (``title_says_id``). The
+arguments ``depth``, ``graph_task``, ``stream`` and ``pass`` are left out
+where they are 0 (not reentrant, the first GraphTask, the default stream,
+the first or only pass: ``DEFAULT_ZERO``), ``device`` where it is ``cpu``
+(``DEFAULT_DEVICE``), as ``critical_path`` and ``graph_root`` are where
+false; readers take an absent one as that default and an absent ``id`` from
+the title (``traces.profile`` and ``sim.measured``, which still read the
+older traces that carried them all). Queue waits as process-scoped async
+slices, one track per queue, with the node's id (and a GraphTask other than
+0) on their begin (its op name is its node slice's title); syncs as flow
+arrows from producer to consumer slice; one counter track per queue (its
+depth) and one for the engine's outstanding tasks; errors and NaN detections
+as instant events. A caller blocked until its own GraphTask completes shows
+"waiting for graph task N"; "idle" is a worker with an empty queue and
+nothing of its own to wait for. A simulated run's kernels are slices titled
+as their nodes', one track per stream (``stream <name>``), with no args but
+an id their title does not say (``kernel_args``).
 
 Track order: the Perfetto UI ignores ``thread_sort_index`` and sorts a
 process's threads by tid, so tids are display ranks (callers, then device
@@ -70,11 +79,41 @@ FIRST_TID = PID + 1
 #: Node slice arguments left out where they are 0 (the protobuf trace leaves out the same; a queue wait's
 #: ``graph_task`` too).
 DEFAULT_ZERO = ("depth", "graph_task", "stream", "pass")
+#: A node slice's ``device`` argument is left out where it is this one (readers take an absent one as it).
+DEFAULT_DEVICE = "cpu"
 
 
 def node_title(node) -> str:
     """A node slice's title: ``<id> <op name>`` (just the name when they are the same, as for GraphRoot)."""
     return node.name if node.id == node.name else f"{node.id} {node.name}"
+
+
+def title_says_id(name: str) -> bool:
+    """Whether a slice titled by ``node_title`` tells its node's id without an ``id`` argument: where the op
+    name has no space, the title split at its last space is ``<id> <op name>`` (node ids may have spaces),
+    and a title without a space is a node whose id is its name. A node given an op name with a space (a
+    graph file's ``name`` beside an explicit ``op``) keeps its ``id`` argument."""
+    return " " not in name
+
+
+def slice_node(title, args: dict) -> tuple[str, str] | None:
+    """The node id and op name of a node (or kernel) slice from its title and arguments, the inverse of
+    ``node_title``: the ``id`` argument where there is one (traces written before left none out; an op name
+    with a space keeps it), else the title split at its last space; the op name is the ``name`` argument of
+    older traces, else the title less its id. None when neither the arguments nor the title say."""
+    nid = args.get("id")
+    if isinstance(nid, str):
+        name = args.get("name")
+        if isinstance(name, str):
+            return nid, name
+        if not isinstance(title, str):
+            return nid, "?"
+        prefix = nid + " "
+        return nid, title[len(prefix):] if title.startswith(prefix) else title
+    if not isinstance(title, str) or not title or "id" in args:
+        return None
+    nid, space, name = title.rpartition(" ")
+    return (nid, name) if space else (title, title)
 
 
 def thread_tids(rec: Recording) -> dict[int, int]:
@@ -115,6 +154,10 @@ def to_chrome_trace(rec: Recording, incomplete: str | None = None) -> dict:
         for name in DEFAULT_ZERO:
             if args[name] == 0:
                 del args[name]
+        if title_says_id(node.name):
+            del args["id"]
+        if args["device"] == DEFAULT_DEVICE:
+            del args["device"]
         if critical[k]:
             args["critical_path"] = True
         if root[k]:
@@ -128,7 +171,7 @@ def to_chrome_trace(rec: Recording, incomplete: str | None = None) -> dict:
         common = {"pid": PID, "tid": tid_of(w.tid), "cat": "queue_wait", "id2": {"local": k},
                   "name": f"queue wait {w.queue}"}
         out.append({**common, "ph": "b", "ts": us(w.pushed),
-                    "args": {"id": w.node.id, "node": w.node.name, **({"graph_task": w.gt} if w.gt else {})}})
+                    "args": {"id": w.node.id, **({"graph_task": w.gt} if w.gt else {})}})
         out.append({**common, "ph": "e", "ts": us(w.popped)})
     _lock_waits(rec, out, us, tid_of)
     for idle in rec.idles:
@@ -259,7 +302,13 @@ def _kernels(rec: Recording, out: list, us) -> None:
     for k in rec.kernels:
         out.append({"ph": "X", "pid": PID + 1, "tid": tids[k.stream], "ts": us(k.start),
                     "dur": max(k.end - k.start, 1) / 1000, "name": node_title(k.node), "cat": "kernel",
-                    "args": {"id": k.node.id, "stream": k.stream}})
+                    "args": kernel_args(k)})
+
+
+def kernel_args(k) -> dict:
+    """A kernel slice's arguments: its node's id where its title does not say it (``title_says_id``); the
+    stream is its track's (``stream <name>``)."""
+    return {} if title_says_id(k.node.name) else {"id": k.node.id}
 
 
 # -- the streaming writer ---------------------------------------------------------------------
@@ -269,12 +318,18 @@ CHUNK = 1 << 14  # about 4 MB of text
 
 
 def node_tables(nodes: list) -> dict:
-    """What slices and waits show of each node of a Recording's node table, as columns and tables."""
+    """What slices and waits show of each node of a Recording's node table, as columns and tables: ``device``
+    the code of its device among ``devices``, -1 where it is ``DEFAULT_DEVICE`` (the argument is left out);
+    ``id_arg`` -1 where its slice's title says its id (``title_says_id``: the argument is left out), else 0."""
     ids, names, seq, stream, same = kernels.node_columns(nodes)
     dev_code, devs = kernels.attr_codes(nodes, "device", True)
+    devices = [str(d) for d in devs]
+    shown = np.array([-1 if d == DEFAULT_DEVICE else k for k, d in enumerate(devices)] or [0], dtype=np.int64)
+    name_code, distinct = kernels.attr_codes(nodes, "name", False)
+    id_arg = np.array([-1 if title_says_id(nm) else 0 for nm in distinct] or [0], dtype=np.int64)
     shape_code, shapes = kernels.input_shape_codes(nodes)
-    return {"ids": ids, "names": names, "seq": seq, "stream": stream, "same": same, "device": dev_code,
-            "devices": [str(d) for d in devs], "shape": shape_code, "shape_tuples": shapes,
+    return {"ids": ids, "names": names, "seq": seq, "stream": stream, "same": same, "device": shown[dev_code],
+            "devices": devices, "id_arg": id_arg[name_code], "shape": shape_code, "shape_tuples": shapes,
             "shapes": [msgspec.json.encode([list(s) for s in shape]) for shape in shapes]}
 
 
@@ -306,25 +361,26 @@ def trace_ranks(rec: Recording):
 
 # a node slice; its title is "<id> <name>", or the name alone when the id is the name. Columns: 0 tid,
 # 1 start, 2 duration, 3 node, 4 seq, 5 depth, 6 graph task, 7 device, 8 stream, 9 input shapes, 10 whether
-# the id differs from the name, 11 pass, 12 critical path, 13 GraphRoot; depth, graph task, stream and pass
-# are -1 where the value is 0 (the argument is left out), the marks -1 where false.
+# the id differs from the name, 11 pass, 12 critical path, 13 GraphRoot, 14 whether the id is an argument;
+# depth, graph task, stream and pass are -1 where the value is 0 (the argument is left out), the device -1
+# where it is the default, the marks and the id argument -1 where false.
 _X = E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.US, 1), (E.LIT, 2), (E.DUR, 2), (E.LIT, 3),
-                (E.SKIPNEG, 10, 2), (E.JESC, 0, 3), (E.LIT, 4), (E.JESC, 1, 3),
-                (E.LIT, 5), (E.JSTR, 0, 3), (E.LIT, 6), (E.U64, 4),
-                (E.SKIPNEG, 5, 2), (E.LIT, 7), (E.I64, 5), (E.SKIPNEG, 6, 2), (E.LIT, 8), (E.I64, 6),
-                (E.LIT, 9), (E.JSTR, 2, 7), (E.SKIPNEG, 8, 2), (E.LIT, 10), (E.I64, 8),
-                (E.LIT, 11), (E.RAW, 3, 9), (E.SKIPNEG, 11, 2), (E.LIT, 12), (E.I64, 11),
-                (E.SKIPNEG, 12, 1), (E.LIT, 13), (E.SKIPNEG, 13, 1), (E.LIT, 14), (E.LIT, 15))
-_X_LITS = [b',{"ph":"X","pid":1,"tid":', b',"ts":', b',"dur":', b',"name":"', b' ', b'","cat":"node","args":{"id":',
-           b',"seq":', b',"depth":', b',"graph_task":', b',"device":', b',"stream":', b',"input_shapes":',
-           b',"pass":', b',"critical_path":true', b',"graph_root":true', b'}}']
+                (E.SKIPNEG, 10, 2), (E.JESC, 0, 3), (E.LIT, 4), (E.JESC, 1, 3), (E.LIT, 5),
+                (E.SKIPNEG, 14, 3), (E.LIT, 6), (E.JSTR, 0, 3), (E.LIT, 7), (E.LIT, 8), (E.U64, 4),
+                (E.SKIPNEG, 5, 2), (E.LIT, 9), (E.I64, 5), (E.SKIPNEG, 6, 2), (E.LIT, 10), (E.I64, 6),
+                (E.SKIPNEG, 7, 2), (E.LIT, 11), (E.JSTR, 2, 7), (E.SKIPNEG, 8, 2), (E.LIT, 12), (E.I64, 8),
+                (E.LIT, 13), (E.RAW, 3, 9), (E.SKIPNEG, 11, 2), (E.LIT, 14), (E.I64, 11),
+                (E.SKIPNEG, 12, 1), (E.LIT, 15), (E.SKIPNEG, 13, 1), (E.LIT, 16), (E.LIT, 17))
+_X_LITS = [b',{"ph":"X","pid":1,"tid":', b',"ts":', b',"dur":', b',"name":"', b' ', b'","cat":"node","args":{',
+           b'"id":', b',', b'"seq":', b',"depth":', b',"graph_task":', b',"device":', b',"stream":',
+           b',"input_shapes":', b',"pass":', b',"critical_path":true', b',"graph_root":true', b'}}']
+# a queue wait's begin and end. Columns: 0 tid, 1 async id, 2 queue, 3 time, 4 node, 5 graph task (-1: 0)
 _WAIT = [E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2), (E.JSTR, 0, 2), (E.LIT, 3),
-                    (E.US, 3), (E.LIT, 4), (E.JSTR, 1, 4), (E.LIT, 5), (E.JSTR, 2, 4), (E.SKIPNEG, 5, 2),
-                    (E.LIT, 6), (E.I64, 5), (E.LIT, 7)),
-         E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2), (E.JSTR, 0, 2), (E.LIT, 8),
-                    (E.US, 3), (E.LIT, 9))]
+                    (E.US, 3), (E.LIT, 4), (E.JSTR, 1, 4), (E.SKIPNEG, 5, 2), (E.LIT, 5), (E.I64, 5), (E.LIT, 6)),
+         E.template((E.LIT, 0), (E.I64, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2), (E.JSTR, 0, 2), (E.LIT, 7),
+                    (E.US, 3), (E.LIT, 8))]
 _WAIT_LITS = [b',{"pid":1,"tid":', b',"cat":"queue_wait","id2":{"local":', b'},"name":', b',"ph":"b","ts":',
-              b',"args":{"id":', b',"node":', b',"graph_task":', b'}}', b',"ph":"e","ts":', b'}']
+              b',"args":{"id":', b',"graph_task":', b'}}', b',"ph":"e","ts":', b'}']
 _QUEUE = E.template((E.LIT, 0), (E.US, 0), (E.LIT, 1), (E.JSTR, 0, 1), (E.LIT, 2), (E.I64, 2), (E.LIT, 3))
 _QUEUE_LITS = [b',{"ph":"C","pid":1,"ts":', b',"name":', b',"args":{"queued":', b'}}']
 _OUTSTANDING = E.template((E.LIT, 0), (E.US, 0), (E.LIT, 1), (E.I64, 1), (E.LIT, 2))
@@ -417,7 +473,8 @@ def chrome_chunks(rec: Recording, incomplete: str | None = None):
         cols = [tid, start, S.end[a:b] - start, node, info["seq"][node].view(np.int64),
                 absent_if_zero(S.depth[a:b]), absent_if_zero(S.gt[a:b]), info["device"][node],
                 absent_if_zero(info["stream"][node]), info["shape"][node], info["same"][node],
-                absent_if_zero(passes[a:b]), np.where(critical[a:b], 0, -1), np.where(root[a:b], 0, -1)]
+                absent_if_zero(passes[a:b]), np.where(critical[a:b], 0, -1), np.where(root[a:b], 0, -1),
+                info["id_arg"][node]]
         yield E.fill([_X], None, cols, tables, _X_LITS, base, 0, b - a)
     del passes, critical, root
     q = c.samples
@@ -430,7 +487,7 @@ def chrome_chunks(rec: Recording, incomplete: str | None = None):
     del ots, ovals
     W = c.waits
     names = [f"queue wait {name}" for name in c.queues]
-    wait_tables = [names, info["ids"], info["names"]]
+    wait_tables = [names, info["ids"]]
     half = CHUNK // 2
     kinds = np.tile(np.array([0, 1], dtype=np.int64), half)  # b then e of each wait
 

@@ -2,19 +2,21 @@
 
 The same process, threads (same names and order), node slices (titled
 ``<id> <name>``, category ``node``, the same arguments as debug annotations:
-``debug.id`` ... ``debug.input_shapes``, ``debug.pass``,
+``debug.seq`` ... ``debug.input_shapes``, ``debug.pass``,
 ``debug.critical_path``, ``debug.graph_root``; ``depth``, ``graph_task``,
-``stream`` and ``pass`` left out where 0, as there), queue waits (process-scoped tracks
-named ``queue wait <queue>``; waits that overlap go on separate tracks of that
-name), counters (``<queue> queued`` per queue, ``outstanding tasks``), idle
-and lock-wait slices, error, NaN and sync instants and sync flows as the JSON
-trace, as ``TracePacket``s of ``TrackEvent``s on one packet sequence:
+``stream`` and ``pass`` left out where 0, ``device`` where ``cpu``, ``id``
+where the title says it, as there), queue waits (process-scoped tracks
+named ``queue wait <queue>``, ``debug.id`` the node's; waits that overlap go
+on separate tracks of that name), counters (``<queue> queued`` per queue,
+``outstanding tasks``), idle and lock-wait slices, error, NaN and sync
+instants and sync flows as the JSON trace, as ``TracePacket``s of
+``TrackEvent``s on one packet sequence:
 
 * every timestamp is a delta from the previous packet's (a sequence-scoped
   incremental clock, id 64, whose first event is at 1 µs as in the JSON
   trace), so most take three bytes;
-* event names, categories, argument names and the repeated string values (op
-  names, devices) are interned once; the caller's thread is the default track;
+* event names, categories, argument names and the repeated string values
+  (devices) are interned once; the caller's thread is the default track;
 * counter samples ride on the slice events at the same instant
   (``extra_counter_values``) where there is one: a wait's start carries its
   queue's size and the outstanding count after the push, its end the queue
@@ -37,9 +39,9 @@ import numpy as np
 from autograd_run.engine.threads import ThreadKind
 from autograd_run.outputs import atomic_writer
 from autograd_run.traces import encode as E
-from autograd_run.traces import kernels
 from autograd_run.traces.chrome import (
-    FIRST_TID, PID, absent_if_zero, node_tables, node_title, outstanding_changes, slice_marks, trace_ranks,
+    FIRST_TID, PID, absent_if_zero, kernel_args, node_tables, node_title, outstanding_changes, slice_marks,
+    trace_ranks,
 )
 from autograd_run.traces.recording import Recording
 
@@ -57,7 +59,7 @@ KERNEL_UUID0 = 1 << 36  # + stream number
 # TrackEvent types
 BEGIN, END, INSTANT, COUNTER = 1, 2, 3, 4
 # debug annotation names (interned ids)
-ARG_NAMES = ("id", "seq", "depth", "graph_task", "device", "stream", "input_shapes", "node", "queue",
+ARG_NAMES = ("id", "seq", "depth", "graph_task", "device", "stream", "input_shapes", "queue",
              "producer", "consumer", "detail", "pass", "critical_path", "graph_root")
 ARG = {name: k + 1 for k, name in enumerate(ARG_NAMES)}
 CATEGORIES = ("node", "queue_wait", "lock_wait", "idle", "wait", "error", "nan", "sync", "kernel", "incomplete")
@@ -125,7 +127,7 @@ def track_event(kind: int, *, track: int | None = None, name: str | None = None,
 
 # columns of the sorted packet rows
 (C_TS, C_TRACK, C_NODE, C_DEPTH, C_GT, C_SEQ, C_DEV, C_STREAM, C_SHAPE, C_SAME, C_FLOWS, C_UUID_A, C_VAL_A,
- C_UUID_B, C_VAL_B, C_BLOB, C_NAME, C_OPNAME, C_PASS, C_CRIT, C_ROOT) = range(21)
+ C_UUID_B, C_VAL_B, C_BLOB, C_NAME, C_ID_ARG, C_PASS, C_CRIT, C_ROOT) = range(21)
 # tables
 T_IDS, T_NAMES, T_SHAPES, T_BLOBS, T_FLOWS = range(5)
 NODE_B, NODE_E, WAIT_B, WAIT_E, COUNT, BLOB = range(6)
@@ -138,8 +140,8 @@ _LITS = [pb_varint(10, SEQ),                       # 0 the sequence
          b" ",                                     # 6
          pb_varint(1, ARG["id"]), pb_varint(1, ARG["seq"]),  # 7, 8
          pb_varint(1, ARG["depth"]), pb_varint(1, ARG["graph_task"]), pb_varint(1, ARG["device"]),  # 9-11
-         pb_varint(1, ARG["stream"]), pb_varint(1, ARG["node"]), pb_varint(1, ARG["pass"]),  # 12-14
-         pb_varint(1, ARG["critical_path"]), pb_varint(1, ARG["graph_root"]), pb_varint(2, 1)]  # 15, 16, 17 (true)
+         pb_varint(1, ARG["stream"]), pb_varint(1, ARG["pass"]),  # 12, 13
+         pb_varint(1, ARG["critical_path"]), pb_varint(1, ARG["graph_root"]), pb_varint(2, 1)]  # 14, 15, 16 (true)
 
 
 def _templates() -> list[np.ndarray]:
@@ -155,20 +157,19 @@ def _templates() -> list[np.ndarray]:
         return [(K, val, 2), (V, 31, uuid), (V, 12, val)]
     node_b = head(1) + track() + [
         (L, 4), (B, 23), (K, C_SAME, 2), (E.RAW, T_IDS, C_NODE), (L, 6), (E.RAW, T_NAMES, C_NODE), (N,),
-        (B, 4), (L, 7), (S, 6, T_IDS, C_NODE), (N,),
+        (K, C_ID_ARG, 4), (B, 4), (L, 7), (S, 6, T_IDS, C_NODE), (N,),
         (B, 4), (L, 8), (V, 3, C_SEQ), (N,),
         (K, C_DEPTH, 4), (B, 4), (L, 9), (V, 4, C_DEPTH), (N,),
         (K, C_GT, 4), (B, 4), (L, 10), (V, 4, C_GT), (N,),
-        (B, 4), (L, 11), (V, 17, C_DEV), (N,),
+        (K, C_DEV, 4), (B, 4), (L, 11), (V, 17, C_DEV), (N,),
         (K, C_STREAM, 4), (B, 4), (L, 12), (V, 4, C_STREAM), (N,),
-        (K, C_PASS, 4), (B, 4), (L, 14), (V, 4, C_PASS), (N,),
-        (K, C_CRIT, 4), (B, 4), (L, 15), (L, 17), (N,),
-        (K, C_ROOT, 4), (B, 4), (L, 16), (L, 17), (N,),
+        (K, C_PASS, 4), (B, 4), (L, 13), (V, 4, C_PASS), (N,),
+        (K, C_CRIT, 4), (B, 4), (L, 14), (L, 16), (N,),
+        (K, C_ROOT, 4), (B, 4), (L, 15), (L, 16), (N,),
         (R, T_SHAPES, C_SHAPE), (K, C_FLOWS, 1), (R, T_FLOWS, C_FLOWS), (N,), (N,)]
     node_e = head(2) + track() + extra(C_UUID_A, C_VAL_A) + [(N,), (N,)]
     wait_b = head(1) + [(V, 11, C_TRACK), (V, 10, C_NAME), (L, 5),
                         (B, 4), (L, 7), (S, 6, T_IDS, C_NODE), (N,),
-                        (B, 4), (L, 13), (V, 17, C_OPNAME), (N,),
                         (K, C_GT, 4), (B, 4), (L, 10), (V, 4, C_GT), (N,)] + \
         extra(C_UUID_A, C_VAL_A) + extra(C_UUID_B, C_VAL_B) + [(N,), (N,)]
     wait_e = head(2) + [(V, 11, C_TRACK)] + extra(C_UUID_A, C_VAL_A) + [(N,), (N,)]
@@ -217,7 +218,7 @@ class _Rows:
     the order to write them in."""
 
     NAMES = ("ts", "track", "node", "depth", "gt", "seq", "dev", "stream", "shape", "same", "flows", "uuid_a",
-             "val_a", "uuid_b", "val_b", "blob", "name", "opname", "pass_", "crit", "root")  # C_*, in order
+             "val_a", "uuid_b", "val_b", "blob", "name", "id_arg", "pass_", "crit", "root")  # C_*, in order
 
     def __init__(self):
         self.parts: list[tuple[int, int, dict]] = []  # (kind, rows, columns)
@@ -299,18 +300,14 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
     c = rec.columns()
     info = node_tables(c.nodes)
     names = info["names"]
-    # interned strings: op names and devices (string values), wait names (event names)
-    codes, distinct = kernels.attr_codes(c.nodes, "name", False)
-    name_code = {nm: k + 1 for k, nm in enumerate(distinct)}
-    op_iid = codes + 1 if len(codes) else np.zeros(1, dtype=np.int64)  # by node
-    del codes
-    dev_iid = np.arange(len(info["devices"]), dtype=np.int64) + len(name_code) + 1
-    dev_by_node = dev_iid[info["device"]] if len(info["device"]) else np.zeros(1, dtype=np.int64)
+    # interned strings: devices (string values, iid = code + 1), wait names (event names); a device of
+    # -1 (the default, left out) stays -1
+    dev_by_node = np.where(info["device"] >= 0, info["device"] + 1, -1)
     seq_by_node = info["seq"].view(np.int64)
     wait_names = [f"queue wait {q}" for q in c.queues]
     queue_uuid = np.array([_track_uuid(q) for q in range(len(c.queues))] or [0], dtype=np.int64)
 
-    head = _header(rec, tid_of, c, name_code, info["devices"], wait_names)
+    head = _header(rec, tid_of, c, info["devices"], wait_names)
     S, W, Q, I = c.slices, c.waits, c.samples, c.idles
     rows = _Rows()
     blobs: list[bytes] = []
@@ -330,6 +327,7 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
              depth=lambda i: absent_if_zero(S.depth[i]), gt=lambda i: absent_if_zero(S.gt[i]),
              seq=lambda i: seq_by_node[node[i]],
              dev=lambda i: dev_by_node[node[i]], stream=lambda i: absent_if_zero(info["stream"][node[i]]),
+             id_arg=lambda i: info["id_arg"][node[i]],
              shape=lambda i: info["shape"][node[i]], same=lambda i: info["same"][node[i]], flows=flows,
              pass_=lambda i: absent_if_zero(passes[i]),
              crit=lambda i: np.where(critical[i], 0, -1), root=lambda i: np.where(root[i], 0, -1))
@@ -373,7 +371,7 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
         del pushed_rows, has_push
         rows.add(WAIT_B, W.pushed, 2, lambda i: -W.popped[i], track=wait_track, node=W.node,
                  gt=lambda i: absent_if_zero(W.gt[i]),
-                 name=lambda i: W.queue[i] + 1, opname=lambda i: op_iid[W.node[i]],
+                 name=lambda i: W.queue[i] + 1,
                  uuid_a=lambda i: queue_uuid[W.queue[i]], val_a=qa, uuid_b=OUTSTANDING_UUID, val_b=ob)
         rows.add(WAIT_E, W.popped, lambda i: np.where(W.popped[i] > W.pushed[i], 0, 4), lambda i: -W.pushed[i],
                  track=wait_track, uuid_a=lambda i: queue_uuid[W.queue[i]],
@@ -472,9 +470,9 @@ def _shapes_blob(shapes: tuple) -> bytes:
     return annotation("input_shapes", [list(s) for s in shapes])
 
 
-def _header(rec: Recording, tid_of, c, name_code: dict, devices: list[str], wait_names: list[str]) -> bytes:
-    """The first packets: clock, defaults, interned strings (``devices``: the string values interned after
-    the op names); the process, its threads and counter tracks."""
+def _header(rec: Recording, tid_of, c, devices: list[str], wait_names: list[str]) -> bytes:
+    """The first packets: clock, defaults, interned strings (``devices``: the string values, iid = position +
+    1); the process, its threads and counter tracks."""
     t0 = rec.start
     # the first event at 1 µs, as in the JSON trace
     clocks = pb_bytes(1, pb_varint(1, CLOCK_ID) + pb_varint(2, t0) + pb_varint(3, 1)) + \
@@ -483,9 +481,7 @@ def _header(rec: Recording, tid_of, c, name_code: dict, devices: list[str], wait
     interned = b"".join(pb_bytes(1, pb_varint(1, CAT[n]) + pb_bytes(2, n)) for n in CATEGORIES)
     interned += b"".join(pb_bytes(2, pb_varint(1, k + 1) + pb_bytes(2, n)) for k, n in enumerate(wait_names))
     interned += b"".join(pb_bytes(3, pb_varint(1, ARG[n]) + pb_bytes(2, n)) for n in ARG_NAMES)
-    strings = [(iid, n) for n, iid in name_code.items()]
-    strings += [(len(name_code) + 1 + k, d) for k, d in enumerate(devices)]
-    interned += b"".join(pb_bytes(29, pb_varint(1, iid) + pb_bytes(2, s)) for iid, s in strings)
+    interned += b"".join(pb_bytes(29, pb_varint(1, k + 1) + pb_bytes(2, d)) for k, d in enumerate(devices))
     out = packet(pb_varint(13, 1), pb_bytes(6, clocks), pb_bytes(59, defaults), pb_bytes(12, interned))
     process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
     out += packet(pb_bytes(60, pb_varint(1, PROCESS_UUID) + pb_bytes(3, pb_varint(1, PID) + pb_bytes(6, process))))
@@ -535,7 +531,7 @@ def _kernels(rec: Recording, rare) -> bytes:
     for k in rec.kernels:
         end = max(k.end, k.start + 1)
         rare(k.start, 2, -end, track_event(BEGIN, track=uuid[k.stream], category="kernel", name=node_title(k.node),
-                                           args={"id": k.node.id, "stream": k.stream}))
+                                           args=kernel_args(k)))
         rare(end, 0, -k.start, track_event(END, track=uuid[k.stream]))
     return out
 

@@ -10,8 +10,9 @@ queue wait and worker (the definitions are ``traces.samples``'s). Sources:
   Chrome trace  ``--trace`` of ``run`` or ``simulate``    order and times, from the node
                                                           slices' args, their threads'
                                                           worker labels and, where the
-                                                          args leave it out, the op name
-                                                          from the title ``<id> <op>``
+                                                          args leave them out, the node
+                                                          id and op name from the title
+                                                          ``<id> <op>`` (``chrome.slice_node``)
   JSON summary  ``run --json`` / ``simulate --json``      order and times from its
                                                           ``samples``; an older summary
                                                           without them gives aggregates
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from autograd_run.errors import RequestError
+from autograd_run.traces.chrome import slice_node
 from autograd_run.traces.samples import NodeSamples, Samples, append_passes, pass_samples, stable_worker
 from autograd_run.traces.summary import _union_length
 
@@ -350,8 +352,13 @@ def _trace(events, source: str, where: str) -> Profile:
         ph, cat = e.get("ph"), e.get("cat")
         if ph == "X" and cat == "node":
             args, ts, dur = e.get("args"), e.get("ts"), e.get("dur")
-            if not isinstance(args, dict) or not isinstance(args.get("id"), str):
-                raise _Bad(f"{where}[{i}].args", "a node slice needs args with a string 'id'")
+            if not isinstance(args, dict):
+                raise _Bad(f"{where}[{i}].args", "a node slice needs args (an object)")
+            node = slice_node(e.get("name"), args)
+            if node is None:
+                raise _Bad(f"{where}[{i}]", "a node slice needs a title '<id> <op>' (a string 'name') "
+                                            "or a string 'id' in its args")
+            nid, op = node
             gt = args.get("graph_task", 0)  # left out where 0
             if not _is_int(gt):
                 raise _Bad(f"{where}[{i}].args.graph_task", "must be an integer")
@@ -360,7 +367,7 @@ def _trace(events, source: str, where: str) -> Profile:
             if not _tid_ok(e.get("tid")):
                 raise _Bad(f"{where}[{i}].tid", "must be an integer or a string")
             # the engine's GraphRoot: marked, or in an older trace (its slices carried the op name) unmarked
-            if args.get("graph_root") is True or (args["id"] == "GraphRoot" and e.get("name") == "GraphRoot"
+            if args.get("graph_root") is True or (nid == "GraphRoot" and e.get("name") == "GraphRoot"
                                                   and args.get("name") == "GraphRoot"
                                                   and "graph_root" not in args and "pass" not in args):
                 continue
@@ -368,8 +375,7 @@ def _trace(events, source: str, where: str) -> Profile:
                 if k in args and not check(args[k]):
                     raise _Bad(f"{where}[{i}].args.{k}", "has the wrong type")
             start = round(ts * 1000)
-            slices.append((start, start + round(dur * 1000), e.get("tid"), gt, args["id"],
-                           _op_name(args, e.get("name")), args, i))
+            slices.append((start, start + round(dur * 1000), e.get("tid"), gt, nid, op, args, i))
         elif cat == "queue_wait" and ph in ("b", "e") and _num(e.get("ts")):
             key = _async_key(e)
             if key is None:
@@ -468,18 +474,6 @@ def _trace(events, source: str, where: str) -> Profile:
 def _tid_ok(tid) -> bool:
     """A thread id a trace may give (absent, an integer or a string): one to look threads up by."""
     return tid is None or type(tid) in (int, str)
-
-
-def _op_name(args: dict, title) -> str:
-    """A node slice's op name: its ``name`` argument (older traces), else its title ``<id> <op>`` less the id
-    (the title is the op alone where the id is the op's name, as GraphRoot's)."""
-    name = args.get("name")
-    if isinstance(name, str):
-        return name
-    if not isinstance(title, str):
-        return "?"
-    prefix = args["id"] + " "
-    return title[len(prefix):] if title.startswith(prefix) else title
 
 
 def _async_key(e: dict):
