@@ -334,3 +334,41 @@ def test_the_compiled_accumulate_grad_adds_as_its_twin():
         run(acc, [first], EngineContext(None, None, None, state=Mine(g)))
         assert seen[-1] == "subclass"
     assert results[0] == results[1]
+
+
+@pytest.mark.skipif(not core.COMPILED, reason="the compiled core is not built")
+def test_the_compiled_loop_releases_saved_values_as_release_does():
+    """Without retain_graph each node that saves tensors is marked released and its values dropped, by the
+    compiled loop itself; a state whose ``release`` is overridden has its own called instead."""
+    import numpy as np
+
+    from autograd_run.engine import Engine
+    from autograd_run.engine.run import run_graph
+    from autograd_run.engine.state import GraphState, SavedTensorReleased
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+
+    g = loads_graph(__import__("json").dumps(generate("mlp", layers=3, width=2, batch=2)), "mlp.json")
+    saving = {n for n in g.nodes if n.saves_tensors}
+    eng = Engine(multithreading=False)
+    try:
+        state = GraphState(g)
+        state.prepare()
+        assert saving <= set(state._saved)
+        run_graph(eng, g, state)
+        assert state._released == saving and not saving & set(state._saved)
+        with pytest.raises(SavedTensorReleased):
+            state.saved(next(iter(saving)))
+
+        calls = []
+
+        class Mine(GraphState):
+            def release(self, node):
+                calls.append(node)
+        mine = Mine(g)
+        run_graph(eng, g, mine)
+        assert set(calls) == saving and not mine._released
+        again = run_graph(eng, g, mine)  # nothing was released: a second backward runs
+        assert all(v is None or np.isfinite(v).all() for v in again.grads.values())
+    finally:
+        eng.shutdown()

@@ -109,7 +109,8 @@ typedef struct {
 static PyObject *s_next, *s_inputs, *s_cpu, *s_seq, *s_op, *s_attrs, *s_saves_tensors, *s_topo_nr, *s_id, *s_name,
     *s_stream, *s_saved, *s_completed, *s_expired,
     *s_has_error, *s_outstanding, *s_reentrant_depth, *s_shape, *s_dtype, *s_saved_strings, *s_tensor_fields,
-    *s_random, *s_dist, *s_float32, *s_normal, *s_create_graph, *s_variable, *s_grad_lock, *s_accumulate, *s_copy;
+    *s_random, *s_dist, *s_float32, *s_normal, *s_create_graph, *s_variable, *s_grad_lock, *s_accumulate, *s_copy,
+    *s__released, *s__saved, *s__saved_device;
 
 enum { NF_NEXT, NF_INPUTS, NF_CPU, NF_SEQ, NF_OP, NF_ATTRS, NF_SAVES, NF_TOPO, NF_ID, NF_NAME, NF_STREAM, NF_SAVED };
 static SlotTable NODE_SLOTS = {NULL, 12, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors,
@@ -1673,12 +1674,19 @@ static int engine_info_fill(EngineInfo *ei, PyObject *engine, PyObject *tracer) 
     return 0;
 }
 
+/* GraphState.release (the plain function), registered by engine/state.py (register_release): a state
+ * whose release() is that one has its containers updated directly (release_node). */
+static PyObject *plain_release = NULL;
+
 /* A GraphTask's fields that never change while it runs (graph_task.py), read once per GraphTask. */
 typedef struct {
     PyObject *gt;
     PyObject *lock;      /* the GraphTask lock: a compiled Lock (taken directly) or any lock (its methods) */
     PyObject *acquire, *release, *deps, *not_ready, *cpu_queue, *exec_info, *state, *ctx;
     PyObject *half_nodes; /* the state's float16/bfloat16 nodes (Python's path: upcasts), NULL when none */
+    /* Where the state's release() is GraphState.release (not overridden): its set of released nodes and
+     * its caches of saved values, which release_node() updates directly; else NULL (release() is called). */
+    PyObject *released, *saved, *saved_device;
     int multithreading, exec_nonempty, anomaly, keep_graph, has_faults;
 } GtInfo;
 
@@ -1694,6 +1702,9 @@ static void gt_info_clear(GtInfo *gi) {
     Py_CLEAR(gi->state);
     Py_CLEAR(gi->ctx);
     Py_CLEAR(gi->half_nodes);
+    Py_CLEAR(gi->released);
+    Py_CLEAR(gi->saved);
+    Py_CLEAR(gi->saved_device);
 }
 
 /* Take the GraphTask lock: 1 taken, 0 not (non-blocking), -1 on error. */
@@ -1782,6 +1793,53 @@ static int gt_info_fill(GtInfo *gi, PyObject *gt) {
             gi->half_nodes = half;
         else
             Py_DECREF(half);
+    }
+    if (plain_release != NULL) {
+        PyObject *method = PyObject_GetAttr(gi->state, s_release);
+        if (method == NULL) {
+            gt_info_clear(gi);
+            return -1;
+        }
+        int plain = PyMethod_Check(method) && PyMethod_GET_FUNCTION(method) == plain_release;
+        Py_DECREF(method);
+        if (plain) {
+            gi->released = PyObject_GetAttr(gi->state, s__released);
+            gi->saved = gi->released ? PyObject_GetAttr(gi->state, s__saved) : NULL;
+            gi->saved_device = gi->saved ? PyObject_GetAttr(gi->state, s__saved_device) : NULL;
+            if (gi->saved_device == NULL) {
+                gt_info_clear(gi);
+                return -1;
+            }
+            if (!PySet_CheckExact(gi->released) || !PyDict_CheckExact(gi->saved) ||
+                !PyDict_CheckExact(gi->saved_device)) {  /* not the plain containers: call release() */
+                Py_CLEAR(gi->released);
+                Py_CLEAR(gi->saved);
+                Py_CLEAR(gi->saved_device);
+            }
+        }
+    }
+    return 0;
+}
+
+/* GraphState.release(node) where it is not overridden (gi->released set): marked released first, then its
+ * saved values dropped (a concurrent saved() sees the values or the mark). */
+static int release_node(GtInfo *gi, PyObject *node) {
+    if (gi->released == NULL) {
+        PyObject *r = PyObject_CallMethodOneArg(gi->state, s_release, node);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+        return 0;
+    }
+    if (PySet_Add(gi->released, node) < 0)
+        return -1;
+    PyObject *dicts[2] = {gi->saved, gi->saved_device};
+    for (int i = 0; i < 2; i++) {
+        if (PyDict_GET_SIZE(dicts[i]) == 0)
+            continue;
+        int in = PyDict_Contains(dicts[i], node);
+        if (in < 0 || (in && PyDict_DelItem(dicts[i], node) < 0))
+            return -1;
     }
     return 0;
 }
@@ -2505,10 +2563,8 @@ static PyObject *evaluate(EngineInfo *ei, GtInfo *gi, int real_cuda, PyObject *n
     if (saves < 0)
         goto fail;
     if (saves && !gi->keep_graph) {
-        PyObject *r = PyObject_CallMethodOneArg(gi->state, s_release, node);
-        if (r == NULL)
+        if (release_node(gi, node) < 0)
             goto fail;
-        Py_DECREF(r);
     }
     int any = PyObject_IsTrue(outputs);
     if (any < 0)
@@ -2950,6 +3006,12 @@ fail:
 /* GraphState.accumulate (the plain function), registered by engine/state.py: accumulate_grad adds in C
  * only where the state's accumulate is that one (not a subclass's or an instance's own). */
 static PyObject *plain_accumulate = NULL;
+
+static PyObject *register_release(PyObject *mod, PyObject *fn) {
+    Py_INCREF(fn);
+    Py_XSETREF(plain_release, fn);
+    Py_RETURN_NONE;
+}
 
 static PyObject *register_accumulate(PyObject *mod, PyObject *fn) {
     Py_INCREF(fn);
@@ -3915,6 +3977,8 @@ static PyMethodDef module_methods[] = {
      "compute_dependencies(root, dependencies, min_topo_nr): see engine/graph_task.py"},
     {"fill", fill, METH_VARARGS,
      "fill(templates, kinds, columns, tables, lits, base, start, stop, index=None) -> bytes: see traces/encode.py"},
+    {"register_release", register_release, METH_O,
+     "register_release(GraphState.release): see release_node"},
     {"register_accumulate", register_accumulate, METH_O,
      "register_accumulate(GraphState.accumulate): see accumulate_grad"},
     {"accumulate_grad", (PyCFunction)(void (*)(void))accumulate_grad, METH_FASTCALL,
@@ -3986,6 +4050,9 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_grad_lock, "_grad_lock");
     INTERN(s_accumulate, "accumulate");
     INTERN(s_copy, "copy");
+    INTERN(s__released, "_released");
+    INTERN(s__saved, "_saved");
+    INTERN(s__saved_device, "_saved_device");
     INTERN(s_tensor_fields, "tensor_fields");
     INTERN(s_random, "random");
     INTERN(s_dist, "dist");

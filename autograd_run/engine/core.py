@@ -54,6 +54,7 @@ if COMPILED:
     group_saved = _core.group_saved
     accumulate_grad = _core.accumulate_grad
     register_accumulate = _core.register_accumulate
+    register_release = _core.register_release
 else:
     InputBuffer = _ib.InputBuffer
     ReadyQueue = _rq.ReadyQueue
@@ -74,3 +75,4 @@ else:
     group_saved = None  # engine.state's twin
     accumulate_grad = None  # engine.builtin_nodes' twin
     register_accumulate = None
+    register_release = None

@@ -190,7 +190,8 @@ class GraphState:
         return cached
 
     def release(self, node: Node) -> None:
-        """Free the node's saved tensors (backward without retain_graph)."""
+        """Free the node's saved tensors (backward without retain_graph). The compiled worker loop does the
+        same itself where this method is not overridden (``_core.release_node``)."""
         if node.saves_tensors:
             # Mark first, then drop: a concurrent saved() sees the values or the mark.
             self._released.add(node)
@@ -261,8 +262,9 @@ class GraphState:
                 old += grad
 
 
-if core.register_accumulate is not None:
+if core.register_accumulate is not None:  # the compiled engine does these two itself where not overridden
     core.register_accumulate(GraphState.accumulate)
+    core.register_release(GraphState.release)
 
 
 def _computes_in_half(node: Node) -> bool:
