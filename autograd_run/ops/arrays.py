@@ -42,6 +42,32 @@ def sum_to(xp, grad, shape):
     return out.reshape(shape)
 
 
+#: From this many elements on, ``select`` / ``zero_where`` multiply by the mask (and check that the gradient is
+#: finite) rather than call numpy's ``where``, whose branch per element costs ~10x a multiply on an unpredictable
+#: mask (relu's).
+SELECT_BY_MULTIPLY = 1024
+
+
+def select(xp, keep, grad):
+    """``grad`` where ``keep`` holds, an exact zero of its dtype elsewhere: PyTorch's ``where(keep, grad, 0)``.
+
+    Not ``grad * keep``: a NaN or infinite ``grad`` would give NaN where ``keep`` is off (``nan * 0``), PyTorch 0.
+    """
+    if grad.size >= SELECT_BY_MULTIPLY and is_numpy(xp) and xp.isfinite(grad).all():
+        return grad * keep
+    return xp.where(keep, grad, 0)
+
+
+def zero_where(xp, off, grad):
+    """``grad`` with exact zeros where ``off`` holds: PyTorch's ``off ? 0 : grad`` (``threshold_backward``, ...).
+
+    A NaN comparison leaves ``off`` False, so the gradient passes there, as in PyTorch's kernels.
+    """
+    if grad.size >= SELECT_BY_MULTIPLY and is_numpy(xp) and xp.isfinite(grad).all():
+        return grad * ~off
+    return xp.where(off, 0, grad)
+
+
 def out_meta(node, i: int):
     """The metadata (shape, dtype, device) of the slot that next edge ``i`` feeds."""
     e = node.next[i]
