@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.arrays import each, select, signed
 from autograd_run.ops.indexing import scatter_add_along
 from autograd_run.ops.spec import op
 
@@ -68,13 +68,22 @@ def mean_dim(node, grads, ctx):
     return expand_reduced(node, grads[0], ctx.xp(node), scale=True)
 
 
+def evenly_distribute(node, xp, x, r, g):
+    """The gradient of a full reduction to one value (max, min, median): split evenly over the positions equal to
+    it (the NaNs when it is NaN). PyTorch's CPU kernel writes it there into zeros, so a NaN or infinite gradient
+    stays there; on CUDA it multiplies by the mask, so it spreads as NaN everywhere."""
+    mask = (x == r) | (xp.isnan(x) & xp.isnan(r))
+    share = g / mask.sum()
+    if node.device.is_cpu:
+        return select(xp, mask, xp.broadcast_to(share, x.shape))
+    return mask * share
+
+
 @op("MaxBackward1", "MinBackward1", outputs=1, saved="self:tensor result:tensor", cost=cost.reduction(3))
 def max_all(node, grads, ctx):
-    """a.max() / a.min(): the gradient split evenly over the positions equal to the result."""
+    """a.max() / a.min(): the gradient split evenly over the positions equal to the result (the NaNs if NaN)."""
     sv = ctx.saved(node)
-    x, r = sv["self"], sv["result"]
-    mask = x == r
-    return each(node, lambda i: mask * (grads[0] / mask.sum()))
+    return each(node, lambda i: evenly_distribute(node, ctx.xp(node), sv["self"], sv["result"], grads[0]))
 
 
 @op("AmaxBackward0", "AminBackward0", outputs=1, saved="self:tensor result:tensor dim:ints? keepdim:bool?",
@@ -159,10 +168,7 @@ def cummax(node, grads, ctx):
 def median_all(node, grads, ctx):
     """a.median() / a.nanmedian(): the gradient split evenly over the positions equal to the result (NaN: the NaNs)."""
     sv = ctx.saved(node)
-    x, r = sv["self"], sv["result"]
-    xp = ctx.xp(node)
-    mask = (x == r) | (xp.isnan(x) & xp.isnan(r))
-    return each(node, lambda i: mask * (grads[0] / mask.sum()))
+    return each(node, lambda i: evenly_distribute(node, ctx.xp(node), sv["self"], sv["result"], grads[0]))
 
 
 @op("AminmaxBackward0", outputs=1,
@@ -204,8 +210,9 @@ def cumsum(node, grads, ctx):
 def cumprod(node, grads, ctx):
     """a.cumprod(dim), zeros in the input too.
 
-    Before a slice's first zero, sum_k>=i g_k y_k / x_i; at it, the same sum over the products that skip it;
-    after it, zero (conjugated for complex).
+    Before a slice's first zero, sum_k>=i g_k y_k / x_i over the k before it; at it, sum_k g_k times the product
+    up to k that skips it, over the k before the second zero; after it, zero (conjugated for complex). The sums
+    leave out the terms whose product is zero, as PyTorch's: a NaN or infinite g there does not reach them.
     """
     sv = ctx.saved(node)
     g, x, y = grads[0], sv["self"], sv["result"]
@@ -219,10 +226,13 @@ def cumprod(node, grads, ctx):
     is_zero = x == 0
     first = xp.where(is_zero.any(axis=-1), xp.argmax(is_zero, axis=-1), n)[..., None]
     one = xp.ones((), dtype=x.dtype)
-    before = _reverse_cumsum(xp, g * y.conj(), -1) / xp.where(pos < first, x, one).conj()
-    # At the first zero: the cumulative products of the slice with that zero replaced by one.
+    # only the terms before the first zero (as PyTorch: a NaN or infinite g after it does not reach them)
+    before = _reverse_cumsum(xp, select(xp, pos < first, g * y.conj()), -1) / xp.where(pos < first, x, one).conj()
+    # At the first zero: the cumulative products of the slice with that zero replaced by one, up to the second.
+    later = is_zero & (pos > first)
+    second = xp.where(later.any(axis=-1), xp.argmax(later, axis=-1), n)[..., None]
     y_skip = xp.cumprod(xp.where(pos == first, one, x), axis=-1)
-    at = _reverse_cumsum(xp, g * y_skip.conj(), -1)
+    at = _reverse_cumsum(xp, select(xp, pos < second, g * y_skip.conj()), -1)
     out = xp.where(pos < first, before, xp.where(pos == first, at, 0))
     return each(node, lambda i: xp.moveaxis(out, -1, d))
 
@@ -376,18 +386,25 @@ def logsumexp(node, grads, ctx):
 
 @op("NansumBackward0", outputs=1, saved="self:tensor dim:ints? keepdim:bool?", cost=cost.reduction(1))
 def nansum(node, grads, ctx):
-    """a.nansum(dim, keepdim): the gradient broadcast back, zero at the NaNs."""
+    """a.nansum(dim, keepdim): the gradient broadcast back, times zero at the NaNs (PyTorch multiplies: a NaN or
+    infinite gradient stays NaN there)."""
     sv = ctx.saved(node)
     x = sv["self"]
     xp = ctx.xp(node)
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
-    return each(node, lambda i: xp.where(xp.isnan(x), 0, restore(xp, grads[0], dims, keep)))
+    return each(node, lambda i: restore(xp, grads[0], dims, keep) * ~xp.isnan(x))
 
 
 @op("TraceBackward0", outputs=1, saved="self_sym_sizes:sizes", cost=cost.COPY)
 def trace(node, grads, ctx):
-    """a.trace(): the gradient on the main diagonal, zeros elsewhere."""
+    """a.trace(): the gradient on the main diagonal, zeros elsewhere (written there: a NaN stays on it)."""
     rows, cols = (int(n) for n in node.saved["self_sym_sizes"])
     xp = ctx.xp(node)
     g = grads[0]
-    return each(node, lambda i: xp.eye(rows, cols, dtype=g.dtype) * g)
+
+    def out(i):
+        z = xp.zeros((rows, cols), dtype=g.dtype)
+        d = xp.arange(min(rows, cols))
+        z[d, d] = g
+        return z
+    return each(node, out)
