@@ -327,10 +327,8 @@ def xlogy_scalar_other(node, grads, ctx):
 
 @op("AbsBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def abs_(node, grads, ctx):
-    """|a|: g * sgn(a) (a / |a| for complex a)."""
+    """|a|: g * sgn(a) (a / |a| for complex a; 0 at a NaN a, as PyTorch's sign)."""
     x = ctx.saved(node)["self"]
-    if x.dtype.kind != "c":
-        return each(node, lambda i: grads[0] * ctx.xp(node).sign(x))
     return each(node, lambda i: grads[0] * sgn(ctx.xp(node), x))
 
 
