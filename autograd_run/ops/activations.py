@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, filled, select, signed, sum_to, zero_where
+from autograd_run.ops.arrays import each, filled, keep_where, signed, sum_to, zero_where
 from autograd_run.ops.numeric import conj, erf, num
 from autograd_run.ops.spec import op
 
@@ -172,7 +172,7 @@ def hardtanh(node, grads, ctx):
     sv = ctx.saved(node)
     x = sv["self"]
     lo, hi = num(sv.get("min_val", -1.0)), num(sv.get("max_val", 1.0))
-    return each(node, lambda i: select(ctx.xp(node), (x > lo) & (x < hi), grads[0]))
+    return each(node, lambda i: keep_where(ctx.xp(node), (x > lo) & (x < hi), grads[0]))
 
 
 @op("HardswishBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
@@ -188,7 +188,7 @@ def hardswish(node, grads, ctx):
 def hardsigmoid(node, grads, ctx):
     """hardsigmoid(a) = relu6(a + 3) / 6: g / 6 where -3 < a < 3, zero elsewhere."""
     x = ctx.saved(node)["self"]
-    return each(node, lambda i: select(ctx.xp(node), (x > -3) & (x < 3), grads[0]) / 6)
+    return each(node, lambda i: keep_where(ctx.xp(node), (x > -3) & (x < 3), grads[0]) / 6)
 
 
 def _softplus_factor(xp, x, beta, threshold):
@@ -225,7 +225,7 @@ def shrink(node, grads, ctx):
     PyTorch's vectorized kernel; its scalar loop passes the gradient there)."""
     sv = ctx.saved(node)
     x, lam = sv["self"], num(sv.get("lambd", 0.5))
-    return each(node, lambda i: select(ctx.xp(node), (x > lam) | (x < -lam), grads[0]))
+    return each(node, lambda i: keep_where(ctx.xp(node), (x > lam) | (x < -lam), grads[0]))
 
 
 @op("ThresholdBackward0", "ThresholdBackward1", outputs=1, saved="self:tensor threshold:scalar", elementwise=True,
@@ -334,7 +334,7 @@ def hardtanh_backward_backward(node, grads, ctx):
     x = sv["self"]
     lo, hi = num(sv.get("min_val", -1.0)), num(sv.get("max_val", 1.0))
     xp = ctx.xp(node)
-    return each(node, lambda i: select(xp, (x > lo) & (x < hi), grads[0]) if i == 0 else xp.zeros_like(x))
+    return each(node, lambda i: keep_where(xp, (x > lo) & (x < hi), grads[0]) if i == 0 else xp.zeros_like(x))
 
 
 @op("LeakyReluBackwardBackward0", outputs=2, saved="self:tensor negative_slope:scalar?", cost=cost.pointwise(2))
@@ -494,7 +494,7 @@ def shrink_backward_backward(node, grads, ctx):
     sv = ctx.saved(node)
     x, lam = sv["self"], num(sv.get("lambd", 0.5))
     xp = ctx.xp(node)
-    return each(node, lambda i: select(xp, (x > lam) | (x < -lam), grads[0]) if i == 0 else xp.zeros_like(x))
+    return each(node, lambda i: keep_where(xp, (x > lam) | (x < -lam), grads[0]) if i == 0 else xp.zeros_like(x))
 
 
 @op("RreluWithNoiseBackwardBackward0", outputs=2,

@@ -42,13 +42,13 @@ def sum_to(xp, grad, shape):
     return out.reshape(shape)
 
 
-#: From this many elements on, ``select`` / ``zero_where`` multiply by the mask (and check that the gradient is
+#: From this many elements on, ``keep_where`` / ``zero_where`` multiply by the mask (and check that the gradient is
 #: finite) rather than call numpy's ``where``, whose branch per element costs ~10x a multiply on an unpredictable
 #: mask (relu's).
 SELECT_BY_MULTIPLY = 1024
 
 
-def select(xp, keep, grad):
+def keep_where(xp, keep, grad):
     """``grad`` where ``keep`` holds, an exact zero of its dtype elsewhere: PyTorch's ``where(keep, grad, 0)``.
 
     Not ``grad * keep``: a NaN or infinite ``grad`` would give NaN where ``keep`` is off (``nan * 0``), PyTorch 0.

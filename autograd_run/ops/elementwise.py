@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, out_meta, select
+from autograd_run.ops.arrays import each, keep_where, out_meta
 from autograd_run.ops.numeric import conj, digamma, erfinv, is_complex, num, real_for, sgn, trigamma
 from autograd_run.ops.spec import op
 
@@ -612,7 +612,7 @@ def clamp(node, grads, ctx):
         mask = x >= lo
     if hi is not None:
         mask = mask & (x <= hi)
-    return each(node, lambda i: select(ctx.xp(node), mask, grads[0]))
+    return each(node, lambda i: keep_where(ctx.xp(node), mask, grads[0]))
 
 
 @op("ClampBackward0", outputs=3, saved="self:tensor min:tensor? max:tensor?", elementwise=True, cost=cost.pointwise(4))
@@ -630,10 +630,10 @@ def clamp_tensor(node, grads, ctx):
                 mask = x >= lo
             if hi is not None:
                 mask = mask & (x <= hi)
-            return select(xp, mask, g)
+            return keep_where(xp, mask, g)
         if i == 1:
-            return select(xp, (x < lo) & (lo < hi) if hi is not None else x < lo, g)
-        return select(xp, (x > hi) | (lo > hi) if lo is not None else x > hi, g)
+            return keep_where(xp, (x < lo) & (lo < hi) if hi is not None else x < lo, g)
+        return keep_where(xp, (x > hi) | (lo > hi) if lo is not None else x > hi, g)
     return each(node, out)
 
 
@@ -641,14 +641,14 @@ def clamp_tensor(node, grads, ctx):
 def clamp_min(node, grads, ctx):
     """clamp_min(a, number): the gradient where a >= min, zero elsewhere."""
     sv = ctx.saved(node)
-    return each(node, lambda i: select(ctx.xp(node), sv["self"] >= num(sv["min"]), grads[0]))
+    return each(node, lambda i: keep_where(ctx.xp(node), sv["self"] >= num(sv["min"]), grads[0]))
 
 
 @op("ClampMaxBackward0", outputs=1, saved="self:tensor max:scalar", elementwise=True, cost=cost.pointwise(2))
 def clamp_max(node, grads, ctx):
     """clamp_max(a, number): the gradient where a <= max, zero elsewhere."""
     sv = ctx.saved(node)
-    return each(node, lambda i: select(ctx.xp(node), sv["self"] <= num(sv["max"]), grads[0]))
+    return each(node, lambda i: keep_where(ctx.xp(node), sv["self"] <= num(sv["max"]), grads[0]))
 
 
 @op("ClampMinBackward1", outputs=2, saved="self:tensor min:tensor", elementwise=True, cost=cost.pointwise(2))
@@ -656,7 +656,7 @@ def clamp_min_tensor(node, grads, ctx):
     """clamp_min(a, tensor): the gradient to a where a >= min, to min where a < min (to neither at a NaN)."""
     sv = ctx.saved(node)
     x, lo = sv["self"], sv["min"]
-    return each(node, lambda i: select(ctx.xp(node), x >= lo if i == 0 else x < lo, grads[0]))
+    return each(node, lambda i: keep_where(ctx.xp(node), x >= lo if i == 0 else x < lo, grads[0]))
 
 
 @op("ClampMaxBackward1", outputs=2, saved="self:tensor max:tensor", elementwise=True, cost=cost.pointwise(2))
@@ -664,7 +664,7 @@ def clamp_max_tensor(node, grads, ctx):
     """clamp_max(a, tensor): the gradient to a where a <= max, to max where a > max (to neither at a NaN)."""
     sv = ctx.saved(node)
     x, hi = sv["self"], sv["max"]
-    return each(node, lambda i: select(ctx.xp(node), x <= hi if i == 0 else x > hi, grads[0]))
+    return each(node, lambda i: keep_where(ctx.xp(node), x <= hi if i == 0 else x > hi, grads[0]))
 
 
 def _min_max(node, grads, ctx, self_loses, other_loses):

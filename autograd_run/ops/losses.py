@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, select, signed
+from autograd_run.ops.arrays import each, keep_where, signed
 from autograd_run.ops.numeric import num
 from autograd_run.ops.spec import op
 
@@ -54,7 +54,7 @@ def nll_loss(node, grads, ctx):
     g = grads[0]
     cls_axis = 1 if x.ndim >= 2 else 0
     safe_t, w, valid = _nll_scale(xp, target, sv.get("weight"), signed(sv.get("ignore_index", -100)), x.dtype)
-    scale = select(xp, valid, -w * g)  # ignored targets skipped, as PyTorch's (not times 0)
+    scale = keep_where(xp, valid, -w * g)  # ignored targets skipped, as PyTorch's (not times 0)
     if reduction == MEAN:
         scale = scale / sv["total_weight"]
 
@@ -302,7 +302,7 @@ def nll_loss_backward_backward(node, grads, ctx):
         cls_axis = 1 if g.ndim >= 2 else 0
         safe_t, w, valid = _nll_scale(xp, target, sv.get("weight"), signed(sv.get("ignore_index", -100)), g.dtype)
         picked = xp.take_along_axis(g, xp.expand_dims(safe_t, cls_axis), axis=cls_axis).squeeze(cls_axis)
-        losses = select(xp, valid, -w * picked)  # ignored targets skipped, as PyTorch's nll_loss
+        losses = keep_where(xp, valid, -w * picked)  # ignored targets skipped, as PyTorch's nll_loss
         if reduction == NONE:
             return losses
         if reduction == SUM:

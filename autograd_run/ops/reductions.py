@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, select, signed
+from autograd_run.ops.arrays import each, keep_where, signed
 from autograd_run.ops.indexing import scatter_add_along
 from autograd_run.ops.spec import op
 
@@ -75,7 +75,7 @@ def evenly_distribute(node, xp, x, r, g):
     mask = (x == r) | (xp.isnan(x) & xp.isnan(r))
     share = g / mask.sum()
     if node.device.is_cpu:
-        return select(xp, mask, xp.broadcast_to(share, x.shape))
+        return keep_where(xp, mask, xp.broadcast_to(share, x.shape))
     return mask * share
 
 
@@ -227,12 +227,12 @@ def cumprod(node, grads, ctx):
     first = xp.where(is_zero.any(axis=-1), xp.argmax(is_zero, axis=-1), n)[..., None]
     one = xp.ones((), dtype=x.dtype)
     # only the terms before the first zero (as PyTorch: a NaN or infinite g after it does not reach them)
-    before = _reverse_cumsum(xp, select(xp, pos < first, g * y.conj()), -1) / xp.where(pos < first, x, one).conj()
+    before = _reverse_cumsum(xp, keep_where(xp, pos < first, g * y.conj()), -1) / xp.where(pos < first, x, one).conj()
     # At the first zero: the cumulative products of the slice with that zero replaced by one, up to the second.
     later = is_zero & (pos > first)
     second = xp.where(later.any(axis=-1), xp.argmax(later, axis=-1), n)[..., None]
     y_skip = xp.cumprod(xp.where(pos == first, one, x), axis=-1)
-    at = _reverse_cumsum(xp, select(xp, pos < second, g * y_skip.conj()), -1)
+    at = _reverse_cumsum(xp, keep_where(xp, pos < second, g * y_skip.conj()), -1)
     out = xp.where(pos < first, before, xp.where(pos == first, at, 0))
     return each(node, lambda i: xp.moveaxis(out, -1, d))
 
@@ -277,10 +277,13 @@ def _product_of_others(xp, x, axis):
 
 @op("ProdBackward0", outputs=1, saved="self:tensor result:tensor?", cost=cost.reduction(4))
 def prod_all(node, grads, ctx):
-    """a.prod(): each element gets the gradient times the product of all the others (conjugated)."""
+    """a.prod(): each element gets the gradient times the product of all the others (conjugated); zeros with two
+    zeros or more in a (PyTorch's backward without create_graph: not the gradient times 0)."""
     sv = ctx.saved(node)
     x = sv["self"]
     xp = ctx.xp(node)
+    if int((x == 0).sum()) > 1:
+        return each(node, lambda i: xp.zeros(x.shape, dtype=grads[0].dtype))
     others = _product_of_others(xp, x.reshape(-1), 0).reshape(x.shape)
     return each(node, lambda i: grads[0] * others.conj())
 

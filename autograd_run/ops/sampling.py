@@ -24,7 +24,7 @@ import itertools
 import math
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import add_at, each, select
+from autograd_run.ops.arrays import add_at, each, keep_where
 from autograd_run.ops.spec import op
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
@@ -195,7 +195,7 @@ def grid_sampler(node, grads, ctx):
         vals = xflat[batch, :, lin]                       # (N, *out, C)
         vals = xp.moveaxis(vals, -1, 1) * ok[:, None]
         # out-of-bounds taps add nothing (PyTorch skips them), not g times 0: a NaN or infinite g would stay
-        contrib = select(xp, ok[:, None], g * w[:, None])
+        contrib = keep_where(xp, ok[:, None], g * w[:, None])
         chans = xp.arange(c).reshape((1, c) + (1,) * (lin.ndim - 1))
         add_at(xp, dx, (batch[:, None], chans, lin[:, None]), contrib)
         if dws is None:
@@ -207,7 +207,7 @@ def grid_sampler(node, grads, ctx):
         gv = (g * vals).sum(axis=1)                       # (N, *out)
         for d in range(k):
             part = gv * dws[d]
-            dgrid[d] = dgrid[d] + (select(xp, ok, part) if k == 3 else part)
+            dgrid[d] = dgrid[d] + (keep_where(xp, ok, part) if k == 3 else part)
     if combine:
         dgrid = [(g * c).sum(axis=1) for c in coef]
     gg = xp.stack([dgrid[k - 1 - j] * mults[k - 1 - j] for j in range(k)], axis=-1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, select, signed
+from autograd_run.ops.arrays import each, keep_where, signed
 from autograd_run.ops.spec import op
 
 SUM, MEAN, MAX = 0, 1, 2
@@ -79,5 +79,5 @@ def embedding_bag(node, grads, ctx):
 
     def grad_per_sample_weights():
         w = sv["weight"]
-        return select(xp, keep, (g[bag] * w[idx]).sum(axis=-1)).astype(g.dtype, copy=False)
+        return keep_where(xp, keep, (g[bag] * w[idx]).sum(axis=-1)).astype(g.dtype, copy=False)
     return each(node, lambda i: grad_weight() if i == 0 else grad_per_sample_weights())
