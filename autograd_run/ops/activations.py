@@ -221,8 +221,10 @@ def log_sigmoid(node, grads, ctx):
 @op("HardshrinkBackward0", "SoftshrinkBackward0", outputs=1, saved="self:tensor lambd:scalar?", elementwise=True,
     cost=cost.pointwise(2))
 def shrink(node, grads, ctx):
-    """hardshrink / softshrink(a, lambd): the gradient where |a| > lambd, zero elsewhere (at a NaN input too, as
-    PyTorch's vectorized kernel; its scalar loop passes the gradient there)."""
+    """hardshrink / softshrink(a, lambd): the gradient where |a| > lambd, zero elsewhere.
+
+    At a NaN input zero, as PyTorch's vectorized kernel (its scalar loop passes the gradient there).
+    """
     sv = ctx.saved(node)
     x, lam = sv["self"], num(sv.get("lambd", 0.5))
     return each(node, lambda i: keep_where(ctx.xp(node), (x > lam) | (x < -lam), grads[0]))
@@ -366,8 +368,10 @@ def gelu_backward_backward(node, grads, ctx):
     saved="grad_output:tensor self_or_result:tensor alpha:scalar? scale:scalar? input_scale:scalar? is_result:bool?",
     cost=cost.pointwise(6))
 def elu_backward_backward(node, grads, ctx):
-    """elu_backward(go, a or result): g elu'(a) to go; g go elu''(a) to a where a < 0 (from the result: g go
-    input_scale), times 0 elsewhere (PyTorch multiplies by the mask: a NaN or infinite g stays NaN there)."""
+    """elu_backward(go, a or result): g elu'(a) to go; g go elu''(a) (from the result: g go input_scale) to a.
+
+    The second times (a < 0), as PyTorch: zero at a >= 0, but a NaN or infinite g stays NaN there.
+    """
     sv = ctx.saved(node)
     x = sv["self_or_result"]
     alpha, scale, iscale = num(sv.get("alpha", 1)), num(sv.get("scale", 1)), num(sv.get("input_scale", 1))
@@ -388,8 +392,10 @@ def elu_backward_backward(node, grads, ctx):
 @op("SoftplusBackwardBackward0", outputs=2, saved="grad_output:tensor self:tensor beta:scalar? threshold:scalar?",
     cost=cost.pointwise(6))
 def softplus_backward_backward(node, grads, ctx):
-    """softplus_backward(go, a): g sigmoid(beta a) to go; g go beta s (1 - s) to a where beta a < threshold, times
-    0 elsewhere (PyTorch multiplies by the mask: a NaN or infinite g stays NaN there)."""
+    """softplus_backward(go, a): g sigmoid(beta a) to go; g go beta s (1 - s) (beta a < threshold) to a.
+
+    The mask multiplies, as PyTorch's: zero in the linear region, but a NaN or infinite g stays NaN there.
+    """
     sv = ctx.saved(node)
     x, beta, thr = sv["self"], num(sv.get("beta", 1)), num(sv.get("threshold", 20))
     xp = ctx.xp(node)

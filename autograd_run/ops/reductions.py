@@ -277,8 +277,10 @@ def _product_of_others(xp, x, axis):
 
 @op("ProdBackward0", outputs=1, saved="self:tensor result:tensor?", cost=cost.reduction(4))
 def prod_all(node, grads, ctx):
-    """a.prod(): each element gets the gradient times the product of all the others (conjugated); zeros with two
-    zeros or more in a (PyTorch's backward without create_graph: not the gradient times 0)."""
+    """a.prod(): each element gets the gradient times the product of all the others (conjugated).
+
+    With two zeros or more in a, zeros (PyTorch's backward without create_graph), not the gradient times 0.
+    """
     sv = ctx.saved(node)
     x = sv["self"]
     xp = ctx.xp(node)
@@ -389,8 +391,10 @@ def logsumexp(node, grads, ctx):
 
 @op("NansumBackward0", outputs=1, saved="self:tensor dim:ints? keepdim:bool?", cost=cost.reduction(1))
 def nansum(node, grads, ctx):
-    """a.nansum(dim, keepdim): the gradient broadcast back, times zero at the NaNs (PyTorch multiplies: a NaN or
-    infinite gradient stays NaN there)."""
+    """a.nansum(dim, keepdim): the gradient broadcast back, times zero at the NaNs.
+
+    A product, as PyTorch's: a NaN or infinite gradient stays NaN at a NaN input.
+    """
     sv = ctx.saved(node)
     x = sv["self"]
     xp = ctx.xp(node)
