@@ -10,6 +10,7 @@ import numpy as np
 from autograd_run.ops import cost
 from autograd_run.ops.arrays import each, keep_where, signed
 from autograd_run.ops.indexing import scatter_add_along
+from autograd_run.ops.numeric import num
 from autograd_run.ops.spec import op
 
 
@@ -306,14 +307,29 @@ def prod_dim(node, grads, ctx):
 # --- moments ---------------------------------------------------------------------------------------------------------
 
 
-def _var_back(xp, g, x, dims, correction, keepdim):
-    """The gradient of var(x, dims, correction): 2 (x - mean) g / (N - correction)."""
+def _var_back(xp, g, x, dims, correction, keepdim, every_dim=False):
+    """The gradient of var(x, dims, correction): 2 (x - mean) g / (N - correction).
+
+    With N - correction <= 0, as PyTorch: over every dim (no ``dim`` given), g times NaN where x equals the mean
+    and inf elsewhere; over given dims, 2 / 0 is inf (so inf * 0 = NaN where x equals the mean).
+    """
     n = 1
     for d in dims:
         n *= x.shape[d]
-    c = 1 if correction is None else correction
+    c = 1 if correction is None else num(correction)
     g = restore(xp, g, dims, keepdim)
-    return (2.0 / (n - c)) * g * (x - x.mean(axis=tuple(dims), keepdims=True))
+    mean = x.mean(axis=tuple(dims), keepdims=True)
+    dof = n - c
+    with np.errstate(invalid="ignore"):
+        if dof <= 0 and every_dim:
+            return g * xp.where(x == mean, xp.nan, xp.inf)
+        return (2.0 / dof if dof != 0 else math.inf) * g * (x - mean)
+
+
+def _no_dim(sv, x):
+    """Whether var/std reduced without a ``dim`` (PyTorch's other formula when N - correction <= 0)."""
+    dims = sv.get("dim")
+    return x.ndim == 0 or dims is None or (isinstance(dims, (list, tuple)) and not dims)
 
 
 def _mean_back(xp, g, x, dims, keepdim):
@@ -335,7 +351,7 @@ def var(node, grads, ctx):
     x = sv["self"]
     xp = ctx.xp(node)
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
-    return each(node, lambda i: _var_back(xp, grads[0], x, dims, sv.get("correction"), keep))
+    return each(node, lambda i: _var_back(xp, grads[0], x, dims, sv.get("correction"), keep, _no_dim(sv, x)))
 
 
 @op("StdBackward0", outputs=1, saved="self:tensor result:tensor dim:ints? correction:scalar? keepdim:bool?",
@@ -347,7 +363,7 @@ def std(node, grads, ctx):
     xp = ctx.xp(node)
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
     return each(node, lambda i: _var_back(xp, _std_grad(xp, grads[0], sv["result"]), x, dims,
-                                          sv.get("correction"), keep))
+                                          sv.get("correction"), keep, _no_dim(sv, x)))
 
 
 def _moments_mean(node, grads, ctx, first):
@@ -357,7 +373,7 @@ def _moments_mean(node, grads, ctx, first):
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
     total = None
     if grads[0] is not None:
-        total = _var_back(xp, first(xp, grads[0], sv), x, dims, sv.get("correction"), keep)
+        total = _var_back(xp, first(xp, grads[0], sv), x, dims, sv.get("correction"), keep, _no_dim(sv, x))
     if len(grads) > 1 and grads[1] is not None:
         m = _mean_back(xp, grads[1], x, dims, keep)
         total = m if total is None else total + m
