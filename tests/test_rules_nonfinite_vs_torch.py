@@ -350,6 +350,12 @@ OTHERS = {
     "cummin": (lambda x: x.cummin(dim=1).values, _zeros_rows),
     "std_zero": (lambda x: x.std(dim=1), _zeros_rows),
     "var": (lambda x: x.var(dim=1), _zeros_rows),
+    # N - correction <= 0: PyTorch's inf / NaN factors (a crash here before)
+    "var_no_dof": (lambda x: x.var(correction=48), _x),
+    "std_no_dof": (lambda x: x.std(correction=50), _x),
+    "var_dim_no_dof": (lambda x: x.var(dim=1, correction=6), _zeros_rows),
+    "var_dim_negative_dof": (lambda x: x.var(dim=1, correction=7), _zeros_rows),
+    "var_mean_no_dof": (lambda x: torch.stack(torch.var_mean(x, correction=48)), _x),
     "prod_zeros": (lambda x: x.prod(dim=1), _zeros_rows),
     "prod_all": (lambda x: x[1].prod(), _zeros_rows),
     "prod_all_one_zero": (lambda x: x[3, 1:4].prod(), _zeros_rows),
@@ -529,3 +535,17 @@ def test_masked_gradients_for_non_finite_incoming_gradients(name, tmp_path):
         leaves.update(more)
     out = (y * _w(y.shape)).sum()
     check(out, leaves, path=tmp_path / "graph.json")  # non-finite saved values go to an .npz beside it
+
+
+EXACT = ["relu", "relu_inplace", "threshold", "hardtanh", "relu6", "hardshrink", "clamp", "clamp_min", "clamp_max",
+         "where", "masked_fill"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", EXACT)
+def test_selections_keep_the_gradients_dtype(name, dtype, tmp_path):
+    """The selecting rules in half and single precision: the dtype kept, the kept gradient exact, zeros elsewhere."""
+    x = _x().detach().to(dtype).requires_grad_(True)
+    y = ELEMENTWISE[name](x)
+    out = (y * _w(y.shape).to(dtype)).sum()
+    check(out, {"x": x}, path=tmp_path / "graph.json", rtol=0, atol=0)
