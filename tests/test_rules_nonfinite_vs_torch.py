@@ -316,6 +316,7 @@ OTHERS = {
     "amin": (lambda x: x.amin(dim=1), _zeros_rows),
     "aminmax": (lambda x: torch.stack(torch.aminmax(x, dim=1)), _zeros_rows),
     "glu": (_glu, _x),
+    "logit": (torch.logit, lambda: _x(vals=[-0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 1.5])),
     # double backward
     "relu_double": (_double(lambda x: torch.relu(x)), _x),
     "threshold_double": (_double(lambda x: F.threshold(x, 0.5, 2.0)), _x),
