@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, filled, signed, sum_to
+from autograd_run.ops.arrays import each, filled, keep_where, signed, sum_to, zero_where
 from autograd_run.ops.numeric import conj, erf, num
 from autograd_run.ops.spec import op
 
@@ -28,9 +28,9 @@ def _sigmoid(xp, x):
 
 @op("ReluBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(1))
 def relu(node, grads, ctx):
-    """relu(a): the gradient where the result is positive."""
+    """relu(a): threshold_backward(g, result, 0), zero where the result is <= 0 (a NaN result passes g)."""
     r = ctx.saved(node)["result"]
-    return each(node, lambda i: grads[0] * (r > 0))
+    return each(node, lambda i: zero_where(ctx.xp(node), r <= 0, grads[0]))
 
 
 @op("TanhBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(3))
@@ -164,11 +164,15 @@ def celu_inplace(node, grads, ctx):
 @op("HardtanhBackward0", outputs=1, saved="self:tensor min_val:scalar? max_val:scalar?", elementwise=True,
     cost=cost.pointwise(2))
 def hardtanh(node, grads, ctx):
-    """hardtanh(a, min, max) (relu6 too): the gradient where min < a < max."""
+    """hardtanh(a, min, max) (relu6 too): the gradient where min < a < max, zero elsewhere.
+
+    At a NaN input PyTorch's vectorized kernel gives zero (this rule too), its scalar loop (tensors of a few
+    elements, the tails of others) the gradient.
+    """
     sv = ctx.saved(node)
     x = sv["self"]
     lo, hi = num(sv.get("min_val", -1.0)), num(sv.get("max_val", 1.0))
-    return each(node, lambda i: grads[0] * ((x > lo) & (x < hi)))
+    return each(node, lambda i: keep_where(ctx.xp(node), (x > lo) & (x < hi), grads[0]))
 
 
 @op("HardswishBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
@@ -176,15 +180,15 @@ def hardswish(node, grads, ctx):
     """hardswish(a) = a relu6(a + 3) / 6: 0 up to -3, g (a / 3 + 1/2) strictly inside, g from 3 on."""
     x = ctx.saved(node)["self"]
     xp = ctx.xp(node)
-    d = xp.where(x <= -3, 0.0, xp.where(x < 3, x / 3 + 0.5, 1.0))
-    return each(node, lambda i: grads[0] * d)
+    d = xp.where(x < 3, x / 3 + 0.5, 1.0)
+    return each(node, lambda i: zero_where(xp, x <= -3, grads[0] * d))
 
 
 @op("HardsigmoidBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(3))
 def hardsigmoid(node, grads, ctx):
-    """hardsigmoid(a) = relu6(a + 3) / 6: g / 6 where -3 < a < 3."""
+    """hardsigmoid(a) = relu6(a + 3) / 6: g / 6 where -3 < a < 3, zero elsewhere."""
     x = ctx.saved(node)["self"]
-    return each(node, lambda i: grads[0] * ((x > -3) & (x < 3)) / 6)
+    return each(node, lambda i: keep_where(ctx.xp(node), (x > -3) & (x < 3), grads[0]) / 6)
 
 
 def _softplus_factor(xp, x, beta, threshold):
@@ -217,18 +221,21 @@ def log_sigmoid(node, grads, ctx):
 @op("HardshrinkBackward0", "SoftshrinkBackward0", outputs=1, saved="self:tensor lambd:scalar?", elementwise=True,
     cost=cost.pointwise(2))
 def shrink(node, grads, ctx):
-    """hardshrink / softshrink(a, lambd): the gradient where |a| > lambd."""
+    """hardshrink / softshrink(a, lambd): the gradient where |a| > lambd, zero elsewhere.
+
+    At a NaN input zero, as PyTorch's vectorized kernel (its scalar loop passes the gradient there).
+    """
     sv = ctx.saved(node)
     x, lam = sv["self"], num(sv.get("lambd", 0.5))
-    return each(node, lambda i: grads[0] * ((x > lam) | (x < -lam)))
+    return each(node, lambda i: keep_where(ctx.xp(node), (x > lam) | (x < -lam), grads[0]))
 
 
 @op("ThresholdBackward0", "ThresholdBackward1", outputs=1, saved="self:tensor threshold:scalar", elementwise=True,
     cost=cost.pointwise(1))
 def threshold(node, grads, ctx):
-    """threshold(a, t, v): the gradient where a > t."""
+    """threshold(a, t, v): the gradient, zero where a <= t."""
     sv = ctx.saved(node)
-    return each(node, lambda i: grads[0] * (sv["self"] > num(sv["threshold"])))
+    return each(node, lambda i: zero_where(ctx.xp(node), sv["self"] <= num(sv["threshold"]), grads[0]))
 
 
 @op("RreluWithNoiseBackward0", outputs=1, saved="self:tensor noise:tensor lower:scalar? upper:scalar? training:bool?",
@@ -315,21 +322,21 @@ def sigmoid_backward_backward(node, grads, ctx):
 
 @op("ThresholdBackwardBackward0", outputs=2, saved="self:tensor threshold:scalar", cost=cost.pointwise(1))
 def threshold_backward_backward(node, grads, ctx):
-    """threshold_backward(go, a, t) (relu's gradient): g where a > t to go; zero to a."""
+    """threshold_backward(go, a, t) (relu's gradient): g, zero where a <= t, to go; zero to a."""
     sv = ctx.saved(node)
     x = sv["self"]
     xp = ctx.xp(node)
-    return each(node, lambda i: grads[0] * (x > num(sv["threshold"])) if i == 0 else xp.zeros_like(x))
+    return each(node, lambda i: zero_where(xp, x <= num(sv["threshold"]), grads[0]) if i == 0 else xp.zeros_like(x))
 
 
 @op("HardtanhBackwardBackward0", outputs=2, saved="self:tensor min_val:scalar? max_val:scalar?", cost=cost.pointwise(2))
 def hardtanh_backward_backward(node, grads, ctx):
-    """hardtanh_backward(go, a): g where min < a < max to go; zero to a."""
+    """hardtanh_backward(go, a): g where min < a < max (zero elsewhere) to go; zero to a."""
     sv = ctx.saved(node)
     x = sv["self"]
     lo, hi = num(sv.get("min_val", -1.0)), num(sv.get("max_val", 1.0))
     xp = ctx.xp(node)
-    return each(node, lambda i: grads[0] * ((x > lo) & (x < hi)) if i == 0 else xp.zeros_like(x))
+    return each(node, lambda i: keep_where(xp, (x > lo) & (x < hi), grads[0]) if i == 0 else xp.zeros_like(x))
 
 
 @op("LeakyReluBackwardBackward0", outputs=2, saved="self:tensor negative_slope:scalar?", cost=cost.pointwise(2))
@@ -361,7 +368,10 @@ def gelu_backward_backward(node, grads, ctx):
     saved="grad_output:tensor self_or_result:tensor alpha:scalar? scale:scalar? input_scale:scalar? is_result:bool?",
     cost=cost.pointwise(6))
 def elu_backward_backward(node, grads, ctx):
-    """elu_backward(go, a or result): g elu'(a) to go; g go elu''(a) to a (from the result: g go input_scale)."""
+    """elu_backward(go, a or result): g elu'(a) to go; g go elu''(a) (from the result: g go input_scale) to a.
+
+    The second times (a < 0), as PyTorch: zero at a >= 0, but a NaN or infinite g stays NaN there.
+    """
     sv = ctx.saved(node)
     x = sv["self_or_result"]
     alpha, scale, iscale = num(sv.get("alpha", 1)), num(sv.get("scale", 1)), num(sv.get("input_scale", 1))
@@ -372,17 +382,20 @@ def elu_backward_backward(node, grads, ctx):
     def out(i):
         if i == 0:
             return g * _elu_factor(xp, x, alpha, scale, iscale, is_result)
-        if is_result:
-            return xp.where(x <= 0, g * sv["grad_output"] * iscale, 0)
-        return xp.where(x <= 0, g * sv["grad_output"] * iscale * iscale * alpha * scale
-                        * xp.exp(xp.minimum(x, 0) * iscale), 0)
+        scaled = g * sv["grad_output"] * iscale
+        if not is_result:
+            scaled = scaled * _elu_factor(xp, x, alpha, scale, iscale, False)
+        return scaled * (x < 0)
     return each(node, out)
 
 
 @op("SoftplusBackwardBackward0", outputs=2, saved="grad_output:tensor self:tensor beta:scalar? threshold:scalar?",
     cost=cost.pointwise(6))
 def softplus_backward_backward(node, grads, ctx):
-    """softplus_backward(go, a): g sigmoid(beta a) to go; g go beta s (1 - s) to a (zero in the linear region)."""
+    """softplus_backward(go, a): g sigmoid(beta a) to go; g go beta s (1 - s) (beta a < threshold) to a.
+
+    The mask multiplies, as PyTorch's: zero in the linear region, but a NaN or infinite g stays NaN there.
+    """
     sv = ctx.saved(node)
     x, beta, thr = sv["self"], num(sv.get("beta", 1)), num(sv.get("threshold", 20))
     xp = ctx.xp(node)
@@ -393,7 +406,7 @@ def softplus_backward_backward(node, grads, ctx):
             return g * _softplus_factor(xp, x, beta, thr)
         z = x * beta
         s = _sigmoid(xp, z)
-        return xp.where(z > thr, 0, g * sv["grad_output"] * beta * s * (1 - s))
+        return g * sv["grad_output"] * (1 - s) * s * (z < thr) * beta
     return each(node, out)
 
 
@@ -475,7 +488,7 @@ def hardswish_backward_backward(node, grads, ctx):
 
     def out(i):
         if i == 0:
-            return g * xp.where(x <= -3, 0.0, xp.where(x < 3, x / 3 + 0.5, 1.0))
+            return zero_where(xp, x <= -3, g * xp.where(x < 3, x / 3 + 0.5, 1.0))
         return xp.where((x > -3) & (x < 3), g * sv["grad_output"] / 3, 0)
     return each(node, out)
 
@@ -483,11 +496,11 @@ def hardswish_backward_backward(node, grads, ctx):
 @op("HardshrinkBackwardBackward0", "SoftshrinkBackwardBackward0", outputs=2, saved="self:tensor lambd:scalar?",
     cost=cost.pointwise(2))
 def shrink_backward_backward(node, grads, ctx):
-    """hard/softshrink_backward(go, a): g where |a| > lambd to go; zero to a."""
+    """hard/softshrink_backward(go, a): g where |a| > lambd (zero elsewhere) to go; zero to a."""
     sv = ctx.saved(node)
     x, lam = sv["self"], num(sv.get("lambd", 0.5))
     xp = ctx.xp(node)
-    return each(node, lambda i: grads[0] * ((x > lam) | (x < -lam)) if i == 0 else xp.zeros_like(x))
+    return each(node, lambda i: keep_where(xp, (x > lam) | (x < -lam), grads[0]) if i == 0 else xp.zeros_like(x))
 
 
 @op("RreluWithNoiseBackwardBackward0", outputs=2,

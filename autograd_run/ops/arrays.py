@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def each(node, value_for) -> list:
     """``value_for(i)`` for each valid next edge i of ``node``, None elsewhere."""
@@ -42,6 +44,39 @@ def sum_to(xp, grad, shape):
     return out.reshape(shape)
 
 
+#: From this many elements on, ``keep_where`` / ``zero_where`` multiply by the mask when the gradient is all finite:
+#: numpy's where and putmask branch per element, ~15x a multiply on an unpredictable mask (relu's). Below it a copy
+#: and ``putmask`` cost about what the multiply does (numpy's where ~2x: it converts the scalar 0 per call).
+SELECT_BY_MULTIPLY = 1024
+
+
+def keep_where(xp, keep, grad):
+    """``grad`` where the bool ``keep`` holds, an exact zero of its dtype elsewhere: PyTorch's
+    ``where(keep, grad, 0)``. Not ``grad * keep``: a NaN or infinite ``grad`` would give NaN where ``keep`` is off
+    (``nan * 0``), PyTorch 0."""
+    if type(grad) is np.ndarray and type(keep) is np.ndarray and keep.shape == grad.shape:
+        if grad.size < SELECT_BY_MULTIPLY:
+            out = grad.copy()
+            np.putmask(out, ~keep, 0)
+            return out
+        if np.isfinite(grad).all():
+            return grad * keep
+    return xp.where(keep, grad, 0)
+
+
+def zero_where(xp, off, grad):
+    """``grad`` with exact zeros where the bool ``off`` holds: PyTorch's ``off ? 0 : grad`` (``threshold_backward``,
+    ...). A NaN comparison leaves ``off`` False, so the gradient passes there, as in PyTorch's kernels."""
+    if type(grad) is np.ndarray and type(off) is np.ndarray and off.shape == grad.shape:
+        if grad.size < SELECT_BY_MULTIPLY:
+            out = grad.copy()
+            np.putmask(out, off, 0)
+            return out
+        if np.isfinite(grad).all():
+            return grad * ~off
+    return xp.where(off, 0, grad)
+
+
 def out_meta(node, i: int):
     """The metadata (shape, dtype, device) of the slot that next edge ``i`` feeds."""
     e = node.next[i]
@@ -79,7 +114,6 @@ def tensor_list(saved, name: str) -> list:
     (what capture writes: ``indices.0``, ``indices.1``, ...), or an inline
     tensor (``{"data": ..., "dtype": ...}`` or a nested list).
     """
-    import numpy as np
     out = []
     for v in saved.get(name) or ():
         if v is None:

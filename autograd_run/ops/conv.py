@@ -15,7 +15,10 @@ The input is windowed with ``as_strided`` (no copy) and contracted with
 offset. Average pooling, adaptive average pooling, upsampling and padding
 are separable linear maps: each spatial dim gets a small (out, in) matrix,
 built once per call, and the gradient is contracted with them dim by dim
-(the forward map, used by double backward, with the same matrices).
+(the forward map, used by double backward, with the same matrices). A
+gradient with NaN or infinite values follows the maps' entries instead, one
+by one as PyTorch's loops visit them (``Taps``), so the NaN reaches what
+PyTorch's does and no more.
 Complex convolutions conjugate the other operand, as PyTorch does.
 """
 
@@ -27,7 +30,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.arrays import add_at, each, signed
 from autograd_run.ops.numeric import conj, num
 from autograd_run.ops.spec import op
 
@@ -309,13 +312,48 @@ def pixel_unshuffle(node, grads, ctx):
 # --- separable linear maps: pooling, upsampling, padding ---------------------------------------------------
 
 
-def apply_dims(xp, t, mats, adjoint):
-    """Contract the last ``len(mats)`` dims of ``t`` with (out, in) matrices: in -> out, or (adjoint) out -> in."""
-    k = len(mats)
-    for j, m in enumerate(mats):
-        m = xp.asarray(m.T if adjoint else m, dtype=t.dtype)
+class Taps:
+    """One spatial dim of a separable linear map (in -> out) as PyTorch's kernels visit it: (out, in, weight)
+    entries, repeats and zero weights kept, and the dense (out, in) matrix they sum to.
+
+    A finite gradient goes through the dense matrix. A NaN or infinite one follows the entries, as in PyTorch's
+    loops: each entry adds weight * g, so a zero-weight entry still carries NaN (0 * inf) and an element no entry
+    reaches stays 0, where a product with the dense matrix would spread NaN everywhere (0 * nan).
+    """
+
+    __slots__ = ("shape", "out", "inp", "weight", "dense")
+
+    def __init__(self, n_out, n_in, out, inp, weight):
+        self.shape = (n_out, n_in)
+        self.out = np.asarray(out, dtype=np.int64).reshape(-1)
+        self.inp = np.asarray(inp, dtype=np.int64).reshape(-1)
+        self.weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), self.out.shape)
+        self.dense = np.zeros(self.shape)
+        np.add.at(self.dense, (self.out, self.inp), self.weight)
+
+
+def _follow_taps(xp, t, taps, axis, adjoint):
+    """``t`` mapped along ``axis`` entry by entry (in -> out, or out -> in for the adjoint)."""
+    src, dst = (taps.out, taps.inp) if adjoint else (taps.inp, taps.out)
+    n_dst = taps.shape[1] if adjoint else taps.shape[0]
+    moved = xp.moveaxis(t, axis, 0)
+    w = xp.asarray(taps.weight, dtype=t.dtype).reshape((-1,) + (1,) * (moved.ndim - 1))
+    out = xp.zeros((n_dst,) + moved.shape[1:], dtype=t.dtype)
+    add_at(xp, out, xp.asarray(dst), moved[xp.asarray(src)] * w)
+    return xp.moveaxis(out, 0, axis)
+
+
+def apply_dims(xp, t, maps, adjoint):
+    """Map the last ``len(maps)`` dims of ``t`` (``Taps``): in -> out, or (adjoint) out -> in."""
+    k = len(maps)
+    finite = bool(xp.isfinite(t).all())
+    for j, m in enumerate(maps):
         axis = t.ndim - k + j
-        t = xp.moveaxis(xp.tensordot(t, m, axes=([axis], [1])), -1, axis)
+        if finite:
+            mat = xp.asarray(m.dense.T if adjoint else m.dense, dtype=t.dtype)
+            t = xp.moveaxis(xp.tensordot(t, mat, axes=([axis], [1])), -1, axis)
+        else:
+            t = _follow_taps(xp, t, m, axis, adjoint)
     return t
 
 
@@ -326,8 +364,7 @@ def _scale_value(scale, n_in, n_out):
 
 
 def nearest_matrix(n_in, n_out, scale=None, exact=False):
-    """(out, in) one-hot rows: which input element each output of nearest upsampling reads."""
-    m = np.zeros((n_out, n_in))
+    """Nearest upsampling along one dim: which input element each output reads."""
     dst = np.arange(n_out)
     if n_out == n_in:
         src = dst
@@ -337,8 +374,11 @@ def nearest_matrix(n_in, n_out, scale=None, exact=False):
         s = np.float32(_scale_value(scale, n_in, n_out))
         pos = (dst.astype(np.float32) + np.float32(0.5)) * s if exact else dst.astype(np.float32) * s
         src = np.minimum(np.floor(pos).astype(np.int64), n_in - 1)
-    m[dst, src] = 1.0
-    return m
+    return Taps(n_out, n_in, dst, src, 1.0)
+
+
+def identity_taps(n):
+    return Taps(n, n, np.arange(n), np.arange(n), 1.0)
 
 
 def _linear_ratio(n_in, n_out, align_corners, scale):
@@ -355,20 +395,17 @@ def _source_index(ratio, dst, align_corners, cubic):
 
 
 def linear_matrix(n_in, n_out, align_corners=False, scale=None):
-    """(out, in) weights of linear interpolation along one dim (PyTorch's source index and lambda)."""
-    m = np.zeros((n_out, n_in))
+    """Linear interpolation along one dim (PyTorch's source index and lambda): two taps per output, the second
+    of weight 0 on the same element when the sizes are equal."""
     dst = np.arange(n_out)
     if n_out == n_in:
-        m[dst, dst] = 1.0
-        return m
+        return Taps(n_out, n_in, np.repeat(dst, 2), np.repeat(dst, 2), np.tile([1.0, 0.0], n_out))
     real = _source_index(_linear_ratio(n_in, n_out, align_corners, scale), dst.astype(np.float64), align_corners,
                          False)
     i0 = np.minimum(np.floor(real).astype(np.int64), n_in - 1)
     lam1 = np.clip(real - i0, 0.0, 1.0)
     i1 = i0 + (i0 < n_in - 1)
-    np.add.at(m, (dst, i0), 1.0 - lam1)
-    np.add.at(m, (dst, i1), lam1)
-    return m
+    return Taps(n_out, n_in, np.concatenate([dst, dst]), np.concatenate([i0, i1]), np.concatenate([1.0 - lam1, lam1]))
 
 
 def _cubic_weights(t, a=-0.75):
@@ -381,16 +418,18 @@ def _cubic_weights(t, a=-0.75):
 
 
 def cubic_matrix(n_in, n_out, align_corners=False, scale=None):
-    """(out, in) weights of bicubic (a = -0.75) interpolation along one dim; taps clamp at the borders."""
-    m = np.zeros((n_out, n_in))
+    """Bicubic (a = -0.75) interpolation along one dim: four taps per output, clamped at the borders."""
     dst = np.arange(n_out)
     real = _source_index(_linear_ratio(n_in, n_out, align_corners, scale), dst.astype(np.float64), align_corners,
                          True)
     i = np.floor(real).astype(np.int64)
     t = real - i
+    outs, ins, ws = [], [], []
     for off, wt in zip((-1, 0, 1, 2), _cubic_weights(t)):
-        np.add.at(m, (dst, np.clip(i + off, 0, n_in - 1)), wt)
-    return m
+        outs.append(dst)
+        ins.append(np.clip(i + off, 0, n_in - 1))
+        ws.append(wt)
+    return Taps(n_out, n_in, np.concatenate(outs), np.concatenate(ins), np.concatenate(ws))
 
 
 def _triangle(x):
@@ -405,7 +444,7 @@ def _keys_cubic(x, a=-0.5):
 
 
 def antialias_matrix(n_in, n_out, align_corners=False, scale=None, cubic=False):
-    """(out, in) weights of antialiased (PIL-style) bilinear or bicubic resampling along one dim.
+    """Antialiased (PIL-style) bilinear or bicubic resampling along one dim.
 
     Downsampling widens the filter by the scale; each output's weights are normalised to sum to one.
     """
@@ -415,38 +454,51 @@ def antialias_matrix(n_in, n_out, align_corners=False, scale=None, cubic=False):
     invscale = 1.0 / ratio if ratio >= 1.0 else 1.0
     max_taps = int(math.ceil(support)) * 2 + 1
     filt = _keys_cubic if cubic else _triangle
-    m = np.zeros((n_out, n_in))
+    outs, ins, ws = [], [], []
     for i in range(n_out):
         center = ratio * (i + 0.5)
         lo = max(int(center - support + 0.5), 0)
         size = min(max(min(int(center + support + 0.5), n_in) - lo, 0), max_taps)
         w = filt((np.arange(size) + lo - center + 0.5) * invscale)
         total = w.sum()
-        if total != 0.0:
-            m[i, lo:lo + size] = w / total
-    return m
+        outs.append(np.full(size, i))
+        ins.append(np.arange(lo, lo + size))
+        ws.append(w / total if total != 0.0 else w)
+    return Taps(n_out, n_in, np.concatenate(outs), np.concatenate(ins), np.concatenate(ws))
+
+
+def _window_taps(n_out, n_in, windows):
+    """Taps of outputs that each spread one weight over a window of inputs: (a, b, weight) per output."""
+    outs, ins, ws = [], [], []
+    for o, (a, b, w) in enumerate(windows):
+        if b > a:
+            outs.append(np.full(b - a, o))
+            ins.append(np.arange(a, b))
+            ws.append(np.full(b - a, w))
+    if not outs:
+        return Taps(n_out, n_in, [], [], [])
+    return Taps(n_out, n_in, np.concatenate(outs), np.concatenate(ins), np.concatenate(ws))
 
 
 def adaptive_avg_matrix(n_in, n_out):
-    """(out, in): output o averages inputs floor(o in / out) to ceil((o + 1) in / out)."""
-    m = np.zeros((n_out, n_in))
+    """Output o averages inputs floor(o in / out) to ceil((o + 1) in / out)."""
+    windows = []
     for o in range(n_out):
         a, b = (o * n_in) // n_out, -(-((o + 1) * n_in) // n_out)
-        m[o, a:b] = 1.0 / (b - a)
-    return m
+        windows.append((a, b, 1.0 / (b - a)))
+    return _window_taps(n_out, n_in, windows)
 
 
 def avg_pool_matrix(n_in, n_out, k, stride, pad, count_include_pad=True, unit=False):
-    """(out, in) averaging weights of one dim of average pooling (PyTorch's window and divisor rules)."""
-    m = np.zeros((n_out, n_in))
+    """Averaging weights of one dim of average pooling (PyTorch's window and divisor rules)."""
+    windows = []
     for o in range(n_out):
         start = o * stride - pad
         end = min(start + k, n_in + pad)
         size = end - start
         a, b = max(start, 0), min(end, n_in)
-        if b > a:
-            m[o, a:b] = 1.0 if unit else 1.0 / (size if count_include_pad else b - a)
-    return m
+        windows.append((a, b, 1.0 if unit else 1.0 / (size if count_include_pad else max(b - a, 1))))
+    return _window_taps(n_out, n_in, windows)
 
 
 def pool_out_size(n_in, k, stride, pad, ceil_mode, dilation=1):
@@ -458,7 +510,7 @@ def pool_out_size(n_in, k, stride, pad, ceil_mode, dilation=1):
 
 
 def pad_matrix(n_in, left, right, mode):
-    """(out, in) one-hot rows of reflection or replication padding along one dim."""
+    """Reflection or replication padding along one dim: the input element each padded one copies."""
     n_out = n_in + left + right
     src = np.arange(n_out) - left
     if mode == "reflect":
@@ -466,9 +518,7 @@ def pad_matrix(n_in, left, right, mode):
         src = np.where(src >= n_in, 2 * (n_in - 1) - src, src)
     else:
         src = np.clip(src, 0, n_in - 1)
-    m = np.zeros((n_out, n_in))
-    m[np.arange(n_out), src] = 1.0
-    return m
+    return Taps(n_out, n_in, np.arange(n_out), src, 1.0)
 
 
 def _spatial_k(name: str) -> int:
@@ -493,8 +543,11 @@ def _upsample_mats(name, sv, in_spatial, out_spatial):
     if name.startswith(("UpsampleBilinear2DAa", "UpsampleBicubic2DAa")):
         cubic = "Bicubic" in name
         return [antialias_matrix(i, o, ac, s, cubic) for i, o, s in zip(in_spatial, out_spatial, scales)]
-    build = cubic_matrix if "Bicubic" in name else linear_matrix
-    return [build(i, o, ac, s) for i, o, s in zip(in_spatial, out_spatial, scales)]
+    if "Bicubic" in name:
+        if tuple(in_spatial) == tuple(out_spatial):  # PyTorch copies (no taps of weight 0 around each element)
+            return [identity_taps(n) for n in in_spatial]
+        return [cubic_matrix(i, o, ac, s) for i, o, s in zip(in_spatial, out_spatial, scales)]
+    return [linear_matrix(i, o, ac, s) for i, o, s in zip(in_spatial, out_spatial, scales)]
 
 
 _UPSAMPLE = ("UpsampleNearest1D", "UpsampleNearest2D", "UpsampleNearest3D", "UpsampleNearestExact1D",

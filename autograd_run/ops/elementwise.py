@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, out_meta
+from autograd_run.ops.arrays import each, keep_where, out_meta
 from autograd_run.ops.numeric import conj, digamma, erfinv, is_complex, num, real_for, sgn, trigamma
 from autograd_run.ops.spec import op
 
@@ -327,10 +327,8 @@ def xlogy_scalar_other(node, grads, ctx):
 
 @op("AbsBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(2))
 def abs_(node, grads, ctx):
-    """|a|: g * sgn(a) (a / |a| for complex a)."""
+    """|a|: g * sgn(a) (a / |a| for complex a; 0 at a NaN a, as PyTorch's sign)."""
     x = ctx.saved(node)["self"]
-    if x.dtype.kind != "c":
-        return each(node, lambda i: grads[0] * ctx.xp(node).sign(x))
     return each(node, lambda i: grads[0] * sgn(ctx.xp(node), x))
 
 
@@ -606,7 +604,7 @@ def logaddexp2(node, grads, ctx):
 
 @op("ClampBackward1", outputs=1, saved="self:tensor min:scalar? max:scalar?", elementwise=True, cost=cost.pointwise(2))
 def clamp(node, grads, ctx):
-    """clamp(a, min, max) with numbers: the gradient where min <= a <= max."""
+    """clamp(a, min, max) with numbers: the gradient where min <= a <= max, zero elsewhere."""
     sv = ctx.saved(node)
     x, lo, hi = sv["self"], num(sv.get("min")), num(sv.get("max"))
     mask = True
@@ -614,7 +612,7 @@ def clamp(node, grads, ctx):
         mask = x >= lo
     if hi is not None:
         mask = mask & (x <= hi)
-    return each(node, lambda i: grads[0] * mask)
+    return each(node, lambda i: keep_where(ctx.xp(node), mask, grads[0]))
 
 
 @op("ClampBackward0", outputs=3, saved="self:tensor min:tensor? max:tensor?", elementwise=True, cost=cost.pointwise(4))
@@ -623,6 +621,7 @@ def clamp_tensor(node, grads, ctx):
     sv = ctx.saved(node)
     x, lo, hi = sv["self"], sv.get("min"), sv.get("max")
     g = grads[0]
+    xp = ctx.xp(node)
 
     def out(i):
         if i == 0:
@@ -631,41 +630,41 @@ def clamp_tensor(node, grads, ctx):
                 mask = x >= lo
             if hi is not None:
                 mask = mask & (x <= hi)
-            return g * mask
+            return keep_where(xp, mask, g)
         if i == 1:
-            return g * ((x < lo) & (lo < hi) if hi is not None else x < lo)
-        return g * ((x > hi) | (lo > hi) if lo is not None else x > hi)
+            return keep_where(xp, (x < lo) & (lo < hi) if hi is not None else x < lo, g)
+        return keep_where(xp, (x > hi) | (lo > hi) if lo is not None else x > hi, g)
     return each(node, out)
 
 
 @op("ClampMinBackward0", outputs=1, saved="self:tensor min:scalar", elementwise=True, cost=cost.pointwise(2))
 def clamp_min(node, grads, ctx):
-    """clamp_min(a, number): the gradient where a >= min."""
+    """clamp_min(a, number): the gradient where a >= min, zero elsewhere."""
     sv = ctx.saved(node)
-    return each(node, lambda i: grads[0] * (sv["self"] >= num(sv["min"])))
+    return each(node, lambda i: keep_where(ctx.xp(node), sv["self"] >= num(sv["min"]), grads[0]))
 
 
 @op("ClampMaxBackward0", outputs=1, saved="self:tensor max:scalar", elementwise=True, cost=cost.pointwise(2))
 def clamp_max(node, grads, ctx):
-    """clamp_max(a, number): the gradient where a <= max."""
+    """clamp_max(a, number): the gradient where a <= max, zero elsewhere."""
     sv = ctx.saved(node)
-    return each(node, lambda i: grads[0] * (sv["self"] <= num(sv["max"])))
+    return each(node, lambda i: keep_where(ctx.xp(node), sv["self"] <= num(sv["max"]), grads[0]))
 
 
 @op("ClampMinBackward1", outputs=2, saved="self:tensor min:tensor", elementwise=True, cost=cost.pointwise(2))
 def clamp_min_tensor(node, grads, ctx):
-    """clamp_min(a, tensor): the gradient to a where a >= min, to min elsewhere."""
+    """clamp_min(a, tensor): the gradient to a where a >= min, to min where a < min (to neither at a NaN)."""
     sv = ctx.saved(node)
-    keep = sv["self"] >= sv["min"]
-    return each(node, lambda i: grads[0] * (keep if i == 0 else ~keep))
+    x, lo = sv["self"], sv["min"]
+    return each(node, lambda i: keep_where(ctx.xp(node), x >= lo if i == 0 else x < lo, grads[0]))
 
 
 @op("ClampMaxBackward1", outputs=2, saved="self:tensor max:tensor", elementwise=True, cost=cost.pointwise(2))
 def clamp_max_tensor(node, grads, ctx):
-    """clamp_max(a, tensor): the gradient to a where a <= max, to max elsewhere."""
+    """clamp_max(a, tensor): the gradient to a where a <= max, to max where a > max (to neither at a NaN)."""
     sv = ctx.saved(node)
-    keep = sv["self"] <= sv["max"]
-    return each(node, lambda i: grads[0] * (keep if i == 0 else ~keep))
+    x, hi = sv["self"], sv["max"]
+    return each(node, lambda i: keep_where(ctx.xp(node), x <= hi if i == 0 else x > hi, grads[0]))
 
 
 def _min_max(node, grads, ctx, self_loses, other_loses):

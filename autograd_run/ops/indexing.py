@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import add_at, each, is_numpy, number, out_meta, signed, sum_to, tensor_list, wrap_dim
+from autograd_run.ops.arrays import (add_at, each, is_numpy, keep_where, number, out_meta, signed, sum_to,
+                                     tensor_list, wrap_dim)
 from autograd_run.ops.spec import op
 
 
@@ -233,7 +234,7 @@ def _scatter_reduce_grads(xp, g, x, src, result, index, dim, reduce, include_sel
     self_in = xp.ones(shape, dtype=bool) if include_self else ~hit
 
     if reduce == "sum":
-        gs, gsrc = g, gather_along(xp, g, dim, index)
+        gs, gsrc = keep_where(xp, self_in, g), gather_along(xp, g, dim, index)
     elif reduce == "mean":
         n = count(self_in & hit, xp.ones(index.shape, dtype=bool))
         n = xp.where(n == 0, 1, n)
@@ -246,8 +247,9 @@ def _scatter_reduce_grads(xp, g, x, src, result, index, dim, reduce, include_sel
         is_src = src == value
         n = count(is_self, is_src)
         share = g / xp.where(n == 0, 1, n)
-        gs = xp.where(is_self & self_in, share, 0)
-        gsrc = xp.where(is_src, gather_along(xp, share, dim, index), 0)
+        # PyTorch multiplies by the tie masks (a NaN or infinite g stays NaN off them) and writes self's zeros
+        gs = keep_where(xp, self_in, is_self * share)
+        gsrc = is_src * gather_along(xp, share, dim, index)
     else:  # prod: each factor's gradient is the product of the other factors (no division, zeros allowed)
         one = xp.ones((), dtype=g.dtype)
         zs = (x == 0) & self_in

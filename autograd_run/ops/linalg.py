@@ -483,25 +483,33 @@ def svd(node, grads, ctx):
 # --- pairwise distances -------------------------------------------------------------------------------------
 
 
-def _dist_factor(xp, diff, dist, p):
-    """d ||diff||_p / d diff for pairwise differences (..., P, R, M) and distances (..., P, R); 0 where undefined."""
+def _dist_terms(xp, g, diff, dist, p):
+    """g times d ||diff||_p / d diff for pairwise differences (..., P, R, M), distances and their gradients
+    (..., P, R), as PyTorch's distance kernels: p = 0 gives zeros; p = 1 and inf multiply g by the sign (and the
+    arg-max mask); the others write zero where the distance is 0 (for p < 1 also where the difference is),
+    whatever g is there."""
+    g = g[..., None]
     with np.errstate(divide="ignore", invalid="ignore"):
         if p == 0:
-            return xp.zeros_like(diff)
+            return xp.zeros(xp.broadcast_shapes(g.shape, diff.shape), dtype=xp.result_type(g, diff))
         if p == 1:
-            return xp.sign(diff)
+            return g * xp.sign(diff)
         d = dist[..., None]
-        if p == 2:
-            return xp.where(d == 0, 0, diff / d)
         if math.isinf(p):
-            return xp.where(d == 0, 0, xp.sign(diff) * (xp.abs(diff) == d))
-        f = xp.sign(diff) * xp.abs(diff) ** (p - 1) / d ** (p - 1)
-        return xp.where((d == 0) | (diff == 0), 0, f)
+            return g * xp.where(d == 0, 0, xp.sign(diff) * (xp.abs(diff) == d))
+        if p == 2:
+            t = g * diff / d
+        elif p < 2:
+            t = xp.sign(diff) * xp.abs(diff) ** (p - 1) * g / d ** (p - 1)
+        else:
+            t = diff * xp.abs(diff) ** (p - 2) * g / d ** (p - 1)
+        off = (d == 0) | (diff == 0) if p < 1 else d == 0
+        return xp.where(off, 0, t)
 
 
 def _cdist_grads(xp, g, x1, x2, dist, p):
     diff = x1[..., :, None, :] - x2[..., None, :, :]
-    t = g[..., None] * _dist_factor(xp, diff, dist, float(num(p)))
+    t = _dist_terms(xp, g, diff, dist, float(num(p)))
     return t.sum(axis=-2), -t.sum(axis=-3)
 
 

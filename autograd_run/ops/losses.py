@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.arrays import each, keep_where, signed
 from autograd_run.ops.numeric import num
 from autograd_run.ops.spec import op
 
@@ -34,10 +34,11 @@ def mse_loss(node, grads, ctx):
 
 
 def _nll_scale(xp, target, weight, ignore, dtype):
+    """The targets (ignored ones as 0), their weights (0 where ignored) and which are not ignored."""
     valid = target != ignore
     safe_t = xp.where(valid, target, 0)
     w = (weight[safe_t] if weight is not None else xp.ones(safe_t.shape, dtype=dtype)) * valid
-    return safe_t, w
+    return safe_t, w, valid
 
 
 @op("NllLossBackward0", "NllLoss2DBackward0", outputs=1,
@@ -52,8 +53,8 @@ def nll_loss(node, grads, ctx):
     xp = ctx.xp(node)
     g = grads[0]
     cls_axis = 1 if x.ndim >= 2 else 0
-    safe_t, w = _nll_scale(xp, target, sv.get("weight"), signed(sv.get("ignore_index", -100)), x.dtype)
-    scale = -w * g
+    safe_t, w, valid = _nll_scale(xp, target, sv.get("weight"), signed(sv.get("ignore_index", -100)), x.dtype)
+    scale = keep_where(xp, valid, -w * g)  # ignored targets skipped, as PyTorch's (not times 0)
     if reduction == MEAN:
         scale = scale / sv["total_weight"]
 
@@ -299,9 +300,9 @@ def nll_loss_backward_backward(node, grads, ctx):
             return xp.zeros_like(g)
         target = sv["target"].astype(np.int64, copy=False)
         cls_axis = 1 if g.ndim >= 2 else 0
-        safe_t, w = _nll_scale(xp, target, sv.get("weight"), signed(sv.get("ignore_index", -100)), g.dtype)
+        safe_t, w, valid = _nll_scale(xp, target, sv.get("weight"), signed(sv.get("ignore_index", -100)), g.dtype)
         picked = xp.take_along_axis(g, xp.expand_dims(safe_t, cls_axis), axis=cls_axis).squeeze(cls_axis)
-        losses = -w * picked
+        losses = keep_where(xp, valid, -w * picked)  # ignored targets skipped, as PyTorch's nll_loss
         if reduction == NONE:
             return losses
         if reduction == SUM:

@@ -61,10 +61,16 @@ def num(v):
     return v
 
 
+def sign(xp, x):
+    """PyTorch's sign of a real ``x``: -1, 0 or 1, and 0 at NaN (numpy's is NaN there)."""
+    s = xp.sign(x)
+    return xp.where(xp.isnan(s), 0, s)
+
+
 def sgn(xp, x):
-    """``x / |x|`` for complex ``x`` (0 at 0), the sign for real ``x``."""
+    """``x / |x|`` for complex ``x`` (0 at 0), the sign for real ``x`` (0 at NaN, as PyTorch's)."""
     if not is_complex(x):
-        return xp.sign(x)
+        return sign(xp, x)
     a = xp.abs(x)
     return xp.where(a == 0, 0, x / xp.where(a == 0, 1, a))
 

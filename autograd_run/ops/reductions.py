@@ -8,8 +8,9 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.arrays import each, keep_where, signed
 from autograd_run.ops.indexing import scatter_add_along
+from autograd_run.ops.numeric import num
 from autograd_run.ops.spec import op
 
 
@@ -68,13 +69,22 @@ def mean_dim(node, grads, ctx):
     return expand_reduced(node, grads[0], ctx.xp(node), scale=True)
 
 
+def evenly_distribute(node, xp, x, r, g):
+    """The gradient of a full reduction to one value (max, min, median): split evenly over the positions equal to
+    it (the NaNs when it is NaN). PyTorch's CPU kernel writes it there into zeros, so a NaN or infinite gradient
+    stays there; on CUDA it multiplies by the mask, so it spreads as NaN everywhere."""
+    mask = (x == r) | (xp.isnan(x) & xp.isnan(r))
+    share = g / mask.sum()
+    if node.device.is_cpu:
+        return keep_where(xp, mask, xp.broadcast_to(share, x.shape))
+    return mask * share
+
+
 @op("MaxBackward1", "MinBackward1", outputs=1, saved="self:tensor result:tensor", cost=cost.reduction(3))
 def max_all(node, grads, ctx):
-    """a.max() / a.min(): the gradient split evenly over the positions equal to the result."""
+    """a.max() / a.min(): the gradient split evenly over the positions equal to the result (the NaNs if NaN)."""
     sv = ctx.saved(node)
-    x, r = sv["self"], sv["result"]
-    mask = x == r
-    return each(node, lambda i: mask * (grads[0] / mask.sum()))
+    return each(node, lambda i: evenly_distribute(node, ctx.xp(node), sv["self"], sv["result"], grads[0]))
 
 
 @op("AmaxBackward0", "AminBackward0", outputs=1, saved="self:tensor result:tensor dim:ints? keepdim:bool?",
@@ -159,10 +169,7 @@ def cummax(node, grads, ctx):
 def median_all(node, grads, ctx):
     """a.median() / a.nanmedian(): the gradient split evenly over the positions equal to the result (NaN: the NaNs)."""
     sv = ctx.saved(node)
-    x, r = sv["self"], sv["result"]
-    xp = ctx.xp(node)
-    mask = (x == r) | (xp.isnan(x) & xp.isnan(r))
-    return each(node, lambda i: mask * (grads[0] / mask.sum()))
+    return each(node, lambda i: evenly_distribute(node, ctx.xp(node), sv["self"], sv["result"], grads[0]))
 
 
 @op("AminmaxBackward0", outputs=1,
@@ -204,8 +211,9 @@ def cumsum(node, grads, ctx):
 def cumprod(node, grads, ctx):
     """a.cumprod(dim), zeros in the input too.
 
-    Before a slice's first zero, sum_k>=i g_k y_k / x_i; at it, the same sum over the products that skip it;
-    after it, zero (conjugated for complex).
+    Before a slice's first zero, sum_k>=i g_k y_k / x_i over the k before it; at it, sum_k g_k times the product
+    up to k that skips it, over the k before the second zero; after it, zero (conjugated for complex). The sums
+    leave out the terms whose product is zero, as PyTorch's: a NaN or infinite g there does not reach them.
     """
     sv = ctx.saved(node)
     g, x, y = grads[0], sv["self"], sv["result"]
@@ -219,10 +227,13 @@ def cumprod(node, grads, ctx):
     is_zero = x == 0
     first = xp.where(is_zero.any(axis=-1), xp.argmax(is_zero, axis=-1), n)[..., None]
     one = xp.ones((), dtype=x.dtype)
-    before = _reverse_cumsum(xp, g * y.conj(), -1) / xp.where(pos < first, x, one).conj()
-    # At the first zero: the cumulative products of the slice with that zero replaced by one.
+    # only the terms before the first zero (as PyTorch: a NaN or infinite g after it does not reach them)
+    before = _reverse_cumsum(xp, keep_where(xp, pos < first, g * y.conj()), -1) / xp.where(pos < first, x, one).conj()
+    # At the first zero: the cumulative products of the slice with that zero replaced by one, up to the second.
+    later = is_zero & (pos > first)
+    second = xp.where(later.any(axis=-1), xp.argmax(later, axis=-1), n)[..., None]
     y_skip = xp.cumprod(xp.where(pos == first, one, x), axis=-1)
-    at = _reverse_cumsum(xp, g * y_skip.conj(), -1)
+    at = _reverse_cumsum(xp, keep_where(xp, pos < second, g * y_skip.conj()), -1)
     out = xp.where(pos < first, before, xp.where(pos == first, at, 0))
     return each(node, lambda i: xp.moveaxis(out, -1, d))
 
@@ -267,10 +278,15 @@ def _product_of_others(xp, x, axis):
 
 @op("ProdBackward0", outputs=1, saved="self:tensor result:tensor?", cost=cost.reduction(4))
 def prod_all(node, grads, ctx):
-    """a.prod(): each element gets the gradient times the product of all the others (conjugated)."""
+    """a.prod(): each element gets the gradient times the product of all the others (conjugated).
+
+    With two zeros or more in a, zeros (PyTorch's backward without create_graph), not the gradient times 0.
+    """
     sv = ctx.saved(node)
     x = sv["self"]
     xp = ctx.xp(node)
+    if int((x == 0).sum()) > 1:
+        return each(node, lambda i: xp.zeros(x.shape, dtype=grads[0].dtype))
     others = _product_of_others(xp, x.reshape(-1), 0).reshape(x.shape)
     return each(node, lambda i: grads[0] * others.conj())
 
@@ -291,14 +307,29 @@ def prod_dim(node, grads, ctx):
 # --- moments ---------------------------------------------------------------------------------------------------------
 
 
-def _var_back(xp, g, x, dims, correction, keepdim):
-    """The gradient of var(x, dims, correction): 2 (x - mean) g / (N - correction)."""
+def _var_back(xp, g, x, dims, correction, keepdim, every_dim=False):
+    """The gradient of var(x, dims, correction): 2 (x - mean) g / (N - correction).
+
+    With N - correction <= 0, as PyTorch: over every dim (no ``dim`` given), g times NaN where x equals the mean
+    and inf elsewhere; over given dims, 2 / 0 is inf (so inf * 0 = NaN where x equals the mean).
+    """
     n = 1
     for d in dims:
         n *= x.shape[d]
-    c = 1 if correction is None else correction
+    c = 1 if correction is None else num(correction)
     g = restore(xp, g, dims, keepdim)
-    return (2.0 / (n - c)) * g * (x - x.mean(axis=tuple(dims), keepdims=True))
+    mean = x.mean(axis=tuple(dims), keepdims=True)
+    dof = n - c
+    with np.errstate(invalid="ignore"):
+        if dof <= 0 and every_dim:
+            return g * xp.where(x == mean, xp.nan, xp.inf)
+        return (2.0 / dof if dof != 0 else math.inf) * g * (x - mean)
+
+
+def _no_dim(sv, x):
+    """Whether var/std reduced without a ``dim`` (PyTorch's other formula when N - correction <= 0)."""
+    dims = sv.get("dim")
+    return x.ndim == 0 or dims is None or (isinstance(dims, (list, tuple)) and not dims)
 
 
 def _mean_back(xp, g, x, dims, keepdim):
@@ -320,7 +351,7 @@ def var(node, grads, ctx):
     x = sv["self"]
     xp = ctx.xp(node)
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
-    return each(node, lambda i: _var_back(xp, grads[0], x, dims, sv.get("correction"), keep))
+    return each(node, lambda i: _var_back(xp, grads[0], x, dims, sv.get("correction"), keep, _no_dim(sv, x)))
 
 
 @op("StdBackward0", outputs=1, saved="self:tensor result:tensor dim:ints? correction:scalar? keepdim:bool?",
@@ -332,7 +363,7 @@ def std(node, grads, ctx):
     xp = ctx.xp(node)
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
     return each(node, lambda i: _var_back(xp, _std_grad(xp, grads[0], sv["result"]), x, dims,
-                                          sv.get("correction"), keep))
+                                          sv.get("correction"), keep, _no_dim(sv, x)))
 
 
 def _moments_mean(node, grads, ctx, first):
@@ -342,7 +373,7 @@ def _moments_mean(node, grads, ctx, first):
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
     total = None
     if grads[0] is not None:
-        total = _var_back(xp, first(xp, grads[0], sv), x, dims, sv.get("correction"), keep)
+        total = _var_back(xp, first(xp, grads[0], sv), x, dims, sv.get("correction"), keep, _no_dim(sv, x))
     if len(grads) > 1 and grads[1] is not None:
         m = _mean_back(xp, grads[1], x, dims, keep)
         total = m if total is None else total + m
@@ -376,18 +407,27 @@ def logsumexp(node, grads, ctx):
 
 @op("NansumBackward0", outputs=1, saved="self:tensor dim:ints? keepdim:bool?", cost=cost.reduction(1))
 def nansum(node, grads, ctx):
-    """a.nansum(dim, keepdim): the gradient broadcast back, zero at the NaNs."""
+    """a.nansum(dim, keepdim): the gradient broadcast back, times zero at the NaNs.
+
+    A product, as PyTorch's: a NaN or infinite gradient stays NaN at a NaN input.
+    """
     sv = ctx.saved(node)
     x = sv["self"]
     xp = ctx.xp(node)
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
-    return each(node, lambda i: xp.where(xp.isnan(x), 0, restore(xp, grads[0], dims, keep)))
+    return each(node, lambda i: restore(xp, grads[0], dims, keep) * ~xp.isnan(x))
 
 
 @op("TraceBackward0", outputs=1, saved="self_sym_sizes:sizes", cost=cost.COPY)
 def trace(node, grads, ctx):
-    """a.trace(): the gradient on the main diagonal, zeros elsewhere."""
+    """a.trace(): the gradient on the main diagonal, zeros elsewhere (written there: a NaN stays on it)."""
     rows, cols = (int(n) for n in node.saved["self_sym_sizes"])
     xp = ctx.xp(node)
     g = grads[0]
-    return each(node, lambda i: xp.eye(rows, cols, dtype=g.dtype) * g)
+
+    def out(i):
+        z = xp.zeros((rows, cols), dtype=g.dtype)
+        d = xp.arange(min(rows, cols))
+        z[d, d] = g
+        return z
+    return each(node, out)

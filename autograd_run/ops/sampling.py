@@ -24,7 +24,7 @@ import itertools
 import math
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import add_at, each
+from autograd_run.ops.arrays import add_at, each, keep_where
 from autograd_run.ops.spec import op
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
@@ -181,6 +181,12 @@ def grid_sampler(node, grads, ctx):
     dgrid = [xp.zeros(grid.shape[:-1], dtype=g.dtype) for _ in range(k)]
     xflat = x.reshape(n, c, flat_in)
     batch = xp.arange(n).reshape((n,) + (1,) * (grid.ndim - 2))
+    # The grid's gradient sums, per output point, g times each tap's value times its weight's derivative. PyTorch's
+    # 2-d bilinear kernel adds the taps' value terms first and multiplies by g once (a NaN or infinite g gives
+    # inf * c, not inf - inf); its 2-d bicubic one multiplies tap by tap, its 3-d one too, skipping out-of-bounds
+    # taps (not g times 0): the order matters only for a non-finite g.
+    combine = mode == BILINEAR and k == 2
+    coef = [0.0] * k
     for idx, ok, w, dws in taps:
         lin = xp.zeros(idx[0].shape, dtype=xp.int64)
         for i, size in zip(idx, sizes):
@@ -188,13 +194,22 @@ def grid_sampler(node, grads, ctx):
         # values read at the tap: (N, C, *out), zero out of bounds
         vals = xflat[batch, :, lin]                       # (N, *out, C)
         vals = xp.moveaxis(vals, -1, 1) * ok[:, None]
-        contrib = g * (w * ok)[:, None]
+        # out-of-bounds taps add nothing (PyTorch skips them), not g times 0: a NaN or infinite g would stay
+        contrib = keep_where(xp, ok[:, None], g * w[:, None])
         chans = xp.arange(c).reshape((1, c) + (1,) * (lin.ndim - 1))
         add_at(xp, dx, (batch[:, None], chans, lin[:, None]), contrib)
-        if dws is not None:
-            gv = (g * vals).sum(axis=1)                   # (N, *out)
+        if dws is None:
+            continue
+        if combine:
             for d in range(k):
-                dgrid[d] = dgrid[d] + gv * dws[d]
+                coef[d] = coef[d] + vals * dws[d][:, None]
+            continue
+        gv = (g * vals).sum(axis=1)                       # (N, *out)
+        for d in range(k):
+            part = gv * dws[d]
+            dgrid[d] = dgrid[d] + (keep_where(xp, ok, part) if k == 3 else part)
+    if combine:
+        dgrid = [(g * c).sum(axis=1) for c in coef]
     gg = xp.stack([dgrid[k - 1 - j] * mults[k - 1 - j] for j in range(k)], axis=-1)
     dx = dx.reshape(x.shape)
     return each(node, lambda i: dx if i == 0 else gg)

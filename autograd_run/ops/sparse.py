@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.arrays import each, keep_where, signed
 from autograd_run.ops.spec import op
 
 SUM, MEAN, MAX = 0, 1, 2
@@ -74,11 +74,10 @@ def embedding_bag(node, grads, ctx):
         if sv.get("scale_grad_by_freq"):
             counts = xp.bincount(idx, minlength=num_weights)
             rows = rows / counts[idx].reshape(-1, 1)
-        rows = rows * keep.reshape(-1, 1)
-        _add_rows(xp, dw, idx, rows)
+        _add_rows(xp, dw, idx[keep], rows[keep])  # padding_idx's entries skipped, as PyTorch's (not times 0)
         return dw
 
     def grad_per_sample_weights():
         w = sv["weight"]
-        return ((g[bag] * w[idx]).sum(axis=-1) * keep).astype(g.dtype, copy=False)
+        return keep_where(xp, keep, (g[bag] * w[idx]).sum(axis=-1)).astype(g.dtype, copy=False)
     return each(node, lambda i: grad_weight() if i == 0 else grad_per_sample_weights())
