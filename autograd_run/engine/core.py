@@ -1,8 +1,12 @@
 """Which implementation of the per-node scheduling work the engine uses: compiled, or pure Python.
 
 The compiled core (``_core.c``: the ready queue, InputBuffer slots,
-``route``, ``outputs_match``, ``spin_until``, the worker loop ``thread_main``,
-the Recorder's ``EventLog`` and the GraphTask's ``Lock``) is built when the package is
+``route``, ``outputs_match``, ``spin_until``, the worker loop ``thread_main``
+(which also releases a node's saved values itself where ``GraphState.release``
+is not overridden), AccumulateGrad (``accumulate_grad``: ``GraphState.accumulate``
+under its lock, where not overridden), the walk that groups saved random
+tensors before a run (``group_saved``), the Recorder's ``EventLog``, the
+summary's and trace writers' loops, and the GraphTask's ``Lock``) is built when the package is
 installed with a C compiler present; each piece has a pure-Python twin with
 the same behaviour and the same order, used when the extension is missing
 or when ``AUTOGRAD_RUN_PURE_PYTHON=1`` is set (the tests run both).

@@ -7,12 +7,23 @@ several ``backward()`` calls share one autograd graph.
 
 Locks:
   ``_grad_lock``  guards ``grads`` (AccumulateGrad runs may come from
-                  several GraphTasks on several threads at once);
+                  several GraphTasks on several threads at once); a
+                  ``_core.Lock``, which the compiled AccumulateGrad takes
+                  directly;
   saved values need no lock: each dict/set operation is atomic under the
                   GIL; two threads materialising the same node's values race
                   benignly (``setdefault`` keeps the first), and ``release``
-                  marks a node released before dropping its values.
+                  marks a node released before dropping its values (the
+                  compiled worker loop does the same, in the same order).
 Hooks are registered before a backward call and only read during it.
+
+``prepare()`` makes every node's saved values before a timed backward (as a
+forward pass leaves them): one walk groups the random specs by shape, dtype
+and distribution, each group is drawn at once (``graphs.seeding``), with the
+cyclic collector paused (everything made lives as long as the state).
+``accumulate`` and ``release`` may be overridden (a subclass, an instance
+attribute): the compiled engine then calls them instead of doing their work
+itself.
 """
 
 from __future__ import annotations

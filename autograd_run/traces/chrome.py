@@ -274,7 +274,7 @@ def slice_marks(rec: Recording) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     c = rec.columns()
     root = np.zeros(len(c.slices), dtype=bool)
     if len(c.nodes) and len(c.slices):
-        op_code, ops = kernels.attr_codes(c.nodes, "op", True)
+        op_code, ops = c.node_codes("op", True)
         root = np.array([op is GRAPH_ROOT for op in ops])[op_code][c.slices.node]
     return passes, critical, root
 

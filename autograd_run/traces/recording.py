@@ -222,6 +222,18 @@ class Columns:
     def __init__(self, nodes: list, queues: list[str], slices: Table, waits: Table, samples: Table, idles: Table):
         self.nodes, self.queues = nodes, queues
         self.slices, self.waits, self.samples, self.idles = slices, waits, samples, idles
+        self._codes: dict = {}  # node_codes' results
+
+    def node_codes(self, attr: str, identity: bool = False) -> tuple[np.ndarray, list]:
+        """``traces.kernels.attr_codes`` of the node table (a code per node, the distinct values), made once
+        per Columns: the summary and the trace writers each want the op's and the name's (a pass over
+        every node object, ~0.15 µs a node at 2e5 nodes)."""
+        key = (attr, identity)
+        got = self._codes.get(key)
+        if got is None:
+            from autograd_run.traces.kernels import attr_codes
+            got = self._codes[key] = attr_codes(self.nodes, attr, identity)
+        return got
 
 
 def _empty_table(names: str, bool_cols: str = "") -> Table:

@@ -361,7 +361,7 @@ class SummaryBuilder:
             for t, rows in _groups(I.tid):
                 self.workers[t].idle_ns += int(idle[rows].sum())
         # ops: by node name, in order of first appearance
-        name_code, names = kernels.attr_codes(nodes, "name", False)
+        name_code, names = c.node_codes("name")
         for g, rows in _groups(name_code[r.node] if len(r) else r.node):
             samples = self.ops.get(names[g])
             if samples is None:
@@ -370,7 +370,7 @@ class SummaryBuilder:
         for q, rows in _groups(W.queue):
             self.queue_waits.setdefault(c.queues[q], Samples()).extend((W.popped - W.pushed)[rows])
         if len(r):
-            op_code, ops = kernels.attr_codes(nodes, "op", True)
+            op_code, ops = c.node_codes("op", True)
             opaque_ops = np.array([op is OPAQUE for op in ops])
             for k in np.nonzero(opaque_ops[op_code][r.node])[0].tolist():
                 nid = nodes[r.node[k]].id
@@ -437,7 +437,7 @@ def _column_runs(rec: Recording) -> _Runs | None:
     c = rec.columns()
     S, W, nodes = c.slices, c.waits, c.nodes
     if len(nodes):
-        op_code, ops = kernels.attr_codes(nodes, "op", True)
+        op_code, ops = c.node_codes("op", True)
         root_ops = np.array([op is GRAPH_ROOT for op in ops] or [False])
         runs = np.nonzero(~root_ops[op_code][S.node])[0]
     else:
