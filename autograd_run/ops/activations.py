@@ -29,8 +29,8 @@ def _sigmoid(xp, x):
 @op("ReluBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(1))
 def relu(node, grads, ctx):
     """relu(a): threshold_backward(g, result, 0), zero where the result is <= 0 (a NaN result passes g)."""
-    r = ctx.saved(node)["result"]
-    return each(node, lambda i: zero_where(ctx.xp(node), r <= 0, grads[0]))
+    r = ctx.saved(node)["result"]  # unpacked first, as PyTorch does (released: the backward-twice error)
+    return [None if node.next[0] is None else zero_where(ctx.xp(node), r <= 0, grads[0])]
 
 
 @op("TanhBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(3))

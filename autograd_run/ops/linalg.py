@@ -27,8 +27,9 @@ def mm(node, grads, ctx):
     """a @ b: g @ conj(b).T and conj(a).T @ g."""
     g = grads[0]
     s = ctx.saved(node)
-    if g.dtype.kind != "c":
-        return each(node, lambda i: g @ s["mat2"].T if i == 0 else s["self"].T @ g)
+    if g.dtype.kind != "c":  # each() spelled out: the MLP benchmark's hot rule
+        nxt = node.next
+        return [None if nxt[0] is None else g @ s["mat2"].T, None if nxt[1] is None else s["self"].T @ g]
     return each(node, lambda i: g @ conj(s["mat2"]).T if i == 0 else conj(s["self"]).T @ g)
 
 
