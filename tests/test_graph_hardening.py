@@ -435,6 +435,27 @@ def test_matrix_ops_take_matrices(value, message):
     assert message in err.what and "$.nodes[2].saved.mat2" in err.where
 
 
+@pytest.mark.parametrize("op,field", [("ExpBackward0", "result"), ("TanhBackward0", "result"),
+                                      ("SigmoidBackward0", "result")])
+@pytest.mark.parametrize("value", [2.5, -0.0, 1, True])
+def test_a_result_is_never_a_plain_number(op, field, value):
+    """An input may be a wrapped Python number (MulBackward0's other); an op's result never is in PyTorch, and
+    the rules read its dtype: refused at load, not an AttributeError when the node runs (found by the fuzzer)."""
+    doc = copy_seed()
+    doc["nodes"][2] = {"id": "mb", "name": op, "next": [["acc", 0]], "inputs": [{"shape": [2]}],
+                       "saved": {field: value}}
+    doc["nodes"][3]["next"] = [["acc", 0], None]
+    err = _error(lambda: load_doc(doc, "json"))
+    assert "an op's result is never a wrapped number" in err.what and f"$.nodes[2].saved.{field}" in err.where
+
+
+def test_an_input_may_still_be_a_plain_number():
+    doc = copy_seed()
+    doc["nodes"][2]["saved"] = {"other": 2.0, "self": 3}  # MulBackward0: wrapped numbers
+    g = load_doc(doc, "json")
+    assert g.by_id["mb"].saved["other"] == 2.0
+
+
 def test_needed_fields_may_not_be_null():
     doc = copy_seed()
     doc["nodes"][2]["saved"] = {"other": None}

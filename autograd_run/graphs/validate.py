@@ -222,6 +222,13 @@ def _shape_like(name: str) -> bool:
     return name.endswith(("_sym_sizes", "_sizes_opt")) or name == "normalized_shape"
 
 
+
+def _is_result(field: str) -> bool:
+    """Whether a saved field is an op's output (``result``, ``result0``, ``result1``...): in PyTorch a tensor,
+    never a wrapped Python number (those are inputs), so a plain number there is refused at load (the rules
+    read a result's dtype)."""
+    return field == "result" or (field.startswith("result") and field[6:].isdigit())
+
 class _Checker:
     def __init__(self, spec: GraphSpec, source: str, base_dir: str | None, locator,
                  side_name: str | None = None, max_bytes: int | None = None, check_data: bool = False):
@@ -410,7 +417,8 @@ class _Checker:
                     info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved,
                                            NEEDED_FOR_OUTPUT.get(op.name),
                                            frozenset(k for k, f in op.saved.items() if f.kind == "scalar" or
-                                                     (f.kind == "tensor" and op.name not in MATRIX_RANK)),
+                                                     (f.kind == "tensor" and op.name not in MATRIX_RANK
+                                                      and not _is_result(k))),
                                            op.outputs if type(op.outputs) is int else -1,
                                            op.outputs if isinstance(op.outputs, Outputs) else None)
                 op, required, fields, needs, takes_numbers, n_out, count_out = info
@@ -690,6 +698,10 @@ class _Checker:
             if t is bool or t is int or t is float:  # a wrapped scalar
                 if rank is not None:
                     raise bad(f" (a {rank}-dim array for {node.op.name}, not a number)")
+                if _is_result(key):
+                    raise self.err(path, f"saved {key!r} of {node.op.name} must be a tensor (a nested list of "
+                                         "numbers, or a spec with 'data', 'npz' or 'random'), got the number "
+                                         f"{tensors.short(value)}: an op's result is never a wrapped number")
                 return
             if t is dict:
                 if not tensors.is_tensor_spec(value):
