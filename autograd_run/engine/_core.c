@@ -1796,9 +1796,13 @@ static int gt_info_fill(GtInfo *gi, PyObject *gt) {
     }
     if (plain_release != NULL) {
         PyObject *method = PyObject_GetAttr(gi->state, s_release);
-        if (method == NULL) {
-            gt_info_clear(gi);
-            return -1;
+        if (method == NULL) {  /* a state without release(): called (and failing) only where a node needs it */
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                gt_info_clear(gi);
+                return -1;
+            }
+            PyErr_Clear();
+            return 0;
         }
         int plain = PyMethod_Check(method) && PyMethod_GET_FUNCTION(method) == plain_release;
         Py_DECREF(method);
