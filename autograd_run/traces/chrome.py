@@ -317,15 +317,16 @@ def kernel_args(k) -> dict:
 CHUNK = 1 << 14  # about 4 MB of text
 
 
-def node_tables(nodes: list) -> dict:
+def node_tables(c) -> dict:
     """What slices and waits show of each node of a Recording's node table, as columns and tables: ``device``
     the code of its device among ``devices``, -1 where it is ``DEFAULT_DEVICE`` (the argument is left out);
     ``id_arg`` -1 where its slice's title says its id (``title_says_id``: the argument is left out), else 0."""
+    nodes = c.nodes
     ids, names, seq, stream, same = kernels.node_columns(nodes)
-    dev_code, devs = kernels.attr_codes(nodes, "device", True)
+    dev_code, devs = c.node_codes("device", True)
     devices = [str(d) for d in devs]
     shown = np.array([-1 if d == DEFAULT_DEVICE else k for k, d in enumerate(devices)] or [0], dtype=np.int64)
-    name_code, distinct = kernels.attr_codes(nodes, "name", False)
+    name_code, distinct = c.node_codes("name")  # the summary's, when it made them
     id_arg = np.array([-1 if title_says_id(nm) else 0 for nm in distinct] or [0], dtype=np.int64)
     shape_code, shapes = kernels.input_shape_codes(nodes)
     return {"ids": ids, "names": names, "seq": seq, "stream": stream, "same": same, "device": shown[dev_code],
@@ -462,7 +463,7 @@ def chrome_chunks(rec: Recording, incomplete: str | None = None):
     meta = _metadata(rec, process, tids)
     yield b'{"traceEvents":[' + b",".join(msgspec.json.encode(e) for e in meta)
     c = rec.columns()
-    info = node_tables(c.nodes)
+    info = node_tables(c)
     S = c.slices
     passes, critical, root = slice_marks(rec)
     tables = [info["ids"], info["names"], info["devices"], info["shapes"]]

@@ -298,7 +298,7 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
     tid_of, tid_column = trace_ranks(rec)
     t0 = rec.start
     c = rec.columns()
-    info = node_tables(c.nodes)
+    info = node_tables(c)
     names = info["names"]
     # interned strings: devices (string values, iid = code + 1), wait names (event names); a device of
     # -1 (the default, left out) stays -1

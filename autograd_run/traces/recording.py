@@ -28,6 +28,7 @@ import numpy as np
 
 from autograd_run.engine.threads import ThreadKind, thread_kind, thread_sort_key, worker_label
 from autograd_run.traces import event_log as L
+from autograd_run.traces import kernels
 
 # Raw event kinds: the first field of each tuple the Recorder appends.
 NODE_START = "node_start"    # (kind, ts, ident, gt_id, depth, node)
@@ -231,8 +232,7 @@ class Columns:
         key = (attr, identity)
         got = self._codes.get(key)
         if got is None:
-            from autograd_run.traces.kernels import attr_codes
-            got = self._codes[key] = attr_codes(self.nodes, attr, identity)
+            got = self._codes[key] = kernels.attr_codes(self.nodes, attr, identity)
         return got
 
 
