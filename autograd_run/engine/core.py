@@ -17,14 +17,14 @@ bug reports.
 
 from __future__ import annotations
 
+import os
 import threading
 
-from autograd_run import pure_python_forced
 from autograd_run.engine import input_buffer as _ib
 from autograd_run.engine import ready_queue as _rq
 
 _core = None
-if pure_python_forced():
+if os.environ.get("AUTOGRAD_RUN_PURE_PYTHON", "") not in ("", "0"):
     WHY = "pure Python (AUTOGRAD_RUN_PURE_PYTHON is set)"
 else:
     try:

@@ -27,13 +27,12 @@ most of its set-up here). ``AUTOGRAD_RUN_PURE_PYTHON=1`` uses the path above.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
-from autograd_run import pure_python_forced
-
 _native = None
-if pure_python_forced():
+if os.environ.get("AUTOGRAD_RUN_PURE_PYTHON", "") not in ("", "0"):
     WHY = "numpy, one generator at a time (AUTOGRAD_RUN_PURE_PYTHON is set)"
 else:
     try:
