@@ -16,7 +16,8 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall when the project's metadata or the compiled core changes.
-$(RUNTIME): pyproject.toml setup.py autograd_run/engine/_core.c | $(PY)
+$(RUNTIME): pyproject.toml setup.py autograd_run/engine/_core.c autograd_run/graphs/_build.c \
+		autograd_run/graphs/_draw.c | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
 	touch $@
@@ -37,7 +38,7 @@ demo: $(RUNTIME)
 PURE_TESTS := tests/test_engine.py tests/test_engine_semantics.py tests/test_scheduling.py \
 	tests/test_order_vs_torch.py tests/test_devices.py tests/test_simulate.py tests/test_checkpoint_kind.py \
 	tests/test_recording.py tests/test_summary.py tests/test_tracers.py tests/test_chrome_trace.py \
-	tests/test_seeding.py tests/test_prepare.py
+	tests/test_seeding.py tests/test_prepare.py tests/test_graph_files.py tests/test_graph_hardening.py
 
 # Graphviz's `dot` renders `draw`'s SVG/PNG. Installed here only where the system allows it
 # (root and apt-get); otherwise, or if the install fails, the tests that need it skip with a reason.

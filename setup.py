@@ -1,6 +1,7 @@
 """Build the compiled parts (optional: without a C compiler the pure-Python twins are used).
 
 * ``autograd_run.engine._core``: the engine's per-node scheduling work.
+* ``autograd_run.graphs._build``: the loader's loops over node specs (``graphs/validate.py`` is the twin).
 * ``autograd_run.graphs._draw``: seeded random tensors in bulk; it links numpy's ``npyrandom``
   static library (shipped with numpy for extensions, see numpy's "Extending numpy.random") for
   numpy's own distributions, so it is built only where numpy is importable at build time
@@ -14,6 +15,8 @@ import os
 from setuptools import Extension, setup
 
 extensions = [Extension("autograd_run.engine._core", ["autograd_run/engine/_core.c"],
+                        extra_compile_args=["-O2"], optional=True),
+              Extension("autograd_run.graphs._build", ["autograd_run/graphs/_build.c"],
                         extra_compile_args=["-O2"], optional=True)]
 try:
     import numpy

@@ -67,6 +67,7 @@ def test_the_wheel_runs_in_a_fresh_environment_outside_the_checkout(dist, tmp_pa
     version = sh([tool, "--version"], work, env)
     assert "engine: compiled core" in version and "autograd-run 0.1.0" in version
     assert "random tensors: compiled, in bulk" in version
+    assert "graph loading: compiled" in version
     # it is the installed copy that ran, not the checkout
     where = sh([str(py), "-c", "import autograd_run; print(autograd_run.__file__)"], work, env)
     assert str(ROOT) not in where and str(venv) in where

@@ -22,12 +22,13 @@ def version_lines() -> list[str]:
 
     from autograd_run import __version__
     from autograd_run.engine import core
-    from autograd_run.graphs import seeding
+    from autograd_run.graphs import seeding, validate
     lines = [f"autograd-run {__version__}",
              f"Python {platform.python_version()} ({platform.python_implementation()}, {sys.platform})",
              f"numpy {numpy.__version__}",
              f"engine: {core.WHY}",
-             f"random tensors: {seeding.WHY}"]
+             f"random tensors: {seeding.WHY}",
+             f"graph loading: {validate.WHY}"]
     for dist, label in (("torch", "torch"), ("cupy-cuda12x", "cupy"), ("cupy", "cupy")):
         v = _dist_version(dist)
         if v is not None and not any(line.startswith(label + " ") for line in lines):

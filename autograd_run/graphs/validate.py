@@ -18,6 +18,7 @@ but running it imports and calls code, so callers refuse it unless allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -30,7 +31,7 @@ from autograd_run.graphs.model import (
     ACCUMULATE_GRAD_SEQ, CPU, EMPTY, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
     has_scalar_strings, saves_tensors,
 )
-from autograd_run.graphs.schema import UNSET, GraphSpec
+from autograd_run.graphs.schema import UNSET, GraphSpec, NodeSpec
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, Outputs, lookup
 from autograd_run.ops.arrays import number
 
@@ -229,6 +230,47 @@ def _is_result(field: str) -> bool:
     read a result's dtype)."""
     return field == "result" or (field.startswith("result") and field[6:].isdigit())
 
+class _Build:
+    """What the node loops share (``_Checker.build_nodes``, ``link_edges``), Python's and the compiled ones."""
+
+    __slots__ = ("variables", "metas", "nodes", "by_id", "ops", "default_seqs", "max_device_index", "forward")
+
+    def __init__(self, variables: dict, metas: dict):
+        self.variables = variables
+        #: Each distinct input metadata spec's checked ``InputMeta`` (the checker's, shared).
+        self.metas = metas
+        self.nodes: list[Node] = []
+        self.by_id: dict[str, Node] = {}
+        #: op text -> (OpSpec, required saved fields, declared fields, NEEDED_FOR_OUTPUT entry, fields
+        #: that take plain numbers, the fixed number of outputs (-1: none), the per-node count (an
+        #: Outputs or None), the op's tensor_fields, its scalar_fields)
+        self.ops: dict[str, tuple] = {}
+        #: Some node had no seq (given the topological number once the graph is whole).
+        self.default_seqs = False
+        self.max_device_index = -1
+        #: Every edge so far points to a later node in the list.
+        self.forward = True
+
+
+def _compiled_loops():
+    """(the compiled node loops ``_build`` or None, why): None where it is not built, AUTOGRAD_RUN_PURE_PYTHON
+    is set, or ``Node``/``NodeSpec`` are no longer laid out as it expects."""
+    if os.environ.get("AUTOGRAD_RUN_PURE_PYTHON", "") not in ("", "0"):
+        return None, "Python (AUTOGRAD_RUN_PURE_PYTHON is set)"
+    try:
+        from autograd_run.graphs import _build
+    except ImportError as exc:
+        return None, f"Python (the compiled loops are not built: {exc})"
+    names = tuple(f.name for f in dataclasses.fields(Node))
+    if not _build.configure(Node, names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, ACCUMULATE_GRAD_SEQ):
+        return None, "Python (Node or NodeSpec is not laid out as the compiled loops expect)"
+    return _build, "compiled"
+
+
+#: The compiled node loops in use (None: the Python ones), and why (``--version`` shows it).
+_FAST, WHY = _compiled_loops()
+
+
 class _Checker:
     def __init__(self, spec: GraphSpec, source: str, base_dir: str | None, locator,
                  side_name: str | None = None, max_bytes: int | None = None, check_data: bool = False):
@@ -387,22 +429,116 @@ class _Checker:
             requires_grad = v.requires_grad is UNSET or v.requires_grad
             variables[v.name] = Variable(v.name, shape, dtype, dev, grad, requires_grad=requires_grad)
 
-        nodes: list[Node] = []
-        by_id: dict[str, Node] = {}
-        # op text -> (OpSpec, required saved fields, declared fields, NEEDED_FOR_OUTPUT entry, fields that
-        # take plain numbers, the fixed number of outputs (-1: none), the per-node count (an Outputs or None))
-        ops: dict[str, tuple] = {}
-        metas = self._metas
+        st = _Build(variables, self._metas)
+        self.build_nodes(st)
+        self.link_edges(st)
+        nodes, by_id, metas, forward = st.nodes, st.by_id, st.metas, st.forward
+        max_device_index, default_seqs = st.max_device_index, st.default_seqs
+
+        graph = Graph(nodes, [], variables, list(spec.inputs or ()), mode, dict(spec.meta or {}),
+                      self.source, self.base_dir, by_id)
+        graph.max_device_index = max_device_index
+        # Every input slot's meta is one of the interned metas, or an AccumulateGrad's made from its variable.
+        graph.slot_dtypes = frozenset({m.dtype for m in metas.values()} | {v.dtype for v in variables.values()})
+        try:
+            derive(graph, prepared=True, forward=forward)
+        except ValueError as exc:
+            cycle = exc.args[0]
+            src = cycle[-2]
+            k = next(k for k, e in enumerate(src.next) if e is not None and e.node is cycle[-1])
+            raise self.err(("nodes", src.index, "next", k), "cycle: " + " -> ".join(n.id for n in cycle)) from None
+        # Default sequence numbers: the topological number (nodes nearer the root run first).
+        if default_seqs:
+            for node in nodes:
+                if node.seq < 0:
+                    node.seq = node.topo_nr
+        check_checkpoints(graph, self.err)
+
+        for i, r in enumerate(spec.roots):
+            p = ("roots", i)
+            target = by_id.get(r.node)
+            if target is None:
+                raise self.err(p + ("node",), f"root edge to missing node {tensors.short(r.node)}")
+            input_nr = 0 if r.input_nr is UNSET else r.input_nr
+            if not 0 <= input_nr < len(target.inputs):
+                raise self.err(p + ("input_nr",),
+                               f"input_nr {tensors.short(input_nr)} out of range: node {tensors.short(r.node)} has {len(target.inputs)} input(s)")
+            meta = target.inputs[input_nr]
+            grad = "ones" if r.grad is UNSET else r.grad
+            nbytes = tensors.check_tensor(grad, p + ("grad",), self.err, self.side, meta.shape, meta.dtype,
+                                          allow_fill=True)
+            self.count(nbytes, "root gradients", p + ("grad",))
+            graph.roots.append(Root(Edge(target, input_nr), grad))
+        if not graph.roots:
+            raise self.err(("roots",), "a graph needs at least one root")
+
+        for i, name in enumerate(graph.inputs):
+            var = variables.get(name)
+            if var is None and name not in by_id:
+                raise self.err(("inputs", i), f"unknown input {tensors.short(name)}: not a variable or node id")
+        if mode == "grad" and not graph.inputs:
+            raise self.err(("inputs",), "mode 'grad' needs 'inputs' (grad requires non-empty inputs)")
+
+        for i, v in enumerate(variables.values()):
+            own = math.prod(v.shape) * tensors.itemsize(v.dtype) if v.node is not None else 0
+            self.count(max(own, initial_grads.get(v.name, 0)), "variable gradients", ("variables", i))
+        self.check_reference(graph)
+        for meta, path in self._meta_paths.items():
+            self.gradient(math.prod(meta.shape) * tensors.itemsize(meta.dtype), path)
+        self.check_budget()
+        if self.check_data:
+            self.side.verify(self.err)
+        return graph
+
+    # -- nodes and edges ------------------------------------------------------
+    # Both loops run in the compiled ``_build`` where it is built: it does every node it can and hands
+    # the first one it cannot (an unknown op text or metadata met for the first time, an
+    # AccumulateGrad, a saved null, anything wrong: every error) to the Python loop here, for that one
+    # node, then goes on. The Python loops are the whole definition; the compiled one is a subset.
+    def build_nodes(self, st: "_Build") -> None:
+        """Make each node spec's ``Node`` (checked, its derived fields set), in file order."""
+        n = len(self.spec.nodes)
+        i = 0
+        while i < n:
+            if _FAST is not None:
+                i = _FAST.build_nodes(self, self.spec.nodes, st, i)
+                if i >= n:
+                    break
+                self._nodes_py(st, i, i + 1)
+                i += 1
+            else:
+                self._nodes_py(st, i, n)
+                i = n
+
+    def link_edges(self, st: "_Build") -> None:
+        """Each node's next edges (``Edge`` tuples to their targets), and the targets' consumers."""
+        n = len(self.spec.nodes)
+        i = 0
+        while i < n:
+            if _FAST is not None:
+                i = _FAST.link_edges(self.spec.nodes, st, i)
+                if i >= n:
+                    break
+                self._edges_py(st, i, i + 1)
+                i += 1
+            else:
+                self._edges_py(st, i, n)
+                i = n
+
+    def _nodes_py(self, st: "_Build", lo: int, hi: int) -> None:
+        spec_nodes = self.spec.nodes
+        nodes, by_id, ops, metas, variables = st.nodes, st.by_id, st.ops, st.metas, st.variables
         new_node = Node
         acc = ACCUMULATE_GRAD
         max_seq = ACCUMULATE_GRAD_SEQ
         unset = UNSET
         check_value = self.check_value
         numbers = _NUMBERS
-        default_seqs = False
-        max_device_index = -1
+        default_seqs = st.default_seqs
+        max_device_index = st.max_device_index
         last_text = None
-        for i, ns in enumerate(spec.nodes):
+        for i in range(lo, hi):
+            ns = spec_nodes[i]
             nid = ns.id
             if not nid or nid in by_id:
                 p = ("nodes", i, "id")
@@ -420,8 +556,9 @@ class _Checker:
                                                      (f.kind == "tensor" and op.name not in MATRIX_RANK
                                                       and not _is_result(k))),
                                            op.outputs if type(op.outputs) is int else -1,
-                                           op.outputs if isinstance(op.outputs, Outputs) else None)
-                op, required, fields, needs, takes_numbers, n_out, count_out = info
+                                           op.outputs if isinstance(op.outputs, Outputs) else None,
+                                           op.tensor_fields, op.scalar_fields)
+                op, required, fields, needs, takes_numbers, n_out, count_out = info[:7]
                 last_text = op_text
             seq = ns.seq
             if seq is unset:
@@ -521,7 +658,10 @@ class _Checker:
                                        f"for the gradient of its output {k}, which the file does not give")
             if attrs:
                 self.check_attrs(node, i, attrs)
+        st.default_seqs = default_seqs
+        st.max_device_index = max_device_index
 
+    def _edges_py(self, st: "_Build", lo: int, hi: int) -> None:
         # Edges, with what model.link derives (consumers), whether they all
         # point forward in the list (model.derive's fast path), and gradient shapes out of
         # elementwise nodes. Each node's spec is let go once its edges are made (its Node takes its
@@ -529,9 +669,11 @@ class _Checker:
         # freed while the edges are allocated, which reuse their memory (on a 1e6-node chain the
         # loaded graph's resident memory is 1.43 KB/node instead of 1.66, the load's peak 1.58 instead of 1.80).
         make_edge = tuple.__new__
-        forward = True
-        spec_nodes = spec.nodes
-        for i, ns in enumerate(spec_nodes):
+        forward = st.forward
+        spec_nodes = self.spec.nodes
+        nodes, by_id = st.nodes, st.by_id
+        for i in range(lo, hi):
+            ns = spec_nodes[i]
             spec_nodes[i] = nodes[i]
             nxt = ns.next
             if not nxt:
@@ -560,61 +702,7 @@ class _Checker:
                 target.consumers.append((node, k))
                 if target.index <= i:
                     forward = False
-
-        graph = Graph(nodes, [], variables, list(spec.inputs or ()), mode, dict(spec.meta or {}),
-                      self.source, self.base_dir, by_id)
-        graph.max_device_index = max_device_index
-        # Every input slot's meta is one of the interned metas, or an AccumulateGrad's made from its variable.
-        graph.slot_dtypes = frozenset({m.dtype for m in metas.values()} | {v.dtype for v in variables.values()})
-        try:
-            derive(graph, prepared=True, forward=forward)
-        except ValueError as exc:
-            cycle = exc.args[0]
-            src = cycle[-2]
-            k = next(k for k, e in enumerate(src.next) if e is not None and e.node is cycle[-1])
-            raise self.err(("nodes", src.index, "next", k), "cycle: " + " -> ".join(n.id for n in cycle)) from None
-        # Default sequence numbers: the topological number (nodes nearer the root run first).
-        if default_seqs:
-            for node in nodes:
-                if node.seq < 0:
-                    node.seq = node.topo_nr
-        check_checkpoints(graph, self.err)
-
-        for i, r in enumerate(spec.roots):
-            p = ("roots", i)
-            target = by_id.get(r.node)
-            if target is None:
-                raise self.err(p + ("node",), f"root edge to missing node {tensors.short(r.node)}")
-            input_nr = 0 if r.input_nr is UNSET else r.input_nr
-            if not 0 <= input_nr < len(target.inputs):
-                raise self.err(p + ("input_nr",),
-                               f"input_nr {tensors.short(input_nr)} out of range: node {tensors.short(r.node)} has {len(target.inputs)} input(s)")
-            meta = target.inputs[input_nr]
-            grad = "ones" if r.grad is UNSET else r.grad
-            nbytes = tensors.check_tensor(grad, p + ("grad",), self.err, self.side, meta.shape, meta.dtype,
-                                          allow_fill=True)
-            self.count(nbytes, "root gradients", p + ("grad",))
-            graph.roots.append(Root(Edge(target, input_nr), grad))
-        if not graph.roots:
-            raise self.err(("roots",), "a graph needs at least one root")
-
-        for i, name in enumerate(graph.inputs):
-            var = variables.get(name)
-            if var is None and name not in by_id:
-                raise self.err(("inputs", i), f"unknown input {tensors.short(name)}: not a variable or node id")
-        if mode == "grad" and not graph.inputs:
-            raise self.err(("inputs",), "mode 'grad' needs 'inputs' (grad requires non-empty inputs)")
-
-        for i, v in enumerate(variables.values()):
-            own = math.prod(v.shape) * tensors.itemsize(v.dtype) if v.node is not None else 0
-            self.count(max(own, initial_grads.get(v.name, 0)), "variable gradients", ("variables", i))
-        self.check_reference(graph)
-        for meta, path in self._meta_paths.items():
-            self.gradient(math.prod(meta.shape) * tensors.itemsize(meta.dtype), path)
-        self.check_budget()
-        if self.check_data:
-            self.side.verify(self.err)
-        return graph
+        st.forward = forward
 
     def check_attrs(self, node: Node, i: int, attrs: dict) -> None:
         """The attrs the engine acts on must be well-formed and bounded (files are untrusted)."""

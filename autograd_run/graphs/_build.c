@@ -1,0 +1,796 @@
+/*
+ * autograd_run.graphs._build: the loader's two loops over node specs, compiled (validate.py is the twin).
+ *
+ *   build_nodes(checker, spec_nodes, st, i)  make the Node of each spec from index i on, as
+ *       _Checker._nodes_py does, and return the index of the first spec it does not do
+ *       (len(spec_nodes) when it did them all). It does a node only when every check it makes
+ *       itself passes: a first-seen op text or input metadata, an AccumulateGrad, a node naming a
+ *       variable, a saved null, a seq or fwd_thread out of range, the wrong number of next edges,
+ *       a missing field an output needs, and every error are left to the Python loop, which then
+ *       does that one node (and raises where it is wrong). Saved values that are not plain numbers
+ *       in a number field, missing required fields and attrs go to the checker's own methods
+ *       (check_value, check_required, check_attrs), which raise the file's error themselves.
+ *   link_edges(spec_nodes, st, i)  the next edges of each node from index i on, as
+ *       _Checker._edges_py does; a node with a missing target, an input_nr out of range or a
+ *       gradient shape that differs from its target's slot is left to the Python loop (before any
+ *       of its edges is made).
+ *
+ * `st` is validate._Build: nodes, by_id, ops, metas (read), default_seqs, max_device_index and
+ * forward (read, and written back on return). No lock: the loader runs on one thread; the GIL
+ * is held throughout. configure() must have returned True first (the fields of Node and NodeSpec
+ * are plain object slots in the expected order); otherwise validate.py uses its own loops only.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* A type's fields as plain object slots: their offsets, or getattr where a field is not one. */
+typedef struct {
+    PyTypeObject *type;
+    int n;
+    Py_ssize_t offsets[24];
+    PyObject *names[24];
+} Slots;
+
+static int slots_configure(Slots *t, PyObject *type, PyObject *names) {
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (n > 24)
+        return 0;
+    for (Py_ssize_t f = 0; f < n; f++) {
+        PyObject *name = PyTuple_GET_ITEM(names, f);
+        PyObject *d = PyObject_GetAttr(type, name);
+        if (d == NULL)
+            return -1;
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
+                 ((PyMemberDescrObject *)d)->d_common.d_type == (PyTypeObject *)type;
+        if (ok)
+            t->offsets[f] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!ok)
+            return 0;
+        Py_INCREF(name);
+        PyUnicode_InternInPlace(&name);
+        Py_XSETREF(t->names[f], name);
+    }
+    t->n = (int)n;
+    Py_INCREF(type);
+    Py_XSETREF(t->type, (PyTypeObject *)type);
+    return 1;
+}
+
+/* obj.<field f>, borrowed when it is the exact type (NULL: unset slot, no exception), else a new
+ * reference through getattr stored in *owned. */
+static inline PyObject *slot(Slots *t, PyObject *obj, int f, PyObject **owned) {
+    *owned = NULL;
+    if (Py_TYPE(obj) == t->type) {
+        PyObject *v = *(PyObject **)((char *)obj + t->offsets[f]);
+        if (v != NULL)
+            return v;
+    }
+    *owned = PyObject_GetAttr(obj, t->names[f]);
+    return *owned;
+}
+
+static inline void slot_put(Slots *t, PyObject *obj, int f, PyObject *v) {
+    PyObject **p = (PyObject **)((char *)obj + t->offsets[f]);
+    Py_XSETREF(*p, Py_NewRef(v));
+}
+
+/* Node's fields, in dataclass order (validate passes dataclasses.fields(Node)'s names). */
+enum { N_ID, N_NAME, N_OP, N_SEQ, N_NEXT, N_INPUTS, N_SAVED, N_ATTRS, N_VARIABLE, N_FWD, N_INDEX, N_TOPO,
+       N_DEVICE, N_STREAM, N_CONSUMERS, N_CPU, N_SAVES, N_STRINGS, N_FIELDS };
+static const char *NODE_FIELDS[N_FIELDS] = {"id", "name", "op", "seq", "next", "inputs", "saved", "attrs",
+                                            "variable", "fwd_thread", "index", "topo_nr", "device", "stream",
+                                            "consumers", "cpu", "saves_tensors", "saved_strings"};
+/* NodeSpec's fields read here. */
+enum { S_ID, S_NAME, S_OP, S_SEQ, S_FWD, S_NEXT, S_INPUTS, S_SAVED, S_ATTRS, S_VARIABLE, S_FIELDS };
+static const char *SPEC_FIELDS[S_FIELDS] = {"id", "name", "op", "seq", "fwd_thread", "next", "inputs", "saved",
+                                            "attrs", "variable"};
+
+static Slots NODE = {0}, SPEC = {0};
+static PyObject *EDGE_TYPE, *UNSET, *CPU, *EMPTY, *ACC, *ZERO, *MINUS_ONE, *MAX_SEQ, *FWD_END;
+static PyObject *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
+    *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_shape, *s_inputs,
+    *s_nodes, *s_by_id, *s_ops, *s_metas, *s_default_seqs, *s_max_device_index, *s_forward;
+static int configured = 0;
+
+static PyObject *names_tuple(const char **names, int n) {
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *s = PyUnicode_InternFromString(names[i]);
+        if (s == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+/* configure(Node, node_field_names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, max_seq) -> bool */
+static PyObject *configure(PyObject *mod, PyObject *args) {
+    PyObject *node_type, *node_names, *spec_type, *edge, *unset, *cpu, *empty, *acc, *max_seq;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOOOO", &PyType_Type, &node_type, &PyTuple_Type, &node_names, &PyType_Type,
+                          &spec_type, &PyType_Type, &edge, &unset, &cpu, &empty, &acc, &max_seq))
+        return NULL;
+    configured = 0;
+    /* Node's fields must be exactly the ones this file sets, in this order. */
+    if (PyTuple_GET_SIZE(node_names) != N_FIELDS)
+        Py_RETURN_FALSE;
+    for (int f = 0; f < N_FIELDS; f++) {
+        PyObject *name = PyTuple_GET_ITEM(node_names, f);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, NODE_FIELDS[f]) != 0)
+            Py_RETURN_FALSE;
+    }
+    if (!PyType_IsSubtype((PyTypeObject *)edge, &PyTuple_Type))
+        Py_RETURN_FALSE;
+    PyObject *spec_names = names_tuple(SPEC_FIELDS, S_FIELDS);
+    if (spec_names == NULL)
+        return NULL;
+    int a = slots_configure(&NODE, node_type, node_names);
+    int b = a > 0 ? slots_configure(&SPEC, spec_type, spec_names) : a;
+    Py_DECREF(spec_names);
+    if (a < 0 || b < 0)
+        return NULL;
+    if (!a || !b)
+        Py_RETURN_FALSE;
+    Py_XSETREF(EDGE_TYPE, Py_NewRef(edge));
+    Py_XSETREF(UNSET, Py_NewRef(unset));
+    Py_XSETREF(CPU, Py_NewRef(cpu));
+    Py_XSETREF(EMPTY, Py_NewRef(empty));
+    Py_XSETREF(ACC, Py_NewRef(acc));
+    Py_XSETREF(MAX_SEQ, Py_NewRef(max_seq));
+    configured = 1;
+    Py_RETURN_TRUE;
+}
+
+/* 1 if v is an int with lo <= v < end (end NULL: v <= hi_incl), 0 if not (or not an int), -1 on error. */
+static int int_in(PyObject *v, PyObject *lo, PyObject *hi, int inclusive) {
+    if (!PyLong_CheckExact(v))
+        return 0;
+    int r = PyObject_RichCompareBool(v, lo, Py_GE);
+    if (r <= 0)
+        return r;
+    return PyObject_RichCompareBool(v, hi, inclusive ? Py_LE : Py_LT);
+}
+
+/* The device of a node with these input metas (the first that is not the CPU), as validate does:
+ * sets device, stream (borrowed) and cpu; -1 on error. */
+static int node_device(PyObject *inputs, PyObject **device, PyObject **stream, int *cpu) {
+    *device = CPU;
+    *stream = ZERO;
+    *cpu = 1;
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(inputs); j++) {
+        PyObject *meta = PyList_GET_ITEM(inputs, j);
+        PyObject *d = PyObject_GetAttr(meta, s_device);
+        if (d == NULL)
+            return -1;
+        if (d != CPU) {
+            PyObject *t = PyObject_GetAttr(d, s_type);
+            if (t == NULL) {
+                Py_DECREF(d);
+                return -1;
+            }
+            int is_cpu = PyObject_RichCompareBool(t, s_cpu, Py_EQ);
+            Py_DECREF(t);
+            if (is_cpu < 0) {
+                Py_DECREF(d);
+                return -1;
+            }
+            if (!is_cpu) {
+                PyObject *s = PyObject_GetAttr(meta, s_stream);
+                if (s == NULL) {
+                    Py_DECREF(d);
+                    return -1;
+                }
+                /* borrowed: the meta keeps both alive */
+                *device = d;
+                *stream = s;
+                Py_DECREF(d);
+                Py_DECREF(s);
+                *cpu = 0;
+                return 0;
+            }
+        }
+        Py_DECREF(d);
+    }
+    return 0;
+}
+
+/* model.saves_tensors(op, saved), with the op's tensor_fields: 1, 0 or -1. */
+static int saves_tensors(PyObject *tensor_fields, PyObject *saved) {
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    if (PyAnySet_Check(tensor_fields) && PySet_GET_SIZE(tensor_fields) > 0) {
+        while (PyDict_Next(saved, &pos, &key, &value)) {
+            int r = PySet_Contains(tensor_fields, key);
+            if (r != 0)
+                return r;
+        }
+    }
+    pos = 0;
+    while (PyDict_Next(saved, &pos, &key, &value)) {
+        if (!PyDict_CheckExact(value))
+            continue;
+        int r = PyDict_Contains(value, s_random);
+        if (r == 0)
+            r = PyDict_Contains(value, s_data);
+        if (r == 0)
+            r = PyDict_Contains(value, s_npz);
+        if (r != 0)
+            return r;
+    }
+    return 0;
+}
+
+/* model.has_scalar_strings(op, saved), with the op's scalar_fields: 1, 0 or -1. */
+static int has_scalar_strings(PyObject *scalar_fields, PyObject *saved) {
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    if (!PyAnySet_Check(scalar_fields) || PySet_GET_SIZE(scalar_fields) == 0)
+        return 0;
+    while (PyDict_Next(saved, &pos, &key, &value)) {
+        if (PyUnicode_CheckExact(value)) {
+            int r = PySet_Contains(scalar_fields, key);
+            if (r != 0)
+                return r;
+        }
+    }
+    return 0;
+}
+
+static PyObject *st_get(PyObject *st, PyObject *name, PyTypeObject *type) {
+    PyObject *v = PyObject_GetAttr(st, name);
+    if (v != NULL && type != NULL && !Py_IS_TYPE(v, type)) {
+        PyErr_Format(PyExc_TypeError, "_build: st.%U has the wrong type", name);
+        Py_CLEAR(v);
+    }
+    return v;
+}
+
+/* Call checker.<method>(*args): 0, or -1 with its exception. */
+static int call_check(PyObject *checker, PyObject *method, PyObject *const *args, size_t n) {
+    PyObject *stack[6];
+    stack[0] = checker;
+    for (size_t k = 0; k < n; k++)
+        stack[k + 1] = args[k];
+    PyObject *r = PyObject_VectorcallMethod(method, stack, n + 1, NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The ops-cache entry (validate._Checker._nodes_py's `ops` values, with the op's tensor_fields and
+ * scalar_fields appended): (op, required, fields, needs, takes_numbers, n_out, count_out, tensor_fields,
+ * scalar_fields). */
+enum { O_OP, O_REQUIRED, O_FIELDS, O_NEEDS, O_NUMBERS, O_NOUT, O_COUNT, O_TENSORS, O_SCALARS, O_SIZE };
+
+static PyObject *build_nodes(PyObject *mod, PyObject *args) {
+    PyObject *checker, *specs, *st;
+    Py_ssize_t i;
+    if (!PyArg_ParseTuple(args, "OO!On", &checker, &PyList_Type, &specs, &st, &i))
+        return NULL;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_build.configure() has not succeeded");
+        return NULL;
+    }
+    PyObject *nodes = st_get(st, s_nodes, &PyList_Type), *by_id = nodes ? st_get(st, s_by_id, &PyDict_Type) : NULL;
+    PyObject *ops = by_id ? st_get(st, s_ops, &PyDict_Type) : NULL, *metas = ops ? st_get(st, s_metas, &PyDict_Type) : NULL;
+    PyObject *dflt = metas ? st_get(st, s_default_seqs, NULL) : NULL;
+    PyObject *maxdev_o = dflt ? st_get(st, s_max_device_index, NULL) : NULL;
+    PyObject *result = NULL;
+    if (maxdev_o == NULL)
+        goto done;
+    int default_seqs = PyObject_IsTrue(dflt);
+    long long max_dev = PyLong_AsLongLong(maxdev_o);
+    if (default_seqs < 0 || (max_dev == -1 && PyErr_Occurred()))
+        goto done;
+    Py_ssize_t n = PyList_GET_SIZE(specs);
+    for (; i < n; i++) {
+        PyObject *ns = PyList_GET_ITEM(specs, i);
+        PyObject *own[S_FIELDS] = {NULL};
+        PyObject *v[S_FIELDS];
+        int bad = 0;
+        for (int f = 0; f < S_FIELDS; f++) {
+            v[f] = slot(&SPEC, ns, f, &own[f]);
+            if (v[f] == NULL) {
+                bad = -1;
+                break;
+            }
+        }
+        PyObject *node = NULL, *inputs = NULL, *info, *seq, *fwd, *device = NULL, *stream = NULL;
+        int cpu = 1;
+#define NEXT_NODE(code) do { bad = (code); goto node_end; } while (0)
+        if (bad)
+            goto node_end;
+        /* the id: a non-empty string not seen before */
+        if (!PyUnicode_CheckExact(v[S_ID]) || PyUnicode_GET_LENGTH(v[S_ID]) == 0)
+            NEXT_NODE(1);
+        int seen = PyDict_Contains(by_id, v[S_ID]);
+        if (seen != 0)
+            NEXT_NODE(seen < 0 ? -1 : 1);
+        /* the op, from the cache of op texts already resolved */
+        PyObject *op_text = (v[S_OP] == UNSET || v[S_OP] == Py_None) ? v[S_NAME] : v[S_OP];
+        info = PyDict_GetItemWithError(ops, op_text);
+        if (info == NULL)
+            NEXT_NODE(PyErr_Occurred() ? -1 : 1);
+        if (!PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) != O_SIZE)
+            NEXT_NODE(1);
+        PyObject *op = PyTuple_GET_ITEM(info, O_OP);
+        if (op == ACC || (v[S_VARIABLE] != UNSET && v[S_VARIABLE] != Py_None))
+            NEXT_NODE(1);
+        /* seq and fwd_thread */
+        seq = v[S_SEQ];
+        if (seq == UNSET || seq == Py_None) {
+            seq = NULL;
+        } else {
+            int ok = int_in(seq, ZERO, MAX_SEQ, 1);
+            if (ok <= 0)
+                NEXT_NODE(ok < 0 ? -1 : 1);
+        }
+        fwd = v[S_FWD];
+        if (fwd == UNSET) {
+            fwd = Py_None;
+        } else if (fwd != Py_None) {
+            int ok = int_in(fwd, ZERO, FWD_END, 0);
+            if (ok <= 0)
+                NEXT_NODE(ok < 0 ? -1 : 1);
+        }
+        /* input metadata: each one seen before (the first of each kind is made by the Python loop) */
+        PyObject *ins = v[S_INPUTS];
+        Py_ssize_t nin = PyList_Check(ins) ? PyList_GET_SIZE(ins) : 0;
+        inputs = PyList_New(nin);
+        if (inputs == NULL)
+            NEXT_NODE(-1);
+        for (Py_ssize_t j = 0; j < nin; j++) {
+            PyObject *meta = PyDict_GetItemWithError(metas, PyList_GET_ITEM(ins, j));
+            if (meta == NULL)
+                NEXT_NODE(PyErr_Occurred() ? -1 : 1);
+            PyList_SET_ITEM(inputs, j, Py_NewRef(meta));
+        }
+        if (node_device(inputs, &device, &stream, &cpu) < 0)
+            NEXT_NODE(-1);
+        /* saved values: a null is the Python loop's (it drops optional Scalars written null) */
+        PyObject *saved = v[S_SAVED];
+        if (!PyDict_Check(saved) || PyDict_GET_SIZE(saved) == 0) {
+            saved = NULL;
+        } else {
+            PyObject *key, *value;
+            Py_ssize_t pos = 0;
+            while (PyDict_Next(saved, &pos, &key, &value))
+                if (value == Py_None)
+                    NEXT_NODE(1);
+        }
+        PyObject *attrs = PyDict_Check(v[S_ATTRS]) && PyDict_GET_SIZE(v[S_ATTRS]) ? v[S_ATTRS] : NULL;
+        /* the number of next edges, and the saved fields an output's gradient needs */
+        PyObject *nxt = v[S_NEXT];
+        Py_ssize_t nnext = PyList_Check(nxt) ? PyList_GET_SIZE(nxt) : 0;
+        long n_out = PyLong_AsLong(PyTuple_GET_ITEM(info, O_NOUT));
+        if (n_out == -1 && PyErr_Occurred())
+            NEXT_NODE(-1);
+        if (n_out >= 0 && nnext != n_out)
+            NEXT_NODE(1);
+        PyObject *needs = PyTuple_GET_ITEM(info, O_NEEDS);
+        if (needs != Py_None) {
+            PyObject *fast = PySequence_Fast(needs, "needs");
+            if (fast == NULL)
+                NEXT_NODE(-1);
+            for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); k++) {
+                PyObject *item = PySequence_Fast_GET_ITEM(fast, k);
+                if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+                    Py_DECREF(fast);
+                    NEXT_NODE(1);
+                }
+                Py_ssize_t out = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0));
+                if (out == -1 && PyErr_Occurred()) {
+                    Py_DECREF(fast);
+                    NEXT_NODE(-1);
+                }
+                if (out >= 0 && out < nnext && PyList_GET_ITEM(nxt, out) != Py_None) {
+                    PyObject *have = saved ? PyDict_GetItemWithError(saved, PyTuple_GET_ITEM(item, 1)) : NULL;
+                    if (have == NULL) {  /* (a null is never here: see above) */
+                        Py_DECREF(fast);
+                        NEXT_NODE(PyErr_Occurred() ? -1 : 1);
+                    }
+                }
+            }
+            Py_DECREF(fast);
+        }
+        /* the node */
+        node = NODE.type->tp_alloc(NODE.type, 0);
+        PyObject *next_list = node ? PyList_New(0) : NULL, *consumers = next_list ? PyList_New(0) : NULL;
+        PyObject *index = consumers ? PyLong_FromSsize_t(i) : NULL;
+        if (index == NULL) {
+            Py_XDECREF(next_list);
+            Py_XDECREF(consumers);
+            NEXT_NODE(-1);
+        }
+        if (seq == NULL)
+            default_seqs = 1;
+        slot_put(&NODE, node, N_ID, v[S_ID]);
+        slot_put(&NODE, node, N_NAME, v[S_NAME]);
+        slot_put(&NODE, node, N_OP, op);
+        slot_put(&NODE, node, N_SEQ, seq ? seq : MINUS_ONE);
+        slot_put(&NODE, node, N_NEXT, next_list);
+        slot_put(&NODE, node, N_INPUTS, inputs);
+        slot_put(&NODE, node, N_SAVED, saved ? saved : EMPTY);
+        slot_put(&NODE, node, N_ATTRS, attrs ? attrs : EMPTY);
+        slot_put(&NODE, node, N_VARIABLE, Py_None);
+        slot_put(&NODE, node, N_FWD, fwd);
+        slot_put(&NODE, node, N_INDEX, index);
+        slot_put(&NODE, node, N_TOPO, ZERO);
+        slot_put(&NODE, node, N_DEVICE, device);
+        slot_put(&NODE, node, N_STREAM, stream);
+        slot_put(&NODE, node, N_CONSUMERS, consumers);
+        slot_put(&NODE, node, N_CPU, cpu ? Py_True : Py_False);
+        slot_put(&NODE, node, N_SAVES, Py_False);
+        slot_put(&NODE, node, N_STRINGS, Py_False);
+        Py_DECREF(next_list);
+        Py_DECREF(consumers);
+        Py_DECREF(index);
+        /* a count of outputs that depends on the node (saved lists, inputs): a mismatch is the Python loop's */
+        PyObject *count_out = PyTuple_GET_ITEM(info, O_COUNT);
+        if (count_out != Py_None) {
+            PyObject *want = PyObject_CallMethodOneArg(count_out, s_count, node);
+            if (want == NULL)
+                NEXT_NODE(-1);
+            if (want != Py_None) {
+                Py_ssize_t w = PyLong_AsSsize_t(want);
+                Py_DECREF(want);
+                if (w == -1 && PyErr_Occurred())
+                    NEXT_NODE(-1);
+                if (w != nnext)
+                    NEXT_NODE(1);
+            } else {
+                Py_DECREF(want);
+            }
+        }
+        if (!cpu) {
+            PyObject *idx = PyObject_GetAttr(device, s_index);
+            long long d = idx ? PyLong_AsLongLong(idx) : -1;
+            Py_XDECREF(idx);
+            if (d == -1 && PyErr_Occurred())
+                NEXT_NODE(-1);
+            if (d > max_dev)
+                max_dev = d;
+        }
+        if (PyList_Append(nodes, node) < 0 || PyDict_SetItem(by_id, v[S_ID], node) < 0)
+            NEXT_NODE(-1);
+        /* From here on an error is the file's: the checker's methods raise it (the node stays made). */
+        if (saved) {
+            int r = saves_tensors(PyTuple_GET_ITEM(info, O_TENSORS), saved);
+            if (r < 0)
+                NEXT_NODE(-1);
+            if (r)
+                slot_put(&NODE, node, N_SAVES, Py_True);
+            PyObject *numbers = PyTuple_GET_ITEM(info, O_NUMBERS), *fields = PyTuple_GET_ITEM(info, O_FIELDS);
+            PyObject *key, *value, *index_o = NULL;
+            Py_ssize_t pos = 0;
+            while (PyDict_Next(saved, &pos, &key, &value)) {
+                if (PyLong_CheckExact(value) || PyFloat_CheckExact(value)) {
+                    int in = PySet_Contains(numbers, key);
+                    if (in < 0)
+                        break;
+                    if (in)
+                        continue;
+                }
+                PyObject *f = PyDict_Check(fields) ? PyDict_GetItemWithError(fields, key) : NULL;
+                if (f == NULL && PyErr_Occurred())
+                    break;
+                if (index_o == NULL && (index_o = PyLong_FromSsize_t(i)) == NULL)
+                    break;
+                Py_INCREF(key);
+                Py_INCREF(value);
+                PyObject *a[5] = {node, index_o, key, value, f ? f : Py_None};
+                int c = call_check(checker, s_check_value, a, 5);
+                Py_DECREF(key);
+                Py_DECREF(value);
+                if (c < 0)
+                    break;
+            }
+            Py_XDECREF(index_o);
+            if (PyErr_Occurred())
+                NEXT_NODE(-1);
+            r = has_scalar_strings(PyTuple_GET_ITEM(info, O_SCALARS), saved);
+            if (r < 0)
+                NEXT_NODE(-1);
+            if (r)
+                slot_put(&NODE, node, N_STRINGS, Py_True);
+        }
+        PyObject *required = PyTuple_GET_ITEM(info, O_REQUIRED);
+        if (PyTuple_Check(required) && PyTuple_GET_SIZE(required)) {
+            int missing = 0;
+            for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(required) && !missing; k++) {
+                int r = saved ? PyDict_Contains(saved, PyTuple_GET_ITEM(required, k)) : 0;
+                if (r < 0)
+                    NEXT_NODE(-1);
+                missing = !r;
+            }
+            if (missing) {
+                PyObject *index_o = PyLong_FromSsize_t(i);
+                PyObject *a[3] = {node, index_o, required};
+                if (index_o == NULL || call_check(checker, s_check_required, a, 3) < 0) {
+                    Py_XDECREF(index_o);
+                    NEXT_NODE(-1);
+                }
+                Py_DECREF(index_o);
+            }
+        }
+        if (attrs) {
+            PyObject *index_o = PyLong_FromSsize_t(i);
+            PyObject *a[3] = {node, index_o, attrs};
+            if (index_o == NULL || call_check(checker, s_check_attrs, a, 3) < 0) {
+                Py_XDECREF(index_o);
+                NEXT_NODE(-1);
+            }
+            Py_DECREF(index_o);
+        }
+node_end:
+#undef NEXT_NODE
+        Py_XDECREF(node);
+        Py_XDECREF(inputs);
+        for (int f = 0; f < S_FIELDS; f++)
+            Py_XDECREF(own[f]);
+        if (bad < 0)
+            goto done;
+        if (bad > 0)
+            break;
+    }
+    {
+        PyObject *m = PyLong_FromLongLong(max_dev);
+        if (m == NULL || PyObject_SetAttr(st, s_max_device_index, m) < 0 ||
+            PyObject_SetAttr(st, s_default_seqs, default_seqs ? Py_True : Py_False) < 0) {
+            Py_XDECREF(m);
+            goto done;
+        }
+        Py_DECREF(m);
+    }
+    result = PyLong_FromSsize_t(i);
+done:
+    Py_XDECREF(nodes);
+    Py_XDECREF(by_id);
+    Py_XDECREF(ops);
+    Py_XDECREF(metas);
+    Py_XDECREF(dflt);
+    Py_XDECREF(maxdev_o);
+    return result;
+}
+
+/* The shape of a node's gradient out of an elementwise op (its first input's), borrowed; NULL if none. */
+static PyObject *out_shape_of(PyObject *node, int *err) {
+    PyObject *own_op, *own_in;
+    *err = 0;
+    PyObject *op = slot(&NODE, node, N_OP, &own_op);
+    if (op == NULL) {
+        *err = 1;
+        return NULL;
+    }
+    PyObject *ew = PyObject_GetAttr(op, s_elementwise);
+    Py_XDECREF(own_op);
+    if (ew == NULL) {
+        *err = 1;
+        return NULL;
+    }
+    int is = PyObject_IsTrue(ew);
+    Py_DECREF(ew);
+    if (is <= 0) {
+        *err = is < 0;
+        return NULL;
+    }
+    PyObject *ins = slot(&NODE, node, N_INPUTS, &own_in);
+    PyObject *shape = NULL;
+    if (ins == NULL) {
+        *err = 1;
+    } else if (PyList_Check(ins) && PyList_GET_SIZE(ins) > 0) {
+        shape = PyObject_GetAttr(PyList_GET_ITEM(ins, 0), s_shape);
+        if (shape == NULL)
+            *err = 1;
+        else
+            Py_DECREF(shape); /* the meta keeps it */
+    }
+    Py_XDECREF(own_in);
+    return shape;
+}
+
+static PyObject *link_edges(PyObject *mod, PyObject *args) {
+    PyObject *specs, *st;
+    Py_ssize_t i;
+    if (!PyArg_ParseTuple(args, "O!On", &PyList_Type, &specs, &st, &i))
+        return NULL;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_build.configure() has not succeeded");
+        return NULL;
+    }
+    PyObject *nodes = st_get(st, s_nodes, &PyList_Type), *by_id = nodes ? st_get(st, s_by_id, &PyDict_Type) : NULL;
+    PyObject *fwd_o = by_id ? st_get(st, s_forward, NULL) : NULL;
+    PyObject *result = NULL;
+    if (fwd_o == NULL)
+        goto done;
+    int forward = PyObject_IsTrue(fwd_o);
+    if (forward < 0)
+        goto done;
+    Py_ssize_t n = PyList_GET_SIZE(specs);
+    if (PyList_GET_SIZE(nodes) != n) {
+        PyErr_SetString(PyExc_ValueError, "_build.link_edges: one node per spec");
+        goto done;
+    }
+    PyObject *targets[64];
+    Py_ssize_t nrs[64];
+    for (; i < n; i++) {
+        PyObject *ns = PyList_GET_ITEM(specs, i), *node = PyList_GET_ITEM(nodes, i);
+        if (ns == node)
+            continue; /* (a node is never in the spec list before this loop has passed it) */
+        PyObject *own_next, *own_out = NULL, *own_cons = NULL;
+        PyObject *nxt = slot(&SPEC, ns, S_NEXT, &own_next);
+        if (nxt == NULL)
+            goto done;
+        int bad = 0;
+        Py_ssize_t m = PyList_Check(nxt) ? PyList_GET_SIZE(nxt) : 0;
+        if (m > 64) {
+            bad = 1;
+        } else if (m > 0) {
+            int err;
+            PyObject *out_shape = out_shape_of(node, &err);
+            if (err)
+                bad = -1;
+            /* every edge checked before any is made */
+            for (Py_ssize_t k = 0; k < m && !bad; k++) {
+                PyObject *e = PyList_GET_ITEM(nxt, k);
+                targets[k] = NULL;
+                if (e == Py_None)
+                    continue;
+                if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2) {
+                    bad = 1;
+                    break;
+                }
+                PyObject *target = PyDict_GetItemWithError(by_id, PyTuple_GET_ITEM(e, 0));
+                if (target == NULL) {
+                    bad = PyErr_Occurred() ? -1 : 1;
+                    break;
+                }
+                Py_ssize_t nr = PyLong_CheckExact(PyTuple_GET_ITEM(e, 1)) ? PyLong_AsSsize_t(PyTuple_GET_ITEM(e, 1)) : -1;
+                if (nr == -1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    bad = 1;
+                    break;
+                }
+                PyObject *own_tin;
+                PyObject *tin = slot(&NODE, target, N_INPUTS, &own_tin);
+                if (tin == NULL) {
+                    bad = -1;
+                    break;
+                }
+                if (!PyList_Check(tin) || nr < 0 || nr >= PyList_GET_SIZE(tin)) {
+                    Py_XDECREF(own_tin);
+                    bad = 1;
+                    break;
+                }
+                if (out_shape != NULL) {
+                    PyObject *want = PyObject_GetAttr(PyList_GET_ITEM(tin, nr), s_shape);
+                    int same = want == NULL ? -1 : want == out_shape ? 1 : PyObject_RichCompareBool(want, out_shape, Py_EQ);
+                    Py_XDECREF(want);
+                    if (same <= 0) { /* a broadcast, or an error: the Python loop decides */
+                        Py_XDECREF(own_tin);
+                        bad = same < 0 ? -1 : 1;
+                        break;
+                    }
+                }
+                Py_XDECREF(own_tin);
+                targets[k] = target;
+                nrs[k] = nr;
+            }
+            if (!bad) {
+                PyObject *out = slot(&NODE, node, N_NEXT, &own_out);
+                if (out == NULL || !PyList_Check(out))
+                    bad = out == NULL ? -1 : 1;
+                for (Py_ssize_t k = 0; k < m && !bad; k++) {
+                    if (targets[k] == NULL) {
+                        if (PyList_Append(out, Py_None) < 0)
+                            bad = -1;
+                        continue;
+                    }
+                    PyObject *edge = ((PyTypeObject *)EDGE_TYPE)->tp_alloc((PyTypeObject *)EDGE_TYPE, 2);
+                    PyObject *nr_o = edge ? PyLong_FromSsize_t(nrs[k]) : NULL;
+                    if (nr_o == NULL) {
+                        Py_XDECREF(edge);
+                        bad = -1;
+                        break;
+                    }
+                    PyTuple_SET_ITEM(edge, 0, Py_NewRef(targets[k]));
+                    PyTuple_SET_ITEM(edge, 1, nr_o);
+                    int r = PyList_Append(out, edge);
+                    Py_DECREF(edge);
+                    PyObject *cons = r < 0 ? NULL : slot(&NODE, targets[k], N_CONSUMERS, &own_cons);
+                    PyObject *pair = cons ? Py_BuildValue("(On)", node, k) : NULL;
+                    if (pair == NULL || !PyList_Check(cons) || PyList_Append(cons, pair) < 0) {
+                        if (cons != NULL && !PyList_Check(cons) && !PyErr_Occurred())
+                            PyErr_SetString(PyExc_TypeError, "_build.link_edges: consumers is not a list");
+                        Py_XDECREF(pair);
+                        Py_CLEAR(own_cons);
+                        bad = -1;
+                        break;
+                    }
+                    Py_DECREF(pair);
+                    Py_CLEAR(own_cons);
+                    PyObject *own_idx;
+                    PyObject *tidx = slot(&NODE, targets[k], N_INDEX, &own_idx);
+                    Py_ssize_t ti = tidx ? PyLong_AsSsize_t(tidx) : -1;
+                    Py_XDECREF(own_idx);
+                    if (ti == -1 && PyErr_Occurred()) {
+                        bad = -1;
+                        break;
+                    }
+                    if (ti <= i)
+                        forward = 0;
+                }
+            }
+        }
+        Py_XDECREF(own_next);
+        Py_XDECREF(own_out);
+        if (bad < 0)
+            goto done;
+        if (bad > 0)
+            break;
+        /* the spec is let go now its edges are made (the Node takes its place) */
+        Py_INCREF(node);
+        if (PyList_SetItem(specs, i, node) < 0)
+            goto done;
+    }
+    if (PyObject_SetAttr(st, s_forward, forward ? Py_True : Py_False) < 0)
+        goto done;
+    result = PyLong_FromSsize_t(i);
+done:
+    Py_XDECREF(nodes);
+    Py_XDECREF(by_id);
+    Py_XDECREF(fwd_o);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(Node, node_field_names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, max_seq) -> bool"},
+    {"build_nodes", build_nodes, METH_VARARGS,
+     "build_nodes(checker, spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
+    {"link_edges", link_edges, METH_VARARGS,
+     "link_edges(spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_build",
+                                    "The loader's loops over node specs, compiled (graphs/validate.py is the twin).",
+                                    -1, methods};
+
+#define INTERN(var, text)                                  \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) \
+        return NULL;
+
+PyMODINIT_FUNC PyInit__build(void) {
+    INTERN(s_device, "device");
+    INTERN(s_stream, "stream");
+    INTERN(s_type, "type");
+    INTERN(s_index, "index");
+    INTERN(s_cpu, "cpu");
+    INTERN(s_random, "random");
+    INTERN(s_data, "data");
+    INTERN(s_npz, "npz");
+    INTERN(s_count, "count");
+    INTERN(s_check_value, "check_value");
+    INTERN(s_check_required, "check_required");
+    INTERN(s_check_attrs, "check_attrs");
+    INTERN(s_elementwise, "elementwise");
+    INTERN(s_shape, "shape");
+    INTERN(s_inputs, "inputs");
+    INTERN(s_nodes, "nodes");
+    INTERN(s_by_id, "by_id");
+    INTERN(s_ops, "ops");
+    INTERN(s_metas, "metas");
+    INTERN(s_default_seqs, "default_seqs");
+    INTERN(s_max_device_index, "max_device_index");
+    INTERN(s_forward, "forward");
+    if ((ZERO = PyLong_FromLong(0)) == NULL || (MINUS_ONE = PyLong_FromLong(-1)) == NULL ||
+        (FWD_END = PyLong_FromUnsignedLongLong(1ULL << 63)) == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,162 @@
+"""The loader's compiled node loops (``graphs/_build.c``) against their Python twin (``validate._nodes_py``,
+``_edges_py``): the same graph, field by field, from every shipped example, generated graphs of every kind
+and a few hundred fuzzed files, and the same error, word for word, where a file is wrong.
+
+The compiled loops do the nodes they can and hand every other one to the Python loop, so these tests also
+check that they really do the common nodes (a chain's nodes, bar the first of its kind and the leaf's).
+"""
+
+import random
+
+import pytest
+
+from autograd_run.errors import GraphFileError
+from autograd_run.graphs import validate
+from autograd_run.graphs.dump import dumps
+from autograd_run.graphs.generators import generate
+from autograd_run.graphs.load import example_names, load_graph, loads_graph
+
+pytestmark = pytest.mark.skipif(validate._FAST is None, reason="the compiled loader loops are not in use "
+                                                                "(not built, or AUTOGRAD_RUN_PURE_PYTHON is set)")
+
+
+def snapshot(g) -> tuple:
+    """Everything a loaded graph holds, as plain values (nodes by index; saved values by repr, NaN-safe)."""
+    def node(n):
+        return (n.id, n.name, n.op.name, n.seq,
+                tuple(None if e is None else (type(e).__name__, e.node.index, e.input_nr) for e in n.next),
+                tuple((m.shape, m.dtype, str(m.device), m.stream) for m in n.inputs),
+                type(n.saved).__name__, repr(n.saved), type(n.attrs).__name__, repr(n.attrs), n.variable,
+                n.fwd_thread, n.index, n.topo_nr, str(n.device), n.stream,
+                tuple((c.index, k) for c, k in n.consumers), n.cpu, n.saves_tensors, n.saved_strings)
+    return (tuple(node(n) for n in g.nodes),
+            tuple((r.edge.node.index, r.edge.input_nr, repr(r.grad)) for r in g.roots),
+            tuple((k, v.shape, v.dtype, str(v.device), repr(v.grad), v.node.index if v.node else None,
+                   v.requires_grad) for k, v in g.variables.items()),
+            tuple(g.inputs), g.mode, repr(g.meta), g.max_device_index, g.slot_dtypes,
+            tuple((k, n.index) for k, n in g.by_id.items()))
+
+
+def outcome(load, monkeypatch, compiled: bool):
+    monkeypatch.setattr(validate, "_FAST", validate._FAST if compiled else None)
+    try:
+        return "ok", snapshot(load())
+    except GraphFileError as exc:
+        return "error", str(exc)
+    except Exception as exc:  # a bug either way: compared too, and reported by the assertion
+        return type(exc).__name__, str(exc)
+    finally:
+        monkeypatch.undo()
+
+
+def both(load, monkeypatch):
+    fast = outcome(load, monkeypatch, True)
+    slow = outcome(load, monkeypatch, False)
+    return fast, slow
+
+
+def generated():
+    return [("chain", dict(n=50)), ("chain", dict(n=30, op="add")), ("fanout", dict(width=5)),
+            ("mlp", dict(layers=3, width=4, batch=2)), ("transformer", dict(layers=2, heads=2, seq_len=4, dim=8)),
+            ("transformer", dict(layers=2, heads=2, seq_len=4, dim=8, devices=2)),
+            ("random", dict(nodes=60, leaves=8, width=3, seed=4))]
+
+
+@pytest.mark.parametrize("name", example_names())
+def test_examples_load_alike(name, monkeypatch):
+    fast, slow = both(lambda: load_graph(f"example:{name}"), monkeypatch)
+    assert fast == slow
+    assert fast[0] == "ok"
+
+
+@pytest.mark.parametrize("kind,kw", generated(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_generated_graphs_load_alike(kind, kw, fmt, monkeypatch):
+    data = dumps(generate(kind, **kw), fmt)
+    fast, slow = both(lambda: loads_graph(data, f"g.{fmt}"), monkeypatch)
+    assert fast[0] == "ok", fast
+    assert fast == slow
+
+
+def test_the_compiled_loop_does_the_common_nodes(monkeypatch):
+    """A 1000-node chain: the Python loop sees only the first multiply (its op text and metadata are new)
+    and the leaf's AccumulateGrad; no node's edges need it."""
+    seen = {"nodes": [], "edges": []}
+    real_nodes, real_edges = validate._Checker._nodes_py, validate._Checker._edges_py
+
+    def nodes_py(self, st, lo, hi):
+        seen["nodes"].extend(range(lo, hi))
+        return real_nodes(self, st, lo, hi)
+
+    def edges_py(self, st, lo, hi):
+        seen["edges"].extend(range(lo, hi))
+        return real_edges(self, st, lo, hi)
+    monkeypatch.setattr(validate._Checker, "_nodes_py", nodes_py)
+    monkeypatch.setattr(validate._Checker, "_edges_py", edges_py)
+    g = loads_graph(dumps(generate("chain", n=1000), "json"), "c.json")
+    assert len(g.nodes) == 1001
+    assert seen["nodes"] == [0, 1000]
+    assert seen["edges"] == []
+
+
+def _chain_doc(n=6):
+    return generate("chain", n=n)
+
+
+def _wrong(mutate):
+    doc = _chain_doc()
+    mutate(doc["nodes"])
+    return dumps(doc, "json")
+
+
+# Each wrong in a node the compiled loop would otherwise do (the fourth: past the first of its kind).
+WRONG = {
+    "duplicate id": lambda ns: ns[3].update(id=ns[2]["id"]),
+    "empty id": lambda ns: ns[3].update(id=""),
+    "seq too big": lambda ns: ns[3].update(seq=2**64),
+    "seq negative": lambda ns: ns[3].update(seq=-1),
+    "fwd_thread too big": lambda ns: ns[3].update(fwd_thread=2**63),
+    "variable on an op node": lambda ns: ns[3].update(variable="x"),
+    "too few next edges": lambda ns: ns[3].update(next=[ns[3]["next"][0]]),
+    "edge to a missing node": lambda ns: ns[3].update(next=[["nowhere", 0], None]),
+    "input_nr out of range": lambda ns: ns[3].update(next=[[ns[4]["id"], 3], None]),
+    "incompatible gradient shape": lambda ns: ns[4].update(inputs=[{"shape": [3]}]),
+    "saved text in a tensor field": lambda ns: ns[3].update(saved={"other": "x"}),
+    "saved null": lambda ns: ns[3].update(saved={"other": None}),
+    "unknown op": lambda ns: ns[3].update(name="NoSuchBackward0"),
+    "attrs.fail not a string": lambda ns: ns[3].update(attrs={"fail": 3}),
+    "a cycle": lambda ns: ns[4].update(next=[[ns[2]["id"], 0], None]),
+    "new metadata with a bad dtype": lambda ns: ns[3].update(inputs=[{"shape": [1], "dtype": "float7"}]),
+    "required field missing": lambda ns: (ns[2].update(name="SoftmaxBackward0", saved={"result": [1.0], "dim": 0},
+                                                       next=ns[2]["next"][:1]),
+                                          ns[3].update(name="SoftmaxBackward0", saved={"dim": 0},
+                                                       next=ns[3]["next"][:1])),
+    "a bad saved value where the op is known": lambda ns: ns[3].update(saved={"other": {"random": {"shape": [-1]}}}),
+    "needed field missing": lambda ns: ns[3].update(saved={}),
+}
+
+
+@pytest.mark.parametrize("what", sorted(WRONG))
+def test_wrong_files_give_the_same_error(what, monkeypatch):
+    data = _wrong(WRONG[what])
+    fast, slow = both(lambda: loads_graph(data, "w.json"), monkeypatch)
+    assert fast == slow
+    assert fast[0] == "error", fast
+
+
+def test_fuzzed_files_load_alike(tmp_path, monkeypatch):
+    """Hostile variants of real graphs (``bench/fuzz.py``'s mutations): the same graph or the same error."""
+    from bench.fuzz import make_case, seed_graphs
+    rng = random.Random(4242)
+    seeds = seed_graphs()
+    kinds = {"ok": 0, "error": 0}
+    for k in range(250):
+        folder = tmp_path / str(k)
+        folder.mkdir()
+        case = make_case(rng, seeds, str(folder))
+        path = str(folder / case["file"])
+        fast, slow = both(lambda: load_graph(path), monkeypatch)
+        assert fast == slow, (k, case["steps"])
+        assert fast[0] in kinds, (k, case["steps"], fast)
+        kinds[fast[0]] += 1
+    assert kinds["ok"] > 20 and kinds["error"] > 20, kinds
