@@ -136,6 +136,21 @@ WRONG = {
 }
 
 
+def test_a_matrix_product_with_a_gradient_of_another_rank(monkeypatch):
+    """An mm past the first (the compiled loop's) whose input is not a matrix: the same error both ways."""
+    doc = generate("mlp", layers=3, width=4, batch=2)
+    mm = [n for n in doc["nodes"] if n["name"] == "MmBackward0"]
+    assert len(mm) >= 2
+    first = doc["nodes"][0]["inputs"][0]
+    assert len(first["shape"]) != 2 and doc["nodes"].index(mm[1]) > 0
+    mm[1]["inputs"] = [dict(first)]  # metadata the loader has seen: the compiled loop reads the rank itself
+    data = dumps(doc, "json")
+    fast, slow = both(lambda: loads_graph(data, "m.json"), monkeypatch)
+    assert fast == slow
+    assert fast[0] == "error"
+    assert f"has shape {first['shape']}, but the gradient it receives, of mm's result, has 2" in fast[1]
+
+
 @pytest.mark.parametrize("what", sorted(WRONG))
 def test_wrong_files_give_the_same_error(what, monkeypatch):
     data = _wrong(WRONG[what])

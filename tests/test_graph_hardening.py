@@ -274,6 +274,8 @@ def test_corrupt_npz_data_is_found_by_validate_and_by_run(tmp_path):
     doc = npz_doc({"npz": "x"}, "saved")
     doc["nodes"][2]["name"] = "MmBackward0"  # not elementwise: any saved shape will do
     doc["nodes"][2]["saved"] = {"mat2": {"npz": "x"}}
+    for k in (1, 2, 3):  # mm's gradient is a matrix
+        doc["nodes"][k]["inputs"] = [{"shape": [2, 2]}]
     p = write(tmp_path, doc)
     err = _error(lambda: load_graph(p, check_data=True))
     assert "member 'x' is corrupt: Bad CRC-32" in err.what and "$.nodes[2].saved.mat2" in err.where
@@ -429,10 +431,24 @@ def test_saved_kinds_of_other_ops(node, message):
 ])
 def test_matrix_ops_take_matrices(value, message):
     doc = copy_seed()
-    doc["nodes"][2] = {"id": "mb", "name": "MmBackward0", "next": [["acc", 0], None], "inputs": [{"shape": [2]}],
+    doc["nodes"][2] = {"id": "mb", "name": "MmBackward0", "next": [["acc", 0], None], "inputs": [{"shape": [2, 2]}],
                        "saved": {"mat2": value}}
     err = _error(lambda: load_doc(doc, "json"))
     assert message in err.what and "$.nodes[2].saved.mat2" in err.where
+
+
+@pytest.mark.parametrize("op,shape,rank", [("MmBackward0", [2], 2), ("AddmmBackward0", [], 2),
+                                           ("AddmmBackward0", [2, 2, 2], 2), ("BmmBackward0", [2, 2], 3)])
+def test_matrix_ops_receive_matrices(op, shape, rank):
+    """A matrix product's result, the gradient its backward node receives, has the product's rank: another
+    rank is refused at load with its place (before, numpy's matmul error when the node ran; found by the fuzzer)."""
+    doc = copy_seed()
+    nxt = [["acc", 0], None, None] if op == "AddmmBackward0" else [["acc", 0], None]
+    doc["nodes"][2] = {"id": "mb", "name": op, "next": nxt, "inputs": [{"shape": shape}]}
+    err = _error(lambda: load_doc(doc, "json"))
+    assert "$.nodes[2].inputs[0].shape" in err.where
+    assert f"input 0 of {op} node 'mb' has shape {shape}, but the gradient it receives" in err.what
+    assert f"has {rank} dimensions" in err.what
 
 
 @pytest.mark.parametrize("op,field", [("ExpBackward0", "result"), ("TanhBackward0", "result"),

@@ -263,10 +263,10 @@ static int call_check(PyObject *checker, PyObject *method, PyObject *const *args
     return 0;
 }
 
-/* The ops-cache entry (validate._Checker._nodes_py's `ops` values, with the op's tensor_fields and
- * scalar_fields appended): (op, required, fields, needs, takes_numbers, n_out, count_out, tensor_fields,
- * scalar_fields). */
-enum { O_OP, O_REQUIRED, O_FIELDS, O_NEEDS, O_NUMBERS, O_NOUT, O_COUNT, O_TENSORS, O_SCALARS, O_SIZE };
+/* The ops-cache entry (validate._Checker._nodes_py's `ops` values): (op, required, fields, needs,
+ * takes_numbers, n_out, count_out, tensor_fields,
+ * scalar_fields, the rank input 0 must have or -1). */
+enum { O_OP, O_REQUIRED, O_FIELDS, O_NEEDS, O_NUMBERS, O_NOUT, O_COUNT, O_TENSORS, O_SCALARS, O_RANK, O_SIZE };
 
 static PyObject *build_nodes(PyObject *mod, PyObject *args) {
     PyObject *checker, *specs, *st;
@@ -353,6 +353,20 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         }
         if (node_device(inputs, &device, &stream, &cpu) < 0)
             NEXT_NODE(-1);
+        long rank = PyLong_AsLong(PyTuple_GET_ITEM(info, O_RANK));
+        if (rank == -1 && PyErr_Occurred())
+            NEXT_NODE(-1);
+        if (rank >= 0 && nin > 0) {
+            PyObject *shape = PyObject_GetAttr(PyList_GET_ITEM(inputs, 0), s_shape);
+            if (shape == NULL)
+                NEXT_NODE(-1);
+            Py_ssize_t dims = PyObject_Length(shape);
+            Py_DECREF(shape);
+            if (dims < 0)
+                NEXT_NODE(-1);
+            if (dims != rank)
+                NEXT_NODE(1);
+        }
         /* saved values: a null is the Python loop's (it drops optional Scalars written null) */
         PyObject *saved = v[S_SAVED];
         if (!PyDict_Check(saved) || PyDict_GET_SIZE(saved) == 0) {

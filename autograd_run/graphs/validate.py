@@ -243,7 +243,7 @@ class _Build:
         self.by_id: dict[str, Node] = {}
         #: op text -> (OpSpec, required saved fields, declared fields, NEEDED_FOR_OUTPUT entry, fields
         #: that take plain numbers, the fixed number of outputs (-1: none), the per-node count (an
-        #: Outputs or None), the op's tensor_fields, its scalar_fields)
+        #: Outputs or None), the op's tensor_fields, its scalar_fields, the rank its input 0 must have (-1: any))
         self.ops: dict[str, tuple] = {}
         #: Some node had no seq (given the topological number once the graph is whole).
         self.default_seqs = False
@@ -557,8 +557,9 @@ class _Checker:
                                                       and not _is_result(k))),
                                            op.outputs if type(op.outputs) is int else -1,
                                            op.outputs if isinstance(op.outputs, Outputs) else None,
-                                           op.tensor_fields, op.scalar_fields)
+                                           op.tensor_fields, op.scalar_fields, MATRIX_RANK.get(op.name, -1))
                 op, required, fields, needs, takes_numbers, n_out, count_out = info[:7]
+                rank = info[9]
                 last_text = op_text
             seq = ns.seq
             if seq is unset:
@@ -597,6 +598,11 @@ class _Checker:
                 raise self.err(("nodes", i, "variable"), "only AccumulateGrad nodes name a variable")
             else:
                 variable = None
+            if rank >= 0 and inputs and len(inputs[0].shape) != rank:
+                raise self.err(("nodes", i, "inputs", 0, "shape"),
+                               f"input 0 of {op.name} node {tensors.short(nid)} has shape {list(inputs[0].shape)}, "
+                               f"but the gradient it receives, of {_forward_name(op.name)}'s result, has {rank} "
+                               "dimensions")
             saved = ns.saved
             attrs = ns.attrs
             # Derived here rather than in a pass of their own (model.derive_node does the same):
