@@ -35,6 +35,7 @@ from autograd_run.engine import DeviceSet, Engine, GraphState
 from autograd_run.engine.run import RunResult, root_gradients, run_graph
 from autograd_run.engine.tracer import Tracer, Tracers
 from autograd_run.errors import BackwardError, RequestError, RunInterrupted
+from autograd_run.graphs.load import gc_paused
 from autograd_run.graphs.model import Graph
 from autograd_run.ops import ACCUMULATE_GRAD, OPAQUE
 from autograd_run.outputs import check_output_path
@@ -313,18 +314,29 @@ def _run_passes(engine: Engine, graph: Graph, o: RunOptions, faults: dict, repor
         for _ in range(o.repeat):
             if stopper is not None and stopper.requested:
                 raise RunInterrupted(stopper.reason, _stop_message(stopper.reason, o.timeout))
-            state = GraphState(graph)
-            state.measured_ns = measured_ns
-            state.prepare()  # saved tensors exist before the timed backward, as after a forward
-            grads = root_gradients(graph)
-            t = time.perf_counter()
+            # The collector stays off for the pass's state's whole life (the engine pauses it for the
+            # backward call alone): its saved values and buffers, made before the call, are freed by
+            # reference counting at the end of the pass, never scanned by a collection of the young
+            # generation in between (on a 2e5-node MLP: two scans of ~1e6 objects, 0.3 us/node).
+            ran = False
             try:
-                report.result = run_graph(engine, graph, state, mode=o.mode, inputs=inputs,
-                                          retain_graph=o.retain_graph or None, create_graph=o.create_graph,
-                                          anomaly=o.anomaly, faults=faults, grads=grads, allow_unused=o.allow_unused)
+                with gc_paused():
+                    state = GraphState(graph)
+                    state.measured_ns = measured_ns
+                    state.prepare()  # saved tensors exist before the timed backward, as after a forward
+                    grads = root_gradients(graph)
+                    ran = True
+                    t = time.perf_counter()
+                    try:
+                        report.result = run_graph(engine, graph, state, mode=o.mode, inputs=inputs,
+                                                  retain_graph=o.retain_graph or None, create_graph=o.create_graph,
+                                                  anomaly=o.anomaly, faults=faults, grads=grads,
+                                                  allow_unused=o.allow_unused)
+                    finally:
+                        elapsed += time.perf_counter() - t
+                        state = grads = None
             finally:
-                elapsed += time.perf_counter() - t
-                if fold is not None:
+                if ran and fold is not None:
                     fold()
             report.passes_done += 1
     except RunInterrupted as exc:
