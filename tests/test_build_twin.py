@@ -159,6 +159,77 @@ def test_wrong_files_give_the_same_error(what, monkeypatch):
     assert fast[0] == "error", fast
 
 
+def _mlp_doc():
+    doc = generate("mlp", layers=2, width=3, batch=2)
+    names = [n["id"] for n in doc["nodes"]]
+    # the compiled loop's nodes: past the first of their op and metadata
+    assert names[12] == "acc_w0" and names[8] == "relu_2" and names[10] == "mm_0"
+    return doc
+
+
+def _var(doc, name):
+    return next(v for v in doc["variables"] if v["name"] == name)
+
+
+# (what, mutation, loads): AccumulateGrad nodes and saved tensor specs the compiled loop checks itself.
+MLP_CASES = [
+    ("acc of an unknown variable", lambda d: d["nodes"][12].update(variable="nope"), False),
+    ("acc of a variable another acc has", lambda d: d["nodes"][12].update(variable="w1"), False),
+    ("acc of a variable without grad", lambda d: _var(d, "w0").update(requires_grad=False), False),
+    ("acc with a next edge", lambda d: d["nodes"][12].update(next=[["acc_b0", 0]]), False),
+    ("acc input of another shape", lambda d: d["nodes"][12].update(inputs=[{"shape": [3]}]), False),
+    ("acc with two inputs", lambda d: d["nodes"][12].update(inputs=[{"shape": [3, 3]}] * 2), False),
+    ("acc without inputs", lambda d: d["nodes"][12].pop("inputs"), True),
+    ("acc with a null seq", lambda d: d["nodes"][12].update(seq=None), True),
+    ("acc with a seq", lambda d: d["nodes"][12].update(seq=77), True),
+    ("random spec with a negative seed", lambda d: d["nodes"][8]["saved"].update(result={"random": -1, "shape": [2, 3]}),
+     False),
+    ("random spec with a negative size", lambda d: d["nodes"][8]["saved"].update(result={"random": 1, "shape": [2, -3]}),
+     False),
+    ("random spec too big", lambda d: d["nodes"][8]["saved"].update(result={"random": 1, "shape": [2**20, 2**20]}),
+     False),
+    ("random spec of a huge size and a zero", lambda d: d["nodes"][10]["saved"].update(self={"random": 1,
+                                                                                           "shape": [0, 2**70]}),
+     True),
+    ("a matrix of the wrong rank", lambda d: d["nodes"][10]["saved"].update(self={"random": 1, "shape": [6]}), False),
+    ("a saved tensor that does not broadcast", lambda d: d["nodes"][8]["saved"].update(result={"random": 1,
+                                                                                               "shape": [5, 7]}),
+     False),
+    ("a saved tensor that broadcasts", lambda d: d["nodes"][8]["saved"].update(result={"random": 1, "shape": [1, 3]}),
+     True),
+    ("a random spec with a distribution", lambda d: d["nodes"][8]["saved"].update(
+        result={"random": 1, "shape": [2, 3], "dist": "uniform"}), True),
+    ("a float16 gradient times a float32 tensor", lambda d: d["nodes"][8].update(inputs=[{"shape": [2, 3],
+                                                                                          "dtype": "float16"}]),
+     True),
+    ("an undeclared saved field", lambda d: d["nodes"][8]["saved"].update(extra={"random": 2, "shape": [3]}), True),
+    ("an undeclared tensor that does not broadcast", lambda d: d["nodes"][8]["saved"].update(
+        extra={"random": 2, "shape": [9]}), False),
+    ("an undeclared non-tensor field", lambda d: d["nodes"][8]["saved"].update(extra=[1, "x"]), True),
+]
+
+
+@pytest.mark.parametrize("what,mutate,loads", MLP_CASES, ids=[c[0] for c in MLP_CASES])
+def test_accumulate_grad_and_saved_specs_alike(what, mutate, loads, monkeypatch):
+    doc = _mlp_doc()
+    mutate(doc)
+    data = dumps(doc, "json")
+    fast, slow = both(lambda: loads_graph(data, "m.json"), monkeypatch)
+    assert fast == slow
+    assert fast[0] == ("ok" if loads else "error"), fast
+
+
+def test_budget_counts_alike(monkeypatch):
+    """The saved tensors' bytes the compiled loop adds up are the Python loop's: the same memory-budget
+    refusal, with the same figures and the same largest contributors."""
+    from autograd_run.graphs.validate import build_graph  # noqa: F401  (the path both loads take)
+    doc = generate("mlp", layers=30, width=64, batch=32)
+    data = dumps(doc, "json")
+    fast, slow = both(lambda: loads_graph(data, "m.json", max_bytes=1 << 20), monkeypatch)
+    assert fast == slow
+    assert fast[0] == "error" and "memory budget" in fast[1], fast
+
+
 def test_fuzzed_files_load_alike(tmp_path, monkeypatch):
     """Hostile variants of real graphs (``bench/fuzz.py``'s mutations): the same graph or the same error."""
     from bench.fuzz import make_case, seed_graphs

@@ -4,16 +4,17 @@
  *   build_nodes(checker, spec_nodes, st, i)  make the Node of each spec from index i on, as
  *       _Checker._nodes_py does, and return the index of the first spec it does not do
  *       (len(spec_nodes) when it did them all). It does a node only when every check it makes
- *       itself passes: a first-seen op text or input metadata, an AccumulateGrad, a node naming a
- *       variable, a saved null, a seq or fwd_thread out of range, the wrong number of next edges,
+ *       itself passes: a first-seen op text or input metadata, an AccumulateGrad that is not
+ *       plainly right (its variable unknown, taken or not requiring grad, its input missing or of
+ *       another shape), another node naming a variable, a saved null, a seq or fwd_thread out of range, the wrong number of next edges,
  *       a missing field an output needs, and every error are left to the Python loop, which then
  *       does that one node (and raises where it is wrong). Saved values that are not plain numbers
  *       in a number field, missing required fields and attrs go to the checker's own methods
  *       (check_value, check_required, check_attrs), which raise the file's error themselves.
  *   link_edges(spec_nodes, st, i)  the next edges of each node from index i on, as
  *       _Checker._edges_py does; a node with a missing target, an input_nr out of range or a
- *       gradient shape that differs from its target's slot is left to the Python loop (before any
- *       of its edges is made).
+ *       gradient shape its target's slot cannot take is left to the Python loop (before any of its
+ *       edges is made).
  *
  * `st` is validate._Build: nodes, by_id, ops, metas (read), default_seqs, max_device_index and
  * forward (read, and written back on return). No lock: the loader runs on one thread; the GIL
@@ -93,7 +94,9 @@ static Slots NODE = {0}, SPEC = {0};
 static PyObject *EDGE_TYPE, *UNSET, *CPU, *EMPTY, *ACC, *ZERO, *MINUS_ONE, *MAX_SEQ, *FWD_END;
 static PyObject *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
     *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_shape, *s_inputs,
-    *s_nodes, *s_by_id, *s_ops, *s_metas, *s_default_seqs, *s_max_device_index, *s_forward;
+    *s_nodes, *s_by_id, *s_ops, *s_metas, *s_default_seqs, *s_max_device_index, *s_forward, *s_variables,
+    *s_node, *s_requires_grad, *s_kind, *s_tensor, *s_int, *s_bool, *s_str, *s_dtype, *s__top_min, *s_bytes,
+    *s_saved_tensors, *s__note, *s_check_broadcast, *s_saved;
 static int configured = 0;
 
 static PyObject *names_tuple(const char **names, int n) {
@@ -263,6 +266,183 @@ static int call_check(PyObject *checker, PyObject *method, PyObject *const *args
     return 0;
 }
 
+/* The saved-value checks that need no Python (tensors.quick_random_numel's limits, the dtypes narrower than
+ * float32), set by configure_checks(). */
+static long long MAX_DIMS = -1, MAX_NUMEL = -1;
+static PyObject *NARROW = NULL;
+
+/* configure_checks(max_dims, max_numel, narrow_dtypes) */
+static PyObject *configure_checks(PyObject *mod, PyObject *args) {
+    long long dims, numel;
+    PyObject *narrow;
+    if (!PyArg_ParseTuple(args, "LLO!", &dims, &numel, &PyFrozenSet_Type, &narrow))
+        return NULL;
+    MAX_DIMS = dims;
+    MAX_NUMEL = numel;
+    Py_XSETREF(NARROW, Py_NewRef(narrow));
+    Py_RETURN_NONE;
+}
+
+/* tensors.quick_random_numel(value) for a dict: its element count, or -1 when it is not a plain
+ * {"random": seed, "shape": [...]} spec within the limits (or is one the Python check must judge). */
+static long long quick_random_numel(PyObject *value) {
+    if (MAX_DIMS < 0 || PyDict_GET_SIZE(value) != 2)
+        return -1;
+    PyObject *seed = PyDict_GetItemWithError(value, s_random);
+    PyObject *shape = seed ? PyDict_GetItemWithError(value, s_shape) : NULL;
+    if (shape == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (!PyLong_CheckExact(seed) || !PyList_CheckExact(shape) || PyList_GET_SIZE(shape) > MAX_DIMS)
+        return -1;
+    int overflow;
+    long long sd = PyLong_AsLongLongAndOverflow(seed, &overflow);
+    if (overflow || sd < 0 || (sd == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    long long numel = 1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(shape); k++) {
+        PyObject *d = PyList_GET_ITEM(shape, k);
+        if (!PyLong_CheckExact(d))
+            return -1;
+        long long v = PyLong_AsLongLongAndOverflow(d, &overflow);
+        if (overflow || v < 0 || (v == -1 && PyErr_Occurred()) || __builtin_mul_overflow(numel, v, &numel)) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    return numel <= MAX_NUMEL ? numel : -1;
+}
+
+/* The checker's _top_min (the smallest of its largest memory contributors), or -1 with an exception. */
+static int read_top_min(PyObject *checker, long long *out) {
+    PyObject *v = PyObject_GetAttr(checker, s__top_min);
+    if (v == NULL)
+        return -1;
+    int overflow;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    Py_DECREF(v);
+    if (*out == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow)
+        *out = overflow > 0 ? LLONG_MAX : LLONG_MIN;
+    return 0;
+}
+
+/* One saved value the Python check_value would pass without raising, checked here: 1 done (its bytes added
+ * to *saved_bytes; the checker's _note/check_broadcast called where they would be), 0 for check_value to
+ * judge, -1 on error. `f` is the declared field or NULL. */
+static int quick_value(PyObject *checker, PyObject *node, PyObject *inputs, PyObject *op, long rank, Py_ssize_t i,
+                       PyObject *key, PyObject *value, PyObject *f, long long *saved_bytes, long long *top_min) {
+    PyObject *kind = NULL;
+    if (f == NULL) {
+        if (!PyDict_CheckExact(value))
+            return 1; /* an undeclared field that is no tensor spec: not checked */
+    } else {
+        kind = PyObject_GetAttr(f, s_kind);
+        if (kind == NULL)
+            return -1;
+        Py_DECREF(kind); /* the field keeps it */
+        if (!PyUnicode_CheckExact(kind))
+            return 0;
+        if (PyUnicode_Compare(kind, s_tensor) != 0) {
+            if (PyErr_Occurred())
+                return -1;
+            if (PyBool_Check(value))
+                return PyUnicode_Compare(kind, s_bool) == 0;
+            if (PyUnicode_CheckExact(value))
+                return PyUnicode_Compare(kind, s_str) == 0;
+            if (PyLong_CheckExact(value) && PyUnicode_Compare(kind, s_int) == 0) {
+                int overflow;
+                long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+                if (v == -1 && PyErr_Occurred())
+                    return -1;
+                return !overflow; /* beyond int64 (a uint64 spelling): check_value decides */
+            }
+            return 0;
+        }
+        if (!PyDict_CheckExact(value))
+            return 0;
+    }
+    long long n = quick_random_numel(value);
+    if (n < 0)
+        return 0;
+    PyObject *shape = PyDict_GetItem(value, s_shape); /* borrowed; a list (quick_random_numel) */
+    if (f != NULL && rank >= 0 && PyList_GET_SIZE(shape) != rank)
+        return 0;
+    *saved_bytes += 4 * n;
+    PyObject *path = NULL, *index_o = NULL;
+    int result = 1;
+    if (4 * n > *top_min) {
+        index_o = PyLong_FromSsize_t(i);
+        path = index_o ? PyTuple_Pack(4, s_nodes, index_o, s_saved, key) : NULL;
+        PyObject *nb = path ? PyLong_FromLongLong(4 * n) : NULL;
+        PyObject *a[2] = {nb, path};
+        int c = nb ? call_check(checker, s__note, a, 2) : -1;
+        Py_XDECREF(nb);
+        if (c < 0 || read_top_min(checker, top_min) < 0)
+            result = -1;
+    }
+    if (result > 0 && PyList_GET_SIZE(inputs) > 0) {
+        PyObject *ew = PyObject_GetAttr(op, s_elementwise);
+        int is = ew ? PyObject_IsTrue(ew) : -1;
+        Py_XDECREF(ew);
+        if (is < 0)
+            result = -1;
+        if (is > 0) { /* the saved tensor broadcasts with the gradient: plainly so when of its shape */
+            PyObject *meta = PyList_GET_ITEM(inputs, 0);
+            PyObject *grad = PyObject_GetAttr(meta, s_shape), *dtype = grad ? PyObject_GetAttr(meta, s_dtype) : NULL;
+            int plain = dtype != NULL && PyTuple_Check(grad) && PyTuple_GET_SIZE(grad) == PyList_GET_SIZE(shape);
+            for (Py_ssize_t k = 0; plain > 0 && k < PyList_GET_SIZE(shape); k++)
+                plain = PyObject_RichCompareBool(PyList_GET_ITEM(shape, k), PyTuple_GET_ITEM(grad, k), Py_EQ);
+            if (plain > 0) {
+                int narrow = PySet_Contains(NARROW, dtype);
+                plain = narrow < 0 ? -1 : !narrow;
+            }
+            Py_XDECREF(grad);
+            Py_XDECREF(dtype);
+            if (plain < 0 || (grad != NULL && dtype == NULL)) {
+                result = -1;
+            } else if (!plain) {
+                if (path == NULL) {
+                    index_o = PyLong_FromSsize_t(i);
+                    path = index_o ? PyTuple_Pack(4, s_nodes, index_o, s_saved, key) : NULL;
+                }
+                PyObject *tshape = path ? PyList_AsTuple(shape) : NULL;
+                PyObject *a[4] = {tshape, node, path, key};
+                if (tshape == NULL || call_check(checker, s_check_broadcast, a, 4) < 0 ||
+                    read_top_min(checker, top_min) < 0)
+                    result = -1;
+                Py_XDECREF(tshape);
+            }
+        }
+    }
+    Py_XDECREF(path);
+    Py_XDECREF(index_o);
+    return result;
+}
+
+/* Add n to checker.bytes["saved tensors"]. */
+static int add_saved_bytes(PyObject *checker, long long n) {
+    if (n == 0)
+        return 0;
+    PyObject *bytes = PyObject_GetAttr(checker, s_bytes);
+    if (bytes == NULL)
+        return -1;
+    PyObject *old = PyDict_Check(bytes) ? PyDict_GetItemWithError(bytes, s_saved_tensors) : NULL;
+    PyObject *add = old ? PyLong_FromLongLong(n) : NULL;
+    PyObject *sum = add ? PyNumber_Add(old, add) : NULL;
+    int r = sum ? PyDict_SetItem(bytes, s_saved_tensors, sum) : -1;
+    if (old == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "_build: checker.bytes has no 'saved tensors'");
+    Py_XDECREF(add);
+    Py_XDECREF(sum);
+    Py_DECREF(bytes);
+    return r;
+}
+
 /* The ops-cache entry (validate._Checker._nodes_py's `ops` values): (op, required, fields, needs,
  * takes_numbers, n_out, count_out, tensor_fields,
  * scalar_fields, the rank input 0 must have or -1). */
@@ -279,7 +459,8 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
     }
     PyObject *nodes = st_get(st, s_nodes, &PyList_Type), *by_id = nodes ? st_get(st, s_by_id, &PyDict_Type) : NULL;
     PyObject *ops = by_id ? st_get(st, s_ops, &PyDict_Type) : NULL, *metas = ops ? st_get(st, s_metas, &PyDict_Type) : NULL;
-    PyObject *dflt = metas ? st_get(st, s_default_seqs, NULL) : NULL;
+    PyObject *variables = metas ? st_get(st, s_variables, &PyDict_Type) : NULL;
+    PyObject *dflt = variables ? st_get(st, s_default_seqs, NULL) : NULL;
     PyObject *maxdev_o = dflt ? st_get(st, s_max_device_index, NULL) : NULL;
     PyObject *result = NULL;
     if (maxdev_o == NULL)
@@ -287,6 +468,10 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
     int default_seqs = PyObject_IsTrue(dflt);
     long long max_dev = PyLong_AsLongLong(maxdev_o);
     if (default_seqs < 0 || (max_dev == -1 && PyErr_Occurred()))
+        goto done;
+    /* saved tensors' bytes, added to the checker's count on the way out (a sum: order does not matter) */
+    long long saved_bytes = 0, top_min;
+    if (read_top_min(checker, &top_min) < 0)
         goto done;
     Py_ssize_t n = PyList_GET_SIZE(specs);
     for (; i < n; i++) {
@@ -320,12 +505,36 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         if (!PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) != O_SIZE)
             NEXT_NODE(1);
         PyObject *op = PyTuple_GET_ITEM(info, O_OP);
-        if (op == ACC || (v[S_VARIABLE] != UNSET && v[S_VARIABLE] != Py_None))
+        /* an AccumulateGrad: its variable known, requiring grad, without a node yet (else the Python loop's) */
+        int is_acc = op == ACC;
+        PyObject *var = NULL; /* borrowed from st.variables */
+        if (is_acc) {
+            if (!PyUnicode_CheckExact(v[S_VARIABLE]))
+                NEXT_NODE(1);
+            var = PyDict_GetItemWithError(variables, v[S_VARIABLE]);
+            if (var == NULL)
+                NEXT_NODE(PyErr_Occurred() ? -1 : 1);
+            PyObject *has = PyObject_GetAttr(var, s_node);
+            if (has == NULL)
+                NEXT_NODE(-1);
+            Py_DECREF(has);
+            if (has != Py_None)
+                NEXT_NODE(1);
+            PyObject *rg = PyObject_GetAttr(var, s_requires_grad);
+            if (rg == NULL)
+                NEXT_NODE(-1);
+            Py_DECREF(rg);
+            if (rg != Py_True)
+                NEXT_NODE(1);
+            if (PyList_Check(v[S_NEXT]) && PyList_GET_SIZE(v[S_NEXT]) > 0)
+                NEXT_NODE(1);
+        } else if (v[S_VARIABLE] != UNSET && v[S_VARIABLE] != Py_None) {
             NEXT_NODE(1);
+        }
         /* seq and fwd_thread */
         seq = v[S_SEQ];
         if (seq == UNSET || seq == Py_None) {
-            seq = NULL;
+            seq = is_acc ? MAX_SEQ : NULL; /* an AccumulateGrad runs last among equals, as in PyTorch */
         } else {
             int ok = int_in(seq, ZERO, MAX_SEQ, 1);
             if (ok <= 0)
@@ -350,6 +559,17 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
             if (meta == NULL)
                 NEXT_NODE(PyErr_Occurred() ? -1 : 1);
             PyList_SET_ITEM(inputs, j, Py_NewRef(meta));
+        }
+        if (is_acc) { /* one input, of the variable's shape (none given: the Python loop makes it) */
+            if (nin != 1)
+                NEXT_NODE(1);
+            PyObject *shape = PyObject_GetAttr(PyList_GET_ITEM(inputs, 0), s_shape);
+            PyObject *want = shape ? PyObject_GetAttr(var, s_shape) : NULL;
+            int same = want ? PyObject_RichCompareBool(shape, want, Py_EQ) : -1;
+            Py_XDECREF(shape);
+            Py_XDECREF(want);
+            if (same <= 0)
+                NEXT_NODE(same < 0 ? -1 : 1);
         }
         if (node_device(inputs, &device, &stream, &cpu) < 0)
             NEXT_NODE(-1);
@@ -432,7 +652,7 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         slot_put(&NODE, node, N_INPUTS, inputs);
         slot_put(&NODE, node, N_SAVED, saved ? saved : EMPTY);
         slot_put(&NODE, node, N_ATTRS, attrs ? attrs : EMPTY);
-        slot_put(&NODE, node, N_VARIABLE, Py_None);
+        slot_put(&NODE, node, N_VARIABLE, is_acc ? v[S_VARIABLE] : Py_None);
         slot_put(&NODE, node, N_FWD, fwd);
         slot_put(&NODE, node, N_INDEX, index);
         slot_put(&NODE, node, N_TOPO, ZERO);
@@ -473,6 +693,8 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         }
         if (PyList_Append(nodes, node) < 0 || PyDict_SetItem(by_id, v[S_ID], node) < 0)
             NEXT_NODE(-1);
+        if (is_acc && PyObject_SetAttr(var, s_node, node) < 0)
+            NEXT_NODE(-1);
         /* From here on an error is the file's: the checker's methods raise it (the node stays made). */
         if (saved) {
             int r = saves_tensors(PyTuple_GET_ITEM(info, O_TENSORS), saved);
@@ -494,15 +716,19 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
                 PyObject *f = PyDict_Check(fields) ? PyDict_GetItemWithError(fields, key) : NULL;
                 if (f == NULL && PyErr_Occurred())
                     break;
-                if (index_o == NULL && (index_o = PyLong_FromSsize_t(i)) == NULL)
-                    break;
                 Py_INCREF(key);
                 Py_INCREF(value);
-                PyObject *a[5] = {node, index_o, key, value, f ? f : Py_None};
-                int c = call_check(checker, s_check_value, a, 5);
+                int q = quick_value(checker, node, inputs, op, rank, i, key, value, f, &saved_bytes, &top_min);
+                if (q == 0) {
+                    if (index_o == NULL)
+                        index_o = PyLong_FromSsize_t(i);
+                    PyObject *a[5] = {node, index_o, key, value, f ? f : Py_None};
+                    q = index_o && call_check(checker, s_check_value, a, 5) == 0 &&
+                        read_top_min(checker, &top_min) == 0 ? 1 : -1;
+                }
                 Py_DECREF(key);
                 Py_DECREF(value);
-                if (c < 0)
+                if (q < 0)
                     break;
             }
             Py_XDECREF(index_o);
@@ -526,7 +752,8 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
             if (missing) {
                 PyObject *index_o = PyLong_FromSsize_t(i);
                 PyObject *a[3] = {node, index_o, required};
-                if (index_o == NULL || call_check(checker, s_check_required, a, 3) < 0) {
+                if (index_o == NULL || call_check(checker, s_check_required, a, 3) < 0 ||
+                    read_top_min(checker, &top_min) < 0) {
                     Py_XDECREF(index_o);
                     NEXT_NODE(-1);
                 }
@@ -536,7 +763,8 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         if (attrs) {
             PyObject *index_o = PyLong_FromSsize_t(i);
             PyObject *a[3] = {node, index_o, attrs};
-            if (index_o == NULL || call_check(checker, s_check_attrs, a, 3) < 0) {
+            if (index_o == NULL || call_check(checker, s_check_attrs, a, 3) < 0 ||
+                read_top_min(checker, &top_min) < 0) {
                 Py_XDECREF(index_o);
                 NEXT_NODE(-1);
             }
@@ -553,6 +781,9 @@ node_end:
         if (bad > 0)
             break;
     }
+    if (add_saved_bytes(checker, saved_bytes) < 0)
+        goto done;
+    saved_bytes = 0;
     {
         PyObject *m = PyLong_FromLongLong(max_dev);
         if (m == NULL || PyObject_SetAttr(st, s_max_device_index, m) < 0 ||
@@ -568,9 +799,36 @@ done:
     Py_XDECREF(by_id);
     Py_XDECREF(ops);
     Py_XDECREF(metas);
+    Py_XDECREF(variables);
     Py_XDECREF(dflt);
     Py_XDECREF(maxdev_o);
     return result;
+}
+
+/* PyTorch's is_expandable_to(shape, desired) over two tuples of ints: 1, 0 (or not tuples of ints), -1. */
+static int expandable(PyObject *shape, PyObject *desired) {
+    if (!PyTuple_Check(shape) || !PyTuple_Check(desired))
+        return 0;
+    Py_ssize_t n = PyTuple_GET_SIZE(shape), m = PyTuple_GET_SIZE(desired);
+    if (n > m)
+        return 0;
+    for (Py_ssize_t k = 1; k <= n; k++) {
+        PyObject *a = PyTuple_GET_ITEM(shape, n - k), *b = PyTuple_GET_ITEM(desired, m - k);
+        if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b))
+            return 0;
+        int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+        if (eq < 0)
+            return -1;
+        if (!eq) {
+            int overflow;
+            long long av = PyLong_AsLongLongAndOverflow(a, &overflow);
+            if (av == -1 && PyErr_Occurred())
+                return -1;
+            if (overflow || av != 1)
+                return 0;
+        }
+    }
+    return 1;
 }
 
 /* The shape of a node's gradient out of an elementwise op (its first input's), borrowed; NULL if none. */
@@ -685,8 +943,10 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                 if (out_shape != NULL) {
                     PyObject *want = PyObject_GetAttr(PyList_GET_ITEM(tin, nr), s_shape);
                     int same = want == NULL ? -1 : want == out_shape ? 1 : PyObject_RichCompareBool(want, out_shape, Py_EQ);
+                    if (same == 0) /* a gradient the slot takes by summing (a bias): PyTorch's sum_to */
+                        same = expandable(want, out_shape);
                     Py_XDECREF(want);
-                    if (same <= 0) { /* a broadcast, or an error: the Python loop decides */
+                    if (same <= 0) { /* not expandable, or an error: the Python loop decides */
                         Py_XDECREF(own_tin);
                         bad = same < 0 ? -1 : 1;
                         break;
@@ -766,6 +1026,7 @@ done:
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Node, node_field_names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, max_seq) -> bool"},
+    {"configure_checks", configure_checks, METH_VARARGS, "configure_checks(max_dims, max_numel, narrow_dtypes)"},
     {"build_nodes", build_nodes, METH_VARARGS,
      "build_nodes(checker, spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
     {"link_edges", link_edges, METH_VARARGS,
@@ -803,6 +1064,21 @@ PyMODINIT_FUNC PyInit__build(void) {
     INTERN(s_default_seqs, "default_seqs");
     INTERN(s_max_device_index, "max_device_index");
     INTERN(s_forward, "forward");
+    INTERN(s_variables, "variables");
+    INTERN(s_node, "node");
+    INTERN(s_requires_grad, "requires_grad");
+    INTERN(s_kind, "kind");
+    INTERN(s_tensor, "tensor");
+    INTERN(s_int, "int");
+    INTERN(s_bool, "bool");
+    INTERN(s_str, "str");
+    INTERN(s_dtype, "dtype");
+    INTERN(s__top_min, "_top_min");
+    INTERN(s_bytes, "bytes");
+    INTERN(s_saved_tensors, "saved tensors");
+    INTERN(s__note, "_note");
+    INTERN(s_check_broadcast, "check_broadcast");
+    INTERN(s_saved, "saved");
     if ((ZERO = PyLong_FromLong(0)) == NULL || (MINUS_ONE = PyLong_FromLong(-1)) == NULL ||
         (FWD_END = PyLong_FromUnsignedLongLong(1ULL << 63)) == NULL)
         return NULL;

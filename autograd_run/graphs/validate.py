@@ -264,6 +264,9 @@ def _compiled_loops():
     names = tuple(f.name for f in dataclasses.fields(Node))
     if not _build.configure(Node, names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, ACCUMULATE_GRAD_SEQ):
         return None, "Python (Node or NodeSpec is not laid out as the compiled loops expect)"
+    # check_value's quick paths: quick_random_numel's limits; the dtypes narrower than float32 (check_broadcast)
+    _build.configure_checks(tensors.MAX_DIMS, tensors.MAX_NUMEL,
+                            frozenset(d for d in tensors.SAVED_DTYPES if tensors.itemsize(d) < tensors.itemsize(None)))
     return _build, "compiled"
 
 
@@ -412,22 +415,34 @@ class _Checker:
 
         variables: dict[str, Variable] = {}
         initial_grads: dict[str, int] = {}
+        # (shape, dtype, device) as written -> checked (shape, dtype, device, bytes of a gradient): a model's
+        # parameters come in a few shapes, each checked once.
+        checked: dict[tuple, tuple] = {}
+        var_bytes: list[int] = []
         for i, v in enumerate(spec.variables or ()):
-            p = ("variables", i)
-            if not v.name:
-                raise self.err(p + ("name",), "variable name must not be empty")
-            if v.name in variables:
-                raise self.err(p + ("name",), f"duplicate variable name {tensors.short(v.name)}")
-            shape = tensors.check_shape(v.shape, p + ("shape",), self.err)
-            dtype = "float32" if v.dtype is UNSET else v.dtype
-            tensors.check_dtype(dtype, p + ("dtype",), self.err)
-            dev = CPU if v.device is UNSET else self.device(v.device, p + ("device",))
+            name = v.name
+            if not name or name in variables:
+                p = ("variables", i, "name")
+                raise self.err(p, "variable name must not be empty" if not name
+                               else f"duplicate variable name {tensors.short(name)}")
+            key = (tuple(v.shape), v.dtype, v.device)
+            got = checked.get(key)
+            if got is None:
+                p = ("variables", i)
+                shape = tensors.check_shape(v.shape, p + ("shape",), self.err)
+                dtype = "float32" if v.dtype is UNSET else v.dtype
+                tensors.check_dtype(dtype, p + ("dtype",), self.err)
+                dev = CPU if v.device is UNSET else self.device(v.device, p + ("device",))
+                got = checked[key] = (shape, dtype, dev, math.prod(shape) * tensors.itemsize(dtype))
+            shape, dtype, dev, nbytes = got
+            var_bytes.append(nbytes)
             grad = None if v.grad is UNSET else v.grad
             if grad is not None:
-                initial_grads[v.name] = tensors.check_tensor(grad, p + ("grad",), self.err, self.side, shape,
-                                                             dtype, allow_fill=True)
+                initial_grads[name] = tensors.check_tensor(grad, ("variables", i, "grad"), self.err, self.side,
+                                                           shape, dtype, allow_fill=True)
             requires_grad = v.requires_grad is UNSET or v.requires_grad
-            variables[v.name] = Variable(v.name, shape, dtype, dev, grad, requires_grad=requires_grad)
+            variables[name] = Variable(name, shape, dtype, dev, grad, requires_grad=requires_grad)
+        del checked
 
         st = _Build(variables, self._metas)
         self.build_nodes(st)
@@ -479,9 +494,12 @@ class _Checker:
         if mode == "grad" and not graph.inputs:
             raise self.err(("inputs",), "mode 'grad' needs 'inputs' (grad requires non-empty inputs)")
 
-        for i, v in enumerate(variables.values()):
-            own = math.prod(v.shape) * tensors.itemsize(v.dtype) if v.node is not None else 0
-            self.count(max(own, initial_grads.get(v.name, 0)), "variable gradients", ("variables", i))
+        count = self.count
+        for i, (v, nbytes) in enumerate(zip(variables.values(), var_bytes)):
+            own = nbytes if v.node is not None else 0
+            if initial_grads:
+                own = max(own, initial_grads.get(v.name, 0))
+            count(own, "variable gradients", ("variables", i))
         self.check_reference(graph)
         for meta, path in self._meta_paths.items():
             self.gradient(math.prod(meta.shape) * tensors.itemsize(meta.dtype), path)
