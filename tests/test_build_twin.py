@@ -188,9 +188,15 @@ MLP_CASES = [
      False),
     ("random spec too big", lambda d: d["nodes"][8]["saved"].update(result={"random": 1, "shape": [2**20, 2**20]}),
      False),
-    ("random spec of a huge size and a zero", lambda d: d["nodes"][10]["saved"].update(self={"random": 1,
-                                                                                           "shape": [0, 2**70]}),
+    ("random spec of a huge size and a zero", lambda d: d["nodes"][10]["saved"].update(extra={"random": 1,
+                                                                                            "shape": [0, 2**70]}),
      True),
+    ("a matrix that does not fit the gradient", lambda d: d["nodes"][10]["saved"].update(
+        self={"random": 1, "shape": [5, 3]}), False),
+    ("a matrix that fits, its inner size free", lambda d: d["nodes"][10]["saved"].update(
+        self={"random": 1, "shape": [2, 7]}), True),
+    ("a second matrix that does not fit", lambda d: d["nodes"][10]["saved"].update(
+        mat2={"random": 1, "shape": [3, 4]}), False),
     ("a matrix of the wrong rank", lambda d: d["nodes"][10]["saved"].update(self={"random": 1, "shape": [6]}), False),
     ("a saved tensor that does not broadcast", lambda d: d["nodes"][8]["saved"].update(result={"random": 1,
                                                                                                "shape": [5, 7]}),

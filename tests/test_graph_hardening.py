@@ -264,7 +264,7 @@ def test_corrupt_npz_data_is_found_by_validate_and_by_run(tmp_path):
     assert "Bad CRC-32" in _error(lambda: load_graph(p)).what
     # A bigger member: its header reads fine; validate (check_data) reads the data, run finds it too.
     data = io.BytesIO()
-    np.lib.format.write_array(data, np.arange(1 << 16, dtype=np.float64).reshape(256, 256))
+    np.lib.format.write_array(data, np.arange(1 << 16, dtype=np.float64).reshape(2, 32768))
     data = data.getvalue()
     with zipfile.ZipFile(tmp_path / "g.npz", "w") as z:
         z.writestr("x.npy", data)
@@ -272,13 +272,14 @@ def test_corrupt_npz_data_is_found_by_validate_and_by_run(tmp_path):
     raw[raw.index(data) + len(data) - 2] ^= 0xFF
     (tmp_path / "g.npz").write_bytes(bytes(raw))
     doc = npz_doc({"npz": "x"}, "saved")
-    doc["nodes"][2]["name"] = "MmBackward0"  # not elementwise: any saved shape will do
-    doc["nodes"][2]["saved"] = {"mat2": {"npz": "x"}}
+    doc["nodes"][2]["name"] = "MmBackward0"  # not elementwise: a self of [2, k] fits its [2, 2] gradient
+    doc["nodes"][2]["saved"] = {"self": {"npz": "x"}}
+    doc["nodes"][2]["next"] = [None, ["acc", 0]]  # (output 1 reads self)
     for k in (1, 2, 3):  # mm's gradient is a matrix
         doc["nodes"][k]["inputs"] = [{"shape": [2, 2]}]
     p = write(tmp_path, doc)
     err = _error(lambda: load_graph(p, check_data=True))
-    assert "member 'x' is corrupt: Bad CRC-32" in err.what and "$.nodes[2].saved.mat2" in err.where
+    assert "member 'x' is corrupt: Bad CRC-32" in err.what and "$.nodes[2].saved.self" in err.where
     g = load_graph(p)  # the header is fine: only reading the data finds it
     from autograd_run.engine import GraphState
     err = _error(lambda: GraphState(g).prepare())
@@ -435,6 +436,27 @@ def test_matrix_ops_take_matrices(value, message):
                        "saved": {"mat2": value}}
     err = _error(lambda: load_doc(doc, "json"))
     assert message in err.what and "$.nodes[2].saved.mat2" in err.where
+
+
+@pytest.mark.parametrize("op,field,value,where", [
+    ("MmBackward0", "mat2", [[1.0], [2.0]], "its dim 1 must be 2"),
+    ("MmBackward0", "self", {"random": 1, "shape": [3, 2]}, "its dim 0 must be 2"),
+    ("AddmmBackward0", "mat1", {"data": [[1.0, 2.0, 3.0]]}, "its dim 0 must be 2"),
+    ("BmmBackward0", "mat2", {"random": 1, "shape": [2, 5, 3]}, "its dim 2 must be 2"),
+])
+def test_matrix_products_saved_matrices_fit_the_gradient(op, field, value, where):
+    """A product's saved matrices share the result's outer sizes (mm: self [n, k], mat2 [k, m] for a result
+    [n, m]): another size is refused at load with the place (before, numpy's matmul error when it ran; found by
+    the fuzzer). The inner size k is the file's to choose (the slots' shapes are checked when the node runs)."""
+    doc = copy_seed()
+    shape = [2, 2, 2] if op == "BmmBackward0" else [2, 2]
+    nxt = [["acc", 0], ["acc", 0], ["acc", 0]] if op == "AddmmBackward0" else [["acc", 0], ["acc", 0]]
+    doc["nodes"][2] = {"id": "mb", "name": op, "next": nxt, "inputs": [{"shape": shape}],
+                       "saved": {"self": {"random": 1, "shape": shape}, "mat1": {"random": 2, "shape": [2, 4]},
+                                 "mat2": {"random": 3, "shape": shape}, field: value}}
+    err = _error(lambda: load_doc(doc, "json"))
+    assert f"$.nodes[2].saved.{field}" in err.where
+    assert f"saved '{field}' of {op} has shape" in err.what and where in err.what, err.what
 
 
 @pytest.mark.parametrize("op,shape,rank", [("MmBackward0", [2], 2), ("AddmmBackward0", [], 2),

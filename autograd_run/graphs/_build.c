@@ -334,8 +334,39 @@ static int read_top_min(PyObject *checker, long long *out) {
 /* One saved value the Python check_value would pass without raising, checked here: 1 done (its bytes added
  * to *saved_bytes; the checker's _note/check_broadcast called where they would be), 0 for check_value to
  * judge, -1 on error. `f` is the declared field or NULL. */
-static int quick_value(PyObject *checker, PyObject *node, PyObject *inputs, PyObject *op, long rank, Py_ssize_t i,
-                       PyObject *key, PyObject *value, PyObject *f, long long *saved_bytes, long long *top_min) {
+/* Whether a saved matrix of shape `shape` (a list) has input 0's sizes where validate.MATRIX_DIMS says it
+ * shares its dims (`dims`: that op's entry, or None): 1, 0 (check_value judges), -1. */
+static int matrix_fits(PyObject *dims, PyObject *key, PyObject *shape, PyObject *inputs) {
+    if (dims == Py_None || PyList_GET_SIZE(inputs) == 0)
+        return 1;
+    PyObject *pairs = PyDict_Check(dims) ? PyDict_GetItemWithError(dims, key) : NULL;
+    if (pairs == NULL)
+        return PyErr_Occurred() ? -1 : PyDict_Check(dims);
+    PyObject *grad = PyObject_GetAttr(PyList_GET_ITEM(inputs, 0), s_shape);
+    if (grad == NULL)
+        return -1;
+    int ok = PyTuple_Check(grad) && PyTuple_Check(pairs);
+    for (Py_ssize_t k = 0; ok > 0 && k < PyTuple_GET_SIZE(pairs); k++) {
+        PyObject *pair = PyTuple_GET_ITEM(pairs, k);
+        Py_ssize_t d = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0)) : -1;
+        Py_ssize_t e = d >= 0 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1)) : -1;
+        if (PyErr_Occurred()) {
+            ok = -1;
+            break;
+        }
+        if (d < 0 || e < 0 || d >= PyList_GET_SIZE(shape) || e >= PyTuple_GET_SIZE(grad)) {
+            ok = 0;
+            break;
+        }
+        ok = PyObject_RichCompareBool(PyList_GET_ITEM(shape, d), PyTuple_GET_ITEM(grad, e), Py_EQ);
+    }
+    Py_DECREF(grad);
+    return ok;
+}
+
+static int quick_value(PyObject *checker, PyObject *node, PyObject *inputs, PyObject *op, long rank, PyObject *dims,
+                       Py_ssize_t i, PyObject *key, PyObject *value, PyObject *f, long long *saved_bytes,
+                       long long *top_min) {
     PyObject *kind = NULL;
     if (f == NULL) {
         if (!PyDict_CheckExact(value))
@@ -370,8 +401,13 @@ static int quick_value(PyObject *checker, PyObject *node, PyObject *inputs, PyOb
     if (n < 0)
         return 0;
     PyObject *shape = PyDict_GetItem(value, s_shape); /* borrowed; a list (quick_random_numel) */
-    if (f != NULL && rank >= 0 && PyList_GET_SIZE(shape) != rank)
-        return 0;
+    if (f != NULL && rank >= 0) {
+        if (PyList_GET_SIZE(shape) != rank)
+            return 0;
+        int fits = matrix_fits(dims, key, shape, inputs);
+        if (fits <= 0)
+            return fits;
+    }
     *saved_bytes += 4 * n;
     PyObject *path = NULL, *index_o = NULL;
     int result = 1;
@@ -445,8 +481,9 @@ static int add_saved_bytes(PyObject *checker, long long n) {
 
 /* The ops-cache entry (validate._Checker._nodes_py's `ops` values): (op, required, fields, needs,
  * takes_numbers, n_out, count_out, tensor_fields,
- * scalar_fields, the rank input 0 must have or -1). */
-enum { O_OP, O_REQUIRED, O_FIELDS, O_NEEDS, O_NUMBERS, O_NOUT, O_COUNT, O_TENSORS, O_SCALARS, O_RANK, O_SIZE };
+ * scalar_fields, the rank input 0 must have or -1, the dims saved matrices share with input 0 or None). */
+enum { O_OP, O_REQUIRED, O_FIELDS, O_NEEDS, O_NUMBERS, O_NOUT, O_COUNT, O_TENSORS, O_SCALARS, O_RANK, O_DIMS,
+       O_SIZE };
 
 static PyObject *build_nodes(PyObject *mod, PyObject *args) {
     PyObject *checker, *specs, *st;
@@ -718,7 +755,8 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
                     break;
                 Py_INCREF(key);
                 Py_INCREF(value);
-                int q = quick_value(checker, node, inputs, op, rank, i, key, value, f, &saved_bytes, &top_min);
+                int q = quick_value(checker, node, inputs, op, rank, PyTuple_GET_ITEM(info, O_DIMS), i, key, value, f,
+                                    &saved_bytes, &top_min);
                 if (q == 0) {
                     if (index_o == NULL)
                         index_o = PyLong_FromSsize_t(i);

@@ -190,6 +190,13 @@ NEEDED_FOR_OUTPUT = {
 #: plain number is no matrix, though elsewhere it stands for a wrapped 0-dim tensor.
 MATRIX_RANK = {"MmBackward0": 2, "AddmmBackward0": 2, "BmmBackward0": 3}
 
+#: The saved matrices of a matrix product, and the dims each shares with the gradient its node receives
+#: (the product's result): (saved dim, gradient dim) pairs. The rule multiplies the gradient by them, so
+#: another size there is no PyTorch graph (numpy's matmul error when the node ran).
+MATRIX_DIMS = {"MmBackward0": {"self": ((0, 0),), "mat2": ((1, 1),)},
+               "AddmmBackward0": {"mat1": ((0, 0),), "mat2": ((1, 1),)},
+               "BmmBackward0": {"self": ((0, 0), (1, 1)), "mat2": ((0, 0), (2, 2))}}
+
 _NUMBERS = frozenset((int, float))
 
 
@@ -243,7 +250,8 @@ class _Build:
         self.by_id: dict[str, Node] = {}
         #: op text -> (OpSpec, required saved fields, declared fields, NEEDED_FOR_OUTPUT entry, fields
         #: that take plain numbers, the fixed number of outputs (-1: none), the per-node count (an
-        #: Outputs or None), the op's tensor_fields, its scalar_fields, the rank its input 0 must have (-1: any))
+        #: Outputs or None), the op's tensor_fields, its scalar_fields, the rank its input 0 must have (-1: any),
+        #: the dims its saved matrices share with that input (MATRIX_DIMS) or None)
         self.ops: dict[str, tuple] = {}
         #: Some node had no seq (given the topological number once the graph is whole).
         self.default_seqs = False
@@ -575,7 +583,8 @@ class _Checker:
                                                       and not _is_result(k))),
                                            op.outputs if type(op.outputs) is int else -1,
                                            op.outputs if isinstance(op.outputs, Outputs) else None,
-                                           op.tensor_fields, op.scalar_fields, MATRIX_RANK.get(op.name, -1))
+                                           op.tensor_fields, op.scalar_fields, MATRIX_RANK.get(op.name, -1),
+                                           MATRIX_DIMS.get(op.name))
                 op, required, fields, needs, takes_numbers, n_out, count_out = info[:7]
                 rank = info[9]
                 last_text = op_text
@@ -786,7 +795,8 @@ class _Checker:
         path = ("nodes", i, "saved", key)
         if kind == "tensor" and t is dict:
             n = tensors.quick_random_numel(value)
-            if n >= 0 and (f is None or len(value["shape"]) == MATRIX_RANK.get(node.op.name, len(value["shape"]))):
+            if n >= 0 and (f is None or (len(value["shape"]) == MATRIX_RANK.get(node.op.name, len(value["shape"]))
+                                         and self._fits(node, key, value["shape"]))):
                 self.bytes["saved tensors"] += 4 * n
                 if 4 * n > self._top_min:
                     self._note(4 * n, path)
@@ -831,6 +841,14 @@ class _Checker:
                 self.check_broadcast(shape, node, path, key, dtype)
             if rank is not None and shape is not None and len(shape) != rank:
                 raise bad(f" (a {rank}-dim array for {node.op.name}, not one of shape {list(shape)})")
+            if rank is not None and shape is not None and node.inputs:
+                grad = node.inputs[0].shape
+                for d, e in MATRIX_DIMS.get(node.op.name, {}).get(key, ()):
+                    if shape[d] != grad[e]:
+                        raise self.err(path, f"saved {key!r} of {node.op.name} has shape {list(shape)}, which does "
+                                             f"not fit the gradient the node receives, of shape {list(grad)} "
+                                             f"({node.op.name[:-len('Backward0')].lower()}'s result): its dim {d} "
+                                             f"must be {grad[e]}")
         elif kind == "scalar":
             if t is str:  # what JSON cannot hold, as capture writes it ("(1-2j)", "inf", "nan"); YAML 1.1's "1e-3"
                 if not _number_text(value):
@@ -884,6 +902,16 @@ class _Checker:
                 self.count(tensors.check_tensor(v, entry, self.err, self.side), "saved tensors", entry)
         else:  # bool, str: the right types took the fast path
             raise bad()
+
+    @staticmethod
+    def _fits(node: Node, key: str, shape: list) -> bool:
+        """Whether a saved matrix of a matrix product (``MATRIX_DIMS``) has the gradient's sizes where it shares
+        its dims (True for every other field)."""
+        dims = MATRIX_DIMS.get(node.op.name)
+        if dims is None or key not in dims or not node.inputs:
+            return True
+        grad = node.inputs[0].shape
+        return all(shape[d] == grad[e] for d, e in dims[key])
 
     def check_broadcast(self, shape: tuple, node: Node, path: tuple, key: str, dtype: str | None = None) -> None:
         """An elementwise op's saved tensor must broadcast with the gradient it multiplies.
