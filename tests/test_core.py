@@ -230,10 +230,19 @@ def test_the_summary_loops_agree_with_their_twins(seed):
     rnd = np.random.default_rng(seed)
     nodes = list(g.nodes)
     rnd.shuffle(nodes)
-    for attr, identity in (("name", False), ("op", True)):
+    for attr, identity in (("name", False), ("op", True), ("device", True), ("id", False), ("stream", False)):
         a, va = kernels.attr_codes(nodes, attr, identity)
         b, vb = kernels.attr_codes_py(nodes, attr, identity)
         assert np.array_equal(a, b) and all(x is y or x == y for x, y in zip(va, vb)) and len(va) == len(vb)
+
+    class Obj:  # not a Node: read through getattr; equal values as distinct objects (big ints made apart)
+        def __init__(self, k):
+            self.v = int(str(10**20 + k % 3))
+    objs = [Obj(k) for k in rnd.integers(0, 7, 50).tolist()]
+    for identity in (False, True):
+        a, va = kernels.attr_codes(objs, "v", identity)
+        b, vb = kernels.attr_codes_py(objs, "v", identity)
+        assert np.array_equal(a, b) and len(va) == len(vb) == (50 if identity else len(set(va)))
     m = 300
     node = rnd.integers(0, len(nodes), m)
     gt = rnd.integers(0, 2, m)

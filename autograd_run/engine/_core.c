@@ -2889,6 +2889,58 @@ static PyObject *configure_worker(PyObject *mod, PyObject *args) {
 
 /* Two loops of the summary over Python objects (traces/kernels.py is the twin). */
 
+typedef struct {
+    uint64_t *keys;  /* key + 1; 0 empty */
+    int64_t *vals;
+    size_t mask;
+} U64Map;
+
+static int u64map_init(U64Map *m, size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2 + 2)
+        cap <<= 1;
+    m->keys = PyMem_RawCalloc(cap, sizeof(uint64_t));
+    m->vals = PyMem_RawMalloc(cap * sizeof(int64_t));
+    m->mask = cap - 1;
+    if (!m->keys || !m->vals) {
+        PyMem_RawFree(m->keys);
+        PyMem_RawFree(m->vals);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void u64map_free(U64Map *m) {
+    PyMem_RawFree(m->keys);
+    PyMem_RawFree(m->vals);
+}
+
+static inline size_t u64hash(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static void u64map_put(U64Map *m, uint64_t key, int64_t val) {
+    size_t h = u64hash(key) & m->mask;
+    while (m->keys[h] != 0 && m->keys[h] != key + 1)
+        h = (h + 1) & m->mask;
+    m->keys[h] = key + 1;
+    m->vals[h] = val;
+}
+
+static int64_t u64map_get(U64Map *m, uint64_t key) {
+    size_t h = u64hash(key) & m->mask;
+    while (m->keys[h] != 0) {
+        if (m->keys[h] == key + 1)
+            return m->vals[h];
+        h = (h + 1) & m->mask;
+    }
+    return -1;
+}
+
 /* attr_codes(objs, name, identity) -> (int64 codes as bytes, distinct values): each object's
  * attribute `name` as the position of its value among the distinct values (in order of first
  * appearance), compared by identity or by equality. */
@@ -2898,52 +2950,52 @@ static PyObject *attr_codes(PyObject *mod, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!Up", &PyList_Type, &objs, &name, &identity))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(objs);
+    /* a Node field read from its slot where the table knows it */
+    int field = name == s_op ? NF_OP : name == s_name ? NF_NAME : name == s_id ? NF_ID : -1;
     PyObject *data = PyBytes_FromStringAndSize(NULL, n * 8);
     PyObject *values = PyList_New(0);
-    PyObject *seen = PyDict_New();  /* value (or id(value)) -> code */
-    if (data == NULL || values == NULL || seen == NULL)
+    PyObject *seen = PyDict_New();   /* value -> code (by equality) */
+    U64Map ptrs = {0};               /* the address of each value in `values` -> its code */
+    if (data == NULL || values == NULL || seen == NULL || u64map_init(&ptrs, n) < 0)
         goto fail;
     int64_t *codes = (int64_t *)PyBytes_AS_STRING(data);
-    PyObject *last = NULL;  /* held by `values` */
-    int64_t last_code = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyObject_GetAttr(PyList_GET_ITEM(objs, i), name);
+        PyObject *obj = PyList_GET_ITEM(objs, i);
+        PyObject *v = field >= 0 ? node_get(obj, field) : PyObject_GetAttr(obj, name);
         if (v == NULL)
             goto fail;
-        if (v == last) {
-            codes[i] = last_code;
-            Py_DECREF(v);
-            continue;
-        }
-        PyObject *key = identity ? PyLong_FromVoidPtr(v) : Py_NewRef(v);
-        PyObject *code = key ? PyDict_GetItemWithError(seen, key) : NULL;
-        if (code == NULL) {
-            if (key == NULL || PyErr_Occurred()) {
-                Py_XDECREF(key);
+        int64_t code = u64map_get(&ptrs, (uint64_t)(uintptr_t)v);
+        if (code < 0 && !identity) { /* an equal value seen before, as another object */
+            PyObject *c = PyDict_GetItemWithError(seen, v);
+            if (c == NULL && PyErr_Occurred()) {
                 Py_DECREF(v);
                 goto fail;
             }
-            code = PyLong_FromSsize_t(PyList_GET_SIZE(values));
-            int bad = code == NULL || PyDict_SetItem(seen, key, code) < 0 || PyList_Append(values, v) < 0;
-            Py_XDECREF(code);
+            if (c != NULL) /* (not remembered by address: names are mostly each node's own object) */
+                code = PyLong_AsLongLong(c);
+        }
+        if (code < 0) {
+            code = PyList_GET_SIZE(values);
+            PyObject *c = PyLong_FromLongLong(code);
+            int bad = c == NULL || (!identity && PyDict_SetItem(seen, v, c) < 0) || PyList_Append(values, v) < 0;
+            Py_XDECREF(c);
             if (bad) {
-                Py_DECREF(key);
                 Py_DECREF(v);
                 goto fail;
             }
-            code = PyDict_GetItem(seen, key);
+            u64map_put(&ptrs, (uint64_t)(uintptr_t)v, code);
         }
-        Py_DECREF(key);
-        codes[i] = last_code = PyLong_AsLongLong(code);
-        last = v;
-        Py_DECREF(v);  /* `values` holds every distinct value */
+        codes[i] = code;
+        Py_DECREF(v);
     }
     Py_DECREF(seen);
+    u64map_free(&ptrs);
     PyObject *out = PyTuple_Pack(2, data, values);
     Py_DECREF(data);
     Py_DECREF(values);
     return out;
 fail:
+    u64map_free(&ptrs);
     Py_XDECREF(data);
     Py_XDECREF(values);
     Py_XDECREF(seen);
@@ -3330,58 +3382,6 @@ fail:
     Py_XDECREF(seen);
     Py_XDECREF(values);
     return NULL;
-}
-
-typedef struct {
-    uint64_t *keys;  /* key + 1; 0 empty */
-    int64_t *vals;
-    size_t mask;
-} U64Map;
-
-static int u64map_init(U64Map *m, size_t n) {
-    size_t cap = 16;
-    while (cap < n * 2 + 2)
-        cap <<= 1;
-    m->keys = PyMem_RawCalloc(cap, sizeof(uint64_t));
-    m->vals = PyMem_RawMalloc(cap * sizeof(int64_t));
-    m->mask = cap - 1;
-    if (!m->keys || !m->vals) {
-        PyMem_RawFree(m->keys);
-        PyMem_RawFree(m->vals);
-        PyErr_NoMemory();
-        return -1;
-    }
-    return 0;
-}
-
-static void u64map_free(U64Map *m) {
-    PyMem_RawFree(m->keys);
-    PyMem_RawFree(m->vals);
-}
-
-static inline size_t u64hash(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return (size_t)x;
-}
-
-static void u64map_put(U64Map *m, uint64_t key, int64_t val) {
-    size_t h = u64hash(key) & m->mask;
-    while (m->keys[h] != 0 && m->keys[h] != key + 1)
-        h = (h + 1) & m->mask;
-    m->keys[h] = key + 1;
-    m->vals[h] = val;
-}
-
-static int64_t u64map_get(U64Map *m, uint64_t key) {
-    size_t h = u64hash(key) & m->mask;
-    while (m->keys[h] != 0) {
-        if (m->keys[h] == key + 1)
-            return m->vals[h];
-        h = (h + 1) & m->mask;
-    }
-    return -1;
 }
 
 static int int64_buffer(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *what) {
