@@ -4,6 +4,9 @@ Events are written by hand, as the Recorder appends them (layouts in ``traces.re
 nodes are plain strings, thread 7 is the caller and thread 8 a device worker.
 """
 
+import numpy as np
+import pytest
+
 from autograd_run.graphs.load import load_graph
 from autograd_run.traces.recording import (
     ERROR, GT_END, GT_START, IDLE, NODE_END, NODE_START, POP, PUSH, SKIP,
@@ -149,3 +152,71 @@ def test_drain_hands_over_the_events_so_far_and_forgets_them():
     last = rec.drain()  # what the workers recorded after the last pass (their idle ends), then nothing
     assert rec.drain().empty and last.graph_tasks == [] and last.slices == []
     assert rec.events == [] and rec.recording().empty
+
+
+def _pair_inputs(graph, **kw):
+    """The arguments ``recording._pair`` gets for the runs of ``graph`` (one call per drained recording)."""
+    from autograd_run.session import RunOptions, run_session
+    from autograd_run.traces import recording as rec
+    calls, real = [], rec._pair
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+    rec._pair = spy
+    try:
+        run_session(graph, RunOptions(profile=True, **kw))
+    finally:
+        rec._pair = real
+    return calls
+
+
+def _tables(cols):
+    return {name: {k: v for k, v in vars(getattr(cols, name)).items() if k != "_n"}
+            for name in ("samples", "waits", "slices", "idles")}
+
+
+@pytest.mark.parametrize("source,kw", [
+    ("chain", {}), ("fanout", {}), ("mlp", {}), ("transformer2", {}), ("transformer2", {"repeat": 2}),
+    ("example:reentrant", {}), ("example:checkpoint", {}), ("example:pipeline", {}), ("example:failing", {}),
+    ("random", {}),
+])
+def test_the_compiled_pairing_is_the_numpy_pairing(source, kw, monkeypatch):
+    """``_core.pair_common`` (one pass over the event log, the common case) gives the columns the numpy
+    pairing gives, where it answers; where it does not (several GraphTasks, a node run twice), the numpy path
+    runs as before."""
+    from autograd_run.engine import core
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.traces import recording as rec
+    if core.pair_common is None:
+        pytest.skip("the compiled core is not in use")
+    docs = {"chain": ("chain", dict(n=300, op="add")), "fanout": ("fanout", dict(width=40)),
+            "mlp": ("mlp", dict(layers=20, width=3, batch=2)),
+            "transformer2": ("transformer", dict(layers=2, heads=2, seq_len=4, dim=8, devices=2)),
+            "random": ("random", dict(nodes=150, leaves=20, width=2, seed=5))}
+    if source in docs:
+        kind, args = docs[source]
+        g = loads_graph(dumps(generate(kind, **args), "json"), "g.json")
+    else:
+        g = load_graph(source)
+    calls = _pair_inputs(g, **kw)
+    assert calls
+    answered = 0
+    for args in calls:
+        got = core.pair_common(args[0], args[1], len(args[2]))
+        compiled = rec._pair(*args)
+        monkeypatch.setattr(core, "pair_common", None)
+        plain = rec._pair(*args)
+        monkeypatch.undo()
+        a, b = _tables(compiled), _tables(plain)
+        assert a.keys() == b.keys()
+        for name in a:
+            assert a[name].keys() == b[name].keys(), name
+            for col in a[name]:
+                x, y = a[name][col], b[name][col]
+                assert x.dtype == y.dtype and np.array_equal(x, y), (source, name, col)
+        answered += got is not None
+    if source in ("chain", "fanout", "mlp", "random"):
+        assert answered == len(calls)  # one GraphTask, each node once: the compiled pass answers

@@ -3002,6 +3002,244 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------ pair_common */
+
+/* An int64 column written straight into the bytes object handed back (sized for the most rows it can
+ * get, cut to the rows it got). */
+typedef struct {
+    PyObject *bytes;
+    int64_t *v;
+    Py_ssize_t n, cap;
+} Col;
+
+static int col_alloc(Col *c, Py_ssize_t cap) {
+    c->bytes = PyBytes_FromStringAndSize(NULL, cap * (Py_ssize_t)sizeof(int64_t));
+    if (c->bytes == NULL)
+        return -1;
+    c->v = (int64_t *)PyBytes_AS_STRING(c->bytes);
+    c->cap = cap;
+    c->n = 0;
+    return 0;
+}
+
+static inline int col_push(Col *c, int64_t x) {
+    if (c->n >= c->cap) { /* (the counting pass bounds every column) */
+        PyErr_SetString(PyExc_RuntimeError, "pair_common: a column overflowed its bound");
+        return -1;
+    }
+    c->v[c->n++] = x;
+    return 0;
+}
+
+/* The column's bytes, cut to its rows (a new reference; the column lets go of it). */
+static PyObject *col_bytes(Col *c) {
+    PyObject *b = c->bytes;
+    c->bytes = NULL;
+    if (b != NULL && c->n * (Py_ssize_t)sizeof(int64_t) != PyBytes_GET_SIZE(b) &&
+        _PyBytes_Resize(&b, c->n * (Py_ssize_t)sizeof(int64_t)) < 0)
+        return NULL;
+    return b;
+}
+
+/* pair_common(events, tid_of, n_nodes) -> None, or (samples, waits, slices, idles), each a tuple of int64
+ * columns as bytes (samples: ts, tid, queue, gt, node, depth, pushed; waits: gt, node, queue, pushed, popped,
+ * tid, push_row, pop_row; slices: gt, depth, node, tid, start, end, wait; idles: start, end, tid, queue,
+ * waiting_for): traces/recording._pair for the common case, in one pass (None where it does not hold:
+ * then _pair's numpy path decides). The common case is _pairs_once's for the queue samples and for the
+ * node starts and ends (one GraphTask among the rows with a node; each node pushed at most once and popped
+ * at most once, after its push; started at most once and ended at most once, after its start, on the same
+ * thread) and _slice_waits's (at least one wait, all of that GraphTask). */
+enum { SC_TS, SC_TID, SC_QUEUE, SC_GT, SC_NODE, SC_DEPTH, SC_PUSHED, SC_N };
+enum { WC_GT, WC_NODE, WC_QUEUE, WC_PUSHED, WC_POPPED, WC_TID, WC_PUSH_ROW, WC_POP_ROW, WC_N };
+enum { LC_GT, LC_DEPTH, LC_NODE, LC_TID, LC_START, LC_END, LC_WAIT, LC_N };
+enum { IC_START, IC_END, IC_TID, IC_QUEUE, IC_WAITING, IC_N };
+
+static PyObject *pair_common(PyObject *mod, PyObject *args) {
+    PyObject *evo, *tido;
+    Py_ssize_t n_nodes;
+    if (!PyArg_ParseTuple(args, "OOn", &evo, &tido, &n_nodes))
+        return NULL;
+    Py_buffer be, bt;
+    if (PyObject_GetBuffer(evo, &be, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(tido, &bt, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&be);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Col sc[SC_N] = {{0}}, wc[WC_N] = {{0}}, lc[LC_N] = {{0}}, ic[IC_N] = {{0}};
+    /* per node: the sample row of its push and pop, the event row of its start and end (-1: none yet);
+     * its wait (index into the waits) and the event position of that wait's pop */
+    int64_t *push_row = NULL, *pop_seen = NULL, *start_ev = NULL, *end_seen = NULL, *wait_of = NULL,
+            *wait_pos = NULL;
+    Py_ssize_t m = be.len / (Py_ssize_t)sizeof(Event), nt = bt.len / 8;
+    const Event *ev = be.buf;
+    const int64_t *tid_of = bt.buf;
+    int common = be.len % (Py_ssize_t)sizeof(Event) == 0 && n_nodes >= 0;
+    if (common) {
+        size_t k = (size_t)(n_nodes ? n_nodes : 1) * sizeof(int64_t);
+        push_row = PyMem_RawMalloc(k), pop_seen = PyMem_RawMalloc(k), start_ev = PyMem_RawMalloc(k);
+        end_seen = PyMem_RawMalloc(k), wait_of = PyMem_RawMalloc(k), wait_pos = PyMem_RawMalloc(k);
+        if (!push_row || !pop_seen || !start_ev || !end_seen || !wait_of || !wait_pos) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memset(push_row, 0xff, k), memset(pop_seen, 0xff, k), memset(start_ev, 0xff, k);
+        memset(end_seen, 0xff, k), memset(wait_of, 0xff, k);
+    }
+    /* bounds: every push/pop is a sample, a pop at most one wait, an end at most one slice */
+    Py_ssize_t n_samples = 0, n_pops = 0, n_ends = 0, n_idles = 0;
+    for (Py_ssize_t i = 0; common && i < m; i++) {
+        uint8_t k = ev[i].kind;
+        n_samples += k == EV_PUSH || k == EV_POP;
+        n_pops += k == EV_POP;
+        n_ends += k == EV_END;
+        n_idles += k == EV_IDLE;
+    }
+    for (int c = 0; common && c < SC_N; c++)
+        if (col_alloc(&sc[c], n_samples) < 0)
+            goto done;
+    for (int c = 0; common && c < WC_N; c++)
+        if (col_alloc(&wc[c], n_pops) < 0)
+            goto done;
+    for (int c = 0; common && c < LC_N; c++)
+        if (col_alloc(&lc[c], n_ends) < 0)
+            goto done;
+    for (int c = 0; common && c < IC_N; c++)
+        if (col_alloc(&ic[c], n_idles) < 0)
+            goto done;
+    int64_t gt_s = 0, gt_l = 0;
+    int have_s = 0, have_l = 0;
+    Py_ssize_t srow = 0;
+    for (Py_ssize_t i = 0; common && i < m; i++) {
+        const Event *e = &ev[i];
+        if (e->thread >= nt) {
+            common = 0;
+            break;
+        }
+        int64_t tid = tid_of[e->thread], node = e->node;
+        if (node >= n_nodes) {
+            common = 0;
+            break;
+        }
+        if (e->kind == EV_PUSH || e->kind == EV_POP) {
+            int pushed = e->kind == EV_PUSH;
+            if (col_push(&sc[SC_TS], e->ts) < 0 || col_push(&sc[SC_TID], tid) < 0 ||
+                col_push(&sc[SC_QUEUE], e->queue) < 0 || col_push(&sc[SC_GT], e->a) < 0 ||
+                col_push(&sc[SC_NODE], node) < 0 || col_push(&sc[SC_DEPTH], e->b) < 0 ||
+                col_push(&sc[SC_PUSHED], pushed) < 0)
+                goto done;
+            if (node >= 0) {
+                if (have_s && e->a != gt_s) {
+                    common = 0;
+                    break;
+                }
+                gt_s = e->a, have_s = 1;
+                if (pushed) {
+                    if (push_row[node] >= 0 || pop_seen[node] >= 0) { /* pushed twice, or popped first */
+                        common = 0;
+                        break;
+                    }
+                    push_row[node] = srow;
+                } else {
+                    Py_ssize_t p = push_row[node];
+                    if (pop_seen[node] >= 0 || p < 0) { /* popped twice, or before its push */
+                        common = 0;
+                        break;
+                    }
+                    pop_seen[node] = srow;
+                    int64_t w = wc[WC_GT].n;
+                    if (col_push(&wc[WC_GT], e->a) < 0 || col_push(&wc[WC_NODE], node) < 0 ||
+                        col_push(&wc[WC_QUEUE], sc[SC_QUEUE].v[p]) < 0 || col_push(&wc[WC_PUSHED], sc[SC_TS].v[p]) < 0 ||
+                        col_push(&wc[WC_POPPED], e->ts) < 0 || col_push(&wc[WC_TID], tid) < 0 ||
+                        col_push(&wc[WC_PUSH_ROW], p) < 0 || col_push(&wc[WC_POP_ROW], srow) < 0)
+                        goto done;
+                    wait_of[node] = w;
+                    wait_pos[node] = i;
+                }
+            }
+            srow++;
+        } else if (e->kind == EV_START || e->kind == EV_END) {
+            if (node < 0) {
+                common = 0; /* (a start or end without a node: the general pairing's) */
+                break;
+            }
+            if (have_l && e->a != gt_l) {
+                common = 0;
+                break;
+            }
+            gt_l = e->a, have_l = 1;
+            if (e->kind == EV_START) {
+                if (start_ev[node] >= 0 || end_seen[node] >= 0) {
+                    common = 0;
+                    break;
+                }
+                start_ev[node] = i;
+            } else {
+                Py_ssize_t st = start_ev[node];
+                if (end_seen[node] >= 0 || st < 0 || tid_of[ev[st].thread] != tid) {
+                    common = 0;
+                    break;
+                }
+                end_seen[node] = i;
+                /* its wait: the node's, if popped before this end */
+                int64_t w = wait_of[node] >= 0 && wait_pos[node] < i ? wait_of[node] : -1;
+                if (col_push(&lc[LC_GT], e->a) < 0 || col_push(&lc[LC_DEPTH], ev[st].b) < 0 ||
+                    col_push(&lc[LC_NODE], node) < 0 || col_push(&lc[LC_TID], tid) < 0 ||
+                    col_push(&lc[LC_START], ev[st].ts) < 0 || col_push(&lc[LC_END], e->ts) < 0 ||
+                    col_push(&lc[LC_WAIT], w) < 0)
+                    goto done;
+            }
+        } else if (e->kind == EV_IDLE) {
+            if (col_push(&ic[IC_START], e->ts) < 0 || col_push(&ic[IC_END], e->a) < 0 ||
+                col_push(&ic[IC_TID], tid) < 0 || col_push(&ic[IC_QUEUE], e->queue) < 0 ||
+                col_push(&ic[IC_WAITING], e->b) < 0)
+                goto done;
+        }
+    }
+    /* _slice_waits's common case: some wait, one GraphTask for the waits and the slices */
+    if (common && (wc[WC_GT].n == 0 || (lc[LC_GT].n && gt_l != gt_s)))
+        common = 0;
+    if (!common) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    {
+        Col *groups[4] = {sc, wc, lc, ic};
+        int sizes[4] = {SC_N, WC_N, LC_N, IC_N};
+        PyObject *out = PyTuple_New(4);
+        for (int g = 0; out && g < 4; g++) {
+            PyObject *t = PyTuple_New(sizes[g]);
+            for (int c = 0; t && c < sizes[g]; c++) {
+                PyObject *b = col_bytes(&groups[g][c]);
+                if (b == NULL)
+                    Py_CLEAR(t);
+                else
+                    PyTuple_SET_ITEM(t, c, b);
+            }
+            if (t == NULL)
+                Py_CLEAR(out);
+            else
+                PyTuple_SET_ITEM(out, g, t);
+        }
+        result = out;
+    }
+done:
+    for (int c = 0; c < SC_N; c++)
+        Py_XDECREF(sc[c].bytes);
+    for (int c = 0; c < WC_N; c++)
+        Py_XDECREF(wc[c].bytes);
+    for (int c = 0; c < LC_N; c++)
+        Py_XDECREF(lc[c].bytes);
+    for (int c = 0; c < IC_N; c++)
+        Py_XDECREF(ic[c].bytes);
+    PyMem_RawFree(push_row), PyMem_RawFree(pop_seen), PyMem_RawFree(start_ev);
+    PyMem_RawFree(end_seen), PyMem_RawFree(wait_of), PyMem_RawFree(wait_pos);
+    PyBuffer_Release(&be);
+    PyBuffer_Release(&bt);
+    return result;
+}
+
 /* split_saved(nodes, released, cached) -> (plain, rest): the nodes that save tensors and are neither
  * released (a set) nor cached (a dict), split by whether their saved values may need converting: plain
  * (no value is a dict, a list or a string: the node's own mapping serves) or rest (a string may be a
@@ -3995,6 +4233,8 @@ static PyMethodDef module_methods[] = {
      "node_columns(nodes) -> (ids, names, seq bytes, stream bytes, same bytes): see traces/kernels.py"},
     {"input_shape_codes", input_shape_codes, METH_O,
      "input_shape_codes(nodes) -> (int64 codes bytes, distinct shapes): see traces/kernels.py"},
+    {"pair_common", pair_common, METH_VARARGS,
+     "pair_common(events, tid_of, n_nodes) -> None or the paired columns: see traces/recording._pair"},
     {"attr_codes", attr_codes, METH_VARARGS,
      "attr_codes(objs, name, identity) -> (int64 codes bytes, distinct values): see traces/kernels.py"},
     {"critical_path", critical_path, METH_VARARGS,

@@ -50,6 +50,7 @@ if COMPILED:
     Lock = _core.Lock
     attr_codes = _core.attr_codes
     critical_path = _core.critical_path
+    pair_common = _core.pair_common
     compute_dependencies = _core.compute_dependencies
     fill = _core.fill
     input_shape_codes = _core.input_shape_codes
@@ -71,6 +72,7 @@ else:
     Lock = threading.Lock
     attr_codes = None  # traces.kernels' twins
     critical_path = None
+    pair_common = None  # traces.recording._pair's numpy path
     compute_dependencies = None  # graph_task.compute_dependencies_py
     fill = None  # traces.encode.fill_py
     input_shape_codes = None  # traces.kernels' twins

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from autograd_run.engine import core
 from autograd_run.engine.threads import ThreadKind, thread_kind, thread_sort_key, worker_label
 from autograd_run.traces import event_log as L
 from autograd_run.traces import kernels
@@ -508,8 +509,12 @@ def _pair(ev: np.ndarray, tid_of: np.ndarray, nodes: list, queues: list[str]) ->
     of node starts and ends, then of idle spans), never as a copy of a field over the whole log, and each
     step's index arrays go before the next: beyond the records, the pairing takes little more than the
     columns it returns (on a chain: 226 bytes a node, at most ~320 while pairing; it was 426)."""
-    kind = ev["kind"]
     n_nodes = len(nodes)
+    if core.pair_common is not None:  # the common case in one compiled pass (the rules below, as they give it)
+        got = core.pair_common(ev, tid_of, n_nodes)
+        if got is not None:
+            return _compiled_columns(got, nodes, queues)
+    kind = ev["kind"]
 
     # queue samples, in event order
     sm = np.flatnonzero((kind == L.PUSH) | (kind == L.POP))
@@ -543,6 +548,16 @@ def _pair(ev: np.ndarray, tid_of: np.ndarray, nodes: list, queues: list[str]) ->
     im = np.flatnonzero(kind == L.IDLE)
     idles = Table(start=ev["ts"][im], end=ev["a"][im], tid=tid_of[ev["thread"][im]],
                   queue=ev["queue"][im].astype(np.int64), waiting_for=ev["b"][im].astype(np.int64))
+    return Columns(nodes, queues, slices, waits, samples, idles)
+
+
+def _compiled_columns(got: tuple, nodes: list, queues: list[str]) -> Columns:
+    """``Columns`` from ``_core.pair_common``'s int64 columns."""
+    s, w, sl, i = ([np.frombuffer(b, dtype=np.int64) for b in group] for group in got)
+    samples = Table(ts=s[0], tid=s[1], queue=s[2], gt=s[3], node=s[4], depth=s[5], pushed=s[6].astype(bool))
+    waits = Table(gt=w[0], node=w[1], queue=w[2], pushed=w[3], popped=w[4], tid=w[5], push_row=w[6], pop_row=w[7])
+    slices = Table(gt=sl[0], depth=sl[1], node=sl[2], tid=sl[3], start=sl[4], end=sl[5], wait=sl[6])
+    idles = Table(start=i[0], end=i[1], tid=i[2], queue=i[3], waiting_for=i[4])
     return Columns(nodes, queues, slices, waits, samples, idles)
 
 
