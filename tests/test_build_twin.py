@@ -252,3 +252,31 @@ def test_fuzzed_files_load_alike(tmp_path, monkeypatch):
         assert fast[0] in kinds, (k, case["steps"], fast)
         kinds[fast[0]] += 1
     assert kinds["ok"] > 20 and kinds["error"] > 20, kinds
+
+
+def test_an_error_reading_the_gradient_shape_is_raised_as_is(monkeypatch):
+    """The compiled broadcast check reads input 0's shape; where that read fails, its exception comes out as
+    it is (it once called check_broadcast with the exception still set: a SystemError)."""
+    class Unreadable(Exception):
+        pass
+
+    class Meta:
+        __slots__ = ("dtype", "device", "stream")
+
+        def __init__(self, m):
+            self.dtype, self.device, self.stream = m.dtype, m.device, m.stream
+
+        @property
+        def shape(self):
+            raise Unreadable("no shape")
+
+    real = validate._Checker._meta
+    doc = _chain_doc()
+    doc["nodes"][3]["saved"] = {"other": {"random": 1, "shape": [1]}}  # the compiled loop's node
+    data = dumps(doc, "json")
+    for compiled in (True, False):
+        monkeypatch.setattr(validate._Checker, "_meta", lambda self, m, path: Meta(real(self, m, path)))
+        monkeypatch.setattr(validate, "_FAST", validate._FAST if compiled else None)
+        with pytest.raises(Unreadable):
+            loads_graph(data, "c.json")
+        monkeypatch.undo()

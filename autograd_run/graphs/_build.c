@@ -439,7 +439,7 @@ static int quick_value(PyObject *checker, PyObject *node, PyObject *inputs, PyOb
             }
             Py_XDECREF(grad);
             Py_XDECREF(dtype);
-            if (plain < 0 || (grad != NULL && dtype == NULL)) {
+            if (plain < 0 || grad == NULL || dtype == NULL) { /* an error (getattr failed): never call on with it set */
                 result = -1;
             } else if (!plain) {
                 if (path == NULL) {
