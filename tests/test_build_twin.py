@@ -228,7 +228,6 @@ def test_accumulate_grad_and_saved_specs_alike(what, mutate, loads, monkeypatch)
 def test_budget_counts_alike(monkeypatch):
     """The saved tensors' bytes the compiled loop adds up are the Python loop's: the same memory-budget
     refusal, with the same figures and the same largest contributors."""
-    from autograd_run.graphs.validate import build_graph  # noqa: F401  (the path both loads take)
     doc = generate("mlp", layers=30, width=64, batch=32)
     data = dumps(doc, "json")
     fast, slow = both(lambda: loads_graph(data, "m.json", max_bytes=1 << 20), monkeypatch)

@@ -331,6 +331,21 @@ static int read_top_min(PyObject *checker, long long *out) {
     return 0;
 }
 
+/* checker.<method>(node, i, *rest), then the checker's _top_min read again (the method may have noted a
+ * contributor): 0, or -1 with the exception (the file's error, raised by the method). */
+static int node_check(PyObject *checker, PyObject *method, PyObject *node, Py_ssize_t i, PyObject *const *rest,
+                      size_t nrest, long long *top_min) {
+    PyObject *index_o = PyLong_FromSsize_t(i);
+    if (index_o == NULL)
+        return -1;
+    PyObject *a[5] = {node, index_o};
+    for (size_t k = 0; k < nrest && k < 3; k++)
+        a[2 + k] = rest[k];
+    int r = call_check(checker, method, a, 2 + (nrest < 3 ? nrest : 3));
+    Py_DECREF(index_o);
+    return r < 0 || read_top_min(checker, top_min) < 0 ? -1 : 0;
+}
+
 /* One saved value the Python check_value would pass without raising, checked here: 1 done (its bytes added
  * to *saved_bytes; the checker's _note/check_broadcast called where they would be), 0 for check_value to
  * judge, -1 on error. `f` is the declared field or NULL. */
@@ -740,7 +755,7 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
             if (r)
                 slot_put(&NODE, node, N_SAVES, Py_True);
             PyObject *numbers = PyTuple_GET_ITEM(info, O_NUMBERS), *fields = PyTuple_GET_ITEM(info, O_FIELDS);
-            PyObject *key, *value, *index_o = NULL;
+            PyObject *key, *value;
             Py_ssize_t pos = 0;
             while (PyDict_Next(saved, &pos, &key, &value)) {
                 if (PyLong_CheckExact(value) || PyFloat_CheckExact(value)) {
@@ -758,18 +773,14 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
                 int q = quick_value(checker, node, inputs, op, rank, PyTuple_GET_ITEM(info, O_DIMS), i, key, value, f,
                                     &saved_bytes, &top_min);
                 if (q == 0) {
-                    if (index_o == NULL)
-                        index_o = PyLong_FromSsize_t(i);
-                    PyObject *a[5] = {node, index_o, key, value, f ? f : Py_None};
-                    q = index_o && call_check(checker, s_check_value, a, 5) == 0 &&
-                        read_top_min(checker, &top_min) == 0 ? 1 : -1;
+                    PyObject *rest[3] = {key, value, f ? f : Py_None};
+                    q = node_check(checker, s_check_value, node, i, rest, 3, &top_min) < 0 ? -1 : 1;
                 }
                 Py_DECREF(key);
                 Py_DECREF(value);
                 if (q < 0)
                     break;
             }
-            Py_XDECREF(index_o);
             if (PyErr_Occurred())
                 NEXT_NODE(-1);
             r = has_scalar_strings(PyTuple_GET_ITEM(info, O_SCALARS), saved);
@@ -787,27 +798,11 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
                     NEXT_NODE(-1);
                 missing = !r;
             }
-            if (missing) {
-                PyObject *index_o = PyLong_FromSsize_t(i);
-                PyObject *a[3] = {node, index_o, required};
-                if (index_o == NULL || call_check(checker, s_check_required, a, 3) < 0 ||
-                    read_top_min(checker, &top_min) < 0) {
-                    Py_XDECREF(index_o);
-                    NEXT_NODE(-1);
-                }
-                Py_DECREF(index_o);
-            }
-        }
-        if (attrs) {
-            PyObject *index_o = PyLong_FromSsize_t(i);
-            PyObject *a[3] = {node, index_o, attrs};
-            if (index_o == NULL || call_check(checker, s_check_attrs, a, 3) < 0 ||
-                read_top_min(checker, &top_min) < 0) {
-                Py_XDECREF(index_o);
+            if (missing && node_check(checker, s_check_required, node, i, &required, 1, &top_min) < 0)
                 NEXT_NODE(-1);
-            }
-            Py_DECREF(index_o);
         }
+        if (attrs && node_check(checker, s_check_attrs, node, i, &attrs, 1, &top_min) < 0)
+            NEXT_NODE(-1);
 node_end:
 #undef NEXT_NODE
         Py_XDECREF(node);

@@ -523,33 +523,23 @@ class _Checker:
     # node, then goes on. The Python loops are the whole definition; the compiled one is a subset.
     def build_nodes(self, st: "_Build") -> None:
         """Make each node spec's ``Node`` (checked, its derived fields set), in file order."""
-        n = len(self.spec.nodes)
-        i = 0
-        while i < n:
-            if _FAST is not None:
-                i = _FAST.build_nodes(self, self.spec.nodes, st, i)
-                if i >= n:
-                    break
-                self._nodes_py(st, i, i + 1)
-                i += 1
-            else:
-                self._nodes_py(st, i, n)
-                i = n
+        self._loop(st, _FAST and (lambda i: _FAST.build_nodes(self, self.spec.nodes, st, i)), self._nodes_py)
 
     def link_edges(self, st: "_Build") -> None:
         """Each node's next edges (``Edge`` tuples to their targets), and the targets' consumers."""
+        self._loop(st, _FAST and (lambda i: _FAST.link_edges(self.spec.nodes, st, i)), self._edges_py)
+
+    def _loop(self, st: "_Build", fast, slow) -> None:
+        """Nodes 0..n-1 through ``fast(i)`` (the compiled loop: returns the first index it did not do), each
+        one it leaves through ``slow(st, i, i + 1)``; all of them through ``slow`` where there is no ``fast``."""
         n = len(self.spec.nodes)
-        i = 0
+        if fast is None:
+            slow(st, 0, n)
+            return
+        i = fast(0)
         while i < n:
-            if _FAST is not None:
-                i = _FAST.link_edges(self.spec.nodes, st, i)
-                if i >= n:
-                    break
-                self._edges_py(st, i, i + 1)
-                i += 1
-            else:
-                self._edges_py(st, i, n)
-                i = n
+            slow(st, i, i + 1)
+            i = fast(i + 1)
 
     def _nodes_py(self, st: "_Build", lo: int, hi: int) -> None:
         spec_nodes = self.spec.nodes
@@ -847,7 +837,7 @@ class _Checker:
                     if shape[d] != grad[e]:
                         raise self.err(path, f"saved {key!r} of {node.op.name} has shape {list(shape)}, which does "
                                              f"not fit the gradient the node receives, of shape {list(grad)} "
-                                             f"({node.op.name[:-len('Backward0')].lower()}'s result): its dim {d} "
+                                             f"({_forward_name(node.op.name)}'s result): its dim {d} "
                                              f"must be {grad[e]}")
         elif kind == "scalar":
             if t is str:  # what JSON cannot hold, as capture writes it ("(1-2j)", "inf", "nan"); YAML 1.1's "1e-3"
