@@ -229,7 +229,7 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     recorder = Recorder() if profile else None
     order = OrderRecorder(snapshots=o.expected_order is not None or o.order_ready) if want_order else None
     tracer = Tracers(recorder, order, *o.tracers)
-    devices = DeviceSet(o.devices)
+    devices = DeviceSet(o.devices, needed=graph.max_device_index + 1)
     report = RunReport(graph, o, devices)
     report.measured, report.measured_applied = measured, sorted(n.id for n in measured_ns)
     engine = Engine(devices, tracer=tracer if tracer.enabled else None, multithreading=o.multithreading,

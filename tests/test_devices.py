@@ -130,3 +130,30 @@ def test_cuda_cross_device_copy_returns_to_host():
     res = run_traced(cross_device_graph(), None, devices="cuda")
     assert isinstance(res.grads["x"], np.ndarray)
     np.testing.assert_allclose(res.grads["x"], np.arange(1, 9, dtype=np.float32))
+
+
+def test_a_graph_on_more_devices_than_the_engine_has_is_a_request_error():
+    """The check comes before anything is placed on a device (on real GPUs, before cupy is asked for it)."""
+    from autograd_run.engine import Engine
+    from autograd_run.errors import RequestError
+    eng = Engine(DeviceSet("virtual", count=1))
+    try:
+        with pytest.raises(RequestError, match=r"device index 1 is out of range: there are 1 device\(s\)"):
+            run_graph(eng, two_stream_graph("cuda:1"))
+    finally:
+        eng.shutdown()
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_a_graph_on_more_gpus_than_there_are_runs_virtual_under_auto_and_is_refused_under_cuda():
+    import cupy
+    from autograd_run.errors import RequestError
+    from autograd_run.session import RunOptions, run_session
+    n = cupy.cuda.runtime.getDeviceCount()
+    g = two_stream_graph(f"cuda:{n}")
+    rep = run_session(g, RunOptions(devices="auto", profile=False))
+    assert not rep.devices.real_cuda and f"the graph uses cuda:{n}" in rep.devices.reason
+    np.testing.assert_allclose(rep.result.grads["w"], run_traced(two_stream_graph(), None, devices="virtual").grads["w"])
+    with pytest.raises(RequestError, match=f"the graph uses cuda:{n} and cupy sees {n} CUDA device"):
+        run_session(g, RunOptions(devices="cuda", profile=False))

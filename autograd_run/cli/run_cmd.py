@@ -72,7 +72,7 @@ class Progress(Tracer):
 @click.option("--no-multithreading", is_flag=True, help="Run every node on the calling thread.")
 @click.option("--backend", type=click.Choice(["auto", "virtual", "cuda"]), default=None,
               help="What runs cuda:N devices: real GPUs (cupy), virtual (numpy on worker threads), or auto (cupy "
-                   "when it finds a GPU)  [default: auto]")
+                   "when it finds as many GPUs as the graph uses)  [default: auto]")
 @click.option("--devices", "backend_old", type=click.Choice(["auto", "virtual", "cuda"]), default=None, hidden=True)
 @click.option("--anomaly", is_flag=True, help="Anomaly mode: fail on NaN gradients, show forward traces.")
 @click.option("--inject-error", multiple=True, metavar="NODE", help="Make NODE raise when it runs.")

@@ -47,10 +47,22 @@ class DeviceSet:
     first backward call, from the graph).
     """
 
-    def __init__(self, mode: str = "auto", blas_threads_per_device: int | None = 1, count: int | None = None):
+    def __init__(self, mode: str = "auto", blas_threads_per_device: int | None = 1, count: int | None = None,
+                 needed: int = 0):
+        """``needed``: the device indices the graph uses (its highest + 1). Real GPUs fewer than that:
+        ``auto`` runs on virtual devices (and says why), ``cuda`` is a request error."""
         if mode not in ("auto", "virtual", "cuda"):
             raise RequestError(f"the backend must be auto, virtual or cuda, not {mode!r}", "backend")
         cupy, why = _cupy_status() if mode != "virtual" else (None, "virtual devices were requested")
+        if cupy is not None and needed > 0:
+            have = cupy.cuda.runtime.getDeviceCount()
+            if needed > have:
+                why = (f"the graph uses cuda:{needed - 1} and cupy sees {have} CUDA device"
+                       f"{'' if have == 1 else 's'}")
+                if mode == "cuda":
+                    raise RequestError(f"{why}: its devices cannot all be real (virtual devices run it anywhere)",
+                                       "backend")
+                cupy = None
         if mode == "cuda" and cupy is None:
             raise RequestError(f"no usable CUDA device: {why}", "backend")
         self.mode = mode

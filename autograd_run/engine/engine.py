@@ -154,6 +154,9 @@ class Engine:
         graph = state.graph
         roots = [_edge(graph, r) for r in roots]
         outputs = [_edge(graph, r) for r in (inputs or ())]
+        if self.devices.count is not None and graph.max_device_index >= self.devices.count:
+            raise RequestError(f"device index {graph.max_device_index} is out of range: there are "
+                               f"{self.devices.count} device(s)", "backend")
         grads = [self.devices.to_device(g, e.node.inputs[e.input_nr].device) if g is not None else None
                  for g, e in zip(grads, roots)]
         validate_outputs(roots, grads, "", devices=self.devices)
