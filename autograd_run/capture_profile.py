@@ -10,11 +10,13 @@ throw-away profiler session, which starts the profiler's machinery), then
 (the reference a simulation is checked against: wall time and the calling
 thread's CPU time), one step under its own ``torch.profiler`` session (CPU
 activity, and CUDA when the graph is on a GPU). Alternating them lets both
-see the same machine.
+see the same machine. On a GPU the ``steps`` timed steps come first, back to
+back, then the ``steps`` profiled ones, each session starting with a tiny
+fill on the device and exported as soon as it ends (``_gpu_step`` says why).
 
 After the last step, each session's trace is exported as PyTorch's Chrome
-trace (not between steps: writing and reading a trace disturbs the next
-step's timing) and read back
+trace (on the CPU not between steps: writing and reading a trace disturbs the
+next step's timing) and read back
 through the same reader and matcher ``--costs`` uses
 (``traces.torch_profile``, ``sim.profile_match``): the steps' sequence
 offsets are found there, and each node's own forward thread is read from
@@ -81,6 +83,30 @@ class _Step:
         return lambda: torch.autograd.backward(outputs, gos, inputs=list(inputs) if inputs else None), outputs
 
 
+def _gpu_step(torch, backward, sync, activities, device, i: int, steps: int, timed, export) -> None:
+    """Step ``i`` of the measured ones on a GPU: the first ``steps`` timed back to back, then ``steps`` profiled.
+
+    Unlike on the CPU, the two kinds are not alternated: a profiler session leaves the next step's launches
+    slower for a while (a small model's backward took twice as long just after one, on an H200), which
+    would bias the reference. Each session starts with a one-element fill on the device before the
+    backward: a session's first GPU activity pays the profiler's own set-up (its activity buffers, the
+    first launch callback: 0.3-2 ms seen), which would otherwise land in the first node. And each trace is
+    exported at once: after a later session has started, an earlier session's GPU activities come out
+    with no times (ts and dur 0).
+    """
+    from torch.profiler import profile
+    if i < steps:
+        timed(backward, sync)
+        return
+    sync()
+    with silenced(), profile(activities=activities) as prof:
+        torch.empty(1, device=device).fill_(0)
+        sync()
+        backward()
+        sync()
+    export(prof, i - steps)
+
+
 def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10, warmup: int = 3,
                     keep_trace: str | None = None) -> dict:
     """Profile ``steps`` backward calls of the program captured into ``doc`` at ``path``; returns ``meta.measured``.
@@ -97,47 +123,60 @@ def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10,
     from autograd_run.traces.torch_profile import merge_traces, read_torch_profile
 
     step = _Step(torch, forward, doc.get("mode", "backward"))
-    walls, cpus, profs, on_gpu = [], [], [], False
-    try:
-        for k in range(warmup + steps):
-            backward, outputs = step.prepare()
-            on_gpu = on_gpu or any(o.is_cuda for o in outputs)
-            sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-            if k < warmup - 1:
-                backward()
-            elif k == warmup - 1:
-                with silenced(), profile(activities=activities):
-                    backward()
-                    sync()
-            else:
-                sync()
-                gc.disable()
-                try:
-                    t, c = time.perf_counter_ns(), time.thread_time_ns()
-                    backward()
-                    sync()
-                    cpus.append(time.thread_time_ns() - c)
-                    walls.append(time.perf_counter_ns() - t)
-                finally:
-                    gc.enable()
-                backward, _ = step.prepare()
-                with silenced(), profile(activities=activities) as prof:
-                    backward()
-                    sync()
-                profs.append(prof)  # exported after the loop: writing traces between steps disturbs the timing
-            del backward, outputs
-    finally:
-        for v, g in step.restore.items():
-            v.grad = g
-    traces = []
+    walls, cpus, profs, traces, on_gpu = [], [], [], [], False
+
+    def timed(backward, sync):
+        sync()
+        gc.disable()
+        try:
+            t, c = time.perf_counter_ns(), time.thread_time_ns()
+            backward()
+            sync()
+            cpus.append(time.thread_time_ns() - c)
+            walls.append(time.perf_counter_ns() - t)
+        finally:
+            gc.enable()
+
     with tempfile.TemporaryDirectory() as tmp:
-        for k, prof in enumerate(profs):
+        def export(prof, k):
             trace_path = os.path.join(tmp, f"step{k}.json")
             prof.export_chrome_trace(trace_path)
             traces.append(read_torch_profile(trace_path, "profile"))
-            if keep_trace and k == len(profs) - 1:
+            if keep_trace and k == steps - 1:
                 shutil.copyfile(trace_path, keep_trace)
+
+        try:
+            k, total = 0, warmup + steps
+            while k < total:
+                backward, outputs = step.prepare()
+                if k == 0:
+                    device = next((o.device for o in outputs if o.is_cuda), None)
+                    on_gpu = device is not None
+                    total = warmup + 2 * steps if on_gpu else total  # on a GPU: timed and profiled apart
+                sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+                if k < warmup - 1:
+                    backward()
+                elif k == warmup - 1:
+                    with silenced(), profile(activities=activities):
+                        backward()
+                        sync()
+                elif not on_gpu:
+                    timed(backward, sync)
+                    backward, _ = step.prepare()
+                    with silenced(), profile(activities=activities) as prof:
+                        backward()
+                        sync()
+                    profs.append(prof)  # exported after the loop: writing traces between steps disturbs the timing
+                else:
+                    _gpu_step(torch, backward, sync, activities, device, k - warmup, steps, timed, export)
+                del backward, outputs
+                k += 1
+        finally:
+            for v, g in step.restore.items():
+                v.grad = g
+        for k, prof in enumerate(profs):
+            export(prof, k)
     graph = load_graph(path)
     costs = from_profile(merge_traces(traces), graph)
     # The profile names each node's own forward thread (the capture probed only its own thread's id).

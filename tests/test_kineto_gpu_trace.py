@@ -17,10 +17,13 @@ The fields this relies on, as PyTorch 2.x / Kineto write them:
   the reader does not need (the ``args`` carry the same ids).
 """
 
+import gzip
 import json
+import os
 
 import pytest
 
+from autograd_run.errors import RequestError
 from autograd_run.graphs.load import loads_graph
 from autograd_run.sim.measured import load_costs
 from autograd_run.sim.session import SimOptions, simulate_session
@@ -131,3 +134,38 @@ def test_gpu_costs_reach_the_simulation_on_their_own_tracks(trace_file):
     assert kernels == {"n0": 8000, "n1": 8000, "acc": 1000}
     cpu = {s.node.id: s.end - s.start for s in r.recording.slices}
     assert cpu == {"n0": 31000, "n1": 31000, "acc": 11000}  # overhead + the evaluate_function span
+
+
+# -- real traces recorded on an H200 (tests/support/kineto_h200/README.md) --------------------------------------
+H200 = os.path.join(os.path.dirname(__file__), "support", "kineto_h200")
+
+
+def _raw(name: str) -> list[dict]:
+    with gzip.open(os.path.join(H200, name), "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def test_a_real_h200_trace_joins_every_kernel_to_the_node_that_launched_it():
+    raw = _raw("mlp_backward.json.gz")
+    t = read_torch_profile(os.path.join(H200, "mlp_backward.json.gz"))
+    kernels = [e for e in raw if e.get("cat") == "kernel"]
+    assert len(t.events) == 21 and t.gpu_activities == len(kernels) == t.gpu_attributed
+    assert sum(sum(e.gpu_ns.values()) for e in t.events) == sum(round(k["dur"] * 1000) for k in kernels)
+    assert {k for e in t.events for k in e.gpu_ns} == {"cuda:0/s7"}  # the default stream, as CUPTI numbers it
+
+
+def test_the_profilers_own_buffer_request_is_not_the_first_nodes_cost():
+    raw = _raw("mlp_backward.json.gz")
+    (buf,) = [e for e in raw if e.get("cat") == "overhead"]
+    t = read_torch_profile(os.path.join(H200, "mlp_backward.json.gz"))
+    first = t.events[0]
+    assert first.name == "NllLossBackward0" and first.overhead_ns == round(buf["dur"] * 1000)
+    assert all(e.overhead_ns == 0 for e in t.events[1:])
+    assert first.dur_ns - first.overhead_ns < first.dur_ns // 2  # what measured costs keep of the node
+
+
+def test_a_trace_exported_after_a_later_session_is_refused_not_read_as_free_kernels():
+    raw = _raw("mlp_backward_late_export.json.gz")
+    assert all(e["ts"] == 0 and e["dur"] == 0 for e in raw if e.get("cat") == "kernel")
+    with pytest.raises(RequestError, match=r"mlp_backward_late_export\.json\.gz: GPU activity .* has no time \(ts 0\)"):
+        read_torch_profile(os.path.join(H200, "mlp_backward_late_export.json.gz"))

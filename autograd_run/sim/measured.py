@@ -126,7 +126,7 @@ def from_profile(trace, graph: Graph, step: int | None = None, order: list | Non
     nodes = {}
     for nid, evs in per.items():
         streams = sorted({k for e in evs for k in e.gpu_ns})
-        nodes[nid] = MeasuredCost(statistics.median(e.dur_ns for e in evs),
+        nodes[nid] = MeasuredCost(statistics.median(e.dur_ns - e.overhead_ns for e in evs),
                                   {k: statistics.median(e.gpu_ns.get(k, 0) for e in evs) for k in streams},
                                   statistics.median(e.nested for e in evs))
     return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, len(m.steps), step)

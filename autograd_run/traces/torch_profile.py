@@ -54,6 +54,8 @@ ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 RECORDED = ("cpu_op", "user_annotation", "python_function")
 GPU = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME = ("cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver")
+#: The profiler's own work (Kineto's "Activity Buffer Request"), drawn on a thread of its own (pid -1).
+OVERHEAD = "overhead"
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
 
 
@@ -123,6 +125,8 @@ class BackwardEvent:
     shapes: list | None = None
     #: Kernel (and copy) time launched inside the span, by stream (``cuda:D/sS``), ns.
     gpu_ns: dict[str, int] = field(default_factory=dict)
+    #: The profiler's own work inside the span (``overhead`` events: its activity buffers), ns.
+    overhead_ns: int = 0
 
     @property
     def end_ns(self) -> int:
@@ -178,6 +182,8 @@ def parse_torch_profile(doc: ChromeDoc, path: str) -> TorchTrace:
     ext_at: dict[int, tuple] = {}        # External id of a CPU op -> (thread, ts)
     runtime_at: dict[int, tuple] = {}    # correlation of a runtime call -> (thread, ts)
     gpu: list[ChromeEvent] = []
+    overheads: list[tuple[int, int]] = []  # (start, end) of the profiler's own work
+    runtime_starts: dict[tuple, list] = {}  # thread -> starts of its runtime calls
     steps: list[ProfilerStep] = []
     for e in doc.traceEvents or ():
         if e.ph != "X" or not (e.dur >= 0 and e.ts == e.ts):  # complete events with sane times only
@@ -195,11 +201,19 @@ def parse_torch_profile(doc: ChromeDoc, path: str) -> TorchTrace:
                 if m:
                     steps.append(ProfilerStep(e.name, start, start + _ns(e.dur)))
         elif cat in GPU:
+            if e.ts == 0:
+                raise RequestError(f"{path}: GPU activity {e.name[:80]!r} has no time (ts 0): PyTorch writes a "
+                                   "session's GPU activities so when its trace is exported after a later profiler "
+                                   "session has started; export each session's trace as it ends", "costs")
             gpu.append(e)
         elif cat in RUNTIME:
             corr = _int(e.args.get("correlation"))
             if corr is not None:
                 runtime_at[corr] = ((e.pid, e.tid), _ns(e.ts))
+            runtime_starts.setdefault((e.pid, e.tid), []).append(_ns(e.ts))
+        elif cat == OVERHEAD:
+            start = _ns(e.ts)
+            overheads.append((start, start + _ns(e.dur)))
     events: list[BackwardEvent] = []
     by_thread: dict[tuple, list[BackwardEvent]] = {}
     for thread, evs in per_thread.items():
@@ -247,6 +261,7 @@ def parse_torch_profile(doc: ChromeDoc, path: str) -> TorchTrace:
         key = f"cuda:{device if device is not None else k.pid}/s{stream if stream is not None else k.tid}"
         owner.gpu_ns[key] = owner.gpu_ns.get(key, 0) + _ns(k.dur)
         attributed += 1
+    _charge_overheads(by_thread, starts, overheads, runtime_starts)
     events.sort(key=lambda ev: ev.start_ns)
     steps.sort(key=lambda s: s.start_ns)
     gpus = [str(d.get("name")) for d in doc.deviceProperties or () if isinstance(d, dict) and d.get("name")]
@@ -264,6 +279,28 @@ def _enclosing(by_thread: dict, starts: dict, loc: tuple) -> BackwardEvent | Non
         if evs[j].start_ns <= ts <= evs[j].end_ns:
             return evs[j]
     return None
+
+
+def _charge_overheads(by_thread: dict, starts: dict, overheads: list, runtime_starts: dict) -> None:
+    """Note each stretch of the profiler's own work in the innermost node span that holds it.
+
+    The trace draws it apart (pid -1), but it ran inline on the thread that needed a buffer: the one of
+    the spans holding it whose next runtime call comes soonest after it (the call that was held up)."""
+    for calls in runtime_starts.values():
+        calls.sort()
+    for lo, hi in overheads:
+        best = None
+        for thread in by_thread:
+            ev = _enclosing(by_thread, starts, (thread, lo))
+            if ev is None or ev.end_ns < hi:
+                continue
+            calls = runtime_starts.get(thread, [])
+            i = bisect.bisect_left(calls, hi)
+            after = calls[i] - hi if i < len(calls) else 1 << 62
+            if best is None or after < best[0]:
+                best = (after, ev)
+        if best is not None:
+            best[1].overhead_ns += hi - lo
 
 
 def merge_traces(traces: list[TorchTrace]) -> TorchTrace:
