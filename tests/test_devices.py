@@ -157,3 +157,22 @@ def test_a_graph_on_more_gpus_than_there_are_runs_virtual_under_auto_and_is_refu
     np.testing.assert_allclose(rep.result.grads["w"], run_traced(two_stream_graph(), None, devices="virtual").grads["w"])
     with pytest.raises(RequestError, match=f"the graph uses cuda:{n} and cupy sees {n} CUDA device"):
         run_session(g, RunOptions(devices="cuda", profile=False))
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_numpy_scalars_are_host_values_and_a_0_dim_one_moves_to_the_gradients_device():
+    """NumPy 2 gives scalars a ``.device`` of "cpu" (a str): a rule's scalar result once failed here on a GPU."""
+    import cupy
+    from autograd_run.graphs.model import CPU, Device
+    from autograd_run.engine.worker import validate_outputs
+    from autograd_run.graphs.model import Edge
+    d = DeviceSet("cuda")
+    assert d.device_of(np.float32(2)) == CPU and d.device_of(np.ones(2)) == CPU
+    assert d.device_of(cupy.ones(2)) == Device("cuda", 0)
+    g = graph(doc(node("sum", "SumBackward0", seq=1, next=["acc"], inputs=[meta([], "cuda:0")],
+                       saved={"self_sym_sizes": []}),
+                  leaf("w", [], id="acc", device="cuda:0")))
+    grads = [np.float32(3)]
+    validate_outputs([Edge(g.by_id["acc"], 0)], grads, "", cupy, d)
+    assert isinstance(grads[0], cupy.ndarray) and float(grads[0]) == 3.0

@@ -254,7 +254,9 @@ def test_orders_for_comparison(oracle):
 
 @pytest.mark.timeout(300)
 def test_refuses_when_a_backward_ran_first():
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():  # seen on an H200: the device-thread check refuses first, for its own reason
+        pytest.skip("with a GPU, PyTorch's engine has a thread per GPU: the oracle is refused before this check")
     if pt_oracle.toolchain_problem():
         pytest.skip(pt_oracle.toolchain_problem())
     code = ("import torch\n"

@@ -112,7 +112,7 @@ class DeviceSet:
         if not self.real_cuda:
             return None
         from autograd_run.graphs.model import CPU, Device
-        if isinstance(array, np.ndarray):
+        if isinstance(array, (np.ndarray, np.generic)):  # numpy scalars too: NumPy 2 gives them .device "cpu"
             return CPU
         return Device("cuda", int(array.device.id))
 

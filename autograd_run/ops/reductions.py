@@ -239,14 +239,9 @@ def cumprod(node, grads, ctx):
 
 
 def _reverse_logcumsumexp(xp, t, axis):
-    t = xp.flip(t, axis)
-    if hasattr(xp.logaddexp, "accumulate"):
-        out = xp.logaddexp.accumulate(t, axis=axis)
-    else:  # pragma: no cover - a GPU without ufunc.accumulate
-        m = xp.max(xp.where(xp.isfinite(t), t, -xp.inf), axis=axis, keepdims=True)
-        m = xp.where(xp.isfinite(m), m, 0)
-        out = xp.log(xp.cumsum(xp.exp(t - m), axis=axis)) + m
-    return xp.flip(out, axis)
+    if xp is not np:  # cupy has no logaddexp.accumulate (seen on an H200: "not supported yet"): on the host, exact
+        return xp.asarray(_reverse_logcumsumexp(np, xp.asnumpy(t), axis))
+    return np.flip(np.logaddexp.accumulate(np.flip(t, axis), axis=axis), axis)
 
 
 @op("LogcumsumexpBackward0", outputs=1, saved="self:tensor result:tensor dim:int", cost=cost.reduction(8))
