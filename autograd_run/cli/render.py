@@ -11,6 +11,9 @@ lines), and numbers never wrap; workers show their short label
 
 from __future__ import annotations
 
+import itertools
+import sys
+
 import numpy as np
 from rich.console import Console
 from rich.text import Text
@@ -137,8 +140,8 @@ def grads_table(result, top: int = SHOW_GRADS) -> Table:
     """One row per gradient, the first ``top`` of them: shape, sum, max |g|, and the values of small ones
     (at most ``SHOW_VALUES``); then a row ``... N more`` when there are more."""
     rows = []
-    items = list(result.grads.items())
-    for name, v in items[:top]:
+    grads = result.grads
+    for name, v in itertools.islice(grads.items(), top):
         if v is None:
             rows.append([name, "-", "None", "", ""])
             continue
@@ -147,8 +150,8 @@ def grads_table(result, top: int = SHOW_GRADS) -> Table:
             total = arr.sum() if arr.size else arr.dtype.type(0)
             top_abs = abs(arr).max() if arr.size else 0.0
         rows.append([name, str(list(arr.shape)), _num(total), _num(top_abs), _values(arr)])
-    if len(items) > top:
-        rows.append([f"... {len(items) - top} more", "", "", "", ""])
+    if len(grads) > top:
+        rows.append([f"... {len(grads) - top} more", "", "", "", ""])
     spec = [("name", "id"), ("shape", "label"), ("sum", "num"), ("max |g|", "num")]
     if any(r[4] for r in rows):
         spec.append(("values", "text"))
@@ -178,12 +181,9 @@ def _values(arr) -> str:
 
 def host(v):
     """A numpy array of ``v`` (copied from the GPU when it is a cupy array)."""
-    try:
-        import cupy
-        if isinstance(v, cupy.ndarray):
-            return cupy.asnumpy(v)
-    except Exception:
-        pass
+    cupy = sys.modules.get("cupy")  # not imported: no array of it (an import that fails costs a path search)
+    if cupy is not None and isinstance(v, getattr(cupy, "ndarray", ())):
+        return cupy.asnumpy(v)
     return v
 
 

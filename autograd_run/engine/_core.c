@@ -112,9 +112,10 @@ static PyObject *s_next, *s_inputs, *s_cpu, *s_seq, *s_op, *s_attrs, *s_saves_te
     *s_random, *s_dist, *s_float32, *s_normal, *s_create_graph, *s_variable, *s_grad_lock, *s_accumulate, *s_copy,
     *s__released, *s__saved, *s__saved_device;
 
-enum { NF_NEXT, NF_INPUTS, NF_CPU, NF_SEQ, NF_OP, NF_ATTRS, NF_SAVES, NF_TOPO, NF_ID, NF_NAME, NF_STREAM, NF_SAVED };
-static SlotTable NODE_SLOTS = {NULL, 12, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors,
-                                          &s_topo_nr, &s_id, &s_name, &s_stream, &s_saved}};
+enum { NF_NEXT, NF_INPUTS, NF_CPU, NF_SEQ, NF_OP, NF_ATTRS, NF_SAVES, NF_TOPO, NF_ID, NF_NAME, NF_STREAM, NF_SAVED,
+       NF_SAVED_STRINGS };
+static SlotTable NODE_SLOTS = {NULL, 13, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors,
+                                          &s_topo_nr, &s_id, &s_name, &s_stream, &s_saved, &s_saved_strings}};
 enum { GF_COMPLETED, GF_EXPIRED, GF_HAS_ERROR, GF_OUTSTANDING, GF_DEPTH };
 static SlotTable GT_SLOTS = {NULL, 5, {&s_completed, &s_expired, &s_has_error, &s_outstanding, &s_reentrant_depth}};
 enum { MF_SHAPE, MF_DTYPE };
@@ -3381,6 +3382,54 @@ done:
     return result;
 }
 
+/* 1 if a random spec of shape `shp` (a list or tuple), `dtype` and `dist` belongs to the group `key`
+ * ((shape tuple, dtype, dist)), 0 if not, -1 on error. */
+static int same_group(PyObject *key, PyObject *shp, PyObject *dtype, PyObject *dist) {
+    PyObject *shape = PyTuple_GET_ITEM(key, 0);
+    PyObject *fast = PySequence_Fast(shp, "shape must be a sequence");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int same = n == PyTuple_GET_SIZE(shape);
+    for (Py_ssize_t i = 0; same > 0 && i < n; i++)
+        same = PyObject_RichCompareBool(PySequence_Fast_GET_ITEM(fast, i), PyTuple_GET_ITEM(shape, i), Py_EQ);
+    Py_DECREF(fast);
+    if (same > 0)
+        same = PyObject_RichCompareBool(dtype, PyTuple_GET_ITEM(key, 1), Py_EQ);
+    if (same > 0)
+        same = PyObject_RichCompareBool(dist, PyTuple_GET_ITEM(key, 2), Py_EQ);
+    return same;
+}
+
+/* scatter(sink, values): mapping[name] = value for each (mapping, name) of the list `sink` and each value
+ * of the sequence `values`, in step (state.py's _prepare_converted). */
+static PyObject *scatter(PyObject *mod, PyObject *args) {
+    PyObject *sink, *values;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &sink, &values))
+        return NULL;
+    PyObject *fast = PySequence_Fast(values, "values must be a sequence");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(sink);
+    if (PySequence_Fast_GET_SIZE(fast) < n)
+        n = PySequence_Fast_GET_SIZE(fast);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *where = PyList_GET_ITEM(sink, i);
+        if (!PyTuple_Check(where) || PyTuple_GET_SIZE(where) != 2 || !PyDict_Check(PyTuple_GET_ITEM(where, 0))) {
+            PyErr_SetString(PyExc_TypeError, "scatter: each sink entry is a (dict, key) pair");
+            Py_DECREF(fast);
+            return NULL;
+        }
+        if (PyDict_SetItem(PyTuple_GET_ITEM(where, 0), PyTuple_GET_ITEM(where, 1),
+                           PySequence_Fast_GET_ITEM(fast, i)) < 0) {
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    Py_DECREF(fast);
+    Py_RETURN_NONE;
+}
+
 /* group_saved(todo, half, offset) -> (groups, sinks, done, slow): one walk over the saved values of the
  * nodes split_saved says to convert, grouping each random spec's seed (plus offset) by (shape, dtype,
  * dist) and noting where its array goes; engine/state.py's group_saved_py is the twin and says more. */
@@ -3390,6 +3439,14 @@ static PyObject *group_saved(PyObject *mod, PyObject *args) {
         return NULL;
     PyObject *groups = PyDict_New(), *sinks = PyDict_New(), *done = PyList_New(0), *slow = PyList_New(0);
     PyObject *saved = NULL, *mapping = NULL, *op = NULL, *fields = NULL, *shape = NULL, *key = NULL;
+    /* The last spec's group (specs of one shape, dtype and dist come in runs): its key and lists, borrowed
+     * from the dicts, so a spec of the same group is placed without a key tuple or a hash. */
+    PyObject *last_key = NULL, *last_seeds = NULL, *last_sink = NULL;
+    int zero_offset = PyLong_CheckExact(offset) && PyLong_AsLong(offset) == 0;
+    Py_ssize_t half_size = PyObject_Size(half);
+    if (half_size < 0)
+        PyErr_Clear();
+    int has_half = half_size != 0;
     if (groups == NULL || sinks == NULL || done == NULL || slow == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(todo); i++) {
@@ -3400,14 +3457,11 @@ static PyObject *group_saved(PyObject *mod, PyObject *args) {
         Py_CLEAR(saved);
         if (mapping == NULL)
             goto fail;
-        PyObject *strings = PyObject_GetAttr(node, s_saved_strings);
-        if (strings == NULL)
-            goto fail;
-        int easy = PyObject_Not(strings);
-        Py_DECREF(strings);
+        int easy = slot_true(&NODE_SLOTS, node, NF_SAVED_STRINGS);
         if (easy < 0)
             goto fail;
-        if (easy) {
+        easy = !easy;
+        if (easy && has_half) {
             int in = PySequence_Contains(half, node);
             if (in < 0)
                 goto fail;
@@ -3437,13 +3491,23 @@ static PyObject *group_saved(PyObject *mod, PyObject *args) {
                 PyObject *dist = PyDict_GetItemWithError(v, s_dist);
                 if (dist == NULL && PyErr_Occurred())
                     goto fail;
+                PyObject *want_dtype = given ? dtype : s_float32, *want_dist = dist ? dist : s_normal;
+                PyObject *seeds, *sink;
+                int same = last_key != NULL ? same_group(last_key, shp, want_dtype, want_dist) : 0;
+                if (same < 0)
+                    goto fail;
+                if (same) {
+                    seeds = last_seeds;
+                    sink = last_sink;
+                    goto place;
+                }
                 if ((shape = PySequence_Tuple(shp)) == NULL)
                     goto fail;
-                key = PyTuple_Pack(3, shape, given ? dtype : s_float32, dist ? dist : s_normal);
+                key = PyTuple_Pack(3, shape, want_dtype, want_dist);
                 Py_CLEAR(shape);
                 if (key == NULL)
                     goto fail;
-                PyObject *seeds = PyDict_GetItemWithError(groups, key), *sink;
+                seeds = PyDict_GetItemWithError(groups, key);
                 if (seeds == NULL) {
                     if (PyErr_Occurred())
                         goto fail;
@@ -3458,8 +3522,13 @@ static PyObject *group_saved(PyObject *mod, PyObject *args) {
                 } else if ((sink = PyDict_GetItemWithError(sinks, key)) == NULL) {
                     goto fail;
                 }
+                /* the dicts hold the lists as long as this call runs; the key is held here */
+                Py_XSETREF(last_key, Py_NewRef(key));
+                last_seeds = seeds;
+                last_sink = sink;
                 Py_CLEAR(key);
-                PyObject *s = PyNumber_Add(seed, offset);
+            place:;
+                PyObject *s = zero_offset ? Py_NewRef(seed) : PyNumber_Add(seed, offset);
                 if (s == NULL)
                     goto fail;
                 int bad = PyList_Append(seeds, s);
@@ -3485,6 +3554,7 @@ static PyObject *group_saved(PyObject *mod, PyObject *args) {
         if (bad)
             goto fail;
     }
+    Py_XDECREF(last_key);
     PyObject *out = PyTuple_Pack(4, groups, sinks, done, slow);
     Py_DECREF(groups);
     Py_DECREF(sinks);
@@ -3492,6 +3562,7 @@ static PyObject *group_saved(PyObject *mod, PyObject *args) {
     Py_DECREF(slow);
     return out;
 fail:
+    Py_XDECREF(last_key);
     Py_XDECREF(saved);
     Py_XDECREF(mapping);
     Py_XDECREF(op);
@@ -3756,30 +3827,30 @@ done:
 
 /* compute_dependencies(root, dependencies, min_topo_nr): graph_task.compute_dependencies_py, compiled:
  * for every node reachable from root, the number of edges that lead into it (an iterative DFS that
- * does not expand nodes below min_topo_nr), counted into the dict `dependencies`. */
+ * does not expand nodes below min_topo_nr), counted into the dict `dependencies`. A node is new (to be
+ * expanded) when the dict does not hold it yet: every node but the root gets there through an edge, and
+ * the root has none leading into it (the graph is acyclic), so the dict is also the DFS's seen set.
+ * The stack is a C array of strong references. */
 static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
     PyObject *root, *deps;
     long long min_topo;
     if (!PyArg_ParseTuple(args, "OO!L", &root, &PyDict_Type, &deps, &min_topo))
         return NULL;
-    PyObject *seen = PySet_New(NULL);
-    PyObject *stack = PyList_New(0);
-    PyObject *result = NULL;
-    if (seen == NULL || stack == NULL || PyList_Append(stack, root) < 0)
-        goto done;
-    while (PyList_GET_SIZE(stack)) {
-        Py_ssize_t top = PyList_GET_SIZE(stack) - 1;
-        PyObject *fn = Py_NewRef(PyList_GET_ITEM(stack, top));
-        if (PyList_SetSlice(stack, top, top + 1, NULL) < 0) {
-            Py_DECREF(fn);
-            goto done;
-        }
+    Py_ssize_t cap = 256, n = 0;
+    PyObject **stack = PyMem_Malloc(cap * sizeof(PyObject *));
+    if (stack == NULL)
+        return PyErr_NoMemory();
+    stack[n++] = Py_NewRef(root);
+    int ok = 1;
+    while (n && ok) {
+        PyObject *fn = stack[--n];
         PyObject *tv = node_get(fn, NF_TOPO);
         long long topo = tv ? PyLong_AsLongLong(tv) : -1;
         Py_XDECREF(tv);
         if (topo == -1 && PyErr_Occurred()) {
             Py_DECREF(fn);
-            goto done;
+            ok = 0;
+            break;
         }
         if (topo < min_topo) {
             Py_DECREF(fn);
@@ -3789,8 +3860,10 @@ static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
         Py_DECREF(fn);
         PyObject *fast = next ? PySequence_Fast(next, "next edges must be a sequence") : NULL;
         Py_XDECREF(next);
-        if (fast == NULL)
-            goto done;
+        if (fast == NULL) {
+            ok = 0;
+            break;
+        }
         for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
             PyObject *e = PySequence_Fast_GET_ITEM(fast, i);
             if (e == Py_None)
@@ -3798,8 +3871,8 @@ static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
             PyObject *nxt = PyTuple_Check(e) && PyTuple_GET_SIZE(e) > 0 ? Py_NewRef(PyTuple_GET_ITEM(e, 0))
                                                                          : PyObject_GetAttr(e, s_node);
             if (nxt == NULL) {
-                Py_DECREF(fast);
-                goto done;
+                ok = 0;
+                break;
             }
             PyObject *count = PyDict_GetItemWithError(deps, nxt);
             long c = 0;
@@ -3807,24 +3880,36 @@ static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
                 c = PyLong_AsLong(count);
             PyObject *nc = (count == NULL && PyErr_Occurred()) || (c == -1 && PyErr_Occurred()) ? NULL
                                                                                               : PyLong_FromLong(c + 1);
-            int bad = nc == NULL || PyDict_SetItem(deps, nxt, nc) < 0;
-            Py_XDECREF(nc);
-            int known = bad ? -1 : PySet_Contains(seen, nxt);
-            if (known == 0 && (PySet_Add(seen, nxt) < 0 || PyList_Append(stack, nxt) < 0))
-                known = -1;
-            Py_DECREF(nxt);
-            if (known < 0) {
-                Py_DECREF(fast);
-                goto done;
+            if (nc == NULL || PyDict_SetItem(deps, nxt, nc) < 0) {
+                Py_XDECREF(nc);
+                Py_DECREF(nxt);
+                ok = 0;
+                break;
             }
+            Py_DECREF(nc);
+            if (count != NULL) {  /* seen before: counted, not expanded again */
+                Py_DECREF(nxt);
+                continue;
+            }
+            if (n == cap) {
+                PyObject **grown = PyMem_Realloc(stack, 2 * cap * sizeof(PyObject *));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    Py_DECREF(nxt);
+                    ok = 0;
+                    break;
+                }
+                stack = grown;
+                cap *= 2;
+            }
+            stack[n++] = nxt;  /* the reference taken above */
         }
         Py_DECREF(fast);
     }
-    result = Py_NewRef(Py_None);
-done:
-    Py_XDECREF(seen);
-    Py_XDECREF(stack);
-    return result;
+    while (n)
+        Py_DECREF(stack[--n]);
+    PyMem_Free(stack);
+    return ok ? Py_NewRef(Py_None) : NULL;
 }
 
 /* ------------------------------------------------------------ fill */
@@ -4215,6 +4300,7 @@ static PyMethodDef module_methods[] = {
     {"configure_worker", configure_worker, METH_VARARGS,
      "configure_worker(Node, GraphTask, InputMeta, probe_array, RUNNERS, direct_rules, ACCUMULATE_GRAD, np_dtypes, "
      "validate_outputs, missing_saved, evaluate_function, thread_main_py): what thread_main runs nodes with"},
+    {"scatter", scatter, METH_VARARGS, "scatter(sink, values): mapping[name] = value for each (mapping, name)"},
     {"compute_dependencies", compute_dependencies, METH_VARARGS,
      "compute_dependencies(root, dependencies, min_topo_nr): see engine/graph_task.py"},
     {"fill", fill, METH_VARARGS,

@@ -57,6 +57,7 @@ if COMPILED:
     node_columns = _core.node_columns
     split_saved = _core.split_saved
     group_saved = _core.group_saved
+    scatter = _core.scatter
     accumulate_grad = _core.accumulate_grad
     register_accumulate = _core.register_accumulate
     register_release = _core.register_release
@@ -79,6 +80,7 @@ else:
     node_columns = None
     split_saved = None  # engine.state's twin
     group_saved = None  # engine.state's twin
+    scatter = None  # engine.state's twin
     accumulate_grad = None  # engine.builtin_nodes' twin
     register_accumulate = None
     register_release = None

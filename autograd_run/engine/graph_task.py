@@ -137,8 +137,7 @@ def compute_dependencies(root, gt: GraphTask, min_topo_nr: int) -> None:
 
 
 def compute_dependencies_py(root, gt: GraphTask, min_topo_nr: int) -> None:
-    deps = gt.dependencies
-    seen = set()
+    deps = gt.dependencies  # also the seen set: only edges lead into a node, and none into the root
     stack = [root]
     while stack:
         fn = stack.pop()
@@ -147,10 +146,12 @@ def compute_dependencies_py(root, gt: GraphTask, min_topo_nr: int) -> None:
         for e in fn.next:
             if e is not None:
                 nxt = e.node
-                deps[nxt] = deps.get(nxt, 0) + 1
-                if nxt not in seen:
-                    seen.add(nxt)
+                c = deps.get(nxt)
+                if c is None:
+                    deps[nxt] = 1
                     stack.append(nxt)
+                else:
+                    deps[nxt] = c + 1
 
 
 def init_to_execute(gt: GraphTask, graph_root, outputs, accumulate_grad: bool, min_topo_nr: int) -> None:

@@ -71,6 +71,12 @@ def split_saved_py(nodes, released: set, cached: dict) -> tuple[list, list]:
     return plain, rest
 
 
+def _scatter_py(sink: list, values) -> None:
+    """``mapping[name] = value`` for each ``(mapping, name)`` of ``sink`` and value, in step (``_core.scatter``)."""
+    for (mapping, name), value in zip(sink, values):
+        mapping[name] = value
+
+
 def group_saved_py(todo: list, half: frozenset, offset: int) -> tuple[dict, dict, list, list]:
     """One walk over the saved values of ``todo`` (nodes ``split_saved`` says to convert): ``groups``, each
     random spec's seed (plus ``offset``) under ``(shape, dtype, dist)``; ``sinks``, under the same key, where
@@ -227,12 +233,10 @@ class GraphState:
         ``saved()`` with their random specs drawn."""
         group = core.group_saved or group_saved_py
         groups, sinks, done, slow = group(todo, self.half_nodes, self.graph.side_files.seed_offset)
+        scatter = core.scatter or _scatter_py
         for key, arrays in seeding.draw_groups(groups).items():
-            for (mapping, name), arr in zip(sinks[key], arrays):
-                mapping[name] = arr
-        setdefault = self._saved.setdefault
-        for node, mapping in done:
-            setdefault(node, mapping)
+            scatter(sinks[key], arrays)
+        self._saved.update(done)  # split_saved left out the nodes already cached
         for node, mapping in slow:
             saved = node.saved
             self.saved(node, {id(saved[name]): arr for name, arr in mapping.items() if arr is not saved[name]})

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, filled, keep_where, signed, sum_to, zero_where
+from autograd_run.ops.arrays import each, filled, keep_where, nonpositive, signed, sum_to, zero_where
 from autograd_run.ops.numeric import conj, erf, num
 from autograd_run.ops.spec import op
 
@@ -30,7 +30,7 @@ def _sigmoid(xp, x):
 def relu(node, grads, ctx):
     """relu(a): threshold_backward(g, result, 0), zero where the result is <= 0 (a NaN result passes g)."""
     r = ctx.saved(node)["result"]  # unpacked first, as PyTorch does (released: the backward-twice error)
-    return [None if node.next[0] is None else zero_where(ctx.xp(node), r <= 0, grads[0])]
+    return [None if node.next[0] is None else zero_where(ctx.xp(node), nonpositive(r), grads[0])]
 
 
 @op("TanhBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(3))

@@ -46,8 +46,22 @@ def sum_to(xp, grad, shape):
 
 #: From this many elements on, ``keep_where`` / ``zero_where`` multiply by the mask when the gradient is all finite:
 #: numpy's where and putmask branch per element, ~15x a multiply on an unpredictable mask (relu's). Below it a copy
-#: and ``putmask`` cost about what the multiply does (numpy's where ~2x: it converts the scalar 0 per call).
+#: and a masked store cost about what the multiply does (numpy's where ~2x: it converts the scalar 0 per call).
 SELECT_BY_MULTIPLY = 1024
+
+#: A 0-d zero per numpy dtype: comparing an array with it skips the conversion and promotion of a Python
+#: 0 that numpy does on every call (0.5 against 0.95 us on a one-element array).
+_ZEROS: dict = {}
+
+
+def nonpositive(a):
+    """``a <= 0`` (False where ``a`` is NaN)."""
+    if type(a) is np.ndarray:
+        z = _ZEROS.get(a.dtype)
+        if z is None:
+            z = _ZEROS.setdefault(a.dtype, np.zeros((), a.dtype))
+        return a <= z
+    return a <= 0
 
 
 def keep_where(xp, keep, grad):
@@ -57,7 +71,7 @@ def keep_where(xp, keep, grad):
     if type(grad) is np.ndarray and type(keep) is np.ndarray and keep.shape == grad.shape:
         if grad.size < SELECT_BY_MULTIPLY:
             out = grad.copy()
-            np.putmask(out, ~keep, 0)
+            out[~keep] = 0  # a boolean index: 0.65 against 1.06 us for putmask on one element
             return out
         if np.isfinite(grad).all():
             return grad * keep
@@ -70,7 +84,7 @@ def zero_where(xp, off, grad):
     if type(grad) is np.ndarray and type(off) is np.ndarray and off.shape == grad.shape:
         if grad.size < SELECT_BY_MULTIPLY:
             out = grad.copy()
-            np.putmask(out, off, 0)
+            out[off] = 0
             return out
         if np.isfinite(grad).all():
             return grad * ~off
