@@ -113,9 +113,10 @@ static PyObject *s_next, *s_inputs, *s_cpu, *s_seq, *s_op, *s_attrs, *s_saves_te
     *s__released, *s__saved, *s__saved_device;
 
 enum { NF_NEXT, NF_INPUTS, NF_CPU, NF_SEQ, NF_OP, NF_ATTRS, NF_SAVES, NF_TOPO, NF_ID, NF_NAME, NF_STREAM, NF_SAVED,
-       NF_SAVED_STRINGS };
-static SlotTable NODE_SLOTS = {NULL, 13, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors,
-                                          &s_topo_nr, &s_id, &s_name, &s_stream, &s_saved, &s_saved_strings}};
+       NF_SAVED_STRINGS, NF_INDEX };
+static SlotTable NODE_SLOTS = {NULL, 14, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors,
+                                          &s_topo_nr, &s_id, &s_name, &s_stream, &s_saved, &s_saved_strings,
+                                          &s_index}};
 enum { GF_COMPLETED, GF_EXPIRED, GF_HAS_ERROR, GF_OUTSTANDING, GF_DEPTH };
 static SlotTable GT_SLOTS = {NULL, 5, {&s_completed, &s_expired, &s_has_error, &s_outstanding, &s_reentrant_depth}};
 enum { MF_SHAPE, MF_DTYPE };
@@ -3745,15 +3746,51 @@ static PyObject *critical_path(PyObject *mod, PyObject *args) {
     PyObject *result = NULL;
     int64_t *best = PyMem_RawMalloc((m ? m : 1) * sizeof(int64_t));
     int64_t *succ = PyMem_RawMalloc((m ? m : 1) * sizeof(int64_t));
+    /* A node's position in `nodes`: by its graph index (pos[index]) when every node's index is a distinct
+     * number below 4 * len(nodes) (graphs loaded or built whole), else through a map of addresses. */
+    int64_t *pos = NULL, *last_run = NULL;
+    Py_ssize_t npos = 4 * nn + 1;
     U64Map ptrs = {0}, runs = {0};
+    int by_index = 1, one_task = 1;
     if (!best || !succ) {
         PyErr_NoMemory();
         goto done;
     }
-    if (u64map_init(&ptrs, nn) < 0 || u64map_init(&runs, m) < 0)
+    for (Py_ssize_t j = 1; j < m && one_task; j++)
+        one_task = gt[j] == gt[0];
+    if ((pos = PyMem_RawMalloc(npos * sizeof(int64_t))) == NULL) {
+        PyErr_NoMemory();
         goto done;
-    for (Py_ssize_t i = 0; i < nn; i++)
-        u64map_put(&ptrs, (uint64_t)(uintptr_t)PyList_GET_ITEM(nodes, i), i);
+    }
+    for (Py_ssize_t i = 0; i < npos; i++)
+        pos[i] = -1;
+    for (Py_ssize_t i = 0; i < nn && by_index; i++) {
+        long long ix;
+        if (slot_long(&NODE_SLOTS, PyList_GET_ITEM(nodes, i), NF_INDEX, &ix) < 0) {
+            PyErr_Clear();
+            by_index = 0;
+        } else if (ix < 0 || ix >= npos || pos[ix] >= 0) {
+            by_index = 0;
+        } else {
+            pos[ix] = i;
+        }
+    }
+    if (!by_index) {
+        if (u64map_init(&ptrs, nn) < 0)
+            goto done;
+        for (Py_ssize_t i = 0; i < nn; i++)
+            u64map_put(&ptrs, (uint64_t)(uintptr_t)PyList_GET_ITEM(nodes, i), i);
+    }
+    if (one_task) {  /* a node's last run is per node alone */
+        if ((last_run = PyMem_RawMalloc((nn ? nn : 1) * sizeof(int64_t))) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < nn; i++)
+            last_run[i] = -1;
+    } else if (u64map_init(&runs, m) < 0) {
+        goto done;
+    }
     uint64_t stride = (uint64_t)nn + 1;
     int64_t start = -1;
     for (Py_ssize_t j = 0; j < m; j++) {
@@ -3780,11 +3817,20 @@ static PyObject *critical_path(PyObject *mod, PyObject *args) {
                 Py_DECREF(fast);
                 goto done;
             }
-            int64_t ti = u64map_get(&ptrs, (uint64_t)(uintptr_t)target);
+            int64_t ti = -1;
+            if (by_index) {
+                long long ix;
+                if (slot_long(&NODE_SLOTS, target, NF_INDEX, &ix) < 0)
+                    PyErr_Clear();
+                else if (ix >= 0 && ix < npos && pos[ix] >= 0 && PyList_GET_ITEM(nodes, pos[ix]) == target)
+                    ti = pos[ix];
+            } else {
+                ti = u64map_get(&ptrs, (uint64_t)(uintptr_t)target);
+            }
             Py_DECREF(target);
             if (ti < 0)
                 continue;
-            int64_t k2 = u64map_get(&runs, (uint64_t)gt[k] * stride + (uint64_t)ti);
+            int64_t k2 = one_task ? last_run[ti] : u64map_get(&runs, (uint64_t)gt[k] * stride + (uint64_t)ti);
             if (k2 >= 0 && best[k2] > top) {
                 top = best[k2];
                 nxt = k2;
@@ -3793,7 +3839,10 @@ static PyObject *critical_path(PyObject *mod, PyObject *args) {
         Py_DECREF(fast);
         best[k] = w[k] + top;
         succ[k] = nxt;
-        u64map_put(&runs, (uint64_t)gt[k] * stride + (uint64_t)node[k], k);
+        if (one_task)
+            last_run[node[k]] = k;
+        else
+            u64map_put(&runs, (uint64_t)gt[k] * stride + (uint64_t)node[k], k);
         if (start < 0 || best[k] > best[start] || (best[k] == best[start] && st[k] < st[start]))
             start = k;
     }
@@ -3813,6 +3862,8 @@ static PyObject *critical_path(PyObject *mod, PyObject *args) {
 done:
     u64map_free(&ptrs);
     u64map_free(&runs);
+    PyMem_RawFree(pos);
+    PyMem_RawFree(last_run);
     PyMem_RawFree(best);
     PyMem_RawFree(succ);
     PyBuffer_Release(&bg);
