@@ -259,9 +259,11 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
         # The last pass's state (saved values, released nodes) goes before the recording is made: a
         # GraphTask that failed holds it in a cycle (the nodes' context refers back to the task), young
         # since the collector was paused for the run, so a collection of the youngest generation frees
-        # it once the event log has let go of the task.
+        # it once the event log has let go of the task. A run that ended well left no such cycle (its
+        # state went with its last reference): no collection then (it walked every object the run made).
         recorder.flush()
-        gc.collect(0)
+        if report.error is not None or report.interrupted is not None:
+            gc.collect(0)
         report.recording = recorder.drain()  # nothing of it kept in the recorder: the run's last read
     if o.trace_path:
         from autograd_run.traces.trace_file import write_trace
