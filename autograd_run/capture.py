@@ -572,7 +572,10 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, 
 
     def watch(fns) -> None:
         for fn in fns:
-            handles.append(fn.register_prehook(lambda g, fn=fn: order.append((fn, nested.depth))))
+            # name and sequence number read as the node runs: torch 2.11 refuses them on a custom Function's
+            # node once its nested backward is over (seen on checkpoint_nested: "legacy access pattern")
+            handles.append(fn.register_prehook(
+                lambda g, fn=fn: order.append((fn, nested.depth, fn.name(), fn._sequence_nr()))))
             handles.extend(hooks.handles(fn))
             if fn in cap.var_of:
                 v = fn.variable
@@ -608,8 +611,8 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, 
     for k, g in (grads.items() if keep_grads else ()):
         ref_grads[str(k)] = None if g is None else cap.arrays.put(f"ref.{k}", g)
     return {"torch": str(torch.__version__),
-            "order": [[fn.name(), fn._sequence_nr(), cap.var_of.get(fn)] for fn, _ in order],
-            "depths": [depth for _, depth in order],
+            "order": [[name, seq, cap.var_of.get(fn)] for fn, _, name, seq in order],
+            "depths": [depth for _, depth, _, _ in order],
             "grads": ref_grads}, hooks
 
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # GPU check: run on a machine with an NVIDIA GPU (under 5 minutes).
-# Installs what it needs (what the machine's Python already has, plus wheels
-# in ./.whl when present, for machines without network; else from PyPI), runs the tests that need CUDA plus a two-stream
-# and a cross-device graph through the CLI, the simulation with costs from a
-# CUDA profile against PyTorch (bench/gpu_profcosts.py, when torch with CUDA
-# is installed), and prints PASS or FAIL.
+# Installs what it needs: what the machine's Python already has (a GPU image
+# with CuPy and PyTorch, perhaps without network), wheels in ./.whl for what
+# it lacks, else PyPI. Runs the tests that need CUDA, a two-stream and a
+# cross-device graph through the CLI, the simulation with costs from a CUDA
+# profile against PyTorch (bench/gpu_profcosts.py, when torch with CUDA is
+# installed; GPU_CHECK_KEEP=DIR keeps its graphs and profiler traces), and
+# prints PASS or FAIL.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
