@@ -391,3 +391,22 @@ def test_the_compiled_loop_releases_saved_values_as_release_does():
         assert all(v is None or np.isfinite(v).all() for v in again.grads.values())
     finally:
         eng.shutdown()
+
+
+@compiled
+@pytest.mark.parametrize("name", ["example:checkpoint", "example:reentrant", "example:pipeline", "random"])
+def test_the_compiled_node_scans_match_their_python_twins(name):
+    """``max_seq`` (GraphState's next sequence number: AccumulateGrad's 2**64-1 left out) and ``nodes_of_op``
+    (the checkpoint nodes whose recomputation inputs a run's gradients leave out)."""
+    from autograd_run.graphs.checkpoints import checkpoint_nodes
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import load_graph, loads_graph
+    from autograd_run.ops import CHECKPOINT
+    g = loads_graph(dumps(generate("random", nodes=120, leaves=20, seed=3), "json"), "r.json") \
+        if name == "random" else load_graph(name)
+    assert core.max_seq(g.nodes, 2**63) == max((n.seq for n in g.nodes if n.seq < 2**63), default=0)
+    assert core.max_seq([], 2**63) == 0
+    assert core.max_seq([n for n in g.nodes if n.seq >= 2**63], 2**63) == 0  # AccumulateGrad alone
+    assert core.nodes_of_op(g.nodes, CHECKPOINT) == checkpoint_nodes(g)
+    assert (name == "example:checkpoint") <= bool(checkpoint_nodes(g))

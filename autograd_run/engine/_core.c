@@ -3242,6 +3242,45 @@ done:
     return result;
 }
 
+/* max_seq(nodes, limit) -> the largest node seq below `limit`, or 0 (GraphState's next sequence number). */
+static PyObject *max_seq(PyObject *mod, PyObject *args) {
+    PyObject *nodes, *limit;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &nodes, &limit))
+        return NULL;
+    PyObject *best = PyLong_FromLong(0);
+    for (Py_ssize_t i = 0; best && i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *seq = node_get(PyList_GET_ITEM(nodes, i), NF_SEQ);
+        if (seq == NULL) {
+            Py_CLEAR(best);
+            break;
+        }
+        int below = PyObject_RichCompareBool(seq, limit, Py_LT);
+        int more = below > 0 ? PyObject_RichCompareBool(seq, best, Py_GT) : below;
+        if (more < 0)
+            Py_CLEAR(best);
+        else if (more)
+            Py_SETREF(best, Py_NewRef(seq));
+        Py_DECREF(seq);
+    }
+    return best;
+}
+
+/* nodes_of_op(nodes, op) -> the nodes whose op is `op` (the object itself), in order. */
+static PyObject *nodes_of_op(PyObject *mod, PyObject *args) {
+    PyObject *nodes, *op;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &nodes, &op))
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out && i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *node = PyList_GET_ITEM(nodes, i);
+        PyObject *o = node_get(node, NF_OP);
+        if (o == NULL || (o == op && PyList_Append(out, node) < 0))
+            Py_CLEAR(out);
+        Py_XDECREF(o);
+    }
+    return out;
+}
+
 /* split_saved(nodes, released, cached) -> (plain, rest): the nodes that save tensors and are neither
  * released (a set) nor cached (a dict), split by whether their saved values may need converting: plain
  * (no value is a dict, a list or a string: the node's own mapping serves) or rest (a string may be a
@@ -4364,6 +4403,8 @@ static PyMethodDef module_methods[] = {
      "accumulate_grad(node, grads, ctx) -> []: see engine/builtin_nodes.py"},
     {"group_saved", group_saved, METH_VARARGS,
      "group_saved(todo, half, offset) -> (groups, sinks, done, slow): see engine/state.py"},
+    {"max_seq", max_seq, METH_VARARGS, "max_seq(nodes, limit): the largest node seq below limit, or 0"},
+    {"nodes_of_op", nodes_of_op, METH_VARARGS, "nodes_of_op(nodes, op): the nodes whose op is op, in order"},
     {"split_saved", split_saved, METH_VARARGS,
      "split_saved(nodes, released, cached) -> (plain, rest): see engine/state.py"},
     {"node_columns", node_columns, METH_O,

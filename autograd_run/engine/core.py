@@ -58,6 +58,8 @@ if COMPILED:
     split_saved = _core.split_saved
     group_saved = _core.group_saved
     scatter = _core.scatter
+    max_seq = _core.max_seq
+    nodes_of_op = _core.nodes_of_op
     accumulate_grad = _core.accumulate_grad
     register_accumulate = _core.register_accumulate
     register_release = _core.register_release
@@ -81,6 +83,8 @@ else:
     split_saved = None  # engine.state's twin
     group_saved = None  # engine.state's twin
     scatter = None  # engine.state's twin
+    max_seq = None  # engine.state's twin
+    nodes_of_op = None  # graphs.checkpoints' twin
     accumulate_grad = None  # engine.builtin_nodes' twin
     register_accumulate = None
     register_release = None

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autograd_run.engine import core
 from autograd_run.engine.state import GraphState
 from autograd_run.graphs import tensors
 from autograd_run.graphs.checkpoints import inner_variables
 from autograd_run.graphs.model import Edge, Graph
+from autograd_run.ops import CHECKPOINT
 
 
 def root_gradients(graph: Graph) -> list:
@@ -93,7 +95,9 @@ def run_graph(engine, graph: Graph, state: GraphState | None = None, *, mode: st
 
 
 def _user_grads(graph: Graph, state: GraphState, retained: dict | None = None) -> dict:
-    hidden = inner_variables(graph)
+    nodes = graph.nodes
+    hidden = inner_variables(graph, core.nodes_of_op(nodes, CHECKPOINT)
+                             if core.nodes_of_op is not None and type(nodes) is list else None)
     out = {k: v for k, v in state.grads.items() if k not in hidden}
     out.update(retained or {})
     return out

@@ -141,7 +141,9 @@ class GraphState:
         known = graph.slot_dtypes
         self.half_nodes = frozenset() if known is not None and HALF.isdisjoint(known) else \
             frozenset(n for n in graph.nodes if _computes_in_half(n))
-        self._next_seq = max((n.seq for n in graph.nodes if n.seq < 2**63), default=0) + 1
+        nodes = graph.nodes
+        self._next_seq = (core.max_seq(nodes, 2**63) if core.max_seq is not None and type(nodes) is list
+                          else max((n.seq for n in nodes if n.seq < 2**63), default=0)) + 1
         self._seq_lock = threading.Lock()  # guards _next_seq
         for v in graph.variables.values():
             if v.grad is not None:

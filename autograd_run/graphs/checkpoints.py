@@ -13,15 +13,18 @@ other checkpoints) would never end: refused here.
 
 from __future__ import annotations
 
+from autograd_run.ops import CHECKPOINT
+
 
 def checkpoint_nodes(graph) -> list:
-    return [n for n in graph.nodes if n.op.name == "checkpoint"]
+    return [n for n in graph.nodes if n.op is CHECKPOINT]
 
 
-def inner_variables(graph) -> set[str]:
-    """The variables that only hold a checkpoint's recomputation inputs (not the user's leaves)."""
+def inner_variables(graph, checkpoints: list | None = None) -> set[str]:
+    """The variables that only hold a checkpoint's recomputation inputs (not the user's leaves);
+    ``checkpoints``: the graph's checkpoint nodes when the caller found them already."""
     out = set()
-    for n in checkpoint_nodes(graph):
+    for n in checkpoint_nodes(graph) if checkpoints is None else checkpoints:
         inner = n.attrs.get("inner") or {}
         out.update(v for v in inner.get("inputs", ()) if isinstance(v, str))
     return out
