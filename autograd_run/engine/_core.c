@@ -3786,9 +3786,9 @@ static PyObject *critical_path(PyObject *mod, PyObject *args) {
     int64_t *best = PyMem_RawMalloc((m ? m : 1) * sizeof(int64_t));
     int64_t *succ = PyMem_RawMalloc((m ? m : 1) * sizeof(int64_t));
     /* A node's position in `nodes`: by its graph index (pos[index]) when every node's index is a distinct
-     * number below 4 * len(nodes) (graphs loaded or built whole), else through a map of addresses. */
+     * number below 2 * len(nodes) + 16 (graphs loaded or built whole), else through a map of addresses. */
     int64_t *pos = NULL, *last_run = NULL;
-    Py_ssize_t npos = 4 * nn + 1;
+    Py_ssize_t npos = 2 * nn + 16;
     U64Map ptrs = {0}, runs = {0};
     int by_index = 1, one_task = 1;
     if (!best || !succ) {
