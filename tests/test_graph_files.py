@@ -271,6 +271,9 @@ def test_corrupted_graphs_give_the_clear_error(d, fmt, data):
 @pytest.mark.parametrize("cost,message", [({"us": 1e12}, "cost us must be a number"),
                                           ({"flops": 1e15, "mode": "matmul"}, "cost flops must be a number"),
                                           ({"us": 5, "mode": "warp"}, "cost mode must be"),
+                                          # found by the fuzzer: a null the run read as a number (float(None))
+                                          ({"flops": None, "mode": "spin"}, "cost flops must be a number"),
+                                          ({"us": None}, "cost us must be a number"),
                                           ([1, 2], "attrs.cost must be a mapping")])
 def test_cost_nodes_are_bounded(cost, message):
     """A graph file cannot make a node spin for days or allocate a giant matrix."""

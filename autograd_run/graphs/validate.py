@@ -751,9 +751,9 @@ class _Checker:
         if mode not in ("spin", "wait", "sleep", "matmul"):
             raise self.err(p + ("mode",), f"cost mode must be spin, wait, sleep or matmul, got {tensors.short(mode)}")
         for key, limit in (("us", MAX_COST_US), ("flops", MAX_COST_FLOPS)):
-            v = cost.get(key)
-            if v is None:
+            if key not in cost:
                 continue
+            v = cost[key]  # null too: the run and the simulation read a given key as a number
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= limit:
                 raise self.err(p + (key,), f"cost {key} must be a number in [0, {limit:g}], got {tensors.short(v)}")
 
