@@ -68,7 +68,7 @@ def test_prepared_values_are_what_saved_makes_one_node_at_a_time(name, offset):
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
-@pytest.mark.parametrize("offset", [0, 7])  # 0: the compiled walk keeps the seeds themselves
+@pytest.mark.parametrize("offset", [0, 7, 2**70])  # 0: the seeds kept as they are; 2**70: past a C long
 def test_the_compiled_walk_matches_its_python_twin(name, offset):
     if core.group_saved is None:
         pytest.skip("the compiled core is not built (or AUTOGRAD_RUN_PURE_PYTHON is set)")

@@ -3482,7 +3482,10 @@ static PyObject *group_saved(PyObject *mod, PyObject *args) {
     /* The last spec's group (specs of one shape, dtype and dist come in runs): its key and lists, borrowed
      * from the dicts, so a spec of the same group is placed without a key tuple or a hash. */
     PyObject *last_key = NULL, *last_seeds = NULL, *last_sink = NULL;
-    int zero_offset = PyLong_CheckExact(offset) && PyLong_AsLong(offset) == 0;
+    long offset_value = PyLong_CheckExact(offset) ? PyLong_AsLong(offset) : -1;
+    if (offset_value == -1 && PyErr_Occurred())
+        PyErr_Clear();  /* an offset past a C long: added as a Python int below */
+    int zero_offset = PyLong_CheckExact(offset) && offset_value == 0;
     Py_ssize_t half_size = PyObject_Size(half);
     if (half_size < 0)
         PyErr_Clear();
