@@ -169,3 +169,25 @@ def test_a_trace_exported_after_a_later_session_is_refused_not_read_as_free_kern
     assert all(e["ts"] == 0 and e["dur"] == 0 for e in raw if e.get("cat") == "kernel")
     with pytest.raises(RequestError, match=r"mlp_backward_late_export\.json\.gz: GPU activity .* has no time \(ts 0\)"):
         read_torch_profile(os.path.join(H200, "mlp_backward_late_export.json.gz"))
+
+
+def test_the_profilers_own_work_inside_a_node_is_not_its_measured_cost(tmp_path):
+    """Kineto's ``overhead`` event (pid -1, drawn apart) ran inline on the thread whose span holds it: the
+    node's measured CPU time is its span less that stretch (hand-computed: 30 us - 12 us)."""
+    doc = gpu_trace()
+    doc["traceEvents"].append({"ph": "X", "cat": "overhead", "name": "Activity Buffer Request", "pid": -1,
+                               "tid": 0, "ts": 104, "dur": 12})
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    costs = load_costs(str(p), graph())
+    assert costs.nodes["n0"].cpu_ns == 30000 - 12000
+    assert costs.nodes["n1"].cpu_ns == 30000  # the other nodes keep their spans
+
+
+def test_a_late_exported_trace_names_the_option_it_came_from(tmp_path):
+    raw = _raw("mlp_backward_late_export.json.gz")
+    p = tmp_path / "late.json"
+    p.write_text(json.dumps({"traceEvents": raw}))
+    with pytest.raises(RequestError) as info:
+        read_torch_profile(str(p), "profile")
+    assert info.value.option == "profile"

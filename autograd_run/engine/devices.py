@@ -54,15 +54,13 @@ class DeviceSet:
         if mode not in ("auto", "virtual", "cuda"):
             raise RequestError(f"the backend must be auto, virtual or cuda, not {mode!r}", "backend")
         cupy, why = _cupy_status() if mode != "virtual" else (None, "virtual devices were requested")
-        if cupy is not None and needed > 0:
-            have = cupy.cuda.runtime.getDeviceCount()
-            if needed > have:
-                why = (f"the graph uses cuda:{needed - 1} and cupy sees {have} CUDA device"
-                       f"{'' if have == 1 else 's'}")
-                if mode == "cuda":
-                    raise RequestError(f"{why}: its devices cannot all be real (virtual devices run it anywhere)",
-                                       "backend")
-                cupy = None
+        have = cupy.cuda.runtime.getDeviceCount() if cupy is not None else None
+        if have is not None and needed > have:
+            why = f"the graph uses cuda:{needed - 1} and cupy sees {have} CUDA device{'' if have == 1 else 's'}"
+            if mode == "cuda":
+                raise RequestError(f"{why}: its devices cannot all be real (virtual devices run it anywhere)",
+                                   "backend")
+            cupy = None
         if mode == "cuda" and cupy is None:
             raise RequestError(f"no usable CUDA device: {why}", "backend")
         self.mode = mode
@@ -73,7 +71,7 @@ class DeviceSet:
         self._cupy = cupy
         if count is not None and count < 0:
             raise RequestError(f"device count must be non-negative, got {count}", "backend")
-        self.count = cupy.cuda.runtime.getDeviceCount() if cupy is not None else count
+        self.count = have if cupy is not None else count
         self._lock = threading.Lock()  # guards _streams
         self._streams: dict[tuple[int, int], object] = {}
         self._blas_limiter = None

@@ -103,7 +103,7 @@ def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: s
     if doc.traceEvents is None:
         raise RequestError(f"{ref}: not a trace (no traceEvents) nor a graph file", option)
     if is_torch_profile(doc):
-        return from_profile(parse_torch_profile(doc, ref), graph, step)
+        return from_profile(parse_torch_profile(doc, ref, option), graph, step)
     if step is not None:
         raise RequestError(f"{ref}: --step picks a step of a PyTorch profile; this is autograd-run's own trace",
                            "step")

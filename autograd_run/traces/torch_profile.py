@@ -176,7 +176,7 @@ def is_torch_profile(doc: ChromeDoc) -> bool:
     return any(e.name.startswith(EVALUATE) for e in doc.traceEvents or ())
 
 
-def parse_torch_profile(doc: ChromeDoc, path: str) -> TorchTrace:
+def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> TorchTrace:
     """The backward node runs of a decoded PyTorch profiler trace, with their GPU time joined in."""
     per_thread: dict[tuple, list] = {}   # thread -> recorded CPU events (start, end, name, args)
     ext_at: dict[int, tuple] = {}        # External id of a CPU op -> (thread, ts)
@@ -204,7 +204,7 @@ def parse_torch_profile(doc: ChromeDoc, path: str) -> TorchTrace:
             if e.ts == 0:
                 raise RequestError(f"{path}: GPU activity {e.name[:80]!r} has no time (ts 0): PyTorch writes a "
                                    "session's GPU activities so when its trace is exported after a later profiler "
-                                   "session has started; export each session's trace as it ends", "costs")
+                                   "session has started; export each session's trace as it ends", option)
             gpu.append(e)
         elif cat in RUNTIME:
             corr = _int(e.args.get("correlation"))
@@ -320,4 +320,4 @@ def read_torch_profile(path: str, option: str = "costs", max_bytes: int | None =
     if not is_torch_profile(doc):
         raise RequestError(f"{path}: not a PyTorch profiler trace (no autograd::engine::evaluate_function events)",
                            option)
-    return parse_torch_profile(doc, path)
+    return parse_torch_profile(doc, path, option)
