@@ -474,17 +474,24 @@ def test_calibration_rounds_end_when_their_medians_settle():
     assert MAX_ROUNDS >= 3
 
 
+#: The engine figures a calibration round measures besides the three these tests vary.
+MORE_FIGURES = {"device_overhead_us": 4.0, "cost_node_us": 5.0, "accumulate_us": 3.0}
+
+
 def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
     """The spec gets the medians over the rounds and how far the rounds lay apart; it is read back."""
     import autograd_run.sim.calibrate as cal
     from autograd_run.sim.specs import MachineSpec
-    seq = iter([{"node_overhead_us": 2.0, "handoff_us": h, "wait_overhead_us": w}
+    seq = iter([{"node_overhead_us": 2.0, "handoff_us": h, "wait_overhead_us": w, **MORE_FIGURES}
                 for h, w in ((40, 30), (60, 50), (50, 40), (50, 40), (50, 40), (50, 40), (50, 40), (50, 40))])
     monkeypatch.setattr(cal, "_engine_round", lambda nodes, repeat: next(seq))
     lines = []
     spec = cal.calibrate(nodes=10, log=lines.append)
     assert (spec.engine.handoff_us, spec.engine.wait_overhead_us) == (50.0, 40.0)
-    assert spec.engine.spread == {"node_overhead_us": 0.0, "handoff_us": 0.4, "wait_overhead_us": 0.5}
+    assert spec.engine.spread == {"node_overhead_us": 0.0, "handoff_us": 0.4, "wait_overhead_us": 0.5,
+                                  **{k: 0.0 for k in MORE_FIGURES}}
+    assert (spec.engine.device_overhead_us, spec.engine.cost_node_us, spec.engine.accumulate_us) == (4.0, 5.0, 3.0)
+    assert spec.engine.wait_spin_us == 150.0 and spec.host.cores >= 1
     assert len(lines) == 3 and lines[0].startswith("round 1: node_overhead_us 2.00, handoff_us 40.00")
     assert MachineSpec.from_dict(spec.to_dict()).engine == spec.engine
 
@@ -492,7 +499,7 @@ def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
 def test_calibrate_warns_when_its_rounds_never_settle(monkeypatch):
     import itertools
     import autograd_run.sim.calibrate as cal
-    seq = itertools.cycle([{"node_overhead_us": 2.0, "handoff_us": h, "wait_overhead_us": 40.0}
+    seq = itertools.cycle([{"node_overhead_us": 2.0, "handoff_us": h, "wait_overhead_us": 40.0, **MORE_FIGURES}
                            for h in (20, 90, 40, 160, 60, 200, 30, 300)])
     monkeypatch.setattr(cal, "_engine_round", lambda nodes, repeat: next(seq))
     lines = []
@@ -522,3 +529,83 @@ def test_a_real_calibration_reports_its_rounds_and_spread():
         assert min(values) - 0.01 <= getattr(spec.engine, k) <= max(values) + 0.01
         mid = getattr(spec.engine, k)  # the logged values are rounded to 0.01 us
         assert abs(spec.engine.spread[k] * mid - (max(values) - min(values))) < 0.011 + 0.001 * mid
+
+
+def cored(cores, wait_spin=0.0, cost_node=0.0, device_overhead=0.0, accumulate=0.0):
+    """``spec()`` with the host's cores and the engine figures ``calibrate`` measures for autograd-run's engine."""
+    m = spec()
+    m.host.cores = cores
+    m.engine.wait_spin_us, m.engine.cost_node_us = wait_spin, cost_node
+    m.engine.device_overhead_us, m.engine.accumulate_us = device_overhead, accumulate
+    return m
+
+
+def _three_waits(us):
+    """R (cpu, 5 µs spin) fans out to three 100 µs waits on cuda:0..2, which join on the caller's leaf."""
+    nodes = [cost("r", 5, seq=4, nxt=[("a", 0), ("b", 0), ("c", 0)])]
+    for i, n in enumerate("abc"):
+        nodes.append(cost(n, us, f"cuda:{i}", [("acc_x", 0)], 3 - i, mode="wait"))
+    return graph(nodes + [acc("x")], [{"node": "r"}], [{"name": "x", "shape": [1]}])
+
+
+def test_busy_waits_share_the_hosts_cores_hand_computed():
+    """Three 100 µs waits that only spin (wait_spin 150 µs) on three device threads, two cores.
+
+    R 0-6 on the caller (1 µs overhead + 5); the three workers woken at 16 ask for a core in turn (cores
+    granted in request order): A's and B's overheads 16-17 on the two cores, C's 17-18; A's function
+    17-117; B's waits for C's core, 18-118; C's waits for A's, 117-217 (a thread without a core cannot start
+    its function, so its deadline starts when it gets one). With cores unlimited all three end at 117.
+    """
+    g = _three_waits(100)
+    spans = {s.node.id: (s.start // 1000, s.end // 1000)
+             for s in sim(g, machine=cored(2, wait_spin=150)).recording.slices}
+    assert (spans["a"], spans["b"], spans["c"]) == ((16, 117), (16, 118), (16, 217))
+    free = {s.node.id: s.end // 1000 for s in sim(g, machine=cored(0, wait_spin=150)).recording.slices}
+    assert free["a"] == free["b"] == free["c"] == 117
+
+
+def test_a_sleeping_wait_needs_a_core_only_for_its_tail():
+    """400 µs waits that sleep 250 µs, then spin 150: on one core the three sleeps overlap and only the
+    tails queue; a wait that got its core past its deadline ends when it gets it (nothing left to spin)."""
+    g = _three_waits(400)
+    ends = sorted(s.end // 1000 for s in sim(g, machine=cored(1, wait_spin=150)).recording.slices
+                  if s.node.id in "abc")
+    # overheads 16-17, 17-18, 18-19 (one core, in turn); sleeps to 267/268/269, tails to the deadlines
+    # 417, 418, 419 if each had a core: the first tail holds the core 267-417, the second gets it at 417 and
+    # spins to its deadline 418, the third at 418 to 419
+    assert ends == [417, 418, 419]
+    assert sorted(s.end // 1000 for s in sim(g, machine=cored(0, wait_spin=150)).recording.slices
+                  if s.node.id in "abc") == [417, 417, 417]
+
+
+def test_a_wait_that_only_spins_does_not_wake_late():
+    """wait_overhead (a sleeping worker's late wake-up) applies to a wait that sleeps, not to one shorter
+    than the spin tail; a cost node's own extra and a device's own fixed cost are added to its overhead."""
+    m = cored(0, wait_spin=150)
+    m.engine.wait_overhead_us = 20.0
+    short = graph([cost("a", 100, "cuda:0", [("acc_x", 0)], 1, mode="wait"), acc("x", "cuda:0")],
+                  [{"node": "a"}], [{"name": "x", "shape": [1], "device": "cuda:0"}])
+    long = graph([cost("a", 300, "cuda:0", [("acc_x", 0)], 1, mode="wait"), acc("x", "cuda:0")],
+                 [{"node": "a"}], [{"name": "x", "shape": [1], "device": "cuda:0"}])
+    span = lambda g, m: {s.node.id: (s.end - s.start) // 1000 for s in sim(g, machine=m).recording.slices}["a"]  # noqa: E731
+    assert span(short, m) == 101 and span(long, m) == 321
+    m.engine.cost_node_us, m.engine.device_overhead_us = 4.0, 3.0
+    assert span(short, m) == 107  # 3 µs fixed cost on a device's thread + 4 µs of a cost node's own + 100
+
+
+def test_accumulate_grad_costs_what_calibrate_measured():
+    m = cored(0, accumulate=7.0)
+    g = graph([cost("a", 10, nxt=[("acc_x", 0)]), acc("x")], [{"node": "a"}], [{"name": "x", "shape": [1]}])
+    spans = {s.node.id: (s.end - s.start) // 1000 for s in sim(g, machine=m).recording.slices}
+    assert spans["acc_x"] == 8  # 1 µs fixed cost + 7
+
+
+def test_a_spec_refuses_cores_that_are_not_a_whole_number():
+    from autograd_run.errors import RequestError
+    doc = spec().to_dict()
+    for bad in (-1, 2.5, True, "2", 1 << 20):
+        doc["host"]["cores"] = bad
+        with pytest.raises(RequestError, match="cores must be a whole number"):
+            MachineSpec.from_dict(doc)
+    doc["host"]["cores"] = 2
+    assert MachineSpec.from_dict(doc).host.cores == 2

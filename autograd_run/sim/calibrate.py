@@ -13,7 +13,11 @@ What it measures (medians of repeated runs, each a few hundred ms):
   node, minus the stated time and the fixed cost (the thread's wake-up
   after its sleep, and what running cold costs after it);
 * the host: float32 and float64 matmul FLOP/s, memory bandwidth (a large
-  copy), the smallest numpy call.
+  copy), the smallest numpy call, and the cores this process may run on
+  (``os.sched_getaffinity``): the engine's threads share them, and a
+  ``wait`` node busy-waits its last ``waits.SPIN_TAIL`` on one
+  (``wait_spin_us``), so with more busy threads than cores the simulation
+  queues them for a core as the machine does.
 
 The engine's per-node work is Python, so it holds the GIL
 (``overhead_holds_gil``). Virtual devices are this CPU: the accelerator part
@@ -41,12 +45,15 @@ import time
 
 import numpy as np
 
+from autograd_run.engine.waits import SPIN_TAIL
 from autograd_run.errors import RequestError
 from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec, local_spec_path
 
 
-#: The stated time of each node of the wait chain, µs.
+#: The stated time of each node of the wait chain, µs (it sleeps, then spins its last ``SPIN_TAIL``).
 WAIT_US = 300
+#: The stated time of each node of the short wait chains, µs: shorter than ``SPIN_TAIL``, they only spin.
+SHORT_WAIT_US = 20
 #: Rounds end when the medians move by less than this (relative) or ``SETTLE_US`` (absolute), or after
 #: ``MAX_ROUNDS``; at least ``MIN_ROUNDS``.
 SETTLE = 0.03
@@ -55,12 +62,18 @@ MIN_ROUNDS = 3
 MAX_ROUNDS = 8
 
 
-def _chain_doc(n: int, devices: list[str], wait_us: float | None = None) -> dict:
-    """A chain of ``identity`` nodes, or of cost nodes that wait ``wait_us``, round-robin over ``devices``."""
-    nodes = []
+def _chain_doc(n: int, devices: list[str], wait_us: float | None = None, leaves: bool = False) -> dict:
+    """A chain of ``identity`` nodes, or of cost nodes that wait ``wait_us``, round-robin over ``devices``;
+    with ``leaves``, each node also feeds an AccumulateGrad node of its own."""
+    nodes, variables = [], []
     for i in range(n):
         dev = devices[i % len(devices)]
         nxt = [[f"n{i + 1}", 0]] if i + 1 < n else [["acc", 0]]
+        if leaves:
+            nxt.append([f"acc{i}", 0])
+            variables.append({"name": f"x{i}", "shape": [1], "device": dev})
+            nodes.append({"id": f"acc{i}", "name": "AccumulateGrad", "variable": f"x{i}",
+                          "inputs": [{"shape": [1], "device": dev}]})
         node = {"id": f"n{i}", "name": "Identity", "op": "identity", "seq": n - i, "next": nxt,
                 "inputs": [{"shape": [1], "device": dev}]}
         if wait_us is not None:
@@ -69,7 +82,8 @@ def _chain_doc(n: int, devices: list[str], wait_us: float | None = None) -> dict
     nodes.append({"id": "acc", "name": "AccumulateGrad", "variable": "x",
                   "inputs": [{"shape": [1], "device": devices[(n) % len(devices)]}]})
     return {"format": "autograd-graph/1", "roots": [{"node": "n0", "grad": "ones"}],
-            "variables": [{"name": "x", "shape": [1], "device": devices[n % len(devices)]}], "nodes": nodes}
+            "variables": [{"name": "x", "shape": [1], "device": devices[n % len(devices)]}, *variables],
+            "nodes": nodes}
 
 
 def _per_node_us(doc: dict, repeat: int) -> float:
@@ -138,15 +152,35 @@ def _min_call_us() -> float:
     return (time.perf_counter() - t) / reps * 1e6
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity; the machine's count where that is not known)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def _engine_round(nodes: int, repeat: int) -> dict[str, float]:
-    """One round of the engine figures: per-node overhead, hand-off latency, a wait's overhead (µs)."""
+    """One round of the engine figures (µs): per-node overhead on the caller and on a device's thread, a
+    cost node's extra, hand-off latency, a sleeping wait's lateness."""
     ident = _identity_us()
     single = _per_node_us(_chain_doc(nodes, ["cpu"]), repeat)
     overhead = max(0.1, single - ident)
+    device = max(0.1, _per_node_us(_chain_doc(nodes // 2, ["cuda:0"]), repeat) - ident)
+    # cost nodes that only spin (no sleep): what a cost node costs beyond its stated time and the fixed cost
+    short = [_per_node_us(_chain_doc(nodes // 4, [dev], SHORT_WAIT_US), repeat) - SHORT_WAIT_US - fixed
+             for dev, fixed in (("cpu", overhead), ("cuda:0", device))]
+    cost_node = max(0.0, statistics.mean(short))
+    # an AccumulateGrad leaf per node of a device's chain: per leaf, what it adds (its routing and its run)
+    dev_chain = (device + ident) * (nodes // 4)
+    with_leaves = _per_node_us(_chain_doc(nodes // 4, ["cuda:0"], leaves=True), repeat) * (nodes // 2 + 1)
+    accumulate = max(0.0, with_leaves - dev_chain) / (nodes // 4) - device
     hop = _per_node_us(_chain_doc(max(200, nodes // 10), ["cpu", "cuda:0"]), repeat)
     waited = _per_node_us(_chain_doc(max(50, nodes // 40), ["cuda:0"], WAIT_US), repeat)
-    return {"node_overhead_us": overhead, "handoff_us": max(0.0, hop - single),
-            "wait_overhead_us": max(0.0, waited - WAIT_US - overhead)}
+    return {"node_overhead_us": overhead, "device_overhead_us": device, "cost_node_us": cost_node,
+            "accumulate_us": max(0.0, accumulate),
+            "handoff_us": max(0.0, hop - ident - (overhead + device) / 2),  # its nodes alternate: half each
+            "wait_overhead_us": max(0.0, waited - WAIT_US - device - cost_node)}
 
 
 def settled(rounds: list[dict[str, float]]) -> bool:
@@ -187,12 +221,15 @@ def calibrate(nodes: int = 4000, repeat: int = 5, log=None) -> MachineSpec:
     med, spread, rounds = engine_figures(nodes, repeat, log)
     host = DeviceSpec("this machine's CPU (numpy)",
                       peak_flops={"float32": _matmul_flops(np.float32), "float64": _matmul_flops(np.float64)},
-                      mem_bw=_bandwidth(), flops_efficiency=0.9, bw_efficiency=0.9, min_kernel_us=_min_call_us())
+                      mem_bw=_bandwidth(), flops_efficiency=0.9, bw_efficiency=0.9, min_kernel_us=_min_call_us(),
+                      cores=usable_cores())
     acc = DeviceSpec("virtual device (this machine's CPU)", dict(host.peak_flops), host.mem_bw, 0.9, 0.9,
                      host.min_kernel_us)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     engine = EngineSpec(round(med["node_overhead_us"], 3), round(med["handoff_us"], 3), True,
-                        wait_overhead_us=round(med["wait_overhead_us"], 3),
+                        device_overhead_us=round(med["device_overhead_us"], 3),
+                        cost_node_us=round(med["cost_node_us"], 3), accumulate_us=round(med["accumulate_us"], 3),
+                        wait_overhead_us=round(med["wait_overhead_us"], 3), wait_spin_us=SPIN_TAIL * 1e6,
                         spread={k: round(v, 3) for k, v in spread.items()})
     return MachineSpec("local", host, acc, engine,
                        f"measured by autograd-run calibrate on {platform.node()} ({os.cpu_count()} CPUs) at {when}, "

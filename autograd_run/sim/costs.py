@@ -52,6 +52,9 @@ class NodeCost:
     source: str = "analytic"
     #: Accelerator work that blocks the worker until its stream is done (a copy to the host).
     blocking: bool = False
+    #: The first part of ``cpu_ns`` that the worker spends asleep, on no core (a ``wait``'s or ``sleep``'s
+    #: sleep); the rest runs on a core (``DeviceSpec.cores``).
+    sleep_ns: int = 0
 
 
 def shapes_of(node) -> Shapes:
@@ -151,7 +154,8 @@ class CostModel:
         c = self._base(node, watch)
         factor = self.scale.get(node.name, 1.0) * self.scale.get(str(node.device), 1.0)
         if factor != 1.0:
-            c = NodeCost(int(c.cpu_ns * factor), int(c.gpu_ns * factor), c.holds_gil, c.source, c.blocking)
+            c = NodeCost(int(c.cpu_ns * factor), int(c.gpu_ns * factor), c.holds_gil, c.source, c.blocking,
+                         int(c.sleep_ns * factor))
         return c
 
     def _base(self, node, watch: list | None = None) -> NodeCost:
@@ -166,12 +170,18 @@ class CostModel:
                                                   * self.spec.host.flops_efficiency) * 1e9
             else:
                 ns = float(spec.get("flops", 0)) / COST_FLOPS_PER_SECOND * 1e9
-            if mode in ("wait", "sleep") and ns > 0:  # a sleeping worker wakes late (calibrate measures it)
-                ns += self.spec.engine.wait_overhead_us * 1e3
-            return NodeCost(int(ns), 0, mode == "spin", "attrs")
+            sleep = 0.0
+            if mode in ("wait", "sleep") and ns > 0:
+                busy = 0.0 if mode == "sleep" else min(ns, self.spec.engine.wait_spin_us * 1e3)
+                if busy < ns:  # a worker that slept wakes late (calibrate measures it); a wait that only spins does not
+                    ns += self.spec.engine.wait_overhead_us * 1e3
+                sleep = ns - busy  # asleep first, then (a wait) busy on a core to its deadline
+            return NodeCost(int(ns), 0, mode == "spin", "attrs", sleep_ns=int(sleep))
         m = self.measured.get(node.id)
         if m is not None:
             return self._measured(node, m, holds)
+        if node.op.name == "AccumulateGrad" and self.spec.engine.accumulate_us:
+            return NodeCost(int(self.spec.engine.accumulate_us * 1e3), 0, holds, "engine")
         if node.op is PYTHON:
             return NodeCost(int(self.spec.host.min_kernel_us * 1e3), 0, True, "analytic")
         model = node.op.cost

@@ -13,7 +13,8 @@ What it models:
     per device index; each takes its queue's highest task whenever it is
     free; a push onto an idle worker's queue from another thread wakes it
     after the spec's hand-off latency;
-  * per node, CPU time on its worker: the engine's fixed overhead plus the
+  * per node, CPU time on its worker: the engine's fixed overhead (on a
+    device's thread its own figure; a ``cost`` node's own extra added) plus the
     node's CPU cost (``costs.CostModel``); the overhead and GIL-holding
     costs take the GIL, a shared resource granted in request order; a
     thread that finds it held by another waits for its release and then
@@ -59,7 +60,7 @@ from autograd_run.engine.threads import device_thread_name, pool_thread_name
 from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import route
 from autograd_run.graphs.model import Edge
-from autograd_run.ops import CHECKPOINT, PYTHON
+from autograd_run.ops import CHECKPOINT, COST, PYTHON
 from autograd_run.sim.costs import CostModel
 from autograd_run.sim.specs import MachineSpec
 from autograd_run.sim.streams import SimStreams, stream_key
@@ -86,6 +87,9 @@ class Simulator:
         self.detail = detail
         self.streams = SimStreams(self)
         self.overhead_ns = int(spec.engine.node_overhead_us * 1e3)
+        #: The fixed cost on a device's node (0 in the spec: the same), and a cost node's extra.
+        self.device_overhead_ns = int((spec.engine.device_overhead_us or spec.engine.node_overhead_us) * 1e3)
+        self.cost_node_ns = int(spec.engine.cost_node_us * 1e3)
         self.handoff_ns = int(spec.engine.handoff_us * 1e3)
         self.call_ns = int(spec.engine.call_overhead_us * 1e3)
         self.overhead_gil = spec.engine.overhead_holds_gil
@@ -100,6 +104,9 @@ class Simulator:
         self._pool_idle: list[SimWorker] = []
         self._gil_free_at = 0
         self._gil_holder = None  # the worker of the latest GIL-holding CPU work
+        #: When each of the host's cores is next free (a heap), or None when cores are not modelled.
+        cores = spec.host.cores
+        self._core_free: list | None = [0] * cores if cores and multithreading else None
         #: stream_key -> when the stream's last kernel ends (a kernel starts no earlier; waits move it on).
         self.stream_free: dict = {}
         # What happened, as plain tuples (``result.to_recording`` makes a Recording of them).
@@ -191,6 +198,7 @@ class Simulator:
         heap = w.queue.heap
         pop = heap.pop
         costs, overhead, route_, streams = self.costs, self.overhead_ns, route, self.streams
+        dev_overhead, cost_node = self.device_overhead_ns, self.cost_node_ns
         # A CostModel's costs asked for already, read without a call (the slack what-ifs start with them all).
         known = getattr(costs, "resolved", {}).get
         slices, samples, ones = self.slices, self.queue_samples, self._ones
@@ -221,7 +229,9 @@ class Simulator:
                     gt.outstanding -= 1
                     continue
             c = known(node) or costs(node)
-            t += overhead + c.cpu_ns
+            t += (overhead if node.cpu else dev_overhead) + c.cpu_ns
+            if node.op is COST:
+                t += cost_node
             if parent is not None and c.gpu_ns:
                 end = self.kernel(parent, node, c.gpu_ns, not_before=t)
                 if c.blocking and end > t:
@@ -323,14 +333,29 @@ class Simulator:
         self._started.append((gt.id, gt.reentrant_depth, node, w))
         checkpoint = node.op is CHECKPOINT or (node.op is PYTHON and node.attrs.get("callable") == _CHECKPOINT)
         run = NodeRun(w, gt, node, start, parent, queue, pushed, cost, checkpoint)
-        self._cpu(self.overhead_ns, self.overhead_gil, self._function, run)
+        overhead = self.overhead_ns if node.cpu else self.device_overhead_ns
+        if node.op is COST:
+            overhead += self.cost_node_ns
+        self._cpu(overhead, self.overhead_gil, self._function, run)
 
     def _function(self, run: NodeRun) -> None:
         """The engine's overhead is done: the node's function (a nested call for a checkpoint)."""
         if run.checkpoint:
             self._nested_call(run)
-        else:
-            self._cpu(run.cost.cpu_ns, run.cost.holds_gil, self._launched, run)
+            return
+        cost = run.cost
+        if cost.sleep_ns and self._core_free is not None and cost.cpu_ns > 0:
+            # asleep first (no GIL, no core), then busy to the deadline set when the function started
+            run.deadline = self.now + cost.cpu_ns
+            self.at(self.now + min(cost.sleep_ns, cost.cpu_ns), self._busy_tail, run)
+            return
+        if self._core_free is not None and cost.holds_gil and cost.source == "attrs":
+            run.deadline = -1  # a spin: to the deadline it sets when it starts
+        self._cpu(cost.cpu_ns, cost.holds_gil, self._launched, run)
+
+    def _busy_tail(self, run: NodeRun) -> None:
+        """A wait's sleep is over: it busy-waits on a core until its deadline."""
+        self._cpu(max(0, run.deadline - self.now), run.cost.holds_gil, self._launched, run)
 
     def _launched(self, run: NodeRun) -> None:
         """The function's CPU part is done: its kernel goes onto the node's stream."""
@@ -348,14 +373,23 @@ class Simulator:
             then(run)
             return
         t = self.now
+        if gil and self._gil_free_at > t and self._gil_holder is not run.w:
+            # held by another thread: this one sleeps until it is released, and is woken as a thread
+            # waiting on a queue is (the hand-off latency), as CPython's GIL hands itself over
+            t = self._gil_free_at + self.handoff_ns
+        end = t + ns
+        cores = self._core_free
+        if cores is not None:
+            if cores[0] > t:  # every core busy: runnable, it runs when the first one frees
+                got = cores[0]
+                deadline = run.deadline if then == self._launched else None  # (bound methods: equal, not one)
+                # work with a deadline (a wait's or spin's end) loses only what is past the deadline
+                end = got + ns if deadline is None else max(end if deadline < 0 else deadline, got)
+            heapq.heapreplace(cores, end)
         if gil:
-            if self._gil_free_at > t and self._gil_holder is not run.w:
-                # held by another thread: this one sleeps until it is released, and is woken as a thread
-                # waiting on a queue is (the hand-off latency), as CPython's GIL hands itself over
-                t = self._gil_free_at + self.handoff_ns
-            self._gil_free_at = t + ns
+            self._gil_free_at = end
             self._gil_holder = run.w
-        self.at(t + ns, then, run)
+        self.at(end, then, run)
 
     def kernel(self, stream, node, ns: int, not_before: int | None = None) -> int:
         """Enqueue a kernel on ``stream``; returns when it ends."""

@@ -210,7 +210,7 @@ def _slack(graph, spec, model: CostModel, o: SimOptions, report: SimReport) -> l
             continue
         base = model(node)
         faster = NodeCost(int(base.cpu_ns * factor), int(base.gpu_ns * factor), base.holds_gil, base.source,
-                          base.blocking)
+                          base.blocking, int(base.sleep_ns * factor))
         if report.sim.cpu_only_one_worker:  # the node ran once, on the CPU: its end moves by what it saves
             start, end = nonempty(start0, end0 - (base.cpu_ns - faster.cpu_ns))
         else:

@@ -51,6 +51,10 @@ class DeviceSpec:
     #: Host link (PCIe, one direction), bytes/s, and its latency, µs.
     host_bw: float = 0.0
     host_latency_us: float = 0.0
+    #: CPU cores the engine's threads share (the host): CPU work (the engine's per-node work, GIL-holding
+    #: nodes, a wait's busy tail) runs on at most this many threads at once, the others wait for a core.
+    #: 0: as many as there are threads (a data sheet's server host).
+    cores: int = 0
 
     def flops_per_s(self, dtype: str) -> float:
         return self.peak_flops.get(dtype) or self.peak_flops.get("float32", 1e9)
@@ -77,6 +81,19 @@ class EngineSpec:
     #: autograd-run's engine (its thread's wake-up after the sleep, running cold after it), µs; measured by
     #: ``calibrate`` (0 in the shipped specs: a GPU kernel's time is what was measured).
     wait_overhead_us: float = 0.0
+    #: The last stretch of a ``wait`` cost node that busy-waits on a core (without the GIL) after its sleep,
+    #: µs (autograd-run's engine: ``engine.waits.SPIN_TAIL``; a wait no longer than this spins throughout).
+    #: 0: a wait uses no core (a kernel on an accelerator, as the shipped specs describe).
+    wait_spin_us: float = 0.0
+    #: ``node_overhead_us`` on a device's worker thread, µs (autograd-run's engine does more per node there:
+    #: streams, events; ``calibrate`` measures it); 0: the same as ``node_overhead_us``.
+    device_overhead_us: float = 0.0
+    #: A ``cost`` node's own CPU time beyond its stated time and the fixed cost, holding the GIL, µs (in
+    #: autograd-run's engine: its Python path for a node with attrs, and the cost function's own Python).
+    cost_node_us: float = 0.0
+    #: An AccumulateGrad node's own CPU time beyond the fixed cost, holding the GIL as the engine's per-node
+    #: work does, µs (autograd-run's engine: the leaf's gradient stored or summed in Python); 0: the op's cost.
+    accumulate_us: float = 0.0
     #: How far ``calibrate``'s rounds lay apart, per figure above (its name): the range of the rounds'
     #: values over their median (0.1: within 10%). Empty for a spec that was not measured in rounds.
     spread: dict = field(default_factory=dict)
@@ -122,6 +139,11 @@ def _known(cls, d: Any, where: str) -> dict:
     if extra:
         raise RequestError(f"{where}: unknown field {extra[0]!r}", "spec")
     for k, v in d.items():
+        if k == "cores":
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_CORES:
+                raise RequestError(f"{where}: cores must be a whole number from 0 (as many as there are threads) "
+                                   f"to {MAX_CORES}, got {v!r}", "spec")
+            continue
         if k in ("name",) or k == "peak_flops" or isinstance(v, bool):
             continue
         if k == "spread":
@@ -143,6 +165,8 @@ def _known(cls, d: Any, where: str) -> dict:
 #: The largest FLOP/s or bytes/s a spec may give (a divisor of every analytic cost: with bounds on
 #: both sides, no cost overflows the simulation's integer nanoseconds).
 MAX_RATE = 1e21
+#: The most cores a spec may give.
+MAX_CORES = 1 << 16
 #: Bounds by the last word of a field's name: fractions of the peak, microseconds (1000 s at most).
 _LIMITS = {"efficiency": 1.0, "us": 1e9}
 

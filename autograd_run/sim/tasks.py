@@ -115,3 +115,6 @@ class NodeRun:
     pushed: int
     cost: Any
     checkpoint: bool
+    #: Work that runs to a deadline (with cores modelled): -1, fixed when its CPU part starts (a ``spin``);
+    #: a time, fixed when the function started (a ``wait``'s busy tail); None: a fixed amount of work.
+    deadline: int | None = None
