@@ -128,6 +128,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                           scale=scale, costs=measured or "analytic", slack_top=slack_top, detail=bool(trace_path))
         reports.append(simulate_session(g, opts))
     first = reports[0]
+    for line in dict.fromkeys(w for r in reports for w in r.warnings):  # one line each, on stderr
+        click.echo(line, err=True)
     if trace_path:
         from autograd_run.traces.trace_file import write_trace
         write_trace(trace_path, first.recording)
@@ -148,6 +150,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     elif summary:
         render_summary(console, first.summary, f"{g.source}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
+    if summary:
+        console.print(plain(confidence_line(first)))
     if trace_path and not open_trace:
         console.print(plain(f"simulated trace written to {trace_path} (open it with `autograd-run view`, or in "
                             "https://ui.perfetto.dev)"))
@@ -172,9 +176,17 @@ def _compare_conflicts(compare: str, trace_path, order_out) -> None:
                          "simulate the variant you want written on its own")
 
 
+def confidence_line(r) -> str:
+    """The spec a simulation used and why, and how far off it may be (``sim.confidence``)."""
+    e = r.expected_error
+    sure = (f"expected error +-{e['relative']:.0%}" if e.get("relative") is not None else "expected error unknown")
+    return f"spec {r.spec.name}: {r.spec_reason}; {sure} ({e.get('basis', '')})"
+
+
 def _report_json(r) -> dict:
     from autograd_run.cli.render import samples_json
-    return {"spec": r.spec.name, "policy": r.options.policy, "devices": r.options.devices,
+    return {"spec": r.spec.name, "spec_reason": r.spec_reason, "expected_error": r.expected_error,
+            "warnings": r.warnings, "policy": r.options.policy, "devices": r.options.devices,
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
             "cost_sources": r.cost_sources, "measured": _measured_json(r.measured), "summary": r.summary.to_dict(),
             "samples": samples_json(r.recording),

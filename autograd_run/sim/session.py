@@ -26,7 +26,8 @@ from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
 from autograd_run.sim.result import last_times, nonempty, span, to_recording
 from autograd_run.sim.scheduler import Simulator
-from autograd_run.sim.specs import MachineSpec, default_spec, load_spec
+from autograd_run.sim.confidence import choose_spec, expected_error, mismatch
+from autograd_run.sim.specs import MachineSpec
 from autograd_run.traces.recording import Recording
 from autograd_run.traces.summary import Summary, longest_runs, summarize
 
@@ -88,6 +89,12 @@ class SimReport:
     slack: list[Slack] = field(default_factory=list)
     #: ``scale`` keys that named nothing here (only with ``SimOptions.scale_must_apply`` False).
     scale_unused: list[str] = field(default_factory=list)
+    #: Why the simulation used this spec (``confidence.choose_spec``).
+    spec_reason: str = ""
+    #: How far off it may be: ``{"relative": r or None, "basis": text}`` (``confidence.expected_error``).
+    expected_error: dict = field(default_factory=dict)
+    #: Lines for the user: costs whose source does not fit the spec (``confidence.mismatch``).
+    warnings: list[str] = field(default_factory=list)
     _recording: Recording | None = None
     _order: list[dict] | None = None
     _summary: Summary | None = None
@@ -120,12 +127,6 @@ class SimReport:
         o = self.options
         devices = f"{o.devices} devices ({o.placement})" if o.devices else "devices as in the file"
         return f"{self.spec.name}, policy {o.policy}, {devices}"
-
-
-def _spec(ref, measured: MeasuredCosts | None = None) -> MachineSpec:
-    if isinstance(ref, MachineSpec):
-        return ref
-    return default_spec(measured is not None and measured.from_pytorch) if ref is None else load_spec(ref)
 
 
 def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str, detail: bool = False):
@@ -173,7 +174,7 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
 
 def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     measured = o.costs if isinstance(o.costs, MeasuredCosts) else load_costs(o.costs, graph, o.step)
-    spec = _spec(o.spec, measured)
+    spec, reason = choose_spec(o.spec, measured)
     scale = o.scale if isinstance(o.scale, dict) else parse_scale(o.scale)
     model = CostModel(spec, measured, scale)
     if o.devices is not None:
@@ -187,6 +188,10 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     report = SimReport(graph, o, spec, sim, (gt.returned or gt.end or 0) - gt.start, end - start,
                        dict(Counter(map(attrgetter("source"), model.resolved.values()))), measured)
     report.scale_unused = scale_unused
+    report.spec_reason = reason
+    report.expected_error = expected_error(spec, measured, report.cost_sources)
+    warning = mismatch(spec, measured)
+    report.warnings = [warning] if warning else []
     if o.slack_top > 0:
         report.slack = _slack(graph, spec, model, o, report)
     return report

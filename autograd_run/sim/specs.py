@@ -232,8 +232,15 @@ def default_spec(pytorch_costs: bool = False) -> MachineSpec:
     With costs measured by PyTorch's profiler, ``local-torch`` when calibrated:
     the per-node engine overhead around them is then PyTorch's own.
     """
+    return default_spec_and_reason(pytorch_costs)[0]
+
+
+def default_spec_and_reason(pytorch_costs: bool = False) -> tuple[MachineSpec, str]:
+    """``default_spec``, and why it is that one (a line for the user)."""
     if pytorch_costs and os.path.isfile(local_spec_path("local-torch")):
-        return load_spec("local-torch")
+        return load_spec("local-torch"), ("the default for costs from a PyTorch profile: local-torch (PyTorch's "
+                                          "engine as `calibrate --torch` measured it here)")
     if os.path.isfile(local_spec_path()):
-        return load_spec("local")
-    return load_spec("h100")
+        return load_spec("local"), "the default: local (autograd-run's engine as `calibrate` measured it here)"
+    how = "`autograd-run calibrate --torch`" if pytorch_costs else "`autograd-run calibrate`"
+    return load_spec("h100"), f"the default without a calibration here: h100 (run {how} to simulate this machine)"

@@ -1,0 +1,106 @@
+"""How sure a simulation is: which spec it used and why, its expected error, and costs that do not fit it.
+
+Three questions a user of ``simulate`` should never have to ask:
+
+* **Which machine was simulated, and why that one?** ``choose_spec``
+  returns the spec and a reason: given by ``--spec``; or, by default,
+  ``local`` (autograd-run's engine as ``calibrate`` measured it here) when
+  calibrated, ``local-torch`` for costs from a PyTorch profile when
+  ``calibrate --torch`` ran, else the H100 data sheet, saying how to
+  calibrate.
+* **How far off may it be?** ``expected_error``: a relative error with its
+  basis. For a spec measured here it is the error the held-out benchmark
+  (``python -m bench accuracy``: graphs drawn at run time, measured in fresh
+  processes) found for that kind of prediction: ``HELD_OUT`` below holds
+  the figure (about the 80th percentile of the absolute error, so it
+  should cover four predictions in five) and where it was measured; a
+  calibration whose rounds lay far apart widens it. For a data-sheet spec
+  with analytic costs nothing here was measured against that machine, and
+  it says so (``relative`` None).
+* **Do the costs fit the spec?** ``mismatch``: costs measured by
+  autograd-run's engine (its own traces, Python holding the GIL) simulated
+  on PyTorch's engine figures, or costs from a PyTorch profile simulated on
+  autograd-run's engine figures, get one line saying so and what to run.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+from autograd_run.sim.measured import MeasuredCosts
+from autograd_run.sim.specs import MachineSpec, default_spec_and_reason, load_spec, local_spec_path
+
+#: The held-out benchmark's figures: kind of prediction -> (relative error that about four in five held-out
+#: cases stayed within, where and when it was measured). Re-measure with ``python -m bench accuracy``.
+HELD_OUT = {
+    "local": (0.15, "bench accuracy, 3 runs of 32 graphs drawn at run time, 2-core VM, 2026-12-02"),
+    "local-torch": (0.50, "PyTorch profiles of captured models against PyTorch's own backward "
+                          "(docs/costs.md); profiles made by hand vary more"),
+    "gpu-profile": (0.20, "capture --profile on an H200 against PyTorch's backward (docs/costs.md, 2026-11-30)"),
+}
+#: A calibration whose figures' rounds lay further apart than this (range over median, on average) widens
+#: the stated error by ``WIDEN`` times the excess: the held-out figure was measured with calibrations whose
+#: rounds lay 30-140% apart on this VM (the spec keeps the rounds' medians, far steadier than their range).
+SPREAD_AT_HELD_OUT = 1.0
+WIDEN = 0.25
+
+
+def choose_spec(ref, measured: MeasuredCosts | None) -> tuple[MachineSpec, str]:
+    """The spec for ``--spec REF`` (None: the default), and why it is that one."""
+    if isinstance(ref, MachineSpec):
+        return ref, "given"
+    if ref is not None:
+        return load_spec(ref), f"--spec {ref}"
+    return default_spec_and_reason(measured is not None and measured.from_pytorch)
+
+
+def _kind(spec: MachineSpec, measured: MeasuredCosts | None) -> str | None:
+    if spec.engine.overhead_holds_gil:
+        return "local"  # autograd-run's engine, measured (only calibrate writes such a spec)
+    if spec.name == "local-torch":
+        return "local-torch"
+    if measured is not None and measured.from_pytorch and any(c.gpu_total for c in measured.nodes.values()):
+        return "gpu-profile"
+    return None
+
+
+def expected_error(spec: MachineSpec, measured: MeasuredCosts | None, sources: dict | None = None) -> dict:
+    """``{"relative": r or None, "basis": text}`` (see the module docstring); ``sources``: where the node costs
+    came from (source -> nodes): the held-out figures hold for stated and measured costs, not for analytic ones."""
+    kind = _kind(spec, measured)
+    sources = sources or {}
+    if kind == "local" and sources.get("analytic", 0) * 2 > sum(sources.values()):
+        return {"relative": None, "basis": "most node costs analytic (numpy roofline on this CPU): the held-out "
+                                           "benchmark checks stated and measured costs only"}
+    if kind is None:
+        source = "measured costs" if measured is not None else "analytic costs (roofline)"
+        return {"relative": None, "basis": f"{source} on {spec.name}'s figures, not checked against that machine "
+                                           "here"}
+    rel, where = HELD_OUT[kind]
+    spread = statistics.mean(spec.engine.spread.values()) if spec.engine.spread else 0.0
+    basis = f"held-out figure for {kind} ({where})"
+    if spread > SPREAD_AT_HELD_OUT:
+        rel += (spread - SPREAD_AT_HELD_OUT) * WIDEN
+        basis += f", widened: this calibration's rounds lay {spread:.0%} apart on average"
+    return {"relative": round(rel, 3), "basis": basis}
+
+
+def mismatch(spec: MachineSpec, measured: MeasuredCosts | None) -> str | None:
+    """One line when the costs' source does not fit the spec's engine, with the fix; else None."""
+    if measured is None:
+        return None
+    ours = not measured.from_pytorch
+    if ours and not spec.engine.overhead_holds_gil:
+        fix = ("--spec local" if os.path.isfile(local_spec_path()) else
+               "`autograd-run calibrate`, then --spec local")
+        return (f"warning: the costs in {measured.path} were measured by autograd-run's engine on this CPU, but "
+                f"{spec.name}'s engine figures are PyTorch's C++ engine: the engine's own time is simulated as "
+                f"that machine's, not this one's; for this machine use {fix}")
+    if not ours and spec.engine.overhead_holds_gil:
+        fix = ("--spec local-torch" if os.path.isfile(local_spec_path("local-torch")) else
+               "`autograd-run calibrate --torch`, then --spec local-torch")
+        return (f"warning: the costs in {measured.path} come from PyTorch's profiler, but {spec.name} describes "
+                f"autograd-run's Python engine (it holds the GIL per node): for PyTorch's engine use {fix}")
+    return None
+
