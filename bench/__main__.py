@@ -1,4 +1,7 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j accuracy]`: benchmarks, ratios within one run.
+
+``accuracy`` (``bench.accuracy``, in ``make bench``'s default parts): the simulation against the engine on
+graphs drawn at run time from a seed it prints (``python -m bench.accuracy --seed N`` repeats one run).
 
 (h) is the simulation with PyTorch-measured costs against PyTorch itself (``bench/profcosts_bench.py``).
 
@@ -15,12 +18,12 @@ import os
 import sys
 import time
 
-from bench import e2e_bench, engine_bench, load_bench, profcosts_bench, sim_bench
+from bench import accuracy, e2e_bench, engine_bench, load_bench, profcosts_bench, sim_bench
 
 
 def main(argv):
     quick = "--quick" in argv
-    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h"]
+    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy"]
     out = os.path.join(os.path.dirname(__file__), "results.json")
     results = {}
     t = time.time()
@@ -37,6 +40,8 @@ def main(argv):
         results["e_million"] = engine_bench.bench_million(n=200_000 if quick else 1_000_000)
     if "h" in parts:
         results["h_profiled_costs"] = profcosts_bench.bench_accuracy(steps=11 if quick else 31)
+    if "accuracy" in parts:
+        results["accuracy"] = accuracy.bench_accuracy(graphs=12 if quick else 32, warm=5 if quick else 9)
     if "f" in parts:
         results["f_e2e"] = e2e_bench.bench_e2e(n=20_000 if quick else 200_000)
     if "g" in parts:
@@ -94,6 +99,18 @@ def print_table(results: dict) -> None:
                 f"{r['predicted_us']:.0f} vs {r['torch_cpu_us']:.0f} us: {r['error_cpu']:+.1%}")
         row("(h) mean abs. error, measured costs", f"{h['mape_cpu']:.1%}", "<= 10% (goal 5%)", h["mape_cpu"] <= 0.10)
         row(f"(h) held out ({h['held_out']}), analytic costs", f"{h['held_out_error_cpu']:+.1%}")
+    if "accuracy" in results:
+        a = results["accuracy"]
+        for kind in ("warm", "cold"):
+            d = a["summary"][kind]["all"]
+            row(f"(accuracy) held-out graphs, {kind}, seed {a['seed']}",
+                f"MAPE {d['mape']:.1%}, p90 {d['p90']:.1%}, worst {d['worst']:+.1%}, bias {d['bias']:+.1%}",
+                "MAPE <= 5%, p90 <= 10%", d["mape"] <= 0.05 and d["p90"] <= 0.10)
+        if "coverage" in a["summary"]:
+            row("(accuracy) stated error covers the measured", f"{a['summary']['coverage']:.0%}", ">= 80%",
+                a["summary"]["coverage"] >= 0.8)
+        if "rankings_same" in a["summary"]:
+            row("(accuracy) what-if rankings the same", a["summary"]["rankings_same"])
     for r in results.get("f_e2e", []):
         w = r["wall"]
         row(f"(f) run - validate, {r['shape']} {r['nodes']} nodes",
