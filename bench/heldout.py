@@ -110,9 +110,9 @@ def layered(rnd: random.Random, k: int) -> dict:
                     b.edge(src, dst)
             if rnd.random() < 0.4:
                 b.leaf(src)
-    for _ in range(rnd.randint(1, 2)):  # a wide fan-in: many producers into one node further down
+    for h in range(rnd.randint(1, 2)):  # a wide fan-in: many producers into one node further down
         li = rnd.randrange(1, layers - 1) if layers > 2 else 1
-        hub = b.op(f"hub{li}_{len(b.nodes)}", _dev(k, rnd.randrange(SLOTS)), seq=0)
+        hub = b.op(f"hub{h}_{li}", _dev(k, rnd.randrange(SLOTS)), seq=0)  # (its id: the same on any k)
         producers = [n for layer in grid[:li + 1] for n in layer]
         for src in rnd.sample(producers, min(len(producers), rnd.randint(6, 16))):
             b.edge(src, hub)
