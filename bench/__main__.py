@@ -1,7 +1,8 @@
 """`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j accuracy]`: benchmarks, ratios within one run.
 
 ``accuracy`` (``bench.accuracy``, in ``make bench``'s default parts): the simulation against the engine on
-graphs drawn at run time from a seed it prints (``python -m bench.accuracy --seed N`` repeats one run).
+graphs drawn at run time from a seed it prints (``python -m bench accuracy --seed N`` repeats one run;
+``python -m bench accuracy --help`` for the rest).
 
 (h) is the simulation with PyTorch-measured costs against PyTorch itself (``bench/profcosts_bench.py``).
 
@@ -41,7 +42,7 @@ def main(argv):
     if "h" in parts:
         results["h_profiled_costs"] = profcosts_bench.bench_accuracy(steps=11 if quick else 31)
     if "accuracy" in parts:
-        results["accuracy"] = accuracy.bench_accuracy(graphs=12 if quick else 32, warm=5 if quick else 9)
+        results["accuracy"] = accuracy.main(argv, quick)
     if "f" in parts:
         results["f_e2e"] = e2e_bench.bench_e2e(n=20_000 if quick else 200_000)
     if "g" in parts:

@@ -198,11 +198,20 @@ def _report(out: dict, log) -> None:
     out["summary"] = summary
 
 
-def main(argv: list[str]) -> dict:
-    def opt(name, default):
-        return int(argv[argv.index(name) + 1]) if name in argv else default
-    return bench_accuracy(seed=opt("--seed", None), graphs=opt("--graphs", 32), warm=opt("--warm", 9),
-                          whatifs="--no-whatifs" not in argv, ab=argv[argv.index("--ab") + 1] if "--ab" in argv else None)
+def main(argv: list[str], quick: bool = False) -> dict:
+    """``python -m bench accuracy [options]`` (or ``python -m bench.accuracy``); ``quick``: fewer graphs."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m bench accuracy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=None, help="repeat a run (default: drawn and printed)")
+    p.add_argument("--graphs", type=int, default=12 if quick else 32, help="graphs drawn (default %(default)s)")
+    p.add_argument("--warm", type=int, default=5 if quick else 9, help="warm passes per graph (default %(default)s)")
+    p.add_argument("--no-whatifs", action="store_true", help="skip the measured what-ifs")
+    p.add_argument("--ab", default=None, metavar="PART.FIELD=JSON,...",
+                   help="also simulate with the calibrated spec changed so, e.g. host.cores=0")
+    a, _ = p.parse_known_args([x for x in argv if x not in ("accuracy", "--quick", "--full")])
+    if a.graphs < 1 or a.warm < 1:
+        p.error("--graphs and --warm must be at least 1")
+    return bench_accuracy(seed=a.seed, graphs=a.graphs, warm=a.warm, whatifs=not a.no_whatifs, ab=a.ab)
 
 
 if __name__ == "__main__":

@@ -62,18 +62,6 @@ def test_local_costs_on_a_gpu_spec_warn_once_on_stderr_with_the_fix(cache, tmp_p
     assert err.count("warning:") == 1 and err.rstrip().endswith("for this machine use --spec local")
 
 
-def test_a_pytorch_profile_on_autograd_runs_engine_warns():
-    class Costs:  # a PyTorch profile's costs, as measured.load_costs gives them
-        from_pytorch, path, nodes = True, "prof.json", {}
-    local = load_spec("cpu")
-    local.engine.overhead_holds_gil, local.name = True, "local"
-    line = confidence.mismatch(local, Costs())
-    assert line.startswith("warning: the costs in prof.json come from PyTorch's profiler, but local describes "
-                           "autograd-run's Python engine")
-    assert confidence.mismatch(load_spec("h100"), Costs()) is None
-    assert confidence.mismatch(local, None) is None
-
-
 def test_the_summary_states_the_spec_and_the_expected_error(cache, tmp_path, capsys):
     trace = _trace(tmp_path, capsys)
     cache(spread=2.0)  # rounds far apart: the held-out figure widens

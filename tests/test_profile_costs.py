@@ -412,3 +412,26 @@ def test_pytorch_costs_default_to_the_local_torch_spec(captured, tmp_path, monke
     write_local(spec, local_spec_path("local-torch"))
     assert simulate_session(g, SimOptions(costs=plain, slack_top=0)).spec.name == "local-torch"
     assert simulate_session(g, SimOptions(costs="analytic", slack_top=0)).spec.name != "local-torch"
+
+
+def test_a_pytorch_profile_on_autograd_runs_engine_warns_once_with_the_fix(captured, tmp_path, monkeypatch, capsys):
+    """A real torch.profiler trace simulated on `local` (autograd-run's Python engine): one line on stderr with
+    the fix; on a GPU data sheet (PyTorch's engine) nothing; the held-out figure is not claimed for it."""
+    from builders import run_cli
+    from autograd_run.sim.calibrate import write_local
+    from autograd_run.sim.specs import load_spec, local_spec_path
+    g, plain, _, folder = captured
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    local = load_spec("cpu")
+    local.name, local.engine.overhead_holds_gil = "local", True
+    write_local(local, local_spec_path("local"))
+    graph = str(folder / "mlp.json")
+    code, out, err = run_cli(["simulate", graph, "--costs", plain, "--spec", "local", "--no-summary"], capsys)
+    assert code == 0 and err == (f"warning: the costs in {plain} come from PyTorch's profiler, but local describes "
+                                 "autograd-run's Python engine (it holds the GIL per node): for PyTorch's engine use "
+                                 "`autograd-run calibrate --torch`, then --spec local-torch\n")
+    code, out, err = run_cli(["simulate", graph, "--costs", plain, "--spec", "h100", "--json", "--slack", "0"],
+                             capsys)
+    doc = json.loads(out)
+    assert code == 0 and err == "" and doc["warnings"] == []
+    assert doc["expected_error"]["relative"] is None  # a CPU profile on a GPU data sheet: nothing here checked it

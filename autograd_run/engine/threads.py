@@ -11,6 +11,7 @@ these helpers only.
 from __future__ import annotations
 
 import enum
+import os
 import re
 
 _PREFIX = "autograd-run "
@@ -51,3 +52,11 @@ def thread_sort_key(name: str) -> tuple:
 def worker_label(name: str) -> str:
     """A short label for tables and trace tracks: ``cuda:0``, ``reentrant-2``, or the caller's name."""
     return name[len(_PREFIX):] if thread_kind(name) is not ThreadKind.CALLER else name
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity; the machine's count where that is not known)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)

@@ -45,6 +45,7 @@ import time
 
 import numpy as np
 
+from autograd_run.engine.threads import usable_cpus
 from autograd_run.engine.waits import SPIN_TAIL
 from autograd_run.errors import RequestError
 from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec, local_spec_path
@@ -152,14 +153,6 @@ def _min_call_us() -> float:
     return (time.perf_counter() - t) / reps * 1e6
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity; the machine's count where that is not known)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 def _engine_round(nodes: int, repeat: int) -> dict[str, float]:
     """One round of the engine figures (µs): per-node overhead on the caller and on a device's thread, a
     cost node's extra, hand-off latency, a sleeping wait's lateness."""
@@ -222,7 +215,7 @@ def calibrate(nodes: int = 4000, repeat: int = 5, log=None) -> MachineSpec:
     host = DeviceSpec("this machine's CPU (numpy)",
                       peak_flops={"float32": _matmul_flops(np.float32), "float64": _matmul_flops(np.float64)},
                       mem_bw=_bandwidth(), flops_efficiency=0.9, bw_efficiency=0.9, min_kernel_us=_min_call_us(),
-                      cores=usable_cores())
+                      cores=usable_cpus())
     acc = DeviceSpec("virtual device (this machine's CPU)", dict(host.peak_flops), host.mem_bw, 0.9, 0.9,
                      host.min_kernel_us)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -29,12 +29,13 @@ import os
 import statistics
 
 from autograd_run.sim.measured import MeasuredCosts
+from autograd_run.text import visible
 from autograd_run.sim.specs import MachineSpec, default_spec_and_reason, load_spec, local_spec_path
 
 #: The held-out benchmark's figures: kind of prediction -> (relative error that about four in five held-out
 #: cases stayed within, where and when it was measured). Re-measure with ``python -m bench accuracy``.
 HELD_OUT = {
-    "local": (0.15, "bench accuracy, 3 runs of 32 graphs drawn at run time, 2-core VM, 2026-12-02"),
+    "local": (0.15, "bench accuracy, 3 runs of 32 graphs drawn at run time, 2-core VM, 2026-12-01"),
     "local-torch": (0.50, "PyTorch profiles of captured models against PyTorch's own backward "
                           "(docs/costs.md); profiles made by hand vary more"),
     "gpu-profile": (0.20, "capture --profile on an H200 against PyTorch's backward (docs/costs.md, 2026-11-30)"),
@@ -57,7 +58,7 @@ def choose_spec(ref, measured: MeasuredCosts | None) -> tuple[MachineSpec, str]:
 
 def _kind(spec: MachineSpec, measured: MeasuredCosts | None) -> str | None:
     if spec.engine.overhead_holds_gil:
-        return "local"  # autograd-run's engine, measured (only calibrate writes such a spec)
+        return "local"  # autograd-run's Python engine: what `calibrate` measures (or a file that says it is that)
     if spec.name == "local-torch":
         return "local-torch"
     if measured is not None and measured.from_pytorch and any(c.gpu_total for c in measured.nodes.values()):
@@ -94,13 +95,12 @@ def mismatch(spec: MachineSpec, measured: MeasuredCosts | None) -> str | None:
     if ours and not spec.engine.overhead_holds_gil:
         fix = ("--spec local" if os.path.isfile(local_spec_path()) else
                "`autograd-run calibrate`, then --spec local")
-        return (f"warning: the costs in {measured.path} were measured by autograd-run's engine on this CPU, but "
+        return (f"warning: the costs in {visible(measured.path)} were measured by autograd-run's engine on this CPU, but "
                 f"{spec.name}'s engine figures are PyTorch's C++ engine: the engine's own time is simulated as "
                 f"that machine's, not this one's; for this machine use {fix}")
     if not ours and spec.engine.overhead_holds_gil:
         fix = ("--spec local-torch" if os.path.isfile(local_spec_path("local-torch")) else
                "`autograd-run calibrate --torch`, then --spec local-torch")
-        return (f"warning: the costs in {measured.path} come from PyTorch's profiler, but {spec.name} describes "
+        return (f"warning: the costs in {visible(measured.path)} come from PyTorch's profiler, but {spec.name} describes "
                 f"autograd-run's Python engine (it holds the GIL per node): for PyTorch's engine use {fix}")
     return None
-

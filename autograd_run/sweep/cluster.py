@@ -45,10 +45,8 @@ def require_distributed():
 
 def default_workers() -> int:
     """One worker process per CPU this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
+    from autograd_run.engine.threads import usable_cpus
+    return usable_cpus()
 
 
 @contextmanager
