@@ -113,14 +113,30 @@ def test_event_records_and_waits_match_pytorchs(pt_oracle_results, name):
     assert runs[0] == pytorch_events(r), name
 
 
-def test_two_roots_make_the_same_event_calls_in_some_order(pt_oracle_results):
-    """PyTorch's own event calls vary with timing here; ours must be one of the variants it produced."""
-    r = pt_oracle_results["two_roots"]
-    ours = replay(r["capture"])[1]
+def _event_variants(r) -> list[dict]:
+    """The per-worker event calls (sorted) of every variant an oracle result saw."""
     seen = [pytorch_events(r)] + [{w: [(e[0], e[1], e[2]) for e in t if e[0] in ("record", "block")]
                                    for w, t in v["workers"].items()} for v in r["variants"]]
-    seen = [{w: e for w, e in s.items() if e} for s in seen]
-    assert {w: sorted(e) for w, e in ours.items()} in [{w: sorted(e) for w, e in s.items()} for s in seen]
+    return [{w: sorted(e) for w, e in s.items() if e} for s in seen]
+
+
+#: When the shared oracle's 10 runs never showed our variant, PyTorch is asked again, this many runs.
+MORE_RUNS = 60
+
+
+def test_two_roots_make_the_same_event_calls_in_some_order(pt_oracle_results):
+    """PyTorch's own event calls vary with timing here; ours must be one of the variants it produced. Ten
+    runs can show PyTorch only one of its variants (seen once in CI): then it runs the scenario again."""
+    r = pt_oracle_results["two_roots"]
+    ours = {w: sorted(e) for w, e in replay(r["capture"])[1].items()}
+    seen = _event_variants(r)
+    if ours not in seen:
+        try:
+            from tests.support import pt_oracle
+        except ImportError:  # as conftest: tests/ itself is on sys.path, the repository root is not
+            from support import pt_oracle
+        seen += _event_variants(pt_oracle.run_oracle(["two_roots"], repeats=MORE_RUNS, timeout=600)["two_roots"])
+    assert ours in seen
 
 
 def _as_oracle_labels(doc: dict, static: dict, nodes: dict) -> dict:
