@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
 
 REPEATS = 10
 SCENARIOS = ["mlp_2dev", "join_2dev", "join_race", "cpu_head", "two_roots", "fan_in", "colocated",
-             "checkpoint_dev", "nested_checkpoint", "side_stream"]
+             "checkpoint_dev", "checkpoint_span", "checkpoint_span_back", "nested_checkpoint", "side_stream"]
 
 
 @pytest.fixture(scope="module")

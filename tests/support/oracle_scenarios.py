@@ -175,6 +175,40 @@ def checkpoint_dev(d0: str, d1: str) -> Run:
     return Run([loss], leaves=_params(l1=l1, block=block, head=head))
 
 
+@scenario("reentrant checkpoint of a block that spans accel:0 and accel:1 (its .to() inside), head on accel:1")
+def checkpoint_span(d0: str, d1: str) -> Run:
+    torch.manual_seed(8)
+    l1 = nn.Linear(5, 6).to(d0)
+    a, b = nn.Linear(6, 6).to(d0), nn.Linear(6, 6).to(d1)
+    head = nn.Linear(6, 2).to(d1)
+    x = torch.randn(3, 5).to(d0)
+
+    def block(t):
+        return b(torch.tanh(a(t)).to(d1))
+    h = torch.relu(l1(x))
+    h = checkpoint(block, h, use_reentrant=True)
+    loss = head(torch.tanh(h)).sum()
+    return Run([loss], leaves=_params(l1=l1, a=a, b=b, head=head))
+
+
+@scenario("reentrant checkpoint on accel:0 whose block runs on accel:1 (inputs moved in, output moved back), "
+          "beside a branch on accel:1 the outer graph still has to run", order_race=True)
+def checkpoint_span_back(d0: str, d1: str) -> Run:
+    torch.manual_seed(9)
+    l1 = nn.Linear(5, 6).to(d0)
+    a, b = nn.Linear(6, 6).to(d1), nn.Linear(6, 6).to(d1)
+    side = nn.Linear(6, 6).to(d1)
+    x = torch.randn(3, 5).to(d0)
+
+    def block(t):
+        return b(torch.tanh(a(t.to(d1)))).to(d0)
+    h = torch.relu(l1(x))
+    c = checkpoint(block, h, use_reentrant=True)
+    s = torch.tanh(side(h.to(d1))).to(d0)
+    loss = (c * s).sum()
+    return Run([loss], leaves=_params(l1=l1, a=a, b=b, side=side))
+
+
 NESTED_DEPTH = 64
 
 
