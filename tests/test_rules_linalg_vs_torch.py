@@ -144,3 +144,20 @@ def test_matrix_exp_matches_pytorch(case, tmp_path):
          "skew": lambda: leaf(4, 4, seed=64)}[case]().detach().requires_grad_(True)
     x = a - a.mT if case == "skew" else a
     check(weigh(torch.linalg.matrix_exp(x)), {"a": a}, path=tmp_path / "g.json")
+
+
+@pytest.mark.parametrize("case", ["rows_by_offsets", "empty_group", "batched"])
+def test_grouped_mm_matches_pytorch(case):
+    """torch._grouped_mm (mixture-of-experts layers; float32 only on the CPU, rows 16-byte aligned): per
+    group of rows, a @ b[group]. (Rows past the last offset belong to no group: PyTorch leaves their output
+    unset, and its own backward then fails, so that layout is not compared; ours gives them no gradient.)"""
+    f = torch.float32
+    if case == "batched":
+        a, b = leaf(3, 4, 8, seed=70, dtype=f), leaf(3, 8, 4, seed=71, dtype=f)
+        offs = None
+    else:
+        a, b = leaf(12, 8, seed=72, dtype=f), leaf(3, 8, 4, seed=73, dtype=f)
+        offs = torch.tensor({"rows_by_offsets": [4, 9, 12], "empty_group": [5, 5, 12]}[case], dtype=torch.int32)
+    y = torch._grouped_mm(a, b, offs=offs) if offs is not None else torch._grouped_mm(a, b)
+    names = check(weigh(y), {"a": a, "b": b}, rtol=1e-4, atol=1e-5)
+    assert "GroupedMmBackward0" in names

@@ -66,6 +66,42 @@ def bmm(node, grads, ctx):
                 else cj(sv["self"]).swapaxes(-1, -2) @ g)
 
 
+@op("GroupedMmBackward0", outputs=2, saved="self:tensor? mat2:tensor? offs:tensor? bias:tensor?", cost=cost.MATMUL)
+def grouped_mm(node, grads, ctx):
+    """torch._grouped_mm (mixture-of-experts layers): per group, a @ b.
+
+    2-D ``self`` (rows, k) against 3-D ``mat2`` (groups, k, n): ``offs`` (int32, cumulative) ends each group's
+    rows; rows past the last offset belong to no group (their gradient is 0; PyTorch leaves their output
+    unset). 3-D against 3-D without ``offs`` is a batched product. Other layouts (offsets along k, 2-D ``mat2``) are refused by name.
+    """
+    g = grads[0]
+    sv = ctx.saved(node)
+    a, b, offs = sv["self"], sv["mat2"], sv.get("offs")
+    xp = ctx.xp(node)
+    if sv.get("bias") is not None:
+        raise RuntimeError(f"{node.name} {node.id!r}: a grouped product with a bias has no rule here")
+    if a.ndim == 3 and b.ndim == 3 and offs is None:
+        return each(node, lambda i: g @ b.swapaxes(-1, -2) if i == 0 else a.swapaxes(-1, -2) @ g)
+    if not (a.ndim == 2 and b.ndim == 3 and offs is not None and offs.ndim == 1 and len(offs) == b.shape[0]):
+        raise RuntimeError(f"{node.name} {node.id!r}: grouped product of shapes {tuple(a.shape)} x {tuple(b.shape)}"
+                           f"{'' if offs is None else ' with offsets along the rows'}: only (rows, k) x (groups, k, n) "
+                           "with offsets, or batched 3-D operands, have a rule here")
+    ends = [int(v) for v in (offs.get() if hasattr(offs, "get") and not isinstance(offs, np.ndarray) else offs)]
+    starts = [0] + ends[:-1]
+
+    def out(i):
+        if i == 0:
+            r = xp.zeros_like(a)
+            for e, (lo, hi) in enumerate(zip(starts, ends)):
+                r[lo:hi] = g[lo:hi] @ b[e].T
+            return r
+        r = xp.zeros_like(b)
+        for e, (lo, hi) in enumerate(zip(starts, ends)):
+            r[e] = a[lo:hi].T @ g[lo:hi]
+        return r
+    return each(node, out)
+
+
 def _mv_flops(s: cost.Shapes) -> float:
     """2 m n per produced gradient of a (m, n) matrix times an n-vector."""
     mat = next((m for m in s.outputs if m is not None and len(m[0]) == 2), None)
