@@ -22,10 +22,14 @@ $(RUNTIME): pyproject.toml setup.py autograd_run/engine/_core.c autograd_run/gra
 	$(PY) -m pip install -q -e .
 	touch $@
 
-# torch==2.13.0 is the CPU build that the tests use as their oracle.
+# torch==2.13.0 is the CPU build that the tests use as their oracle; then the zoo's external models
+# (torchvision, timm, transformers), which need torch in place first.
+# (pyproject.toml's `zoo` extra, named here so that pip does not rebuild the project a third time.)
+ZOO_EXTRAS := 'torchvision==0.28.0' 'timm>=1.0' 'transformers>=4.50'
 $(TESTDEPS): $(RUNTIME)
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q 'torch==2.13.0' $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q $(ZOO_EXTRAS) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	touch $@
 
 install: $(RUNTIME)

@@ -13,6 +13,9 @@ Each model in ``tests/zoo/models.py`` is captured to a JSON file with its
    now the engine's device worker thread runs every node while the caller
    waits, and order and gradients are compared once more.
 
+The ``external`` family (``tests/zoo/external.py``) holds models nobody here wrote: torchvision, timm and
+Hugging Face transformers; each skips, saying why, when its library is not installed.
+
 Only the models that declare it may keep opaque nodes (custom Functions
 whose backward builds no graph). ``docs/zoo.md`` lists every model.
 """
@@ -33,7 +36,7 @@ from autograd_run.check import check_graph  # noqa: E402
 from autograd_run.graphs import tensors  # noqa: E402
 from autograd_run.graphs.load import load_graph  # noqa: E402
 from autograd_run.session import RunOptions, run_session  # noqa: E402
-from zoo import models  # noqa: E402,F401  (registers the models)
+from zoo import external, models  # noqa: E402,F401  (registers the models)
 from zoo.registry import ZOO, build, tolerance  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
@@ -91,6 +94,9 @@ def test_the_zoo_is_big_and_varied():
 
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_model_replays_like_pytorch(name, tmp_path):
+    why = ZOO[name].unavailable()
+    if why:
+        pytest.skip(why)
     entry, doc, path = capture_model(name, tmp_path)
     assert os.path.exists(path[:-5] + ".npz")
     opaque = {n["id"]: n["attrs"]["reason"] for n in doc["nodes"] if n.get("op") == "opaque"}
@@ -129,3 +135,15 @@ def test_every_model_is_in_the_coverage_doc():
     text = open(DOC, encoding="utf-8").read()
     missing = [name for name in ZOO if f"`{name}`" not in text]
     assert not missing, f"docs/zoo.md does not list {missing} (regenerate: python tests/zoo/report.py --write)"
+
+
+def test_the_makefile_installs_the_zoo_extra():
+    """`make test` installs the external family's libraries: the Makefile's list is pyproject's `zoo` extra."""
+    import re
+    import tomllib
+    root = os.path.join(os.path.dirname(__file__), "..")
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["zoo"]
+    make = open(os.path.join(root, "Makefile"), encoding="utf-8").read()
+    listed = re.search(r"^ZOO_EXTRAS := (.*)$", make, re.M).group(1)
+    assert re.findall(r"'([^']+)'", listed) == extra

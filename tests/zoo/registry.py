@@ -47,19 +47,29 @@ class Entry:
     #: The half type the model computes in (its own dtype, or an autocast's), None for float32/float64.
     half: torch.dtype | None = None
     note: str = ""
+    #: The library an external model comes from (``torchvision``, ``timm``, ``transformers``), else "".
+    external: str = ""
+
+    def unavailable(self) -> str:
+        """Why this model cannot be built here ("" when it can): an external model's library is missing."""
+        if not self.external:
+            return ""
+        from zoo.external import unavailable
+        return unavailable(self.external)
 
 
 ZOO: dict[str, Entry] = {}
 
 
 def model(name: str, family: str, *, dtype: torch.dtype = torch.float64, tol=None, opaque: int = 0,
-          half: torch.dtype | None = None, note: str = ""):
+          half: torch.dtype | None = None, note: str = "", external: str = ""):
     """Register the decorated builder under ``name``."""
     def register(fn):
         if name in ZOO:
             raise ValueError(f"zoo model {name!r} registered twice")
         h = half or (dtype if dtype in (torch.float16, torch.bfloat16) else None)
-        ZOO[name] = Entry(name, family, fn, dtype, tol, opaque, h, note or " ".join((fn.__doc__ or "").split()))
+        ZOO[name] = Entry(name, family, fn, dtype, tol, opaque, h, note or " ".join((fn.__doc__ or "").split()),
+                          external)
         return fn
     return register
 

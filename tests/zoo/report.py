@@ -29,7 +29,7 @@ from autograd_run.engine import Engine  # noqa: E402
 from autograd_run.engine.run import run_graph  # noqa: E402
 from autograd_run.graphs import tensors  # noqa: E402
 from autograd_run.graphs.load import load_graph  # noqa: E402
-from zoo import models  # noqa: E402,F401
+from zoo import external, models  # noqa: E402,F401
 from zoo.registry import ZOO, build, tolerance  # noqa: E402
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "zoo.md")
@@ -75,8 +75,11 @@ def measure(name: str, folder: str) -> dict:
 
 HEADER = """# The model zoo
 
-`tests/test_zoo.py` captures {count} small models written with plain `torch.nn`
-({families} families), then for each one: the graph file and its `.npz` side
+`tests/test_zoo.py` captures {count} small models ({families} families): {own} written here
+with plain `torch.nn`, and an `external` family of {external} that nobody here wrote
+(`tests/zoo/external.py`: torchvision's and timm's own model classes, Hugging
+Face transformers built from small configs, random weights, nothing
+downloaded; each skips, saying why, when its library is missing). For each one: the graph file and its `.npz` side
 file are written, `check_graph` replays it single-threaded and compares the
 executed order with PyTorch's (exactly, nested checkpoint graphs included,
 each node at PyTorch's reentrant depth) and every leaf gradient with
@@ -84,7 +87,7 @@ PyTorch's; a session replays it again with the engine's threads on, and
 once more with every slot moved to a virtual accelerator (`cuda:0`), where
 the engine's device worker thread runs the nodes while the caller waits
 (order and gradients compared each time). The
-models live in `tests/zoo/models.py`; this page is written by
+models live in `tests/zoo/models.py` and `tests/zoo/external.py`; this page is written by
 `python tests/zoo/report.py --write` (a test checks that it lists every
 model).
 
@@ -164,7 +167,8 @@ special-function factor capture records.
 
 def render(rows: list[dict]) -> str:
     fams = sorted({r["family"] for r in rows})
-    out = [HEADER.format(count=len(rows), families=len(fams))]
+    outside = sum(1 for r in rows if r["family"] == "external")
+    out = [HEADER.format(count=len(rows), families=len(fams), own=len(rows) - outside, external=outside)]
     for r in rows:
         dtype = r["dtype"] + (" (autocast)" if r["autocast"] else "")
         worst = "not compared" if r["worst"] is None else f"{r['worst']:.2g}"
