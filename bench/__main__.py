@@ -5,6 +5,8 @@ graphs drawn at run time from a seed it prints (``python -m bench accuracy --see
 ``python -m bench accuracy --help`` for the rest).
 
 (h) is the simulation with PyTorch-measured costs against PyTorch itself (``bench/profcosts_bench.py``).
+``profiles`` (``bench.user_profiles``, in the default parts too): the same on external models (torchvision, timm,
+Hugging Face transformers) with profiles made the ways people make them, drawn from a seed it prints.
 
 ``--full`` adds the 1e6-node YAML load (about 5 minutes by itself). Parts f, g and i
 (``bench.e2e_bench``: the whole command against PyTorch, the trace formats, a traced
@@ -19,12 +21,12 @@ import os
 import sys
 import time
 
-from bench import accuracy, e2e_bench, engine_bench, load_bench, profcosts_bench, sim_bench
+from bench import accuracy, e2e_bench, engine_bench, load_bench, profcosts_bench, sim_bench, user_profiles
 
 
 def main(argv):
     quick = "--quick" in argv
-    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy"]
+    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy", "profiles"]
     out = os.path.join(os.path.dirname(__file__), "results.json")
     results = {}
     t = time.time()
@@ -43,6 +45,8 @@ def main(argv):
         results["h_profiled_costs"] = profcosts_bench.bench_accuracy(steps=11 if quick else 31)
     if "accuracy" in parts:
         results["accuracy"] = accuracy.main(argv, quick)
+    if "profiles" in parts:
+        results["profiles"] = user_profiles.main(argv, quick)
     if "f" in parts:
         results["f_e2e"] = e2e_bench.bench_e2e(n=20_000 if quick else 200_000)
     if "g" in parts:
@@ -100,6 +104,14 @@ def print_table(results: dict) -> None:
                 f"{r['predicted_us']:.0f} vs {r['torch_cpu_us']:.0f} us: {r['error_cpu']:+.1%}")
         row("(h) mean abs. error, measured costs", f"{h['mape_cpu']:.1%}", "<= 10% (goal 5%)", h["mape_cpu"] <= 0.10)
         row(f"(h) held out ({h['held_out']}), analytic costs", f"{h['held_out_error_cpu']:+.1%}")
+    if "all" in results.get("profiles", {}):
+        pr = results["profiles"]
+        d = pr["all"]
+        row(f"(profiles) external models, user-made profiles, seed {pr['seed']}",
+            f"MAPE {d['mape']:.1%}, p90 {d['p90']:.1%}, worst {d['worst']:+.1%}, bias {d['bias']:+.1%}",
+            "MAPE <= 10%", d["mape"] <= 0.10)
+        for kind, k in pr.get("by_kind", {}).items():
+            row(f"(profiles) trace holds {kind}", f"MAPE {k['mape']:.1%}, p80 {k['p80']:.0%}, n={k['n']}")
     if "accuracy" in results:
         a = results["accuracy"]
         for kind in ("warm", "cold"):

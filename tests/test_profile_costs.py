@@ -435,3 +435,78 @@ def test_a_pytorch_profile_on_autograd_runs_engine_warns_once_with_the_fix(captu
     doc = json.loads(out)
     assert code == 0 and err == "" and doc["warnings"] == []
     assert doc["expected_error"]["relative"] is None  # a CPU profile on a GPU data sheet: nothing here checked it
+
+
+FRESH_PROCESS_PROFILE = r'''
+import sys
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.profiler import ProfilerActivity, profile
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+x, t = torch.randn(5, 6), torch.randint(0, 3, (5,))
+calls = int(sys.argv[2])
+with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    for _ in range(calls):  # the process's first backward, then `calls - 1` more; forward inside the profile
+        m.zero_grad()
+        F.cross_entropy(m(x), t).backward()
+prof.export_chrome_trace(sys.argv[1])
+'''
+
+
+def test_a_process_first_backward_is_told_and_left_out_when_later_calls_exist(captured, tmp_path):
+    """A profile made in a fresh process around its first backward: the forward's sequence numbers start at 0,
+    so the call is its process's first (one-time set-up in its times). With later calls in the same trace it is
+    left out of the medians; alone, the simulation says so on stderr and states a wider expected error. The one
+    line on what was used names the calls and what was left out (the forward's ops)."""
+    import subprocess
+    import sys
+    g = captured[0]
+    paths = {}
+    for calls in (1, 3):
+        paths[calls] = str(tmp_path / f"fresh{calls}.json")
+        subprocess.run([sys.executable, "-c", FRESH_PROCESS_PROFILE, paths[calls], str(calls)], check=True,
+                       timeout=120)
+    three = load_costs(paths[3], g)
+    assert three.use.calls == 3 and three.use.used == ["backward 2", "backward 3"]
+    assert three.use.left_out == ["backward 1 (the process's first backward: one-time set-up)"]
+    assert not three.use.first_call and three.use.outside_ops >= 3 * 3  # 3 forwards of >= 3 top-level ops each
+    line = three.use.line(0.25)
+    assert line.startswith("2 of 3 backward calls (backward 2, backward 3; median per node); left out: backward 1")
+    assert "top-level ops outside the backward" in line and "0.25 us x" in line
+    assert "median of 2 of its 3 steps" in three.describe()
+    rep = simulate_session(g, SimOptions(costs=paths[3], slack_top=0))
+    assert not any("first backward" in w for w in rep.warnings)
+
+    one = load_costs(paths[1], g)
+    assert one.use.first_call and one.use.used == ["backward 1"] and one.use.left_out == []
+    rep = simulate_session(g, SimOptions(costs=paths[1], spec="h100", slack_top=0))
+    assert [w for w in rep.warnings if "first backward" in w] == [
+        f"warning: {paths[1]} profiles its process's first backward (the forward's sequence numbers start at 0): "
+        "its times hold one-time set-up (first allocations, kernel selection), 1.3-2.5x a later call's on this "
+        "machine's benchmark; profile a later step (after one warm-up step, or with "
+        "torch.profiler.schedule(wait=1, warmup=1, active=3))"]
+    # The fixture's own profiles come from this long-running process (sequence numbers far from 0): not first.
+    assert not load_costs(captured[1], g).use.first_call
+
+
+def test_the_stated_error_depends_on_what_the_profile_holds(captured, tmp_path, monkeypatch):
+    """On the calibrated local-torch spec, a profile's expected error is the held-out figure for what the trace
+    holds: several calls, one call, or a process's first call (the widest)."""
+    from autograd_run.sim import confidence
+    from autograd_run.sim.calibrate import write_local
+    from autograd_run.sim.specs import load_spec, local_spec_path
+    g, plain, _, _ = captured
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    spec = load_spec("cpu")
+    spec.name = "local-torch"
+    write_local(spec, local_spec_path("local-torch"))
+    several = load_costs(plain, g)
+    one = load_costs(plain, g, step=2)
+    first = load_costs(plain, g)
+    first.use.first_call = True
+    got = [confidence.expected_error(spec, m) for m in (several, one, first)]
+    want = [confidence.HELD_OUT[k] for k in ("local-torch", "local-torch one call", "local-torch first call")]
+    assert [e["relative"] for e in got] == [w[0] for w in want]
+    assert all(w[1] in e["basis"] for e, w in zip(got, want))

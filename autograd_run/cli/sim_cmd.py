@@ -144,7 +144,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     from autograd_run.cli.terminal import make_console, plain
     console = make_console()
     if measured is not None and summary:
-        render_costs(console, measured)
+        render_costs(console, measured, first.spec.engine.profiler_event_us)
     if len(reports) > 1:
         render_compare(console, reports, f"{g.source}: simulated, {len(g.nodes)} nodes")
     elif summary:
@@ -188,17 +188,24 @@ def _report_json(r) -> dict:
     return {"spec": r.spec.name, "spec_reason": r.spec_reason, "expected_error": r.expected_error,
             "warnings": r.warnings, "policy": r.options.policy, "devices": r.options.devices,
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
-            "cost_sources": r.cost_sources, "measured": _measured_json(r.measured), "summary": r.summary.to_dict(),
+            "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.spec.engine.profiler_event_us), "summary": r.summary.to_dict(),
             "samples": samples_json(r.recording),
             "slack": [s.__dict__ for s in r.slack]}
 
 
-def _measured_json(m) -> dict | None:
+def _measured_json(m, event_us: float = 0.0) -> dict | None:
     if m is None:
         return None
     cov = m.coverage
-    return {"origin": m.origin, "path": m.path, "nodes": len(m.nodes), "steps": m.steps, "step": m.step,
-            "info": m.info, "coverage": cov.to_dict() if hasattr(cov, "to_dict") else cov}
+    out = {"origin": m.origin, "path": m.path, "nodes": len(m.nodes), "steps": m.steps, "step": m.step,
+           "info": m.info, "coverage": cov.to_dict() if hasattr(cov, "to_dict") else cov}
+    if m.use is not None:
+        u = m.use
+        out["use"] = {"used": u.used, "calls": u.calls, "left_out": u.left_out, "outside_ops": u.outside_ops,
+                      "outside_runs": u.outside_runs, "events_per_call": u.events, "first_call": u.first_call,
+                      "event_us_seen": u.event_us_seen,
+                      "line": u.line(event_us)}
+    return out
 
 
 @click.command()

@@ -63,6 +63,8 @@ class MeasuredCosts:
     step: int | None = None
     #: When, where and with what they were measured (``capture --profile``): torch, device, date...
     info: dict = field(default_factory=dict)
+    #: A PyTorch profile: which of its backward calls were used and what was left out (see ``ProfileUse``).
+    use: Any = None
 
     @property
     def from_pytorch(self) -> bool:
@@ -77,9 +79,53 @@ class MeasuredCosts:
         what += ")"
         if self.step is not None:
             what += f", step {self.step} of {self.steps}"
+        elif self.use is not None and len(self.use.used) != self.steps:
+            what += f", median of {len(self.use.used)} of its {self.steps} steps"
         elif self.steps > 1:
             what += f", median of {self.steps} steps"
         return what
+
+
+@dataclass
+class ProfileUse:
+    """What a PyTorch profile's costs are made of: the calls used, what was left out and why."""
+
+    used: list[str]
+    calls: int
+    left_out: list[str]
+    #: Top-level ops outside every backward node (forward, optimizer), and node runs outside the matched calls.
+    outside_ops: int
+    outside_runs: int
+    #: Profiler events recorded inside the used calls' node spans, per call (the median call).
+    events: float
+    #: Every used call is its process's first backward (one-time set-up in its times).
+    first_call: bool
+    #: The profiler's own time per recorded event that the used spans show (us; None: they cannot tell).
+    event_us_seen: float | None = None
+
+    def line(self, event_us: float) -> str:
+        """One line: what was used, what was left out, and the profiler's own time taken out."""
+        names = self.used if len(self.used) <= 4 else self.used[:2] + ["..."] + self.used[-1:]
+        what = (f"{len(self.used)} of {self.calls} backward call{'s' if self.calls != 1 else ''} "
+                f"({', '.join(names)}{'; median per node' if len(self.used) > 1 else ''})")
+        left = list(self.left_out)
+        if self.outside_ops:
+            left.append(f"{self.outside_ops} top-level op{'s' if self.outside_ops != 1 else ''} outside the backward "
+                        "(forward, optimizer, the seed gradient)")
+        if self.outside_runs:
+            left.append(f"{self.outside_runs} node run{'s' if self.outside_runs != 1 else ''} outside the matched calls")
+        notes = []
+        if event_us and self.events:
+            notes.append(f"profiler's own time taken out: {event_us:.2f} us x {self.events:.0f} events a call "
+                         f"({event_us * self.events / 1e3:.2f} ms)")
+        seen = self.event_us_seen
+        if seen is not None and self.events:
+            check = f"this trace's spans show {seen:.2f} us per event"
+            if event_us and not event_us / 2 <= seen <= event_us * 2:
+                check += " (not the spec's figure: profiled on another machine, or with other settings?)"
+            notes.append(check)
+        taken = "".join("; " + n for n in notes)
+        return f"{what}; left out: {', '.join(left) if left else 'nothing'}{taken}"
 
 
 def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: str = "costs") -> MeasuredCosts | None:
@@ -115,10 +161,17 @@ def from_profile(trace, graph: Graph, step: int | None = None, order: list | Non
     from autograd_run.sim.profile_match import match_profile
     m = match_profile(graph, trace, order)
     steps = m.steps
+    left: list[str] = []
     if step is not None:
         if step > len(steps):
             raise RequestError(f"step {step}: {trace.path} holds {len(steps)} backward call(s) of this graph", "step")
+        left = [f"{len(steps) - 1} other call{'s' if len(steps) != 2 else ''} (--step {step})"] if len(steps) > 1 else []
         steps = [steps[step - 1]]
+    elif len(steps) > 1 and steps[0].first_forward:
+        # A process's first backward runs 1.3-2.5x slower here (first allocations, kernel set-up): when the
+        # trace holds later calls, they are the ones a simulation of a training step should use.
+        left = [f"{steps[0].label} (the process's first backward: one-time set-up)"]
+        steps = steps[1:]
     per: dict[str, list] = {}
     for s in steps:
         for nid, e in s.nodes.items():
@@ -129,7 +182,12 @@ def from_profile(trace, graph: Graph, step: int | None = None, order: list | Non
         nodes[nid] = MeasuredCost(statistics.median(e.dur_ns - e.overhead_ns for e in evs),
                                   {k: statistics.median(e.gpu_ns.get(k, 0) for e in evs) for k in streams},
                                   statistics.median(e.nested for e in evs))
-    return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, len(m.steps), step)
+    events = statistics.median(sum(e.nested for e in s.nodes.values()) for s in steps) if steps else 0.0
+    from autograd_run.traces.torch_profile import event_cost_in
+    use = ProfileUse([s.label for s in steps], len(m.steps), left, trace.outside_ops, m.coverage.outside, events,
+                     bool(steps) and all(s.first_forward for s in steps),
+                     event_cost_in([e for s in steps for e in s.nodes.values()]))
+    return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, len(m.steps), step, use=use)
 
 
 def _from_ours(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:

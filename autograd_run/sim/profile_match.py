@@ -70,6 +70,9 @@ class StepMatch:
     methods: Counter = field(default_factory=Counter)
     #: Runs inside the step that match no node, by name.
     unmatched: Counter = field(default_factory=Counter)
+    #: The forward of this call was the first to build autograd nodes on its thread (its sequence numbers start
+    #: near 0): the backward is most likely its process's first, whose times hold one-time set-up.
+    first_forward: bool = False
 
 
 @dataclass
@@ -173,6 +176,10 @@ def match_profile(graph: Graph, trace: TorchTrace, order: list[list] | None = No
         steps = _find_steps(trace, anchor, main, index, starts_of, claimed)
         _bound(steps, trace)
         lo, hi = min(n.seq for n in main), max(n.seq for n in main)
+        for s in steps:
+            # Sequence numbers count the autograd nodes a thread has built: fewer before this call's lowest
+            # than the call itself builds means no earlier forward of this model ran on that thread.
+            s.first_forward = lo + s.offsets[anchor.fwd_thread][1] < len(main)
         margin = max(16, len(main) // 10)
         for s in steps:
             end = s.end_ns

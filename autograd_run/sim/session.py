@@ -26,7 +26,7 @@ from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
 from autograd_run.sim.result import last_times, nonempty, span, to_recording
 from autograd_run.sim.scheduler import Simulator
-from autograd_run.sim.confidence import choose_spec, expected_error, mismatch
+from autograd_run.sim.confidence import choose_spec, expected_error, first_call, mismatch
 from autograd_run.sim.specs import MachineSpec
 from autograd_run.traces.recording import Recording
 from autograd_run.traces.summary import Summary, longest_runs, summarize
@@ -190,8 +190,7 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     report.scale_unused = scale_unused
     report.spec_reason = reason
     report.expected_error = expected_error(spec, measured, report.cost_sources)
-    warning = mismatch(spec, measured)
-    report.warnings = [warning] if warning else []
+    report.warnings = [w for w in (mismatch(spec, measured), first_call(measured)) if w]
     if o.slack_top > 0:
         report.slack = _slack(graph, spec, model, o, report)
     return report

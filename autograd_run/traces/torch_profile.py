@@ -127,6 +127,9 @@ class BackwardEvent:
     gpu_ns: dict[str, int] = field(default_factory=dict)
     #: The profiler's own work inside the span (``overhead`` events: its activity buffers), ns.
     overhead_ns: int = 0
+    #: The span's time outside its direct children (the engine's work around the node's ops, and the
+    #: profiler's own per recorded event), ns.
+    own_ns: int = 0
 
     @property
     def end_ns(self) -> int:
@@ -156,6 +159,9 @@ class TorchTrace:
     gpu_attributed: int = 0
     #: GPU names from ``deviceProperties``.
     gpus: list[str] = field(default_factory=list)
+    #: Top-level CPU ops and annotations outside every backward node (the forward, the optimizer, data loading):
+    #: not used for costs.
+    outside_ops: int = 0
 
 
 def _ns(us: float) -> int:
@@ -216,18 +222,24 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
             overheads.append((start, start + _ns(e.dur)))
     events: list[BackwardEvent] = []
     by_thread: dict[tuple, list[BackwardEvent]] = {}
+    outside = 0
     for thread, evs in per_thread.items():
         evs.sort(key=lambda r: (r[0], -r[1]))
+        outside += _outside_ops(evs)
         mine = []
         for i, (start, end, name, args) in enumerate(evs):
             if not name.startswith(EVALUATE):
                 continue
             node = name[len(EVALUATE):]
             nested, shapes = 0, None
+            child_ns, child_end = 0, -1  # time covered by the span's direct children
             j = i + 1
             while j < len(evs) and evs[j][0] <= end:
                 if evs[j][1] <= end:
                     nested += 1
+                    if evs[j][0] >= child_end:
+                        child_ns += evs[j][1] - evs[j][0]
+                        child_end = evs[j][1]
                     if shapes is None and evs[j][2] == node:
                         own = evs[j][3]
                         shapes = own.get("Input Dims")
@@ -238,6 +250,7 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
             ev = BackwardEvent(node, seq if seq is not None and seq >= 0 else None,
                                _int(args.get("Fwd thread id")), thread, start, end - start, nested,
                                shapes if isinstance(shapes, list) else None)
+            ev.own_ns = end - start - child_ns
             mine.append(ev)
             events.append(ev)
         if mine:
@@ -265,7 +278,23 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
     events.sort(key=lambda ev: ev.start_ns)
     steps.sort(key=lambda s: s.start_ns)
     gpus = [str(d.get("name")) for d in doc.deviceProperties or () if isinstance(d, dict) and d.get("name")]
-    return TorchTrace(path, events, steps, len(gpu), attributed, gpus)
+    return TorchTrace(path, events, steps, len(gpu), attributed, gpus, outside)
+
+
+def _outside_ops(evs: list) -> int:
+    """How many of one thread's events (sorted by start, longer first) are top-level work outside the backward.
+
+    Python frames (``with_stack``) and ``ProfilerStep#N`` spans enclose everything and are passed over; an
+    event inside another top-level event is part of it."""
+    top_end = -1
+    count = 0
+    for start, end, name, args in evs:
+        if start < top_end or _STEP.match(name) or args.get("Python id") is not None:
+            continue
+        top_end = end
+        if not name.startswith(EVALUATE):
+            count += 1
+    return count
 
 
 def _enclosing(by_thread: dict, starts: dict, loc: tuple) -> BackwardEvent | None:
@@ -303,6 +332,25 @@ def _charge_overheads(by_thread: dict, starts: dict, overheads: list, runtime_st
             best[1].overhead_ns += hi - lo
 
 
+def event_cost_in(events: list[BackwardEvent]) -> float | None:
+    """The profiler's own time per recorded event that these spans show, in us (None when they cannot tell).
+
+    A span's time outside its direct children is the engine's fixed work around the node plus the profiler's
+    cost for each event recorded inside it, so it grows with the number of nested events: the slope of the
+    median per count (Theil-Sen: the median of the pairwise slopes; at least 3 counts with 3 spans each)."""
+    import statistics
+    by: dict[int, list[int]] = {}
+    for e in events:
+        if e.nested:
+            by.setdefault(e.nested, []).append(e.own_ns)
+    med = {n: statistics.median(v) for n, v in by.items() if len(v) >= 3}
+    xs = sorted(med)
+    if len(xs) < 3:
+        return None
+    slopes = [(med[b] - med[a]) / (b - a) for i, a in enumerate(xs) for b in xs[i + 1:]]
+    return max(0.0, statistics.median(slopes)) / 1e3
+
+
 def merge_traces(traces: list[TorchTrace]) -> TorchTrace:
     """Several profiler sessions of one process as one trace (their clocks are the same)."""
     events = sorted((e for t in traces for e in t.events), key=lambda e: e.start_ns)
@@ -310,7 +358,7 @@ def merge_traces(traces: list[TorchTrace]) -> TorchTrace:
     path = traces[0].path if len(traces) == 1 else f"{len(traces)} profiler sessions"
     gpus = list(dict.fromkeys(g for t in traces for g in t.gpus))
     return TorchTrace(path, events, steps, sum(t.gpu_activities for t in traces),
-                      sum(t.gpu_attributed for t in traces), gpus)
+                      sum(t.gpu_attributed for t in traces), gpus, sum(t.outside_ops for t in traces))
 
 
 def read_torch_profile(path: str, option: str = "costs", max_bytes: int | None = None) -> TorchTrace:
