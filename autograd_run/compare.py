@@ -12,7 +12,7 @@ collector runs before each pass, as ``timeit`` keeps it out of the timing.
 A simulation is deterministic and runs once. Each side loads
 the graph afresh (a ``--seed`` on one side must not reach the other).
 
-``diff GRAPH --a ... --b ...`` calls this; ``traces.diff.compare`` compares
+``diff GRAPH --a ... --b ...`` calls this; ``analysis.diff.compare`` compares
 the two profiles.
 """
 
@@ -27,7 +27,7 @@ from autograd_run.errors import BackwardError, RequestError
 from autograd_run.graphs.load import load_graph
 from autograd_run.session import RunOptions, run_session
 from autograd_run.sim.session import SimOptions, simulate_session
-from autograd_run.traces.profile import Profile, concat, from_recording
+from autograd_run.analysis.profile import Profile, concat, from_recording
 
 
 class SideFailed(BackwardError):

@@ -11,7 +11,7 @@ a test uses the fixture::
         backward_order.check(loss, model, name="resnet")
 
 ``check`` captures PyTorch's executed order of the backward
-(``autograd_run.golden``: PyTorch runs it once, multithreading off; the
+(``autograd_run.capture.golden``: PyTorch runs it once, multithreading off; the
 leaves' ``.grad`` are left as they were and the graph is retained) and
 compares it with ``__golden__/resnet.jsonl`` beside the test file, by node
 identity (name and rank among the graph's nodes of that name; a leaf by its
@@ -222,7 +222,7 @@ class BackwardOrder:
         __tracebackhide__ = True
         # `import a.b as b`, not `from a import b`: after an in-process pytester run restored sys.modules the
         # package may still hold a stale `golden` attribute whose RequestError is another class.
-        import autograd_run.golden as golden
+        import autograd_run.capture.golden as golden
         from autograd_run.text import visible
         path = self.golden_path(name)
         captured = golden.capture_order(outputs, _leaf_names(params), inputs=inputs, grad_outputs=grad_outputs)
@@ -294,7 +294,7 @@ class BackwardOrder:
 
     def _update(self, path: Path, captured) -> None:
         __tracebackhide__ = True
-        import autograd_run.golden as golden
+        import autograd_run.capture.golden as golden
         from autograd_run.text import visible
         keys = json.dumps([golden.node_key(r) for r in captured.rows] + [captured.torch])
         digest = hashlib.sha256(keys.encode()).hexdigest()
@@ -324,7 +324,7 @@ class BackwardOrder:
     def _obtained(self, path: Path, captured, result) -> str:
         """Write PyTorch's order now and a Markdown report for CI; returns where (shown)."""
         __tracebackhide__ = True
-        import autograd_run.golden as golden
+        import autograd_run.capture.golden as golden
         from autograd_run.outputs import check_output_path
         from autograd_run.text import md_section
         root = self._config.stash[_STATE].obtained

@@ -41,11 +41,11 @@ from autograd_run.ops import ACCUMULATE_GRAD, OPAQUE
 from autograd_run.outputs import check_output_path
 from autograd_run.stopping import INTERRUPTED, TIMEOUT, RunStop, Watchdog
 from autograd_run.traces.order import Divergence, compare_orders, write_order
-from autograd_run.traces.order_recorder import OrderRecorder
-from autograd_run.traces.recorder import Recorder
-from autograd_run.traces.recording import Recording
-from autograd_run.traces.samples import Samples, pass_samples
-from autograd_run.traces.summary import Summary, SummaryBuilder, summarize
+from autograd_run.record.order_recorder import OrderRecorder
+from autograd_run.record.recorder import Recorder
+from autograd_run.record.recording import Recording
+from autograd_run.analysis.samples import Samples, pass_samples
+from autograd_run.analysis.summary import Summary, SummaryBuilder, summarize
 
 
 @dataclass
@@ -84,13 +84,13 @@ class RunOptions:
     order_out: str | None = None
     #: More tracers (e.g. a progress hook), called after the built-in ones.
     tracers: Sequence[Tracer] = ()
-    #: Measured costs (``sim.measured.load_costs``: a PyTorch profile, a trace, a graph file with measured
+    #: Measured costs (``sim.session.read_costs``: a PyTorch profile, a trace, a graph file with measured
     #: costs): each ``opaque`` node (an op without a rule here) takes its measured time when it runs, so a
     #: replay of a captured model spends what PyTorch spent there. Nodes with rules run their own formula.
     costs: str | None = None
     #: With a PyTorch profile: its N-th backward call of this graph instead of the median.
     costs_step: int | None = None
-    #: Keep every pass's samples (``traces.samples``: what ``diff`` compares) when the passes are folded
+    #: Keep every pass's samples (``analysis.samples``: what ``diff`` compares) when the passes are folded
     #: into the summary one by one (``--repeat`` without a trace): memory then grows with passes x nodes.
     samples: bool = False
     #: Seconds the whole run (every pass) may take; then it is stopped as by ``stop``. None: no limit.
@@ -135,7 +135,7 @@ class RunReport:
 
     @property
     def samples(self) -> Samples | None:
-        """Per-pass samples (``traces.samples``); None when the passes were folded without keeping them."""
+        """Per-pass samples (``analysis.samples``); None when the passes were folded without keeping them."""
         if self._samples is None and self.recording is not None and not self._folded:
             self._samples = pass_samples(self.recording)
         return self._samples
@@ -206,8 +206,8 @@ def _opaque_times(graph: Graph, o: RunOptions) -> tuple[dict, object]:
         if o.costs_step is not None:
             raise RequestError("a step is picked from measured costs: give them too", "step")
         return {}, None
-    from autograd_run.sim.measured import load_costs
-    measured = load_costs(o.costs, graph, o.costs_step)
+    from autograd_run.sim.session import read_costs
+    measured = read_costs(o.costs, graph, o.costs_step)
     out = {}
     for n in graph.nodes:
         m = measured.nodes.get(n.id) if measured is not None else None

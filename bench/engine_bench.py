@@ -24,7 +24,7 @@ from autograd_run.engine.run import root_gradients
 from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.generators import generate
 from autograd_run.graphs.load import loads_graph
-from autograd_run.traces.recorder import Recorder
+from autograd_run.record.recorder import Recorder
 
 threading.stack_size(256 * 1024 * 1024)  # deep torch graphs free recursively in C++
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SKIP: torch {torch.__version__} sees no CUDA device")
         return 2
     from autograd_run.capture import from_torch
-    from autograd_run.capture_profile import profile_capture
+    from autograd_run.capture.profile import profile_capture
     from autograd_run.graphs.load import load_graph
     from autograd_run.sim.calibrate_torch import calibrate_torch
     from autograd_run.sim.session import SimOptions, simulate_session

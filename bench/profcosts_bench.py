@@ -128,7 +128,7 @@ def _mean_spec(specs):
 def bench_accuracy(steps: int = 31, warmup: int = 3, threads: int = 1) -> dict:
     import torch
     from autograd_run.capture import from_torch
-    from autograd_run.capture_profile import profile_capture
+    from autograd_run.capture.profile import profile_capture
     from autograd_run.graphs.load import load_graph
     from autograd_run.sim.calibrate_torch import calibrate_torch
     from autograd_run.sim.session import SimOptions, simulate_session

@@ -178,7 +178,7 @@ def run_traced(g: Graph, tracer, *, devices: str | None = None, multithreading: 
 
 def executed(g: Graph, *, multithreading: bool = False, **kw) -> list[str]:
     """The ids of the nodes the engine ran, in order (on the calling thread unless told)."""
-    from autograd_run.traces.order_recorder import OrderRecorder
+    from autograd_run.record.order_recorder import OrderRecorder
     rec = OrderRecorder()
     run_traced(g, rec, multithreading=multithreading, **kw)
     return rec.ids()
@@ -187,7 +187,7 @@ def executed(g: Graph, *, multithreading: bool = False, **kw) -> list[str]:
 def recording(g: Graph, *, fails: bool = False, **kw):
     """The ``Recording`` of one profiled run; with ``fails`` the run must raise a ``BackwardError``."""
     from autograd_run.errors import BackwardError
-    from autograd_run.traces.recorder import Recorder
+    from autograd_run.record.recorder import Recorder
     rec = Recorder()
     if fails:
         with pytest.raises(BackwardError):

@@ -41,7 +41,7 @@ def _replay_from_file(outputs, leaves, path):
     from autograd_run.engine import Engine
     from autograd_run.engine.run import run_graph
     from autograd_run.graphs.load import load_graph
-    from autograd_run.traces.order_recorder import OrderRecorder
+    from autograd_run.record.order_recorder import OrderRecorder
     check_outputs(outputs)
     doc = from_torch(outputs, names=leaves, path=str(path), reference=False)
     g = load_graph(str(path))

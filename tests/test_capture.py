@@ -10,7 +10,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 from autograd_run.capture import from_torch  # noqa: E402
-from autograd_run.check import check_graph  # noqa: E402
+from autograd_run.capture.check import check_graph  # noqa: E402
 from autograd_run.graphs.load import load_graph  # noqa: E402
 from builders import run_cli  # noqa: E402
 
@@ -237,7 +237,7 @@ def test_a_leaf_as_the_output_is_captured_as_pytorch_runs_it(tmp_path):
     """``x.backward()`` on a leaf that requires grad runs its AccumulateGrad node alone (x.grad = ones),
     so capture keeps that one-node graph rather than refusing it."""
     torch = pytest.importorskip("torch")
-    from autograd_run.check import check_graph
+    from autograd_run.capture.check import check_graph
     from autograd_run.graphs.load import loads_graph
     x = torch.tensor([1.0, 2.0], requires_grad=True)
     doc = from_torch(x, names={"x": x})

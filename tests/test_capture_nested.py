@@ -15,7 +15,7 @@ F = torch.nn.functional
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 from autograd_run.capture import from_torch  # noqa: E402
-from autograd_run.check import check_graph  # noqa: E402
+from autograd_run.capture.check import check_graph  # noqa: E402
 from autograd_run.engine import Engine  # noqa: E402
 from autograd_run.engine.run import run_graph  # noqa: E402
 from autograd_run.graphs.load import load_graph  # noqa: E402

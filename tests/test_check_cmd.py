@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from autograd_run.check import check_graph
+from autograd_run.capture.check import check_graph
 from builders import doc, leaf, node, run_cli
 
 

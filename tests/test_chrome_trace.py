@@ -16,7 +16,8 @@ from autograd_run.graphs.load import load_graph
 from autograd_run.graphs.model import Edge
 from autograd_run.session import RunOptions, run_session
 from autograd_run.sim.session import SimOptions, simulate_session
-from autograd_run.traces.chrome import PID, node_title, slice_node, to_chrome_trace
+from autograd_run.traces.chrome import to_chrome_trace
+from autograd_run.traces.layout import PID, node_title, slice_node
 from builders import doc, graph, leaf, node, recording
 from tp_wasm.tp import TraceProcessor, available
 
@@ -301,7 +302,7 @@ def _recording_from_events():
     """A Recording made from event tuples (its waits do not know their samples' rows), with what the
     outstanding-tasks counter drops: a node run without a recorded push, a skip, a task of another
     GraphTask ending after its count went to zero; and a slice of no duration."""
-    from autograd_run.traces.recording import NODE_END, NODE_START, POP, PUSH, SKIP, Recording
+    from autograd_run.record.recording import NODE_END, NODE_START, POP, PUSH, SKIP, Recording
     a, b, c, d, e = load_graph("example:seed").nodes[:5]
     q = "cpu:MainThread"
     events = [(PUSH, 10, 1, q, 1, a, 1), (PUSH, 12, 1, q, 2, c, 2), (POP, 20, 1, q, 1, a, 1),
@@ -363,8 +364,9 @@ def test_node_slices_carry_the_marks_of_pass_samples():
     """Each node slice's pass, worker, critical_path and graph_root (what ``diff`` reads from a trace), made
     from the columns with the critical path compiled, are pass_samples' (the record-by-record definition)."""
     from autograd_run.ops import is_graph_root
-    from autograd_run.traces.chrome import chrome_chunks, thread_tids
-    from autograd_run.traces.samples import pass_samples, stable_worker
+    from autograd_run.traces.chrome import chrome_chunks
+    from autograd_run.traces.layout import thread_tids
+    from autograd_run.analysis.samples import pass_samples, stable_worker
     recs = _recordings()
     g = load_graph("example:pipeline")
     recs += [(f"pipeline x3, mt={mt}", run_session(g, RunOptions(repeat=3, multithreading=mt,

@@ -161,7 +161,7 @@ class _Q:
 
 @compiled
 def test_the_event_logs_keep_the_same_records_and_tables():
-    from autograd_run.traces.event_log import EventLogPy
+    from autograd_run.record.event_log import EventLogPy
     named = {"c": [], "p": []}
     c = core.EventLog(fake_clock(), named["c"].append)
     p = EventLogPy(fake_clock(), named["p"].append)
@@ -225,7 +225,7 @@ def test_the_summary_loops_agree_with_their_twins(seed):
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.generators import generate
     from autograd_run.graphs.load import loads_graph
-    from autograd_run.traces import kernels
+    from autograd_run.record import kernels
     g = loads_graph(dumps(generate("random", nodes=200, leaves=30, seed=seed), "json"), "r.json")
     rnd = np.random.default_rng(seed)
     nodes = list(g.nodes)
@@ -299,7 +299,7 @@ def test_the_node_tables_and_saved_split_agree_with_their_twins():
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.generators import generate
     from autograd_run.graphs.load import load_graph, loads_graph
-    from autograd_run.traces import kernels
+    from autograd_run.record import kernels
     graphs = [load_graph("example:" + n) for n in ("seed", "mlp", "pipeline", "checkpoint")]
     graphs.append(loads_graph(dumps(generate("transformer", layers=1, devices=2), "json"), "t.json"))
     for g in graphs:

@@ -8,7 +8,7 @@ import pytest
 from autograd_run.engine import DeviceSet
 from autograd_run.engine.devices import _cupy_status
 from autograd_run.engine.run import run_graph
-from autograd_run.traces.recorder import Recorder
+from autograd_run.record.recorder import Recorder
 from builders import doc, fan, graph, leaf, meta, node, recording, run_traced
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from autograd_run.errors import RequestError
-from autograd_run.traces.diff import Threshold, check, compare, parse_fail_on
-from autograd_run.traces.profile import read_profile
+from autograd_run.analysis.diff import Threshold, check, compare, parse_fail_on
+from autograd_run.traces.read_profile import read_profile
 from builders import cost, doc, leaf, node, run_cli
 
 

@@ -16,7 +16,7 @@ from autograd_run.errors import BackwardError
 from autograd_run.graphs.generators import generate
 from autograd_run.graphs.load import load_graph
 from autograd_run.graphs.model import Edge
-from autograd_run.traces.order_recorder import OrderRecorder
+from autograd_run.record.order_recorder import OrderRecorder
 from builders import doc, executed, graph, leaf, mul, node, total
 
 pytestmark = pytest.mark.timeout(60)

@@ -19,8 +19,8 @@ from autograd_run.errors import BackwardError, RequestError
 from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.load import loads_graph
 from autograd_run.graphs.model import Device
-from autograd_run.traces.order_recorder import OrderRecorder
-from autograd_run.traces.recorder import Recorder
+from autograd_run.record.order_recorder import OrderRecorder
+from autograd_run.record.recorder import Recorder
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,7 +20,7 @@ from autograd_run.engine.run import run_graph
 from autograd_run.engine.tracer import Tracer
 from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.load import loads_graph
-from autograd_run.traces.order_recorder import OrderRecorder
+from autograd_run.record.order_recorder import OrderRecorder
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
 

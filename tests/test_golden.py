@@ -1,4 +1,4 @@
-"""Golden orders of real PyTorch (autograd_run.golden) and `capture --order-out / --expect-order / --check`.
+"""Golden orders of real PyTorch (autograd_run.capture.golden) and `capture --order-out / --expect-order / --check`.
 
 PyTorch's executed order is captured from real models, written in the order
 file format, and compared by node identity (name and rank among the graph's
@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="golden orders are PyTorch's (pip install 'autograd-run[torch]')")
 nn = torch.nn
 
-from autograd_run import golden  # noqa: E402
+from autograd_run.capture import golden  # noqa: E402
 from autograd_run.errors import RequestError  # noqa: E402
 from autograd_run.traces.order import read_order  # noqa: E402
 from builders import run_cli  # noqa: E402

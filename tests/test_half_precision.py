@@ -11,7 +11,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 from autograd_run.capture import from_torch  # noqa: E402
-from autograd_run.check import check_graph  # noqa: E402
+from autograd_run.capture.check import check_graph  # noqa: E402
 from autograd_run.engine import Engine  # noqa: E402
 from autograd_run.engine.run import run_graph  # noqa: E402
 from autograd_run.errors import GraphFileError  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 from autograd_run.errors import RunInterrupted
 from autograd_run.session import RunOptions, run_session
 from autograd_run.stopping import RunStop
-from autograd_run.traces.chrome import slice_node
+from autograd_run.traces.layout import slice_node
 from autograd_run.traces.order import read_order
 from autograd_run.errors import RequestError
 from builders import doc, graph, leaf, node

@@ -25,7 +25,7 @@ import pytest
 
 from autograd_run.errors import RequestError
 from autograd_run.graphs.load import loads_graph
-from autograd_run.sim.measured import load_costs
+from autograd_run.sim.session import read_costs
 from autograd_run.sim.session import SimOptions, simulate_session
 from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec
 from autograd_run.traces.torch_profile import read_torch_profile
@@ -119,7 +119,7 @@ def test_kernels_join_their_backward_node_by_external_id_or_correlation(trace_fi
 
 def test_gpu_costs_reach_the_simulation_on_their_own_tracks(trace_file):
     g = graph()
-    costs = load_costs(trace_file, g)
+    costs = read_costs(trace_file, g)
     cov = costs.coverage
     assert cov.matched_count == 3 and cov.methods == {"sequence": 2, "leaf shape": 1}
     assert cov.alignment() == ["graph forward thread 1 -> trace forward thread 1: sequence offset +100 (1 call)"]
@@ -179,7 +179,7 @@ def test_the_profilers_own_work_inside_a_node_is_not_its_measured_cost(tmp_path)
                                "tid": 0, "ts": 104, "dur": 12})
     p = tmp_path / "t.json"
     p.write_text(json.dumps(doc))
-    costs = load_costs(str(p), graph())
+    costs = read_costs(str(p), graph())
     assert costs.nodes["n0"].cpu_ns == 30000 - 12000
     assert costs.nodes["n1"].cpu_ns == 30000  # the other nodes keep their spans
 

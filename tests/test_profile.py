@@ -11,13 +11,15 @@ from autograd_run.cli.render import report_json
 from autograd_run.errors import RequestError
 from autograd_run.graphs.load import load_graph
 from autograd_run.session import RunOptions, run_session
-from autograd_run.traces import profile as P
-from autograd_run.traces.chrome import slice_node, to_chrome_trace
+from autograd_run.analysis import profile as AP
+from autograd_run.traces import read_profile as P
+from autograd_run.traces.chrome import to_chrome_trace
+from autograd_run.traces.layout import slice_node
 from autograd_run.traces.order import dumps_order
-from autograd_run.traces.recorder import Recorder
-from autograd_run.traces.recording import Recording
-from autograd_run.traces.samples import pass_samples, stable_worker
-from autograd_run.traces.summary import summarize
+from autograd_run.record.recorder import Recorder
+from autograd_run.record.recording import Recording
+from autograd_run.analysis.samples import pass_samples, stable_worker
+from autograd_run.analysis.summary import summarize
 from builders import doc, graph, leaf, node, run_cli, run_traced
 
 
@@ -97,7 +99,7 @@ def run_files(tmp_path, graph="example:pipeline", repeat=3, **kw):
 
 def test_one_run_read_from_its_trace_summary_and_order_file(tmp_path):
     r, trace, summary, order = run_files(tmp_path)
-    live = P.from_recording(r.recording, "live", "run", r.order)
+    live = AP.from_recording(r.recording, "live", "run", r.order)
     t, s, o = (P.read_profile(str(p)) for p in (trace, summary, order))
     assert (t.kind, s.kind, o.kind) == ("trace", "summary", "order file")
     assert t.passes == s.passes == live.passes == 3 and not o.has_times
@@ -132,7 +134,7 @@ def test_what_a_trace_leaves_out_reads_back_as_it_was(tmp_path, monkeypatch):
     nodes = [e for e in events if e["ph"] == "X" and e.get("cat") == "node"]
     assert any("graph_task" not in e["args"] for e in nodes)
     assert any("graph_task" not in e["args"] for e in events if e["ph"] == "b")
-    live = P.from_recording(r.recording, "live", "run", r.order)
+    live = AP.from_recording(r.recording, "live", "run", r.order)
     t, s = P.read_profile(str(trace)), P.read_profile(str(summary))
     assert set(t.ops) == set(s.ops) == set(live.ops) == {n.name for n in load_graph("example:pipeline").nodes}
     for nid, ns in live.nodes.items():
@@ -251,10 +253,10 @@ def test_an_older_summary_without_samples_gives_aggregates(tmp_path):
 
 def test_concat_of_runs_keeps_every_pass(tmp_path):
     g = load_graph("example:seed")
-    parts = [P.from_recording(run_session(g, RunOptions(repeat=n, record_order=True, keep_recording=True)).recording,
+    parts = [AP.from_recording(run_session(g, RunOptions(repeat=n, record_order=True, keep_recording=True)).recording,
                              "x", "run")
              for n in (1, 2)]
-    c = P.concat(parts, "both")
+    c = AP.concat(parts, "both")
     assert c.passes == 3 and len(c.wall_ns) == 3 and len(c.order) == 3
     assert all(len(ns.duration_ns) == 3 for ns in c.nodes.values())
     assert c.ops["MulBackward0"] == [a + b for a, b in zip(c.nodes["mul_b"].duration_ns, c.nodes["mul_c"].duration_ns)]

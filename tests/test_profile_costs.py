@@ -18,7 +18,7 @@ F = torch.nn.functional
 from autograd_run.capture import from_torch  # noqa: E402
 from autograd_run.errors import GraphFileError, RequestError  # noqa: E402
 from autograd_run.graphs.load import load_graph  # noqa: E402
-from autograd_run.sim.measured import load_costs  # noqa: E402
+from autograd_run.sim.session import read_costs  # noqa: E402
 from autograd_run.sim.session import SimOptions, simulate_session  # noqa: E402
 from autograd_run.traces.torch_profile import read_torch_profile  # noqa: E402
 from builders import run_cli  # noqa: E402
@@ -66,7 +66,7 @@ def raw_backward_events(path):
 
 def test_a_real_profile_matches_every_node_in_every_step(captured):
     g, plain, _, _ = captured
-    costs = load_costs(plain, g)
+    costs = read_costs(plain, g)
     cov = costs.coverage
     assert costs.from_pytorch and costs.steps == 3
     assert cov.matched == {n.id: 3 for n in g.nodes}
@@ -89,7 +89,7 @@ def test_leaves_matched_by_order_are_the_ones_their_shapes_say(captured):
     """AccumulateGrad runs carry no sequence number: matched by the node run before them and their place
     after it. The same trace recorded with shapes checks each leaf; the match without shapes agrees."""
     g, _, shapes, _ = captured
-    with_shapes = load_costs(shapes, g).coverage
+    with_shapes = read_costs(shapes, g).coverage
     assert with_shapes.methods["leaf shape"] == 3 * 4
     for s in with_shapes.steps:
         for nid, e in s.nodes.items():
@@ -99,8 +99,9 @@ def test_leaves_matched_by_order_are_the_ones_their_shapes_say(captured):
     trace = read_torch_profile(shapes)
     for e in trace.events:
         e.shapes = None  # the same runs, as a trace without record_shapes would have them
-    from autograd_run.sim.profile_match import match_profile
-    by_order = match_profile(g, trace).coverage
+    from autograd_run.costs.profile_match import match_profile
+    from autograd_run.sim.order import predicted_order
+    by_order = match_profile(g, trace, predicted_order(g)).coverage
     assert by_order.methods["leaf order"] == 3 * 4
     for a, b in zip(with_shapes.steps, by_order.steps):
         assert {k: (e.start_ns, e.thread) for k, e in a.nodes.items()} == \
@@ -109,7 +110,7 @@ def test_leaves_matched_by_order_are_the_ones_their_shapes_say(captured):
 
 def test_costs_are_the_median_over_steps_and_step_picks_one(captured):
     g, plain, _, _ = captured
-    costs = load_costs(plain, g)
+    costs = read_costs(plain, g)
     raw = raw_backward_events(plain)
     for node in g.nodes:
         if node.variable is not None:
@@ -119,19 +120,19 @@ def test_costs_are_the_median_over_steps_and_step_picks_one(captured):
                 if e["args"].get("Sequence number") == node.seq + o and e["name"].endswith(node.name)]
         assert len(durs) == 3
         assert costs.nodes[node.id].cpu_ns == pytest.approx(statistics.median(durs), abs=1)
-        second = load_costs(plain, g, step=2)
+        second = read_costs(plain, g, step=2)
         assert second.nodes[node.id].cpu_ns == pytest.approx(
             next(e["dur"] * 1000 for e in raw if e["args"].get("Sequence number") == node.seq + offs[1]
                  and e["name"].endswith(node.name)), abs=1)
     with pytest.raises(RequestError, match="holds 3 backward call"):
-        load_costs(plain, g, step=4)
+        read_costs(plain, g, step=4)
 
 
 def test_gzipped_trace_reads_the_same_and_a_gzip_bomb_is_refused(captured, tmp_path):
     g, plain, _, _ = captured
     gz = tmp_path / "trace.json.gz"
     gz.write_bytes(gzip.compress(open(plain, "rb").read()))
-    a, b = load_costs(plain, g), load_costs(str(gz), g)
+    a, b = read_costs(plain, g), read_costs(str(gz), g)
     assert {k: v.cpu_ns for k, v in a.nodes.items()} == {k: v.cpu_ns for k, v in b.nodes.items()}
     bomb = tmp_path / "bomb.json"  # any name: gzip is told by its magic bytes
     bomb.write_bytes(gzip.compress(b" " * (8 << 20)))
@@ -149,7 +150,7 @@ def test_a_profile_of_another_model_is_rejected_with_the_coverage(captured, tmp_
     x = torch.randn(2, 1, 5, 5)
     other = profile_steps(lambda: conv(x).sum(), conv, tmp_path / "conv.json", steps=2)
     with pytest.raises(RequestError) as err:
-        load_costs(str(other), g)
+        read_costs(str(other), g)
     msg = str(err.value)
     assert "does not match" in msg and "ConvolutionBackward0" in msg and "AddmmBackward0" in msg
     code, out, errtext = run_cli(["simulate", str(folder / "mlp.json"), "--costs", str(other), "--spec", "cpu"],
@@ -175,13 +176,13 @@ def test_simulate_command_shows_the_coverage_and_uses_the_costs(captured, capsys
 
 
 def test_measured_cpu_time_is_corrected_by_the_profilers_own_time(captured):
-    from autograd_run.sim.costs import CostModel
+    from autograd_run.sim.costs import CostResolver
     from autograd_run.sim.specs import load_spec
     g, plain, _, _ = captured
-    costs = load_costs(plain, g)
+    costs = read_costs(plain, g)
     spec = load_spec("cpu")
     spec.engine.profiler_event_us = 0.5
-    model = CostModel(spec, costs)
+    model = CostResolver(spec, costs)
     for n in g.nodes:
         m = costs.nodes[n.id]
         c = model(n)
@@ -217,7 +218,7 @@ def test_nodes_built_on_another_forward_thread_are_matched(tmp_path):
         for _ in range(2):
             forward().backward()
     prof.export_chrome_trace(str(trace))
-    costs = load_costs(str(trace), g)
+    costs = read_costs(str(trace), g)
     assert costs.coverage.matched_count == len(g.nodes) and costs.coverage.unmatched == []
     tanh = next(n for n in g.nodes if n.name == "TanhBackward0")
     threads = {s.nodes[tanh.id].fwd_tid for s in costs.coverage.steps}
@@ -252,9 +253,9 @@ def test_capture_profile_stores_costs_that_simulate_uses_by_default(tmp_path, ca
     assert simulate_session(g, SimOptions(spec="cpu", costs="analytic", slack_top=0)).cost_sources.get("measured") \
         is None
     # The kept trace is a real profile of the same program: it matches too.
-    assert load_costs(str(kept), g).coverage.matched_count == len(g.nodes)
+    assert read_costs(str(kept), g).coverage.matched_count == len(g.nodes)
     # The graph file holding costs can serve as --costs of the same graph.
-    assert set(load_costs(str(out_path), g).nodes) == set(g.by_id)
+    assert set(read_costs(str(out_path), g).nodes) == set(g.by_id)
     code, out, err = run_cli(["capture", f"{script}:main", "-o", str(tmp_path / "x.json"), "--steps", "3"], capsys)
     assert code == 2 and "go with --profile" in err
 
@@ -262,7 +263,7 @@ def test_capture_profile_stores_costs_that_simulate_uses_by_default(tmp_path, ca
 def test_run_costs_give_opaque_nodes_the_measured_time(tmp_path):
     """A custom autograd.Function has no rule here (captured opaque): with --costs, a replay spends the
     time PyTorch measured for it."""
-    from autograd_run.capture_profile import profile_capture
+    from autograd_run.capture.profile import profile_capture
     from autograd_run.session import RunOptions, run_session
 
     class Scale(torch.autograd.Function):
@@ -290,7 +291,7 @@ def test_run_costs_give_opaque_nodes_the_measured_time(tmp_path):
     g = load_graph(path)
     opaque = [n for n in g.nodes if n.op.name == "opaque"]
     assert opaque
-    measured = load_costs(path, g)
+    measured = read_costs(path, g)
     for n in opaque:  # a known time, large against the machine's noise
         measured.nodes[n.id].cpu_ns = 30e6
     doc["meta"]["measured"]["nodes"][opaque[0].id]["cpu_ns"] = 30_000_000
@@ -314,9 +315,9 @@ def test_bad_costs_files_are_clear_errors(tmp_path, captured, capsys):
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(RequestError, match=expect[name]):
-            load_costs(str(tmp_path / name), g)
+            read_costs(str(tmp_path / name), g)
     with pytest.raises(RequestError, match="no such file"):
-        load_costs(str(tmp_path / "missing.json"), g)
+        read_costs(str(tmp_path / "missing.json"), g)
     code, out, err = run_cli(["simulate", str(folder / "mlp.json"), "--costs", str(tmp_path / "x.json")], capsys)
     assert code == 2 and err.startswith("Error: --costs: ") and "Traceback" not in err
     # Measured costs stored in a graph file are checked where they are used.
@@ -349,7 +350,7 @@ def test_the_same_graph_run_again_and_a_root_whose_name_recurs(tmp_path):
         for _ in range(3):
             y.backward(torch.ones(4), retain_graph=True)
     prof.export_chrome_trace(str(trace))
-    cov = load_costs(str(trace), g).coverage
+    cov = read_costs(str(trace), g).coverage
     assert len(cov.steps) == 3 and cov.matched == {n.id: 3 for n in g.nodes}
     assert {off for s in cov.steps for _, off in s.offsets.values()} == {0}
     assert cov.outside == 0 and cov.trace_unmatched == {}
@@ -370,7 +371,7 @@ def test_a_node_more_in_the_profiled_run_is_aligned_by_order(tmp_path):
         for _ in range(2):
             ((torch.tanh(x @ w1) * 1.0) @ w2).relu().sum().backward()
     prof.export_chrome_trace(str(trace))
-    cov = load_costs(str(trace), g).coverage
+    cov = read_costs(str(trace), g).coverage
     assert cov.matched == {n.id: 2 for n in g.nodes}
     assert cov.methods["order"] == 2 * 2  # TanhBackward0 and the first MmBackward0, in each call
     assert cov.trace_unmatched == {"MulBackward0": (2, "not in the graph")}
@@ -387,7 +388,7 @@ def test_other_work_in_the_profile_is_counted_outside_the_calls(captured, tmp_pa
         conv(x).sum().backward()  # another model's backward right after
     trace = tmp_path / "t.json"
     prof.export_chrome_trace(str(trace))
-    cov = load_costs(str(trace), g).coverage
+    cov = read_costs(str(trace), g).coverage
     assert cov.matched_count == len(g.nodes) and len(cov.steps) == 1 and cov.trace_unmatched == {}
     others = [e for e in read_torch_profile(str(trace)).events if e.name in ("ConvolutionBackward0", "TanhBackward0",
                                                                              "SumBackward0")]
@@ -468,7 +469,7 @@ def test_a_process_first_backward_is_told_and_left_out_when_later_calls_exist(ca
         paths[calls] = str(tmp_path / f"fresh{calls}.json")
         subprocess.run([sys.executable, "-c", FRESH_PROCESS_PROFILE, paths[calls], str(calls)], check=True,
                        timeout=120)
-    three = load_costs(paths[3], g)
+    three = read_costs(paths[3], g)
     assert three.use.calls == 3 and three.use.used == ["backward 2", "backward 3"]
     assert three.use.left_out == ["backward 1 (the process's first backward: one-time set-up)"]
     assert not three.use.first_call and three.use.outside_ops >= 3 * 3  # 3 forwards of >= 3 top-level ops each
@@ -479,7 +480,7 @@ def test_a_process_first_backward_is_told_and_left_out_when_later_calls_exist(ca
     rep = simulate_session(g, SimOptions(costs=paths[3], slack_top=0))
     assert not any("first backward" in w for w in rep.warnings)
 
-    one = load_costs(paths[1], g)
+    one = read_costs(paths[1], g)
     assert one.use.first_call and one.use.used == ["backward 1"] and one.use.left_out == []
     rep = simulate_session(g, SimOptions(costs=paths[1], spec="h100", slack_top=0))
     assert [w for w in rep.warnings if "first backward" in w] == [
@@ -488,7 +489,7 @@ def test_a_process_first_backward_is_told_and_left_out_when_later_calls_exist(ca
         "machine's benchmark; profile a later step (after one warm-up step, or with "
         "torch.profiler.schedule(wait=1, warmup=1, active=3))"]
     # The fixture's own profiles come from this long-running process (sequence numbers far from 0): not first.
-    assert not load_costs(captured[1], g).use.first_call
+    assert not read_costs(captured[1], g).use.first_call
 
 
 def test_the_stated_error_depends_on_what_the_profile_holds(captured, tmp_path, monkeypatch):
@@ -502,9 +503,9 @@ def test_the_stated_error_depends_on_what_the_profile_holds(captured, tmp_path, 
     spec = load_spec("cpu")
     spec.name = "local-torch"
     write_local(spec, local_spec_path("local-torch"))
-    several = load_costs(plain, g)
-    one = load_costs(plain, g, step=2)
-    first = load_costs(plain, g)
+    several = read_costs(plain, g)
+    one = read_costs(plain, g, step=2)
+    first = read_costs(plain, g)
     first.use.first_call = True
     got = [confidence.expected_error(spec, m) for m in (several, one, first)]
     want = [confidence.HELD_OUT[k] for k in ("local-torch", "local-torch one call", "local-torch first call")]

@@ -56,7 +56,7 @@ def imported_once():
 
     An in-process pytester run drops every module imported during it, so each run would import them again.
     """
-    from autograd_run import golden
+    from autograd_run.capture import golden
     m = torch.nn.Linear(2, 2)
     golden.replay(golden.capture_order(m(torch.ones(1, 2)).sum(), dict(m.named_parameters())).doc)
 

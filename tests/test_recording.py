@@ -1,6 +1,6 @@
 """``Recording.from_events``: the Recorder's raw tuples paired into typed records.
 
-Events are written by hand, as the Recorder appends them (layouts in ``traces.recording``);
+Events are written by hand, as the Recorder appends them (layouts in ``record.recording``);
 nodes are plain strings, thread 7 is the caller and thread 8 a device worker.
 """
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autograd_run.graphs.load import load_graph
-from autograd_run.traces.recording import (
+from autograd_run.record.recording import (
     ERROR, GT_END, GT_START, IDLE, NODE_END, NODE_START, POP, PUSH, SKIP,
     GraphTaskSpan, Idle, NodeSlice, QueueSample, QueueWait, Recording, Skip,
 )
@@ -111,7 +111,7 @@ def test_a_logged_recording_reads_as_its_events_paired_one_by_one():
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.generators import generate
     from autograd_run.graphs.load import loads_graph
-    from autograd_run.traces.recorder import Recorder
+    from autograd_run.record.recorder import Recorder
     graphs = [load_graph("example:" + n) for n in ("seed", "pipeline", "checkpoint")]
     graphs.append(loads_graph(dumps(generate("transformer", layers=2, devices=2), "json"), "t.json"))
     for g in graphs:
@@ -131,7 +131,7 @@ def test_drain_hands_over_the_events_so_far_and_forgets_them():
     the events since the last one, paired as recording() pairs them; the thread names stay."""
     from autograd_run.engine import DeviceSet, Engine, GraphState
     from autograd_run.engine.run import run_graph
-    from autograd_run.traces.recorder import Recorder
+    from autograd_run.record.recorder import Recorder
     g = load_graph("example:pipeline")
     rec = Recorder()
     eng = Engine(DeviceSet("virtual"), tracer=rec)
@@ -157,7 +157,7 @@ def test_drain_hands_over_the_events_so_far_and_forgets_them():
 def _pair_inputs(graph, **kw):
     """The arguments ``recording._pair`` gets for the runs of ``graph`` (one call per drained recording)."""
     from autograd_run.session import RunOptions, run_session
-    from autograd_run.traces import recording as rec
+    from autograd_run.record import recording as rec
     calls, real = [], rec._pair
 
     def spy(*args):
@@ -189,7 +189,7 @@ def test_the_compiled_pairing_is_the_numpy_pairing(source, kw, monkeypatch):
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.generators import generate
     from autograd_run.graphs.load import loads_graph
-    from autograd_run.traces import recording as rec
+    from autograd_run.record import recording as rec
     if core.pair_common is None:
         pytest.skip("the compiled core is not in use")
     docs = {"chain": ("chain", dict(n=300, op="add")), "fanout": ("fanout", dict(width=40)),

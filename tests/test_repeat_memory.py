@@ -74,9 +74,9 @@ def test_a_trace_keeps_every_pass(tmp_path):
 
 
 def test_samples_beyond_the_exact_limit_give_p95_within_one_percent():
-    from autograd_run.traces.summary import Samples, p95
-    values = [(k * 7919) % 100_000 + 1 for k in range(3 * Samples.EXACT)]
-    s = Samples()
+    from autograd_run.analysis.summary import Values, p95
+    values = [(k * 7919) % 100_000 + 1 for k in range(3 * Values.EXACT)]
+    s = Values()
     s.extend(values)
     assert s.exact is None and s.count == len(values) and s.total == sum(values)
     assert abs(s.p95() - p95(values)) <= 0.01 * p95(values)

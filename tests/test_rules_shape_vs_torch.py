@@ -40,7 +40,7 @@ def replay(tmp_path, outputs, leaves, grad_outputs=None):
     from autograd_run.engine import Engine
     from autograd_run.engine.run import run_graph
     from autograd_run.graphs.load import load_graph
-    from autograd_run.traces.order_recorder import OrderRecorder
+    from autograd_run.record.order_recorder import OrderRecorder
     path = str(tmp_path / "g.json")
     doc = from_torch(outputs, grad_outputs=grad_outputs, names=leaves, path=path, reference=False)
     opaque = [n["name"] for n in doc["nodes"] if "op" in n]

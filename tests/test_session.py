@@ -144,7 +144,7 @@ def test_the_run_state_and_raw_records_are_gone_before_the_trace_is_written(tmp_
     import gc
 
     from autograd_run.engine import GraphState
-    from autograd_run.traces import recorder as recorder_mod
+    from autograd_run.record import recorder as recorder_mod
     from autograd_run.traces import trace_file
     g = load_graph("example:mlp")
     seen = {}

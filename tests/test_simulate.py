@@ -9,7 +9,7 @@ from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.generators import generate
 from autograd_run.graphs.load import load_graph, loads_graph
 from autograd_run.session import RunOptions, run_session
-from autograd_run.sim.costs import CostModel
+from autograd_run.sim.costs import CostResolver
 from autograd_run.sim.session import SimOptions, simulate_session
 from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec
 from autograd_run.traces.order import compare_orders
@@ -216,7 +216,7 @@ def _resimulated_slack(r, policy):
     from autograd_run.sim.costs import NodeCost
     from autograd_run.sim.result import span
     from autograd_run.sim.session import _simulate
-    model = CostModel(r.spec)
+    model = CostResolver(r.spec)
     out = {}
     for s in r.slack:
         node = r.graph.by_id[s.node]
@@ -263,7 +263,7 @@ def test_nodes_share_a_cost_unless_their_cost_model_reads_their_saved_values():
     def node(op, k):
         return NS(id=f"{op.name}{k}", name=op.name, op=op, device=CPU, cpu=True, inputs=[InputMeta((1,))], next=[],
                   saved={"k": k}, attrs={})
-    model = CostModel(spec())
+    model = CostResolver(spec())
     assert [model(node(reads, k)).cpu_ns for k in (1, 2, 3, 2)] == [10_000, 20_000, 30_000, 20_000]
     assert [model(node(ignores, k)).cpu_ns for k in (1, 2, 3)] == [10_000] * 3
 
@@ -284,13 +284,13 @@ def test_measured_costs_from_a_trace_written_before_are_the_same(tmp_path):
     """Traces written before carried each node slice's id as an argument (the title says it now): the costs
     read from either are the same, by node id."""
     import json
-    from autograd_run.sim.measured import load_costs
+    from autograd_run.sim.session import read_costs
     from test_profile import as_written_before
     g = load_graph("example:mlp")
     trace, old = tmp_path / "t.json", tmp_path / "old.json"
     run_session(g, RunOptions(trace_path=str(trace), multithreading=False))
     old.write_text(json.dumps(as_written_before(json.loads(trace.read_text()))))
-    new_costs, old_costs = load_costs(str(trace), g), load_costs(str(old), g)
+    new_costs, old_costs = read_costs(str(trace), g), read_costs(str(old), g)
     assert set(new_costs.nodes) >= {n.id for n in g.nodes} and new_costs.nodes == old_costs.nodes
 
 
@@ -324,7 +324,7 @@ def test_wall_between_critical_path_and_total_work(seed, nodes, devices, gil):
     s = spec(gil=gil)
     r = simulate_session(g, SimOptions(spec=s, devices=devices or None, placement="round-robin" if devices else "keep",
                                        slack_top=0))
-    model = CostModel(s)
+    model = CostResolver(s)
     work = sum(model(n).cpu_ns + model(n).gpu_ns for n in r.graph.nodes)
     # per node: overhead and at most one hand-off from a queue (and two from the GIL)
     overheads = len(r.graph.nodes) * (1000 + (3 if gil else 1) * 10_000) + 10_000

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from autograd_run.traces.stats import _u_counts, holm, kendall_tau, mann_whitney, median, min_p
+from autograd_run.analysis.stats import _u_counts, holm, kendall_tau, mann_whitney, median, min_p
 
 
 def brute_u_counts(n, m):

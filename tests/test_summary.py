@@ -6,10 +6,10 @@ from rich.console import Console
 
 from autograd_run.cli.render import summary_tables
 from autograd_run.graphs.load import load_graph
-from autograd_run.traces import recording as R
-from autograd_run.traces.recorder import Recorder
-from autograd_run.traces.recording import Recording
-from autograd_run.traces.summary import p95, summarize
+from autograd_run.record import recording as R
+from autograd_run.record.recorder import Recorder
+from autograd_run.record.recording import Recording
+from autograd_run.analysis.summary import p95, summarize
 from builders import run_traced
 
 
@@ -111,7 +111,7 @@ def _runs():
 
 def test_the_columnar_summary_is_the_reference_summary():
     """summarize (numpy over columns, compiled loops) equals the record-by-record reference on real runs."""
-    from autograd_run.traces.summary import summarize_reference
+    from autograd_run.analysis.summary import summarize_reference
     for g, rec in _runs():
         fast, ref = summarize(rec), summarize_reference(rec)
         assert fast == ref, g.source
@@ -123,7 +123,7 @@ def test_a_folded_summary_is_the_reference_folded_summary():
     columns, it is the same as folded record by record."""
     from autograd_run.engine import DeviceSet, Engine, GraphState
     from autograd_run.engine.run import run_graph
-    from autograd_run.traces.summary import SummaryBuilder
+    from autograd_run.analysis.summary import SummaryBuilder
     for name in ("mlp", "pipeline", "checkpoint"):
         g = load_graph("example:" + name)
         rec = Recorder()
@@ -147,7 +147,7 @@ def test_a_folded_summary_is_the_reference_folded_summary():
 
 def test_the_summary_of_a_simulation_is_the_reference_summary():
     from autograd_run.sim.session import SimOptions, simulate_session
-    from autograd_run.traces.summary import summarize_reference
+    from autograd_run.analysis.summary import summarize_reference
     for name in ("seed", "mlp", "pipeline", "checkpoint"):
         rec = simulate_session(load_graph("example:" + name), SimOptions()).recording
         assert summarize(rec) == summarize_reference(rec), name

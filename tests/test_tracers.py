@@ -2,8 +2,8 @@
 
 from autograd_run.engine.tracer import HOOKS, Tracer, Tracers
 from autograd_run.graphs.load import load_graph
-from autograd_run.traces.order_recorder import OrderRecorder
-from autograd_run.traces.recorder import Recorder
+from autograd_run.record.order_recorder import OrderRecorder
+from autograd_run.record.recorder import Recorder
 from builders import run_traced
 
 

@@ -32,7 +32,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the zoo compares with a real PyTorch")
 
 from autograd_run.capture import from_torch  # noqa: E402
-from autograd_run.check import check_graph  # noqa: E402
+from autograd_run.capture.check import check_graph  # noqa: E402
 from autograd_run.graphs import tensors  # noqa: E402
 from autograd_run.graphs.load import load_graph  # noqa: E402
 from autograd_run.session import RunOptions, run_session  # noqa: E402

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autograd_run.capture import from_torch, walk_grad_fns
+from autograd_run.capture.graph import from_torch, walk_grad_fns
 from builders import graph, run_traced
 
 
@@ -51,7 +51,7 @@ def torch_order(outputs, grad_outputs=None, inputs=None, mode="backward"):
 
 def our_order(doc, multithreading=False):
     """Our executed order as (name, seq) pairs, the run's result and the loaded graph."""
-    from autograd_run.traces.order_recorder import OrderRecorder
+    from autograd_run.record.order_recorder import OrderRecorder
     g = graph(doc)
     rec = OrderRecorder()
     res = run_traced(g, rec, multithreading=multithreading, retain_graph=True)

@@ -106,7 +106,7 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
             echo(_describe(output, doc))
     hooks = doc.get("meta", {}).get("hooks")
     if hooks:
-        from autograd_run.capture_hooks import warning_text
+        from autograd_run.capture.hooks import warning_text
         echo(f"Warning: {warning_text(hooks)}", err=True)
     opaque = [n for n in doc["nodes"] if n.get("op") == "opaque"]
     if output:
@@ -115,7 +115,7 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
         if len(opaque) > 5:
             echo(f"  ... and {len(opaque) - 5} more opaque nodes")
     if profile:
-        from autograd_run.capture_profile import profile_capture
+        from autograd_run.capture.profile import profile_capture
         from autograd_run.cli.render import fmt_ns
         def forward():  # the program's forward again: each profiled step is a real step
             outs, more = _split(fn())
@@ -174,7 +174,7 @@ def check(graph, rtol, atol, allow_opaque, max_memory):
     Example:
       autograd-run check model.json --rtol 1e-5
     """
-    from autograd_run.check import check_graph
+    from autograd_run.capture.check import check_graph
     from autograd_run.cli.render import columns
     from autograd_run.cli.terminal import PlainTable as Table, make_console, plain
     from autograd_run.cli.common import load_graph_arg

@@ -5,7 +5,7 @@
 work); ``finish`` captures (structure only unless a graph file is wanted:
 ``-o``, or ``--check``, which replays a capture in a temporary folder),
 writes PyTorch's order, compares it with the golden by node identity
-(``autograd_run.golden``) and, with ``--check``, replays the graph and
+(``autograd_run.capture.golden``) and, with ``--check``, replays the graph and
 compares our order and gradients with PyTorch's. A difference is exit 3.
 """
 
@@ -34,7 +34,7 @@ def claim(written: dict[str, str], path: str, option: str, what: str, inputs: li
 def prepare(script: str, written: dict[str, str], order_out: str | None, expect_order: str | None):
     """Check ``--order-out`` against the inputs and the other outputs (``written``: path -> what) and read
     ``--expect-order`` (a ``golden.Golden``, or None), before any work."""
-    from autograd_run.golden import read_golden
+    from autograd_run.capture.golden import read_golden
     if order_out:
         claim(written, order_out, "order_out", "the order", [script, expect_order])
     return read_golden(expect_order, "expected_order") if expect_order else None
@@ -49,7 +49,7 @@ def finish(outputs, kw: dict, output: str | None, order_out: str | None, expect_
     the user's function in an error.
     """
     from autograd_run.capture import from_torch
-    from autograd_run.golden import Captured, compare, golden_rows, write_golden
+    from autograd_run.capture.golden import Captured, compare, golden_rows, write_golden
     failed = []
     with tempfile.TemporaryDirectory(prefix="autograd-run-capture-") as tmp:
         graph_file = output or (os.path.join(tmp, "capture.json") if check_replay else None)
@@ -83,7 +83,7 @@ def finish(outputs, kw: dict, output: str | None, order_out: str | None, expect_
 
 def _replay_agrees(graph_file: str) -> bool:
     """Replay the captured graph and compare order and gradients with PyTorch's (as ``check``); print the outcome."""
-    from autograd_run.check import check_graph
+    from autograd_run.capture.check import check_graph
     from autograd_run.graphs.load import load_graph
     report = check_graph(load_graph(graph_file))
     if report.order_ok:

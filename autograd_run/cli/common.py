@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from autograd_run.cli.terminal import escape, escape_lines
+from autograd_run.cli.terminal import escape, escape_lines, stdout_closed
 from autograd_run.errors import GraphFileError, UsageError
 
 __all__ = ["escape", "echo", "write", "stdout_closed", "error_line", "note_lines", "graph_format", "Finite",
@@ -22,20 +22,6 @@ def write(text: str, err: bool = False) -> None:
         click.echo(text, err=err)
     except BrokenPipeError:
         stdout_closed()
-
-
-def stdout_closed() -> None:
-    """The reader of stdout went away (``autograd-run ... | head -1``): further output is dropped
-    quietly, and the command ends with the exit status it would have had. Standard output is pointed
-    at the null device, so nothing written later (or flushed at exit) fails again."""
-    import os
-    import sys
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-    except (OSError, ValueError):
-        pass
 
 
 def note_lines(text: str, err: bool = True, indent: str = "  ") -> None:

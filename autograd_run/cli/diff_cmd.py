@@ -51,7 +51,7 @@ def diff(inputs, side_a, side_b, warmup, fail_on, alpha, top, json_out, markdown
       autograd-run diff graph.json --a '--repeat 20' --b '--repeat 20 --no-multithreading'
       autograd-run diff graph.json --a 'simulate' --b 'simulate --policy fifo' --markdown
     """
-    from autograd_run.traces.diff import check, compare, parse_fail_on
+    from autograd_run.analysis.diff import check, compare, parse_fail_on
 
     if json_out and markdown:
         raise UsageError("--json and --markdown: choose one")
@@ -93,12 +93,12 @@ def diff(inputs, side_a, side_b, warmup, fail_on, alpha, top, json_out, markdown
 
 
 def _read_pair(paths):
-    from autograd_run.traces.profile import read_profile
+    from autograd_run.traces.read_profile import read_profile
     return read_profile(paths[0]), read_profile(paths[1])
 
 
 def _measure(graph: str, text_a: str, text_b: str, warmup: int):
-    from autograd_run.cli.main import FLAGS
+    from autograd_run.cli.flags import FLAGS
     from autograd_run.cli.sides import parse_side
     from autograd_run.compare import SideFailed, measure_pair
     sa, sb = parse_side(text_a, "--a"), parse_side(text_b, "--b")

@@ -1,4 +1,4 @@
-"""Rendering a comparison (``traces.diff.Diff``): rich tables for the terminal, Markdown for CI.
+"""Rendering a comparison (``analysis.diff.Diff``): rich tables for the terminal, Markdown for CI.
 
 Both come from one list of sections (title, columns, rows of plain
 strings) built by ``sections``; everything from the inputs (ids, names,

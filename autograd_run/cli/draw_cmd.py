@@ -74,7 +74,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
     from autograd_run.draw import dot, render, timing, view
     from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import atomic_write, check_output_path
-    from autograd_run.traces.profile import read_profile
+    from autograd_run.traces.read_profile import read_profile
 
     if simulate_flag and simulate_opts is None:
         simulate_opts = ""
@@ -107,7 +107,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
     elif costs_path is not None:
         colouring = timing.from_costs(g, _profile_of(g, read_profile(costs_path, "costs"), "costs"))
     elif diff_paths is not None:
-        from autograd_run.traces.diff import compare
+        from autograd_run.analysis.diff import compare
         a, b = read_profile(diff_paths[0], "diff"), read_profile(diff_paths[1], "diff")
         _profile_of(g, a, "diff")
         _profile_of(g, b, "diff")
@@ -145,7 +145,7 @@ def _profile_of(g, profile, option: str):
 def _simulate(g, side):
     """The graph as simulated (a placement may move nodes) and the simulation's profile."""
     from autograd_run.sim.session import simulate_session
-    from autograd_run.traces.profile import from_recording
+    from autograd_run.analysis.profile import from_recording
     report = simulate_session(g, side.sim_options())
     return report.graph, from_recording(report.recording, "simulation", "simulation", report.order)
 

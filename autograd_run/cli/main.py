@@ -1,4 +1,11 @@
-"""``autograd-run``: commands ``run`` (the default), ``validate``, ``gen``, ``examples``.
+"""``autograd-run``: the command line. One module per command on a shared base (``cli.common``,
+``cli.terminal``, ``cli.flags``):
+
+``run`` (the default: ``autograd-run GRAPH``)  ``run_cmd``      ``simulate``, ``calibrate``  ``sim_cmd``
+``capture``, ``check``                         ``capture_cmd``  ``gen``                      ``gen_cmd``
+``diff``                                       ``diff_cmd``     ``draw``                     ``draw_cmd``
+``sweep``                                      ``sweep_cmd``    ``view``                     ``view_cmd``
+``validate``, ``examples``                     here
 
 Exit codes: 0 success; 1 the backward raised; 2 a usage or graph-file
 error; 3 an order mismatch. Errors are printed as ``Error: ...`` on stderr,
@@ -12,20 +19,9 @@ import sys
 import click
 
 from autograd_run.cli.common import ONE_SHOT, echo, error_line, escape, max_memory_option, stdout_closed, write
+from autograd_run.cli.flags import FLAGS
 from autograd_run.cli.version import show_version
 from autograd_run.errors import AutogradRunError, GraphFileError, RequestError
-
-#: The command-line flag of each session request field, for error messages.
-FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error", "inject_nan": "--inject-nan",
-         "trace_path": "--trace", "order_out": "--order-out", "expected_order": "--expect-order",
-         "backend": "--backend", "devices": "--devices", "repeat": "--repeat", "spec": "--spec", "scale": "--scale", "costs": "--costs",
-         "policy": "--policy", "placement": "--placement", "fail_on": "--fail-on",
-         "trace": "--trace", "diff": "--diff", "around": "--around", "step": "--step", "costs_step": "--step",
-         "steps": "--steps", "warmup": "--warmup", "timeout": "--timeout", "allow_unused": "--allow-unused",
-         "profile_trace": "--profile-trace",
-         "cache": "--cache", "scheduler": "--scheduler", "workers": "--workers", "out": "--out",
-         "transfer": "--transfer", "batch": "--batch"}
-
 
 class DefaultGroup(click.Group):
     """A group whose first argument, when it is not a command, is a graph to ``run``.

@@ -1,6 +1,6 @@
 """Rendering for the command line: the run summary and gradients as rich tables.
 
-Tables are built from a ``Summary`` only (``autograd_run.traces.summary``),
+Tables are built from a ``Summary`` only (``autograd_run.analysis.summary``),
 so tests render them at a fixed width without colour and compare with
 golden text. Every table is a ``PlainTable``: ids, names, messages and
 paths from files are shown escaped, never as markup. On a narrow terminal
@@ -199,8 +199,8 @@ def report_json(report, graph: str) -> dict:
 
 
 def samples_json(recording) -> dict | None:
-    """The per-pass samples (``traces.samples``) a comparison of runs reads, as JSON."""
-    from autograd_run.traces.samples import pass_samples
+    """The per-pass samples (``analysis.samples``) a comparison of runs reads, as JSON."""
+    from autograd_run.analysis.samples import pass_samples
     return pass_samples(recording).to_dict() if recording is not None else None
 
 

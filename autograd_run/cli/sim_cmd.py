@@ -99,7 +99,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import check_output_path
     from autograd_run.errors import RequestError
-    from autograd_run.sim.measured import load_costs
+    from autograd_run.sim.session import read_costs
     from autograd_run.sim.session import SimOptions, simulate_session
     from autograd_run.traces.order import write_order
 
@@ -111,7 +111,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     if compare:
         _compare_conflicts(compare, trace_path, order_out)
     g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
-    measured = load_costs(costs, g, step)  # read and matched once for every variant
+    measured = read_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(compare, policy, devices)
     import os
     inputs = [g.source, costs or "", spec if spec and os.path.isfile(spec) else ""]  # never overwritten

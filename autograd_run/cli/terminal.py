@@ -19,7 +19,9 @@ markup tag (``[link=...]``, ``[/x]``) becomes a link, a colour or a
   cut or broken and none is squeezed away;
 * ``make_console()`` is a ``Console`` with markup, emoji codes and
   highlighting off, a second line of defence for any string printed
-  through it.
+  through it;
+* ``stdout_closed()``: the reader of stdout went away (``| head -1``), and
+  what is written later goes nowhere, quietly.
 """
 
 from __future__ import annotations
@@ -128,10 +130,23 @@ def _text_of(renderable) -> str:
     return escape(renderable) if isinstance(renderable, str) else escape(str(renderable))
 
 
+def stdout_closed() -> None:
+    """The reader of stdout went away (``autograd-run ... | head -1``): further output is dropped
+    quietly, and the command ends with the exit status it would have had. Standard output is pointed
+    at the null device, so nothing written later (or flushed at exit) fails again."""
+    import os
+    import sys
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
+
+
 class _Console(Console):
     def on_broken_pipe(self) -> None:
         """The reader went away (``| head -1``): stop writing, quietly (rich would exit with status 1)."""
-        from autograd_run.cli.common import stdout_closed
         self.quiet = True
         if not self.stderr:
             stdout_closed()

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autograd_run.draw.colors import fmt_ns
-from autograd_run.traces.diff import typical_path
-from autograd_run.traces.stats import median
+from autograd_run.analysis.diff import typical_path
+from autograd_run.analysis.stats import median
 
 METRICS = ("duration", "wait", "start")
 _TITLES = {"duration": "run time", "wait": "queue wait", "start": "start (from the pass's start)"}

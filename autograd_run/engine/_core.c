@@ -19,12 +19,12 @@
  *                already has the expected shape and dtype.
  *   spin_until   busy-wait to a perf_counter deadline without the GIL.
  *   EventLog     the Recorder's hot events (pushes, pops, node starts and ends, idle
- *                spans) as fixed-size records (traces/event_log.py is the twin).
+ *                spans) as fixed-size records (record/event_log.py is the twin).
  *   thread_main  the worker loop, running the common kind of node without Python
  *                frames of its own (worker.thread_main_py is the twin).
  *   Lock         the GraphTask lock, taken without a method call.
  *   attr_codes, critical_path  the summary's two loops over Python objects
- *                (traces/kernels.py is the twin).
+ *                (record/kernels.py is the twin).
  *   fill         the trace writers' loop: rows of columns formatted by templates
  *                into JSON or protobuf (traces/encode.py is the twin).
  */
@@ -322,7 +322,7 @@ static PyTypeObject CLockType = {
  * in blocks, appended with the GIL held (so no lock of its own). Nodes, threads and queues are
  * interned into small tables (a node's index is its position in `nodes`; a pointer hash maps a
  * node object to it, and the table holds a reference so an address is never reused). The layout
- * is traces/event_log.py's EVENT_DTYPE; the pure-Python twin there keeps the same tables. */
+ * is record/event_log.py's EVENT_DTYPE; the pure-Python twin there keeps the same tables. */
 
 enum { EV_PUSH = 1, EV_POP = 2, EV_START = 3, EV_END = 4, EV_IDLE = 5 };
 
@@ -826,7 +826,7 @@ static PyTypeObject LogType = {
     .tp_name = "autograd_run.engine._core.EventLog",
     .tp_basicsize = sizeof(LogObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The Recorder's hot events as fixed-size records (see traces/event_log.py).",
+    .tp_doc = "The Recorder's hot events as fixed-size records (see record/event_log.py).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Log_init,
     .tp_dealloc = (destructor)Log_dealloc,
@@ -2889,7 +2889,7 @@ static PyObject *configure_worker(PyObject *mod, PyObject *args) {
 
 /* ------------------------------------------------- summary helpers */
 
-/* Two loops of the summary over Python objects (traces/kernels.py is the twin). */
+/* Two loops of the summary over Python objects (record/kernels.py is the twin). */
 
 typedef struct {
     uint64_t *keys;  /* key + 1; 0 empty */
@@ -3046,7 +3046,7 @@ static PyObject *col_bytes(Col *c) {
 /* pair_common(events, tid_of, n_nodes) -> None, or (samples, waits, slices, idles), each a tuple of int64
  * columns as bytes (samples: ts, tid, queue, gt, node, depth, pushed; waits: gt, node, queue, pushed, popped,
  * tid, push_row, pop_row; slices: gt, depth, node, tid, start, end, wait; idles: start, end, tid, queue,
- * waiting_for): traces/recording._pair for the common case, in one pass (None where it does not hold:
+ * waiting_for): record/recording._pair for the common case, in one pass (None where it does not hold:
  * then _pair's numpy path decides). The common case is _pairs_once's for the queue samples and for the
  * node starts and ends (one GraphTask among the rows with a node; each node pushed at most once and popped
  * at most once, after its push; started at most once and ended at most once, after its start, on the same
@@ -4411,15 +4411,15 @@ static PyMethodDef module_methods[] = {
     {"split_saved", split_saved, METH_VARARGS,
      "split_saved(nodes, released, cached) -> (plain, rest): see engine/state.py"},
     {"node_columns", node_columns, METH_O,
-     "node_columns(nodes) -> (ids, names, seq bytes, stream bytes, same bytes): see traces/kernels.py"},
+     "node_columns(nodes) -> (ids, names, seq bytes, stream bytes, same bytes): see record/kernels.py"},
     {"input_shape_codes", input_shape_codes, METH_O,
-     "input_shape_codes(nodes) -> (int64 codes bytes, distinct shapes): see traces/kernels.py"},
+     "input_shape_codes(nodes) -> (int64 codes bytes, distinct shapes): see record/kernels.py"},
     {"pair_common", pair_common, METH_VARARGS,
-     "pair_common(events, tid_of, n_nodes) -> None or the paired columns: see traces/recording._pair"},
+     "pair_common(events, tid_of, n_nodes) -> None or the paired columns: see record/recording._pair"},
     {"attr_codes", attr_codes, METH_VARARGS,
-     "attr_codes(objs, name, identity) -> (int64 codes bytes, distinct values): see traces/kernels.py"},
+     "attr_codes(objs, name, identity) -> (int64 codes bytes, distinct values): see record/kernels.py"},
     {"critical_path", critical_path, METH_VARARGS,
-     "critical_path(nodes, gt, node, weight, start, order) -> (path, total): see traces/kernels.py"},
+     "critical_path(nodes, gt, node, weight, start, order) -> (path, total): see record/kernels.py"},
     {"thread_main", (PyCFunction)(void (*)(void))thread_main, METH_FASTCALL,
      "thread_main(engine, graph_task): the worker loop (worker.thread_main_py)"},
     {NULL}};

@@ -37,6 +37,3 @@ class FifoPriority:
 
     def key(self, depth: int, node) -> int:
         return (depth << 64) | ((1 << 64) - 1 - next(self._counter))
-
-
-POLICIES = {"pytorch": PyTorchPriority, "fifo": FifoPriority}

@@ -3,7 +3,7 @@
 The engine calls these hooks only when ``tracer.enabled`` is true, so an
 idle tracer costs one attribute test per hook site. Implementations stamp
 their own clock; the engine passes the facts (which queue, which node,
-which GraphTask, which thread). ``autograd_run.traces.recorder`` records
+which GraphTask, which thread). ``autograd_run.record.recorder`` records
 them; the engine itself never formats anything.
 
 Every hook may be called from any worker thread.

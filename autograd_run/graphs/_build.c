@@ -349,7 +349,7 @@ static int node_check(PyObject *checker, PyObject *method, PyObject *node, Py_ss
 /* One saved value the Python check_value would pass without raising, checked here: 1 done (its bytes added
  * to *saved_bytes; the checker's _note/check_broadcast called where they would be), 0 for check_value to
  * judge, -1 on error. `f` is the declared field or NULL. */
-/* Whether a saved matrix of shape `shape` (a list) has input 0's sizes where validate.MATRIX_DIMS says it
+/* Whether a saved matrix of shape `shape` (a list) has input 0's sizes where OpSpec.matrix_dims says it
  * shares its dims (`dims`: that op's entry, or None): 1, 0 (check_value judges), -1. */
 static int matrix_fits(PyObject *dims, PyObject *key, PyObject *shape, PyObject *inputs) {
     if (dims == Py_None || PyList_GET_SIZE(inputs) == 0)

@@ -174,29 +174,6 @@ def is_expandable_to(shape: tuple[int, ...], desired: tuple[int, ...]) -> bool:
     return True
 
 
-#: Saved fields an op declares optional (PyTorch saves them only when the other input requires
-#: grad) but reads once a given output's edge exists: op name -> ((output index, field), ...).
-#: (This knowledge would sit better in ``OpSpec``; it is kept here until the op library says it.)
-NEEDED_FOR_OUTPUT = {
-    "MulBackward0": ((0, "other"), (1, "self")),
-    "DivBackward0": ((0, "other"), (1, "self"), (1, "other")),
-    "MmBackward0": ((0, "mat2"), (1, "self")),
-    "BmmBackward0": ((0, "mat2"), (1, "self")),
-    "AddmmBackward0": ((1, "mat2"), (2, "mat1")),
-}
-
-
-#: Ops whose saved tensors are matrices (or batches of them): the rank each must have. A
-#: plain number is no matrix, though elsewhere it stands for a wrapped 0-dim tensor.
-MATRIX_RANK = {"MmBackward0": 2, "AddmmBackward0": 2, "BmmBackward0": 3}
-
-#: The saved matrices of a matrix product, and the dims each shares with the gradient its node receives
-#: (the product's result): (saved dim, gradient dim) pairs. The rule multiplies the gradient by them, so
-#: another size there is no PyTorch graph (numpy's matmul error when the node ran).
-MATRIX_DIMS = {"MmBackward0": {"self": ((0, 0),), "mat2": ((1, 1),)},
-               "AddmmBackward0": {"mat1": ((0, 0),), "mat2": ((1, 1),)},
-               "BmmBackward0": {"self": ((0, 0), (1, 1)), "mat2": ((0, 0), (2, 2))}}
-
 _NUMBERS = frozenset((int, float))
 
 
@@ -248,10 +225,10 @@ class _Build:
         self.metas = metas
         self.nodes: list[Node] = []
         self.by_id: dict[str, Node] = {}
-        #: op text -> (OpSpec, required saved fields, declared fields, NEEDED_FOR_OUTPUT entry, fields
+        #: op text -> (OpSpec, required saved fields, declared fields, OpSpec.needed_for_output, fields
         #: that take plain numbers, the fixed number of outputs (-1: none), the per-node count (an
         #: Outputs or None), the op's tensor_fields, its scalar_fields, the rank its input 0 must have (-1: any),
-        #: the dims its saved matrices share with that input (MATRIX_DIMS) or None)
+        #: the dims its saved matrices share with that input (OpSpec.matrix_dims) or None)
         self.ops: dict[str, tuple] = {}
         #: Some node had no seq (given the topological number once the graph is whole).
         self.default_seqs = False
@@ -567,14 +544,14 @@ class _Checker:
                 if info is None:
                     op = self.resolve_op(ns, i)
                     info = ops[op_text] = (op, tuple(k for k, f in op.saved.items() if not f.optional), op.saved,
-                                           NEEDED_FOR_OUTPUT.get(op.name),
+                                           op.needed_for_output or None,
                                            frozenset(k for k, f in op.saved.items() if f.kind == "scalar" or
-                                                     (f.kind == "tensor" and op.name not in MATRIX_RANK
+                                                     (f.kind == "tensor" and op.matrix_rank is None
                                                       and not _is_result(k))),
                                            op.outputs if type(op.outputs) is int else -1,
                                            op.outputs if isinstance(op.outputs, Outputs) else None,
-                                           op.tensor_fields, op.scalar_fields, MATRIX_RANK.get(op.name, -1),
-                                           MATRIX_DIMS.get(op.name))
+                                           op.tensor_fields, op.scalar_fields,
+                                           -1 if op.matrix_rank is None else op.matrix_rank, op.matrix_dims)
                 op, required, fields, needs, takes_numbers, n_out, count_out = info[:7]
                 rank = info[9]
                 last_text = op_text
@@ -785,7 +762,7 @@ class _Checker:
         path = ("nodes", i, "saved", key)
         if kind == "tensor" and t is dict:
             n = tensors.quick_random_numel(value)
-            if n >= 0 and (f is None or (len(value["shape"]) == MATRIX_RANK.get(node.op.name, len(value["shape"]))
+            if n >= 0 and (f is None or (len(value["shape"]) == (node.op.matrix_rank or len(value["shape"]))
                                          and self._fits(node, key, value["shape"]))):
                 self.bytes["saved tensors"] += 4 * n
                 if 4 * n > self._top_min:
@@ -805,7 +782,7 @@ class _Checker:
         def bad(detail: str = "") -> GraphFileError:
             return self.err(path, f"saved {key!r} of {node.op.name} must be {_KIND_TEXT[kind]}, got "
                                   f"{tensors.short(value)}{detail}")
-        rank = MATRIX_RANK.get(node.op.name) if kind == "tensor" and f is not None else None
+        rank = node.op.matrix_rank if kind == "tensor" and f is not None else None
         if kind == "tensor":
             if t is bool or t is int or t is float:  # a wrapped scalar
                 if rank is not None:
@@ -833,7 +810,7 @@ class _Checker:
                 raise bad(f" (a {rank}-dim array for {node.op.name}, not one of shape {list(shape)})")
             if rank is not None and shape is not None and node.inputs:
                 grad = node.inputs[0].shape
-                for d, e in MATRIX_DIMS.get(node.op.name, {}).get(key, ()):
+                for d, e in (node.op.matrix_dims or {}).get(key, ()):
                     if shape[d] != grad[e]:
                         raise self.err(path, f"saved {key!r} of {node.op.name} has shape {list(shape)}, which does "
                                              f"not fit the gradient the node receives, of shape {list(grad)} "
@@ -895,9 +872,9 @@ class _Checker:
 
     @staticmethod
     def _fits(node: Node, key: str, shape: list) -> bool:
-        """Whether a saved matrix of a matrix product (``MATRIX_DIMS``) has the gradient's sizes where it shares
-        its dims (True for every other field)."""
-        dims = MATRIX_DIMS.get(node.op.name)
+        """Whether a saved matrix of a matrix product (``OpSpec.matrix_dims``) has the gradient's sizes where it
+        shares its dims (True for every other field)."""
+        dims = node.op.matrix_dims
         if dims is None or key not in dims or not node.inputs:
             return True
         grad = node.inputs[0].shape

@@ -88,7 +88,8 @@ def rsub_scalar(node, grads, ctx):
     return each(node, lambda i: real_for(node, i, -_scaled(grads[0], alpha)))
 
 
-@op("MulBackward0", outputs=2, saved="self:tensor? other:tensor?", elementwise=True, cost=cost.pointwise(1))
+@op("MulBackward0", outputs=2, saved="self:tensor? other:tensor?", elementwise=True, cost=cost.pointwise(1),
+    needed_for_output=((0, "other"), (1, "self")))
 def mul(node, grads, ctx):
     """a * b: each side gets the gradient times the other's conjugate."""
     g = grads[0]
@@ -118,7 +119,8 @@ def _div(node, g, s):
     return each(node, out)
 
 
-@op("DivBackward0", outputs=2, saved="self:tensor? other:tensor?", elementwise=True, cost=cost.pointwise(3))
+@op("DivBackward0", outputs=2, saved="self:tensor? other:tensor?", elementwise=True, cost=cost.pointwise(3),
+    needed_for_output=((0, "other"), (1, "self"), (1, "other")))
 def div(node, grads, ctx):
     """a / b: g / conj(b) and -g conj(a / b**2)."""
     return _div(node, grads[0], ctx.saved(node))

@@ -1,7 +1,7 @@
 """Nodes of the Python ``autograd.Function``s that PyTorch itself ships, whose backward is known.
 
 A custom Function's node is named ``<Class>Backward``. Most are the user's
-own and capture cannot know their backward (see ``autograd_run.capture_inner``);
+own and capture cannot know their backward (see ``autograd_run.capture.inner``);
 these are PyTorch's, with a fixed backward:
 
 * ``BackwardHookFunctionBackward``: what ``nn.Module.register_full_backward_hook``

@@ -22,7 +22,8 @@ def _same(x):
 
 
 @op("MmBackward0", outputs=2, saved="self:tensor? mat2:tensor? self_sym_sizes:sizes? mat2_sym_sizes:sizes?",
-    cost=cost.MATMUL)
+    cost=cost.MATMUL, needed_for_output=((0, "mat2"), (1, "self")), matrix_rank=2,
+    matrix_dims={"self": ((0, 0),), "mat2": ((1, 1),)})
 def mm(node, grads, ctx):
     """a @ b: g @ conj(b).T and conj(a).T @ g."""
     g = grads[0]
@@ -40,7 +41,8 @@ def _addmm_flops(s: cost.Shapes) -> float:
 
 
 @op("AddmmBackward0", outputs=3, saved="mat1:tensor? mat2:tensor? alpha:scalar? beta:scalar?",
-    cost=cost.CostModel(_addmm_flops))
+    cost=cost.CostModel(_addmm_flops), needed_for_output=((1, "mat2"), (2, "mat1")), matrix_rank=2,
+    matrix_dims={"mat1": ((0, 0),), "mat2": ((1, 1),)})
 def addmm(node, grads, ctx):
     """beta * c + alpha * (a @ b)."""
     g = grads[0]
@@ -56,7 +58,9 @@ def addmm(node, grads, ctx):
     return each(node, out)
 
 
-@op("BmmBackward0", outputs=2, saved="self:tensor? mat2:tensor?", cost=cost.MATMUL)
+@op("BmmBackward0", outputs=2, saved="self:tensor? mat2:tensor?", cost=cost.MATMUL,
+    needed_for_output=((0, "mat2"), (1, "self")), matrix_rank=3,
+    matrix_dims={"self": ((0, 0), (1, 1)), "mat2": ((0, 0), (2, 2))})
 def bmm(node, grads, ctx):
     """Batched a @ b."""
     g = grads[0]

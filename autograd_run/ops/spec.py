@@ -35,6 +35,9 @@ gradient flows). ``ctx`` is a ``RuleContext``: the node's saved values,
 its array module, device transfers and ``create_graph``; never the
 engine's GraphTask. ``cost`` is a ``cost.CostModel`` (FLOPs and bytes moved
 as functions of the node's shapes and dtypes) used by the simulation.
+What graph validation checks of an op's saved values is declared here too:
+``needed_for_output`` (optional fields a given output reads), and for
+matrix products ``matrix_rank`` and ``matrix_dims``.
 
 The registry holds exactly one spec per name (PyTorch's spelling, plus
 aliases such as ``torch::autograd::AccumulateGrad``); registering a name
@@ -97,6 +100,14 @@ class OpSpec:
     doc: str = ""
     #: Gradients returned, one per next edge: an int, an ``Outputs`` (per node), or None (unknown).
     outputs: int | Outputs | None = None
+    #: Saved fields declared optional (PyTorch saves them only when the other input requires grad) that the
+    #: formula reads once a given output's edge exists: ((output index, field), ...) (checked by validate).
+    needed_for_output: tuple = ()
+    #: A matrix product: the rank each saved tensor must have (a plain number is no matrix here), else None.
+    matrix_rank: int | None = None
+    #: A matrix product's saved matrices and the dims each shares with the gradient its node receives (the
+    #: product's result): field -> ((saved dim, gradient dim), ...). Another size there is no PyTorch graph.
+    matrix_dims: Mapping[str, tuple] | None = None
     #: The saved fields of kind ``tensor`` (derived).
     tensor_fields: frozenset = field(init=False)
     #: The saved fields of kind ``scalar`` (derived): a file may write one as a string ("(1-2j)", "inf", "1e-3").
@@ -192,7 +203,8 @@ def undefined_passthrough(fn: Callable) -> Callable:
 
 
 def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise: bool = False, cost=None,
-       aliases: tuple[str, ...] = (), unsupported: Callable | None = None):
+       aliases: tuple[str, ...] = (), unsupported: Callable | None = None, needed_for_output: tuple = (),
+       matrix_rank: int | None = None, matrix_dims: Mapping[str, tuple] | None = None):
     """Declare the decorated backward formula as the rule of ``names`` (one spec per name).
 
     ``outputs`` must be given (None only where nothing tells the count; see the module docstring).
@@ -209,7 +221,8 @@ def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise:
         rule = undefined_passthrough(fn)
         for i, name in enumerate(names):
             REGISTRY.add(OpSpec(name, rule, fields, elementwise, family, cost,
-                                aliases if i == 0 else (), unsupported, False, doc, outputs))
+                                aliases if i == 0 else (), unsupported, False, doc, outputs, needed_for_output,
+                                matrix_rank, matrix_dims))
         return fn
     return register
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import statistics
 
-from autograd_run.sim.measured import MeasuredCosts
+from autograd_run.costs.measured import MeasuredCosts
 from autograd_run.text import visible
 from autograd_run.sim.specs import MachineSpec, default_spec_and_reason, load_spec, local_spec_path
 

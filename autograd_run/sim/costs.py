@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from autograd_run.errors import RequestError
 from autograd_run.ops import COST, PYTHON
 from autograd_run.ops.cost import Shapes
-from autograd_run.sim.measured import MeasuredCost, MeasuredCosts
+from autograd_run.costs.measured import MeasuredCost, MeasuredCosts
 from autograd_run.sim.signature import ValuesRead, signature
 from autograd_run.sim.specs import MachineSpec
 
@@ -93,7 +93,7 @@ def parse_scale(text: str | None) -> dict[str, float]:
     return out
 
 
-class CostModel:
+class CostResolver:
     """Resolves ``NodeCost`` per node (see the module docstring), memoised by node."""
 
     def __init__(self, spec: MachineSpec, measured: MeasuredCosts | None = None,
@@ -109,9 +109,9 @@ class CostModel:
         self._by_signature: dict = {}
         self._by_values: dict = {}
 
-    def with_cost(self, node, cost: NodeCost) -> "CostModel":
+    def with_cost(self, node, cost: NodeCost) -> "CostResolver":
         """This model with ``node`` costing ``cost``: the costs resolved so far are shared, not resolved again."""
-        other = CostModel.__new__(CostModel)
+        other = CostResolver.__new__(CostResolver)
         other.__dict__.update(self.__dict__)
         other.resolved = dict(self.resolved)
         other.resolved[node] = cost
@@ -228,7 +228,7 @@ class CostModel:
         return NodeCost(cpu, max(gpu, transfer), False, "analytic", blocking=to_host)
 
 
-#: In ``CostModel._by_signature``: this kind of node's cost depends on its saved values too.
+#: In ``CostResolver._by_signature``: this kind of node's cost depends on its saved values too.
 _BY_VALUES = object()
 
 

@@ -1,7 +1,12 @@
-"""Scheduling policies a simulation can try (``--policy``), as PyTorch's proposals frame them.
+"""Scheduling policies (``--policy``, ``sweep``'s ``policy`` axis), as PyTorch's proposals frame them: one table.
 
-Each policy is a priority (how a ready queue ranks tasks: the engine's
-``priority.key(depth, node)`` interface) and a threading choice:
+Each row of ``TABLE`` is a ``Policy``: its name, its priority (how a ready
+queue ranks tasks: the engine's ``priority.key(depth, node)`` interface),
+its threading choice (multithreaded backward on or off for a graph), and
+whether a real run can take it (``in_run``: a real engine run changes only
+its threading, so only the policies with PyTorch's priority). The
+simulator, the sweep and the CLI all read this table; a new policy is one
+row here (and its test).
 
 ``pytorch``         PyTorch's engine: (reentrant depth, sequence number), one worker per device.
 ``fifo``            tasks in the order they became ready, one worker per device.
@@ -17,12 +22,12 @@ Each policy is a priority (how a ready queue ranks tasks: the engine's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from autograd_run.engine.priority import FifoPriority, PyTorchPriority
 from autograd_run.engine.reference import reference_backward
 from autograd_run.errors import RequestError
-
-POLICIES = ("pytorch", "fifo", "critical-path", "single-thread", "caller-thread", "predicted-order")
-
 
 class RankPriority:
     """Rank tasks by a precomputed integer per node (larger first), deeper reentrant calls first."""
@@ -57,18 +62,47 @@ def predicted_ranks(graph) -> dict:
     return {node: n - i for i, node in enumerate(order)}
 
 
+def _accelerators(graph) -> int:
+    return len({str(d) for d in graph.devices if not d.is_cpu})
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    #: (graph, cost_of) -> the ready queues' priority.
+    priority: Callable
+    #: graph -> multithreaded backward on (one worker per device) or off (every node on the caller).
+    threading: Callable
+    #: A real run (``run``, ``sweep`` in run mode) can take it: it changes the threading only.
+    in_run: bool
+
+
+def _on(graph) -> bool:
+    return True
+
+
+TABLE = (
+    Policy("pytorch", lambda g, c: PyTorchPriority(), _on, True),
+    Policy("fifo", lambda g, c: FifoPriority(), _on, False),
+    Policy("critical-path", lambda g, c: RankPriority("critical-path", critical_path_ranks(g, c)), _on, False),
+    Policy("single-thread", lambda g, c: PyTorchPriority(), lambda g: False, True),
+    Policy("caller-thread", lambda g, c: PyTorchPriority(), lambda g: _accelerators(g) > 1, True),
+    Policy("predicted-order", lambda g, c: RankPriority("predicted-order", predicted_ranks(g)), _on, False),
+)
+POLICIES = tuple(p.name for p in TABLE)
+RUN_POLICIES = tuple(p.name for p in TABLE if p.in_run)
+_BY_NAME = {p.name: p for p in TABLE}
+
+
+def policy(name: str) -> Policy:
+    """The table's row for ``name``; a ``RequestError`` naming the choices for another name."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise RequestError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}", "policy") from None
+
+
 def make_policy(name: str, graph, cost_of) -> tuple[object, bool]:
-    """(priority, multithreading) of a policy."""
-    if name == "pytorch":
-        return PyTorchPriority(), True
-    if name == "fifo":
-        return FifoPriority(), True
-    if name == "critical-path":
-        return RankPriority(name, critical_path_ranks(graph, cost_of)), True
-    if name == "single-thread":
-        return PyTorchPriority(), False
-    if name == "caller-thread":
-        return PyTorchPriority(), len({str(d) for d in graph.devices if not d.is_cpu}) > 1
-    if name == "predicted-order":
-        return RankPriority(name, predicted_ranks(graph)), True
-    raise RequestError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}", "policy")
+    """(priority, multithreading) of a policy for ``graph``."""
+    p = policy(name)
+    return p.priority(graph, cost_of), p.threading(graph)

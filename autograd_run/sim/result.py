@@ -16,7 +16,7 @@ import numpy as np
 
 from autograd_run.engine.streams import stream_name
 from autograd_run.engine.threads import thread_kind, thread_sort_key, worker_label
-from autograd_run.traces.recording import (
+from autograd_run.record.recording import (
     Columns, GraphTaskSpan, KernelSlice, Recording, Skip, StreamEvent, Sync, Table, ThreadInfo,
 )
 

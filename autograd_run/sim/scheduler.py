@@ -15,7 +15,7 @@ What it models:
     after the spec's hand-off latency;
   * per node, CPU time on its worker: the engine's fixed overhead (on a
     device's thread its own figure; a ``cost`` node's own extra added) plus the
-    node's CPU cost (``costs.CostModel``); the overhead and GIL-holding
+    node's CPU cost (``costs.CostResolver``); the overhead and GIL-holding
     costs take the GIL, a shared resource granted in request order; a
     thread that finds it held by another waits for its release and then
     the hand-off latency (it sleeps, and is woken as from a queue);
@@ -61,10 +61,10 @@ from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import route
 from autograd_run.graphs.model import Edge
 from autograd_run.ops import CHECKPOINT, COST, PYTHON
-from autograd_run.sim.costs import CostModel
+from autograd_run.sim.costs import CostResolver
 from autograd_run.sim.specs import MachineSpec
 from autograd_run.sim.streams import SimStreams, stream_key
-from autograd_run.sim.tasks import NodeRun, SimQueue, SimTask, SimWorker
+from autograd_run.sim.tasks import SimRun, SimQueue, SimTask, SimWorker
 
 MAX_DEPTH = 60
 CALLER = -1
@@ -74,12 +74,12 @@ _CHECKPOINT = "autograd_run.engine.callables:checkpoint"
 class Simulator:
     """One simulated backward call (``run``) of ``graph`` on ``spec``'s machine (see the module docstring)."""
 
-    def __init__(self, graph, spec: MachineSpec, costs: CostModel | None = None, *, priority=None,
+    def __init__(self, graph, spec: MachineSpec, costs: CostResolver | None = None, *, priority=None,
                  multithreading: bool = True, device_count: int | None = None, detail: bool = True):
         self.graph = graph
         self.spec = spec
-        #: node -> NodeCost: a ``CostModel``, or any such callable.
-        self.costs = costs or CostModel(spec)
+        #: node -> NodeCost: a ``CostResolver``, or any such callable.
+        self.costs = costs or CostResolver(spec)
         self.priority = priority or PyTorchPriority()
         self.default_priority = type(self.priority) is PyTorchPriority
         self.multithreading = multithreading
@@ -199,13 +199,13 @@ class Simulator:
         pop = heap.pop
         costs, overhead, route_, streams = self.costs, self.overhead_ns, route, self.streams
         dev_overhead, cost_node = self.device_overhead_ns, self.cost_node_ns
-        # A CostModel's costs asked for already, read without a call (the slack what-ifs start with them all).
+        # A CostResolver's costs asked for already, read without a call (the slack what-ifs start with them all).
         known = getattr(costs, "resolved", {}).get
         slices, samples, ones = self.slices, self.queue_samples, self._ones
         append = slices.append
         qname, tid, detail = w.queue.name, w.tid, self.detail
         exec_info, gid = gt.exec_info, gt.id
-        self._current_tid = tid
+        self.current_tid = tid
         t = self.now
         while len(heap):
             (task_gt, node, buf), pushed = pop()
@@ -277,9 +277,11 @@ class Simulator:
 
     # -- workers ----------------------------------------------------------------
     #: The thread that is routing (pushing) now, for the queue samples.
-    _current_tid = 0
+    current_tid = 0
 
-    def _wake(self, w: SimWorker) -> None:
+    def wake(self, w: SimWorker) -> None:
+        """The hand-off has passed: a worker that slept on its empty queue takes its next task (``tasks.SimQueue``
+        schedules this when it pushes to a sleeping consumer)."""
         w.wake_pending = False
         if w.idle:
             if w.idle_since is not None and self.now > w.idle_since:
@@ -332,13 +334,13 @@ class Simulator:
         cost = self.costs(node)
         self._started.append((gt.id, gt.reentrant_depth, node, w))
         checkpoint = node.op is CHECKPOINT or (node.op is PYTHON and node.attrs.get("callable") == _CHECKPOINT)
-        run = NodeRun(w, gt, node, start, parent, queue, pushed, cost, checkpoint)
+        run = SimRun(w, gt, node, start, parent, queue, pushed, cost, checkpoint)
         overhead = self.overhead_ns if node.cpu else self.device_overhead_ns
         if node.op is COST:
             overhead += self.cost_node_ns
         self._cpu(overhead, self.overhead_gil, self._function, run)
 
-    def _function(self, run: NodeRun) -> None:
+    def _function(self, run: SimRun) -> None:
         """The engine's overhead is done: the node's function (a nested call for a checkpoint)."""
         if run.checkpoint:
             self._nested_call(run)
@@ -353,11 +355,11 @@ class Simulator:
             run.deadline = -1  # a spin: to the deadline it sets when it starts
         self._cpu(cost.cpu_ns, cost.holds_gil, self._launched, run)
 
-    def _busy_tail(self, run: NodeRun) -> None:
+    def _busy_tail(self, run: SimRun) -> None:
         """A wait's sleep is over: it busy-waits on a core until its deadline."""
         self._cpu(max(0, run.deadline - self.now), run.cost.holds_gil, self._launched, run)
 
-    def _launched(self, run: NodeRun) -> None:
+    def _launched(self, run: SimRun) -> None:
         """The function's CPU part is done: its kernel goes onto the node's stream."""
         t, cost = self.now, run.cost
         if run.parent is not None and cost.gpu_ns:
@@ -367,7 +369,7 @@ class Simulator:
                 return
         self._done(run)
 
-    def _cpu(self, ns: int, gil: bool, then: Callable, run: NodeRun) -> None:
+    def _cpu(self, ns: int, gil: bool, then: Callable, run: SimRun) -> None:
         """CPU work of ``ns`` from now (once the GIL is free, when it takes the GIL); then ``then(run)``."""
         if ns <= 0:
             then(run)
@@ -401,7 +403,7 @@ class Simulator:
             self.kernels.append((stream, node, start, end))
         return end
 
-    def _done(self, run: NodeRun) -> None:
+    def _done(self, run: SimRun) -> None:
         """The node is done: record its slice, route its outputs, retire its task, go on."""
         w, gt, node, parent = run.w, run.gt, run.node, run.parent
         self.slices.append((gt.id, gt.reentrant_depth, node, w.tid, run.start, self.now, run.queue, run.pushed))
@@ -410,7 +412,7 @@ class Simulator:
                 gt.leaf_streams.add(parent)
             self._retire(w, gt, None)
             return
-        self._current_tid = w.tid
+        self.current_tid = w.tid
         if len(node.next) > len(self._ones):  # a graph root of a nested call over many roots
             self._ones = [1] * len(node.next)
         finished = route(self, gt, node, self._ones, gt.exec_info, NULL_TRACER, parent)
@@ -434,11 +436,11 @@ class Simulator:
                 self.streams.wait(gt, caller, self.streams.record(gt, leaf, None), None)
         owner = gt.owner
         if owner.index != w.index:  # the owner may be asleep on its queue: wake it
-            self._current_tid = w.tid
+            self.current_tid = w.tid
             owner.queue.push(WAKEUP_KEY, (gt, None, None))
 
     # -- reentrant checkpoints ---------------------------------------------------------
-    def _nested_call(self, run: NodeRun) -> None:
+    def _nested_call(self, run: SimRun) -> None:
         """A checkpoint node's function: a nested backward over its segment, one level deeper."""
         w, node = run.w, run.node
         resume = lambda: self.at(self.now, self._done, run)  # noqa: E731

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from autograd_run.errors import RequestError
 from autograd_run.graphs.load import gc_paused
 from autograd_run.graphs.model import Graph
-from autograd_run.sim.costs import CostModel, NodeCost, parse_scale
-from autograd_run.sim.measured import MeasuredCosts, load_costs
+from autograd_run.sim.costs import CostResolver, NodeCost, parse_scale
+from autograd_run.costs.measured import MeasuredCosts, load_costs
+from autograd_run.sim.order import predicted_order
 from autograd_run.sim.order import order_rows
 from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
@@ -28,8 +29,8 @@ from autograd_run.sim.result import last_times, nonempty, span, to_recording
 from autograd_run.sim.scheduler import Simulator
 from autograd_run.sim.confidence import choose_spec, expected_error, first_call, mismatch
 from autograd_run.sim.specs import MachineSpec
-from autograd_run.traces.recording import Recording
-from autograd_run.traces.summary import Summary, longest_runs, summarize
+from autograd_run.record.recording import Recording
+from autograd_run.analysis.summary import Summary, longest_runs, summarize
 
 
 @dataclass
@@ -42,7 +43,7 @@ class SimOptions:
     policy: str = "pytorch"
     #: ``NAME=FACTOR,...`` or a mapping: scale the costs of an op name or a device.
     scale: str | dict | None = None
-    #: Measured costs (``measured.load_costs``): a PyTorch profiler trace, a trace of ``run --trace``, a graph
+    #: Measured costs (``read_costs``): a PyTorch profiler trace, a trace of ``run --trace``, a graph
     #: file with measured costs, ``analytic`` (none), or already loaded ``MeasuredCosts``; None: the graph's own
     #: ``meta.measured`` when it has them.
     costs: str | MeasuredCosts | None = None
@@ -129,7 +130,7 @@ class SimReport:
         return f"{self.spec.name}, policy {o.policy}, {devices}"
 
 
-def _simulate(graph: Graph, spec: MachineSpec, model: CostModel, policy: str, detail: bool = False):
+def _simulate(graph: Graph, spec: MachineSpec, model: CostResolver, policy: str, detail: bool = False):
     priority, multithreading = make_policy(policy, graph, model)
     sim = Simulator(graph, spec, model, priority=priority, multithreading=multithreading, detail=detail)
     gt = sim.run([r.edge for r in graph.roots], graph.input_edges() or None, graph.mode != "grad")
@@ -172,14 +173,20 @@ def simulate_session(graph: Graph, options: SimOptions | None = None) -> SimRepo
         return _simulate_session(graph, options or SimOptions())
 
 
+def read_costs(ref, graph: Graph, step: int | None = None, option: str = "costs") -> MeasuredCosts | None:
+    """``costs.measured.load_costs`` with the order a profile's AccumulateGrad runs are matched by: the one
+    PyTorch's engine runs the graph in, simulated (``sim.order.predicted_order``) when it is needed."""
+    return load_costs(ref, graph, step, option, order=lambda: predicted_order(graph))
+
+
 def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
-    measured = o.costs if isinstance(o.costs, MeasuredCosts) else load_costs(o.costs, graph, o.step)
+    measured = o.costs if isinstance(o.costs, MeasuredCosts) else read_costs(o.costs, graph, o.step)
     spec, reason = choose_spec(o.spec, measured)
     scale = o.scale if isinstance(o.scale, dict) else parse_scale(o.scale)
-    model = CostModel(spec, measured, scale)
+    model = CostResolver(spec, measured, scale)
     if o.devices is not None:
         graph = place(graph, o.devices, o.placement, model)
-        model = CostModel(spec, measured, scale)  # costs of the placed graph's nodes
+        model = CostResolver(spec, measured, scale)  # costs of the placed graph's nodes
     elif o.placement != "keep":
         raise RequestError("a placement needs a device count", "placement")
     scale_unused = _check_scale(graph, scale, o.devices, o.scale_must_apply)
@@ -196,7 +203,7 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     return report
 
 
-def _slack(graph, spec, model: CostModel, o: SimOptions, report: SimReport) -> list[Slack]:
+def _slack(graph, spec, model: CostResolver, o: SimOptions, report: SimReport) -> list[Slack]:
     """Re-simulate with each of the slowest critical-path nodes ``slack_speedup`` faster.
 
     Each what-if shares ``model``'s resolved costs (one node's replaced) and reads only the simulated span.

@@ -1,6 +1,6 @@
 """Which nodes cost the same: a node's ``signature``, and a watch on the saved values a cost model reads.
 
-``CostModel`` resolves one cost per kind of node: a large graph has few kinds
+``CostResolver`` resolves one cost per kind of node: a large graph has few kinds
 (a chain of a million multiplications, one). A node's signature is a key
 ``(key, values)``: ``key`` holds everything the analytic cost is computed
 from apart from the saved values' contents, ``values`` those contents. Cost

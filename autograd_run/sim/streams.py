@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autograd_run.engine.streams import stream_name
-
-if TYPE_CHECKING:
-    from autograd_run.sim.scheduler import Simulator
 
 
 @dataclass(slots=True)
@@ -35,7 +32,7 @@ def stream_key(stream) -> tuple:
 class SimStreams:
     """Stream timelines: records are events at a stream's current end, waits delay a stream's next kernel."""
 
-    def __init__(self, sim: "Simulator"):
+    def __init__(self, sim):  # the scheduler.Simulator whose streams these are (its kernel(), clock, records)
         self.sim = sim
         self._ids = itertools.count(1)
         #: stream_key -> the stream's name in records (``streams.stream_name``)

@@ -3,19 +3,31 @@
 ``SimQueue``   a worker's ready queue: the engine's own queue, items carry their push time;
 ``SimTask``    the fields of a GraphTask that the engine's routing code reads and writes;
 ``SimWorker``  a simulated thread: its queue, whether it sleeps, its reentrant depth;
-``NodeRun``    a node being run by a worker, carried from event to event.
+``SimRun``    a node being run by a worker, carried from event to event.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from autograd_run.engine.core import Lock, ReadyQueue
 
-if TYPE_CHECKING:
-    from autograd_run.sim.scheduler import Simulator
+
+class SimHost(Protocol):
+    """What a ``SimQueue`` reads of the simulator that drives it (``scheduler.Simulator``)."""
+
+    now: int
+    detail: bool
+    handoff_ns: int
+    #: The thread routing (pushing) now, and the queue samples a push appends to (with ``detail``).
+    current_tid: int
+    queue_samples: list
+
+    def at(self, t: int, action: Callable, arg=None) -> None: ...
+
+    def wake(self, w: "SimWorker") -> None: ...
 
 
 class SimQueue:
@@ -30,7 +42,7 @@ class SimQueue:
 
     __slots__ = ("name", "heap", "sim", "consumers")
 
-    def __init__(self, name: str, sim: "Simulator"):
+    def __init__(self, name: str, sim: SimHost):
         self.name = name
         self.heap = ReadyQueue(name)
         self.sim = sim
@@ -42,11 +54,11 @@ class SimQueue:
         now = sim.now
         self.heap.push(key, (task, now))
         if sim.detail:
-            sim.queue_samples.append((now, sim._current_tid, self.name, task[0].id, task[1], len(self.heap), True))
+            sim.queue_samples.append((now, sim.current_tid, self.name, task[0].id, task[1], len(self.heap), True))
         w = self.consumers[-1]
         if w.idle and not w.wake_pending:  # asleep on its queue: woken from another thread
             w.wake_pending = True
-            sim.at(now + sim.handoff_ns, sim._wake, w)
+            sim.at(now + sim.handoff_ns, sim.wake, w)
 
     def pop(self) -> tuple:
         """The top ``(task, pushed)`` (the queue is not empty: the simulation pops only then)."""
@@ -101,7 +113,7 @@ class SimWorker:
 
 
 @dataclass(slots=True, eq=False)
-class NodeRun:
+class SimRun:
     """A node being run by a worker: what its later steps (events) need."""
 
     w: SimWorker

@@ -149,13 +149,14 @@ def evaluate(graph: Graph, point: Point) -> dict:
                 "devices_used": len([d for d in r.graph.devices if not d.is_cpu]),
                 "scale_unused": ",".join(r.scale_unused) or None}
     from autograd_run.session import RunOptions, run_session
-    from autograd_run.sim.costs import CostModel
+    from autograd_run.sim.costs import CostResolver
     from autograd_run.sim.placement import place
     placed = graph
     if point.devices is not None:
-        placed = place(graph, point.devices, point.placement, CostModel(spec, None, scale))
+        placed = place(graph, point.devices, point.placement, CostResolver(spec, None, scale))
+    from autograd_run.sim.policies import policy
     accelerators = len([d for d in placed.devices if not d.is_cpu])
-    multithreading = {"pytorch": True, "single-thread": False, "caller-thread": accelerators > 1}[point.policy]
+    multithreading = policy(point.policy).threading(placed)
     report = run_session(placed, RunOptions(devices="virtual", multithreading=multithreading, repeat=point.repeat))
     if report.error is not None:
         raise report.error

@@ -25,15 +25,13 @@ from autograd_run.errors import AutogradRunError, GraphFileError, RequestError
 from autograd_run.graphs.load import EXAMPLE_PREFIX, is_yaml_name, load_graph, read_source
 from autograd_run.sim.costs import parse_scale
 from autograd_run.sim.placement import PLACEMENTS
-from autograd_run.sim.policies import POLICIES
+from autograd_run.sim.policies import POLICIES, RUN_POLICIES
 from autograd_run.sim.specs import SHIPPED, default_spec, load_spec, local_spec_path
 from autograd_run.sweep.spec import SweepSpec
 
 MAX_GRAPHS = 10_000
 MAX_POINTS = 100_000
 GRAPH_EXTENSIONS = (".json", ".yaml", ".yml")
-#: Policies a really-run point can use: the engine's own threading choices (its priority is PyTorch's).
-RUN_POLICIES = ("pytorch", "single-thread", "caller-thread")
 
 
 def sha256_file(path: str) -> str:

@@ -39,11 +39,11 @@ import numpy as np
 from autograd_run.engine.threads import ThreadKind
 from autograd_run.outputs import atomic_writer
 from autograd_run.traces import encode as E
-from autograd_run.traces.chrome import (
+from autograd_run.traces.layout import (
     FIRST_TID, PID, absent_if_zero, kernel_args, node_tables, node_title, outstanding_changes, slice_marks,
     trace_ranks,
 )
-from autograd_run.traces.recording import Recording
+from autograd_run.record.recording import Recording
 
 CLOCK_ID = 64          # sequence-scoped, incremental
 BOOTTIME = 6

@@ -86,7 +86,8 @@ _DECODER = msgspec.json.Decoder(Union[ChromeDoc, list[ChromeEvent]])
 def is_protobuf_trace(data: bytes, path: str = "") -> bool:
     """Whether ``data`` (not JSON) is a Perfetto protobuf trace (``run --trace FILE.pftrace``): its name says
     so, or it starts as a ``Trace`` does (field 1, ``packet``, length-delimited: byte 0x0a)."""
-    return path.lower().endswith((".pftrace", ".perfetto-trace")) or data[:1] == b"\x0a"
+    from autograd_run.traces.trace_file import PROTO_SUFFIXES
+    return path.lower().endswith(PROTO_SUFFIXES) or data[:1] == b"\x0a"
 
 
 def decode_chrome(data: bytes, path: str, option: str) -> ChromeDoc:

@@ -1,30 +1,76 @@
-"""Writing a Recording to a trace file, the format chosen by the path's ending.
+"""Writing a Recording to a trace file: one table from the path's ending to the writer.
 
-* ``.pftrace`` / ``.perfetto-trace``: Perfetto's protobuf format (``traces.pftrace``);
-* ``.json.gz`` (or any ``.gz``): the Chrome JSON trace, gzip-compressed;
-* anything else (``.json``): the Chrome JSON trace (``traces.chrome``).
+``FORMATS`` holds one row per format, tried in order (the last, Chrome JSON,
+takes any other ending):
+
+* ``pftrace``: ``.pftrace`` / ``.perfetto-trace``, Perfetto's protobuf format (``traces.pftrace``);
+* ``json.gz``: ``.gz`` (``.json.gz``), the Chrome JSON trace gzip-compressed (``traces.chrome``);
+* ``json``: anything else (``.json``), the Chrome JSON trace.
 
 All three open in the Perfetto UI and its trace processor with the same
 tracks, slices, flows and counters, and node slices with the same
 arguments (including ``pass``, ``worker``, ``critical_path`` and
 ``graph_root``, what ``diff`` reads from a JSON trace).
+
+A new format is one writer module (a ``TraceWriter``: ``write(path, rec,
+incomplete)``, writing atomically, over ``traces.layout`` for what the trace
+shows) and one row here.
 """
 
 from __future__ import annotations
 
-from autograd_run.traces.recording import Recording
+from dataclasses import dataclass
+from typing import Protocol
 
-PROTO_SUFFIXES = (".pftrace", ".perfetto-trace")
+from autograd_run.record.recording import Recording
+
+
+class TraceWriter(Protocol):
+    def __call__(self, path: str, rec: Recording, incomplete: str | None) -> None:
+        """Write ``rec`` to ``path`` atomically; a stopped run's trace (``incomplete``: ``interrupted`` or
+        ``timeout``) says so in the file."""
+
+
+def _pftrace(path: str, rec: Recording, incomplete: str | None) -> None:
+    from autograd_run.traces.pftrace import write_pftrace
+    write_pftrace(path, rec, incomplete)
+
+
+def _json_gz(path: str, rec: Recording, incomplete: str | None) -> None:
+    from autograd_run.traces.chrome import write_chrome_trace
+    write_chrome_trace(path, rec, compress=True, incomplete=incomplete)
+
+
+def _json(path: str, rec: Recording, incomplete: str | None) -> None:
+    from autograd_run.traces.chrome import write_chrome_trace
+    write_chrome_trace(path, rec, compress=False, incomplete=incomplete)
+
+
+@dataclass(frozen=True)
+class TraceFormat:
+    name: str
+    #: Path endings (lower case) that select it; empty: any path (the default, last in the table).
+    suffixes: tuple[str, ...]
+    write: TraceWriter
+
+
+FORMATS = (
+    TraceFormat("pftrace", (".pftrace", ".perfetto-trace"), _pftrace),
+    TraceFormat("json.gz", (".gz",), _json_gz),
+    TraceFormat("json", (), _json),
+)
+#: The endings of Perfetto's protobuf traces (readers refuse them by these, too).
+PROTO_SUFFIXES = FORMATS[0].suffixes
+
+
+def format_of(path: str) -> TraceFormat:
+    lower = path.lower()
+    return next(f for f in FORMATS if not f.suffixes or lower.endswith(f.suffixes))
 
 
 def trace_format(path: str) -> str:
     """``pftrace``, ``json.gz`` or ``json``."""
-    lower = path.lower()
-    if lower.endswith(PROTO_SUFFIXES):
-        return "pftrace"
-    if lower.endswith(".gz"):
-        return "json.gz"
-    return "json"
+    return format_of(path).name
 
 
 def write_trace(path: str, rec: Recording, incomplete: str | None = None) -> None:
@@ -32,10 +78,4 @@ def write_trace(path: str, rec: Recording, incomplete: str | None = None) -> Non
     (``incomplete``: ``interrupted`` or ``timeout``) is marked so: in JSON ``"otherData": {"incomplete":
     REASON}`` and an instant event at its end; in protobuf that instant event (category ``incomplete``, on
     a global track named ``incomplete``)."""
-    fmt = trace_format(path)
-    if fmt == "pftrace":
-        from autograd_run.traces.pftrace import write_pftrace
-        write_pftrace(path, rec, incomplete)
-    else:
-        from autograd_run.traces.chrome import write_chrome_trace
-        write_chrome_trace(path, rec, compress=fmt == "json.gz", incomplete=incomplete)
+    format_of(path).write(path, rec, incomplete)

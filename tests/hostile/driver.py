@@ -36,8 +36,8 @@ def main() -> None:
     import autograd_run.graphs.load  # noqa: F401
     import autograd_run.traces.chrome  # noqa: F401
     import autograd_run.traces.order  # noqa: F401
-    import autograd_run.traces.recorder  # noqa: F401
-    import autograd_run.traces.summary  # noqa: F401
+    import autograd_run.record.recorder  # noqa: F401
+    import autograd_run.analysis.summary  # noqa: F401
     import rich.console  # noqa: F401
     import rich.table  # noqa: F401
 

@@ -24,7 +24,7 @@ sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE))]
 import torch  # noqa: E402
 
 from autograd_run.capture import from_torch  # noqa: E402
-from autograd_run.check import check_graph  # noqa: E402
+from autograd_run.capture.check import check_graph  # noqa: E402
 from autograd_run.engine import Engine  # noqa: E402
 from autograd_run.engine.run import run_graph  # noqa: E402
 from autograd_run.graphs import tensors  # noqa: E402

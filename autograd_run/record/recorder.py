@@ -20,8 +20,8 @@ from typing import Callable
 import numpy as np
 
 from autograd_run.engine.tracer import Tracer
-from autograd_run.traces import event_log as L
-from autograd_run.traces.recording import (
+from autograd_run.record import event_log as L
+from autograd_run.record.recording import (
     ERROR, EVENT, GT_END, GT_START, IDLE, LOCK_WAIT, NAN, NODE_END, NODE_START, POP, PUSH, SKIP, SYNC, Recording,
 )
 

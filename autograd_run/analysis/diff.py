@@ -34,8 +34,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from autograd_run.errors import RequestError
-from autograd_run.traces.profile import Profile
-from autograd_run.traces.stats import holm, kendall_tau, mann_whitney, median, min_p
+from autograd_run.analysis.profile import Profile
+from autograd_run.analysis.stats import holm, kendall_tau, mann_whitney, median, min_p
 
 DEFAULT_ALPHA = 0.01
 

@@ -18,7 +18,7 @@ After the last step, each session's trace is exported as PyTorch's Chrome
 trace (on the CPU not between steps: writing and reading a trace disturbs the
 next step's timing) and read back
 through the same reader and matcher ``--costs`` uses
-(``traces.torch_profile``, ``sim.profile_match``): the steps' sequence
+(``traces.torch_profile``, ``costs.profile_match``): the steps' sequence
 offsets are found there, and each node's own forward thread is read from
 its runs.
 
@@ -74,7 +74,7 @@ class _Step:
                for o, g in zip(outputs, list(grad_outputs) if grad_outputs is not None else [None] * len(outputs))]
         if self.mode == "grad":
             return lambda: torch.autograd.grad(outputs, list(inputs), gos, allow_unused=True), outputs
-        from autograd_run.capture import ACC, walk_grad_fns
+        from autograd_run.capture.graph import ACC, walk_grad_fns
         for fn in walk_grad_fns([o.grad_fn for o in outputs if o.grad_fn is not None]):
             if fn.name() == ACC:
                 v = fn.variable
@@ -119,7 +119,8 @@ def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10,
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.load import load_graph
     from autograd_run.outputs import atomic_write
-    from autograd_run.sim.measured import from_profile, to_meta
+    from autograd_run.costs.measured import from_profile, to_meta
+    from autograd_run.sim.order import predicted_order
     from autograd_run.traces.torch_profile import merge_traces, read_torch_profile
 
     step = _Step(torch, forward, doc.get("mode", "backward"))
@@ -178,7 +179,7 @@ def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10,
         for k, prof in enumerate(profs):
             export(prof, k)
     graph = load_graph(path)
-    costs = from_profile(merge_traces(traces), graph)
+    costs = from_profile(merge_traces(traces), graph, order=lambda: predicted_order(graph))
     # The profile names each node's own forward thread (the capture probed only its own thread's id).
     first = costs.coverage.steps[0] if costs.coverage.steps else None
     if first is not None:

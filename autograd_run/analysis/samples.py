@@ -5,7 +5,7 @@ needs the samples themselves. ``pass_samples(recording)`` returns, per pass
 (one top-level backward call; ``--repeat N`` makes N), its wall time, its
 critical path, each worker's busy time, and each node's start, duration,
 queue wait and worker. ``Samples.to_dict()`` is the ``samples`` object of
-the ``--json`` documents of ``run`` and ``simulate``; ``traces.profile``
+the ``--json`` documents of ``run`` and ``simulate``; ``traces.read_profile``
 reads it back.
 
 Definitions:
@@ -31,9 +31,9 @@ import numpy as np
 
 from autograd_run.engine.threads import ThreadKind, thread_kind, worker_label
 from autograd_run.ops import is_graph_root
-from autograd_run.traces import kernels
-from autograd_run.traces.recording import Recording
-from autograd_run.traces.summary import NodeRun, _column_runs, _critical_path, _groups, _union_length
+from autograd_run.record import kernels
+from autograd_run.record.recording import Recording
+from autograd_run.analysis.summary import NodeRun, column_runs, critical_path_of, groups, union_length
 
 CALLER = "caller"
 
@@ -84,7 +84,7 @@ class Samples:
 
 
 def append_passes(into, other, before: int) -> None:
-    """Append the per-pass lists of ``other`` (``Samples`` or a ``traces.profile.Profile``: the same
+    """Append the per-pass lists of ``other`` (``Samples`` or a ``analysis.profile.Profile``: the same
     fields) to ``into``, which holds ``before`` passes; a worker or node missing on one side gets 0 busy
     time and None times for those passes. ``into.passes`` is left to the caller."""
     total = before + other.passes
@@ -156,9 +156,9 @@ def pass_samples(rec: Recording) -> Samples:
             ns.start_ns[k] = min(ns.start_ns[k], sl.start - spans[k][0])
             ns.duration_ns[k] += dur
             ns.queue_wait_ns[k] += wait
-    s.worker_busy_ns = {w: [_union_length(p) for p in per_pass] for w, per_pass in busy.items()}
+    s.worker_busy_ns = {w: [union_length(p) for p in per_pass] for w, per_pass in busy.items()}
     for k in range(n):
-        path, total = _critical_path(runs[k])
+        path, total = critical_path_of(runs[k])
         s.critical_path.append([r.id for r in path])
         s.critical_path_ns.append(total)
         s.critical_keys.update((r.graph_task, r.id) for r in path)
@@ -179,7 +179,7 @@ def slice_passes(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
     if pass_of:
         distinct, inverse = np.unique(S.gt, return_inverse=True)
         passes = np.array([pass_of.get(g, 0) for g in distinct.tolist()], dtype=np.int64)[inverse.reshape(-1)]
-    r = _column_runs(rec)
+    r = column_runs(rec)
     if r is None:  # a node run twice within one GraphTask: as pass_samples does it
         keys = pass_samples(rec).critical_keys
         critical[:] = [(g, node.id) in keys for g, node in
@@ -187,7 +187,7 @@ def slice_passes(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
         return passes, critical
     nodes = rec.columns().nodes
     weight = r.waited + r.dur
-    for _, rows in _groups(passes[r.rows]):
+    for _, rows in groups(passes[r.rows]):
         visit = np.argsort(-r.start[rows], kind="stable")
         path, _ = kernels.critical_path(nodes, r.gt[rows], r.node[rows], weight[rows], r.start[rows], visit)
         critical[r.rows[rows[np.asarray(path, dtype=np.int64)]]] = True

@@ -1,6 +1,6 @@
 """Measured node costs: from a trace file (format told by its content) or stored in the graph file.
 
-``load_costs(ref, graph, step=None) -> MeasuredCosts | None``:
+``load_costs(ref, graph, step=None, order=...) -> MeasuredCosts | None``:
 
 * ``ref`` None: the costs ``capture --profile`` stored in the graph
   (``meta.measured``), or None when there are none;
@@ -15,7 +15,7 @@
   - an autograd-run graph file with ``meta.measured`` (a graph captured with
     ``--profile``): its costs, by node id.
 
-``MeasuredCost`` keeps the raw figures; ``CostModel`` turns them into a
+``MeasuredCost`` keeps the raw figures; ``CostResolver`` turns them into a
 ``NodeCost`` (it subtracts the profiler's own time inside a span, when the
 spec knows it, see ``EngineSpec.profiler_event_us``).
 """
@@ -128,8 +128,10 @@ class ProfileUse:
         return f"{what}; left out: {', '.join(left) if left else 'nothing'}{taken}"
 
 
-def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: str = "costs") -> MeasuredCosts | None:
-    """The measured costs ``ref`` names for ``graph`` (see the module docstring)."""
+def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: str = "costs", *,
+               order=None) -> MeasuredCosts | None:
+    """The measured costs ``ref`` names for ``graph`` (see the module docstring). ``order``: for a PyTorch
+    profile, the graph's per-worker order (or a callable giving it), see ``profile_match.match_profile``."""
     if step is not None and step < 1:
         raise RequestError(f"step must be at least 1, got {step}", "step")
     if ref is None or ref == "analytic":
@@ -149,16 +151,16 @@ def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: s
     if doc.traceEvents is None:
         raise RequestError(f"{ref}: not a trace (no traceEvents) nor a graph file", option)
     if is_torch_profile(doc):
-        return from_profile(parse_torch_profile(doc, ref, option), graph, step)
+        return from_profile(parse_torch_profile(doc, ref, option), graph, step, order)
     if step is not None:
         raise RequestError(f"{ref}: --step picks a step of a PyTorch profile; this is autograd-run's own trace",
                            "step")
     return _from_ours(doc, ref, graph, option)
 
 
-def from_profile(trace, graph: Graph, step: int | None = None, order: list | None = None) -> MeasuredCosts:
+def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> MeasuredCosts:
     """Costs from a parsed PyTorch profiler trace, matched to ``graph``."""
-    from autograd_run.sim.profile_match import match_profile
+    from autograd_run.costs.profile_match import match_profile
     m = match_profile(graph, trace, order)
     steps = m.steps
     left: list[str] = []
@@ -191,7 +193,7 @@ def from_profile(trace, graph: Graph, step: int | None = None, order: list | Non
 
 
 def _from_ours(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:
-    from autograd_run.traces.chrome import slice_node
+    from autograd_run.traces.layout import slice_node
     by_id: dict[str, list[float]] = {}
     for e in doc.traceEvents:
         if e.ph == "X" and e.cat == "node":

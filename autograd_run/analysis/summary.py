@@ -8,7 +8,7 @@ one summary in memory that does not grow with the passes.
 
 It reads the Recording's columns with numpy, and the two loops over node
 objects (their names and ops; the critical path over their next edges) are
-compiled (``traces.kernels``), so a million-node run makes no per-node
+compiled (``record.kernels``), so a million-node run makes no per-node
 Python objects: the critical path is a ``RunList`` that makes each
 ``NodeRun`` when it is read. ``summarize_reference`` is the same summary
 computed record by record over the typed lists (the definition the tests
@@ -45,8 +45,8 @@ import numpy as np
 
 from autograd_run.engine.threads import thread_sort_key
 from autograd_run.ops import GRAPH_ROOT, OPAQUE, is_graph_root
-from autograd_run.traces import kernels
-from autograd_run.traces.recording import Recording
+from autograd_run.record import kernels
+from autograd_run.record.recording import Recording
 
 
 def p95(values: list[int]) -> int:
@@ -149,7 +149,7 @@ class RunList(Sequence):
         return f"RunList({self._n} runs)"
 
 
-class Samples:
+class Values:
     """Durations (ns) for a ``Dist``, in bounded memory: kept exactly up to ``EXACT`` values (a compact
     int64 array), then as a histogram of buckets 1% wide, so the p95 of a million-pass run costs
     no more memory than that of a short one and is off by at most 1%. Count, total and mean stay exact."""
@@ -251,7 +251,7 @@ def summarize_reference(rec: Recording, slowest: int = 10) -> Summary:
 class SummaryBuilder:
     """A ``Summary`` built from one recording, or folded from many (one per ``--repeat`` pass, each
     dropped once folded), in memory that does not grow with the passes: sums and counts add up,
-    distributions are ``Samples``, the slowest nodes and the critical path keep the top ones.
+    distributions are ``Values``, the slowest nodes and the critical path keep the top ones.
     ``add`` recordings in time order; start times are from the first one's start. Each recording is
     read as columns (numpy), or record by record with ``reference`` (and where the columns do not
     serve: a node run twice within one GraphTask)."""
@@ -263,10 +263,10 @@ class SummaryBuilder:
         self.t0: int | None = None
         self.workers: dict[int, Worker] = {}
         self.thread_rank: dict[int, tuple] = {}
-        self.ops: dict[str, Samples] = {}
-        self.queue_waits: dict[str, Samples] = {}
-        self.lock_waits: dict[str, Samples] = {}
-        self.passes = Samples()
+        self.ops: dict[str, Values] = {}
+        self.queue_waits: dict[str, Values] = {}
+        self.lock_waits: dict[str, Values] = {}
+        self.passes = Values()
         self.top: list[NodeRun] = []
         #: The critical path so far (a list of ``NodeRun`` or a ``RunList``); its total is the summary's.
         self.path: Sequence = []
@@ -284,16 +284,16 @@ class SummaryBuilder:
         if self.t0 is None:
             self.t0 = rec.start
         gaps = _gaps_between_calls(rec)
-        s.wall_ns += rec.end - rec.start - _union_length(gaps)
+        s.wall_ns += rec.end - rec.start - union_length(gaps)
         for tid, info in rec.threads.items():
             self.thread_rank.setdefault(tid, thread_sort_key(info.name))
-        runs = None if self.reference else _column_runs(rec)
+        runs = None if self.reference else column_runs(rec)
         if runs is None:
             self._add_records(rec, gaps)
         else:
             self._add_columns(rec, gaps, runs)
         for lw in rec.lock_waits:
-            self.lock_waits.setdefault(lw.lock, Samples()).add(lw.waited)
+            self.lock_waits.setdefault(lw.lock, Values()).add(lw.waited)
         s.nodes_skipped += len(rec.skips)
         s.errors += [f"{e.node.id if e.node is not None else '-'}: {e.message}" for e in rec.errors]
         s.graph_tasks += len(rec.graph_tasks)
@@ -321,18 +321,18 @@ class SummaryBuilder:
             dur = sl.end - sl.start
             samples = self.ops.get(node.name)
             if samples is None:
-                samples = self.ops[node.name] = Samples()
+                samples = self.ops[node.name] = Values()
             samples.add(dur)
             runs[(sl.gt, node)] = NodeRun(node.id, node.name, name(sl.tid), sl.start - t_first, dur,
                                           sl.wait.waited if sl.wait is not None else 0, sl.gt)
             if node.op is OPAQUE and node.id not in s.opaque_nodes:
                 s.opaque_nodes.append(node.id)
         for tid, spans in intervals.items():
-            self._worker(rec, tid).busy_ns += _union_length(spans)
+            self._worker(rec, tid).busy_ns += union_length(spans)
         for idle in rec.idles:
             self._worker(rec, idle.tid).idle_ns += idle.end - idle.start - _overlap((idle.start, idle.end), gaps)
         for w in rec.waits:
-            self.queue_waits.setdefault(w.queue, Samples()).add(w.waited)
+            self.queue_waits.setdefault(w.queue, Values()).add(w.waited)
         for sync in rec.syncs:
             key = f"{sync.src} -> {sync.dst}"
             s.syncs[key] = s.syncs.get(key, 0) + 1
@@ -341,7 +341,7 @@ class SummaryBuilder:
                 s.sync_latency_ns += max(0, c.start_ns - (p.start_ns + p.duration_ns))
         s.nodes_executed += len(runs)
         slowest = sorted(runs.values(), key=lambda r: (-r.duration_ns, r.start_ns))[:self.slowest]
-        path, path_ns = _critical_path(runs)
+        path, path_ns = critical_path_of(runs)
         self._keep(slowest, path, path_ns)
 
     def _add_columns(self, rec: Recording, gaps: list, r: "_Runs") -> None:
@@ -354,21 +354,21 @@ class SummaryBuilder:
             tids, counts = np.unique(r.tid, return_counts=True)
             for t, n in zip(tids.tolist(), counts.tolist()):
                 self.workers[t].nodes += n
-        for t, busy in _union_lengths(S.tid, S.start, S.end).items():
+        for t, busy in union_lengths(S.tid, S.start, S.end).items():
             self.workers[t].busy_ns += busy
         if len(I):
             idle = (I.end - I.start) - _overlaps(I.start, I.end, gaps)
-            for t, rows in _groups(I.tid):
+            for t, rows in groups(I.tid):
                 self.workers[t].idle_ns += int(idle[rows].sum())
         # ops: by node name, in order of first appearance
         name_code, names = c.node_codes("name")
-        for g, rows in _groups(name_code[r.node] if len(r) else r.node):
+        for g, rows in groups(name_code[r.node] if len(r) else r.node):
             samples = self.ops.get(names[g])
             if samples is None:
-                samples = self.ops[names[g]] = Samples()
+                samples = self.ops[names[g]] = Values()
             samples.extend(r.dur[rows])
-        for q, rows in _groups(W.queue):
-            self.queue_waits.setdefault(c.queues[q], Samples()).extend((W.popped - W.pushed)[rows])
+        for q, rows in groups(W.queue):
+            self.queue_waits.setdefault(c.queues[q], Values()).extend((W.popped - W.pushed)[rows])
         if len(r):
             op_code, ops = c.node_codes("op", True)
             opaque_ops = np.array([op is OPAQUE for op in ops])
@@ -431,7 +431,7 @@ class _Runs:
         return len(self.gt)
 
 
-def _column_runs(rec: Recording) -> _Runs | None:
+def column_runs(rec: Recording) -> _Runs | None:
     """The runs of ``rec`` from its columns, or None where the columns do not serve (a node run twice
     within one GraphTask; a run without a GraphTask): then the record-by-record summary applies."""
     c = rec.columns()
@@ -470,7 +470,7 @@ def _run_maker(nodes: list, thread_names: dict, t0: int, node, tid, start, dur, 
     return run
 
 
-def _groups(code: np.ndarray) -> list[tuple[int, np.ndarray]]:
+def groups(code: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """(value, rows) of each distinct value of ``code``, in order of first appearance."""
     n = len(code)
     if not n:
@@ -485,7 +485,7 @@ def _groups(code: np.ndarray) -> list[tuple[int, np.ndarray]]:
     return groups
 
 
-def _union_lengths(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict[int, int]:
+def union_lengths(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict[int, int]:
     """Per tid, the total length covered by possibly nested or overlapping [start, end] intervals."""
     out = {}
     if not len(tid):
@@ -571,7 +571,7 @@ def _overlap(span: tuple[int, int], gaps: list[tuple[int, int]]) -> int:
     return total
 
 
-def _union_length(spans: list[tuple[int, int]]) -> int:
+def union_length(spans: list[tuple[int, int]]) -> int:
     """Total length covered by possibly nested or overlapping intervals."""
     total, cur_start, cur_end = 0, None, None
     for a, b in sorted(spans):
@@ -586,7 +586,7 @@ def _union_length(spans: list[tuple[int, int]]) -> int:
     return total
 
 
-def _critical_path(runs: dict[tuple, NodeRun]) -> tuple[list[NodeRun], int]:
+def critical_path_of(runs: dict[tuple, NodeRun]) -> tuple[list[NodeRun], int]:
     """Longest chain by (queue wait + duration), following next edges within a GraphTask."""
     if not runs:
         return [], 0

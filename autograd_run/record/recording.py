@@ -28,8 +28,8 @@ import numpy as np
 
 from autograd_run.engine import core
 from autograd_run.engine.threads import ThreadKind, thread_kind, thread_sort_key, worker_label
-from autograd_run.traces import event_log as L
-from autograd_run.traces import kernels
+from autograd_run.record import event_log as L
+from autograd_run.record import kernels
 
 # Raw event kinds: the first field of each tuple the Recorder appends.
 NODE_START = "node_start"    # (kind, ts, ident, gt_id, depth, node)
@@ -227,7 +227,7 @@ class Columns:
         self._codes: dict = {}  # node_codes' results
 
     def node_codes(self, attr: str, identity: bool = False) -> tuple[np.ndarray, list]:
-        """``traces.kernels.attr_codes`` of the node table (a code per node, the distinct values), made once
+        """``record.kernels.attr_codes`` of the node table (a code per node, the distinct values), made once
         per Columns: the summary and the trace writers each want the op's and the name's (a pass over
         every node object, ~0.15 µs a node at 2e5 nodes)."""
         key = (attr, identity)

@@ -24,7 +24,8 @@ trace, the offset differing per run and per step. Matching, per trace:
    common subsequence, ``difflib``).
 4. **AccumulateGrad** runs carry no sequence number. A leaf runs right
    after the node that made it ready, in an order the engine fixes: the
-   graph's order is predicted by simulating it with PyTorch's policy, and
+   graph's order, predicted by simulating it with PyTorch's policy
+   (``sim.order.predicted_order``, handed in by the caller), and
    each leaf is matched by (the node run before it on its thread, its
    position among the leaves run after that node), checked against the
    gradient's shape when the trace recorded shapes; leftovers by shape
@@ -136,27 +137,13 @@ def _leaf(node) -> bool:
     return node.op is ACCUMULATE_GRAD
 
 
-def predicted_order(graph: Graph) -> list[list]:
-    """The graph's nodes per worker thread, in the order PyTorch's engine runs them (simulated).
+def match_profile(graph: Graph, trace: TorchTrace, order=None) -> ProfileMatch:
+    """Match ``trace``'s backward node runs to ``graph``'s nodes (see the module docstring).
 
-    On one worker the order does not depend on costs (every node costs the
-    same here); across workers it is an estimate.
+    ``order``: the graph's nodes per worker thread in the order PyTorch's engine runs them (a list of lists, or
+    a callable that returns one, called only when there are AccumulateGrad runs to match):
+    ``sim.order.predicted_order``. The simulator is above this layer, so the caller hands it in.
     """
-    from autograd_run.sim.costs import NodeCost
-    from autograd_run.sim.scheduler import Simulator
-    from autograd_run.sim.specs import load_spec
-    same = NodeCost(1000)
-    sim = Simulator(graph, load_spec("cpu"), lambda node: same, detail=False)
-    sim.run([r.edge for r in graph.roots], graph.input_edges() or None, graph.mode != "grad")
-    per: dict[int, list] = {}
-    for _, _, node, worker in sim.starts():
-        if node.id in graph.by_id and graph.by_id[node.id] is node:
-            per.setdefault(worker.tid, []).append(node)
-    return list(per.values())
-
-
-def match_profile(graph: Graph, trace: TorchTrace, order: list[list] | None = None) -> ProfileMatch:
-    """Match ``trace``'s backward node runs to ``graph``'s nodes (see the module docstring)."""
     inner = [n for n in graph.nodes if not _leaf(n)]
     leaves = [n for n in graph.nodes if _leaf(n)]
     runs = [e for e in trace.events if e.seq is not None]  # by start time, as trace.events
@@ -192,7 +179,10 @@ def match_profile(graph: Graph, trace: TorchTrace, order: list[list] | None = No
                       and (e.fwd_tid != t or lo + off - margin <= e.seq <= hi + off + margin)]
             _align(s, [n for n in inner if n.id not in s.nodes], window, claimed)
     if leaves and steps:
-        order = order if order is not None else predicted_order(graph)
+        if order is None:
+            raise ValueError("match_profile: the graph's AccumulateGrad nodes are matched by the order the "
+                             "engine runs them in; pass order= (sim.order.predicted_order)")
+        order = order() if callable(order) else order
         starts = [e.start_ns for e in trace.events]
         for s in steps:
             _match_leaves(s, leaves, order, trace, s.end_ns, starts)

@@ -15,12 +15,12 @@ the executed order as ``[name, seq, leaf]``, each run's reentrant depth
 (``depths``: 0, or more in a nested backward) and the leaf gradients. Leaves'
 ``.grad`` are left as they were. That run also finds what exists only while
 it runs: the graphs that reentrant checkpoints and other custom Functions
-build and differentiate (``capture_inner``), and the effect of tensor hooks
-(``capture_hooks``); with ``reference=False`` it still runs when the graph
+build and differentiate (``capture.inner``), and the effect of tensor hooks
+(``capture.hooks``); with ``reference=False`` it still runs when the graph
 has custom Functions.
 
 ``values=False`` captures the structure only (for golden orders,
-``autograd_run.golden``): no saved values and no reference gradients, every
+``autograd_run.capture.golden``): no saved values and no reference gradients, every
 node but the leaves' ``opaque``. Such a graph replays PyTorch's scheduling
 (the order does not depend on values) but not its gradients, and capturing
 it costs a walk and one backward instead of copying every saved tensor.
@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from autograd_run.capture_inner import custom_function_reason, is_custom_function
+from autograd_run.capture.inner import custom_function_reason, is_custom_function
 from autograd_run.graphs.model import FORMAT
 from autograd_run.ops import OPAQUE, lookup
 
@@ -340,7 +340,7 @@ class _Capture:
 
     Nodes are added by walks from roots (``add``): the outer graph first, then
     each graph a custom Function's backward builds while the reference
-    backward runs (``capture_inner``). Nodes already seen keep their ids, so a
+    backward runs (``capture.inner``). Nodes already seen keep their ids, so a
     parameter's AccumulateGrad node is shared by the outer and inner graphs.
     """
 
@@ -360,7 +360,7 @@ class _Capture:
         self.variables: list[dict] = []
         self.var_doc: dict[str, dict] = {}
         self.var_of: dict = {}
-        #: Custom autograd.Function nodes without a rule: resolved by the reference run (``capture_inner``).
+        #: Custom autograd.Function nodes without a rule: resolved by the reference run (``capture.inner``).
         self.custom: list = []
 
     def add(self, roots) -> list:
@@ -558,12 +558,12 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, 
     """Run PyTorch's backward once, recording order and leaf gradients (not kept without ``keep_grads``);
     leaves' .grad are restored.
 
-    Custom Function nodes are watched while it runs (``capture_inner``): the
+    Custom Function nodes are watched while it runs (``capture.inner``): the
     graph a node's backward builds and differentiates is added to the capture,
     with pre-hooks on its nodes, so the order includes them as PyTorch ran them.
     """
-    from autograd_run.capture_hooks import HookWatch
-    from autograd_run.capture_inner import NestedCapture
+    from autograd_run.capture.hooks import HookWatch
+    from autograd_run.capture.inner import NestedCapture
     torch = cap.torch
     order, handles = [], []
     hooks = HookWatch(torch, cap)
@@ -619,7 +619,7 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, 
 def _report_hooks(doc: dict, cap: _Capture, watch) -> None:
     """Warn about tensor hooks the graph file cannot hold, naming the tensors; list them in ``meta.hooks``."""
     import warnings
-    from autograd_run.capture_hooks import describe, leaf_hooks, warning_text
+    from autograd_run.capture.hooks import describe, leaf_hooks, warning_text
     found = describe(cap, watch, leaf_hooks(cap))
     if found:
         doc.setdefault("meta", {})["hooks"] = found
