@@ -16,7 +16,8 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall when the project's metadata or the compiled core changes.
-$(RUNTIME): pyproject.toml setup.py autograd_run/engine/_core.c autograd_run/graphs/_build.c \
+$(RUNTIME): pyproject.toml setup.py autograd_run/engine/_core.c $(wildcard autograd_run/engine/csrc/*) \
+		autograd_run/graphs/_build.c \
 		autograd_run/graphs/_draw.c | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .

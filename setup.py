@@ -1,6 +1,7 @@
 """Build the compiled parts (optional: without a C compiler the pure-Python twins are used).
 
-* ``autograd_run.engine._core``: the engine's per-node scheduling work.
+* ``autograd_run.engine._core``: the engine's per-node scheduling work (``_core.c`` and the parts it
+  includes from ``engine/csrc/``).
 * ``autograd_run.graphs._build``: the loader's loops over node specs (``graphs/validate.py`` is the twin).
 * ``autograd_run.graphs._draw``: seeded random tensors in bulk; it links numpy's ``npyrandom``
   static library (shipped with numpy for extensions, see numpy's "Extending numpy.random") for
@@ -14,7 +15,11 @@ import os
 
 from setuptools import Extension, setup
 
-extensions = [Extension("autograd_run.engine._core", ["autograd_run/engine/_core.c"],
+# _core.c includes the files of engine/csrc/ (one translation unit): they are its dependencies.
+CORE_PARTS = sorted(os.path.join("autograd_run", "engine", "csrc", f)
+                    for f in os.listdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "autograd_run",
+                                                     "engine", "csrc")))
+extensions = [Extension("autograd_run.engine._core", ["autograd_run/engine/_core.c"], depends=CORE_PARTS,
                         extra_compile_args=["-O2"], optional=True),
               Extension("autograd_run.graphs._build", ["autograd_run/graphs/_build.c"],
                         extra_compile_args=["-O2"], optional=True)]

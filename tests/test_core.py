@@ -410,3 +410,22 @@ def test_the_compiled_node_scans_match_their_python_twins(name):
     assert core.max_seq([n for n in g.nodes if n.seq >= 2**63], 2**63) == 0  # AccumulateGrad alone
     assert core.nodes_of_op(g.nodes, CHECKPOINT) == checkpoint_nodes(g)
     assert (name == "example:checkpoint") <= bool(checkpoint_nodes(g))
+
+
+def test_each_part_of_the_compiled_core_names_its_python_twin():
+    """``_core.c`` is one translation unit built from the files of ``engine/csrc/``: it includes every one,
+    each opens with the path of its pure-Python twin (which exists), and its map lists every file."""
+    import pathlib
+    import re
+    engine = pathlib.Path(__file__).resolve().parents[1] / "autograd_run" / "engine"
+    core = (engine / "_core.c").read_text()
+    parts = sorted(p.name for p in (engine / "csrc").iterdir())
+    assert sorted(re.findall(r'^#include "csrc/([a-z_]+\.[ch])"$', core, re.M)) == parts
+    for name in parts:
+        assert f"csrc/{name}" in core.split("*/")[0], f"_core.c's map does not list csrc/{name}"
+        if name.endswith(".c"):
+            head = (engine / "csrc" / name).read_text().split("\n", 1)[0]
+            twins = re.findall(r"autograd_run/[a-z_/]+\.py", head)
+            assert head.startswith("/* Python twin: ") and twins, (name, head)
+            for twin in twins:
+                assert (engine.parents[1] / twin).exists(), (name, twin)

@@ -30,7 +30,8 @@ def dist(tmp_path_factory):
 def test_the_sdist_carries_the_sources_examples_and_specs(dist):
     (sdist,) = dist.glob("*.tar.gz")
     names = tarfile.open(sdist).getnames()
-    for must in ("autograd_run/engine/_core.c", "autograd_run/graphs/_draw.c", "setup.py", "LICENSE", "autograd_run/graphs/examples/seed.yaml",
+    for must in ("autograd_run/engine/_core.c", "autograd_run/engine/csrc/core.h", "autograd_run/engine/csrc/route.c",
+                 "autograd_run/graphs/_draw.c", "setup.py", "LICENSE", "autograd_run/graphs/examples/seed.yaml",
                  "autograd_run/sim/specs/h100.json"):
         assert any(n.endswith(must) for n in names), must
 

@@ -1,0 +1,357 @@
+/* Python twin: autograd_run/record/kernels.py (attr_codes) and autograd_run/record/recording.py (_pair).
+ * The Recording's loops over Python objects: attribute codes, the pairing of pushes, pops and node runs. Part of _core.c (included there, after core.h). */
+
+/* ------------------------------------------------- summary helpers */
+
+/* Two loops of the summary over Python objects (record/kernels.py is the twin). */
+
+typedef struct {
+    uint64_t *keys;  /* key + 1; 0 empty */
+    int64_t *vals;
+    size_t mask;
+} U64Map;
+
+static int u64map_init(U64Map *m, size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2 + 2)
+        cap <<= 1;
+    m->keys = PyMem_RawCalloc(cap, sizeof(uint64_t));
+    m->vals = PyMem_RawMalloc(cap * sizeof(int64_t));
+    m->mask = cap - 1;
+    if (!m->keys || !m->vals) {
+        PyMem_RawFree(m->keys);
+        PyMem_RawFree(m->vals);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void u64map_free(U64Map *m) {
+    PyMem_RawFree(m->keys);
+    PyMem_RawFree(m->vals);
+}
+
+static inline size_t u64hash(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static void u64map_put(U64Map *m, uint64_t key, int64_t val) {
+    size_t h = u64hash(key) & m->mask;
+    while (m->keys[h] != 0 && m->keys[h] != key + 1)
+        h = (h + 1) & m->mask;
+    m->keys[h] = key + 1;
+    m->vals[h] = val;
+}
+
+static int64_t u64map_get(U64Map *m, uint64_t key) {
+    size_t h = u64hash(key) & m->mask;
+    while (m->keys[h] != 0) {
+        if (m->keys[h] == key + 1)
+            return m->vals[h];
+        h = (h + 1) & m->mask;
+    }
+    return -1;
+}
+
+/* attr_codes(objs, name, identity) -> (int64 codes as bytes, distinct values): each object's
+ * attribute `name` as the position of its value among the distinct values (in order of first
+ * appearance), compared by identity or by equality. */
+static PyObject *attr_codes(PyObject *mod, PyObject *args) {
+    PyObject *objs, *name;
+    int identity;
+    if (!PyArg_ParseTuple(args, "O!Up", &PyList_Type, &objs, &name, &identity))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(objs);
+    /* a Node field read from its slot where the table knows it */
+    int field = name == s_op ? NF_OP : name == s_name ? NF_NAME : name == s_id ? NF_ID : -1;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, n * 8);
+    PyObject *values = PyList_New(0);
+    PyObject *seen = PyDict_New();   /* value -> code (by equality) */
+    U64Map ptrs = {0};               /* the address of each value in `values` -> its code */
+    if (data == NULL || values == NULL || seen == NULL || u64map_init(&ptrs, n) < 0)
+        goto fail;
+    int64_t *codes = (int64_t *)PyBytes_AS_STRING(data);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *obj = PyList_GET_ITEM(objs, i);
+        PyObject *v = field >= 0 ? node_get(obj, field) : PyObject_GetAttr(obj, name);
+        if (v == NULL)
+            goto fail;
+        int64_t code = u64map_get(&ptrs, (uint64_t)(uintptr_t)v);
+        if (code < 0 && !identity) { /* an equal value seen before, as another object */
+            PyObject *c = PyDict_GetItemWithError(seen, v);
+            if (c == NULL && PyErr_Occurred()) {
+                Py_DECREF(v);
+                goto fail;
+            }
+            if (c != NULL) /* (not remembered by address: names are mostly each node's own object) */
+                code = PyLong_AsLongLong(c);
+        }
+        if (code < 0) {
+            code = PyList_GET_SIZE(values);
+            PyObject *c = PyLong_FromLongLong(code);
+            int bad = c == NULL || (!identity && PyDict_SetItem(seen, v, c) < 0) || PyList_Append(values, v) < 0;
+            Py_XDECREF(c);
+            if (bad) {
+                Py_DECREF(v);
+                goto fail;
+            }
+            u64map_put(&ptrs, (uint64_t)(uintptr_t)v, code);
+        }
+        codes[i] = code;
+        Py_DECREF(v);
+    }
+    Py_DECREF(seen);
+    u64map_free(&ptrs);
+    PyObject *out = PyTuple_Pack(2, data, values);
+    Py_DECREF(data);
+    Py_DECREF(values);
+    return out;
+fail:
+    u64map_free(&ptrs);
+    Py_XDECREF(data);
+    Py_XDECREF(values);
+    Py_XDECREF(seen);
+    return NULL;
+}
+
+/* ------------------------------------------------ pair_common */
+
+/* An int64 column written straight into the bytes object handed back (sized for the most rows it can
+ * get, cut to the rows it got). */
+typedef struct {
+    PyObject *bytes;
+    int64_t *v;
+    Py_ssize_t n, cap;
+} Col;
+
+static int col_alloc(Col *c, Py_ssize_t cap) {
+    c->bytes = PyBytes_FromStringAndSize(NULL, cap * (Py_ssize_t)sizeof(int64_t));
+    if (c->bytes == NULL)
+        return -1;
+    c->v = (int64_t *)PyBytes_AS_STRING(c->bytes);
+    c->cap = cap;
+    c->n = 0;
+    return 0;
+}
+
+static inline int col_push(Col *c, int64_t x) {
+    if (c->n >= c->cap) { /* (the counting pass bounds every column) */
+        PyErr_SetString(PyExc_RuntimeError, "pair_common: a column overflowed its bound");
+        return -1;
+    }
+    c->v[c->n++] = x;
+    return 0;
+}
+
+/* The column's bytes, cut to its rows (a new reference; the column lets go of it). */
+static PyObject *col_bytes(Col *c) {
+    PyObject *b = c->bytes;
+    c->bytes = NULL;
+    if (b != NULL && c->n * (Py_ssize_t)sizeof(int64_t) != PyBytes_GET_SIZE(b) &&
+        _PyBytes_Resize(&b, c->n * (Py_ssize_t)sizeof(int64_t)) < 0)
+        return NULL;
+    return b;
+}
+
+/* pair_common(events, tid_of, n_nodes) -> None, or (samples, waits, slices, idles), each a tuple of int64
+ * columns as bytes (samples: ts, tid, queue, gt, node, depth, pushed; waits: gt, node, queue, pushed, popped,
+ * tid, push_row, pop_row; slices: gt, depth, node, tid, start, end, wait; idles: start, end, tid, queue,
+ * waiting_for): record/recording._pair for the common case, in one pass (None where it does not hold:
+ * then _pair's numpy path decides). The common case is _pairs_once's for the queue samples and for the
+ * node starts and ends (one GraphTask among the rows with a node; each node pushed at most once and popped
+ * at most once, after its push; started at most once and ended at most once, after its start, on the same
+ * thread) and _slice_waits's (at least one wait, all of that GraphTask). */
+enum { SC_TS, SC_TID, SC_QUEUE, SC_GT, SC_NODE, SC_DEPTH, SC_PUSHED, SC_N };
+enum { WC_GT, WC_NODE, WC_QUEUE, WC_PUSHED, WC_POPPED, WC_TID, WC_PUSH_ROW, WC_POP_ROW, WC_N };
+enum { LC_GT, LC_DEPTH, LC_NODE, LC_TID, LC_START, LC_END, LC_WAIT, LC_N };
+enum { IC_START, IC_END, IC_TID, IC_QUEUE, IC_WAITING, IC_N };
+
+static PyObject *pair_common(PyObject *mod, PyObject *args) {
+    PyObject *evo, *tido;
+    Py_ssize_t n_nodes;
+    if (!PyArg_ParseTuple(args, "OOn", &evo, &tido, &n_nodes))
+        return NULL;
+    Py_buffer be, bt;
+    if (PyObject_GetBuffer(evo, &be, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(tido, &bt, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&be);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Col sc[SC_N] = {{0}}, wc[WC_N] = {{0}}, lc[LC_N] = {{0}}, ic[IC_N] = {{0}};
+    /* per node: the sample row of its push and pop, the event row of its start and end (-1: none yet);
+     * its wait (index into the waits) and the event position of that wait's pop */
+    int64_t *push_row = NULL, *pop_seen = NULL, *start_ev = NULL, *end_seen = NULL, *wait_of = NULL,
+            *wait_pos = NULL;
+    Py_ssize_t m = be.len / (Py_ssize_t)sizeof(Event), nt = bt.len / 8;
+    const Event *ev = be.buf;
+    const int64_t *tid_of = bt.buf;
+    int common = be.len % (Py_ssize_t)sizeof(Event) == 0 && n_nodes >= 0;
+    if (common) {
+        size_t k = (size_t)(n_nodes ? n_nodes : 1) * sizeof(int64_t);
+        push_row = PyMem_RawMalloc(k), pop_seen = PyMem_RawMalloc(k), start_ev = PyMem_RawMalloc(k);
+        end_seen = PyMem_RawMalloc(k), wait_of = PyMem_RawMalloc(k), wait_pos = PyMem_RawMalloc(k);
+        if (!push_row || !pop_seen || !start_ev || !end_seen || !wait_of || !wait_pos) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memset(push_row, 0xff, k), memset(pop_seen, 0xff, k), memset(start_ev, 0xff, k);
+        memset(end_seen, 0xff, k), memset(wait_of, 0xff, k);
+    }
+    /* bounds: every push/pop is a sample, a pop at most one wait, an end at most one slice */
+    Py_ssize_t n_samples = 0, n_pops = 0, n_ends = 0, n_idles = 0;
+    for (Py_ssize_t i = 0; common && i < m; i++) {
+        uint8_t k = ev[i].kind;
+        n_samples += k == EV_PUSH || k == EV_POP;
+        n_pops += k == EV_POP;
+        n_ends += k == EV_END;
+        n_idles += k == EV_IDLE;
+    }
+    for (int c = 0; common && c < SC_N; c++)
+        if (col_alloc(&sc[c], n_samples) < 0)
+            goto done;
+    for (int c = 0; common && c < WC_N; c++)
+        if (col_alloc(&wc[c], n_pops) < 0)
+            goto done;
+    for (int c = 0; common && c < LC_N; c++)
+        if (col_alloc(&lc[c], n_ends) < 0)
+            goto done;
+    for (int c = 0; common && c < IC_N; c++)
+        if (col_alloc(&ic[c], n_idles) < 0)
+            goto done;
+    int64_t gt_s = 0, gt_l = 0;
+    int have_s = 0, have_l = 0;
+    Py_ssize_t srow = 0;
+    for (Py_ssize_t i = 0; common && i < m; i++) {
+        const Event *e = &ev[i];
+        if (e->thread >= nt) {
+            common = 0;
+            break;
+        }
+        int64_t tid = tid_of[e->thread], node = e->node;
+        if (node >= n_nodes) {
+            common = 0;
+            break;
+        }
+        if (e->kind == EV_PUSH || e->kind == EV_POP) {
+            int pushed = e->kind == EV_PUSH;
+            if (col_push(&sc[SC_TS], e->ts) < 0 || col_push(&sc[SC_TID], tid) < 0 ||
+                col_push(&sc[SC_QUEUE], e->queue) < 0 || col_push(&sc[SC_GT], e->a) < 0 ||
+                col_push(&sc[SC_NODE], node) < 0 || col_push(&sc[SC_DEPTH], e->b) < 0 ||
+                col_push(&sc[SC_PUSHED], pushed) < 0)
+                goto done;
+            if (node >= 0) {
+                if (have_s && e->a != gt_s) {
+                    common = 0;
+                    break;
+                }
+                gt_s = e->a, have_s = 1;
+                if (pushed) {
+                    if (push_row[node] >= 0 || pop_seen[node] >= 0) { /* pushed twice, or popped first */
+                        common = 0;
+                        break;
+                    }
+                    push_row[node] = srow;
+                } else {
+                    Py_ssize_t p = push_row[node];
+                    if (pop_seen[node] >= 0 || p < 0) { /* popped twice, or before its push */
+                        common = 0;
+                        break;
+                    }
+                    pop_seen[node] = srow;
+                    int64_t w = wc[WC_GT].n;
+                    if (col_push(&wc[WC_GT], e->a) < 0 || col_push(&wc[WC_NODE], node) < 0 ||
+                        col_push(&wc[WC_QUEUE], sc[SC_QUEUE].v[p]) < 0 || col_push(&wc[WC_PUSHED], sc[SC_TS].v[p]) < 0 ||
+                        col_push(&wc[WC_POPPED], e->ts) < 0 || col_push(&wc[WC_TID], tid) < 0 ||
+                        col_push(&wc[WC_PUSH_ROW], p) < 0 || col_push(&wc[WC_POP_ROW], srow) < 0)
+                        goto done;
+                    wait_of[node] = w;
+                    wait_pos[node] = i;
+                }
+            }
+            srow++;
+        } else if (e->kind == EV_START || e->kind == EV_END) {
+            if (node < 0) {
+                common = 0; /* (a start or end without a node: the general pairing's) */
+                break;
+            }
+            if (have_l && e->a != gt_l) {
+                common = 0;
+                break;
+            }
+            gt_l = e->a, have_l = 1;
+            if (e->kind == EV_START) {
+                if (start_ev[node] >= 0 || end_seen[node] >= 0) {
+                    common = 0;
+                    break;
+                }
+                start_ev[node] = i;
+            } else {
+                Py_ssize_t st = start_ev[node];
+                if (end_seen[node] >= 0 || st < 0 || tid_of[ev[st].thread] != tid) {
+                    common = 0;
+                    break;
+                }
+                end_seen[node] = i;
+                /* its wait: the node's, if popped before this end */
+                int64_t w = wait_of[node] >= 0 && wait_pos[node] < i ? wait_of[node] : -1;
+                if (col_push(&lc[LC_GT], e->a) < 0 || col_push(&lc[LC_DEPTH], ev[st].b) < 0 ||
+                    col_push(&lc[LC_NODE], node) < 0 || col_push(&lc[LC_TID], tid) < 0 ||
+                    col_push(&lc[LC_START], ev[st].ts) < 0 || col_push(&lc[LC_END], e->ts) < 0 ||
+                    col_push(&lc[LC_WAIT], w) < 0)
+                    goto done;
+            }
+        } else if (e->kind == EV_IDLE) {
+            if (col_push(&ic[IC_START], e->ts) < 0 || col_push(&ic[IC_END], e->a) < 0 ||
+                col_push(&ic[IC_TID], tid) < 0 || col_push(&ic[IC_QUEUE], e->queue) < 0 ||
+                col_push(&ic[IC_WAITING], e->b) < 0)
+                goto done;
+        }
+    }
+    /* _slice_waits's common case: some wait, one GraphTask for the waits and the slices */
+    if (common && (wc[WC_GT].n == 0 || (lc[LC_GT].n && gt_l != gt_s)))
+        common = 0;
+    if (!common) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    {
+        Col *groups[4] = {sc, wc, lc, ic};
+        int sizes[4] = {SC_N, WC_N, LC_N, IC_N};
+        PyObject *out = PyTuple_New(4);
+        for (int g = 0; out && g < 4; g++) {
+            PyObject *t = PyTuple_New(sizes[g]);
+            for (int c = 0; t && c < sizes[g]; c++) {
+                PyObject *b = col_bytes(&groups[g][c]);
+                if (b == NULL)
+                    Py_CLEAR(t);
+                else
+                    PyTuple_SET_ITEM(t, c, b);
+            }
+            if (t == NULL)
+                Py_CLEAR(out);
+            else
+                PyTuple_SET_ITEM(out, g, t);
+        }
+        result = out;
+    }
+done:
+    for (int c = 0; c < SC_N; c++)
+        Py_XDECREF(sc[c].bytes);
+    for (int c = 0; c < WC_N; c++)
+        Py_XDECREF(wc[c].bytes);
+    for (int c = 0; c < LC_N; c++)
+        Py_XDECREF(lc[c].bytes);
+    for (int c = 0; c < IC_N; c++)
+        Py_XDECREF(ic[c].bytes);
+    PyMem_RawFree(push_row), PyMem_RawFree(pop_seen), PyMem_RawFree(start_ev);
+    PyMem_RawFree(end_seen), PyMem_RawFree(wait_of), PyMem_RawFree(wait_pos);
+    PyBuffer_Release(&be);
+    PyBuffer_Release(&bt);
+    return result;
+}
