@@ -150,6 +150,15 @@ def doc(*nodes: dict, roots: str | Sequence | None = None, **fields) -> dict:
     return d
 
 
+def parts_graph(nodes: Sequence[dict], roots: Sequence, variables: Sequence[dict] = (), *, source: str = "test.json",
+                **fields) -> Graph:
+    """A graph from its parts as a document lists them (nodes, roots, variables, other top-level fields),
+    through the loader (so it is validated as a file would be); ``source`` names it in messages."""
+    d = {"format": "autograd-graph/1", "roots": list(roots), "variables": list(variables), "nodes": list(nodes),
+         **fields}
+    return loads_graph(dumps(d, "json"), source)
+
+
 def graph(d: dict, fmt: str = "json", folder=None) -> Graph:
     """Load document ``d`` as the file ``g.<fmt>`` would be loaded (from ``folder`` when given, so
     side files beside it are found; else from memory)."""

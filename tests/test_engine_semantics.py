@@ -5,6 +5,7 @@ with it; the multi-device oracle (a CPU-backed accelerator) checks the rest in
 ``test_pt_oracle``. Otherwise the test states the source behaviour it checks.
 """
 
+import functools
 import threading
 import time
 
@@ -16,8 +17,6 @@ from autograd_run.engine.callables import ERR_CHECKPOINT_INVALID
 from autograd_run.engine.input_buffer import InputBuffer
 from autograd_run.engine.run import run_graph
 from autograd_run.errors import BackwardError, RequestError
-from autograd_run.graphs.dump import dumps
-from autograd_run.graphs.load import loads_graph
 from autograd_run.graphs.model import Device
 from autograd_run.record.order_recorder import OrderRecorder
 from autograd_run.record.recorder import Recorder
@@ -27,9 +26,9 @@ pytestmark = pytest.mark.timeout(60)
 CUDA0, CUDA1 = Device("cuda", 0), Device("cuda", 1)
 
 
-def graph(nodes, roots, variables=(), **kw):
-    doc = {"format": "autograd-graph/1", "roots": roots, "variables": list(variables), "nodes": nodes, **kw}
-    return loads_graph(dumps(doc, "json"), "semantics.json")
+from builders import parts_graph  # noqa: E402  (tests/ is on sys.path)
+
+graph = functools.partial(parts_graph, source="semantics.json")
 
 
 def m(shape=(2,), device="cpu", stream=0):

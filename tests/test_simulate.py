@@ -1,5 +1,6 @@
 """The simulation: hand-computed schedules, the engine's order reproduced, policies, bounds."""
 
+import functools
 import json
 
 import pytest
@@ -24,9 +25,9 @@ def spec(overhead=1.0, handoff=10.0, gil=False, launch=2.0, min_kernel=3.0):
     return MachineSpec("test", host, acc, EngineSpec(overhead, handoff, gil))
 
 
-def graph(nodes, roots, variables=()):
-    doc = {"format": "autograd-graph/1", "roots": roots, "variables": list(variables), "nodes": nodes}
-    return loads_graph(dumps(doc, "json"), "sim.json")
+from builders import parts_graph  # noqa: E402  (tests/ is on sys.path)
+
+graph = functools.partial(parts_graph, source="sim.json")
 
 
 def cost(nid, us, device="cpu", nxt=(), seq=1, mode=None):
