@@ -169,3 +169,20 @@ def test_circles_are_found():
 
 def test_no_files_import_each_other_in_a_circle():
     assert circles(IMPORTS) == []
+
+
+#: A compiled part and its pure-Python twin: one class for its users (``engine.core.InputBuffer`` is one or the
+#: other, chosen at import), so one name.
+TWINS = {"InputBuffer"}
+
+
+def test_no_two_classes_of_the_package_share_a_name():
+    seen: dict[str, str] = {}
+    twice = []
+    for name, path in MODULES.items():
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(n, ast.ClassDef) and not n.name.startswith("_") and n.name not in TWINS:
+                if n.name in seen:
+                    twice.append(f"{n.name}: {seen[n.name]} and {name}")
+                seen.setdefault(n.name, name)
+    assert twice == []

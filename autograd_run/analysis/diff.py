@@ -74,7 +74,7 @@ class Change:
 
 
 @dataclass
-class Divergence:
+class OrderDivergence:
     pass_index: int
     position: int
     #: The worker whose sequence differs (None: the global order was compared).
@@ -98,7 +98,7 @@ class OrderDiff:
     per_worker: bool = False
     #: A's own passes disagree with one another (its order is not deterministic).
     a_varies: bool = False
-    divergence: Divergence | None = None
+    divergence: OrderDivergence | None = None
     kendall_tau: float | None = None
     tau_nodes: int = 0
     only_a: list[str] = field(default_factory=list)
@@ -198,7 +198,7 @@ def _key(rows: list[dict], per_worker: bool):
     return tuple(sorted((str(w), tuple(ids)) for w, ids in out.items()))
 
 
-def _first_divergence(a: list[dict], b: list[dict], per_worker: bool, k: int) -> Divergence | None:
+def _first_divergence(a: list[dict], b: list[dict], per_worker: bool, k: int) -> OrderDivergence | None:
     groups = [(None, a, b)]
     if per_worker:
         ga: dict = {}
@@ -215,7 +215,7 @@ def _first_divergence(a: list[dict], b: list[dict], per_worker: bool, k: int) ->
             if x is not None and y is not None and _same(x, y):
                 continue
             ids_a, ids_b = [r["id"] for r in ra], [r["id"] for r in rb]
-            d = Divergence(k, i, worker, x, y, ids_a[max(0, i - 3):i + 4], ids_b[max(0, i - 3):i + 4])
+            d = OrderDivergence(k, i, worker, x, y, ids_a[max(0, i - 3):i + 4], ids_b[max(0, i - 3):i + 4])
             if y is not None and y["id"] in ids_a:
                 d.a_position_of_b = ids_a.index(y["id"])
             if x is not None and x["id"] in ids_b:
