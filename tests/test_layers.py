@@ -26,7 +26,7 @@ LAYERS = [
     {"record"},
     {"analysis"},
     {"traces"},
-    {"costs"},
+    {"costs", "parallel"},
     {"sim"},
     {"capture", "draw", "check", "golden"},  # check, golden: the old paths of capture.check, capture.golden
     {"session", "compare", "pytest_plugin"},
