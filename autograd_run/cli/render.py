@@ -278,3 +278,28 @@ def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8
         for name, (count, why) in sorted(cov.trace_unmatched.items(), key=lambda kv: -kv[1][0])[:top]:
             t.add_row(_plain(name), str(count), _plain(why))
         console.print(t)
+
+
+def render_ddp(console: Console, r) -> None:
+    """The data-parallel view (``sim.ddp.DdpResult``): each bucket's all-reduce, and what stayed exposed."""
+    t = Table(title=f"DDP on {r.world} ranks ({r.iteration} iteration): bucket all-reduces")
+    for c, j in (("bucket", "right"), ("params", "right"), ("size", "right"), ("ready", "right"),
+                 ("start", "right"), ("end", "right")):
+        t.add_column(c, justify=j)
+    for b in r.buckets[:20]:
+        size = f"{b.nbytes / (1 << 20):.2f} MiB" if b.nbytes >= 1 << 20 else f"{b.nbytes / 1024:.1f} KiB"
+        t.add_row(str(b.index), str(len(b.params)), size, fmt_ns(b.ready_ns),
+                  fmt_ns(b.start_ns), fmt_ns(b.end_ns))
+    if len(r.buckets) > 20:
+        t.add_row(f"... {len(r.buckets) - 20} more", "", "", "", "", "")
+    console.print(t)
+    head = Table(show_header=False, box=None, pad_edge=False)
+    head.add_column()
+    head.add_column(justify="right")
+    head.add_row("compute (this rank's backward)", fmt_ns(r.compute_ns))
+    head.add_row("backward with the final wait", fmt_ns(r.wall_ns))
+    head.add_row("exposed communication", fmt_ns(r.exposed_ns))
+    head.add_row("communication hidden under compute", f"{r.overlap:.0%}")
+    if r.unused:
+        head.add_row("parameters no node reaches (ready at the end)", str(len(r.unused)))
+    console.print(head)

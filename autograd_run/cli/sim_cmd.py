@@ -73,10 +73,17 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @click.option("--slack", type=Whole(0, 100), default=5, show_default=True, metavar="N",
               help="What-if for the N slowest critical-path nodes made 20% faster (shown with the summary and in "
                    "--json; not computed with --no-summary alone).")
+@click.option("--ddp", default=None, metavar="KEY=V,...",
+              help="Data parallel: DDP's gradient buckets and their all-reduces against this rank's backward "
+                   "(keys bucket_cap_mb, find_unused_parameters, static_graph, iteration=first|steady; "
+                   "`defaults` for DDP's own). Needs --world and --network.")
+@click.option("--world", type=Whole(1, 1 << 20), default=None, metavar="N", help="--ddp: data-parallel ranks.")
+@click.option("--network", default=None, metavar="alpha_us=A,gbps=B",
+              help="--ddp: the link between ranks: latency per message (us) and bandwidth per rank (GB/s).")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, open_trace, order_out,
-             slack,
+             slack, ddp, world, network,
              summary, json_out):
     """Simulate GRAPH's backward pass on a virtual clock (no node runs).
 
@@ -95,6 +102,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
       autograd-run simulate model.json --compare devices=1,2,4 --json
       autograd-run simulate graph.json --order-out golden.jsonl   # then: run --expect-order
       autograd-run simulate model.json --costs trace.pt.json.gz --spec local-torch
+      autograd-run simulate model.json --ddp bucket_cap_mb=25 --world 8 --network alpha_us=10,gbps=12
     """
     from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import check_output_path
@@ -110,6 +118,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         require_viewer()
     if compare:
         _compare_conflicts(compare, trace_path, order_out)
+    ddp_args = _ddp_args(ddp, world, network, compare)
     g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
     measured = read_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(compare, policy, devices)
@@ -128,6 +137,10 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                           scale=scale, costs=measured or "analytic", slack_top=slack_top, detail=bool(trace_path))
         reports.append(simulate_session(g, opts))
     first = reports[0]
+    ddp_result = None
+    if ddp_args is not None:
+        from autograd_run.sim.ddp import simulate_ddp
+        ddp_result = simulate_ddp(first, **ddp_args)
     for line in dict.fromkeys(w for r in reports for w in r.warnings):  # one line each, on stderr
         click.echo(line, err=True)
     if trace_path:
@@ -136,7 +149,10 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     if order_out:
         write_order(order_out, first.order)
     if json_out:
-        write(jsonout.dumps([_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)))
+        doc = [_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)
+        if ddp_result is not None:
+            doc["ddp"] = ddp_result.to_dict()
+        write(jsonout.dumps(doc))
         if open_trace:
             show_trace(trace_path, url_to_stderr=True)
         return
@@ -150,6 +166,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     elif summary:
         render_summary(console, first.summary, f"{g.source}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
+        if ddp_result is not None:
+            from autograd_run.cli.render import render_ddp
+            render_ddp(console, ddp_result)
     if summary:
         console.print(plain(confidence_line(first)))
     if trace_path and not open_trace:
@@ -157,6 +176,25 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                             "https://ui.perfetto.dev)"))
     if open_trace:
         show_trace(trace_path)
+
+
+def _ddp_args(ddp, world, network, compare) -> dict | None:
+    """``simulate_ddp``'s arguments from --ddp, --world and --network (usage errors for a partial set)."""
+    from autograd_run.errors import UsageError
+    if ddp is None:
+        if world is not None or network is not None:
+            raise UsageError(f"{'--world' if world is not None else '--network'} goes with --ddp")
+        return None
+    if compare:
+        raise UsageError("--ddp goes with one simulation, not with --compare")
+    if world is None:
+        raise UsageError("--ddp needs --world N (the data-parallel ranks)")
+    if network is None and world > 1:
+        raise UsageError("--ddp needs --network alpha_us=A,gbps=B (the link between ranks)")
+    from autograd_run.cli.ddp_options import parse_ddp, parse_network
+    from autograd_run.parallel.collectives import Link
+    return {"world": world, "link": parse_network(network) if network else Link(0.0, 1.0, "none"),
+            **parse_ddp(ddp)}
 
 
 def _compare_conflicts(compare: str, trace_path, order_out) -> None:

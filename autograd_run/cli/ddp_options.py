@@ -1,0 +1,75 @@
+"""``simulate --ddp KEY=V,... --world N --network alpha_us=A,gbps=B``: the options of a data-parallel simulation."""
+
+from __future__ import annotations
+
+import math
+
+from autograd_run.errors import UsageError
+from autograd_run.parallel.collectives import Link
+
+DDP_KEYS = {"bucket_cap_mb": "a size in MiB > 0", "find_unused_parameters": "true or false",
+            "static_graph": "true or false", "iteration": "first or steady"}
+NETWORK_KEYS = {"alpha_us": "the latency of one message, us (>= 0)",
+                "gbps": "the bandwidth one rank sends at, GB/s (> 0)"}
+
+
+def _pairs(text: str, option: str, keys: dict) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not value.strip():
+            raise UsageError(f"{option}: {item!r} is not KEY=VALUE (keys: {', '.join(keys)})")
+        if key not in keys:
+            raise UsageError(f"{option}: unknown key {key!r} (keys: {', '.join(keys)})")
+        if key in out:
+            raise UsageError(f"{option}: {key} given twice")
+        out[key] = value.strip()
+    return out
+
+
+def _number(option: str, key: str, value: str, low: float, strict: bool) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x) or (x <= low if strict else x < low):
+        raise UsageError(f"{option}: {key} must be {DDP_KEYS.get(key) or NETWORK_KEYS[key]}, got {value!r}")
+    return x
+
+
+def _bool(option: str, key: str, value: str) -> bool:
+    if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise UsageError(f"{option}: {key} must be true or false, got {value!r}")
+    return value.lower() in ("true", "1", "yes")
+
+
+def parse_ddp(text: str) -> dict:
+    """``bucket_cap_mb=25,find_unused_parameters=false,...`` (or ``defaults``) -> keyword arguments of
+    ``sim.ddp.simulate_ddp``."""
+    raw = {} if text.strip() == "defaults" else _pairs(text, "--ddp", DDP_KEYS)
+    out: dict = {}
+    if "bucket_cap_mb" in raw:
+        out["bucket_cap_mb"] = _number("--ddp", "bucket_cap_mb", raw["bucket_cap_mb"], 0.0, True)
+        if out["bucket_cap_mb"] * (1 << 20) < 1:
+            raise UsageError(f"--ddp: bucket_cap_mb must be at least one byte, got {raw['bucket_cap_mb']!r}")
+    for key in ("find_unused_parameters", "static_graph"):
+        if key in raw:
+            out[key] = _bool("--ddp", key, raw[key])
+    if "iteration" in raw:
+        if raw["iteration"] not in ("first", "steady"):
+            raise UsageError(f"--ddp: iteration must be first or steady, got {raw['iteration']!r}")
+        out["iteration"] = raw["iteration"]
+    return out
+
+
+def parse_network(text: str) -> Link:
+    raw = _pairs(text, "--network", NETWORK_KEYS)
+    missing = [k for k in NETWORK_KEYS if k not in raw]
+    if missing:
+        raise UsageError(f"--network: give {' and '.join(missing)} (e.g. --network alpha_us=10,gbps=12)")
+    alpha = _number("--network", "alpha_us", raw["alpha_us"], 0.0, False)
+    gbps = _number("--network", "gbps", raw["gbps"], 0.0, True)
+    return Link(alpha, gbps * 1e9, "given")

@@ -1,0 +1,66 @@
+"""What a collective costs: the alpha-beta model, per collective and algorithm.
+
+A link is ``alpha`` (the latency of one message, us) and ``bandwidth`` (bytes/s
+one rank sends at). For ``n`` bytes over ``p`` ranks (the standard analysis,
+the one NCCL's performance notes base their "bus bandwidth" on: a ring
+all-reduce moves ``2 (p - 1) / p`` of the buffer through every link):
+
+  ring all-reduce      2 (p - 1) alpha + 2 (p - 1) / p * n / bandwidth
+  tree all-reduce      2 ceil(log2 p) alpha + 2 n / bandwidth   (reduce up, broadcast down, pipelined)
+  reduce-scatter       (p - 1) alpha + (p - 1) / p * n / bandwidth   (n: the whole unsharded buffer)
+  all-gather           (p - 1) alpha + (p - 1) / p * n / bandwidth   (n: the gathered result)
+
+One rank (``p == 1``) communicates nothing: 0. ``cost_ns(kind, n, p, link)``
+is the table's entry.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autograd_run.errors import RequestError
+
+#: The largest world a simulation takes (ranks are symmetric: this bounds the formulas, not the work).
+MAX_WORLD = 1 << 20
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between ranks: latency per message (us) and the bytes/s one rank sends at."""
+
+    alpha_us: float
+    bandwidth: float
+    name: str = ""
+
+    def __post_init__(self):
+        if not (self.alpha_us >= 0 and math.isfinite(self.alpha_us)):
+            raise RequestError(f"link latency must be a finite number >= 0 us, got {self.alpha_us}", "network")
+        if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
+            raise RequestError(f"link bandwidth must be a finite number > 0 bytes/s, got {self.bandwidth}",
+                               "network")
+
+
+def _ring(steps: int, fraction: float, nbytes: int, link: Link) -> float:
+    return steps * link.alpha_us * 1e3 + fraction * nbytes / link.bandwidth * 1e9
+
+
+def cost_ns(kind: str, nbytes: int, world: int, link: Link) -> int:
+    """ns one collective of ``kind`` takes for ``nbytes`` over ``world`` ranks (see the module docstring)."""
+    if not (isinstance(world, int) and 1 <= world <= MAX_WORLD):
+        raise RequestError(f"world size must be a whole number from 1 to {MAX_WORLD}, got {world}", "world")
+    if nbytes < 0:
+        raise ValueError("a negative size")
+    if world == 1:
+        return 0
+    p = world
+    if kind == "allreduce":
+        t = _ring(2 * (p - 1), 2 * (p - 1) / p, nbytes, link)
+    elif kind == "allreduce-tree":
+        t = 2 * math.ceil(math.log2(p)) * link.alpha_us * 1e3 + 2 * nbytes / link.bandwidth * 1e9
+    elif kind in ("reduce-scatter", "all-gather"):
+        t = _ring(p - 1, (p - 1) / p, nbytes, link)
+    else:
+        raise RequestError(f"unknown collective {kind!r}; choose from allreduce, allreduce-tree, reduce-scatter, "
+                           "all-gather", "collective")
+    return int(round(t))

@@ -1,0 +1,112 @@
+"""DDP on a simulated backward (``sim.ddp``) and the collectives' alpha-beta costs, hand-computed."""
+
+from __future__ import annotations
+
+import pytest
+
+from autograd_run.errors import RequestError
+from autograd_run.parallel.collectives import Link, cost_ns
+from autograd_run.sim.ddp import simulate_ddp
+from autograd_run.sim.session import SimOptions, simulate_session
+from builders import parts_graph
+
+MIB = 1 << 20
+LINK = Link(10.0, 1e9)  # 10 us a message, 1 GB/s
+
+
+def test_collective_costs_hand_computed():
+    # ring all-reduce of 1 MiB over 2 ranks: 2 messages of latency, the whole buffer through the link once
+    assert cost_ns("allreduce", MIB, 2, LINK) == 20_000 + 1_048_576
+    # over 4 ranks: 6 latencies, 2 * 3/4 of the buffer
+    assert cost_ns("allreduce", MIB, 4, LINK) == 60_000 + round(1.5 * 1_048_576)
+    assert cost_ns("allreduce-tree", MIB, 8, LINK) == 6 * 10_000 + 2 * 1_048_576
+    assert cost_ns("reduce-scatter", MIB, 4, LINK) == cost_ns("all-gather", MIB, 4, LINK) == 30_000 + 786_432
+    assert cost_ns("allreduce", MIB, 1, LINK) == 0  # one rank sends nothing
+    with pytest.raises(RequestError, match="world size must be a whole number from 1"):
+        cost_ns("allreduce", MIB, 0, LINK)
+    with pytest.raises(RequestError, match="unknown collective 'broadcast'"):
+        cost_ns("broadcast", MIB, 2, LINK)
+    with pytest.raises(RequestError, match="bandwidth must be a finite number > 0"):
+        Link(1.0, 0.0)
+
+
+def two_layers():
+    """c2 (100 us) -> AccumulateGrad w2, and -> c1 (100 us) -> AccumulateGrad w1; w1, w2: 1 MiB each."""
+    n = 1 << 18  # float32: 1 MiB
+    nodes = [
+        {"id": "c2", "name": "C2", "op": "cost", "seq": 2, "next": [["a2", 0], ["c1", 0]],
+         "inputs": [{"shape": [n]}], "attrs": {"cost": {"us": 100}}},
+        {"id": "c1", "name": "C1", "op": "cost", "seq": 1, "next": [["a1", 0]],
+         "inputs": [{"shape": [n]}], "attrs": {"cost": {"us": 100}}},
+        {"id": "a1", "name": "torch::autograd::AccumulateGrad", "variable": "w1", "inputs": [{"shape": [n]}]},
+        {"id": "a2", "name": "torch::autograd::AccumulateGrad", "variable": "w2", "inputs": [{"shape": [n]}]},
+    ]
+    variables = [{"name": "w1", "shape": [n]}, {"name": "w2", "shape": [n]}]
+    return parts_graph(nodes, [{"node": "c2"}], variables, source="ddp.json")
+
+
+def test_buckets_all_reduce_in_order_on_one_stream_after_their_last_gradient():
+    rep = simulate_session(two_layers(), SimOptions(spec="h100", slack_top=0))
+    ends = {s[2].variable: s[5] - rep.sim.graph_tasks[0].start for s in rep.sim.slices
+            if getattr(s[2], "variable", None)}
+    one = cost_ns("allreduce", MIB, 2, LINK)
+    # Rebuilt in ready order with a 1 MiB cap: w2's gradient is ready first and fills a bucket by itself.
+    r = simulate_ddp(rep, 2, LINK, bucket_cap_mb=1)
+    assert [b.params for b in r.buckets] == [[1], [0]] and [b.nbytes for b in r.buckets] == [MIB, MIB]
+    b0, b1 = r.buckets
+    assert (b0.ready_ns, b0.start_ns, b0.end_ns) == (ends["w2"], ends["w2"], ends["w2"] + one)
+    # w1 is ready long before w2's all-reduce ends: its bucket waits for the stream
+    assert ends["w1"] < b0.end_ns and (b1.start_ns, b1.end_ns) == (b0.end_ns, b0.end_ns + one)
+    assert r.compute_ns == rep.engine_done_ns and r.wall_ns == b1.end_ns
+    assert r.exposed_ns == b1.end_ns - rep.engine_done_ns and r.comm_ns == 2 * one
+    assert r.overlap == pytest.approx(max(0, rep.engine_done_ns - b0.start_ns) / (2 * one))
+    # The first iteration: one bucket of everything, launched when the last gradient is ready.
+    f = simulate_ddp(rep, 2, LINK, bucket_cap_mb=1, iteration="first")
+    assert [b.params for b in f.buckets] == [[0, 1]]
+    assert f.buckets[0].start_ns == max(ends.values()) and f.buckets[0].nbytes == 2 * MIB
+    # One rank: nothing to reduce, nothing exposed.
+    assert simulate_ddp(rep, 1, LINK).exposed_ns == 0
+
+
+def test_an_unreached_parameter_is_ready_at_the_end():
+    g = two_layers()
+    rep = simulate_session(g, SimOptions(spec="h100", slack_top=0))
+    from autograd_run.graphs.model import Variable
+    rep.graph.variables["extra"] = Variable("extra", (8,))
+    r = simulate_ddp(rep, 2, LINK, bucket_cap_mb=25, find_unused_parameters=True)
+    assert r.unused == ["extra"]
+    (bucket,) = [b for b in r.buckets if 2 in b.params]
+    assert bucket.ready_ns == rep.engine_done_ns
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ddp", "defaults", "--network", "alpha_us=1,gbps=1"], "--ddp needs --world N"),
+    (["--ddp", "defaults", "--world", "4"], "--ddp needs --network alpha_us=A,gbps=B"),
+    (["--world", "4"], "--world goes with --ddp"),
+    (["--ddp", "bucket_cap=5", "--world", "2", "--network", "alpha_us=1,gbps=1"], "unknown key 'bucket_cap'"),
+    (["--ddp", "bucket_cap_mb=0", "--world", "2", "--network", "alpha_us=1,gbps=1"], "bucket_cap_mb must be a size"),
+    (["--ddp", "bucket_cap_mb=nan", "--world", "2", "--network", "alpha_us=1,gbps=1"], "bucket_cap_mb must be a size"),
+    (["--ddp", "defaults", "--world", "0", "--network", "alpha_us=1,gbps=1"], "--world"),
+    (["--ddp", "defaults", "--world", "2", "--network", "alpha_us=1"], "--network: give gbps"),
+    (["--ddp", "defaults", "--world", "2", "--network", "alpha_us=-1,gbps=1"], "alpha_us must be"),
+    (["--ddp", "iteration=third", "--world", "2", "--network", "alpha_us=1,gbps=1"], "iteration must be first or steady"),
+])
+def test_bad_ddp_options_are_usage_errors(args, message, capsys):
+    from builders import run_cli
+    code, out, err = run_cli(["simulate", "example:mlp", *args], capsys)
+    assert code == 2 and "Error:" in err and message in err and "Traceback" not in err
+
+
+def test_simulate_ddp_json(tmp_path, capsys):
+    import json
+    from autograd_run.graphs.dump import dump_graph
+    from builders import run_cli
+    path = str(tmp_path / "g.json")
+    dump_graph(two_layers(), path)
+    code, out, err = run_cli(["simulate", path, "--spec", "h100", "--json", "--slack", "0", "--ddp", "bucket_cap_mb=1",
+                              "--world", "2", "--network", "alpha_us=10,gbps=1"], capsys)
+    assert code == 0, err
+    d = json.loads(out)["ddp"]
+    one = cost_ns("allreduce", MIB, 2, LINK)
+    assert [b["params"] for b in d["buckets"]] == [[1], [0]] and d["comm_ns"] == 2 * one
+    assert d["wall_ns"] == d["compute_ns"] + d["exposed_ns"] and d["world"] == 2
