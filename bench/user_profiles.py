@@ -137,7 +137,7 @@ def _run(cmd: list[str], env: dict, timeout: int = 900) -> str:
     return p.stdout
 
 
-def _cli(args: list[str], env: dict, cwd: str | None = None) -> str:
+def _cli(args: list[str], env: dict) -> str:
     return _run([sys.executable, "-m", "autograd_run", *args], env)
 
 
@@ -164,7 +164,7 @@ def case(name: str, style: str, folder: str, env: dict, repeats: int) -> dict:
     measured = statistics.median(walls)
     cpu = statistics.median(got["cpus"])
     sim = json.loads(_cli(["simulate", os.path.join(folder, "g.json"), "--costs", trace, "--json", "--no-summary",
-                           "--slack", "0"], env, folder))
+                           "--slack", "0"], env))
     pred = sim["wall_ns"]
     err = pred / measured - 1
     stated = (sim.get("expected_error") or {}).get("relative")
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="ar-profiles-") as tmp:
         env = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), PYTHONWARNINGS="ignore")
         env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        _cli(["calibrate", "--torch"], env, tmp)
+        _cli(["calibrate", "--torch"], env)
         cases = []
         for name in names:
             folder = os.path.join(tmp, name)
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
             with open(os.path.join(folder, "model.py"), "w") as f:
                 f.write(MODEL.format(tests=TESTS, name=name))
             _cli(["capture", os.path.join(folder, "model.py") + ":main", "-o", os.path.join(folder, "g.json")],
-                 env, folder)
+                 env)
             for style in styles:
                 try:
                     c = case(name, style, folder, env, args.repeats)

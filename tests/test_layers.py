@@ -186,3 +186,17 @@ def test_no_two_classes_of_the_package_share_a_name():
                     twice.append(f"{n.name}: {seen[n.name]} and {name}")
                 seen.setdefault(n.name, name)
     assert twice == []
+
+
+def test_the_old_paths_still_import_for_one_release():
+    """CHANGELOG: ``autograd_run.golden`` and ``autograd_run.check`` re-export their new modules; the
+    public ``from autograd_run.capture import from_torch`` is the package's face."""
+    import autograd_run.capture as capture
+    import autograd_run.capture.check as new_check
+    import autograd_run.capture.golden as new_golden
+    import autograd_run.check as old_check
+    import autograd_run.golden as old_golden
+    from autograd_run.capture.graph import from_torch
+    assert old_check.check_graph is new_check.check_graph
+    assert old_golden.read_golden is new_golden.read_golden and old_golden.compare is new_golden.compare
+    assert capture.from_torch is from_torch

@@ -32,11 +32,9 @@ import math
 from dataclasses import dataclass, field
 
 from autograd_run.errors import RequestError
+from autograd_run.ops.cost import ITEMSIZE
 from autograd_run.parallel import buckets as B
 from autograd_run.parallel.collectives import Link, cost_ns
-
-ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
-            "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
 @dataclass
