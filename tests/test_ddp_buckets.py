@@ -10,7 +10,6 @@ rule itself.
 
 from __future__ import annotations
 
-import socket
 import warnings
 
 import pytest
@@ -44,97 +43,24 @@ def test_bad_sizes_are_refused(bad):
 
 
 torch = pytest.importorskip("torch", reason="real DDP is the oracle here")
-dist = pytest.importorskip("torch.distributed")
-nn = torch.nn
+pytest.importorskip("torch.distributed")
+try:
+    from tests.support import ddp_oracle
+except ImportError:  # tests/ itself is on sys.path, the repository root is not
+    from support import ddp_oracle
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+CASES = [(name, cap) for name in ddp_oracle.MODELS for cap in (None, 0.5, 0.05)]
 
 
-class Shared(nn.Module):
-    """Two layers sharing one weight (DDP sees it once)."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
-        self.b.weight = self.a.weight
-        self.out = nn.Linear(64, 8)
-
-    def forward(self, x):
-        return self.out(torch.tanh(self.b(torch.relu(self.a(x)))))
-
-
-class Unused(nn.Module):
-    """A head that the loss never reaches (find_unused_parameters=True)."""
-
-    def __init__(self):
-        super().__init__()
-        self.body, self.unused, self.head = nn.Linear(64, 128), nn.Linear(128, 128), nn.Linear(128, 4)
-
-    def forward(self, x):
-        return self.head(torch.relu(self.body(x)))
-
-
-class Mixed(nn.Module):
-    """A float64 block between float32 layers."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.mid, self.b = nn.Linear(32, 64), nn.Linear(64, 64).double(), nn.Linear(64, 8)
-
-    def forward(self, x):
-        return self.b(self.mid(torch.relu(self.a(x)).double()).float())
-
-
-def _models():
-    torch.manual_seed(0)
-    yield "mlp", nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)]), (4, 256), False
-    conv = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-                         nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-                         nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
-    yield "resnet", conv, (2, 3, 16, 16), False
-    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # nested tensors off without a mask
-        yield "transformer", nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), (2, 6, 64), False
-    yield "unused", Unused(), (4, 64), True
-    yield "shared", Shared(), (4, 64), False
-    yield "mixed", Mixed(), (4, 32), False
-
-
-CASES = [(name, cap) for name in ("mlp", "resnet", "transformer", "unused", "shared", "mixed")
-         for cap in (None, 0.5, 0.05)]
-
-
-def _ints(text) -> list[int]:
-    return [int(v) for v in str(text).replace(",", " ").split()] if text not in (None, "") else []
-
-
-def _ddp_facts(model, shape, cap, find_unused):
-    """DDP's own: initial bucket sizes, the ready order and the rebuilt buckets after three iterations."""
-    import os
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1, timeout=__import__("datetime").timedelta(seconds=60))
+@pytest.fixture(scope="module")
+def ddp_facts():
+    """DDP's own figures for every case, from one child process with a deadline (see ddp_oracle: in-process
+    process groups can hang pytest in C++ teardown)."""
     try:
-        kw = {} if cap is None else {"bucket_cap_mb": cap}
-        ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused, **kw)
-        initial = _ints(ddp._get_ddp_logging_data()["bucket_sizes"])
-        x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
-        for _ in range(3):  # the rebuild happens at the second forward; the third logs it
-            ddp(x).square().mean().backward()
-        d = ddp._get_ddp_logging_data()
-        ready = _ints(d.get("prev_iteration_grad_ready_order_indices"))
-        rebuilt = [_ints(b) for b in str(d.get("rebuilt_per_bucket_param_indices", "")).split(",") if b.strip()]
-        return initial, ready, rebuilt, _ints(d.get("rebuilt_bucket_sizes")), bool(d.get("has_rebuilt_buckets"))
-    finally:
-        dist.destroy_process_group()
+        return ddp_oracle.ddp_facts(CASES, timeout=240)
+    except ddp_oracle.OracleFailed as exc:
+        pytest.fail(str(exc))
 
 
 def _params(model) -> list:
@@ -161,11 +87,13 @@ def _our_ready_order(model, shape, params) -> list[int]:
 
 
 @pytest.mark.parametrize("name,cap", CASES)
-def test_buckets_are_ddps_own(name, cap):
-    model, shape, find_unused = next((m, s, f) for n, m, s, f in _models() if n == name)
+def test_buckets_are_ddps_own(name, cap, ddp_facts):
+    model, shape, find_unused = ddp_oracle.build_model(name)
     params = _params(model)
     ours_ready = _our_ready_order(model, shape, params)
-    initial, ready, rebuilt, rebuilt_sizes, has_rebuilt = _ddp_facts(model, shape, cap, find_unused)
+    d = ddp_facts[(name, cap)]
+    initial, ready, rebuilt, rebuilt_sizes, has_rebuilt = (d["initial"], d["ready"], d["rebuilt"],
+                                                            d["rebuilt_sizes"], d["has_rebuilt"])
 
     ours_initial = B.initial(params, cap, find_unused_parameters=find_unused)
     assert B.sizes(ours_initial, params) == initial
