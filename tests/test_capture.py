@@ -259,3 +259,51 @@ def test_a_saved_buffer_the_backward_never_reads_is_stored_as_zeros():
     node = next(n for n in doc["nodes"] if n["name"] == "RreluWithNoiseBackward0")
     assert np.array(node["saved"]["noise"]["data"]).tolist() == np.zeros((3, 4)).tolist()
     assert check_graph(loads_graph(json.dumps(doc), "rrelu.json")).ok
+
+
+class _Headed(nn.Module):
+    """A head the loss never reaches, and one weight shared by two layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4).double(), nn.Linear(4, 4).double()
+        self.b.weight = self.a.weight
+        self.unused = nn.Linear(4, 2).double()
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_parameters_are_recorded_in_registration_order_with_the_unreached_ones(tmp_path):
+    """``parameters=model``: the document's ``parameters`` is named_parameters() (a shared weight once, as DDP
+    counts it); the head no node reaches stays a variable without a node; replay and check still agree."""
+    m = _Headed()
+    loss = m(torch.randn(3, 4, dtype=torch.float64)).sum()
+    g, report = capture_and_check(tmp_path, loss, parameters=m)
+    assert g.parameters == [n for n, _ in m.named_parameters()] == ["a.weight", "a.bias", "b.bias",
+                                                                     "unused.weight", "unused.bias"]
+    assert "unused.weight" in g.variables and not any(n.variable == "unused.weight" for n in g.nodes)
+    wrapped = type("Wrapper", (nn.Module,), {})()  # DDP-like: indexes its .module's parameters
+    wrapped.module = m
+    doc = from_torch(m(torch.randn(3, 4, dtype=torch.float64)).sum(), parameters=wrapped, reference=False)
+    assert doc["parameters"] == g.parameters
+    with pytest.raises(ValueError, match=r"parameters\[0\] must be a \(name, tensor\) pair"):
+        from_torch(loss, parameters=[1], reference=False)
+
+
+@pytest.mark.parametrize("value,message", [
+    (["nope"], "unknown parameter 'nope': not a variable"),
+    (["w", "w"], "parameter 'w' is listed twice"),
+    (["x"], "parameter 'x' does not require grad"),
+])
+def test_a_bad_parameters_section_names_its_place(value, message):
+    from autograd_run.errors import GraphFileError
+    from autograd_run.graphs.load import loads_graph
+    d = {"format": "autograd-graph/1", "roots": [{"node": "m"}],
+         "nodes": [{"id": "m", "name": "NegBackward0", "next": [["acc", 0]], "inputs": [{"shape": [2]}]},
+                   {"id": "acc", "name": "torch::autograd::AccumulateGrad", "variable": "w"}],
+         "variables": [{"name": "w", "shape": [2]}, {"name": "x", "shape": [2], "requires_grad": False}],
+         "parameters": value}
+    with pytest.raises(GraphFileError, match="parameters") as err:
+        loads_graph(json.dumps(d), "p.json")
+    assert message in str(err.value)

@@ -68,15 +68,34 @@ def test_buckets_all_reduce_in_order_on_one_stream_after_their_last_gradient():
     assert simulate_ddp(rep, 1, LINK).exposed_ns == 0
 
 
-def test_an_unreached_parameter_is_ready_at_the_end():
+def test_an_unreached_parameter_is_marked_by_the_first_hook_and_the_used_map_follows_the_last_bucket():
+    """Reducer::autograd_hook marks the unused parameters ready at the backward's first hook (here w2's), before
+    its own; with find_unused_parameters (dynamic), the map of used parameters (int32 each) is all-reduced once
+    the last bucket is launched."""
     g = two_layers()
+    g.variables["extra"] = __import__("autograd_run.graphs.model", fromlist=["Variable"]).Variable("extra", (8,))
     rep = simulate_session(g, SimOptions(spec="h100", slack_top=0))
-    from autograd_run.graphs.model import Variable
-    rep.graph.variables["extra"] = Variable("extra", (8,))
-    r = simulate_ddp(rep, 2, LINK, bucket_cap_mb=25, find_unused_parameters=True)
+    ends = {s[2].variable: s[5] - rep.sim.graph_tasks[0].start for s in rep.sim.slices
+            if getattr(s[2], "variable", None)}
+    assert ends["w2"] < ends["w1"]
+    r = simulate_ddp(rep, 2, LINK, bucket_cap_mb=0.5, find_unused_parameters=True)
     assert r.unused == ["extra"]
-    (bucket,) = [b for b in r.buckets if 2 in b.params]
-    assert bucket.ready_ns == rep.engine_done_ns
+    # initial buckets (no rebuild while unused parameters are looked for): one per parameter, reversed
+    assert [(b.kind, b.params, b.trigger) for b in r.buckets] == [
+        ("bucket", [2], "w2"), ("bucket", [1], "w2"), ("bucket", [0], "w1"), ("used-map", [], "w1")]
+    extra, b2, b1, used = r.buckets
+    assert extra.ready_ns == extra.start_ns == ends["w2"] and extra.nbytes == 32
+    assert b2.start_ns == extra.end_ns == ends["w2"] + cost_ns("allreduce", 32, 2, LINK)
+    assert b1.start_ns == max(ends["w1"], b2.end_ns)
+    assert used.nbytes == 3 * 4 and used.dtype == "int32" and used.start_ns == b1.end_ns
+    # static_graph, first iteration: nothing from the hooks; the final callback launches the map, then all
+    s = simulate_ddp(rep, 2, LINK, bucket_cap_mb=0.5, find_unused_parameters=True, static_graph=True,
+                     iteration="first")
+    assert [b.kind for b in s.buckets] == ["used-map", "bucket"] and all(b.trigger is None for b in s.buckets)
+    assert s.buckets[0].start_ns == rep.engine_done_ns
+    # two channels (gloo's two worker threads): the second bucket does not wait for the first
+    two = simulate_ddp(rep, 2, Link(10.0, 1e9, channels=2), bucket_cap_mb=0.5, find_unused_parameters=True)
+    assert two.buckets[1].start_ns == ends["w2"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -387,6 +387,10 @@ class _Capture:
         self.var_doc[name] = vdoc
         return name
 
+    def var_names_by_id(self) -> dict:
+        """{id(leaf tensor): variable name} of every leaf with an AccumulateGrad node here."""
+        return {id(fn.variable): name for fn, name in self.var_of.items()}
+
     @staticmethod
     def reachable(roots) -> list:
         """Every node reachable from ``roots``, seen before or not."""
@@ -484,9 +488,31 @@ class _Capture:
         return d
 
 
+def _parameters(torch, parameters) -> list:
+    """``from_torch``'s ``parameters``: [(name, tensor)] of those that require grad, registration order."""
+    if parameters is None:
+        return []
+    if isinstance(parameters, torch.nn.Module):
+        inner = getattr(parameters, "module", None)  # DistributedDataParallel indexes its module's parameters
+        module = inner if isinstance(inner, torch.nn.Module) else parameters
+        pairs = list(module.named_parameters())
+    else:
+        pairs = list(parameters.items() if isinstance(parameters, Mapping) else parameters)
+    out, seen = [], set()
+    for k, item in enumerate(pairs):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise ValueError(f"parameters[{k}] must be a (name, tensor) pair")
+        if item[1].requires_grad and id(item[1]) not in seen:  # a shared tensor is one parameter
+            seen.add(id(item[1]))
+            out.append(item)
+    return out
+
+
 def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequence | None = None,
                names: Mapping[str, Any] | None = None, path: str | None = None,
-               mode: str | None = None, reference: bool = True, values: bool = True) -> dict:
+               mode: str | None = None, reference: bool = True, values: bool = True,
+               parameters=None) -> dict:
     """Capture the backward graph of ``outputs``; write it to ``path`` (JSON or YAML) when given.
 
     Returns the graph document. ``inputs`` requests gradients for those tensors
@@ -495,6 +521,10 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     resolved by running PyTorch's backward once even when ``reference`` is
     False: the graph their backward builds exists only while it runs.
     ``values=False``: the structure only (see the module docstring).
+    ``parameters``: the model's parameters in registration order (a ``torch.nn.Module``, a
+    ``DistributedDataParallel`` wrapper of one, or ``(name, tensor)`` pairs): written as the document's
+    ``parameters`` (the indices DDP's Reducer gives them), named in ``names``, and those the graph does not
+    reach kept as variables without a node (DDP still buckets them).
     """
     torch = _torch()
     outputs = _tensors(torch, outputs, "outputs")
@@ -517,6 +547,9 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     for n, t in (names or {}).items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"names[{n!r}] must be a tensor, got {type(t).__name__}")
+    params = _parameters(torch, parameters)
+    if params:
+        names = {**{n: t for n, t in params}, **(names or {})}
     cap = _Capture(torch, names or {}, _Arrays(inline=path is None), values=values,
                    fwd_thread=forward_thread_id(torch))
     arrays = cap.arrays
@@ -527,6 +560,9 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
         grad = "ones" if g is None else arrays.put(f"root{k}", g)
         roots.append({"node": cap.ids[e.node], "input_nr": e.output_nr, "grad": grad})
     doc: dict[str, Any] = {"format": FORMAT, "mode": mode, "roots": roots, "variables": cap.variables}
+    if params:
+        known = cap.var_names_by_id()
+        doc["parameters"] = [known.get(id(t)) or cap.add_unreached(t) for _, t in params]
     req = []
     if inputs:
         acc_of = {id(fn.variable): fn for fn in cap.var_of}

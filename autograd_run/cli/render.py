@@ -284,14 +284,16 @@ def render_ddp(console: Console, r) -> None:
     """The data-parallel view (``sim.ddp.DdpResult``): each bucket's all-reduce, and what stayed exposed."""
     t = Table(title=f"DDP on {r.world} ranks ({r.iteration} iteration): bucket all-reduces")
     for c, j in (("bucket", "right"), ("params", "right"), ("size", "right"), ("ready", "right"),
-                 ("start", "right"), ("end", "right")):
+                 ("start", "right"), ("end", "right"), ("launched by", "left")):
         t.add_column(c, justify=j)
     for b in r.buckets[:20]:
         size = f"{b.nbytes / (1 << 20):.2f} MiB" if b.nbytes >= 1 << 20 else f"{b.nbytes / 1024:.1f} KiB"
-        t.add_row(str(b.index), str(len(b.params)), size, fmt_ns(b.ready_ns),
-                  fmt_ns(b.start_ns), fmt_ns(b.end_ns))
+        label = str(b.index) if b.kind == "bucket" else "used map"
+        by = _plain(b.trigger) if b.trigger is not None else "the final callback"
+        t.add_row(label, str(len(b.params)) if b.kind == "bucket" else "", size, fmt_ns(b.ready_ns),
+                  fmt_ns(b.start_ns), fmt_ns(b.end_ns), by)
     if len(r.buckets) > 20:
-        t.add_row(f"... {len(r.buckets) - 20} more", "", "", "", "", "")
+        t.add_row(f"... {len(r.buckets) - 20} more", "", "", "", "", "", "")
     console.print(t)
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_column()
@@ -301,5 +303,5 @@ def render_ddp(console: Console, r) -> None:
     head.add_row("exposed communication", fmt_ns(r.exposed_ns))
     head.add_row("communication hidden under compute", f"{r.overlap:.0%}")
     if r.unused:
-        head.add_row("parameters no node reaches (ready at the end)", str(len(r.unused)))
+        head.add_row("parameters no node reaches (ready at the first hook)", str(len(r.unused)))
     console.print(head)

@@ -216,6 +216,9 @@ class Graph:
     #: Every dtype a node's input slot has (a superset is allowed), when the loader collected them from its
     #: interned metas; None (graphs built in code): unknown, so a run looks at each node.
     slot_dtypes: frozenset | None = None
+    #: The model's parameters in registration order (variable names; the file's ``parameters``): the indices
+    #: DDP's Reducer uses. Empty: not recorded (a data-parallel view then takes the variables in file order).
+    parameters: list[str] = field(default_factory=list)
 
     @property
     def num_edges(self) -> int:

@@ -77,5 +77,7 @@ class GraphSpec(msgspec.Struct, forbid_unknown_fields=True):
     roots: list[RootSpec]
     variables: list[VariableSpec] | UnsetType = UNSET
     inputs: list[str] | UnsetType = UNSET
+    #: The model's parameters in registration order (variable names), as DDP indexes them.
+    parameters: list[str] | UnsetType = UNSET
     mode: str | UnsetType = UNSET
     meta: dict[str, Any] | UnsetType = UNSET

@@ -478,6 +478,17 @@ class _Checker:
                 raise self.err(("inputs", i), f"unknown input {tensors.short(name)}: not a variable or node id")
         if mode == "grad" and not graph.inputs:
             raise self.err(("inputs",), "mode 'grad' needs 'inputs' (grad requires non-empty inputs)")
+        seen_params: set[str] = set()
+        for i, name in enumerate(spec.parameters or ()):
+            var = variables.get(name)
+            if var is None:
+                raise self.err(("parameters", i), f"unknown parameter {tensors.short(name)}: not a variable")
+            if not var.requires_grad:
+                raise self.err(("parameters", i), f"parameter {tensors.short(name)} does not require grad")
+            if name in seen_params:
+                raise self.err(("parameters", i), f"parameter {tensors.short(name)} is listed twice")
+            seen_params.add(name)
+        graph.parameters = list(spec.parameters or ())
 
         count = self.count
         for i, (v, nbytes) in enumerate(zip(variables.values(), var_bytes)):

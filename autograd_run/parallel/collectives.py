@@ -32,8 +32,13 @@ class Link:
     alpha_us: float
     bandwidth: float
     name: str = ""
+    #: Collectives in flight at once per rank: NCCL's one communication stream (1); gloo's process group
+    #: runs them on its worker threads (2 by default).
+    channels: int = 1
 
     def __post_init__(self):
+        if not (isinstance(self.channels, int) and 1 <= self.channels <= 64):
+            raise RequestError(f"link channels must be a whole number from 1 to 64, got {self.channels}", "network")
         if not (self.alpha_us >= 0 and math.isfinite(self.alpha_us)):
             raise RequestError(f"link latency must be a finite number >= 0 us, got {self.alpha_us}", "network")
         if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):

@@ -3,19 +3,31 @@
 Ranks of data parallelism are symmetric, so one rank's simulated backward and
 the collectives' costs are the simulation. From a ``SimReport``:
 
-1. **Parameters** are the graph's variables that require grad, in the
-   file's order (capture writes them in registration order, as DDP indexes
-   them), each ``prod(shape) * itemsize`` bytes.
+1. **Parameters**: the graph's ``parameters`` section (the model's
+   parameters in registration order, as DDP indexes them: ``capture``
+   records it when given the model), else the variables that require grad
+   in the file's order; each ``prod(shape) * itemsize`` bytes.
 2. **Ready times.** DDP's hook runs after each parameter's AccumulateGrad
    node: a parameter is ready when that node's (first) run ends. Parameters
-   no node reaches are marked ready when the compute ends (DDP's
-   ``find_unused_parameters``).
+   no node reaches (``find_unused_parameters``: found before the backward)
+   are marked ready by the *first* hook of the backward, before its own
+   parameter (``Reducer::autograd_hook``: ``has_marked_unused_parameters_``);
+   with no hook at all, at the end.
 3. **Buckets** (``parallel.buckets``): the initial ones for the first
    iteration, the rebuilt ones (in this ready order) after it.
 4. **Launch.** A bucket is ready when its last parameter is; the Reducer
    launches buckets in index order only (a ready bucket waits for the ones
-   before it), each all-reduce on the rank's one communication stream,
-   after the previous one ends (``parallel.collectives.cost_ns``).
+   before it): the parameter whose hook launches bucket ``k`` is the latest
+   ready of buckets ``0..k`` (``trigger``). When the last bucket is launched
+   and unused parameters are looked for every iteration
+   (``find_unused_parameters`` without ``static_graph``), the Reducer also
+   all-reduces its map of used parameters (one int32 per parameter,
+   ``all_reduce_local_used_map``). Under ``static_graph`` the first
+   iteration launches nothing from the hooks: the final callback launches
+   the map, then every bucket (``delay_all_reduce``). Collectives run on ``link.channels``
+   communication streams (NCCL: 1, each after the previous one; gloo: its
+   process group's worker threads, 2 by default), costs from
+   ``parallel.collectives.cost_ns``.
 5. **The end.** The backward call returns when its compute is done and the
    final callback has waited for every bucket (``finalize_backward``).
 
@@ -46,6 +58,11 @@ class BucketRun:
     ready_ns: int
     start_ns: int
     end_ns: int
+    #: The parameter whose gradient's hook launched it (None: launched at the end of the backward).
+    trigger: str | None = None
+    dtype: str = "float32"
+    #: "bucket", or "used-map" (find_unused_parameters' map of used parameters, int32 each).
+    kind: str = "bucket"
 
 
 @dataclass
@@ -70,10 +87,12 @@ class DdpResult:
 
 
 def params_of(graph) -> list[B.Param]:
+    """DDP's parameters: the graph's ``parameters`` (registration order, as capture records them with
+    ``parameters=``), else its variables that require grad in the file's order."""
+    names = graph.parameters or [v.name for v in graph.variables.values() if v.requires_grad]
     out = []
-    for v in graph.variables.values():
-        if not v.requires_grad:
-            continue
+    for name in names:
+        v = graph.variables[name]
         size = ITEMSIZE.get(v.dtype)
         if size is None:
             raise RequestError(f"{graph.source}: variable {v.name!r} has dtype {v.dtype!r}, which DDP's bucket "
@@ -102,8 +121,13 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
             ready[index[name]] = s[5] - t0
     order = sorted(ready, key=lambda i: (ready[i], i))
     unused = [p.name for p in params if p.index not in ready]
+    first_hook = ready[order[0]] if order else compute
+    # (time, rank in the order the Reducer marks them): unused ones at the first hook, before its own parameter
+    mark = {i: (ready[i], 1 + k) for k, i in enumerate(order)}
     for p in params:
-        ready.setdefault(p.index, compute)
+        if p.index not in mark:
+            mark[p.index] = (first_hook, 0) if order else (compute, 0)
+            ready[p.index] = mark[p.index][0]
     if iteration == "first":
         groups = B.initial(params, bucket_cap_mb, find_unused_parameters=find_unused_parameters,
                            static_graph=static_graph)
@@ -111,15 +135,34 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
         groups = B.steady(params, order, bucket_cap_mb, find_unused_parameters=find_unused_parameters,
                           static_graph=static_graph)
     nbytes = B.sizes(groups, params)
-    runs, launch, free = [], 0, 0
-    for k, (g, n) in enumerate(zip(groups, nbytes)):
-        r = max(ready[i] for i in g)
-        launch = max(launch, r)  # launched in index order only
-        start = max(launch, free)
-        free = start + cost_ns("allreduce", n, world, link)
-        runs.append(BucketRun(k, list(g), n, r, start, free))
+    runs, launch, trigger = [], (-1, -1), None
+    free = [0] * max(1, link.channels)  # when each communication stream is next free
+
+    def run(k, g, n, r, dtype, kind):
+        c = min(range(len(free)), key=lambda j: (free[j], j))
+        start = max(launch[0], free[c])
+        free[c] = start + cost_ns("allreduce", n, world, link)
+        name = None if trigger is None or not order else params[trigger].name
+        runs.append(BucketRun(k, list(g), n, r, start, free[c], name, dtype, kind))
+
+    if static_graph and iteration == "first":
+        # static_graph's first iteration only counts the hooks; the final callback launches everything
+        # (``Reducer::delay_all_reduce``): the map of used parameters first, then every bucket.
+        launch = (compute, 0)
+        run(0, [], 4 * len(params), compute, "int32", "used-map")
+        for k, (g, n) in enumerate(zip(groups, nbytes)):
+            run(k, g, n, max(ready[i] for i in g), params[g[0]].dtype, "bucket")
+    else:
+        for k, (g, n) in enumerate(zip(groups, nbytes)):
+            last = max(g, key=lambda i: mark[i])
+            if mark[last] > launch:  # launched in index order only: by the latest ready of buckets 0..k
+                # an unused parameter is marked by the first hook: its parameter launched the bucket
+                launch, trigger = mark[last], (last if mark[last][1] else order[0] if order else None)
+            run(k, g, n, ready[last], params[g[0]].dtype, "bucket")
+        if find_unused_parameters and not static_graph:
+            run(len(groups), [], 4 * len(params), launch[0], "int32", "used-map")
     comm = sum(b.end_ns - b.start_ns for b in runs)
-    wall = max(compute, free)
+    wall = max([compute] + free)
     hidden = sum(max(0, min(b.end_ns, compute) - b.start_ns) for b in runs)
     return DdpResult(world, iteration, runs, compute, wall, wall - compute, comm,
                      hidden / comm if comm else 1.0, unused)

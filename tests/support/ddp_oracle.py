@@ -11,6 +11,15 @@ the loopback interface (``GLOO_SOCKET_IFNAME=lo``), so no host name is looked up
 
 As a module: ``python -m tests.support.ddp_oracle CASES_JSON`` prints one JSON object per case (one line).
 From Python: ``ddp_facts(cases, timeout=...)``.
+
+Several ranks: ``run_ranks(name, cap, world, out_dir)`` starts ``world`` processes (``python -m
+tests.support.ddp_oracle --rank R ...``) joined by a ``FileStore`` in ``out_dir``; gloo's own connections are
+on the loopback interface, on ports the kernel picks. Each rank profiles its first iteration (the initial
+buckets) and its third (the rebuilt ones) with ``record_shapes`` (``rank{R}-first.json``,
+``rank{R}-steady.json``), then times ``timed`` backward calls after a barrier each. ``launches(trace)`` reads
+a trace back: the all-reduces in the order the rank launched them, each with its element count and how many
+AccumulateGrad nodes had started when it was launched (DDP's hook runs inside the AccumulateGrad node whose
+gradient completes a bucket, so the k-th AccumulateGrad launched it; after all of them: the final callback).
 """
 
 from __future__ import annotations
@@ -153,8 +162,105 @@ def ddp_facts(cases: list[tuple[str, float | None]], timeout: float = 240) -> di
     return facts
 
 
+def _rank_main(rank: int, world: int, store: str, out: str, case: dict) -> dict:
+    import datetime
+    import time
+    torch, nn = _nn()
+    dist = torch.distributed
+    from torch.profiler import ProfilerActivity, profile
+    model, shape, find_unused = build_model(case["name"])
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=case.get("collective_timeout", 60)))
+    try:
+        cap = case.get("cap")
+        ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused,
+                                                  **({} if cap is None else {"bucket_cap_mb": cap}))
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank + 1))
+        paths = {}
+        for it in range(3):
+            loss = ddp(x).square().mean()
+            if it == 1:
+                loss.backward()
+                continue
+            kind = "first" if it == 0 else "steady"
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                loss.backward()
+            paths[kind] = os.path.join(out, f"rank{rank}-{kind}.json")
+            prof.export_chrome_trace(paths[kind])
+        times = []
+        for _ in range(case.get("timed", 0)):
+            loss = ddp(x).square().mean()
+            dist.barrier()
+            t = time.perf_counter_ns()
+            loss.backward()
+            times.append(time.perf_counter_ns() - t)
+        sizes = _ints(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes"))
+        del ddp
+        return {"rank": rank, "traces": paths, "backward_ns": times, "rebuilt_sizes": sizes}
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(name: str, cap, world: int, out_dir: str, *, timed: int = 0, timeout: float = 240) -> list[dict]:
+    """Run one model under DDP on ``world`` local gloo processes (see the module docstring); every rank's
+    report, by rank. OracleFailed (with the ranks' stderr) if any fails or the deadline passes (all killed)."""
+    import time
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONFAULTHANDLER="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    store = os.path.join(out_dir, "store")
+    case = json.dumps({"name": name, "cap": cap, "timed": timed, "dump_after": max(1.0, timeout - 10)})
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.support.ddp_oracle", "--rank", str(r), str(world),
+                               store, out_dir, case], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    deadline = time.monotonic() + timeout
+    outs = []
+    try:
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                errs = [q.communicate()[1] for q in procs]
+                raise OracleFailed(f"{world} DDP ranks missed their {timeout:.0f} s deadline; rank 0's stderr:\n"
+                                   f"{errs[0][-4000:]}") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    bad = [(r, p.returncode, e) for r, (p, (_, e)) in enumerate(zip(procs, outs)) if p.returncode != 0]
+    if bad:
+        r, rc, err = bad[0]
+        raise OracleFailed(f"DDP rank {r} of {world} exited {rc}; its stderr:\n{err[-4000:]}")
+    return [json.loads(next(line for line in o.splitlines() if line.startswith("{"))) for o, _ in outs]
+
+
+def launches(trace_path: str) -> list[tuple[int, int]]:
+    """[(elements all-reduced, AccumulateGrad nodes started before the launch)] in launch order, from one rank's trace
+    (the thread that ran the backward: the one with the AccumulateGrad nodes)."""
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    acc = [e for e in events if e.get("name") == "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"]
+    if not acc:
+        return []
+    tid = acc[0]["tid"]
+    starts = sorted(e["ts"] for e in acc if e["tid"] == tid)
+    out = []
+    for e in sorted((e for e in events if e.get("name") == "c10d::allreduce_" and e["tid"] == tid),
+                    key=lambda e: e["ts"]):
+        numel = e.get("args", {})["Input Dims"][0][0][0]  # a list of one flat tensor: the bucket
+        out.append((numel, sum(1 for t in starts if t <= e["ts"])))
+    return out
+
+
 def main(argv: list[str]) -> int:
     import faulthandler
+    if argv and argv[0] == "--rank":
+        rank, world, store, out, case = int(argv[1]), int(argv[2]), argv[3], argv[4], json.loads(argv[5])
+        faulthandler.dump_traceback_later(case.get("dump_after", 230), exit=True)
+        warnings.simplefilter("ignore")
+        print(json.dumps(_rank_main(rank, world, store, out, case)), flush=True)
+        return 0
     spec = json.loads(argv[0])
     faulthandler.dump_traceback_later(spec.get("dump_after", 230), exit=True)
     warnings.simplefilter("ignore")
