@@ -8,6 +8,12 @@ import os
 from autograd_run.errors import RequestError
 
 
+def cache_dir(*parts: str) -> str:
+    """``$XDG_CACHE_HOME/autograd-run/...`` (``~/.cache/autograd-run/...``): what calibrate and the sweep keep."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "autograd-run", *parts)
+
+
 def _same(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)

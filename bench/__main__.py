@@ -1,4 +1,4 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j accuracy]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j accuracy profiles ddp]`: benchmarks, ratios within one run.
 
 ``accuracy`` (``bench.accuracy``, in ``make bench``'s default parts): the simulation against the engine on
 graphs drawn at run time from a seed it prints (``python -m bench accuracy --seed N`` repeats one run;
@@ -7,6 +7,8 @@ graphs drawn at run time from a seed it prints (``python -m bench accuracy --see
 (h) is the simulation with PyTorch-measured costs against PyTorch itself (``bench/profcosts_bench.py``).
 ``profiles`` (``bench.user_profiles``, in the default parts too): the same on external models (torchvision, timm,
 Hugging Face transformers) with profiles made the ways people make them, drawn from a seed it prints.
+``ddp`` (``bench.ddp_time``, in the default parts too): ``simulate --ddp --network local-gloo`` against real
+DistributedDataParallel on 2 and 4 local gloo processes, cases drawn from a seed it prints.
 
 ``--full`` adds the 1e6-node YAML load (about 5 minutes by itself). Parts f, g and i
 (``bench.e2e_bench``: the whole command against PyTorch, the trace formats, a traced
@@ -21,12 +23,12 @@ import os
 import sys
 import time
 
-from bench import accuracy, e2e_bench, engine_bench, load_bench, profcosts_bench, sim_bench, user_profiles
+from bench import accuracy, ddp_time, e2e_bench, engine_bench, load_bench, profcosts_bench, sim_bench, user_profiles
 
 
 def main(argv):
     quick = "--quick" in argv
-    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy", "profiles"]
+    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy", "profiles", "ddp"]
     out = os.path.join(os.path.dirname(__file__), "results.json")
     results = {}
     t = time.time()
@@ -47,6 +49,8 @@ def main(argv):
         results["accuracy"] = accuracy.main(argv, quick)
     if "profiles" in parts:
         results["profiles"] = user_profiles.main(argv, quick)
+    if "ddp" in parts:
+        results["ddp"] = ddp_time.main(argv, quick)
     if "f" in parts:
         results["f_e2e"] = e2e_bench.bench_e2e(n=20_000 if quick else 200_000)
     if "g" in parts:

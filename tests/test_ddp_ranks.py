@@ -63,3 +63,32 @@ def test_each_rank_launches_the_simulated_all_reduces_in_order(name, cap, world,
         for r in ranks:
             measured = [(numel, k) for numel, k in ddp_oracle.launches(r["traces"][iteration])]
             assert measured == ours, (iteration, r["rank"])
+
+
+def test_calibrate_gloo_measures_a_link_that_simulate_takes(tmp_path, capsys):
+    """`calibrate --gloo 2 -o FILE` on 2 real local gloo processes: a link whose fit is the ring all-reduce's
+    (alpha from the intercept, bandwidth from the slope), taken by `simulate --network FILE`."""
+    import json
+    from builders import run_cli
+    from autograd_run.parallel.networks import load_network
+    out = tmp_path / "gloo.json"
+    code, text, err = run_cli(["calibrate", "--gloo", "2", "-o", str(out)], capsys)
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    link = doc["links"]["2"]
+    assert link["alpha_us"] >= 0 and link["gbps"] > 0 and link["channels"] in (1, 2)
+    assert link["during_compute"] == (0.5 if (len(__import__("os").sched_getaffinity(0)) / 2) < 2 else 1.0)
+    # the fit reproduces the ring all-reduce of its own points: t = 2 (p - 1) alpha + 2 (p - 1) / p n / B
+    for pt in link["points"]:
+        model = 2 * link["alpha_us"] + pt["bytes"] / (link["gbps"] * 1e3)
+        assert model == pytest.approx(pt["us"], rel=max(0.05, link["fit_worst"] * 1.01))
+    assert "gloo, 2 processes:" in text
+    net = load_network(str(out))
+    assert net.link_for(2)[0].bandwidth == pytest.approx(link["gbps"] * 1e9)
+    code, text, err = run_cli(["simulate", "example:mlp", "--ddp", "defaults", "--world", "3", "--network",
+                               str(out), "--json"], capsys)
+    assert code == 0, err
+    assert "no link measured at 3 ranks; using the one measured at 2" in err
+    assert json.loads(text)["ddp"]["link"]["gbps"] == pytest.approx(link["gbps"])
+    code, text, err = run_cli(["calibrate", "--gloo", "1"], capsys)
+    assert code == 2 and "--gloo: give world sizes from 2 to 16" in err

@@ -129,3 +129,53 @@ def test_simulate_ddp_json(tmp_path, capsys):
     one = cost_ns("allreduce", MIB, 2, LINK)
     assert [b["params"] for b in d["buckets"]] == [[1], [0]] and d["comm_ns"] == 2 * one
     assert d["wall_ns"] == d["compute_ns"] + d["exposed_ns"] and d["world"] == 2
+
+
+def test_network_forms_and_their_errors(tmp_path, monkeypatch):
+    import json
+    from autograd_run.cli.ddp_options import parse_network
+    from autograd_run.errors import RequestError, UsageError
+    from autograd_run.parallel.networks import LOCAL_GLOO_FILE
+    net = parse_network("alpha_us=5,gbps=2,channels=2")
+    link, note = net.link_for(64)
+    assert (link.alpha_us, link.bandwidth, link.channels, note) == (5.0, 2e9, 2, None)
+    with pytest.raises(UsageError, match="channels must be"):
+        parse_network("alpha_us=5,gbps=2,channels=0")
+    path = tmp_path / "net.json"
+    path.write_text(json.dumps({"name": "two", "channels": 1,
+                                "links": {"2": {"alpha_us": 100, "gbps": 1}, "8": {"alpha_us": 300, "gbps": 0.5}}}))
+    net = parse_network(str(path))
+    assert net.link_for(2) == (net.links[2], None) and net.links[8].bandwidth == 0.5e9
+    link, note = net.link_for(16)  # nearest on a log scale: 8
+    assert link is net.links[8] and "no link measured at 16 ranks; using the one measured at 8" in note
+    for doc, message in [
+        ({"links": {"2": {"alpha_us": 1, "gbps": 0}}}, "at $.links['2'].gbps: must be a finite number > 0"),
+        ({"links": {"two": {"alpha_us": 1, "gbps": 1}}}, "at $.links['two']: a world size is a whole number"),
+        ({"links": {}}, "at $.links: must be an object"),
+        ({"links": {"2": {"alpha_us": 1, "gbps": 1}}, "speed": 3}, "at $.speed: unknown field"),
+        ({"channels": True, "links": {"2": {"alpha_us": 1, "gbps": 1}}}, "at $.channels: must be a whole number"),
+        ([1], "at $: a network file is a JSON object"),
+    ]:
+        path.write_text(json.dumps(doc))
+        with pytest.raises(RequestError) as err:
+            parse_network(str(path))
+        assert str(path) in str(err.value) and message in str(err.value), (doc, str(err.value))
+    path.write_text("{not json")
+    with pytest.raises(RequestError, match="not a valid network file"):
+        parse_network(str(path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(RequestError, match=r"no local-gloo network yet: run `autograd-run calibrate --gloo`"):
+        parse_network("local-gloo")
+    with pytest.raises(RequestError, match="not KEY=VALUE pairs"):
+        parse_network("nowhere")
+    assert LOCAL_GLOO_FILE.endswith(".json")
+
+
+def test_the_gloo_fit_hand_computed():
+    from autograd_run.parallel.gloo_probe import _fit
+    # t = 1000 ns + 2 ns/byte exactly: recovered, with no residual
+    a, b, worst = _fit([(n, 1000 + 2 * n) for n in (4096, 65536, 1 << 20)])
+    assert a == pytest.approx(1000, rel=1e-6) and b == pytest.approx(2, rel=1e-9) and worst < 1e-9
+    # flat in size: all latency, the slope not measurable
+    a, b, _ = _fit([(n, 500.0) for n in (4096, 65536, 1 << 20)])
+    assert a == pytest.approx(500) and b == pytest.approx(0, abs=1e-5)

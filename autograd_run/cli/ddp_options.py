@@ -10,7 +10,8 @@ from autograd_run.parallel.collectives import Link
 DDP_KEYS = {"bucket_cap_mb": "a size in MiB > 0", "find_unused_parameters": "true or false",
             "static_graph": "true or false", "iteration": "first or steady"}
 NETWORK_KEYS = {"alpha_us": "the latency of one message, us (>= 0)",
-                "gbps": "the bandwidth one rank sends at, GB/s (> 0)"}
+                "gbps": "the bandwidth one rank sends at, GB/s (> 0)",
+                "channels": "collectives in flight at once, a whole number from 1 to 64"}
 
 
 def _pairs(text: str, option: str, keys: dict) -> dict[str, str]:
@@ -65,11 +66,20 @@ def parse_ddp(text: str) -> dict:
     return out
 
 
-def parse_network(text: str) -> Link:
+def parse_network(text: str):
+    """``alpha_us=A,gbps=B[,channels=C]``, ``local-gloo`` or a network file -> ``parallel.networks.Network``."""
+    from autograd_run.parallel.networks import Network, load_network
+    if "=" not in text:
+        return load_network(text.strip())
     raw = _pairs(text, "--network", NETWORK_KEYS)
-    missing = [k for k in NETWORK_KEYS if k not in raw]
+    missing = [k for k in ("alpha_us", "gbps") if k not in raw]
     if missing:
         raise UsageError(f"--network: give {' and '.join(missing)} (e.g. --network alpha_us=10,gbps=12)")
     alpha = _number("--network", "alpha_us", raw["alpha_us"], 0.0, False)
     gbps = _number("--network", "gbps", raw["gbps"], 0.0, True)
-    return Link(alpha, gbps * 1e9, "given")
+    channels = 1
+    if "channels" in raw:
+        if not (raw["channels"].isdigit() and 1 <= int(raw["channels"]) <= 64):
+            raise UsageError(f"--network: channels must be {NETWORK_KEYS['channels']}, got {raw['channels']!r}")
+        channels = int(raw["channels"])
+    return Network("given", {0: Link(alpha, gbps * 1e9, "given", channels)})

@@ -287,7 +287,8 @@ def render_ddp(console: Console, r) -> None:
                  ("start", "right"), ("end", "right"), ("launched by", "left")):
         t.add_column(c, justify=j)
     for b in r.buckets[:20]:
-        size = f"{b.nbytes / (1 << 20):.2f} MiB" if b.nbytes >= 1 << 20 else f"{b.nbytes / 1024:.1f} KiB"
+        size = (f"{b.nbytes / (1 << 20):.2f} MiB" if b.nbytes >= 1 << 20 else
+                f"{b.nbytes / 1024:.1f} KiB" if b.nbytes >= 1024 else f"{b.nbytes} B")
         label = str(b.index) if b.kind == "bucket" else "used map"
         by = _plain(b.trigger) if b.trigger is not None else "the final callback"
         t.add_row(label, str(len(b.params)) if b.kind == "bucket" else "", size, fmt_ns(b.ready_ns),
@@ -304,4 +305,8 @@ def render_ddp(console: Console, r) -> None:
     head.add_row("communication hidden under compute", f"{r.overlap:.0%}")
     if r.unused:
         head.add_row("parameters no node reaches (ready at the first hook)", str(len(r.unused)))
+    if r.link is not None and r.world > 1:
+        lk = r.link
+        head.add_row(f"link ({_plain(lk.name).plain})",
+                     f"{lk.alpha_us:.3g} us, {lk.bandwidth / 1e9:.3g} GB/s, {lk.channels} in flight")
     console.print(head)

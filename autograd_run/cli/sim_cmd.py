@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from autograd_run.cli import jsonout
 from autograd_run.cli.common import Whole, echo, write
 from autograd_run.cli.view_cmd import require_viewer, show_trace
+from autograd_run.errors import UsageError
 from autograd_run.sim.placement import PLACEMENTS
 from autograd_run.sim.policies import POLICIES
 
@@ -78,8 +81,10 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
                    "(keys bucket_cap_mb, find_unused_parameters, static_graph, iteration=first|steady; "
                    "`defaults` for DDP's own). Needs --world and --network.")
 @click.option("--world", type=Whole(1, 1 << 20), default=None, metavar="N", help="--ddp: data-parallel ranks.")
-@click.option("--network", default=None, metavar="alpha_us=A,gbps=B",
-              help="--ddp: the link between ranks: latency per message (us) and bandwidth per rank (GB/s).")
+@click.option("--network", default=None, metavar="alpha_us=A,gbps=B|local-gloo|FILE",
+              help="--ddp: the link between ranks: latency per message (us), bandwidth per rank (GB/s) and "
+                   "optionally channels=C (collectives in flight at once); or `local-gloo` (measured here by "
+                   "`calibrate --gloo`), or a network file (docs/parallel.md).")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, open_trace, order_out,
@@ -178,6 +183,29 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         show_trace(trace_path)
 
 
+def _calibrate_gloo(worlds_text: str, output: str | None) -> None:
+    import json as _json
+    from autograd_run.outputs import atomic_write
+    from autograd_run.parallel.gloo_probe import measure
+    from autograd_run.parallel.networks import local_gloo_path
+    try:
+        worlds = sorted({int(w) for w in worlds_text.split(",") if w.strip()})
+    except ValueError:
+        worlds = []
+    if not worlds or any(not 2 <= w <= 16 for w in worlds):
+        raise UsageError(f"--gloo: give world sizes from 2 to 16 (local processes), e.g. 2,4; got {worlds_text!r}")
+    doc = measure(worlds, log=lambda m: click.echo(m, err=True))
+    path = output or local_gloo_path()
+    if output is None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, _json.dumps(doc, indent=2).encode(), "output" if output else None)
+    for w, link in doc["links"].items():
+        write(f"gloo, {w} processes: {link['alpha_us']:.0f} us per message, {link['gbps']:.2f} GB/s, "
+              f"{link['channels']} in flight at once (two take {link['pair_over_one']:.1f}x one); the fit's "
+              f"worst size is {link['fit_worst']:.0%} off")
+    echo(f"wrote {path}")
+
+
 def _ddp_args(ddp, world, network, compare) -> dict | None:
     """``simulate_ddp``'s arguments from --ddp, --world and --network (usage errors for a partial set)."""
     from autograd_run.errors import UsageError
@@ -193,8 +221,13 @@ def _ddp_args(ddp, world, network, compare) -> dict | None:
         raise UsageError("--ddp needs --network alpha_us=A,gbps=B (the link between ranks)")
     from autograd_run.cli.ddp_options import parse_ddp, parse_network
     from autograd_run.parallel.collectives import Link
-    return {"world": world, "link": parse_network(network) if network else Link(0.0, 1.0, "none"),
-            **parse_ddp(ddp)}
+    options = parse_ddp(ddp)
+    if network is None:
+        return {"world": world, "link": Link(0.0, 1.0, "none"), **options}
+    link, note = parse_network(network).link_for(world)
+    if note:
+        click.echo(f"note: {note}", err=True)
+    return {"world": world, "link": link, **options}
 
 
 def _compare_conflicts(compare: str, trace_path, order_out) -> None:
@@ -255,7 +288,10 @@ def _measured_json(m, event_us: float = 0.0) -> dict | None:
               help="Measure PyTorch's engine instead (per-node and per-call overhead outside the profiled nodes, "
                    "the profiler's own cost per event, this CPU through torch ops): the `local-torch` spec, for "
                    "simulations with costs from PyTorch profiles.")
-def calibrate(output, nodes, torch_engine):
+@click.option("--gloo", "gloo_worlds", default=None, metavar="N,N,...", is_flag=False, flag_value="2,4",
+              help="Measure the local gloo backend's all-reduce on N local processes (default 2,4): the "
+                   "`local-gloo` network of `simulate --ddp --network local-gloo`.")
+def calibrate(output, nodes, torch_engine, gloo_worlds):
     """Measure this machine (engine cost per node, hand-off latency, FLOP/s, bandwidth) for `simulate --spec local`.
 
     With --torch, PyTorch's own engine and ops on this CPU, for `--spec local-torch`
@@ -270,6 +306,11 @@ def calibrate(output, nodes, torch_engine):
     if output:  # a bad path is told before the measurement, not after it
         from autograd_run.outputs import check_output_path
         check_output_path(output, "output", [])
+    if gloo_worlds is not None:
+        if torch_engine:
+            raise UsageError("--gloo and --torch are separate measurements: give one")
+        _calibrate_gloo(gloo_worlds, output)
+        return
     if torch_engine:
         from autograd_run.sim.calibrate_torch import calibrate_torch
         from autograd_run.sim.specs import local_spec_path

@@ -35,8 +35,14 @@ class Link:
     #: Collectives in flight at once per rank: NCCL's one communication stream (1); gloo's process group
     #: runs them on its worker threads (2 by default).
     channels: int = 1
+    #: The speed of a collective while the rank's backward computes, against its speed alone: 1.0 when
+    #: communication has hardware of its own; below 1 when it shares the cores with the compute (gloo on local
+    #: processes with fewer than two cores per rank: the compute thread and gloo's thread take turns, 0.5).
+    during_compute: float = 1.0
 
     def __post_init__(self):
+        if not (0 < self.during_compute <= 1):
+            raise RequestError(f"link during_compute must be in (0, 1], got {self.during_compute}", "network")
         if not (isinstance(self.channels, int) and 1 <= self.channels <= 64):
             raise RequestError(f"link channels must be a whole number from 1 to 64, got {self.channels}", "network")
         if not (self.alpha_us >= 0 and math.isfinite(self.alpha_us)):
@@ -48,6 +54,18 @@ class Link:
 
 def _ring(steps: int, fraction: float, nbytes: int, link: Link) -> float:
     return steps * link.alpha_us * 1e3 + fraction * nbytes / link.bandwidth * 1e9
+
+
+def end_ns(start: int, work: int, compute_end: int, link: Link) -> int:
+    """When a collective of ``work`` ns (at full speed) started at ``start`` ends, if it runs at
+    ``link.during_compute`` of its speed until the compute ends at ``compute_end`` and at full speed after."""
+    r = link.during_compute
+    if start >= compute_end or r >= 1:
+        return start + work
+    done_by_end = (compute_end - start) * r
+    if work <= done_by_end:
+        return start + int(round(work / r))
+    return compute_end + int(round(work - done_by_end))
 
 
 def cost_ns(kind: str, nbytes: int, world: int, link: Link) -> int:

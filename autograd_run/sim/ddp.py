@@ -27,7 +27,9 @@ the collectives' costs are the simulation. From a ``SimReport``:
    the map, then every bucket (``delay_all_reduce``). Collectives run on ``link.channels``
    communication streams (NCCL: 1, each after the previous one; gloo: its
    process group's worker threads, 2 by default), costs from
-   ``parallel.collectives.cost_ns``.
+   ``parallel.collectives.cost_ns``; while the compute runs a collective
+   goes at ``link.during_compute`` of its speed (gloo sharing the cores with
+   the compute), at full speed after (``collectives.end_ns``).
 5. **The end.** The backward call returns when its compute is done and the
    final callback has waited for every bucket (``finalize_backward``).
 
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 from autograd_run.errors import RequestError
 from autograd_run.ops.cost import ITEMSIZE
 from autograd_run.parallel import buckets as B
-from autograd_run.parallel.collectives import Link, cost_ns
+from autograd_run.parallel.collectives import Link, cost_ns, end_ns
 
 
 @dataclass
@@ -76,13 +78,17 @@ class DdpResult:
     comm_ns: int
     #: Share of the communication that ran before the compute ended (1.0: all of it hidden).
     overlap: float
-    #: Parameters no AccumulateGrad node reached (marked ready at the end), by name.
+    #: Parameters no AccumulateGrad node reached (marked ready by the first hook), by name.
     unused: list[str] = field(default_factory=list)
+    #: The link the collectives were costed on.
+    link: Link | None = None
 
     def to_dict(self) -> dict:
+        link = None if self.link is None else {"name": self.link.name, "alpha_us": self.link.alpha_us,
+                                               "gbps": self.link.bandwidth / 1e9, "channels": self.link.channels}
         return {"world": self.world, "iteration": self.iteration, "compute_ns": self.compute_ns,
                 "wall_ns": self.wall_ns, "exposed_ns": self.exposed_ns, "comm_ns": self.comm_ns,
-                "overlap": self.overlap, "unused": self.unused,
+                "overlap": self.overlap, "unused": self.unused, "link": link,
                 "buckets": [b.__dict__ for b in self.buckets]}
 
 
@@ -141,7 +147,7 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
     def run(k, g, n, r, dtype, kind):
         c = min(range(len(free)), key=lambda j: (free[j], j))
         start = max(launch[0], free[c])
-        free[c] = start + cost_ns("allreduce", n, world, link)
+        free[c] = end_ns(start, cost_ns("allreduce", n, world, link), compute, link)
         name = None if trigger is None or not order else params[trigger].name
         runs.append(BucketRun(k, list(g), n, r, start, free[c], name, dtype, kind))
 
@@ -165,4 +171,4 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
     wall = max([compute] + free)
     hidden = sum(max(0, min(b.end_ns, compute) - b.start_ns) for b in runs)
     return DdpResult(world, iteration, runs, compute, wall, wall - compute, comm,
-                     hidden / comm if comm else 1.0, unused)
+                     hidden / comm if comm else 1.0, unused, link)

@@ -191,8 +191,8 @@ LOCAL = {"local": ("local-spec.json", "autograd-run calibrate"),
 
 
 def local_spec_path(name: str = "local") -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "autograd-run", LOCAL[name][0])
+    from autograd_run.outputs import cache_dir
+    return cache_dir(LOCAL[name][0])
 
 
 #: A machine spec file (untrusted): at most this big, this many values once YAML aliases expand, this deep.

@@ -19,8 +19,8 @@ MAX_ENTRY_BYTES = 1 << 20
 
 def default_cache_dir() -> str:
     """``$XDG_CACHE_HOME/autograd-run/sweep`` (``~/.cache/autograd-run/sweep``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "autograd-run", "sweep")
+    from autograd_run.outputs import cache_dir
+    return cache_dir("sweep")
 
 
 class ResultCache:

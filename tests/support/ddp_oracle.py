@@ -104,6 +104,23 @@ def build_model(name: str):
 MODELS = ("mlp", "resnet", "transformer", "unused", "shared", "mixed")
 
 
+def build(name: str):
+    """(model, run, find_unused_parameters): ``run(module)`` is one forward to the loss on a fixed input (the
+    module may be the DDP wrapper). ``name``: one of MODELS, or ``zoo:NAME`` for an external model of
+    ``tests/zoo/external.py`` (torchvision, timm, transformers; random weights)."""
+    if name.startswith("zoo:"):
+        tests = str(ROOT / "tests")
+        if tests not in sys.path:
+            sys.path.insert(0, tests)
+        from zoo import external
+        model, run = external.parts(name[4:])
+        return model, run, False
+    torch, _ = _nn()
+    model, shape, find_unused = build_model(name)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    return model, (lambda m: m(x).square().mean()), find_unused
+
+
 def _ints(text) -> list[int]:
     return [int(v) for v in str(text).replace(",", " ").split()] if text not in (None, "") else []
 
@@ -142,7 +159,7 @@ def _one(name: str, cap) -> dict:
 def ddp_facts(cases: list[tuple[str, float | None]], timeout: float = 240) -> dict:
     """{(name, cap): facts} from one child process; OracleFailed (with the child's output) on failure or at
     the deadline (the child dumps its threads' stacks shortly before it)."""
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONFAULTHANDLER="1",
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     arg = json.dumps({"cases": [[n, c] for n, c in cases], "dump_after": max(1.0, timeout - 10)})
     try:
@@ -168,17 +185,16 @@ def _rank_main(rank: int, world: int, store: str, out: str, case: dict) -> dict:
     torch, nn = _nn()
     dist = torch.distributed
     from torch.profiler import ProfilerActivity, profile
-    model, shape, find_unused = build_model(case["name"])
+    model, run, find_unused = build(case["name"])
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=case.get("collective_timeout", 60)))
     try:
         cap = case.get("cap")
         ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused,
                                                   **({} if cap is None else {"bucket_cap_mb": cap}))
-        x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank + 1))
         paths = {}
         for it in range(3):
-            loss = ddp(x).square().mean()
+            loss = run(ddp)
             if it == 1:
                 loss.backward()
                 continue
@@ -187,16 +203,22 @@ def _rank_main(rank: int, world: int, store: str, out: str, case: dict) -> dict:
                 loss.backward()
             paths[kind] = os.path.join(out, f"rank{rank}-{kind}.json")
             prof.export_chrome_trace(paths[kind])
-        times = []
-        for _ in range(case.get("timed", 0)):
-            loss = ddp(x).square().mean()
+        times, compute = [], []
+        for _ in range(case.get("timed", 0)):  # in turns: with DDP's communication, and without (no_sync)
+            loss = run(ddp)
             dist.barrier()
             t = time.perf_counter_ns()
             loss.backward()
             times.append(time.perf_counter_ns() - t)
+            with ddp.no_sync():
+                loss = run(ddp)
+                dist.barrier()
+                t = time.perf_counter_ns()
+                loss.backward()
+                compute.append(time.perf_counter_ns() - t)
         sizes = _ints(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes"))
         del ddp
-        return {"rank": rank, "traces": paths, "backward_ns": times, "rebuilt_sizes": sizes}
+        return {"rank": rank, "traces": paths, "backward_ns": times, "compute_ns": compute, "rebuilt_sizes": sizes}
     finally:
         dist.destroy_process_group()
 
@@ -205,7 +227,7 @@ def run_ranks(name: str, cap, world: int, out_dir: str, *, timed: int = 0, timeo
     """Run one model under DDP on ``world`` local gloo processes (see the module docstring); every rank's
     report, by rank. OracleFailed (with the ranks' stderr) if any fails or the deadline passes (all killed)."""
     import time
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONFAULTHANDLER="1",
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     store = os.path.join(out_dir, "store")
     case = json.dumps({"name": name, "cap": cap, "timed": timed, "dump_after": max(1.0, timeout - 10)})
@@ -232,7 +254,7 @@ def run_ranks(name: str, cap, world: int, out_dir: str, *, timed: int = 0, timeo
     if bad:
         r, rc, err = bad[0]
         raise OracleFailed(f"DDP rank {r} of {world} exited {rc}; its stderr:\n{err[-4000:]}")
-    return [json.loads(next(line for line in o.splitlines() if line.startswith("{"))) for o, _ in outs]
+    return [json.loads([line for line in o.splitlines() if line.startswith("{")][-1]) for o, _ in outs]
 
 
 def launches(trace_path: str) -> list[tuple[int, int]]:
@@ -259,7 +281,9 @@ def main(argv: list[str]) -> int:
         rank, world, store, out, case = int(argv[1]), int(argv[2]), argv[3], argv[4], json.loads(argv[5])
         faulthandler.dump_traceback_later(case.get("dump_after", 230), exit=True)
         warnings.simplefilter("ignore")
-        print(json.dumps(_rank_main(rank, world, store, out, case)), flush=True)
+        result = _rank_main(rank, world, store, out, case)
+        sys.stdout.flush()
+        print(json.dumps(result), flush=True)
         return 0
     spec = json.loads(argv[0])
     faulthandler.dump_traceback_later(spec.get("dump_after", 230), exit=True)

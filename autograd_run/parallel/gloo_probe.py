@@ -1,0 +1,190 @@
+"""``autograd-run calibrate --gloo``: the local gloo backend's all-reduce, measured, as an alpha-beta link.
+
+For each world size asked for, ``world`` processes of this module (``python -m
+autograd_run.parallel.gloo_probe --rank R ...``) join one gloo group (a
+``FileStore`` in a temporary folder; gloo on the loopback interface, so no
+host name is looked up) and time ``all_reduce`` of float32 buffers from 4 KiB
+to 8 MiB: five rounds of a barrier and then ``k`` calls back to back (as
+nccl-tests times them; ``k`` from a first call, so a round takes about a
+fifth of the budget), the median round's time per call on every rank; the
+slowest rank's is the figure (a collective ends for everyone when it ends
+for the last). Per world, weighted least
+squares (relative error) of ``t(n) = a + b n`` over the sizes gives
+
+    alpha = a / (2 (p - 1))            (us per message)
+    bandwidth = 2 (p - 1) / p / b      (bytes/s, NCCL's "bus bandwidth")
+
+the ring all-reduce's terms (``parallel.collectives``). ``channels``: gloo
+runs collectives on its process group's worker threads (2), so two may be in
+flight at once; two concurrent 1 MiB all-reduces are timed against one, and
+unless the pair takes under 1.5x one they share the host and that world's
+link says one at a time (``channels: 1``). ``during_compute``
+(``during_compute(cores, world)``): with fewer than two cores per rank, the
+compute and gloo's thread take turns on them, and a collective goes at half
+speed while the compute runs. Processes on one host
+share its cores, so the link is per world size: the simulation takes the
+measured world's link, or the nearest measured one (said in its output).
+Every child has a deadline; a hang or a failure is an error that names it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from autograd_run.errors import UsageError
+
+SIZES = [4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
+#: The size of the two concurrent all-reduces that tell whether a second collective in flight runs alongside.
+PAIR_BYTES = 1 << 20
+#: gloo's process group runs collectives on this many worker threads by default (ProcessGroupGloo's options).
+GLOO_THREADS = 2
+
+
+def _rank(rank: int, world: int, store: str, sizes: list[int], budget_s: float, k_pair: int = 20) -> dict:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        out = {}
+        for n in sizes:
+            x = torch.ones(n // 4, dtype=torch.float32)
+            for _ in range(3):
+                dist.all_reduce(x)
+            # the number of back-to-back calls a round: agreed from rank 0's first timing
+            dist.barrier()
+            t = time.perf_counter_ns()
+            dist.all_reduce(x)
+            first = time.perf_counter_ns() - t
+            calls = torch.tensor([max(3, min(200, int(budget_s / 5 * 1e9 / max(first, 1))))])
+            dist.broadcast(calls, 0)
+            k = int(calls.item())
+            times: list[float] = []
+            for _ in range(5):  # rounds: a barrier, then k calls back to back (as nccl-tests times them)
+                dist.barrier()
+                t = time.perf_counter_ns()
+                for _ in range(k):
+                    dist.all_reduce(x)
+                times.append((time.perf_counter_ns() - t) / k)
+            out[str(n)] = statistics.median(times)
+        # Two collectives in flight at once (gloo runs them on its worker threads): per pair, against one.
+        x, y = torch.ones(PAIR_BYTES // 4), torch.ones(PAIR_BYTES // 4)
+        pairs: list[float] = []
+        for _ in range(5):
+            dist.barrier()
+            t = time.perf_counter_ns()
+            for _ in range(k_pair):
+                a, b = dist.all_reduce(x, async_op=True), dist.all_reduce(y, async_op=True)
+                a.wait()
+                b.wait()
+            pairs.append((time.perf_counter_ns() - t) / k_pair)
+        out["pair"] = statistics.median(pairs)
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def during_compute(cores: int, world: int) -> float:
+    """A collective's speed while its rank computes, against alone: each rank's compute thread (one, as
+    torchrun sets) and gloo's thread want a core each; ``cores / world`` cores per rank give the pair
+    ``min(1, c / 2)`` each, against ``min(1, c)`` for gloo alone (what the calibration measured)."""
+    c = cores / world
+    return min(1.0, c / 2) / min(1.0, c)
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """(a ns, b ns/byte, worst relative residual) of t = a + b n, weighted by 1/t (relative errors)."""
+    sw = swx = swy = swxx = swxy = 0.0
+    for n, t in points:
+        w = 1.0 / (t * t)
+        sw += w
+        swx += w * n
+        swy += w * t
+        swxx += w * n * n
+        swxy += w * n * t
+    det = sw * swxx - swx * swx
+    b = (sw * swxy - swx * swy) / det
+    a = (swy - b * swx) / sw
+    if b <= 0:  # flat in size (all latency): the slope is not measurable here
+        a, b = statistics.median(t for _, t in points), 1e-6
+    a = max(a, 0.0)
+    worst = max(abs(a + b * n - t) / t for n, t in points)
+    return a, b, worst
+
+
+def measure(worlds=(2, 4), sizes=None, budget_s: float = 0.25, timeout: float = 300, log=None) -> dict:
+    """The ``network`` document: one link per world size (see the module docstring)."""
+    try:
+        import torch  # noqa: F401
+        import torch.distributed as dist
+    except ImportError:
+        raise UsageError("calibrate --gloo needs PyTorch: pip install 'autograd-run[torch]'") from None
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise UsageError("calibrate --gloo: this PyTorch has no gloo backend (torch.distributed)")
+    sizes = list(sizes or SIZES)
+    links: dict = {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for world in worlds:
+        if log:
+            log(f"gloo all-reduce on {world} local processes ...")
+        with tempfile.TemporaryDirectory(prefix="autograd-run-gloo-") as tmp:
+            medians = _run(world, os.path.join(tmp, "store"), sizes, budget_s, timeout)
+        slowest = [(n, max(m[str(n)] for m in medians)) for n in sizes]
+        a, b, worst = _fit(slowest)
+        p = world
+        one = a + b * PAIR_BYTES
+        pair = max(m["pair"] for m in medians)
+        # Two in flight that take less than 1.5x one ran alongside each other: gloo's threads are channels;
+        # else they share the host (seen on a 2-core VM at 4 processes: 1.8x), one at a time the better model.
+        links[str(world)] = {"alpha_us": a / 1e3 / (2 * (p - 1)), "gbps": 2 * (p - 1) / p / b,
+                             "channels": GLOO_THREADS if pair / one < 1.5 else 1,
+                             "during_compute": during_compute(cores, world),
+                             "fit_worst": worst, "pair_over_one": pair / one,
+                             "points": [{"bytes": n, "us": t / 1e3} for n, t in slowest]}
+    import platform
+    import torch
+    return {"name": "local-gloo", "backend": "gloo", "links": links,
+            "source": f"calibrate --gloo on {platform.node() or 'this host'} ({os.cpu_count()} CPUs, "
+                      f"torch {torch.__version__}), {datetime.date.today().isoformat()}",
+            "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _run(world: int, store: str, sizes: list[int], budget_s: float, timeout: float) -> list[dict]:
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    arg = json.dumps({"sizes": sizes, "budget_s": budget_s})
+    procs = [subprocess.Popen([sys.executable, "-m", "autograd_run.parallel.gloo_probe", "--rank", str(r),
+                               str(world), store, arg], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(world)]
+    deadline = time.monotonic() + timeout
+    outs = []
+    try:
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                raise UsageError(f"calibrate --gloo: {world} processes did not finish within {timeout:.0f} s "
+                                 "(a gloo group that cannot connect on the loopback interface?)") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        if p.returncode != 0:
+            last = (err.strip().splitlines() or ["(no output)"])[-1]
+            raise UsageError(f"calibrate --gloo: rank {r} of {world} failed: {last}")
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--rank":
+    import faulthandler
+    faulthandler.dump_traceback_later(280, exit=True)
+    _spec = json.loads(sys.argv[5])
+    print(json.dumps(_rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], _spec["sizes"], _spec["budget_s"])))

@@ -1,0 +1,131 @@
+"""The link between data-parallel ranks, as ``simulate --network`` takes it.
+
+Three forms:
+
+- ``alpha_us=A,gbps=B[,channels=C]``: one link for every world size (latency
+  per message in us, bandwidth per rank in GB/s: NCCL's "bus bandwidth",
+  the rate the ring's ``2 (p - 1) / p`` factor applies to; collectives in
+  flight at once);
+- ``local-gloo``: measured here by ``autograd-run calibrate --gloo`` (one link
+  per world size measured; processes on one host share its cores, so the
+  link depends on how many there are);
+- a JSON file of the same shape as ``local-gloo``'s (untrusted: bounded and
+  checked, every problem named with its place)::
+
+    {"name": "...", "channels": 1, "source": "...",
+     "links": {"2": {"alpha_us": 600, "gbps": 1.2, "channels": 2}, "4": {...}}}
+
+(``channels`` at the top: every link's unless the link gives its own;
+``during_compute``: a collective's speed while the compute runs, 1 when
+unsaid, see ``collectives.Link``).
+
+``Network.link_for(world)`` is the link measured at that world size, else at
+the nearest one measured (and a note that says so).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+from autograd_run.errors import RequestError
+from autograd_run.outputs import cache_dir
+from autograd_run.parallel.collectives import MAX_WORLD, Link
+
+#: Calibrated here: the name and the file in the user cache folder.
+LOCAL_GLOO = "local-gloo"
+LOCAL_GLOO_FILE = "local-gloo-network.json"
+MAX_NETWORK_FILE_BYTES = 1 << 20
+MAX_LINKS = 4096
+
+
+def local_gloo_path() -> str:
+    return cache_dir(LOCAL_GLOO_FILE)
+
+
+@dataclass
+class Network:
+    name: str
+    #: world size -> link (0: every world size)
+    links: dict[int, Link]
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def link_for(self, world: int) -> tuple[Link, str | None]:
+        """The link for ``world`` ranks and, when it was measured at another size, a note saying which."""
+        if world in self.links:
+            return self.links[world], None
+        if 0 in self.links:
+            return self.links[0], None
+        near = min(self.links, key=lambda w: (abs(math.log(w) - math.log(world)), w))
+        return self.links[near], (f"{self.name}: no link measured at {world} ranks; using the one measured at "
+                                  f"{near} (processes on one host share its cores: expect a larger error)")
+
+
+def from_dict(doc, where: str) -> Network:
+    """A network document (see the module docstring), checked as untrusted data."""
+    def bad(place: str, what: str):
+        return RequestError(f"{where}: at {place}: {what}", "network")
+    if not isinstance(doc, dict):
+        raise bad("$", "a network file is a JSON object")
+    unknown = sorted(set(doc) - {"name", "backend", "channels", "links", "source", "measured"})
+    if unknown:
+        raise bad(f"$.{unknown[0]}", "unknown field (fields: name, backend, channels, links, source, measured)")
+    channels = doc.get("channels", 1)
+    if not (isinstance(channels, int) and not isinstance(channels, bool) and 1 <= channels <= 64):
+        raise bad("$.channels", f"must be a whole number from 1 to 64, got {str(channels)[:40]!r}")
+    links = doc.get("links")
+    if not isinstance(links, dict) or not links:
+        raise bad("$.links", "must be an object of world size -> {alpha_us, gbps}")
+    if len(links) > MAX_LINKS:
+        raise bad("$.links", f"{len(links)} links is more than the limit of {MAX_LINKS}")
+    out: dict[int, Link] = {}
+    for key, link in links.items():
+        place = f"$.links[{key[:20]!r}]"
+        if not (key.isdigit() and 1 <= int(key) <= MAX_WORLD):
+            raise bad(place, f"a world size is a whole number from 1 to {MAX_WORLD}")
+        if not isinstance(link, dict):
+            raise bad(place, "must be an object with alpha_us and gbps")
+        ch = link.get("channels", channels)
+        if not (isinstance(ch, int) and not isinstance(ch, bool) and 1 <= ch <= 64):
+            raise bad(f"{place}.channels", f"must be a whole number from 1 to 64, got {str(ch)[:40]!r}")
+        share = link.get("during_compute", 1.0)
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise bad(f"{place}.during_compute", f"must be a number in (0, 1], got {str(share)[:40]!r}")
+        values = {}
+        for k, low, strict in (("alpha_us", 0.0, False), ("gbps", 0.0, True)):
+            v = link.get(k)
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                    or (v <= low if strict else v < low)):
+                raise bad(f"{place}.{k}", f"must be a finite number {'>' if strict else '>='} 0, got {str(v)[:40]!r}")
+            values[k] = float(v)
+        out[int(key)] = Link(values["alpha_us"], values["gbps"] * 1e9, str(doc.get("name", where))[:80], ch,
+                             float(share))
+    name = doc.get("name", os.path.basename(where))
+    return Network(str(name)[:80], out, str(doc.get("source", ""))[:300])
+
+
+def load_network(ref: str) -> Network:
+    """``local-gloo`` (calibrated here) or a JSON network file."""
+    if ref == LOCAL_GLOO:
+        path = local_gloo_path()
+        if not os.path.isfile(path):
+            raise RequestError("no local-gloo network yet: run `autograd-run calibrate --gloo` first", "network")
+    else:
+        path = ref
+        if not os.path.isfile(path):
+            raise RequestError(f"{ref}: not KEY=VALUE pairs (alpha_us=A,gbps=B), {LOCAL_GLOO}, nor a file",
+                               "network")
+    from autograd_run import untrusted
+    try:
+        doc = json.loads(untrusted.read_regular_file(path, MAX_NETWORK_FILE_BYTES))
+    except untrusted.Problem as p:
+        raise RequestError(f"{path}: {p.what}", "network") from None
+    except (ValueError, RecursionError) as exc:
+        raise RequestError(f"{path}: not a valid network file: {str(exc)[:300]}", "network") from None
+    net = from_dict(doc, path)
+    if ref == LOCAL_GLOO:
+        net.name = LOCAL_GLOO
+    return net

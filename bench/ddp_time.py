@@ -1,0 +1,150 @@
+"""``python -m bench ddp [--seed N] [--cases N] [--timed N]``: simulated DDP backward time against real gloo runs.
+
+Cases are drawn at run time from a seed the run prints (``--seed`` repeats
+one): a model (the DDP oracle's six, ``tests/support/ddp_oracle.py``, and
+external ones nobody here wrote: torchvision, timm, Hugging Face transformers
+from ``tests/zoo/external.py``), a ``bucket_cap_mb`` and 2 or 4 local gloo
+processes. Every figure is what a user's commands give, each in a fresh
+process:
+
+1. ``autograd-run calibrate --torch`` and ``autograd-run calibrate --gloo``
+   into a cache folder of this run's own;
+2. per case, the model under real ``DistributedDataParallel`` on ``world``
+   processes (``ddp_oracle.run_ranks``: torchrun's one intra-op thread per
+   process; every rank profiles its third iteration, then times ``--timed``
+   backward calls after a barrier each, in turns with as many under
+   ``no_sync()``, the same backward without communication); measured: the
+   median over ranks of each rank's median backward (and of the compute
+   alone: their difference is the measured exposed communication);
+3. the graph captured from the model (``from_torch(parameters=model)``, as
+   ``capture`` does), then ``autograd-run simulate g.json --costs
+   rank0-steady.json --spec local-torch --ddp bucket_cap_mb=C --world W
+   --network local-gloo --json``: the prediction (the costs from the DDP
+   job's own profile, as a user would profile it).
+
+It reports the signed error ``(predicted - measured) / measured`` of the
+backward wall time and of the exposed communication, their distribution
+(MAPE, median, p90, worst, bias), by world size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from bench.accuracy import distribution  # noqa: E402
+
+OURS = ["mlp", "resnet", "transformer", "unused", "shared", "mixed"]
+EXTERNAL = ["zoo:tv_resnet18", "zoo:tv_mobilenet_v3_small", "zoo:tv_shufflenet_v2_x0_5", "zoo:timm_convnext",
+            "zoo:timm_vit", "zoo:hf_gpt2", "zoo:hf_bert", "zoo:hf_llama"]
+CAPS = [None, 1.0, 0.25, 0.05]
+
+
+def _cli(args: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograd_run", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _capture(name: str, path: str) -> None:
+    from autograd_run.capture import from_torch
+    from autograd_run.graphs.dump import dumps
+    from tests.support import ddp_oracle
+    model, run, _ = ddp_oracle.build(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        doc = from_torch(run(model), parameters=model, reference=False)
+    with open(path, "wb") as f:
+        f.write(dumps(doc, "json"))
+
+
+def one_case(name: str, cap, world: int, timed: int, env: dict, tmp: str) -> dict:
+    from tests.support import ddp_oracle
+    folder = tempfile.mkdtemp(dir=tmp)
+    _, _, find_unused = ddp_oracle.build(name) if not name.startswith("zoo:") else (None, None, False)
+    ranks = ddp_oracle.run_ranks(name, cap, world, folder, timed=timed, timeout=540)
+    measured = statistics.median(statistics.median(r["backward_ns"]) for r in ranks)
+    compute = statistics.median(statistics.median(r["compute_ns"]) for r in ranks)
+    graph = os.path.join(folder, "g.json")
+    _capture(name, graph)
+    ddp = ",".join([f"bucket_cap_mb={cap}"] if cap is not None else ["bucket_cap_mb=25"]
+                   + ([f"find_unused_parameters=true"] if find_unused else []))
+    p = _cli(["simulate", graph, "--costs", ranks[0]["traces"]["steady"], "--spec", "local-torch", "--ddp", ddp,
+              "--world", str(world), "--network", "local-gloo", "--json", "--slack", "0"], env)
+    if p.returncode != 0:
+        return {"name": name, "cap": cap, "world": world, "error": p.stderr.strip()[-300:]}
+    d = json.loads(p.stdout)["ddp"]
+    exposed = max(0.0, measured - compute)
+    return {"name": name, "cap": cap, "world": world, "measured_ms": measured / 1e6, "compute_ms": compute / 1e6,
+            "predicted_ms": d["wall_ns"] / 1e6, "predicted_compute_ms": d["compute_ns"] / 1e6,
+            "exposed_ms": exposed / 1e6, "predicted_exposed_ms": d["exposed_ns"] / 1e6,
+            "error": (d["wall_ns"] - measured) / measured, "buckets": len(d["buckets"])}
+
+
+def main(argv: list[str] | None = None, quick: bool = False) -> dict:
+    argv = list(argv or [])
+
+    def opt(flag: str, default: int) -> int:
+        return int(argv[argv.index(flag) + 1]) if flag in argv else default
+    seed = opt("--seed", random.SystemRandom().randrange(1 << 30))
+    n = opt("--cases", 4 if quick else 10)
+    timed = opt("--timed", 5 if quick else 9)
+    rng = random.Random(seed)
+    print(f"ddp: seed {seed} ({n} cases; repeat with --seed {seed})")
+    tmp = tempfile.mkdtemp(prefix="ddp-bench-")
+    env = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"))
+    t = time.time()
+    for args in (["calibrate", "--torch"], ["calibrate", "--gloo"]):
+        p = _cli(args, env)
+        if p.returncode != 0:
+            print(f"ddp: `autograd-run {' '.join(args)}` failed: {p.stderr.strip()[-300:]}")
+            return {"seed": seed, "error": p.stderr.strip()[-300:]}
+        print("  " + p.stdout.strip().replace("\n", "\n  "))
+    cases = []
+    for _ in range(n):
+        pool = OURS if rng.random() < 0.4 else EXTERNAL
+        cases.append((rng.choice(pool), rng.choice(CAPS), rng.choice([2, 4])))
+    rows = []
+    for name, cap, world in cases:
+        try:
+            r = one_case(name, cap, world, timed, env, tmp)
+        except Exception as exc:  # noqa: BLE001  (a case that cannot run here is reported, not fatal)
+            r = {"name": name, "cap": cap, "world": world, "error": str(exc)[-300:]}
+        rows.append(r)
+        if "measured_ms" in r:
+            print(f"  {name:28} cap={str(cap):5} world={world}: measured {r['measured_ms']:7.2f} ms "
+                  f"(compute {r['compute_ms']:6.2f}), predicted {r['predicted_ms']:7.2f} ms "
+                  f"({r['error']:+.0%}); exposed {r['exposed_ms']:6.2f} vs {r['predicted_exposed_ms']:6.2f} ms")
+        else:
+            print(f"  {name:28} cap={str(cap):5} world={world}: skipped: {r['error']}")
+    ok = [r for r in rows if "measured_ms" in r]
+    out = {"seed": seed, "cases": rows, "seconds": time.time() - t}
+    if ok:
+        out["wall"] = distribution([r["error"] for r in ok])
+        for w in (2, 4):
+            sub = [r["error"] for r in ok if r["world"] == w]
+            if sub:
+                out[f"wall_world{w}"] = distribution(sub)
+        exp = [(r["predicted_exposed_ms"] - r["exposed_ms"]) / r["measured_ms"] for r in ok]
+        out["exposed_share_of_wall"] = distribution(exp)
+        d = out["wall"]
+        print(f"ddp: backward wall, {d['n']} cases: MAPE {d['mape']:.1%}, median {d['median']:.1%}, p90 "
+              f"{d['p90']:.1%}, worst {d['worst']:+.1%}, bias {d['bias']:+.1%}")
+        e = out["exposed_share_of_wall"]
+        print(f"ddp: exposed communication (error as a share of the wall): MAPE {e['mape']:.1%}, worst "
+              f"{e['worst']:+.1%}")
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:]), indent=2)[-2000:])
