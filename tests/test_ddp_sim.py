@@ -179,3 +179,112 @@ def test_the_gloo_fit_hand_computed():
     # flat in size: all latency, the slope not measurable
     a, b, _ = _fit([(n, 500.0) for n in (4096, 65536, 1 << 20)])
     assert a == pytest.approx(500) and b == pytest.approx(0, abs=1e-5)
+
+
+def test_compare_bucket_sizes_and_world_sizes(tmp_path, capsys):
+    import json
+    from autograd_run.graphs.dump import dump_graph
+    from builders import run_cli
+    path = str(tmp_path / "g.json")
+    dump_graph(two_layers(), path)
+    base = ["simulate", path, "--spec", "h100", "--slack", "0", "--network", "alpha_us=10,gbps=1"]
+    code, out, err = run_cli(base + ["--ddp", "defaults", "--world", "2", "--compare", "bucket_cap_mb=1,2",
+                                     "--json"], capsys)
+    assert code == 0, err
+    rows = json.loads(out)["ddp_compare"]
+    one = cost_ns("allreduce", MIB, 2, LINK)
+    assert [r["bucket_cap_mb"] for r in rows] == [1, 2]
+    assert [len(r["buckets"]) for r in rows] == [2, 1]  # 1 MiB each: two buckets, then one of both
+    assert rows[0]["comm_ns"] == 2 * one and rows[1]["comm_ns"] == cost_ns("allreduce", 2 * MIB, 2, LINK)
+    code, out, err = run_cli(base + ["--ddp", "bucket_cap_mb=1", "--compare", "world=1,2,8", "--json"], capsys)
+    assert code == 0, err
+    rows = json.loads(out)["ddp_compare"]
+    assert [r["world"] for r in rows] == [1, 2, 8] and rows[0]["comm_ns"] == 0
+    assert rows[2]["comm_ns"] == 2 * cost_ns("allreduce", MIB, 8, LINK)
+    code, out, err = run_cli(base + ["--ddp", "defaults", "--world", "2", "--compare", "bucket_cap_mb=1,2"], capsys)
+    assert code == 0 and "DDP: bucket_cap_mb compared" in out
+    for args, message in [
+        (["--ddp", "defaults", "--world", "2", "--compare", "world=2,4"], "--world and --compare world"),
+        (["--ddp", "bucket_cap_mb=1", "--world", "2", "--compare", "bucket_cap_mb=1,2"], "give the sizes in --compare"),
+        (["--ddp", "defaults", "--world", "2", "--compare", "policy=pytorch,fifo"], "not with --compare"),
+        (["--ddp", "defaults", "--compare", "world=0,2"], "world sizes are whole numbers"),
+        (["--ddp", "defaults", "--world", "2", "--compare", "bucket_cap_mb=0"], "bucket_cap_mb must be a size"),
+    ]:
+        code, out, err = run_cli(base + args, capsys)
+        assert code == 2 and message in err and "Traceback" not in err, (args, err)
+
+
+def test_a_straggler_delays_every_collective():
+    """One rank 3x slower: each collective starts only when that rank has launched it too, so it starts at
+    the slow rank's launch; the others' backward ends later by the difference."""
+    g = two_layers()
+    fast = simulate_session(g, SimOptions(spec="h100", slack_top=0))
+    slow = simulate_session(g, SimOptions(spec="h100", slack_top=0, scale={"cpu": 3.0}))
+    alone = simulate_ddp(fast, 4, LINK, bucket_cap_mb=1)
+    lag = simulate_ddp(fast, 4, LINK, bucket_cap_mb=1, straggler=(3, 3.0, slow))
+    slow_alone = simulate_ddp(slow, 4, LINK, bucket_cap_mb=1)
+    for b, s in zip(lag.buckets, slow_alone.buckets):
+        assert b.start_ns == s.start_ns  # the slow rank launches later than the others: its launch rules
+    assert lag.straggler["rank"] == 3 and lag.straggler["compute_ns"] == slow.engine_done_ns
+    assert lag.straggler["delay_ns"] == lag.wall_ns - alone.wall_ns > 0
+    with pytest.raises(RequestError, match="straggler rank must be from 0 to 3"):
+        simulate_ddp(fast, 4, LINK, straggler=(4, 2.0, slow))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--straggler", "rank=1,slowdown=2"], "--straggler goes with --ddp"),
+    (["--ddp", "defaults", "--world", "2", "--straggler", "rank=2,slowdown=2"], "rank must be a whole number below"),
+    (["--ddp", "defaults", "--world", "2", "--straggler", "rank=1,slowdown=0.5"], "slowdown must be a factor from 1"),
+    (["--ddp", "defaults", "--world", "2", "--straggler", "rank=1"], "--straggler: give slowdown"),
+])
+def test_bad_straggler_options(args, message, capsys):
+    from builders import run_cli
+    network = ["--network", "alpha_us=1,gbps=1"] if "--ddp" in args else []
+    code, out, err = run_cli(["simulate", "example:mlp", *network, *args], capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_the_trace_has_a_communication_track(tmp_path, capsys):
+    """`simulate --ddp --trace`: each collective a slice on the communication track at its simulated time
+    (microseconds from the run's start), titled with its bucket, size and the parameter that launched it."""
+    import json
+    from autograd_run.graphs.dump import dump_graph
+    from autograd_run.sim.ddp import COMM_TRACK
+    from builders import run_cli
+    path, trace = str(tmp_path / "g.json"), str(tmp_path / "t.json")
+    dump_graph(two_layers(), path)
+    code, out, err = run_cli(["simulate", path, "--spec", "h100", "--slack", "0", "--ddp", "bucket_cap_mb=1",
+                              "--world", "2", "--network", "alpha_us=10,gbps=1", "--trace", trace, "--json"], capsys)
+    assert code == 0, err
+    buckets = json.loads(out)["ddp"]["buckets"]
+    events = json.load(open(trace))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    comm = [e for e in events if e.get("ph") == "X" and names.get((e["pid"], e["tid"])) == f"stream {COMM_TRACK}"]
+    assert [e["name"] for e in comm] == ["all-reduce bucket 0 (1.00 MiB, launched by w2)",
+                                         "all-reduce bucket 1 (1.00 MiB, launched by w1)"]
+    starts = sorted(e["ts"] for e in comm)
+    t0 = min(e["ts"] for e in events if e.get("ph") == "X")
+    assert [round(s - t0, 3) for s in starts] == [round(b["start_ns"] / 1e3, 3) for b in buckets]
+
+
+def test_perfettos_trace_processor_reads_the_communication_track(tmp_path):
+    """The .pftrace of `simulate --ddp`: Perfetto's real trace processor imports it with no error and shows
+    each collective on the communication stream's track."""
+    from tp_wasm.tp import TraceProcessor, available
+    if available() is not None:
+        pytest.skip(f"Perfetto trace processor unavailable: {available()}")
+    from autograd_run.sim.ddp import COMM_TRACK, add_to_recording
+    from autograd_run.traces.pftrace import pftrace_chunks
+    rep = simulate_session(two_layers(), SimOptions(spec="h100", slack_top=0))
+    r = simulate_ddp(rep, 2, LINK, bucket_cap_mb=1)
+    rec = rep.recording
+    add_to_recording(r, rec)
+    with TraceProcessor(b"".join(pftrace_chunks(rec))) as tp:
+        assert tp.query("select name from stats where value > 0 and severity in ('error', 'data_loss')") == []
+        rows = tp.query("select s.name, s.ts, s.dur, t.name as track from slice s join thread_track tt "
+                        "on s.track_id = tt.id join thread t using (utid) where s.name glob 'all-reduce*' "
+                        "order by s.ts")
+    # (compared as gaps from the first: the writer keeps its own time origin)
+    assert [(x["track"], x["ts"] - rows[0]["ts"], x["dur"]) for x in rows] == [
+        (f"stream {COMM_TRACK}", b.start_ns - r.buckets[0].start_ns, b.end_ns - b.start_ns) for b in r.buckets]

@@ -83,3 +83,21 @@ def parse_network(text: str):
             raise UsageError(f"--network: channels must be {NETWORK_KEYS['channels']}, got {raw['channels']!r}")
         channels = int(raw["channels"])
     return Network("given", {0: Link(alpha, gbps * 1e9, "given", channels)})
+
+
+def parse_straggler(text: str, world: int) -> tuple[int, float]:
+    """``rank=R,slowdown=S`` -> (R, S): one rank whose backward is S times slower (S from 1 to 100)."""
+    raw = _pairs(text, "--straggler", {"rank": "a rank below --world", "slowdown": "a factor from 1 to 100"})
+    missing = [k for k in ("rank", "slowdown") if k not in raw]
+    if missing:
+        raise UsageError(f"--straggler: give {' and '.join(missing)} (e.g. --straggler rank=3,slowdown=1.2)")
+    if not raw["rank"].isdigit() or int(raw["rank"]) >= world:
+        raise UsageError(f"--straggler: rank must be a whole number below the world size {world}, "
+                         f"got {raw['rank']!r}")
+    try:
+        factor = float(raw["slowdown"])
+    except ValueError:
+        factor = math.nan
+    if not (1.0 <= factor <= 100.0):
+        raise UsageError(f"--straggler: slowdown must be a factor from 1 to 100, got {raw['slowdown']!r}")
+    return int(raw["rank"]), factor

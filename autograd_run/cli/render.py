@@ -280,6 +280,19 @@ def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8
         console.print(t)
 
 
+def render_ddp_compare(console: Console, key: str, results) -> None:
+    """``--compare bucket_cap_mb=...`` / ``world=...`` with --ddp: one row per value."""
+    t = Table(title=f"DDP: {key} compared")
+    for c in (key, "buckets", "communication", "backward with the final wait", "exposed", "hidden"):
+        t.add_column(c, justify="right")
+    best = min(r.wall_ns for _, r in results)
+    for v, r in results:
+        mark = " (fastest)" if r.wall_ns == best and sum(x.wall_ns == best for _, x in results) == 1 else ""
+        t.add_row(f"{v:g}", str(sum(1 for b in r.buckets if b.kind == "bucket")), fmt_ns(r.comm_ns),
+                  fmt_ns(r.wall_ns) + mark, fmt_ns(r.exposed_ns), f"{r.overlap:.0%}")
+    console.print(t)
+
+
 def render_ddp(console: Console, r) -> None:
     """The data-parallel view (``sim.ddp.DdpResult``): each bucket's all-reduce, and what stayed exposed."""
     t = Table(title=f"DDP on {r.world} ranks ({r.iteration} iteration): bucket all-reduces")
@@ -305,6 +318,11 @@ def render_ddp(console: Console, r) -> None:
     head.add_row("communication hidden under compute", f"{r.overlap:.0%}")
     if r.unused:
         head.add_row("parameters no node reaches (ready at the first hook)", str(len(r.unused)))
+    if r.straggler is not None:
+        st = r.straggler
+        head.add_row(f"straggler: rank {st['rank']}, {st['slowdown']:g}x slower, its compute",
+                     fmt_ns(st["compute_ns"]))
+        head.add_row("every other rank ends later by", fmt_ns(st["delay_ns"]))
     if r.link is not None and r.world > 1:
         lk = r.link
         head.add_row(f"link ({_plain(lk.name).plain})",

@@ -65,8 +65,9 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
                    "`analytic` ignores the graph's own measured costs. Default: the graph's own, if any.")
 @click.option("--step", type=Whole(1), default=None, metavar="N",
               help="With a PyTorch profile: the costs of its N-th backward call of this graph, not the median.")
-@click.option("--compare", default=None, metavar="policy=A,B|devices=K,K",
-              help="Simulate several policies or device counts and print one table.")
+@click.option("--compare", default=None, metavar="policy=A,B|devices=K,K|bucket_cap_mb=A,B|world=N,N",
+              help="Simulate several policies or device counts and print one table; with --ddp, several "
+                   "bucket sizes (MiB) or world sizes.")
 @click.option("--trace", "trace_path", default=None, metavar="FILE",
               help="Write the simulated trace (.json, .json.gz or .pftrace, as run --trace).")
 @click.option("--open", "open_trace", is_flag=True,
@@ -85,10 +86,12 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="--ddp: the link between ranks: latency per message (us), bandwidth per rank (GB/s) and "
                    "optionally channels=C (collectives in flight at once); or `local-gloo` (measured here by "
                    "`calibrate --gloo`), or a network file (docs/parallel.md).")
+@click.option("--straggler", default=None, metavar="rank=R,slowdown=S",
+              help="--ddp: one rank's backward S times slower (its costs scaled): every collective waits for it.")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, open_trace, order_out,
-             slack, ddp, world, network,
+             slack, ddp, world, network, straggler,
              summary, json_out):
     """Simulate GRAPH's backward pass on a virtual clock (no node runs).
 
@@ -121,12 +124,12 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             from autograd_run.errors import UsageError
             raise UsageError("--open needs --trace FILE")
         require_viewer()
-    if compare:
+    if compare and _ddp_compare(compare) is None:
         _compare_conflicts(compare, trace_path, order_out)
-    ddp_args = _ddp_args(ddp, world, network, compare)
+    ddp_args = _ddp_args(ddp, world, network, compare, straggler)
     g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
     measured = read_costs(costs, g, step)  # read and matched once for every variant
-    variants = _variants(compare, policy, devices)
+    variants = _variants(None if ddp_args is not None else compare, policy, devices)
     import os
     inputs = [g.source, costs or "", spec if spec and os.path.isfile(spec) else ""]  # never overwritten
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
@@ -142,14 +145,17 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                           scale=scale, costs=measured or "analytic", slack_top=slack_top, detail=bool(trace_path))
         reports.append(simulate_session(g, opts))
     first = reports[0]
-    ddp_result = None
+    ddp_results = []
     if ddp_args is not None:
-        from autograd_run.sim.ddp import simulate_ddp
-        ddp_result = simulate_ddp(first, **ddp_args)
+        ddp_results = _run_ddp(g, first, ddp_args, simulate_session, opts)
+    ddp_result = ddp_results[0][1] if len(ddp_results) == 1 else None
     for line in dict.fromkeys(w for r in reports for w in r.warnings):  # one line each, on stderr
         click.echo(line, err=True)
     if trace_path:
         from autograd_run.traces.trace_file import write_trace
+        if ddp_result is not None:
+            from autograd_run.sim.ddp import add_to_recording
+            add_to_recording(ddp_result, first.recording)
         write_trace(trace_path, first.recording)
     if order_out:
         write_order(order_out, first.order)
@@ -157,6 +163,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         doc = [_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)
         if ddp_result is not None:
             doc["ddp"] = ddp_result.to_dict()
+        elif ddp_results:
+            key = ddp_args["versus"][0]
+            doc["ddp_compare"] = [{key: v, **r.to_dict()} for v, r in ddp_results]
         write(jsonout.dumps(doc))
         if open_trace:
             show_trace(trace_path, url_to_stderr=True)
@@ -174,6 +183,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         if ddp_result is not None:
             from autograd_run.cli.render import render_ddp
             render_ddp(console, ddp_result)
+        elif ddp_results:
+            from autograd_run.cli.render import render_ddp_compare
+            render_ddp_compare(console, ddp_args["versus"][0], ddp_results)
     if summary:
         console.print(plain(confidence_line(first)))
     if trace_path and not open_trace:
@@ -206,28 +218,93 @@ def _calibrate_gloo(worlds_text: str, output: str | None) -> None:
     echo(f"wrote {path}")
 
 
-def _ddp_args(ddp, world, network, compare) -> dict | None:
-    """``simulate_ddp``'s arguments from --ddp, --world and --network (usage errors for a partial set)."""
-    from autograd_run.errors import UsageError
-    if ddp is None:
-        if world is not None or network is not None:
-            raise UsageError(f"{'--world' if world is not None else '--network'} goes with --ddp")
+DDP_COMPARE = ("bucket_cap_mb", "world")
+
+
+def _ddp_compare(compare: str | None) -> tuple[str, list] | None:
+    """``--compare bucket_cap_mb=1,5,25`` / ``world=8,64,512``: (key, values), or None for another key."""
+    if not compare or compare.partition("=")[0] not in DDP_COMPARE:
         return None
-    if compare:
-        raise UsageError("--ddp goes with one simulation, not with --compare")
-    if world is None:
+    from autograd_run.cli.ddp_options import parse_ddp
+    from autograd_run.parallel.collectives import MAX_WORLD
+    key, _, text = compare.partition("=")
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not items:
+        raise UsageError(f"--compare {key}=: give the values to compare, e.g. "
+                         + ("bucket_cap_mb=1,5,25,100" if key == "bucket_cap_mb" else "world=8,64,512"))
+    if len(items) > 64:
+        raise UsageError(f"--compare {key}: at most 64 values, got {len(items)}")
+    if key == "world":
+        if not all(v.isdigit() and 1 <= int(v) <= MAX_WORLD for v in items):
+            raise UsageError(f"--compare world: world sizes are whole numbers from 1 to {MAX_WORLD}")
+        return key, [int(v) for v in items]
+    return key, [parse_ddp(f"bucket_cap_mb={v}")["bucket_cap_mb"] for v in items]
+
+
+def _ddp_args(ddp, world, network, compare, straggler=None) -> dict | None:
+    """``simulate_ddp``'s arguments from --ddp, --world, --network and --straggler (usage errors for a partial
+    set); ``network`` stays a ``parallel.networks.Network`` (the link depends on the world size)."""
+    if ddp is None:
+        for value, name in ((world, "--world"), (network, "--network"), (straggler, "--straggler")):
+            if value is not None:
+                raise UsageError(f"{name} goes with --ddp")
+        return None
+    versus = _ddp_compare(compare)
+    if compare and versus is None:
+        raise UsageError("--ddp goes with one simulation, not with --compare policy/devices "
+                         "(--compare bucket_cap_mb=... or world=... compare DDP settings)")
+    if versus and versus[0] == "world":
+        if world is not None:
+            raise UsageError("--world and --compare world=...: give the world sizes in --compare only")
+        worlds = versus[1]
+    elif world is None:
         raise UsageError("--ddp needs --world N (the data-parallel ranks)")
-    if network is None and world > 1:
-        raise UsageError("--ddp needs --network alpha_us=A,gbps=B (the link between ranks)")
-    from autograd_run.cli.ddp_options import parse_ddp, parse_network
-    from autograd_run.parallel.collectives import Link
+    else:
+        worlds = [world]
+    from autograd_run.cli.ddp_options import parse_ddp, parse_network, parse_straggler
     options = parse_ddp(ddp)
-    if network is None:
-        return {"world": world, "link": Link(0.0, 1.0, "none"), **options}
-    link, note = parse_network(network).link_for(world)
-    if note:
-        click.echo(f"note: {note}", err=True)
-    return {"world": world, "link": link, **options}
+    if versus and versus[0] == "bucket_cap_mb" and "bucket_cap_mb" in options:
+        raise UsageError("--ddp bucket_cap_mb=... and --compare bucket_cap_mb=...: give the sizes in --compare only")
+    if network is None and max(worlds) > 1:
+        raise UsageError("--ddp needs --network alpha_us=A,gbps=B (the link between ranks)")
+    from autograd_run.parallel.networks import Network
+    from autograd_run.parallel.collectives import Link
+    net = parse_network(network) if network else Network("none", {0: Link(0.0, 1.0, "none")})
+    lag = parse_straggler(straggler, max(worlds)) if straggler else None
+    return {"world": worlds[0], "network": net, "options": options, "versus": versus, "straggler": lag}
+
+
+def _run_ddp(graph, first, args: dict, simulate_session, opts) -> list:
+    """The DDP results: one, or one per --compare value, with the straggler's backward simulated once."""
+    from autograd_run.sim.ddp import simulate_ddp
+    slow = None
+    if args["straggler"] is not None:
+        rank, factor = args["straggler"]
+        devices = {str(n.device) for n in first.graph.nodes}
+        base = dict(opts.scale) if isinstance(opts.scale, dict) else {}
+        if isinstance(opts.scale, str):
+            from autograd_run.sim.costs import parse_scale
+            base = parse_scale(opts.scale)
+        scale = {**base, **{d: base.get(d, 1.0) * factor for d in devices}}
+        import dataclasses
+        slow_report = simulate_session(graph, dataclasses.replace(opts, scale=scale, slack_top=0,
+                                                                         scale_must_apply=False))
+        slow = (rank, factor, slow_report)
+    versus = args["versus"]
+    values = versus[1] if versus else [None]
+    out = []
+    for v in values:
+        world = v if versus and versus[0] == "world" else args["world"]
+        kw = dict(args["options"])
+        if versus and versus[0] == "bucket_cap_mb":
+            kw["bucket_cap_mb"] = v
+        link, note = args["network"].link_for(world)
+        if note:
+            click.echo(f"note: {note}", err=True)
+        if slow is not None and slow[0] >= world:
+            raise UsageError(f"--straggler: rank {slow[0]} is not below the world size {world}")
+        out.append((v, simulate_ddp(first, world, link, straggler=slow, **kw)))
+    return out
 
 
 def _compare_conflicts(compare: str, trace_path, order_out) -> None:

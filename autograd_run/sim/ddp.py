@@ -45,6 +45,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from typing import NamedTuple
+
 from autograd_run.errors import RequestError
 from autograd_run.ops.cost import ITEMSIZE
 from autograd_run.parallel import buckets as B
@@ -82,14 +84,43 @@ class DdpResult:
     unused: list[str] = field(default_factory=list)
     #: The link the collectives were costed on.
     link: Link | None = None
+    #: With a straggler: its rank, slowdown, its own compute and wall, and how much later the others end.
+    straggler: dict | None = None
 
     def to_dict(self) -> dict:
         link = None if self.link is None else {"name": self.link.name, "alpha_us": self.link.alpha_us,
                                                "gbps": self.link.bandwidth / 1e9, "channels": self.link.channels}
         return {"world": self.world, "iteration": self.iteration, "compute_ns": self.compute_ns,
                 "wall_ns": self.wall_ns, "exposed_ns": self.exposed_ns, "comm_ns": self.comm_ns,
-                "overlap": self.overlap, "unused": self.unused, "link": link,
+                "overlap": self.overlap, "unused": self.unused, "link": link, "straggler": self.straggler,
                 "buckets": [b.__dict__ for b in self.buckets]}
+
+
+class Collective(NamedTuple):
+    """A collective as a trace slice: the title is the whole description (the id is the name)."""
+
+    id: str
+    name: str
+
+
+#: The trace track of one rank's communication stream (ranks are symmetric: rank 0 stands for all).
+COMM_TRACK = "DDP communication, rank 0"
+
+
+def add_to_recording(result: DdpResult, recording) -> None:
+    """Put ``result``'s collectives into ``recording`` (the simulation's) as slices on ``COMM_TRACK``,
+    titled with the bucket, its size and the parameter whose hook launched it; the run's span grows to the
+    last collective's end (the backward returns after the final wait)."""
+    from autograd_run.record.recording import KernelSlice
+    t0 = recording.start
+    for b in result.buckets:
+        what = f"all-reduce bucket {b.index}" if b.kind == "bucket" else "all-reduce of the used-parameter map"
+        size = f"{b.nbytes / (1 << 20):.2f} MiB" if b.nbytes >= 1 << 20 else f"{b.nbytes / 1024:.1f} KiB"
+        by = f"launched by {b.trigger}" if b.trigger is not None else "launched by the final callback"
+        title = f"{what} ({size}, {by})"
+        recording.kernels.append(KernelSlice(COMM_TRACK, Collective(title, title), t0 + b.start_ns,
+                                             t0 + b.end_ns))
+    recording.end = max(recording.end, t0 + result.wall_ns)
 
 
 def params_of(graph) -> list[B.Param]:
@@ -109,16 +140,12 @@ def params_of(graph) -> list[B.Param]:
     return out
 
 
-def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = None, *,
-                 find_unused_parameters: bool = False, static_graph: bool = False,
-                 iteration: str = "steady") -> DdpResult:
-    """The DDP view of ``report`` (a ``sim.session.SimReport``) on ``world`` ranks joined by ``link``."""
-    if iteration not in ("first", "steady"):
-        raise RequestError(f"iteration must be first or steady, got {iteration!r}", "ddp")
+def _marks(report, params):
+    """One rank's ready times: (ready ns by parameter, the Reducer's marking order key, the ready order,
+    unused parameter names, the compute's end)."""
     sim = report.sim
     t0 = min((g.start for g in sim.graph_tasks), default=0)
     compute = report.engine_done_ns
-    params = params_of(report.graph)
     index = {p.name: p.index for p in params}
     ready: dict[int, int] = {}
     for s in sim.slices:  # (gt, depth, node, tid, start, end, queue, pushed)
@@ -134,6 +161,60 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
         if p.index not in mark:
             mark[p.index] = (first_hook, 0) if order else (compute, 0)
             ready[p.index] = mark[p.index][0]
+    return ready, mark, order, unused, compute
+
+
+def _launches(groups, nbytes, params, marks, find_unused_parameters, static_graph, iteration) -> list[tuple]:
+    """One rank's collectives in launch order: (kind, index, parameters, bytes, ready ns, launch ns,
+    the parameter index whose hook launched it or None, dtype)."""
+    ready, mark, order, _, compute = marks
+    out = []
+    if static_graph and iteration == "first":
+        # static_graph's first iteration only counts the hooks; the final callback launches everything
+        # (``Reducer::delay_all_reduce``): the map of used parameters first, then every bucket.
+        out.append(("used-map", 0, [], 4 * len(params), compute, compute, None, "int32"))
+        for k, (g, n) in enumerate(zip(groups, nbytes)):
+            out.append(("bucket", k, list(g), n, max(ready[i] for i in g), compute, None, params[g[0]].dtype))
+        return out
+    launch, trigger = (-1, -1), None
+    for k, (g, n) in enumerate(zip(groups, nbytes)):
+        last = max(g, key=lambda i: mark[i])
+        if mark[last] > launch:  # launched in index order only: by the latest ready of buckets 0..k
+            # an unused parameter is marked by the first hook: its parameter launched the bucket
+            launch, trigger = mark[last], (last if mark[last][1] else order[0] if order else None)
+        out.append(("bucket", k, list(g), n, ready[last], launch[0], trigger, params[g[0]].dtype))
+    if find_unused_parameters and not static_graph:
+        out.append(("used-map", len(groups), [], 4 * len(params), launch[0], launch[0], trigger, "int32"))
+    return out
+
+
+def _timed(plans: list[list[tuple]], world: int, link: Link, compute: int, params) -> list[BucketRun]:
+    """The collectives' times: each starts when every rank has launched it and a channel is free."""
+    free = [0] * max(1, link.channels)  # when each communication stream is next free
+    runs = []
+    for items in zip(*plans):
+        kind, k, g, n, r, _, trig, dtype = items[0]
+        launch = max(it[5] for it in items)
+        c = min(range(len(free)), key=lambda j: (free[j], j))
+        start = max(launch, free[c])
+        free[c] = end_ns(start, cost_ns("allreduce", n, world, link), compute, link)
+        runs.append(BucketRun(k, g, n, r, start, free[c], None if trig is None else params[trig].name, dtype, kind))
+    return runs
+
+
+def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = None, *,
+                 find_unused_parameters: bool = False, static_graph: bool = False,
+                 iteration: str = "steady", straggler=None) -> DdpResult:
+    """The DDP view of ``report`` (a ``sim.session.SimReport``) on ``world`` ranks joined by ``link``.
+
+    ``straggler``: ``(rank, slowdown, report)``, one rank whose backward is ``report`` (the same graph with
+    its costs scaled by ``slowdown``): every collective starts only when that rank has launched it too.
+    """
+    if iteration not in ("first", "steady"):
+        raise RequestError(f"iteration must be first or steady, got {iteration!r}", "ddp")
+    params = params_of(report.graph)
+    marks = _marks(report, params)
+    _, _, order, unused, compute = marks
     if iteration == "first":
         groups = B.initial(params, bucket_cap_mb, find_unused_parameters=find_unused_parameters,
                            static_graph=static_graph)
@@ -141,34 +222,22 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
         groups = B.steady(params, order, bucket_cap_mb, find_unused_parameters=find_unused_parameters,
                           static_graph=static_graph)
     nbytes = B.sizes(groups, params)
-    runs, launch, trigger = [], (-1, -1), None
-    free = [0] * max(1, link.channels)  # when each communication stream is next free
-
-    def run(k, g, n, r, dtype, kind):
-        c = min(range(len(free)), key=lambda j: (free[j], j))
-        start = max(launch[0], free[c])
-        free[c] = end_ns(start, cost_ns("allreduce", n, world, link), compute, link)
-        name = None if trigger is None or not order else params[trigger].name
-        runs.append(BucketRun(k, list(g), n, r, start, free[c], name, dtype, kind))
-
-    if static_graph and iteration == "first":
-        # static_graph's first iteration only counts the hooks; the final callback launches everything
-        # (``Reducer::delay_all_reduce``): the map of used parameters first, then every bucket.
-        launch = (compute, 0)
-        run(0, [], 4 * len(params), compute, "int32", "used-map")
-        for k, (g, n) in enumerate(zip(groups, nbytes)):
-            run(k, g, n, max(ready[i] for i in g), params[g[0]].dtype, "bucket")
-    else:
-        for k, (g, n) in enumerate(zip(groups, nbytes)):
-            last = max(g, key=lambda i: mark[i])
-            if mark[last] > launch:  # launched in index order only: by the latest ready of buckets 0..k
-                # an unused parameter is marked by the first hook: its parameter launched the bucket
-                launch, trigger = mark[last], (last if mark[last][1] else order[0] if order else None)
-            run(k, g, n, ready[last], params[g[0]].dtype, "bucket")
-        if find_unused_parameters and not static_graph:
-            run(len(groups), [], 4 * len(params), launch[0], "int32", "used-map")
+    plan = _launches(groups, nbytes, params, marks, find_unused_parameters, static_graph, iteration)
+    runs = _timed([plan], world, link, compute, params)
+    lag = None
+    if straggler is not None:
+        rank, slowdown, slow_report = straggler
+        if not (isinstance(rank, int) and 0 <= rank < world):
+            raise RequestError(f"straggler rank must be from 0 to {world - 1}, got {rank}", "straggler")
+        slow = _marks(slow_report, params)
+        slow_plan = _launches(groups, nbytes, params, slow, find_unused_parameters, static_graph, iteration)
+        alone = max([compute] + [b.end_ns for b in runs])
+        runs = _timed([plan, slow_plan], world, link, compute, params)
+        end = max([compute] + [b.end_ns for b in runs])
+        lag = {"rank": rank, "slowdown": slowdown, "compute_ns": slow[4], "wall_ns": max(slow[4], end),
+               "delay_ns": end - alone}
     comm = sum(b.end_ns - b.start_ns for b in runs)
-    wall = max([compute] + free)
+    wall = max([compute] + [b.end_ns for b in runs])
     hidden = sum(max(0, min(b.end_ns, compute) - b.start_ns) for b in runs)
     return DdpResult(world, iteration, runs, compute, wall, wall - compute, comm,
-                     hidden / comm if comm else 1.0, unused, link)
+                     hidden / comm if comm else 1.0, unused, link, lag)

@@ -292,6 +292,14 @@ def _track_uuid(k: int) -> int:
     return TRACK_UUID0 + k if k < 96 else (1 << 20) + k
 
 
+def _rows_of(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``values[rows]`` where a row is >= 0 (-1 elsewhere, and everywhere when there are no values: a
+    recording with waits but no queue samples, such as a simulation made without ``detail``)."""
+    if len(values) == 0:
+        return np.full(len(rows), -1, dtype=np.int64)
+    return values[np.maximum(rows, 0)]
+
+
 def pftrace_chunks(rec: Recording, incomplete: str | None = None):
     """The protobuf trace of ``rec`` as a sequence of bytes chunks; a stopped run's (``incomplete``:
     ``interrupted``, ``timeout``) ends with an instant event saying so, on a global track ``incomplete``."""
@@ -360,8 +368,8 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
         del lane_k
         push_row, pop_row = W.push_row, W.pop_row
         has_push, has_pop = push_row >= 0, pop_row >= 0
-        qa = np.where(has_push, Q.depth[np.maximum(push_row, 0)], -1)
-        ob = np.where(has_push, push_val[np.maximum(push_row, 0)], -1)
+        qa = np.where(has_push, _rows_of(Q.depth, push_row), -1)
+        ob = np.where(has_push, _rows_of(push_val, push_row), -1)
         carried[push_row[has_push]] = True
         carried[pop_row[has_pop]] = True
         # an outstanding change at a push that carries it need not stand alone
@@ -375,7 +383,7 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
                  uuid_a=lambda i: queue_uuid[W.queue[i]], val_a=qa, uuid_b=OUTSTANDING_UUID, val_b=ob)
         rows.add(WAIT_E, W.popped, lambda i: np.where(W.popped[i] > W.pushed[i], 0, 4), lambda i: -W.pushed[i],
                  track=wait_track, uuid_a=lambda i: queue_uuid[W.queue[i]],
-                 val_a=lambda i: np.where(has_pop[i], Q.depth[np.maximum(pop_row[i], 0)], -1))
+                 val_a=lambda i: np.where(has_pop[i], _rows_of(Q.depth, pop_row[i]), -1))
     del push_val, on_push
     # queue samples and outstanding changes with no event to ride on
     lone = np.nonzero(~carried)[0]
