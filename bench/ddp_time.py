@@ -16,11 +16,12 @@ process:
    ``no_sync()``, the same backward without communication); measured: the
    median over ranks of each rank's median backward (and of the compute
    alone: their difference is the measured exposed communication);
-3. the graph captured from the model (``from_torch(parameters=model)``, as
-   ``capture`` does), then ``autograd-run simulate g.json --costs
-   rank0-steady.json --spec local-torch --ddp bucket_cap_mb=C --world W
-   --network local-gloo --json``: the prediction (the costs from the DDP
-   job's own profile, as a user would profile it).
+3. ``autograd-run capture model.py:main -o g.json`` of the model wrapped in
+   DDP with the case's settings (a one-process group,
+   ``one_process_group()``), then ``autograd-run simulate g.json --costs
+   rank0-steady.json --spec local-torch --ddp captured --world W --network
+   local-gloo --json``: the prediction (the costs from the DDP job's own
+   profile, as a user would profile it).
 
 It reports the signed error ``(predicted - measured) / measured`` of the
 backward wall time and of the exposed communication, their distribution
@@ -37,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -56,30 +56,41 @@ def _cli(args: list[str], env: dict, timeout: float = 600) -> subprocess.Complet
                           timeout=timeout)
 
 
-def _capture(name: str, path: str) -> None:
-    from autograd_run.capture import from_torch
-    from autograd_run.graphs.dump import dumps
-    from tests.support import ddp_oracle
-    model, run, _ = ddp_oracle.build(name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        doc = from_torch(run(model), parameters=model, reference=False)
-    with open(path, "wb") as f:
-        f.write(dumps(doc, "json"))
+CAPTURE_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import torch
+from autograd_run.capture import one_process_group
+from tests.support import ddp_oracle
+
+
+def main():
+    one_process_group()
+    model, run, find_unused = ddp_oracle.build({name!r})
+    ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused{cap})
+    return {{"outputs": run(ddp), "parameters": ddp}}
+"""
+
+
+def _capture(name: str, cap, folder: str, env: dict) -> str:
+    """``autograd-run capture`` of the model wrapped in DDP (a one-process group), as a user captures it."""
+    script, graph = os.path.join(folder, "model.py"), os.path.join(folder, "g.json")
+    with open(script, "w") as f:
+        f.write(CAPTURE_SCRIPT.format(root=ROOT, name=name, cap="" if cap is None else f", bucket_cap_mb={cap}"))
+    p = _cli(["capture", f"{script}:main", "-o", graph], dict(env, GLOO_SOCKET_IFNAME="lo"))
+    if p.returncode != 0:
+        raise RuntimeError(f"capture failed: {p.stderr.strip()[-300:]}")
+    return graph
 
 
 def one_case(name: str, cap, world: int, timed: int, env: dict, tmp: str) -> dict:
     from tests.support import ddp_oracle
     folder = tempfile.mkdtemp(dir=tmp)
-    _, _, find_unused = ddp_oracle.build(name) if not name.startswith("zoo:") else (None, None, False)
     ranks = ddp_oracle.run_ranks(name, cap, world, folder, timed=timed, timeout=540)
     measured = statistics.median(statistics.median(r["backward_ns"]) for r in ranks)
     compute = statistics.median(statistics.median(r["compute_ns"]) for r in ranks)
-    graph = os.path.join(folder, "g.json")
-    _capture(name, graph)
-    ddp = ",".join([f"bucket_cap_mb={cap}"] if cap is not None else ["bucket_cap_mb=25"]
-                   + ([f"find_unused_parameters=true"] if find_unused else []))
-    p = _cli(["simulate", graph, "--costs", ranks[0]["traces"]["steady"], "--spec", "local-torch", "--ddp", ddp,
+    graph = _capture(name, cap, folder, env)
+    p = _cli(["simulate", graph, "--costs", ranks[0]["traces"]["steady"], "--spec", "local-torch", "--ddp", "captured",
               "--world", str(world), "--network", "local-gloo", "--json", "--slack", "0"], env)
     if p.returncode != 0:
         return {"name": name, "cap": cap, "world": world, "error": p.stderr.strip()[-300:]}

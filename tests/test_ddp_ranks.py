@@ -92,3 +92,65 @@ def test_calibrate_gloo_measures_a_link_that_simulate_takes(tmp_path, capsys):
     assert json.loads(text)["ddp"]["link"]["gbps"] == pytest.approx(link["gbps"])
     code, text, err = run_cli(["calibrate", "--gloo", "1"], capsys)
     assert code == 2 and "--gloo: give world sizes from 2 to 16" in err
+
+
+DDP_SCRIPT = '''
+import torch
+from torch import nn
+from autograd_run.capture import one_process_group
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.unused, self.head = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+def main():
+    one_process_group()
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=0.001, find_unused_parameters=True)
+    return {"outputs": ddp(torch.randn(4, 16)).square().mean(), "parameters": ddp}
+'''
+
+
+def test_capture_of_a_ddp_model_records_its_settings_and_replays_as_pytorch(tmp_path):
+    """`capture` of a script that wraps its model in DDP (a one-process group from one_process_group()):
+    the graph has DDP's _DDPSinkBackward node (a pass-through rule), the parameters in registration order with
+    the unused layer's, and DDP's settings; `check` agrees with PyTorch; `simulate --ddp captured` uses them.
+    (In child processes: a process group is never made in the pytest process, see ddp_oracle.)"""
+    import json
+    from cli_proc import cli
+    script, graph = tmp_path / "ddp_model.py", tmp_path / "g.json"
+    script.write_text(DDP_SCRIPT)
+    p = cli(["capture", f"{script}:main", "-o", graph, "--check"], timeout=120)
+    assert p.code == 0, p.err
+    doc = json.loads(graph.read_text())
+    # DDP keeps the cap in bytes: int(0.001 MiB) = 1048 bytes, written back as MiB (the same cap again)
+    assert doc["ddp"] == {"bucket_cap_mb": 1048 / (1 << 20), "find_unused_parameters": True, "static_graph": False,
+                          "gradient_as_bucket_view": False, "world_size": 1}
+    assert doc["parameters"] == ["body.weight", "body.bias", "unused.weight", "unused.bias", "head.weight",
+                                 "head.bias"]
+    assert "_DDPSinkBackward" in {n["name"] for n in doc["nodes"]}
+    p = cli(["simulate", graph, "--ddp", "captured", "--world", "2", "--network", "alpha_us=10,gbps=1", "--json",
+             "--slack", "0"], timeout=120)
+    assert p.code == 0, p.err
+    d = json.loads(p.out)["ddp"]
+    assert d["unused"] == ["unused.weight", "unused.bias"]
+    # find_unused_parameters kept the initial buckets (one per parameter at a 1 KiB cap... reversed) and the map
+    assert d["buckets"][-1]["kind"] == "used-map" and d["buckets"][-1]["nbytes"] == 6 * 4
+    p = cli(["simulate", graph, "--ddp", "captured,find_unused_parameters=false", "--world", "2", "--network",
+             "alpha_us=10,gbps=1", "--json", "--slack", "0"], timeout=120)
+    assert p.code == 0 and all(b["kind"] == "bucket" for b in json.loads(p.out)["ddp"]["buckets"])
+    doc["ddp"]["bucket_cap_mb"] = -1
+    graph.write_text(json.dumps(doc))
+    p = cli(["simulate", graph], timeout=120)
+    assert p.code != 0 and "ddp" in p.err and "bucket_cap_mb" in p.err and "must be a size in MiB" in p.err
+    del doc["ddp"]
+    graph.write_text(json.dumps(doc))
+    p = cli(["simulate", graph, "--ddp", "captured", "--world", "2", "--network", "alpha_us=10,gbps=1"],
+            timeout=120)
+    assert p.code == 2 and "no ddp section" in p.err, p.err

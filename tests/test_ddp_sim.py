@@ -57,8 +57,13 @@ def test_buckets_all_reduce_in_order_on_one_stream_after_their_last_gradient():
     assert (b0.ready_ns, b0.start_ns, b0.end_ns) == (ends["w2"], ends["w2"], ends["w2"] + one)
     # w1 is ready long before w2's all-reduce ends: its bucket waits for the stream
     assert ends["w1"] < b0.end_ns and (b1.start_ns, b1.end_ns) == (b0.end_ns, b0.end_ns + one)
-    assert r.compute_ns == rep.engine_done_ns and r.wall_ns == b1.end_ns
-    assert r.exposed_ns == b1.end_ns - rep.engine_done_ns and r.comm_ns == 2 * one
+    # finalize_backward copies both reduced buckets back into .grad: 2 MiB read and written at the host's
+    # memory bandwidth (the parameters are on the CPU); none with gradient_as_bucket_view
+    copy = round(2 * 2 * MIB / rep.spec.host.mem_bw * 1e9)
+    assert r.copy_back_ns == copy and r.compute_ns == rep.engine_done_ns and r.wall_ns == b1.end_ns + copy
+    assert r.exposed_ns == b1.end_ns + copy - rep.engine_done_ns and r.comm_ns == 2 * one
+    view = simulate_ddp(rep, 2, LINK, bucket_cap_mb=1, gradient_as_bucket_view=True)
+    assert view.copy_back_ns == 0 and view.wall_ns == b1.end_ns
     assert r.overlap == pytest.approx(max(0, rep.engine_done_ns - b0.start_ns) / (2 * one))
     # The first iteration: one bucket of everything, launched when the last gradient is ready.
     f = simulate_ddp(rep, 2, LINK, bucket_cap_mb=1, iteration="first")
@@ -288,3 +293,11 @@ def test_perfettos_trace_processor_reads_the_communication_track(tmp_path):
     # (compared as gaps from the first: the writer keeps its own time origin)
     assert [(x["track"], x["ts"] - rows[0]["ts"], x["dur"]) for x in rows] == [
         (f"stream {COMM_TRACK}", b.start_ns - r.buckets[0].start_ns, b.end_ns - b.start_ns) for b in r.buckets]
+
+
+@pytest.mark.parametrize("name", ["nvlink-h100", "ib-ndr", "roce-200"])
+def test_the_shipped_links_load_and_say_they_are_nominal(name):
+    from autograd_run.cli.ddp_options import parse_network
+    net = parse_network(name)
+    link, note = net.link_for(512)
+    assert note is None and link.bandwidth > 0 and "nominal, not measured" in net.source

@@ -104,6 +104,7 @@ def _derivatives_yaml() -> dict:
 NOT_IN_DERIVATIVES_YAML = {
     "MaxPool1DWithIndicesBackward0": "an older PyTorch's; max_pool1d now goes through the 2-d op",
     "BackwardHookFunctionBackward": "a Python autograd.Function (nn.Module full backward hooks)",
+    "_DDPSinkBackward": "a Python autograd.Function (DistributedDataParallel's _DDPSink)",
     "_DirichletBackward": "a Python autograd.Function (torch.distributions)",
     "torch::autograd::CopySlices": "written by hand in PyTorch (in-place ops on views)",
     "torch::autograd::CopyBackwards": "written by hand in PyTorch (copy_)",

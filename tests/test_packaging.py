@@ -32,7 +32,7 @@ def test_the_sdist_carries_the_sources_examples_and_specs(dist):
     names = tarfile.open(sdist).getnames()
     for must in ("autograd_run/engine/_core.c", "autograd_run/engine/csrc/core.h", "autograd_run/engine/csrc/route.c",
                  "autograd_run/graphs/_draw.c", "setup.py", "LICENSE", "autograd_run/graphs/examples/seed.yaml",
-                 "autograd_run/sim/specs/h100.json"):
+                 "autograd_run/sim/specs/h100.json", "autograd_run/parallel/networks/ib-ndr.json"):
         assert any(n.endswith(must) for n in names), must
 
 
@@ -42,7 +42,7 @@ def test_the_wheel_carries_package_data(dist):
     assert any(n.startswith("autograd_run/engine/_core") and n.endswith(".so") for n in names), "compiled core"
     assert any(n.startswith("autograd_run/graphs/_draw") and n.endswith(".so") for n in names), "compiled drawing"
     for must in ("autograd_run/graphs/examples/seed.yaml", "autograd_run/graphs/examples/checkpoint.yaml",
-                 "autograd_run/sim/specs/h100.json"):
+                 "autograd_run/sim/specs/h100.json", "autograd_run/parallel/networks/nvlink-h100.json"):
         assert must in names, must
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert "License-Expression: MIT" in meta and "Requires-Python: >=3.11" in meta

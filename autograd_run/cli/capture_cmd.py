@@ -35,7 +35,11 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
     FUNC takes no arguments and returns the outputs (a tensor, e.g. a loss, or a
     list), or `(outputs, names)` with names a mapping of leaves (e.g.
     `dict(model.named_parameters())`), or a dict with keys `outputs`, `names`,
-    `inputs` (tensors to take gradients for) and `grad_outputs`.
+    `inputs` (tensors to take gradients for), `grad_outputs` and `parameters`
+    (the model: its parameters in registration order, and, for a model wrapped
+    in DistributedDataParallel, DDP's settings, for `simulate --ddp captured`;
+    `autograd_run.capture.one_process_group()` starts the one-rank gloo group
+    DDP needs, ended after FUNC returns).
 
     With --profile, FUNC runs again for each step (--warmup steps, then
     --steps rounds of one timed step and one under torch.profiler), and each
@@ -85,6 +89,8 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
     golden = capture_golden.prepare(path, written, order_out, expect_order)
     if importlib.util.find_spec("torch") is None:
         raise UsageError("capture needs PyTorch, which is not installed: pip install 'autograd-run[torch]'")
+    from autograd_run.capture.distributed import end_process_group
+    click.get_current_context().call_on_close(end_process_group)  # the group one_process_group() started
     namespace = _user_call(path, "running the script", lambda: runpy.run_path(path, run_name="__autograd_run_capture__"))
     fn = namespace.get(func)
     if not callable(fn):
@@ -146,7 +152,7 @@ def _split(result):
     kw = {}
     if isinstance(result, dict):
         outputs = result.get("outputs")
-        kw = {k: result[k] for k in ("names", "inputs", "grad_outputs") if k in result}
+        kw = {k: result[k] for k in ("names", "inputs", "grad_outputs", "parameters") if k in result}
     elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
         outputs, kw["names"] = result
     else:

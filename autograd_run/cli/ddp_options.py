@@ -8,7 +8,8 @@ from autograd_run.errors import UsageError
 from autograd_run.parallel.collectives import Link
 
 DDP_KEYS = {"bucket_cap_mb": "a size in MiB > 0", "find_unused_parameters": "true or false",
-            "static_graph": "true or false", "iteration": "first or steady"}
+            "static_graph": "true or false", "gradient_as_bucket_view": "true or false",
+            "iteration": "first or steady"}
 NETWORK_KEYS = {"alpha_us": "the latency of one message, us (>= 0)",
                 "gbps": "the bandwidth one rank sends at, GB/s (> 0)",
                 "channels": "collectives in flight at once, a whole number from 1 to 64"}
@@ -48,15 +49,20 @@ def _bool(option: str, key: str, value: str) -> bool:
 
 
 def parse_ddp(text: str) -> dict:
-    """``bucket_cap_mb=25,find_unused_parameters=false,...`` (or ``defaults``) -> keyword arguments of
-    ``sim.ddp.simulate_ddp``."""
-    raw = {} if text.strip() == "defaults" else _pairs(text, "--ddp", DDP_KEYS)
-    out: dict = {}
+    """``bucket_cap_mb=25,find_unused_parameters=false,...`` (or ``defaults``; ``captured[,KEY=V...]``: the
+    graph file's ``ddp`` section, the keys given overriding it) -> keyword arguments of ``sim.ddp.simulate_ddp``
+    (with ``captured``: True, resolved against the graph by ``captured_ddp``)."""
+    head, _, rest = text.strip().partition(",")
+    captured = head.strip() == "captured"
+    if captured:
+        text = rest
+    raw = {} if text.strip() in ("defaults", "") else _pairs(text, "--ddp", DDP_KEYS)
+    out: dict = {"captured": True} if captured else {}
     if "bucket_cap_mb" in raw:
         out["bucket_cap_mb"] = _number("--ddp", "bucket_cap_mb", raw["bucket_cap_mb"], 0.0, True)
         if out["bucket_cap_mb"] * (1 << 20) < 1:
             raise UsageError(f"--ddp: bucket_cap_mb must be at least one byte, got {raw['bucket_cap_mb']!r}")
-    for key in ("find_unused_parameters", "static_graph"):
+    for key in ("find_unused_parameters", "static_graph", "gradient_as_bucket_view"):
         if key in raw:
             out[key] = _bool("--ddp", key, raw[key])
     if "iteration" in raw:
@@ -101,3 +107,16 @@ def parse_straggler(text: str, world: int) -> tuple[int, float]:
     if not (1.0 <= factor <= 100.0):
         raise UsageError(f"--straggler: slowdown must be a factor from 1 to 100, got {raw['slowdown']!r}")
     return int(raw["rank"]), factor
+
+
+def captured_ddp(graph, options: dict) -> dict:
+    """``--ddp captured,...``: the graph's recorded DDP settings under the options given."""
+    from autograd_run.errors import RequestError
+    if not options.get("captured"):
+        return options
+    if graph.ddp is None:
+        raise RequestError(f"{graph.source}: no ddp section: capture the model wrapped in DistributedDataParallel "
+                           "(from_torch(..., parameters=ddp_model)) or give --ddp KEY=V,...", "ddp")
+    keep = {k: graph.ddp[k] for k in ("bucket_cap_mb", "find_unused_parameters", "static_graph",
+                                      "gradient_as_bucket_view") if k in graph.ddp}
+    return {**keep, **{k: v for k, v in options.items() if k != "captured"}}

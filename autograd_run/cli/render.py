@@ -314,6 +314,8 @@ def render_ddp(console: Console, r) -> None:
     head.add_column(justify="right")
     head.add_row("compute (this rank's backward)", fmt_ns(r.compute_ns))
     head.add_row("backward with the final wait", fmt_ns(r.wall_ns))
+    if r.copy_back_ns:
+        head.add_row("of it, the reduced buckets copied back into .grad", fmt_ns(r.copy_back_ns))
     head.add_row("exposed communication", fmt_ns(r.exposed_ns))
     head.add_row("communication hidden under compute", f"{r.overlap:.0%}")
     if r.unused:
@@ -328,3 +330,5 @@ def render_ddp(console: Console, r) -> None:
         head.add_row(f"link ({_plain(lk.name).plain})",
                      f"{lk.alpha_us:.3g} us, {lk.bandwidth / 1e9:.3g} GB/s, {lk.channels} in flight")
     console.print(head)
+    if r.link is not None and r.world > 1 and r.link.source:
+        console.print(_plain(f"link source: {r.link.source}"))

@@ -80,7 +80,8 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @click.option("--ddp", default=None, metavar="KEY=V,...",
               help="Data parallel: DDP's gradient buckets and their all-reduces against this rank's backward "
                    "(keys bucket_cap_mb, find_unused_parameters, static_graph, iteration=first|steady; "
-                   "`defaults` for DDP's own). Needs --world and --network.")
+                   "`defaults` for DDP's own; `captured[,KEY=V]` for the settings capture recorded). "
+                   "Needs --world and --network.")
 @click.option("--world", type=Whole(1, 1 << 20), default=None, metavar="N", help="--ddp: data-parallel ranks.")
 @click.option("--network", default=None, metavar="alpha_us=A,gbps=B|local-gloo|FILE",
               help="--ddp: the link between ranks: latency per message (us), bandwidth per rank (GB/s) and "
@@ -290,12 +291,14 @@ def _run_ddp(graph, first, args: dict, simulate_session, opts) -> list:
         slow_report = simulate_session(graph, dataclasses.replace(opts, scale=scale, slack_top=0,
                                                                          scale_must_apply=False))
         slow = (rank, factor, slow_report)
+    from autograd_run.cli.ddp_options import captured_ddp
+    base_options = captured_ddp(graph, args["options"])
     versus = args["versus"]
     values = versus[1] if versus else [None]
     out = []
     for v in values:
         world = v if versus and versus[0] == "world" else args["world"]
-        kw = dict(args["options"])
+        kw = dict(base_options)
         if versus and versus[0] == "bucket_cap_mb":
             kw["bucket_cap_mb"] = v
         link, note = args["network"].link_for(world)

@@ -219,6 +219,10 @@ class Graph:
     #: The model's parameters in registration order (variable names; the file's ``parameters``): the indices
     #: DDP's Reducer uses. Empty: not recorded (a data-parallel view then takes the variables in file order).
     parameters: list[str] = field(default_factory=list)
+    #: DistributedDataParallel's settings recorded by capture (the file's ``ddp``; see ``graphs.validate``):
+    #: ``bucket_cap_mb``, ``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``,
+    #: ``world_size``. None: not captured under DDP.
+    ddp: dict | None = None
 
     @property
     def num_edges(self) -> int:

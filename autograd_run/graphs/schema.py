@@ -79,5 +79,7 @@ class GraphSpec(msgspec.Struct, forbid_unknown_fields=True):
     inputs: list[str] | UnsetType = UNSET
     #: The model's parameters in registration order (variable names), as DDP indexes them.
     parameters: list[str] | UnsetType = UNSET
+    #: DistributedDataParallel's settings when the model was captured wrapped in it (``graphs.validate``).
+    ddp: dict[str, Any] | UnsetType = UNSET
     mode: str | UnsetType = UNSET
     meta: dict[str, Any] | UnsetType = UNSET

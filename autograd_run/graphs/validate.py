@@ -363,6 +363,28 @@ class _Checker:
             raise self.err(where, f"unknown op {tensors.short(op_text)}{hint}")
         return op
 
+    #: The ``ddp`` section's fields: (type test, what it must be).
+    DDP_FIELDS = {
+        "bucket_cap_mb": (lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+                          and v * (1 << 20) >= 1, "a size in MiB of at least one byte"),
+        "find_unused_parameters": (lambda v: isinstance(v, bool), "true or false"),
+        "static_graph": (lambda v: isinstance(v, bool), "true or false"),
+        "gradient_as_bucket_view": (lambda v: isinstance(v, bool), "true or false"),
+        "world_size": (lambda v: type(v) is int and 1 <= v <= 1 << 20, "a whole number from 1 to 1048576"),
+    }
+
+    def check_ddp(self, d: dict, has_parameters: bool) -> dict:
+        """The ``ddp`` section: DistributedDataParallel's settings when the graph was captured under it."""
+        if not has_parameters:
+            raise self.err(("ddp",), "a ddp section needs the parameters section (DDP's parameter order)")
+        for key, value in d.items():
+            rule = self.DDP_FIELDS.get(key)
+            if rule is None:
+                raise self.err(("ddp", key), f"unknown field (fields: {', '.join(self.DDP_FIELDS)})")
+            if not rule[0](value):
+                raise self.err(("ddp", key), f"must be {rule[1]}, got {tensors.short(value)}")
+        return dict(d)
+
     def check_accumulate(self, ns, i: int, inputs: list, variables: dict) -> list:
         p = ("nodes", i)
         if ns.variable is UNSET or ns.variable is None:
@@ -489,6 +511,8 @@ class _Checker:
                 raise self.err(("parameters", i), f"parameter {tensors.short(name)} is listed twice")
             seen_params.add(name)
         graph.parameters = list(spec.parameters or ())
+        if spec.ddp is not UNSET:
+            graph.ddp = self.check_ddp(spec.ddp, bool(graph.parameters))
 
         count = self.count
         for i, (v, nbytes) in enumerate(zip(variables.values(), var_bytes)):

@@ -27,6 +27,14 @@ def backward_hook_function(node, grads, ctx):
     return each(node, lambda i: grads[i])
 
 
+@op("_DDPSinkBackward", outputs=PER_INPUT, cost=cost.VIEW)
+def ddp_sink(node, grads, ctx):
+    """DistributedDataParallel's _DDPSink (its outputs pass through it under find_unused_parameters or
+    static_graph): gradient k to input k. (Its backward also queues the Reducer's delayed all-reduce in
+    static_graph's first iteration: communication, which ``sim.ddp`` models, not a gradient.)"""
+    return each(node, lambda i: grads[i])
+
+
 @op("_DirichletBackward", outputs=1, saved="result:tensor grad_factor:tensor", elementwise=True, cost=cost.pointwise(4))
 def dirichlet(node, grads, ctx):
     """torch.distributions' _Dirichlet (Dirichlet and Beta rsample), x the sample: f (g - sum(x g)) over the last

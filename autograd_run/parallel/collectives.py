@@ -39,6 +39,8 @@ class Link:
     #: communication has hardware of its own; below 1 when it shares the cores with the compute (gloo on local
     #: processes with fewer than two cores per rank: the compute thread and gloo's thread take turns, 0.5).
     during_compute: float = 1.0
+    #: Where the figures come from (a network file's ``source``).
+    source: str = ""
 
     def __post_init__(self):
         if not (0 < self.during_compute <= 1):

@@ -1,11 +1,15 @@
 """The link between data-parallel ranks, as ``simulate --network`` takes it.
 
-Three forms:
+Four forms:
 
 - ``alpha_us=A,gbps=B[,channels=C]``: one link for every world size (latency
   per message in us, bandwidth per rank in GB/s: NCCL's "bus bandwidth",
   the rate the ring's ``2 (p - 1) / p`` factor applies to; collectives in
   flight at once);
+- a shipped link: ``nvlink-h100`` (NVLink 4 through NVSwitch inside a node),
+  ``ib-ndr`` (InfiniBand NDR across nodes), ``roce-200``: nominal figures
+  from data sheets, each file's ``source`` says which and what is assumed
+  (the per-message latency); they have not been measured here;
 - ``local-gloo``: measured here by ``autograd-run calibrate --gloo`` (one link
   per world size measured; processes on one host share its cores, so the
   link depends on how many there are);
@@ -19,6 +23,7 @@ Three forms:
 ``during_compute``: a collective's speed while the compute runs, 1 when
 unsaid, see ``collectives.Link``).
 
+A file may give one ``link`` for every world size instead of ``links``.
 ``Network.link_for(world)`` is the link measured at that world size, else at
 the nearest one measured (and a note that says so).
 """
@@ -70,21 +75,24 @@ def from_dict(doc, where: str) -> Network:
         return RequestError(f"{where}: at {place}: {what}", "network")
     if not isinstance(doc, dict):
         raise bad("$", "a network file is a JSON object")
-    unknown = sorted(set(doc) - {"name", "backend", "channels", "links", "source", "measured"})
+    unknown = sorted(set(doc) - {"name", "backend", "channels", "link", "links", "source", "measured"})
     if unknown:
-        raise bad(f"$.{unknown[0]}", "unknown field (fields: name, backend, channels, links, source, measured)")
+        raise bad(f"$.{unknown[0]}", "unknown field (fields: name, backend, channels, link, links, source, "
+                                     "measured)")
     channels = doc.get("channels", 1)
     if not (isinstance(channels, int) and not isinstance(channels, bool) and 1 <= channels <= 64):
         raise bad("$.channels", f"must be a whole number from 1 to 64, got {str(channels)[:40]!r}")
-    links = doc.get("links")
+    if "link" in doc and "links" in doc:
+        raise bad("$.link", "give link (every world size) or links (per world size), not both")
+    links = {"0": doc["link"]} if "link" in doc else doc.get("links")
     if not isinstance(links, dict) or not links:
         raise bad("$.links", "must be an object of world size -> {alpha_us, gbps}")
     if len(links) > MAX_LINKS:
         raise bad("$.links", f"{len(links)} links is more than the limit of {MAX_LINKS}")
     out: dict[int, Link] = {}
     for key, link in links.items():
-        place = f"$.links[{key[:20]!r}]"
-        if not (key.isdigit() and 1 <= int(key) <= MAX_WORLD):
+        place = "$.link" if "link" in doc else f"$.links[{key[:20]!r}]"
+        if "link" not in doc and not (key.isdigit() and 1 <= int(key) <= MAX_WORLD):
             raise bad(place, f"a world size is a whole number from 1 to {MAX_WORLD}")
         if not isinstance(link, dict):
             raise bad(place, "must be an object with alpha_us and gbps")
@@ -102,13 +110,21 @@ def from_dict(doc, where: str) -> Network:
                 raise bad(f"{place}.{k}", f"must be a finite number {'>' if strict else '>='} 0, got {str(v)[:40]!r}")
             values[k] = float(v)
         out[int(key)] = Link(values["alpha_us"], values["gbps"] * 1e9, str(doc.get("name", where))[:80], ch,
-                             float(share))
+                             float(share), str(doc.get("source", ""))[:300])
     name = doc.get("name", os.path.basename(where))
     return Network(str(name)[:80], out, str(doc.get("source", ""))[:300])
 
 
+#: Shipped links (``parallel/networks/NAME.json``): nominal figures, each with its source.
+SHIPPED_NETWORKS = ("nvlink-h100", "ib-ndr", "roce-200")
+
+
 def load_network(ref: str) -> Network:
-    """``local-gloo`` (calibrated here) or a JSON network file."""
+    """A shipped link by name, ``local-gloo`` (calibrated here) or a JSON network file."""
+    if ref in SHIPPED_NETWORKS:
+        from importlib import resources
+        text = resources.files("autograd_run.parallel").joinpath("networks").joinpath(f"{ref}.json").read_text()
+        return from_dict(json.loads(text), ref)
     if ref == LOCAL_GLOO:
         path = local_gloo_path()
         if not os.path.isfile(path):
@@ -116,8 +132,8 @@ def load_network(ref: str) -> Network:
     else:
         path = ref
         if not os.path.isfile(path):
-            raise RequestError(f"{ref}: not KEY=VALUE pairs (alpha_us=A,gbps=B), {LOCAL_GLOO}, nor a file",
-                               "network")
+            raise RequestError(f"{ref}: not KEY=VALUE pairs (alpha_us=A,gbps=B), a shipped link "
+                               f"({', '.join(SHIPPED_NETWORKS)}), {LOCAL_GLOO}, nor a file", "network")
     from autograd_run import untrusted
     try:
         doc = json.loads(untrusted.read_regular_file(path, MAX_NETWORK_FILE_BYTES))

@@ -31,10 +31,14 @@ the collectives' costs are the simulation. From a ``SimReport``:
    goes at ``link.during_compute`` of its speed (gloo sharing the cores with
    the compute), at full speed after (``collectives.end_ns``).
 5. **The end.** The backward call returns when its compute is done and the
-   final callback has waited for every bucket (``finalize_backward``).
+   final callback has waited for every bucket and, without
+   ``gradient_as_bucket_view``, copied each reduced bucket back into its
+   parameters' ``.grad`` (``copy_back_ns``: read and write at the memory
+   bandwidth of the parameters' device; with the view, the bucket is the
+   ``.grad``).
 
 ``exposed_ns``: the time from the end of the compute to the end of the last
-all-reduce (0 when all communication hid behind the compute);
+all-reduce and the copy back (0 when all communication hid behind the compute);
 ``overlap``: the share of the communication time that ran under compute.
 The compute itself is the simulation's (communication on CPU cores or SMs is
 not charged to it).
@@ -86,13 +90,17 @@ class DdpResult:
     link: Link | None = None
     #: With a straggler: its rank, slowdown, its own compute and wall, and how much later the others end.
     straggler: dict | None = None
+    #: ``finalize_backward``'s copy of the reduced buckets into ``.grad`` (0 with gradient_as_bucket_view).
+    copy_back_ns: int = 0
 
     def to_dict(self) -> dict:
         link = None if self.link is None else {"name": self.link.name, "alpha_us": self.link.alpha_us,
-                                               "gbps": self.link.bandwidth / 1e9, "channels": self.link.channels}
+                                               "gbps": self.link.bandwidth / 1e9, "channels": self.link.channels,
+                                               "during_compute": self.link.during_compute, "source": self.link.source}
         return {"world": self.world, "iteration": self.iteration, "compute_ns": self.compute_ns,
                 "wall_ns": self.wall_ns, "exposed_ns": self.exposed_ns, "comm_ns": self.comm_ns,
                 "overlap": self.overlap, "unused": self.unused, "link": link, "straggler": self.straggler,
+                "copy_back_ns": self.copy_back_ns,
                 "buckets": [b.__dict__ for b in self.buckets]}
 
 
@@ -202,9 +210,23 @@ def _timed(plans: list[list[tuple]], world: int, link: Link, compute: int, param
     return runs
 
 
+def _copy_back_ns(report, runs: list[BucketRun], params) -> int:
+    """``finalize_backward`` copies each reduced bucket back into its parameters' ``.grad`` (without
+    ``gradient_as_bucket_view``): bytes read and written at the memory bandwidth of the parameters' device."""
+    spec = report.spec
+    total = 0.0
+    for b in runs:
+        if b.kind != "bucket" or not b.params:
+            continue
+        device = params[b.params[0]].device
+        bw = spec.host.mem_bw if device.startswith("cpu") else spec.accelerator.mem_bw
+        total += 2 * b.nbytes / bw * 1e9
+    return int(round(total))
+
+
 def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = None, *,
                  find_unused_parameters: bool = False, static_graph: bool = False,
-                 iteration: str = "steady", straggler=None) -> DdpResult:
+                 gradient_as_bucket_view: bool = False, iteration: str = "steady", straggler=None) -> DdpResult:
     """The DDP view of ``report`` (a ``sim.session.SimReport``) on ``world`` ranks joined by ``link``.
 
     ``straggler``: ``(rank, slowdown, report)``, one rank whose backward is ``report`` (the same graph with
@@ -237,7 +259,8 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
         lag = {"rank": rank, "slowdown": slowdown, "compute_ns": slow[4], "wall_ns": max(slow[4], end),
                "delay_ns": end - alone}
     comm = sum(b.end_ns - b.start_ns for b in runs)
-    wall = max([compute] + [b.end_ns for b in runs])
+    copy_back = 0 if gradient_as_bucket_view or world == 1 else _copy_back_ns(report, runs, params)
+    wall = max([compute] + [b.end_ns for b in runs]) + copy_back
     hidden = sum(max(0, min(b.end_ns, compute) - b.start_ns) for b in runs)
     return DdpResult(world, iteration, runs, compute, wall, wall - compute, comm,
-                     hidden / comm if comm else 1.0, unused, link, lag)
+                     hidden / comm if comm else 1.0, unused, link, lag, copy_back)
