@@ -215,7 +215,8 @@ def _calibrate_gloo(worlds_text: str, output: str | None) -> None:
     for w, link in doc["links"].items():
         write(f"gloo, {w} processes: {link['alpha_us']:.0f} us per message, {link['gbps']:.2f} GB/s, "
               f"{link['channels']} in flight at once (two take {link['pair_over_one']:.1f}x one); the fit's "
-              f"worst size is {link['fit_worst']:.0%} off")
+              f"worst size is {link['fit_worst']:.0%} off; the repeats' fits {link['repeat_spread']:.0%} apart "
+              f"at 1 MiB")
     echo(f"wrote {path}")
 
 

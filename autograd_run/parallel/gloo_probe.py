@@ -8,7 +8,10 @@ to 8 MiB: five rounds of a barrier and then ``k`` calls back to back (as
 nccl-tests times them; ``k`` from a first call, so a round takes about a
 fifth of the budget), the median round's time per call on every rank; the
 slowest rank's is the figure (a collective ends for everyone when it ends
-for the last). Per world, weighted least
+for the last). All of it ``repeats`` times (3), the world sizes in turns;
+per size the median over the repeats; ``repeat_spread`` says how far the
+repeats' own fits are apart at 1 MiB (seen here: the host moves a link by up
+to 2x between runs minutes apart). Per world, weighted least
 squares (relative error) of ``t(n) = a + b n`` over the sizes gives
 
     alpha = a / (2 (p - 1))            (us per message)
@@ -119,7 +122,8 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
     return a, b, worst
 
 
-def measure(worlds=(2, 4), sizes=None, budget_s: float = 0.25, timeout: float = 300, log=None) -> dict:
+def measure(worlds=(2, 4), sizes=None, budget_s: float = 0.25, timeout: float = 300, log=None,
+            repeats: int = 3) -> dict:
     """The ``network`` document: one link per world size (see the module docstring)."""
     try:
         import torch  # noqa: F401
@@ -131,22 +135,29 @@ def measure(worlds=(2, 4), sizes=None, budget_s: float = 0.25, timeout: float = 
     sizes = list(sizes or SIZES)
     links: dict = {}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    rounds: dict[int, list[list[dict]]] = {w: [] for w in worlds}
+    for r in range(repeats):  # the worlds in turns, so each one's repeats see the host at different moments
+        for world in worlds:
+            if log:
+                log(f"gloo all-reduce on {world} local processes ({r + 1} of {repeats}) ...")
+            with tempfile.TemporaryDirectory(prefix="autograd-run-gloo-") as tmp:
+                rounds[world].append(_run(world, os.path.join(tmp, "store"), sizes, budget_s, timeout))
     for world in worlds:
-        if log:
-            log(f"gloo all-reduce on {world} local processes ...")
-        with tempfile.TemporaryDirectory(prefix="autograd-run-gloo-") as tmp:
-            medians = _run(world, os.path.join(tmp, "store"), sizes, budget_s, timeout)
-        slowest = [(n, max(m[str(n)] for m in medians)) for n in sizes]
+        # per repeat, the slowest rank's median per size; then the median over the repeats
+        per_repeat = [[(n, max(m[str(n)] for m in medians)) for n in sizes] for medians in rounds[world]]
+        slowest = [(n, statistics.median(rep[k][1] for rep in per_repeat)) for k, n in enumerate(sizes)]
         a, b, worst = _fit(slowest)
+        at_pair = [(lambda ab: ab[0] + ab[1] * PAIR_BYTES)(_fit(rep)) for rep in per_repeat]
         p = world
         one = a + b * PAIR_BYTES
-        pair = max(m["pair"] for m in medians)
+        pair = statistics.median(max(m["pair"] for m in medians) for medians in rounds[world])
         # Two in flight that take less than 1.5x one ran alongside each other: gloo's threads are channels;
         # else they share the host (seen on a 2-core VM at 4 processes: 1.8x), one at a time the better model.
         links[str(world)] = {"alpha_us": a / 1e3 / (2 * (p - 1)), "gbps": 2 * (p - 1) / p / b,
                              "channels": GLOO_THREADS if pair / one < 1.5 else 1,
                              "during_compute": during_compute(cores, world),
                              "fit_worst": worst, "pair_over_one": pair / one,
+                             "repeat_spread": max(at_pair) / min(at_pair) - 1 if min(at_pair) > 0 else 0.0,
                              "points": [{"bytes": n, "us": t / 1e3} for n, t in slowest]}
     import platform
     import torch
