@@ -301,3 +301,21 @@ def test_the_shipped_links_load_and_say_they_are_nominal(name):
     net = parse_network(name)
     link, note = net.link_for(512)
     assert note is None and link.bandwidth > 0 and "nominal, not measured" in net.source
+
+
+def test_a_collective_slowed_while_the_compute_runs_hand_computed():
+    """during_compute 0.5: a 100 us collective started 40 us before the compute ends does 20 us of its work
+    by then and the other 80 us after (ends 120 us after its start); one started after the compute ends is
+    not slowed; one that fits before the end takes twice as long."""
+    from autograd_run.parallel.collectives import end_ns
+    from autograd_run.parallel.gloo_probe import during_compute
+    half = Link(10.0, 1e9, during_compute=0.5)
+    assert end_ns(0, 100_000, 40_000, half) == 40_000 + 80_000
+    assert end_ns(50_000, 100_000, 40_000, half) == 150_000
+    assert end_ns(0, 10_000, 40_000, half) == 20_000
+    assert end_ns(0, 100_000, 40_000, LINK) == 100_000  # no sharing: full speed
+    # cores per rank c: the compute thread and gloo's share them, min(1, c/2) each, against min(1, c) alone
+    assert (during_compute(2, 2), during_compute(2, 4), during_compute(3, 2), during_compute(8, 2)) == \
+        (0.5, 0.5, 0.75, 1.0)
+    with pytest.raises(RequestError, match="during_compute must be in"):
+        Link(1.0, 1.0, during_compute=0)

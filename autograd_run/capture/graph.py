@@ -488,7 +488,7 @@ class _Capture:
         return d
 
 
-def _ddp_settings(torch, module) -> dict | None:
+def _ddp_settings(module) -> dict | None:
     """DistributedDataParallel's settings of ``module`` when it is one (the graph file's ``ddp``)."""
     try:
         from torch.nn.parallel import DistributedDataParallel
@@ -499,8 +499,8 @@ def _ddp_settings(torch, module) -> dict | None:
     out = {} if getattr(module, "bucket_bytes_cap_default", False) else \
         {"bucket_cap_mb": module.bucket_bytes_cap / (1 << 20)}  # left out: DDP's default (25, the first 1 MiB)
     out.update({"find_unused_parameters": bool(module.find_unused_parameters),
-           "static_graph": bool(module.static_graph),
-           "gradient_as_bucket_view": bool(module.gradient_as_bucket_view)})
+                "static_graph": bool(module.static_graph),
+                "gradient_as_bucket_view": bool(module.gradient_as_bucket_view)})
     try:
         import torch.distributed as dist
         out["world_size"] = int(dist.get_world_size(module.process_group))
@@ -584,7 +584,7 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     if params:
         known = cap.var_names_by_id()
         doc["parameters"] = [known.get(id(t)) or cap.add_unreached(t) for _, t in params]
-        ddp = _ddp_settings(torch, parameters)
+        ddp = _ddp_settings(parameters)
         if ddp:
             doc["ddp"] = ddp
     req = []

@@ -295,13 +295,13 @@ def render_ddp_compare(console: Console, key: str, results) -> None:
 
 def render_ddp(console: Console, r) -> None:
     """The data-parallel view (``sim.ddp.DdpResult``): each bucket's all-reduce, and what stayed exposed."""
+    from autograd_run.sim.ddp import size_text
     t = Table(title=f"DDP on {r.world} ranks ({r.iteration} iteration): bucket all-reduces")
     for c, j in (("bucket", "right"), ("params", "right"), ("size", "right"), ("ready", "right"),
                  ("start", "right"), ("end", "right"), ("launched by", "left")):
         t.add_column(c, justify=j)
     for b in r.buckets[:20]:
-        size = (f"{b.nbytes / (1 << 20):.2f} MiB" if b.nbytes >= 1 << 20 else
-                f"{b.nbytes / 1024:.1f} KiB" if b.nbytes >= 1024 else f"{b.nbytes} B")
+        size = size_text(b.nbytes)
         label = str(b.index) if b.kind == "bucket" else "used map"
         by = _plain(b.trigger) if b.trigger is not None else "the final callback"
         t.add_row(label, str(len(b.params)) if b.kind == "bucket" else "", size, fmt_ns(b.ready_ns),

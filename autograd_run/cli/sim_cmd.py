@@ -131,7 +131,6 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
     measured = read_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(None if ddp_args is not None else compare, policy, devices)
-    import os
     inputs = [g.source, costs or "", spec if spec and os.path.isfile(spec) else ""]  # never overwritten
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
         if path:
@@ -148,7 +147,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     first = reports[0]
     ddp_results = []
     if ddp_args is not None:
-        ddp_results = _run_ddp(g, first, ddp_args, simulate_session, opts)
+        ddp_results = _run_ddp(g, first, ddp_args, opts)
     ddp_result = ddp_results[0][1] if len(ddp_results) == 1 else None
     for line in dict.fromkeys(w for r in reports for w in r.warnings):  # one line each, on stderr
         click.echo(line, err=True)
@@ -276,21 +275,20 @@ def _ddp_args(ddp, world, network, compare, straggler=None) -> dict | None:
     return {"world": worlds[0], "network": net, "options": options, "versus": versus, "straggler": lag}
 
 
-def _run_ddp(graph, first, args: dict, simulate_session, opts) -> list:
+def _run_ddp(graph, first, args: dict, opts) -> list:
     """The DDP results: one, or one per --compare value, with the straggler's backward simulated once."""
+    import dataclasses
+    from autograd_run.sim.costs import parse_scale
     from autograd_run.sim.ddp import simulate_ddp
+    from autograd_run.sim.session import simulate_session
     slow = None
     if args["straggler"] is not None:
         rank, factor = args["straggler"]
+        base = opts.scale if isinstance(opts.scale, dict) else parse_scale(opts.scale)
         devices = {str(n.device) for n in first.graph.nodes}
-        base = dict(opts.scale) if isinstance(opts.scale, dict) else {}
-        if isinstance(opts.scale, str):
-            from autograd_run.sim.costs import parse_scale
-            base = parse_scale(opts.scale)
         scale = {**base, **{d: base.get(d, 1.0) * factor for d in devices}}
-        import dataclasses
         slow_report = simulate_session(graph, dataclasses.replace(opts, scale=scale, slack_top=0,
-                                                                         scale_must_apply=False))
+                                                                  scale_must_apply=False))
         slow = (rank, factor, slow_report)
     from autograd_run.cli.ddp_options import captured_ddp
     base_options = captured_ddp(graph, args["options"])

@@ -36,7 +36,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -170,28 +169,19 @@ def measure(worlds=(2, 4), sizes=None, budget_s: float = 0.25, timeout: float = 
 def _run(world: int, store: str, sizes: list[int], budget_s: float, timeout: float) -> list[dict]:
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     arg = json.dumps({"sizes": sizes, "budget_s": budget_s})
-    procs = [subprocess.Popen([sys.executable, "-m", "autograd_run.parallel.gloo_probe", "--rank", str(r),
-                               str(world), store, arg], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in range(world)]
-    deadline = time.monotonic() + timeout
-    outs = []
+    from autograd_run.parallel.local_ranks import RanksTimedOut, run_local_ranks
+    argvs = [[sys.executable, "-m", "autograd_run.parallel.gloo_probe", "--rank", str(r), str(world), store, arg]
+             for r in range(world)]
     try:
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                raise UsageError(f"calibrate --gloo: {world} processes did not finish within {timeout:.0f} s "
-                                 "(a gloo group that cannot connect on the loopback interface?)") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
-        if p.returncode != 0:
+        results = run_local_ranks(argvs, env, timeout)
+    except RanksTimedOut:
+        raise UsageError(f"calibrate --gloo: {world} processes did not finish within {timeout:.0f} s "
+                         "(a gloo group that cannot connect on the loopback interface?)") from None
+    for r, (code, _, err) in enumerate(results):
+        if code != 0:
             last = (err.strip().splitlines() or ["(no output)"])[-1]
             raise UsageError(f"calibrate --gloo: rank {r} of {world} failed: {last}")
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return [json.loads(out.strip().splitlines()[-1]) for _, out, _ in results]
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--rank":

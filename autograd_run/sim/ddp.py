@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
 from typing import NamedTuple
 
 from autograd_run.errors import RequestError
@@ -104,6 +103,13 @@ class DdpResult:
                 "buckets": [b.__dict__ for b in self.buckets]}
 
 
+def size_text(nbytes: int) -> str:
+    """A collective's size as the summary and the trace show it."""
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):.2f} MiB"
+    return f"{nbytes / 1024:.1f} KiB" if nbytes >= 1024 else f"{nbytes} B"
+
+
 class Collective(NamedTuple):
     """A collective as a trace slice: the title is the whole description (the id is the name)."""
 
@@ -123,7 +129,7 @@ def add_to_recording(result: DdpResult, recording) -> None:
     t0 = recording.start
     for b in result.buckets:
         what = f"all-reduce bucket {b.index}" if b.kind == "bucket" else "all-reduce of the used-parameter map"
-        size = f"{b.nbytes / (1 << 20):.2f} MiB" if b.nbytes >= 1 << 20 else f"{b.nbytes / 1024:.1f} KiB"
+        size = size_text(b.nbytes)
         by = f"launched by {b.trigger}" if b.trigger is not None else "launched by the final callback"
         title = f"{what} ({size}, {by})"
         recording.kernels.append(KernelSlice(COMM_TRACK, Collective(title, title), t0 + b.start_ns,

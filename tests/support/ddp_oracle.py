@@ -226,35 +226,23 @@ def _rank_main(rank: int, world: int, store: str, out: str, case: dict) -> dict:
 def run_ranks(name: str, cap, world: int, out_dir: str, *, timed: int = 0, timeout: float = 240) -> list[dict]:
     """Run one model under DDP on ``world`` local gloo processes (see the module docstring); every rank's
     report, by rank. OracleFailed (with the ranks' stderr) if any fails or the deadline passes (all killed)."""
-    import time
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     store = os.path.join(out_dir, "store")
     case = json.dumps({"name": name, "cap": cap, "timed": timed, "dump_after": max(1.0, timeout - 10)})
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.support.ddp_oracle", "--rank", str(r), str(world),
-                               store, out_dir, case], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(world)]
-    deadline = time.monotonic() + timeout
-    outs = []
+    from autograd_run.parallel.local_ranks import RanksTimedOut, run_local_ranks
+    argvs = [[sys.executable, "-m", "tests.support.ddp_oracle", "--rank", str(r), str(world), store, out_dir, case]
+             for r in range(world)]
     try:
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                errs = [q.communicate()[1] for q in procs]
-                raise OracleFailed(f"{world} DDP ranks missed their {timeout:.0f} s deadline; rank 0's stderr:\n"
-                                   f"{errs[0][-4000:]}") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    bad = [(r, p.returncode, e) for r, (p, (_, e)) in enumerate(zip(procs, outs)) if p.returncode != 0]
+        results = run_local_ranks(argvs, env, timeout, cwd=ROOT)
+    except RanksTimedOut as exc:
+        raise OracleFailed(f"{world} DDP ranks missed their {timeout:.0f} s deadline; rank 0's stderr:\n"
+                           f"{exc.stderr[0][-4000:]}") from None
+    bad = [(r, code, err) for r, (code, _, err) in enumerate(results) if code != 0]
     if bad:
         r, rc, err = bad[0]
         raise OracleFailed(f"DDP rank {r} of {world} exited {rc}; its stderr:\n{err[-4000:]}")
-    return [json.loads([line for line in o.splitlines() if line.startswith("{")][-1]) for o, _ in outs]
+    return [json.loads([line for line in out.splitlines() if line.startswith("{")][-1]) for _, out, _ in results]
 
 
 def launches(trace_path: str) -> list[tuple[int, int]]:
