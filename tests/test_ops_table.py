@@ -105,6 +105,8 @@ NOT_IN_DERIVATIVES_YAML = {
     "MaxPool1DWithIndicesBackward0": "an older PyTorch's; max_pool1d now goes through the 2-d op",
     "BackwardHookFunctionBackward": "a Python autograd.Function (nn.Module full backward hooks)",
     "_DDPSinkBackward": "a Python autograd.Function (DistributedDataParallel's _DDPSink)",
+    "RegisterPostBackwardFunctionBackward": "a Python autograd.Function (FSDP2's post-backward hook)",
+    "RegisterPreBackwardFunctionBackward": "a Python autograd.Function (FSDP2's pre-backward under functorch)",
     "_DirichletBackward": "a Python autograd.Function (torch.distributions)",
     "torch::autograd::CopySlices": "written by hand in PyTorch (in-place ops on views)",
     "torch::autograd::CopyBackwards": "written by hand in PyTorch (copy_)",

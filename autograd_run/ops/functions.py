@@ -35,6 +35,21 @@ def ddp_sink(node, grads, ctx):
     return each(node, lambda i: grads[i])
 
 
+@op("RegisterPostBackwardFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW)
+def fsdp_post_backward(node, grads, ctx):
+    """FSDP2's RegisterPostBackwardFunction (``fully_shard`` puts it on a module's inputs): gradient k to input k.
+    (Its backward also runs the module's post-backward: the reduce-scatter of its gradients, which
+    ``sim.fsdp`` models, not a gradient.)"""
+    return each(node, lambda i: grads[i])
+
+
+@op("RegisterPreBackwardFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW)
+def fsdp_pre_backward(node, grads, ctx):
+    """FSDP2's RegisterPreBackwardFunction (a module's outputs under functorch transforms): the gradient passes
+    through. (Its backward runs the module's pre-backward: the all-gather, which ``sim.fsdp`` models.)"""
+    return each(node, lambda i: grads[i])
+
+
 @op("_DirichletBackward", outputs=1, saved="result:tensor grad_factor:tensor", elementwise=True, cost=cost.pointwise(4))
 def dirichlet(node, grads, ctx):
     """torch.distributions' _Dirichlet (Dirichlet and Beta rsample), x the sample: f (g - sum(x g)) over the last
