@@ -118,7 +118,9 @@ class _Arrays:
                 return {"data": arr.tolist(), "shape": list(arr.shape), "dtype": dt}
             self.arrays[key] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
             return {"npz": key, "dtype": dt}
-        arr = arr.numpy()
+        # a copy: numpy() marks the tensor's own storage non-resizable, and FSDP2 frees and re-allocates
+        # its unsharded parameters' storage (resize_) in the backward that capture runs next
+        arr = arr.clone(memory_format=_torch().contiguous_format).numpy()
         if self.inline:
             if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
                 raise ValueError(f"{key}: a tensor with inf or nan values cannot be written inline (JSON has no "
@@ -516,7 +518,12 @@ def _parameters(torch, parameters) -> list:
     if isinstance(parameters, torch.nn.Module):
         inner = getattr(parameters, "module", None)  # DistributedDataParallel indexes its module's parameters
         module = inner if isinstance(inner, torch.nn.Module) else parameters
-        pairs = list(module.named_parameters())
+        from autograd_run.capture import fsdp
+        if fsdp.fsdp_states(module):  # fully_shard: the unsharded tensors the backward accumulates into
+            fsdp.gather_for_capture(module)
+            pairs = fsdp.parameter_pairs(module)
+        else:
+            pairs = list(module.named_parameters())
     else:
         pairs = list(parameters.items() if isinstance(parameters, Mapping) else parameters)
     out, seen = [], set()
@@ -603,10 +610,17 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                 raise ValueError("a requested input is not part of the graph")
         doc["inputs"] = req
     hook_watch = None
-    if reference or cap.custom:
-        ref, hook_watch = _reference(cap, outputs, grad_outputs, inputs, req, mode, keep_grads=values)
+    from autograd_run.capture.fsdp import FsdpWatch, section
+    fsdp_watch = FsdpWatch(parameters) if isinstance(parameters, torch.nn.Module) else None
+    if fsdp_watch is not None and not fsdp_watch.groups:
+        fsdp_watch = None
+    if reference or cap.custom or fsdp_watch is not None:  # FSDP's units are seen as the backward runs
+        ref, hook_watch = _reference(cap, outputs, grad_outputs, inputs, req, mode, keep_grads=values,
+                                     fsdp_watch=fsdp_watch)
         if reference:
             doc["meta"] = {"reference": ref}
+    if fsdp_watch is not None:
+        doc["fsdp"] = section(parameters, fsdp_watch, cap.ids, cap.var_names_by_id())
     _report_hooks(doc, cap, hook_watch)
     doc["nodes"] = cap.nodes
     if path is not None:
@@ -614,7 +628,8 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     return doc
 
 
-def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, keep_grads: bool = True) -> dict:
+def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, keep_grads: bool = True,
+               fsdp_watch=None) -> dict:
     """Run PyTorch's backward once, recording order and leaf gradients (not kept without ``keep_grads``);
     leaves' .grad are restored.
 
@@ -649,14 +664,17 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, 
     from torch.autograd.graph import get_gradient_edge
     hooks.roots([get_gradient_edge(o) for o in outputs], gos)
     try:
-        with torch.autograd.set_multithreading_enabled(False), nested:
+        import contextlib
+        with torch.autograd.set_multithreading_enabled(False), nested, (fsdp_watch or contextlib.nullcontext()):
             if mode == "grad":
                 res = torch.autograd.grad(outputs, list(inputs), gos, retain_graph=True, allow_unused=True)
                 grads = dict(zip(input_names, res))
             else:
                 torch.autograd.backward(outputs, gos, retain_graph=True, inputs=list(inputs) if inputs else None)
                 hidden = nested.inner_variables()
-                grads = {fn: v.grad for fn, v in leaves.items() if cap.var_of[fn] not in hidden}
+                taken = fsdp_watch.grads if fsdp_watch is not None else {}  # FSDP moved them to its shards
+                grads = {fn: (v.grad if v.grad is not None else taken.get(id(v))) for fn, v in leaves.items()
+                         if cap.var_of[fn] not in hidden}
     finally:
         for fn, v in leaves.items():
             v.grad = before[fn]

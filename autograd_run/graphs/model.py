@@ -223,6 +223,11 @@ class Graph:
     #: ``bucket_cap_mb``, ``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``,
     #: ``world_size``. None: not captured under DDP.
     ddp: dict | None = None
+    #: FSDP2's units recorded by capture (the file's ``fsdp``; see ``graphs.validate`` and ``sim.fsdp``):
+    #: ``units`` in forward order (``name``, ``parameters``, ``reshard_after_forward``, ``pre_backward`` and
+    #: ``post_backward`` node ids or None, optional ``backward_prefetch``, ``param_dtype``, ``reduce_dtype``),
+    #: ``root``, ``world_size``. None: not captured under FSDP2.
+    fsdp: dict | None = None
 
     @property
     def num_edges(self) -> int:

@@ -81,5 +81,7 @@ class GraphSpec(msgspec.Struct, forbid_unknown_fields=True):
     parameters: list[str] | UnsetType = UNSET
     #: DistributedDataParallel's settings when the model was captured wrapped in it (``graphs.validate``).
     ddp: dict[str, Any] | UnsetType = UNSET
+    #: FSDP2's units when the model was captured under ``fully_shard`` (``graphs.validate``).
+    fsdp: dict[str, Any] | UnsetType = UNSET
     mode: str | UnsetType = UNSET
     meta: dict[str, Any] | UnsetType = UNSET

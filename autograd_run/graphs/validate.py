@@ -385,6 +385,92 @@ class _Checker:
                 raise self.err(("ddp", key), f"must be {rule[1]}, got {tensors.short(value)}")
         return dict(d)
 
+    #: The ``fsdp`` section's fields and those of one of its units.
+    FSDP_FIELDS = ("units", "root", "world_size")
+    FSDP_UNIT_FIELDS = ("name", "parameters", "reshard_after_forward", "pre_backward", "post_backward",
+                        "backward_prefetch", "param_dtype", "reduce_dtype")
+    #: At most this many units (one per module at the most; a bound on the work before it starts).
+    MAX_FSDP_UNITS = 100_000
+
+    def check_fsdp(self, d: dict, variables: dict, by_id: dict) -> dict:
+        """The ``fsdp`` section: FSDP2's units (``capture.fsdp``), every name checked against the graph."""
+        short = tensors.short
+        for key in d:
+            if key not in self.FSDP_FIELDS:
+                raise self.err(("fsdp", key), f"unknown field (fields: {', '.join(self.FSDP_FIELDS)})")
+        units = d.get("units")
+        if not isinstance(units, list) or not units:
+            raise self.err(("fsdp", "units"), f"must be a non-empty list of units, got {short(units)}")
+        if len(units) > self.MAX_FSDP_UNITS:
+            raise self.err(("fsdp", "units"), f"at most {self.MAX_FSDP_UNITS} units, got {len(units)}")
+        names: set[str] = set()
+        owner: dict[str, str] = {}
+        out_units = []
+        for k, u in enumerate(units):
+            p = ("fsdp", "units", k)
+            if not isinstance(u, dict):
+                raise self.err(p, f"a unit must be a mapping, got {short(u)}")
+            for key in u:
+                if key not in self.FSDP_UNIT_FIELDS:
+                    raise self.err(p + (key,), f"unknown field (fields: {', '.join(self.FSDP_UNIT_FIELDS)})")
+            name = u.get("name")
+            if not isinstance(name, str) or len(name) > 1000:
+                raise self.err(p + ("name",), f"must be the module's name (a string), got {short(name)}")
+            if name in names:
+                raise self.err(p + ("name",), f"unit {short(name)} is listed twice")
+            names.add(name)
+            params = u.get("parameters")
+            if not isinstance(params, list):
+                raise self.err(p + ("parameters",), f"must be a list of variable names, got {short(params)}")
+            for j, pname in enumerate(params):
+                var = variables.get(pname) if isinstance(pname, str) else None
+                if var is None:
+                    raise self.err(p + ("parameters", j), f"unknown parameter {short(pname)}: not a variable")
+                if not var.requires_grad:
+                    raise self.err(p + ("parameters", j), f"parameter {short(pname)} does not require grad")
+                if pname in owner:
+                    raise self.err(p + ("parameters", j), f"parameter {short(pname)} is in unit "
+                                                          f"{short(owner[pname])} already")
+                owner[pname] = name
+            rec = {"name": name, "parameters": list(params)}
+            raf = u.get("reshard_after_forward", True)
+            if not isinstance(raf, bool):
+                raise self.err(p + ("reshard_after_forward",), f"must be true or false, got {short(raf)}")
+            rec["reshard_after_forward"] = raf
+            for key in ("pre_backward", "post_backward"):
+                nid = u.get(key)
+                if nid is not None and not (isinstance(nid, str) and nid in by_id):
+                    raise self.err(p + (key,), f"must be a node id of this graph or null, got {short(nid)}")
+                rec[key] = nid
+            for key in ("param_dtype", "reduce_dtype"):
+                if u.get(key) is not None:
+                    tensors.check_dtype(u[key], p + (key,), self.err)
+                    rec[key] = u[key]
+            if "backward_prefetch" in u:
+                rec["backward_prefetch"] = u["backward_prefetch"]
+            out_units.append(rec)
+        for k, rec in enumerate(out_units):
+            targets = rec.get("backward_prefetch")
+            if targets is None:
+                continue
+            if not isinstance(targets, list) or len(targets) > len(out_units):
+                raise self.err(("fsdp", "units", k, "backward_prefetch"),
+                               f"must be a list of unit names, got {short(targets)}")
+            for j, t in enumerate(targets):
+                if t not in names:
+                    raise self.err(("fsdp", "units", k, "backward_prefetch", j), f"unknown unit {short(t)}")
+        out = {"units": out_units}
+        if "root" in d:
+            if d["root"] not in names:
+                raise self.err(("fsdp", "root"), f"must be the name of one of the units, got {short(d['root'])}")
+            out["root"] = d["root"]
+        if "world_size" in d:
+            w = d["world_size"]
+            if not (type(w) is int and 1 <= w <= 1 << 20):
+                raise self.err(("fsdp", "world_size"), f"must be a whole number from 1 to 1048576, got {short(w)}")
+            out["world_size"] = w
+        return out
+
     def check_accumulate(self, ns, i: int, inputs: list, variables: dict) -> list:
         p = ("nodes", i)
         if ns.variable is UNSET or ns.variable is None:
@@ -513,6 +599,10 @@ class _Checker:
         graph.parameters = list(spec.parameters or ())
         if spec.ddp is not UNSET:
             graph.ddp = self.check_ddp(spec.ddp, bool(graph.parameters))
+        if spec.fsdp is not UNSET:
+            if not isinstance(spec.fsdp, dict):
+                raise self.err(("fsdp",), f"must be a mapping, got {tensors.short(spec.fsdp)}")
+            graph.fsdp = self.check_fsdp(spec.fsdp, variables, by_id)
 
         count = self.count
         for i, (v, nbytes) in enumerate(zip(variables.values(), var_bytes)):
