@@ -120,3 +120,33 @@ def captured_ddp(graph, options: dict) -> dict:
     keep = {k: graph.ddp[k] for k in ("bucket_cap_mb", "find_unused_parameters", "static_graph",
                                       "gradient_as_bucket_view") if k in graph.ddp}
     return {**keep, **{k: v for k, v in options.items() if k != "captured"}}
+
+
+FSDP_KEYS = {"prefetch": "all-gathers issued ahead, a whole number from 0 to 64 (FSDP's default: 1)",
+             "replicate": "HSDP's replicas, a whole number that divides --world",
+             "reshard_after_forward": "true or false (every unit but the root)",
+             "blocking": "true or false (collectives block the compute: the CPU's way; default: by device)"}
+
+
+def _whole(option: str, key: str, value: str, low: int, high: int, what: str) -> int:
+    if not (value.isdigit() and low <= int(value) <= high):
+        raise UsageError(f"{option}: {key} must be {what}, got {value!r}")
+    return int(value)
+
+
+def parse_fsdp(text: str) -> dict:
+    """``prefetch=1,replicate=2,...`` (``captured`` or ``defaults``: as the graph's ``fsdp`` section says) ->
+    keyword arguments of ``sim.fsdp.simulate_fsdp``."""
+    head, _, rest = text.strip().partition(",")
+    if head.strip() in ("captured", "defaults"):
+        text = rest
+    raw = _pairs(text, "--fsdp", FSDP_KEYS) if text.strip() else {}
+    out: dict = {}
+    if "prefetch" in raw:
+        out["prefetch"] = _whole("--fsdp", "prefetch", raw["prefetch"], 0, 64, FSDP_KEYS["prefetch"])
+    if "replicate" in raw:
+        out["replicate"] = _whole("--fsdp", "replicate", raw["replicate"], 1, 1 << 20, FSDP_KEYS["replicate"])
+    for key in ("reshard_after_forward", "blocking"):
+        if key in raw:
+            out[key] = _bool("--fsdp", key, raw[key])
+    return out

@@ -332,3 +332,65 @@ def render_ddp(console: Console, r) -> None:
     console.print(head)
     if r.link is not None and r.world > 1 and r.link.source:
         console.print(_plain(f"link source: {r.link.source}"))
+
+
+def render_fsdp(console: Console, r) -> None:
+    """The FSDP2 view (``sim.fsdp.FsdpResult``): each unit's all-gather and reduce-scatter, and the waits."""
+    from autograd_run.sim.ddp import size_text
+    shard = r.world // r.replicate
+    mesh = f"{r.world} ranks" + (f" ({r.replicate} replicas of {shard})" if r.replicate > 1 else "")
+    how = "blocking the compute (CPU)" if r.blocking else "on streams of their own"
+    from rich import box
+    t = Table(title=f"FSDP2 on {mesh}: collectives per unit, {how}", box=box.SIMPLE_HEAD,
+              collapse_padding=True, pad_edge=False)
+    cols = [("unit", "left"), ("size", "right"), ("gather", "right"), ("gathered", "right"), ("by", "left"),
+            ("waited", "right"), ("reduced", "right")]
+    if r.replicate > 1:
+        cols.append(("HSDP AR", "right"))
+    for c, j in cols:
+        t.add_column(c, justify=j)
+    order = sorted(r.units, key=lambda u: (u.pre_ns is None, u.pre_ns or 0, -u.index))
+
+    def ends(span):
+        return ("-", "-") if span is None else (fmt_ns(span.start_ns), fmt_ns(span.end_ns))
+    for u in order[:30]:
+        by = u.gathered_by or ("unsharded" if u.pre_ns is not None else "never ran")
+        by = "itself" if by == "pre-backward" else by.replace("prefetch by ", "")
+        row = [_plain(u.name or "(root)"), size_text(u.gather_bytes), *ends(u.all_gather), _plain(by),
+               fmt_ns(u.wait_ns + u.rs_wait_ns), ends(u.reduce_scatter)[1]]
+        if r.replicate > 1:
+            row.append(ends(u.all_reduce)[1])
+        t.add_row(*row)
+    if len(order) > 30:
+        t.add_row(f"... {len(order) - 30} more", *[""] * (len(cols) - 1))
+    console.print(t)
+    console.print(_plain("gather/gathered: its all-gather's start and end; by: the unit whose pre-backward issued "
+                         "it (its own, or a prefetch); waited: the compute's wait for it and for the previous "
+                         "reduce-scatter; reduced: its reduce-scatter's end (--json: every start and end)"))
+    head = Table(show_header=False, box=None, pad_edge=False)
+    head.add_column()
+    head.add_column(justify="right")
+    head.add_row("compute (this rank's backward)", fmt_ns(r.compute_ns))
+    head.add_row("backward with its collectives", fmt_ns(r.wall_ns))
+    head.add_row("compute idle, waiting on communication", fmt_ns(r.idle_ns))
+    head.add_row("exposed communication (after the last node)", fmt_ns(r.exposed_ns))
+    head.add_row("communication hidden under compute", f"{r.overlap:.0%}")
+    if r.link is not None and r.world > 1:
+        lk = r.link
+        head.add_row(f"link ({_plain(lk.name).plain})", f"{lk.alpha_us:.3g} us, {lk.bandwidth / 1e9:.3g} GB/s"
+                     + (", reduce-scatter as all-reduce" if lk.reduce_scatter == "allreduce" else ""))
+    console.print(head)
+    if r.link is not None and r.world > 1 and r.link.source:
+        console.print(_plain(f"link source: {r.link.source}"))
+
+
+def render_fsdp_compare(console: Console, key: str, results: list) -> None:
+    t = Table(title=f"FSDP2: {key} compared")
+    for c in (key, "communication", "backward with its collectives", "compute idle", "exposed", "hidden"):
+        t.add_column(c, justify="right")
+    best = min(r.wall_ns for _, r in results)
+    for v, r in results:
+        mark = " (fastest)" if r.wall_ns == best and sum(x.wall_ns == best for _, x in results) == 1 else ""
+        t.add_row(f"{v:g}", fmt_ns(r.comm_ns), fmt_ns(r.wall_ns) + mark, fmt_ns(r.idle_ns), fmt_ns(r.exposed_ns),
+                  f"{r.overlap:.0%}")
+    console.print(t)

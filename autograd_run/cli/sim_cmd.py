@@ -82,7 +82,12 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
                    "(keys bucket_cap_mb, find_unused_parameters, static_graph, iteration=first|steady; "
                    "`defaults` for DDP's own; `captured[,KEY=V]` for the settings capture recorded). "
                    "Needs --world and --network.")
-@click.option("--world", type=Whole(1, 1 << 20), default=None, metavar="N", help="--ddp: data-parallel ranks.")
+@click.option("--fsdp", default=None, metavar="captured|KEY=V,...",
+              help="FSDP2: each fully_shard unit's all-gather and reduce-scatter against this rank's backward, "
+                   "from the units capture recorded (keys prefetch=N, replicate=R for HSDP, "
+                   "reshard_after_forward, blocking). Needs --world and --network.")
+@click.option("--world", type=Whole(1, 1 << 20), default=None, metavar="N",
+              help="--ddp or --fsdp: data-parallel ranks.")
 @click.option("--network", default=None, metavar="alpha_us=A,gbps=B|local-gloo|FILE",
               help="--ddp: the link between ranks: latency per message (us), bandwidth per rank (GB/s) and "
                    "optionally channels=C (collectives in flight at once); or `local-gloo` (measured here by "
@@ -92,7 +97,7 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, open_trace, order_out,
-             slack, ddp, world, network, straggler,
+             slack, ddp, fsdp, world, network, straggler,
              summary, json_out):
     """Simulate GRAPH's backward pass on a virtual clock (no node runs).
 
@@ -112,6 +117,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
       autograd-run simulate graph.json --order-out golden.jsonl   # then: run --expect-order
       autograd-run simulate model.json --costs trace.pt.json.gz --spec local-torch
       autograd-run simulate model.json --ddp bucket_cap_mb=25 --world 8 --network alpha_us=10,gbps=12
+      autograd-run simulate fsdp.json --fsdp captured --world 64 --network nvlink-h100 --compare prefetch=0,1,2
     """
     from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import check_output_path
@@ -125,9 +131,13 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             from autograd_run.errors import UsageError
             raise UsageError("--open needs --trace FILE")
         require_viewer()
-    if compare and _ddp_compare(compare) is None:
+    if ddp is not None and fsdp is not None:
+        raise UsageError("--ddp and --fsdp are two ways to run data parallel: give one")
+    if compare and _ddp_compare(compare, fsdp is not None) is None:
         _compare_conflicts(compare, trace_path, order_out)
-    ddp_args = _ddp_args(ddp, world, network, compare, straggler)
+    if fsdp is not None and straggler is not None:
+        raise UsageError("--straggler goes with --ddp")
+    ddp_args = _ddp_args(ddp if fsdp is None else fsdp, world, network, compare, straggler, fsdp=fsdp is not None)
     g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
     measured = read_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(None if ddp_args is not None else compare, policy, devices)
@@ -147,25 +157,34 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     first = reports[0]
     ddp_results = []
     if ddp_args is not None:
-        ddp_results = _run_ddp(g, first, ddp_args, opts)
+        ddp_results = (_run_fsdp if fsdp is not None else _run_ddp)(g, first, ddp_args, opts)
     ddp_result = ddp_results[0][1] if len(ddp_results) == 1 else None
+    recording = first.recording if trace_path else None
+    if trace_path and fsdp is not None and ddp_result is not None and ddp_result.stalls:
+        import dataclasses
+        # the trace: the backward simulated again with the compute's waits on communication in it
+        recording = simulate_session(g, dataclasses.replace(opts, extra_ns=ddp_result.stalls, slack_top=0)).recording
     for line in dict.fromkeys(w for r in reports for w in r.warnings):  # one line each, on stderr
         click.echo(line, err=True)
     if trace_path:
         from autograd_run.traces.trace_file import write_trace
         if ddp_result is not None:
-            from autograd_run.sim.ddp import add_to_recording
-            add_to_recording(ddp_result, first.recording)
-        write_trace(trace_path, first.recording)
+            if fsdp is not None:
+                from autograd_run.sim.fsdp import add_to_recording
+            else:
+                from autograd_run.sim.ddp import add_to_recording
+            add_to_recording(ddp_result, recording)
+        write_trace(trace_path, recording)
     if order_out:
         write_order(order_out, first.order)
     if json_out:
         doc = [_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)
+        kind = "fsdp" if fsdp is not None else "ddp"
         if ddp_result is not None:
-            doc["ddp"] = ddp_result.to_dict()
+            doc[kind] = ddp_result.to_dict()
         elif ddp_results:
             key = ddp_args["versus"][0]
-            doc["ddp_compare"] = [{key: v, **r.to_dict()} for v, r in ddp_results]
+            doc[f"{kind}_compare"] = [{key: v, **r.to_dict()} for v, r in ddp_results]
         write(jsonout.dumps(doc))
         if open_trace:
             show_trace(trace_path, url_to_stderr=True)
@@ -181,11 +200,12 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         render_summary(console, first.summary, f"{g.source}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
         if ddp_result is not None:
-            from autograd_run.cli.render import render_ddp
-            render_ddp(console, ddp_result)
+            from autograd_run.cli.render import render_ddp, render_fsdp
+            (render_fsdp if fsdp is not None else render_ddp)(console, ddp_result)
         elif ddp_results:
-            from autograd_run.cli.render import render_ddp_compare
-            render_ddp_compare(console, ddp_args["versus"][0], ddp_results)
+            from autograd_run.cli.render import render_ddp_compare, render_fsdp_compare
+            (render_fsdp_compare if fsdp is not None else render_ddp_compare)(console, ddp_args["versus"][0],
+                                                                              ddp_results)
     if summary:
         console.print(plain(confidence_line(first)))
     if trace_path and not open_trace:
@@ -220,11 +240,13 @@ def _calibrate_gloo(worlds_text: str, output: str | None) -> None:
 
 
 DDP_COMPARE = ("bucket_cap_mb", "world")
+FSDP_COMPARE = ("prefetch", "world")
 
 
-def _ddp_compare(compare: str | None) -> tuple[str, list] | None:
-    """``--compare bucket_cap_mb=1,5,25`` / ``world=8,64,512``: (key, values), or None for another key."""
-    if not compare or compare.partition("=")[0] not in DDP_COMPARE:
+def _ddp_compare(compare: str | None, fsdp: bool = False) -> tuple[str, list] | None:
+    """``--compare bucket_cap_mb=1,5,25`` / ``world=8,64,512`` (with --fsdp: ``prefetch=0,1,2`` /
+    ``world=...``): (key, values), or None for another key."""
+    if not compare or compare.partition("=")[0] not in (FSDP_COMPARE if fsdp else DDP_COMPARE):
         return None
     from autograd_run.cli.ddp_options import parse_ddp
     from autograd_run.parallel.collectives import MAX_WORLD
@@ -239,35 +261,43 @@ def _ddp_compare(compare: str | None) -> tuple[str, list] | None:
         if not all(v.isdigit() and 1 <= int(v) <= MAX_WORLD for v in items):
             raise UsageError(f"--compare world: world sizes are whole numbers from 1 to {MAX_WORLD}")
         return key, [int(v) for v in items]
+    if key == "prefetch":
+        from autograd_run.cli.ddp_options import parse_fsdp
+        return key, [parse_fsdp(f"prefetch={v}")["prefetch"] for v in items]
     return key, [parse_ddp(f"bucket_cap_mb={v}")["bucket_cap_mb"] for v in items]
 
 
-def _ddp_args(ddp, world, network, compare, straggler=None) -> dict | None:
-    """``simulate_ddp``'s arguments from --ddp, --world, --network and --straggler (usage errors for a partial
-    set); ``network`` stays a ``parallel.networks.Network`` (the link depends on the world size)."""
+def _ddp_args(ddp, world, network, compare, straggler=None, fsdp: bool = False) -> dict | None:
+    """``simulate_ddp``'s (or with ``fsdp``, ``simulate_fsdp``'s: ``ddp`` is then the --fsdp text) arguments from
+    --ddp, --world, --network and --straggler (usage errors for a partial set); ``network`` stays a
+    ``parallel.networks.Network`` (the link depends on the world size)."""
+    opt = "--fsdp" if fsdp else "--ddp"
     if ddp is None:
         for value, name in ((world, "--world"), (network, "--network"), (straggler, "--straggler")):
             if value is not None:
-                raise UsageError(f"{name} goes with --ddp")
+                raise UsageError(f"{name} goes with --ddp" + (" or --fsdp" if name != "--straggler" else ""))
         return None
-    versus = _ddp_compare(compare)
+    versus = _ddp_compare(compare, fsdp)
     if compare and versus is None:
-        raise UsageError("--ddp goes with one simulation, not with --compare policy/devices "
-                         "(--compare bucket_cap_mb=... or world=... compare DDP settings)")
+        raise UsageError(f"{opt} goes with one simulation, not with --compare policy/devices "
+                         + ("(--compare prefetch=... or world=... compare FSDP settings)" if fsdp else
+                            "(--compare bucket_cap_mb=... or world=... compare DDP settings)"))
     if versus and versus[0] == "world":
         if world is not None:
             raise UsageError("--world and --compare world=...: give the world sizes in --compare only")
         worlds = versus[1]
     elif world is None:
-        raise UsageError("--ddp needs --world N (the data-parallel ranks)")
+        raise UsageError(f"{opt} needs --world N (the data-parallel ranks)")
     else:
         worlds = [world]
-    from autograd_run.cli.ddp_options import parse_ddp, parse_network, parse_straggler
-    options = parse_ddp(ddp)
+    from autograd_run.cli.ddp_options import parse_ddp, parse_fsdp, parse_network, parse_straggler
+    options = parse_fsdp(ddp) if fsdp else parse_ddp(ddp)
+    if versus and versus[0] == "prefetch" and "prefetch" in options:
+        raise UsageError("--fsdp prefetch=... and --compare prefetch=...: give the values in --compare only")
     if versus and versus[0] == "bucket_cap_mb" and "bucket_cap_mb" in options:
         raise UsageError("--ddp bucket_cap_mb=... and --compare bucket_cap_mb=...: give the sizes in --compare only")
     if network is None and max(worlds) > 1:
-        raise UsageError("--ddp needs --network alpha_us=A,gbps=B (the link between ranks)")
+        raise UsageError(f"{opt} needs --network alpha_us=A,gbps=B (the link between ranks)")
     from autograd_run.parallel.networks import Network
     from autograd_run.parallel.collectives import Link
     net = parse_network(network) if network else Network("none", {0: Link(0.0, 1.0, "none")})
@@ -306,6 +336,25 @@ def _run_ddp(graph, first, args: dict, opts) -> list:
         if slow is not None and slow[0] >= world:
             raise UsageError(f"--straggler: rank {slow[0]} is not below the world size {world}")
         out.append((v, simulate_ddp(first, world, link, straggler=slow, **kw)))
+    return out
+
+
+def _run_fsdp(graph, first, args: dict, opts) -> list:
+    """The FSDP results: one, or one per --compare value (prefetch or world)."""
+    from autograd_run.sim.fsdp import simulate_fsdp
+    versus = args["versus"]
+    out = []
+    for v in (versus[1] if versus else [None]):
+        world = v if versus and versus[0] == "world" else args["world"]
+        kw = dict(args["options"])
+        if versus and versus[0] == "prefetch":
+            kw["prefetch"] = v
+        link, note = args["network"].link_for(world)
+        if note:
+            click.echo(f"note: {note}", err=True)
+        if world % kw.get("replicate", 1):
+            raise UsageError(f"--fsdp replicate={kw['replicate']} does not divide the world size {world}")
+        out.append((v, simulate_fsdp(first, world, link, **kw)))
     return out
 
 

@@ -41,12 +41,19 @@ class Link:
     during_compute: float = 1.0
     #: Where the figures come from (a network file's ``source``).
     source: str = ""
+    #: How a reduce-scatter runs: ``reduce-scatter`` (the ring's (p - 1) / p of the buffer: NCCL), or
+    #: ``allreduce`` (gloo: ProcessGroupGloo's ``_reduce_scatter_base`` all-reduces the whole buffer and keeps
+    #: this rank's shard; seen in torch 2.13's profiles as ``gloo:all_reduce`` of the unsharded size).
+    reduce_scatter: str = "reduce-scatter"
 
     def __post_init__(self):
         if not (0 < self.during_compute <= 1):
             raise RequestError(f"link during_compute must be in (0, 1], got {self.during_compute}", "network")
         if not (isinstance(self.channels, int) and 1 <= self.channels <= 64):
             raise RequestError(f"link channels must be a whole number from 1 to 64, got {self.channels}", "network")
+        if self.reduce_scatter not in ("reduce-scatter", "allreduce"):
+            raise RequestError(f"link reduce_scatter must be reduce-scatter or allreduce, got {self.reduce_scatter!r}",
+                               "network")
         if not (self.alpha_us >= 0 and math.isfinite(self.alpha_us)):
             raise RequestError(f"link latency must be a finite number >= 0 us, got {self.alpha_us}", "network")
         if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
@@ -79,6 +86,8 @@ def cost_ns(kind: str, nbytes: int, world: int, link: Link) -> int:
     if world == 1:
         return 0
     p = world
+    if kind == "reduce-scatter" and link.reduce_scatter == "allreduce":
+        kind = "allreduce"
     if kind == "allreduce":
         t = _ring(2 * (p - 1), 2 * (p - 1) / p, nbytes, link)
     elif kind == "allreduce-tree":

@@ -19,7 +19,8 @@ Four forms:
     {"name": "...", "channels": 1, "source": "...",
      "links": {"2": {"alpha_us": 600, "gbps": 1.2, "channels": 2}, "4": {...}}}
 
-(``channels`` at the top: every link's unless the link gives its own;
+(``"backend": "gloo"``: reduce-scatters cost an all-reduce of the whole buffer, as
+gloo runs them; ``channels`` at the top: every link's unless the link gives its own;
 ``during_compute``: a collective's speed while the compute runs, 1 when
 unsaid, see ``collectives.Link``).
 
@@ -110,7 +111,8 @@ def from_dict(doc, where: str) -> Network:
                 raise bad(f"{place}.{k}", f"must be a finite number {'>' if strict else '>='} 0, got {str(v)[:40]!r}")
             values[k] = float(v)
         out[int(key)] = Link(values["alpha_us"], values["gbps"] * 1e9, str(doc.get("name", where))[:80], ch,
-                             float(share), str(doc.get("source", ""))[:300])
+                             float(share), str(doc.get("source", ""))[:300],
+                             "allreduce" if doc.get("backend") == "gloo" else "reduce-scatter")
     name = doc.get("name", os.path.basename(where))
     return Network(str(name)[:80], out, str(doc.get("source", ""))[:300])
 

@@ -59,6 +59,9 @@ class SimOptions:
     #: nothing, silently). False (a sweep, whose grid crosses one scale with many graphs and device
     #: counts): such a key leaves this simulation unscaled and is listed in ``SimReport.scale_unused``.
     scale_must_apply: bool = True
+    #: node id -> ns the node waits (asleep, on no core) before it computes: communication the node waited
+    #: for, found by a model over a first simulation (``sim.fsdp``'s stalls), put back into the schedule.
+    extra_ns: dict | None = None
 
 
 @dataclass
@@ -190,6 +193,13 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     elif o.placement != "keep":
         raise RequestError("a placement needs a device count", "placement")
     scale_unused = _check_scale(graph, scale, o.devices, o.scale_must_apply)
+    for nid, ns in (o.extra_ns or {}).items():
+        node = graph.by_id.get(nid)
+        if node is None:
+            raise RequestError(f"{graph.source}: no node {nid!r} to wait at", "extra_ns")
+        base = model(node)
+        model.resolved[node] = NodeCost(base.cpu_ns + int(ns), base.gpu_ns, base.holds_gil, base.source,
+                                        base.blocking, base.sleep_ns + int(ns))
     sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
     start, end = span(sim)
     report = SimReport(graph, o, spec, sim, (gt.returned or gt.end or 0) - gt.start, end - start,

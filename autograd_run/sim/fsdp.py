@@ -1,0 +1,346 @@
+"""A simulated backward under FSDP2 (``fully_shard``): each unit's all-gather and reduce-scatter against the compute.
+
+Ranks are symmetric (every rank runs the same units on its shard), so one
+rank's simulated backward and the collectives' costs are the simulation.
+The units come from the graph file's ``fsdp`` section (``capture`` records
+it: ``capture.fsdp``), in forward (post-forward) order, each with the node
+its pre-backward ran in and the node its post-backward ran in (none: the
+root's final callback). What FSDP2 does (torch 2.13, ``_fsdp_param_group.py``),
+and so the model, walking the one rank's nodes in the order they started:
+
+* **pre-backward of unit u** (before its trigger node computes): the
+  all-gather of u's parameters, unless they are unsharded already (the
+  root's, a unit with ``reshard_after_forward`` false, or one prefetched),
+  then the compute waits for it and copies the gathered buffer out
+  (``all_gather_copy_out``: read and write at the memory bandwidth); then the
+  prefetch: the all-gather of the unit before u in forward order (the
+  default; ``prefetch=N``: the N before it; a captured
+  ``set_modules_to_backward_prefetch`` list: those units);
+* **post-backward of unit u** (as its ``RegisterPostBackwardFunction`` node
+  ends, or in the final callback for a unit whose inputs needed no gradient,
+  the root's first, then the others in forward order): the compute waits for
+  the previous unit's reduce-scatter (FSDP keeps one reduce-scatter input
+  in flight: ``post_backward_rs_wait``), copies u's gradients into the
+  reduce-scatter input (``chunk_cat``), launches the reduce-scatter and,
+  under HSDP (``replicate=R``), an all-reduce of the shard across the R
+  replicas after it;
+* **the end**: the backward returns when the compute is done and the final
+  callback has waited for the last reduce-scatter and all-reduce.
+
+Collectives run on streams of their own (one for all-gathers, one for
+reduce-scatters, one for HSDP's all-reduces), each in issue order, when the
+parameters live on an accelerator. On the CPU (gloo) a collective blocks
+the thread that issued it: FSDP2 calls them with ``async_op=False`` and the
+CPU has no streams, so every all-gather and reduce-scatter is a wait of
+the compute (seen in torch 2.13's profiles: ``FSDP::all_gather`` spans the
+whole ``gloo:all_gather``).
+
+Sizes: each parameter padded along dim 0 to a multiple of the shard group's
+size (FSDP's ``_get_dim0_padded_size``), in ``param_dtype`` for the
+all-gather and ``reduce_dtype`` for the reduce-scatter (else the
+parameter's). Costs: ``parallel.collectives.cost_ns`` over the shard group
+(``world / replicate`` ranks).
+
+The compute waits become ``stalls`` (node id -> ns). The trace re-simulates
+the graph with them as the nodes' waiting time (``SimOptions.extra_ns``) so
+its nodes show where the compute stood still; with one worker that
+re-simulation ends exactly where this model says.
+
+``exposed_ns``: from the end of the last compute node to the end of the
+backward; ``idle_ns``: the compute's waits on communication before that;
+``overlap``: the share of the communication time that ran while the compute
+ran (0 on the CPU, where each collective blocks).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autograd_run.errors import RequestError
+from autograd_run.ops.cost import ITEMSIZE
+from autograd_run.parallel.collectives import Link, cost_ns, end_ns
+
+
+@dataclass
+class Span:
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class UnitRun:
+    name: str
+    #: Its place in forward (post-forward) order.
+    index: int
+    params: int
+    #: Bytes all-gathered and reduce-scattered (padded; in their dtypes).
+    gather_bytes: int
+    reduce_bytes: int
+    all_gather: Span | None = None
+    #: "pre-backward" (its own), "prefetch by UNIT", or None (no all-gather: unsharded already).
+    gathered_by: str | None = None
+    reduce_scatter: Span | None = None
+    all_reduce: Span | None = None
+    #: When its pre- and post-backward ran (None: never), and the node each ran in ("final callback").
+    pre_ns: int | None = None
+    post_ns: int | None = None
+    post_in: str | None = None
+    #: The compute's wait for its all-gather (and copy-out), and for the previous reduce-scatter at its post-backward.
+    wait_ns: int = 0
+    rs_wait_ns: int = 0
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        for k in ("all_gather", "reduce_scatter", "all_reduce"):
+            d[k] = None if d[k] is None else dict(d[k].__dict__)
+        return d
+
+
+@dataclass
+class FsdpResult:
+    world: int
+    replicate: int
+    prefetch: int | None
+    #: Collectives block the issuing thread (parameters on the CPU) rather than run on streams of their own.
+    blocking: bool
+    units: list[UnitRun]
+    compute_ns: int
+    wall_ns: int
+    exposed_ns: int
+    idle_ns: int
+    comm_ns: int
+    overlap: float
+    link: Link | None = None
+    #: node id -> ns the compute waited at it (for the trace's re-simulation).
+    stalls: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        link = None if self.link is None else {"name": self.link.name, "alpha_us": self.link.alpha_us,
+                                               "gbps": self.link.bandwidth / 1e9, "source": self.link.source,
+                                               "reduce_scatter": self.link.reduce_scatter}
+        return {"world": self.world, "replicate": self.replicate, "shard": self.world // self.replicate,
+                "prefetch": self.prefetch, "blocking": self.blocking, "compute_ns": self.compute_ns,
+                "wall_ns": self.wall_ns, "exposed_ns": self.exposed_ns, "idle_ns": self.idle_ns,
+                "comm_ns": self.comm_ns, "overlap": self.overlap, "link": link, "stalls": self.stalls,
+                "units": [u.to_dict() for u in self.units]}
+
+
+def padded_bytes(shape: tuple, dtype: str, shard: int) -> int:
+    """A parameter's bytes in FSDP's flat buffers: dim 0 padded up to a multiple of ``shard``."""
+    size = ITEMSIZE.get(dtype)
+    if size is None:
+        raise RequestError(f"FSDP sizes here do not know dtype {dtype!r}", "fsdp")
+    dims = tuple(shape) or (1,)
+    rows = -(-dims[0] // shard) * shard
+    return rows * math.prod(dims[1:]) * size
+
+
+def _units(graph, shard: int) -> list[UnitRun]:
+    out = []
+    for k, u in enumerate(graph.fsdp["units"]):
+        g = r = 0
+        for name in u["parameters"]:
+            v = graph.variables[name]
+            g += padded_bytes(v.shape, u.get("param_dtype") or v.dtype, shard)
+            r += padded_bytes(v.shape, u.get("reduce_dtype") or u.get("param_dtype") or v.dtype, shard)
+        out.append(UnitRun(u["name"], k, len(u["parameters"]), g, r))
+    return out
+
+
+class _Streams:
+    """One rank's collective streams and its compute's waits (see the module docstring)."""
+
+    def __init__(self, world, replicate, link, blocking, mem_bw, compute_end):
+        self.shard, self.replicate, self.link, self.blocking = world // replicate, replicate, link, blocking
+        self.mem_bw = mem_bw
+        self.compute_end = compute_end  # unshifted: the shift at the time of an issue is added
+        self.free = {"ag": 0, "rs": 0, "ar": 0}
+        self.spans: list[Span] = []
+
+    def run(self, stream: str, kind: str, nbytes: int, world: int, t: int, shift: int) -> Span:
+        work = cost_ns(kind, nbytes, world, self.link)
+        start = max(t, self.free[stream])
+        end = start + work if self.blocking else end_ns(start, work, self.compute_end + shift, self.link)
+        self.free[stream] = end
+        span = Span(start, end)
+        self.spans.append(span)
+        return span
+
+    def copy_ns(self, nbytes: int) -> int:
+        return int(round(2 * nbytes / self.mem_bw * 1e9)) if self.shard > 1 else 0
+
+
+def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None, replicate: int = 1,
+                  reshard_after_forward: bool | None = None, blocking: bool | None = None) -> FsdpResult:
+    """The FSDP2 view of ``report`` (a ``sim.session.SimReport`` of a graph with an ``fsdp`` section) on
+    ``world`` ranks joined by ``link``.
+
+    ``prefetch``: all-gathers issued ahead at each pre-backward (None: as captured, FSDP's default of one);
+    ``replicate``: HSDP's replicas (``world`` must be a multiple); ``reshard_after_forward``: for every unit
+    but the root (None: as captured); ``blocking``: None for the parameters' device (CPU: blocking).
+    """
+    graph = report.graph
+    if graph.fsdp is None:
+        raise RequestError(f"{graph.source}: no fsdp section: capture the model under fully_shard "
+                           "(from_torch(..., parameters=model)) to simulate FSDP", "fsdp")
+    if not (isinstance(replicate, int) and 1 <= replicate <= world and world % replicate == 0):
+        raise RequestError(f"replicate={replicate}: HSDP's replicas must divide the world size {world}", "fsdp")
+    if prefetch is not None and not (isinstance(prefetch, int) and 0 <= prefetch <= 64):
+        raise RequestError(f"prefetch must be a whole number from 0 to 64, got {prefetch}", "fsdp")
+    spec_units = graph.fsdp["units"]
+    shard = world // replicate
+    units = _units(graph, shard)
+    by_name = {u.name: u for u in units}
+    root = graph.fsdp.get("root")
+    resharded = {}
+    for u, s in zip(units, spec_units):
+        r = s.get("reshard_after_forward", True)
+        if reshard_after_forward is not None and u.name != root:
+            r = reshard_after_forward
+        resharded[u.name] = r and shard > 1
+    params = [graph.variables[p] for s in spec_units for p in s["parameters"]]
+    if blocking is None:
+        devs = {str(v.node.device) if v.node is not None else str(v.device) for v in params}
+        blocking = all(d.startswith("cpu") for d in devs) if devs else True
+    mem_bw = report.spec.host.mem_bw if blocking else report.spec.accelerator.mem_bw
+
+    sim = report.sim
+    t0 = min((g.start for g in sim.graph_tasks), default=0)
+    ends: dict = {}
+    for stream, node, _, end in sim.kernels:
+        ends[node] = max(ends.get(node, 0), end)
+    slices = sorted(sim.slices, key=lambda s: (s[4], s[5]))
+    compute = report.engine_done_ns
+    st = _Streams(world, replicate, link, blocking, mem_bw, compute)
+    pre_at: dict[str, list[UnitRun]] = {}
+    post_at: dict[str, list[UnitRun]] = {}
+    for u, s in zip(units, spec_units):
+        if s.get("pre_backward"):
+            pre_at.setdefault(s["pre_backward"], []).append(u)
+        if s.get("post_backward"):
+            post_at.setdefault(s["post_backward"], []).append(u)
+    ran = set()  # variables whose AccumulateGrad ran: a unit without any reduce-scatters nothing
+    for s in slices:
+        if getattr(s[2], "variable", None) is not None:
+            ran.add(s[2].variable)
+    has_grad = {u.name: any(p in ran for p in sp["parameters"]) for u, sp in zip(units, spec_units)}
+    explicit = {s["name"]: s["backward_prefetch"] for s in spec_units if "backward_prefetch" in s}
+
+    gathered: dict[str, bool] = {u.name: not resharded[u.name] for u in units}
+    pending: list[int] = []     # reduce-scatter ends not yet waited for (FSDP keeps one in flight)
+    finals: list[int] = []      # every reduce-scatter's and all-reduce's end: the final callback waits
+    stalls: dict[str, int] = {}
+    idle_spans: list[Span] = []
+    shift = 0
+
+    def gather(u: UnitRun, t: int, by: str) -> int:
+        """Issue u's all-gather at t; the time the issuing thread goes on."""
+        gathered[u.name] = True
+        u.all_gather = st.run("ag", "all-gather", u.gather_bytes, shard, t, shift)
+        u.gathered_by = by
+        return u.all_gather.end_ns if blocking else t
+
+    def targets(u: UnitRun) -> list[UnitRun]:
+        if prefetch is None and u.name in explicit:
+            return [by_name[n] for n in explicit[u.name]]
+        n = 1 if prefetch is None else prefetch
+        return [units[k] for k in range(u.index - 1, max(-1, u.index - 1 - n), -1)]
+
+    def pre(u: UnitRun, t: int) -> int:
+        u.pre_ns = t
+        issue = t
+        if not gathered[u.name]:
+            issue = gather(u, t, "pre-backward")
+        ready = t
+        if u.all_gather is not None:
+            ready = max(t, u.all_gather.end_ns) + st.copy_ns(u.gather_bytes)
+        if blocking:
+            issue = ready
+        for v in targets(u):
+            if not gathered[v.name] and v.pre_ns is None:
+                issue = gather(v, issue, f"prefetch by {u.name or '(root)'}")
+        go = max(ready, issue) if blocking else ready
+        u.wait_ns = go - t
+        return go
+
+    def post(u: UnitRun, t: int, where: str) -> int:
+        u.post_ns, u.post_in = t, where
+        start = t
+        if pending:  # post_backward_rs_wait: the previous unit's reduce-scatter
+            t = max(t, pending.pop(0))
+        u.rs_wait_ns = t - start
+        if not has_grad[u.name]:
+            return t
+        t += st.copy_ns(u.reduce_bytes)  # chunk_cat into the reduce-scatter input
+        u.reduce_scatter = st.run("rs", "reduce-scatter", u.reduce_bytes, shard, t, shift)
+        last = u.reduce_scatter.end_ns
+        if replicate > 1:
+            u.all_reduce = st.run("ar", "allreduce", u.reduce_bytes // shard, replicate, last, shift)
+            last = u.all_reduce.end_ns
+        pending.append(u.reduce_scatter.end_ns)
+        finals.append(last)
+        return last if blocking else t
+
+    def stall(node_id: str, at: int, until: int) -> None:
+        nonlocal shift
+        if until > at:
+            stalls[node_id] = stalls.get(node_id, 0) + until - at
+            idle_spans.append(Span(at, until))
+            shift += until - at
+
+    for s in slices:
+        node = s[2]
+        start = s[4] - t0 + shift
+        for u in pre_at.get(node.id, ()):
+            if u.pre_ns is None:
+                stall(node.id, start, pre(u, start))
+                start = s[4] - t0 + shift
+        end = max(s[5], ends.get(node, 0)) - t0 + shift
+        for u in post_at.get(node.id, ()):
+            if u.post_ns is None:
+                stall(node.id, end, post(u, end, node.id))
+                end = max(s[5], ends.get(node, 0)) - t0 + shift
+    compute_end = compute + shift
+    t = compute_end
+    final_order = [by_name[root]] if root in by_name else []
+    final_order += [u for u in units if u.name != root]
+    for u in final_order:  # the root's final callback: post-backward of every unit it did not see yet
+        if u.post_ns is None:  # (a unit with no gradient reduce-scatters nothing but still waits)
+            t = post(u, t, "final callback")
+    wall = max([t] + finals)
+    comm = sum(sp.end_ns - sp.start_ns for sp in st.spans)
+    hidden = 0
+    for sp in st.spans:
+        hidden += max(0, min(sp.end_ns, compute_end) - sp.start_ns)
+        for idle in idle_spans:
+            hidden -= max(0, min(sp.end_ns, idle.end_ns, compute_end) - max(sp.start_ns, idle.start_ns))
+    idle = sum(i.end_ns - i.start_ns for i in idle_spans)
+    return FsdpResult(world, replicate, prefetch, blocking, units, compute, wall, wall - compute_end, idle, comm,
+                      max(0.0, hidden / comm) if comm else 1.0, link, stalls)
+
+
+#: The trace tracks of one rank's collective streams (ranks are symmetric: rank 0 stands for all).
+TRACKS = {"all_gather": "FSDP all-gather, rank 0", "reduce_scatter": "FSDP reduce-scatter, rank 0",
+          "all_reduce": "FSDP all-reduce (HSDP), rank 0"}
+
+
+def add_to_recording(result: FsdpResult, recording) -> None:
+    """Put ``result``'s collectives into ``recording`` (the re-simulation's, with the stalls) as slices on
+    ``TRACKS``; the run's span grows to the backward's end."""
+    from autograd_run.record.recording import KernelSlice
+    from autograd_run.sim.ddp import Collective, size_text
+    t0 = recording.start
+    for u in result.units:
+        label = u.name or "(root)"
+        for key, what, nbytes in (("all_gather", "all-gather", u.gather_bytes),
+                                  ("reduce_scatter", "reduce-scatter", u.reduce_bytes),
+                                  ("all_reduce", "all-reduce across replicas", u.reduce_bytes // max(1, result.world // result.replicate))):
+            span = getattr(u, key)
+            if span is None:
+                continue
+            by = f", {u.gathered_by}" if key == "all_gather" and u.gathered_by else ""
+            title = f"{what} of unit {label} ({size_text(nbytes)}{by})"
+            recording.kernels.append(KernelSlice(TRACKS[key], Collective(title, title), t0 + span.start_ns,
+                                                 t0 + span.end_ns))
+    recording.end = max(recording.end, t0 + result.wall_ns)
