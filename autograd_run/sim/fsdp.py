@@ -344,3 +344,17 @@ def add_to_recording(result: FsdpResult, recording) -> None:
             recording.kernels.append(KernelSlice(TRACKS[key], Collective(title, title), t0 + span.start_ns,
                                                  t0 + span.end_ns))
     recording.end = max(recording.end, t0 + result.wall_ns)
+
+
+def sim_events(result: FsdpResult) -> list[tuple[str, str]]:
+    """The simulated rank's FSDP events in the order they start: (``pre``, unit) for a pre-backward,
+    (``all-gather``, unit), (``reduce-scatter``, unit); the order a rank's profile shows FSDP's own spans in."""
+    out = []
+    for u in result.units:
+        if u.pre_ns is not None:
+            out.append((u.pre_ns, 0, "pre", u.name))
+        if u.all_gather is not None:
+            out.append((u.all_gather.start_ns, 1, "all-gather", u.name))
+        if u.reduce_scatter is not None:
+            out.append((u.reduce_scatter.start_ns, 2, "reduce-scatter", u.name))
+    return [(kind, name) for _, _, kind, name in sorted(out, key=lambda e: (e[0], e[1]))]

@@ -1,0 +1,118 @@
+"""The simulated FSDP2 order against real ``fully_shard`` on 2 and 4 local gloo processes.
+
+Each model is captured in a one-rank child process (the graph file's ``fsdp`` section: units, their
+parameters, the node each pre- and post-backward ran in), then run on local gloo ranks that profile their
+third backward. From each rank's trace, in start order: FSDP's own spans ``FSDP::pre_backward (unit)``,
+``FSDP::all_gather (unit)`` (its own or a prefetch) and ``FSDP::post_backward_reduce (unit)`` (the
+reduce-scatter). Ours: ``sim.fsdp.simulate_fsdp`` over the simulated backward of the captured graph
+(``sim_events``). Equal on every rank, for models with nested units, explicit prefetch lists
+(``set_modules_to_backward_prefetch``), a unit that keeps its parameters (``reshard_after_forward=False``),
+a unit whose inputs need no gradient (its post-backward runs in the final callback) and a transformer.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="real FSDP2 is the oracle here")
+pytest.importorskip("torch.distributed")
+try:
+    from tests.support import fsdp_oracle
+except ImportError:  # tests/ itself is on sys.path, the repository root is not
+    from support import fsdp_oracle
+
+from autograd_run.graphs.load import load_graph  # noqa: E402
+from autograd_run.parallel.collectives import Link  # noqa: E402
+from autograd_run.sim.fsdp import sim_events, simulate_fsdp  # noqa: E402
+from autograd_run.sim.session import SimOptions, simulate_session  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
+
+CASES = [(name, 2) for name in fsdp_oracle.MODELS] + [("nested", 4), ("transformer", 4)]
+
+
+def _simulated(path: str, world: int) -> list[tuple[str, str]]:
+    g = load_graph(path)
+    rep = simulate_session(g, SimOptions(spec="cpu", slack_top=0))
+    return sim_events(simulate_fsdp(rep, world, Link(300.0, 1e9, "gloo-like", reduce_scatter="allreduce")))
+
+
+@pytest.mark.parametrize("name,world", CASES, ids=[f"{n}-{w}ranks" for n, w in CASES])
+def test_each_rank_runs_the_simulated_all_gathers_and_reduce_scatters_in_order(name, world, tmp_path):
+    graph = str(tmp_path / "g.json")
+    try:
+        fsdp_oracle.capture(name, graph)
+        ranks = fsdp_oracle.run_ranks(name, world, str(tmp_path), timeout=300)
+    except fsdp_oracle.OracleFailed as exc:
+        pytest.fail(str(exc))
+    real = [fsdp_oracle.events(r["trace"]) for r in ranks]
+    assert real[0] and any(k == "all-gather" for k, _ in real[0]) and any(k == "reduce-scatter" for k, _ in real[0])
+    sim = _simulated(graph, world)
+    for rank, seen in enumerate(real):
+        assert sim == seen, f"rank {rank}:\n simulated {sim}\n measured  {seen}"
+
+
+FSDP_SCRIPT = '''
+import torch, torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from autograd_run.capture import one_process_group
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+def main():
+    one_process_group()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), Block(), Block(), nn.Linear(16, 2))
+    for m in model[1:3]:
+        fully_shard(m)
+    fully_shard(model)
+    return {"outputs": model(torch.randn(4, 8)).square().mean(), "parameters": model}
+'''
+
+
+def test_capture_of_an_fsdp_model_records_its_units_and_replays_as_pytorch(tmp_path):
+    """`capture` of a script that shards its model with fully_shard (a one-process group): the graph file's
+    fsdp section names the units in forward order with their parameters (the unsharded tensors the backward
+    accumulates into, named as the model names them), where each pre- and post-backward ran; `--check`
+    agrees with PyTorch (whose gradients FSDP moved to its shards); `simulate --fsdp captured` uses it; a
+    broken section is an Error with its place."""
+    from cli_proc import cli
+    script, graph = tmp_path / "fsdp_model.py", tmp_path / "g.json"
+    script.write_text(FSDP_SCRIPT)
+    p = cli(["capture", f"{script}:main", "-o", graph, "--check"], timeout=180)
+    assert p.code == 0, p.err
+    doc = json.loads(graph.read_text())
+    units = doc["fsdp"]["units"]
+    assert [u["name"] for u in units] == ["1", "2", ""] and doc["fsdp"]["root"] == ""
+    assert units[0]["parameters"] == ["1.a.weight", "1.a.bias", "1.b.weight", "1.b.bias"]
+    assert units[2]["parameters"] == ["0.weight", "0.bias", "3.weight", "3.bias"]
+    assert [u["reshard_after_forward"] for u in units] == [True, True, False]  # the root keeps its own
+    by_id = {n["id"]: n for n in doc["nodes"]}
+    assert by_id[units[0]["post_backward"]]["name"] == "RegisterPostBackwardFunctionBackward"
+    assert units[2]["post_backward"] is None  # the root's inputs need no gradient: the final callback
+    assert all(u["pre_backward"] in by_id for u in units)
+    p = cli(["simulate", graph, "--fsdp", "captured", "--world", "4", "--network", "alpha_us=10,gbps=1", "--json",
+             "--slack", "0"], timeout=120)
+    assert p.code == 0, p.err
+    d = json.loads(p.out)["fsdp"]
+    got = {u["name"]: u for u in d["units"]}
+    assert got[""]["all_gather"] is None and got["2"]["gathered_by"] == "prefetch by (root)"
+    # (16*32 + 32 + 32*16 + 16) float32, dim 0 padded to a multiple of 4 ranks: nothing to pad here
+    assert got["1"]["gather_bytes"] == (16 * 32 + 32 + 32 * 16 + 16) * 4
+    assert d["blocking"] is True and d["wall_ns"] > d["compute_ns"]
+    doc["fsdp"]["units"][0]["parameters"].append("nope")
+    graph.write_text(json.dumps(doc))
+    p = cli(["simulate", graph], timeout=120)
+    assert p.code != 0 and "fsdp" in p.err and "unknown parameter 'nope'" in p.err, p.err
+    del doc["fsdp"]
+    graph.write_text(json.dumps(doc))
+    p = cli(["simulate", graph, "--fsdp", "captured", "--world", "2", "--network", "alpha_us=10,gbps=1"],
+            timeout=120)
+    assert p.code == 2 and "no fsdp section" in p.err, p.err
