@@ -128,7 +128,6 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
 
     if open_trace:
         if not trace_path:
-            from autograd_run.errors import UsageError
             raise UsageError("--open needs --trace FILE")
         require_viewer()
     if ddp is not None and fsdp is not None:
