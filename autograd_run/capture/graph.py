@@ -164,6 +164,50 @@ def _saved_value(torch, v, key: str, arrays: _Arrays):
     return None  # options, devices, layouts, symbolic values: not needed by any rule
 
 
+class _Storages:
+    """Which storage each saved tensor lives in (the file's ``storage`` section, read by ``analysis.memory``).
+
+    PyTorch frees a saved activation when the last node that saved it has run, and views of one tensor
+    (a ``ReluBackward0``'s result and the ``AddmmBackward0`` after it that saved it as ``mat1``) are one
+    allocation: a block is one storage, keyed by its device, data pointer and size, written as its size in
+    bytes and, when a leaf (a parameter) owns it, the variable's name (the backward never frees those).
+    """
+
+    def __init__(self):
+        self.index: dict = {}   # (device, data_ptr) -> block index
+        self.blocks: list[list] = []
+        self.saved: dict[str, dict[str, int]] = {}
+
+    @staticmethod
+    def key(t) -> tuple | None:
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass, a nested tensor)
+            return None
+        return (str(t.device), st.data_ptr(), st.nbytes())
+
+    def note(self, nid: str, field: str, t) -> None:
+        key = self.key(t)
+        if key is None or key[1] == 0:
+            return
+        block = self.index.get(key)
+        if block is None:
+            block = self.index[key] = len(self.blocks)
+            self.blocks.append([key[2]])
+        self.saved.setdefault(nid, {})[field] = block
+
+    def section(self, leaves: Mapping[str, Any]) -> dict | None:
+        """The document's ``storage`` section; ``leaves`` maps variable names to their tensors."""
+        if not self.blocks:
+            return None
+        for name, t in leaves.items():
+            key = self.key(t)
+            block = self.index.get(key) if key is not None else None
+            if block is not None and len(self.blocks[block]) == 1:
+                self.blocks[block].append(name)
+        return {"blocks": self.blocks, "saved": self.saved}
+
+
 def _is_tensor_list(torch, v) -> bool:
     return (isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v)
             and all(x is None or isinstance(x, torch.Tensor) for x in v))
@@ -364,6 +408,8 @@ class _Capture:
         self.var_of: dict = {}
         #: Custom autograd.Function nodes without a rule: resolved by the reference run (``capture.inner``).
         self.custom: list = []
+        #: The storage of every saved tensor (the document's ``storage`` section).
+        self.storages = _Storages()
 
     def add(self, roots) -> list:
         """Describe every node reachable from ``roots`` (grad_fns) not seen before; returns them in walk order."""
@@ -460,6 +506,12 @@ class _Capture:
                             v = getattr(fn, attr)
                         except RuntimeError:
                             continue  # already freed, or not saved for this call
+                        if isinstance(v, torch.Tensor):
+                            self.storages.note(nid, field, v)
+                        elif _is_tensor_list(torch, v):
+                            for k, t in enumerate(v):
+                                if t is not None:
+                                    self.storages.note(nid, f"{field}.{k}", t)
                         if field in unused and isinstance(v, torch.Tensor):
                             v = torch.zeros_like(v)
                         if _is_tensor_list(torch, v):
@@ -622,6 +674,9 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     if fsdp_watch is not None:
         doc["fsdp"] = section(parameters, fsdp_watch, cap.ids, cap.var_names_by_id())
     _report_hooks(doc, cap, hook_watch)
+    storage = cap.storages.section({name: fn.variable for fn, name in cap.var_of.items()})
+    if storage is not None and values:
+        doc["storage"] = storage
     doc["nodes"] = cap.nodes
     if path is not None:
         _write(doc, arrays, path)

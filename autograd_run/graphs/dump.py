@@ -65,6 +65,15 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
             out["variables"].append(vd)
     if graph.inputs:
         out["inputs"] = list(graph.inputs)
+    if graph.parameters:
+        out["parameters"] = list(graph.parameters)
+    if graph.ddp is not None:
+        out["ddp"] = dict(graph.ddp)
+    if graph.fsdp is not None:
+        out["fsdp"] = graph.fsdp
+    if graph.storage is not None:
+        out["storage"] = {"blocks": [[b, v] if v is not None else [b] for b, v in graph.storage["blocks"]],
+                          "saved": graph.storage["saved"]}
     if graph.meta:
         out["meta"] = graph.meta
     out["nodes"] = nodes

@@ -228,6 +228,11 @@ class Graph:
     #: ``post_backward`` node ids or None, optional ``backward_prefetch``, ``param_dtype``, ``reduce_dtype``),
     #: ``root``, ``world_size``. None: not captured under FSDP2.
     fsdp: dict | None = None
+    #: Where the saved tensors live, recorded by capture (the file's ``storage``; see ``graphs.validate`` and
+    #: ``analysis.memory``): ``blocks``, a list of ``(bytes, variable name or None)``, one per storage (a
+    #: variable's: a leaf owns it, the backward never frees it), and ``saved``, node id -> {field: block
+    #: index}. None: not recorded (each saved tensor is then its own allocation of its own size).
+    storage: dict | None = None
 
     @property
     def num_edges(self) -> int:

@@ -83,5 +83,7 @@ class GraphSpec(msgspec.Struct, forbid_unknown_fields=True):
     ddp: dict[str, Any] | UnsetType = UNSET
     #: FSDP2's units when the model was captured under ``fully_shard`` (``graphs.validate``).
     fsdp: dict[str, Any] | UnsetType = UNSET
+    #: The storage each saved tensor lives in, when capture recorded it (``graphs.validate``, ``analysis.memory``).
+    storage: dict[str, Any] | UnsetType = UNSET
     mode: str | UnsetType = UNSET
     meta: dict[str, Any] | UnsetType = UNSET

@@ -385,6 +385,59 @@ class _Checker:
                 raise self.err(("ddp", key), f"must be {rule[1]}, got {tensors.short(value)}")
         return dict(d)
 
+    #: The ``storage`` section: at most this many blocks and saved-tensor entries; a block's size in bytes below
+    #: 2**50 (a bound on what one storage can be).
+    MAX_STORAGE_BLOCKS = 20_000_000
+    MAX_BLOCK_BYTES = 1 << 50
+
+    def check_storage(self, d: Any, variables: dict, by_id: dict) -> dict:
+        """The ``storage`` section (``capture``'s record of which storage each saved tensor lives in)."""
+        short = tensors.short
+        if not isinstance(d, dict):
+            raise self.err(("storage",), f"must be a mapping with 'blocks' and 'saved', got {short(d)}")
+        for key in d:
+            if key not in ("blocks", "saved"):
+                raise self.err(("storage", key), "unknown field (fields: blocks, saved)")
+        blocks = d.get("blocks")
+        if not isinstance(blocks, list):
+            raise self.err(("storage", "blocks"), f"must be a list of [bytes] or [bytes, variable], got {short(blocks)}")
+        if len(blocks) > self.MAX_STORAGE_BLOCKS:
+            raise self.err(("storage", "blocks"), f"at most {self.MAX_STORAGE_BLOCKS} blocks, got {len(blocks)}")
+        out_blocks = []
+        for k, b in enumerate(blocks):
+            p = ("storage", "blocks", k)
+            if not isinstance(b, list) or not 1 <= len(b) <= 2:
+                raise self.err(p, f"a block must be [bytes] or [bytes, variable], got {short(b)}")
+            nbytes = b[0]
+            if type(nbytes) is not int or not 0 <= nbytes < self.MAX_BLOCK_BYTES:
+                raise self.err(p + (0,), f"a block's size must be a whole number of bytes from 0 to 2**50, "
+                               f"got {short(nbytes)}")
+            var = b[1] if len(b) == 2 else None
+            if var is not None and (not isinstance(var, str) or var not in variables):
+                raise self.err(p + (1,), f"unknown variable {short(var)}")
+            out_blocks.append((nbytes, var))
+        saved = d.get("saved", {})
+        if not isinstance(saved, dict):
+            raise self.err(("storage", "saved"), f"must map node ids to {{field: block}}, got {short(saved)}")
+        n = len(out_blocks)
+        count = 0
+        for nid, fields in saved.items():
+            p = ("storage", "saved", nid)
+            node = by_id.get(nid)
+            if node is None:
+                raise self.err(p, f"unknown node {short(nid)}")
+            if not isinstance(fields, dict):
+                raise self.err(p, f"must map saved fields to block indices, got {short(fields)}")
+            count += len(fields)
+            if count > self.MAX_STORAGE_BLOCKS:
+                raise self.err(p, f"at most {self.MAX_STORAGE_BLOCKS} saved tensors in all")
+            for field_name, block in fields.items():
+                if field_name not in node.saved:
+                    raise self.err(p + (field_name,), f"node {short(nid)} saves no field {short(field_name)}")
+                if type(block) is not int or not 0 <= block < n:
+                    raise self.err(p + (field_name,), f"must be a block index from 0 to {n - 1}, got {short(block)}")
+        return {"blocks": out_blocks, "saved": saved}
+
     #: The ``fsdp`` section's fields and those of one of its units.
     FSDP_FIELDS = ("units", "root", "world_size")
     FSDP_UNIT_FIELDS = ("name", "parameters", "reshard_after_forward", "pre_backward", "post_backward",
@@ -603,6 +656,8 @@ class _Checker:
             if not isinstance(spec.fsdp, dict):
                 raise self.err(("fsdp",), f"must be a mapping, got {tensors.short(spec.fsdp)}")
             graph.fsdp = self.check_fsdp(spec.fsdp, variables, by_id)
+        if spec.storage is not UNSET:
+            graph.storage = self.check_storage(spec.storage, variables, by_id)
 
         count = self.count
         for i, (v, nbytes) in enumerate(zip(variables.values(), var_bytes)):

@@ -32,6 +32,12 @@ def _zeros_for(node, i, xp, like=None):
     return xp.zeros(meta.shape, dtype=meta.dtype if like is None else like.dtype)
 
 
+def _alpha_is_one(node) -> bool:
+    """Whether the node's ``alpha`` is 1 (absent or None too): then its second output is the gradient itself."""
+    alpha = node.saved.get("alpha")
+    return alpha is None or (not isinstance(alpha, (str, bool)) and alpha == 1)
+
+
 def _scaled(g, alpha):
     """``g * conj(alpha)``, skipping the multiply for alpha == 1."""
     return g if alpha == 1 else g * conj(num(alpha))
@@ -40,7 +46,8 @@ def _scaled(g, alpha):
 # --- add, sub, mul, div, neg ------------------------------------------------------------------------------
 
 
-@op("AddBackward0", outputs=2, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
+@op("AddBackward0", outputs=2, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0),
+    views=lambda node: ("same", "same" if _alpha_is_one(node) else ""))
 def add(node, grads, ctx):
     """a + alpha * b: the gradient passes to a, times conj(alpha) to b."""
     g = grads[0]
@@ -51,13 +58,14 @@ def add(node, grads, ctx):
     return [None if nxt[0] is None else g, None if nxt[1] is None else (g if alpha == 1 else g * num(alpha))]
 
 
-@op("AddBackward1", outputs=1, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
+@op("AddBackward1", outputs=1, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0), views="same")
 def add_scalar(node, grads, ctx):
     """a + other (a number): the gradient passes through."""
     return each(node, lambda i: real_for(node, i, grads[0]))
 
 
-@op("SubBackward0", outputs=2, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(1))
+@op("SubBackward0", outputs=2, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(1),
+    views=lambda node: ("same", ""))
 def sub(node, grads, ctx):
     """a - alpha * b."""
     g = grads[0]
@@ -67,7 +75,7 @@ def sub(node, grads, ctx):
     return [None if node.next[0] is None else g, None if node.next[1] is None else -g * num(alpha)]
 
 
-@op("SubBackward1", outputs=1, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0))
+@op("SubBackward1", outputs=1, saved="alpha:scalar?", elementwise=True, cost=cost.pointwise(0), views="same")
 def sub_scalar(node, grads, ctx):
     """a - other (a number): the gradient passes through."""
     return each(node, lambda i: real_for(node, i, grads[0]))
@@ -834,7 +842,7 @@ def fake_quantize(node, grads, ctx):
     return each(node, lambda i: grads[0] * mask)
 
 
-@op("CloneBackward0", outputs=1, elementwise=True, cost=cost.VIEW)
+@op("CloneBackward0", outputs=1, elementwise=True, cost=cost.VIEW, views="same")
 def clone(node, grads, ctx):
     """clone(a): the gradient passes through."""
     return each(node, lambda i: grads[0])

@@ -15,9 +15,9 @@ ACCUMULATE_GRAD = engine_op(
     aliases=("torch::autograd::AccumulateGrad",), cost=cost.pointwise(1))
 GRAPH_ROOT = engine_op(
     "GraphRoot", "created by the engine for a backward call with several roots; never in a file",
-    cost=cost.VIEW)
+    cost=cost.VIEW, views="same")
 IDENTITY = engine_op(
-    "identity", "passes each gradient through unchanged", elementwise=True, cost=cost.VIEW)
+    "identity", "passes each gradient through unchanged", elementwise=True, cost=cost.VIEW, views="same")
 COST = engine_op(
     "cost", "does a stated amount of real work (attrs.cost), then emits zeros of the declared shapes")
 OPAQUE = engine_op(

@@ -21,13 +21,13 @@ from autograd_run.ops.arrays import each
 from autograd_run.ops.spec import PER_INPUT, op
 
 
-@op("BackwardHookFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW)
+@op("BackwardHookFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW, views="same")
 def backward_hook_function(node, grads, ctx):
     """nn.Module full backward hooks' pass-through (BackwardHookFunction): gradient k to input k (hooks not kept)."""
     return each(node, lambda i: grads[i])
 
 
-@op("_DDPSinkBackward", outputs=PER_INPUT, cost=cost.VIEW)
+@op("_DDPSinkBackward", outputs=PER_INPUT, cost=cost.VIEW, views="same")
 def ddp_sink(node, grads, ctx):
     """DistributedDataParallel's _DDPSink (its outputs pass through it under find_unused_parameters or
     static_graph): gradient k to input k. (Its backward also queues the Reducer's delayed all-reduce in
@@ -35,7 +35,7 @@ def ddp_sink(node, grads, ctx):
     return each(node, lambda i: grads[i])
 
 
-@op("RegisterPostBackwardFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW)
+@op("RegisterPostBackwardFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW, views="same")
 def fsdp_post_backward(node, grads, ctx):
     """FSDP2's RegisterPostBackwardFunction (``fully_shard`` puts it on a module's inputs): gradient k to input k.
     (Its backward also runs the module's post-backward: the reduce-scatter of its gradients, which
@@ -43,7 +43,7 @@ def fsdp_post_backward(node, grads, ctx):
     return each(node, lambda i: grads[i])
 
 
-@op("RegisterPreBackwardFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW)
+@op("RegisterPreBackwardFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW, views="same")
 def fsdp_pre_backward(node, grads, ctx):
     """FSDP2's RegisterPreBackwardFunction (a module's outputs under functorch transforms): the gradient passes
     through. (Its backward runs the module's pre-backward: the all-gather, which ``sim.fsdp`` models.)"""

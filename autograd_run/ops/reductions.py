@@ -39,7 +39,7 @@ def expand_reduced(node, g, xp, scale=None):
     return each(node, lambda i: xp.broadcast_to(g, sizes))
 
 
-@op("SumBackward0", outputs=1, saved="self_sym_sizes:sizes", cost=cost.reduction(0))
+@op("SumBackward0", outputs=1, saved="self_sym_sizes:sizes", cost=cost.reduction(0), views="expand")
 def sum_all(node, grads, ctx):
     """a.sum(): the gradient broadcast to the input's sizes."""
     sizes = tuple(node.saved["self_sym_sizes"])

@@ -37,7 +37,10 @@ engine's GraphTask. ``cost`` is a ``cost.CostModel`` (FLOPs and bytes moved
 as functions of the node's shapes and dtypes) used by the simulation.
 What graph validation checks of an op's saved values is declared here too:
 ``needed_for_output`` (optional fields a given output reads), and for
-matrix products ``matrix_rank`` and ``matrix_dims``.
+matrix products ``matrix_rank`` and ``matrix_dims``. What the memory
+model (``analysis.memory``) reads is declared here too: ``views``, which
+outputs are the incoming gradient itself or a view of it rather than new
+memory (see ``VIEW_KINDS``).
 
 The registry holds exactly one spec per name (PyTorch's spelling, plus
 aliases such as ``torch::autograd::AccumulateGrad``); registering a name
@@ -50,6 +53,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 KINDS = ("tensor", "sizes", "ints", "int", "scalar", "bool", "str", "tensors")
+
+#: How an output of a backward formula relates to its incoming gradient (``OpSpec.views``), as PyTorch's
+#: formula in ``derivatives.yaml`` makes it:
+#:   ``""``        new memory (the default: a product, a sum, a copy);
+#:   ``"same"``    the gradient itself, or a view of all of it (``grad``, ``grad.t()``, ``grad.reshape()``
+#:                 of a contiguous gradient): no new memory while the element count, dtype and device stay
+#:                 the gradient's (else the engine's ``sum_to`` or cast allocates);
+#:   ``"part"``    a view of a part of it (``CatBackward0``'s ``grad.narrow``): no new memory;
+#:   ``"expand"``  an expanded view of it (``SumBackward0``'s ``grad.expand``): no new memory, and not dense,
+#:                 so an InputBuffer never adds into it in place and AccumulateGrad copies it.
+VIEW_KINDS = ("", "same", "part", "expand")
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,9 @@ class OpSpec:
     #: A matrix product's saved matrices and the dims each shares with the gradient its node receives (the
     #: product's result): field -> ((saved dim, gradient dim), ...). Another size there is no PyTorch graph.
     matrix_dims: Mapping[str, tuple] | None = None
+    #: Per output, how it relates to the incoming gradient (``VIEW_KINDS``): one kind for every output, or
+    #: ``fn(node) -> tuple`` of kinds, one per output (an op whose outputs depend on a saved value).
+    views: str | Callable = ""
     #: The saved fields of kind ``tensor`` (derived).
     tensor_fields: frozenset = field(init=False)
     #: The saved fields of kind ``scalar`` (derived): a file may write one as a string ("(1-2j)", "inf", "1e-3").
@@ -116,6 +133,13 @@ class OpSpec:
     def __post_init__(self):
         object.__setattr__(self, "tensor_fields", frozenset(k for k, f in self.saved.items() if f.kind == "tensor"))
         object.__setattr__(self, "scalar_fields", frozenset(k for k, f in self.saved.items() if f.kind == "scalar"))
+        if not callable(self.views) and self.views not in VIEW_KINDS:
+            raise ValueError(f"op {self.name}: views must be one of {VIEW_KINDS} or a function, got {self.views!r}")
+
+    def view_kinds(self, node) -> tuple | str:
+        """``views`` for this node: a kind for every output, or a tuple with one kind per output."""
+        v = self.views
+        return v(node) if callable(v) else v
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
@@ -204,7 +228,8 @@ def undefined_passthrough(fn: Callable) -> Callable:
 
 def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise: bool = False, cost=None,
        aliases: tuple[str, ...] = (), unsupported: Callable | None = None, needed_for_output: tuple = (),
-       matrix_rank: int | None = None, matrix_dims: Mapping[str, tuple] | None = None):
+       matrix_rank: int | None = None, matrix_dims: Mapping[str, tuple] | None = None,
+       views: str | Callable = ""):
     """Declare the decorated backward formula as the rule of ``names`` (one spec per name).
 
     ``outputs`` must be given (None only where nothing tells the count; see the module docstring).
@@ -222,16 +247,16 @@ def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise:
         for i, name in enumerate(names):
             REGISTRY.add(OpSpec(name, rule, fields, elementwise, family, cost,
                                 aliases if i == 0 else (), unsupported, False, doc, outputs, needed_for_output,
-                                matrix_rank, matrix_dims))
+                                matrix_rank, matrix_dims, views))
         return fn
     return register
 
 
 def engine_op(name: str, doc: str, *, saved: str = "", elementwise: bool = False, cost=None,
-              aliases: tuple[str, ...] = ()) -> OpSpec:
+              aliases: tuple[str, ...] = (), views: str = "") -> OpSpec:
     """Declare a node kind that the engine implements itself (``autograd_run.engine.builtin_nodes``)."""
     return REGISTRY.add(OpSpec(name, None, parse_saved(saved), elementwise, "engine_ops", cost, aliases,
-                               None, True, doc))
+                               None, True, doc, views=views))
 
 
 @dataclass(slots=True)
