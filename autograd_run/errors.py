@@ -7,6 +7,8 @@
 ``UsageError``      exit 2: the command line itself is wrong.
 ``BackwardError``   exit 1: the backward pass raised (a node failed).
 ``OrderMismatch``   exit 3: the executed order or gradients differ from a golden one.
+``MemoryLimitExceeded`` exit 4: the pass would not fit in the memory limit asked for
+                    (``--memory-limit``): the run or simulation finished, its results are shown.
 ``RunInterrupted``  exit 130 (Ctrl-C) or 124 (the run's time limit): the run was stopped
                     before it finished; what was recorded is written, marked incomplete.
 
@@ -86,6 +88,10 @@ class BackwardError(AutogradRunError):
 
 class OrderMismatch(AutogradRunError):
     exit_code = 3
+
+
+class MemoryLimitExceeded(AutogradRunError):
+    exit_code = 4
 
 
 class RunInterrupted(BackwardError):

@@ -46,6 +46,7 @@ from autograd_run.record.recorder import Recorder
 from autograd_run.record.recording import Recording
 from autograd_run.analysis.samples import Samples, pass_samples
 from autograd_run.analysis.summary import Summary, SummaryBuilder, summarize
+from autograd_run.analysis.memory import Memory, memory_of
 
 
 @dataclass
@@ -101,6 +102,8 @@ class RunOptions:
     #: passes folds each pass into the summary and drops its events (memory stays flat with ``repeat``);
     #: the report's recording is then the last pass's. None: keep them when a trace is written.
     keep_recording: bool | None = None
+    #: Bytes per device the pass must fit in: ``RunReport.memory.over_limit`` names the first node past it.
+    memory_limit: int | None = None
 
 
 @dataclass
@@ -132,6 +135,17 @@ class RunReport:
     _summary: Summary | None = None
     _samples: Samples | None = None
     _folded: bool = False
+    _memory: Memory | None = None
+
+    @property
+    def memory(self) -> Memory | None:
+        """The pass's memory per device (``analysis.memory``) over its recording; None without a recording,
+        or when the pass failed or was stopped."""
+        if self._memory is None and self.recording is not None and not self.recording.empty \
+                and self.error is None and self.interrupted is None:
+            self._memory = memory_of(self.graph, self.recording, retain_graph=self.options.retain_graph,
+                                     limit=self.options.memory_limit)
+        return self._memory
 
     @property
     def samples(self) -> Samples | None:
@@ -268,6 +282,8 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     if o.trace_path:
         from autograd_run.traces.trace_file import write_trace
         t = time.perf_counter()
+        if report.memory is not None:  # the counter tracks of each device's allocated bytes
+            report.recording.counters.extend(report.memory.counters())
         write_trace(o.trace_path, report.recording, incomplete=report.interrupted)
         report.timings["trace"] = time.perf_counter() - t
     if order is not None:

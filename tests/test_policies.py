@@ -22,7 +22,7 @@ def two_device_graph():
 def test_every_row_names_a_priority_and_a_threading_choice():
     g = load_graph("example:mlp")
     assert policies.POLICIES == ("pytorch", "fifo", "critical-path", "single-thread", "caller-thread",
-                                 "predicted-order")
+                                 "predicted-order", "memory")
     for p in policies.TABLE:
         priority, threading = policies.make_policy(p.name, g, _one)
         assert hasattr(priority, "key") and isinstance(threading, bool), p.name

@@ -126,6 +126,13 @@ max_memory_option = click.option(
          "[default: 4 GiB or half the machine's memory, whichever is less]")
 
 
+#: ``--memory-limit SIZE``: bytes per device the pass must fit in (``memory_limit``: bytes or None).
+memory_limit_option = click.option(
+    "--memory-limit", default=None, metavar="SIZE", callback=_byte_size,
+    help="Report the first node at which the pass's allocated bytes on a device would pass SIZE (e.g. 16GiB; "
+         "exit 4 when it does)")
+
+
 #: ``main()`` without arguments (the console script) runs the process's command line, and the process
 #: ends with it: it passes this as click's context object, so a command may treat what it loads as
 #: living until exit.

@@ -194,6 +194,7 @@ def report_json(report, graph: str) -> dict:
     return {"graph": graph, "devices": report.devices.kind,
             "error": None if error is None else {"node": error.node_id, "name": error.node_name, "message": str(error)},
             "summary": report.summary.to_dict(), "samples": None if report.samples is None else report.samples.to_dict(),
+            "memory": None if report.memory is None else report.memory.to_dict(),
             "grads": {} if report.result is None else {k: None if v is None else array_json(host(v))
                                                        for k, v in report.result.grads.items()}}
 
@@ -206,13 +207,21 @@ def samples_json(recording) -> dict | None:
 
 def render_compare(console: Console, reports, title: str) -> None:
     """One row per simulated variant: wall time, engine time, critical path, busiest worker."""
+    from autograd_run.sim.ddp import size_text
+    limit = reports[0].options.memory_limit
     t = columns(Table(title=title), ("policy", "label"), ("devices", "num"), ("placement", "label"), ("wall", "num"),
-                ("engine done", "num"), ("critical path", "num"), ("vs first", "num"))
+                ("engine done", "num"), ("critical path", "num"), ("vs first", "num"), ("peak memory", "num"),
+                *((("fits " + size_text(limit), "label"),) if limit is not None else ()))
     base = reports[0].wall_ns or 1
     for r in reports:
         s = r.summary
+        m = r.memory
+        peak = max(m.devices, key=lambda d: d.peak) if m.devices else None
+        fits = () if limit is None else ("yes" if m.over_limit is None else
+                                         _plain(f"no: {m.over_limit.name} {m.over_limit.node}"),)
         t.add_row(r.options.policy, str(r.options.devices or "-"), r.options.placement, fmt_ns(r.wall_ns),
-                  fmt_ns(r.engine_done_ns), fmt_ns(s.critical_path_ns), f"{r.wall_ns / base:.2f}x")
+                  fmt_ns(r.engine_done_ns), fmt_ns(s.critical_path_ns), f"{r.wall_ns / base:.2f}x",
+                  f"{size_text(peak.peak)} ({peak.device})" if peak is not None else "-", *fits)
     console.print(t)
 
 
@@ -278,6 +287,42 @@ def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8
         for name, (count, why) in sorted(cov.trace_unmatched.items(), key=lambda kv: -kv[1][0])[:top]:
             t.add_row(_plain(name), str(count), _plain(why))
         console.print(t)
+
+
+def render_memory(console: Console, mem, top: int = 5) -> None:
+    """The pass's memory (``analysis.memory.Memory``): per device its allocated bytes at the start, the peak
+    (when, and the node running), after the pass; the largest holders at each peak; a limit passed."""
+    from autograd_run.sim.ddp import size_text
+    if mem is None or not mem.devices:
+        return
+    t = Table(title="memory (allocated bytes)")
+    for c, j in (("device", "left"), ("at start", "right"), ("peak", "right"), ("at", "right"),
+                 ("while running", "left"), ("after the pass", "right")):
+        t.add_column(c, justify=j)
+    for d in mem.devices:
+        running = _plain(f"{d.peak_name} {d.peak_node}") if d.peak_node is not None else "(before the first node)"
+        t.add_row(_plain(d.device), size_text(d.start), size_text(d.peak), fmt_ns(d.peak_ns), running,
+                  size_text(d.end))
+    console.print(t)
+    for d in mem.devices:
+        if not d.holders:
+            continue
+        h = Table(title=f"at the {_plain(d.device).plain} peak: by kind, and the largest blocks")
+        h.add_column("holds")
+        h.add_column("bytes", justify="right")
+        for kind, n in sorted(d.at_peak.items(), key=lambda kv: -kv[1]):
+            h.add_row(kind, size_text(n))
+        for x in d.holders[:top]:
+            h.add_row(_plain(f"  {x.what}"), size_text(x.bytes))
+        console.print(h)
+    note = ("shared storage as captured" if mem.storage == "captured" else
+            "each saved tensor its own allocation (capture records shared storage)")
+    console.print(_plain(f"memory model: {note}; formulas' scratch space and the allocator's cache not counted"
+                         + ("; saved tensors kept (retain_graph)" if mem.retain_graph else "")))
+    if mem.over_limit is not None:
+        o = mem.over_limit
+        console.print(_plain(f"over the memory limit of {size_text(o.limit)} on {o.device}: "
+                             f"{size_text(o.bytes)} at {fmt_ns(o.ns)}, while {o.name} {o.node} ran"))
 
 
 def render_ddp_compare(console: Console, key: str, results) -> None:

@@ -9,13 +9,13 @@ import click
 
 from autograd_run.cli import jsonout
 from autograd_run.cli.common import (
-    Seconds, Whole, echo, error_line, load_graph_arg, max_memory_option, note_lines, write,
+    Seconds, Whole, echo, error_line, load_graph_arg, max_memory_option, memory_limit_option, note_lines, write,
 )
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.cli.interrupts import ctrl_c_stops
 from autograd_run.cli.terminal import make_console, plain, traceback_lines
 from autograd_run.engine.tracer import Tracer
-from autograd_run.errors import OrderMismatch, UsageError
+from autograd_run.errors import MemoryLimitExceeded, OrderMismatch, UsageError
 from autograd_run.stopping import RunStop
 
 
@@ -83,6 +83,7 @@ class Progress(Tracer):
               help="Offset every random tensor's seed: another reproducible draw  [default: the file's seeds]")
 @click.option("--allow-python", is_flag=True, help="Allow python nodes to import and run their callables.")
 @max_memory_option
+@memory_limit_option
 @click.option("--order-out", default=None, metavar="FILE", help="Write the executed order as JSON Lines.")
 @click.option("--expect-order", default=None, metavar="FILE", help="Compare the executed order with a JSON Lines "
               "golden file (exact when deterministic, else per worker); exit 3 on a mismatch.")
@@ -102,7 +103,7 @@ class Progress(Tracer):
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
 def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_unused, retain_graph, create_graph,
         no_multithreading, backend, backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, max_memory,
-        order_out, expect_order, costs, step, summary, json_out, timeout, fmt, verbose):
+        memory_limit, order_out, expect_order, costs, step, summary, json_out, timeout, fmt, verbose):
     """Run a graph's backward pass (GRAPH is a file, example:NAME, or - for stdin).
 
     \b
@@ -116,7 +117,7 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
       autograd-run lstm.json --costs lstm-profile.json   # opaque nodes take PyTorch's measured time
       cat graph.json | autograd-run -
     """
-    from autograd_run.cli.render import render_grads, render_summary, report_json
+    from autograd_run.cli.render import render_grads, render_memory, render_summary, report_json
     from autograd_run.session import RunOptions, run_session
     from autograd_run.traces.order import read_order
 
@@ -137,7 +138,8 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
         inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
         profile=summary or json_out or bool(trace_path), samples=json_out, trace_path=trace_path, order_out=order_out,
         expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
-        tracers=(progress,), costs=costs, costs_step=step, timeout=timeout, stop=RunStop())
+        tracers=(progress,), costs=costs, costs_step=step, timeout=timeout, stop=RunStop(),
+        memory_limit=memory_limit)
     if options.inputs is not None:
         options.inputs = [s.strip() for s in options.inputs if s.strip()]  # "a, b" as "a,b"
     try:
@@ -160,6 +162,7 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
             console.print(plain(f"measured time taken by {applied} opaque node{'s' if applied != 1 else ''}"
                                 + ("" if applied else " (nodes with a rule run their own formula)")))
         render_summary(console, report.summary, f"{g.source}: {len(g.nodes)} nodes", devices=dev_line)
+        render_memory(console, report.memory)
         if report.result is not None:
             render_grads(console, report.result)
         if trace_path and not open_trace:
@@ -189,6 +192,17 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
     if expect_order and not json_out:
         echo(f"order matches {expect_order} ({len(report.order)} nodes"
              + (", compared per worker)" if report.per_worker else ")"))
+    over_memory_limit(report.memory)
+
+
+def over_memory_limit(memory) -> None:
+    """``--memory-limit`` passed: the first node past it, exit 4 (the results were shown)."""
+    if memory is None or memory.over_limit is None:
+        return
+    from autograd_run.sim.ddp import size_text
+    o = memory.over_limit
+    raise MemoryLimitExceeded(f"the pass would not fit in {size_text(o.limit)} on {o.device}: "
+                              f"{size_text(o.bytes)} allocated while {o.name} {o.node} ran")
 
 
 def run_mode(grad: bool, backward: bool) -> str | None:

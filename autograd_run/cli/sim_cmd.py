@@ -7,7 +7,8 @@ import os
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import Whole, echo, write
+from autograd_run.cli.common import Whole, echo, memory_limit_option, write
+from autograd_run.cli.run_cmd import over_memory_limit
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.errors import UsageError
 from autograd_run.sim.placement import PLACEMENTS
@@ -94,10 +95,11 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
                    "`calibrate --gloo`), or a network file (docs/parallel.md).")
 @click.option("--straggler", default=None, metavar="rank=R,slowdown=S",
               help="--ddp: one rank's backward S times slower (its costs scaled): every collective waits for it.")
+@memory_limit_option
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, open_trace, order_out,
-             slack, ddp, fsdp, world, network, straggler,
+             slack, ddp, fsdp, world, network, straggler, memory_limit,
              summary, json_out):
     """Simulate GRAPH's backward pass on a virtual clock (no node runs).
 
@@ -151,7 +153,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     slack_top = slack if len(variants) == 1 and (summary or json_out) else 0
     for pol, k in variants:
         opts = SimOptions(spec=spec, devices=k, placement=placement or ("greedy" if k else "keep"), policy=pol,
-                          scale=scale, costs=measured or "analytic", slack_top=slack_top, detail=bool(trace_path))
+                          scale=scale, costs=measured or "analytic", slack_top=slack_top, detail=bool(trace_path),
+                          memory_limit=memory_limit)
         reports.append(simulate_session(g, opts))
     first = reports[0]
     ddp_results = []
@@ -173,6 +176,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             else:
                 from autograd_run.sim.ddp import add_to_recording
             add_to_recording(ddp_result, recording)
+        recording.counters.extend(first.memory.counters())  # each device's allocated bytes
         write_trace(trace_path, recording)
     if order_out:
         write_order(order_out, first.order)
@@ -187,8 +191,10 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         write(jsonout.dumps(doc))
         if open_trace:
             show_trace(trace_path, url_to_stderr=True)
+        if len(reports) == 1:
+            over_memory_limit(first.memory)
         return
-    from autograd_run.cli.render import render_compare, render_costs, render_slack, render_summary
+    from autograd_run.cli.render import render_compare, render_costs, render_memory, render_slack, render_summary
     from autograd_run.cli.terminal import make_console, plain
     console = make_console()
     if measured is not None and summary:
@@ -198,6 +204,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     elif summary:
         render_summary(console, first.summary, f"{g.source}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
+        render_memory(console, first.memory)
         if ddp_result is not None:
             from autograd_run.cli.render import render_ddp, render_fsdp
             (render_fsdp if fsdp is not None else render_ddp)(console, ddp_result)
@@ -212,6 +219,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                             "https://ui.perfetto.dev)"))
     if open_trace:
         show_trace(trace_path)
+    if len(reports) == 1:
+        over_memory_limit(first.memory)
 
 
 def _calibrate_gloo(worlds_text: str, output: str | None) -> None:
@@ -387,7 +396,7 @@ def _report_json(r) -> dict:
             "warnings": r.warnings, "policy": r.options.policy, "devices": r.options.devices,
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
             "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.spec.engine.profiler_event_us), "summary": r.summary.to_dict(),
-            "samples": samples_json(r.recording),
+            "samples": samples_json(r.recording), "memory": r.memory.to_dict(),
             "slack": [s.__dict__ for s in r.slack]}
 
 

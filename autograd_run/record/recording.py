@@ -182,6 +182,17 @@ class Idle(NamedTuple):
     waiting_for: int | None = None
 
 
+class Counter(NamedTuple):
+    """A value over time that the recording carries for its trace (a device's allocated bytes, from
+    ``analysis.memory``): a counter track named ``name`` with its value under ``arg``; ``ts`` in the
+    recording's clock (ns), ``values`` one per time."""
+
+    name: str
+    arg: str
+    ts: np.ndarray
+    values: np.ndarray
+
+
 class GraphTaskSpan(NamedTuple):
     """One backward call: reentrant ``depth`` (0 for a top-level call), from creation to completion."""
 
@@ -251,7 +262,7 @@ class Recording:
                  lock_waits: list | None = None, syncs: list | None = None, stream_events: list | None = None,
                  errors: list | None = None, nans: list | None = None, idles: list | None = None,
                  graph_tasks: list | None = None, kernels: list | None = None, simulated: bool = False,
-                 start: int = 0, end: int = 0):
+                 start: int = 0, end: int = 0, counters: list | None = None):
         #: By OS thread id, in display order (callers, device workers by index, pool threads).
         self.threads: dict[int, ThreadInfo] = threads if threads is not None else {}
         self.skips: list[Skip] = skips if skips is not None else []
@@ -265,6 +276,9 @@ class Recording:
         self.kernels: list[KernelSlice] = kernels if kernels is not None else []
         #: True for a simulated run (times on a virtual clock).
         self.simulated = simulated
+        #: Counter tracks for the trace beyond the engine's own (``Counter``): added after the run by a model
+        #: over it (``analysis.memory``'s allocated bytes per device).
+        self.counters: list[Counter] = counters if counters is not None else []
         #: The run's span: from the first top-level backward call's start to the last call's completion
         #: (or the last node's end, if later), with idle spans clipped to it: the device threads' wait
         #: before the first call and after the last is not part of the run. Without graph-task spans,

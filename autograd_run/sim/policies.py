@@ -18,6 +18,9 @@ row here (and its test).
 ``predicted-order`` each worker runs its nodes in the order
                     ``get_current_graph_task_execution_order`` predicts (a static order
                     computed before the pass), one worker per device.
+``memory``          the ready task whose node frees the most bytes first (its saved tensors and
+                    input gradients, less the new memory of its outputs: ``analysis.memory``'s
+                    ``static_frees``), one worker per device; the engine's dependencies as PyTorch's.
 """
 
 from __future__ import annotations
@@ -62,6 +65,14 @@ def predicted_ranks(graph) -> dict:
     return {node: n - i for i, node in enumerate(order)}
 
 
+def memory_ranks(graph) -> dict:
+    """The bytes each node's run frees (``analysis.memory.static_frees``), shifted to ranks >= 1."""
+    from autograd_run.analysis.memory import static_frees
+    frees = static_frees(graph)
+    low = min(frees.values(), default=0)
+    return {node: f - low + 1 for node, f in frees.items()}
+
+
 def _accelerators(graph) -> int:
     return len({str(d) for d in graph.devices if not d.is_cpu})
 
@@ -88,6 +99,7 @@ TABLE = (
     Policy("single-thread", lambda g, c: PyTorchPriority(), lambda g: False, True),
     Policy("caller-thread", lambda g, c: PyTorchPriority(), lambda g: _accelerators(g) > 1, True),
     Policy("predicted-order", lambda g, c: RankPriority("predicted-order", predicted_ranks(g)), _on, False),
+    Policy("memory", lambda g, c: RankPriority("memory", memory_ranks(g)), _on, False),
 )
 POLICIES = tuple(p.name for p in TABLE)
 RUN_POLICIES = tuple(p.name for p in TABLE if p.in_run)

@@ -31,6 +31,7 @@ from autograd_run.sim.confidence import choose_spec, expected_error, first_call,
 from autograd_run.sim.specs import MachineSpec
 from autograd_run.record.recording import Recording
 from autograd_run.analysis.summary import Summary, longest_runs, summarize
+from autograd_run.analysis.memory import Memory, memory_of
 
 
 @dataclass
@@ -62,6 +63,8 @@ class SimOptions:
     #: node id -> ns the node waits (asleep, on no core) before it computes: communication the node waited
     #: for, found by a model over a first simulation (``sim.fsdp``'s stalls), put back into the schedule.
     extra_ns: dict | None = None
+    #: Bytes per device the pass must fit in: ``SimReport.memory.over_limit`` names the first node past it.
+    memory_limit: int | None = None
 
 
 @dataclass
@@ -102,6 +105,16 @@ class SimReport:
     _recording: Recording | None = None
     _order: list[dict] | None = None
     _summary: Summary | None = None
+    _memory: Memory | None = None
+
+    @property
+    def memory(self) -> Memory:
+        """The simulated pass's memory per device (``analysis.memory``, the model a real run's uses)."""
+        if self._memory is None:
+            rec = self.recording
+            with gc_paused():
+                self._memory = memory_of(self.graph, rec, limit=self.options.memory_limit)
+        return self._memory
 
     @property
     def recording(self) -> Recording:

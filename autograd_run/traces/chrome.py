@@ -121,6 +121,7 @@ def to_chrome_trace(rec: Recording, incomplete: str | None = None) -> dict:
                     "cat": "node", "args": args})
         slices[(sl.gt, node)] = (tid, start)
     _counters(rec, out, us)
+    out.extend(extra_counters(rec, us))
     for k, w in enumerate(rec.waits, 1):
         # Async slices: a task waits while its worker runs other nodes. One track per queue name.
         common = {"pid": PID, "tid": tid_of(w.tid), "cat": "queue_wait", "id2": {"local": k},
@@ -218,6 +219,15 @@ def _counters(rec: Recording, out: list, us) -> None:
         per_task[gt] = n + delta
         total += delta
         out.append({"ph": "C", "pid": PID, "ts": us(ts), "name": "outstanding", "args": {"tasks": total}})
+
+
+def extra_counters(rec: Recording, us) -> list[dict]:
+    """The recording's added counter tracks (``Recording.counters``: a device's allocated bytes)."""
+    out = []
+    for c in rec.counters:
+        for ts, v in zip(c.ts.tolist(), c.values.tolist()):
+            out.append({"ph": "C", "pid": PID, "ts": us(ts), "name": c.name, "args": {c.arg: v}})
+    return out
 
 
 def incomplete_event(rec: Recording, incomplete: str) -> dict:
@@ -356,6 +366,7 @@ def chrome_chunks(rec: Recording, incomplete: str | None = None):
                 slices[(g, c.nodes[n])] = (tid_of(t), us(st))
     _instants_and_flows(rec, rest, us, tid_of, slices)
     _kernels(rec, rest, us)
+    rest.extend(extra_counters(rec, us))
     if incomplete:
         rest.append(incomplete_event(rec, incomplete))
     for a in range(0, len(rest), CHUNK):

@@ -52,6 +52,7 @@ PROCESS_UUID = 1
 KERNEL_PROCESS_UUID = 2
 OUTSTANDING_UUID = 3
 INCOMPLETE_UUID = 1 << 35  # the global track of a stopped run's mark
+COUNTER_UUID0 = 1 << 34  # + k: the recording's added counter tracks (Recording.counters)
 TRACK_UUID0 = 4        # + k: queue counters (k = queue index), then wait lanes (_track_uuid)
 THREAD_UUID0 = 100     # + trace tid
 KERNEL_UUID0 = 1 << 36  # + stream number
@@ -392,6 +393,10 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
     lone = np.nonzero(alone)[0]
     rows.add(COUNT, o_ts[lone], 1, 0, uuid_a=OUTSTANDING_UUID, val_a=o_val[lone])
     del o_ts, o_val, o_kind, o_index, alone, lone
+    for k, counter in enumerate(rec.counters):  # added counter tracks (a device's allocated bytes)
+        rows.add(COUNT, np.asarray(counter.ts, dtype=np.int64), 1, 0,
+                 uuid_a=np.full(len(counter.ts), COUNTER_UUID0 + k, dtype=np.int64),
+                 val_a=np.asarray(counter.values, dtype=np.int64))
     # the rarer events, one by one
     rare_ts, rare_prio, rare_tie = [], [], []
 
@@ -511,6 +516,9 @@ def _header(rec: Recording, tid_of, c, devices: list[str], wait_names: list[str]
                                pb_bytes(2, f"{name} queued") + pb_bytes(8, b"")))
     out += packet(pb_bytes(60, pb_varint(1, OUTSTANDING_UUID) + pb_varint(5, PROCESS_UUID) +
                            pb_bytes(2, "outstanding tasks") + pb_bytes(8, b"")))
+    for k, counter in enumerate(rec.counters):
+        out += packet(pb_bytes(60, pb_varint(1, COUNTER_UUID0 + k) + pb_varint(5, PROCESS_UUID) +
+                               pb_bytes(2, f"{counter.name} {counter.arg}") + pb_bytes(8, b"")))
     return out
 
 
