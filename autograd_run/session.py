@@ -104,6 +104,8 @@ class RunOptions:
     keep_recording: bool | None = None
     #: Bytes per device the pass must fit in: ``RunReport.memory.over_limit`` names the first node past it.
     memory_limit: int | None = None
+    #: A trace gets each device's allocated bytes as counter tracks (``analysis.memory``).
+    memory_trace: bool = True
 
 
 @dataclass
@@ -282,7 +284,7 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
     if o.trace_path:
         from autograd_run.traces.trace_file import write_trace
         t = time.perf_counter()
-        if report.memory is not None:  # the counter tracks of each device's allocated bytes
+        if o.memory_trace and report.memory is not None:  # the counter tracks of each device's allocated bytes
             report.recording.counters.extend(report.memory.counters())
         write_trace(o.trace_path, report.recording, incomplete=report.interrupted)
         report.timings["trace"] = time.perf_counter() - t

@@ -80,3 +80,18 @@ def test_the_trace_file_format_follows_the_path(tmp_path):
     for name in ("t.pftrace", "t.perfetto-trace"):
         write_trace(str(tmp_path / name), rec)
         assert (tmp_path / name).read_bytes() == b"".join(pftrace_chunks(rec))
+
+
+def test_memory_counter_tracks_read_the_same_in_both_formats():
+    """The memory model's counter tracks (``Recording.counters``): one track per device, the same values and
+    times from the protobuf trace as from the JSON trace, as the trace processor reads them."""
+    from autograd_run.analysis.memory import memory_of
+    g = load_graph("example:mlp")
+    rec = run_session(g, RunOptions()).recording
+    mem = memory_of(g, rec)
+    rec.counters.extend(mem.counters())
+    proto = content(b"".join(pftrace_chunks(rec)), "debug")
+    assert proto["errors"] == []
+    assert proto == content(b"".join(chrome_chunks(rec)), "args")
+    memory = [(name, value) for (name, ts, value), n in proto["counters"].items() if name == "cpu memory allocated"]
+    assert memory and max(v for _, v in memory) == mem.devices[0].peak

@@ -175,65 +175,162 @@ def nbytes(shape, dtype: str | None) -> int:
     return math.prod(shape) * T.itemsize(dtype)
 
 
-class _State:
-    """The blocks and who holds them, as the replay goes."""
+def describe(kind: str, what) -> str:
+    """A block's holder as the summary names it (made only for the blocks it shows)."""
+    if kind == SAVED:
+        node, name = what
+        return f"saved by {node.name} {node.id} ({name})"
+    if kind == GRADIENT:
+        return f"gradient for {what.name} {what.id}"
+    if kind == OUTPUT:
+        node, i = what
+        return f"output {i} of {node.name} {node.id}"
+    if kind == ROOT:
+        return f"root gradient {what}"
+    if kind == LEAF_GRAD:
+        return f"{what}.grad"
+    return str(what)
 
-    def __init__(self, devices: dict, rounding: dict):
+
+class _State:
+    """The blocks (storages) and how many holders each has, as the replay goes."""
+
+    def __init__(self):
         self.size: list[int] = []
         self.dev: list[int] = []
         self.refs: list[int] = []
-        self.kind: list[str] = []
-        self.what: list[str] = []
-        self.devices = devices          # device label -> index
-        self.rounding = rounding        # device index -> block rounding (1: none)
-        self.live = [0] * len(devices)
+        self.kind: list[str] = []       # per block: its holder now
+        self.what: list = []
+        self.kind0: list[str] = []      # per block: its holder when made
+        self.what0: list = []
+        self.index: dict = {}           # Device -> index
+        self.by_id: dict = {}           # id(Device) -> index
+        self.keep: list = []            # the Devices whose ids by_id holds
+        self.labels: list[str] = []
+        self.rounding: list[int] = []   # per device: block rounding (1: none)
+        self.live: list[int] = []
+        self.dirty: set = set()         # devices whose live bytes changed since the last sample
+        #: The sample the replay is at; per block, the sample that saw it made and the one that saw it go (-1:
+        #: alive), and its changes of holder (block, sample, kind, what): what held a peak, read afterwards.
+        self.now = 0
+        self.born: list[int] = []
+        self.died: list[int] = []
+        self.changes: list[tuple] = []
 
-    def device_index(self, label: str) -> int:
-        i = self.devices.get(label)
+    def hold(self, b: int, kind: str, what) -> None:
+        """Block ``b`` is now held as ``kind`` by ``what``."""
+        self.kind[b], self.what[b] = kind, what
+        self.changes.append((b, self.now, kind, what))
+
+    def device_index(self, device) -> int:
+        i = self.by_id.get(id(device))  # by identity first: a Device's own hash and == are Python code
         if i is None:
-            i = self.devices[label] = len(self.devices)
-            self.live.append(0)
-            self.rounding[i] = 1 if label == "cpu" else CUDA_BLOCK
+            i = self.index.get(device)
+            if i is None:
+                i = self.index[device] = len(self.labels)
+                self.labels.append(str(device))
+                self.rounding.append(1 if device.is_cpu else CUDA_BLOCK)
+                self.live.append(0)
+            self.by_id[id(device)] = i
+            self.keep.append(device)  # the id stays this device's while the replay runs
         return i
 
-    def new(self, size: int, device: str, kind: str, what: str, refs: int = 1) -> int:
-        d = self.device_index(device)
+    def new(self, size: int, device, kind: str, what, refs: int = 1) -> int:
+        d = self.by_id.get(id(device))
+        if d is None:
+            d = self.device_index(device)
         r = self.rounding[d]
-        if r > 1:
-            size = -(-size // r) * r if size else 0
+        if r > 1 and size:
+            size = -(-size // r) * r
         b = len(self.size)
         self.size.append(size)
         self.dev.append(d)
         self.refs.append(refs)
         self.kind.append(kind)
         self.what.append(what)
-        self.live[d] += size
+        self.kind0.append(kind)
+        self.what0.append(what)
+        self.born.append(self.now)
+        self.died.append(-1)
+        if size:
+            self.live[d] += size
+            self.dirty.add(d)
         return b
 
     def drop(self, b: int) -> None:
-        self.refs[b] -= 1
-        if self.refs[b] == 0:
-            self.live[self.dev[b]] -= self.size[b]
+        refs = self.refs
+        refs[b] -= 1
+        if refs[b] == 0:
+            self.died[b] = self.now
+        if refs[b] == 0 and self.size[b]:
+            d = self.dev[b]
+            self.live[d] -= self.size[b]
+            self.dirty.add(d)
+
+    def label(self, d: int) -> str:
+        return self.labels[d]
+
+    def at(self, sample: int, d: int) -> list[tuple[int, str, Any]]:
+        """(bytes, kind, what) of each block on device ``d`` alive at ``sample`` (made at or before it, gone
+        after it), with the holder it had then."""
+        kind, what = {}, {}
+        for b, when, k, w in self.changes:
+            if when <= sample:
+                kind[b], what[b] = k, w
+        out = []
+        for b, size in enumerate(self.size):
+            if size and self.dev[b] == d and self.born[b] <= sample and not (0 <= self.died[b] <= sample):
+                if b in kind:
+                    out.append((size, kind[b], what[b]))
+                else:
+                    out.append((size, self.kind0[b], self.what0[b]))
+        return out
+
+
+# how a gradient tensor is laid out (what decides whether PyTorch adds into it in place, or steals it as .grad)
+CONTIGUOUS = "C"     # row-major
+TRANSPOSED = "T"     # a matrix whose .t() is row-major
+STRIDED = "X"        # dense, another order (a permute, a narrow of an inner dim)
+EXPANDED = "E"       # overlapping (stride 0): not dense
+
+
+def _norm(layout: str, shape) -> str:
+    """A layout that is row-major after all: a dense one with at most one dimension longer than 1, or an
+    expanded one of one element."""
+    if layout == EXPANDED:
+        return CONTIGUOUS if math.prod(shape) <= 1 else EXPANDED
+    if layout != CONTIGUOUS and sum(1 for s in shape if s != 1) <= 1:
+        return CONTIGUOUS
+    return layout
 
 
 class _Grad:
-    """A gradient tensor: its block and whether it is dense (an expanded view is not)."""
+    """A gradient tensor: its block, its layout, its own bytes (a view's, not the block's), its holders."""
 
-    __slots__ = ("block", "dense")
+    __slots__ = ("block", "layout", "nbytes", "refs")
 
-    def __init__(self, block: int, dense: bool = True):
-        self.block, self.dense = block, dense
+    def __init__(self, block: int, layout: str, nbytes: int):
+        self.block, self.layout, self.nbytes, self.refs = block, layout, nbytes, 1
 
 
-def first_pass(rec: Recording) -> list:
-    """The slices of the recording's first top-level backward call (and the calls nested in it), in end order."""
-    slices = rec.slices
+def first_pass(rec: Recording) -> tuple[list, np.ndarray, np.ndarray]:
+    """(node objects, starts, ends) of the recording's first top-level backward call (and the calls nested in
+    it), in end order."""
+    c = rec.columns()
+    S = c.slices
+    if not len(S):
+        return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
+    keep = None
     tops = [g for g in rec.graph_tasks if g.depth == 0]
-    if not tops:
-        return list(slices)
-    first = min(tops, key=lambda g: g.start)
-    end = first.end if first.end is not None else max((s.end for s in slices), default=0)
-    return [s for s in slices if first.start <= s.start and s.end <= end]
+    if len(tops) > 1:
+        first = min(tops, key=lambda g: g.start)
+        end = first.end if first.end is not None else int(S.end.max())
+        keep = (S.start >= first.start) & (S.end <= end)
+    node, start, end_ = S.node, S.start, S.end
+    if keep is not None:
+        node, start, end_ = node[keep], start[keep], end_[keep]
+    table = c.nodes
+    return [table[i] for i in node.tolist()], start, end_
 
 
 def _saved_tensors(node) -> list[tuple[str, Any]]:
@@ -241,24 +338,30 @@ def _saved_tensors(node) -> list[tuple[str, Any]]:
     out = []
     fields = node.op.tensor_fields
     for k, v in node.saved.items():
-        if type(v) is dict and T.is_tensor_spec(v):
-            out.append((k, v))
-        elif k in fields and v is not None and not isinstance(v, (str, bool)):
+        if type(v) is dict:
+            if "random" in v or "npz" in v or "data" in v:
+                out.append((k, v))
+        elif k in fields and v is not None and type(v) is not str and type(v) is not bool:
             out.append((k, v))
     return out
 
 
 def _spec_bytes(value, side) -> int:
+    if type(value) is dict:
+        q = T.quick_random_numel(value)
+        if q >= 0:
+            return q * 4
+        try:
+            shape = T.spec_shape(value, side)
+            dtype = T.spec_dtype(value, side)
+        except Exception:  # noqa: BLE001 - an unreadable side file: the run reports it; no size here
+            return 0
+        return 0 if shape is None else nbytes(shape, dtype or "float32")
     if isinstance(value, (int, float, complex)):
         return 8  # a wrapped scalar: a 0-dim double tensor
     if isinstance(value, list):
         return int(np.asarray(value).size) * 4
-    try:
-        shape = T.spec_shape(value, side)
-        dtype = T.spec_dtype(value, side)
-    except Exception:  # noqa: BLE001 - an unreadable side file: the run reports it; no size here
-        return 0
-    return 0 if shape is None else nbytes(shape, dtype or "float32")
+    return 0
 
 
 def _inner_nodes(graph) -> dict:
@@ -287,13 +390,12 @@ def _inner_nodes(graph) -> dict:
 
 def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | None = None) -> Memory:
     """The pass's memory per device (see the module docstring); ``limit``: bytes per device to check."""
-    slices = first_pass(rec)
-    replay = _Replay(graph, rec, slices, retain_graph, limit)
+    run = first_pass(rec)
+    replay = _Replay(graph, rec, run, retain_graph, limit)
     replay.run()
     mem = Memory(retain_graph=retain_graph, storage="captured" if graph.storage is not None else "per tensor")
     st = replay.st
-    labels = replay.labels()
-    for d, label in enumerate(labels):
+    for d, label in enumerate(st.labels):
         ts, node = replay.peak_at[d]
         dm = DeviceMemory(label, start=replay.start_live[d], peak=replay.peaks[d], peak_ns=ts,
                           peak_node=node.id if node is not None else None,
@@ -306,15 +408,15 @@ def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | No
     mem.live = np.asarray(replay.samples_live, np.int64)
     mem.freed = replay.freed
     mem.t0 = replay.t0
-    # what holds each device's peak: the same replay again, stopped at the sample that reached it
+    # what held each device's peak: the blocks alive at the sample that reached it, as they were held then
     for d, dm in enumerate(mem.devices):
-        again = _Replay(graph, rec, slices, retain_graph, None)
-        again.run(stop_after=replay.peak_sample[d])
-        dm.at_peak = _by_kind(again.st, d)
-        live = [(again.st.size[b], b) for b in range(len(again.st.size))
-                if again.st.dev[b] == d and again.st.refs[b] > 0 and again.st.size[b]]
-        live.sort(key=lambda x: (-x[0], x[1]))
-        dm.holders = [Holder(again.st.kind[b], again.st.what[b], size) for size, b in live[:TOP_HOLDERS]]
+        live = st.at(replay.peak_sample[d], d)
+        by_kind: dict = {}
+        for size, kind, _ in live:
+            by_kind[kind] = by_kind.get(kind, 0) + size
+        dm.at_peak = {k: by_kind[k] for k in KINDS if by_kind.get(k)}
+        live.sort(key=lambda x: -x[0])
+        dm.holders = [Holder(kind, describe(kind, what), size) for size, kind, what in live[:TOP_HOLDERS]]
     order = sorted(range(len(mem.devices)), key=lambda d: (mem.devices[d].device != "cpu", mem.devices[d].device))
     remap = np.zeros(max(len(order), 1), np.int32)
     for new, old in enumerate(order):
@@ -325,17 +427,14 @@ def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | No
     return mem
 
 
-class _Stop(Exception):
-    """Raised by a replay told to stop after a given sample."""
-
-
 class _Replay:
     """One replay of the pass over its events (the module docstring's model)."""
 
-    def __init__(self, graph, rec: Recording, slices: list, retain_graph: bool, limit: int | None):
-        self.graph, self.slices, self.retain_graph, self.limit = graph, slices, retain_graph, limit
-        self.t0 = rec.start if rec.start else min((s.start for s in slices), default=0)
-        self.st = _State({}, {})
+    def __init__(self, graph, rec: Recording, run: tuple, retain_graph: bool, limit: int | None):
+        self.graph, self.retain_graph, self.limit = graph, retain_graph, limit
+        self.nodes, self.starts, self.ends = run
+        self.t0 = rec.start if rec.start else (int(self.starts.min()) if len(self.starts) else 0)
+        self.st = _State()
         self.grads: dict[str, _Grad] = {}
         self.buffers: dict = {}
         self.node_blocks: dict = {}
@@ -353,193 +452,249 @@ class _Replay:
         self.samples_dev: list[int] = []
         self.samples_live: list[int] = []
         self.n_samples = 0
-        self.stop_after: int | None = None
         self.over: OverLimit | None = None
         self.freed: dict = {}
-
-    def labels(self) -> list[str]:
-        out = [""] * len(self.st.devices)
-        for label, i in self.st.devices.items():
-            out[i] = label
-        return out
 
     # -- the pass's start ---------------------------------------------------------------
     def saved_of(self, node) -> list[int]:
         st = self.st
-        fields = self.saved_map.get(node.id, {})
+        fields = self.saved_map.get(node.id)
         mine: list[int] = []
+        users = self.users
         for name, value in _saved_tensors(node):
-            what = f"saved by {node.name} {node.id} ({name})"
-            fb = fields.get(name)
+            fb = fields.get(name) if fields else None
             if fb is not None:
                 size, var = self.blocks[fb]
                 if var is not None:
                     continue  # a leaf's storage: counted with the leaves, never freed
                 b = self.captured.get(fb)
                 if b is None:
-                    b = self.captured[fb] = st.new(size, str(node.device), SAVED, what)
+                    b = self.captured[fb] = st.new(size, node.device, SAVED, (node, name))
             else:
-                b = st.new(_spec_bytes(value, self.graph.side_files), str(node.device), SAVED, what)
+                b = st.new(_spec_bytes(value, self.graph.side_files), node.device, SAVED, (node, name))
             if b not in mine:
                 mine.append(b)
-                self.users[b] = self.users.get(b, 0) + 1
+                users[b] = users.get(b, 0) + 1
         return mine
 
-    def put(self, node, slot: int, g: _Grad) -> None:
-        """A gradient into ``node``'s input buffer slot (stored, added in place, or summed out of place)."""
+    def put(self, node, slot: int, g: "_Grad", ts: int | None = None, producer=None) -> None:
+        """A gradient into ``node``'s input buffer slot: stored; or added in place when the buffer holds the
+        only reference to a dense tensor and its block; or summed out of place (the sum, the old and the new
+        gradient alive at once: sampled at ``ts`` when given)."""
         st = self.st
         buf = self.buffers.get(node)
         if buf is None:
             buf = self.buffers[node] = [None] * max(node.num_inputs, slot + 1)
         old = buf[slot]
-        what = f"gradient for {node.name} {node.id}"
         if old is None:
             buf[slot] = g
-            if st.kind[g.block] not in (LEAF_GRAD, ROOT):
-                st.kind[g.block], st.what[g.block] = GRADIENT, what
+            if st.kind[g.block] is OUTPUT:
+                st.hold(g.block, GRADIENT, node)
             return
-        if old.dense and st.refs[old.block] == 1:
-            st.drop(g.block)  # added into the buffer's block in place
+        if old.layout != EXPANDED and old.refs == 1 and st.refs[old.block] == 1:
+            self.let_go(g)  # added into the buffer's tensor in place
             return
         meta = node.inputs[slot] if slot < node.num_inputs else None
-        size = nbytes(meta.shape, meta.dtype) if meta is not None else st.size[old.block]
-        dev = str(meta.device) if meta is not None else _device_label(st, st.dev[old.block])
-        buf[slot] = _Grad(st.new(size, dev, GRADIENT, what))
-        st.drop(old.block)
-        st.drop(g.block)
+        size = nbytes(meta.shape, meta.dtype) if meta is not None else old.nbytes
+        device = meta.device if meta is not None else node.device
+        buf[slot] = _Grad(st.new(size, device, GRADIENT, node), CONTIGUOUS, size)
+        if ts is not None:
+            self.sample(ts, producer)
+        self.let_go(old)
+        self.let_go(g)
+
+    def let_go(self, g: "_Grad") -> None:
+        """One holder of gradient ``g`` lets it go."""
+        g.refs -= 1
+        self.st.drop(g.block)
+
+    def share(self, g: "_Grad") -> "_Grad":
+        """One more holder of gradient ``g`` (the same tensor)."""
+        g.refs += 1
+        self.st.refs[g.block] += 1
+        return g
+
+    def view(self, g: "_Grad", layout: str, size: int) -> "_Grad":
+        """A new view of ``g``'s block."""
+        self.st.refs[g.block] += 1
+        return _Grad(g.block, layout, size)
 
     def begin(self) -> None:
         graph, st = self.graph, self.st
         inner_of = {n for ns in self.inner.values() for n in ns}
         for v in graph.variables.values():  # the leaves' values: alive throughout
-            st.new(nbytes(v.shape, v.dtype), str(v.device), LEAF, v.name)
+            st.new(nbytes(v.shape, v.dtype), v.device, LEAF, v.name)
         for v in graph.variables.values():
             if v.grad is not None:
-                self.grads[v.name] = _Grad(st.new(nbytes(v.shape, v.dtype), str(v.device), LEAF_GRAD,
-                                                  f"{v.name}.grad"))
+                size = nbytes(v.shape, v.dtype)
+                self.grads[v.name] = _Grad(st.new(size, v.device, LEAF_GRAD, v.name), CONTIGUOUS, size)
+        node_blocks = self.node_blocks
         for n in graph.nodes:
             if n.saves_tensors and n not in inner_of:
-                self.node_blocks[n] = self.saved_of(n)
+                node_blocks[n] = self.saved_of(n)
         for k, r in enumerate(graph.roots):
             node, slot = r.edge
             meta = node.inputs[slot] if slot < node.num_inputs else None
             size = nbytes(meta.shape, meta.dtype) if meta is not None else 4
-            g = _Grad(st.new(size, str(meta.device) if meta is not None else "cpu", ROOT, f"root gradient {k}"))
+            g = _Grad(st.new(size, meta.device if meta is not None else node.device, ROOT, k), CONTIGUOUS, size)
             self.put(node, slot, g)
 
     # -- samples ------------------------------------------------------------------------
     def sample(self, ts: int, node) -> None:
-        live = self.st.live
+        st = self.st
         rel = ts - self.t0
-        for d in range(len(live)):
-            if d >= len(self.peaks):
-                self.peaks.append(0)
-                self.peak_at.append((rel, None))
-                self.peak_sample.append(self.n_samples)
-                self.start_live.append(0)
+        live = st.live
+        while len(self.peaks) < len(live):
+            self.peaks.append(0)
+            self.peak_at.append((rel, None))
+            self.peak_sample.append(self.n_samples)
+            self.start_live.append(0)
+        for d in st.dirty:
             v = live[d]
             if v > self.peaks[d]:
                 self.peaks[d] = v
                 self.peak_at[d] = (rel, node)
                 self.peak_sample[d] = self.n_samples
             if self.over is None and self.limit is not None and v > self.limit and node is not None:
-                self.over = OverLimit(_device_label(self.st, d), self.limit, v, rel, node.id, node.name)
+                self.over = OverLimit(st.labels[d], self.limit, v, rel, node.id, node.name)
             self.samples_ts.append(rel)
             self.samples_dev.append(d)
             self.samples_live.append(v)
-        if self.stop_after is not None and self.n_samples >= self.stop_after:
-            raise _Stop
+        st.dirty.clear()
         self.n_samples += 1
+        st.now = self.n_samples
 
     # -- the replay ---------------------------------------------------------------------
-    def run(self, stop_after: int | None = None) -> None:
-        self.stop_after = stop_after
-        try:
-            self._run()
-        except _Stop:
-            pass
-
-    def _run(self) -> None:
-        st, graph = self.st, self.graph
+    def run(self) -> None:
+        st = self.st
         self.begin()
         self.start_live = list(st.live)
         self.peaks = list(st.live)
         self.peak_at = [(0, None)] * len(st.live)
         self.peak_sample = [0] * len(st.live)
+        st.dirty = set(range(len(st.live)))
         self.sample(self.t0, None)
-        events = []
-        for s in self.slices:
-            if s.node in self.inner:
-                events.append((s.start, 0, s))
-            events.append((s.end, 1, s))
-        events.sort(key=lambda e: (e[0], e[1]))
-        for ts, kind, s in events:
-            node = s.node
+        nodes, ends = self.nodes, self.ends.tolist()
+        if self.inner:  # a checkpoint's start (its recomputation) is an event too
+            starts = self.starts.tolist()
+            events = [(e, 1, n) for n, e in zip(nodes, ends)]
+            events += [(s, 0, n) for n, s in zip(nodes, starts) if n in self.inner]
+            events.sort(key=lambda e: (e[0], e[1]))
+        else:
+            events = zip(ends, [1] * len(ends), nodes)
+        finish = self.finish
+        for ts, kind, node in events:
             if kind == 0:  # a checkpoint starts: its recomputation saves the nested graph's tensors
                 for n in self.inner[node]:
                     if n.saves_tensors and n not in self.node_blocks:
                         self.node_blocks[n] = self.saved_of(n)
                 self.sample(ts, node)
-                continue
-            if not is_graph_root(node):
-                self.finish(node, ts)
+            elif not is_graph_root(node):
+                finish(node, ts)
         self.end()
 
     def finish(self, node, ts: int) -> None:
         """``node`` has run: its outputs made, its inputs and saved tensors let go, its outputs delivered."""
         st, grads = self.st, self.grads
         before = sum(st.live)
-        held = self.buffers.pop(node, None) or []
+        held = self.buffers.pop(node, None) or ()
         outs = []
-        if node.op is not ACCUMULATE_GRAD:
-            kinds = node.op.view_kinds(node)
-            src = next((g for g in held if g is not None), None)
-            names = node.attrs.get("inner", {}).get("inputs") if node.op is CHECKPOINT else None
+        op = node.op
+        if op is not ACCUMULATE_GRAD:
+            kinds = op.views
+            if kinds and not isinstance(kinds, str):
+                kinds = kinds(node)
+            src = None
+            for g in held:
+                if g is not None:
+                    src = g
+                    break
+            names = node.attrs.get("inner", {}).get("inputs") if op is CHECKPOINT else None
             for i, e in enumerate(node.next):
                 if e is None:
                     continue
                 target, slot = e
-                if slot >= target.num_inputs:
+                if slot >= len(target.inputs):
                     continue
                 meta = target.inputs[slot]
                 size = nbytes(meta.shape, meta.dtype)
-                kind = kinds if isinstance(kinds, str) else (kinds[i] if i < len(kinds) else "")
+                kind = kinds if type(kinds) is str else (kinds[i] if i < len(kinds) else "")
                 g = None
                 if names is not None and i < len(names) and names[i] in grads:
                     g = grads.pop(names[i])  # the nested backward's gradient of the detached input
-                elif kind and src is not None and _fits(st, src, size, meta, kind):
-                    st.refs[src.block] += 1
-                    g = _Grad(src.block, src.dense and kind != "expand")
+                elif kind and kind != "t-new" and src is not None:
+                    g = self.derived(node, src, kind, size, meta)
                 if g is None:
-                    g = _Grad(st.new(size, str(meta.device), OUTPUT, f"output {i} of {node.name} {node.id}"))
+                    layout = TRANSPOSED if kind == "t-new" and len(meta.shape) == 2 else CONTIGUOUS
+                    g = _Grad(st.new(size, meta.device, OUTPUT, (node, i)), _norm(layout, meta.shape), size)
                 outs.append((target, slot, g))
-        self.sample(ts, node)  # the node's own peak: its inputs and its outputs
-        if node.op is ACCUMULATE_GRAD and node.variable is not None and held and held[0] is not None:
+        if outs:
+            self.sample(ts, node)  # the node's own peak: its inputs and its outputs
+        if op is ACCUMULATE_GRAD and node.variable is not None and held and held[0] is not None:
             g = held[0]
-            var = graph_var = self.graph.variables.get(node.variable)
-            if var is not None and grads.get(node.variable) is None:
-                if g.dense and st.refs[g.block] == 1:
-                    st.refs[g.block] += 1  # stolen: .grad takes the buffer's reference
-                    grads[node.variable] = g
-                else:  # copied (another holder, or an expanded view)
-                    grads[node.variable] = _Grad(st.new(nbytes(graph_var.shape, graph_var.dtype),
-                                                        str(graph_var.device), LEAF_GRAD, f"{node.variable}.grad"))
-                b = grads[node.variable].block
-                st.kind[b], st.what[b] = LEAF_GRAD, f"{node.variable}.grad"
+            name = node.variable
+            if grads.get(name) is None:
+                var = self.graph.variables.get(name)
+                if g.refs == 1 and g.layout == CONTIGUOUS:
+                    grads[name] = self.share(g)  # stolen: .grad takes the tensor itself
+                else:  # copied (held elsewhere too, or not laid out as the variable is)
+                    size = nbytes(var.shape, var.dtype)
+                    grads[name] = _Grad(st.new(size, var.device, LEAF_GRAD, name), CONTIGUOUS, size)
+                    self.sample(ts, node)  # the copy and the gradient it copies, alive at once
+                st.hold(grads[name].block, LEAF_GRAD, name)
             # else: added into .grad in place
         for g in held:
             if g is not None:
-                st.drop(g.block)
+                self.let_go(g)
         if not self.retain_graph:
-            users = self.users
-            for b in self.node_blocks.pop(node, ()):
-                users[b] -= 1
-                if users[b] == 0:
-                    st.drop(b)
+            mine = self.node_blocks.pop(node, None)
+            if mine:
+                users = self.users
+                for b in mine:
+                    users[b] -= 1
+                    if users[b] == 0:
+                        st.drop(b)
+        put = self.put
         for target, slot, g in outs:
-            self.put(target, slot, g)
+            put(target, slot, g, ts, node)
         self.freed[node.id] = before - sum(st.live)
         self.sample(ts, node)
+
+    def derived(self, node, src: "_Grad", kind: str, size: int, meta) -> "_Grad | None":
+        """Output ``kind`` of ``node`` made from its incoming gradient ``src``: the gradient itself or a view
+        of it, or None where it is new memory (another device or dtype, a ``sum_to``, a reshape's copy)."""
+        st = self.st
+        if st.device_index(meta.device) != st.dev[src.block]:
+            return None
+        if kind == "same":
+            return self.share(src) if size == src.nbytes else None
+        if kind == "expand":
+            return self.view(src, _norm(EXPANDED, meta.shape), size)
+        if kind == "part":
+            dim = node.saved.get("dim", 0)
+            dim = dim if isinstance(dim, int) else 0
+            leading = [s for s in meta.shape[:dim] if s != 1] if 0 <= dim < len(meta.shape) else [0]
+            layout = src.layout if src.layout == EXPANDED or (src.layout == CONTIGUOUS and not leading) else STRIDED
+            return self.view(src, _norm(layout, meta.shape), size)
+        if size != src.nbytes:
+            return None
+        if kind == "view":
+            return self.view(src, src.layout, size)
+        if kind == "reshape":
+            if src.layout in (CONTIGUOUS, EXPANDED):
+                return self.view(src, src.layout, size)
+            return None  # reshape copies a gradient it cannot view
+        if kind == "transpose":
+            flip = {CONTIGUOUS: TRANSPOSED, TRANSPOSED: CONTIGUOUS}
+            layout = flip.get(src.layout, src.layout) if len(meta.shape) == 2 else (
+                src.layout if src.layout == EXPANDED else STRIDED)
+            return self.view(src, _norm(layout, meta.shape), size)
+        if kind == "permute":
+            dims = node.saved.get("dims")
+            same = isinstance(dims, list) and dims == list(range(len(dims)))
+            layout = src.layout if same or src.layout == EXPANDED else STRIDED
+            return self.view(src, _norm(layout, meta.shape), size)
+        return None
 
     def end(self) -> None:
         """Buffers of nodes that never ran go, except the gradients ``grad()`` returns."""
@@ -550,32 +705,11 @@ class _Replay:
                 continue
             for g in buf:
                 if g is not None:
-                    st.drop(g.block)
+                    self.let_go(g)
             del self.buffers[node]
-        end_ts = max((s.end for s in self.slices), default=self.t0)
+        end_ts = int(self.ends.max()) if len(self.ends) else self.t0
+        st.dirty = set(range(len(st.live)))
         self.sample(end_ts, None)
-
-
-def _fits(st: _State, src: _Grad, size: int, meta, kind: str) -> bool:
-    """Whether a view output of ``src`` needs no memory of its own (else the engine's sum_to or cast allocates)."""
-    d = st.dev[src.block]
-    if _device_label(st, d) != str(meta.device):
-        return False
-    if kind in ("part", "expand"):
-        return True
-    return st.size[src.block] == _rounded(st, size, d)
-
-
-def _rounded(st: _State, size: int, d: int) -> int:
-    r = st.rounding[d]
-    return -(-size // r) * r if r > 1 and size else size
-
-
-def _device_label(st: _State, d: int) -> str:
-    for label, i in st.devices.items():
-        if i == d:
-            return label
-    return "cpu"
 
 
 def _by_kind(st: _State, d: int) -> dict:
@@ -584,7 +718,6 @@ def _by_kind(st: _State, d: int) -> dict:
         if st.dev[b] == d and st.refs[b] > 0:
             out[st.kind[b]] += st.size[b]
     return {k: v for k, v in out.items() if v}
-
 
 def static_frees(graph) -> dict:
     """Per node, the bytes its run would free less those it would allocate, from the graph alone (no order):

@@ -133,6 +133,23 @@ memory_limit_option = click.option(
          "exit 4 when it does)")
 
 
+#: Graphs up to this many nodes get the memory model by default (it costs about 10 µs a node, in Python).
+MEMORY_AUTO_NODES = 100_000
+
+#: ``--memory/--no-memory``: model the pass's memory (``memory``: True, False or None for the default).
+memory_option = click.option(
+    "--memory/--no-memory", default=None,
+    help="Model the pass's memory: the summary's memory table, --json's memory, the trace's counter tracks "
+         f"[default: for graphs of up to {MEMORY_AUTO_NODES:,} nodes, or with --memory-limit]")
+
+
+def want_memory(memory: bool | None, graph, memory_limit: int | None) -> bool:
+    """Whether a command models the pass's memory (``--memory``, ``--no-memory``, or the default)."""
+    if memory is not None:
+        return memory
+    return memory_limit is not None or len(graph.nodes) <= MEMORY_AUTO_NODES
+
+
 #: ``main()`` without arguments (the console script) runs the process's command line, and the process
 #: ends with it: it passes this as click's context object, so a command may treat what it loads as
 #: living until exit.

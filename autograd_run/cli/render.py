@@ -187,14 +187,14 @@ def host(v):
     return v
 
 
-def report_json(report, graph: str) -> dict:
+def report_json(report, graph: str, memory: bool = True) -> dict:
     """The ``--json`` document of a run report (``jsonout.dumps`` makes it valid JSON)."""
     from autograd_run.cli.jsonout import array_json
     error = report.error
     return {"graph": graph, "devices": report.devices.kind,
             "error": None if error is None else {"node": error.node_id, "name": error.node_name, "message": str(error)},
             "summary": report.summary.to_dict(), "samples": None if report.samples is None else report.samples.to_dict(),
-            "memory": None if report.memory is None else report.memory.to_dict(),
+            "memory": None if not memory or report.memory is None else report.memory.to_dict(),
             "grads": {} if report.result is None else {k: None if v is None else array_json(host(v))
                                                        for k, v in report.result.grads.items()}}
 
@@ -205,23 +205,26 @@ def samples_json(recording) -> dict | None:
     return pass_samples(recording).to_dict() if recording is not None else None
 
 
-def render_compare(console: Console, reports, title: str) -> None:
+def render_compare(console: Console, reports, title: str, memory: bool = True) -> None:
     """One row per simulated variant: wall time, engine time, critical path, busiest worker."""
     from autograd_run.sim.ddp import size_text
     limit = reports[0].options.memory_limit
     t = columns(Table(title=title), ("policy", "label"), ("devices", "num"), ("placement", "label"), ("wall", "num"),
-                ("engine done", "num"), ("critical path", "num"), ("vs first", "num"), ("peak memory", "num"),
-                *((("fits " + size_text(limit), "label"),) if limit is not None else ()))
+                ("engine done", "num"), ("critical path", "num"), ("vs first", "num"),
+                *((("peak memory", "num"),) if memory else ()),
+                *((("fits " + size_text(limit), "label"),) if limit is not None and memory else ()))
     base = reports[0].wall_ns or 1
     for r in reports:
         s = r.summary
-        m = r.memory
-        peak = max(m.devices, key=lambda d: d.peak) if m.devices else None
-        fits = () if limit is None else ("yes" if m.over_limit is None else
-                                         _plain(f"no: {m.over_limit.name} {m.over_limit.node}"),)
+        cells = []
+        if memory:
+            m = r.memory
+            peak = max(m.devices, key=lambda d: d.peak) if m.devices else None
+            cells.append(f"{size_text(peak.peak)} ({peak.device})" if peak is not None else "-")
+            if limit is not None:
+                cells.append("yes" if m.over_limit is None else _plain(f"no: {m.over_limit.name} {m.over_limit.node}"))
         t.add_row(r.options.policy, str(r.options.devices or "-"), r.options.placement, fmt_ns(r.wall_ns),
-                  fmt_ns(r.engine_done_ns), fmt_ns(s.critical_path_ns), f"{r.wall_ns / base:.2f}x",
-                  f"{size_text(peak.peak)} ({peak.device})" if peak is not None else "-", *fits)
+                  fmt_ns(r.engine_done_ns), fmt_ns(s.critical_path_ns), f"{r.wall_ns / base:.2f}x", *cells)
     console.print(t)
 
 
@@ -312,8 +315,9 @@ def render_memory(console: Console, mem, top: int = 5) -> None:
         h.add_column("bytes", justify="right")
         for kind, n in sorted(d.at_peak.items(), key=lambda kv: -kv[1]):
             h.add_row(kind, size_text(n))
+        h.add_section()
         for x in d.holders[:top]:
-            h.add_row(_plain(f"  {x.what}"), size_text(x.bytes))
+            h.add_row(_plain(x.what), size_text(x.bytes))
         console.print(h)
     note = ("shared storage as captured" if mem.storage == "captured" else
             "each saved tensor its own allocation (capture records shared storage)")

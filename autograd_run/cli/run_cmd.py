@@ -9,7 +9,8 @@ import click
 
 from autograd_run.cli import jsonout
 from autograd_run.cli.common import (
-    Seconds, Whole, echo, error_line, load_graph_arg, max_memory_option, memory_limit_option, note_lines, write,
+    Seconds, Whole, echo, error_line, load_graph_arg, max_memory_option, memory_limit_option, memory_option,
+    note_lines, want_memory, write,
 )
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.cli.interrupts import ctrl_c_stops
@@ -83,6 +84,7 @@ class Progress(Tracer):
               help="Offset every random tensor's seed: another reproducible draw  [default: the file's seeds]")
 @click.option("--allow-python", is_flag=True, help="Allow python nodes to import and run their callables.")
 @max_memory_option
+@memory_option
 @memory_limit_option
 @click.option("--order-out", default=None, metavar="FILE", help="Write the executed order as JSON Lines.")
 @click.option("--expect-order", default=None, metavar="FILE", help="Compare the executed order with a JSON Lines "
@@ -103,7 +105,7 @@ class Progress(Tracer):
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
 def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_unused, retain_graph, create_graph,
         no_multithreading, backend, backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, max_memory,
-        memory_limit, order_out, expect_order, costs, step, summary, json_out, timeout, fmt, verbose):
+        memory, memory_limit, order_out, expect_order, costs, step, summary, json_out, timeout, fmt, verbose):
     """Run a graph's backward pass (GRAPH is a file, example:NAME, or - for stdin).
 
     \b
@@ -136,10 +138,11 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
         retain_graph=retain_graph,
         create_graph=create_graph, multithreading=not no_multithreading, devices=devices, anomaly=anomaly,
         inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
-        profile=summary or json_out or bool(trace_path), samples=json_out, trace_path=trace_path, order_out=order_out,
+        profile=summary or json_out or bool(trace_path) or memory_limit is not None, samples=json_out,
+        trace_path=trace_path, order_out=order_out,
         expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
         tracers=(progress,), costs=costs, costs_step=step, timeout=timeout, stop=RunStop(),
-        memory_limit=memory_limit)
+        memory_limit=memory_limit, memory_trace=want_memory(memory, g, memory_limit))
     if options.inputs is not None:
         options.inputs = [s.strip() for s in options.inputs if s.strip()]  # "a, b" as "a,b"
     try:
@@ -151,7 +154,7 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
     if report.interrupted:
         _stopped(report, trace_path, order_out, repeat, timeout)
     if json_out:
-        write(jsonout.dumps(report_json(report, g.source)))
+        write(jsonout.dumps(report_json(report, g.source, options.memory_trace)))
     elif summary:
         console = make_console()
         dev_line = report.devices.describe() if g.max_device_index >= 0 else None
@@ -162,7 +165,10 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
             console.print(plain(f"measured time taken by {applied} opaque node{'s' if applied != 1 else ''}"
                                 + ("" if applied else " (nodes with a rule run their own formula)")))
         render_summary(console, report.summary, f"{g.source}: {len(g.nodes)} nodes", devices=dev_line)
-        render_memory(console, report.memory)
+        if options.memory_trace:
+            render_memory(console, report.memory)
+        else:
+            console.print(plain(memory_skipped(g)))
         if report.result is not None:
             render_grads(console, report.result)
         if trace_path and not open_trace:
@@ -192,7 +198,13 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
     if expect_order and not json_out:
         echo(f"order matches {expect_order} ({len(report.order)} nodes"
              + (", compared per worker)" if report.per_worker else ")"))
-    over_memory_limit(report.memory)
+    if options.memory_trace:
+        over_memory_limit(report.memory)
+
+
+def memory_skipped(g) -> str:
+    return (f"memory: not modelled for a graph of {len(g.nodes):,} nodes by default (about 10 µs a node); "
+            "--memory models it")
 
 
 def over_memory_limit(memory) -> None:

@@ -7,8 +7,8 @@ import os
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import Whole, echo, memory_limit_option, write
-from autograd_run.cli.run_cmd import over_memory_limit
+from autograd_run.cli.common import Whole, echo, memory_limit_option, memory_option, want_memory, write
+from autograd_run.cli.run_cmd import memory_skipped, over_memory_limit
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.errors import UsageError
 from autograd_run.sim.placement import PLACEMENTS
@@ -95,11 +95,12 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
                    "`calibrate --gloo`), or a network file (docs/parallel.md).")
 @click.option("--straggler", default=None, metavar="rank=R,slowdown=S",
               help="--ddp: one rank's backward S times slower (its costs scaled): every collective waits for it.")
+@memory_option
 @memory_limit_option
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, open_trace, order_out,
-             slack, ddp, fsdp, world, network, straggler, memory_limit,
+             slack, ddp, fsdp, world, network, straggler, memory, memory_limit,
              summary, json_out):
     """Simulate GRAPH's backward pass on a virtual clock (no node runs).
 
@@ -148,6 +149,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             check_output_path(path, option, inputs)
     if trace_path and order_out and os.path.abspath(trace_path) == os.path.abspath(order_out):
         raise RequestError(f"{order_out}: the trace is written there already", "order_out")
+    memory = want_memory(memory, g, memory_limit)
     reports = []
     # The what-ifs re-simulate the graph: only when something shows them (the summary, or --json).
     slack_top = slack if len(variants) == 1 and (summary or json_out) else 0
@@ -176,12 +178,13 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             else:
                 from autograd_run.sim.ddp import add_to_recording
             add_to_recording(ddp_result, recording)
-        recording.counters.extend(first.memory.counters())  # each device's allocated bytes
+        if memory:
+            recording.counters.extend(first.memory.counters())  # each device's allocated bytes
         write_trace(trace_path, recording)
     if order_out:
         write_order(order_out, first.order)
     if json_out:
-        doc = [_report_json(r) for r in reports] if len(reports) > 1 else _report_json(first)
+        doc = [_report_json(r, memory) for r in reports] if len(reports) > 1 else _report_json(first, memory)
         kind = "fsdp" if fsdp is not None else "ddp"
         if ddp_result is not None:
             doc[kind] = ddp_result.to_dict()
@@ -191,7 +194,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         write(jsonout.dumps(doc))
         if open_trace:
             show_trace(trace_path, url_to_stderr=True)
-        if len(reports) == 1:
+        if len(reports) == 1 and memory:
             over_memory_limit(first.memory)
         return
     from autograd_run.cli.render import render_compare, render_costs, render_memory, render_slack, render_summary
@@ -200,11 +203,14 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     if measured is not None and summary:
         render_costs(console, measured, first.spec.engine.profiler_event_us)
     if len(reports) > 1:
-        render_compare(console, reports, f"{g.source}: simulated, {len(g.nodes)} nodes")
+        render_compare(console, reports, f"{g.source}: simulated, {len(g.nodes)} nodes", memory=memory)
     elif summary:
         render_summary(console, first.summary, f"{g.source}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
-        render_memory(console, first.memory)
+        if memory:
+            render_memory(console, first.memory)
+        else:
+            console.print(plain(memory_skipped(g)))
         if ddp_result is not None:
             from autograd_run.cli.render import render_ddp, render_fsdp
             (render_fsdp if fsdp is not None else render_ddp)(console, ddp_result)
@@ -219,7 +225,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                             "https://ui.perfetto.dev)"))
     if open_trace:
         show_trace(trace_path)
-    if len(reports) == 1:
+    if len(reports) == 1 and memory:
         over_memory_limit(first.memory)
 
 
@@ -390,13 +396,13 @@ def confidence_line(r) -> str:
     return f"spec {r.spec.name}: {r.spec_reason}; {sure} ({e.get('basis', '')})"
 
 
-def _report_json(r) -> dict:
+def _report_json(r, memory: bool = True) -> dict:
     from autograd_run.cli.render import samples_json
     return {"spec": r.spec.name, "spec_reason": r.spec_reason, "expected_error": r.expected_error,
             "warnings": r.warnings, "policy": r.options.policy, "devices": r.options.devices,
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
             "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.spec.engine.profiler_event_us), "summary": r.summary.to_dict(),
-            "samples": samples_json(r.recording), "memory": r.memory.to_dict(),
+            "samples": samples_json(r.recording), "memory": r.memory.to_dict() if memory else None,
             "slack": [s.__dict__ for s in r.slack]}
 
 

@@ -21,9 +21,19 @@ def _same(x):
     return x
 
 
+def _column_major(node, name: str) -> str:
+    """``t-new`` when the saved strides say matrix ``name`` was column-major (PyTorch's ``mm_mat1_backward``
+    and ``mm_mat2_backward`` then return the gradient transposed, for efficiency), else new contiguous memory."""
+    sizes, strides = node.saved.get(f"{name}_sym_sizes"), node.saved.get(f"{name}_sym_strides")
+    if isinstance(sizes, list) and isinstance(strides, list) and len(sizes) == 2 and len(strides) == 2:
+        return "t-new" if strides[0] == 1 and strides[1] == sizes[0] else ""
+    return ""
+
+
 @op("MmBackward0", outputs=2, saved="self:tensor? mat2:tensor? self_sym_sizes:sizes? mat2_sym_sizes:sizes?",
     cost=cost.MATMUL, needed_for_output=((0, "mat2"), (1, "self")), matrix_rank=2,
-    matrix_dims={"self": ((0, 0),), "mat2": ((1, 1),)})
+    matrix_dims={"self": ((0, 0),), "mat2": ((1, 1),)},
+    views=lambda node: (_column_major(node, "self"), _column_major(node, "mat2")))
 def mm(node, grads, ctx):
     """a @ b: g @ conj(b).T and conj(a).T @ g."""
     g = grads[0]
@@ -42,7 +52,9 @@ def _addmm_flops(s: cost.Shapes) -> float:
 
 @op("AddmmBackward0", outputs=3, saved="mat1:tensor? mat2:tensor? alpha:scalar? beta:scalar?",
     cost=cost.CostModel(_addmm_flops), needed_for_output=((1, "mat2"), (2, "mat1")), matrix_rank=2,
-    matrix_dims={"mat1": ((0, 0),), "mat2": ((1, 1),)})
+    matrix_dims={"mat1": ((0, 0),), "mat2": ((1, 1),)},
+    views=lambda node: ("same" if node.saved.get("beta", 1) == 1 else "", _column_major(node, "mat1"),
+                        _column_major(node, "mat2")))
 def addmm(node, grads, ctx):
     """beta * c + alpha * (a @ b)."""
     g = grads[0]

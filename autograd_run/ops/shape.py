@@ -10,21 +10,21 @@ from autograd_run.ops.arrays import add_at, each, filled, out_meta, signed, sum_
 from autograd_run.ops.spec import op, per_saved
 
 
-@op("TBackward0", "TBackward1", "TBackward0_copy", outputs=1, cost=cost.VIEW, views="same")
+@op("TBackward0", "TBackward1", "TBackward0_copy", outputs=1, cost=cost.VIEW, views="transpose")
 def t(node, grads, ctx):
     """a.t() (and in place, t_)."""
     return each(node, lambda i: grads[0].T)
 
 
 @op("TransposeBackward0", "TransposeBackward1", "TransposeBackward0_copy", outputs=1,
-    saved="dim0:int dim1:int", cost=cost.VIEW, views="same")
+    saved="dim0:int dim1:int", cost=cost.VIEW, views="transpose")
 def transpose(node, grads, ctx):
     """a.transpose(d0, d1) (and in place, transpose_)."""
     d0, d1 = signed(node.saved["dim0"]), signed(node.saved["dim1"])
     return each(node, lambda i: grads[0].swapaxes(d0, d1))
 
 
-@op("PermuteBackward0", "PermuteBackward0_copy", outputs=1, saved="dims:ints", cost=cost.VIEW, views="same")
+@op("PermuteBackward0", "PermuteBackward0_copy", outputs=1, saved="dims:ints", cost=cost.VIEW, views="permute")
 def permute(node, grads, ctx):
     """a.permute(dims): the inverse permutation."""
     dims = [signed(d) % grads[0].ndim for d in node.saved["dims"]]
@@ -36,7 +36,7 @@ def permute(node, grads, ctx):
 
 @op("ViewBackward0", "ReshapeAliasBackward0", "UnsafeViewBackward0", "SqueezeBackward0", "SqueezeBackward3",
     "ViewBackward0_copy", "ReshapeAliasBackward0_copy", "SqueezeBackward0_copy", "ReshapeCopyBackward0", outputs=1,
-    saved="self_sym_sizes:sizes", cost=cost.VIEW, views="same")
+    saved="self_sym_sizes:sizes", cost=cost.VIEW, views="reshape")
 def view(node, grads, ctx):
     """view / reshape / squeeze() (and squeeze_()): the gradient reshaped to the input's sizes."""
     sizes = tuple(node.saved["self_sym_sizes"])
@@ -44,20 +44,20 @@ def view(node, grads, ctx):
 
 
 @op("SqueezeBackward1", "SqueezeBackward4", "SqueezeBackward1_copy", outputs=1, saved="self_sym_sizes:sizes dim:int?",
-    cost=cost.VIEW, views="same")
+    cost=cost.VIEW, views="view")
 def squeeze_dim(node, grads, ctx):
     """squeeze(dim) (and squeeze_(dim))."""
     return view(node, grads, ctx)
 
 
 @op("SqueezeBackward2", "SqueezeBackward5", "SqueezeBackward2_copy", outputs=1, saved="self_sym_sizes:sizes dim:ints?",
-    cost=cost.VIEW, views="same")
+    cost=cost.VIEW, views="view")
 def squeeze_dims(node, grads, ctx):
     """squeeze(dims) (and squeeze_(dims))."""
     return view(node, grads, ctx)
 
 
-@op("UnsqueezeBackward0", "UnsqueezeBackward1", "UnsqueezeBackward0_copy", outputs=1, saved="dim:int", cost=cost.VIEW, views="same")
+@op("UnsqueezeBackward0", "UnsqueezeBackward1", "UnsqueezeBackward0_copy", outputs=1, saved="dim:int", cost=cost.VIEW, views="view")
 def unsqueeze(node, grads, ctx):
     """unsqueeze(dim) (and unsqueeze_): squeeze that dim back out."""
     g = grads[0]

@@ -55,15 +55,20 @@ from typing import Any, Callable, Mapping
 KINDS = ("tensor", "sizes", "ints", "int", "scalar", "bool", "str", "tensors")
 
 #: How an output of a backward formula relates to its incoming gradient (``OpSpec.views``), as PyTorch's
-#: formula in ``derivatives.yaml`` makes it:
-#:   ``""``        new memory (the default: a product, a sum, a copy);
-#:   ``"same"``    the gradient itself, or a view of all of it (``grad``, ``grad.t()``, ``grad.reshape()``
-#:                 of a contiguous gradient): no new memory while the element count, dtype and device stay
-#:                 the gradient's (else the engine's ``sum_to`` or cast allocates);
-#:   ``"part"``    a view of a part of it (``CatBackward0``'s ``grad.narrow``): no new memory;
-#:   ``"expand"``  an expanded view of it (``SumBackward0``'s ``grad.expand``): no new memory, and not dense,
-#:                 so an InputBuffer never adds into it in place and AccumulateGrad copies it.
-VIEW_KINDS = ("", "same", "part", "expand")
+#: formula in ``derivatives.yaml`` makes it (what ``analysis.memory`` counts):
+#:   ``""``           new memory, contiguous (the default: a product, a sum, a copy);
+#:   ``"t-new"``      new memory laid out transposed (``mm_mat2_backward`` of a column-major matrix returns
+#:                    ``grad.t().mm(mat1).t()``): the ``TBackward0`` after it makes it contiguous again;
+#:   ``"same"``       the gradient itself (``grad``): the same tensor, no new memory;
+#:   ``"view"``       a view of all of it in the same layout (``squeeze``, ``unsqueeze``);
+#:   ``"reshape"``    ``grad.reshape()``: a view of a contiguous gradient, else a contiguous copy;
+#:   ``"transpose"``  ``grad.t()`` / ``grad.transpose()``: a view, transposed;
+#:   ``"permute"``    ``grad.permute()``: a view, strided;
+#:   ``"part"``       a view of a part of it (``CatBackward0``'s ``grad.narrow``);
+#:   ``"expand"``     an expanded view of it (``SumBackward0``'s ``grad.expand``), not dense.
+#: A view or the gradient itself is no new memory while the element count, dtype and device stay the
+#: gradient's (else the engine's ``sum_to`` or cast allocates).
+VIEW_KINDS = ("", "t-new", "same", "view", "reshape", "transpose", "permute", "part", "expand")
 
 
 @dataclass(frozen=True)
