@@ -1,4 +1,4 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j accuracy profiles ddp]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j accuracy profiles ddp memory]`: benchmarks, ratios within one run.
 
 ``accuracy`` (``bench.accuracy``, in ``make bench``'s default parts): the simulation against the engine on
 graphs drawn at run time from a seed it prints (``python -m bench accuracy --seed N`` repeats one run;
@@ -9,6 +9,8 @@ graphs drawn at run time from a seed it prints (``python -m bench accuracy --see
 Hugging Face transformers) with profiles made the ways people make them, drawn from a seed it prints.
 ``ddp`` (``bench.ddp_time``, in the default parts too): ``simulate --ddp --network local-gloo`` against real
 DistributedDataParallel on 2 and 4 local gloo processes, cases drawn from a seed it prints.
+``memory`` (``bench.memory_bench``, in the default parts too): the memory model against PyTorch's CPU allocator
+(``profile_memory=True``) on zoo models drawn from a seed it prints.
 
 ``--full`` adds the 1e6-node YAML load (about 5 minutes by itself). Parts f, g and i
 (``bench.e2e_bench``: the whole command against PyTorch, the trace formats, a traced
@@ -23,12 +25,14 @@ import os
 import sys
 import time
 
-from bench import accuracy, ddp_time, e2e_bench, engine_bench, load_bench, profcosts_bench, sim_bench, user_profiles
+from bench import (accuracy, ddp_time, e2e_bench, engine_bench, load_bench, memory_bench, profcosts_bench, sim_bench,
+                   user_profiles)
 
 
 def main(argv):
     quick = "--quick" in argv
-    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy", "profiles", "ddp"]
+    parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy", "profiles", "ddp",
+                                                             "memory"]
     out = os.path.join(os.path.dirname(__file__), "results.json")
     results = {}
     t = time.time()
@@ -51,6 +55,8 @@ def main(argv):
         results["profiles"] = user_profiles.main(argv, quick)
     if "ddp" in parts:
         results["ddp"] = ddp_time.main(argv, quick)
+    if "memory" in parts:
+        results["memory"] = memory_bench.main(argv, quick)
     if "f" in parts:
         results["f_e2e"] = e2e_bench.bench_e2e(n=20_000 if quick else 200_000)
     if "g" in parts:
@@ -116,6 +122,14 @@ def print_table(results: dict) -> None:
             "MAPE <= 10%", d["mape"] <= 0.10)
         for kind, k in pr.get("by_kind", {}).items():
             row(f"(profiles) trace holds {kind}", f"MAPE {k['mape']:.1%}, p80 {k['p80']:.0%}, n={k['n']}")
+    mem = results.get("memory", {})
+    for key, label in (("end", "left at the end"), ("growth", "growth at the peak"),
+                       ("growth_1mib_plus", "growth at the peak, passes growing >= 1 MiB")):
+        if key in mem:
+            d = mem[key]
+            row(f"(memory) {label} vs PyTorch's allocator, seed {mem['seed']}",
+                f"n={d['n']} median {d['median']:.2%}, p90 {d['p90']:.1%}, worst {d['worst']:+.1%}, "
+                f"bias {d['bias']:+.1%}")
     if "accuracy" in results:
         a = results["accuracy"]
         for kind in ("warm", "cold"):

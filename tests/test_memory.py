@@ -333,7 +333,7 @@ def test_small_passes_match_pytorch_to_the_byte(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["mobilenet_v2", "gpt_block", "llama_block", "multihead_attention",
-                                  "tv_resnet18", "hf_gpt2"])
+                                  "tv_resnet18", "hf_gpt2", "hf_mixtral", "timm_vit"])
 def test_real_models_peak_and_end_against_pytorch(name, tmp_path):
     """Captured models replayed: the end exactly (to 16 bytes), the peak's growth within 2% (formulas'
     scratch space, which the model leaves out, makes the rest); never above PyTorch's."""
@@ -402,3 +402,32 @@ def test_the_op_tables_views_are_pytorchs():
             if kind == "t-new":
                 assert t.t().is_contiguous() and not t.is_contiguous(), label
         assert nodes  # the capture saw the node
+
+
+def test_draw_colours_nodes_by_the_bytes_they_free(tmp_path, capsys):
+    from autograd_run.graphs.dump import dumps, graph_to_dict
+    path = tmp_path / "g.json"
+    path.write_bytes(dumps(graph_to_dict(_wide(2)), "json"))
+    out_svg = tmp_path / "g.dot"
+    code, out, err = run_cli(["draw", str(path), "-o", str(out_svg), "--simulate", "--color-by", "freed"], capsys)
+    assert code == 0, err
+    text = out_svg.read_text()
+    assert "bytes freed by each node" in text and "frees 4.0 KiB" in text
+    code, out, err = run_cli(["draw", str(path), "-o", str(out_svg), "--color-by", "freed"], capsys)
+    assert code == 2 and "needs --simulate" in err
+
+
+def test_a_recompute_group_is_made_when_its_first_node_starts():
+    # a non-reentrant checkpoint's region: its saved tensor (64 B) does not exist at the start; it is made
+    # when m1 starts and goes after m1 (its only user): start = a 16 + root 16 = 32, peak 32 + 64 + 16 = 112
+    nodes = [{"id": "m1", "name": "Op1", "op": "opaque", "next": [["acc", 0]], "inputs": [F4],
+              "saved": {"kept": rand([16])}},
+             {"id": "acc", "name": "AccumulateGrad", "variable": "a"}]
+    g = g_of(nodes, [{"node": "m1", "grad": "ones"}], [{"name": "a", "shape": [4]}],
+             storage={"blocks": [[64, None, 0]], "saved": {"m1": {"kept": 0}}})
+    d = one(sim_memory(g))
+    assert (d.start, d.peak, d.end) == (32, 112, 32)
+    from autograd_run.errors import GraphFileError
+    with pytest.raises(GraphFileError, match="recompute group"):
+        g_of(nodes, [{"node": "m1", "grad": "ones"}], [{"name": "a", "shape": [4]}],
+             storage={"blocks": [[64, None, -1]], "saved": {"m1": {"kept": 0}}})

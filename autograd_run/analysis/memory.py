@@ -289,7 +289,7 @@ class _State:
 
 # how a gradient tensor is laid out (what decides whether PyTorch adds into it in place, or steals it as .grad)
 CONTIGUOUS = "C"     # row-major
-TRANSPOSED = "T"     # a matrix whose .t() is row-major
+TRANSPOSED = "T"     # its last two dims swapped, it is row-major (a matrix whose .t() is row-major)
 STRIDED = "X"        # dense, another order (a permute, a narrow of an inner dim)
 EXPANDED = "E"       # overlapping (stride 0): not dense
 
@@ -444,6 +444,11 @@ class _Replay:
         self.blocks = storage.get("blocks", [])
         self.saved_map = storage.get("saved", {})
         self.inner = _inner_nodes(graph)
+        #: Non-reentrant checkpoint regions (the storage section's recompute groups): the nodes waiting for
+        #: each, the groups each node waits for, the groups made so far.
+        self.pending: dict[int, list] = {}
+        self.group_of: dict = {}
+        self.recomputed: set = set()
         self.peaks: list[int] = []
         self.peak_at: list = []
         self.peak_sample: list[int] = []
@@ -456,7 +461,8 @@ class _Replay:
         self.freed: dict = {}
 
     # -- the pass's start ---------------------------------------------------------------
-    def saved_of(self, node) -> list[int]:
+    def saved_of(self, node, only: int | None = None) -> list[int]:
+        """The blocks of ``node``'s saved tensors, made where new (``only``: those of one recompute group)."""
         st = self.st
         fields = self.saved_map.get(node.id)
         mine: list[int] = []
@@ -464,18 +470,41 @@ class _Replay:
         for name, value in _saved_tensors(node):
             fb = fields.get(name) if fields else None
             if fb is not None:
-                size, var = self.blocks[fb]
+                size, var, group = self.blocks[fb]
                 if var is not None:
                     continue  # a leaf's storage: counted with the leaves, never freed
+                if only is not None and group != only:
+                    continue
+                if group is not None and group not in self.recomputed:
+                    # recomputed in the backward (a non-reentrant checkpoint's region): made when the first
+                    # node that needs one of the region's tensors starts
+                    self.pending.setdefault(group, []).append(node)
+                    self.group_of.setdefault(node, set()).add(group)
+                    continue
                 b = self.captured.get(fb)
                 if b is None:
                     b = self.captured[fb] = st.new(size, node.device, SAVED, (node, name))
+            elif only is not None:
+                continue
             else:
                 b = st.new(_spec_bytes(value, self.graph.side_files), node.device, SAVED, (node, name))
             if b not in mine:
                 mine.append(b)
                 users[b] = users.get(b, 0) + 1
         return mine
+
+    def recompute(self, group: int) -> None:
+        """A non-reentrant checkpoint region's saved tensors, made again (once) for the nodes that need them."""
+        if group in self.recomputed:
+            return
+        self.recomputed.add(group)
+        for node in self.pending.pop(group, ()):
+            mine = self.node_blocks.setdefault(node, [])
+            for b in self.saved_of(node, only=group):
+                if b not in mine:
+                    mine.append(b)
+                else:
+                    self.users[b] -= 1
 
     def put(self, node, slot: int, g: "_Grad", ts: int | None = None, producer=None) -> None:
         """A gradient into ``node``'s input buffer slot: stored; or added in place when the buffer holds the
@@ -575,19 +604,21 @@ class _Replay:
         st.dirty = set(range(len(st.live)))
         self.sample(self.t0, None)
         nodes, ends = self.nodes, self.ends.tolist()
-        if self.inner:  # a checkpoint's start (its recomputation) is an event too
+        if self.inner or self.group_of:  # a recomputation's start is an event too
             starts = self.starts.tolist()
             events = [(e, 1, n) for n, e in zip(nodes, ends)]
-            events += [(s, 0, n) for n, s in zip(nodes, starts) if n in self.inner]
+            events += [(s, 0, n) for n, s in zip(nodes, starts) if n in self.inner or n in self.group_of]
             events.sort(key=lambda e: (e[0], e[1]))
         else:
             events = zip(ends, [1] * len(ends), nodes)
         finish = self.finish
         for ts, kind, node in events:
-            if kind == 0:  # a checkpoint starts: its recomputation saves the nested graph's tensors
-                for n in self.inner[node]:
+            if kind == 0:  # a recomputation: a checkpoint's nested graph, or a non-reentrant region's tensors
+                for n in self.inner.get(node, ()):
                     if n.saves_tensors and n not in self.node_blocks:
                         self.node_blocks[n] = self.saved_of(n)
+                for group in self.group_of.get(node, ()):
+                    self.recompute(group)
                 self.sample(ts, node)
             elif not is_graph_root(node):
                 finish(node, ts)
@@ -625,7 +656,7 @@ class _Replay:
                 elif kind and kind != "t-new" and src is not None:
                     g = self.derived(node, src, kind, size, meta)
                 if g is None:
-                    layout = TRANSPOSED if kind == "t-new" and len(meta.shape) == 2 else CONTIGUOUS
+                    layout = TRANSPOSED if kind == "t-new" and len(meta.shape) >= 2 else CONTIGUOUS
                     g = _Grad(st.new(size, meta.device, OUTPUT, (node, i)), _norm(layout, meta.shape), size)
                 outs.append((target, slot, g))
         if outs:
@@ -686,8 +717,10 @@ class _Replay:
             return None  # reshape copies a gradient it cannot view
         if kind == "transpose":
             flip = {CONTIGUOUS: TRANSPOSED, TRANSPOSED: CONTIGUOUS}
-            layout = flip.get(src.layout, src.layout) if len(meta.shape) == 2 else (
-                src.layout if src.layout == EXPANDED else STRIDED)
+            if _last_two(node, len(meta.shape)):
+                layout = flip.get(src.layout, src.layout)
+            else:
+                layout = src.layout if src.layout == EXPANDED else STRIDED
             return self.view(src, _norm(layout, meta.shape), size)
         if kind == "permute":
             dims = node.saved.get("dims")
@@ -710,6 +743,23 @@ class _Replay:
         end_ts = int(self.ends.max()) if len(self.ends) else self.t0
         st.dirty = set(range(len(st.live)))
         self.sample(end_ts, None)
+
+
+def _last_two(node, ndim: int) -> bool:
+    """Whether a transpose node swaps the last two dims (``TBackward0``'s matrix; ``dim0``/``dim1`` saved as
+    PyTorch writes them, -1 as 2**64-1)."""
+    if ndim < 2:
+        return False
+    if "dim0" not in node.saved:
+        return ndim == 2
+    dims = set()
+    for k in ("dim0", "dim1"):
+        d = node.saved.get(k)
+        if not isinstance(d, int):
+            return False
+        d = d - (1 << 64) if d >= 1 << 63 else d
+        dims.add(d % ndim)
+    return dims == {ndim - 2, ndim - 1}
 
 
 def _by_kind(st: _State, d: int) -> dict:

@@ -174,9 +174,30 @@ class _Storages:
     """
 
     def __init__(self):
-        self.index: dict = {}   # (device, data_ptr) -> block index
+        self.index: dict = {}   # (device, data_ptr, nbytes) -> block index
         self.blocks: list[list] = []
         self.saved: dict[str, dict[str, int]] = {}
+        self.groups: dict[int, int] = {}  # id(a non-reentrant checkpoint's frame) -> recompute group
+        self.frames: list = []  # those frames, kept so that their ids stay theirs
+
+    def group_of(self, fn, field: str) -> int | None:
+        """The recompute group of saved tensor ``field`` of node ``fn``: a non-reentrant checkpoint packs it
+        with a saved-tensor hook and recomputes it in the backward (its unpack hook closes over the
+        region's frame); None for a tensor the graph holds itself."""
+        raw = getattr(fn, f"_raw_saved_{field}", None)
+        hook = getattr(raw, "unpack_hook", None)
+        for cell in getattr(hook, "__closure__", None) or ():
+            try:
+                frame = cell.cell_contents
+            except ValueError:
+                continue
+            if type(frame).__name__ == "_CheckpointFrame":
+                k = self.groups.get(id(frame))
+                if k is None:
+                    k = self.groups[id(frame)] = len(self.groups)
+                    self.frames.append(frame)
+                return k
+        return None
 
     @staticmethod
     def key(t) -> tuple | None:
@@ -186,14 +207,16 @@ class _Storages:
             return None
         return (str(t.device), st.data_ptr(), st.nbytes())
 
-    def note(self, nid: str, field: str, t) -> None:
+    def note(self, nid: str, field: str, t, group: int | None = None) -> None:
         key = self.key(t)
         if key is None or key[1] == 0:
             return
+        if group is not None:
+            key = key + (group,)
         block = self.index.get(key)
         if block is None:
             block = self.index[key] = len(self.blocks)
-            self.blocks.append([key[2]])
+            self.blocks.append([key[2]] if group is None else [key[2], None, group])
         self.saved.setdefault(nid, {})[field] = block
 
     def section(self, leaves: Mapping[str, Any]) -> dict | None:
@@ -205,6 +228,7 @@ class _Storages:
             block = self.index.get(key) if key is not None else None
             if block is not None and len(self.blocks[block]) == 1:
                 self.blocks[block].append(name)
+        self.frames.clear()
         return {"blocks": self.blocks, "saved": self.saved}
 
 
@@ -507,7 +531,7 @@ class _Capture:
                         except RuntimeError:
                             continue  # already freed, or not saved for this call
                         if isinstance(v, torch.Tensor):
-                            self.storages.note(nid, field, v)
+                            self.storages.note(nid, field, v, self.storages.group_of(fn, field))
                         elif _is_tensor_list(torch, v):
                             for k, t in enumerate(v):
                                 if t is not None:

@@ -48,7 +48,8 @@ class _DrawCommand(click.Command):
 @click.option("--diff", "diff_paths", nargs=2, default=None, metavar="A B",
               help="Colour by the change of each node's run time from A to B (files as for `diff`).")
 @click.option("--color-by", "metric", type=click.Choice(METRICS), default="duration", show_default=True,
-              help="With --trace or --simulate: which time colours the nodes.")
+              help="With --trace or --simulate: which time colours the nodes; `freed` (with --simulate): the bytes "
+                   "each node's run frees (the memory model, docs/memory.md).")
 @click.option("--log-scale", is_flag=True, help="A logarithmic colour scale (times spread over decades).")
 @click.option("--around", "around_node", default=None, metavar="NODE", help="Only the nodes near NODE.")
 @click.option("--depth", type=Whole(0, 10_000), default=2, show_default=True, metavar="N",
@@ -101,6 +102,8 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
     check_output_path(output, "output", inputs)
 
     colouring = None
+    if metric == "freed" and side is None:
+        raise UsageError("--color-by freed needs --simulate (the memory model runs over a simulated pass)")
     if trace_path is not None:
         colouring = timing.from_profile(g, _profile_of(g, read_profile(trace_path, "trace_path"), "trace_path"),
                                         metric)
@@ -112,6 +115,11 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
         _profile_of(g, a, "diff")
         _profile_of(g, b, "diff")
         colouring = timing.from_diff(g, compare(a, b), a, b)
+    elif side is not None and metric == "freed":
+        from autograd_run.sim.session import simulate_session
+        report = simulate_session(g, side.sim_options())
+        g = report.graph
+        colouring = timing.from_memory(g, report.memory)
     elif side is not None:
         g, profile = _simulate(g, side)
         colouring = timing.from_profile(g, profile, metric)

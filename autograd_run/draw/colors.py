@@ -29,6 +29,15 @@ def fmt_ns(ns: float) -> str:
     return f"{ns:.0f} ns"
 
 
+def fmt_bytes(n: float) -> str:
+    """Bytes as the colour bar and tooltips show them (binary units, signed when negative)."""
+    sign, n = ("-" if n < 0 else ""), abs(n)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{sign}{n / size:.1f} {unit}"
+    return f"{sign}{n:.0f} B"
+
+
 def _rgb(h: str) -> tuple[int, int, int]:
     return int(h[1:3], 16), int(h[3:5], 16), int(h[5:7], 16)
 
@@ -81,7 +90,7 @@ class Scale:
         if self.log:
             v = max(v, self.low)
             return (math.log10(v) - math.log10(self.low)) / (math.log10(self.high) - math.log10(self.low))
-        return (v - self.low) / (self.high - self.low) if self.high > self.low else 0.0
+        return min(1.0, max(0.0, (v - self.low) / (self.high - self.low))) if self.high > self.low else 0.0
 
     def colour(self, v: float | None) -> str:
         if v is None or not math.isfinite(v):
@@ -89,6 +98,8 @@ class Scale:
         return interpolate(CHANGE if self.kind == "change" else TIME, self.position(v))
 
     def label(self, v: float) -> str:
+        if self.kind == "bytes":
+            return fmt_bytes(v)
         return f"{v:+.0%}" if self.kind == "change" else fmt_ns(v)
 
     def bar(self, cells: int = 12) -> str:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autograd_run.draw.colors import fmt_ns
+from autograd_run.draw.colors import fmt_bytes, fmt_ns
 from autograd_run.analysis.diff import typical_path
 from autograd_run.analysis.stats import median
 
-METRICS = ("duration", "wait", "start")
+METRICS = ("duration", "wait", "start", "freed")
 _TITLES = {"duration": "run time", "wait": "queue wait", "start": "start (from the pass's start)"}
 
 
@@ -100,6 +100,19 @@ def from_profile(graph, profile, metric: str = "duration") -> Colouring:
     if not path:
         path = longest_chain(graph, lambda n: (durs.get(n.id, 0.0) + waits.get(n.id, 0.0)))
     c.path, c.critical = path, set(path)
+    return c
+
+
+def from_memory(graph, memory) -> Colouring:
+    """Each node by the bytes its run freed less those it allocated (``analysis.memory``; a node that leaves
+    more than it found is at the scale's low end); the critical path: the chain that frees the most."""
+    c = Colouring("bytes", "bytes freed by each node's run (its saved tensors and inputs, less its outputs)",
+                  metric="freed")
+    for nid, freed in memory.freed.items():
+        c.values[nid] = float(freed)
+        c.details[nid] = [f"frees {fmt_bytes(freed)}" if freed >= 0 else f"adds {fmt_bytes(-freed)}"]
+    c.path = longest_chain(graph, lambda n: max(c.values.get(n.id, 0.0), 0.0))
+    c.critical = set(c.path)
     return c
 
 

@@ -72,7 +72,8 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
     if graph.fsdp is not None:
         out["fsdp"] = graph.fsdp
     if graph.storage is not None:
-        out["storage"] = {"blocks": [[b, v] if v is not None else [b] for b, v in graph.storage["blocks"]],
+        out["storage"] = {"blocks": [[b, v] if v is not None else [b, None, g] if g is not None else [b]
+                                     for b, v, g in graph.storage["blocks"]],
                           "saved": graph.storage["saved"]}
     if graph.meta:
         out["meta"] = graph.meta

@@ -229,8 +229,9 @@ class Graph:
     #: ``root``, ``world_size``. None: not captured under FSDP2.
     fsdp: dict | None = None
     #: Where the saved tensors live, recorded by capture (the file's ``storage``; see ``graphs.validate`` and
-    #: ``analysis.memory``): ``blocks``, a list of ``(bytes, variable name or None)``, one per storage (a
-    #: variable's: a leaf owns it, the backward never frees it), and ``saved``, node id -> {field: block
+    #: ``analysis.memory``): ``blocks``, a list of ``(bytes, variable name or None, recompute group or
+    #: None)``, one per storage (a variable's: a leaf owns it, the backward never frees it; a recompute
+    #: group's: a non-reentrant checkpoint region's, made again in the backward), and ``saved``, node id -> {field: block
     #: index}. None: not recorded (each saved tensor is then its own allocation of its own size).
     storage: dict | None = None
 

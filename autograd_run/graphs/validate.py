@@ -406,16 +406,21 @@ class _Checker:
         out_blocks = []
         for k, b in enumerate(blocks):
             p = ("storage", "blocks", k)
-            if not isinstance(b, list) or not 1 <= len(b) <= 2:
-                raise self.err(p, f"a block must be [bytes] or [bytes, variable], got {short(b)}")
+            if not isinstance(b, list) or not 1 <= len(b) <= 3:
+                raise self.err(p, f"a block must be [bytes], [bytes, variable] or [bytes, null, group], "
+                               f"got {short(b)}")
             nbytes = b[0]
             if type(nbytes) is not int or not 0 <= nbytes < self.MAX_BLOCK_BYTES:
                 raise self.err(p + (0,), f"a block's size must be a whole number of bytes from 0 to 2**50, "
                                f"got {short(nbytes)}")
-            var = b[1] if len(b) == 2 else None
+            var = b[1] if len(b) >= 2 else None
             if var is not None and (not isinstance(var, str) or var not in variables):
                 raise self.err(p + (1,), f"unknown variable {short(var)}")
-            out_blocks.append((nbytes, var))
+            group = b[2] if len(b) == 3 else None
+            if len(b) == 3 and (type(group) is not int or not 0 <= group < self.MAX_STORAGE_BLOCKS or var is not None):
+                raise self.err(p + (2,), f"a recompute group is a whole number from 0 (and the block no "
+                               f"variable's), got {short(group)}")
+            out_blocks.append((nbytes, var, group))
         saved = d.get("saved", {})
         if not isinstance(saved, dict):
             raise self.err(("storage", "saved"), f"must map node ids to {{field: block}}, got {short(saved)}")

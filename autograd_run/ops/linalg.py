@@ -22,11 +22,12 @@ def _same(x):
 
 
 def _column_major(node, name: str) -> str:
-    """``t-new`` when the saved strides say matrix ``name`` was column-major (PyTorch's ``mm_mat1_backward``
-    and ``mm_mat2_backward`` then return the gradient transposed, for efficiency), else new contiguous memory."""
+    """``t-new`` when the saved strides say matrix ``name`` was column-major in its last two dims (PyTorch's
+    ``mm_mat1_backward``, ``mm_mat2_backward`` and the grouped ones then return the gradient transposed, for
+    efficiency), else new contiguous memory."""
     sizes, strides = node.saved.get(f"{name}_sym_sizes"), node.saved.get(f"{name}_sym_strides")
-    if isinstance(sizes, list) and isinstance(strides, list) and len(sizes) == 2 and len(strides) == 2:
-        return "t-new" if strides[0] == 1 and strides[1] == sizes[0] else ""
+    if isinstance(sizes, list) and isinstance(strides, list) and len(sizes) == len(strides) >= 2:
+        return "t-new" if strides[-2] == 1 and strides[-1] == sizes[-2] and sizes[-2] != 1 else ""
     return ""
 
 
@@ -82,7 +83,8 @@ def bmm(node, grads, ctx):
                 else cj(sv["self"]).swapaxes(-1, -2) @ g)
 
 
-@op("GroupedMmBackward0", outputs=2, saved="self:tensor? mat2:tensor? offs:tensor? bias:tensor?", cost=cost.MATMUL)
+@op("GroupedMmBackward0", outputs=2, saved="self:tensor? mat2:tensor? offs:tensor? bias:tensor?", cost=cost.MATMUL,
+    views=lambda node: (_column_major(node, "self"), _column_major(node, "mat2")))
 def grouped_mm(node, grads, ctx):
     """torch._grouped_mm (mixture-of-experts layers): per group, a @ b.
 
