@@ -700,6 +700,11 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
     _report_hooks(doc, cap, hook_watch)
     storage = cap.storages.section({name: fn.variable for fn, name in cap.var_of.items()})
     if storage is not None and values:
+        # only what the document's nodes still save (a custom Function resolved by the reference run is
+        # described again, or kept opaque without its saved values)
+        saved_now = {d["id"]: d.get("saved", {}) for d in cap.nodes}
+        storage["saved"] = {nid: kept for nid, fields in storage["saved"].items() if nid in saved_now
+                            for kept in [{f: b for f, b in fields.items() if f in saved_now[nid]}] if kept}
         doc["storage"] = storage
     doc["nodes"] = cap.nodes
     if path is not None:
