@@ -431,3 +431,55 @@ def test_a_recompute_group_is_made_when_its_first_node_starts():
     with pytest.raises(GraphFileError, match="recompute group"):
         g_of(nodes, [{"node": "m1", "grad": "ones"}], [{"name": "a", "shape": [4]}],
              storage={"blocks": [[64, None, -1]], "saved": {"m1": {"kept": 0}}})
+
+
+DDP_CHILD = r'''
+import json, sys
+sys.path.insert(0, SUPPORT)
+import torch, torch.distributed as dist
+from memory_oracle import measure
+from autograd_run.capture import from_torch
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+ddp = torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=0.05, gradient_as_bucket_view=VIEW)
+def build():
+    return ddp(torch.randn(32, 64)).pow(2).sum()
+for _ in range(3):  # the buckets rebuilt after the first iteration: the steady state
+    for q in m.parameters():
+        q.grad = None
+    build().backward()
+for q in m.parameters():
+    q.grad = None
+from_torch(build(), parameters=ddp, path=PATH, reference=False)
+for q in m.parameters():
+    q.grad = None
+print(json.dumps(measure(build)))
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("view", [False, True])
+def test_ddp_buckets_in_the_memory_against_real_ddp(view, tmp_path, capsys):
+    """DDP's buckets (allocated when DDP is made) and, with gradient_as_bucket_view, the gradients that live
+    in them: a model under real DistributedDataParallel (one gloo rank, in a child process with a deadline)
+    against ``simulate --ddp captured``'s memory: the growth at the peak and at the end, to 8 bytes."""
+    import subprocess
+    path = str(tmp_path / "g.json")
+    code = DDP_CHILD.replace("SUPPORT", repr(os.path.join(os.path.dirname(__file__), "support"))) \
+        .replace("VIEW", repr(view)).replace("PATH", repr(path))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    rc, out, err = run_cli(["simulate", path, "--ddp", "captured", "--world", "1", "--network",
+                            "alpha_us=10,gbps=10", "--json"], capsys)
+    assert rc == 0, err
+    dev = json.loads(out)["memory"]["devices"][0]
+    assert dev["at_peak"].get("data-parallel buffers") == sum(t * 4 for t in (64 * 128, 128, 128 * 10, 10))
+    roots = 4
+    growth, end = dev["peak_bytes"] - dev["start_bytes"] + roots, dev["end_bytes"] - dev["start_bytes"] + roots
+    assert end == got["end"] - got["start"]
+    assert 0 <= (got["peak"] - got["start"]) - growth <= 8
+    assert ("leaf gradients (.grad)" in dev["at_end"]) == (not view)

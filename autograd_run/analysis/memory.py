@@ -50,6 +50,11 @@ counts exact sizes. Reserved bytes (the allocator's cached segments) are not
 modelled. Temporaries inside a node's formula are not modelled either, so a
 pass's measured peak can be above this one by a formula's scratch space.
 
+A model over the pass may add blocks of its own (``Extra``): data parallelism's buffers, such as DDP's
+gradient buckets (allocated before the pass, held throughout); ``grads_in`` names the leaves whose
+``.grad`` is a view of such a block (DDP's ``gradient_as_bucket_view``: the gradient AccumulateGrad made is
+copied into the bucket and let go).
+
 Only the first top-level pass of the recording is replayed (``--repeat``
 passes are alike).
 """
@@ -77,8 +82,19 @@ GRADIENT = "gradient buffers"
 LEAF_GRAD = "leaf gradients (.grad)"
 ROOT = "root gradients"
 OUTPUT = "outputs being made"
+PARALLEL = "data-parallel buffers"
 LEAF = "leaves (parameters, inputs)"
-KINDS = (SAVED, GRADIENT, OUTPUT, ROOT, LEAF_GRAD, LEAF)
+KINDS = (SAVED, GRADIENT, OUTPUT, ROOT, LEAF_GRAD, LEAF, PARALLEL)
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A block a model over the pass adds (``PARALLEL``): ``what`` it is, its bytes, its device; alive from
+    before the pass to its end (data-parallel buffers such as DDP's buckets)."""
+
+    what: str
+    bytes: int
+    device: Any
 
 
 @dataclass
@@ -187,6 +203,8 @@ def describe(kind: str, what) -> str:
         return f"output {i} of {node.name} {node.id}"
     if kind == ROOT:
         return f"root gradient {what}"
+    if kind == PARALLEL:
+        return str(what)
     if kind == LEAF_GRAD:
         return f"{what}.grad"
     return str(what)
@@ -388,10 +406,13 @@ def _inner_nodes(graph) -> dict:
     return out
 
 
-def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | None = None) -> Memory:
-    """The pass's memory per device (see the module docstring); ``limit``: bytes per device to check."""
+def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | None = None,
+              extras: tuple = (), grads_in: dict | None = None) -> Memory:
+    """The pass's memory per device (see the module docstring); ``limit``: bytes per device to check;
+    ``extras``: ``Extra`` blocks; ``grads_in``: leaf name -> index in ``extras`` of the block its ``.grad``
+    is a view of."""
     run = first_pass(rec)
-    replay = _Replay(graph, rec, run, retain_graph, limit)
+    replay = _Replay(graph, rec, run, retain_graph, limit, extras, grads_in or {})
     replay.run()
     mem = Memory(retain_graph=retain_graph, storage="captured" if graph.storage is not None else "per tensor")
     st = replay.st
@@ -430,8 +451,11 @@ def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | No
 class _Replay:
     """One replay of the pass over its events (the module docstring's model)."""
 
-    def __init__(self, graph, rec: Recording, run: tuple, retain_graph: bool, limit: int | None):
+    def __init__(self, graph, rec: Recording, run: tuple, retain_graph: bool, limit: int | None,
+                 extras: tuple = (), grads_in: dict | None = None):
         self.graph, self.retain_graph, self.limit = graph, retain_graph, limit
+        self.extras, self.grads_in = extras, grads_in or {}
+        self.extra_blocks: list[int] = []
         self.nodes, self.starts, self.ends = run
         self.t0 = rec.start if rec.start else (int(self.starts.min()) if len(self.starts) else 0)
         self.st = _State()
@@ -553,6 +577,8 @@ class _Replay:
         inner_of = {n for ns in self.inner.values() for n in ns}
         for v in graph.variables.values():  # the leaves' values: alive throughout
             st.new(nbytes(v.shape, v.dtype), v.device, LEAF, v.name)
+        for x in self.extras:  # data-parallel buffers: alive throughout
+            self.extra_blocks.append(st.new(x.bytes, x.device, PARALLEL, x.what))
         for v in graph.variables.values():
             if v.grad is not None:
                 size = nbytes(v.shape, v.dtype)
@@ -673,6 +699,14 @@ class _Replay:
                     grads[name] = _Grad(st.new(size, var.device, LEAF_GRAD, name), CONTIGUOUS, size)
                     self.sample(ts, node)  # the copy and the gradient it copies, alive at once
                 st.hold(grads[name].block, LEAF_GRAD, name)
+                k = self.grads_in.get(name)
+                if k is not None:  # copied into its bucket, and .grad becomes the bucket's view of it
+                    self.sample(ts, node)
+                    made = grads[name]
+                    bucket = self.extra_blocks[k]
+                    st.refs[bucket] += 1
+                    grads[name] = _Grad(bucket, CONTIGUOUS, made.nbytes)
+                    self.let_go(made)
             # else: added into .grad in place
         for g in held:
             if g is not None:

@@ -91,6 +91,25 @@ class DdpResult:
     straggler: dict | None = None
     #: ``finalize_backward``'s copy of the reduced buckets into ``.grad`` (0 with gradient_as_bucket_view).
     copy_back_ns: int = 0
+    #: The parameters' gradients are views of their buckets (DDP's ``gradient_as_bucket_view``).
+    gradient_as_bucket_view: bool = False
+
+    def memory_extras(self, graph) -> tuple[tuple, dict]:
+        """The buckets as the memory model's blocks (``analysis.memory.Extra``: DDP allocates them when it is
+        made, before any backward), and the parameters whose ``.grad`` is a view of one (with
+        ``gradient_as_bucket_view``)."""
+        from autograd_run.analysis.memory import Extra
+        params = params_of(graph)
+        extras, grads_in = [], {}
+        for b in self.buckets:
+            if b.kind != "bucket" or not b.params:
+                continue
+            device = graph.variables[params[b.params[0]].name].device
+            if self.gradient_as_bucket_view:
+                for i in b.params:
+                    grads_in[params[i].name] = len(extras)
+            extras.append(Extra(f"DDP bucket {b.index} ({len(b.params)} parameters)", b.nbytes, device))
+        return tuple(extras), grads_in
 
     def to_dict(self) -> dict:
         link = None if self.link is None else {"name": self.link.name, "alpha_us": self.link.alpha_us,
@@ -269,4 +288,4 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
     wall = max([compute] + [b.end_ns for b in runs]) + copy_back
     hidden = sum(max(0, min(b.end_ns, compute) - b.start_ns) for b in runs)
     return DdpResult(world, iteration, runs, compute, wall, wall - compute, comm,
-                     hidden / comm if comm else 1.0, unused, link, lag, copy_back)
+                     hidden / comm if comm else 1.0, unused, link, lag, copy_back, gradient_as_bucket_view)

@@ -106,6 +106,7 @@ class SimReport:
     _order: list[dict] | None = None
     _summary: Summary | None = None
     _memory: Memory | None = None
+    _extras: tuple = ((), {})
 
     @property
     def memory(self) -> Memory:
@@ -113,8 +114,15 @@ class SimReport:
         if self._memory is None:
             rec = self.recording
             with gc_paused():
-                self._memory = memory_of(self.graph, rec, limit=self.options.memory_limit)
+                self._memory = memory_of(self.graph, rec, limit=self.options.memory_limit,
+                                         extras=self._extras[0], grads_in=self._extras[1])
         return self._memory
+
+    def add_memory(self, extras: tuple, grads_in: dict) -> None:
+        """Blocks a model over this pass adds to its memory (``DdpResult.memory_extras``): the memory is
+        made again with them."""
+        self._extras = (tuple(extras), dict(grads_in))
+        self._memory = None
 
     @property
     def recording(self) -> Recording:
