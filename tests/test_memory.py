@@ -483,3 +483,32 @@ def test_ddp_buckets_in_the_memory_against_real_ddp(view, tmp_path, capsys):
     assert end == got["end"] - got["start"]
     assert 0 <= (got["peak"] - got["start"]) - growth <= 8
     assert ("leaf gradients (.grad)" in dev["at_end"]) == (not view)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("name", ["blocks", "transformer"])
+def test_fsdp_shards_and_gathers_in_the_memory_against_real_fsdp2(name, tmp_path, capsys):
+    """FSDP2's sharded parameters, unsharded parameters (from their all-gather's copy-out to the reshard),
+    all-gather buffers, reduce-scatter inputs and sharded gradients: the model captured under fully_shard
+    against two real gloo ranks profiling their memory (child processes with a deadline). PyTorch's ranks
+    differ from run to run and from each other (by one or two units' buffers: gloo's collectives on the CPU
+    keep theirs for a while), never below the least seen here; the model stands for that least case: never
+    above the least rank's growth at the peak and end (to 2 KiB), and its growth at least 80% of it
+    (measured: blocks 295,180 B against 295,188; transformer 129,980 against 138,052 at best)."""
+    try:
+        from tests.support import fsdp_oracle
+    except ImportError:  # tests/ itself is on sys.path, the repository root is not
+        from support import fsdp_oracle
+    path = str(tmp_path / "g.json")
+    fsdp_oracle.capture(name, path)
+    real = [r["memory"] for r in fsdp_oracle.run_ranks(name, 2, str(tmp_path), memory=True)]
+    rc, out, err = run_cli(["simulate", path, "--fsdp", "captured", "--world", "2", "--network",
+                            "alpha_us=10,gbps=10", "--json"], capsys)
+    assert rc == 0, err
+    dev = json.loads(out)["memory"]["devices"][0]
+    growth, end = dev["peak_bytes"] - dev["start_bytes"], dev["end_bytes"] - dev["start_bytes"]
+    least_growth = min(r["peak"] - r["start"] for r in real)
+    least_end = min(r["end"] - r["start"] for r in real)
+    assert 0.8 * least_growth <= growth <= least_growth + 64, (growth, real)
+    assert end <= least_end + 2048, (end, real)
+    assert any(h["what"].startswith("FSDP ") for h in dev["largest_at_peak"])

@@ -51,9 +51,13 @@ modelled. Temporaries inside a node's formula are not modelled either, so a
 pass's measured peak can be above this one by a formula's scratch space.
 
 A model over the pass may add blocks of its own (``Extra``): data parallelism's buffers, such as DDP's
-gradient buckets (allocated before the pass, held throughout); ``grads_in`` names the leaves whose
-``.grad`` is a view of such a block (DDP's ``gradient_as_bucket_view``: the gradient AccumulateGrad made is
-copied into the bucket and let go).
+gradient buckets (allocated before the pass, held throughout) or FSDP's unsharded parameters (made when
+their all-gather is issued, at a node's start; gone at a unit's post-backward, after a node or at the
+pass's end); ``grads_in`` names the leaves whose ``.grad`` is a view of such a block (DDP's
+``gradient_as_bucket_view``: the gradient AccumulateGrad made is copied into the bucket and let go);
+``grads_out`` the leaves whose ``.grad`` is taken at a moment (FSDP's post-backward reduce-scatters the
+unsharded gradients and drops them); ``leaves_out`` the leaves that are not alive throughout (FSDP's
+unsharded parameters: an ``Extra`` stands for them).
 
 Only the first top-level pass of the recording is replayed (``--repeat``
 passes are alike).
@@ -89,12 +93,16 @@ KINDS = (SAVED, GRADIENT, OUTPUT, ROOT, LEAF_GRAD, LEAF, PARALLEL)
 
 @dataclass(frozen=True)
 class Extra:
-    """A block a model over the pass adds (``PARALLEL``): ``what`` it is, its bytes, its device; alive from
-    before the pass to its end (data-parallel buffers such as DDP's buckets)."""
+    """A block a model over the pass adds (``PARALLEL``): ``what`` it is, its bytes, its device, and its
+    lifetime: ``made`` None (before the pass) or ``("start", node id)`` (when that node starts); ``gone``
+    None (never), ``("start", node id)`` (once that node has started), ``("end", node id)`` (after that node
+    ran) or ``("final",)`` (at the pass's end)."""
 
     what: str
     bytes: int
     device: Any
+    made: tuple | None = None
+    gone: tuple | None = None
 
 
 @dataclass
@@ -407,12 +415,15 @@ def _inner_nodes(graph) -> dict:
 
 
 def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | None = None,
-              extras: tuple = (), grads_in: dict | None = None) -> Memory:
+              extras: tuple = (), grads_in: dict | None = None, grads_out: dict | None = None,
+              leaves_out=()) -> Memory:
     """The pass's memory per device (see the module docstring); ``limit``: bytes per device to check;
     ``extras``: ``Extra`` blocks; ``grads_in``: leaf name -> index in ``extras`` of the block its ``.grad``
-    is a view of."""
+    is a view of; ``grads_out``: leaf name -> the moment its ``.grad`` is taken (as ``Extra.gone``);
+    ``leaves_out``: leaf names not counted as alive throughout."""
     run = first_pass(rec)
-    replay = _Replay(graph, rec, run, retain_graph, limit, extras, grads_in or {})
+    replay = _Replay(graph, rec, run, retain_graph, limit, extras, grads_in or {}, grads_out or {},
+                     set(leaves_out))
     replay.run()
     mem = Memory(retain_graph=retain_graph, storage="captured" if graph.storage is not None else "per tensor")
     st = replay.st
@@ -452,10 +463,25 @@ class _Replay:
     """One replay of the pass over its events (the module docstring's model)."""
 
     def __init__(self, graph, rec: Recording, run: tuple, retain_graph: bool, limit: int | None,
-                 extras: tuple = (), grads_in: dict | None = None):
+                 extras: tuple = (), grads_in: dict | None = None, grads_out: dict | None = None,
+                 leaves_out: set = frozenset()):
         self.graph, self.retain_graph, self.limit = graph, retain_graph, limit
-        self.extras, self.grads_in = extras, grads_in or {}
-        self.extra_blocks: list[int] = []
+        self.extras, self.grads_in, self.leaves_out = extras, grads_in or {}, leaves_out
+        self.extra_blocks: list[int | None] = [None] * len(extras)
+        #: What happens at a node's start, after a node, at the end: ("make" | "free", extra index) or
+        #: ("take", leaf name), in the order given.
+        self.at: dict[tuple, list] = {}
+        for k, x in enumerate(extras):
+            if x.made is not None:
+                self.at.setdefault(tuple(x.made), []).append(("make", k))
+            if x.gone is not None:  # (made and gone at one moment: gone after what comes there)
+                self.at.setdefault(tuple(x.gone), []).append(("free" if x.gone != x.made else "free-last", k))
+        for name, when in (grads_out or {}).items():
+            self.at.setdefault(tuple(when), []).append(("take", name))
+        order = {"free": 0, "make": 1, "take": 2, "free-last": 3}  # what goes, what comes, gradients taken
+        for acts in self.at.values():
+            acts.sort(key=lambda a: order[a[0]])
+        self.starts_at = {w[1] for w in self.at if w[0] == "start"}
         self.nodes, self.starts, self.ends = run
         self.t0 = rec.start if rec.start else (int(self.starts.min()) if len(self.starts) else 0)
         self.st = _State()
@@ -576,9 +602,11 @@ class _Replay:
         graph, st = self.graph, self.st
         inner_of = {n for ns in self.inner.values() for n in ns}
         for v in graph.variables.values():  # the leaves' values: alive throughout
-            st.new(nbytes(v.shape, v.dtype), v.device, LEAF, v.name)
-        for x in self.extras:  # data-parallel buffers: alive throughout
-            self.extra_blocks.append(st.new(x.bytes, x.device, PARALLEL, x.what))
+            if v.name not in self.leaves_out:
+                st.new(nbytes(v.shape, v.dtype), v.device, LEAF, v.name)
+        for k, x in enumerate(self.extras):  # data-parallel buffers made before the pass
+            if x.made is None:
+                self.extra_blocks[k] = st.new(x.bytes, x.device, PARALLEL, x.what)
         for v in graph.variables.values():
             if v.grad is not None:
                 size = nbytes(v.shape, v.dtype)
@@ -593,6 +621,26 @@ class _Replay:
             size = nbytes(meta.shape, meta.dtype) if meta is not None else 4
             g = _Grad(st.new(size, meta.device if meta is not None else node.device, ROOT, k), CONTIGUOUS, size)
             self.put(node, slot, g)
+
+    def happen(self, when: tuple, ts: int, node) -> None:
+        """What the extras do at moment ``when`` (``Extra.made`` / ``gone``, ``grads_out``)."""
+        acts = self.at.get(when)
+        if not acts:
+            return
+        st = self.st
+        for act, arg in acts:
+            if act == "make" and self.extra_blocks[arg] is None:
+                x = self.extras[arg]
+                self.extra_blocks[arg] = st.new(x.bytes, x.device, PARALLEL, x.what)
+                self.sample(ts, node)
+            elif act in ("free", "free-last") and self.extra_blocks[arg] is not None and self.extra_blocks[arg] >= 0:
+                st.drop(self.extra_blocks[arg])
+                self.extra_blocks[arg] = -1  # gone (not to be made again)
+            elif act == "take":
+                g = self.grads.pop(arg, None)
+                if g is not None:
+                    self.let_go(g)
+        self.sample(ts, node)
 
     # -- samples ------------------------------------------------------------------------
     def sample(self, ts: int, node) -> None:
@@ -630,11 +678,12 @@ class _Replay:
         st.dirty = set(range(len(st.live)))
         self.sample(self.t0, None)
         nodes, ends = self.nodes, self.ends.tolist()
-        if self.inner or self.group_of:  # a recomputation's start is an event too
+        if self.inner or self.group_of or self.starts_at:  # a recomputation's start is an event too
             starts = self.starts.tolist()
             events = [(e, 1, n) for n, e in zip(nodes, ends)]
-            events += [(s, 0, n) for n, s in zip(nodes, starts) if n in self.inner or n in self.group_of]
-            events.sort(key=lambda e: (e[0], e[1]))
+            events += [(s, 0, n) for n, s in zip(nodes, starts)
+                       if n in self.inner or n in self.group_of or n.id in self.starts_at]
+            events.sort(key=lambda e: (e[0], -e[1]))  # at one instant, a node ends before the next starts
         else:
             events = zip(ends, [1] * len(ends), nodes)
         finish = self.finish
@@ -645,6 +694,7 @@ class _Replay:
                         self.node_blocks[n] = self.saved_of(n)
                 for group in self.group_of.get(node, ()):
                     self.recompute(group)
+                self.happen(("start", node.id), ts, node)
                 self.sample(ts, node)
             elif not is_graph_root(node):
                 finish(node, ts)
@@ -724,6 +774,8 @@ class _Replay:
             put(target, slot, g, ts, node)
         self.freed[node.id] = before - sum(st.live)
         self.sample(ts, node)
+        if self.at:
+            self.happen(("end", node.id), ts, node)
 
     def derived(self, node, src: "_Grad", kind: str, size: int, meta) -> "_Grad | None":
         """Output ``kind`` of ``node`` made from its incoming gradient ``src``: the gradient itself or a view
@@ -775,6 +827,7 @@ class _Replay:
                     self.let_go(g)
             del self.buffers[node]
         end_ts = int(self.ends.max()) if len(self.ends) else self.t0
+        self.happen(("final",), end_ts, None)
         st.dirty = set(range(len(st.live)))
         self.sample(end_ts, None)
 

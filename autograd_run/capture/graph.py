@@ -223,13 +223,23 @@ class _Storages:
         """The document's ``storage`` section; ``leaves`` maps variable names to their tensors."""
         if not self.blocks:
             return None
-        for name, t in leaves.items():
-            key = self.key(t)
-            block = self.index.get(key) if key is not None else None
-            if block is not None and len(self.blocks[block]) == 1:
-                self.blocks[block].append(name)
+        self.mark_leaves(leaves)
         self.frames.clear()
         return {"blocks": self.blocks, "saved": self.saved}
+
+    def mark_leaves(self, leaves: Mapping[str, Any]) -> None:
+        """Name the blocks that leaves own. Called before the reference backward too: FSDP2 frees its
+        unsharded parameters' storage there (``resize_(0)``), and a freed storage starts nowhere."""
+        # a leaf's storage by where it starts (its size may differ from a saved view's: FSDP2's unsharded
+        # parameters are storages resized in place)
+        by_start = {}
+        for key, block in self.index.items():
+            by_start.setdefault(key[:2], []).append(block)
+        for name, t in leaves.items():
+            key = self.key(t)
+            for block in by_start.get(key[:2], ()) if key is not None else ():
+                if len(self.blocks[block]) == 1:
+                    self.blocks[block].append(name)
 
 
 def _is_tensor_list(torch, v) -> bool:
@@ -658,6 +668,7 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
                    fwd_thread=forward_thread_id(torch))
     arrays = cap.arrays
     cap.add([e.node for e in edges])
+    cap.storages.mark_leaves({name: fn.variable for fn, name in cap.var_of.items()})
 
     roots = []
     for k, (e, g) in enumerate(zip(edges, grad_outputs)):

@@ -163,8 +163,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     if ddp_args is not None:
         ddp_results = (_run_fsdp if fsdp is not None else _run_ddp)(g, first, ddp_args, opts)
     ddp_result = ddp_results[0][1] if len(ddp_results) == 1 else None
-    if ddp_result is not None and fsdp is None and memory:
-        first.add_memory(*ddp_result.memory_extras(first.graph))  # the buckets in the pass's memory
+    if ddp_result is not None and memory:  # DDP's buckets, FSDP's shards and gathers in the pass's memory
+        first.add_memory(*ddp_result.memory_extras(first.graph))
     recording = first.recording if trace_path else None
     if trace_path and fsdp is not None and ddp_result is not None and ddp_result.stalls:
         import dataclasses

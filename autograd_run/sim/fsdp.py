@@ -115,6 +115,59 @@ class FsdpResult:
     #: node id -> ns the compute waited at it (for the trace's re-simulation).
     stalls: dict[str, int] = field(default_factory=dict)
 
+    def memory_extras(self, graph) -> tuple:
+        """FSDP's memory on one rank, as ``analysis.memory.memory_of``'s ``(extras, grads_in, grads_out,
+        leaves_out)``: per unit its sharded parameters (held throughout), its unsharded parameters (from the
+        node whose pre-backward issued their all-gather, or before the pass when already unsharded, to its
+        post-backward's reshard), the all-gather's padded flat buffer (to the copy-out at the unit's own
+        pre-backward), then at its post-backward the reduce-scatter input (its gradients copied in, the
+        unsharded gradients dropped; held until the next post-backward waits for it, or the end) and the
+        sharded gradient. The unsharded parameters are the graph's leaves: not alive throughout. One rank of
+        one shard (``world`` 1): nothing is sharded, nothing added."""
+        from autograd_run.analysis.memory import Extra
+        shard = self.world // self.replicate
+        if shard <= 1:
+            return (), {}, {}, ()
+        specs = graph.fsdp["units"]
+        pre_of = {s["name"]: s.get("pre_backward") for s in specs}
+
+        def post_moment(u: UnitRun) -> tuple:
+            return ("end", u.post_in) if u.post_in not in (None, "final callback") else ("final",)
+        posts = sorted((u for u in self.units), key=lambda u: (u.post_ns is None, u.post_ns or 0, u.index))
+        extras, grads_out, leaves_out = [], {}, []
+        for u, s in zip(self.units, specs):
+            names = s["parameters"]
+            if not names:
+                continue
+            variables = [graph.variables[p] for p in names]
+            device = variables[0].device
+            label = u.name or "(root)"
+            leaves_out += names
+            sharded = sum(padded_bytes(v.shape, v.dtype, shard) for v in variables) // shard
+            extras.append(Extra(f"FSDP {label}: sharded parameters", sharded, device))
+            unsharded = sum(math.prod(v.shape) * ITEMSIZE[s.get("param_dtype") or v.dtype] for v in variables)
+            issued = own = None
+            if u.all_gather is not None:
+                by = u.name if u.gathered_by == "pre-backward" else (u.gathered_by or "").removeprefix("prefetch by ")
+                issuer = pre_of.get("" if by == "(root)" else by)
+                issued = ("start", issuer) if issuer else None
+                own = ("start", pre_of[u.name]) if pre_of.get(u.name) else issued
+            post = post_moment(u)
+            # the unsharded parameters' storage is allocated when the all-gather's output is copied out into
+            # it, at the unit's own pre-backward (wait_for_unshard); the flat output lives from the issue to then
+            extras.append(Extra(f"FSDP {label}: unsharded parameters", unsharded, device, own, post))
+            if issued is not None and own != issued:  # (issued by its own pre-backward: gone at once, not counted)
+                extras.append(Extra(f"FSDP {label}: all-gather buffer", u.gather_bytes, device, issued, own))
+            if u.reduce_scatter is not None:
+                later = [w for w in posts if w is not u and (w.post_ns or 0) >= (u.post_ns or 0)
+                         and posts.index(w) > posts.index(u)]
+                extras.append(Extra(f"FSDP {label}: reduce-scatter input", u.reduce_bytes, device, post,
+                                    post_moment(later[0]) if later else ("final",)))
+                extras.append(Extra(f"FSDP {label}: sharded gradients", sharded, device, post))
+                for p in names:
+                    grads_out[p] = post
+        return tuple(extras), {}, grads_out, tuple(leaves_out)
+
     def to_dict(self) -> dict:
         link = None if self.link is None else {"name": self.link.name, "alpha_us": self.link.alpha_us,
                                                "gbps": self.link.bandwidth / 1e9, "source": self.link.source,

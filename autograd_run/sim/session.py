@@ -106,7 +106,7 @@ class SimReport:
     _order: list[dict] | None = None
     _summary: Summary | None = None
     _memory: Memory | None = None
-    _extras: tuple = ((), {})
+    _extras: dict = field(default_factory=dict)
 
     @property
     def memory(self) -> Memory:
@@ -114,14 +114,15 @@ class SimReport:
         if self._memory is None:
             rec = self.recording
             with gc_paused():
-                self._memory = memory_of(self.graph, rec, limit=self.options.memory_limit,
-                                         extras=self._extras[0], grads_in=self._extras[1])
+                self._memory = memory_of(self.graph, rec, limit=self.options.memory_limit, **self._extras)
         return self._memory
 
-    def add_memory(self, extras: tuple, grads_in: dict) -> None:
-        """Blocks a model over this pass adds to its memory (``DdpResult.memory_extras``): the memory is
-        made again with them."""
-        self._extras = (tuple(extras), dict(grads_in))
+    def add_memory(self, extras: tuple, grads_in: dict | None = None, grads_out: dict | None = None,
+                   leaves_out=()) -> None:
+        """What a model over this pass adds to its memory (``DdpResult.memory_extras``,
+        ``FsdpResult.memory_extras``; ``analysis.memory.memory_of``'s arguments): the memory is made again."""
+        self._extras = {"extras": tuple(extras), "grads_in": dict(grads_in or {}),
+                        "grads_out": dict(grads_out or {}), "leaves_out": tuple(leaves_out)}
         self._memory = None
 
     @property

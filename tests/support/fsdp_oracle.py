@@ -103,7 +103,7 @@ def _capture_main(name: str, path: str) -> dict:
         end_process_group()
 
 
-def _rank_main(rank: int, world: int, store: str, out: str, name: str) -> dict:
+def _rank_main(rank: int, world: int, store: str, out: str, name: str, memory: bool = False) -> dict:
     import datetime
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
@@ -111,6 +111,22 @@ def _rank_main(rank: int, world: int, store: str, out: str, name: str) -> dict:
                             timeout=datetime.timedelta(seconds=60))
     try:
         model, run = build(name)
+        if memory:  # two warm-up iterations, then the third forward and backward under profile_memory
+            sys.path.insert(0, str(ROOT / "tests" / "support"))
+            from memory_oracle import SPAN, read
+            from torch.profiler import record_function
+            for _ in range(2):
+                model.zero_grad(set_to_none=True)
+                run(model).backward()
+            model.zero_grad(set_to_none=True)  # the pass starts without gradients, as the graph's leaves do
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                loss = run(model)
+                with record_function(SPAN):
+                    loss.backward()
+                del loss
+            path = os.path.join(out, f"rank{rank}-memory.json")
+            prof.export_chrome_trace(path)
+            return {"rank": rank, "memory": read(path)}
         for it in range(3):
             loss = run(model)
             if it < 2:
@@ -137,11 +153,12 @@ def capture(name: str, path: str, timeout: float = 180) -> None:
         raise OracleFailed(f"FSDP capture exited {p.returncode}; its stderr:\n{p.stderr[-6000:]}")
 
 
-def run_ranks(name: str, world: int, out_dir: str, timeout: float = 240) -> list[dict]:
+def run_ranks(name: str, world: int, out_dir: str, timeout: float = 240, memory: bool = False) -> list[dict]:
+    """``world`` ranks profiling their third backward (``memory``: its live bytes instead, forward too)."""
     from autograd_run.parallel.local_ranks import RanksTimedOut, run_local_ranks
     store = os.path.join(out_dir, "store")
     argvs = [[sys.executable, "-m", "tests.support.fsdp_oracle", "--rank", str(r), str(world), store, out_dir,
-              name, str(max(1.0, timeout - 10))] for r in range(world)]
+              name, str(max(1.0, timeout - 10)), *(["--memory"] if memory else [])] for r in range(world)]
     try:
         results = run_local_ranks(argvs, _env(), timeout, cwd=ROOT)
     except RanksTimedOut as exc:
@@ -181,7 +198,7 @@ def main(argv: list[str]) -> int:
         return 0
     rank, world, store, out, name = int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5]
     faulthandler.dump_traceback_later(float(argv[6]), exit=True)
-    print(json.dumps(_rank_main(rank, world, store, out, name)), flush=True)
+    print(json.dumps(_rank_main(rank, world, store, out, name, memory="--memory" in argv[7:])), flush=True)
     return 0
 
 

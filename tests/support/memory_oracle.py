@@ -25,14 +25,23 @@ def measure(build, capture_path: str | None = None, parameters=None) -> dict:
         del loss
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         loss = build()
-        with record_function("autograd_run.memory_oracle.backward"):
+        with record_function(SPAN):
             loss.backward()
         del loss
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
+        return read(path)
+
+
+#: The profiler range around the backward call that ``read`` looks for.
+SPAN = "autograd_run.memory_oracle.backward"
+
+
+def read(path: str) -> dict:
+    """start, peak and end live bytes of the backward in a trace made as ``measure`` makes it."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
     span = next(e for e in events if e.get("name") == "autograd_run.memory_oracle.backward" and e.get("ph") == "X")
     b0, b1 = float(span["ts"]), float(span["ts"]) + float(span["dur"])
     mem = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: float(e["ts"]))
