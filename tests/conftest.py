@@ -1,6 +1,15 @@
+import os
+import tempfile
 import threading
 
 import pytest
+
+# The suite never reads the user's own cache (a calibration there would change the simulation's default
+# spec): a cache folder of its own for the whole session, in every worker and the commands tests start.
+# Tests that want a calibration make one in it, or in their own folder.
+if not os.environ.get("AUTOGRAD_RUN_TEST_CACHE"):
+    os.environ["AUTOGRAD_RUN_TEST_CACHE"] = tempfile.mkdtemp(prefix="autograd-run-test-cache-")
+os.environ["XDG_CACHE_HOME"] = os.environ["AUTOGRAD_RUN_TEST_CACHE"]
 
 # Deep torch graphs free recursively in C++; give threads a roomy stack.
 threading.stack_size(64 * 1024 * 1024)

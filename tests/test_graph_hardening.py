@@ -763,3 +763,23 @@ def test_counts_read_from_the_node():
     load_doc(doc, "json")
     del doc["nodes"][1]["saved"]["sizes"]
     load_doc(doc, "json")
+
+
+def test_default_budget_is_half_of_the_memory_available():
+    """Not a fixed 4 GiB: half of what /proc/meminfo reports available (bounded by a cgroup and RLIMIT_AS,
+    neither set here), so a big model fits on a big machine without --max-memory."""
+    import resource
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        pytest.skip("no MemAvailable here")
+    limited = resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limited = limited or f.read().strip().isdigit()
+    except OSError:
+        pass
+    if limited:
+        pytest.skip("a memory limit bounds the budget here")
+    assert abs(default_max_bytes() - available // 2) <= max(available // 10, 64 << 20)

@@ -123,7 +123,7 @@ def _byte_size(ctx, param, value):
 max_memory_option = click.option(
     "--max-memory", default=None, metavar="SIZE", callback=_byte_size,
     help="Memory budget the graph may need to run (saved values, gradients, references), e.g. 8GiB  "
-         "[default: 4 GiB or half the machine's memory, whichever is less]")
+         "[default: half of the memory available, bounded by a container's limit and ulimit -v]")
 
 
 #: ``--memory-limit SIZE``: bytes per device the pass must fit in (``memory_limit``: bytes or None).

@@ -46,7 +46,8 @@ MAX_SAVED_LIST = 65_536
 INT_MIN, INT_END = -(2**63), 2**64
 SIZE_END = 2**63
 
-#: Memory budget: the bytes a graph may ask to materialise, unless ``max_bytes`` says otherwise.
+#: Memory budget where nothing says what the machine has: the bytes a graph may ask to materialise, unless
+#: ``max_bytes`` says otherwise (``default_max_bytes`` takes half of the memory available instead).
 DEFAULT_MAX_BYTES = 4 << 30
 
 _KIND_TEXT = {
@@ -81,19 +82,30 @@ def _address_space_used() -> int:
         return 0
 
 
-def default_max_bytes() -> int:
-    """The default memory budget: 4 GiB, less where the machine has less to give.
+def _available_bytes() -> int | None:
+    """The memory the system reports available (``MemAvailable`` in ``/proc/meminfo``), else the physical
+    memory, else None (nothing known)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
-    At most half of the physical memory, half of what a cgroup (container)
-    memory limit leaves, and half of what the process's address-space limit
-    (``RLIMIT_AS``) leaves above the address space it already uses (thread
+
+def default_max_bytes() -> int:
+    """The default memory budget: half of the memory the system reports available (4 GiB where nothing
+    says), and at most half of what a cgroup (container) memory limit leaves and half of what the
+    process's address-space limit (``RLIMIT_AS``) leaves above the address space it already uses (thread
     stacks and allocator arenas count there, so a limit is never all data).
     """
-    limit = DEFAULT_MAX_BYTES
-    try:
-        limit = min(limit, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2)
-    except (ValueError, OSError, AttributeError):
-        pass
+    available = _available_bytes()
+    limit = available // 2 if available else DEFAULT_MAX_BYTES
     try:
         with open("/sys/fs/cgroup/memory.max") as f:
             text = f.read().strip()
