@@ -209,9 +209,10 @@ def render_compare(console: Console, reports, title: str, memory: bool = True) -
     """One row per simulated variant: wall time, engine time, critical path, busiest worker."""
     from autograd_run.sim.ddp import size_text
     limit = reports[0].options.memory_limit
-    t = columns(Table(title=title), ("policy", "label"), ("devices", "num"), ("placement", "label"), ("wall", "num"),
+    # (short headers: the table fits 80 columns without breaking a word)
+    t = columns(Table(title=title), ("policy", "label"), ("devices", "num"), ("placed", "label"), ("wall", "num"),
                 ("engine done", "num"), ("critical path", "num"), ("vs first", "num"),
-                *((("peak memory", "num"),) if memory else ()),
+                *((("peak", "num"),) if memory else ()),
                 *((("fits " + size_text(limit), "label"),) if limit is not None and memory else ()))
     base = reports[0].wall_ns or 1
     for r in reports:
