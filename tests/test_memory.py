@@ -282,7 +282,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from memory_oracle import measure  # noqa: E402
 
 
-def _compare(build, names, tmp_path, key, run=False):
+def _compare(build, names, tmp_path, key):
     """(PyTorch's growth at the peak and at the end, the model's), both over the live bytes at the start
     (the model counts the root gradients there; PyTorch makes them inside backward())."""
     from autograd_run.capture import from_torch
@@ -295,8 +295,7 @@ def _compare(build, names, tmp_path, key, run=False):
     for t in names.values():
         t.grad = None
     g = load_graph(path)
-    mem = run_memory(g) if run else sim_memory(g)
-    d = one(mem)
+    d = one(sim_memory(g))
     roots = _root_bytes(g)
     return (got["peak"] - got["start"], got["end"] - got["start"]), (d.peak - d.start + roots, d.end - d.start + roots)
 

@@ -183,10 +183,6 @@ class Memory:
             out.append(Counter(f"{dm.device} memory", "allocated", self.ts[at] + self.t0, self.live[at]))
         return out
 
-    @property
-    def peak(self) -> int:
-        return max((d.peak for d in self.devices), default=0)
-
     def to_dict(self) -> dict:
         d = {"storage": self.storage, "retain_graph": self.retain_graph,
              "devices": [m.to_dict() for m in self.devices]}
@@ -292,9 +288,6 @@ class _State:
             d = self.dev[b]
             self.live[d] -= self.size[b]
             self.dirty.add(d)
-
-    def label(self, d: int) -> str:
-        return self.labels[d]
 
     def at(self, sample: int, d: int) -> list[tuple[int, str, Any]]:
         """(bytes, kind, what) of each block on device ``d`` alive at ``sample`` (made at or before it, gone

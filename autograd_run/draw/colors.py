@@ -30,12 +30,9 @@ def fmt_ns(ns: float) -> str:
 
 
 def fmt_bytes(n: float) -> str:
-    """Bytes as the colour bar and tooltips show them (binary units, signed when negative)."""
-    sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{sign}{n / size:.1f} {unit}"
-    return f"{sign}{n:.0f} B"
+    """Bytes as the colour bar and tooltips show them (``graphs.validate.format_bytes``, signed)."""
+    from autograd_run.graphs.validate import format_bytes
+    return ("-" if n < 0 else "") + format_bytes(int(abs(n)))
 
 
 def _rgb(h: str) -> tuple[int, int, int]:

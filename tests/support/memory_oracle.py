@@ -15,14 +15,8 @@ import os
 import tempfile
 
 
-def measure(build, capture_path: str | None = None, parameters=None) -> dict:
-    import torch
+def measure(build) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
-    if capture_path is not None:  # the graph, captured from a forward of its own (same shapes)
-        from autograd_run.capture import from_torch
-        loss = build()
-        from_torch(loss, parameters=parameters, path=capture_path, reference=False)
-        del loss
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         loss = build()
         with record_function(SPAN):
