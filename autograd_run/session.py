@@ -82,6 +82,8 @@ class RunOptions:
     #: Where the golden order came from (an input: never overwritten).
     expected_order_path: str | None = None
     trace_path: str | None = None
+    #: The trace's format (``traces.trace_file.FORMAT_NAMES``); None or ``auto``: from the path's ending.
+    trace_format: str | None = None
     order_out: str | None = None
     #: More tracers (e.g. a progress hook), called after the built-in ones.
     tracers: Sequence[Tracer] = ()
@@ -286,7 +288,7 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
         t = time.perf_counter()
         if o.memory_trace and report.memory is not None:  # the counter tracks of each device's allocated bytes
             report.recording.counters.extend(report.memory.counters())
-        write_trace(o.trace_path, report.recording, incomplete=report.interrupted)
+        write_trace(o.trace_path, report.recording, incomplete=report.interrupted, fmt=o.trace_format)
         report.timings["trace"] = time.perf_counter() - t
     if order is not None:
         report.order = order.rows()

@@ -293,6 +293,31 @@ def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8
         console.print(t)
 
 
+def render_streams(console: Console, st) -> None:
+    """A simulation's accelerator streams (``analysis.streams.StreamReport``): per stream its kernels, busy
+    and idle time over its span; the communication hidden under compute; the critical path through threads
+    and streams and how it splits between the CPU and the kernels."""
+    if st is None or not st.streams:
+        return
+    t = columns(Table(title="streams (first kernel to last)"), ("stream", "id"), ("kernels", "num"),
+                ("busy", "num"), ("idle", "num"), ("util", "num"))
+    for s in st.streams:
+        t.add_row(_plain(s.stream), str(s.kernels), fmt_ns(s.busy_ns), fmt_ns(s.idle_ns), f"{s.utilization:.0%}")
+    if len(st.streams) > 1 and st.total is not None:
+        s = st.total
+        t.add_section()
+        t.add_row(s.stream, str(s.kernels), fmt_ns(s.busy_ns), fmt_ns(s.idle_ns), f"{s.utilization:.0%}")
+    console.print(t)
+    if st.overlap is not None:
+        console.print(_plain(f"communication under compute kernels: {st.overlap:.1%} of "
+                             f"{fmt_ns(st.comm_ns)} ({fmt_ns(st.hidden_ns)} hidden)"))
+    if st.path_ns:
+        share = lambda ns: f"{ns / st.path_ns:.0%}"  # noqa: E731
+        console.print(_plain(f"critical path through threads and streams: {fmt_ns(st.path_ns)} (kernels "
+                             f"{share(st.path_gpu_ns)}, CPU {share(st.path_cpu_ns)}, waits "
+                             f"{share(st.path_wait_ns)})"))
+
+
 def render_memory(console: Console, mem, top: int = 5) -> None:
     """The pass's memory (``analysis.memory.Memory``): per device its allocated bytes at the start, the peak
     (when, and the node running), after the pass; the largest holders at each peak; a limit passed."""

@@ -60,6 +60,9 @@ class Progress(Tracer):
 @click.option("--trace", "trace_path", default=None, metavar="FILE",
               help="Write a trace here: Chrome JSON (.json; .json.gz compressed) or Perfetto protobuf "
                    "(.pftrace, about 4x smaller).")
+@click.option("--trace-format", type=click.Choice(["auto", "json", "json.gz", "pftrace", "kineto"]), default="auto",
+              show_default=True, help="The trace's format: from the path's ending, or this one (kineto: the "
+              "JSON torch.profiler writes, for Holistic Trace Analysis; also chosen by a .kineto.json ending).")
 @click.option("--open", "open_trace", is_flag=True,
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--grad", "grad_mode", is_flag=True,
@@ -103,7 +106,7 @@ class Progress(Tracer):
 @click.option("--format", "fmt", type=click.Choice(["json", "yaml"]), default=None,
               help="The format of a graph read from stdin (GRAPH is -)  [default: from its first character]")
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
-def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_unused, retain_graph, create_graph,
+def run(graph, trace_path, trace_format, open_trace, grad_mode, backward_mode, inputs, allow_unused, retain_graph, create_graph,
         no_multithreading, backend, backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, max_memory,
         memory, memory_limit, order_out, expect_order, costs, step, summary, json_out, timeout, fmt, verbose):
     """Run a graph's backward pass (GRAPH is a file, example:NAME, or - for stdin).
@@ -139,7 +142,7 @@ def run(graph, trace_path, open_trace, grad_mode, backward_mode, inputs, allow_u
         create_graph=create_graph, multithreading=not no_multithreading, devices=devices, anomaly=anomaly,
         inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
         profile=summary or json_out or bool(trace_path) or memory_limit is not None, samples=json_out,
-        trace_path=trace_path, order_out=order_out,
+        trace_path=trace_path, trace_format=trace_format, order_out=order_out,
         expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
         tracers=(progress,), costs=costs, costs_step=step, timeout=timeout, stop=RunStop(),
         memory_limit=memory_limit, memory_trace=want_memory(memory, g, memory_limit))

@@ -69,8 +69,15 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @click.option("--compare", default=None, metavar="policy=A,B|devices=K,K|bucket_cap_mb=A,B|world=N,N",
               help="Simulate several policies or device counts and print one table; with --ddp, several "
                    "bucket sizes (MiB) or world sizes.")
-@click.option("--trace", "trace_path", default=None, metavar="FILE",
-              help="Write the simulated trace (.json, .json.gz or .pftrace, as run --trace).")
+@click.option("--trace", "trace_path", default=None, metavar="FILE|DIR/",
+              help="Write the simulated trace (.json, .json.gz, .pftrace or .kineto.json, as run --trace). With "
+                   "--ddp/--fsdp, a folder (a path ending in / or an existing folder) gets one Kineto trace per "
+                   "rank, as a distributed profile (Holistic Trace Analysis reads the folder as one job).")
+@click.option("--trace-format", type=click.Choice(["auto", "json", "json.gz", "pftrace", "kineto"]), default="auto",
+              show_default=True, help="The trace's format: from the path's ending, or this one (kineto: the "
+              "JSON torch.profiler writes, for Holistic Trace Analysis).")
+@click.option("--trace-ranks", type=Whole(1, 1024), default=None, metavar="N",
+              help="A folder --trace with --ddp/--fsdp: the ranks written  [default: all, at most 8]")
 @click.option("--open", "open_trace", is_flag=True,
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--order-out", default=None, metavar="FILE",
@@ -99,7 +106,8 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @memory_limit_option
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
-def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, open_trace, order_out,
+def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, trace_format,
+             trace_ranks, open_trace, order_out,
              slack, ddp, fsdp, world, network, straggler, memory, memory_limit,
              summary, json_out):
     """Simulate GRAPH's backward pass on a virtual clock (no node runs).
@@ -144,9 +152,13 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     measured = read_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(None if ddp_args is not None else compare, policy, devices)
     inputs = [g.source, costs or "", spec if spec and os.path.isfile(spec) else ""]  # never overwritten
+    folder = _trace_folder(trace_path, trace_format, trace_ranks, ddp_args, compare, open_trace)
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
-        if path:
+        if path and not (folder and option == "trace_path"):
             check_output_path(path, option, inputs)
+    if folder and os.path.isdir(trace_path):  # a new folder is made when the traces are written
+        for r in range(_ranks_written(ddp_args, trace_ranks)):
+            check_output_path(os.path.join(trace_path, f"rank-{r}.kineto.json"), "trace_path", inputs)
     if trace_path and order_out and os.path.abspath(trace_path) == os.path.abspath(order_out):
         raise RequestError(f"{order_out}: the trace is written there already", "order_out")
     memory = want_memory(memory, g, memory_limit)
@@ -165,28 +177,35 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     ddp_result = ddp_results[0][1] if len(ddp_results) == 1 else None
     if ddp_result is not None and memory:  # DDP's buckets, FSDP's shards and gathers in the pass's memory
         first.add_memory(*ddp_result.memory_extras(first.graph))
-    recording = first.recording if trace_path else None
-    if trace_path and fsdp is not None and ddp_result is not None and ddp_result.stalls:
+    recording = first.recording if (trace_path or summary or json_out) and len(reports) == 1 else None
+    if recording is not None and fsdp is not None and ddp_result is not None and ddp_result.stalls:
         import dataclasses
         # the trace: the backward simulated again with the compute's waits on communication in it
         recording = simulate_session(g, dataclasses.replace(opts, extra_ns=ddp_result.stalls, slack_top=0)).recording
+    collectives, comm_end = [], None
+    if recording is not None and ddp_result is not None:
+        from autograd_run.sim.ddp import collective_kernels
+        collectives, comm_end = collective_kernels(ddp_result, recording, fsdp is not None)
+    streams = None
+    if recording is not None:
+        from autograd_run.analysis.streams import streams_of
+        streams = streams_of(recording, collectives)
     for line in dict.fromkeys(w for r in reports for w in r.warnings):  # one line each, on stderr
         click.echo(line, err=True)
     if trace_path:
-        from autograd_run.traces.trace_file import write_trace
-        if ddp_result is not None:
-            if fsdp is not None:
-                from autograd_run.sim.fsdp import add_to_recording
-            else:
-                from autograd_run.sim.ddp import add_to_recording
-            add_to_recording(ddp_result, recording)
+        if collectives:
+            recording.kernels.extend(collectives)
+            recording.end = max(recording.end, comm_end)
         if memory:
             recording.counters.extend(first.memory.counters())  # each device's allocated bytes
-        write_trace(trace_path, recording)
+        _write_sim_trace(trace_path, trace_format, recording, ddp_result, folder,
+                         _ranks_written(ddp_args, trace_ranks) if folder else 1, first)
     if order_out:
         write_order(order_out, first.order)
     if json_out:
         doc = [_report_json(r, memory) for r in reports] if len(reports) > 1 else _report_json(first, memory)
+        if len(reports) == 1:
+            doc["streams"] = streams.to_dict() if streams is not None else None
         kind = "fsdp" if fsdp is not None else "ddp"
         if ddp_result is not None:
             doc[kind] = ddp_result.to_dict()
@@ -209,6 +228,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     elif summary:
         render_summary(console, first.summary, f"{g.source}: simulated on {first.label}, {len(first.graph.nodes)} nodes")
         render_slack(console, first)
+        if streams is not None:
+            from autograd_run.cli.render import render_streams
+            render_streams(console, streams)
         if memory:
             render_memory(console, first.memory)
         else:
@@ -222,7 +244,10 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                                                                               ddp_results)
     if summary:
         console.print(plain(confidence_line(first)))
-    if trace_path and not open_trace:
+    if trace_path and folder:
+        console.print(plain(f"simulated Kineto traces of {_ranks_written(ddp_args, trace_ranks)} ranks written to "
+                            f"{trace_path} (read the folder with Holistic Trace Analysis: docs/hta.md)"))
+    elif trace_path and not open_trace:
         console.print(plain(f"simulated trace written to {trace_path} (open it with `autograd-run view`, or in "
                             "https://ui.perfetto.dev)"))
     if open_trace:
@@ -396,6 +421,63 @@ def confidence_line(r) -> str:
     e = r.expected_error
     sure = (f"expected error +-{e['relative']:.0%}" if e.get("relative") is not None else "expected error unknown")
     return f"spec {r.spec.name}: {r.spec_reason}; {sure} ({e.get('basis', '')})"
+
+
+def _trace_folder(trace_path, trace_format, trace_ranks, ddp_args, compare, open_trace) -> bool:
+    """Whether ``--trace`` names a folder for one Kineto trace per rank (a path ending in a separator, or an
+    existing folder); refuses the options that do not go with it, before any work."""
+    from autograd_run.errors import RequestError
+    folder = bool(trace_path) and (trace_path.endswith(("/", os.sep)) or os.path.isdir(trace_path))
+    if not folder:
+        if trace_ranks is not None:
+            raise UsageError("--trace-ranks goes with a folder --trace DIR/ and --ddp or --fsdp")
+        return False
+    if ddp_args is None:
+        raise UsageError(f"--trace {trace_path}: a folder gets one trace per rank: it goes with --ddp or --fsdp "
+                         "(a single trace is a file: --trace FILE)")
+    if trace_format not in ("auto", "kineto"):
+        raise UsageError(f"--trace {trace_path}: a folder of rank traces is Kineto JSON, not --trace-format "
+                         f"{trace_format}")
+    if compare:
+        raise UsageError(f"--trace {trace_path}: one set of rank traces is one simulation: not with --compare")
+    if open_trace:
+        raise UsageError("--open shows one trace file, not a folder of rank traces")
+    parent = os.path.dirname(os.path.abspath(trace_path.rstrip("/" + os.sep)))
+    if not os.path.isdir(parent):
+        raise RequestError(f"{trace_path}: no such directory: {parent}", "trace_path")
+    if not os.access(trace_path if os.path.isdir(trace_path) else parent, os.W_OK):
+        raise RequestError(f"{trace_path}: the directory is not writable", "trace_path")
+    if os.path.exists(trace_path) and not os.path.isdir(trace_path):
+        raise RequestError(f"{trace_path}: not a folder", "trace_path")
+    return True
+
+
+def _ranks_written(ddp_args, trace_ranks) -> int:
+    """The ranks a folder ``--trace`` gets: ``--trace-ranks``, else every rank up to 8, never beyond the world."""
+    world = ddp_args["world"]
+    return min(world, trace_ranks if trace_ranks is not None else 8)
+
+
+def _write_sim_trace(path: str, fmt: str, rec, ddp_result, folder: bool, ranks: int, report) -> None:
+    """The simulated trace: one file in its format, or (``folder``) one Kineto trace per rank, rank files
+    ``rank-R.kineto.json`` (ranks are symmetric in the model: each shows the same timeline as its rank)."""
+    from autograd_run.traces.kineto import write_kineto_trace
+    from autograd_run.traces.trace_file import format_of, write_trace
+    world = ddp_result.world if ddp_result is not None else 1
+    device = report.spec.accelerator.name if getattr(report.spec, "accelerator", None) else None
+    eng = report.spec.engine  # what each node's span holds beyond its own cost (simulate --costs takes it out)
+    meta = {"spec": report.spec.name,
+            "engine_ns": {"node": int(eng.node_overhead_us * 1e3),
+                          "device_node": int((eng.device_overhead_us or eng.node_overhead_us) * 1e3)}}
+    if folder:
+        os.makedirs(path, exist_ok=True)
+        for r in range(ranks):
+            write_kineto_trace(os.path.join(path, f"rank-{r}.kineto.json"), rec, rank=r, world=world,
+                               device_name=device, meta=meta)
+    elif format_of(path, fmt).name == "kineto":
+        write_kineto_trace(path, rec, world=world, device_name=device, meta=meta)
+    else:
+        write_trace(path, rec, fmt=fmt)
 
 
 def _report_json(r, memory: bool = True) -> dict:

@@ -65,6 +65,11 @@ class MeasuredCosts:
     info: dict = field(default_factory=dict)
     #: A PyTorch profile: which of its backward calls were used and what was left out (see ``ProfileUse``).
     use: Any = None
+    #: Costs read from a simulation's trace (its times are the spec's it was simulated on, not a machine's).
+    simulated: bool = False
+    #: The engine's per-node time inside each span, to take out (a simulation's Kineto trace says what it
+    #: charged: ``{"node": ns, "device_node": ns}``); None: none known.
+    engine_ns: dict | None = None
 
     @property
     def from_pytorch(self) -> bool:
@@ -150,6 +155,11 @@ def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: s
         return _from_graph_file(ref, graph, step, option)
     if doc.traceEvents is None:
         raise RequestError(f"{ref}: not a trace (no traceEvents) nor a graph file", option)
+    if doc.autogradRun is not None:  # our own Kineto trace (written by run or simulate)
+        if step is not None:
+            raise RequestError(f"{ref}: --step picks a step of a PyTorch profile; this is autograd-run's own "
+                               "trace", "step")
+        return _from_our_kineto(doc, ref, graph, option)
     if is_torch_profile(doc):
         return from_profile(parse_torch_profile(doc, ref, option), graph, step, order)
     if step is not None:
@@ -207,6 +217,48 @@ def _from_ours(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:
         raise RequestError(f"{path}: no node of {graph.source} has a measured duration there "
                            "(a trace of another graph?)", option)
     return MeasuredCosts({k: MeasuredCost(statistics.median(v)) for k, v in by_id.items()}, OURS, path)
+
+
+def _from_our_kineto(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:
+    """Costs from autograd-run's Kineto trace: each node's ``cpu_op`` span, and the kernels (memcpys) its
+    launches started, by the engine stream their track names (``stream N cuda:D/sS``); medians over runs."""
+    streams: dict[tuple, str] = {}
+    for e in doc.traceEvents:
+        if e.ph == "M" and e.name == "thread_name" and isinstance(e.args.get("name"), str):
+            parts = e.args["name"].split(" ")
+            if len(parts) == 3 and parts[0] == "stream" and "/s" in parts[2]:
+                streams[(e.pid, e.tid)] = parts[2]
+    cpu: dict[str, list[float]] = {}
+    launched: dict[int, str] = {}  # External id of a node's cpu_op -> node id
+    gpu: dict[tuple, float] = {}    # (node, external id, stream) -> kernel ns of that run
+    for e in doc.traceEvents:
+        if e.ph != "X" or not (e.dur >= 0 and math.isfinite(e.dur)):
+            continue
+        a = e.args if isinstance(e.args, dict) else {}
+        if e.cat == "cpu_op" and isinstance(a.get("node"), str):
+            cpu.setdefault(a["node"], []).append(e.dur * 1000.0)
+            if isinstance(a.get("External id"), int):
+                launched[a["External id"]] = a["node"]
+        elif e.cat in ("kernel", "gpu_memcpy", "gpu_memset") and isinstance(a.get("node"), str):
+            name = streams.get((e.pid, e.tid), f"cuda:{e.pid}/s0")
+            key = (a["node"], a.get("External id"), name)
+            gpu[key] = gpu.get(key, 0.0) + e.dur * 1000.0
+    if not cpu:
+        raise RequestError(f"{path}: an autograd-run Kineto trace without node spans (cpu_op with a node)", option)
+    if not any(n.id in cpu for n in graph.nodes):
+        raise RequestError(f"{path}: no node of {graph.source} has a measured duration there "
+                           "(a trace of another graph?)", option)
+    per_stream: dict[str, dict[str, list[float]]] = {}
+    for (nid, _, name), ns in gpu.items():
+        per_stream.setdefault(nid, {}).setdefault(name, []).append(ns)
+    nodes = {nid: MeasuredCost(statistics.median(v),
+                               {s: statistics.median(x) for s, x in per_stream.get(nid, {}).items()})
+             for nid, v in cpu.items()}
+    engine = doc.autogradRun.get("engine_ns")
+    if not (isinstance(engine, dict) and all(isinstance(engine.get(k), int) and engine[k] >= 0
+                                             for k in ("node", "device_node"))):
+        engine = None
+    return MeasuredCosts(nodes, OURS, path, simulated=bool(doc.autogradRun.get("simulated")), engine_ns=engine)
 
 
 def _from_graph_file(path: str, graph: Graph, step, option: str) -> MeasuredCosts:

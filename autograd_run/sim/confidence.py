@@ -110,7 +110,7 @@ def first_call(measured: MeasuredCosts | None) -> str | None:
 
 def mismatch(spec: MachineSpec, measured: MeasuredCosts | None) -> str | None:
     """One line when the costs' source does not fit the spec's engine, with the fix; else None."""
-    if measured is None:
+    if measured is None or getattr(measured, "simulated", False):
         return None
     ours = not measured.from_pytorch
     if ours and not spec.engine.overhead_holds_gil:

@@ -101,6 +101,8 @@ class CostResolver:
         self.spec = spec
         self.measured = measured.nodes if measured is not None else {}
         self.from_pytorch = measured is not None and measured.from_pytorch
+        #: the engine's per-node time a simulated trace's spans hold (taken out of each: it is charged again)
+        self.engine_ns = getattr(measured, "engine_ns", None) if measured is not None else None
         self.scale = scale or {}
         #: node -> NodeCost of each node asked for so far (``cost_sources`` counts these).
         self.resolved: dict = {}
@@ -209,6 +211,8 @@ class CostResolver:
         if self.from_pytorch:  # PyTorch's C++ node: no GIL; the profiler's own time inside the span taken out
             holds = False
             cpu = max(0.0, cpu - m.nested * self.spec.engine.profiler_event_us * 1e3)
+        elif self.engine_ns is not None:  # a simulation's span: the engine's per-node time it charged taken out
+            cpu = max(0.0, cpu - self.engine_ns["node" if node.cpu else "device_node"])
         if node.cpu:
             return NodeCost(int(cpu), 0, holds, "measured")
         return NodeCost(int(cpu), int(m.gpu_total), holds, "measured",

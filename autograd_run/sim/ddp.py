@@ -8,7 +8,9 @@ the collectives' costs are the simulation. From a ``SimReport``:
    records it when given the model), else the variables that require grad
    in the file's order; each ``prod(shape) * itemsize`` bytes.
 2. **Ready times.** DDP's hook runs after each parameter's AccumulateGrad
-   node: a parameter is ready when that node's (first) run ends. Parameters
+   node: a parameter is ready when that node's (first) run ends, on an
+   accelerator when its kernel ends (the all-reduce's stream waits for the
+   compute stream; the compute ends with the last kernel). Parameters
    no node reaches (``find_unused_parameters``: found before the backward)
    are marked ready by the *first* hook of the backward, before its own
    parameter (``Reducer::autograd_hook``: ``has_marked_unused_parameters_``);
@@ -130,14 +132,32 @@ def size_text(nbytes: int) -> str:
 
 
 class Collective(NamedTuple):
-    """A collective as a trace slice: the title is the whole description (the id is the name)."""
+    """A collective as a trace slice: the title is the whole description (the id is the name); what a
+    Kineto trace says of it (``traces.kineto``): its ``kind`` (``all_reduce``, ``all_gather``,
+    ``reduce_scatter``), the bytes each rank puts in (``nbytes``) and their ``dtype``."""
 
     id: str
     name: str
+    kind: str = "all_reduce"
+    nbytes: int = 0
+    dtype: str = "float32"
 
 
 #: The trace track of one rank's communication stream (ranks are symmetric: rank 0 stands for all).
 COMM_TRACK = "DDP communication, rank 0"
+
+
+def collective_kernels(result, recording, fsdp: bool = False) -> tuple[list, int]:
+    """``result``'s collectives (a ``DdpResult``, or an ``FsdpResult`` with ``fsdp``) as the kernel slices
+    ``add_to_recording`` puts into ``recording``, and the run's end with them, without changing it."""
+    from types import SimpleNamespace
+    box = SimpleNamespace(start=recording.start, end=recording.end, kernels=[])
+    if fsdp:
+        from autograd_run.sim.fsdp import add_to_recording as add
+    else:
+        add = add_to_recording
+    add(result, box)
+    return box.kernels, box.end
 
 
 def add_to_recording(result: DdpResult, recording) -> None:
@@ -151,7 +171,9 @@ def add_to_recording(result: DdpResult, recording) -> None:
         size = size_text(b.nbytes)
         by = f"launched by {b.trigger}" if b.trigger is not None else "launched by the final callback"
         title = f"{what} ({size}, {by})"
-        recording.kernels.append(KernelSlice(COMM_TRACK, Collective(title, title), t0 + b.start_ns,
+        recording.kernels.append(KernelSlice(COMM_TRACK, Collective(title, title, "all_reduce", b.nbytes,
+                                                                    getattr(b, "dtype", None) or "float32"),
+                                             t0 + b.start_ns,
                                              t0 + b.end_ns))
     recording.end = max(recording.end, t0 + result.wall_ns)
 
@@ -178,13 +200,18 @@ def _marks(report, params):
     unused parameter names, the compute's end)."""
     sim = report.sim
     t0 = min((g.start for g in sim.graph_tasks), default=0)
-    compute = report.engine_done_ns
+    # On an accelerator a gradient is ready when its AccumulateGrad's kernel ends (the all-reduce waits for
+    # the compute stream), and the compute ends with the last kernel (the backward call returns before it).
+    kernel_end: dict[int, int] = {}
+    for _, node, _, end in sim.kernels:
+        kernel_end[id(node)] = max(kernel_end.get(id(node), 0), end)
+    compute = max(report.engine_done_ns, max(kernel_end.values(), default=t0) - t0)
     index = {p.name: p.index for p in params}
     ready: dict[int, int] = {}
     for s in sim.slices:  # (gt, depth, node, tid, start, end, queue, pushed)
         name = getattr(s[2], "variable", None)
         if name in index and index[name] not in ready:
-            ready[index[name]] = s[5] - t0
+            ready[index[name]] = max(s[5], kernel_end.get(id(s[2]), 0)) - t0
     order = sorted(ready, key=lambda i: (ready[i], i))
     unused = [p.name for p in params if p.index not in ready]
     first_hook = ready[order[0]] if order else compute

@@ -241,6 +241,11 @@ def _trace(events, source: str, where: str) -> Profile:
         if not isinstance(e, dict):
             raise _Bad(f"{where}[{i}]", "each event must be an object")
         ph, cat = e.get("ph"), e.get("cat")
+        if ph == "X" and cat == "cpu_op" and isinstance(e.get("args"), dict) and "node" in e["args"]:
+            e = _from_kineto(e, f"{where}[{i}]")  # our Kineto trace's node span (``traces.kineto``)
+            if "queue wait" in e["args"]:
+                waits[(e["args"].get("graph_task", 0), e["args"]["id"])] = e["args"]["queue wait"]
+            cat = "node"
         if ph == "X" and cat == "node":
             args, ts, dur = e.get("args"), e.get("ts"), e.get("dur")
             if not isinstance(args, dict):
@@ -360,6 +365,30 @@ def _trace(events, source: str, where: str) -> Profile:
         p.notes.append(f"{source}: the trace marks no critical path (an older trace)")
     p.notes.append(f"{source}: a trace's pass wall time is its first node's start to its last node's end")
     return finish(p)
+
+
+#: Our Kineto trace's node arguments -> the Chrome trace's (``traces.kineto`` names them apart from the
+#: arguments Holistic Trace Analysis takes for its own columns).
+_KINETO_ARGS = {"node": "id", "op": "name", "graph task": "graph_task", "depth": "depth", "pass": "pass",
+                "Sequence number": "seq", "node device": "device", "critical path": "critical_path",
+                "graph root": "graph_root"}
+
+
+def _from_kineto(e: dict, where: str) -> dict:
+    """A node's ``cpu_op`` of our Kineto trace as the node slice of a Chrome trace (its title the node's)."""
+    a = e["args"]
+    if not isinstance(a.get("node"), str) or not isinstance(a.get("op", ""), str):
+        raise _Bad(f"{where}.args.node", "a node's cpu_op needs a string node id and op")
+    args = {ours: a[k] for k, ours in _KINETO_ARGS.items() if k in a}
+    args.setdefault("name", "?")
+    if args.get("seq") == -1:  # Kineto's "none"; the Chrome trace writes the node's UINT64_MAX as it is
+        args["seq"] = (1 << 64) - 1
+    wait = a.get("queue wait ns")
+    if wait is not None:
+        if not _is_int(wait) or wait < 0:
+            raise _Bad(f"{where}.args.queue wait ns", "must be a non-negative integer")
+        args["queue wait"] = wait
+    return {**e, "cat": "node", "name": f"{args['id']} {args['name']}", "args": args}
 
 
 def _tid_ok(tid) -> bool:

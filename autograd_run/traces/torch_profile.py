@@ -78,6 +78,8 @@ class ChromeDoc(msgspec.Struct):
     format: Optional[str] = None
     traceEvents: Optional[list[ChromeEvent]] = None
     deviceProperties: Optional[list[Any]] = None
+    #: Set in autograd-run's own Kineto traces (``traces.kineto``): what tells them from PyTorch's.
+    autogradRun: Optional[dict[str, Any]] = None
 
 
 _DECODER = msgspec.json.Decoder(Union[ChromeDoc, list[ChromeEvent]])

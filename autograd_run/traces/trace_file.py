@@ -4,13 +4,18 @@
 takes any other ending):
 
 * ``pftrace``: ``.pftrace`` / ``.perfetto-trace``, Perfetto's protobuf format (``traces.pftrace``);
+* ``kineto``: ``.kineto.json`` / ``.kineto.json.gz``, the JSON that ``torch.profiler`` writes, for
+  Holistic Trace Analysis and PyTorch's own tools (``traces.kineto``; gzipped for ``.gz``);
 * ``json.gz``: ``.gz`` (``.json.gz``), the Chrome JSON trace gzip-compressed (``traces.chrome``);
 * ``json``: anything else (``.json``), the Chrome JSON trace.
 
-All three open in the Perfetto UI and its trace processor with the same
-tracks, slices, flows and counters, and node slices with the same
-arguments (including ``pass``, ``worker``, ``critical_path`` and
-``graph_root``, what ``diff`` reads from a JSON trace).
+``--trace-format NAME`` picks a row whatever the ending. The three Chrome and
+protobuf forms open in the Perfetto UI and its trace processor with the same
+tracks, slices, flows and counters, and node slices with the same arguments
+(including ``pass``, ``worker``, ``critical_path`` and ``graph_root``, what
+``diff`` reads from a JSON trace); the Kineto trace shows what PyTorch's
+profiler would have recorded of the run (``diff`` and ``simulate --costs``
+read it too).
 
 A new format is one writer module (a ``TraceWriter``: ``write(path, rec,
 incomplete)``, writing atomically, over ``traces.layout`` for what the trace
@@ -36,6 +41,11 @@ def _pftrace(path: str, rec: Recording, incomplete: str | None) -> None:
     write_pftrace(path, rec, incomplete)
 
 
+def _kineto(path: str, rec: Recording, incomplete: str | None) -> None:
+    from autograd_run.traces.kineto import write_kineto_trace
+    write_kineto_trace(path, rec, incomplete)
+
+
 def _json_gz(path: str, rec: Recording, incomplete: str | None) -> None:
     from autograd_run.traces.chrome import write_chrome_trace
     write_chrome_trace(path, rec, compress=True, incomplete=incomplete)
@@ -56,6 +66,7 @@ class TraceFormat:
 
 FORMATS = (
     TraceFormat("pftrace", (".pftrace", ".perfetto-trace"), _pftrace),
+    TraceFormat("kineto", (".kineto.json", ".kineto.json.gz"), _kineto),
     TraceFormat("json.gz", (".gz",), _json_gz),
     TraceFormat("json", (), _json),
 )
@@ -63,19 +74,26 @@ FORMATS = (
 PROTO_SUFFIXES = FORMATS[0].suffixes
 
 
-def format_of(path: str) -> TraceFormat:
+#: The names ``--trace-format`` takes (``auto``: from the path's ending).
+FORMAT_NAMES = tuple(f.name for f in FORMATS)
+
+
+def format_of(path: str, name: str | None = None) -> TraceFormat:
+    """The format named ``name`` (None or ``auto``: the one the path's ending selects)."""
+    if name and name != "auto":
+        return next(f for f in FORMATS if f.name == name)
     lower = path.lower()
     return next(f for f in FORMATS if not f.suffixes or lower.endswith(f.suffixes))
 
 
-def trace_format(path: str) -> str:
-    """``pftrace``, ``json.gz`` or ``json``."""
-    return format_of(path).name
+def trace_format(path: str, name: str | None = None) -> str:
+    """``pftrace``, ``kineto``, ``json.gz`` or ``json``."""
+    return format_of(path, name).name
 
 
-def write_trace(path: str, rec: Recording, incomplete: str | None = None) -> None:
+def write_trace(path: str, rec: Recording, incomplete: str | None = None, fmt: str | None = None) -> None:
     """Write ``rec`` to ``path`` atomically, in the format its ending names. A stopped run's trace
     (``incomplete``: ``interrupted`` or ``timeout``) is marked so: in JSON ``"otherData": {"incomplete":
     REASON}`` and an instant event at its end; in protobuf that instant event (category ``incomplete``, on
     a global track named ``incomplete``)."""
-    format_of(path).write(path, rec, incomplete)
+    format_of(path, fmt).write(path, rec, incomplete)
