@@ -27,8 +27,12 @@ $(RUNTIME): pyproject.toml setup.py autograd_run/engine/_core.c $(wildcard autog
 # (torchvision, timm, transformers), which need torch in place first.
 # (pyproject.toml's `zoo` extra, named here so that pip does not rebuild the project a third time.)
 ZOO_EXTRAS := 'torchvision==0.28.0' 'timm>=1.0' 'transformers>=4.50'
+# Holistic Trace Analysis (tests/test_hta.py) without its dependency list, which pulls in jupyterlab: what it needs
+# to run is in the test extra (pandas<3, networkx, plotly, pydot).
+HTA := 'holistictraceanalysis==0.5.0'
 $(TESTDEPS): $(RUNTIME)
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps $(HTA)
 	$(PY) -m pip install -q 'torch==2.13.0' $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q $(ZOO_EXTRAS) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	touch $@

@@ -1,4 +1,4 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j accuracy profiles ddp memory]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j accuracy profiles ddp memory kineto]`: benchmarks, ratios within one run.
 
 ``accuracy`` (``bench.accuracy``, in ``make bench``'s default parts): the simulation against the engine on
 graphs drawn at run time from a seed it prints (``python -m bench accuracy --seed N`` repeats one run;
@@ -11,6 +11,8 @@ Hugging Face transformers) with profiles made the ways people make them, drawn f
 DistributedDataParallel on 2 and 4 local gloo processes, cases drawn from a seed it prints.
 ``memory`` (``bench.memory_bench``, in the default parts too): the memory model against PyTorch's CPU allocator
 (``profile_memory=True``) on zoo models drawn from a seed it prints.
+``kineto`` (``bench.kineto_bench``, in the default parts too): the Kineto trace writer against the Chrome one
+at 1e5 nodes (a run and a simulated GPU backward), time and size, and the whole ``simulate --trace`` command.
 
 ``--full`` adds the 1e6-node YAML load (about 5 minutes by itself). Parts f, g and i
 (``bench.e2e_bench``: the whole command against PyTorch, the trace formats, a traced
@@ -25,14 +27,14 @@ import os
 import sys
 import time
 
-from bench import (accuracy, ddp_time, e2e_bench, engine_bench, load_bench, memory_bench, profcosts_bench, sim_bench,
-                   user_profiles)
+from bench import (accuracy, ddp_time, e2e_bench, engine_bench, kineto_bench, load_bench, memory_bench,
+                   profcosts_bench, sim_bench, user_profiles)
 
 
 def main(argv):
     quick = "--quick" in argv
     parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy", "profiles", "ddp",
-                                                             "memory"]
+                                                             "memory", "kineto"]
     out = os.path.join(os.path.dirname(__file__), "results.json")
     results = {}
     t = time.time()
@@ -57,6 +59,8 @@ def main(argv):
         results["ddp"] = ddp_time.main(argv, quick)
     if "memory" in parts:
         results["memory"] = memory_bench.main(argv, quick)
+    if "kineto" in parts:
+        results["kineto"] = kineto_bench.main(argv, quick)
     if "f" in parts:
         results["f_e2e"] = e2e_bench.bench_e2e(n=20_000 if quick else 200_000)
     if "g" in parts:
@@ -88,6 +92,13 @@ def print_table(results: dict) -> None:
         row(f"(a) {r['shape']} n={r['n']} mt={'on' if r['multithreading'] else 'off'}",
             f"{r['ours_us_per_node']:.2f} vs {r['torch_us_per_node']:.2f} us/node = {r['ratio']:.2f}x", "<= 1.0x",
             r["ratio"] <= 1.0)
+    if "kineto" in results:
+        k = results["kineto"]
+        for case in ("run", "simulated_gpu"):
+            r = k[case]
+            row(f"(kineto) {k['nodes']} nodes, {case}: Kineto writer vs Chrome", f"{r['time_ratio']:.2f}x time, "
+                f"{r['size_ratio']:.2f}x size", "<= 1.3x both", max(r["time_ratio"], r["size_ratio"]) <= 1.3)
+        row("(kineto) simulate --trace x.kineto.json vs x.json", f"{k['command']['ratio']:.2f}x")
     if "b_tracing" in results:
         b = results["b_tracing"]
         row(f"(b) tracing on/off, {b['n']} nodes", f"{b['ratio']:.2f}x", "<= 1.3x", b["ratio"] <= 1.3)

@@ -269,3 +269,34 @@ def test_a_hostile_kineto_node_span_is_an_error(tmp_path):
                                                  "args": {"node": 5}}]}))
     r = cli(["diff", bad, bad])
     assert r.code != 0 and "args.node" in r.err and "Traceback" not in r.err
+
+
+def test_fsdp_collectives_are_nccl_kernels_with_their_kind_and_sizes(tmp_path):
+    from autograd_run.sim.ddp import collective_kernels
+    from autograd_run.sim.fsdp import add_to_recording, simulate_fsdp
+    from test_fsdp_sim import LINK, N, _report, three_units
+    rep = _report(three_units())
+    result = simulate_fsdp(rep, 4, LINK)
+    rec = rep.recording
+    kernels, end = collective_kernels(result, rec, add_to_recording)
+    rec.kernels.extend(kernels)
+    rec.end = max(rec.end, end)
+    p = str(tmp_path / "fsdp.kineto.json")
+    write_kineto_trace(p, rec, world=4)
+    ev = _load(p)["traceEvents"]
+    nccl = [e for e in ev if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_")]
+    kinds = {e["args"]["Collective name"] for e in nccl}
+    assert kinds == {"allgather", "reduce_scatter"}
+    for e in nccl:
+        a = e["args"]
+        assert a["Group size"] == 4 and a["dtype"] == "Float"
+        # units of one 1 MiB parameter each (N float32): gathered from 4 shards, reduce-scattered into 4
+        if a["Collective name"] == "allgather":  # each rank puts in its shard and gets the whole parameter
+            assert (a["In msg nelems"], a["Out msg nelems"]) == (N // 4, N)
+        else:  # each rank puts in the whole gradient and keeps its shard
+            assert (a["In msg nelems"], a["Out msg nelems"]) == (N, N // 4)
+    # each collective's launch (record_param_comms, its annotation and cudaLaunchKernel) on the launch thread
+    by_corr = {e["args"]["correlation"]: e for e in ev if e.get("name") == "cudaLaunchKernel"}
+    assert all(by_corr[e["args"]["correlation"]]["ts"] <= e["ts"] for e in nccl)
+    st = streams_of(rec)
+    assert st.overlap is not None and st.comm_ns == sum(k.end - k.start for k in kernels)

@@ -511,3 +511,38 @@ def test_the_stated_error_depends_on_what_the_profile_holds(captured, tmp_path, 
     want = [confidence.HELD_OUT[k] for k in ("local-torch", "local-torch one call", "local-torch first call")]
     assert [e["relative"] for e in got] == [w[0] for w in want]
     assert all(w[1] in e["basis"] for e, w in zip(got, want))
+
+
+def test_a_folder_of_rank_profiles_pools_every_ranks_calls(captured, tmp_path, capsys):
+    # a distributed profile: one PyTorch trace per rank in a folder (here two profiles of the same program)
+    g, plain, shapes, _ = captured
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for k, src in enumerate((plain, shapes)):
+        with open(src, "rb") as f, gzip.open(ranks / f"rank-{k}.pt.trace.json.gz", "wb") as out:
+            out.write(f.read())
+    (ranks / "notes.txt").write_text("not a trace")  # other files in the folder are left alone
+    pooled = read_costs(str(ranks), g)
+    assert pooled.steps == 6 and pooled.path == str(ranks)
+    alone = [(raw_backward_events(p), read_costs(p, g)) for p in (plain, shapes)]
+    for node in g.nodes:
+        if node.variable is not None:
+            continue
+        durs = []
+        for raw, one in alone:  # each rank's calls, at that profile's own sequence-number offsets
+            offs = {node.seq + next(iter(s.offsets.values()))[1] for s in one.coverage.steps}
+            durs += [e["dur"] * 1000 for e in raw if e["name"].endswith(node.name)
+                     and e["args"].get("Sequence number") in offs]
+        assert len(durs) == 6
+        assert pooled.nodes[node.id].cpu_ns == pytest.approx(statistics.median(durs), abs=1)
+    assert "2 ranks pooled" in pooled.use.left_out
+    code, out, err = run_cli(["simulate", g.source, "--costs", str(ranks)], capsys)
+    assert code == 0, err
+    assert "2 ranks pooled" in " ".join(out.split())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RequestError, match="without trace files"):
+        read_costs(str(empty), g)
+    (empty / "x.json").write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(RequestError, match="not a PyTorch profiler trace"):
+        read_costs(str(empty), g)

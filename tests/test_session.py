@@ -155,7 +155,7 @@ def test_the_run_state_and_raw_records_are_gone_before_the_trace_is_written(tmp_
         make(self, *a, **kw)
         recorders.append(self)
 
-    def write(path, rec, incomplete=None):
+    def write(path, rec, incomplete=None, fmt=None):
         seen["states"] = sum(1 for o in gc.get_objects() if type(o) is GraphState and o.graph is g)
         seen["raw"] = [len(r._taken) + len(r.rare) for r in recorders]
         seen["slices"] = len(rec.slices)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from autograd_run.record.recording import KernelSlice, Recording
+from autograd_run.record.recording import Collective, KernelSlice, Recording
 
 
 @dataclass
@@ -96,7 +96,6 @@ def _intersection(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> int:
 
 
 def _is_comm(k) -> bool:
-    from autograd_run.sim.ddp import Collective
     return isinstance(k.node, Collective)
 
 

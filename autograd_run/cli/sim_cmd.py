@@ -62,7 +62,9 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="Scale the costs of an op name or a device, e.g. MmBackward0=0.5,cuda:1=2.0.")
 @click.option("--costs", default=None, metavar="FILE|analytic",
               help="Measured node costs: a PyTorch profiler trace (torch.profiler's export_chrome_trace, "
-                   ".json or gzipped), a trace of `run --trace`, or a graph captured with --profile; "
+                   ".json or gzipped) or a folder of them (a distributed profile: every rank's calls pooled), "
+                   "a trace of `run --trace` or `simulate --trace` (Chrome or Kineto), or a graph captured with "
+                   "--profile; "
                    "`analytic` ignores the graph's own measured costs. Default: the graph's own, if any.")
 @click.option("--step", type=Whole(1), default=None, metavar="N",
               help="With a PyTorch profile: the costs of its N-th backward call of this graph, not the median.")
@@ -129,6 +131,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
       autograd-run simulate model.json --costs trace.pt.json.gz --spec local-torch
       autograd-run simulate model.json --ddp bucket_cap_mb=25 --world 8 --network alpha_us=10,gbps=12
       autograd-run simulate fsdp.json --fsdp captured --world 64 --network nvlink-h100 --compare prefetch=0,1,2
+      autograd-run simulate model.json --ddp defaults --world 8 --network nvlink-h100 --trace ranks/   # for HTA
     """
     from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import check_output_path
@@ -185,7 +188,11 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     collectives, comm_end = [], None
     if recording is not None and ddp_result is not None:
         from autograd_run.sim.ddp import collective_kernels
-        collectives, comm_end = collective_kernels(ddp_result, recording, fsdp is not None)
+        if fsdp is not None:
+            from autograd_run.sim.fsdp import add_to_recording as add
+        else:
+            from autograd_run.sim.ddp import add_to_recording as add
+        collectives, comm_end = collective_kernels(ddp_result, recording, add)
     streams = None
     if recording is not None:
         from autograd_run.analysis.streams import streams_of

@@ -23,6 +23,7 @@ spec knows it, see ``EngineSpec.profiler_event_us``).
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,6 +146,8 @@ def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: s
         return None if ref == "analytic" else stored_costs(graph)
     if ref.lower().endswith((".yaml", ".yml")):
         return _from_graph_file(ref, graph, step, option)
+    if os.path.isdir(ref):
+        return _from_folder(ref, graph, step, option, order)
     from autograd_run.traces.jsonfile import read_bounded
     from autograd_run.traces.torch_profile import decode_chrome, is_torch_profile, parse_torch_profile
     doc = decode_chrome(read_bounded(ref, option), ref, option)
@@ -168,22 +171,47 @@ def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: s
     return _from_ours(doc, ref, graph, option)
 
 
+#: At most this many rank traces in a ``--costs`` folder (a distributed profile's files).
+MAX_RANK_FILES = 1024
+
+
+def _from_folder(ref: str, graph: Graph, step, option: str, order) -> MeasuredCosts:
+    """Costs from a folder of PyTorch profiler traces, one per rank (a distributed profile: ``*.json`` and
+    ``*.json.gz``): each rank's backward calls matched to ``graph``, every rank's used calls pooled (medians
+    per node over all of them)."""
+    from autograd_run.traces.jsonfile import read_bounded
+    from autograd_run.traces.torch_profile import decode_chrome, is_torch_profile, parse_torch_profile
+    names = sorted(n for n in os.listdir(ref) if n.lower().endswith((".json", ".json.gz")))
+    if not names:
+        raise RequestError(f"{ref}: a folder without trace files (*.json, *.json.gz)", option)
+    if len(names) > MAX_RANK_FILES:
+        raise RequestError(f"{ref}: {len(names)} trace files; at most {MAX_RANK_FILES} ranks are read", option)
+    traces = []
+    for name in names:
+        path = os.path.join(ref, name)
+        doc = decode_chrome(read_bounded(path, option), path, option)
+        if doc.traceEvents is None or not is_torch_profile(doc):
+            raise RequestError(f"{path}: not a PyTorch profiler trace (a folder's traces are one per rank)", option)
+        traces.append(parse_torch_profile(doc, path, option))
+    costs = from_profile(traces, graph, step, order)
+    costs.path = ref
+    return costs
+
+
 def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> MeasuredCosts:
-    """Costs from a parsed PyTorch profiler trace, matched to ``graph``."""
+    """Costs from a parsed PyTorch profiler trace (or a list of them, one per rank: their calls pooled),
+    matched to ``graph``."""
     from autograd_run.costs.profile_match import match_profile
-    m = match_profile(graph, trace, order)
-    steps = m.steps
-    left: list[str] = []
-    if step is not None:
-        if step > len(steps):
-            raise RequestError(f"step {step}: {trace.path} holds {len(steps)} backward call(s) of this graph", "step")
-        left = [f"{len(steps) - 1} other call{'s' if len(steps) != 2 else ''} (--step {step})"] if len(steps) > 1 else []
-        steps = [steps[step - 1]]
-    elif len(steps) > 1 and steps[0].first_forward:
-        # A process's first backward runs 1.3-2.5x slower here (first allocations, kernel set-up): when the
-        # trace holds later calls, they are the ones a simulation of a training step should use.
-        left = [f"{steps[0].label} (the process's first backward: one-time set-up)"]
-        steps = steps[1:]
+    traces = trace if isinstance(trace, list) else [trace]
+    matched = [match_profile(graph, t, order) for t in traces]
+    m, trace = matched[0], traces[0]
+    steps, left = [], []
+    for t, mt in zip(traces, matched):
+        s, lo = _used_steps(t, mt.steps, step)
+        steps += s
+        left += lo
+    if len(traces) > 1:
+        left = [f"{len(traces)} ranks pooled"] + left[:3] + ([f"... {len(left) - 3} more"] if len(left) > 3 else [])
     per: dict[str, list] = {}
     for s in steps:
         for nid, e in s.nodes.items():
@@ -199,7 +227,21 @@ def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> Me
     use = ProfileUse([s.label for s in steps], len(m.steps), left, trace.outside_ops, m.coverage.outside, events,
                      bool(steps) and all(s.first_forward for s in steps),
                      event_cost_in([e for s in steps for e in s.nodes.values()]))
-    return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, len(m.steps), step, use=use)
+    return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, sum(len(x.steps) for x in matched), step, use=use)
+
+
+def _used_steps(trace, steps: list, step: int | None) -> tuple[list, list[str]]:
+    """The calls of one trace the costs use, and what was left out."""
+    if step is not None:
+        if step > len(steps):
+            raise RequestError(f"step {step}: {trace.path} holds {len(steps)} backward call(s) of this graph", "step")
+        left = [f"{len(steps) - 1} other call{'s' if len(steps) != 2 else ''} (--step {step})"] if len(steps) > 1 else []
+        return [steps[step - 1]], left
+    if len(steps) > 1 and steps[0].first_forward:
+        # A process's first backward runs 1.3-2.5x slower here (first allocations, kernel set-up): when the
+        # trace holds later calls, they are the ones a simulation of a training step should use.
+        return steps[1:], [f"{steps[0].label} (the process's first backward: one-time set-up)"]
+    return steps, []
 
 
 def _from_ours(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:

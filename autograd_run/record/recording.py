@@ -144,12 +144,28 @@ class StreamEvent(NamedTuple):
 
 
 class KernelSlice(NamedTuple):
-    """Work of ``node`` on an accelerator stream (simulated runs): from ``start`` to ``end``."""
+    """Work of ``node`` on an accelerator stream (simulated runs): from ``start`` to ``end``; ``node`` is a
+    ``Collective`` for a simulated data-parallel collective."""
 
     stream: str
     node: Any
     start: int
     end: int
+
+
+class Collective(NamedTuple):
+    """A collective as a trace slice: the title is the whole description (the id is the name); what a
+    Kineto trace says of it (``traces.kineto``): its ``kind`` (``all_reduce``, ``all_gather``,
+    ``reduce_scatter``), its whole buffer's bytes (``nbytes``: the all-reduced bucket, the gathered
+    parameters, the gradients reduce-scattered), their ``dtype`` and the ranks taking part (``group``;
+    0: every rank)."""
+
+    id: str
+    name: str
+    kind: str = "all_reduce"
+    nbytes: int = 0
+    dtype: str = "float32"
+    group: int = 0
 
 
 class Failure(NamedTuple):

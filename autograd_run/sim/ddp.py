@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from autograd_run.errors import RequestError
+from autograd_run.record.recording import Collective as _Collective
 from autograd_run.ops.cost import ITEMSIZE
 from autograd_run.parallel import buckets as B
 from autograd_run.parallel.collectives import Link, cost_ns, end_ns
@@ -131,32 +132,20 @@ def size_text(nbytes: int) -> str:
     return f"{nbytes / 1024:.1f} KiB" if nbytes >= 1024 else f"{nbytes} B"
 
 
-class Collective(NamedTuple):
-    """A collective as a trace slice: the title is the whole description (the id is the name); what a
-    Kineto trace says of it (``traces.kineto``): its ``kind`` (``all_reduce``, ``all_gather``,
-    ``reduce_scatter``), the bytes each rank puts in (``nbytes``) and their ``dtype``."""
-
-    id: str
-    name: str
-    kind: str = "all_reduce"
-    nbytes: int = 0
-    dtype: str = "float32"
+# A collective as a trace slice (``record.recording.Collective``; here too for the callers that import it here).
+Collective = _Collective
 
 
 #: The trace track of one rank's communication stream (ranks are symmetric: rank 0 stands for all).
 COMM_TRACK = "DDP communication, rank 0"
 
 
-def collective_kernels(result, recording, fsdp: bool = False) -> tuple[list, int]:
-    """``result``'s collectives (a ``DdpResult``, or an ``FsdpResult`` with ``fsdp``) as the kernel slices
-    ``add_to_recording`` puts into ``recording``, and the run's end with them, without changing it."""
+def collective_kernels(result, recording, add=None) -> tuple[list, int]:
+    """``result``'s collectives as the kernel slices ``add`` (``add_to_recording``, or FSDP's) puts into
+    ``recording``, and the run's end with them, without changing ``recording``."""
     from types import SimpleNamespace
     box = SimpleNamespace(start=recording.start, end=recording.end, kernels=[])
-    if fsdp:
-        from autograd_run.sim.fsdp import add_to_recording as add
-    else:
-        add = add_to_recording
-    add(result, box)
+    (add or add_to_recording)(result, box)
     return box.kernels, box.end
 
 

@@ -394,8 +394,9 @@ def add_to_recording(result: FsdpResult, recording) -> None:
                 continue
             by = f", {u.gathered_by}" if key == "all_gather" and u.gathered_by else ""
             title = f"{what} of unit {label} ({size_text(nbytes)}{by})"
-            kind = "all_reduce" if key == "all_reduce" else key
-            recording.kernels.append(KernelSlice(TRACKS[key], Collective(title, title, kind, nbytes),
+            shard = max(1, result.world // result.replicate)  # HSDP: shards within a replica, then replicas
+            group = result.replicate if key == "all_reduce" else shard
+            recording.kernels.append(KernelSlice(TRACKS[key], Collective(title, title, key, nbytes, "float32", group),
                                                  t0 + span.start_ns,
                                                  t0 + span.end_ns))
     recording.end = max(recording.end, t0 + result.wall_ns)

@@ -57,7 +57,7 @@ import numpy as np
 
 from autograd_run.engine.threads import ThreadKind
 from autograd_run.outputs import atomic_writer
-from autograd_run.record.recording import Recording
+from autograd_run.record.recording import Collective, Recording
 from autograd_run.traces import encode as E
 from autograd_run.traces.layout import absent_if_zero, node_tables, slice_marks
 
@@ -226,7 +226,9 @@ def kineto_chunks(rec: Recording, incomplete: str | None = None, rank: int = 0, 
     S = c.slices
     info = node_tables(c)
     passes, critical, root = slice_marks(rec)
-    tid_col = np.array([tid_of(t) for t in S.tid.tolist()], dtype=np.int64) if len(S) else np.zeros(0, np.int64)
+    tid_col = np.zeros(len(S), dtype=np.int64)
+    for t in np.unique(S.tid).tolist():  # a trace tid per recorded thread
+        tid_col[S.tid == t] = tid_of(t)
     wait_ns = np.zeros(len(S), dtype=np.int64)
     has_wait = S.wait >= 0
     if has_wait.any():
@@ -246,9 +248,10 @@ def kineto_chunks(rec: Recording, incomplete: str | None = None, rank: int = 0, 
         yield E.fill([_OP], None, cols, tables, _OP_LITS, base, 0, b - a)
     corr = [len(S)]  # correlation ids follow the external ids
 
-    def next_corr() -> int:
-        corr[0] += 1
-        return corr[0]
+    def next_corr(count: int = 1) -> int:
+        """The first of ``count`` new correlation ids."""
+        corr[0] += count
+        return corr[0] - count + 1
     rest: list[dict] = _steps(rec, pid, tid_of, us)
     yield from _kernels(rec, c, S, tid_col, ext, streams, pid, base, next_corr)
     rest.extend(_stream_events(rec, c, S, tid_col, streams, pid, us, next_corr, tid_of))
@@ -311,56 +314,78 @@ def _steps(rec: Recording, pid: int, tid_of, us) -> list[dict]:
     return out
 
 
+def _launchers(S, node_col: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """For each kernel (its node's code in the node table and its start), the slice row that launched it: the
+    latest run of its node that started by then (its first run if none did); -1 for a node that never ran."""
+    out = np.full(len(node_col), -1, dtype=np.int64)
+    if not len(S) or not len(node_col):
+        return out
+    order = np.lexsort((S.start, S.node))
+    sn, ss = S.node[order], S.start[order]
+    lo = int(min(ss.min(), start.min()))
+    span = int(max(ss.max(), start.max())) - lo + 1
+    if (int(max(sn.max(), node_col.max())) + 1) * span < (1 << 62):
+        idx = np.searchsorted(sn * span + (ss - lo), node_col * span + (start - lo), side="right") - 1
+    else:  # times too far apart for one key: by node, then by time
+        idx = np.empty(len(node_col), dtype=np.int64)
+        for k, (j, t) in enumerate(zip(node_col.tolist(), start.tolist())):
+            a, b = np.searchsorted(sn, j, "left"), np.searchsorted(sn, j, "right")
+            idx[k] = a + np.searchsorted(ss[a:b], t, "right") - 1 if b > a else -1
+    ok = (idx >= 0) & (sn[np.maximum(idx, 0)] == node_col)
+    first = np.searchsorted(sn, node_col, side="left")  # no run started by then: the node's first run
+    ok_first = ~ok & (first < len(sn)) & (sn[np.minimum(first, len(sn) - 1)] == node_col)
+    out[ok] = order[idx[ok]]
+    out[ok_first] = order[first[ok_first]]
+    return out
+
+
 def _kernels(rec: Recording, c, S, tid_col, ext, streams: _Streams, pid: int, base: int, next_corr):
-    """The nodes' kernels with their launches and flows (``_KERNEL``, ``_MEMCPY``)."""
-    from autograd_run.sim.ddp import Collective
-    mine = [k for k in rec.kernels if not isinstance(k.node, Collective)]
+    """The nodes' kernels with their launches and flows (``_KERNELS``), formatted from columns."""
+    code = {id(n): j for j, n in enumerate(c.nodes)}
+    mine = [k for k in rec.kernels if not isinstance(k.node, Collective) and id(k.node) in code]
     if not mine:
         return
-    # the slices of each node, in start order: the k-th kernel of a node was launched by its k-th run
-    runs: dict[int, list[int]] = {}
-    code = {id(n): j for j, n in enumerate(c.nodes)}
-    order = np.argsort(S.start, kind="stable")
-    for r in order.tolist():
-        runs.setdefault(int(S.node[r]), []).append(r)
-    taken: dict[int, int] = {}
+    mine.sort(key=lambda k: k.start)
+    node_col = np.fromiter((code[id(k.node)] for k in mine), dtype=np.int64, count=len(mine))
+    kstart = np.fromiter((k.start for k in mine), dtype=np.int64, count=len(mine))
+    kend = np.fromiter((k.end for k in mine), dtype=np.int64, count=len(mine))
+    stream_names = list(dict.fromkeys(k.stream for k in mine))
+    scode = {name: j for j, name in enumerate(stream_names)}
+    s_col = np.fromiter((scode[k.stream] for k in mine), dtype=np.int64, count=len(mine))
+    dev_of = np.array([streams[name][0] for name in stream_names], dtype=np.int64)
+    num_of = np.array([streams[name][1] for name in stream_names], dtype=np.int64)
+    row = _launchers(S, node_col, kstart)
+    keep = row >= 0
+    if not keep.all():
+        node_col, kstart, kend, s_col, row = node_col[keep], kstart[keep], kend[keep], s_col[keep], row[keep]
+    if not len(row):
+        return
+    # a copy op's memcpy name: per distinct node that is a copy (the op's cost model says so)
     memcpy_names: list[str] = []
     memcpy_code: dict[str, int] = {}
-    rows = []
-    for k in sorted(mine, key=lambda k: k.start):
-        j = code.get(id(k.node))
-        if j is None:
-            continue
-        have = runs.get(j, [])
-        n = taken.get(j, 0)
-        # the run that launched it: the latest of this node's runs that started before the kernel
-        while n + 1 < len(have) and S.start[have[n + 1]] <= k.start:
-            n += 1
-        taken[j] = n + 1 if n + 1 < len(have) else n
-        if not have:
-            continue
-        r = have[n]
-        start, end = int(S.start[r]), int(S.end[r])
-        launch_end = max(start, min(end, k.start))
-        launch_start = max(start, launch_end - LAUNCH_NS)
-        dev, stream = streams[k.stream]
-        cp = _copy_kind(k.node)
-        kind = 0
-        if cp is not None:
-            kind = memcpy_code.setdefault(cp, len(memcpy_names)) + 1
-            if kind > len(memcpy_names):
-                memcpy_names.append(cp)
-        rows.append((pid, int(tid_col[r]), launch_start, max(launch_end - launch_start, 1), next_corr(),
-                     int(ext[r]), dev, stream, k.start, k.end - k.start, j, kind))
-    if not rows:
-        return
-    cols = [np.array(col, dtype=np.int64) for col in zip(*rows)]
-    kinds = np.minimum(cols[11], 1)
-    cols[11] = np.maximum(cols[11] - 1, 0)
+    copy = np.full(len(c.nodes), -1, dtype=np.int64)
+    from autograd_run.ops import cost
+    for j in np.unique(node_col).tolist():
+        n = c.nodes[j]
+        if getattr(getattr(n, "op", None), "cost", None) is cost.COPY:
+            name = _copy_kind(n)
+            if name is not None:
+                copy[j] = memcpy_code.setdefault(name, len(memcpy_names))
+                if copy[j] == len(memcpy_names):
+                    memcpy_names.append(name)
+    kind = copy[node_col]
+    s_start, s_end = S.start[row], S.end[row]
+    launch_end = np.maximum(s_start, np.minimum(s_end, kstart))
+    launch_start = np.maximum(s_start, launch_end - LAUNCH_NS)
+    first = next_corr(len(row))
+    corr = np.arange(first, first + len(row), dtype=np.int64)
+    cols = [np.full(len(row), pid, dtype=np.int64), tid_col[row], launch_start,
+            np.maximum(launch_end - launch_start, 1), corr, ext[row], dev_of[s_col], num_of[s_col], kstart,
+            kend - kstart, node_col, np.maximum(kind, 0)]
+    kinds = (kind >= 0).astype(np.int64)
     tables = [[n.id for n in c.nodes], [n.name for n in c.nodes], memcpy_names or [""]]
-    for a in range(0, len(rows), CHUNK):
-        b = min(a + CHUNK, len(rows))
-        yield E.fill(_KERNELS, kinds, cols, tables, _K_LITS, base, a, b)
+    for a in range(0, len(row), CHUNK):
+        yield E.fill(_KERNELS, kinds, cols, tables, _K_LITS, base, a, min(a + CHUNK, len(row)))
 
 
 def _stream_events(rec: Recording, c, S, tid_col, streams: _Streams, pid: int, us, next_corr, tid_of) -> list[dict]:
@@ -426,22 +451,22 @@ def _stream_events(rec: Recording, c, S, tid_col, streams: _Streams, pid: int, u
 
 
 def _collectives(rec: Recording, streams: _Streams, pid: int, us, next_corr, world: int) -> list[dict]:
-    from autograd_run.sim.ddp import Collective
     out: list[dict] = []
     for k in sorted((k for k in rec.kernels if isinstance(k.node, Collective)), key=lambda k: k.start):
         col = k.node
         name, part, annotation = _COLLECTIVES.get(col.kind, _COLLECTIVES["all_reduce"])
         dname, short, size = _NCCL_DTYPES.get(col.dtype, _NCCL_DTYPES["float32"])
-        nelems = col.nbytes // size
-        out_n = nelems * world if col.kind == "all_gather" else (nelems // max(world, 1) if col.kind == "reduce_scatter"
-                                                                 else nelems)
+        group = col.group or world
+        whole = col.nbytes // size  # the whole buffer: each rank's shard is a group's part of it
+        n_in = whole // group if col.kind == "all_gather" else whole
+        n_out = whole // group if col.kind == "reduce_scatter" else whole
         dev, s = streams[k.stream]
         corr = next_corr()
         ext = corr
         launch = max(k.start - LAUNCH_NS, rec.start)
-        comm = {"Collective name": name, "In msg nelems": nelems, "Out msg nelems": out_n, "Group size": world,
+        comm = {"Collective name": name, "In msg nelems": n_in, "Out msg nelems": n_out, "Group size": group,
                 "dtype": dname, "In split size": "[]", "Out split size": "[]", "Process Group Name": "0",
-                "Process Group Description": "default_pg", "Process Group Ranks": str(list(range(world)))}
+                "Process Group Description": "default_pg", "Process Group Ranks": str(list(range(group)))}
         common = {"pid": pid, "tid": COMM_THREAD}
         out.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", **common, "ts": us(launch),
                     "dur": max(k.start - launch, 1) / 1000, "args": {"External id": ext, **comm}})
