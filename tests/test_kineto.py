@@ -300,3 +300,20 @@ def test_fsdp_collectives_are_nccl_kernels_with_their_kind_and_sizes(tmp_path):
     assert all(by_corr[e["args"]["correlation"]]["ts"] <= e["ts"] for e in nccl)
     st = streams_of(rec)
     assert st.overlap is not None and st.comm_ns == sum(k.end - k.start for k in kernels)
+
+
+def test_simulate_costs_reads_a_folder_of_our_rank_traces(tmp_path):
+    from autograd_run.graphs import generators
+    graph = tmp_path / "mlp.json"
+    graph.write_text(json.dumps(generators.mlp(layers=2, width=512, batch=256)))
+    out = tmp_path / "ranks"
+    base = ["simulate", graph, "--devices", "1", "--spec", "h100"]
+    r = cli(base + ["--ddp", "defaults", "--world", "2", "--network", "alpha_us=10,gbps=50", "--trace",
+                    str(out) + "/", "--json"])
+    assert r.code == 0, r.err
+    first = json.loads(r.out)
+    r = cli(base + ["--costs", out, "--json"])
+    assert r.code == 0, r.err
+    again = json.loads(r.out)
+    assert again["measured"]["path"] == str(out)
+    assert again["wall_ns"] == pytest.approx(first["wall_ns"], rel=0.001)

@@ -178,7 +178,8 @@ MAX_RANK_FILES = 1024
 def _from_folder(ref: str, graph: Graph, step, option: str, order) -> MeasuredCosts:
     """Costs from a folder of PyTorch profiler traces, one per rank (a distributed profile: ``*.json`` and
     ``*.json.gz``): each rank's backward calls matched to ``graph``, every rank's used calls pooled (medians
-    per node over all of them)."""
+    per node over all of them); or of autograd-run's own rank traces (``simulate --trace DIR/``), the median
+    per node over the ranks."""
     from autograd_run.traces.jsonfile import read_bounded
     from autograd_run.traces.torch_profile import decode_chrome, is_torch_profile, parse_torch_profile
     names = sorted(n for n in os.listdir(ref) if n.lower().endswith((".json", ".json.gz")))
@@ -186,13 +187,30 @@ def _from_folder(ref: str, graph: Graph, step, option: str, order) -> MeasuredCo
         raise RequestError(f"{ref}: a folder without trace files (*.json, *.json.gz)", option)
     if len(names) > MAX_RANK_FILES:
         raise RequestError(f"{ref}: {len(names)} trace files; at most {MAX_RANK_FILES} ranks are read", option)
-    traces = []
+    traces, ours = [], []
     for name in names:
         path = os.path.join(ref, name)
         doc = decode_chrome(read_bounded(path, option), path, option)
+        if doc.traceEvents is not None and doc.autogradRun is not None:  # our own rank traces (simulate)
+            ours.append(_from_our_kineto(doc, path, graph, option))
+            continue
         if doc.traceEvents is None or not is_torch_profile(doc):
             raise RequestError(f"{path}: not a PyTorch profiler trace (a folder's traces are one per rank)", option)
         traces.append(parse_torch_profile(doc, path, option))
+    if ours and traces:
+        raise RequestError(f"{ref}: holds both PyTorch profiles and autograd-run traces: one kind per folder", option)
+    if ours:
+        if step is not None:
+            raise RequestError(f"{ref}: --step picks a step of a PyTorch profile; these are autograd-run's own "
+                               "traces", "step")
+        nodes = {}
+        for nid in dict.fromkeys(n for c in ours for n in c.nodes):
+            have = [c.nodes[nid] for c in ours if nid in c.nodes]
+            streams = sorted({k for m in have for k in m.gpu_ns})
+            nodes[nid] = MeasuredCost(statistics.median(m.cpu_ns for m in have),
+                                      {k: statistics.median(m.gpu_ns.get(k, 0.0) for m in have) for k in streams})
+        first = ours[0]
+        return MeasuredCosts(nodes, OURS, ref, steps=len(ours), simulated=first.simulated, engine_ns=first.engine_ns)
     costs = from_profile(traces, graph, step, order)
     costs.path = ref
     return costs
