@@ -47,7 +47,7 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
           scheduler, workers, transfer, batch, plot_fmt, top, json_out, verbose):
     """Simulate (or run) every point of a grid over many graphs, on Dask distributed.
 
-    SPEC.yaml lists `graphs:` (paths or globs, relative to its folder) and a
+    SPEC.yaml lists `graphs:` (paths or globs, relative to its folder, or absolute) and a
     list per dimension: devices, placement, policy, scale, spec; `mode: run`
     runs each point for real. Options give the same values for a quick grid
     (and replace the spec's). Results are cached by the hash of the graph,

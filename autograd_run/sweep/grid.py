@@ -112,11 +112,6 @@ class Grid:
     inputs: list[str] = field(default_factory=list)
 
 
-def _inside(root: str, path: str) -> bool:
-    root = os.path.realpath(root)
-    return os.path.commonpath([root, os.path.realpath(path)]) == root
-
-
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -134,12 +129,9 @@ def resolve_graphs(spec: SweepSpec) -> list[tuple[str, str]]:
         if pattern.startswith(EXAMPLE_PREFIX):
             found = [(pattern, pattern)]
         else:
-            if root is not None:
-                if os.path.isabs(pattern) or os.path.splitdrive(pattern)[0]:
-                    raise spec.error("graphs", i, f"{pattern!r}: paths in a sweep spec are relative to its folder")
-                if ".." in pattern.replace("\\", "/").split("/"):
-                    raise spec.error("graphs", i, f"{pattern!r}: '..' would leave the spec file's folder")
-            full = os.path.join(base, os.path.expanduser(pattern) if root is None else pattern)
+            # relative to the spec file's folder (the working directory for the command line's); absolute
+            # paths and ~ as they are: the spec's author is the person running the sweep
+            full = os.path.join(base, os.path.expanduser(pattern))
             if glob.has_magic(pattern):
                 matches = sorted(m for m in glob.glob(full, recursive=True)
                                  if os.path.isfile(m) and m.lower().endswith(GRAPH_EXTENSIONS))
@@ -152,17 +144,17 @@ def resolve_graphs(spec: SweepSpec) -> list[tuple[str, str]]:
                     raise spec.error("graphs", i, f"{pattern}: is a directory (a glob such as {pattern.rstrip('/')}/*.json?)")
                 if not full.lower().endswith(GRAPH_EXTENSIONS):
                     raise spec.error("graphs", i, f"{pattern}: graph files end in .json, .yaml or .yml")
+                if not os.path.isfile(full):
+                    raise spec.error("graphs", i, f"{pattern}: not a regular file (a device or a FIFO?)")
                 matches = [full]
             if spec.file and glob.has_magic(pattern):  # a glob never picks the sweep spec itself
                 matches = [m for m in matches if not _same_file(m, spec.file)]
                 if not matches:
                     raise spec.error("graphs", i, f"{pattern!r} matches no graph file besides the spec")
             found = []
-            for m in matches:
-                if root is not None and not _inside(root, m):
-                    raise spec.error("graphs", i, f"{os.path.relpath(m, base)}: lies outside the spec file's folder "
-                                     "(a symlink out of it?)")
-                shown = os.path.relpath(m, base) if root is not None else (m if os.path.isabs(pattern) else os.path.relpath(m))
+            given = os.path.isabs(os.path.expanduser(pattern))
+            for m in matches:  # shown as given: relative to the spec's folder, or absolute
+                shown = m if given else (os.path.relpath(m, base) if root is not None else os.path.relpath(m))
                 found.append((shown, os.path.abspath(m)))
         for shown, path in found:
             key = path if path.startswith(EXAMPLE_PREFIX) else os.path.realpath(path)
@@ -212,12 +204,11 @@ def _machine_specs(spec: SweepSpec) -> tuple[list[tuple[str, str]], list[str]]:
         else:
             target = ref
             if ref not in SHIPPED and ref != "local":
-                if root is not None:
-                    if os.path.isabs(ref) or ".." in ref.replace("\\", "/").split("/"):
-                        raise spec.error("spec", i, f"{ref!r}: spec files in a sweep spec are relative to its folder")
-                    target = os.path.join(root, ref)
-                    if os.path.exists(target) and not _inside(root, target):
-                        raise spec.error("spec", i, f"{ref}: lies outside the spec file's folder")
+                target = os.path.expanduser(ref)
+                if root is not None:  # relative to the spec file's folder; absolute and ~ as they are
+                    target = os.path.join(root, target)
+                if os.path.exists(target) and not os.path.isfile(target):
+                    raise spec.error("spec", i, f"{ref}: not a regular file")
                 files.append(os.path.abspath(target))
             try:
                 m = load_spec(target)

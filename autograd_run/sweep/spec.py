@@ -70,7 +70,7 @@ class SweepSpec:
     spec: list[str | None] | None = None
     mode: str = "simulate"
     repeat: int = 1
-    #: The spec file (None: the command line), and the folder its paths are relative to and confined in.
+    #: The spec file (None: the command line), and the folder its relative paths are relative to.
     file: str | None = None
     root: str | None = None
     #: ``where(key, index)`` -> "line L, column C" in the file, for messages about a value.
@@ -79,7 +79,7 @@ class SweepSpec:
     cli_keys: set = field(default_factory=set)
 
     def confined_root(self, key: str) -> str | None:
-        """The folder the paths of ``key`` are relative to and must stay in; None: the working directory."""
+        """The folder the relative paths of ``key`` are relative to; None: the working directory."""
         return None if key in self.cli_keys or self.file is None else self.root
 
     def where(self, key: str, index: int | None = None) -> str | None:
