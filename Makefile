@@ -10,7 +10,7 @@ TESTDEPS := $(VENV)/.installed-test
 #   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: demo test bench install browser graphviz clean
+.PHONY: demo test test-fast bench install browser graphviz clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -75,9 +75,18 @@ browser:
 		echo "note: no chromium here (installing it needs root and apt-get); the Perfetto UI test will skip"; \
 	fi
 
+# The suite runs on TEST_JOBS pytest-xdist workers (its tests use their own temporary folders, free ports and
+# child processes); `make test TEST_JOBS=0` runs it in one process.
+TEST_JOBS ?= 2
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))
+
 test: $(TESTDEPS) browser graphviz
-	$(PY) -m pytest -q
-	AUTOGRAD_RUN_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_TESTS)
+	$(PY) -m pytest -q $(XDIST)
+	AUTOGRAD_RUN_PURE_PYTHON=1 $(PY) -m pytest -q $(XDIST) $(PURE_TESTS)
+
+# Everything but the whole-program tests (tests/conftest.py's SLOW_MODULES): about 2 minutes here.
+test-fast: $(TESTDEPS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 bench: $(TESTDEPS)
 	$(PY) -m bench

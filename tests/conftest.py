@@ -14,6 +14,20 @@ os.environ["XDG_CACHE_HOME"] = os.environ["AUTOGRAD_RUN_TEST_CACHE"]
 # Deep torch graphs free recursively in C++; give threads a roomy stack.
 threading.stack_size(64 * 1024 * 1024)
 
+#: Modules of whole-program tests (model zoo, real torch.distributed ranks, the wheel in a fresh environment,
+#: the CI recipes, a real browser, Dask clusters, Holistic Trace Analysis, fuzzing): marked ``slow``, which
+#: ``make test-fast`` leaves out (``make test`` runs everything).
+SLOW_MODULES = {"test_zoo", "test_ddp_ranks", "test_fsdp_ranks", "test_packaging", "test_ci_recipe",
+                "test_perfetto_ui", "test_sweep_dask", "test_hta", "test_memory", "test_view", "test_fuzz",
+                "test_hostile", "test_pytest_plugin", "test_interrupts", "test_profile_costs", "test_ddp_buckets",
+                "test_engine_vs_oracle", "test_capture", "test_cli_errors", "test_diff"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def engine_factory():
