@@ -24,6 +24,7 @@ the Holistic Trace Analysis figures a team reads from a profile, so the two can 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import asdict, dataclass, field
 
 from autograd_run.record.recording import Collective, KernelSlice, Recording
@@ -163,6 +164,19 @@ def _path(rec: Recording, kernels: list, by: dict, report: StreamReport) -> None
             recorded[ev.event] = ev.stream
         elif ev.action == "wait" and ev.event in recorded:
             waits.setdefault(ev.stream, []).append((ev.ts, recorded[ev.event]))
+    for w in waits.values():
+        w.sort()
+    wait_ts = {name: [ts for ts, _ in w] for name, w in waits.items()}
+    # each stream's kernels by end (serial on a stream: the start order), for the latest end by a time
+    ends = {name: [k.end for k in ks] for name, ks in streams.items()}
+    prefix_best: dict[str, list[int]] = {}
+    for name, ks in streams.items():  # the index of the latest-ending kernel among the first j + 1
+        best, out = 0, []
+        for j, k in enumerate(ks):
+            if k.end >= ks[best].end:
+                best = j
+            out.append(best)
+        prefix_best[name] = out
     launcher: dict[int, object] = {}
     for name, ks in streams.items():
         for k in ks:
@@ -174,6 +188,11 @@ def _path(rec: Recording, kernels: list, by: dict, report: StreamReport) -> None
                     best = sl
             if best is not None:
                 launcher[id(k)] = best
+
+    def enqueued(k) -> int:
+        """When a kernel was put on its stream: its launch (its node's CPU part's end), else its start."""
+        sl = launcher.get(id(k))
+        return min(sl.end, k.start) if sl is not None else k.start
 
     pos = {id(x): j for items in (*streams.values(), *threads.values()) for j, x in enumerate(items)}
 
@@ -199,12 +218,25 @@ def _path(rec: Recording, kernels: list, by: dict, report: StreamReport) -> None
             prev = before(streams[at.stream], at)
             if prev is not None:
                 options.append((prev.end, prev, prev.end))
-            for ts, src in waits.get(at.stream, ()):
-                if ts <= at.start:
-                    done = [k for k in streams.get(src, ()) if k.end <= at.start]
-                    if done:
-                        k = max(done, key=lambda k: k.end)
-                        options.append((k.end, k, k.end))
+            w = waits.get(at.stream)
+            if w:
+                # a wait applies to the first kernel enqueued after it: those between the previous kernel's
+                # enqueueing and this one's
+                j = pos[id(at)]
+                since = enqueued(streams[at.stream][j - 1]) if j else -1
+                lo = bisect.bisect_right(wait_ts[at.stream], since)
+                hi = bisect.bisect_right(wait_ts[at.stream], enqueued(at))
+                for src in dict.fromkeys(src for _, src in w[lo:hi]):
+                    ks = streams.get(src)
+                    if not ks:
+                        continue
+                    j = bisect.bisect_right(ends[src], at.start) - 1  # kernels by start: ends nearly sorted
+                    while j >= 0 and ks[j].end > at.start:
+                        j -= 1
+                    if j >= 0:
+                        k = ks[prefix_best[src][j]]
+                        if k.end <= at.start:
+                            options.append((k.end, k, k.end))
             sl = launcher.get(id(at))
             if sl is not None:
                 launch = min(sl.end, at.start)
