@@ -19,6 +19,9 @@ from autograd_run.graphs.load import load_graph, loads_graph  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
+from autograd_run.ops.dtypes import ensure_bfloat16  # noqa: E402
+
+ensure_bfloat16()  # the package registers numpy's bfloat16 when a graph needs it; these tests make arrays first
 BF16 = np.dtype("bfloat16")
 
 

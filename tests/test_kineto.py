@@ -317,3 +317,16 @@ def test_simulate_costs_reads_a_folder_of_our_rank_traces(tmp_path):
     again = json.loads(r.out)
     assert again["measured"]["path"] == str(out)
     assert again["wall_ns"] == pytest.approx(first["wall_ns"], rel=0.001)
+
+
+def test_a_stopped_runs_kineto_trace_says_so(tmp_path, streams_report):
+    p = str(tmp_path / "stopped.kineto.json")
+    write_kineto_trace(p, streams_report.recording, incomplete="interrupted")
+    doc = _load(p)
+    assert doc["otherData"] == {"incomplete": "interrupted"}
+    marks = [e for e in doc["traceEvents"] if e.get("cat") == "incomplete"]
+    assert len(marks) == 1 and "interrupted" in marks[0]["name"]
+    empty = Recording(simulated=True)
+    q = str(tmp_path / "empty.kineto.json")
+    write_kineto_trace(q, empty)
+    assert _load(q)["traceEvents"][0]["name"] == "process_name"

@@ -39,7 +39,7 @@ from autograd_run.graphs import seeding, tensors
 from autograd_run.graphs.load import gc_paused
 from autograd_run.graphs.model import Graph, Node
 from autograd_run.ops.arrays import number
-from autograd_run.ops.dtypes import HALF, upcast
+from autograd_run.ops.dtypes import HALF, ensure_bfloat16, upcast
 
 ERR_BACKWARD_TWICE = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -139,6 +139,8 @@ class GraphState:
         #: Nodes with a float16/bfloat16 slot: their formulas compute in float32 (``ops.dtypes``),
         #: on saved tensors and incoming gradients upcast here and in the engine.
         known = graph.slot_dtypes
+        if known is None or "bfloat16" in known:  # a graph that may hold bfloat16 (built in Python: unknown)
+            ensure_bfloat16()
         self.half_nodes = frozenset() if known is not None and HALF.isdisjoint(known) else \
             frozenset(n for n in graph.nodes if _computes_in_half(n))
         nodes = graph.nodes

@@ -37,13 +37,12 @@ from autograd_run.engine.builtin_nodes import RUNNERS
 from autograd_run.engine.core import InputBuffer
 from autograd_run.engine.ready_queue import SHUTDOWN
 from autograd_run.engine.streams import node_stream
-from autograd_run.graphs.model import DTYPES
 from autograd_run.ops import ACCUMULATE_GRAD, PYTHON
 from autograd_run.ops.arrays import sum_to
-from autograd_run.ops.dtypes import upcast
+from autograd_run.ops.dtypes import NP_DTYPES, upcast
 
 
-_NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
+_NP_DTYPES = NP_DTYPES  # the format's names -> numpy dtypes (bfloat16 once registered: ops.dtypes)
 #: The compiled core's check that gradients already have their slots' shapes and dtypes (or None).
 _outputs_match = core.outputs_match
 #: Hot-path constants: the function that runs each op, and the leaf op.

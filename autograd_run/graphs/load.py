@@ -134,6 +134,9 @@ def loads_graph(data: bytes | str, source: str = "<memory>", fmt: str | None = N
         fmt = detect_format(data)
     elif fmt is None:
         fmt = "yaml" if is_yaml_name(source) else "json"
+    if b"bfloat16" in data:  # a file that may hold bfloat16 tensors: numpy's bfloat16 registered first
+        from autograd_run.ops.dtypes import ensure_bfloat16
+        ensure_bfloat16()
     with gc_paused():
         if fmt == "json":
             return _load_json(data, source, base_dir, side_name, max_bytes, check_data)

@@ -50,7 +50,7 @@ MAX_NPY_HEADER = 10_000
 
 Err = Callable[[tuple, str], Exception]
 
-_ITEMSIZE = {name: np.dtype(name).itemsize for name in SAVED_DTYPES}
+_ITEMSIZE = {name: 2 if name == "bfloat16" else np.dtype(name).itemsize for name in SAVED_DTYPES}
 
 
 def itemsize(dtype: str | None) -> int:

@@ -15,7 +15,7 @@ This package depends on numpy only: the graph loader, the engine, the
 simulation and capture all read the same table.
 """
 
-from autograd_run.ops import dtypes  # noqa: F401  (first: registers numpy's bfloat16)
+from autograd_run.ops import dtypes  # noqa: F401  (bfloat16 is registered when first needed: dtypes.ensure_bfloat16)
 from autograd_run.ops import (  # noqa: F401  (importing a family registers its ops)
     activations, attention, conv, elementwise, engine_ops, functions, indexing, linalg, losses, products, reductions,
     sampling, shape, sparse, spectral,
