@@ -546,3 +546,33 @@ def test_a_folder_of_rank_profiles_pools_every_ranks_calls(captured, tmp_path, c
     (empty / "x.json").write_text(json.dumps({"traceEvents": []}))
     with pytest.raises(RequestError, match="not a PyTorch profiler trace"):
         read_costs(str(empty), g)
+
+
+def test_the_last_calls_leaf_is_matched_however_late_a_loaded_machine_ran_it(tmp_path):
+    # A loaded machine can keep the thread from running a call's last AccumulateGrad for milliseconds after
+    # its producer: the last call (no ProfilerStep to bound it) still owns the leaf run.
+    x = torch.randn(4, requires_grad=True)
+    y = x
+    for _ in range(3):
+        y = y * 1.5
+    path = str(tmp_path / "chain.json")
+    from_torch([y], grad_outputs=[torch.ones(4)], names={"x": x}, path=path)
+    g = load_graph(path)
+    trace = tmp_path / "t.json"
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            y.backward(torch.ones(4), retain_graph=True)
+    prof.export_chrome_trace(str(trace))
+    doc = json.load(open(trace))
+    leaf = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+    runs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("name") == leaf]
+    last = max(runs, key=lambda e: e["ts"])
+    inner = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e is not last
+             and last["ts"] <= e["ts"] <= last["ts"] + last["dur"]]
+    for e in [last, *inner]:  # the run and what it holds, 20 ms later
+        e["ts"] += 20_000
+    late = tmp_path / "late.json"
+    late.write_text(json.dumps(doc))
+    cov = read_costs(str(late), g).coverage
+    assert len(cov.steps) == 2 and cov.matched == {n.id: 2 for n in g.nodes}

@@ -184,8 +184,8 @@ def match_profile(graph: Graph, trace: TorchTrace, order=None) -> ProfileMatch:
                              "engine runs them in; pass order= (sim.order.predicted_order)")
         order = order() if callable(order) else order
         starts = [e.start_ns for e in trace.events]
-        for s in steps:
-            _match_leaves(s, leaves, order, trace, s.end_ns, starts)
+        for k, s in enumerate(steps):
+            _match_leaves(s, leaves, order, trace, _leaf_end(s, trace, starts, k == len(steps) - 1), starts)
     coverage = _coverage(graph, trace, steps)
     best = max((len(s.nodes) for s in steps), default=0)
     if best < MIN_SHARE * len(graph.nodes):
@@ -206,6 +206,18 @@ def _bound(steps: list[StepMatch], trace: TorchTrace) -> None:
         elif last.nodes:
             end = max(e.end_ns for e in last.nodes.values())
             last.end_ns = end + max(1_000_000, (end - last.start_ns) // 10)
+
+
+def _leaf_end(s: StepMatch, trace: TorchTrace, starts: list, last: bool):
+    """Where a call's AccumulateGrad runs may end: its window's end; for the last call without a ProfilerStep
+    (its window a guess past its last matched run) up to the next run of a node that is not a leaf (its
+    leaves run right after their producers, however long a loaded machine kept the thread waiting)."""
+    if not last or not s.nodes or any(p.start_ns <= s.start_ns <= p.end_ns for p in trace.steps):
+        return s.end_ns
+    end = max(e.end_ns for e in s.nodes.values())
+    i = bisect.bisect_right(starts, end)
+    nxt = next((e.start_ns for e in trace.events[i:] if not e.is_leaf), None)
+    return None if nxt is None else max(nxt, s.end_ns or 0)
 
 
 def _between(events: list, starts: list, lo: int, hi: int | None) -> list:

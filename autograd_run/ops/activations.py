@@ -186,9 +186,14 @@ def hardswish(node, grads, ctx):
 
 @op("HardsigmoidBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(3))
 def hardsigmoid(node, grads, ctx):
-    """hardsigmoid(a) = relu6(a + 3) / 6: g / 6 where -3 < a < 3, zero elsewhere."""
+    """hardsigmoid(a) = relu6(a + 3) / 6: g times 1/6 where -3 < a < 3, zero elsewhere. PyTorch's CPU
+    kernel multiplies by ``1.0f / 6.0f``, the float32 sixth, in every dtype (float64 too: 3e-8 from 1/6)."""
     x = ctx.saved(node)["self"]
-    return each(node, lambda i: keep_where(ctx.xp(node), (x > -3) & (x < 3), grads[0]) / 6)
+    return each(node, lambda i: keep_where(ctx.xp(node), (x > -3) & (x < 3), grads[0] * _SIXTH_F32))
+
+
+#: ``1.0f / 6.0f``: the float32 sixth PyTorch's hardsigmoid backward multiplies by, as a Python float.
+_SIXTH_F32 = float(np.float32(1.0) / np.float32(6.0))
 
 
 def _softplus_factor(xp, x, beta, threshold):

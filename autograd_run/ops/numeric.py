@@ -119,51 +119,60 @@ def erfinv(xp, y):
     return np.where(np.abs(y) > 1, np.nan, x).astype(y.dtype, copy=False)
 
 
+#: Cephes' asymptotic coefficients for digamma, highest power first (PyTorch's ``calc_digamma``).
+_PSI_A = (8.33333333333333333333E-2, -2.10927960927960927961E-2, 7.57575757575757575758E-3,
+          -4.16666666666666666667E-3, 3.96825396825396825397E-3, -8.33333333333333333333E-3,
+          8.33333333333333333333E-2)
+_PSI_10 = 2.25175258906672110764
+
+
 def digamma(xp, x):
-    """The digamma function psi(x) for real x: recurrence up to x >= 6, asymptotic series, reflection below 0."""
+    """The digamma function psi(x) for real x, as PyTorch's CPU ``calc_digamma`` computes it (the backward of
+    lgamma replays to the last bit): for x < 0 reflection through the fractional part, psi(1 - x) -
+    pi / tan(pi r); else the recurrence up to x >= 10 (psi(10) exact), then Cephes' asymptotic series below
+    1e17; +-inf at +-0, NaN at negative integers. Computed in float64, returned in x's dtype."""
     x = xp.asarray(x)
     dt = x.dtype
     x = x.astype(np.float64)
-    neg = x < 0.5
-    pole = neg & (x == xp.floor(x))
+    neg = x < 0
+    with np.errstate(invalid="ignore"):
+        r = x - xp.trunc(x)  # modf's fractional part (its sign; NaN for infinities, not used there)
     xr = xp.where(neg, 1.0 - x, x)
     acc = xp.zeros_like(xr)
-    while True:
-        low = xr < 6.0
-        if not bool(low.any()):
-            break
-        acc = acc - xp.where(low, 1.0 / xr, 0.0)
-        xr = xp.where(low, xr + 1.0, xr)
-    inv2 = 1.0 / (xr * xr)
-    series = xp.log(xr) - 0.5 / xr - inv2 * (1.0 / 12 - inv2 * (1.0 / 120 - inv2 * (
-        1.0 / 252 - inv2 * (1.0 / 240 - inv2 * (1.0 / 132)))))
-    out = acc + series
-    with np.errstate(divide="ignore", invalid="ignore"):
-        refl = out - math.pi / xp.tan(math.pi * x)
-    out = xp.where(neg, refl, out)
-    return xp.where(pole, xp.nan, out).astype(dt, copy=False)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        while True:
+            low = xr < 10  # NaN never is: the loop ends
+            if not bool(low.any()):
+                break
+            acc = acc - xp.where(low, 1.0 / xp.where(low, xr, 1.0), 0.0)
+            xr = xp.where(low, xr + 1.0, xr)
+        z = 1.0 / (xr * xr)
+        poly = xp.zeros_like(z)
+        for c in _PSI_A:
+            poly = poly * z + c
+        y = xp.where(xr < 1.0e17, z * poly, 0.0)
+        out = xp.where(xr == 10, acc + _PSI_10, acc + xp.log(xr) - 0.5 / xr - y)
+        out = xp.where(neg, out - math.pi / xp.tan(math.pi * r), out)
+    out = xp.where(neg & (x == xp.trunc(x)), xp.nan, out)
+    out = xp.where(x == 0, xp.copysign(xp.inf, -x), out)
+    return out.astype(dt, copy=False)
 
 
 def trigamma(xp, x):
-    """The trigamma function psi'(x) for real x (recurrence, asymptotic series, reflection below 0)."""
+    """The trigamma function psi'(x) for real x, as PyTorch's CPU ``trigamma`` computes it: below 0.5 the
+    reflection pi^2 / sin^2(pi x) less psi'(1 - x); six steps of the recurrence, then a four-term asymptotic
+    series (float64 here, returned in x's dtype)."""
     x = xp.asarray(x)
     dt = x.dtype
     x = x.astype(np.float64)
     neg = x < 0.5
-    pole = neg & (x == xp.floor(x))
-    xr = xp.where(neg, 1.0 - x, x)
-    acc = xp.zeros_like(xr)
-    while True:
-        low = xr < 6.0
-        if not bool(low.any()):
-            break
-        acc = acc + xp.where(low, 1.0 / (xr * xr), 0.0)
-        xr = xp.where(low, xr + 1.0, xr)
-    inv = 1.0 / xr
-    inv2 = inv * inv
-    series = inv + 0.5 * inv2 + inv * inv2 * (1.0 / 6 - inv2 * (1.0 / 30 - inv2 * (1.0 / 42 - inv2 * (1.0 / 30))))
-    out = acc + series
-    with np.errstate(divide="ignore", invalid="ignore"):
-        refl = -out + (math.pi / xp.sin(math.pi * x)) ** 2
-    out = xp.where(neg, refl, out)
-    return xp.where(pole, xp.nan, out).astype(dt, copy=False)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        sin_pi_x = xp.sin(math.pi * x)
+        result = xp.where(neg, -(math.pi * math.pi) / (sin_pi_x * sin_pi_x), 0.0)
+        xr = xp.where(neg, 1.0 - x, x)
+        for _ in range(6):
+            result = result + 1.0 / (xr * xr)
+            xr = xr + 1.0
+        ixx = 1.0 / (xr * xr)
+        result = result + (1.0 + 1.0 / (2.0 * xr) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / xr
+    return xp.where(neg, -result, result).astype(dt, copy=False)
