@@ -186,8 +186,10 @@ def hardswish(node, grads, ctx):
 
 @op("HardsigmoidBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(3))
 def hardsigmoid(node, grads, ctx):
-    """hardsigmoid(a) = relu6(a + 3) / 6: g times 1/6 where -3 < a < 3, zero elsewhere. PyTorch's CPU
-    kernel multiplies by ``1.0f / 6.0f``, the float32 sixth, in every dtype (float64 too: 3e-8 from 1/6)."""
+    """hardsigmoid(a) = relu6(a + 3) / 6: g / 6 where -3 < a < 3, zero elsewhere.
+
+    PyTorch's CPU kernel multiplies by ``1.0f / 6.0f``, the float32 sixth, in every dtype (float64 too:
+    3e-8 from 1/6): so does this."""
     x = ctx.saved(node)["self"]
     return each(node, lambda i: keep_where(ctx.xp(node), (x > -3) & (x < 3), grads[0] * _SIXTH_F32))
 
