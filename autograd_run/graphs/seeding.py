@@ -132,6 +132,8 @@ def draw_groups(groups: dict[tuple[tuple, str, str], list[int]]) -> dict[tuple, 
     out in the same order. What a caller that walks many specs uses (no tuple per spec)."""
     out: dict = {}
     native: list = []  # (shape, dtype, n, uniform, seeds, positions) of the compiled drawing
+    if any(key[1] == "bfloat16" for key in groups):
+        _bfloat16()
     for key, seeds in groups.items():
         shape, dtype, dist = key
         arrs: list = [None] * len(seeds)
@@ -240,8 +242,16 @@ def _draw_batch(runs: list) -> None:
                 arrs[first + i] = block[i * n: (i + 1) * n].reshape(shape).astype(dt)
 
 
+def _bfloat16() -> None:
+    """numpy's bfloat16, registered when first drawn (``ops.dtypes.ensure_bfloat16``)."""
+    from autograd_run.ops.dtypes import ensure_bfloat16
+    ensure_bfloat16()
+
+
 def _draw(gen: np.random.Generator, spec: tuple) -> np.ndarray:
     _, shape, dtype, dist = spec
+    if dtype == "bfloat16":
+        _bfloat16()
     draw = gen.random if dist == "uniform" else gen.standard_normal
     n = math.prod(shape)
     if n <= RANDOM_CHUNK:
