@@ -246,8 +246,11 @@ def test_a_folder_gets_one_trace_per_rank(tmp_path):
       "--trace-format", "json"], "is Kineto JSON"),
     (["--ddp", "defaults", "--world", "2", "--network", "alpha_us=1,gbps=1", "--trace", "{d}/none/deeper/"],
      "no such directory"),
+    (["--ddp", "defaults", "--world", "2", "--network", "alpha_us=1,gbps=1", "--trace", "{d}/a_file/"],
+     "not a folder"),
 ])
 def test_folder_trace_mistakes(tmp_path, extra, message):
+    (tmp_path / "a_file").write_text("")
     r = cli(["simulate", "example:mlp", *[a.format(d=tmp_path) for a in extra]])
     assert r.code != 0 and message in r.err and "Traceback" not in r.err
 

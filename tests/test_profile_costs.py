@@ -333,23 +333,29 @@ def test_bad_costs_files_are_clear_errors(tmp_path, captured, capsys):
         simulate_session(load_graph(str(tmp_path / "bad.json")), SimOptions(spec="cpu"))
 
 
+def _chain_profiled_again(tmp_path, muls: int, calls: int):
+    """A chain of ``muls`` MulBackward0 captured, then its retained graph's backward run ``calls`` times under
+    the profiler (no ProfilerStep): the graph and the trace's path."""
+    x = torch.randn(4, requires_grad=True)
+    y = x
+    for _ in range(muls):
+        y = y * 1.5
+    path = str(tmp_path / "chain.json")
+    from_torch([y], grad_outputs=[torch.ones(4)], names={"x": x}, path=path)
+    trace = tmp_path / "t.json"
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            y.backward(torch.ones(4), retain_graph=True)
+    prof.export_chrome_trace(str(trace))
+    return load_graph(path), trace
+
+
 def test_the_same_graph_run_again_and_a_root_whose_name_recurs(tmp_path):
     """Backward of one retained graph three times: the same sequence numbers in every call (offset 0).
     The graph's root is a MulBackward0 like every node of the chain: later runs of the name in the
     same call are not taken for new calls."""
-    x = torch.randn(4, requires_grad=True)
-    y = x
-    for _ in range(6):
-        y = y * 1.5
-    path = str(tmp_path / "chain.json")
-    from_torch([y], grad_outputs=[torch.ones(4)], names={"x": x}, path=path)
-    g = load_graph(path)
-    trace = tmp_path / "t.json"
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(3):
-            y.backward(torch.ones(4), retain_graph=True)
-    prof.export_chrome_trace(str(trace))
+    g, trace = _chain_profiled_again(tmp_path, 6, 3)
     cov = read_costs(str(trace), g).coverage
     assert len(cov.steps) == 3 and cov.matched == {n.id: 3 for n in g.nodes}
     assert {off for s in cov.steps for _, off in s.offsets.values()} == {0}
@@ -551,19 +557,7 @@ def test_a_folder_of_rank_profiles_pools_every_ranks_calls(captured, tmp_path, c
 def test_the_last_calls_leaf_is_matched_however_late_a_loaded_machine_ran_it(tmp_path):
     # A loaded machine can keep the thread from running a call's last AccumulateGrad for milliseconds after
     # its producer: the last call (no ProfilerStep to bound it) still owns the leaf run.
-    x = torch.randn(4, requires_grad=True)
-    y = x
-    for _ in range(3):
-        y = y * 1.5
-    path = str(tmp_path / "chain.json")
-    from_torch([y], grad_outputs=[torch.ones(4)], names={"x": x}, path=path)
-    g = load_graph(path)
-    trace = tmp_path / "t.json"
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(2):
-            y.backward(torch.ones(4), retain_graph=True)
-    prof.export_chrome_trace(str(trace))
+    g, trace = _chain_profiled_again(tmp_path, 3, 2)
     doc = json.load(open(trace))
     leaf = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
     runs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("name") == leaf]

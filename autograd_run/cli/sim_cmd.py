@@ -449,13 +449,14 @@ def _trace_folder(trace_path, trace_format, trace_ranks, ddp_args, compare, open
         raise UsageError(f"--trace {trace_path}: one set of rank traces is one simulation: not with --compare")
     if open_trace:
         raise UsageError("--open shows one trace file, not a folder of rank traces")
-    parent = os.path.dirname(os.path.abspath(trace_path.rstrip("/" + os.sep)))
+    folder_path = os.path.abspath(trace_path.rstrip("/" + os.sep) or os.sep)
+    if os.path.exists(folder_path) and not os.path.isdir(folder_path):
+        raise RequestError(f"{trace_path}: not a folder (a file is there)", "trace_path")
+    parent = os.path.dirname(folder_path)
     if not os.path.isdir(parent):
         raise RequestError(f"{trace_path}: no such directory: {parent}", "trace_path")
-    if not os.access(trace_path if os.path.isdir(trace_path) else parent, os.W_OK):
+    if not os.access(folder_path if os.path.isdir(folder_path) else parent, os.W_OK):
         raise RequestError(f"{trace_path}: the directory is not writable", "trace_path")
-    if os.path.exists(trace_path) and not os.path.isdir(trace_path):
-        raise RequestError(f"{trace_path}: not a folder", "trace_path")
     return True
 
 

@@ -59,7 +59,7 @@ from autograd_run.engine.threads import ThreadKind
 from autograd_run.outputs import atomic_writer
 from autograd_run.record.recording import Collective, Recording
 from autograd_run.traces import encode as E
-from autograd_run.traces.layout import absent_if_zero, node_tables, slice_marks
+from autograd_run.traces.layout import absent_if_zero, node_tables, slice_marks, thread_tids, trace_ranks
 
 #: The CPU process's pid (plus the rank): above any device index, which Kineto uses as the pid of a device.
 CPU_PID = 1 << 20
@@ -81,10 +81,6 @@ _COLLECTIVES = {"all_reduce": ("allreduce", "AllReduce_Sum", "nccl:all_reduce"),
                 "reduce_scatter": ("reduce_scatter", "ReduceScatter_Sum", "nccl:_reduce_scatter_base")}
 _NCCL_DTYPES = {"float32": ("Float", "f32", 4), "float16": ("Half", "f16", 2), "bfloat16": ("BFloat16", "bf16", 2),
                 "float64": ("Double", "f64", 8), "int32": ("Int", "i32", 4)}
-
-
-def is_kineto_path(path: str) -> bool:
-    return path.lower().endswith((".kineto.json", ".kineto.json.gz"))
 
 
 # -- the layout of the accelerator side ------------------------------------------------------------
@@ -202,10 +198,8 @@ def kineto_chunks(rec: Recording, incomplete: str | None = None, rank: int = 0, 
     streams = _Streams(rec)
     yield _header(rec, rank, world, backend, device_name, streams, trace_name, meta)
     pid = CPU_PID + rank
-    t0 = rec.start if not rec.empty else 0
-    base = t0 - 1000 if rec.simulated else 0  # a simulation's times: µs from its start (+1 µs)
-    if not rec.simulated:
-        base = t0 - 1000  # a real run's clock is a monotonic one: its start is no date; +1 µs as a simulation
+    # µs from the run's start (+1 µs, as the Chrome trace): a run's clock is a monotonic one, its start no date
+    base = (rec.start if not rec.empty else 0) - 1000
 
     def us(ns: int) -> float:
         return (ns - base) / 1000
@@ -215,20 +209,12 @@ def kineto_chunks(rec: Recording, incomplete: str | None = None, rank: int = 0, 
     if rec.empty:
         yield _tail(rec, incomplete, pid, us)
         return
-    tids = {tid: 2 + k for k, tid in enumerate(rec.threads)}
-
-    def tid_of(os_tid: int) -> int:
-        t = tids.get(os_tid)
-        if t is None:
-            t = tids[os_tid] = 2 + len(tids)
-        return t
+    tid_of, tid_column = trace_ranks(rec)  # the Chrome trace's thread numbering
     c = rec.columns()
     S = c.slices
     info = node_tables(c)
     passes, critical, root = slice_marks(rec)
-    tid_col = np.zeros(len(S), dtype=np.int64)
-    for t in np.unique(S.tid).tolist():  # a trace tid per recorded thread
-        tid_col[S.tid == t] = tid_of(t)
+    tid_col = tid_column(S.tid)
     wait_ns = np.zeros(len(S), dtype=np.int64)
     has_wait = S.wait >= 0
     if has_wait.any():
@@ -283,11 +269,13 @@ def _metadata(rec: Recording, pid: int, streams: _Streams) -> list[dict]:
     out: list[dict] = [{"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": process}},
                        {"ph": "M", "pid": pid, "tid": 0, "name": "process_labels", "args": {"labels": "CPU"}},
                        {"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index", "args": {"sort_index": 0}}]
+    tids = thread_tids(rec)
     for k, t in enumerate(rec.threads.values()):
         name = f"caller ({t.name})" if t.kind is ThreadKind.CALLER else t.name
-        out.append({"ph": "M", "pid": pid, "tid": 2 + k, "name": "thread_name",
+        out.append({"ph": "M", "pid": pid, "tid": tids[t.tid], "name": "thread_name",
                     "args": {"name": name, "worker": stable_worker(t.name)}})
-        out.append({"ph": "M", "pid": pid, "tid": 2 + k, "name": "thread_sort_index", "args": {"sort_index": k}})
+        out.append({"ph": "M", "pid": pid, "tid": tids[t.tid], "name": "thread_sort_index",
+                    "args": {"sort_index": k}})
     comm_names = [n for n in streams.by_name if "/s" not in n]
     if comm_names:
         out.append({"ph": "M", "pid": pid, "tid": COMM_THREAD, "name": "thread_name",
@@ -364,15 +352,12 @@ def _kernels(rec: Recording, c, S, tid_col, ext, streams: _Streams, pid: int, ba
     memcpy_names: list[str] = []
     memcpy_code: dict[str, int] = {}
     copy = np.full(len(c.nodes), -1, dtype=np.int64)
-    from autograd_run.ops import cost
     for j in np.unique(node_col).tolist():
-        n = c.nodes[j]
-        if getattr(getattr(n, "op", None), "cost", None) is cost.COPY:
-            name = _copy_kind(n)
-            if name is not None:
-                copy[j] = memcpy_code.setdefault(name, len(memcpy_names))
-                if copy[j] == len(memcpy_names):
-                    memcpy_names.append(name)
+        name = _copy_kind(c.nodes[j])
+        if name is not None:
+            copy[j] = memcpy_code.setdefault(name, len(memcpy_names))
+            if copy[j] == len(memcpy_names):
+                memcpy_names.append(name)
     kind = copy[node_col]
     s_start, s_end = S.start[row], S.end[row]
     launch_end = np.maximum(s_start, np.minimum(s_end, kstart))
