@@ -122,6 +122,16 @@ def check_dtype(dtype: Any, path: tuple, err: Err, allowed: tuple = DTYPES) -> s
 _NUMBER_TYPES = {int, float, bool}
 
 
+def _same_values(got: tuple, want) -> bool:
+    """Nested values of shape ``got`` fill a tensor of shape ``want``: one number for one element, or the
+    nested lists of an empty tensor, which stop at its first zero dim (a (0, 3) tensor lists as ``[]``, a
+    (2, 0, 4) one as ``[[], []]``)."""
+    want = tuple(want)
+    if got == () and math.prod(want) == 1:
+        return True
+    return 0 in want and got == want[:want.index(0) + 1]
+
+
 def _nested_shape(value: Any, path: tuple, err: Err, depth: int = 0) -> tuple[int, ...]:
     if depth > MAX_DIMS:
         raise err(path, "nested list is too deep for a tensor")
@@ -429,7 +439,7 @@ def check_tensor(value: Any, path: tuple, err: Err, side: SideFiles,
         if kind == "data":
             got = _nested_shape(value["data"], path + ("data",), err)
             want = declared if declared is not None else shape
-            if want is not None and got != tuple(want) and not (got == () and math.prod(want) == 1):
+            if want is not None and got != tuple(want) and not _same_values(got, want):
                 raise err(path + ("data",), f"values have shape {list(got)}, expected {list(want)}")
             return math.prod(want if want is not None else got) * size
         if kind == "npz":
@@ -453,7 +463,7 @@ def check_tensor(value: Any, path: tuple, err: Err, side: SideFiles,
             raise err(path, "a random tensor needs a shape")
         return math.prod(declared if declared is not None else shape) * size
     got = _nested_shape(value, path, err)
-    if shape is not None and got != tuple(shape) and not (got == () and math.prod(shape) == 1):
+    if shape is not None and got != tuple(shape) and not _same_values(got, shape):
         raise err(path, f"values have shape {list(got)}, expected {list(shape)}")
     return math.prod(shape if shape is not None else got) * itemsize(dtype)
 

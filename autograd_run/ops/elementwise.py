@@ -739,13 +739,20 @@ def lerp_scalar(node, grads, ctx):
     return each(node, lambda i: grads[0] * ((1 - conj(w)) if i == 0 else conj(w)))
 
 
-@op("LerpBackward1", outputs=3, saved="self:tensor end:tensor weight:tensor", elementwise=True, cost=cost.pointwise(3))
+@op("LerpBackward1", outputs=3, saved="self:tensor? end:tensor? weight:tensor", elementwise=True,
+    cost=cost.pointwise(3), needed_for_output=((2, "self"), (2, "end")))
 def lerp_tensor(node, grads, ctx):
-    """a + w (b - a), w a tensor: g conj(1 - w), g conj(w), g conj(b - a)."""
+    """a + w (b - a), w a tensor: g conj(1 - w), g conj(w), g conj(b - a).
+
+    ``self`` and ``end`` are saved only when the weight needs a gradient (``torch.quantile``'s lerp
+    between two gathered values does not)."""
     sv = ctx.saved(node)
-    a, b, w = sv["self"], sv["end"], sv["weight"]
-    g = grads[0]
-    return each(node, lambda i: real_for(node, i, g * conj((1 - w, w, b - a)[i])))
+    w, g = sv["weight"], grads[0]
+
+    def out(i):
+        d = 1 - w if i == 0 else w if i == 1 else sv["end"] - sv["self"]
+        return real_for(node, i, g * conj(d))
+    return each(node, out)
 
 
 @op("AddcmulBackward0", outputs=3, saved="tensor1:tensor? tensor2:tensor? value:scalar", elementwise=True,
