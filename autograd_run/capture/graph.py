@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -262,6 +263,13 @@ def _saved_tensor_list(v, field: str, nid: str, arrays: _Arrays) -> dict:
     return out
 
 
+def _op_stem(node_name: str) -> str:
+    """``ConvolutionBackward0`` -> ``convolution``, ``NativeLayerNormBackward0`` -> ``native_layer_norm``,
+    ``torch::autograd::CopySlices`` -> ``copy_slices``; '' for a name without letters."""
+    base = re.sub(r"Backward\d*$", "", node_name.rsplit("::", 1)[-1])
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", base).lower().strip("_")
+
+
 def _copy_slices(torch, fn, nid: str, arrays: _Arrays) -> tuple[dict, str | None]:
     """What replaying a CopySlices node needs, found by calling it (PyTorch exposes none of it).
 
@@ -317,20 +325,25 @@ def _copy_slices(torch, fn, nid: str, arrays: _Arrays) -> tuple[dict, str | None
         ones, rand = ones.detach().cpu().numpy(), rand.detach().cpu().numpy()
         if i == 0:
             ones, rand = region(ones), region(rand)
-        # Next edge i's input may have been broadcast onto the view: its factor is spread evenly (and checked).
+        else:  # what the engine passes on: the wrapped backward's result summed to the edge's shape
+            nf, nr = fn.next_functions[i]
+            edge = tuple(nf._input_metadata[nr].shape)
+            if ones.shape != edge:
+                try:
+                    ones, rand = _sum_to(ones, edge), _sum_to(rand, edge)
+                except (ValueError, IndexError):
+                    return {}, "CopySlices whose wrapped backward changes shapes"
+        # Next edge i's input may have been broadcast onto the view: its factor is spread evenly (and checked),
+        # else measured copy by copy (a value written into masked rows: x[mask] = v).
         copies = math.prod(vsz) // max(ones.size, 1)
         try:
             scale = np.broadcast_to(ones.astype(g.dtype) / max(copies, 1), tuple(vsz)).copy()
         except ValueError:
             return {}, "CopySlices whose wrapped backward changes shapes"
-        got = scale * g
-        lead = got.ndim - rand.ndim
-        axes = tuple(range(lead)) + tuple(lead + k for k, m in enumerate(rand.shape)
-                                          if m == 1 and got.shape[lead + k] != 1)
-        if axes:
-            got = got.sum(axis=axes, keepdims=True).reshape(rand.shape)
-        if not np.allclose(got, rand, **tol):
-            return {}, "CopySlices wrapping a backward that is not elementwise"
+        if not np.allclose(_sum_to(scale * g, rand.shape), rand, **tol):
+            scale = _factor_by_copies(torch, fn, i, meta, layout, rand.shape, g.dtype) if i > 0 else None
+            if scale is None or not np.allclose(_sum_to(scale * g, rand.shape), rand, **tol):
+                return {}, "CopySlices wrapping a backward that is not elementwise"
         scales.append(scale)
     saved: dict[str, Any] = {"base_sizes": bsz, "base_strides": bst, "view_sizes": vsz, "view_strides": vst,
                              "view_offset": voff}
@@ -338,6 +351,65 @@ def _copy_slices(torch, fn, nid: str, arrays: _Arrays) -> tuple[dict, str | None
     saved.update(_saved_tensor_list([None if t is None else torch.from_numpy(t) for t in [None] + scales[1:]],
                                     "input_scales", nid, arrays))
     return saved, None
+
+
+def _sum_to(x: np.ndarray, shape) -> np.ndarray:
+    """``x`` summed over the dims that ``shape`` broadcasts (leading ones, and size-1 dims)."""
+    shape = tuple(shape)
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + k for k, m in enumerate(shape) if m == 1 and x.shape[lead + k] != 1)
+    return x.sum(axis=axes, keepdims=True).reshape(shape) if axes else x.reshape(shape)
+
+
+#: At most this many calls of a CopySlices node to measure one input's factors copy by copy.
+_MAX_COPY_PROBES = 4096
+
+
+def _factor_by_copies(torch, fn, i: int, meta, layout: dict, in_shape, dtype) -> np.ndarray | None:
+    """Input ``i``'s per-element factor over the view, one call of ``fn`` per copy of the input.
+
+    The input (shape ``in_shape``) is broadcast onto the view; its gradient is ``sum_to(factor * g)``.
+    A gradient that is one on copy c's positions of the view and zero elsewhere gives copy c's factors
+    directly. None when there are more copies than ``_MAX_COPY_PROBES``.
+    """
+    (bsz, bst), (vsz, vst, voff) = layout["base"], layout["view"]
+    in_shape, vsz = tuple(in_shape), tuple(vsz)
+    lead = len(vsz) - len(in_shape)
+    if lead < 0:
+        return None
+    bdims = [d for d in range(len(vsz)) if d < lead or (in_shape[d - lead] == 1 and vsz[d] != 1)]
+    copies = math.prod(vsz[d] for d in bdims)
+    if copies > _MAX_COPY_PROBES:
+        return None
+    base_idx = _strided_index(bsz, bst, 0).ravel()
+    view_idx = _strided_index(list(vsz), vst, voff)
+    inv = np.full(max(int(base_idx.max(initial=-1)), int(view_idx.max(initial=-1))) + 1, -1, dtype=np.int64)
+    inv[base_idx] = np.arange(base_idx.size)
+    pos = inv[view_idx]  # the base element behind each view element
+    if (pos < 0).any():
+        return None
+    factor = np.zeros(vsz, dtype=dtype)
+    numel = math.prod(tuple(meta.shape))
+    with torch.no_grad():
+        for c in np.ndindex(*[vsz[d] for d in bdims]):
+            sel = [slice(None)] * len(vsz)
+            for d, k in zip(bdims, c):
+                sel[d] = k
+            flat = np.zeros(numel)
+            flat[pos[tuple(sel)].ravel()] = 1
+            probe = torch.from_numpy(flat.reshape(tuple(meta.shape))).to(meta.dtype).to(meta.device)
+            out = fn(probe)
+            out = out if isinstance(out, tuple) else (out,)
+            if out[i] is None:
+                return None
+            got = out[i].detach().cpu().numpy()
+            got = _sum_to(got, in_shape) if got.shape != in_shape else got
+            sub = [slice(None)] * len(in_shape)
+            for d, k in zip(bdims, c):
+                if d >= lead:
+                    sub[d - lead] = 0
+            factor[tuple(sel)] = got[tuple(sub)]
+    return factor
 
 
 def _dirichlet_factor(torch, fn) -> dict:
@@ -444,12 +516,18 @@ class _Capture:
         self.custom: list = []
         #: The storage of every saved tensor (the document's ``storage`` section).
         self.storages = _Storages()
+        #: grad_fn -> (the first node in walk order with an edge to it, that edge's index).
+        self.consumer: dict = {}
 
     def add(self, roots) -> list:
         """Describe every node reachable from ``roots`` (grad_fns) not seen before; returns them in walk order."""
         new = walk_grad_fns(roots, known=self.ids)
         for fn in new:
             self.ids[fn] = f"n{len(self.ids)}"
+        for fn in new:  # an unnamed leaf is named after its first consumer in walk order (``_leaf_name``)
+            for k, (nf, _) in enumerate(fn.next_functions):
+                if nf is not None:
+                    self.consumer.setdefault(nf, (fn, k))
         for fn in new:
             doc = self._describe(fn)
             self.docs[fn] = doc
@@ -478,14 +556,24 @@ class _Capture:
         """Every node reachable from ``roots``, seen before or not."""
         return walk_grad_fns(roots)
 
-    def _leaf_name(self, var) -> str:
+    def _leaf_name(self, var, consumer=None) -> str:
+        """``names``' name for ``var``; else after what it is: input k of the op that consumes it
+        (``convolution.input0``: a model's input on which the model set ``requires_grad``), or ``leaf<k>``."""
         name = self.leaf_name.get(id(var))
-        if name is None:
-            k = len(self.variables)
-            while f"leaf{k}" in self.var_doc or f"leaf{k}" in self.names:
-                k += 1
-            name = f"leaf{k}"
-        return name
+        if name is not None:
+            return name
+        if consumer is not None:
+            stem = _op_stem(consumer[0].name())
+            if stem:
+                base = f"{stem}.input{consumer[1]}"
+                name, k = base, 2
+                while name in self.var_doc or name in self.names:
+                    name, k = f"{base}_{k}", k + 1
+                return name
+        k = len(self.variables)
+        while f"leaf{k}" in self.var_doc or f"leaf{k}" in self.names:
+            k += 1
+        return f"leaf{k}"
 
     def rename_variable(self, old: str, new: str) -> None:
         """Give a variable (and its AccumulateGrad node) another name: a custom node's detached input."""
@@ -509,7 +597,7 @@ class _Capture:
         d: dict[str, Any] = {"id": nid, "name": name}
         if name == ACC:
             var = fn.variable
-            vname = self._leaf_name(var)
+            vname = self._leaf_name(var, self.consumer.get(fn))
             self.var_of[fn] = vname
             d["variable"] = vname
             vdoc = {"name": vname, "shape": list(var.shape), "dtype": _dtype(var.dtype),
@@ -538,7 +626,9 @@ class _Capture:
                         field = attr[len("_saved_"):]
                         try:
                             v = getattr(fn, attr)
-                        except RuntimeError:
+                        except RuntimeError as e:
+                            if "modified by an inplace operation" in str(e):
+                                raise  # PyTorch's backward would stop on it too, with this text
                             continue  # already freed, or not saved for this call
                         if isinstance(v, torch.Tensor):
                             self.storages.note(nid, field, v, self.storages.group_of(fn, field))

@@ -354,45 +354,82 @@ def bce_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
-def _ctc_grad_one(lp, labels, t_len, blank, nll):
+def _exp(x):
+    """exp in ``x``'s dtype, correctly rounded: float32 through float64 (as C's expf rounds; numpy's own
+    float32 exp may be an ulp away, and an ulp of a log-likelihood of 50 is 4e-6 after the exp)."""
+    return np.exp(x.astype(np.float64)).astype(x.dtype) if x.dtype == np.float32 else np.exp(x)
+
+
+def _log(x):
+    """log in ``x``'s dtype, correctly rounded (see ``_exp``)."""
+    return np.log(x.astype(np.float64)).astype(x.dtype) if x.dtype == np.float32 else np.log(x)
+
+
+def _logadd3(a, b, c):
+    """log(exp a + exp b + exp c) as PyTorch's CPU kernel writes it: the largest taken out (0 if all are -inf)."""
+    m = np.maximum(np.maximum(a, b), c)
+    m = np.where(m == -np.inf, np.zeros((), m.dtype), m)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _log(_exp(a - m) + _exp(b - m) + _exp(c - m)) + m
+
+
+def _ctc_grad_one(lp, labels, t_len, blank, nll, alpha=None):
     """PyTorch's CTC gradient for one sequence: exp(lp) - exp(log(sum of alpha beta over label c) + nll - lp).
 
-    ``lp`` is (T, C) log-probabilities, ``labels`` the target. The exp(lp) term is PyTorch's: its gradient
-    is the one with respect to the logits of a log_softmax, which log_softmax's backward leaves unchanged.
+    ``lp`` is (T, C) log-probabilities, ``labels`` the target, ``alpha`` the forward's saved log-alpha
+    (T, 2L+1; recomputed when None). Computed in ``lp``'s dtype in the order of PyTorch's CPU kernel
+    (``ctc_loss_backward_cpu_template``: beta from the last step back, the sum of alpha beta per label
+    collected over s from the last to the first), so that float32 rounds as PyTorch's does. The exp(lp)
+    term is PyTorch's: its gradient is the one with respect to the logits of a log_softmax, which
+    log_softmax's backward leaves unchanged.
     """
+    dt = lp.dtype
     big_t, c = lp.shape
     ext = np.full(2 * len(labels) + 1, blank, dtype=np.int64)
     ext[1::2] = labels
     n = ext.size
     skip = np.zeros(n, dtype=bool)  # s may come from s - 2: a label differing from the label before it
     skip[2:] = (ext[2:] != blank) & (ext[2:] != ext[:-2])
-    ninf = -np.inf
-    alpha = np.full((t_len, n), ninf)
-    beta = np.full((t_len, n), ninf)
-    alpha[0, 0] = lp[0, blank]
-    if n > 1:
-        alpha[0, 1] = lp[0, ext[1]]
-    for t in range(1, t_len):
-        prev = alpha[t - 1]
-        acc = prev.copy()
-        acc[1:] = np.logaddexp(acc[1:], prev[:-1])
-        acc[2:] = np.where(skip[2:], np.logaddexp(acc[2:], prev[:-2]), acc[2:])
-        alpha[t] = acc + lp[t, ext]
-    beta[t_len - 1, n - 1] = lp[t_len - 1, blank]
-    if n > 1:
-        beta[t_len - 1, n - 2] = lp[t_len - 1, ext[n - 2]]
+    ninf = np.array(-np.inf, dtype=dt)
+    if alpha is None:
+        alpha = np.full((t_len, n), ninf, dtype=dt)
+        if t_len:
+            alpha[0, 0] = lp[0, blank]
+            if n > 1:
+                alpha[0, 1] = lp[0, ext[1]]
+        for t in range(1, t_len):
+            prev = alpha[t - 1]
+            a2 = np.concatenate([[ninf], prev[:-1]]).astype(dt)
+            a3 = np.where(skip, np.concatenate([[ninf, ninf], prev[:-2]])[:n], ninf).astype(dt)
+            alpha[t] = _logadd3(prev, a2, a3) + lp[t, ext]
+    else:
+        alpha = np.asarray(alpha, dtype=dt)[:t_len, :n]
+    beta = np.full((t_len, n), ninf, dtype=dt)
+    lcab = np.full((big_t, c), ninf, dtype=dt)
+    if t_len:
+        beta[t_len - 1, n - 1] = lp[t_len - 1, blank]
+        lcab[t_len - 1, blank] = alpha[t_len - 1, n - 1] + beta[t_len - 1, n - 1]
+        if n > 1:
+            beta[t_len - 1, n - 2] = lp[t_len - 1, ext[n - 2]]
+            lcab[t_len - 1, ext[n - 2]] = alpha[t_len - 1, n - 2] + beta[t_len - 1, n - 2]
+    skip_next = np.zeros(n, dtype=bool)  # s + 2 may feed s: the label at s + 2 differs from the one at s
+    skip_next[:-2] = ext[2:] != ext[:-2]
     for t in range(t_len - 2, -1, -1):
         nxt = beta[t + 1]
-        acc = nxt.copy()
-        acc[:-1] = np.logaddexp(acc[:-1], nxt[1:])
-        acc[:-2] = np.where(skip[2:], np.logaddexp(acc[:-2], nxt[2:]), acc[:-2])
-        beta[t] = acc + lp[t, ext]
-    lcab = np.full((big_t, c), ninf)
+        b2 = np.concatenate([nxt[1:], [ninf]]).astype(dt)
+        b3 = np.where(skip_next, np.concatenate([nxt[2:], [ninf, ninf]])[:n], ninf).astype(dt)
+        beta[t] = _logadd3(nxt, b2, b3) + lp[t, ext]
     ab = alpha + beta
-    for s in range(n):
-        lcab[:t_len, ext[s]] = np.logaddexp(lcab[:t_len, ext[s]], ab[:, s])
-    grad = np.exp(lp) - np.exp(lcab + nll - lp)
-    grad[t_len:] = 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for s in range(n - 1, -1, -1):  # PyTorch's order: s descending, every t < T - 1
+            cur, new = lcab[:t_len - 1, ext[s]], ab[:t_len - 1, s]
+            m = np.maximum(cur, new)
+            lcab[:t_len - 1, ext[s]] = np.where(
+                cur == ninf, new, _log(_exp(cur - m) + _exp(new - m)) + m)
+    nll = np.asarray(nll, dtype=dt)
+    with np.errstate(invalid="ignore"):
+        grad = _exp(lp) - _exp(lcab + nll - lp)
+    grad[t_len:] = 0
     return grad
 
 
@@ -407,17 +444,21 @@ def ctc_loss(node, grads, ctx):
     xp = ctx.xp(node)
     lp = sv["log_probs"]
     to_host = (lambda a: a) if xp is np else (lambda a: a.get())
-    lp_h = np.asarray(to_host(lp), dtype=np.float64)
+    lp_h = np.asarray(to_host(lp))
     unbatched = lp_h.ndim == 2
     if unbatched:
         lp_h = lp_h[:, None]
+    log_alpha = sv.get("result1")  # the forward's (N, T, 2 max L + 1), or (T, 2L + 1) unbatched
+    log_alpha = None if log_alpha is None else np.asarray(to_host(log_alpha))
+    if log_alpha is not None and log_alpha.ndim == 2:
+        log_alpha = log_alpha[None]
     targets = np.asarray(to_host(sv["targets"])).astype(np.int64)
     in_lens = [int(v) for v in np.asarray(sv["input_lengths"]).reshape(-1)]
     tg_lens = [int(v) for v in np.asarray(sv["target_lengths"]).reshape(-1)]
     blank = int(sv.get("blank", 0))
     nll = sv.get("result0")
-    nll = None if nll is None else np.asarray(to_host(nll), dtype=np.float64).reshape(-1)
-    go = np.asarray(to_host(grads[0]), dtype=np.float64).reshape(-1)
+    nll = None if nll is None else np.asarray(to_host(nll)).reshape(-1)
+    go = np.asarray(to_host(grads[0])).reshape(-1)
     out = np.zeros_like(lp_h)
     offset = 0
     for b in range(lp_h.shape[1]):
@@ -432,7 +473,8 @@ def ctc_loss(node, grads, ctx):
         loss = nll[b]
         if np.isinf(loss) and sv.get("zero_infinity"):
             continue
-        out[:, b] = _ctc_grad_one(lp_h[:, b], labels, in_lens[b], blank, loss) * go[b if go.size > 1 else 0]
+        alpha = None if log_alpha is None else log_alpha[b]
+        out[:, b] = _ctc_grad_one(lp_h[:, b], labels, in_lens[b], blank, loss, alpha) * go[b if go.size > 1 else 0]
     if unbatched:
         out = out[:, 0]
     res = xp.asarray(out.astype(lp.dtype, copy=False))

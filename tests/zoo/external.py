@@ -26,6 +26,7 @@ import importlib
 import sys
 import types
 
+import numpy as np
 import torch
 
 from zoo.registry import model
@@ -244,6 +245,29 @@ def _register_hf(name: str, classes, kwargs: dict):
 
 for _name, (_cls, _kw) in TRANSFORMERS.items():
     _register_hf(_name, _cls, _kw)
+
+
+@_entry("hf_wav2vec2", external="transformers", dtype=torch.float64, tol=(1e-5, 1e-8),
+       note="transformers.Wav2Vec2ForCTC (2 conv feature layers, 1 encoder layer, hidden 32), training mode with "
+            "SpecAugment time masks (a masked write into a view: CopySlices over IndexPutBackward0; the feature "
+            "encoder's input is a leaf the model itself marks requires_grad), random weights, 2x400 samples, "
+            "CTC loss (the model takes its log-softmax in float32: float32's tolerance there)")
+def hf_wav2vec2():
+    T = import_transformers()
+    torch.manual_seed(0)  # the time masks are drawn from numpy's generator, the weights from torch's
+    cfg = T.Wav2Vec2Config(vocab_size=12, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4,
+                           intermediate_size=64, conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
+                           num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2, mask_time_prob=0.3,
+                           mask_time_length=2, mask_time_min_masks=1, hidden_dropout=0.0, attention_dropout=0.0,
+                           activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0)
+    m = T.Wav2Vec2ForCTC(cfg)
+    m.train()
+    audio, labels = torch.randn(2, 400), torch.randint(1, 12, (2, 5))
+
+    def run(model):
+        np.random.seed(0)
+        return model(audio, labels=labels).loss
+    return m, run
 
 
 @_entry("hf_whisper", external="transformers", dtype=torch.float32,
