@@ -136,6 +136,8 @@ class RunReport:
     interrupted: str | None = None
     #: Passes that ran to completion.
     passes_done: int = 0
+    #: Lines for the user about the outputs (a very large plain JSON trace), shown on stderr by the CLI.
+    warnings: list[str] = field(default_factory=list)
     _summary: Summary | None = None
     _samples: Samples | None = None
     _folded: bool = False
@@ -288,7 +290,9 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
         t = time.perf_counter()
         if o.memory_trace and report.memory is not None:  # the counter tracks of each device's allocated bytes
             report.recording.counters.extend(report.memory.counters())
-        write_trace(o.trace_path, report.recording, incomplete=report.interrupted, fmt=o.trace_format)
+        warning = write_trace(o.trace_path, report.recording, incomplete=report.interrupted, fmt=o.trace_format)
+        if warning:
+            report.warnings.append(warning)
         report.timings["trace"] = time.perf_counter() - t
     if order is not None:
         report.order = order.rows()

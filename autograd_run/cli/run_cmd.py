@@ -181,6 +181,8 @@ def run(graph, trace_path, trace_format, open_trace, grad_mode, backward_mode, i
         from autograd_run.engine.run import RunResult
         wanted = RunResult(report.result.mode, {k: v for k, v in report.result.grads.items() if k in options.inputs})
         render_grads(make_console(), wanted)
+    for line in report.warnings:
+        click.echo(line, err=True)
     if open_trace:
         show_trace(trace_path, url_to_stderr=json_out)
     if error is not None:

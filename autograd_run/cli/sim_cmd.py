@@ -485,7 +485,9 @@ def _write_sim_trace(path: str, fmt: str, rec, ddp_result, folder: bool, ranks: 
     elif format_of(path, fmt).name == "kineto":
         write_kineto_trace(path, rec, world=world, device_name=device, meta=meta)
     else:
-        write_trace(path, rec, fmt=fmt)
+        warning = write_trace(path, rec, fmt=fmt)
+        if warning:
+            click.echo(warning, err=True)
 
 
 def _report_json(r, memory: bool = True) -> dict:

@@ -91,9 +91,34 @@ def trace_format(path: str, name: str | None = None) -> str:
     return format_of(path, name).name
 
 
-def write_trace(path: str, rec: Recording, incomplete: str | None = None, fmt: str | None = None) -> None:
+#: A plain JSON trace larger than this is written, with a warning that suggests a compact format: the
+#: Perfetto UI loads JSON traces into the browser's memory (a few hundred MB is its practical limit).
+LARGE_JSON_BYTES = 100 * 1024 * 1024
+
+
+def write_trace(path: str, rec: Recording, incomplete: str | None = None, fmt: str | None = None) -> str | None:
     """Write ``rec`` to ``path`` atomically, in the format its ending names. A stopped run's trace
     (``incomplete``: ``interrupted`` or ``timeout``) is marked so: in JSON ``"otherData": {"incomplete":
     REASON}`` and an instant event at its end; in protobuf that instant event (category ``incomplete``, on
-    a global track named ``incomplete``)."""
-    format_of(path, fmt).write(path, rec, incomplete)
+    a global track named ``incomplete``). Returns a warning for the caller to show (``large_trace_warning``),
+    or None."""
+    f = format_of(path, fmt)
+    f.write(path, rec, incomplete)
+    return large_trace_warning(path, f.name)
+
+
+def large_trace_warning(path: str, fmt_name: str, limit: int | None = None) -> str | None:
+    """The warning for a plain JSON trace over ``limit`` bytes (its size, and the formats made for big
+    graphs), else None. The path is shown escaped."""
+    import os
+    from autograd_run.text import visible
+    if fmt_name != "json":
+        return None
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return None
+    if size <= (LARGE_JSON_BYTES if limit is None else limit):
+        return None
+    return (f"warning: the trace {visible(path)} is {size / 1e6:.0f} MB of plain JSON; the Perfetto UI may not "
+            f"open it: for big graphs write .pftrace (Perfetto's protobuf, about 5x smaller) or .json.gz (about 10x)")
