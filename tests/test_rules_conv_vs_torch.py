@@ -16,7 +16,8 @@ def leaves():
             "w1": leaf(4, 3, 3, seed=4), "w2": leaf(4, 3, 3, 2, seed=5), "w3": leaf(4, 3, 2, 3, 2, seed=6),
             "wg": leaf(4, 1, 3, 3, seed=7), "b3": leaf(3, seed=8), "b6": leaf(6, seed=9), "gw": leaf(4, seed=10),
             "gb": leaf(4, seed=11), "e": leaf(7, 3, seed=12), "psw": leaf(8, seed=13, positive=True),
-            "v": leaf(5, 4, seed=14), "g0": leaf(5, 1, seed=15, positive=True), "x2u": leaf(4, 7, 6, seed=16)}
+            "v": leaf(5, 4, seed=14), "g0": leaf(5, 1, seed=15, positive=True), "x2u": leaf(4, 7, 6, seed=16),
+            "wt2": leaf(2, 2, 4, 5, seed=17), "wt3": leaf(2, 2, 4, 2, 3, seed=18)}
 
 
 def _idx(*v):
@@ -127,11 +128,93 @@ CONV = {
 }
 
 
+def _flat(*ts):
+    """Several outputs as one tensor (each weighted by ``weigh``): the gradients of all of them flow."""
+    return torch.cat([t.reshape(-1) for t in ts])
+
+
+_aten = torch.ops.aten
+
+#: Found by PyTorch's OpInfo database (tests/opinfo_cases.py) and by comparing with PyTorch's CPU kernels.
+CONV.update({
+    # conv2d/3d with padding="valid" save padding [0] (one entry for every dim)
+    "conv2d_padding_valid": lambda L: F.conv2d(L["x2"], L["w2"].transpose(0, 1), L["b3"], stride=2, padding="valid"),
+    "conv3d_padding_valid": lambda L: F.conv3d(L["x3"], L["w3"].transpose(0, 1), padding="valid"),
+    "conv1d_padding_same_dilated": lambda L: F.conv1d(L["x1"], L["w1"].transpose(0, 1), padding="same", dilation=2),
+    # output padding past what the stride alone covers: the input gradient is cropped to the input
+    "conv_transpose2d_output_padding_dilated": lambda L: F.conv_transpose2d(
+        L["x2"][:, :2, :4, :4], L["wt2"], L["gb"], stride=(3, 2), padding=(1, 2),
+        output_padding=(2, 3), groups=2, dilation=(4, 4)),
+    "conv_transpose3d_output_padding_dilated": lambda L: F.conv_transpose3d(
+        L["x3"][:, :2, :3, :3, :3], L["wt3"], None, stride=(3, 2, 1),
+        padding=(1, 0, 2), output_padding=(0, 1, 2), groups=2, dilation=(3, 2, 3)),
+    # native_group_norm's mean and rstd outputs have gradients too (PyTorch's composite backward then)
+    "native_group_norm_all_outputs": lambda L: _flat(*torch.native_group_norm(L["x2"], L["gw"], L["gb"], 2, 4, 42, 2,
+                                                                              1e-5)),
+    "native_group_norm_all_outputs_no_affine": lambda L: _flat(*torch.native_group_norm(L["x1"], None, None, 2, 4, 9,
+                                                                                        4, 0.5)),
+    "native_group_norm_rstd_only": lambda L: _flat(*torch.native_group_norm(L["x1"], L["gw"], None, 2, 4, 9, 2,
+                                                                            1e-5)[::2]),
+    "group_norm_empty_batch": lambda L: F.group_norm(L["x2"][:0], 2, L["gw"], L["gb"]),
+    "native_group_norm_empty_batch": lambda L: _flat(*torch.native_group_norm(L["x1"][:0], L["gw"], L["gb"], 0, 4, 9,
+                                                                              1, 1e-5)),
+    # far from zero with few elements per group or row: the kernel's terms cancel, so its order and its fused
+    # multiply-adds show
+    "group_norm_shifted": lambda L: F.group_norm(L["x2"] + 100.0, 2, L["gw"], L["gb"]),
+    "group_norm_shifted_two_per_group": lambda L: F.group_norm(L["x1"][:, :, :2] + 100.0, 4, L["gw"], L["gb"]),
+    "group_norm_one_per_group": lambda L: F.group_norm(L["x1"][:, :, :1] + 3.0, 2, L["gw"], L["gb"]),
+    "group_norm_shifted_wide_groups": lambda L: F.group_norm(L["x3"].reshape(2, 8, 2, 5, 6)[:, :, 0] * 3 + 50.0, 1,
+                                                             L["psw"]),
+    "layer_norm_shifted": lambda L: F.layer_norm(L["x2"] + 100.0, (6,), L["gw"].repeat(2)[:6], L["b6"]),
+    "layer_norm_shifted_two_per_row": lambda L: F.layer_norm(L["x2"][..., :2] + 100.0, (2,), L["gw"][:2], L["gb"][:2]),
+    "layer_norm_shifted_no_affine": lambda L: F.layer_norm(L["x2"] * 2 + 30.0, (7, 6)),
+    "layer_norm_one_element": lambda L: F.layer_norm(L["x2"][..., :1], (1,), L["gw"][:1], L["gb"][:1]),
+    "native_layer_norm_all_outputs": lambda L: _flat(*torch.native_layer_norm(L["x2"], (6,), L["b6"], None, 1e-5)),
+    "batch_norm_shifted": lambda L: F.batch_norm(L["x2"] + 100.0, None, None, L["gw"], L["gb"], training=True),
+    "batch_norm_eval_shifted": lambda L: F.batch_norm(L["x2"] + 10.0, torch.linspace(9, 11, 4, dtype=D),
+                                                      torch.linspace(0.5, 2, 4, dtype=D), L["gw"], L["gb"]),
+    "native_batch_norm_legit": lambda L: _aten._native_batch_norm_legit(
+        L["x2"], L["gw"], L["gb"], torch.zeros(4, dtype=D), torch.ones(4, dtype=D), True, 0.1, 1e-5)[0],
+    "native_batch_norm_legit_eval": lambda L: _aten._native_batch_norm_legit(
+        L["x2"], L["gw"], None, torch.linspace(-1, 1, 4, dtype=D), torch.linspace(1, 2, 4, dtype=D), False, 0.1,
+        1e-5)[0],
+    "native_batch_norm_legit_no_stats": lambda L: _aten._native_batch_norm_legit(L["x1"], None, L["gb"], True, 0.1,
+                                                                                 1e-3)[0],
+    "native_batch_norm_legit_no_training": lambda L: _aten._native_batch_norm_legit_no_training(
+        L["x2"], L["gw"], L["gb"], torch.linspace(-1, 1, 4, dtype=D), torch.linspace(1, 2, 4, dtype=D), 0.1,
+        1e-5)[0],
+    "batch_norm_with_update": lambda L: _aten._batch_norm_with_update(
+        L["x2"], L["gw"], L["gb"], torch.zeros(4, dtype=D), torch.ones(4, dtype=D), 0.1, 1e-5)[0],
+    "batch_norm_with_update_2d_no_bias": lambda L: _aten._batch_norm_with_update(
+        L["x1"][:, :, 0] + 5.0, L["gw"], None, torch.zeros(4, dtype=D), torch.ones(4, dtype=D), 0.1, 1e-5)[0],
+    "batch_norm_no_update": lambda L: _aten._batch_norm_no_update(
+        L["x3"], L["gw"], L["gb"], torch.linspace(-1, 1, 4, dtype=D), torch.linspace(1, 2, 4, dtype=D), 0.1,
+        1e-5)[0],
+    # a negative divisor_override is saved as uint64
+    "avg_pool2d_negative_divisor": lambda L: F.avg_pool2d(L["x2"], 2, divisor_override=-2),
+    "avg_pool3d_negative_divisor": lambda L: F.avg_pool3d(L["x3"], (2, 2, 3), (2, 2, 1), divisor_override=-3),
+    "fractional_max_pool3d_empty_batch": lambda L: F.fractional_max_pool3d(
+        L["x3"][:0], 2, output_size=2, _random_samples=torch.full((0, 4, 3), 0.5, dtype=D)),
+    "fractional_max_pool2d_empty_batch": lambda L: F.fractional_max_pool2d(
+        L["x2"][:0], 2, output_size=(3, 2), _random_samples=torch.full((0, 4, 2), 0.5, dtype=D)),
+    "max_pool2d_empty_batch": lambda L: F.max_pool2d(L["x2"][:0], 2),
+    # dropout's backward differentiated (grad_output a leaf): NativeDropoutBackwardBackward0
+    "native_dropout_backward": lambda L: _aten.native_dropout_backward(L["x2"], L["x2u"][None] > 0, 1.5),
+})
+
 @pytest.mark.parametrize("case", sorted(CONV))
 def test_conv_rule_matches_pytorch(case):
     L = leaves()
     check(weigh(CONV[case](L)), L)
 
+
+def test_batch_norm_follows_pytorchs_cpu_kernel():
+    """Two elements per channel: dx is rounding noise around zero, PyTorch's kernel's order
+    ((g - sum/m - (x - mean) k) invstd w, fused) gives PyTorch's noise; the textbook form another one."""
+    x = torch.tensor([[[3.0836579789629237, 3.8965755003643205]]], dtype=D, requires_grad=True)
+    w = torch.tensor([2.203824123451556], dtype=D, requires_grad=True)
+    g = torch.tensor([[[-1.4043285465488287, -2.656944947302302]]], dtype=D)
+    check((F.batch_norm(x, None, None, w, None, training=True) * g).sum(), {"x": x, "w": w})
 
 def test_transposed_convolution_is_no_longer_opaque():
     L = leaves()
@@ -191,6 +274,10 @@ DOUBLE = {
                        (4, 3, 3, 2)),
     "replication_pad": (lambda x, w: F.pad(F.conv2d(x, w), (1, 1, 2, 0), mode="replicate") ** 2, (2, 3, 7, 6),
                         (4, 3, 3, 2)),
+    # output padding past the stride's reach: the double backward's input gradient is cropped too
+    "conv_transpose2d_output_padding_dilated": (lambda x, w: F.conv_transpose2d(
+        x, w, stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=(4, 4)).sigmoid(),
+        (2, 2, 4, 4), (2, 2, 4, 5)),
 }
 
 

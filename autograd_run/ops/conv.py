@@ -5,7 +5,10 @@
   pixel shuffle/unshuffle.
 * Pooling: max (with indices, adaptive), average (ceil mode, padding,
   divisor override), adaptive average; and their double backward.
-* Normalisation: batch, layer, group, weight norm.
+* Normalisation: batch (also ``_native_batch_norm_legit`` and ``_batch_norm_with_update`` / ``_no_update``),
+  layer, group, weight norm, in the order of PyTorch's CPU kernels, with their fused multiply-adds
+  (``_fma``): near zero, where their terms cancel, the textbook forms give other rounding noise.
+* Dropout's double backward (``native_dropout_backward`` differentiated).
 * Resampling: nearest / nearest-exact / (bi/tri)linear / bicubic
   (antialiased too) interpolation, reflection and replication padding;
   and their double backward.
@@ -136,9 +139,16 @@ def _conv_flops(s: cost.Shapes) -> float:
     return per_out * n + bias
 
 
+def _per_dim(values, k, default):
+    """A saved per-dim list as ``k`` ints: PyTorch saves one entry for all dims where it was given one
+    (``padding="valid"`` saves ``[0]``), and none for the default."""
+    values = [int(signed(v)) for v in (values or [])] or [default]
+    return values * k if len(values) == 1 else values
+
+
 def _conv_params(sv, k):
-    stride, padding = list(sv["stride"]), list(sv["padding"])
-    dilation = list(sv.get("dilation") or [1] * k)
+    stride, padding = _per_dim(sv["stride"], k, 1), _per_dim(sv["padding"], k, 0)
+    dilation = _per_dim(sv.get("dilation"), k, 1)
     return stride, padding, dilation, int(signed(sv.get("groups", 1)))
 
 
@@ -159,8 +169,9 @@ def convolution(node, grads, ctx):
     transposed = bool(sv.get("transposed"))
 
     def grad_input():
-        if transposed:
+        if transposed:  # the outputs past the input's extent read only the output padding: cropped
             dx = conv_forward(xp, g, conj(w), stride, padding, dilation, groups)
+            dx = dx[(slice(None), slice(None)) + tuple(slice(0, n) for n in x.shape[2:])]
         else:
             dx = conv_grad_input(xp, g, conj(w), x.shape[2:], stride, padding, dilation, groups)
         return dx[0] if unbatched else dx
@@ -214,8 +225,11 @@ def convolution_backward_backward(node, grads, ctx):
     def grad_input():
         if ggw is None:
             return None
-        dx = (conv_forward(xp, go, conj(ggw), *args) if transposed
-              else conv_grad_input(xp, go, conj(ggw), x.shape[2:], *args))
+        if transposed:  # cropped to the input, as in the first backward
+            dx = conv_forward(xp, go, conj(ggw), *args)
+            dx = dx[(slice(None), slice(None)) + tuple(slice(0, n) for n in x.shape[2:])]
+        else:
+            dx = conv_grad_input(xp, go, conj(ggw), x.shape[2:], *args)
         return dx[0] if unbatched else dx
 
     def grad_weight():
@@ -617,7 +631,7 @@ def _avg_pool_mats(sv, in_spatial, out_spatial=None):
     ceil_mode = bool(sv.get("ceil_mode"))
     if out_spatial is None:
         out_spatial = [pool_out_size(n, kk, s, p, ceil_mode) for n, kk, s, p in zip(in_spatial, ks, stride, padding)]
-    override = num(sv.get("divisor_override"))
+    override = signed(sv.get("divisor_override"))
     include = sv.get("count_include_pad", True)
     mats = [avg_pool_matrix(n, o, kk, s, p, include, unit=bool(override))
             for n, o, kk, s, p in zip(in_spatial, out_spatial, ks, stride, padding)]
@@ -698,8 +712,9 @@ def _scatter_indices(xp, g, idx, in_shape, k):
     rows = int(math.prod(lead))
     flat = xp.zeros((rows, int(math.prod(in_shape[-k:]))), dtype=g.dtype)
     r = xp.arange(rows)[:, None]
-    idx2 = idx.reshape(rows, -1)
-    g2 = g.reshape(rows, -1)
+    per_row = int(math.prod(idx.shape[-k:]))  # explicit: -1 cannot be inferred with zero rows
+    idx2 = idx.reshape(rows, per_row)
+    g2 = g.reshape(rows, per_row)
     if xp is np:
         np.add.at(flat, (np.broadcast_to(r, idx2.shape), idx2), g2)
     else:
@@ -712,7 +727,8 @@ def _gather_indices(xp, g, idx, k):
     """Read ``g`` at flat spatial ``idx`` (the last ``k`` dims of ``g``), row by row: the adjoint of the scatter."""
     lead = g.shape[:-k]
     rows = int(math.prod(lead))
-    out = xp.take_along_axis(g.reshape(rows, -1), idx.reshape(rows, -1), axis=1)
+    out = xp.take_along_axis(g.reshape(rows, int(math.prod(g.shape[-k:]))),
+                             idx.reshape(rows, int(math.prod(idx.shape[-k:]))), axis=1)
     return out.reshape(idx.shape)
 
 
@@ -762,10 +778,51 @@ def max_unpool(node, grads, ctx):
 # --- normalisation ----------------------------------------------------------------------------------------
 
 
+_SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's split of a double into two 26-bit halves
+
+
+def _fma(xp, a, b, c):
+    """``a * b + c`` rounded once, as the fused multiply-adds the compiler makes of PyTorch's CPU kernels.
+
+    Error-free transformations (Dekker's product, Knuth's sum): the exact product's rounding error is
+    added back before the one rounding. Where those overflow, the plain ``a * b + c``. float32 and float16:
+    in float64, where their product is exact, rounded back once more.
+    """
+    with np.errstate(all="ignore"):
+        p = a * b
+        dt = getattr(p, "dtype", None)
+        if dt in (np.float32, np.float16):
+            f = xp.float64
+            return (xp.asarray(a, dtype=f) * xp.asarray(b, dtype=f) + xp.asarray(c, dtype=f)).astype(dt)
+        if dt != np.float64:
+            return p + c
+        t = _SPLIT * a
+        ah = t - (t - a)
+        t = _SPLIT * b
+        bh = t - (t - b)
+        al, bl = a - ah, b - bh
+        e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+        s = p + c
+        v = s - p
+        r = s + (((p - (s - v)) + (c - v)) + e)
+        return xp.where(xp.isfinite(r), r, p + c)
+
+
 def _batch_norm_backward(node, grads, ctx, mean_key, invstd_key, training, eps):
+    """native_batch_norm_backward in the order of PyTorch's CPU kernel (contiguous input).
+
+    Per channel c over its m = N * image elements: sum = sum(g), dotp = sum((x - mean) g);
+    training: k = dotp invstd^2 / m, dx = (g - sum / m - (x - mean) k) invstd w, the last product fused
+    (fma) where the image has more than one element (PyTorch's contiguous kernel; the channels-last one
+    that runs for an (N, C) or (N, C, 1, ...) input does not fuse it); eval: dx = g invstd w with
+    invstd = 1 / sqrt(running_var + eps) and mean the running mean; dw = dotp invstd, dbias = sum.
+    Only the output's gradient counts: PyTorch's formula ignores those of the saved statistics.
+    """
     sv = ctx.saved(node)
     xp = ctx.xp(node)
     x, g = sv["input"], grads[0]
+    if g is None:
+        return [None] * len(node.next)
     w = sv.get("weight")
     axes = (0,) + tuple(range(2, x.ndim))
     shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
@@ -774,32 +831,60 @@ def _batch_norm_backward(node, grads, ctx, mean_key, invstd_key, training, eps):
     else:
         mean = sv["running_mean"].reshape(shape)
         invstd = (1.0 / xp.sqrt(sv["running_var"] + eps)).reshape(shape)
-    xhat = (x - mean) * invstd
-    wv = w.reshape(shape) if w is not None else 1.0
+    image = int(math.prod(x.shape[2:]))
+    m = x.size // x.shape[1] if x.shape[1] else 0
+    centered = x - mean
+    total = g.sum(axis=axes, keepdims=True)
+    dotp = (centered * g).sum(axis=axes, keepdims=True)
 
     def out(i):
         if i == 0:
-            dxhat = g * wv
             if not training:
-                return dxhat * invstd
-            m = x.size // x.shape[1]
-            return invstd / m * (m * dxhat - dxhat.sum(axis=axes, keepdims=True)
-                                 - xhat * (dxhat * xhat).sum(axis=axes, keepdims=True))
+                dx = g * invstd
+                return dx * w.reshape(shape) if w is not None else dx
+            with np.errstate(divide="ignore", invalid="ignore"):
+                k = dotp * invstd * invstd / m
+                grad_mean = total / m
+            t = _fma(xp, -centered, k, g - grad_mean) if image > 1 else g - grad_mean - centered * k
+            t = t * invstd
+            return t * w.reshape(shape) if w is not None else t
         if i == 1:
-            return (g * xhat).sum(axis=axes)
-        return g.sum(axis=axes)
+            return (dotp * invstd).reshape(x.shape[1])
+        return total.reshape(x.shape[1])
     return each(node, out)
 
 
-@op("NativeBatchNormBackward0", outputs=3,
+@op("NativeBatchNormBackward0", "NativeBatchNormLegitBackward0", "NativeBatchNormLegitBackward1", outputs=3,
     saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor? result2:tensor? "
           "training:bool? eps:scalar?",
     cost=cost.pointwise(8))
 def batch_norm(node, grads, ctx):
-    """batch norm, training (batch statistics) and eval (running statistics)."""
+    """batch norm, training (batch statistics) and eval (running statistics); also ``_native_batch_norm_legit``
+    (with running statistics: ...Backward0; without: ...Backward1), the same formula."""
     sv = node.saved
     return _batch_norm_backward(node, grads, ctx, "result1", "result2", bool(sv.get("training")),
                                 num(sv.get("eps", 1e-5)))
+
+
+@op("NativeBatchNormLegitNoTrainingBackward0", "BatchNormNoUpdateBackward0", outputs=3,
+    saved="input:tensor weight:tensor? running_mean:tensor running_var:tensor result1:tensor? result2:tensor? "
+          "result3:tensor? eps:scalar?",
+    cost=cost.pointwise(4))
+def batch_norm_eval(node, grads, ctx):
+    """batch norm with the running statistics (``_native_batch_norm_legit_no_training``, ``_batch_norm_no_update``):
+    native_batch_norm_backward with training false."""
+    return _batch_norm_backward(node, grads, ctx, "result1", "result2", False, num(node.saved.get("eps", 1e-5)))
+
+
+@op("BatchNormWithUpdateBackward0", outputs=3,
+    saved="input:tensor weight:tensor? running_mean:tensor? running_var:tensor? result1:tensor result2:tensor "
+          "result3:tensor? eps:scalar?",
+    cost=cost.pointwise(8))
+def batch_norm_with_update(node, grads, ctx):
+    """``_batch_norm_with_update`` (training, running statistics updated): PyTorch's batch_norm_backward with
+    update true, on the CPU native_batch_norm_backward with the batch statistics (result1 the mean, result2
+    the inverse std; result3 is the empty reserve)."""
+    return _batch_norm_backward(node, grads, ctx, "result1", "result2", True, num(node.saved.get("eps", 1e-5)))
 
 
 @op("CudnnBatchNormBackward0", "MiopenBatchNormBackward0", outputs=3,
@@ -817,26 +902,41 @@ def vendor_batch_norm(node, grads, ctx):
     saved="input:tensor result1:tensor result2:tensor normalized_shape:sizes weight:tensor? bias:tensor?",
     cost=cost.pointwise(8))
 def layer_norm(node, grads, ctx):
-    """layer norm over the last len(normalized_shape) dims: input, weight and bias gradients."""
+    """layer norm over the last len(normalized_shape) dims: input, weight and bias gradients (from the output's
+    gradient only: PyTorch's formula ignores those of mean and rstd).
+
+    PyTorch's CPU kernel, per row of n normalised elements, with a = rstd and its fused multiply-adds:
+    ds = sum(g x w), db = sum(g w), b = fma(db, mean, -ds) a^3 / n, c = fma(-b, mean, -db a / n),
+    dx = fma(b, x, a g w) + c; dw = sum over rows of g fma(a, x, -a mean); dbias = sum over rows of g.
+    Where the row's values are far from zero (a large mean) the fused and unfused forms differ by
+    far more than rounding (the terms cancel), so the fused ones are followed.
+    """
     sv = ctx.saved(node)
+    xp = ctx.xp(node)
     x, mean, rstd = sv["input"], sv["result1"], sv["result2"]
     w = sv.get("weight")
+    if w is not None and not hasattr(w, "ndim"):
+        w = None
     k = len(sv["normalized_shape"])
     axes = tuple(range(x.ndim - k, x.ndim))
     lead = tuple(range(x.ndim - k))
     g = grads[0]
-    n = 1
-    for a in axes:
-        n *= x.shape[a]
-    xhat = (x - mean) * rstd
-    dxhat = g * w if w is not None and not isinstance(w, (int, float)) else g
+    if g is None:
+        return [None] * len(node.next)
+    n = int(math.prod(x.shape[x.ndim - k:]))
+    scale = 1.0 / n if n else 0.0
 
     def out(i):
         if i == 0:
-            return rstd / n * (n * dxhat - dxhat.sum(axis=axes, keepdims=True)
-                               - xhat * (dxhat * xhat).sum(axis=axes, keepdims=True))
+            ds = (g * x if w is None else g * x * w).sum(axis=axes, keepdims=True)
+            db = (g if w is None else g * w).sum(axis=axes, keepdims=True)
+            a = rstd
+            b = _fma(xp, db, mean, -ds) * a * a * a * scale
+            c = _fma(xp, -b, mean, -(db * a * scale))
+            return _fma(xp, b, x, a * g if w is None else a * g * w) + c
         if i == 1:
-            return (g * xhat).sum(axis=lead) if lead else g * xhat
+            t = g * _fma(xp, rstd, x, -rstd * mean)
+            return t.sum(axis=lead) if lead else t
         return g.sum(axis=lead) if lead else g
     return each(node, out)
 
@@ -950,33 +1050,94 @@ def layer_norm_backward_backward(node, grads, ctx):
     return each(node, out)
 
 
+def _lanes_sum(xp, a, b, axis):
+    """sum(a * b) over ``axis`` (kept) as PyTorch's CPU kernels add a short row: blocks of 8 lanes with fused
+    multiply-adds, the lanes then added in order, and what is left over added one by one, fused."""
+    a, b = xp.moveaxis(a, axis, -1), xp.moveaxis(b, axis, -1)
+    n = a.shape[-1]
+    full = n // 8 * 8
+    acc = xp.zeros(a.shape[:-1], dtype=xp.result_type(a, b))
+    if full:
+        lanes = xp.zeros(a.shape[:-1] + (8,), dtype=acc.dtype)
+        for j in range(0, full, 8):
+            lanes = _fma(xp, a[..., j:j + 8], b[..., j:j + 8], lanes)
+        for j in range(8):
+            acc = acc + lanes[..., j]
+    for j in range(full, n):
+        acc = _fma(xp, a[..., j], b[..., j], acc)
+    return xp.expand_dims(acc, axis)
+
+
 @op("NativeGroupNormBackward0", outputs=3,
     saved="input:tensor result1:tensor result2:tensor weight:tensor? N:int C:int HxW:int group:int eps:scalar?",
     cost=cost.pointwise(8))
 def group_norm(node, grads, ctx):
-    """group norm: normalise each group of C / group channels (and all positions) per sample; input, weight, bias."""
-    sv = ctx.saved(node)
-    x, w, g = sv["input"], sv.get("weight"), grads[0]
-    n, c, groups = int(sv["N"]), int(sv["C"]), int(sv["group"])
-    mean = sv["result1"].reshape(n, groups, 1)
-    rstd = sv["result2"].reshape(n, groups, 1)
-    x3 = x.reshape(n, groups, -1)
-    xhat = ((x3 - mean) * rstd).reshape(x.shape)
-    chan = (1, c) + (1,) * (x.ndim - 2)
-    per_sample = (0,) + tuple(range(2, x.ndim))
+    """group norm (each group of D = C / group channels and all HxW positions of a sample normalised): input,
+    weight and bias, from the gradients of the output, the mean and rstd.
 
-    def out(i):
-        if i == 0:
-            dxhat = (g * w.reshape(chan) if w is not None else g).reshape(n, groups, -1)
-            xh = xhat.reshape(n, groups, -1)
-            m = xh.shape[-1]
-            dx = rstd / m * (m * dxhat - dxhat.sum(axis=-1, keepdims=True)
-                             - xh * (dxhat * xh).sum(axis=-1, keepdims=True))
-            return dx.reshape(x.shape)
-        if i == 1:
-            return (g * xhat).sum(axis=per_sample)
-        return g.sum(axis=per_sample)
-    return each(node, out)
+    With only the output's gradient and no create_graph, PyTorch's CPU kernel (its fused multiply-adds too):
+    per (n, channel) ds = sum(g x), db = sum(g); per group dsg = sum(ds w), dbg = sum(db w),
+    c2 = fma(dbg, mean, -dsg) rstd^3 / (D HxW), c3 = -c2 mean - dbg rstd / (D HxW), dx = fma(rstd w, g, c2 x) + c3;
+    dw = sum over n of fma(-db, mean, ds) rstd; dbias = sum over n of db. With the mean's or rstd's gradient
+    too, or create_graph, PyTorch's composite ``infinitely_differentiable_native_group_norm_backward``:
+    the same terms in separate (unfused) ops, plus, only where both the mean's and the rstd's gradients are
+    defined, var_mean's backward of (-rstd^3 / 2 drstd, dmean) over each group.
+    """
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    gy = grads[0]
+    dmean, drstd = (list(grads) + [None, None])[1:3]
+    x, w = sv["input"], sv.get("weight")
+    n, c, hw, groups = int(sv["N"]), int(sv["C"]), int(sv["HxW"]), int(sv["group"])
+    d = c // groups
+    shape4 = (n, groups, d, hw)
+    x4 = x.reshape(shape4)
+    mean = sv["result1"].reshape(n, groups, 1, 1)
+    rstd = sv["result2"].reshape(n, groups, 1, 1)
+    w4 = None if w is None else w.reshape(1, groups, d, 1)
+    s = 1.0 / (d * hw) if d * hw else 0.0
+    composite = ctx.create_graph or dmean is not None or drstd is not None
+    g4 = None if gy is None else gy.reshape(shape4)
+    if g4 is not None:
+        ds = (g4 * x4).sum(axis=3, keepdims=True)
+        db = g4.sum(axis=3, keepdims=True)
+
+    def grad_input():
+        dx = None
+        if g4 is not None:
+            if composite:
+                a = rstd if w4 is None else rstd * w4
+                b = (ds if w4 is None else ds * w4).sum(axis=2, keepdims=True)
+                cc = (db if w4 is None else db * w4).sum(axis=2, keepdims=True)
+                b = (cc * mean - b) * (rstd * rstd * rstd) * s
+                cc = -b * mean - cc * rstd * s
+                dx = a * g4 + b * x4 + cc
+            else:
+                wb = xp.ones((n, groups, d, 1), dtype=x.dtype) if w4 is None else xp.broadcast_to(w4, (n, groups, d, 1))
+                dsg, dbg = _lanes_sum(xp, ds, wb, 2), _lanes_sum(xp, db, wb, 2)
+                c2 = _fma(xp, dbg, mean, -dsg) * rstd * rstd * rstd * s
+                c3 = -c2 * mean - dbg * rstd * s
+                dx = _fma(xp, rstd if w4 is None else rstd * w4, g4, c2 * x4) + c3
+        if dmean is not None and drstd is not None:
+            m = d * hw
+            dvar = (-0.5 * (rstd * rstd * rstd)) * drstd.reshape(n, groups, 1, 1)
+            gv = (2.0 / m) * dvar * (x4 - x4.mean(axis=(2, 3), keepdims=True))
+            gm = xp.broadcast_to(dmean.reshape(n, groups, 1, 1), shape4) / m
+            t = gv + gm
+            dx = t if dx is None else dx + t
+        return None if dx is None else dx.reshape(x.shape)
+
+    def grad_weight():
+        if g4 is None:
+            return None
+        t = ((ds - db * mean) if composite else _fma(xp, -db, mean, ds)) * rstd
+        return t.sum(axis=0).reshape(w.shape)
+
+    def grad_bias():
+        if g4 is None:
+            return None
+        return db.sum(axis=0).reshape(c)
+    return each(node, lambda i: (grad_input, grad_weight, grad_bias)[i]())
 
 
 @op("WeightNormInterfaceBackward0", outputs=2, saved="v:tensor g:tensor result1:tensor dim:int", cost=cost.pointwise(6))
@@ -1002,3 +1163,25 @@ def weight_norm(node, grads, ctx):
         return (dot / norm).reshape(sv["g"].shape)
     return each(node, out)
 
+
+# --- dropout's double backward -------------------------------------------------------------------------
+# (here because the file that declares dropout itself, elementwise, belongs to another family's owner)
+
+
+@op("NativeDropoutBackwardBackward0", outputs=2, saved="grad_output:tensor? mask:tensor scale:scalar",
+    elementwise=True, cost=cost.pointwise(2))
+def native_dropout_backward_backward(node, grads, ctx):
+    """native_dropout_backward(grad_output, mask, scale) = grad_output * mask * scale, differentiated:
+    PyTorch's native_dropout_double_backward, ggI * (mask * scale) in grad_output's dtype, to grad_output;
+    nothing to the mask (PyTorch: not implemented)."""
+    sv = ctx.saved(node)
+    g = grads[0]
+    go = sv.get("grad_output")
+    dtype = go.dtype if go is not None else g.dtype
+    scale = num(sv["scale"])
+
+    def out(i):
+        if i != 0:
+            return None
+        return g.astype(dtype, copy=False) * (sv["mask"].astype(dtype) * scale)
+    return each(node, out)
