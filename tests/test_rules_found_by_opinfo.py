@@ -2,6 +2,8 @@
 PyTorch: quantile's lerp (LerpBackward1 without ``self`` and ``end``), and empty tensors of any shape written
 inline (``[]`` for a (0, 3) tensor) in a captured file."""
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is the oracle for these tests")
@@ -57,3 +59,167 @@ def test_ctc_loss_float32_rounds_as_pytorch_does(seed, tmp_path):
     loss = torch.nn.functional.ctc_loss(lp, targets, torch.tensor([40, 35, 30]), torch.tensor([8, 6, 3]),
                                         reduction="sum")
     check(loss, {"lp": lp}, path=tmp_path / "g.json", rtol=0, atol=2e-7)
+
+
+# --- special functions: Bessel I0/I1 (and scaled), polygamma, mvlgamma, xlog1py, entr, ndtri, log_ndtr, erfcx,
+# --- nextafter, frexp, ldexp ------------------------------------------------------------------------------------
+
+SPECIAL = {
+    "i0": lambda L: torch.i0(L["a"]),
+    "i0e": lambda L: torch.special.i0e(L["a"]),
+    "i1": lambda L: torch.special.i1(L["a"]),
+    "i1e": lambda L: torch.special.i1e(L["a"]),
+    "polygamma2": lambda L: torch.polygamma(2, L["p"]),
+    "polygamma4": lambda L: torch.polygamma(4, L["p"]),
+    "mvlgamma3": lambda L: torch.mvlgamma(L["p"] + 2, 3),
+    "xlog1py": lambda L: torch.special.xlog1py(L["a"], L["p"]),
+    "xlog1py_number_self": lambda L: torch.special.xlog1py(2.5, L["p"]),
+    "xlog1py_number_other": lambda L: torch.special.xlog1py(L["a"], 0.75),
+    "entr": lambda L: torch.special.entr(L["p"]),
+    "ndtri": lambda L: torch.special.ndtri(L["u"]),
+    "log_ndtr": lambda L: torch.special.log_ndtr(L["a"]),
+    "erfcx": lambda L: torch.special.erfcx(L["u"] * 4 - 1),
+    "nextafter": lambda L: torch.nextafter(L["a"], L["b"]),
+    "frexp": lambda L: torch.frexp(L["a"] * 100)[0],
+    "ldexp": lambda L: torch.ldexp(L["a"], L["b"]),
+    "ldexp_int": lambda L: torch.ldexp(L["a"], torch.tensor([[1, -3, 0, 7, -1]])),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", sorted(SPECIAL))
+def test_special_functions_against_torch(name, dtype):
+    """The special functions' rules against PyTorch, with values past the Bessel series' switch at |x| = 8,
+    zeros (I1's limit 0.5 and nextafter's ties) and negative integer exponents (ldexp's integer power is 0)."""
+    a = leaf(3, 5, seed=11, dtype=dtype) * 5
+    with torch.no_grad():
+        a[0, 0], a[0, 1], a[1, 0] = 0.0, 9.5, -12.0
+    b = leaf(3, 5, seed=12, dtype=dtype)
+    with torch.no_grad():
+        b[0, 0] = a[0, 0]  # a tie: nextafter's gradient is 0 there
+    L = {"a": a, "b": b, "p": leaf(3, 5, seed=13, dtype=dtype, low=0.2, high=6.0),
+         "u": leaf(3, 5, seed=14, dtype=dtype, low=0.05, high=0.95)}
+    for t in L.values():
+        t.requires_grad_(True)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    check(weigh(SPECIAL[name](L)), L, **tol)
+
+
+# --- linalg: cholesky (deprecated form), cholesky_inverse, triangular_solve, renorm ----------------------------
+
+
+def _spd(n, seed, batch=()):
+    m = leaf(*batch, n, n, seed=seed)
+    return (m @ m.mT + n * torch.eye(n, dtype=D)).detach()
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_and_its_inverse(upper):
+    a = _spd(4, 20, (2,)).requires_grad_(True)
+    with warnings.catch_warnings():  # deprecated (warned once per process)
+        warnings.simplefilter("ignore")
+        f = torch.cholesky(a, upper=upper)
+    check(weigh(f), {"a": a}, expect_names=["CholeskyBackward0"])
+    fac = torch.linalg.cholesky(_spd(4, 21)).detach()
+    fac = (fac.mT if upper else fac).requires_grad_(True)
+    check(weigh(torch.cholesky_inverse(fac, upper=upper)), {"fac": fac}, expect_names=["CholeskyInverseBackward0"])
+
+
+@pytest.mark.parametrize("upper, transpose, unit", [(True, False, False), (False, True, False),
+                                                    (True, True, True), (False, False, True)])
+def test_triangular_solve_with_broadcast_batches(upper, transpose, unit):
+    """Both outputs used (the solution and A's copy); B broadcast over A's batch."""
+    a = (_spd(3, 22, (2,)) + leaf(2, 3, 3, seed=23)).requires_grad_(True)
+    b = leaf(3, 2, seed=24).requires_grad_(True)
+    with warnings.catch_warnings():  # deprecated (warned once per process)
+        warnings.simplefilter("ignore")
+        x, m = torch.triangular_solve(b, a, upper=upper, transpose=transpose, unitriangular=unit)
+    check(weigh(x) + weigh(m, seed=5), {"a": a, "b": b}, expect_names=["TriangularSolveBackward0"])
+
+
+@pytest.mark.parametrize("p, dim", [(2, 0), (1, 1), (3.5, -1), (float("inf"), 0)])
+def test_renorm(p, dim):
+    a = leaf(3, 4, 2, seed=25).requires_grad_(True)
+    check(weigh(torch.renorm(a, p, dim, 1.2)), {"a": a}, expect_names=["RenormBackward0"])
+
+
+# --- 0-d and empty tensors through index, product and determinant rules ----------------------------------------
+
+
+ZERO_D = {
+    "gather": lambda x, v: x.gather(0, torch.tensor([0])),
+    "scatter": lambda x, v: x.scatter(0, torch.tensor(0), v),
+    "put": lambda x, v: x.put(torch.tensor(0), v),
+    "index_fill": lambda x, v: x.index_fill(0, torch.tensor([0]), v),
+    "index_copy": lambda x, v: x.index_copy(0, torch.tensor([0]), v),
+    "index_reduce_prod": lambda x, v: x.index_reduce(0, torch.tensor([0]), v, "prod"),
+    "index_reduce_amax": lambda x, v: x.index_reduce(0, torch.tensor([0]), v, "amax", include_self=False),
+    "transpose": lambda x, v: x.transpose(0, -1) * v,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZERO_D))
+def test_zero_dim_tensors_index_as_one_element(name):
+    """PyTorch's index ops treat a 0-d tensor as one of shape (1,): the gradients agree, zero where written."""
+    x, v = torch.tensor(1.7, dtype=D, requires_grad=True), torch.tensor(-0.6, dtype=D, requires_grad=True)
+    check(weigh(ZERO_D[name](x, v)), {"x": x, "v": v})
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4)])
+def test_empty_products_and_determinants(shape):
+    x = torch.zeros(shape, dtype=D, requires_grad=True)
+    check(weigh(x.prod()) + weigh(x.prod(-1)) + weigh(x.cumprod(-1)), {"x": x})
+    m = torch.zeros((*shape[:-1], 0, 0), dtype=D, requires_grad=True)
+    check(weigh(torch.linalg.det(m)), {"m": m})
+
+
+# --- as_strided on a view of a bigger storage ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offset", [None, 0, 10, 7])
+def test_as_strided_of_a_leaf_that_is_a_view(offset):
+    """A leaf made from a slice of a bigger tensor: as_strided indexes the storage, and the gradient reaches
+    only the leaf's own part of it (zero where the view reads outside it)."""
+    base = leaf(20, seed=30).detach()
+    x = base[5:15].requires_grad_(True)
+    y = x.as_strided((2, 2), (1, 2)) if offset is None else x.as_strided((2, 2), (1, 2), offset)
+    check(weigh(y), {"x": x})
+
+
+def test_as_strided_of_an_unknown_layout_is_opaque_at_capture():
+    from autograd_run.capture.graph import from_torch
+    a = leaf(20, seed=31).requires_grad_(True)
+    y = (a * 2)[5:15].as_strided((2, 2), (1, 2), 0)
+    doc = from_torch([weigh(y)], names={"a": a}, reference=False)
+    (node,) = [n for n in doc["nodes"] if n["name"] == "AsStridedBackward0"]
+    assert "does not start its storage contiguously" in node["attrs"]["reason"]
+    y = (a * 2)[:12].as_strided((2, 3), (1, 2), 1)  # contiguous from the storage's start: replayed
+    check(weigh(y), {"a": a}, expect_names=["AsStridedBackward0"])
+
+
+# --- embedding_bag with empty bags when PyTorch saves no offset2bag (float32's fast path) -------------------------
+
+
+@pytest.mark.parametrize("offsets", [[0, 0, 3], [0, 2, 2, 5], [0, 5]])
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_empty_bags_float32(offsets, mode):
+    w = leaf(10, 4, seed=32, dtype=torch.float32).requires_grad_(True)
+    idx = torch.tensor([1, 5, 4, 5, 9])
+    psw = leaf(5, seed=33, dtype=torch.float32).requires_grad_(True) if mode == "sum" else None
+    y = torch.nn.functional.embedding_bag(idx, w, torch.tensor(offsets), mode=mode, per_sample_weights=psw)
+    check(weigh(y), {"w": w, "psw": psw}, rtol=1e-5, atol=1e-6)
+
+
+# --- the masked index ops of decompositions -------------------------------------------------------------------------
+
+
+def test_unsafe_masked_index_and_put_accumulate():
+    """Out-of-range indices where the mask is false are clamped, as PyTorch's CPU kernels do."""
+    x = leaf(4, 5, seed=34).requires_grad_(True)
+    v = leaf(3, 3, seed=35).requires_grad_(True)
+    mask = torch.tensor([[True], [False], [True]])
+    i0, i1 = torch.tensor([[0], [9], [3]]), torch.tensor([[1, 2, 4]])
+    y = torch.ops.aten._unsafe_masked_index(x, mask, [i0, i1], 0.5)
+    z = torch.ops.aten._unsafe_masked_index_put_accumulate(x * 1.5, mask, [i0, i1], v)
+    check(weigh(y) + weigh(z, seed=3), {"x": x, "v": v},
+          expect_names=["UnsafeMaskedIndexBackward0", "UnsafeMaskedIndexPutAccumulateBackward0"])

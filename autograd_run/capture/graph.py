@@ -469,7 +469,39 @@ def _unused_saved(fn) -> set:
     return set()
 
 
+def _as_strided_geometry(torch, fn) -> dict:
+    """Where as_strided's input lies in its storage: PyTorch keeps the input's strides and storage offset on the
+    node without exposing them, and its backward scatters through the storage into that layout. A leaf tells
+    them (``self_strides``, ``self_storage_offset``); any other input is measured by calling the node with a
+    random gradient: where that differs from the rule's default (the input contiguous from the storage's
+    start), the node is marked with ``geometry_unknown`` and stays opaque."""
+    nf = fn.next_functions[0][0] if fn.next_functions else None
+    var = getattr(nf, "variable", None)
+    if var is not None:
+        return {"self_strides": [int(s) for s in var.stride()], "self_storage_offset": int(var.storage_offset())}
+    size, stride, offset = list(fn._saved_size), list(fn._saved_stride), int(fn._saved_storage_offset or 0)
+    n = int(np.prod(size)) if size else 1
+    if n > 1_000_000:  # too big to measure here: the rule's default
+        return {}
+    g = torch.randn(size, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    try:
+        with torch.no_grad():
+            got = fn(g)
+    except RuntimeError:
+        return {}
+    got = got.detach().to(torch.float64).reshape(-1).numpy()
+    m = got.size
+    pos = _strided_index(size, stride, offset).reshape(-1)
+    storage = np.zeros(max(int(pos.max()) + 1 if pos.size else 0, m), dtype=np.float64)
+    np.add.at(storage, pos, g.reshape(-1).numpy())
+    if np.allclose(storage[:m], got, rtol=1e-12, atol=1e-12):
+        return {}
+    return {"geometry_unknown": True}
+
+
 _MEASURED = {
+    "AsStridedBackward0": _as_strided_geometry,
+    "AsStridedBackward0_copy": _as_strided_geometry,
     "StandardGammaBackward0": lambda torch, fn: {
         "grad_factor": torch._standard_gamma_grad(fn._saved_self, fn._saved_result)},
     "_DirichletBackward": _dirichlet_factor,
@@ -649,6 +681,8 @@ class _Capture:
             if op is not None and name in _MEASURED:
                 for field, v in _MEASURED[name](torch, fn).items():
                     saved[field] = arrays.put(f"{nid}.{field}", v) if isinstance(v, torch.Tensor) else v
+            if saved.pop("geometry_unknown", False) and not reason:
+                reason = "as_strided of an input that does not start its storage contiguously (its layout is not saved)"
             if op is not None and op.unsupported is not None and not reason:
                 reason = op.unsupported(saved)  # a variant of the op without a rule here
             attrs = {}

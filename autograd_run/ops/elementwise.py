@@ -18,7 +18,8 @@ import numpy as np
 
 from autograd_run.ops import cost
 from autograd_run.ops.arrays import each, keep_where, out_meta
-from autograd_run.ops.numeric import conj, digamma, erfinv, is_complex, num, real_for, sgn, trigamma
+from autograd_run.ops.numeric import (conj, digamma, erfinv, i0, i0e, i1, i1e, is_complex, num, polygamma, real_for,
+                                      sgn, trigamma)
 from autograd_run.ops.spec import op
 
 _LN2 = math.log(2.0)
@@ -607,6 +608,177 @@ def logaddexp2(node, grads, ctx):
     a, b = sv["self"], sv["other"]
     with np.errstate(over="ignore"):
         return each(node, lambda i: grads[0] / (1 + 2.0 ** (b - a if i == 0 else a - b)))
+
+
+@op("I0Backward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(40))
+def i0_(node, grads, ctx):
+    """I0(a): g I1(a)."""
+    x = ctx.saved(node)["self"]
+    return each(node, lambda i: grads[0] * i1(ctx.xp(node), x))
+
+
+@op("SpecialI0EBackward0", outputs=1, saved="self:tensor result:tensor", elementwise=True, cost=cost.pointwise(40))
+def i0e_(node, grads, ctx):
+    """exp(-|a|) I0(a): g (I1e(a) - sgn(a) I0e(a))."""
+    sv = ctx.saved(node)
+    x, r, xp = sv["self"], sv["result"], ctx.xp(node)
+    return each(node, lambda i: grads[0] * (i1e(xp, x) - xp.sign(x) * r))
+
+
+def _tiny_guarded(xp, x, r, rest):
+    """PyTorch's ``i1_backward`` / ``i1e_backward`` guard: where |a| is above the dtype's epsilon the
+    derivative ``rest(a, 1/a)``, else its limit 0.5 (the formula would divide by zero)."""
+    eps = np.finfo(x.dtype).eps
+    ok = xp.abs(x) > eps
+    safe = xp.where(ok, x, x.dtype.type(eps))
+    return xp.where(ok, rest(safe, 1.0 / safe), x.dtype.type(0.5))
+
+
+@op("SpecialI1Backward0", outputs=1, saved="self:tensor result:tensor", elementwise=True, cost=cost.pointwise(40))
+def i1_(node, grads, ctx):
+    """I1(a): g (I0(a) - I1(a) / a); 0.5 g where |a| <= eps."""
+    sv = ctx.saved(node)
+    x, r, xp = sv["self"], sv["result"], ctx.xp(node)
+    d = _tiny_guarded(xp, x, r, lambda s, inv: i0(xp, s) - r * inv)
+    return each(node, lambda i: grads[0] * d)
+
+
+@op("SpecialI1EBackward0", outputs=1, saved="self:tensor result:tensor", elementwise=True, cost=cost.pointwise(40))
+def i1e_(node, grads, ctx):
+    """exp(-|a|) I1(a): g (I0e(a) - I1e(a) (sgn(a) + 1/a)); 0.5 g where |a| <= eps."""
+    sv = ctx.saved(node)
+    x, r, xp = sv["self"], sv["result"], ctx.xp(node)
+    d = _tiny_guarded(xp, x, r, lambda s, inv: i0e(xp, s) - r * (xp.sign(s) + inv))
+    return each(node, lambda i: grads[0] * d)
+
+
+@op("PolygammaBackward0", outputs=1, saved="n:int self:tensor", elementwise=True, cost=cost.pointwise(60))
+def polygamma_(node, grads, ctx):
+    """polygamma(n, a): g polygamma(n + 1, a)."""
+    sv = ctx.saved(node)
+    return each(node, lambda i: grads[0] * polygamma(ctx.xp(node), int(sv["n"]) + 1, sv["self"]))
+
+
+@op("MvlgammaBackward0", outputs=1, saved="p:int self:tensor", elementwise=True, cost=cost.pointwise(60))
+def mvlgamma_(node, grads, ctx):
+    """The multivariate log-gamma of order p: g times the sum over k < p of digamma(a - k/2)."""
+    sv = ctx.saved(node)
+    x, p, xp = sv["self"], int(sv["p"]), ctx.xp(node)
+    offsets = (-p / 2.0 + 0.5 + 0.5 * np.arange(p)).astype(x.dtype)  # PyTorch: arange(-p/2 + 0.5, 0.5, 0.5)
+    return each(node, lambda i: grads[0] * digamma(xp, x[..., None] + xp.asarray(offsets)).sum(-1))
+
+
+def _xlog1py_self(xp, g, x, y):
+    """The gradient of x log1p(y) to x: g log1p(y), 0 where g == 0, and 0 where x == 0 and y <= -1."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = xp.where(g == 0, g.dtype.type(0), g * xp.log1p(y))
+    return xp.where((x == 0) & (y <= -1), d.dtype.type(0), d)
+
+
+@op("SpecialXlog1PyBackward0", outputs=2, saved="self:tensor other:tensor", elementwise=True,
+    cost=cost.pointwise(4))
+def xlog1py(node, grads, ctx):
+    """x log1p(y): g log1p(y) (0 where g == 0, or x == 0 and y <= -1) to x; g x / (y + 1) to y."""
+    sv = ctx.saved(node)
+    x, y, g, xp = sv["self"], sv["other"], grads[0], ctx.xp(node)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return each(node, lambda i: _xlog1py_self(xp, g, x, y) if i == 0 else g * x / (y + 1))
+
+
+@op("SpecialXlog1PyBackward1", outputs=1, saved="self:scalar other:tensor", elementwise=True,
+    cost=cost.pointwise(2))
+def xlog1py_scalar_self(node, grads, ctx):
+    """x log1p(y) with x a number: g x / (y + 1)."""
+    sv = ctx.saved(node)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return each(node, lambda i: grads[0] * num(sv["self"]) / (sv["other"] + 1))
+
+
+@op("SpecialXlog1PyBackward2", outputs=1, saved="self:tensor other:scalar", elementwise=True,
+    cost=cost.pointwise(2))
+def xlog1py_scalar_other(node, grads, ctx):
+    """x log1p(y) with y a number: g log1p(y) (0 where g == 0; also where x == 0 if y <= -1)."""
+    sv = ctx.saved(node)
+    g, xp = grads[0], ctx.xp(node)
+    y = xp.asarray(num(sv["other"]), dtype=g.dtype)
+    return each(node, lambda i: _xlog1py_self(xp, g, sv["self"], y))
+
+
+@op("SpecialEntrBackward0", outputs=1, saved="self:tensor", elementwise=True, cost=cost.pointwise(4))
+def entr(node, grads, ctx):
+    """-a log a: -g (1 + log a)."""
+    x = ctx.saved(node)["self"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return each(node, lambda i: grads[0] * (-(1 + ctx.xp(node).log(x))))
+
+
+@op("SpecialNdtriBackward0", outputs=1, saved="result:tensor", elementwise=True, cost=cost.pointwise(4))
+def ndtri(node, grads, ctx):
+    """The normal quantile r = ndtri(a): g sqrt(2 pi) exp(r**2 / 2)."""
+    r = ctx.saved(node)["result"]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return each(node, lambda i: grads[0] * math.sqrt(2 * math.pi) * ctx.xp(node).exp(r * r / 2))
+
+
+@op("SpecialLogNdtrBackward0", outputs=1, saved="self:tensor result:tensor", elementwise=True,
+    cost=cost.pointwise(4))
+def log_ndtr(node, grads, ctx):
+    """r = log Phi(a): g / sqrt(2 pi) exp(-(r + a**2 / 2))."""
+    sv = ctx.saved(node)
+    x, r = sv["self"], sv["result"]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return each(node, lambda i: grads[0] / math.sqrt(2 * math.pi) * ctx.xp(node).exp(-(r + x ** 2 / 2)))
+
+
+@op("SpecialErfcxBackward0", outputs=1, saved="self:tensor result:tensor", elementwise=True,
+    cost=cost.pointwise(4))
+def erfcx(node, grads, ctx):
+    """r = exp(a**2) erfc(a): (2 a r - 2/sqrt(pi)) g."""
+    sv = ctx.saved(node)
+    x, r = sv["self"], sv["result"]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return each(node, lambda i: (2.0 * x * r - _TWO_OVER_SQRT_PI) * grads[0])
+
+
+@op("NextafterBackward0", outputs=2, saved="self:tensor other:tensor", elementwise=True, cost=cost.pointwise(1))
+def nextafter(node, grads, ctx):
+    """nextafter(a, b), one step of a towards b: the gradient passes to a where a != b (0 where they tie),
+    zeros to b."""
+    sv = ctx.saved(node)
+    x, y, g, xp = sv["self"], sv["other"], grads[0], ctx.xp(node)
+    return each(node, lambda i: xp.where(x != y, g, g.dtype.type(0)) if i == 0 else _zeros_for(node, 1, xp, g))
+
+
+@op("FrexpBackward0", outputs=1, saved="exponent:tensor", elementwise=True, cost=cost.pointwise(2))
+def frexp(node, grads, ctx):
+    """The mantissa m = a / 2**e of frexp: g / 2**e (2**e in float32, as PyTorch's exp2 of the int exponent)."""
+    e = ctx.saved(node)["exponent"]
+    xp = ctx.xp(node)
+    with np.errstate(divide="ignore", over="ignore"):
+        return each(node, lambda i: grads[0] / xp.exp2(e.astype(np.float32)))
+
+
+def _int_pow2(xp, e):
+    """2**e for an integer array as an integer power computes it: 0 for a negative e, wrapping past the type."""
+    bits = np.iinfo(e.dtype).bits
+    ok = (e >= 0) & (e < bits)
+    one = xp.ones_like(e)
+    return xp.where(ok, xp.left_shift(one, xp.where(ok, e, 0)), 0)
+
+
+@op("LdexpBackward0", outputs=2, saved="other:tensor result:tensor", elementwise=True, cost=cost.pointwise(4))
+def ldexp(node, grads, ctx):
+    """r = a 2**b: g 2**b to a (an integer power for an integer b), g r ln 2 to b."""
+    sv = ctx.saved(node)
+    b, r, g, xp = sv["other"], sv["result"], grads[0], ctx.xp(node)
+
+    def out(i):
+        with np.errstate(over="ignore", invalid="ignore"):
+            if i == 0:
+                scale = _int_pow2(xp, b) if b.dtype.kind in "iu" else xp.power(b.dtype.type(2), b)
+                return g * scale.astype(g.dtype, copy=False)
+            return g * r * _LN2
+    return each(node, out)
 
 
 # --- clamp, minimum, maximum, where -----------------------------------------------------------------------

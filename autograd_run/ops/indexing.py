@@ -90,6 +90,8 @@ def flat_positions(xp, index, dim: int, shape) -> "object":
     index = xp.asarray(index).astype(xp.int64, copy=False)
     if index.ndim == 0:
         return index.reshape(())
+    if len(shape) == 0:  # a 0-d tensor indexes as one of shape (1,), as PyTorch's gather/scatter do
+        shape = (1,)
     index = xp.where(index < 0, index + shape[dim], index)
     lin = xp.zeros(index.shape, dtype=xp.int64)
     stride = 1
@@ -120,7 +122,7 @@ def gather_along(xp, g, dim: int, index):
 
 def _zero_at(xp, g, dim: int, index):
     """g.scatter(dim, index, 0): a copy with the positions index selects set to zero."""
-    out = g.copy()
+    out = xp.array(g, copy=True)  # an array even for a 0-d g (numpy's 0-d results are scalars, copied on reshape)
     out.reshape(-1)[flat_positions(xp, index, dim, g.shape).reshape(-1)] = 0
     return out
 
@@ -206,15 +208,20 @@ def index_reduce(node, grads, ctx):
     sv = ctx.saved(node)
     g = grads[0]
     xp = ctx.xp(node)
-    src = sv["source"]
+    src, x, result = sv["source"], sv["self"], sv["result"]
+    scalar = g.ndim == 0
+    if scalar:  # a 0-d self (and source) reduces as one of shape (1,), as PyTorch's index ops treat it
+        g, x, src, result = (xp.asarray(t).reshape(1) for t in (g, x, src, result))
     dim = _sdim(sv, g.ndim)
     index = xp.asarray(sv["index"]).reshape(-1).astype(xp.int64)
     shape = [1] * src.ndim
     if src.ndim:
         shape[dim] = index.shape[0]
         index = xp.broadcast_to(index.reshape(shape), src.shape)
-    gs, gsrc = _scatter_reduce_grads(xp, g, sv["self"], src, sv["result"], index, dim, sv["reduce"],
+    gs, gsrc = _scatter_reduce_grads(xp, g, x, src, result, index, dim, sv["reduce"],
                                      bool(sv.get("include_self", True)))
+    if scalar:
+        gs, gsrc = gs.reshape(()), gsrc.reshape(out_meta(node, 1).shape) if node.next[1] is not None else gsrc
     return each(node, lambda i: gs if i == 0 else gsrc)
 
 
@@ -284,7 +291,8 @@ def index_select(node, grads, ctx):
 
 
 def _take(xp, g, dim, index):
-    return xp.take(g, xp.asarray(index).reshape(-1), axis=dim)
+    """The rows of g along dim at index (a 0-d g as one of shape (1,), as PyTorch's index ops treat it)."""
+    return xp.take(g.reshape(1) if g.ndim == 0 else g, xp.asarray(index).reshape(-1), axis=dim)
 
 
 def _fit(xp, t, node, i):
@@ -298,10 +306,12 @@ def _fit(xp, t, node, i):
 
 
 def _index_zeroed(xp, g, dim, index):
-    out = g.copy()
-    idx = [slice(None)] * g.ndim
+    """g with the rows along dim at index set to zero (a 0-d g as one of shape (1,))."""
+    out = xp.array(g, copy=True)
+    flat = out.reshape(1) if out.ndim == 0 else out
+    idx = [slice(None)] * flat.ndim
     idx[dim] = xp.asarray(index).reshape(-1)
-    out[tuple(idx)] = 0
+    flat[tuple(idx)] = 0
     return out
 
 
@@ -403,6 +413,47 @@ def index(node, grads, ctx):
     return each(node, out)
 
 
+def _clamped_indices(xp, sv, sizes):
+    """The saved indices each clamped to [-n, n - 1] of the dim it indexes, as PyTorch's CPU kernels of the
+    masked index ops clamp them (where the mask is false an index may be out of range)."""
+    out = []
+    for k, t in enumerate(tensor_list(sv, "indices")):
+        out.append(None if t is None else xp.clip(xp.asarray(t), -int(sizes[k]), int(sizes[k]) - 1))
+    return out
+
+
+@op("UnsafeMaskedIndexBackward0", outputs=1, saved="self_sym_sizes:sizes indices:tensors mask:tensor", cost=cost.COPY)
+def unsafe_masked_index(node, grads, ctx):
+    """where(mask, a[idx], fill) (aten._unsafe_masked_index, from decompositions such as upsampling): the
+    gradient where mask holds added back at the positions read."""
+    sv = ctx.saved(node)
+    g = grads[0]
+    xp = ctx.xp(node)
+    sizes = tuple(sv["self_sym_sizes"])
+
+    def out(i):
+        z = xp.zeros(sizes, dtype=g.dtype)
+        add_at(xp, z, index_tuple(xp, _clamped_indices(xp, sv, sizes)), xp.where(sv["mask"], g, g.dtype.type(0)))
+        return z
+    return each(node, out)
+
+
+@op("UnsafeMaskedIndexPutAccumulateBackward0", outputs=2, saved="indices:tensors mask:tensor", cost=cost.COPY)
+def unsafe_masked_index_put_accumulate(node, grads, ctx):
+    """a.index_put(idx, where(mask, values, 0), accumulate=True) (aten._unsafe_masked_index_put_accumulate):
+    a gets the gradient, values the gradient read at idx where mask holds (summed to values' shape)."""
+    sv = ctx.saved(node)
+    g = grads[0]
+    xp = ctx.xp(node)
+
+    def out(i):
+        if i == 0:
+            return g
+        read = xp.where(sv["mask"], g[index_tuple(xp, _clamped_indices(xp, sv, g.shape))], g.dtype.type(0))
+        return sum_to(xp, read, out_meta(node, i).shape)
+    return each(node, out)
+
+
 @op("IndexPutBackward0", "IndexPutImplBackward0", "UnsafeIndexPutBackward0", outputs=2,
     saved="indices:tensors accumulate:bool",
     cost=cost.COPY)
@@ -418,7 +469,7 @@ def index_put(node, grads, ctx):
             return sum_to(xp, g[where], out_meta(node, i).shape)
         if sv.get("accumulate"):
             return g
-        r = g.copy()
+        r = xp.array(g, copy=True)
         r[where] = 0
         return r
     return each(node, out)
@@ -507,7 +558,7 @@ def put(node, grads, ctx):
             return g.reshape(-1)[index].reshape(out_meta(node, i).shape)
         if sv.get("accumulate"):
             return g
-        r = g.copy()
+        r = xp.array(g, copy=True)  # an array even for a 0-d g (numpy's 0-d results are scalars)
         r.reshape(-1)[index] = 0
         return r
     return each(node, out)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, signed
+from autograd_run.ops.arrays import each, signed, sum_to
 from autograd_run.ops.numeric import conj, num, sgn
 from autograd_run.ops.spec import op
 
@@ -290,6 +290,8 @@ def det(node, grads, ctx):
     """det(A): g times the conjugated cofactor matrix (g conj(det) inv(A)^H when A is invertible)."""
     a = ctx.saved(node)["A"]
     xp = ctx.xp(node)
+    if a.size == 0:  # 0 x 0 matrices (det 1) or an empty batch: an empty gradient
+        return each(node, lambda i: xp.zeros(a.shape, dtype=xp.result_type(a, grads[0])))
     return each(node, lambda i: grads[0][..., None, None] * _cofactor(xp, a))
 
 
@@ -368,19 +370,109 @@ def solve_triangular(node, grads, ctx):
     return each(node, lambda i: ga if i == 0 else gb)
 
 
-@op("LinalgCholeskyExBackward0", outputs=1, saved="L:tensor upper:bool?", cost=_CUBE)
-def cholesky(node, grads, ctx):
-    """cholesky(A) = L (A = L L^H): L^-H N L^-1, N = (tril(L^H gL) + tril(L^H gL, -1)^H) / 2 (as PyTorch)."""
-    sv = ctx.saved(node)
-    xp = ctx.xp(node)
-    low, gl = sv["L"], grads[0]
-    if sv.get("upper"):
+def _cholesky_grad(xp, low, gl, upper):
+    """The gradient of A from that of its Cholesky factor: L^-H N L^-1, N = (tril(L^H gL) + tril(L^H gL, -1)^H)
+    / 2 (as PyTorch's cholesky_backward); an upper factor U = L^H is handled through its transpose."""
+    if upper:
         low, gl = _mh(low), _mh(gl)
     m = _mh(low) @ gl
     n = 0.5 * (xp.tril(m) + _mh(xp.tril(m, -1)))
     y = _solve_tri(xp, _mh(low), n, upper=True)  # L^-H N
-    ga = _solve_tri(xp, low, y, upper=False, left=False)  # ... L^-1
+    return _solve_tri(xp, low, y, upper=False, left=False)  # ... L^-1
+
+
+@op("LinalgCholeskyExBackward0", outputs=1, saved="L:tensor upper:bool?", cost=_CUBE)
+def cholesky(node, grads, ctx):
+    """linalg.cholesky(A) = L (A = L L^H): see ``_cholesky_grad``."""
+    sv = ctx.saved(node)
+    ga = _cholesky_grad(ctx.xp(node), sv["L"], grads[0], bool(sv.get("upper")))
     return each(node, lambda i: ga)
+
+
+@op("CholeskyBackward0", outputs=1, saved="result:tensor upper:bool?", cost=_CUBE)
+def cholesky_old(node, grads, ctx):
+    """torch.cholesky(A, upper) (deprecated, the factor saved as ``result``): as linalg.cholesky."""
+    sv = ctx.saved(node)
+    ga = _cholesky_grad(ctx.xp(node), sv["result"], grads[0], bool(sv.get("upper")))
+    return each(node, lambda i: ga)
+
+
+@op("CholeskyInverseBackward0", outputs=1, saved="self:tensor result:tensor upper:bool?", cost=_CUBE)
+def cholesky_inverse(node, grads, ctx):
+    """cholesky_inverse(L) = (L L^H)^-1 = R: -(R (g + g^H) R) L, or -U (R (g + g^H) R) for an upper factor."""
+    sv = ctx.saved(node)
+    fac, inv, g = sv["self"], sv["result"], grads[0]
+    common = inv @ ((g + _mh(g)) @ inv)
+    ga = -(fac @ common) if sv.get("upper") else -(common @ fac)
+    return each(node, lambda i: ga)
+
+
+@op("TriangularSolveBackward0", outputs=2,
+    saved="self:tensor A:tensor solution:tensor upper:bool transpose:bool? unitriangular:bool?", cost=_CUBE)
+def triangular_solve(node, grads, ctx):
+    """torch.triangular_solve(B, A, upper, transpose, unitriangular) = (X, A's copy): op(A) X = B with op the
+    transpose or not. B gets op(A)^-H g_X; A gets -gB X^H (or -conj(X) gB^T transposed), kept on A's triangle
+    (off the diagonal when unit), plus the gradient of the copy; both summed over broadcast batch dims."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, b, x = sv["A"], sv["self"], sv["solution"]
+    upper, trans, unit = bool(sv["upper"]), bool(sv.get("transpose")), bool(sv.get("unitriangular"))
+    gx = grads[0] if grads else None
+    gm = grads[1] if len(grads) > 1 else None
+    m = _tri(xp, a, upper)
+    if unit:
+        m = m - m * _eye_like(xp, m) + _eye_like(xp, m)
+    gb = ga = None
+    if gx is not None:
+        op_h = conj(m) if trans else _mh(m)  # op(A)^H
+        gb = xp.linalg.solve(op_h, gx)
+        ga = -(conj(x) @ gb.swapaxes(-1, -2)) if trans else -(gb @ _mh(x))
+        ga = _tri(xp, ga, upper, 1 if unit else 0)
+    if gm is not None:
+        ga = gm if ga is None else ga + gm
+
+    def out(i):
+        t = gb if i == 0 else ga
+        shape = (b if i == 0 else a).shape
+        if t is None:
+            return xp.zeros(shape, dtype=(gx if gx is not None else gm).dtype)
+        return sum_to(xp, t, shape)
+    return each(node, out)
+
+
+@op("RenormBackward0", outputs=1, saved="self:tensor p:scalar dim:int maxnorm:scalar", cost=cost.reduction(6))
+def renorm(node, grads, ctx):
+    """a.renorm(p, dim, maxnorm): each slice along dim whose p-norm n exceeds maxnorm is scaled by
+    f = maxnorm / (n + 1e-7); its gradient f (g - nb / (n + 1e-7)) with nb the norm's gradient times
+    sum(conj(a) g) over the slice (PyTorch's renorm_backward); other slices pass g through."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    x, g = sv["self"], grads[0]
+    p, maxnorm = num(sv["p"]), num(sv["maxnorm"])
+    d = signed(sv["dim"]) % max(x.ndim, 1)
+    axes = tuple(k for k in range(x.ndim) if k != d)
+    pf = float(p)
+    a = xp.abs(x)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if math.isinf(pf):
+            norm = a.max(axis=axes, keepdims=True) if pf > 0 else a.min(axis=axes, keepdims=True)
+        elif pf == 0:
+            norm = (x != 0).sum(axis=axes, keepdims=True).astype(a.dtype)
+        elif pf == 1:
+            norm = a.sum(axis=axes, keepdims=True)
+        elif pf == 2:
+            norm = xp.sqrt((a * a).sum(axis=axes, keepdims=True))
+        else:
+            norm = (a ** pf).sum(axis=axes, keepdims=True) ** (1.0 / pf)
+        go = conj(x) * g
+        go = (go.real if go.dtype.kind == "c" else go).sum(axis=axes, keepdims=True)
+        nb = norm_backward(xp, go, x, p, norm, list(axes), True)
+        if nb is None:
+            nb = xp.zeros_like(g)
+        inv = 1.0 / (norm + 1e-7)
+        factor = inv * maxnorm
+        r = xp.where(norm > maxnorm, factor * g - factor * inv * nb, g)
+    return each(node, lambda i: r.astype(g.dtype, copy=False))
 
 
 @op("CholeskySolveBackward0", outputs=2, saved="self:tensor input2:tensor result:tensor upper:bool?", cost=_CUBE)

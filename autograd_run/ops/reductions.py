@@ -220,6 +220,8 @@ def cumprod(node, grads, ctx):
     xp = ctx.xp(node)
     if g.ndim == 0:
         return each(node, lambda i: g)
+    if g.size == 0:  # an empty input: an empty gradient
+        return each(node, lambda i: xp.zeros(x.shape, dtype=g.dtype))
     d = signed(sv["dim"]) % g.ndim
     g, x, y = (xp.moveaxis(t, d, -1) for t in (g, x, y))
     n = x.shape[-1]
@@ -265,6 +267,8 @@ def logcumsumexp(node, grads, ctx):
 def _product_of_others(xp, x, axis):
     """For each element, the product of the others along ``axis`` (prefix times suffix products: zeros are fine)."""
     x = xp.moveaxis(x, axis, -1)
+    if x.shape[-1] == 0:  # an empty slice: nothing to multiply, an empty gradient
+        return xp.moveaxis(xp.zeros_like(x), -1, axis)
     ones = xp.ones(x.shape[:-1] + (1,), dtype=x.dtype)
     left = xp.concatenate([ones, xp.cumprod(x[..., :-1], axis=-1)], axis=-1)
     right = xp.flip(xp.concatenate([ones, xp.cumprod(xp.flip(x, -1)[..., :-1], axis=-1)], axis=-1), -1)
@@ -280,7 +284,7 @@ def prod_all(node, grads, ctx):
     sv = ctx.saved(node)
     x = sv["self"]
     xp = ctx.xp(node)
-    if int((x == 0).sum()) > 1:
+    if int((x == 0).sum()) > 1 or x.size == 0:
         return each(node, lambda i: xp.zeros(x.shape, dtype=grads[0].dtype))
     others = _product_of_others(xp, x.reshape(-1), 0).reshape(x.shape)
     return each(node, lambda i: grads[0] * others.conj())

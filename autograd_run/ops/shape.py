@@ -21,7 +21,10 @@ def t(node, grads, ctx):
 def transpose(node, grads, ctx):
     """a.transpose(d0, d1) (and in place, transpose_)."""
     d0, d1 = signed(node.saved["dim0"]), signed(node.saved["dim1"])
-    return each(node, lambda i: grads[0].swapaxes(d0, d1))
+    g = grads[0]
+    if g.ndim == 0:  # a 0-d tensor transposes its dims 0 / -1 with themselves: the gradient as it is
+        return each(node, lambda i: g)
+    return each(node, lambda i: g.swapaxes(d0, d1))
 
 
 @op("PermuteBackward0", "PermuteBackward0_copy", outputs=1, saved="dims:ints", cost=cost.VIEW, views="permute")
@@ -453,30 +456,33 @@ def _extent(sizes, strides, offset):
 
 
 @op("AsStridedBackward0", "AsStridedBackward1", "AsStridedBackward0_copy", outputs=1,
-    saved="size:sizes stride:ints storage_offset:int?",
+    saved="size:sizes stride:ints storage_offset:int? self_strides:ints? self_storage_offset:int?",
     cost=cost.reduction(1))
 def as_strided(node, grads, ctx):
     """a.as_strided(size, stride, offset): each element's gradient added to the storage position it read.
 
-    The input is taken as contiguous from the start of its storage (its
-    strides are not saved by PyTorch): true of the fresh or contiguous
-    tensors as_strided is used on, and of the bases that PyTorch re-views
-    after an in-place write to a view.
+    The input lies in the storage as ``self_strides`` and ``self_storage_offset`` say (capture records them
+    for a leaf; PyTorch keeps them on the node without exposing them); without them it is taken as contiguous
+    from the start of its storage: true of the fresh or contiguous tensors as_strided is used on, and of the
+    bases that PyTorch re-views after an in-place write to a view (capture checks it on other inputs).
     """
     g = grads[0]
     sv = node.saved
     xp = ctx.xp(node)
     size = [int(n) for n in sv["size"]]
     stride = [signed(s) for s in sv["stride"]]
-    offset = signed(sv.get("storage_offset")) or 0
+    in_offset = signed(sv.get("self_storage_offset")) or 0
+    offset = sv.get("storage_offset")
+    offset = in_offset if offset is None else signed(offset)  # none given: the input's own offset, as PyTorch
 
     def out(i):
         in_sizes = out_meta(node, i).shape
-        in_strides = _contiguous_strides(in_sizes)
-        n = max(_extent(in_sizes, in_strides, 0), _extent(size, stride, offset))
+        in_strides = sv.get("self_strides")
+        in_strides = _contiguous_strides(in_sizes) if in_strides is None else [signed(s) for s in in_strides]
+        n = max(_extent(in_sizes, in_strides, in_offset), _extent(size, stride, offset))
         storage = xp.zeros(n, dtype=g.dtype)
         add_at(xp, storage, _storage_index(xp, size, stride, offset).reshape(-1), g.reshape(-1))
-        return storage[_storage_index(xp, in_sizes, in_strides, 0)]
+        return storage[_storage_index(xp, in_sizes, in_strides, in_offset)]
     return each(node, out)
 
 

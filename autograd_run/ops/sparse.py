@@ -29,8 +29,9 @@ def _add_rows(xp, target, rows, values):
 def _offset2bag(xp, offsets, n):
     """The bag of each of ``n`` indices, from the bags' start offsets (when the forward did not save it)."""
     marks = xp.zeros(n + 1, dtype=np.int64)
-    starts = offsets[(offsets > 0) & (offsets <= n)]
+    starts = offsets[(offsets >= 0) & (offsets <= n)]  # every bag's start, empty bags (repeated offsets) too
     _add_rows(xp, marks, starts, xp.ones(starts.shape, dtype=np.int64))
+    marks[0] -= 1  # the first bag is bag 0
     return xp.cumsum(marks)[:n]
 
 
