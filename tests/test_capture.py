@@ -119,21 +119,21 @@ def test_grad_inputs_subset(tmp_path):
     assert all(p.grad is None for p in m.parameters())
 
 
-class _Cube(torch.autograd.Function):
-    """A user-defined function: its node (_CubeBackward) can have no rule here."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x ** 3
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return 3 * x ** 2 * g
-
-
 def test_opaque_ops_are_captured_with_shapes(tmp_path):
+    class _Cube(torch.autograd.Function):
+        """Defined in a function: not importable by name, so its node (_CubeBackward) stays opaque (an
+        importable one becomes a python node: tests/test_capture_custom_function.py)."""
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 3 * x ** 2 * g
+
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     loss = _Cube.apply(x * 2).sum()
     path = str(tmp_path / "ce.json")

@@ -130,10 +130,14 @@ class ScaledRecompute(RecomputeTanh):
         return dx * 0.5
 
 
-class Cube(torch.autograd.Function):
+class CubeKeepingAModule(torch.autograd.Function):
+    """A Python-only backward whose ctx holds a module: no file can hold it (an importable Function with
+    data-only ctx becomes a python node instead: tests/test_capture_custom_function.py)."""
+
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
+        ctx.act = torch.nn.Tanh()
         return x ** 3
 
     @staticmethod
@@ -159,7 +163,8 @@ def test_a_custom_function_with_a_nested_grad_call_is_kept_and_runs_under_grad(t
 
 
 @pytest.mark.parametrize("fn, why", [
-    (Cube, "its backward is Python code that builds no autograd graph"),
+    (CubeKeepingAModule, "builds no autograd graph (no nested backward() or grad() call whose graph could be "
+                         "replayed), and its ctx.act is a Tanh a graph file cannot hold"),
     (ScaledRecompute, "is not one its nested grad() computed"),
 ])
 def test_custom_functions_that_cannot_be_kept_are_opaque_saying_why(tmp_path, fn, why):

@@ -83,10 +83,10 @@ class CheckReport:
 
 
 def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = None,
-                allow_opaque: bool = False) -> CheckReport:
+                allow_opaque: bool = False, allow_python: bool = False) -> CheckReport:
     order, ref_grads = read_reference(graph)
     rec = OrderRecorder()
-    eng = Engine(tracer=rec, multithreading=False)
+    eng = Engine(tracer=rec, multithreading=False, allow_python=allow_python)
     res = run_graph(eng, graph, GraphState(graph), retain_graph=True, allow_unused=True)
     acc_var = {n.id: n.variable for n in graph.nodes}
     got = [[r.name, r.seq, acc_var.get(r.node_id)] for r in rec.executed()]

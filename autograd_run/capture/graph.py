@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from autograd_run.capture.inner import custom_function_reason, is_custom_function
+from autograd_run.capture.inner import custom_function_reason, function_state, is_custom_function
 from autograd_run.graphs.model import FORMAT
 from autograd_run.ops import OPAQUE, lookup
 
@@ -546,6 +546,8 @@ class _Capture:
         self.var_of: dict = {}
         #: Custom autograd.Function nodes without a rule: resolved by the reference run (``capture.inner``).
         self.custom: list = []
+        #: custom Function node -> what replaying its backward as Python needs (``python_function``), or why not
+        self.custom_state: dict = {}
         #: The storage of every saved tensor (the document's ``storage`` section).
         self.storages = _Storages()
         #: grad_fn -> (the first node in walk order with an edge to it, that edge's index).
@@ -646,6 +648,8 @@ class _Capture:
             if op is None and is_custom_function(fn):
                 self.custom.append(fn)
                 reason = custom_function_reason(fn, "its backward did not run in the reference backward")
+                if self.values:  # read now: the reference backward frees the saved tensors
+                    self.custom_state[fn] = function_state(_torch(), fn, nid, arrays)
             elif op is None or op.engine:  # PyTorch's own nodes never run as one of our synthetic kinds
                 op, reason = None, f"no backward rule for {name}"
             if not self.values and not (op is None and is_custom_function(fn)):

@@ -23,14 +23,22 @@ reference backward:
   (``autograd_run.graphs.checkpoints``) and the detached inputs become
   variables named ``<node id>.input<k>``. Nested checkpoints recurse.
 
-Any other custom Function stays ``opaque`` with ``attrs.reason`` saying
-why: a backward that is Python code building no graph (most of them: the
-arithmetic it does is not recorded anywhere autograd can see), or one that
-transforms the nested gradients before returning them.
+A custom Function whose backward builds no graph (most of them: the
+arithmetic it does is not recorded anywhere autograd can see) becomes a
+``python`` node that calls its own ``backward`` again at replay
+(``autograd_run.engine.callables.autograd_function``, run only with
+``--allow-python``), when capture can hold what the backward reads: the
+class importable by name (``attrs.function``, ``module:Qualname``), the
+tensors it saved (``saved``: ``saved_tensors.<k>``) and the attributes its
+forward set on ``ctx`` as data (``attrs.ctx``: numbers, strings, flags,
+lists of them; tensors go to ``saved`` as ``ctx.<name>``). Otherwise, and
+for one that transforms the nested gradients before returning them, it
+stays ``opaque`` with ``attrs.reason`` saying why.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -47,6 +55,80 @@ def custom_function_reason(fn, why: str) -> str:
 
 NO_GRAPH = ("its backward is Python code that builds no autograd graph (no nested backward() or grad() call "
             "whose graph could be replayed)")
+
+#: The shipped callable that replays a custom Function's own backward (``python`` nodes).
+FUNCTION_CALLABLE = "autograd_run.engine.callables:autograd_function"
+#: The node's own attributes, not ones the user's forward set on ctx.
+_CTX_SKIP = {"to_save", "non_differentiable", "dirty_tensors", "saved_variables", "needs_input_grad",
+             "materialize_grads"}
+
+
+def _importable(cls) -> str | None:
+    """``module:Qualname`` when importing it by name gives this very class; else None."""
+    import importlib
+    mod, qual = getattr(cls, "__module__", None), getattr(cls, "__qualname__", "")
+    if not mod or mod == "__main__" or "<locals>" in qual:
+        return None
+    try:
+        obj = importlib.import_module(mod)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{mod}:{qual}" if obj is cls else None
+
+
+def _ctx_value(torch, v):
+    """A ctx attribute as JSON data, or raise TypeError."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"float": str(v)}
+    if isinstance(v, (int, float)):
+        return v
+    if isinstance(v, torch.Size):
+        return [int(n) for n in v]
+    if isinstance(v, (list, tuple)):
+        return [_ctx_value(torch, x) for x in v]
+    if isinstance(v, torch.dtype):
+        return {"dtype": str(v).replace("torch.", "")}
+    raise TypeError(type(v).__name__)
+
+
+def function_state(torch, fn, nid: str, arrays):
+    """What replaying custom Function node ``fn``'s backward needs: ``(attrs, saved)``, or why not (a str).
+
+    Read while the forward's saved tensors still exist (before the reference backward)."""
+    cls = getattr(fn, "_forward_cls", None)
+    where = _importable(cls) if cls is not None else None
+    if where is None:
+        return ("its class is not importable by name (defined in __main__, a script or a function), so a "
+                "replay cannot call its backward")
+    if getattr(cls, "backward", None) is None:
+        return "it has no backward of its own to call"
+    try:
+        saved_tensors = fn.saved_tensors
+    except RuntimeError as e:
+        return f"its saved tensors cannot be read ({str(e)[:80]})"
+    saved = {}
+    for k, t in enumerate(saved_tensors):
+        saved[f"saved_tensors.{k}"] = None if t is None else arrays.put(f"{nid}.saved_tensors.{k}", t)
+    ctx = {}
+    for name, v in sorted(vars(fn).items()):
+        if name.startswith("_") or name in _CTX_SKIP:
+            continue
+        if isinstance(v, torch.Tensor):
+            saved[f"ctx.{name}"] = arrays.put(f"{nid}.ctx.{name}", v)
+            continue
+        try:
+            ctx[name] = _ctx_value(torch, v)
+        except TypeError as e:
+            return f"its ctx.{name} is a {e} a graph file cannot hold"
+    attrs = {"callable": FUNCTION_CALLABLE, "function": where, "ctx": ctx,
+             "saved_count": len(saved_tensors),
+             "needs_input_grad": [bool(b) for b in fn.needs_input_grad],
+             "materialize_grads": bool(getattr(fn, "materialize_grads", True))}
+    return attrs, saved
 
 
 @dataclass
@@ -195,6 +277,18 @@ class NestedCapture:
         self.resolved.add(fn)
         doc = self.cap.docs[fn]
         why = self._inner(run, outs)
+        if why is NO_GRAPH:
+            state = self.cap.custom_state.get(fn)
+            if isinstance(state, tuple):
+                attrs, saved = state
+                doc["op"] = "python"
+                doc.setdefault("attrs", {}).pop("reason", None)
+                doc["attrs"].update(attrs)
+                if saved:
+                    doc["saved"] = saved
+                return
+            if isinstance(state, str):
+                why = f"{NO_GRAPH}, and {state}"
         if isinstance(why, str):
             if run.calls:  # its nested graphs ran in PyTorch, not in the replay: left out (``finish``)
                 self.dropped.extend(run.calls)

@@ -169,8 +169,11 @@ def _split(result):
               help="Absolute tolerance  [default: by precision: 1e-9, 1e-6, 1e-3]")
 @click.option("--allow-opaque", is_flag=True,
               help="Pass although ops without a rule (opaque nodes) keep some gradients from being compared.")
+@click.option("--allow-python", is_flag=True,
+              help="Allow python nodes (custom autograd.Functions captured with their backward) to import and "
+                   "run their code.")
 @max_memory_option
-def check(graph, rtol, atol, allow_opaque, max_memory):
+def check(graph, rtol, atol, allow_opaque, allow_python, max_memory):
     """Replay a captured graph and compare order and gradients with PyTorch's reference.
 
     Exit 0 when they agree, 3 otherwise (also when opaque nodes keep a gradient
@@ -184,8 +187,8 @@ def check(graph, rtol, atol, allow_opaque, max_memory):
     from autograd_run.cli.render import columns
     from autograd_run.cli.terminal import PlainTable as Table, make_console, plain
     from autograd_run.cli.common import load_graph_arg
-    g = load_graph_arg(graph, max_bytes=max_memory, keep=True)
-    report = check_graph(g, rtol, atol, allow_opaque=allow_opaque)
+    g = load_graph_arg(graph, max_bytes=max_memory, allow_python=allow_python, keep=True)
+    report = check_graph(g, rtol, atol, allow_opaque=allow_opaque, allow_python=allow_python)
     console = make_console()
     if report.order_ok:
         console.print(plain(f"order: {report.order_len[1]} nodes, same as PyTorch"))

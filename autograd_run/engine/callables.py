@@ -7,6 +7,13 @@ gradient is the segment's result; the callable runs a nested ``grad`` call
 over the segment with the incoming gradient and returns what it captured.
 As PyTorch's, it refuses to run inside a call with requested inputs
 (``grad()`` or ``backward(inputs=)``), where checkpoints are not valid.
+
+``autograd_function``: a custom ``torch.autograd.Function`` captured with
+its state (``autograd_run.capture.inner.function_state``): imports the class
+``attrs.function`` names and calls its ``backward`` with a stand-in ctx that
+holds the saved tensors, the attributes the forward set, ``needs_input_grad``
+and ``materialize_grads``; gradients go in and come out as torch tensors
+(torch is needed to replay such a node).
 """
 
 from __future__ import annotations
@@ -28,3 +35,70 @@ def checkpoint(ctx, grads):
     target = ctx.edge(node.attrs["segment_input"], 0)
     (captured,) = ctx.grad([root], [grads[0]], inputs=[target])
     return [captured if e is not None else None for e in node.next]
+
+
+class _FunctionCtx:
+    """What a custom Function's backward reads from its ctx, rebuilt from the graph file."""
+
+    def __init__(self, saved_tensors, attrs, needs_input_grad, materialize_grads):
+        self.saved_tensors = saved_tensors
+        self.needs_input_grad = needs_input_grad
+        self.materialize_grads = materialize_grads
+        for name, value in attrs.items():
+            setattr(self, name, value)
+
+    def set_materialize_grads(self, value: bool) -> None:
+        self.materialize_grads = bool(value)
+
+
+def _ctx_value(torch, v):
+    """A ``attrs.ctx`` value back as the Python value the forward set (``function_state`` wrote it)."""
+    if isinstance(v, dict):
+        if "float" in v:
+            return float(v["float"])
+        if "dtype" in v:
+            return getattr(torch, str(v["dtype"]))
+    if isinstance(v, list):
+        return tuple(_ctx_value(torch, x) for x in v)
+    return v
+
+
+def autograd_function(ctx, grads):
+    import importlib
+
+    import numpy as np
+    import torch
+    node = ctx.node
+    attrs = node.attrs
+    mod, _, qual = str(attrs["function"]).partition(":")
+    cls = importlib.import_module(mod)
+    for part in qual.split("."):
+        cls = getattr(cls, part)
+    saved = ctx.saved
+    count = int(attrs.get("saved_count", 0))
+
+    def tensor(a):
+        if a is None:
+            return None
+        host = a.get() if hasattr(a, "get") else a  # a cupy array: through the host
+        return torch.from_numpy(np.array(host, copy=True))
+    saved_tensors = tuple(tensor(saved.get(f"saved_tensors.{k}")) for k in range(count))
+    values = {name: _ctx_value(torch, v) for name, v in (attrs.get("ctx") or {}).items()}
+    values.update({k[len("ctx."):]: tensor(v) for k, v in saved.items() if k.startswith("ctx.")})
+    materialize = bool(attrs.get("materialize_grads", True))
+    fctx = _FunctionCtx(saved_tensors, values, tuple(attrs.get("needs_input_grad") or ()), materialize)
+    ins = []
+    for k, g in enumerate(grads):
+        if g is None and materialize:
+            meta = node.inputs[k]
+            g = np.zeros(meta.shape, dtype=np.dtype(meta.dtype) if meta.dtype != "bfloat16" else np.float32)
+        ins.append(tensor(g))
+    with torch.no_grad():
+        out = cls.backward(fctx, *ins)
+    if not isinstance(out, tuple):
+        out = (out,)
+    result = []
+    for t in out[:len(node.next)]:
+        result.append(t.detach().numpy() if isinstance(t, torch.Tensor) else None)
+    result += [None] * (len(node.next) - len(result))
+    return result

@@ -1,0 +1,48 @@
+"""Custom autograd.Functions importable by name, for the tests that capture them as python nodes."""
+
+import torch
+
+
+class GradReverse(torch.autograd.Function):
+    """The gradient-reversal layer of domain-adversarial training: identity forward, -alpha * g backward."""
+
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -ctx.alpha * g, None
+
+
+class ScaledSquare(torch.autograd.Function):
+    """x**2 * scale with the input saved, a tensor on ctx and a tuple attribute: d = 2 x scale g."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x)
+        ctx.scale = scale
+        ctx.shape = tuple(x.shape)
+        ctx.mask = (x > 0).to(x.dtype)
+        return x * x * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        assert ctx.shape == tuple(x.shape)
+        return 2 * x * ctx.scale * g * (1 + 0 * ctx.mask), None
+
+
+class TwoOut(torch.autograd.Function):
+    """Two outputs, one of them unused downstream (its gradient arrives undefined: materialised as zeros)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b, a + b
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        a, b = ctx.saved_tensors
+        return g1 * b + g2, g1 * a + g2
