@@ -47,7 +47,8 @@ demo: $(RUNTIME)
 PURE_TESTS := tests/test_engine.py tests/test_engine_semantics.py tests/test_scheduling.py \
 	tests/test_order_vs_torch.py tests/test_devices.py tests/test_simulate.py tests/test_checkpoint_kind.py \
 	tests/test_recording.py tests/test_summary.py tests/test_tracers.py tests/test_chrome_trace.py \
-	tests/test_seeding.py tests/test_prepare.py tests/test_graph_files.py tests/test_graph_hardening.py
+	tests/test_seeding.py tests/test_prepare.py tests/test_graph_files.py tests/test_graph_hardening.py \
+	tests/test_hooks_held.py
 
 # Graphviz's `dot` renders `draw`'s SVG/PNG. Installed here only where the system allows it
 # (root and apt-get); otherwise, or if the install fails, the tests that need it skip with a reason.

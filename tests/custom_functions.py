@@ -46,3 +46,8 @@ class TwoOut(torch.autograd.Function):
     def backward(ctx, g1, g2):
         a, b = ctx.saved_tensors
         return g1 * b + g2, g1 * a + g2
+
+
+def signed_sqrt(g):
+    """A gradient hook no data kind describes (importable by name: held as a python hook)."""
+    return g.sign() * g.abs().sqrt()

@@ -222,7 +222,10 @@ def _hooks_note(graph: Graph) -> str:
     hooks = (graph.meta or {}).get("hooks")
     if not isinstance(hooks, list) or not hooks:
         return ""
-    names = [str(h.get("tensor")) for h in hooks if isinstance(h, dict)]
+    names = [str(h.get("tensor")) for h in hooks
+             if isinstance(h, dict) and not (h.get("held") and h.get("how") == "register_hook")]
+    if not names:
+        return ""
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
     return (f"PyTorch ran hooks that the graph file does not hold ({', '.join(names[:3])}{more}; see meta.hooks): "
             "its gradients include their effect, the replay's do not")

@@ -1,4 +1,4 @@
-"""Hooks on a captured graph: found, named and reported, since a graph file cannot hold Python hooks.
+"""Hooks on a captured graph: found, named and reported; a leaf's ``register_hook`` transforms held as data.
 
 A tensor hook (``t.register_hook(fn)``, e.g. gradient clipping; a module's
 full backward hooks are tensor hooks too) runs inside PyTorch's backward
@@ -17,10 +17,14 @@ of it. Two ways to find them:
   changes nothing the replay computes.
 
 ``describe`` turns the findings into one warning line and the entries of
-``meta.hooks`` (``check`` mentions them when gradients differ).
+``meta.hooks`` (``check`` mentions them when gradients differ). A leaf's own
+hook functions can also be held (``hold_leaf_hooks``, below): probed, and
+written into the variable as ``engine.tensor_hooks`` data when a kind fits.
 """
 
 from __future__ import annotations
+
+import math
 
 #: The pass-through node that nn.Module full backward hooks put around a module's inputs and outputs.
 MODULE_HOOK_NODE = "BackwardHookFunctionBackward"
@@ -102,13 +106,18 @@ class HookWatch:
         return (got.double() - want.double()).abs().max().item()
 
 
-def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]]) -> list[dict]:
-    """The hooks found, as ``meta.hooks`` entries: ``{"tensor", "node", "slot", "how"}``."""
+def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]],
+             held: dict[str, list[str]] | None = None) -> list[dict]:
+    """The hooks found, as ``meta.hooks`` entries: ``{"tensor", "node", "slot", "how"}``, and ``"held"`` (what the
+    file holds them as) for the leaves whose ``register_hook`` functions are held as data (``hold_leaf_hooks``)."""
     out = []
+    held = held or {}
     for name, kinds in leaves.items():
         acc = next(fn for fn, n in cap.var_of.items() if n == name)
-        out.append({"tensor": f"leaf {name!r}", "node": cap.ids[acc], "slot": 0,
-                    "how": " and ".join(kinds)})
+        entry = {"tensor": f"leaf {name!r}", "node": cap.ids[acc], "slot": 0, "how": " and ".join(kinds)}
+        if name in held:
+            entry["held"] = ", ".join(held[name])
+        out.append(entry)
     for fn, doc in cap.docs.items():
         if doc["name"] == MODULE_HOOK_NODE:
             out.append({"tensor": f"the tensors passing node {doc['id']} ({MODULE_HOOK_NODE})", "node": doc["id"],
@@ -127,7 +136,168 @@ def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]]) -> list
     return out
 
 
+def _names(found: list[dict]) -> str:
+    return ", ".join(e["tensor"] for e in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+
+
 def warning_text(found: list[dict]) -> str:
-    names = ", ".join(e["tensor"] for e in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
-    return (f"tensor hooks are not part of the graph file and the replay runs without them: {names} "
-            f"(listed in meta.hooks)")
+    """The capture's message about hooks: which are held as data, which the replay runs without."""
+    held = [e for e in found if e.get("held") and e["how"] == "register_hook"]
+    lost = [e for e in found if e not in held]
+    parts = []
+    if held:
+        parts.append("tensor hooks held as data in the graph file (the replay runs them): " + "; ".join(
+            f"{e['tensor']}: {e['held']}" for e in held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else ""))
+    if lost:
+        parts.append(f"tensor hooks are not part of the graph file and the replay runs without them: "
+                     f"{_names(lost)} (listed in meta.hooks)")
+    return "; ".join(parts)
+
+
+# -- hooks held as data ----------------------------------------------------------------------------------------
+#
+# A leaf's ``register_hook`` functions are at hand (``tensor._backward_hooks``): capture calls each one with a few
+# probe gradients (random, of the leaf's shape and dtype, at scales 1e-3 to 1e6; a hook that keeps state sees
+# those calls too) and holds it as data when one of ``engine.tensor_hooks``' kinds reproduces every probe to 1e-12
+# of its largest entry: scale, clamp, clip_norm (2-norm or max-norm, eps 1e-6 or 0). Otherwise a hook function
+# importable by name is held as a ``python`` hook; any other (a lambda the data kinds do not fit) is reported as
+# today. The replay runs the held hooks as PyTorch does: tensor pre-hooks of the leaf's AccumulateGrad, in order.
+
+#: Scales of the probe gradients.
+PROBE_SCALES = (1e-3, 1.0, 30.0, 1e6)
+#: How close a data hook must reproduce each probe, relative to the probe result's largest entry.
+FIT_TOL = 1e-12
+
+
+def _close(torch, got, want) -> bool:
+    if got.shape != want.shape:
+        return False
+    scale = max(float(want.abs().max()) if want.numel() else 0.0, 1e-300)
+    return float((got - want).abs().max()) <= FIT_TOL * scale if got.numel() else True
+
+
+def _probe(torch, hook, var):
+    """``[(probe, result)]`` for each probe scale, or None when the hook refuses a probe or returns a non-tensor."""
+    g = torch.Generator().manual_seed(4242)
+    pairs = []
+    for s in PROBE_SCALES:
+        p = (torch.randn(var.shape, generator=g, dtype=torch.float64) * s).to(var.dtype)
+        arg = p.clone()
+        try:
+            with torch.no_grad():
+                r = hook(arg)
+        except Exception:  # noqa: BLE001 - any failure means: not a data hook
+            return None
+        r = arg if r is None else r  # changed in place, or left alone
+        if not isinstance(r, torch.Tensor) or r.shape != p.shape:
+            return None
+        pairs.append((p.double(), r.detach().double()))
+    return pairs
+
+
+def _fit_scale(torch, pairs):
+    p, r = pairs[-1]
+    nz = p != 0
+    if not bool(nz.any()):
+        return None
+    c = float((r[nz] / p[nz]).median())
+    if not math.isfinite(c):
+        return None
+    spec = {"kind": "scale", "by": c}
+    return spec if all(_close(torch, r, p * c) for p, r in pairs) else None
+
+
+def _fit_clamp(torch, pairs):
+    lo = hi = None
+    for p, r in pairs:
+        up, down = r > p, r < p
+        if bool(up.any()):
+            v = float(r[up].max())
+            lo = v if lo is None else max(lo, v)
+        if bool(down.any()):
+            v = float(r[down].min())
+            hi = v if hi is None else min(hi, v)
+    if lo is None and hi is None:
+        return None
+    spec = {"kind": "clamp"}
+    if lo is not None:
+        spec["min"] = lo
+    if hi is not None:
+        spec["max"] = hi
+    return spec if all(_close(torch, r, p.clamp(lo, hi)) for p, r in pairs) else None
+
+
+def _fit_clip_norm(torch, pairs):
+    for norm_type in (2.0, math.inf):
+        for eps in (1e-6, 0.0):
+            m = None
+            for p, r in pairs:
+                n = float(torch.linalg.vector_norm(p, norm_type))
+                nz = p != 0
+                if not bool(nz.any()):
+                    continue
+                c = float((r[nz] / p[nz]).median())
+                if c < 1.0 - 1e-12:
+                    m = c * (n + eps)
+                    break
+            if m is None:
+                continue
+            spec = {"kind": "clip_norm", "max_norm": m, "norm_type": "inf" if math.isinf(norm_type) else norm_type,
+                    "eps": eps}
+            if all(_close(torch, r, p * min(1.0, m / (float(torch.linalg.vector_norm(p, norm_type)) + eps)))
+                   for p, r in pairs):
+                return spec
+    return None
+
+
+def _importable_function(fn) -> str | None:
+    import importlib
+    mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not mod or mod == "__main__" or "<" in qual:
+        return None
+    try:
+        obj = importlib.import_module(mod)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{mod}:{qual}" if obj is fn else None
+
+
+def identify(torch, hook, var) -> dict | None:
+    """``hook`` (a leaf's ``register_hook`` function) as one ``engine.tensor_hooks`` mapping, or None.
+
+    {"kind": "identity"} for a hook that changes no probe (nothing to hold)."""
+    if var.numel() == 0 or not (var.is_floating_point()) or var.dtype in (torch.float16, torch.bfloat16):
+        target = _importable_function(hook)
+        return {"kind": "python", "callable": target} if target else None
+    pairs = _probe(torch, hook, var)
+    if pairs is not None:
+        if all(_close(torch, r, p) for p, r in pairs):
+            return {"kind": "identity"}
+        for fit in (_fit_scale, _fit_clamp, _fit_clip_norm):
+            spec = fit(torch, pairs)
+            if spec is not None:
+                return spec
+    target = _importable_function(hook)
+    return {"kind": "python", "callable": target} if target else None
+
+
+def hold_leaf_hooks(torch, cap) -> dict[str, list[str]]:
+    """Write each leaf's ``register_hook`` functions into its variable as data where every one of them can be
+    (``variables[i].hooks``); returns variable name -> the held hooks described (for the capture's message)."""
+    from autograd_run.engine.tensor_hooks import describe as say
+    held: dict[str, list[str]] = {}
+    for fn, name in cap.var_of.items():
+        var = fn.variable
+        hooks = list((getattr(var, "_backward_hooks", None) or {}).values())
+        if not hooks:
+            continue
+        specs = [identify(torch, h, var) for h in hooks]
+        if any(s is None for s in specs):
+            continue
+        specs = [s for s in specs if s["kind"] != "identity"]
+        if specs:
+            cap.var_doc[name]["hooks"] = specs
+        held[name] = [say(s) for s in specs] or ["a hook that changes nothing"]
+    return held

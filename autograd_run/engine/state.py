@@ -147,11 +147,16 @@ class GraphState:
         self._next_seq = (core.max_seq(nodes, 2**63) if core.max_seq is not None and type(nodes) is list
                           else max((n.seq for n in nodes if n.seq < 2**63), default=0)) + 1
         self._seq_lock = threading.Lock()  # guards _next_seq
+        held_hooks = False
         for v in graph.variables.values():
             if v.grad is not None:
                 self.grads[v.name] = tensors.materialize(v.grad, graph.side_files, v.shape, v.dtype)
             else:
                 self.grads[v.name] = None
+            held_hooks = held_hooks or bool(v.hooks)
+        if held_hooks:  # a leaf's register_hook transforms, held as data in the file
+            from autograd_run.engine import tensor_hooks
+            tensor_hooks.register(self, graph)
 
     def next_seq(self) -> int:
         """A fresh sequence number above every node's, as a new GraphRoot gets in PyTorch."""

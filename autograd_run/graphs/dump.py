@@ -62,6 +62,8 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
                 vd["grad"] = v.grad
             if not v.requires_grad:
                 vd["requires_grad"] = False
+            if v.hooks:
+                vd["hooks"] = [dict(h) for h in v.hooks]
             out["variables"].append(vd)
     if graph.inputs:
         out["inputs"] = list(graph.inputs)

@@ -192,6 +192,8 @@ class Variable:
     #: False: a tensor that does not require grad (no AccumulateGrad node; asking for its gradient is
     #: PyTorch's error). A variable that requires grad without a node is a leaf the graph does not reach.
     requires_grad: bool = True
+    #: Tensor hooks held as data (``engine.tensor_hooks``): run in order on each gradient before it accumulates.
+    hooks: tuple = ()
 
 
 @dataclass(slots=True)

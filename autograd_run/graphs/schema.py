@@ -67,6 +67,8 @@ class VariableSpec(msgspec.Struct, forbid_unknown_fields=True):
     grad: Any = UNSET
     #: False: a tensor that does not require grad (it has no AccumulateGrad node).
     requires_grad: bool | UnsetType = UNSET
+    #: Tensor hooks held as data (``engine.tensor_hooks``), checked by ``graphs.validate``.
+    hooks: Any = UNSET
 
 
 class GraphSpec(msgspec.Struct, forbid_unknown_fields=True):

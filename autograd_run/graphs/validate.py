@@ -163,6 +163,12 @@ def check_python_nodes(graph: Graph, allow_python: bool = False) -> None:
     """
     if allow_python:
         return
+    for v in graph.variables.values():
+        for k, h in enumerate(v.hooks):
+            if h.get("kind") == "python":
+                raise GraphFileError(graph.source, f"variable {tensors.short(v.name)} hooks[{k}]",
+                                     f"a python hook (it calls {h.get('callable')!r:.80}): running it imports and "
+                                     "calls Python code named by the file; pass --allow-python if you trust this file")
     found = [n for n in graph.nodes if n.op is PYTHON]
     if not found:
         return
@@ -342,6 +348,61 @@ class _Checker:
         return format_path(path)
 
     # -- pieces -------------------------------------------------------------
+    #: At most this many hooks on one variable.
+    MAX_HOOKS = 16
+
+    def hooks(self, value: Any, path: tuple) -> tuple:
+        """A variable's ``hooks`` (``engine.tensor_hooks``): a list of known kinds with finite numbers."""
+        from autograd_run.engine.tensor_hooks import KINDS
+        if not isinstance(value, list):
+            raise self.err(path, f"must be a list of hooks, got {tensors.short(value)}")
+        if len(value) > self.MAX_HOOKS:
+            raise self.err(path, f"{len(value)} hooks is more than the limit of {self.MAX_HOOKS}")
+        out = []
+        for k, h in enumerate(value):
+            p = path + (k,)
+            if not isinstance(h, dict) or h.get("kind") not in KINDS:
+                raise self.err(p + ("kind",), f"must be one of {', '.join(KINDS)}, got "
+                               f"{tensors.short(h.get('kind') if isinstance(h, dict) else h)}")
+            kind = h["kind"]
+            for key in h:
+                if key != "kind" and key not in KINDS[kind]:
+                    raise self.err(p + (key,), f"unknown field for a {kind} hook (fields: {', '.join(KINDS[kind])})")
+
+            def number(key, required=False, low=None):
+                v = h.get(key)
+                if v is None:
+                    if required:
+                        raise self.err(p + (key,), f"a {kind} hook needs {key}")
+                    return None
+                if key == "norm_type" and v in ("inf", "Infinity"):
+                    return v
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise self.err(p + (key,), f"must be a finite number, got {tensors.short(v)}")
+                if low is not None and v < low:
+                    raise self.err(p + (key,), f"must be at least {low}, got {v}")
+                return v
+            if kind == "scale":
+                number("by", required=True)
+            elif kind == "clamp":
+                lo, hi = number("min"), number("max")
+                if lo is None and hi is None:
+                    raise self.err(p, "a clamp hook needs min or max")
+                if lo is not None and hi is not None and lo > hi:
+                    raise self.err(p, f"min {lo} is above max {hi}")
+            elif kind == "clip_norm":
+                number("max_norm", required=True, low=0)
+                nt = number("norm_type", low=1e-6)
+                number("eps", low=0)
+                if nt is not None and not isinstance(nt, str) and nt <= 0:
+                    raise self.err(p + ("norm_type",), "must be above 0")
+            else:
+                target = h.get("callable")
+                if not isinstance(target, str) or ":" not in target or len(target) > 400:
+                    raise self.err(p + ("callable",), f"must be 'module:function', got {tensors.short(target)}")
+            out.append(dict(h))
+        return tuple(out)
+
     def device(self, text: Any, path: tuple) -> Device:
         dev = Device.parse(text) if isinstance(text, str) else None
         if dev is None:
@@ -605,7 +666,8 @@ class _Checker:
                 initial_grads[name] = tensors.check_tensor(grad, ("variables", i, "grad"), self.err, self.side,
                                                            shape, dtype, allow_fill=True)
             requires_grad = v.requires_grad is UNSET or v.requires_grad
-            variables[name] = Variable(name, shape, dtype, dev, grad, requires_grad=requires_grad)
+            hooks = () if v.hooks is UNSET else self.hooks(v.hooks, ("variables", i, "hooks"))
+            variables[name] = Variable(name, shape, dtype, dev, grad, requires_grad=requires_grad, hooks=hooks)
         del checked
 
         st = _Build(variables, self._metas)

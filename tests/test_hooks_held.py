@@ -1,0 +1,183 @@
+"""A leaf's register_hook transforms held as data in the graph file (``engine.tensor_hooks``): capture probes
+each hook and writes scale, clamp or norm clipping as data, an importable hook function as a python hook, and
+says what it did; the replay runs them as PyTorch does (tensor pre-hooks of the leaf's AccumulateGrad, in order)
+and `check` agrees with PyTorch. Hostile hook entries are refused with the place."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is the oracle for these tests")
+
+import custom_functions as cf  # noqa: E402
+from rules_torch_cases import leaf, weigh  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _clip(max_norm, p=2.0, eps=1e-6):
+    def hook(g):
+        coef = max_norm / (torch.linalg.vector_norm(g, p) + eps)
+        return g * torch.clamp(coef, max=1.0)
+    return hook
+
+
+def _inplace_clamp(g):
+    g.clamp_(-0.2, 0.3)
+
+
+HOOKS = {
+    "clamp": (lambda g: g.clamp(-0.5, 0.5), [{"kind": "clamp", "min": -0.5, "max": 0.5}]),
+    "clamp_min_only": (lambda g: g.clamp(min=0.0), [{"kind": "clamp", "min": 0.0}]),
+    "scale": (lambda g: g * 0.25, [{"kind": "scale", "by": 0.25}]),
+    "clip_norm": (_clip(0.3), [{"kind": "clip_norm", "max_norm": 0.3, "norm_type": 2.0, "eps": 1e-6}]),
+    "clip_max_norm": (_clip(0.05, math.inf, 0.0), [{"kind": "clip_norm", "max_norm": 0.05, "norm_type": "inf",
+                                                     "eps": 0.0}]),
+    "in_place": (_inplace_clamp, [{"kind": "clamp", "min": -0.2, "max": 0.3}]),
+    "python": (cf.signed_sqrt, [{"kind": "python", "callable": "custom_functions:signed_sqrt"}]),
+}
+
+
+def _model(seed=1):
+    w = leaf(4, 3, seed=seed).requires_grad_(True)
+    b = leaf(3, seed=seed + 1).requires_grad_(True)
+    x = leaf(6, 4, seed=seed + 2).detach()
+    return w, b, lambda: weigh(torch.tanh(x @ w + b) * 3)
+
+
+def _capture(loss, names, path):
+    from autograd_run.capture.graph import from_torch
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        doc = from_torch([loss], names=names, path=str(path))
+    return doc, " ".join(str(w.message) for w in rec)
+
+
+def _approx(specs, want):
+    assert len(specs) == len(want)
+    for s, w in zip(specs, want):
+        assert s.keys() == w.keys() and s["kind"] == w["kind"]
+        for k, v in w.items():
+            assert s[k] == v if isinstance(v, str) else s[k] == pytest.approx(v, rel=1e-9, abs=1e-12), (k, s)
+
+
+@pytest.mark.parametrize("name", sorted(HOOKS))
+def test_a_held_hook_replays_as_pytorch(name, tmp_path):
+    from autograd_run.capture.check import check_graph
+    from autograd_run.graphs.load import load_graph
+    hook, want = HOOKS[name]
+    w, b, f = _model()
+    w.register_hook(hook)
+    doc, said = _capture(f(), {"w": w, "b": b}, tmp_path / "g.json")
+    (vw,) = [v for v in doc["variables"] if v["name"] == "w"]
+    _approx(vw["hooks"], want)
+    assert "held as data" in said and "leaf 'w'" in said and "runs without them" not in said
+    (entry,) = doc["meta"]["hooks"]
+    assert entry["held"]
+    report = check_graph(load_graph(str(tmp_path / "g.json")), rtol=1e-12, atol=1e-14, allow_python=True)
+    assert report.ok, (report.note, [(g.name, g.max_abs) for g in report.grads])
+
+
+def test_two_hooks_run_in_registration_order(tmp_path):
+    """clamp then scale differs from scale then clamp: the order is PyTorch's."""
+    from autograd_run.capture.check import check_graph
+    from autograd_run.graphs.load import load_graph
+    w, b, f = _model(seed=5)
+    w.register_hook(lambda g: g.clamp(-0.1, 0.1))
+    w.register_hook(lambda g: g * 3.0)
+    doc, _ = _capture(f(), {"w": w, "b": b}, tmp_path / "g.json")
+    (vw,) = [v for v in doc["variables"] if v["name"] == "w"]
+    assert [h["kind"] for h in vw["hooks"]] == ["clamp", "scale"]
+    assert check_graph(load_graph(str(tmp_path / "g.json")), rtol=1e-12, atol=1e-14).ok
+
+
+def test_without_its_hooks_the_replay_would_differ(tmp_path):
+    """The held hook is what makes the gradients agree (the test of the test)."""
+    from autograd_run.capture.check import check_graph
+    from autograd_run.graphs.load import load_graph
+    w, b, f = _model(seed=7)
+    w.register_hook(lambda g: g * 0.5)
+    doc, _ = _capture(f(), {"w": w, "b": b}, tmp_path / "g.json")
+    for v in doc["variables"]:
+        v.pop("hooks", None)
+    (tmp_path / "h.json").write_text(json.dumps(doc))
+    os.replace(tmp_path / "g.npz", tmp_path / "h.npz")
+    assert not check_graph(load_graph(str(tmp_path / "h.json"))).ok
+
+
+def test_a_hook_nothing_describes_is_reported_not_held(tmp_path):
+    w, b, f = _model(seed=9)
+    w.register_hook(lambda g: g.sign() * g.abs().sqrt())  # a lambda: no data kind, not importable
+    doc, said = _capture(f(), {"w": w, "b": b}, tmp_path / "g.json")
+    (vw,) = [v for v in doc["variables"] if v["name"] == "w"]
+    assert "hooks" not in vw
+    assert "runs without them" in said and "leaf 'w'" in said
+    assert "held" not in doc["meta"]["hooks"][0]
+
+
+def test_a_python_hook_needs_allow_python(tmp_path):
+    from autograd_run.errors import GraphFileError
+    from autograd_run.graphs.load import load_graph
+    w, b, f = _model(seed=11)
+    w.register_hook(cf.signed_sqrt)
+    _capture(f(), {"w": w, "b": b}, tmp_path / "g.json")
+    with pytest.raises(GraphFileError, match=r"variable 'w' hooks\[0\].*custom_functions:signed_sqrt.*--allow-python"):
+        load_graph(str(tmp_path / "g.json"), allow_python=False)
+
+
+@pytest.mark.parametrize("hooks, where, what", [
+    ([{"kind": "rm -rf"}], "hooks[0].kind", "must be one of"),
+    ([{"kind": "scale"}], "hooks[0].by", "needs by"),
+    ([{"kind": "scale", "by": "nan"}], "hooks[0].by", "finite number"),
+    ([{"kind": "scale", "by": True}], "hooks[0].by", "finite number"),
+    ([{"kind": "clamp"}], "hooks[0]", "needs min or max"),
+    ([{"kind": "clamp", "min": 2, "max": 1}], "hooks[0]", "above max"),
+    ([{"kind": "clip_norm", "max_norm": -1}], "hooks[0].max_norm", "at least 0"),
+    ([{"kind": "clip_norm", "max_norm": 1, "norm_type": 0}], "hooks[0].norm_type", "at least"),
+    ([{"kind": "scale", "by": 2, "extra": 1}], "hooks[0].extra", "unknown field"),
+    ([{"kind": "python", "callable": "os.system"}], "hooks[0].callable", "module:function"),
+    ([{"kind": "scale", "by": 1}] * 17, "hooks", "limit of 16"),
+    ("scale", "hooks", "must be a list"),
+])
+def test_hostile_hooks_are_refused_with_the_place(hooks, where, what, tmp_path):
+    doc = {"format": "autograd-graph/1", "nodes": [{"id": "acc", "name": "torch::autograd::AccumulateGrad", "variable": "w",
+                      "inputs": [{"shape": [2]}]}],
+           "roots": [{"node": "acc", "grad": [1.0, 1.0]}],
+           "variables": [{"name": "w", "shape": [2], "hooks": hooks}]}
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "-m", "autograd_run", "validate", str(p)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("Error:") and where in r.stderr and what in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_run_command_replays_held_hooks(tmp_path):
+    """The whole user path: a hand-written file with a clamp on a leaf, run from the command line."""
+    doc = {"format": "autograd-graph/1", "nodes": [{"id": "mul", "name": "MulBackward0", "next": [["acc", 0], None],
+                      "saved": {"other": {"data": [3.0, -4.0], "shape": [2], "dtype": "float64"}},
+                      "inputs": [{"shape": [2], "dtype": "float64"}]},
+                     {"id": "acc", "name": "torch::autograd::AccumulateGrad", "variable": "w",
+                      "inputs": [{"shape": [2], "dtype": "float64"}]}],
+           "roots": [{"node": "mul", "grad": {"data": [1.0, 1.0], "shape": [2], "dtype": "float64"}}],
+           "variables": [{"name": "w", "shape": [2], "dtype": "float64",
+                          "hooks": [{"kind": "clamp", "min": -1.0, "max": 2.5}]}]}
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "-m", "autograd_run", "run", str(p), "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    grads = out.get("grads") or out.get("gradients")
+    assert grads is not None, sorted(out)
+    np.testing.assert_allclose(np.asarray(grads["w"]["data"] if isinstance(grads["w"], dict) else grads["w"]),
+                               [2.5, -1.0])
