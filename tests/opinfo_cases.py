@@ -46,17 +46,9 @@ FLOAT32_TOL = 1e-4
 #: ``KNOWN_FLOAT64`` and ``KNOWN_FLOAT32`` for one dtype only. Kept true by tests/test_opinfo.py (a listed op that
 #: has become exact fails it) and written into docs/opinfo.md (``--write-doc``).
 _REPLAY = " (its order and cost replay; it passes zero gradients, and `check` refuses it without `--allow-opaque`)."
-_LU = "no backward rule yet for {}: the LU family (factor, unpack, solve) is captured as an opaque node" + _REPLAY
 _OPAQUE = "no backward rule yet for {}: captured as an opaque node" + _REPLAY
 KNOWN: dict[str, str] = {
     "chalf": "complex32 (chalf) has no numpy dtype: capture refuses its tensors (Error naming the tensor).",
-    "lu": _LU.format("LinalgLuFactorExBackward0"),
-    "linalg.lu_factor": _LU.format("LinalgLuFactorExBackward0"),
-    "linalg.lu_factor_ex": _LU.format("LinalgLuFactorExBackward0"),
-    "linalg.lu": _LU.format("LinalgLuBackward0"),
-    "lu_unpack": _LU.format("LuUnpackBackward0"),
-    "lu_solve": _LU.format("LinalgLuSolveBackward0"),
-    "linalg.lu_solve": _LU.format("LinalgLuSolveBackward0"),
     "linalg.eig": _OPAQUE.format("LinalgEigBackward0 (complex eigenvectors of a real matrix)"),
     "linalg.eigvals": _OPAQUE.format("LinalgEigBackward0 (complex eigenvectors of a real matrix)"),
     "linalg.householder_product": _OPAQUE.format("LinalgHouseholderProductBackward0"),

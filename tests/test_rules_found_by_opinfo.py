@@ -223,3 +223,36 @@ def test_unsafe_masked_index_and_put_accumulate():
     z = torch.ops.aten._unsafe_masked_index_put_accumulate(x * 1.5, mask, [i0, i1], v)
     check(weigh(y) + weigh(z, seed=3), {"x": x, "v": v},
           expect_names=["UnsafeMaskedIndexBackward0", "UnsafeMaskedIndexPutAccumulateBackward0"])
+
+
+# --- the LU family -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (3, 5), (5, 3), (2, 4, 4)])
+def test_linalg_lu_square_wide_tall(shape):  # (LU without pivoting is CUDA-only in PyTorch)
+    a = (leaf(*shape, seed=40) + 3 * torch.eye(*shape[-2:], dtype=D)).requires_grad_(True)
+    p, low, up = torch.linalg.lu(a)
+    check(weigh(low) + weigh(up, seed=7), {"a": a}, expect_names=["LinalgLuBackward0"])
+    check(weigh(up, seed=8), {"a": a})  # only U used: L's gradient undefined
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (3, 5), (5, 3)])
+def test_lu_factor_and_unpack(shape):
+    a = leaf(*shape, seed=41).requires_grad_(True)
+    lu, piv = torch.linalg.lu_factor(a)
+    check(weigh(lu), {"a": a}, expect_names=["LinalgLuFactorExBackward0"])
+    lu2 = lu.detach().requires_grad_(True)
+    _, low, up = torch.lu_unpack(lu2, piv)
+    check(weigh(low) + weigh(up, seed=9), {"lu": lu2}, expect_names=["LuUnpackBackward0"])
+    check(weigh(low), {"lu": lu2})
+
+
+@pytest.mark.parametrize("left, adjoint", [(True, False), (True, True), (False, False), (False, True)])
+def test_lu_solve_every_side_and_adjoint(left, adjoint):
+    a = leaf(2, 4, 4, seed=42) + 4 * torch.eye(4, dtype=D)
+    lu, piv = torch.linalg.lu_factor(a)
+    lu = lu.detach().requires_grad_(True)
+    b = leaf(2, 4, 3, seed=43) if left else leaf(2, 3, 4, seed=43)
+    b.requires_grad_(True)
+    x = torch.linalg.lu_solve(lu, piv, b, left=left, adjoint=adjoint)
+    check(weigh(x), {"lu": lu, "b": b}, expect_names=["LinalgLuSolveBackward0"])

@@ -735,3 +735,167 @@ def matrix_exp(node, grads, ctx):
     big[..., :n, n:] = g
     ga = expm(xp, big)[..., :n, n:]
     return each(node, lambda i: ga)
+
+
+# --- the LU family: linalg.lu, lu_factor(_ex), lu_unpack, lu_solve -------------------------------------------------
+# PyTorch's formulas (FunctionsManual: linalg_lu_backward, lu_factor_ex_backward, lu_unpack_backward,
+# linalg_lu_solve_LU), re-derived on numpy with the triangular solves done on the masked factors.
+
+
+def _l_u_grads(grads):
+    """The gradients of L and U among a (P, L, U) node's inputs: P is not differentiable, and PyTorch gives the
+    node no input slot for it (a file may still list three slots)."""
+    grads = list(grads)
+    return (grads[-2], grads[-1]) if len(grads) >= 2 else (grads[0] if grads else None, None)
+
+
+def _lu_unpack(xp, lu, pivots, unpack_pivots=True):
+    """P, L, U of a packed LU (LAPACK's 1-based row interchanges in ``pivots``): A = P L U, L unit lower m x k,
+    U upper k x n; P the identity when ``unpack_pivots`` is false."""
+    m, n = lu.shape[-2], lu.shape[-1]
+    k = min(m, n)
+    eye = xp.eye(m, k, dtype=lu.dtype)
+    low = xp.tril(lu[..., :, :k], -1) + eye
+    up = xp.triu(lu[..., :k, :])
+    batch = lu.shape[:-2]
+    perm = np.broadcast_to(np.arange(m), batch + (m,)).copy()
+    if unpack_pivots and k > 0 and int(np.prod(batch)) > 0:
+        piv = np.asarray(pivots.get() if hasattr(pivots, "get") else pivots).astype(np.int64).reshape(-1, k) - 1
+        flat = perm.reshape(-1, m)
+        for b in range(flat.shape[0]):
+            for i in range(k):
+                j = int(piv[b, i])
+                flat[b, i], flat[b, j] = flat[b, j], flat[b, i]
+        perm = flat.reshape(batch + (m,))
+    p = np.zeros(batch + (m, m), dtype=lu.dtype if lu.dtype.kind != "c" else lu.real.dtype)
+    np.put_along_axis(p, perm[..., None, :], 1, axis=-2)  # P[perm[j], j] = 1
+    return xp.asarray(p).astype(lu.dtype), low, up
+
+
+def _lu_backward(xp, gl, gu, p, low, up, pivot=True):
+    """The gradient of A = P L U from those of L and U (square, wide and tall A)."""
+    if gl is None and gu is None:
+        return None
+    m, n = low.shape[-2], up.shape[-1]
+    k = min(m, n)
+    if m == n:
+        a = xp.tril(_mh(low) @ gl, -1) if gl is not None else None
+        if gu is not None:
+            t = xp.triu(gu @ _mh(up))
+            a = t if a is None else a + t
+        a = _solve_tri(xp, _mh(up), a, upper=False, left=False)
+        a = _solve_tri(xp, _mh(low), a, upper=True, unit=True)
+    elif m < n:
+        a = _mh(low) @ gl if gl is not None else None
+        if gu is not None:
+            t = xp.triu(gu) @ _mh(up)
+            a = -t if a is None else a - t
+        a = _solve_tri(xp, _mh(up[..., :k]), xp.tril(a, -1), upper=False, left=False)
+        if gu is not None:
+            a = xp.concatenate([a + xp.triu(gu[..., :k]), gu[..., k:]], axis=-1)
+        a = _solve_tri(xp, _mh(low), a, upper=True, unit=True)
+        if gu is None:
+            a = xp.concatenate([a, xp.zeros_like(up[..., k:])], axis=-1)
+    else:
+        a = gu @ _mh(up) if gu is not None else None
+        if gl is not None:
+            t = _mh(low) @ xp.tril(gl, -1)
+            a = -t if a is None else a - t
+        a = _solve_tri(xp, _mh(low[..., :k, :]), xp.triu(a), upper=True, unit=True)
+        if gl is not None:
+            a = xp.concatenate([a + xp.tril(gl[..., :k, :], -1), gl[..., k:, :]], axis=-2)
+        a = _solve_tri(xp, _mh(up), a, upper=False, left=False)
+        if gl is None:
+            a = xp.concatenate([a, xp.zeros_like(low[..., k:, :])], axis=-2)
+    return p @ a if pivot else a
+
+
+@op("LinalgLuBackward0", outputs=1, saved="L:tensor P:tensor U:tensor pivot:bool?", cost=_CUBE)
+def linalg_lu(node, grads, ctx):
+    """linalg.lu(A) = (P, L, U): P L^-H [L^H gL o 1_L + gU U^H o 1_U] U^-H for a square A, with the extra block
+    of U (wide) or L (tall) passed through (PyTorch's linalg_lu_backward)."""
+    sv = ctx.saved(node)
+    gl, gu = _l_u_grads(grads)
+    ga = _lu_backward(ctx.xp(node), gl, gu, sv["P"], sv["L"], sv["U"], bool(sv.get("pivot", True)))
+    return each(node, lambda i: ga)
+
+
+@op("LinalgLuFactorExBackward0", outputs=1, saved="LU:tensor pivots:tensor pivot:bool?", cost=_CUBE)
+def lu_factor_ex(node, grads, ctx):
+    """linalg.lu_factor(_ex)(A) = (LU, pivots): linalg.lu's gradient with gL and gU the packed gradient's
+    lower k columns and upper k rows."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    g, lu = grads[0], sv["LU"]
+    pivot = bool(sv.get("pivot", True))
+    p, low, up = _lu_unpack(xp, lu, sv["pivots"], pivot)
+    k = min(lu.shape[-2], lu.shape[-1])
+    ga = _lu_backward(xp, g[..., :, :k], g[..., :k, :], p, low, up, pivot)
+    return each(node, lambda i: ga)
+
+
+@op("LuUnpackBackward0", outputs=1, saved="LU_data_sym_argsize_minus_1:int LU_data_sym_argsize_minus_2:int",
+    cost=cost.COPY)
+def lu_unpack(node, grads, ctx):
+    """lu_unpack(LU, pivots) = (P, L, U): gL below the diagonal plus gU on and above it, each factor's extra
+    block (tall L, wide U) where it is."""
+    xp = ctx.xp(node)
+    n, m = int(node.saved["LU_data_sym_argsize_minus_1"]), int(node.saved["LU_data_sym_argsize_minus_2"])
+    k = min(m, n)
+    gl, gu = _l_u_grads(grads)
+    if gl is None and gu is None:
+        return each(node, lambda i: None)
+    if gl is not None and gu is not None:
+        if m == n:
+            r = xp.tril(gl, -1) + xp.triu(gu)
+        else:
+            a1 = xp.tril(gl[..., :k, :], -1) + xp.triu(gu[..., :, :k])
+            r = xp.concatenate([a1, gl[..., k:, :]], axis=-2) if m > n else \
+                xp.concatenate([a1, gu[..., :, k:]], axis=-1)
+    elif gl is not None:
+        r = xp.tril(gl, -1)
+        if m < n:
+            r = xp.concatenate([r, xp.zeros(gl.shape[:-1] + (n - m,), dtype=gl.dtype)], axis=-1)
+    else:
+        r = xp.triu(gu)
+        if n < m:
+            r = xp.concatenate([r, xp.zeros(gu.shape[:-2] + (m - n, gu.shape[-1]), dtype=gu.dtype)], axis=-2)
+    return each(node, lambda i: r)
+
+
+def _lu_solve(xp, p, low, up, b, left, adjoint):
+    """X with op(A) X = B (left) or X op(A) = B, A = P L U, op(A) = A^H when ``adjoint``."""
+    if not left:  # X op(A) = B  <=>  op(A)^H X^H = B^H
+        return _mh(_lu_solve(xp, p, low, up, _mh(b), True, not adjoint))
+    if adjoint:  # A^H X = B: U^H L^H P^T X = B
+        y = _solve_tri(xp, _mh(up), b, upper=False)
+        y = _solve_tri(xp, _mh(low), y, upper=True, unit=True)
+        return p @ y
+    y = _solve_tri(xp, low, p.swapaxes(-1, -2) @ b, upper=False, unit=True)
+    return _solve_tri(xp, up, y, upper=True)
+
+
+@op("LinalgLuSolveBackward0", outputs=2,
+    saved="LU:tensor pivots:tensor result:tensor left:bool? adjoint:bool?", cost=_CUBE)
+def lu_solve(node, grads, ctx):
+    """linalg.lu_solve(LU, pivots, B, left, adjoint) = X: B gets the solve with the other adjoint; LU gets
+    PyTorch's linalg_lu_solve_LU (through U^-H and L^-H, or P^T .. P and L^-H when left == adjoint)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    gx, lu, x = grads[0], sv["LU"], sv["result"]
+    left, adjoint = bool(sv.get("left", True)), bool(sv.get("adjoint", False))
+    p, low, up = _lu_unpack(xp, lu, sv["pivots"])
+
+    def out(i):
+        if i == 1:
+            return _lu_solve(xp, p, low, up, gx, left, not adjoint)
+        if left != adjoint:
+            rhs = -((gx if left else _mh(gx)) @ (_mh(x) if left else x))
+            gr = _solve_tri(xp, _mh(up), rhs, upper=False)
+            gl = xp.tril(_solve_tri(xp, _mh(low), gr @ _mh(up), upper=True, unit=True), -1)
+            return gl + xp.triu(gr)
+        gr = -(p.swapaxes(-1, -2) @ (x if left else _mh(x)) @ (_mh(gx) if left else gx) @ p)
+        gr = _solve_tri(xp, _mh(low), gr, upper=True, left=False, unit=True)
+        gu = xp.triu(_solve_tri(xp, _mh(up), _mh(low) @ gr, upper=False, left=False))
+        return xp.tril(gr, -1) + gu
+    return each(node, out)
