@@ -52,12 +52,7 @@ KNOWN: dict[str, str] = {
     "linalg.eig": _OPAQUE.format("LinalgEigBackward0 (complex eigenvectors of a real matrix)"),
     "linalg.eigvals": _OPAQUE.format("LinalgEigBackward0 (complex eigenvectors of a real matrix)"),
     "linalg.householder_product": _OPAQUE.format("LinalgHouseholderProductBackward0"),
-    "linalg.lstsq": _OPAQUE.format("LinalgLstsqBackward0"),
-    "linalg.lstsq.grad_oriented": _OPAQUE.format("LinalgLstsqBackward0"),
     "ormqr": _OPAQUE.format("OrmqrBackward0"),
-    "as_strided_scatter": _OPAQUE.format("AsStridedScatterBackward0"),
-    "_segment_reduce.lengths": _OPAQUE.format("SegmentReduceBackward0"),
-    "_segment_reduce.offsets": _OPAQUE.format("SegmentReduceBackward0"),
     "to_sparse": _OPAQUE.format("ToSparseBackward1 and ToDenseBackward0 (sparse layouts are not loaded)"),
     "nn.functional.linear_cross_entropy.chunked": _OPAQUE.format(
         "the chunked linear_cross_entropy's generated backward (GeneratedBackwardFor_torch_nn__linear_cross_"

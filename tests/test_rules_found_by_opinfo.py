@@ -256,3 +256,45 @@ def test_lu_solve_every_side_and_adjoint(left, adjoint):
     b.requires_grad_(True)
     x = torch.linalg.lu_solve(lu, piv, b, left=left, adjoint=adjoint)
     check(weigh(x), {"lu": lu, "b": b}, expect_names=["LinalgLuSolveBackward0"])
+
+
+# --- lstsq (solution and residuals), as_strided_scatter, segment_reduce ----------------------------------------
+
+
+@pytest.mark.parametrize("shape_a, shape_b", [((6, 3), (6, 2)), ((3, 5), (3, 2)), ((2, 5, 3), (2, 5, 4)),
+                                              ((6, 3), (6,))])
+def test_lstsq_solution_and_residuals(shape_a, shape_b):
+    """Residuals exist for a tall full-rank A (driver gelsd): their gradient reaches A and B too."""
+    a, b = leaf(*shape_a, seed=50).requires_grad_(True), leaf(*shape_b, seed=51).requires_grad_(True)
+    r = torch.linalg.lstsq(a, b, driver="gelsd")
+    loss = weigh(r.solution)
+    if r.residuals.numel():
+        loss = loss + weigh(r.residuals, seed=3)
+    check(loss, {"a": a, "b": b}, expect_names=["LinalgLstsqBackward0"])
+
+
+def test_as_strided_scatter_as_pytorch_computes_it():
+    """PyTorch 2.13 gives self the gradient inside the scattered view and zero outside (its backward copies the
+    gradient's slice into zeros); the replay reproduces that, and src's gradient, including overlapping views."""
+    x, s = leaf(3, 3, seed=52).requires_grad_(True), leaf(2, 2, seed=53).requires_grad_(True)
+    check(weigh(torch.as_strided_scatter(x * 1.5, s, (2, 2), (1, 2), 1)), {"x": x, "s": s},
+          expect_names=["AsStridedScatterBackward0"])
+    x2, s2 = leaf(4, seed=54).requires_grad_(True), leaf(3, 2, seed=55).requires_grad_(True)
+    check(weigh(torch.as_strided_scatter(x2, s2, (3, 2), (1, 1), 0)), {"x": x2, "s": s2})
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+def test_segment_reduce(reduce, initial, tmp_path):
+    """Ties (max/min share a positive gradient only), zeros (prod), an empty segment, a 2-d batch of lengths."""
+    d = torch.tensor([3., 3., 1., 2., 2., 0., 5., 0., -1.5], dtype=D, requires_grad=True)
+    lengths = torch.tensor([3, 2, 0, 4])
+    y = torch.segment_reduce(d * 1.0, reduce, lengths=lengths, initial=initial)
+    g = torch.tensor([1.0, -2.0, 4.0, 3.0], dtype=D)
+    # an empty segment's output is nan / inf (mean, max, min without initial): captured through a file
+    check((y * g).nan_to_num(0.0, 0.0, 0.0).sum(), {"d": d}, path=tmp_path / "a.json",
+          expect_names=["SegmentReduceBackward0"])
+    x = leaf(3, 5, 2, seed=56).requires_grad_(True)
+    lens = torch.tensor([[2, 3], [5, 0], [1, 4]])
+    y = torch.segment_reduce(x, reduce, lengths=lens, axis=1, initial=initial)
+    check(weigh(y.nan_to_num(0.0, 0.0, 0.0)), {"x": x}, path=tmp_path / "b.json")

@@ -899,3 +899,53 @@ def lu_solve(node, grads, ctx):
         gu = xp.triu(_solve_tri(xp, _mh(up), _mh(low) @ gr, upper=False, left=False))
         return xp.tril(gr, -1) + gu
     return each(node, out)
+
+
+def _pinv_grad(a, p, g):
+    """The gradient of A from that of P = pinv(A) (the rule of ``LinalgPinvBackward0``)."""
+    rows, cols = a.shape[-2], a.shape[-1]
+    ph, gh = _mh(p), _mh(g)
+    if rows <= cols:
+        k = gh @ p
+        kph = k @ ph
+        return -_mh(p @ k) + kph - (a @ p) @ kph + (ph @ p) @ (gh - k @ a)
+    k = p @ gh
+    phk = ph @ k
+    return -_mh(k @ p) + (gh - a @ k) @ p @ ph + phk - phk @ p @ a
+
+
+@op("LinalgLstsqBackward0", outputs=2, saved="self:tensor b:tensor solution:tensor", cost=_CUBE)
+def lstsq(node, grads, ctx):
+    """linalg.lstsq(A, B).solution = pinv(A) B: A gets pinv's gradient for gX B^H, B gets pinv(A)^H gX (as
+    PyTorch's linalg_lstsq_backward; B may be a vector or a batch of them)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, b, gx = sv["self"], sv["b"], grads[0]
+    vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+    b_m = b[..., None] if vector else b
+    gx_m = None if gx is None else (gx[..., None] if vector else gx)
+    p = xp.linalg.pinv(a)
+    gr = grads[1] if len(grads) > 1 else None
+    if gr is not None and gr.size == 0:
+        gr = None  # residuals are empty unless A is tall and of full rank (and the driver is not gelsy)
+    if gx is None and gr is None:
+        return each(node, lambda i: None)
+    if gx_m is None:
+        gx_m = xp.zeros(p.shape[:-1] + b_m.shape[-1:], dtype=b.dtype)
+    # Residuals r_j = ||B_j - A X_j||^2 at the least-squares optimum (A^H E = 0): dr_j = 2 Re<E_j, dB_j - dA X_j>
+    e_gr = None
+    if gr is not None:
+        x_m = sv["solution"][..., None] if vector else sv["solution"]
+        e_gr = 2 * (b_m - a @ x_m) * gr[..., None, :]
+
+    def out(i):
+        if i == 0:
+            ga = _pinv_grad(a, p, gx_m @ _mh(b_m))
+            if e_gr is not None:
+                ga = ga - e_gr @ _mh(x_m)
+            return sum_to(xp, ga, a.shape)
+        gb = _mh(p) @ gx_m
+        if e_gr is not None:
+            gb = gb + e_gr
+        return sum_to(xp, gb[..., 0] if vector else gb, b.shape)
+    return each(node, out)

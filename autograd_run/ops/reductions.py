@@ -430,3 +430,78 @@ def trace(node, grads, ctx):
         z[d, d] = g
         return z
     return each(node, out)
+
+
+# --- segment_reduce ------------------------------------------------------------------------------------------------
+
+
+def _segment_grad(reduce, g, out, values, initial):
+    """One segment's gradient (``values`` the segment along its axis first, ``g`` and ``out`` its output row),
+    as PyTorch's CPU ``_segment_reduce_backward`` kernel: ties of max/min share a positive gradient (a gradient
+    of zero or below is not divided: the kernel divides only entries above zero), prod's zeros get the product
+    of the others times ``initial``."""
+    n = values.shape[0]
+    if n == 0:
+        return values.copy()
+    if reduce == "sum":
+        return np.broadcast_to(g, values.shape).copy()
+    if reduce == "mean":
+        return np.broadcast_to(g / n, values.shape).copy()
+    if reduce in ("max", "min"):
+        hit = np.isnan(values) | (values == out)
+        r = np.where(hit, g, 0).astype(values.dtype)
+        count = hit.sum(axis=0)
+        share = (count >= 2) & (r > 0)
+        return np.where(share, r / np.maximum(count, 1), r)
+    # prod
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = g * out / values
+    special = np.isnan(values) | (values == 0)
+    if special.any():
+        for j in range(n):
+            if not special[j].any():
+                continue
+            others = np.prod(np.delete(values, j, axis=0), axis=0) * (1.0 if initial is None else initial)
+            r[j] = np.where(special[j], g * others, r[j])
+    return r
+
+
+def _unsupported_segment_reduce(saved):
+    if saved.get("reduce") not in ("sum", "mean", "max", "min", "prod"):
+        return f"segment_reduce with reduce={saved.get('reduce')!r} has no rule here"
+    return None
+
+
+@op("SegmentReduceBackward0", outputs=1,
+    saved="data:tensor reduce:str lengths:tensor? offsets:tensor? axis:int initial:scalar? result:tensor",
+    cost=cost.reduction(3), unsupported=_unsupported_segment_reduce)
+def segment_reduce(node, grads, ctx):
+    """torch.segment_reduce(data, reduce, lengths or offsets, axis, initial): each segment's gradient back to its
+    elements (sum; mean over its length; max/min to the extremes; prod with zeros handled), per leading batch
+    of the lengths (see ``_segment_grad``)."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    data, out, g = sv["data"], sv["result"], grads[0]
+    host = lambda a: np.asarray(a.get() if hasattr(a, "get") else a)  # noqa: E731 - the kernel runs on the host
+    data_h, out_h, g_h = host(data), host(out), host(g)
+    axis = signed(sv["axis"]) % max(data.ndim, 1)
+    if sv.get("offsets") is not None:
+        offsets = host(sv["offsets"]).astype(np.int64)
+    else:
+        lengths = host(sv["lengths"]).astype(np.int64)
+        offsets = np.concatenate([np.zeros(lengths.shape[:-1] + (1,), np.int64), np.cumsum(lengths, -1)], -1)
+    initial = sv.get("initial")
+    initial = None if initial is None else float(num(initial))
+    pre = data_h.shape[:axis]
+    r = np.zeros_like(data_h)
+    d2 = data_h.reshape((-1,) + data_h.shape[axis:])
+    o2 = out_h.reshape((-1,) + out_h.shape[axis:])
+    g2 = g_h.reshape((-1,) + g_h.shape[axis:])
+    r2 = r.reshape(d2.shape)
+    off2 = offsets.reshape((-1, offsets.shape[-1]))
+    for b in range(int(np.prod(pre)) if pre else 1):
+        off = off2[b if off2.shape[0] > 1 else 0]
+        for j in range(off.shape[0] - 1):
+            lo, hi = int(off[j]), int(off[j + 1])
+            r2[b, lo:hi] = _segment_grad(str(sv["reduce"]), g2[b, j], o2[b, j], d2[b, lo:hi], initial)
+    return each(node, lambda i: xp.asarray(r))

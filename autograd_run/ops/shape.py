@@ -644,3 +644,28 @@ def unfold_backward_backward(node, grads, ctx):
             windows.append(g[tuple(idx)])
         return xp.stack(windows, axis=-1)
     return each(node, out)
+
+
+@op("AsStridedScatterBackward0", outputs=2, saved="size:sizes stride:ints storage_offset:int?", cost=cost.COPY)
+def as_strided_scatter(node, grads, ctx):
+    """torch.as_strided_scatter(a, src, size, stride, offset): src gets the gradient read through that view of
+    the (contiguous) output's storage. a gets what PyTorch 2.13's as_strided_scatter_backward computes: the
+    gradient at the storage positions the view covers and zero elsewhere (it copies the gradient's slice into
+    zeros; the reverse of which entries the scatter overwrote, but it is PyTorch's gradient, which a replay
+    reproduces)."""
+    g = grads[0]
+    sv = node.saved
+    xp = ctx.xp(node)
+    size = [int(n) for n in sv["size"]]
+    stride = [signed(s) for s in sv["stride"]]
+    offset = signed(sv.get("storage_offset")) or 0
+    flat = xp.ascontiguousarray(g).reshape(-1)
+    pos = _storage_index(xp, size, stride, offset)
+
+    def out(i):
+        if i == 1:
+            return flat[pos]
+        r = xp.zeros_like(flat)
+        r[pos.reshape(-1)] = flat[pos.reshape(-1)]
+        return r.reshape(g.shape)
+    return each(node, out)
