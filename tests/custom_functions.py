@@ -51,3 +51,23 @@ class TwoOut(torch.autograd.Function):
 def signed_sqrt(g):
     """A gradient hook no data kind describes (importable by name: held as a python hook)."""
     return g.sign() * g.abs().sqrt()
+
+
+@torch.library.custom_op("autograd_run_tests::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor, s: float) -> torch.Tensor:
+    """A torch.library custom op with a registered backward (its autograd class is generated, not importable)."""
+    return torch.tanh(x) * s
+
+
+def _scaled_tanh_setup(ctx, inputs, output):
+    _, s = inputs
+    ctx.save_for_backward(output)
+    ctx.s = s
+
+
+def _scaled_tanh_backward(ctx, g):
+    (y,) = ctx.saved_tensors
+    return g * (ctx.s - y * y / ctx.s), None
+
+
+scaled_tanh.register_autograd(_scaled_tanh_backward, setup_context=_scaled_tanh_setup)

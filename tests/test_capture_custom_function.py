@@ -132,3 +132,15 @@ def test_check_command_with_allow_python(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "same as PyTorch" in r.stdout
+
+
+def test_a_torch_library_custom_op_calls_its_registered_backward(tmp_path):
+    """torch.library.custom_op + register_autograd (as torch's own chunked linear_cross_entropy): the generated
+    class is not importable, its registered backward is; the node calls that backward."""
+    x = leaf(3, 4, seed=8).requires_grad_(True)
+    loss = weigh(cf.scaled_tanh(x * 1.5, 2.0))
+    doc = _compare(loss, {"x": x}, tmp_path / "g.json")
+    (node,) = [n for n in doc["nodes"] if n["name"].startswith("GeneratedBackwardFor_autograd_run_tests")]
+    assert node["op"] == "python" and node["attrs"]["library_op"] is True
+    assert node["attrs"]["function"] == "custom_functions:_scaled_tanh_backward"
+    assert node["attrs"]["ctx"] == {"s": 2.0}

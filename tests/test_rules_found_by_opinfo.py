@@ -298,3 +298,60 @@ def test_segment_reduce(reduce, initial, tmp_path):
     lens = torch.tensor([[2, 3], [5, 0], [1, 4]])
     y = torch.segment_reduce(x, reduce, lengths=lens, axis=1, initial=initial)
     check(weigh(y.nan_to_num(0.0, 0.0, 0.0)), {"x": x}, path=tmp_path / "b.json")
+
+
+# --- linalg.eig ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_eig_eigenvalues_and_phase_invariant_eigenvectors(batch, tmp_path):
+    """A real A with complex eigenpairs: the gradient is real; |V| is invariant to the eigenvectors' phase."""
+    a = leaf(*batch, 4, 4, seed=60).requires_grad_(True)
+    lam, v = torch.linalg.eig(a)
+    check(weigh(lam) + weigh(v.abs(), seed=4), {"a": a}, path=tmp_path / "a.json",
+          expect_names=["LinalgEigBackward0"])
+    check(weigh(torch.linalg.eigvals(a)), {"a": a}, path=tmp_path / "b.json")
+
+
+def test_eig_a_loss_that_depends_on_the_phase_raises_pytorchs_error(tmp_path):
+    from autograd_run.capture.graph import from_torch
+    from autograd_run.engine import Engine
+    from autograd_run.engine.run import run_graph
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.ops.linalg import ERR_EIG_PHASE
+    a = leaf(4, 4, seed=61).requires_grad_(True)
+    loss = torch.linalg.eig(a)[1].real.sum()
+    with pytest.raises(RuntimeError) as want:
+        torch.autograd.grad(loss, a, retain_graph=True)
+    assert str(want.value) == ERR_EIG_PHASE
+    from_torch([loss], names={"a": a}, path=str(tmp_path / "g.json"), reference=False)
+    eng = Engine(multithreading=False)
+    try:
+        with pytest.raises(Exception) as got:
+            run_graph(eng, load_graph(str(tmp_path / "g.json")))
+    finally:
+        eng.shutdown()
+    assert ERR_EIG_PHASE in str(got.value)
+
+
+# --- Householder products ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (4, 4), (2, 6, 2)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_householder_product(shape, dtype, tmp_path):
+    a = leaf(*shape, seed=70).to(dtype).detach().requires_grad_(True)
+    tau = (leaf(*shape[:-2], shape[-1], seed=71, low=0.2, high=1.5)).to(dtype).detach().requires_grad_(True)
+    q = torch.linalg.householder_product(a, tau)
+    check(weigh(q), {"a": a, "tau": tau}, path=tmp_path / "g.json",
+          expect_names=["LinalgHouseholderProductBackward0"])
+
+
+@pytest.mark.parametrize("left, transpose", [(True, False), (True, True), (False, False), (False, True)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_ormqr_every_side_and_transpose(left, transpose, dtype, tmp_path):
+    a = leaf(5, 3, seed=72).to(dtype).detach().requires_grad_(True)
+    tau = leaf(3, seed=73, low=0.2, high=1.5).to(dtype).detach().requires_grad_(True)
+    c = (leaf(5, 2, seed=74) if left else leaf(2, 5, seed=74)).to(dtype).detach().requires_grad_(True)
+    y = torch.ormqr(a, tau, c, left=left, transpose=transpose)
+    check(weigh(y), {"a": a, "tau": tau, "c": c}, path=tmp_path / "g.json", expect_names=["OrmqrBackward0"])

@@ -63,8 +63,25 @@ _CTX_SKIP = {"to_save", "non_differentiable", "dirty_tensors", "saved_variables"
              "materialize_grads"}
 
 
+def _library_backward(torch, cls):
+    """For the class ``torch.library``'s ``register_autograd`` generates (``GeneratedBackwardFor_<ns>_<op>_<overload>``,
+    not importable): the registered backward function of that custom op, or None."""
+    name = getattr(cls, "__name__", "")
+    if getattr(cls, "__module__", "") != "torch._library.autograd" or not name.startswith("GeneratedBackwardFor_"):
+        return None
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:
+        return None
+    for opdef in list(OPDEFS.values()):
+        for overload in ("default",):
+            if name == f"GeneratedBackwardFor_{opdef._namespace}_{opdef._name}_{overload}":
+                return getattr(opdef, "_backward_fn", None)
+    return None
+
+
 def _importable(cls) -> str | None:
-    """``module:Qualname`` when importing it by name gives this very class; else None."""
+    """``module:Qualname`` when importing it by name gives this very class (or function); else None."""
     import importlib
     mod, qual = getattr(cls, "__module__", None), getattr(cls, "__qualname__", "")
     if not mod or mod == "__main__" or "<locals>" in qual:
@@ -101,10 +118,15 @@ def function_state(torch, fn, nid: str, arrays):
     Read while the forward's saved tensors still exist (before the reference backward)."""
     cls = getattr(fn, "_forward_cls", None)
     where = _importable(cls) if cls is not None else None
+    kind = "function"
+    if where is None and cls is not None:
+        backward = _library_backward(torch, cls)  # a torch.library custom op's registered backward
+        where = _importable(backward) if backward is not None else None
+        kind = "library"
     if where is None:
-        return ("its class is not importable by name (defined in __main__, a script or a function), so a "
-                "replay cannot call its backward")
-    if getattr(cls, "backward", None) is None:
+        return ("its class is not importable by name (defined in __main__, a script or a function, or generated "
+                "without an importable backward), so a replay cannot call its backward")
+    if kind == "function" and getattr(cls, "backward", None) is None:
         return "it has no backward of its own to call"
     try:
         saved_tensors = fn.saved_tensors
@@ -115,7 +137,7 @@ def function_state(torch, fn, nid: str, arrays):
         saved[f"saved_tensors.{k}"] = None if t is None else arrays.put(f"{nid}.saved_tensors.{k}", t)
     ctx = {}
     for name, v in sorted(vars(fn).items()):
-        if name.startswith("_") or name in _CTX_SKIP:
+        if name.startswith("__") or name in _CTX_SKIP:  # (PyTorch's own ctx state is not in the instance dict)
             continue
         if isinstance(v, torch.Tensor):
             saved[f"ctx.{name}"] = arrays.put(f"{nid}.ctx.{name}", v)
@@ -125,6 +147,7 @@ def function_state(torch, fn, nid: str, arrays):
         except TypeError as e:
             return f"its ctx.{name} is a {e} a graph file cannot hold"
     attrs = {"callable": FUNCTION_CALLABLE, "function": where, "ctx": ctx,
+             **({"library_op": True} if kind == "library" else {}),
              "saved_count": len(saved_tensors),
              "needs_input_grad": [bool(b) for b in fn.needs_input_grad],
              "materialize_grads": bool(getattr(fn, "materialize_grads", True))}

@@ -74,6 +74,7 @@ def autograd_function(ctx, grads):
     cls = importlib.import_module(mod)
     for part in qual.split("."):
         cls = getattr(cls, part)
+    library = bool(attrs.get("library_op"))  # a torch.library custom op: its registered backward function
     saved = ctx.saved
     count = int(attrs.get("saved_count", 0))
 
@@ -86,7 +87,9 @@ def autograd_function(ctx, grads):
     values = {name: _ctx_value(torch, v) for name, v in (attrs.get("ctx") or {}).items()}
     values.update({k[len("ctx."):]: tensor(v) for k, v in saved.items() if k.startswith("ctx.")})
     materialize = bool(attrs.get("materialize_grads", True))
-    fctx = _FunctionCtx(saved_tensors, values, tuple(attrs.get("needs_input_grad") or ()), materialize)
+    needs = tuple(attrs.get("needs_input_grad") or ())
+    # torch.library's generated backward hides its trailing metadata input from the registered function
+    fctx = _FunctionCtx(saved_tensors, values, needs[:-1] if library and needs else needs, materialize)
     ins = []
     for k, g in enumerate(grads):
         if g is None and materialize:
@@ -94,7 +97,7 @@ def autograd_function(ctx, grads):
             g = np.zeros(meta.shape, dtype=np.dtype(meta.dtype) if meta.dtype != "bfloat16" else np.float32)
         ins.append(tensor(g))
     with torch.no_grad():
-        out = cls.backward(fctx, *ins)
+        out = cls(fctx, *ins) if library else cls.backward(fctx, *ins)
     if not isinstance(out, tuple):
         out = (out,)
     result = []

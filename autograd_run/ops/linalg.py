@@ -13,7 +13,7 @@ import numpy as np
 
 from autograd_run.ops import cost
 from autograd_run.ops.arrays import each, signed, sum_to
-from autograd_run.ops.numeric import conj, num, sgn
+from autograd_run.ops.numeric import conj, num, real_for, sgn
 from autograd_run.ops.spec import op
 
 
@@ -949,3 +949,121 @@ def lstsq(node, grads, ctx):
             gb = gb + e_gr
         return sum_to(xp, gb[..., 0] if vector else gb, b.shape)
     return each(node, out)
+
+
+#: PyTorch's text (torch 2.13) when a loss depends on the phase of complex eigenvectors.
+ERR_EIG_PHASE = ("linalg_eig_backward: The eigenvectors in the complex case are specified up to multiplication by "
+                 "e^{i phi}. The specified loss function depends on this quantity, so it is ill-defined.")
+
+
+@op("LinalgEigBackward0", outputs=1, saved="eigenvalues:tensor eigenvectors:tensor", cost=_CUBE)
+def eig(node, grads, ctx):
+    """linalg.eig(A) = (L, V), V's columns of norm 1: V^-H (diag(gL) + P(V^H gV) / conj(L_j - L_i)) V^H, P the
+    projection V^H gV - V^H V Re(diag(V^H gV)) (PyTorch's linalg_eig_backward; only gL: V^-H diag(gL) V^H, for
+    eigvals). A real A gets the real part. A loss that depends on the eigenvectors' phase raises PyTorch's
+    error."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    lam, v = sv["eigenvalues"], sv["eigenvectors"]
+    gl, gv = (list(grads) + [None, None])[:2]
+    if gl is None and gv is None:
+        return each(node, lambda i: None)
+    vh = _mh(v)
+    if gv is None:
+        ga = xp.linalg.solve(vh, gl[..., :, None] * vh)
+    else:
+        m = vh @ gv
+        d = xp.diagonal(m, 0, -2, -1)
+        if not np.allclose(np.asarray(d.imag), 0, rtol=1e-2, atol=1e-2):
+            raise RuntimeError(ERR_EIG_PHASE)
+        m = m - vh @ (v * d.real[..., None, :])
+        lc = conj(lam)
+        e = lc[..., None, :] - lc[..., :, None]
+        eye = _eye_like(xp, e).astype(bool)
+        m = m / xp.where(eye, 1, e)
+        if gl is not None:
+            m = xp.where(eye, gl[..., None, :] * xp.ones_like(m), m)
+        ga = xp.linalg.solve(vh, m @ vh)
+    return each(node, lambda i: real_for(node, i, ga))
+
+
+# --- Householder products: linalg.householder_product, ormqr -------------------------------------------------------
+# Q = H_1 ... H_k with H_i = I - tau_i v_i v_i^H, v_i = (0, ..., 0, 1, A[i+1:, i]) (LAPACK's reflectors). The
+# gradients follow the product step by step: for Y = H X, gH = gY X^H and gX = H^H gY (X H likewise), and
+# from gH = g(I - t v v^H): g_t = -v^H gH v, g_v = -(conj(t) gH + t gH^H) v (t = conj(tau) for H^H).
+
+
+def _reflector(xp, a, i):
+    v = xp.zeros(a.shape[:-1], dtype=a.dtype)
+    v[..., i] = 1
+    v[..., i + 1:] = a[..., i + 1:, i]
+    return v
+
+
+def _householder_steps(xp, a, tau, x, left, adjoint):
+    """Apply op(Q) to x (from the left or the right) one reflector at a time; returns (result, steps) with each
+    step's (index, conjugated tau?, input) for the backward."""
+    k = tau.shape[-1]
+    # Q = H_1 .. H_k: Q X applies H_k first; Q^H X applies H_1^H first; X Q applies H_1 first; X Q^H H_k^H first.
+    order = list(range(k - 1, -1, -1)) if left != adjoint else list(range(k))
+    steps = []
+    for i in order:
+        v = _reflector(xp, a, i)
+        t = conj(tau[..., i]) if adjoint else tau[..., i]
+        steps.append((i, x))
+        if left:
+            x = x - t[..., None, None] * (v[..., :, None] * (conj(v)[..., None, :] @ x))
+        else:
+            x = x - t[..., None, None] * ((x @ v[..., :, None]) * conj(v)[..., None, :])
+    return x, steps, order
+
+
+def _householder_backward(xp, a, tau, steps, gy, left, adjoint, want_x=True):
+    """(gA, gtau, gX) through the steps of ``_householder_steps`` (gX None unless ``want_x``)."""
+    ga = xp.zeros_like(a, dtype=xp.result_type(a, gy))
+    gtau = xp.zeros_like(tau, dtype=xp.result_type(tau, gy))
+    g = gy
+    for i, x in reversed(steps):
+        v = _reflector(xp, a, i)
+        t = conj(tau[..., i]) if adjoint else tau[..., i]
+        tb = t[..., None, None]
+        vc, vr = v[..., :, None], conj(v)[..., None, :]
+        if left:  # Y = H X
+            gh = g @ _mh(x)
+            g = g - conj(tb) * (vc * (vr @ g))  # H^H g
+        else:  # Y = X H
+            gh = _mh(x) @ g
+            g = g - conj(tb) * ((g @ vc) * vr)  # g H^H
+        g_t = -(vr @ gh @ vc)[..., 0, 0]
+        g_v = -((conj(tb) * gh + tb * _mh(gh)) @ vc)[..., 0]
+        gtau[..., i] += conj(g_t) if adjoint else g_t
+        ga[..., i + 1:, i] += g_v[..., i + 1:]
+    return ga, gtau, (g if want_x else None)
+
+
+@op("LinalgHouseholderProductBackward0", outputs=2, saved="input:tensor tau:tensor result:tensor", cost=_CUBE)
+def householder_product(node, grads, ctx):
+    """linalg.householder_product(A, tau) = the first n columns of H_1 ... H_k: gradients to A's reflector
+    entries (below the diagonal) and to tau, back through the product."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, tau, g = sv["input"], sv["tau"], grads[0]
+    m, n = a.shape[-2], a.shape[-1]
+    eye = xp.broadcast_to(xp.eye(m, n, dtype=a.dtype), a.shape).copy()
+    _, steps, _ = _householder_steps(xp, a, tau, eye, True, False)
+    ga, gtau, _ = _householder_backward(xp, a, tau, steps, g, True, False, want_x=False)
+    return each(node, lambda i: real_for(node, i, ga if i == 0 else gtau))
+
+
+@op("OrmqrBackward0", outputs=3,
+    saved="self:tensor input2:tensor input3:tensor left:bool? transpose:bool? result:tensor", cost=_CUBE)
+def ormqr(node, grads, ctx):
+    """ormqr(A, tau, C, left, transpose) = op(Q) C or C op(Q), Q = H_1 ... H_k (op: the conjugate transpose
+    when ``transpose``): gradients to A's reflectors, tau and C, back through the product."""
+    sv = ctx.saved(node)
+    xp = ctx.xp(node)
+    a, tau, c, g = sv["self"], sv["input2"], sv["input3"], grads[0]
+    left, adjoint = bool(sv.get("left", True)), bool(sv.get("transpose", False))
+    _, steps, _ = _householder_steps(xp, a, tau, c, left, adjoint)
+    ga, gtau, gc = _householder_backward(xp, a, tau, steps, g, left, adjoint)
+    return each(node, lambda i: real_for(node, i, (ga, gtau, gc)[i]))
