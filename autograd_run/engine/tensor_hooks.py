@@ -29,9 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-#: The kinds a variable's hook may have, with their fields (required first).
-KINDS = {"scale": ("by",), "clamp": ("min", "max"), "clip_norm": ("max_norm", "norm_type", "eps"),
-         "python": ("callable",)}
+from autograd_run.graphs.model import HOOK_KINDS as KINDS  # the graph format's hook kinds and their fields
 
 
 def describe(spec: dict) -> str:

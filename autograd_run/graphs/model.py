@@ -178,6 +178,11 @@ class Root:
     grad: Any = "ones"
 
 
+#: The kinds of a variable's held tensor hooks, with their fields (``engine.tensor_hooks`` runs them).
+HOOK_KINDS = {"scale": ("by",), "clamp": ("min", "max"), "clip_norm": ("max_norm", "norm_type", "eps"),
+              "python": ("callable",)}
+
+
 @dataclass(slots=True)
 class Variable:
     """A leaf tensor: gradients accumulate into it through its AccumulateGrad node."""

@@ -353,7 +353,7 @@ class _Checker:
 
     def hooks(self, value: Any, path: tuple) -> tuple:
         """A variable's ``hooks`` (``engine.tensor_hooks``): a list of known kinds with finite numbers."""
-        from autograd_run.engine.tensor_hooks import KINDS
+        from autograd_run.graphs.model import HOOK_KINDS as KINDS
         if not isinstance(value, list):
             raise self.err(path, f"must be a list of hooks, got {tensors.short(value)}")
         if len(value) > self.MAX_HOOKS:
