@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -67,8 +68,24 @@ def forward_thread_id(torch) -> int | None:
     profiler (about 10 ms) and its node's forward thread read back. Nodes
     the captured forward created on other threads get this thread's id too;
     ``capture --profile`` reads each node's own from its profile. None when
-    a profiler is already running or the probe fails.
+    a profiler is already running or the probe fails. A thread's id does not
+    change: it is probed once per thread (``_FWD_THREAD``).
     """
+    known = getattr(_FWD_THREAD, "id", None)
+    if known is not None:
+        return known
+    got = _probe_forward_thread(torch)
+    if got is not None:
+        _FWD_THREAD.id = got
+    return got
+
+
+#: The calling thread's RecordFunction id once probed (thread-local: it dies with its thread, whose Python ident
+#: a later thread may reuse).
+_FWD_THREAD = threading.local()
+
+
+def _probe_forward_thread(torch) -> int | None:
     from autograd_run.native_stderr import silenced
     try:
         probe = torch.ones(1, requires_grad=True)
