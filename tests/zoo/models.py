@@ -1075,12 +1075,25 @@ def custom_function_recompute():
     return fc2(_RecomputeGELU.apply(fc1(x))).pow(2).sum(), fc1, fc2
 
 
-@model("custom_function_opaque", "custom-function", opaque=1)
-def custom_function_opaque():
-    """A custom autograd.Function whose backward is Python arithmetic: kept opaque (attrs.reason), the order
-    still matches and gradients are not compared."""
+@model("custom_function_python", "custom-function", python=1)
+def custom_function_python():
+    """A custom autograd.Function whose backward is Python arithmetic, importable by name: a python node that
+    calls that backward again (replayed with allow_python), order and gradients as PyTorch's."""
     fc1, fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
     return fc2(_Swish.apply(fc1(_rand(3, 4)))).pow(2).sum(), fc1, fc2
+
+
+@model("custom_function_opaque", "custom-function", opaque=1)
+def custom_function_opaque():
+    """A custom autograd.Function whose backward is Python arithmetic, defined inside a function (not
+    importable, so no replay can call it): kept opaque (attrs.reason), the order still matches and gradients
+    are not compared."""
+    class LocalSwish(torch.autograd.Function):
+        forward = staticmethod(_Swish.forward)
+        backward = staticmethod(_Swish.backward)
+
+    fc1, fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+    return fc2(LocalSwish.apply(fc1(_rand(3, 4)))).pow(2).sum(), fc1, fc2
 
 
 @model("autocast_bf16_cnn", "precision", dtype=torch.float32, half=torch.bfloat16)

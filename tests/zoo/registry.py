@@ -44,6 +44,9 @@ class Entry:
     tol: tuple[float, float] | None = None
     #: Opaque nodes this model is expected to keep (custom Functions that cannot be traced).
     opaque: int = 0
+    #: Python nodes it is expected to have (custom Functions replayed by calling their own backward: the replay
+    #: needs allow_python).
+    python: int = 0
     #: The half type the model computes in (its own dtype, or an autocast's), None for float32/float64.
     half: torch.dtype | None = None
     note: str = ""
@@ -62,14 +65,14 @@ ZOO: dict[str, Entry] = {}
 
 
 def model(name: str, family: str, *, dtype: torch.dtype = torch.float64, tol=None, opaque: int = 0,
-          half: torch.dtype | None = None, note: str = "", external: str = ""):
+          half: torch.dtype | None = None, note: str = "", external: str = "", python: int = 0):
     """Register the decorated builder under ``name``."""
     def register(fn):
         if name in ZOO:
             raise ValueError(f"zoo model {name!r} registered twice")
         h = half or (dtype if dtype in (torch.float16, torch.bfloat16) else None)
-        ZOO[name] = Entry(name, family, fn, dtype, tol, opaque, h, note or " ".join((fn.__doc__ or "").split()),
-                          external)
+        ZOO[name] = Entry(name, family, fn, dtype, tol, opaque, python, h,
+                          note or " ".join((fn.__doc__ or "").split()), external)
         return fn
     return register
 

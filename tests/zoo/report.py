@@ -50,10 +50,10 @@ def measure(name: str, folder: str) -> dict:
     largest = max((float(np.abs(w.astype(np.float64)).max()) for w in want.values() if w is not None and w.size),
                   default=0.0)
     rtol, atol = tolerance(entry, largest)
-    report = check_graph(g, rtol, atol)
+    report = check_graph(g, rtol, atol, allow_python=True)
     worst = None
     if report.grads_compared:
-        res = run_graph(Engine(multithreading=False), g, retain_graph=True, allow_unused=True)
+        res = run_graph(Engine(multithreading=False, allow_python=True), g, retain_graph=True, allow_unused=True)
         worst = 0.0
         for k, w in want.items():
             o = res.grads.get(k)
@@ -143,12 +143,10 @@ are not compared (`check` says so).
 
 | node | where it appears | why |
 |---|---|---|
-| custom `autograd.Function` whose backward is Python arithmetic (`<Name>Backward`) | hand-written activations, straight-through estimators, many libraries' fused ops | its backward builds no autograd graph: the arithmetic is not recorded anywhere autograd can see, so there is nothing to replay (`custom_function_opaque` in the zoo) |
+| custom `autograd.Function` whose backward is Python arithmetic (`<Name>Backward`), defined where it cannot be imported by name or keeping a module or callable on ctx | hand-written activations, straight-through estimators defined in scripts | its backward builds no autograd graph, and a replay cannot call it again (`custom_function_opaque` in the zoo); an importable one becomes a python node that calls its backward (`custom_function_python`, replayed with `--allow-python`) |
 | custom Function whose backward transforms a nested backward's gradients | reversible networks that recombine gradients | only a nested `backward()`/`grad()` whose results are returned as they are can be kept as data; its nested graph is then left out of the file and of the order |
 | `CompiledFunctionBackward` | `torch.compile`d modules | an AOTAutograd custom Function running compiled code |
 | `FakeQuantizeLearnablePerTensorAffineBackward0`, `...PerChannel...` | LSQ (learnable scale and zero point) | no rule yet: the scale and zero-point gradients follow the kernel's float32 arithmetic and its own zero-point rounding |
-| `LinalgEigBackward0`, `LinalgLstsqBackward0`, `LinalgLuBackward0`, `LinalgLuFactorExBackward0`, `LinalgHouseholderProductBackward0` | models differentiating through these decompositions | no rule yet (QR, pseudo-inverse, SVD, eigh, Cholesky, solves, determinants and the matrix exponential have rules) |
-| `CrossMapLRN2dBackward` | `nn.CrossMapLRN2d` (legacy) | one of PyTorch's own Python Functions, its backward Python arithmetic: kept opaque like any such Function |
 | any node saving a tensor with inf/nan values or complex values | CTC's log-alphas, complex models | not an opaque node, but such a tensor cannot be written inline: capture with a path (the `.npz` holds it) |
 | `CudnnRnnBackward0`, `CudnnConvolutionBackward0`, `FlashAttentionBackward0`, `EfficientAttentionBackward0`, `ThnnFusedLstmCellBackward0`, `MkldnnConvolutionBackward0` | graphs captured on a GPU (or with MKLDNN tensors) | fused backend kernels with their own saved layouts; a CPU capture records the generic nodes instead |
 | sparse gradients (`Embedding(sparse=True)`), nested tensors (`...AutogradNestedTensor0`) | | the format holds dense tensors only |
