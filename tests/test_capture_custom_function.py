@@ -144,3 +144,60 @@ def test_a_torch_library_custom_op_calls_its_registered_backward(tmp_path):
     assert node["op"] == "python" and node["attrs"]["library_op"] is True
     assert node["attrs"]["function"] == "custom_functions:_scaled_tanh_backward"
     assert node["attrs"]["ctx"] == {"s": 2.0}
+
+
+SCRIPT = '''
+import torch
+
+
+class GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -ctx.alpha * g, None
+
+
+def main():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).double()
+    model[0].weight.register_hook(lambda g: g.clamp(-0.1, 0.1))
+    x = torch.randn(4, 8, dtype=torch.float64)
+    loss = model(GradReverse.apply(model[0](x).sum(1, keepdim=True).expand(4, 8), 0.5)).sum()
+    return loss, dict(model.named_parameters())
+
+
+if __name__ == "__main__":
+    raise SystemExit("the replay must not run this part")
+'''
+
+
+def test_a_function_defined_in_the_captured_script_replays_from_the_script(tmp_path):
+    """The user's path: `capture model.py:main` of a script that defines its own Function (and clips a
+    weight's gradient with a hook); `check --allow-python` loads the script's top level again, also after the
+    graph and the script moved to another folder together."""
+    import shutil
+    script = tmp_path / "model.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "g.json"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "autograd_run", *a], capture_output=True,  # noqa: E731
+                                    text=True, timeout=120)
+    r = run("capture", f"{script}:main", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "Note: tensor hooks held as data" in r.stderr and "clamp(min=-0.1, max=0.1)" in r.stderr
+    doc = json.loads(out.read_text())
+    (node,) = [n for n in doc["nodes"] if n.get("op") == "python"]
+    assert node["attrs"]["script"] == str(script) and node["attrs"]["function"].endswith(":GradReverse")
+    r = run("check", str(out))
+    assert r.returncode == 2 and "GradReverse from" in r.stderr and "--allow-python" in r.stderr, r.stderr
+    r = run("check", str(out), "--allow-python")
+    assert r.returncode == 0 and "same as PyTorch" in r.stdout, r.stdout + r.stderr
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for f in ("g.json", "g.npz", "model.py"):
+        shutil.move(str(tmp_path / f), str(moved / f))
+    r = run("check", str(moved / "g.json"), "--allow-python")
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -80,11 +80,36 @@ def _library_backward(torch, cls):
     return None
 
 
+#: Scripts ``capture`` ran (``runpy.run_path`` under a run name): run name -> (absolute path, its namespace).
+#: A Function defined at a script's top level is found through it and replayed by loading that file again.
+SCRIPTS: dict[str, tuple[str, dict]] = {}
+
+
+def register_script(run_name: str, path: str, namespace: dict) -> None:
+    """Tell capture that ``path`` ran as module ``run_name`` (``capture SCRIPT:FUNC`` does, before the call)."""
+    import os
+    SCRIPTS[run_name] = (os.path.abspath(path), namespace)
+
+
+def _from_script(obj) -> tuple[str, str] | None:
+    """``(Qualname, script path)`` for a class or function defined at the top level of a script capture ran."""
+    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    ran = SCRIPTS.get(mod or "")
+    if ran is None or "<locals>" in qual:
+        return None
+    found = ran[1]
+    for k, part in enumerate(qual.split(".")):
+        found = found.get(part) if k == 0 else getattr(found, part, None)
+        if found is None:
+            return None
+    return (qual, ran[0]) if found is obj else None
+
+
 def _importable(cls) -> str | None:
     """``module:Qualname`` when importing it by name gives this very class (or function); else None."""
     import importlib
     mod, qual = getattr(cls, "__module__", None), getattr(cls, "__qualname__", "")
-    if not mod or mod == "__main__" or "<locals>" in qual:
+    if not mod or mod == "__main__" or "<locals>" in qual or mod in SCRIPTS:
         return None
     try:
         obj = importlib.import_module(mod)
@@ -119,12 +144,15 @@ def function_state(torch, fn, nid: str, arrays):
     cls = getattr(fn, "_forward_cls", None)
     where = _importable(cls) if cls is not None else None
     kind = "function"
+    script = None
+    if where is None and cls is not None and (found := _from_script(cls)) is not None:
+        where, script = f"{cls.__module__}:{found[0]}", found[1]
     if where is None and cls is not None:
         backward = _library_backward(torch, cls)  # a torch.library custom op's registered backward
         where = _importable(backward) if backward is not None else None
         kind = "library"
     if where is None:
-        return ("its class is not importable by name (defined in __main__, a script or a function, or generated "
+        return ("its class is not importable by name (defined inside a function, in __main__, or generated "
                 "without an importable backward), so a replay cannot call its backward")
     if kind == "function" and getattr(cls, "backward", None) is None:
         return "it has no backward of its own to call"
@@ -148,6 +176,7 @@ def function_state(torch, fn, nid: str, arrays):
             return f"its ctx.{name} is a {e} a graph file cannot hold"
     attrs = {"callable": FUNCTION_CALLABLE, "function": where, "ctx": ctx,
              **({"library_op": True} if kind == "library" else {}),
+             **({"script": script} if script else {}),
              "saved_count": len(saved_tensors),
              "needs_input_grad": [bool(b) for b in fn.needs_input_grad],
              "materialize_grads": bool(getattr(fn, "materialize_grads", True))}

@@ -92,6 +92,8 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
     from autograd_run.capture.distributed import end_process_group
     click.get_current_context().call_on_close(end_process_group)  # the group one_process_group() started
     namespace = _user_call(path, "running the script", lambda: runpy.run_path(path, run_name="__autograd_run_capture__"))
+    from autograd_run.capture.inner import register_script
+    register_script("__autograd_run_capture__", path, namespace)  # its custom Functions: replayed from the file
     fn = namespace.get(func)
     if not callable(fn):
         raise UsageError(f"{path}: no function {func!r}")
@@ -100,7 +102,7 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
         raise UsageError(f"{path}: {func}() returned a dict without 'outputs'")
     outputs, kw = _split(result)
     with warnings.catch_warnings():  # told below from meta.hooks, once and plainly
-        warnings.filterwarnings("ignore", message="tensor hooks are not part of the graph file")
+        warnings.filterwarnings("ignore", message="tensor hooks (are not part|held as data)")
         if order_out or expect_order or check_replay:
             doc = capture_golden.finish(outputs, kw, output, order_out, expect_order, check_replay, golden,
                                         _describe, f"{path}: {func}()")
@@ -113,7 +115,8 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
     hooks = doc.get("meta", {}).get("hooks")
     if hooks:
         from autograd_run.capture.hooks import warning_text
-        echo(f"Warning: {warning_text(hooks)}", err=True)
+        text = warning_text(hooks)
+        echo(f"{'Warning' if 'runs without them' in text else 'Note'}: {text}", err=True)
     opaque = [n for n in doc["nodes"] if n.get("op") == "opaque"]
     if output:
         for n in opaque[:5]:

@@ -18,6 +18,8 @@ and ``materialize_grads``; gradients go in and come out as torch tensors
 
 from __future__ import annotations
 
+import threading
+
 
 #: PyTorch's text (torch.utils.checkpoint, reentrant variant) when checkpointing is not valid.
 ERR_CHECKPOINT_INVALID = (
@@ -63,6 +65,35 @@ def _ctx_value(torch, v):
     return v
 
 
+#: Scripts loaded for python nodes (path -> module), each once per process.
+_SCRIPTS: dict = {}
+_SCRIPTS_LOCK = threading.Lock()  # guards _SCRIPTS (device threads may replay python nodes at once)
+
+
+def _script_module(ctx, script):
+    """The module of the script a custom Function was defined in (``capture SCRIPT:FUNC``): its top level run
+    again (its ``if __name__ == "__main__"`` part not), from the recorded path or, when the graph moved, from
+    the graph file's folder."""
+    import importlib.util
+    import os
+    path = str(script)
+    if not os.path.isfile(path):
+        base = getattr(ctx.graph, "base_dir", None)
+        moved = os.path.join(base, os.path.basename(path)) if base else None
+        if not moved or not os.path.isfile(moved):
+            raise RuntimeError(f"node {ctx.node.id!r}: the script its custom Function was defined in, {path!r}, "
+                               "is not there (nor beside the graph file)")
+        path = moved
+    with _SCRIPTS_LOCK:
+        mod = _SCRIPTS.get(path)
+        if mod is None:
+            spec = importlib.util.spec_from_file_location(f"autograd_run_script_{len(_SCRIPTS)}", path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            _SCRIPTS[path] = mod
+    return mod
+
+
 def autograd_function(ctx, grads):
     import importlib
 
@@ -71,7 +102,7 @@ def autograd_function(ctx, grads):
     node = ctx.node
     attrs = node.attrs
     mod, _, qual = str(attrs["function"]).partition(":")
-    cls = importlib.import_module(mod)
+    cls = _script_module(ctx, attrs["script"]) if attrs.get("script") else importlib.import_module(mod)
     for part in qual.split("."):
         cls = getattr(cls, part)
     library = bool(attrs.get("library_op"))  # a torch.library custom op: its registered backward function

@@ -175,6 +175,8 @@ def check_python_nodes(graph: Graph, allow_python: bool = False) -> None:
     n = found[0]
     # a custom autograd.Function captured with its backward names its class; other python nodes their callable
     call = (n.attrs.get("function") or n.attrs.get("callable")) if n.attrs else None
+    if isinstance(call, str) and n.attrs.get("script"):
+        call = f"{call} from {n.attrs['script']}"
     what = ("a python node" + (f" (it calls {call!r:.80})" if isinstance(call, str) else "")
             + (f", and {len(found) - 1} more" if len(found) > 1 else "")
             + ": running it imports and calls Python code named by the file; "
