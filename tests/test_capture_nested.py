@@ -197,12 +197,12 @@ def test_non_reentrant_checkpoints_leave_a_plain_graph(tmp_path):
 # --- hooks ----------------------------------------------------------------------------------------------
 
 
-def hooked():
+def hooked(transform=lambda g: g.abs().sqrt()):
     torch.manual_seed(4)
     lin = nn.Linear(3, 3).double()
     x = torch.randn(4, 3, dtype=D, requires_grad=True)
     h = lin(x)
-    h.register_hook(lambda g: g.clamp(-0.05, 0.05))        # gradient clipping on an activation
+    h.register_hook(transform)                            # a hook on an activation no data kind describes
     y = torch.tanh(h)
     y.register_hook(lambda g: None)                       # an observer: changes nothing
     return y.sum(), {"x": x, **dict(lin.named_parameters())}
@@ -219,6 +219,17 @@ def test_tensor_hooks_are_named_and_explain_the_mismatch(tmp_path):
     report = check_graph(load_graph(path))
     assert report.order_ok and not report.ok
     assert "hooks that the graph file does not hold" in report.note
+
+
+def test_gradient_clipping_on_an_activation_is_held_as_observed(tmp_path):
+    """The same activation clipped by value (a kind one observation fixes): held on AddmmBackward0's slot, as
+    far as the captured gradient shows it (all its entries are positive here: only the upper bound is seen)."""
+    loss, names = hooked(lambda g: g.clamp(-0.05, 0.05))
+    path = str(tmp_path / "g.json")
+    with pytest.warns(UserWarning, match=r"held as data.*clamp\(max=0.05\) \(observed\)"):
+        doc = from_torch(loss, names=names, path=path)
+    assert doc["meta"]["hooks"][0]["held"]
+    assert check_graph(load_graph(path)).ok
 
 
 def test_leaf_and_module_hooks_are_named():
@@ -258,7 +269,7 @@ def test_capture_command_prints_hooks_and_nested_graphs(tmp_path, capsys):
         "    lin = torch.nn.Linear(3, 3).double()\n"
         "    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)\n"
         "    h = checkpoint(lin, x, use_reentrant=True)\n"
-        "    h.register_hook(lambda g: g * 3)\n"
+        "    h.register_hook(lambda g: g.cumsum(0))\n"
         "    return h.sum(), dict(lin.named_parameters(), x=x)\n")
     out = tmp_path / "m.json"
     code, text, err = run_cli(["capture", f"{script}:main", "-o", str(out)], capsys)

@@ -181,3 +181,88 @@ def test_run_command_replays_held_hooks(tmp_path):
     assert grads is not None, sorted(out)
     np.testing.assert_allclose(np.asarray(grads["w"]["data"] if isinstance(grads["w"], dict) else grads["w"]),
                                [2.5, -1.0])
+
+
+# -- hooks on non-leaf tensors: held as what they did (observed) -------------------------------------------------
+
+
+def _chain(seed):
+    w = leaf(4, 3, seed=seed).requires_grad_(True)
+    x = leaf(5, 4, seed=seed + 1).detach()
+    h = x @ w
+    z = torch.tanh(h) * 3
+    return w, h, z
+
+
+def test_non_leaf_hooks_are_held_as_observed(tmp_path):
+    """A clamp on one intermediate and a gradient reversal (scale -0.5) on another: held on the consumer nodes'
+    slots as what they did to the captured gradient; the replay agrees with PyTorch."""
+    from autograd_run.capture.check import check_graph
+    from autograd_run.graphs.load import load_graph
+    w, h, z = _chain(21)
+    h.register_hook(lambda g: g.clamp(-0.05, 0.05))
+    z.register_hook(lambda g: g * -0.5)
+    doc, said = _capture(weigh(torch.sin(z)), {"w": w}, tmp_path / "g.json")
+    held = {n["name"]: n["attrs"]["hooks"] for n in doc["nodes"] if (n.get("attrs") or {}).get("hooks")}
+    assert held == {"MmBackward0": [{"slot": 0, "kind": "clamp", "min": -0.05, "max": 0.05, "observed": True}],
+                    "MulBackward0": [{"slot": 0, "kind": "scale", "by": -0.5, "observed": True}]}
+    assert "held as data" in said and "(observed)" in said and "runs without them" not in said
+    report = check_graph(load_graph(str(tmp_path / "g.json")), rtol=1e-12, atol=1e-14)
+    assert report.ok, (report.note, [(g.name, g.max_abs) for g in report.grads])
+
+
+def test_a_non_leaf_hook_nothing_fits_is_still_reported(tmp_path):
+    from autograd_run.capture.check import check_graph
+    from autograd_run.graphs.load import load_graph
+    w, h, z = _chain(23)
+    z.register_hook(lambda g: g.abs().sqrt())
+    doc, said = _capture(weigh(torch.sin(z)), {"w": w}, tmp_path / "g.json")
+    assert not any((n.get("attrs") or {}).get("hooks") for n in doc["nodes"])
+    assert "runs without them" in said
+    report = check_graph(load_graph(str(tmp_path / "g.json")))
+    assert not report.ok and "does not hold" in report.note
+
+
+@pytest.mark.parametrize("hooks, where, what", [
+    ([{"kind": "scale", "by": 2}], "attrs.hooks[0].slot", "input slot"),
+    ([{"kind": "scale", "by": 2, "slot": 3}], "attrs.hooks[0].slot", "input slot of the node (0 to 0)"),
+    ([{"kind": "scale", "by": 2, "slot": 0, "observed": "yes"}], "attrs.hooks[0].observed", "true or false"),
+    ([{"kind": "clamp", "slot": 0}], "attrs.hooks[0]", "needs min or max"),
+])
+def test_hostile_node_hooks_are_refused_with_the_place(hooks, where, what, tmp_path):
+    doc = {"format": "autograd-graph/1",
+           "nodes": [{"id": "neg", "name": "NegBackward0", "next": [["acc", 0]], "attrs": {"hooks": hooks},
+                      "inputs": [{"shape": [2]}]},
+                     {"id": "acc", "name": "torch::autograd::AccumulateGrad", "variable": "w",
+                      "inputs": [{"shape": [2]}]}],
+           "roots": [{"node": "neg", "grad": [1.0, 1.0]}],
+           "variables": [{"name": "w", "shape": [2]}]}
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "-m", "autograd_run", "validate", str(p)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("Error:") and where in r.stderr and what in r.stderr, r.stderr
+
+
+def test_a_node_hook_runs_before_the_node(tmp_path):
+    """attrs.hooks on a hand-written file: the slot's gradient is clamped before NegBackward0 negates it."""
+    from autograd_run.engine import Engine
+    from autograd_run.engine.run import run_graph
+    from autograd_run.graphs.load import load_graph
+    doc = {"format": "autograd-graph/1",
+           "nodes": [{"id": "neg", "name": "NegBackward0", "next": [["acc", 0]],
+                      "attrs": {"hooks": [{"slot": 0, "kind": "clamp", "min": -1.0, "max": 0.5}]},
+                      "inputs": [{"shape": [3], "dtype": "float64"}]},
+                     {"id": "acc", "name": "torch::autograd::AccumulateGrad", "variable": "w",
+                      "inputs": [{"shape": [3], "dtype": "float64"}]}],
+           "roots": [{"node": "neg", "grad": {"data": [2.0, -3.0, 0.25], "shape": [3], "dtype": "float64"}}],
+           "variables": [{"name": "w", "shape": [3], "dtype": "float64"}]}
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    eng = Engine(multithreading=False)
+    try:
+        res = run_graph(eng, load_graph(str(p)))
+    finally:
+        eng.shutdown()
+    np.testing.assert_array_equal(res.grads["w"], [-0.5, 1.0, -0.25])

@@ -937,9 +937,10 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, 
 def _report_hooks(doc: dict, cap: _Capture, watch) -> None:
     """Warn about tensor hooks the graph file cannot hold, naming the tensors; list them in ``meta.hooks``."""
     import warnings
-    from autograd_run.capture.hooks import describe, hold_leaf_hooks, leaf_hooks, warning_text
+    from autograd_run.capture.hooks import describe, hold_leaf_hooks, hold_node_hooks, leaf_hooks, warning_text
     held = hold_leaf_hooks(_torch(), cap) if cap.values else {}
-    found = describe(cap, watch, leaf_hooks(cap), held)
+    held_nodes = hold_node_hooks(_torch(), cap, watch) if cap.values else {}
+    found = describe(cap, watch, leaf_hooks(cap), held, held_nodes)
     if found:
         doc.setdefault("meta", {})["hooks"] = found
         warnings.warn(warning_text(found), UserWarning, stacklevel=3)

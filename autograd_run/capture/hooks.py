@@ -53,6 +53,7 @@ class HookWatch:
         self.cap = cap
         self.sent: dict = {}
         self.changed: dict = {}   # (fn, slot) -> max abs difference
+        self.pairs: dict = {}     # (fn, slot) -> (what was sent, what the node received), for fitting
 
     def add(self, fn, slot: int, grad) -> None:
         if grad is None:
@@ -89,6 +90,7 @@ class HookWatch:
                 continue
             if diff is not None:
                 self.changed[(fn, slot)] = diff
+                self.pairs[(fn, slot)] = (want.detach(), got.detach())
 
     def _difference(self, got, want):
         """None when ``got`` is what was sent (NaNs in the same places count as equal), else the max change."""
@@ -107,7 +109,7 @@ class HookWatch:
 
 
 def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]],
-             held: dict[str, list[str]] | None = None) -> list[dict]:
+             held: dict[str, list[str]] | None = None, held_nodes: dict[str, str] | None = None) -> list[dict]:
     """The hooks found, as ``meta.hooks`` entries: ``{"tensor", "node", "slot", "how"}``, and ``"held"`` (what the
     file holds them as) for the leaves whose ``register_hook`` functions are held as data (``hold_leaf_hooks``)."""
     out = []
@@ -131,8 +133,11 @@ def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]],
                 continue
             var = cap.var_of.get(fn)
             tensor = f"leaf {var!r}" if var is not None else f"output {slot} of {fn.name()} (node {nid})"
-            out.append({"tensor": tensor, "node": nid, "slot": slot,
-                        "how": f"a hook changed its gradient (max abs change {diff:.3g})"})
+            entry = {"tensor": tensor, "node": nid, "slot": slot,
+                     "how": f"a hook changed its gradient (max abs change {diff:.3g})"}
+            if held_nodes and nid in held_nodes:
+                entry["held"] = held_nodes[nid]
+            out.append(entry)
     return out
 
 
@@ -142,7 +147,7 @@ def _names(found: list[dict]) -> str:
 
 def warning_text(found: list[dict]) -> str:
     """The capture's message about hooks: which are held as data, which the replay runs without."""
-    held = [e for e in found if e.get("held") and e["how"] == "register_hook"]
+    held = [e for e in found if e.get("held") and (e["how"] == "register_hook" or e["how"].startswith("a hook"))]
     lost = [e for e in found if e not in held]
     parts = []
     if held:
@@ -300,4 +305,34 @@ def hold_leaf_hooks(torch, cap) -> dict[str, list[str]]:
         if specs:
             cap.var_doc[name]["hooks"] = specs
         held[name] = [say(s) for s in specs] or ["a hook that changes nothing"]
+    return held
+
+
+def hold_node_hooks(torch, cap, watch) -> dict:
+    """Hold the hooks seen changing a non-leaf tensor's gradient (``HookWatch``) as data on the node that
+    receives it (``attrs.hooks`` with the slot), when one observation fits a kind: ``scale`` (received = c *
+    sent) or ``clamp`` (the bounds are the values clipped entries took). PyTorch does not expose these hook
+    functions, so what is held is what the hooks did to the captured gradient (``observed``): the replay of the
+    captured values is exact; a norm clip, for one, is held as the scale it applied. Returns node id -> the held
+    hook described."""
+    from autograd_run.engine.tensor_hooks import describe as say
+    held: dict = {}
+    if watch is None:
+        return held
+    for (fn, slot), (sent, got) in watch.pairs.items():
+        doc = cap.docs.get(fn)
+        if doc is None or fn in cap.var_of:  # a leaf's hooks are held from the functions themselves
+            continue
+        try:
+            pairs = [(sent.double(), got.to(sent.dtype).double())]
+        except (RuntimeError, TypeError):
+            continue
+        if sent.is_complex() or got.shape != sent.shape:
+            continue
+        spec = _fit_scale(torch, pairs) or _fit_clamp(torch, pairs)
+        if spec is None:
+            continue
+        spec = {"slot": int(slot), **spec, "observed": True}
+        doc.setdefault("attrs", {}).setdefault("hooks", []).append(spec)
+        held[doc["id"]] = say(spec) + " (observed)"
     return held

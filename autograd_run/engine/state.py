@@ -154,7 +154,7 @@ class GraphState:
             else:
                 self.grads[v.name] = None
             held_hooks = held_hooks or bool(v.hooks)
-        if held_hooks:  # a leaf's register_hook transforms, held as data in the file
+        if held_hooks or graph.hooked_nodes:  # tensor hooks held as data in the file
             from autograd_run.engine import tensor_hooks
             tensor_hooks.register(self, graph)
 

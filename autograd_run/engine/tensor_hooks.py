@@ -109,8 +109,12 @@ def _python_hook(target: str) -> Callable[[Any], Any]:
 
 
 def register(state, graph) -> None:
-    """Register every variable's held hooks on ``state`` as tensor pre-hooks of its AccumulateGrad node."""
+    """Register the held hooks on ``state``: every variable's as tensor pre-hooks of its AccumulateGrad node,
+    every node's (``attrs.hooks``: a non-leaf tensor's hooks, on the slot of its consumer node) on its slot."""
     for v in graph.variables.values():
         if v.hooks and v.node is not None:
             for spec in v.hooks:
                 state.register_tensor_pre_hook(v.node, 0, make_hook(spec))
+    for node in graph.hooked_nodes:
+        for spec in node.attrs.get("hooks") or ():
+            state.register_tensor_pre_hook(node, int(spec["slot"]), make_hook(spec))

@@ -235,6 +235,8 @@ class Graph:
     #: ``post_backward`` node ids or None, optional ``backward_prefetch``, ``param_dtype``, ``reduce_dtype``),
     #: ``root``, ``world_size``. None: not captured under FSDP2.
     fsdp: dict | None = None
+    #: Nodes with tensor hooks on their input slots (``attrs.hooks``; ``engine.tensor_hooks``), found at load.
+    hooked_nodes: list = field(default_factory=list)
     #: Where the saved tensors live, recorded by capture (the file's ``storage``; see ``graphs.validate`` and
     #: ``analysis.memory``): ``blocks``, a list of ``(bytes, variable name or None, recompute group or
     #: None)``, one per storage (a variable's: a leaf owns it, the backward never frees it; a recompute

@@ -291,6 +291,8 @@ class _Checker:
             side_name = os.path.splitext(os.path.basename(source))[0] + ".npz"
         self.side = tensors.SideFiles(base_dir, side_name, source)
         self._metas: dict = {}
+        #: Nodes whose attrs hold tensor hooks (``attrs.hooks``): the graph's ``hooked_nodes``.
+        self.hooked: list = []
         #: The path where each distinct input metadata was first seen (for the budget message).
         self._meta_paths: dict = {}
         self.base_dir = base_dir
@@ -353,8 +355,9 @@ class _Checker:
     #: At most this many hooks on one variable.
     MAX_HOOKS = 16
 
-    def hooks(self, value: Any, path: tuple) -> tuple:
-        """A variable's ``hooks`` (``engine.tensor_hooks``): a list of known kinds with finite numbers."""
+    def hooks(self, value: Any, path: tuple, slots: int | None = None) -> tuple:
+        """A variable's ``hooks`` (``engine.tensor_hooks``): a list of known kinds with finite numbers; a node's
+        (``slots``: its input count) also name the ``slot`` each runs on, and may be ``observed``."""
         from autograd_run.graphs.model import HOOK_KINDS as KINDS
         if not isinstance(value, list):
             raise self.err(path, f"must be a list of hooks, got {tensors.short(value)}")
@@ -367,9 +370,18 @@ class _Checker:
                 raise self.err(p + ("kind",), f"must be one of {', '.join(KINDS)}, got "
                                f"{tensors.short(h.get('kind') if isinstance(h, dict) else h)}")
             kind = h["kind"]
+            extra = ("slot", "observed") if slots is not None else ()
             for key in h:
-                if key != "kind" and key not in KINDS[kind]:
-                    raise self.err(p + (key,), f"unknown field for a {kind} hook (fields: {', '.join(KINDS[kind])})")
+                if key != "kind" and key not in KINDS[kind] and key not in extra:
+                    raise self.err(p + (key,), f"unknown field for a {kind} hook (fields: "
+                                   f"{', '.join(KINDS[kind] + extra)})")
+            if slots is not None:
+                slot = h.get("slot")
+                if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < slots:
+                    raise self.err(p + ("slot",), f"must be an input slot of the node (0 to {slots - 1}), "
+                                   f"got {tensors.short(slot)}")
+                if not isinstance(h.get("observed", False), bool):
+                    raise self.err(p + ("observed",), "must be true or false")
 
             def number(key, required=False, low=None):
                 v = h.get(key)
@@ -681,6 +693,7 @@ class _Checker:
         graph = Graph(nodes, [], variables, list(spec.inputs or ()), mode, dict(spec.meta or {}),
                       self.source, self.base_dir, by_id)
         graph.max_device_index = max_device_index
+        graph.hooked_nodes = self.hooked
         # Every input slot's meta is one of the interned metas, or an AccumulateGrad's made from its variable.
         graph.slot_dtypes = frozenset({m.dtype for m in metas.values()} | {v.dtype for v in variables.values()})
         try:
@@ -975,6 +988,9 @@ class _Checker:
             raise self.err(p + ("nan",), "attrs.nan must be true or false")
         if "trace" in attrs and not isinstance(attrs["trace"], str):
             raise self.err(p + ("trace",), "attrs.trace must be a string")
+        if "hooks" in attrs:  # tensor hooks on the node's input slots (a non-leaf tensor's register_hook)
+            self.hooks(attrs["hooks"], p + ("hooks",), slots=len(node.inputs))
+            self.hooked.append(node)
         if node.op is PYTHON and "callable" in attrs and not (
                 isinstance(attrs["callable"], str) and ":" in attrs["callable"]):
             raise self.err(p + ("callable",), "attrs.callable must be 'module:function'")
