@@ -255,26 +255,13 @@ def _fit_clip_norm(torch, pairs):
     return None
 
 
-def _importable_function(fn) -> str | None:
-    import importlib
-    mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not mod or mod == "__main__" or "<" in qual:
-        return None
-    try:
-        obj = importlib.import_module(mod)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
-        return None
-    return f"{mod}:{qual}" if obj is fn else None
-
-
 def identify(torch, hook, var) -> dict | None:
     """``hook`` (a leaf's ``register_hook`` function) as one ``engine.tensor_hooks`` mapping, or None.
 
     {"kind": "identity"} for a hook that changes no probe (nothing to hold)."""
+    from autograd_run.capture.inner import _importable
     if var.numel() == 0 or not (var.is_floating_point()) or var.dtype in (torch.float16, torch.bfloat16):
-        target = _importable_function(hook)
+        target = _importable(hook)
         return {"kind": "python", "callable": target} if target else None
     pairs = _probe(torch, hook, var)
     if pairs is not None:
@@ -284,7 +271,7 @@ def identify(torch, hook, var) -> dict | None:
             spec = fit(torch, pairs)
             if spec is not None:
                 return spec
-    target = _importable_function(hook)
+    target = _importable(hook)
     return {"kind": "python", "callable": target} if target else None
 
 

@@ -73,10 +73,9 @@ def _library_backward(torch, cls):
         from torch._library.custom_ops import OPDEFS
     except ImportError:
         return None
-    for opdef in list(OPDEFS.values()):
-        for overload in ("default",):
-            if name == f"GeneratedBackwardFor_{opdef._namespace}_{opdef._name}_{overload}":
-                return getattr(opdef, "_backward_fn", None)
+    for opdef in list(OPDEFS.values()):  # custom_op defines the default overload only
+        if name == f"GeneratedBackwardFor_{opdef._namespace}_{opdef._name}_default":
+            return getattr(opdef, "_backward_fn", None)
     return None
 
 

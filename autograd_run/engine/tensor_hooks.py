@@ -60,13 +60,9 @@ def make_hook(spec: dict) -> Callable[[Any], Any]:
     if kind == "clamp":
         lo, hi = spec.get("min"), spec.get("max")
 
-        def clamp(g):
-            out = g
-            if lo is not None:
-                out = _xp(g).maximum(out, g.dtype.type(lo))
-            if hi is not None:
-                out = _xp(g).minimum(out, g.dtype.type(hi))
-            return _xp(g).where(_xp(g).isnan(g), g, out)  # NaN stays NaN, as torch.clamp's
+        def clamp(g):  # maximum/minimum keep NaN, as torch.clamp does
+            out = g if lo is None else _xp(g).maximum(g, g.dtype.type(lo))
+            return out if hi is None else _xp(g).minimum(out, g.dtype.type(hi))
         return clamp
     if kind == "clip_norm":
         m = float(spec["max_norm"])

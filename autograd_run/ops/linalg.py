@@ -541,22 +541,25 @@ def qr(node, grads, ctx):
     return each(node, lambda i: ga)
 
 
-@op("LinalgPinvBackward0", outputs=1, saved="self:tensor result:tensor", cost=_CUBE)
-def pinv(node, grads, ctx):
-    """linalg.pinv(A) = P, at constant rank: -(P K)^H + K P^H - A P K P^H + P^H P (g^H - K A), K = g^H P
-    (rows <= cols; the transposed arrangement otherwise, as PyTorch, so products stay small)."""
-    sv = ctx.saved(node)
-    a, p, g = sv["self"], sv["result"], grads[0]
+def _pinv_grad(a, p, g):
+    """The gradient of A from that of P = pinv(A) (``LinalgPinvBackward0``; lstsq's solution is pinv(A) B)."""
     rows, cols = a.shape[-2], a.shape[-1]
     ph, gh = _mh(p), _mh(g)
     if rows <= cols:
         k = gh @ p
         kph = k @ ph
-        ga = -_mh(p @ k) + kph - (a @ p) @ kph + (ph @ p) @ (gh - k @ a)
-    else:
-        k = p @ gh
-        phk = ph @ k
-        ga = -_mh(k @ p) + (gh - a @ k) @ p @ ph + phk - phk @ p @ a
+        return -_mh(p @ k) + kph - (a @ p) @ kph + (ph @ p) @ (gh - k @ a)
+    k = p @ gh
+    phk = ph @ k
+    return -_mh(k @ p) + (gh - a @ k) @ p @ ph + phk - phk @ p @ a
+
+
+@op("LinalgPinvBackward0", outputs=1, saved="self:tensor result:tensor", cost=_CUBE)
+def pinv(node, grads, ctx):
+    """linalg.pinv(A) = P, at constant rank: -(P K)^H + K P^H - A P K P^H + P^H P (g^H - K A), K = g^H P
+    (rows <= cols; the transposed arrangement otherwise, as PyTorch, so products stay small)."""
+    sv = ctx.saved(node)
+    ga = _pinv_grad(sv["self"], sv["result"], grads[0])
     return each(node, lambda i: ga)
 
 
@@ -901,19 +904,6 @@ def lu_solve(node, grads, ctx):
     return each(node, out)
 
 
-def _pinv_grad(a, p, g):
-    """The gradient of A from that of P = pinv(A) (the rule of ``LinalgPinvBackward0``)."""
-    rows, cols = a.shape[-2], a.shape[-1]
-    ph, gh = _mh(p), _mh(g)
-    if rows <= cols:
-        k = gh @ p
-        kph = k @ ph
-        return -_mh(p @ k) + kph - (a @ p) @ kph + (ph @ p) @ (gh - k @ a)
-    k = p @ gh
-    phk = ph @ k
-    return -_mh(k @ p) + (gh - a @ k) @ p @ ph + phk - phk @ p @ a
-
-
 @op("LinalgLstsqBackward0", outputs=2, saved="self:tensor b:tensor solution:tensor", cost=_CUBE)
 def lstsq(node, grads, ctx):
     """linalg.lstsq(A, B).solution = pinv(A) B: A gets pinv's gradient for gX B^H, B gets pinv(A)^H gX (as
@@ -1002,7 +992,7 @@ def _reflector(xp, a, i):
 
 def _householder_steps(xp, a, tau, x, left, adjoint):
     """Apply op(Q) to x (from the left or the right) one reflector at a time; returns (result, steps) with each
-    step's (index, conjugated tau?, input) for the backward."""
+    step's (reflector index, input) for the backward."""
     k = tau.shape[-1]
     # Q = H_1 .. H_k: Q X applies H_k first; Q^H X applies H_1^H first; X Q applies H_1 first; X Q^H H_k^H first.
     order = list(range(k - 1, -1, -1)) if left != adjoint else list(range(k))
@@ -1015,7 +1005,7 @@ def _householder_steps(xp, a, tau, x, left, adjoint):
             x = x - t[..., None, None] * (v[..., :, None] * (conj(v)[..., None, :] @ x))
         else:
             x = x - t[..., None, None] * ((x @ v[..., :, None]) * conj(v)[..., None, :])
-    return x, steps, order
+    return x, steps
 
 
 def _householder_backward(xp, a, tau, steps, gy, left, adjoint, want_x=True):
@@ -1050,7 +1040,7 @@ def householder_product(node, grads, ctx):
     a, tau, g = sv["input"], sv["tau"], grads[0]
     m, n = a.shape[-2], a.shape[-1]
     eye = xp.broadcast_to(xp.eye(m, n, dtype=a.dtype), a.shape).copy()
-    _, steps, _ = _householder_steps(xp, a, tau, eye, True, False)
+    _, steps = _householder_steps(xp, a, tau, eye, True, False)
     ga, gtau, _ = _householder_backward(xp, a, tau, steps, g, True, False, want_x=False)
     return each(node, lambda i: real_for(node, i, ga if i == 0 else gtau))
 
@@ -1064,6 +1054,6 @@ def ormqr(node, grads, ctx):
     xp = ctx.xp(node)
     a, tau, c, g = sv["self"], sv["input2"], sv["input3"], grads[0]
     left, adjoint = bool(sv.get("left", True)), bool(sv.get("transpose", False))
-    _, steps, _ = _householder_steps(xp, a, tau, c, left, adjoint)
+    _, steps = _householder_steps(xp, a, tau, c, left, adjoint)
     ga, gtau, gc = _householder_backward(xp, a, tau, steps, g, left, adjoint)
     return each(node, lambda i: real_for(node, i, (ga, gtau, gc)[i]))
