@@ -81,7 +81,7 @@ def _script_module(ctx, script):
         base = getattr(ctx.graph, "base_dir", None)
         moved = os.path.join(base, os.path.basename(path)) if base else None
         if not moved or not os.path.isfile(moved):
-            raise RuntimeError(f"node {ctx.node.id!r}: the script its custom Function was defined in, {path!r}, "
+            raise RuntimeError(f"the script its custom Function was defined in, {path!r}, "
                                "is not there (nor beside the graph file)")
         path = moved
     with _SCRIPTS_LOCK:
