@@ -304,19 +304,24 @@ def link(node: Node, out_nr: int, target: Node) -> None:
     target.consumers.append((node, out_nr))
 
 
-def derive(graph: Graph, prepared: bool = False, forward: bool | None = None) -> None:
+def derive(graph: Graph, prepared: bool = False, forward: bool | None = None, order=None) -> None:
     """Fill the derived fields: index, device, stream, consumers and topo_nr.
 
     ``prepared``: the loader already called ``derive_node`` on each node
     and ``link`` on each edge while building them, and set the graph's
     ``max_device_index`` (one pass fewer over a big graph each); ``forward``: it also found whether every edge points
-    forward in the list. Raises ``ValueError(cycle)`` with the cycle as a
+    forward in the list; ``order``: the nodes in an order in which each comes after every node its edges
+    point to, which the caller proves (a graph built from one already derived: then it is acyclic, and
+    the topological numbers take one pass in that order). Otherwise raises ``ValueError(cycle)`` with the cycle as a
     list of nodes if the graph is not acyclic. Iterative, so a chain of a
     million nodes does not hit Python's recursion limit.
     """
     nodes = graph.nodes
     if not prepared:
         _derive_nodes(graph)
+    if order is not None:
+        _topo_in(order)
+        return
     if forward is None:
         forward = _edges_point_forward(nodes)
     _topo(nodes, forward)
@@ -343,17 +348,21 @@ def _edges_point_forward(nodes: list[Node]) -> bool:
     return True
 
 
+def _topo_in(order) -> None:
+    for node in order:
+        topo = 0
+        for e in node.next:
+            if e is not None and e[0].topo_nr >= topo:
+                topo = e[0].topo_nr + 1
+        node.topo_nr = topo
+
+
 def _topo(nodes: list[Node], forward: bool) -> None:
     # Fast path: files usually list consumers before producers (edges point forward
     # in the list); then one reverse pass gives the topological numbers and proves
     # the graph acyclic.
     if forward:
-        for node in reversed(nodes):
-            topo = 0
-            for e in node.next:
-                if e is not None and e[0].topo_nr >= topo:
-                    topo = e[0].topo_nr + 1
-            node.topo_nr = topo
+        _topo_in(reversed(nodes))
         return
     # General case: an iterative post-order DFS; state 1 = on the stack, 2 = done.
     state = [0] * len(nodes)

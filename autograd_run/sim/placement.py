@@ -20,11 +20,15 @@ as a parameter lives where it is used.
 from __future__ import annotations
 
 from autograd_run.errors import RequestError
-from autograd_run.graphs.dump import dumps, graph_to_dict
-from autograd_run.graphs.load import loads_graph
-from autograd_run.ops import ACCUMULATE_GRAD
+from autograd_run.graphs.model import Device, Edge, Graph, InputMeta, Node, Root, Variable, derive
+from autograd_run.graphs.tensors import SideFiles
+from autograd_run.ops import ACCUMULATE_GRAD, lookup
 
 PLACEMENTS = ("keep", "round-robin", "layer", "greedy")
+
+
+def _topo_nr(node) -> int:
+    return node.topo_nr
 
 
 def _topological(graph) -> list:
@@ -38,7 +42,10 @@ def assign(graph, k: int, how: str, cost_of) -> dict:
     if how == "round-robin":
         return {n: i % k for i, n in enumerate(order)}
     if how == "layer":
-        costs = [max(1, cost_of(n).cpu_ns + cost_of(n).gpu_ns) for n in order]
+        costs = []
+        for n in order:
+            c = cost_of(n)
+            costs.append(max(1, c.cpu_ns + c.gpu_ns))
         total, acc, out = sum(costs), 0, {}
         for n, c in zip(order, costs):
             out[n] = min(k - 1, acc * k // total)
@@ -80,41 +87,107 @@ def place(graph, k: int, how: str, cost_of):
     where = assign(graph, k, how, cost_of)
     for n in graph.nodes:
         if n.op is ACCUMULATE_GRAD:
-            prods = [p for p, _ in (n.consumers or [])]
-            where[n] = where.get(prods[0], 0) if prods else 0
-    doc = graph_to_dict(graph)
-    by_id = {n.id: n for n in graph.nodes}
-    dev = {n.id: f"cuda:{where[n]}" for n in graph.nodes}
+            prods = n.consumers
+            where[n] = where.get(prods[0][0], 0) if prods else 0
+    return _remapped(graph, where, f"{graph.source} (placed: {how}, {k} devices)")
+
+
+def _remapped(graph: Graph, where: dict, source: str) -> Graph:
+    """A new graph: ``graph`` with node n on ``cuda:where[n]``, a copy node on every edge that crosses devices.
+
+    Built on the loaded graph (no re-serialisation): the nodes' saved values and attrs are shared (a loaded
+    graph is never changed), the input metas, edges, variables and derived fields are new. The result is
+    what loading the remapped file would give (``tests/test_placement.py`` reloads it to prove so): the same
+    node order (each copy listed just before its producer), ids, sequence numbers and metadata.
+    """
+    devices = [Device("cuda", i) for i in range(max(where.values(), default=0) + 1)]
+    # Per device: id(meta) -> the meta on that device (the loader interns metas, so few are distinct; keyed
+    # by identity, as hashing a frozen dataclass runs Python code; the input graph keeps each alive).
+    metas: list[dict] = [{} for _ in devices]
+
+    def on(m: InputMeta, d: int) -> InputMeta:
+        got = metas[d].get(id(m))
+        if got is None:
+            got = metas[d][id(m)] = InputMeta(m.shape, m.dtype, devices[d], m.stream)
+        return got
+
+    copy_op = lookup("ToCopyBackward0")
+    taken = set(graph.by_id)
+    fresh: dict = {}  # old node -> new node
+    # The derived fields as ``graphs.model.derive_node`` and ``link`` set them (every input slot of a node
+    # is on its device, so the first one gives its device and stream), in the same order.
+    max_index = -1
+    for n in graph.nodes:
+        d = where[n]
+        cache = metas[d]
+        ins = []
+        for m in n.inputs:
+            got = cache.get(id(m))
+            ins.append(on(m, d) if got is None else got)
+        new = fresh[n] = Node(n.id, n.name, n.op, n.seq, [], ins, n.saved, n.attrs, n.variable, n.fwd_thread)
+        new.consumers = []
+        new.saves_tensors, new.saved_strings = n.saves_tensors, n.saved_strings
+        if ins:
+            new.device, new.stream, new.cpu = devices[d], ins[0].stream, False
+            if d > max_index:
+                max_index = d
     nodes = []
     copies = 0
-    taken = set(by_id)
-    for d in doc["nodes"]:
-        d = dict(d)
-        d["inputs"] = [dict(m, device=dev[d["id"]]) for m in d["inputs"]]
-        nxt = []
-        for e in d.get("next", []):
-            if e is None or dev[e[0]] == dev[d["id"]]:
-                nxt.append(e)
+    copies_of: dict = {}  # old node -> the copies on its edges
+    for n in graph.nodes:
+        new, d = fresh[n], where[n]
+        nxt = new.next
+        for out_nr, e in enumerate(n.next):
+            if e is None:
+                nxt.append(None)
                 continue
-            target = by_id[e[0]].inputs[e[1]]
-            cid = f"copy{copies}_{d['id']}"
+            target, nr = e
+            if where[target] == d:
+                t = fresh[target]
+                nxt.append(Edge(t, nr))
+                t.consumers.append((new, out_nr))
+                continue
+            cid = f"copy{copies}_{n.id}"
             while cid in taken:
                 cid += "_"
             taken.add(cid)
             copies += 1
-            meta = {"shape": list(target.shape), "dtype": target.dtype, "device": dev[d["id"]]}
-            nodes.append({"id": cid, "name": "ToCopyBackward0", "seq": d.get("seq", 0), "next": [e],
-                          "inputs": [meta]})
-            nxt.append([cid, 0])
-        if "next" in d:
-            d["next"] = nxt
-        nodes.append(d)
-    doc["nodes"] = nodes
-    for v in doc.get("variables", []):
-        node = graph.variables[v["name"]].node
-        if node is not None:
-            v["device"] = dev[node.id]
-    # Tensor values the file keeps in a side file stay there: load against the same folder and names.
-    base = graph.base_dir
-    side = graph.side_files.default_name if graph.side_files is not None else None
-    return loads_graph(dumps(doc, "json"), f"{graph.source} (placed: {how}, {k} devices)", "json", base, side)
+            m = target.inputs[nr]
+            meta = on(InputMeta(m.shape, m.dtype), d)
+            t = fresh[target]
+            copy = Node(cid, "ToCopyBackward0", copy_op, n.seq, [Edge(t, nr)], [meta])
+            copy.consumers = [(new, out_nr)]
+            copy.device, copy.cpu = devices[d], False
+            t.consumers.append((copy, 0))
+            copy.index = len(nodes)
+            nodes.append(copy)
+            copies_of.setdefault(n, []).append(copy)
+            nxt.append(Edge(copy, 0))
+        new.index = len(nodes)
+        nodes.append(new)
+
+    variables = {}
+    for name, v in graph.variables.items():
+        node = fresh.get(v.node) if v.node is not None else None
+        variables[name] = Variable(v.name, v.shape, v.dtype, devices[where[v.node]] if node is not None else v.device,
+                                   v.grad, node, v.requires_grad, v.hooks)
+    out = Graph(nodes, [Root(Edge(fresh[r.edge.node], r.edge.input_nr), r.grad) for r in graph.roots], variables,
+                list(graph.inputs), graph.mode, dict(graph.meta), source, graph.base_dir,
+                {n.id: n for n in nodes})
+    # Topological numbers in one pass: the input graph's nodes by their own numbers (each after the nodes
+    # it feeds), each node's copies just before it (a copy feeds a node of a lower number).
+    order = []
+    for n in sorted(graph.nodes, key=_topo_nr):
+        order.extend(copies_of.get(n, ()))
+        order.append(fresh[n])
+    out.max_device_index = max_index
+    derive(out, prepared=True, order=order)
+    out.slot_dtypes = graph.slot_dtypes
+    out.hooked_nodes = [fresh[n] for n in graph.hooked_nodes]
+    out.parameters = list(graph.parameters)
+    out.ddp, out.fsdp, out.storage = graph.ddp, graph.fsdp, graph.storage
+    if graph.side_files is not None:
+        side = graph.side_files
+        out.side_files = SideFiles(side.base_dir, side.default_name, source)
+        out.side_files.seed_offset = side.seed_offset
+    return out
