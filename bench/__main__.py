@@ -1,4 +1,4 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j accuracy profiles ddp memory kineto]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j growth accuracy profiles ddp memory kineto]`: benchmarks, ratios within one run.
 
 ``accuracy`` (``bench.accuracy``, in ``make bench``'s default parts): the simulation against the engine on
 graphs drawn at run time from a seed it prints (``python -m bench accuracy --seed N`` repeats one run;
@@ -17,7 +17,9 @@ at 1e5 nodes (a run and a simulated GPU backward), time and size, and the whole 
 ``--full`` adds the 1e6-node YAML load (about 5 minutes by itself). Parts f, g and i
 (``bench.e2e_bench``: the whole command against PyTorch, the trace formats, a traced
 1e6-node run) and j (``bench.sim_bench``: the simulation's speed and memory on a 1e6-node
-chain, a 2e5-node fan-out and MLP; about 5 minutes) run only when named.
+chain, a 2e5-node fan-out and MLP; about 5 minutes) run only when named, and so does ``growth``
+(``bench.growth``: time and memory per node of ``validate``, ``run`` and ``simulate`` at 1e4, 1e5 and 1e6
+nodes; about 10 minutes; ``--sizes 1e4,1e5`` for others).
 
 Prints a line per measurement and writes bench/results.json. See docs/performance.md.
 """
@@ -27,7 +29,7 @@ import os
 import sys
 import time
 
-from bench import (accuracy, ddp_time, e2e_bench, engine_bench, kineto_bench, load_bench, memory_bench,
+from bench import (accuracy, ddp_time, e2e_bench, engine_bench, growth, kineto_bench, load_bench, memory_bench,
                    profcosts_bench, sim_bench, user_profiles)
 
 
@@ -70,6 +72,8 @@ def main(argv):
     if "j" in parts:
         results["j_sim_speed"] = sim_bench.bench_speed(
             shapes=(("chain_mul", 200_000),) if quick else sim_bench.SPEED_SHAPES, rounds=1 if quick else 3)
+    if "growth" in parts:
+        results["growth"] = growth.main(argv, quick)
     results["seconds"] = time.time() - t
     print_table(results)
     with open(out, "w") as f:
