@@ -133,6 +133,17 @@ def test_a_python_hook_needs_allow_python(tmp_path):
         load_graph(str(tmp_path / "g.json"), allow_python=False)
 
 
+def _refused_by_validate(doc: dict, where: str, what: str, tmp_path) -> None:
+    """``autograd-run validate`` on ``doc`` exits 2 with ``Error:`` naming ``where`` and ``what``, no traceback."""
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "-m", "autograd_run", "validate", str(p)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("Error:") and where in r.stderr and what in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("hooks, where, what", [
     ([{"kind": "rm -rf"}], "hooks[0].kind", "must be one of"),
     ([{"kind": "scale"}], "hooks[0].by", "needs by"),
@@ -152,13 +163,7 @@ def test_hostile_hooks_are_refused_with_the_place(hooks, where, what, tmp_path):
                       "inputs": [{"shape": [2]}]}],
            "roots": [{"node": "acc", "grad": [1.0, 1.0]}],
            "variables": [{"name": "w", "shape": [2], "hooks": hooks}]}
-    p = tmp_path / "g.json"
-    p.write_text(json.dumps(doc))
-    r = subprocess.run([sys.executable, "-m", "autograd_run", "validate", str(p)], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.startswith("Error:") and where in r.stderr and what in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr
+    _refused_by_validate(doc, where, what, tmp_path)
 
 
 def test_run_command_replays_held_hooks(tmp_path):
@@ -237,12 +242,7 @@ def test_hostile_node_hooks_are_refused_with_the_place(hooks, where, what, tmp_p
                       "inputs": [{"shape": [2]}]}],
            "roots": [{"node": "neg", "grad": [1.0, 1.0]}],
            "variables": [{"name": "w", "shape": [2]}]}
-    p = tmp_path / "g.json"
-    p.write_text(json.dumps(doc))
-    r = subprocess.run([sys.executable, "-m", "autograd_run", "validate", str(p)], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.startswith("Error:") and where in r.stderr and what in r.stderr, r.stderr
+    _refused_by_validate(doc, where, what, tmp_path)
 
 
 def test_a_node_hook_runs_before_the_node(tmp_path):

@@ -19,16 +19,14 @@ as a parameter lives where it is used.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from autograd_run.errors import RequestError
 from autograd_run.graphs.model import Device, Edge, Graph, InputMeta, Node, Root, Variable, derive
 from autograd_run.graphs.tensors import SideFiles
 from autograd_run.ops import ACCUMULATE_GRAD, lookup
 
 PLACEMENTS = ("keep", "round-robin", "layer", "greedy")
-
-
-def _topo_nr(node) -> int:
-    return node.topo_nr
 
 
 def _topological(graph) -> list:
@@ -119,11 +117,7 @@ def _remapped(graph: Graph, where: dict, source: str) -> Graph:
     max_index = -1
     for n in graph.nodes:
         d = where[n]
-        cache = metas[d]
-        ins = []
-        for m in n.inputs:
-            got = cache.get(id(m))
-            ins.append(on(m, d) if got is None else got)
+        ins = [on(m, d) for m in n.inputs]
         new = fresh[n] = Node(n.id, n.name, n.op, n.seq, [], ins, n.saved, n.attrs, n.variable, n.fwd_thread)
         new.consumers = []
         new.saves_tensors, new.saved_strings = n.saves_tensors, n.saved_strings
@@ -168,16 +162,16 @@ def _remapped(graph: Graph, where: dict, source: str) -> Graph:
 
     variables = {}
     for name, v in graph.variables.items():
-        node = fresh.get(v.node) if v.node is not None else None
-        variables[name] = Variable(v.name, v.shape, v.dtype, devices[where[v.node]] if node is not None else v.device,
-                                   v.grad, node, v.requires_grad, v.hooks)
+        node = fresh.get(v.node)  # a parameter lives where its gradient is accumulated
+        variables[name] = Variable(v.name, v.shape, v.dtype, v.device if node is None else node.device, v.grad,
+                                   node, v.requires_grad, v.hooks)
     out = Graph(nodes, [Root(Edge(fresh[r.edge.node], r.edge.input_nr), r.grad) for r in graph.roots], variables,
                 list(graph.inputs), graph.mode, dict(graph.meta), source, graph.base_dir,
                 {n.id: n for n in nodes})
     # Topological numbers in one pass: the input graph's nodes by their own numbers (each after the nodes
     # it feeds), each node's copies just before it (a copy feeds a node of a lower number).
     order = []
-    for n in sorted(graph.nodes, key=_topo_nr):
+    for n in sorted(graph.nodes, key=attrgetter("topo_nr")):
         order.extend(copies_of.get(n, ()))
         order.append(fresh[n])
     out.max_device_index = max_index
