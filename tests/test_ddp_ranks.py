@@ -19,8 +19,10 @@ torch = pytest.importorskip("torch", reason="real DDP is the oracle here")
 pytest.importorskip("torch.distributed")
 try:
     from tests.support import ddp_oracle
+    from tests.support.once import OnceFailed, once
 except ImportError:  # tests/ itself is on sys.path, the repository root is not
     from support import ddp_oracle
+    from support.once import OnceFailed, once
 
 from autograd_run.ops.cost import ITEMSIZE  # noqa: E402
 from autograd_run.parallel.collectives import Link  # noqa: E402
@@ -31,6 +33,25 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 
 CASES = [("mlp", 0.5, 2), ("resnet", 0.05, 2), ("unused", 0.05, 2), ("mixed", 0.05, 2), ("shared", 0.01, 2),
          ("transformer", 0.05, 4)]
+
+
+@pytest.fixture(scope="session")
+def ddp_runs(tmp_path_factory):
+    """run(name, cap, world) -> every rank's report: the cases of one world size run in turn on one group of
+    ``world`` ranks, once per test run whichever worker asks first (support/once.py: each process spends
+    seconds importing torch, more than a case's three iterations)."""
+    def run(name: str, cap, world: int):
+        cases = [(n, c) for n, c, w in CASES if w == world]
+        try:
+            got = once(tmp_path_factory, f"ddp-world{world}",
+                       lambda folder: ddp_oracle.run_ranks_many(cases, world, folder, timeout=240))
+        except OnceFailed as exc:
+            pytest.fail(str(exc))
+        ranks = got[cases.index((name, cap))]
+        if isinstance(ranks, str):
+            pytest.fail(f"{world} DDP ranks of {name} raised:\n{ranks[-4000:]}")
+        return ranks
+    return run
 
 
 def _simulated(name: str, cap: float, iteration: str) -> list[tuple[int, int]]:
@@ -52,11 +73,8 @@ def _simulated(name: str, cap: float, iteration: str) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("name,cap,world", CASES, ids=[f"{n}-{c}-{w}ranks" for n, c, w in CASES])
-def test_each_rank_launches_the_simulated_all_reduces_in_order(name, cap, world, tmp_path):
-    try:
-        ranks = ddp_oracle.run_ranks(name, cap, world, str(tmp_path), timeout=240)
-    except ddp_oracle.OracleFailed as exc:
-        pytest.fail(str(exc))
+def test_each_rank_launches_the_simulated_all_reduces_in_order(name, cap, world, ddp_runs):
+    ranks = ddp_runs(name, cap, world)
     assert [r["rank"] for r in ranks] == list(range(world))
     for iteration in ("first", "steady"):
         ours = _simulated(name, cap, iteration)

@@ -20,8 +20,10 @@ torch = pytest.importorskip("torch", reason="real FSDP2 is the oracle here")
 pytest.importorskip("torch.distributed")
 try:
     from tests.support import fsdp_oracle
+    from tests.support.once import OnceFailed, once
 except ImportError:  # tests/ itself is on sys.path, the repository root is not
     from support import fsdp_oracle
+    from support.once import OnceFailed, once
 
 from autograd_run.graphs.load import load_graph  # noqa: E402
 from autograd_run.parallel.collectives import Link  # noqa: E402
@@ -39,14 +41,35 @@ def _simulated(path: str, world: int) -> list[tuple[str, str]]:
     return sim_events(simulate_fsdp(rep, world, Link(300.0, 1e9, "gloo-like", reduce_scatter="allreduce")))
 
 
+def _captured(folder: str) -> dict:
+    got = fsdp_oracle.capture_many(sorted({n for n, _ in CASES}), folder)
+    return {"graphs": {n: v for n, v in got.items() if isinstance(v, str)},
+            "errors": {n: str(v) for n, v in got.items() if not isinstance(v, str)}}
+
+
+@pytest.fixture(scope="session")
+def fsdp_runs(tmp_path_factory):
+    """run(name, world) -> (graph path, every rank's report): every model captured in one child process and
+    run on one group of ``world`` ranks, once per test run whichever worker asks first (support/once.py: each
+    process spends seconds importing torch, more than a model's three iterations)."""
+    def run(name: str, world: int):
+        try:
+            made = once(tmp_path_factory, "fsdp-graphs", _captured)
+            ranks = once(tmp_path_factory, f"fsdp-world{world}", lambda folder: fsdp_oracle.run_ranks_many(
+                [n for n, w in CASES if w == world], world, folder))
+        except OnceFailed as exc:
+            pytest.fail(str(exc))
+        if name in made["errors"]:
+            pytest.fail(made["errors"][name])
+        if isinstance(ranks[name], str):
+            pytest.fail(f"{world} FSDP ranks of {name} raised:\n{ranks[name][-4000:]}")
+        return made["graphs"][name], ranks[name]
+    return run
+
+
 @pytest.mark.parametrize("name,world", CASES, ids=[f"{n}-{w}ranks" for n, w in CASES])
-def test_each_rank_runs_the_simulated_all_gathers_and_reduce_scatters_in_order(name, world, tmp_path):
-    graph = str(tmp_path / "g.json")
-    try:
-        fsdp_oracle.capture(name, graph)
-        ranks = fsdp_oracle.run_ranks(name, world, str(tmp_path), timeout=300)
-    except fsdp_oracle.OracleFailed as exc:
-        pytest.fail(str(exc))
+def test_each_rank_runs_the_simulated_all_gathers_and_reduce_scatters_in_order(name, world, fsdp_runs):
+    graph, ranks = fsdp_runs(name, world)
     real = [fsdp_oracle.events(r["trace"]) for r in ranks]
     assert real[0] and any(k == "all-gather" for k, _ in real[0]) and any(k == "reduce-scatter" for k, _ in real[0])
     sim = _simulated(graph, world)

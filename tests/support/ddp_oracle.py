@@ -12,11 +12,12 @@ the loopback interface (``GLOO_SOCKET_IFNAME=lo``), so no host name is looked up
 As a module: ``python -m tests.support.ddp_oracle CASES_JSON`` prints one JSON object per case (one line).
 From Python: ``ddp_facts(cases, timeout=...)``.
 
-Several ranks: ``run_ranks(name, cap, world, out_dir)`` starts ``world`` processes (``python -m
+Several ranks: ``run_ranks_many(cases, world, out_dir)`` starts ``world`` processes (``python -m
 tests.support.ddp_oracle --rank R ...``) joined by a ``FileStore`` in ``out_dir``; gloo's own connections are
-on the loopback interface, on ports the kernel picks. Each rank profiles its first iteration (the initial
-buckets) and its third (the rebuilt ones) with ``record_shapes`` (``rank{R}-first.json``,
-``rank{R}-steady.json``), then times ``timed`` backward calls after a barrier each. ``launches(trace)`` reads
+on the loopback interface, on ports the kernel picks. For each (model, bucket cap) case in turn, each rank
+profiles its first iteration (the initial buckets) and its third (the rebuilt ones) with ``record_shapes``
+(``rank{R}-{model}-{cap}-first.json``, ``...-steady.json``), then times ``timed`` backward calls after a
+barrier each. ``run_ranks(name, cap, world, out_dir)``: one case. ``launches(trace)`` reads
 a trace back: the all-reduces in the order the rank launched them, each with its element count and how many
 AccumulateGrad nodes had started when it was launched (DDP's hook runs inside the AccumulateGrad node whose
 gradient completes a bucket, so the k-th AccumulateGrad launched it; after all of them: the final callback).
@@ -179,59 +180,82 @@ def ddp_facts(cases: list[tuple[str, float | None]], timeout: float = 240) -> di
     return facts
 
 
-def _rank_main(rank: int, world: int, store: str, out: str, case: dict) -> dict:
-    import datetime
+def _one_case(rank: int, out: str, case: dict) -> dict:
     import time
     torch, nn = _nn()
     dist = torch.distributed
     from torch.profiler import ProfilerActivity, profile
     model, run, find_unused = build(case["name"])
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=case.get("collective_timeout", 60)))
-    try:
-        cap = case.get("cap")
-        ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused,
-                                                  **({} if cap is None else {"bucket_cap_mb": cap}))
-        paths = {}
-        for it in range(3):
-            loss = run(ddp)
-            if it == 1:
-                loss.backward()
-                continue
-            kind = "first" if it == 0 else "steady"
-            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                loss.backward()
-            paths[kind] = os.path.join(out, f"rank{rank}-{kind}.json")
-            prof.export_chrome_trace(paths[kind])
-        times, compute = [], []
-        for _ in range(case.get("timed", 0)):  # in turns: with DDP's communication, and without (no_sync)
+    cap = case.get("cap")
+    ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused,
+                                              **({} if cap is None else {"bucket_cap_mb": cap}))
+    paths = {}
+    for it in range(3):
+        loss = run(ddp)
+        if it == 1:
+            loss.backward()
+            continue
+        kind = "first" if it == 0 else "steady"
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            loss.backward()
+        paths[kind] = os.path.join(out, f"rank{rank}-{case['name']}-{cap}-{kind}.json")
+        prof.export_chrome_trace(paths[kind])
+    times, compute = [], []
+    for _ in range(case.get("timed", 0)):  # in turns: with DDP's communication, and without (no_sync)
+        loss = run(ddp)
+        dist.barrier()
+        t = time.perf_counter_ns()
+        loss.backward()
+        times.append(time.perf_counter_ns() - t)
+        with ddp.no_sync():
             loss = run(ddp)
             dist.barrier()
             t = time.perf_counter_ns()
             loss.backward()
-            times.append(time.perf_counter_ns() - t)
-            with ddp.no_sync():
-                loss = run(ddp)
-                dist.barrier()
-                t = time.perf_counter_ns()
-                loss.backward()
-                compute.append(time.perf_counter_ns() - t)
-        sizes = _ints(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes"))
-        del ddp
-        return {"rank": rank, "traces": paths, "backward_ns": times, "compute_ns": compute, "rebuilt_sizes": sizes}
+            compute.append(time.perf_counter_ns() - t)
+    sizes = _ints(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes"))
+    del ddp
+    return {"rank": rank, "traces": paths, "backward_ns": times, "compute_ns": compute, "rebuilt_sizes": sizes}
+
+
+def _rank_main(rank: int, world: int, store: str, out: str, cases: list[dict],
+               collective_timeout: float = 60) -> dict:
+    """One rank of one group that runs each case in turn (a case that raises is reported and the rest go on;
+    one that hangs a collective fails them all at the group's timeout or the deadline)."""
+    import datetime
+    import gc
+    import traceback
+    torch, _ = _nn()
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=collective_timeout))
+    done = []
+    try:
+        for case in cases:
+            try:
+                done.append(_one_case(rank, out, case))
+            except Exception:  # noqa: BLE001
+                done.append({"rank": rank, "error": traceback.format_exc()})
+            gc.collect()  # the last case's Reducer goes before the next model is wrapped
+            dist.barrier()
+        return {"rank": rank, "cases": done}
     finally:
         dist.destroy_process_group()
 
 
-def run_ranks(name: str, cap, world: int, out_dir: str, *, timed: int = 0, timeout: float = 240) -> list[dict]:
-    """Run one model under DDP on ``world`` local gloo processes (see the module docstring); every rank's
-    report, by rank. OracleFailed (with the ranks' stderr) if any fails or the deadline passes (all killed)."""
+def run_ranks_many(cases: list[tuple[str, float | None]], world: int, out_dir: str, *, timed: int = 0,
+                   timeout: float = 240) -> list[list[dict] | str]:
+    """Each (model, bucket_cap_mb) case under DDP in turn, on one group of ``world`` local gloo processes (see
+    the module docstring: each process spends seconds importing torch, more than a small case): per case, every
+    rank's report by rank, or the first failing rank's traceback as a string. OracleFailed (with the ranks'
+    stderr) if a process fails or the deadline passes (all killed)."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     store = os.path.join(out_dir, "store")
-    case = json.dumps({"name": name, "cap": cap, "timed": timed, "dump_after": max(1.0, timeout - 10)})
+    spec = json.dumps({"cases": [{"name": n, "cap": c, "timed": timed} for n, c in cases],
+                       "dump_after": max(1.0, timeout - 10)})
     from autograd_run.parallel.local_ranks import RanksTimedOut, run_local_ranks
-    argvs = [[sys.executable, "-m", "tests.support.ddp_oracle", "--rank", str(r), str(world), store, out_dir, case]
+    argvs = [[sys.executable, "-m", "tests.support.ddp_oracle", "--rank", str(r), str(world), store, out_dir, spec]
              for r in range(world)]
     try:
         results = run_local_ranks(argvs, env, timeout, cwd=ROOT)
@@ -242,7 +266,23 @@ def run_ranks(name: str, cap, world: int, out_dir: str, *, timed: int = 0, timeo
     if bad:
         r, rc, err = bad[0]
         raise OracleFailed(f"DDP rank {r} of {world} exited {rc}; its stderr:\n{err[-4000:]}")
-    return [json.loads([line for line in out.splitlines() if line.startswith("{")][-1]) for _, out, _ in results]
+    reports = [json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["cases"]
+               for _, out, _ in results]
+    per_case = []
+    for k in range(len(cases)):
+        ranks = [rep[k] for rep in reports]
+        failed = next((r for r in ranks if "error" in r), None)
+        per_case.append(failed["error"] if failed else ranks)
+    return per_case
+
+
+def run_ranks(name: str, cap, world: int, out_dir: str, *, timed: int = 0, timeout: float = 240) -> list[dict]:
+    """Run one model under DDP on ``world`` local gloo processes (see the module docstring); every rank's
+    report, by rank. OracleFailed (with the ranks' stderr) if any fails or the deadline passes (all killed)."""
+    got = run_ranks_many([(name, cap)], world, out_dir, timed=timed, timeout=timeout)[0]
+    if isinstance(got, str):
+        raise OracleFailed(f"DDP ranks of {name} raised:\n{got[-4000:]}")
+    return got
 
 
 def launches(trace_path: str) -> list[tuple[int, int]]:
@@ -266,10 +306,10 @@ def launches(trace_path: str) -> list[tuple[int, int]]:
 def main(argv: list[str]) -> int:
     import faulthandler
     if argv and argv[0] == "--rank":
-        rank, world, store, out, case = int(argv[1]), int(argv[2]), argv[3], argv[4], json.loads(argv[5])
-        faulthandler.dump_traceback_later(case.get("dump_after", 230), exit=True)
+        rank, world, store, out, spec = int(argv[1]), int(argv[2]), argv[3], argv[4], json.loads(argv[5])
+        faulthandler.dump_traceback_later(spec.get("dump_after", 230), exit=True)
         warnings.simplefilter("ignore")
-        result = _rank_main(rank, world, store, out, case)
+        result = _rank_main(rank, world, store, out, spec["cases"], spec.get("collective_timeout", 60))
         sys.stdout.flush()
         print(json.dumps(result), flush=True)
         return 0

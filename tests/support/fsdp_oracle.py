@@ -2,11 +2,14 @@
 
 Why children: see ``tests/support/ddp_oracle.py`` (process groups in the pytest process can hang it in C++).
 
-``capture(name, path)``: one process, a one-rank gloo group (in-memory store), the model built and wrapped,
-one forward, ``from_torch(loss, parameters=model, path=path)``: the graph file with its ``fsdp`` section.
+``capture_many(names, folder)``: one process, a one-rank gloo group (in-memory store), each model built and
+wrapped, one forward, ``from_torch(loss, parameters=model, path=...)``: ``folder/<name>.json`` with its ``fsdp``
+section. ``capture(name, path)``: one model.
 
-``run_ranks(name, world, out_dir)``: ``world`` processes joined by a ``FileStore``, each running two warm-up
-iterations and profiling the third backward (``rank{R}.json``); ``events(trace)`` reads one back: FSDP's own
+``run_ranks_many(names, world, out_dir)``: ``world`` processes joined by a ``FileStore``, each running every
+model in turn: two warm-up iterations, then the third backward profiled (``rank{R}-<name>.json``). One set of
+processes for all the models: each process spends seconds importing torch, more than a small model's three
+iterations. ``run_ranks(name, world, out_dir)``: one model. ``events(trace)`` reads a trace back: FSDP's own
 ``record_function`` spans on the thread that ran the backward, in the order they started, as (kind, unit):
 ``pre`` (``FSDP::pre_backward``), ``all-gather`` (``FSDP::all_gather``), ``reduce-scatter``
 (``FSDP::post_backward_reduce``). The root's unit is "" (FSDP labels it without a name).
@@ -90,60 +93,91 @@ def _env() -> dict:
                 PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
 
 
-def _capture_main(name: str, path: str) -> dict:
+def _capture_main(paths: dict[str, str]) -> dict:
+    """Each model ``name`` captured to ``paths[name]``, in one process and one one-rank group."""
+    import traceback
     from autograd_run.capture.distributed import end_process_group, one_process_group
     from autograd_run.capture.graph import from_torch
     one_process_group()
+    done = {}
     try:
-        model, run = build(name)
-        loss = run(model)
-        doc = from_torch(loss, parameters=model, path=path)
-        return {"name": name, "units": len(doc["fsdp"]["units"])}
+        for name, path in paths.items():
+            try:
+                model, run = build(name)
+                loss = run(model)
+                doc = from_torch(loss, parameters=model, path=path)
+                done[name] = {"units": len(doc["fsdp"]["units"])}
+            except Exception:  # noqa: BLE001 - reported for this model; the others go on
+                done[name] = {"error": traceback.format_exc()}
+        return done
     finally:
         end_process_group()
 
 
-def _rank_main(rank: int, world: int, store: str, out: str, name: str, memory: bool = False) -> dict:
-    import datetime
-    import torch.distributed as dist
+def _one_model(rank: int, out: str, name: str, memory: bool) -> dict:
     from torch.profiler import ProfilerActivity, profile
+    model, run = build(name)
+    if memory:  # two warm-up iterations, then the third forward and backward under profile_memory
+        sys.path.insert(0, str(ROOT / "tests" / "support"))
+        from memory_oracle import SPAN, read
+        from torch.profiler import record_function
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            run(model).backward()
+        model.zero_grad(set_to_none=True)  # the pass starts without gradients, as the graph's leaves do
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            loss = run(model)
+            with record_function(SPAN):
+                loss.backward()
+            del loss
+        path = os.path.join(out, f"rank{rank}-{name}-memory.json")
+        prof.export_chrome_trace(path)
+        return {"memory": read(path)}
+    for it in range(3):
+        loss = run(model)
+        if it < 2:
+            loss.backward()
+            continue
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            loss.backward()
+        path = os.path.join(out, f"rank{rank}-{name}.json")
+        prof.export_chrome_trace(path)
+    return {"trace": path}
+
+
+def _rank_main(rank: int, world: int, store: str, out: str, names: list[str], memory: bool = False) -> dict:
+    """One rank of one group that runs each model in turn (a model that raises is reported and the rest go on;
+    one that hangs a collective fails them all at the group's timeout or the deadline)."""
+    import datetime
+    import gc
+    import traceback
+    import torch.distributed as dist
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
+    models = {}
     try:
-        model, run = build(name)
-        if memory:  # two warm-up iterations, then the third forward and backward under profile_memory
-            sys.path.insert(0, str(ROOT / "tests" / "support"))
-            from memory_oracle import SPAN, read
-            from torch.profiler import record_function
-            for _ in range(2):
-                model.zero_grad(set_to_none=True)
-                run(model).backward()
-            model.zero_grad(set_to_none=True)  # the pass starts without gradients, as the graph's leaves do
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                loss = run(model)
-                with record_function(SPAN):
-                    loss.backward()
-                del loss
-            path = os.path.join(out, f"rank{rank}-memory.json")
-            prof.export_chrome_trace(path)
-            return {"rank": rank, "memory": read(path)}
-        for it in range(3):
-            loss = run(model)
-            if it < 2:
-                loss.backward()
-                continue
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                loss.backward()
-            path = os.path.join(out, f"rank{rank}.json")
-            prof.export_chrome_trace(path)
-        return {"rank": rank, "trace": path}
+        for name in names:
+            try:
+                models[name] = _one_model(rank, out, name, memory)
+            except Exception:  # noqa: BLE001
+                models[name] = {"error": traceback.format_exc()}
+            gc.collect()  # the last model's parameters and FSDP state go before the next is built
+            dist.barrier()
+        return {"rank": rank, "models": models}
     finally:
         dist.destroy_process_group()
 
 
-def capture(name: str, path: str, timeout: float = 180) -> None:
+def capture_many(names: list[str], folder: str, timeout: float = 240) -> dict[str, str | OracleFailed]:
+    """{name: graph path} for each model captured in one child process (``folder/<name>.json``), or
+    {name: OracleFailed} for a model whose capture raised; OracleFailed when the child fails or misses its
+    deadline."""
+    return _capture({n: os.path.join(folder, f"{n}.json") for n in names}, timeout)
+
+
+def _capture(paths: dict[str, str], timeout: float) -> dict[str, str | OracleFailed]:
     import subprocess
-    arg = ["--capture", name, path]
+    arg = ["--capture", json.dumps(paths)]
     try:
         p = subprocess.run([sys.executable, "-m", "tests.support.fsdp_oracle", *arg], cwd=ROOT, env=_env(),
                            capture_output=True, text=True, timeout=timeout)
@@ -151,14 +185,27 @@ def capture(name: str, path: str, timeout: float = 180) -> None:
         raise OracleFailed(f"FSDP capture missed its {timeout:.0f} s deadline: {exc.stderr!r:.4000}") from None
     if p.returncode != 0:
         raise OracleFailed(f"FSDP capture exited {p.returncode}; its stderr:\n{p.stderr[-6000:]}")
+    done = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
+    return {n: OracleFailed(f"FSDP capture of {n} raised:\n{done[n]['error'][-4000:]}") if "error" in done[n]
+            else path for n, path in paths.items()}
 
 
-def run_ranks(name: str, world: int, out_dir: str, timeout: float = 240, memory: bool = False) -> list[dict]:
-    """``world`` ranks profiling their third backward (``memory``: its live bytes instead, forward too)."""
+def capture(name: str, path: str, timeout: float = 180) -> None:
+    """One model captured to ``path`` (in a child process, see ``capture_many``)."""
+    got = _capture({name: path}, timeout)[name]
+    if isinstance(got, OracleFailed):
+        raise got
+
+
+def run_ranks_many(names: list[str], world: int, out_dir: str, timeout: float = 300,
+                   memory: bool = False) -> dict[str, list[dict] | str]:
+    """``world`` ranks of one group running each model in turn (see ``run_ranks``): {name: every rank's report
+    for it, by rank, or the first rank's traceback as a string when the model raised}."""
     from autograd_run.parallel.local_ranks import RanksTimedOut, run_local_ranks
     store = os.path.join(out_dir, "store")
     argvs = [[sys.executable, "-m", "tests.support.fsdp_oracle", "--rank", str(r), str(world), store, out_dir,
-              name, str(max(1.0, timeout - 10)), *(["--memory"] if memory else [])] for r in range(world)]
+              json.dumps(list(names)), str(max(1.0, timeout - 10)), *(["--memory"] if memory else [])]
+             for r in range(world)]
     try:
         results = run_local_ranks(argvs, _env(), timeout, cwd=ROOT)
     except RanksTimedOut as exc:
@@ -168,7 +215,21 @@ def run_ranks(name: str, world: int, out_dir: str, timeout: float = 240, memory:
     if bad:
         r, rc, err = bad[0]
         raise OracleFailed(f"FSDP rank {r} of {world} exited {rc}; its stderr:\n{err[-4000:]}")
-    return [json.loads([line for line in out.splitlines() if line.startswith("{")][-1]) for _, out, _ in results]
+    reports = [json.loads([line for line in out.splitlines() if line.startswith("{")][-1]) for _, out, _ in results]
+    by_name: dict[str, list[dict] | str] = {}
+    for name in names:
+        per_rank = [rep["models"][name] for rep in reports]
+        failed = next((r for r in per_rank if "error" in r), None)
+        by_name[name] = failed["error"] if failed else [{"rank": k, **r} for k, r in enumerate(per_rank)]
+    return by_name
+
+
+def run_ranks(name: str, world: int, out_dir: str, timeout: float = 240, memory: bool = False) -> list[dict]:
+    """``world`` ranks profiling their third backward (``memory``: its live bytes instead, forward too)."""
+    got = run_ranks_many([name], world, out_dir, timeout, memory)[name]
+    if isinstance(got, str):
+        raise OracleFailed(f"FSDP ranks of {name} raised:\n{got[-4000:]}")
+    return got
 
 
 _KINDS = (("FSDP::pre_backward", "pre"), ("FSDP::all_gather", "all-gather"),
@@ -193,12 +254,12 @@ def main(argv: list[str]) -> int:
     import faulthandler
     warnings.simplefilter("ignore")
     if argv[0] == "--capture":
-        faulthandler.dump_traceback_later(170, exit=True)
-        print(json.dumps(_capture_main(argv[1], argv[2])), flush=True)
+        faulthandler.dump_traceback_later(230, exit=True)
+        print(json.dumps(_capture_main(json.loads(argv[1]))), flush=True)
         return 0
-    rank, world, store, out, name = int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5]
+    rank, world, store, out, names = int(argv[1]), int(argv[2]), argv[3], argv[4], json.loads(argv[5])
     faulthandler.dump_traceback_later(float(argv[6]), exit=True)
-    print(json.dumps(_rank_main(rank, world, store, out, name, memory="--memory" in argv[7:])), flush=True)
+    print(json.dumps(_rank_main(rank, world, store, out, names, memory="--memory" in argv[7:])), flush=True)
     return 0
 
 
