@@ -135,8 +135,9 @@ def _scalar(outputs):
     return total
 
 
-def run_sample(op, sample, index) -> Verdict:
-    """The verdict for one sample of one op (see the module docstring)."""
+def run_sample(op, sample, index, folder=None) -> Verdict:
+    """The verdict for one sample of one op (see the module docstring), its graph written into ``folder``
+    (a temporary one of its own when None)."""
     import torch
     name = op_id(op)
     args = [sample.input, *sample.args]
@@ -155,6 +156,8 @@ def run_sample(op, sample, index) -> Verdict:
     if loss is None or not loss.requires_grad:
         return Verdict(name, index, "skip", "no output needs a gradient")
     names = {f"x{i}": t for i, t in enumerate(leaves)}
+    if folder is not None:
+        return _check(name, index, loss, leaves, names, os.path.join(folder, f"s{index}.json"))
     tmp = tempfile.mkdtemp(prefix="opinfo-")
     try:
         return _check(name, index, loss, leaves, names, os.path.join(tmp, "g.json"))
@@ -304,7 +307,11 @@ def run_op(op, dtype_name="float64", limit=None) -> list[Verdict]:
         ss = samples(op, dtype_name, limit)
     except Exception as e:
         return [Verdict(op_id(op), -1, "skip", f"sample_inputs raised {type(e).__name__}: {str(e)[:120]}")]
-    return [run_sample(op, s, i) for i, s in enumerate(ss)]
+    tmp = tempfile.mkdtemp(prefix="opinfo-")  # one folder for the op's samples (s<i>.json, s<i>.npz)
+    try:
+        return [run_sample(op, s, i, tmp) for i, s in enumerate(ss)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":  # pragma: no cover - a report, run by hand
