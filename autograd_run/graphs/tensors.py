@@ -188,6 +188,9 @@ class SideFiles:
         self._open: dict[str, zipfile.ZipFile] = {}
         #: (file, member) -> (shape, dtype, fortran_order, ZipInfo) from the member's header.
         self._headers: dict[tuple[str, str], tuple] = {}
+        #: side file name as the graph gives it -> its real path, once ``resolve`` has checked it. Not under the
+        #: lock: two threads racing on one name store the same path.
+        self._resolved: dict[str, str] = {}
         #: Added to every random spec's seed (``--seed``): another reproducible draw.
         self.seed_offset = 0
         self._lock = threading.Lock()  # guards _open/_headers and reads (nodes materialize from several threads)
@@ -204,6 +207,9 @@ class SideFiles:
                 raise err(path, problem)
         if self.base_dir is None:
             raise err(path, "npz side files need a graph loaded from a file")
+        full = self._resolved.get(name)
+        if full is not None:  # checked once per name: later reads go to the archive opened from that path
+            return full
         try:
             base = os.path.realpath(self.base_dir)
             full = os.path.realpath(os.path.join(base, name))
@@ -218,6 +224,7 @@ class SideFiles:
             raise err(path, f"side file {short(name)} is missing") from None
         if not stat.S_ISREG(st.st_mode):
             raise err(path, f"side file {short(name)} is not a regular file")
+        self._resolved[name] = full
         return full
 
     def opened(self) -> list[str]:
