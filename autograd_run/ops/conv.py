@@ -54,13 +54,13 @@ def _windows(xp, xpad, ks, out, stride, dilation):
     return _stride_tricks(xp)(xpad, shape, strides)
 
 
-def _scatter(dxpad, dwin, ks, out, stride, dilation, channels=slice(None)):
+def _scatter(dxpad, dwin, ks, out, stride, dilation):
     """Add window gradients (N, C, *ks, *out) back into the padded input gradient."""
     k = len(ks)
     for kk in itertools.product(*(range(n) for n in ks)):
         sl = tuple(slice(kk[i] * dilation[i], kk[i] * dilation[i] + stride[i] * (out[i] - 1) + 1, stride[i])
                    for i in range(k))
-        dxpad[(slice(None), channels) + sl] += dwin[(slice(None), slice(None)) + kk]
+        dxpad[(slice(None), slice(None)) + sl] += dwin[(slice(None), slice(None)) + kk]
 
 
 def _crop(dxpad, padding):
@@ -77,18 +77,26 @@ def _letters(k):
     return "ijl"[:k], "xyz"[:k]
 
 
+def _grouped(a, groups, axis):
+    """``a`` with axis ``axis`` split into (groups, size / groups): a view, also of a strided window view."""
+    return a.reshape(a.shape[:axis] + (groups, a.shape[axis] // groups) + a.shape[axis + 1:])
+
+
 def conv_forward(xp, x, w, stride, padding, dilation, groups):
-    """The convolution (cross-correlation) of batched ``x`` (N, C, *) with ``w`` (O, C/groups, *k)."""
+    """The convolution (cross-correlation) of batched ``x`` (N, C, *) with ``w`` (O, C/groups, *k).
+
+    Groups are one more index of the contraction (``g`` below), not a loop: a depthwise convolution has as
+    many groups as channels."""
     k = x.ndim - 2
     ks = w.shape[2:]
     xpad = _pad(xp, x, padding)
     out = tuple((xpad.shape[2 + i] - dilation[i] * (ks[i] - 1) - 1) // stride[i] + 1 for i in range(k))
     win = _windows(xp, xpad, ks, out, stride, dilation)
-    cg, og = x.shape[1] // groups, w.shape[0] // groups
     K, S = _letters(k)
-    parts = [xp.einsum(f"nc{K}{S},oc{K}->no{S}", win[:, q * cg:(q + 1) * cg], w[q * og:(q + 1) * og])
-             for q in range(groups)]
-    return parts[0] if groups == 1 else xp.concatenate(parts, axis=1)
+    if groups == 1:
+        return xp.einsum(f"nc{K}{S},oc{K}->no{S}", win, w)
+    y = xp.einsum(f"ngc{K}{S},goc{K}->ngo{S}", _grouped(win, groups, 1), _grouped(w, groups, 0))
+    return y.reshape((y.shape[0], w.shape[0]) + y.shape[3:])
 
 
 def conv_grad_input(xp, g, w, in_spatial, stride, padding, dilation, groups):
@@ -96,13 +104,15 @@ def conv_grad_input(xp, g, w, in_spatial, stride, padding, dilation, groups):
     k = g.ndim - 2
     ks, out = w.shape[2:], g.shape[2:]
     C = w.shape[1] * groups
-    cg, og = w.shape[1], w.shape[0] // groups
     padded = tuple(n + 2 * p for n, p in zip(in_spatial, padding))
     dxpad = xp.zeros((g.shape[0], C) + padded, dtype=xp.result_type(g, w))
     K, S = _letters(k)
-    for q in range(groups):
-        dwin = xp.einsum(f"no{S},oc{K}->nc{K}{S}", g[:, q * og:(q + 1) * og], w[q * og:(q + 1) * og])
-        _scatter(dxpad, dwin, ks, out, stride, dilation, slice(q * cg, (q + 1) * cg))
+    if groups == 1:
+        dwin = xp.einsum(f"no{S},oc{K}->nc{K}{S}", g, w)
+    else:
+        dwin = xp.einsum(f"ngo{S},goc{K}->ngc{K}{S}", _grouped(g, groups, 1), _grouped(w, groups, 0))
+        dwin = dwin.reshape((g.shape[0], C) + dwin.shape[3:])
+    _scatter(dxpad, dwin, ks, out, stride, dilation)
     return _crop(dxpad, padding)
 
 
@@ -111,11 +121,11 @@ def conv_grad_weight(xp, g, x, ks, stride, padding, dilation, groups):
     k = x.ndim - 2
     out = g.shape[2:]
     win = _windows(xp, _pad(xp, x, padding), ks, out, stride, dilation)
-    cg, og = x.shape[1] // groups, g.shape[1] // groups
     K, S = _letters(k)
-    parts = [xp.einsum(f"no{S},nc{K}{S}->oc{K}", g[:, q * og:(q + 1) * og], win[:, q * cg:(q + 1) * cg])
-             for q in range(groups)]
-    return parts[0] if groups == 1 else xp.concatenate(parts, axis=0)
+    if groups == 1:
+        return xp.einsum(f"no{S},nc{K}{S}->oc{K}", g, win)
+    dw = xp.einsum(f"ngo{S},ngc{K}{S}->goc{K}", _grouped(g, groups, 1), _grouped(win, groups, 1))
+    return dw.reshape((g.shape[1],) + dw.shape[2:])
 
 
 def _conv_flops(s: cost.Shapes) -> float:
