@@ -221,6 +221,47 @@ def test_npz_header_lies_are_refused(tmp_path):
     assert "more than the limit" in err.what and "1.1e+12 elements" in err.what
 
 
+def _npy(header_text: str) -> bytes:
+    h = header_text.encode("latin1")
+    h += b" " * (63 - (10 + len(h)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 3), (1, 2, 3, 4)])
+@pytest.mark.parametrize("dtype", ["<f8", "<f4", "<f2", "|b1", "<i8", "<i4", "|u1", "|i1", "<c8", "<c16", ">f8"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_npy_headers_read_as_numpy_reads_them(shape, dtype, order):
+    """The header numpy writes takes a fast path (a strict pattern, not numpy's literal_eval); shape, order,
+    dtype and data offset are numpy's own reading of it."""
+    from autograd_run.graphs.tensors import _NUMPY_HEADER, _read_npy_header
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(shape, dtype=dtype, order=order))
+    f = io.BytesIO(buf.getvalue())
+    major, _ = np.lib.format.read_magic(f)
+    want = (np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0)(f)
+    assert _read_npy_header(io.BytesIO(buf.getvalue())) == (*want[:1], bool(want[1]), want[2], f.tell())
+    size = int.from_bytes(buf.getvalue()[8:10], "little")
+    assert _NUMPY_HEADER.fullmatch(buf.getvalue()[10:10 + size])  # the fast path was taken
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("{'shape': (2,), 'descr': '<f8', 'fortran_order': False}", ((2,), False, np.dtype("<f8"))),  # numpy's parser
+    ("{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3) }", ((2, 3), True, np.dtype("<f8"))),
+    ("{'descr': '<f8', 'fortran_order': False, 'shape': (,), }", "Cannot parse header"),
+    ("{'descr': '<f8', 'fortran_order': False, 'shape': (2, -1), }", "invalid shape"),
+    ("{'descr': '<zz', 'fortran_order': False, 'shape': (2,), }", "not a valid dtype"),
+    ("{'descr': 'O', 'fortran_order': False, 'shape': (2,), }", "Python objects"),
+    ("{'descr': [('a', '<f8')], 'fortran_order': False, 'shape': (2,), }", "structured dtype"),
+])
+def test_other_npy_headers_take_numpys_parser_and_the_same_checks(text, expected):
+    from autograd_run.graphs.tensors import _read_npy_header
+    if isinstance(expected, str):
+        with pytest.raises(Exception, match=expected.replace("(", r"\(")):
+            _read_npy_header(io.BytesIO(_npy(text)))
+    else:
+        assert _read_npy_header(io.BytesIO(_npy(text)))[:3] == expected
+
+
 def test_npz_messages_never_suggest_pickles(tmp_path):
     np.savez(tmp_path / "g.npz", x=np.array([{"a": 1}], dtype=object))
     err = _error(lambda: load_graph(write(tmp_path, npz_doc({"npz": "x"}, "saved"))))
