@@ -135,9 +135,8 @@ def _scalar(outputs):
     return total
 
 
-def run_sample(op, sample, index, folder=None) -> Verdict:
-    """The verdict for one sample of one op (see the module docstring), its graph written into ``folder``
-    (a temporary one of its own when None)."""
+def run_sample(op, sample, index, folder) -> Verdict:
+    """The verdict for one sample of one op (see the module docstring), its graph written into ``folder``."""
     import torch
     name = op_id(op)
     args = [sample.input, *sample.args]
@@ -156,13 +155,7 @@ def run_sample(op, sample, index, folder=None) -> Verdict:
     if loss is None or not loss.requires_grad:
         return Verdict(name, index, "skip", "no output needs a gradient")
     names = {f"x{i}": t for i, t in enumerate(leaves)}
-    if folder is not None:
-        return _check(name, index, loss, leaves, names, os.path.join(folder, f"s{index}.json"))
-    tmp = tempfile.mkdtemp(prefix="opinfo-")
-    try:
-        return _check(name, index, loss, leaves, names, os.path.join(tmp, "g.json"))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return _check(name, index, loss, leaves, names, os.path.join(folder, f"s{index}.json"))
 
 
 def _check(name, index, loss, leaves, names, path) -> Verdict:

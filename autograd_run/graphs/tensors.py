@@ -385,8 +385,8 @@ def _why(exc: BaseException) -> str:
 
 
 #: The header numpy itself writes for a numeric array (np.save/np.savez), exactly: descr, fortran_order,
-#: shape, in that order, then the padding. Other headers (hand-made, reordered, version 3) take numpy's own
-#: parser, which builds the dict with ast.literal_eval: about 0.1 ms a header, most of loading a small graph.
+#: shape, in that order, then the padding. Other headers (hand-made, reordered) take numpy's own parser,
+#: which builds the dict with ast.literal_eval: 46 us a header here against 10 us for this pattern.
 _NUMPY_HEADER = re.compile(rb"\{'descr': '([<>|=]?[a-zA-Z]\d{0,2})', 'fortran_order': (True|False), "
                            rb"'shape': \((|\d{1,19},|\d{1,19}(?:, \d{1,19})+)\), \} *\n")
 
@@ -400,8 +400,9 @@ def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype, int]:
     version = (magic[-2], magic[-1])
     if version not in ((1, 0), (2, 0)):
         raise _NpyProblem(f"unsupported .npy format version {version[0]}.{version[1]}")
-    size_bytes = f.read(2 if version == (1, 0) else 4)
-    if len(size_bytes) != (2 if version == (1, 0) else 4):
+    width = 2 if version == (1, 0) else 4  # of the header's length field
+    size_bytes = f.read(width)
+    if len(size_bytes) != width:
         raise _NpyProblem("the .npy header ends early")
     size = int.from_bytes(size_bytes, "little")
     if size > MAX_NPY_HEADER:

@@ -168,14 +168,14 @@ def _rank_main(rank: int, world: int, store: str, out: str, names: list[str], me
         dist.destroy_process_group()
 
 
-def capture_many(names: list[str], folder: str, timeout: float = 240) -> dict[str, str | OracleFailed]:
-    """{name: graph path} for each model captured in one child process (``folder/<name>.json``), or
-    {name: OracleFailed} for a model whose capture raised; OracleFailed when the child fails or misses its
-    deadline."""
+def capture_many(names: list[str], folder: str, timeout: float = 240) -> tuple[dict[str, str], dict[str, str]]:
+    """Each model captured in one child process to ``folder/<name>.json``: ({name: graph path} for those
+    captured, {name: the traceback} for those whose capture raised). OracleFailed when the child fails or
+    misses its deadline."""
     return _capture({n: os.path.join(folder, f"{n}.json") for n in names}, timeout)
 
 
-def _capture(paths: dict[str, str], timeout: float) -> dict[str, str | OracleFailed]:
+def _capture(paths: dict[str, str], timeout: float) -> tuple[dict[str, str], dict[str, str]]:
     import subprocess
     arg = ["--capture", json.dumps(paths)]
     try:
@@ -186,15 +186,15 @@ def _capture(paths: dict[str, str], timeout: float) -> dict[str, str | OracleFai
     if p.returncode != 0:
         raise OracleFailed(f"FSDP capture exited {p.returncode}; its stderr:\n{p.stderr[-6000:]}")
     done = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
-    return {n: OracleFailed(f"FSDP capture of {n} raised:\n{done[n]['error'][-4000:]}") if "error" in done[n]
-            else path for n, path in paths.items()}
+    errors = {n: f"FSDP capture of {n} raised:\n{d['error'][-4000:]}" for n, d in done.items() if "error" in d}
+    return {n: path for n, path in paths.items() if n not in errors}, errors
 
 
 def capture(name: str, path: str, timeout: float = 180) -> None:
     """One model captured to ``path`` (in a child process, see ``capture_many``)."""
-    got = _capture({name: path}, timeout)[name]
-    if isinstance(got, OracleFailed):
-        raise got
+    _, errors = _capture({name: path}, timeout)
+    if errors:
+        raise OracleFailed(errors[name])
 
 
 def run_ranks_many(names: list[str], world: int, out_dir: str, timeout: float = 300,

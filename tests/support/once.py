@@ -10,6 +10,7 @@ alone would run ``make`` once per worker. An exception from ``make`` is stored a
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 
@@ -23,13 +24,8 @@ def once(tmp_path_factory, key: str, make):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's folder, above each worker's own
     done = root / f"{key}.json"
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): once per worker
-        fcntl = None
     with open(root / f"{key}.lock", "a") as lock:
-        if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # held while make runs; released when the file closes
+        fcntl.flock(lock, fcntl.LOCK_EX)  # guards done: held while make runs, released when the file closes
         if not done.exists():
             folder = root / key
             folder.mkdir(exist_ok=True)
