@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -108,12 +110,80 @@ def is_numpy(xp) -> bool:
 
 
 def add_at(xp, target, index, values) -> None:
-    """``target[index] += values`` where repeated indices accumulate (numpy's ``add.at``, cupyx's ``scatter_add``)."""
-    if is_numpy(xp):
-        xp.add.at(target, index, values)
-    else:  # pragma: no cover - needs a GPU
+    """``target[index] += values`` where repeated indices accumulate (numpy's ``add.at``, cupyx's ``scatter_add``).
+
+    On numpy, a float or complex target indexed by integer arrays on its leading dims (every rule's form) is
+    scattered by flat index (``_flat_terms``): with ``bincount`` when the terms are at least 1/64 of the target's
+    entries (numpy's ``add.at`` with broadcast fancy indices costs ~100 ns a term here, ``bincount`` a few; a 3-d
+    grid sampler's backward spent 5.6 of 10 s in it), else with ``add.at`` on the flat view, one index per term.
+    Both also keep clear of numpy 2.4's ``add.at`` adding each value once when a 1-d target's index has more
+    dims than the values (``add.at(zeros(1), zeros((2, 3), int), [1., 2., 3.])`` gives 6, not 12, and once
+    gave 2.7e98: it reads past the values). Any other
+    form, an index out of range or values that do not broadcast go to ``add.at`` as given, for its errors.
+    """
+    if not is_numpy(xp):  # pragma: no cover - needs a GPU
         import cupyx
         cupyx.scatter_add(target, index, values)
+        return
+    terms = _flat_terms(target, index, values)
+    if terms is None:
+        xp.add.at(target, index, values)
+        return
+    keys, vals = terms
+    if keys.size == 0:
+        return
+    if keys.size * 64 >= target.size:
+        # the sums in float64 (complex128), added once: a float32 target is rounded once, not once per term
+        if target.dtype.kind == "c":
+            sums = np.empty(target.size, dtype=np.complex128)  # parts set apart: 1j * inf makes a NaN real part
+            sums.real = np.bincount(keys, weights=vals.real, minlength=target.size)
+            sums.imag = np.bincount(keys, weights=vals.imag, minlength=target.size)
+        else:
+            sums = np.bincount(keys, weights=vals, minlength=target.size)
+        target += sums.reshape(target.shape).astype(target.dtype, copy=False)
+        return
+    flat = target.reshape(-1)            # a view when the target is contiguous, else a copy written back
+    np.add.at(flat, keys, vals)
+    if not np.shares_memory(flat, target):
+        target[...] = flat.reshape(target.shape)
+
+
+def _flat_terms(target, index, values):
+    """``(keys, values)``, both 1-d: ``add_at``'s terms by flat index into ``target``; None for another form."""
+    if target.dtype.kind not in "fc":
+        return None
+    idx = index if isinstance(index, tuple) else (index,)
+    if not idx or len(idx) > target.ndim:
+        return None
+    if not all(isinstance(i, np.ndarray) and i.dtype.kind in "iu" for i in idx):
+        return None
+    try:
+        shape = np.broadcast_shapes(*(i.shape for i in idx))
+    except ValueError:
+        return None
+    lead = target.shape[:len(idx)]
+    rest = target.shape[len(idx):]
+    width = math.prod(rest)
+    lin = None
+    for i, n in zip(idx, lead):  # the flat index over the leading dims, broadcast only at the last step
+        if i.size:
+            lo, hi = int(i.min()), int(i.max())
+            if lo < -n or hi >= n:
+                return None
+            if lo < 0:
+                i = (i + n) % n
+        i = i.astype(np.intp, copy=False)
+        lin = i if lin is None else lin * n + i
+    values = np.asarray(values)
+    if not np.can_cast(values.dtype, target.dtype, "same_kind"):
+        return None
+    try:
+        vals = np.broadcast_to(values, shape + rest).astype(target.dtype, copy=False)
+    except ValueError:
+        return None
+    lin = np.broadcast_to(lin, shape)
+    keys = lin.reshape(-1) if width == 1 else (lin.reshape(-1, 1) * width + np.arange(width)).reshape(-1)
+    return keys, vals.reshape(-1)
 
 
 def wrap_dim(dim, ndim: int) -> int:

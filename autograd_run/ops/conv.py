@@ -353,7 +353,7 @@ class Taps:
         self.inp = np.asarray(inp, dtype=np.int64).reshape(-1)
         self.weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), self.out.shape)
         self.dense = np.zeros(self.shape)
-        np.add.at(self.dense, (self.out, self.inp), self.weight)
+        add_at(np, self.dense, (self.out, self.inp), self.weight)
 
 
 def _follow_taps(xp, t, taps, axis, adjoint):
@@ -725,11 +725,7 @@ def _scatter_indices(xp, g, idx, in_shape, k):
     per_row = int(math.prod(idx.shape[-k:]))  # explicit: -1 cannot be inferred with zero rows
     idx2 = idx.reshape(rows, per_row)
     g2 = g.reshape(rows, per_row)
-    if xp is np:
-        np.add.at(flat, (np.broadcast_to(r, idx2.shape), idx2), g2)
-    else:
-        import cupyx
-        cupyx.scatter_add(flat, (xp.broadcast_to(r, idx2.shape), idx2), g2)
+    add_at(xp, flat, (xp.broadcast_to(r, idx2.shape), idx2), g2)
     return flat.reshape(in_shape)
 
 

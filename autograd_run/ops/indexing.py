@@ -73,11 +73,7 @@ def embedding(node, grads, ctx):
 
     def out(i):
         w = xp.zeros((num,) + g.shape[indices.ndim:], dtype=g.dtype)
-        if xp is np:
-            np.add.at(w, flat_idx, flat_g)
-        else:
-            import cupyx
-            cupyx.scatter_add(w, flat_idx, flat_g)
+        add_at(xp, w, flat_idx, flat_g)
         return w
     return each(node, out)
 

@@ -12,25 +12,17 @@ from __future__ import annotations
 import numpy as np
 
 from autograd_run.ops import cost
-from autograd_run.ops.arrays import each, keep_where, signed
+from autograd_run.ops.arrays import add_at, each, keep_where, signed
 from autograd_run.ops.spec import op
 
 SUM, MEAN, MAX = 0, 1, 2
-
-
-def _add_rows(xp, target, rows, values):
-    if xp is np:
-        np.add.at(target, rows, values)
-    else:
-        import cupyx
-        cupyx.scatter_add(target, rows, values)
 
 
 def _offset2bag(xp, offsets, n):
     """The bag of each of ``n`` indices, from the bags' start offsets (when the forward did not save it)."""
     marks = xp.zeros(n + 1, dtype=np.int64)
     starts = offsets[(offsets >= 0) & (offsets <= n)]  # every bag's start, empty bags (repeated offsets) too
-    _add_rows(xp, marks, starts, xp.ones(starts.shape, dtype=np.int64))
+    add_at(xp, marks, starts, xp.ones(starts.shape, dtype=np.int64))
     marks[0] -= 1  # the first bag is bag 0
     return xp.cumsum(marks)[:n]
 
@@ -64,7 +56,7 @@ def embedding_bag(node, grads, ctx):
             cols = xp.broadcast_to(xp.arange(g.shape[-1]), arg.shape)
             # An empty bag's output is zeros with arg-max 0 (or -1): no gradient flows from it.
             ok = (arg >= 0) & (sv["result2"].reshape(-1, 1) > 0)
-            _add_rows(xp, dw, (arg[ok], cols[ok]), g[ok])
+            add_at(xp, dw, (arg[ok], cols[ok]), g[ok])
             return dw
         rows = g[bag]
         if psw is not None:
@@ -75,7 +67,7 @@ def embedding_bag(node, grads, ctx):
         if sv.get("scale_grad_by_freq"):
             counts = xp.bincount(idx, minlength=num_weights)
             rows = rows / counts[idx].reshape(-1, 1)
-        _add_rows(xp, dw, idx[keep], rows[keep])  # padding_idx's entries skipped, as PyTorch's (not times 0)
+        add_at(xp, dw, idx[keep], rows[keep])  # padding_idx's entries skipped, as PyTorch's (not times 0)
         return dw
 
     def grad_per_sample_weights():
