@@ -266,3 +266,100 @@ def test_a_node_hook_runs_before_the_node(tmp_path):
     finally:
         eng.shutdown()
     np.testing.assert_array_equal(res.grads["w"], [-0.5, 1.0, -0.25])
+
+
+# -- nn.Module full backward hooks ------------------------------------------------------------------------------
+#
+# register_full_backward_hook replaces a module's grad_input and register_full_backward_pre_hook its grad_output,
+# as post-hooks of the BackwardHookFunctionBackward pass-throughs around the module. The reference backward sees
+# what such a node received and what it sent; a change one observation fits is held on the node's slot.
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 5)
+        self.b = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def _net(seed):
+    torch.manual_seed(seed)
+    m = _Net().double()
+    return m, torch.randn(6, 4, dtype=torch.float64)
+
+
+def _module_case(tmp_path, seed, setup, x_requires_grad=False):
+    from autograd_run.capture.check import check_graph
+    from autograd_run.graphs.load import load_graph
+    m, x = _net(seed)
+    setup(m)
+    x.requires_grad_(x_requires_grad)
+    names = dict(m.named_parameters(), **({"x": x} if x_requires_grad else {}))
+    doc, said = _capture(weigh(m(x) * 2), names, tmp_path / "g.json")
+    report = check_graph(load_graph(str(tmp_path / "g.json")), rtol=1e-12, atol=1e-14)
+    held = [h for n in doc["nodes"] if n["name"] == "BackwardHookFunctionBackward"
+            for h in (n.get("attrs") or {}).get("hooks", [])]
+    return doc, said, report, held
+
+
+def test_a_module_hook_that_scales_grad_input_is_held(tmp_path):
+    doc, said, report, held = _module_case(
+        tmp_path, 31, lambda m: m.b.register_full_backward_hook(lambda mod, gi, go: tuple(g * -0.5 for g in gi)))
+    assert held == [{"slot": 0, "kind": "scale", "by": -0.5, "observed": True}]
+    assert "held as data" in said and "runs without them" not in said
+    assert report.ok, (report.note, [(g.name, g.max_abs) for g in report.grads])
+
+
+def test_a_module_pre_hook_that_clamps_grad_output_is_held(tmp_path):
+    doc, said, report, held = _module_case(
+        tmp_path, 32, lambda m: m.b.register_full_backward_pre_hook(lambda mod, go: tuple(g.clamp(-0.1, 0.1)
+                                                                                        for g in go)))
+    assert [h["kind"] for h in held] == ["clamp"] and held[0]["max"] == pytest.approx(0.1)
+    assert report.ok, (report.note, [(g.name, g.max_abs) for g in report.grads])
+
+
+def test_a_module_hook_on_the_inputs_of_a_model_whose_input_is_a_leaf(tmp_path):
+    doc, said, report, held = _module_case(
+        tmp_path, 33, lambda m: m.register_full_backward_hook(lambda mod, gi, go: tuple(g * 3.0 for g in gi)),
+        x_requires_grad=True)
+    assert held == [{"slot": 0, "kind": "scale", "by": 3.0, "observed": True}]
+    assert report.ok and {g.name for g in report.grads} >= {"x"}
+
+
+def test_module_hooks_that_only_look_are_said_to_change_nothing(tmp_path):
+    seen = []
+    doc, said, report, held = _module_case(
+        tmp_path, 34, lambda m: (m.a.register_full_backward_hook(lambda mod, gi, go: seen.append("a")),
+                                 m.b.register_full_backward_pre_hook(lambda mod, go: seen.append("b"))))
+    assert seen and not held
+    assert all(e.get("unchanged") is True for e in doc["meta"]["hooks"])
+    assert "changed no gradient" in said and "runs without them" not in said
+    assert report.ok and "does not hold" not in (report.note or "")
+
+
+def test_a_module_hook_nothing_fits_is_still_reported(tmp_path):
+    doc, said, report, held = _module_case(
+        tmp_path, 35, lambda m: m.b.register_full_backward_hook(lambda mod, gi, go: tuple(g.abs().sqrt()
+                                                                                        for g in gi)))
+    assert not held
+    assert "runs without them" in said
+    assert not report.ok and "does not hold" in report.note
+
+
+def test_a_tensor_hook_and_a_module_pre_hook_on_one_pass_through_run_in_pytorchs_order(tmp_path):
+    """The module's output has a tensor hook (scale) and the module a pre-hook (clamp) on the same node:
+    PyTorch runs the tensor hook first; the held hooks keep that order (clamp then scale would differ)."""
+    def setup(m):
+        m.b.register_full_backward_pre_hook(lambda mod, go: tuple(g.clamp(-0.2, 0.2) for g in go))
+        orig = m.forward
+
+        def forward(x):
+            y = orig(x)
+            y.register_hook(lambda g: g * 4.0)
+            return y
+        m.forward = forward
+    doc, said, report, held = _module_case(tmp_path, 36, setup)
+    assert [h["kind"] for h in held] == ["scale", "clamp"]
+    assert report.ok, (report.note, [(g.name, g.max_abs) for g in report.grads])

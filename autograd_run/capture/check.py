@@ -222,9 +222,8 @@ def _hooks_note(graph: Graph) -> str:
     hooks = (graph.meta or {}).get("hooks")
     if not isinstance(hooks, list) or not hooks:
         return ""
-    names = [str(h.get("tensor")) for h in hooks
-             if isinstance(h, dict) and not (h.get("held") and (h.get("how") == "register_hook"
-                                                                  or str(h.get("how", "")).startswith("a hook")))]
+    from autograd_run.capture.hooks import replayed
+    names = [str(h.get("tensor")) for h in hooks if isinstance(h, dict) and not replayed(h)]
     if not names:
         return ""
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""

@@ -7,7 +7,12 @@ of it. Two ways to find them:
 
 * leaves: ``tensor._backward_hooks`` and ``_post_accumulate_grad_hooks`` say
   it directly (``leaf_hooks``); a module's full backward hooks leave
-  ``BackwardHookFunctionBackward`` nodes (captured as pass-throughs);
+  ``BackwardHookFunctionBackward`` nodes (captured as pass-throughs). Their
+  hooks (``register_full_backward_hook``'s on the module's inputs,
+  ``register_full_backward_pre_hook``'s on its outputs) are post-hooks of
+  those nodes that replace what the node sends: the reference backward
+  compares what such a node received with what it sent, slot by slot (the
+  node passes gradient k on as gradient k), so a change is seen there;
 * any other tensor: PyTorch does not expose a node's tensor pre-hooks, so
   the reference backward watches what they do (``HookWatch``): a post-hook
   on every node adds up what it sends along each edge, and a pre-hook on
@@ -54,6 +59,10 @@ class HookWatch:
         self.sent: dict = {}
         self.changed: dict = {}   # (fn, slot) -> max abs difference
         self.pairs: dict = {}     # (fn, slot) -> (what was sent, what the node received), for fitting
+        #: A module hook node's changes: (fn, slot) -> (what it received, what it sent after the module's hooks)
+        self.module_pairs: dict = {}
+        self.module_ran: set = set()   # the module hook nodes that ran
+        self._got: dict = {}           # module hook node -> what it received, until it sends
 
     def add(self, fn, slot: int, grad) -> None:
         if grad is None:
@@ -75,11 +84,31 @@ class HookWatch:
                 fn.register_hook(lambda gi, go, fn=fn: self._sent(fn, gi))]
 
     def _sent(self, fn, outs) -> None:
+        got = self._got.pop(fn, None)
+        if got is not None:
+            self._module_hooks(fn, got, outs)
         for (nf, nr), g in zip(fn.next_functions, outs):
             if nf is not None:
                 self.add(nf, nr, g)
 
+    def _module_hooks(self, fn, got, outs) -> None:
+        """What a module's full backward hooks did at their pass-through node ``fn``: slot k received
+        ``got[k]`` and sends ``outs[k]``."""
+        self.module_ran.add(fn)
+        for slot, (g, o) in enumerate(zip(got, outs)):
+            if g is None or o is None or g is o:
+                continue
+            try:
+                diff = self._difference(o, g)
+            except (RuntimeError, TypeError):
+                continue
+            if diff is not None:
+                self.changed[(fn, slot)] = diff
+                self.module_pairs[(fn, slot)] = (g.detach(), o.detach())
+
     def _received(self, fn, grads) -> None:
+        if fn.name() == MODULE_HOOK_NODE:
+            self._got[fn] = tuple(grads)
         for slot, got in enumerate(grads):
             want = self.sent.pop((fn, slot), None)
             if want is None or got is None or got is want:
@@ -122,9 +151,16 @@ def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]],
         out.append(entry)
     for fn, doc in cap.docs.items():
         if doc["name"] == MODULE_HOOK_NODE:
-            out.append({"tensor": f"the tensors passing node {doc['id']} ({MODULE_HOOK_NODE})", "node": doc["id"],
-                        "slot": None, "how": "nn.Module full backward hooks (register_full_backward_hook or "
-                                             "register_full_backward_pre_hook)"})
+            entry = {"tensor": f"the tensors passing node {doc['id']} ({MODULE_HOOK_NODE})", "node": doc["id"],
+                     "slot": None, "how": MODULE_HOW}
+            if watch is not None and fn in watch.module_ran:
+                changed = sorted(k for (f, k) in watch.changed if f is fn)
+                if not changed:
+                    entry["unchanged"] = True   # they ran and changed no gradient: the replay needs nothing
+                elif held_nodes and doc["id"] in held_nodes and \
+                        set(changed) <= set(held_slots(doc)):
+                    entry["held"] = held_nodes[doc["id"]]
+            out.append(entry)
     seen = {e["node"] for e in out}
     if watch is not None:
         for (fn, slot), diff in watch.changed.items():
@@ -145,14 +181,39 @@ def _names(found: list[dict]) -> str:
     return ", ".join(e["tensor"] for e in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
 
 
+#: ``how`` of a module's full backward hooks in ``meta.hooks``.
+MODULE_HOW = "nn.Module full backward hooks (register_full_backward_hook or register_full_backward_pre_hook)"
+
+
+def held_slots(doc: dict) -> list[int]:
+    """The slots of a node document's held hooks (``attrs.hooks``)."""
+    return [h.get("slot") for h in (doc.get("attrs") or {}).get("hooks", []) if isinstance(h, dict)]
+
+
+def replayed(entry) -> bool:
+    """Whether a ``meta.hooks`` entry's effect is in the graph file: its hooks held as data, or module hooks
+    that changed no gradient. (Read from files: anything else, or a malformed entry, is not.)"""
+    if not isinstance(entry, dict):
+        return False
+    how = str(entry.get("how", ""))
+    if how == MODULE_HOW and entry.get("unchanged") is True:
+        return True
+    return bool(entry.get("held")) and (how == "register_hook" or how.startswith("a hook") or how == MODULE_HOW)
+
+
 def warning_text(found: list[dict]) -> str:
-    """The capture's message about hooks: which are held as data, which the replay runs without."""
-    held = [e for e in found if e.get("held") and (e["how"] == "register_hook" or e["how"].startswith("a hook"))]
-    lost = [e for e in found if e not in held]
+    """The capture's message about hooks: which are held as data, which changed nothing, which the replay runs
+    without."""
+    held = [e for e in found if replayed(e) and not e.get("unchanged")]
+    idle = [e for e in found if replayed(e) and e.get("unchanged")]
+    lost = [e for e in found if not replayed(e)]
     parts = []
     if held:
         parts.append("tensor hooks held as data in the graph file (the replay runs them): " + "; ".join(
             f"{e['tensor']}: {e['held']}" for e in held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else ""))
+    if idle:
+        parts.append(f"module backward hooks that changed no gradient in the captured backward (the replay needs "
+                     f"none of them): {_names(idle)}")
     if lost:
         parts.append(f"tensor hooks are not part of the graph file and the replay runs without them: "
                      f"{_names(lost)} (listed in meta.hooks)")
@@ -306,7 +367,9 @@ def hold_node_hooks(torch, cap, watch) -> dict:
     held: dict = {}
     if watch is None:
         return held
-    for (fn, slot), (sent, got) in watch.pairs.items():
+    # a tensor's hooks first, then the module hooks' change at the same pass-through node (they run in that order)
+    observed = list(watch.pairs.items()) + list(watch.module_pairs.items())
+    for (fn, slot), (sent, got) in observed:
         doc = cap.docs.get(fn)
         if doc is None or fn in cap.var_of:  # a leaf's hooks are held from the functions themselves
             continue
@@ -321,5 +384,6 @@ def hold_node_hooks(torch, cap, watch) -> dict:
             continue
         spec = {"slot": int(slot), **spec, "observed": True}
         doc.setdefault("attrs", {}).setdefault("hooks", []).append(spec)
-        held[doc["id"]] = say(spec) + " (observed)"
+        text = say(spec) + f" (observed{', slot ' + str(slot) if fn.name() == MODULE_HOOK_NODE else ''})"
+        held[doc["id"]] = held[doc["id"]] + "; " + text if doc["id"] in held else text
     return held

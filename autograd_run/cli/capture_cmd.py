@@ -102,7 +102,7 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
         raise UsageError(f"{path}: {func}() returned a dict without 'outputs'")
     outputs, kw = _split(result)
     with warnings.catch_warnings():  # told below from meta.hooks, once and plainly
-        warnings.filterwarnings("ignore", message="tensor hooks (are not part|held as data)")
+        warnings.filterwarnings("ignore", message="(tensor hooks (are not part|held as data)|module backward hooks)")
         if order_out or expect_order or check_replay:
             doc = capture_golden.finish(outputs, kw, output, order_out, expect_order, check_replay, golden,
                                         _describe, f"{path}: {func}()")

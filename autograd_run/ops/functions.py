@@ -23,7 +23,8 @@ from autograd_run.ops.spec import PER_INPUT, op
 
 @op("BackwardHookFunctionBackward", outputs=PER_INPUT, cost=cost.VIEW, views="same")
 def backward_hook_function(node, grads, ctx):
-    """nn.Module full backward hooks' pass-through (BackwardHookFunction): gradient k to input k (hooks not kept)."""
+    """nn.Module full backward hooks' pass-through (BackwardHookFunction): gradient k to input k (what the module's
+    hooks did is held as ``attrs.hooks`` on its slots when capture could fit it)."""
     return each(node, lambda i: grads[i])
 
 
