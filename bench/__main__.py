@@ -1,4 +1,4 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j growth accuracy profiles ddp memory kineto]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j growth accuracy profiles ddp fsdp memory kineto]`: benchmarks, ratios within one run.
 
 ``accuracy`` (``bench.accuracy``, in ``make bench``'s default parts): the simulation against the engine on
 graphs drawn at run time from a seed it prints (``python -m bench accuracy --seed N`` repeats one run;
@@ -9,6 +9,8 @@ graphs drawn at run time from a seed it prints (``python -m bench accuracy --see
 Hugging Face transformers) with profiles made the ways people make them, drawn from a seed it prints.
 ``ddp`` (``bench.ddp_time``, in the default parts too): ``simulate --ddp --network local-gloo`` against real
 DistributedDataParallel on 2 and 4 local gloo processes, cases drawn from a seed it prints.
+``fsdp`` (``bench.fsdp_time``, in the default parts too): ``simulate --fsdp captured --network local-gloo`` against
+real FSDP2 (``fully_shard``) on 2 and 4 local gloo processes, the same way.
 ``memory`` (``bench.memory_bench``, in the default parts too): the memory model against PyTorch's CPU allocator
 (``profile_memory=True``) on zoo models drawn from a seed it prints.
 ``kineto`` (``bench.kineto_bench``, in the default parts too): the Kineto trace writer against the Chrome one
@@ -29,14 +31,14 @@ import os
 import sys
 import time
 
-from bench import (accuracy, ddp_time, e2e_bench, engine_bench, growth, kineto_bench, load_bench, memory_bench,
-                   profcosts_bench, sim_bench, user_profiles)
+from bench import (accuracy, ddp_time, e2e_bench, engine_bench, fsdp_time, growth, kineto_bench, load_bench,
+                   memory_bench, profcosts_bench, sim_bench, user_profiles)
 
 
 def main(argv):
     quick = "--quick" in argv
     parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy", "profiles", "ddp",
-                                                             "memory", "kineto"]
+                                                             "fsdp", "memory", "kineto"]
     out = os.path.join(os.path.dirname(__file__), "results.json")
     results = {}
     t = time.time()
@@ -59,6 +61,8 @@ def main(argv):
         results["profiles"] = user_profiles.main(argv, quick)
     if "ddp" in parts:
         results["ddp"] = ddp_time.main(argv, quick)
+    if "fsdp" in parts:
+        results["fsdp"] = fsdp_time.main(argv, quick)
     if "memory" in parts:
         results["memory"] = memory_bench.main(argv, quick)
     if "kineto" in parts:

@@ -108,6 +108,9 @@ class ProfileUse:
     first_call: bool
     #: The profiler's own time per recorded event that the used spans show (us; None: they cannot tell).
     event_us_seen: float | None = None
+    #: FSDP2's collectives inside the node spans (``traces.torch_profile.FSDP_MODELED``), per call (the median
+    #: call), ns: taken out of the nodes' costs, since ``simulate --fsdp`` models them.
+    fsdp_ns: float = 0.0
 
     def line(self, event_us: float) -> str:
         """One line: what was used, what was left out, and the profiler's own time taken out."""
@@ -120,6 +123,9 @@ class ProfileUse:
                         "(forward, optimizer, the seed gradient)")
         if self.outside_runs:
             left.append(f"{self.outside_runs} node run{'s' if self.outside_runs != 1 else ''} outside the matched calls")
+        if self.fsdp_ns:
+            left.append(f"FSDP's all-gathers and reduce-scatters inside the nodes ({self.fsdp_ns / 1e6:.2f} ms a call: "
+                        "--fsdp models them)")
         notes = []
         if event_us and self.events:
             notes.append(f"profiler's own time taken out: {event_us:.2f} us x {self.events:.0f} events a call "
@@ -237,14 +243,17 @@ def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> Me
     nodes = {}
     for nid, evs in per.items():
         streams = sorted({k for e in evs for k in e.gpu_ns})
-        nodes[nid] = MeasuredCost(statistics.median(e.dur_ns - e.overhead_ns for e in evs),
+        # FSDP's collectives run by hooks inside a node's span are the FSDP model's (sim.fsdp), not the node's
+        nodes[nid] = MeasuredCost(statistics.median(e.dur_ns - e.overhead_ns - e.fsdp_ns for e in evs),
                                   {k: statistics.median(e.gpu_ns.get(k, 0) for e in evs) for k in streams},
-                                  statistics.median(e.nested for e in evs))
-    events = statistics.median(sum(e.nested for e in s.nodes.values()) for s in steps) if steps else 0.0
+                                  statistics.median(e.nested - e.fsdp_events for e in evs))
+    events = statistics.median(sum(e.nested - e.fsdp_events for e in s.nodes.values()) for s in steps) if steps \
+        else 0.0
+    fsdp = statistics.median(sum(e.fsdp_ns for e in s.nodes.values()) for s in steps) if steps else 0.0
     from autograd_run.traces.torch_profile import event_cost_in
     use = ProfileUse([s.label for s in steps], len(m.steps), left, trace.outside_ops, m.coverage.outside, events,
                      bool(steps) and all(s.first_forward for s in steps),
-                     event_cost_in([e for s in steps for e in s.nodes.values()]))
+                     event_cost_in([e for s in steps for e in s.nodes.values()]), fsdp)
     return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, sum(len(x.steps) for x in matched), step, use=use)
 
 

@@ -57,6 +57,11 @@ RUNTIME = ("cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_dr
 #: The profiler's own work (Kineto's "Activity Buffer Request"), drawn on a thread of its own (pid -1).
 OVERHEAD = "overhead"
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
+#: FSDP2's own ``record_function`` spans (torch 2.13, ``_fsdp_param_group.py``) for the work the FSDP model of
+#: the simulation (``sim.fsdp``) stands for: the all-gather (and its copy-out) of a unit's pre-backward and of
+#: its prefetch, and the post-backward's reduce-scatter (with its wait for the one before and the chunk copy).
+#: Inside a backward node's span (the hooks run there), their time is not the node's.
+FSDP_MODELED = ("FSDP::all_gather", "FSDP::backward_prefetch", "FSDP::post_backward_reduce")
 
 
 class ChromeEvent(msgspec.Struct):
@@ -133,6 +138,11 @@ class BackwardEvent:
     #: The span's time outside its direct children (the engine's work around the node's ops, and the
     #: profiler's own per recorded event), ns.
     own_ns: int = 0
+    #: FSDP2's collectives run inside the span by its hooks (``FSDP_MODELED``: all-gathers with their copy-out,
+    #: prefetches, reduce-scatters), ns, and the recorded events inside them: what ``simulate --fsdp`` models
+    #: itself, so not the node's cost.
+    fsdp_ns: int = 0
+    fsdp_events: int = 0
 
     @property
     def end_ns(self) -> int:
@@ -236,6 +246,7 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
             node = name[len(EVALUATE):]
             nested, shapes = 0, None
             child_ns, child_end = 0, -1  # time covered by the span's direct children
+            fsdp_ns, fsdp_end, fsdp_events = 0, -1, 0  # FSDP's modeled work (FSDP_MODELED), its union
             j = i + 1
             while j < len(evs) and evs[j][0] <= end:
                 if evs[j][1] <= end:
@@ -243,6 +254,12 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
                     if evs[j][0] >= child_end:
                         child_ns += evs[j][1] - evs[j][0]
                         child_end = evs[j][1]
+                    if evs[j][0] < fsdp_end:
+                        fsdp_events += 1
+                    elif evs[j][2].startswith(FSDP_MODELED):
+                        fsdp_ns += evs[j][1] - evs[j][0]
+                        fsdp_end = evs[j][1]
+                        fsdp_events += 1
                     if shapes is None and evs[j][2] == node:
                         own = evs[j][3]
                         shapes = own.get("Input Dims")
@@ -254,6 +271,7 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
                                _int(args.get("Fwd thread id")), thread, start, end - start, nested,
                                shapes if isinstance(shapes, list) else None)
             ev.own_ns = end - start - child_ns
+            ev.fsdp_ns, ev.fsdp_events = fsdp_ns, fsdp_events
             mine.append(ev)
             events.append(ev)
         if mine:
@@ -344,7 +362,7 @@ def event_cost_in(events: list[BackwardEvent]) -> float | None:
     import statistics
     by: dict[int, list[int]] = {}
     for e in events:
-        if e.nested:
+        if e.nested and not e.fsdp_ns:  # FSDP's collectives inside would be read as the profiler's time
             by.setdefault(e.nested, []).append(e.own_ns)
     med = {n: statistics.median(v) for n, v in by.items() if len(v) >= 3}
     xs = sorted(med)

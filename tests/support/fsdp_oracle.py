@@ -33,11 +33,45 @@ class OracleFailed(RuntimeError):
 MODELS = ("blocks", "transformer", "prefetch2", "keep", "nested", "conv", "frozen_input")
 
 
+def shard_by_size(model, share: float = 1 / 8) -> int:
+    """``fully_shard`` a model nobody here wrote the way its users often do, by size: walking down from the
+    root, a child holding more than ``share`` of the parameters (and with children of its own) is split
+    further, any other child with parameters is one unit; then the root. Returns the number of units."""
+    from torch.distributed.fsdp import fully_shard
+    total = sum(p.numel() for p in model.parameters())
+    units = 0
+
+    def walk(m):
+        nonlocal units
+        for child in m.children():
+            n = sum(p.numel() for p in child.parameters())
+            if not n:
+                continue
+            if n > share * total and any(True for _ in child.children()):
+                walk(child)
+            else:
+                fully_shard(child)
+                units += 1
+    walk(model)
+    fully_shard(model)
+    return units + 1
+
+
 def build(name: str):
-    """(model wrapped in fully_shard, run): ``run(model)`` is one forward to the loss on a fixed input."""
+    """(model wrapped in fully_shard, run): ``run(model)`` is one forward to the loss on a fixed input. ``name``:
+    one of MODELS, or ``zoo:NAME`` for an external model of ``tests/zoo/external.py`` (torchvision, timm,
+    transformers; random weights) sharded by ``shard_by_size``."""
     import torch
     import torch.nn as nn
     from torch.distributed.fsdp import fully_shard
+    if name.startswith("zoo:"):
+        tests = str(ROOT / "tests")
+        if tests not in sys.path:
+            sys.path.insert(0, tests)
+        from zoo import external
+        model, run = external.parts(name[4:])
+        shard_by_size(model)
+        return model, run
     torch.manual_seed(0)
 
     class Block(nn.Module):
@@ -114,7 +148,7 @@ def _capture_main(paths: dict[str, str]) -> dict:
         end_process_group()
 
 
-def _one_model(rank: int, out: str, name: str, memory: bool) -> dict:
+def _one_model(rank: int, out: str, name: str, memory: bool, timed: int = 0) -> dict:
     from torch.profiler import ProfilerActivity, profile
     model, run = build(name)
     if memory:  # two warm-up iterations, then the third forward and backward under profile_memory
@@ -142,10 +176,20 @@ def _one_model(rank: int, out: str, name: str, memory: bool) -> dict:
             loss.backward()
         path = os.path.join(out, f"rank{rank}-{name}.json")
         prof.export_chrome_trace(path)
-    return {"trace": path}
+    times = []
+    for _ in range(timed):  # the backward call alone, after a barrier, as bench/fsdp_time.py measures it
+        import time
+        import torch.distributed as dist
+        loss = run(model)  # gradients accumulate, as in the profiled pass
+        dist.barrier()
+        t = time.perf_counter_ns()
+        loss.backward()
+        times.append(time.perf_counter_ns() - t)
+    return {"trace": path, "backward_ns": times}
 
 
-def _rank_main(rank: int, world: int, store: str, out: str, names: list[str], memory: bool = False) -> dict:
+def _rank_main(rank: int, world: int, store: str, out: str, names: list[str], memory: bool = False,
+               timed: int = 0) -> dict:
     """One rank of one group that runs each model in turn (a model that raises is reported and the rest go on;
     one that hangs a collective fails them all at the group's timeout or the deadline)."""
     import datetime
@@ -158,7 +202,7 @@ def _rank_main(rank: int, world: int, store: str, out: str, names: list[str], me
     try:
         for name in names:
             try:
-                models[name] = _one_model(rank, out, name, memory)
+                models[name] = _one_model(rank, out, name, memory, timed)
             except Exception:  # noqa: BLE001
                 models[name] = {"error": traceback.format_exc()}
             gc.collect()  # the last model's parameters and FSDP state go before the next is built
@@ -198,13 +242,15 @@ def capture(name: str, path: str, timeout: float = 180) -> None:
 
 
 def run_ranks_many(names: list[str], world: int, out_dir: str, timeout: float = 300,
-                   memory: bool = False) -> dict[str, list[dict] | str]:
+                   memory: bool = False, timed: int = 0) -> dict[str, list[dict] | str]:
     """``world`` ranks of one group running each model in turn (see ``run_ranks``): {name: every rank's report
-    for it, by rank, or the first rank's traceback as a string when the model raised}."""
+    for it, by rank, or the first rank's traceback as a string when the model raised}. ``timed``: after the
+    profiled backward, that many more timed ones (``backward_ns``)."""
     from autograd_run.parallel.local_ranks import RanksTimedOut, run_local_ranks
     store = os.path.join(out_dir, "store")
     argvs = [[sys.executable, "-m", "tests.support.fsdp_oracle", "--rank", str(r), str(world), store, out_dir,
-              json.dumps(list(names)), str(max(1.0, timeout - 10)), *(["--memory"] if memory else [])]
+              json.dumps(list(names)), str(max(1.0, timeout - 10)), *(["--memory"] if memory else []),
+              *(["--timed", str(timed)] if timed else [])]
              for r in range(world)]
     try:
         results = run_local_ranks(argvs, _env(), timeout, cwd=ROOT)
@@ -259,7 +305,10 @@ def main(argv: list[str]) -> int:
         return 0
     rank, world, store, out, names = int(argv[1]), int(argv[2]), argv[3], argv[4], json.loads(argv[5])
     faulthandler.dump_traceback_later(float(argv[6]), exit=True)
-    print(json.dumps(_rank_main(rank, world, store, out, names, memory="--memory" in argv[7:])), flush=True)
+    rest = argv[7:]
+    timed = int(rest[rest.index("--timed") + 1]) if "--timed" in rest else 0
+    print(json.dumps(_rank_main(rank, world, store, out, names, memory="--memory" in rest, timed=timed)),
+          flush=True)
     return 0
 
 
