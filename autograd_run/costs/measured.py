@@ -108,8 +108,8 @@ class ProfileUse:
     first_call: bool
     #: The profiler's own time per recorded event that the used spans show (us; None: they cannot tell).
     event_us_seen: float | None = None
-    #: FSDP2's collectives inside the node spans (``traces.torch_profile.FSDP_MODELED``), per call (the median
-    #: call), ns: taken out of the nodes' costs, since ``simulate --fsdp`` models them.
+    #: FSDP2's collectives inside the node spans (``traces.torch_profile.FSDP_COLLECTIVES``), per call (the
+    #: median call), ns: taken out of the nodes' costs, since ``simulate --fsdp`` models them.
     fsdp_ns: float = 0.0
 
     def line(self, event_us: float) -> str:
@@ -124,7 +124,7 @@ class ProfileUse:
         if self.outside_runs:
             left.append(f"{self.outside_runs} node run{'s' if self.outside_runs != 1 else ''} outside the matched calls")
         if self.fsdp_ns:
-            left.append(f"FSDP's all-gathers and reduce-scatters inside the nodes ({self.fsdp_ns / 1e6:.2f} ms a call: "
+            left.append(f"FSDP's collectives inside the nodes ({self.fsdp_ns / 1e6:.2f} ms a call: "
                         "--fsdp models them)")
         notes = []
         if event_us and self.events:
@@ -243,7 +243,7 @@ def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> Me
     nodes = {}
     for nid, evs in per.items():
         streams = sorted({k for e in evs for k in e.gpu_ns})
-        # FSDP's collectives run by hooks inside a node's span are the FSDP model's (sim.fsdp), not the node's
+        # FSDP's collectives called by its hooks inside a node's span are the FSDP model's (sim.fsdp), not the node's
         nodes[nid] = MeasuredCost(statistics.median(e.dur_ns - e.overhead_ns - e.fsdp_ns for e in evs),
                                   {k: statistics.median(e.gpu_ns.get(k, 0) for e in evs) for k in streams},
                                   statistics.median(e.nested - e.fsdp_events for e in evs))

@@ -57,11 +57,16 @@ RUNTIME = ("cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_dr
 #: The profiler's own work (Kineto's "Activity Buffer Request"), drawn on a thread of its own (pid -1).
 OVERHEAD = "overhead"
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
-#: FSDP2's own ``record_function`` spans (torch 2.13, ``_fsdp_param_group.py``) for the work the FSDP model of
-#: the simulation (``sim.fsdp``) stands for: the all-gather (and its copy-out) of a unit's pre-backward and of
-#: its prefetch, and the post-backward's reduce-scatter (with its wait for the one before and the chunk copy).
-#: Inside a backward node's span (the hooks run there), their time is not the node's.
-FSDP_MODELED = ("FSDP::all_gather", "FSDP::backward_prefetch", "FSDP::post_backward_reduce")
+#: The collectives FSDP2's hooks call inside a backward node's span (its pre-backward's all-gathers, its own and
+#: prefetched ones, and the post-backward's reduce-scatter; HSDP's all-reduce): c10d's ops, seen inside one of
+#: FSDP's own ``FSDP::...`` spans (torch 2.13, ``_fsdp_collectives.py``). The FSDP model of the simulation
+#: (``sim.fsdp``) stands for them, so their time is not the node's; FSDP's own work around them (copy-in,
+#: copy-out, the chunk copy, its Python) stays in the node's cost, which is what the model does not simulate
+#: on a CPU at that size (measured: 1-1.5 ms a unit here against the bandwidth model's microseconds).
+FSDP_SPAN = "FSDP::"
+FSDP_COLLECTIVES = ("c10d::_allgather_base_", "c10d::allgather_", "c10d::all_gather_into_tensor",
+                    "c10d::_reduce_scatter_base_", "c10d::reduce_scatter_", "c10d::reduce_scatter_tensor",
+                    "c10d::allreduce_")
 
 
 class ChromeEvent(msgspec.Struct):
@@ -138,9 +143,8 @@ class BackwardEvent:
     #: The span's time outside its direct children (the engine's work around the node's ops, and the
     #: profiler's own per recorded event), ns.
     own_ns: int = 0
-    #: FSDP2's collectives run inside the span by its hooks (``FSDP_MODELED``: all-gathers with their copy-out,
-    #: prefetches, reduce-scatters), ns, and the recorded events inside them: what ``simulate --fsdp`` models
-    #: itself, so not the node's cost.
+    #: FSDP2's collectives run inside the span by its hooks (``FSDP_COLLECTIVES`` inside an ``FSDP::`` span),
+    #: ns, and the recorded events inside them: what ``simulate --fsdp`` models itself, so not the node's cost.
     fsdp_ns: int = 0
     fsdp_events: int = 0
 
@@ -246,7 +250,8 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
             node = name[len(EVALUATE):]
             nested, shapes = 0, None
             child_ns, child_end = 0, -1  # time covered by the span's direct children
-            fsdp_ns, fsdp_end, fsdp_events = 0, -1, 0  # FSDP's modeled work (FSDP_MODELED), its union
+            fsdp_ns, fsdp_end, fsdp_events = 0, -1, 0  # FSDP's collectives (FSDP_COLLECTIVES), their union
+            in_fsdp = -1  # the end of the FSDP:: spans seen so far
             j = i + 1
             while j < len(evs) and evs[j][0] <= end:
                 if evs[j][1] <= end:
@@ -256,7 +261,9 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
                         child_end = evs[j][1]
                     if evs[j][0] < fsdp_end:
                         fsdp_events += 1
-                    elif evs[j][2].startswith(FSDP_MODELED):
+                    elif evs[j][2].startswith(FSDP_SPAN):
+                        in_fsdp = max(in_fsdp, evs[j][1])
+                    elif evs[j][0] < in_fsdp and evs[j][2].startswith(FSDP_COLLECTIVES):
                         fsdp_ns += evs[j][1] - evs[j][0]
                         fsdp_end = evs[j][1]
                         fsdp_events += 1
