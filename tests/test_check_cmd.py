@@ -132,7 +132,7 @@ def test_tolerance_follows_the_lowest_precision_on_the_way_to_the_leaf(tmp_path,
     states, though the leaf is float64; a larger one still fails."""
     code, out, err = run_cli(["check", str(float32_segment(tmp_path, [2.00002] * 3))], capsys)
     assert code == 0, out + err
-    assert "0.0001, 1e-06 (float32)" in out
+    assert "0.0001, 2e-05 (float32)" in out   # atol: 1e-5 of the largest gradient (2.00002), above 1e-6
     code, out, err = run_cli(["check", str(float32_segment(tmp_path, [2.002] * 3))], capsys)
     assert code == 3
 
@@ -151,3 +151,50 @@ def test_a_float64_model_with_a_float32_part_checks_against_pytorch(tmp_path):
     report = check_graph(load_graph(path))
     assert report.ok, report.grads
     assert {g.precision for g in report.grads} == {"float32"}
+
+
+def _bn_pair(tmp_path):
+    """conv -> BatchNorm -> 1x1 conv -> BatchNorm, float64, training mode, with large values: the first
+    conv's bias, the first BatchNorm's bias and the 1x1 conv's bias have zero gradients in exact arithmetic
+    (the next BatchNorm takes the mean out), which both backwards give as rounding noise."""
+    torch = pytest.importorskip("torch")
+    from autograd_run.capture import from_torch
+    torch.manual_seed(0)
+    d = torch.float64
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                            torch.nn.Conv2d(8, 8, 1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).to(d)
+    x = torch.randn(4, 3, 16, 16, dtype=d) * 100
+    path = tmp_path / "bn.json"
+    from_torch((m(x) * 1e4).square().sum(), path=str(path), names=dict(m.named_parameters()))
+    return path
+
+
+def test_an_exact_zero_gradients_rounding_passes_on_the_pass_scale(tmp_path, capsys):
+    path = _bn_pair(tmp_path)
+    code, out, err = run_cli(["check", str(path)], capsys)
+    assert code == 0, out + err
+    flagged = sorted(line.split()[1] for line in out.splitlines() if "yes*" in line)
+    assert flagged == ["0.bias", "1.bias", "2.bias"], out
+    assert "3 leaf gradient(s) within float64's rounding" in out and "--atol sets a fixed one" in out
+    code, out, _ = run_cli(["check", str(path), "--atol", "1e-9"], capsys)   # a fixed atol: the noise shows
+    assert code == 3 and "NO" in out
+
+
+def test_the_pass_scale_does_not_hide_an_error_in_a_large_gradient(tmp_path):
+    """The same graph with one weight's reference gradient off by 1e-5 of itself: the floor (1e-12 of the
+    largest gradient) is far below what rtol allows that weight, so it still fails."""
+    from autograd_run.graphs.load import load_graph
+    path = _bn_pair(tmp_path)
+    g = load_graph(str(path))
+    ref = g.meta["reference"]["grads"]
+    from autograd_run.graphs import tensors
+    w = np.asarray(tensors.materialize(ref["2.weight"], g.side_files), dtype=np.float64)
+    doc_ = json.loads(path.read_text())
+    doc_["meta"]["reference"]["grads"]["2.weight"] = {"data": (w * (1 + 1e-5)).tolist(), "dtype": "float64"}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc_))
+    import shutil
+    shutil.copy(tmp_path / "bn.npz", tmp_path / "bad.npz")
+    report = check_graph(load_graph(str(bad)))
+    assert not report.ok
+    assert [x.name for x in report.grads if not x.ok] == ["2.weight"]

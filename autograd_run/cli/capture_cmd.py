@@ -204,11 +204,20 @@ def check(graph, rtol, atol, allow_opaque, allow_python, max_memory):
         t = columns(Table(title="gradients against PyTorch"), ("leaf", "id"), ("max abs err", "num"),
                     ("max rel err", "num"), ("tolerance (rtol, atol)", "text"), ("ok", "text"))
         for g in report.grads:
-            tol = "-" if g.rtol is None else f"{g.rtol:g}, {g.atol:g}" + (f" ({g.precision})" if g.precision else "")
-            ok = "-" if not g.compared else ("yes" if g.ok else "NO")
+            tol = "-" if g.rtol is None else f"{g.rtol:g}, {g.atol:.3g}" + (f" ({g.precision})" if g.precision else "")
+            ok = "-" if not g.compared else ("yes" if g.ok else "NO") + ("*" if g.rounding_of is not None else "")
             t.add_row(g.name, "-" if g.max_abs is None else f"{g.max_abs:.3g}",
                       "-" if g.max_rel is None else f"{g.max_rel:.3g}", tol, ok + (f" ({g.note})" if g.note else ""))
         console.print(t)
+        floored = [g for g in report.grads if g.rounding_of is not None]
+        if floored:
+            from autograd_run.capture.check import ATOL_SHARE
+            g = floored[0]
+            console.print(plain(
+                f"* {len(floored)} leaf gradient(s) within {g.precision}'s rounding: the absolute tolerance is "
+                f"{ATOL_SHARE.get(g.precision, 1e-5):g} of the pass's largest gradient ({g.rounding_of:.3g}). A "
+                "gradient that is zero in exact arithmetic (a BatchNorm's bias before another BatchNorm) is the "
+                "rounding of large terms, in PyTorch's backward as in the replay; --atol sets a fixed one."))
     if not report.ok:
         why = ("opaque nodes keep gradients from being compared (--allow-opaque accepts that)"
                if report.order_ok and all(g.ok for g in report.grads if g.compared) else
