@@ -176,6 +176,7 @@ def test_an_exact_zero_gradients_rounding_passes_on_the_pass_scale(tmp_path, cap
     flagged = sorted(line.split()[1] for line in out.splitlines() if "yes*" in line)
     assert flagged == ["0.bias", "1.bias", "2.bias"], out
     assert "3 leaf gradient(s) within float64's rounding" in out and "--atol sets a fixed one" in out
+    assert "the largest gradient the same node gives its leaves" in out
     code, out, _ = run_cli(["check", str(path), "--atol", "1e-9"], capsys)   # a fixed atol: the noise shows
     assert code == 3 and "NO" in out
 
@@ -198,3 +199,32 @@ def test_the_pass_scale_does_not_hide_an_error_in_a_large_gradient(tmp_path):
     report = check_graph(load_graph(str(bad)))
     assert not report.ok
     assert [x.name for x in report.grads if not x.ok] == ["2.weight"]
+
+
+def test_a_small_branch_beside_a_large_one_keeps_a_tight_tolerance(tmp_path):
+    """Two independent branches, gradients ~1e9 and ~1e-5: the floor comes from the node that computes a leaf's
+    gradient (its weight and bias), not from the pass, so a wrong small gradient (sign flipped, tripled) fails."""
+    torch = pytest.importorskip("torch")
+    from autograd_run.capture import from_torch
+    from autograd_run.graphs import tensors
+    from autograd_run.graphs.load import load_graph
+    torch.manual_seed(1)
+    d = torch.float64
+    big, small = torch.nn.Linear(6, 4).to(d), torch.nn.Linear(6, 4).to(d)
+    x = torch.randn(5, 6, dtype=d)
+    loss = (big(x * 1e4) * 1e2).square().sum() + (small(x) * 1e-3).square().sum()
+    path = tmp_path / "two.json"
+    from_torch(loss, path=str(path), names={"big.weight": big.weight, "big.bias": big.bias,
+                                            "small.weight": small.weight, "small.bias": small.bias})
+    assert check_graph(load_graph(str(path))).ok
+    g = load_graph(str(path))
+    b = np.asarray(tensors.materialize(g.meta["reference"]["grads"]["small.bias"], g.side_files), dtype=np.float64)
+    assert 0 < np.abs(b).max() < 1e-3
+    doc_ = json.loads(path.read_text())
+    doc_["meta"]["reference"]["grads"]["small.bias"] = {"data": (-3 * b).tolist(), "dtype": "float64"}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc_))
+    import shutil
+    shutil.copy(tmp_path / "two.npz", tmp_path / "bad.npz")
+    report = check_graph(load_graph(str(bad)))
+    assert [x.name for x in report.grads if not x.ok] == ["small.bias"]

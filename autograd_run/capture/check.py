@@ -43,12 +43,14 @@ from autograd_run.record.order_recorder import OrderRecorder
 #: Default tolerances by dtype: (rtol, atol).
 TOLERANCE = {"float64": (1e-6, 1e-9), "float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3), "bfloat16": (5e-2, 5e-3),
              "complex128": (1e-6, 1e-9), "complex64": (1e-4, 1e-6)}
-#: The absolute tolerance's floor as a share of the pass's largest gradient, by dtype. A leaf whose gradient is
-#: zero in exact arithmetic (a BatchNorm's bias feeding another BatchNorm in training mode: the mean taken out
-#: cancels it) comes out as the rounding of a sum of terms as large as the pass's gradients, in PyTorch and here
-#: alike (2e-7 against 1e-8 beside weight gradients of 2e8, in float64, on torchvision's mnasnet and
-#: efficientnet_v2): no fixed atol can tell that from an error. 1e-12 of the largest entry is the OpInfo
-#: pass's float64 bound too (tests/opinfo_cases.py).
+#: The absolute tolerance's floor as a share of the largest gradient that the node computing a leaf's gradient
+#: gives any of its leaves (``_sibling_scale``), by dtype. A leaf whose gradient is zero in exact arithmetic (a
+#: BatchNorm's bias feeding another BatchNorm in training mode: the mean taken out cancels it) comes out as the
+#: rounding of a sum of the terms that node sums, in PyTorch and here alike (2e-7 against 1e-8 beside that
+#: BatchNorm's weight gradient of 2e8, in float64, on torchvision's mnasnet and efficientnet_v2): no fixed atol
+#: tells that from an error. The same node's other leaf (the weight beside the bias) sums the same terms, so
+#: its size is the scale; an unrelated branch's size is not (a branch of 1e-5 gradients beside one of 1e9
+#: keeps a tight floor). 1e-12 of the largest entry is the OpInfo pass's float64 bound too.
 ATOL_SHARE = {"float64": 1e-12, "complex128": 1e-12, "float32": 1e-5, "complex64": 1e-5, "float16": 1e-2,
               "bfloat16": 5e-2}
 #: Precision rank of each dtype (lower: less precise) and the real dtype of that precision.
@@ -69,7 +71,7 @@ class GradCheck:
     precision: str | None = None
     #: False when the gradient could not be compared (an opaque node leads to the leaf).
     compared: bool = True
-    #: It passed only on the atol floor from the pass's largest gradient (``ATOL_SHARE``), that gradient.
+    #: It passed only on the atol floor (``ATOL_SHARE``): the gradient size it was scaled from.
     rounding_of: float | None = None
 
 
@@ -112,7 +114,8 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
     for name, spec in ref_grads.items():
         if spec is not None:
             refs[name] = _reference_array(graph, name, spec)
-    largest = max((_largest(t) for t in refs.values()), default=0.0)
+    sizes = {name: _largest(t) for name, t in refs.items()}
+    scale = _sibling_scale(graph, sizes)
     for name, spec in ref_grads.items():
         ours = res.grads.get(name)
         node = leaf_node.get(name)
@@ -126,7 +129,8 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
             report.grads.append(GradCheck(name, None, None, ok, "" if ok else
                                           ("reference has no gradient" if spec is None else "ours has no gradient")))
             continue
-        report.grads.append(_compare(name, np.asarray(ours), refs[name], precision.get(node), rtol, atol, largest))
+        report.grads.append(_compare(name, np.asarray(ours), refs[name], precision.get(node), rtol, atol,
+                                     scale.get(name, 0.0)))
     not_compared = [g.name for g in report.grads if not g.compared]
     if report.opaque:
         report.grads_compared = not not_compared
@@ -165,6 +169,22 @@ def _reference_array(graph: Graph, name: str, spec) -> np.ndarray:
         raise GraphFileError(graph.source, where, f"not a tensor: {type(exc).__name__}: {exc}") from None
 
 
+def _sibling_scale(graph: Graph, sizes: dict[str, float]) -> dict[str, float]:
+    """Leaf name -> the largest reference gradient among the leaves that the nodes computing its gradient feed
+    (itself included): a conv's or BatchNorm's bias and weight, a shared parameter's every consumer's leaves."""
+    producers: dict[str, list] = {}
+    for n in graph.nodes:
+        for e in n.next:
+            if e is not None and e.node.variable is not None:
+                producers.setdefault(e.node.variable, []).append(n)
+    out = {}
+    for name in sizes:
+        sib = {e.node.variable for n in producers.get(name, ()) for e in n.next
+               if e is not None and e.node.variable is not None}
+        out[name] = max([sizes.get(v, 0.0) for v in sib] + [sizes[name]])
+    return out
+
+
 def _largest(t: np.ndarray) -> float:
     """The largest finite magnitude in a reference gradient (0 when none)."""
     with np.errstate(all="ignore"):
@@ -176,7 +196,7 @@ def _largest(t: np.ndarray) -> float:
 def _compare(name: str, ours: np.ndarray, theirs: np.ndarray, precision: str | None, rtol, atol,
              largest: float = 0.0) -> GradCheck:
     """``ours`` against ``theirs`` elementwise: |ours - theirs| <= atol + rtol |theirs|, the atol at least
-    ``ATOL_SHARE`` of ``largest`` (the pass's largest reference gradient) unless ``atol`` is given."""
+    ``ATOL_SHARE`` of ``largest`` (``_sibling_scale``) unless ``atol`` is given."""
     if ours.shape != theirs.shape:
         return GradCheck(name, None, None, False, f"shape {list(ours.shape)} != {list(theirs.shape)}")
     dtype = precision or _lowest(str(ours.dtype), str(theirs.dtype))

@@ -215,9 +215,10 @@ def check(graph, rtol, atol, allow_opaque, allow_python, max_memory):
             g = floored[0]
             console.print(plain(
                 f"* {len(floored)} leaf gradient(s) within {g.precision}'s rounding: the absolute tolerance is "
-                f"{ATOL_SHARE.get(g.precision, 1e-5):g} of the pass's largest gradient ({g.rounding_of:.3g}). A "
-                "gradient that is zero in exact arithmetic (a BatchNorm's bias before another BatchNorm) is the "
-                "rounding of large terms, in PyTorch's backward as in the replay; --atol sets a fixed one."))
+                f"{ATOL_SHARE.get(g.precision, 1e-5):g} of the largest gradient the same node gives its leaves "
+                f"(up to {max(x.rounding_of for x in floored):.3g}). A gradient that is zero in exact arithmetic "
+                "(a BatchNorm's bias before another BatchNorm) is the rounding of large terms, in PyTorch's "
+                "backward as in the replay; --atol sets a fixed one."))
     if not report.ok:
         why = ("opaque nodes keep gradients from being compared (--allow-opaque accepts that)"
                if report.order_ok and all(g.ok for g in report.grads if g.compared) else
