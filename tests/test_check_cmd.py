@@ -228,3 +228,46 @@ def test_a_small_branch_beside_a_large_one_keeps_a_tight_tolerance(tmp_path):
     shutil.copy(tmp_path / "two.npz", tmp_path / "bad.npz")
     report = check_graph(load_graph(str(bad)))
     assert [x.name for x in report.grads if not x.ok] == ["small.bias"]
+
+
+def test_leaves_only_an_opaque_functions_own_backward_reaches_are_not_compared(tmp_path, capsys, monkeypatch):
+    """A Reformer-style Function: its forward runs without a graph, its backward rebuilds two sub-graphs and
+    calls backward on them itself, so the parameters inside get their gradients from backwards the captured
+    graph does not hold. They are 'not compared' (like leaves behind an opaque node), not 'ours has none'."""
+    torch = pytest.importorskip("torch")
+    from autograd_run.capture import from_torch
+    d = torch.float64
+
+    class TwoNested(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, f, g):
+            ctx.f, ctx.g = f, g
+            ctx.save_for_backward(x)
+            with torch.no_grad():
+                return g(f(x))
+
+        @staticmethod
+        def backward(ctx, dy):
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                x1 = x.detach().requires_grad_()
+                h = ctx.f(x1)
+                h1 = h.detach().requires_grad_()
+                torch.autograd.backward(ctx.g(h1), dy)
+                torch.autograd.backward(h, h1.grad)
+            return x1.grad, None, None
+
+    torch.manual_seed(2)
+    emb, f, g = (torch.nn.Linear(4, 8).to(d), torch.nn.Linear(8, 8).to(d), torch.nn.Linear(8, 8).to(d))
+    loss = TwoNested.apply(emb(torch.randn(3, 4, dtype=d)), f, g).square().mean()
+    path = tmp_path / "rev.json"
+    doc_ = from_torch(loss, path=str(path), names={"emb.weight": emb.weight, "f.weight": f.weight,
+                                                   "g.weight": g.weight})
+    assert [n["name"] for n in doc_["nodes"] if n.get("op") == "opaque"] == ["TwoNestedBackward"]
+    monkeypatch.setenv("COLUMNS", "240")
+    code, out, err = run_cli(["check", str(path), "--allow-opaque"], capsys)
+    assert code == 0, out + err
+    assert "ours has no gradient" not in out, out
+    for leaf in ("f.weight", "g.weight"):
+        row = next(line for line in out.splitlines() if line.startswith(f"│ {leaf} "))
+        assert "not compared: no node of the graph reaches it" in row, row
