@@ -102,25 +102,50 @@ def one_case(name: str, cap, world: int, timed: int, env: dict, tmp: str) -> dic
             "error": (d["wall_ns"] - measured) / measured, "buckets": len(d["buckets"])}
 
 
-def main(argv: list[str] | None = None, quick: bool = False) -> dict:
-    argv = list(argv or [])
-
+def setup(label: str, argv: list[str], quick: bool) -> dict:
+    """A time benchmark's start, shared with ``bench.fsdp_time``: ``--seed`` (else drawn and printed),
+    ``--cases``, ``--timed``, a cache folder of the run's own and ``calibrate --torch`` and ``--gloo`` into it.
+    ``{"seed", "error"}`` when a calibration fails."""
     def opt(flag: str, default: int) -> int:
         return int(argv[argv.index(flag) + 1]) if flag in argv else default
     seed = opt("--seed", random.SystemRandom().randrange(1 << 30))
     n = opt("--cases", 4 if quick else 10)
-    timed = opt("--timed", 5 if quick else 9)
-    rng = random.Random(seed)
-    print(f"ddp: seed {seed} ({n} cases; repeat with --seed {seed})")
-    tmp = tempfile.mkdtemp(prefix="ddp-bench-")
+    print(f"{label}: seed {seed} ({n} cases; repeat with --seed {seed})")
+    tmp = tempfile.mkdtemp(prefix=f"{label}-bench-")
     env = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"))
-    t = time.time()
+    start = time.time()
     for args in (["calibrate", "--torch"], ["calibrate", "--gloo"]):
         p = _cli(args, env)
         if p.returncode != 0:
-            print(f"ddp: `autograd-run {' '.join(args)}` failed: {p.stderr.strip()[-300:]}")
+            print(f"{label}: `autograd-run {' '.join(args)}` failed: {p.stderr.strip()[-300:]}")
             return {"seed": seed, "error": p.stderr.strip()[-300:]}
         print("  " + p.stdout.strip().replace("\n", "\n  "))
+    return {"seed": seed, "cases": n, "timed": opt("--timed", 5 if quick else 9), "rng": random.Random(seed),
+            "tmp": tmp, "env": env, "start": start}
+
+
+def summary(label: str, seed: int, rows: list[dict], start: float) -> tuple[dict, list[dict]]:
+    """The run's result: its rows, the wall-time error's distribution over the measured ones and per world
+    size, printed; and those rows."""
+    ok = [r for r in rows if "measured_ms" in r]
+    out = {"seed": seed, "cases": rows, "seconds": time.time() - start}
+    if ok:
+        out["wall"] = distribution([r["error"] for r in ok])
+        for w in (2, 4):
+            sub = [r["error"] for r in ok if r["world"] == w]
+            if sub:
+                out[f"wall_world{w}"] = distribution(sub)
+        d = out["wall"]
+        print(f"{label}: backward wall, {d['n']} cases: MAPE {d['mape']:.1%}, median {d['median']:.1%}, p90 "
+              f"{d['p90']:.1%}, worst {d['worst']:+.1%}, bias {d['bias']:+.1%}")
+    return out, ok
+
+
+def main(argv: list[str] | None = None, quick: bool = False) -> dict:
+    run = setup("ddp", list(argv or []), quick)
+    if "error" in run:
+        return run
+    seed, n, timed, rng, tmp, env, t = (run[k] for k in ("seed", "cases", "timed", "rng", "tmp", "env", "start"))
     cases = []
     for _ in range(n):
         pool = OURS if rng.random() < 0.4 else EXTERNAL
@@ -138,19 +163,10 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
                   f"({r['error']:+.0%}); exposed {r['exposed_ms']:6.2f} vs {r['predicted_exposed_ms']:6.2f} ms")
         else:
             print(f"  {name:28} cap={str(cap):5} world={world}: skipped: {r['error']}")
-    ok = [r for r in rows if "measured_ms" in r]
-    out = {"seed": seed, "cases": rows, "seconds": time.time() - t}
+    out, ok = summary("ddp", seed, rows, t)
     if ok:
-        out["wall"] = distribution([r["error"] for r in ok])
-        for w in (2, 4):
-            sub = [r["error"] for r in ok if r["world"] == w]
-            if sub:
-                out[f"wall_world{w}"] = distribution(sub)
         exp = [(r["predicted_exposed_ms"] - r["exposed_ms"]) / r["measured_ms"] for r in ok]
         out["exposed_share_of_wall"] = distribution(exp)
-        d = out["wall"]
-        print(f"ddp: backward wall, {d['n']} cases: MAPE {d['mape']:.1%}, median {d['median']:.1%}, p90 "
-              f"{d['p90']:.1%}, worst {d['worst']:+.1%}, bias {d['bias']:+.1%}")
         e = out["exposed_share_of_wall"]
         print(f"ddp: exposed communication (error as a share of the wall): MAPE {e['mape']:.1%}, worst "
               f"{e['worst']:+.1%}")

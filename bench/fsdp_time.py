@@ -41,11 +41,9 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from bench.accuracy import distribution  # noqa: E402
-from bench.ddp_time import _cli  # noqa: E402
+from bench.ddp_time import EXTERNAL, _cli, setup, summary  # noqa: E402
 
 OURS = ["blocks", "transformer", "prefetch2", "keep", "nested", "conv"]
-EXTERNAL = ["zoo:tv_resnet18", "zoo:tv_mobilenet_v3_small", "zoo:tv_shufflenet_v2_x0_5", "zoo:timm_convnext",
-            "zoo:timm_vit", "zoo:hf_gpt2", "zoo:hf_bert", "zoo:hf_llama"]
 
 CAPTURE_SCRIPT = """
 import sys
@@ -86,25 +84,11 @@ def _predict(name: str, world: int, ranks: list[dict], folder: str, env: dict) -
 
 
 def main(argv: list[str] | None = None, quick: bool = False) -> dict:
-    argv = list(argv or [])
-
-    def opt(flag: str, default: int) -> int:
-        return int(argv[argv.index(flag) + 1]) if flag in argv else default
-    seed = opt("--seed", random.SystemRandom().randrange(1 << 30))
-    n = opt("--cases", 4 if quick else 10)
-    timed = opt("--timed", 5 if quick else 9)
-    rng = random.Random(seed)
-    print(f"fsdp: seed {seed} ({n} cases; repeat with --seed {seed})")
+    run = setup("fsdp", list(argv or []), quick)
+    if "error" in run:
+        return run
+    seed, n, timed, rng, tmp, env, t = (run[k] for k in ("seed", "cases", "timed", "rng", "tmp", "env", "start"))
     from tests.support import fsdp_oracle
-    tmp = tempfile.mkdtemp(prefix="fsdp-bench-")
-    env = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"))
-    t = time.time()
-    for args in (["calibrate", "--torch"], ["calibrate", "--gloo"]):
-        p = _cli(args, env)
-        if p.returncode != 0:
-            print(f"fsdp: `autograd-run {' '.join(args)}` failed: {p.stderr.strip()[-300:]}")
-            return {"seed": seed, "error": p.stderr.strip()[-300:]}
-        print("  " + p.stdout.strip().replace("\n", "\n  "))
     cases = [(rng.choice(OURS if rng.random() < 0.4 else EXTERNAL), rng.choice([2, 4])) for _ in range(n)]
     rows = []
     for world in (2, 4):  # one group of processes per world size runs its models in turn (see fsdp_oracle)
@@ -131,17 +115,7 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
                       f"{r['predicted_ms']:7.2f} ms ({r['error']:+.0%}), {r['units']} units")
             else:
                 print(f"  {name:28} world={world}: skipped: {r['error']}")
-    ok = [r for r in rows if "measured_ms" in r]
-    out = {"seed": seed, "cases": rows, "seconds": time.time() - t}
-    if ok:
-        out["wall"] = distribution([r["error"] for r in ok])
-        for w in (2, 4):
-            sub = [r["error"] for r in ok if r["world"] == w]
-            if sub:
-                out[f"wall_world{w}"] = distribution(sub)
-        d = out["wall"]
-        print(f"fsdp: backward wall, {d['n']} cases: MAPE {d['mape']:.1%}, median {d['median']:.1%}, p90 "
-              f"{d['p90']:.1%}, worst {d['worst']:+.1%}, bias {d['bias']:+.1%}")
+    out, _ = summary("fsdp", seed, rows, t)
     return out
 
 
