@@ -157,6 +157,8 @@ def _refused_by_validate(doc: dict, where: str, what: str, tmp_path) -> None:
     ([{"kind": "python", "callable": "os.system"}], "hooks[0].callable", "module:function"),
     ([{"kind": "scale", "by": 1}] * 17, "hooks", "limit of 16"),
     ("scale", "hooks", "must be a list"),
+    ([{"kind": []}], "hooks[0].kind", "must be one of"),
+    ([{"kind": {"a": 1}}], "hooks[0].kind", "must be one of"),
 ])
 def test_hostile_hooks_are_refused_with_the_place(hooks, where, what, tmp_path):
     doc = {"format": "autograd-graph/1", "nodes": [{"id": "acc", "name": "torch::autograd::AccumulateGrad", "variable": "w",
@@ -164,6 +166,41 @@ def test_hostile_hooks_are_refused_with_the_place(hooks, where, what, tmp_path):
            "roots": [{"node": "acc", "grad": [1.0, 1.0]}],
            "variables": [{"name": "w", "shape": [2], "hooks": hooks}]}
     _refused_by_validate(doc, where, what, tmp_path)
+
+
+@pytest.mark.parametrize("cmd", ["run", "validate", "simulate"])
+def test_a_python_hook_on_a_node_needs_allow_python(cmd, tmp_path):
+    """A non-leaf tensor's hook is held on its consumer node (``attrs.hooks``); a python one there imports and
+    calls code named by the file, so like a variable's it is refused without ``--allow-python`` (a review found
+    it ran)."""
+    marker = tmp_path / "ran"
+    mod = tmp_path / "evil_hook_mod.py"
+    mod.write_text(f"def hook(g):\n    open({str(marker)!r}, 'w').write('x')\n    return g\n")
+    doc = {"format": "autograd-graph/1", "nodes": [{"id": "mul", "name": "MulBackward0", "next": [["acc", 0], None],
+                      "saved": {"other": {"data": [3.0, -4.0], "shape": [2], "dtype": "float64"}},
+                      "inputs": [{"shape": [2], "dtype": "float64"}],
+                      "attrs": {"hooks": [{"kind": "python", "callable": "evil_hook_mod:hook", "slot": 0}]}},
+                     {"id": "acc", "name": "torch::autograd::AccumulateGrad", "variable": "w",
+                      "inputs": [{"shape": [2], "dtype": "float64"}]}],
+           "roots": [{"node": "mul", "grad": {"data": [1.0, 1.0], "shape": [2], "dtype": "float64"}}],
+           "variables": [{"name": "w", "shape": [2], "dtype": "float64"}]}
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "autograd_run", cmd, str(p)], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=tmp_path)
+    if cmd == "simulate":  # the virtual clock runs no gradient code, so it needs no permission and calls nothing
+        assert r.returncode == 0 and not marker.exists(), r.stdout + r.stderr
+        return
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("Error:") and "attrs.hooks[0]" in r.stderr and "--allow-python" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not marker.exists()
+    if cmd == "run":  # with the flag it runs, and the hook is what ran
+        r = subprocess.run([sys.executable, "-m", "autograd_run", cmd, str(p), "--allow-python"],
+                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert marker.exists()
 
 
 def test_run_command_replays_held_hooks(tmp_path):

@@ -169,6 +169,12 @@ def check_python_nodes(graph: Graph, allow_python: bool = False) -> None:
                 raise GraphFileError(graph.source, f"variable {tensors.short(v.name)} hooks[{k}]",
                                      f"a python hook (it calls {h.get('callable')!r:.80}): running it imports and "
                                      "calls Python code named by the file; pass --allow-python if you trust this file")
+    for n in graph.hooked_nodes:  # a non-leaf tensor's hooks, held on its consumer node's slot
+        for k, h in enumerate(n.attrs.get("hooks") or ()):
+            if h.get("kind") == "python":
+                raise GraphFileError(graph.source, f"node {tensors.short(n.id)} at $.nodes[{n.index}].attrs.hooks[{k}]",
+                                     f"a python hook (it calls {h.get('callable')!r:.80}): running it imports and "
+                                     "calls Python code named by the file; pass --allow-python if you trust this file")
     found = [n for n in graph.nodes if n.op is PYTHON]
     if not found:
         return
@@ -366,7 +372,7 @@ class _Checker:
         out = []
         for k, h in enumerate(value):
             p = path + (k,)
-            if not isinstance(h, dict) or h.get("kind") not in KINDS:
+            if not isinstance(h, dict) or not isinstance(h.get("kind"), str) or h["kind"] not in KINDS:
                 raise self.err(p + ("kind",), f"must be one of {', '.join(KINDS)}, got "
                                f"{tensors.short(h.get('kind') if isinstance(h, dict) else h)}")
             kind = h["kind"]
