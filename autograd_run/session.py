@@ -24,7 +24,6 @@ not raised but reported in ``RunReport.error``.
 from __future__ import annotations
 
 import gc
-import glob
 import os
 import threading
 import time
@@ -37,6 +36,7 @@ from autograd_run.engine.tracer import Tracer, Tracers
 from autograd_run.errors import BackwardError, RequestError, RunInterrupted
 from autograd_run.graphs.load import gc_paused
 from autograd_run.graphs.model import Graph
+from autograd_run.graphs.validate import MAX_COST_US
 from autograd_run.ops import ACCUMULATE_GRAD, OPAQUE
 from autograd_run.outputs import check_output_path
 from autograd_run.stopping import INTERRUPTED, TIMEOUT, RunStop, Watchdog
@@ -204,20 +204,12 @@ def _check_request(graph: Graph, o: RunOptions) -> None:
     if o.allow_unused and mode != "grad":
         raise RequestError(f"applies to grad() only (--grad, or a graph file in grad mode); {graph.source} runs "
                            "backward(), where an input the graph does not reach is no error", "allow_unused")
-    inputs = [graph.source, o.expected_order_path or "", o.costs or "", *_side_file_paths(graph)]
+    inputs = [*graph.files(), o.expected_order_path or "", o.costs or ""]
     for path, option in ((o.trace_path, "trace_path"), (o.order_out, "order_out")):
         if path:
             check_output_path(path, option, inputs)
     if o.trace_path and o.order_out and os.path.abspath(o.trace_path) == os.path.abspath(o.order_out):
         raise RequestError(f"{o.order_out}: the trace is written there already", "order_out")
-
-
-def _side_file_paths(graph: Graph) -> list[str]:
-    """The ``.npz`` files beside the graph (the ones it reads are among them: never overwritten)."""
-    side = graph.side_files
-    if side is None or side.base_dir is None:
-        return []
-    return glob.glob(os.path.join(glob.escape(side.base_dir), "*.npz"))
 
 
 def _opaque_times(graph: Graph, o: RunOptions) -> tuple[dict, object]:
@@ -232,6 +224,9 @@ def _opaque_times(graph: Graph, o: RunOptions) -> tuple[dict, object]:
     for n in graph.nodes:
         m = measured.nodes.get(n.id) if measured is not None else None
         if m is not None and n.op is OPAQUE and "cost" not in n.attrs:
+            if m.cpu_ns > MAX_COST_US * 1000:  # the run waits this long: bounded as a file's attrs.cost is
+                raise RequestError(f"{o.costs}: node {n.id!r} took {m.cpu_ns / 1e9:.4g} s there, more than the "
+                                   f"{MAX_COST_US / 1e6:g} s a run waits for one opaque node", "costs")
             out[n] = m.cpu_ns
     return out, measured
 

@@ -301,3 +301,35 @@ def test_empty_values_that_mean_something_stay(capsys):
     assert code == 0, err
     code, out, err = run_cli(["example:seed", "--inputs", ""], capsys)
     assert (code, err) == (2, "Error: --inputs: no inputs given\n")
+
+
+def test_simulate_never_writes_over_the_graphs_side_files_or_its_network(tmp_path, capsys):
+    """A review found simulate's --trace and --order-out could replace the graph's .npz side file or the
+    --network file (run refused the first already)."""
+    d = {"format": "autograd-graph/1", "roots": [{"node": "m", "grad": "ones"}],
+         "variables": [{"name": "a", "shape": [2]}],
+         "nodes": [{"id": "m", "name": "MulBackward0", "next": [["acc", 0], None], "inputs": [{"shape": [2]}],
+                    "saved": {"other": {"npz": "w"}}},
+                   {"id": "acc", "name": "AccumulateGrad", "variable": "a", "inputs": [{"shape": [2]}]}]}
+    graph = tmp_path / "g.json"
+    graph.write_text(json.dumps(d))
+    import numpy as np
+    np.savez(tmp_path / "g.npz", w=np.ones(2))
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps({"link": {"alpha_us": 10, "gbps": 1}}))
+    before = {p: p.read_bytes() for p in (tmp_path / "g.npz", net)}
+    for flag in ("--trace", "--order-out"):
+        for target in before:
+            code, out, err = run_cli(["simulate", str(graph), "--ddp", "defaults", "--world", "2", "--network",
+                                      str(net), flag, str(target)], capsys)
+            assert (code, out) == (2, ""), err
+            assert err == f"Error: {flag}: {target}: is an input of this run; refusing to overwrite it\n"
+    assert {p: p.read_bytes() for p in before} == before
+
+
+@pytest.mark.parametrize("factor", ["1e18", "1e300", "inf", "-1"])
+def test_simulate_scale_factors_are_bounded(factor, capsys):
+    """A factor of 1e18 was an OverflowError traceback (a 64-bit count of ns)."""
+    code, out, err = run_cli(["simulate", "example:pipeline", "--scale", f"cuda:0={factor}"], capsys)
+    assert (code, out) == (2, "")
+    assert err == f"Error: --scale: 'cuda:0={factor}': expected NAME=FACTOR with a factor from 0 to 1e+06\n"

@@ -146,6 +146,11 @@ def test_network_forms_and_their_errors(tmp_path, monkeypatch):
     assert (link.alpha_us, link.bandwidth, link.channels, note) == (5.0, 2e9, 2, None)
     with pytest.raises(UsageError, match="channels must be"):
         parse_network("alpha_us=5,gbps=2,channels=0")
+    # a simulated time is a 64-bit count of ns: figures past any real link were an OverflowError or 1e290 s
+    for text, key in (("alpha_us=1e16,gbps=1", "alpha_us"), ("alpha_us=1,gbps=1e-300", "gbps"),
+                      ("alpha_us=nan,gbps=1", "alpha_us"), ("alpha_us=1,gbps=inf", "gbps")):
+        with pytest.raises(UsageError, match=f"--network: {key} must be a number from"):
+            parse_network(text)
     path = tmp_path / "net.json"
     path.write_text(json.dumps({"name": "two", "channels": 1,
                                 "links": {"2": {"alpha_us": 100, "gbps": 1}, "8": {"alpha_us": 300, "gbps": 0.5}}}))
@@ -154,7 +159,10 @@ def test_network_forms_and_their_errors(tmp_path, monkeypatch):
     link, note = net.link_for(16)  # nearest on a log scale: 8
     assert link is net.links[8] and "no link measured at 16 ranks; using the one measured at 8" in note
     for doc, message in [
-        ({"links": {"2": {"alpha_us": 1, "gbps": 0}}}, "at $.links['2'].gbps: must be a finite number > 0"),
+        ({"links": {"2": {"alpha_us": 1, "gbps": 0}}}, "at $.links['2'].gbps: must be a number from 1e-06 to 1e+06"),
+        ({"links": {"2": {"alpha_us": 1e16, "gbps": 1}}}, "at $.links['2'].alpha_us: must be a number from 0 to"),
+        ({"links": {"2": {"alpha_us": 1, "gbps": 1e-300}}}, "at $.links['2'].gbps: must be a number from"),
+        ({"links": {"\u00b2": {"alpha_us": 1, "gbps": 1}}}, "a world size is a whole number"),  # isdigit, not int
         ({"links": {"two": {"alpha_us": 1, "gbps": 1}}}, "at $.links['two']: a world size is a whole number"),
         ({"links": {}}, "at $.links: must be an object"),
         ({"links": {"2": {"alpha_us": 1, "gbps": 1}}, "speed": 3}, "at $.speed: unknown field"),

@@ -303,6 +303,11 @@ def test_run_costs_give_opaque_nodes_the_measured_time(tmp_path):
     assert sl.duration >= 30e6 * 0.95
     plain = run_session(load_graph(path), RunOptions(multithreading=False))
     assert next(s for s in plain.recording.slices if s.node.id == opaque[0].id).duration < 30e6 * 0.5
+    # a time past the limit a file's attrs.cost has is refused before the run waits for it (a review's 300 s)
+    doc["meta"]["measured"]["nodes"][opaque[0].id]["cpu_ns"] = 300_000_000_000
+    open(path, "wb").write(dumps(doc, "json"))
+    with pytest.raises(RequestError, match=rf"node {opaque[0].id!r} took 300 s there, more than the 60 s"):
+        run_session(load_graph(path), RunOptions(costs=path, multithreading=False))
 
 
 def test_bad_costs_files_are_clear_errors(tmp_path, captured, capsys):

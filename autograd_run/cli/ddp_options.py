@@ -10,8 +10,8 @@ from autograd_run.parallel.collectives import Link
 DDP_KEYS = {"bucket_cap_mb": "a size in MiB > 0", "find_unused_parameters": "true or false",
             "static_graph": "true or false", "gradient_as_bucket_view": "true or false",
             "iteration": "first or steady"}
-NETWORK_KEYS = {"alpha_us": "the latency of one message, us (>= 0)",
-                "gbps": "the bandwidth one rank sends at, GB/s (> 0)",
+NETWORK_KEYS = {"alpha_us": "the latency of one message, us (0 to 1e9)",
+                "gbps": "the bandwidth one rank sends at, GB/s (1e-6 to 1e6)",
                 "channels": "collectives in flight at once, a whole number from 1 to 64"}
 
 
@@ -81,8 +81,17 @@ def parse_network(text: str):
     missing = [k for k in ("alpha_us", "gbps") if k not in raw]
     if missing:
         raise UsageError(f"--network: give {' and '.join(missing)} (e.g. --network alpha_us=10,gbps=12)")
-    alpha = _number("--network", "alpha_us", raw["alpha_us"], 0.0, False)
-    gbps = _number("--network", "gbps", raw["gbps"], 0.0, True)
+    from autograd_run.parallel.networks import link_value_problem
+    values = {}
+    for key in ("alpha_us", "gbps"):
+        try:
+            values[key] = float(raw[key])
+        except ValueError:
+            values[key] = math.nan
+        why = link_value_problem(key, values[key])
+        if why:
+            raise UsageError(f"--network: {key} {why}, got {raw[key][:40]!r}")
+    alpha, gbps = values["alpha_us"], values["gbps"]
     channels = 1
     if "channels" in raw:
         if not (raw["channels"].isdigit() and 1 <= int(raw["channels"]) <= 64):

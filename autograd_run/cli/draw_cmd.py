@@ -97,7 +97,7 @@ def draw(graph, output, saved, trace_path, simulate_flag, simulate_opts, costs_p
         side = parse_side(simulate_opts, "--simulate", default_kind="simulate")
         if side.kind != "simulate":
             raise UsageError("--simulate takes the options of `simulate`, not of `run`")
-    inputs = [g.source, trace_path or "", costs_path or "", *(diff_paths or ()), *_side_files(g),
+    inputs = [*g.files(), trace_path or "", costs_path or "", *(diff_paths or ()),
               (side.params.get("costs") or "") if side is not None else ""]
     check_output_path(output, "output", inputs)
 
@@ -158,9 +158,3 @@ def _simulate(g, side):
     return report.graph, from_recording(report.recording, "simulation", "simulation", report.order)
 
 
-def _side_files(g) -> list[str]:
-    """The ``.npz`` files beside the graph (inputs: never overwritten)."""
-    import glob
-    import os
-    base = getattr(g.side_files, "base_dir", None)
-    return glob.glob(os.path.join(glob.escape(base), "*.npz")) if base else []

@@ -154,7 +154,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
     measured = read_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(None if ddp_args is not None else compare, policy, devices)
-    inputs = [g.source, costs or "", spec if spec and os.path.isfile(spec) else ""]  # never overwritten
+    inputs = [*g.files(), costs or "", *(f for f in (spec, network) if f and os.path.isfile(f))]  # never overwritten
     folder = _trace_folder(trace_path, trace_format, trace_ranks, ddp_args, compare, open_trace)
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
         if path and not (folder and option == "trace_path"):

@@ -253,6 +253,15 @@ class Graph:
         seen = {n.device for n in self.nodes}
         return sorted(seen, key=lambda d: (d.type != "cpu", d.type, d.index))
 
+    def files(self) -> list[str]:
+        """The files this graph was read from: the graph file and every ``.npz`` side file beside it (an
+        output of any command must never overwrite one of them)."""
+        import glob
+        import os
+        side = getattr(self.side_files, "base_dir", None)
+        extra = glob.glob(os.path.join(glob.escape(side), "*.npz")) if side else []
+        return [self.source, *extra] if self.source else extra
+
     def input_edges(self) -> list[Edge]:
         """The requested inputs as edges: a variable's AccumulateGrad slot 0, or a node's slot 0."""
         out = []

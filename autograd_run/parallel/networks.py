@@ -70,6 +70,19 @@ class Network:
                                   f"{near} (processes on one host share its cores: expect a larger error)")
 
 
+#: The range a link's figures may take (a file or ``--network``): wide enough for any real link (a
+#: 1000-s latency, 1 KB/s to 1 PB/s), narrow enough that a simulated time stays a 64-bit count of ns.
+LINK_RANGE = {"alpha_us": (0.0, 1e9), "gbps": (1e-6, 1e6)}
+
+
+def link_value_problem(key: str, v) -> str | None:
+    """Why ``v`` is no value for a link's ``key`` (``LINK_RANGE``), or None."""
+    low, high = LINK_RANGE[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
+        return f"must be a number from {low:g} to {high:g}"
+    return None
+
+
 def from_dict(doc, where: str) -> Network:
     """A network document (see the module docstring), checked as untrusted data."""
     def bad(place: str, what: str):
@@ -93,7 +106,7 @@ def from_dict(doc, where: str) -> Network:
     out: dict[int, Link] = {}
     for key, link in links.items():
         place = "$.link" if "link" in doc else f"$.links[{key[:20]!r}]"
-        if "link" not in doc and not (key.isdigit() and 1 <= int(key) <= MAX_WORLD):
+        if "link" not in doc and not (key.isascii() and key.isdigit() and 1 <= int(key) <= MAX_WORLD):
             raise bad(place, f"a world size is a whole number from 1 to {MAX_WORLD}")
         if not isinstance(link, dict):
             raise bad(place, "must be an object with alpha_us and gbps")
@@ -104,11 +117,11 @@ def from_dict(doc, where: str) -> Network:
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
             raise bad(f"{place}.during_compute", f"must be a number in (0, 1], got {str(share)[:40]!r}")
         values = {}
-        for k, low, strict in (("alpha_us", 0.0, False), ("gbps", 0.0, True)):
+        for k in ("alpha_us", "gbps"):
             v = link.get(k)
-            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                    or (v <= low if strict else v < low)):
-                raise bad(f"{place}.{k}", f"must be a finite number {'>' if strict else '>='} 0, got {str(v)[:40]!r}")
+            why = link_value_problem(k, v)
+            if why:
+                raise bad(f"{place}.{k}", f"{why}, got {str(v)[:40]!r}")
             values[k] = float(v)
         out[int(key)] = Link(values["alpha_us"], values["gbps"] * 1e9, str(doc.get("name", where))[:80], ch,
                              float(share), str(doc.get("source", ""))[:300],

@@ -14,6 +14,8 @@ from operator import itemgetter
 
 import numpy as np
 
+from autograd_run.errors import RequestError
+
 from autograd_run.engine.streams import stream_name
 from autograd_run.engine.threads import thread_kind, thread_sort_key, worker_label
 from autograd_run.record.recording import (
@@ -62,7 +64,11 @@ def to_recording(sim) -> Recording:
 
 
 def _i64(values) -> np.ndarray:
-    return np.array(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+    try:
+        return np.array(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+    except OverflowError:  # every input is bounded; this says so if a combination still overflows
+        raise RequestError("the simulated times do not fit a 64-bit count of nanoseconds (292 years): the costs, "
+                           "--scale or --network figures are out of any real range") from None
 
 
 def _columns(sim) -> Columns:
