@@ -58,8 +58,10 @@ def check_regular(mode: int, size: int, cap: int) -> None:
         raise Problem(None, f"file is larger than {_size_text(cap)}")
 
 
-def read_regular_file(path: str, cap: int) -> bytes:
-    """The bytes of regular file ``path`` (symlinks followed), at most ``cap``; ``Problem`` otherwise."""
+def open_regular(path: str, cap: int):
+    """Regular file ``path`` (symlinks followed) opened for binary reading, its size at most ``cap``:
+    checked before opening and again on the open file, which is opened non-blocking (a FIFO swapped in
+    meanwhile cannot block); ``Problem`` otherwise. The caller closes it."""
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -73,11 +75,21 @@ def read_regular_file(path: str, cap: int) -> bytes:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise Problem(None, f"cannot read: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
+    f = os.fdopen(fd, "rb")
+    try:
         st = os.fstat(fd)
         check_regular(st.st_mode, st.st_size, cap)  # the path may name another file since stat()
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def read_regular_file(path: str, cap: int) -> bytes:
+    """The bytes of regular file ``path`` (symlinks followed), at most ``cap``; ``Problem`` otherwise."""
+    with open_regular(path, cap) as f:
         try:
-            data = read_capped(f, st.st_size, cap)
+            data = read_capped(f, os.fstat(f.fileno()).st_size, cap)
         except OSError as exc:
             raise Problem(None, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > cap:

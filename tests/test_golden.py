@@ -273,7 +273,7 @@ def test_capture_in_grad_mode(tmp_path, capsys):
     (["--order-out", "{tmp}/model.py"], "Error: --order-out: {tmp}/model.py: is an input of this run"),
     (["-o", "{tmp}/g.json", "--order-out", "{tmp}/g.json"], "Error: --order-out: {tmp}/g.json: the graph is written"),
     (["--order-out", "{tmp}/nodir/o.jsonl"], "Error: --order-out: {tmp}/nodir/o.jsonl: no such directory"),
-    (["--expect-order", "{tmp}/missing.jsonl"], "Error: --expect-order: {tmp}/missing.jsonl: cannot read"),
+    (["--expect-order", "{tmp}/missing.jsonl"], "Error: --expect-order: {tmp}/missing.jsonl: no such file"),
     # The graph and its .npz never go over the golden read, nor the order and the profiler trace over the .npz.
     (["-o", "{tmp}/o.json", "--expect-order", "{tmp}/o.json"], "Error: -o: {tmp}/o.json: is an input of this run"),
     (["-o", "{tmp}/o.json", "--expect-order", "{tmp}/o.npz"], "Error: -o: {tmp}/o.npz: is an input of this run"),

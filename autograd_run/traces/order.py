@@ -24,36 +24,41 @@ from autograd_run.errors import RequestError
 from autograd_run.outputs import atomic_write
 
 
+#: The largest order file read: a row is ~60 bytes, so this is some ten million nodes' order.
+MAX_ORDER_BYTES = 1 << 30
+
+
 def read_order(path: str, allow_incomplete: bool = False) -> list[dict]:
     """The rows of an order file; ``RequestError`` naming the line when it is malformed, or when the
     file is the order of a stopped run (unless ``allow_incomplete``: its rows are returned)."""
+    from autograd_run import untrusted
     rows = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise RequestError(f"{path}: line {n}: not JSON: {exc}", "expected_order") from None
-                if isinstance(row, dict) and "incomplete" in row and not allow_incomplete:
-                    raise RequestError(f"{path}: line {n}: the run that wrote this order was stopped "
-                                       f"({row['incomplete']}): an incomplete order cannot be a golden one",
-                                       "expected_order")
-                if isinstance(row, dict) and "incomplete" in row:
-                    continue
-                if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-                    raise RequestError(f"{path}: line {n}: each line needs an object with a string 'id'",
-                                       "expected_order")
-                p = row.get("pass", 0)
-                if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-                    raise RequestError(f"{path}: line {n}: 'pass' must be a non-negative integer", "expected_order")
-                rows.append(row)
+    try:  # a FIFO or a device (/dev/zero) is refused before it is opened; the size is bounded
+        text = untrusted.read_regular_file(path, MAX_ORDER_BYTES).decode("utf-8")
+    except untrusted.Problem as p:
+        raise RequestError(f"{path}: {p.what}", "expected_order") from None
     except UnicodeDecodeError as exc:
         raise RequestError(f"{path}: not UTF-8 text: {exc.reason}", "expected_order") from None
-    except OSError as exc:
-        raise RequestError(f"{path}: cannot read: {exc.strerror or exc}", "expected_order") from None
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise RequestError(f"{path}: line {n}: not JSON: {exc}", "expected_order") from None
+        if isinstance(row, dict) and "incomplete" in row and not allow_incomplete:
+            raise RequestError(f"{path}: line {n}: the run that wrote this order was stopped "
+                               f"({row['incomplete']}): an incomplete order cannot be a golden one",
+                               "expected_order")
+        if isinstance(row, dict) and "incomplete" in row:
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise RequestError(f"{path}: line {n}: each line needs an object with a string 'id'",
+                               "expected_order")
+        p = row.get("pass", 0)
+        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            raise RequestError(f"{path}: line {n}: 'pass' must be a non-negative integer", "expected_order")
+        rows.append(row)
     return rows
 
 

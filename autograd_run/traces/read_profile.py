@@ -23,7 +23,6 @@ path) and what is wrong.
 
 from __future__ import annotations
 
-import os
 
 import msgspec
 
@@ -58,18 +57,11 @@ def read_profile(path: str, option: str | None = None) -> Profile:
 
 
 def _read(path: str, option: str | None) -> bytes:
-    try:
-        size = os.stat(path).st_size
-        if os.path.isdir(path):
-            raise RequestError(f"{path}: is a directory", option)
-        if size > MAX_BYTES:
-            raise RequestError(f"{path}: {size} bytes, more than the {MAX_BYTES >> 20} MiB an input may have", option)
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise RequestError(f"{path}: cannot read: {exc.strerror or exc}", option) from None
-    if len(data) > MAX_BYTES:
-        raise RequestError(f"{path}: more than the {MAX_BYTES >> 20} MiB an input may have", option)
+    from autograd_run import untrusted
+    try:  # a FIFO, a device or a directory is refused before it is opened
+        data = untrusted.read_regular_file(path, MAX_BYTES)
+    except untrusted.Problem as p:
+        raise RequestError(f"{path}: {p.what}", option) from None
     if data[:2] == b"\x1f\x8b":  # a gzipped trace (run --trace FILE.json.gz): decompressed, bounded
         from autograd_run.traces.jsonfile import read_bounded
         return read_bounded(path, option, MAX_BYTES)
