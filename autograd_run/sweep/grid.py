@@ -27,6 +27,7 @@ from autograd_run.sim.costs import parse_scale
 from autograd_run.sim.placement import PLACEMENTS
 from autograd_run.sim.policies import POLICIES, RUN_POLICIES
 from autograd_run.sim.specs import SHIPPED, default_spec, load_spec, local_spec_path
+from autograd_run.sweep import globbing
 from autograd_run.sweep.spec import SweepSpec
 
 MAX_GRAPHS = 10_000
@@ -133,8 +134,10 @@ def resolve_graphs(spec: SweepSpec) -> list[tuple[str, str]]:
             # paths and ~ as they are: the spec's author is the person running the sweep
             full = os.path.join(base, os.path.expanduser(pattern))
             if glob.has_magic(pattern):
-                matches = sorted(m for m in glob.glob(full, recursive=True)
-                                 if os.path.isfile(m) and m.lower().endswith(GRAPH_EXTENSIONS))
+                try:
+                    matches = [m for m in globbing.find(full) if m.lower().endswith(GRAPH_EXTENSIONS)]
+                except globbing.GlobTooLarge as exc:
+                    raise spec.error("graphs", i, f"{pattern!r} {exc}") from None
                 if not matches:
                     raise spec.error("graphs", i, f"{pattern!r} matches no graph file (.json, .yaml, .yml)")
             else:
