@@ -153,6 +153,10 @@ def test_padding_to_the_shard_count_along_dim_0():
     ({"units": [{"name": "a", "parameters": [], "param_dtype": "float7"}]}, "$.fsdp.units[0].param_dtype",
      "unsupported dtype"),
     ({"root": "zz"}, "$.fsdp.root", "one of the units"),
+    # not strings: a TypeError (unhashable) in validate before (found by the fuzzer)
+    ({"units": [{"name": "a", "parameters": [], "backward_prefetch": [["a"]]}]},
+     "$.fsdp.units[0].backward_prefetch[0]", "unknown unit ['a']"),
+    ({"root": {"a": 1}}, "$.fsdp.root", "one of the units"),
     ({"world_size": 0}, "$.fsdp.world_size", "from 1 to"),
 ])
 def test_a_broken_fsdp_section_is_named_with_its_place(change, where, what):

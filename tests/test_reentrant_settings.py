@@ -15,7 +15,11 @@ from builders import doc, graph, leaf, node, run_cli
 def checkpointed_nan():
     """out = checkpoint(lambda x: NanB.apply(x.exp()), x); (out * 2).sum().backward(): the inner
     NanBBackward returns NaN (as a custom Function whose backward multiplies by NaN)."""
-    return graph(doc(
+    return graph(checkpointed_nan_doc())
+
+
+def checkpointed_nan_doc() -> dict:
+    return (doc(
         node("sum", "SumBackward0", seq=10, next=["mul"], inputs=[[]], saved={"self_sym_sizes": [3]}),
         node("mul", "MulBackward0", seq=9, next=["ckpt", None], inputs=[[3]], saved={"other": 2.0}),
         node("ckpt", "CheckpointFunctionBackward", op="python", seq=8, next=["acc_x"], inputs=[[3]],
@@ -92,3 +96,21 @@ def checkpoint_without_anomaly(ctx, grads):
     (captured,) = ctx.grad([ctx.edge(node.attrs["segment_root"])], [grads[0]],
                            inputs=[ctx.edge(node.attrs["segment_input"])], anomaly=False)
     return [captured]
+
+
+
+@pytest.mark.parametrize("key, value", [("segment_root", "zz"), ("segment_input", 5), ("segment_input", None)])
+def test_a_checkpoint_segment_that_is_not_in_the_graph_is_named(key, value):
+    """A shipped checkpoint node whose segment names no node of the graph was a KeyError in the run
+    (found by the fuzzer); validate names the place."""
+    from autograd_run.errors import GraphFileError
+    d = checkpointed_nan_doc()
+    ckpt = d["nodes"][2]
+    assert ckpt["id"] == "ckpt"
+    if value is None:
+        del ckpt["attrs"][key]
+    else:
+        ckpt["attrs"][key] = value
+    with pytest.raises(GraphFileError) as exc:
+        graph(d)
+    assert f"$.nodes[2].attrs.{key}" in str(exc.value) and "the checkpoint's segment" in str(exc.value)

@@ -609,11 +609,11 @@ class _Checker:
                 raise self.err(("fsdp", "units", k, "backward_prefetch"),
                                f"must be a list of unit names, got {short(targets)}")
             for j, t in enumerate(targets):
-                if t not in names:
+                if not isinstance(t, str) or t not in names:
                     raise self.err(("fsdp", "units", k, "backward_prefetch", j), f"unknown unit {short(t)}")
         out = {"units": out_units}
         if "root" in d:
-            if d["root"] not in names:
+            if not isinstance(d["root"], str) or d["root"] not in names:
                 raise self.err(("fsdp", "root"), f"must be the name of one of the units, got {short(d['root'])}")
             out["root"] = d["root"]
         if "world_size" in d:
@@ -693,6 +693,7 @@ class _Checker:
         st = _Build(variables, self._metas)
         self.build_nodes(st)
         self.link_edges(st)
+        self.check_segments(st)
         nodes, by_id, metas, forward = st.nodes, st.by_id, st.metas, st.forward
         max_device_index, default_seqs = st.max_device_index, st.default_seqs
 
@@ -1003,6 +1004,23 @@ class _Checker:
         if node.op is COST:
             self.check_cost(attrs.get("cost"), p + ("cost",))
 
+    #: The shipped reentrant checkpoint callable (``engine.callables.checkpoint``), which the run and the
+    #: simulation follow into its segment: ``attrs.segment_root`` and ``attrs.segment_input``.
+    CHECKPOINT_CALLABLE = "autograd_run.engine.callables:checkpoint"
+
+    def check_segments(self, st) -> None:
+        """A shipped checkpoint node's segment names nodes of this graph, each with an input slot."""
+        for node in st.nodes:
+            if node.op is not PYTHON or not node.attrs or node.attrs.get("callable") != self.CHECKPOINT_CALLABLE:
+                continue
+            for key in ("segment_root", "segment_input"):
+                nid = node.attrs.get(key)
+                target = st.by_id.get(nid) if isinstance(nid, str) else None
+                if target is None or not target.inputs:
+                    raise self.err(("nodes", node.index, "attrs", key),
+                                   f"must be the id of a node with an input slot (the checkpoint's segment), got "
+                                   f"{tensors.short(nid)}")
+
     def check_cost(self, cost, p: tuple) -> None:
         if cost is None:
             return
@@ -1202,15 +1220,15 @@ class _Checker:
         if not isinstance(ref, dict):
             raise self.err(p, f"must be a mapping with 'order' and 'grads', got {type(ref).__name__}")
         order = ref.get("order")
-        if order is not None:
-            if not isinstance(order, list):
-                raise self.err(p + ("order",), f"must be a list of [name, seq, leaf] items, got {type(order).__name__}")
-            for k, item in enumerate(order):
-                if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
-                        and (item[1] is None or (type(item[1]) is int and 0 <= item[1] < 2**64))
-                        and (item[2] is None or isinstance(item[2], str))):
-                    raise self.err(p + ("order", k), "each item must be [name, seq, leaf] (a string, an integer "
-                                                     f"or null, a string or null), got {tensors.short(item)}")
+        # required: check compares the order first
+        if not isinstance(order, list):
+            raise self.err(p + ("order",), f"must be a list of [name, seq, leaf] items, got {type(order).__name__}")
+        for k, item in enumerate(order):
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                    and (item[1] is None or (type(item[1]) is int and 0 <= item[1] < 2**64))
+                    and (item[2] is None or isinstance(item[2], str))):
+                raise self.err(p + ("order", k), "each item must be [name, seq, leaf] (a string, an integer "
+                                                 f"or null, a string or null), got {tensors.short(item)}")
         depths = ref.get("depths")
         if depths is not None:
             n = len(order) if isinstance(order, list) else 0
