@@ -36,6 +36,18 @@ def test_a_good_reference_passes(tmp_path, capsys):
     assert "order: 5 nodes, same as PyTorch" in out
 
 
+@pytest.mark.parametrize("grads", [{}, {"b": [1.0]}])
+def test_a_reference_without_a_leafs_gradient_fails_that_leaf(grads, tmp_path, capsys):
+    """``grads: {}`` passed check without comparing a gradient (found by a hostile review): a leaf the replay
+    gives a gradient and the reference does not hold fails, saying so."""
+    from autograd_run.graphs.load import load_graph
+    path = seed_with({"order": SEED_ORDER, "grads": grads}, tmp_path)
+    code, out, err = run_cli(["check", str(path)], capsys)
+    assert code == 3, out + err
+    [a] = [g for g in check_graph(load_graph(str(path))).grads if g.name == "a"]
+    assert not a.ok and "the reference holds no gradient for it" in a.note
+
+
 @pytest.mark.parametrize("reference, where, what", [
     ({"order": 5}, "meta.reference.order", "must be a list of [name, seq, leaf] items, got int"),
     ({"order": ["SumBackward0", 3]}, "meta.reference.order[0]", "each item must be [name, seq, leaf]"),
@@ -49,6 +61,8 @@ def test_a_good_reference_passes(tmp_path, capsys):
     ({"order": [], "depths": [0]}, "meta.reference.depths", "must be a list of 0 non-negative integers"),
     ({"order": 5, "grads": {}}, "meta.reference.order", "got int"),
     ([1], "meta.reference", "must be a mapping with 'order' and 'grads', got list"),
+    ({"order": None, "grads": {}}, "meta.reference.order", "got NoneType"),  # was a TypeError in check
+    ({"grads": {"a": [5.0, 5.0]}}, "meta.reference.order", "got NoneType"),
 ])
 def test_a_malformed_reference_is_a_clear_error(tmp_path, capsys, reference, where, what):
     path = seed_with(reference, tmp_path)

@@ -139,6 +139,12 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
             continue
         report.grads.append(_compare(name, np.asarray(ours), refs[name], precision.get(node), rtol, atol,
                                      scale.get(name, 0.0)))
+    for name in graph.variables:  # a leaf the replay gave a gradient that the reference does not hold
+        node = leaf_node.get(name)
+        if name not in ref_grads and res.grads.get(name) is not None and not (
+                node is not None and through_opaque.get(node) is not None):
+            report.grads.append(GradCheck(name, None, None, False, "the reference holds no gradient for it "
+                                          "(meta.reference.grads has no entry)"))
     not_compared = [g.name for g in report.grads if not g.compared]
     if report.opaque:
         report.grads_compared = not not_compared
