@@ -85,7 +85,29 @@ def seed_graphs() -> list[tuple[dict, dict | None]]:
         out.append((generate(kind, **kw), None))
     for kind, kw in [("mlp", dict(layers=1, width=3, batch=2, seed=5)), ("chain", dict(n=5, seed=2))]:
         out.append(_to_npz(generate(kind, **kw)))
+    out += [(captured_seed(), None)] * 4  # drawn as often as four seeds: it has the most sections
     return out
+
+
+def captured_seed() -> dict:
+    """A small model captured from PyTorch, with every section a capture can write: ``meta.reference``,
+    ``storage``, ``parameters``, ``ddp``, ``fsdp`` and held hooks on a leaf and on a node's slot (the
+    sections ``check``, ``simulate --ddp/--fsdp captured`` and the memory model read)."""
+    import torch
+
+    from autograd_run.capture import from_torch
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+    doc = from_torch(m(torch.randn(2, 3, dtype=torch.float64)).sum(), names=dict(m.named_parameters()))
+    names = [n for n, _ in m.named_parameters()]
+    doc["parameters"] = names
+    doc["ddp"] = {"bucket_cap_mb": 0.0001, "find_unused_parameters": False, "world_size": 2}
+    doc["fsdp"] = {"units": [{"name": "0", "parameters": names[:2], "backward_prefetch": ["2"]},
+                             {"name": "2", "parameters": names[2:]}], "root": "2", "world_size": 2}
+    doc["variables"][0]["hooks"] = [{"kind": "scale", "by": 0.5}]
+    relu = next(n for n in doc["nodes"] if n["name"] == "ReluBackward0")
+    relu.setdefault("attrs", {})["hooks"] = [{"kind": "clamp", "min": -1.0, "slot": 0}]
+    return doc
 
 
 def _to_npz(doc: dict) -> tuple[dict, dict]:
@@ -404,7 +426,8 @@ def make_case(rng: random.Random, seeds, folder: str) -> dict:
     # Graphs that fail on purpose (attrs.fail, the shipped example:failing) are not validate misses.
     injected = any(isinstance(n, dict) and isinstance(n.get("attrs"), dict) and "fail" in n["attrs"]
                    for n in (_nodes(doc) or []))
-    return {"file": name, "steps": steps, "injected": injected}
+    parallel = isinstance(doc, dict) and "fsdp" in doc
+    return {"file": name, "steps": steps, "injected": injected, "parallel": parallel}
 
 
 # -- workers ---------------------------------------------------------------------------------------------
@@ -446,10 +469,16 @@ def worker_main(conn, mem: int) -> None:
         msg = conn.recv()
         if msg is None:
             return
-        folder, name = msg
+        folder, name, parallel = msg
         os.chdir(folder)
         res = {"validate": _invoke(cli_main, ["validate", name]),
-               "run": _invoke(cli_main, [name, "--no-summary"])}
+               "run": _invoke(cli_main, [name, "--no-summary"]),
+               "simulate": _invoke(cli_main, ["simulate", name, "--no-summary"])}
+        if parallel:  # the sections only a captured graph has: what reads them
+            net = ["--world", "2", "--network", "alpha_us=5,gbps=10", "--no-summary"]
+            res["simulate --ddp"] = _invoke(cli_main, ["simulate", name, "--ddp", "captured", *net])
+            res["simulate --fsdp"] = _invoke(cli_main, ["simulate", name, "--fsdp", "captured", *net])
+            res["check"] = _invoke(cli_main, ["check", name])
         os.chdir("/")
         conn.send(res)
 
@@ -522,7 +551,7 @@ def run_fuzz(cases: int = 10_000, seed: int = 0, workers: int = 2, timeout: floa
         nonlocal miss_count
         v, r = res["validate"], res["run"]
         codes[(v["rc"], r["rc"])] += 1
-        for cmd, x in (("validate", v), ("run", r)):
+        for cmd, x in res.items():
             if x["memory"]:
                 keep("breach", case, f"{cmd}: MemoryError\n{x['tb'] or x['err']}")
             elif x["tb"]:
@@ -546,7 +575,7 @@ def run_fuzz(cases: int = 10_000, seed: int = 0, workers: int = 2, timeout: floa
         w.case = {"id": next_case, "folder": folder, **desc}
         w.started = time.monotonic()
         w.cpu_start = w.cpu()
-        w.conn.send((folder, desc["file"]))
+        w.conn.send((folder, desc["file"], desc["parallel"]))
         next_case += 1
 
     try:
@@ -570,7 +599,7 @@ def run_fuzz(cases: int = 10_000, seed: int = 0, workers: int = 2, timeout: floa
                         replace = True
                     else:
                         check(w.case, res)
-                        replace = res["validate"]["memory"] or res["run"]["memory"]
+                        replace = any(x["memory"] for x in res.values())
                 elif (w.cpu() - w.cpu_start > timeout or
                       time.monotonic() - w.started > wall_factor * timeout):
                     keep("hang", w.case, f"no result after {w.cpu() - w.cpu_start:.1f} s of CPU, "
