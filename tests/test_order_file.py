@@ -124,6 +124,12 @@ def test_written_orders_read_back_without_ready_sets(tmp_path):
     ('{"name": "a"}', "line 2: each line needs an object with a string 'id'"),
     ('["a"]', "line 2: each line needs an object with a string 'id'"),
     ("{oops", "line 2: not JSON"),
+    # the per-worker comparison groups rows by thread and sorts the threads: each was a TypeError
+    ('{"id": "a", "thread": ["w"]}', "line 2: 'thread' must be a string, got list"),
+    ('{"id": "a", "thread": 5}', "line 2: 'thread' must be a string, got int"),
+    ('{"id": "a", "thread": null}', "line 2: 'thread' must be a string, got null"),
+    ('{"id": "a", "seq": -3}', "line 2: 'seq' must be a non-negative integer or null, got int"),
+    ('{"id": "a", "name": {"x": 1}}', "line 2: 'name' must be a string, got dict"),
 ])
 def test_a_malformed_order_file_names_the_line(tmp_path, line, message):
     p = tmp_path / "o.jsonl"

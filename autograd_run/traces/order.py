@@ -55,11 +55,34 @@ def read_order(path: str, allow_incomplete: bool = False) -> list[dict]:
         if not isinstance(row, dict) or not isinstance(row.get("id"), str):
             raise RequestError(f"{path}: line {n}: each line needs an object with a string 'id'",
                                "expected_order")
-        p = row.get("pass", 0)
-        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-            raise RequestError(f"{path}: line {n}: 'pass' must be a non-negative integer", "expected_order")
+        for key, (ok, what) in _ROW_FIELDS.items():
+            if key in row and not ok(row[key]):
+                raise RequestError(f"{path}: line {n}: {key!r} must be {what}, got {_kind(row[key])}",
+                                   "expected_order")
         rows.append(row)
     return rows
+
+
+def _count(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+#: The optional fields of a row, each with its test and what it must be (the comparison groups rows by
+#: thread and pass and sorts them: a list or a number there was a TypeError).
+_ROW_FIELDS = {
+    "pass": (_count, "a non-negative integer"),
+    "position": (_count, "a non-negative integer"),
+    "depth": (_count, "a non-negative integer"),
+    "graph_task": (_count, "a non-negative integer"),
+    "seq": (lambda v: v is None or _count(v), "a non-negative integer or null"),
+    "thread": (lambda v: isinstance(v, str), "a string"),
+    "device": (lambda v: isinstance(v, str), "a string"),
+    "name": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _kind(v) -> str:
+    return "null" if v is None else type(v).__name__
 
 
 def dumps_order(rows: list[dict], incomplete: str | None = None) -> bytes:
