@@ -416,6 +416,9 @@ def _h100_with(change):
     (lambda d: d["engine"].update(spread={"handoff_us": -1}), "engine: spread maps the names of the figures"),
     (lambda d: d["engine"].update(spread={"nodes": 0.1}), "engine: spread maps the names of the figures"),
     (lambda d: d["engine"].update(spread=[0.1]), "engine: spread maps the names of the figures"),
+    # a bool is an int to Python: false passed every range check and divided by zero (a hostile review)
+    (lambda d: d["accelerator"].update(flops_efficiency=False), "accelerator: flops_efficiency must be a number"),
+    (lambda d: d["engine"].update(overhead_holds_gil=3), "engine: overhead_holds_gil must be true or false"),
 ])
 def test_a_spec_file_that_would_break_the_simulation_is_refused(tmp_path, capsys, change, message):
     """A zero efficiency was a ZeroDivisionError traceback, a 1e308 us hand-off an OverflowError one, and a

@@ -135,6 +135,7 @@ def _known(cls, d: Any, where: str) -> dict:
     if not isinstance(d, dict):
         raise RequestError(f"{where}: expected a mapping", "spec")
     names = {f.name for f in fields(cls)}
+    flags = {f.name for f in fields(cls) if f.type in (bool, "bool")}
     extra = sorted(set(d) - names)
     if extra:
         raise RequestError(f"{where}: unknown field {extra[0]!r}", "spec")
@@ -144,8 +145,14 @@ def _known(cls, d: Any, where: str) -> dict:
                 raise RequestError(f"{where}: cores must be a whole number from 0 (as many as there are threads) "
                                    f"to {MAX_CORES}, got {v!r}", "spec")
             continue
-        if k in ("name",) or k == "peak_flops" or isinstance(v, bool):
+        if k in flags:
+            if not isinstance(v, bool):
+                raise RequestError(f"{where}: {k} must be true or false, got {v!r}", "spec")
             continue
+        if k in ("name",) or k == "peak_flops":
+            continue
+        if isinstance(v, bool):  # a bool is an int to Python: efficiency: false divided by zero
+            raise RequestError(f"{where}: {k} must be a number, got {v!r}", "spec")
         if k == "spread":
             if not isinstance(v, dict) or not all(isinstance(x, str) and x in names for x in v) or not all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1e6 for x in v.values()):
