@@ -240,6 +240,9 @@ def test_cli_run_and_simulate_show_memory_and_json_carries_it(tmp_path, capsys):
     assert code == 0 and "memory (allocated bytes)" not in out
     code, out, err = run_cli(["simulate", str(path), "--memory-limit", "-3"], capsys)
     assert code == 2 and "Error: Invalid value for '--memory-limit'" in err
+    for cmd in (["simulate"], ["run"]):  # the limit went unchecked, exit 0 (a hostile review)
+        code, out, err = run_cli([*cmd, str(path), "--no-memory", "--memory-limit", "1KiB"], capsys)
+        assert (code, out) == (2, "") and err.startswith("Error: --memory-limit needs the memory model"), err
 
 
 def test_the_trace_carries_a_counter_track_per_device(tmp_path, capsys):

@@ -145,6 +145,9 @@ memory_option = click.option(
 
 def want_memory(memory: bool | None, graph, memory_limit: int | None) -> bool:
     """Whether a command models the pass's memory (``--memory``, ``--no-memory``, or the default)."""
+    if memory is False and memory_limit is not None:  # the limit would go unchecked, silently
+        from autograd_run.errors import UsageError
+        raise UsageError("--memory-limit needs the memory model, which --no-memory turns off: give one of them")
     if memory is not None:
         return memory
     return memory_limit is not None or len(graph.nodes) <= MEMORY_AUTO_NODES
