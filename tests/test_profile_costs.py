@@ -575,3 +575,22 @@ def test_the_last_calls_leaf_is_matched_however_late_a_loaded_machine_ran_it(tmp
     late.write_text(json.dumps(doc))
     cov = read_costs(str(late), g).coverage
     assert len(cov.steps) == 2 and cov.matched == {n.id: 2 for n in g.nodes}
+
+
+@pytest.mark.parametrize("extra, where, what", [
+    ({"backward_wall_ns": {"median": -5, "runs": 3}}, "backward_wall_ns.median", "non-negative number of ns"),
+    ({"backward_wall_ns": {"median": 5, "runs": "[b]x"}}, "backward_wall_ns.runs", "number of runs from 1"),
+    ({"backward_wall_ns": 7}, "backward_wall_ns", "expected a mapping"),
+    ({"coverage": {"matched": 1, "nodes": -2}}, "coverage.nodes", "number of nodes"),
+    ({"coverage": []}, "coverage", "expected a mapping"),
+])
+def test_stored_measurement_figures_that_are_shown_are_checked(tmp_path, extra, where, what):
+    """``meta.measured``'s wall time and coverage go into the summary: a negative wall (shown as
+    "-5 ns median") was printed as it stood (found by a hostile review)."""
+    from autograd_run.graphs.dump import graph_to_dict
+    bad = graph_to_dict(load_graph("example:seed"))
+    bad["meta"] = {"measured": {"nodes": {"mul_b": {"cpu_ns": 5}}, **extra}}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(GraphFileError) as exc:
+        simulate_session(load_graph(str(tmp_path / "bad.json")), SimOptions(spec="cpu"))
+    assert f"meta.measured.{where}:" in str(exc.value) and what in str(exc.value), str(exc.value)

@@ -30,6 +30,7 @@ from typing import Any
 
 from autograd_run.errors import GraphFileError, RequestError
 from autograd_run.graphs.model import FORMAT, Graph
+from autograd_run.graphs import tensors
 
 #: Where costs came from: a PyTorch profile (C++ nodes: no GIL held) or autograd-run's own trace.
 PYTORCH = "pytorch profile"
@@ -372,6 +373,23 @@ def stored_costs(graph: Graph) -> MeasuredCosts | None:
             raise bad(f"{where}.gpu_ns", "expected a mapping stream -> ns")
         nodes[nid] = MeasuredCost(cpu, {str(k): _number(v, bad, f"{where}.gpu_ns[{k!r}]") for k, v in gpu.items()},
                                   nested)
+    wall = block.get("backward_wall_ns")
+    if wall is not None:  # written by capture --profile; shown in the summary
+        if not isinstance(wall, dict) or "median" not in wall:
+            raise bad(".backward_wall_ns", "expected a mapping {median, runs, thread_cpu_median}")
+        for k in ("median", "thread_cpu_median"):
+            if k in wall:
+                _number(wall[k], bad, f".backward_wall_ns.{k}")
+        runs = wall.get("runs", 1)
+        if type(runs) is not int or not 1 <= runs <= 10**9:
+            raise bad(".backward_wall_ns.runs", f"expected a number of runs from 1, got {tensors.short(runs)}")
+    cov = block.get("coverage")
+    if cov is not None:
+        if not isinstance(cov, dict):
+            raise bad(".coverage", "expected a mapping")
+        for k in ("nodes", "matched"):
+            if k in cov and (type(cov[k]) is not int or cov[k] < 0):
+                raise bad(f".coverage.{k}", f"expected a number of nodes, got {tensors.short(cov[k])}")
     info = {k: block[k] for k in ("source", "torch", "device", "date", "steps", "warmup", "backward_wall_ns")
             if k in block}
     origin = OURS if block.get("source") == "autograd-run" else PYTORCH
