@@ -159,6 +159,19 @@ def test_calibrate_refuses_a_bad_output_before_measuring(tmp_path, capsys, quick
     assert quick_calibrate == [] and not (tmp_path / "missing").exists()  # nothing measured, no folder made
 
 
+def test_calibrate_refuses_a_cache_folder_it_cannot_make_before_measuring(tmp_path, monkeypatch, capsys,
+                                                                          quick_calibrate):
+    """The cache folder was made after the minute of measuring, and the measurement was lost when it
+    could not be (found by a hostile review)."""
+    from builders import run_cli
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    code, out, err = run_cli(["calibrate"], capsys)
+    assert (code, out) == (2, "") and err == f"Error: {blocker}/autograd-run: cannot create the folder: Not a directory\n"
+    assert quick_calibrate == []
+
+
 def test_diff_of_summaries_with_huge_times_is_a_file_error(tmp_path, capsys):
     """JSON integers have no limit: a sample of 10**400 ns was an OverflowError traceback in the median."""
     import json

@@ -538,10 +538,16 @@ def calibrate(output, nodes, torch_engine, gloo_worlds):
       autograd-run calibrate && autograd-run simulate example:pipeline --spec local
       autograd-run calibrate --torch && autograd-run simulate model.json --costs profile.json
     """
-    from autograd_run.sim.calibrate import write_local
-    if output:  # a bad path is told before the measurement, not after it
-        from autograd_run.outputs import check_output_path
+    from autograd_run.outputs import check_output_path
+    from autograd_run.sim.calibrate import cache_folder_ready, write_local
+    # a bad path (or a cache folder that cannot be written) is told before the measurement, not after it
+    if output:
         check_output_path(output, "output", [])
+    else:
+        from autograd_run.parallel.networks import local_gloo_path
+        from autograd_run.sim.specs import local_spec_path
+        cache_folder_ready(local_gloo_path() if gloo_worlds is not None else
+                           local_spec_path("local-torch" if torch_engine else "local"))
     if gloo_worlds is not None:
         if torch_engine:
             raise UsageError("--gloo and --torch are separate measurements: give one")

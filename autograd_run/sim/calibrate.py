@@ -229,6 +229,18 @@ def calibrate(nodes: int = 4000, repeat: int = 5, log=None) -> MachineSpec:
                        f"{rounds} rounds")
 
 
+def cache_folder_ready(path: str) -> None:
+    """Make the user cache folder that ``path`` goes in, and refuse it (``RequestError``) when it cannot be
+    made or written: calibrate calls this before it measures, not after."""
+    from autograd_run.outputs import check_output_path
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise RequestError(f"{folder}: cannot create the folder: {exc.strerror or exc}") from None
+    check_output_path(path, None, [])
+
+
 def write_local(spec: MachineSpec, path: str | None = None) -> str:
     """Write ``spec`` to ``path`` (the user cache folder's ``local`` spec by default). The cache folder is
     made when missing; any other path's folder must exist (``calibrate -o`` checks it first)."""
@@ -237,9 +249,6 @@ def write_local(spec: MachineSpec, path: str | None = None) -> str:
     path = path or local_spec_path()
     cache = path in (local_spec_path(name) for name in LOCAL)
     if cache:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        except OSError as exc:
-            raise RequestError(f"{os.path.dirname(path)}: cannot create the folder: {exc.strerror or exc}") from None
+        cache_folder_ready(path)
     atomic_write(path, json.dumps(spec.to_dict(), indent=2).encode(), None if cache else "output")
     return path
