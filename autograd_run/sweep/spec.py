@@ -17,11 +17,13 @@ The document is a mapping::
     repeat: 3
 
 Every dimension may be a single value instead of a list. What a spec file
-may name: paths and globs are relative to the spec file's folder and must
-stay inside it (no absolute paths, no ``..``, no symlink out of it); hidden
-files are not matched; a glob keeps only graph files (``.json``, ``.yaml``,
-``.yml``). The command line's own values (``-g``, ``--spec``) are the user's
-and are taken relative to the working directory, unrestricted.
+may name: paths and globs relative to the spec file's folder, absolute
+paths and ``~`` (the spec's author is the person running the sweep, who
+keeps graphs in shared folders); only regular files are read (a device or a
+FIFO is refused); hidden files are not matched; a glob keeps only graph
+files (``.json``, ``.yaml``, ``.yml``) and never the spec itself. The
+command line's own values (``-g``, ``--spec``) are taken relative to the
+working directory.
 """
 
 from __future__ import annotations
