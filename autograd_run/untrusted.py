@@ -162,30 +162,47 @@ def load_yaml(data: bytes, max_values: int, max_depth: int) -> tuple[yaml.Node |
 
 
 def check_tree(root: yaml.Node, max_values: int, max_depth: int) -> None:
-    """Refuse alias bombs, deep nesting and duplicate keys on the node tree, before construction.
+    """Refuse alias bombs, deep nesting, recursive aliases and duplicate keys on the node tree, before
+    construction.
 
-    Counts the values the document expands to, following aliases, with one
-    memoised count per distinct node, so a "billion laughs" document is
-    refused in time linear in its size.
+    A post-order walk (no recursion) sizes every distinct node once from its
+    children's sizes: the values it expands to and how deep it nests, aliases
+    followed, so a "billion laughs" document, or chains of aliases each
+    nesting a little more, are refused in time linear in the file. (Counting
+    a node where it was first met undercounted a node sized before a child
+    it shares with an earlier sibling, and nesting under an alias met first
+    at a shallow place went unseen: both found by a hostile review.)
     """
-    sizes: dict[int, int] = {}
-    order = []
-    stack = [(root, 0)]
-    seen = set()
-    mapping, sequence, scalar = yaml.MappingNode, yaml.SequenceNode, yaml.ScalarNode
+    sizes: dict[int, int] = {}    # node id -> values it expands to, for nodes done
+    heights: dict[int, int] = {}  # node id -> levels of nesting below it (a scalar, an empty list: 0)
+    open_ids: set[int] = set()    # nodes whose children are being walked: the ancestors of the current one
+    mapping, scalar = yaml.MappingNode, yaml.ScalarNode
+    stack: list = [root]  # nodes to visit, and (node, children) once a node's children are pushed
     while stack:
-        node, depth = stack.pop()
-        if depth > max_depth:
-            raise Problem(mark(node), f"nesting deeper than {max_depth} levels")
-        if id(node) in seen:
+        item = stack.pop()
+        if type(item) is tuple:  # its children are done
+            node, kids = item
+            nid = id(node)
+            total = 1 + sum([sizes[id(c)] for c in kids])
+            height = 1 + max([heights[id(c)] for c in kids]) if kids else 0
+            open_ids.discard(nid)
+            if total > max_values:
+                raise Problem(mark(node), f"YAML aliases expand to more than {max_values} values")
+            if height > max_depth:
+                raise Problem(mark(node), f"nesting deeper than {max_depth} levels")
+            sizes[nid], heights[nid] = total, height
             continue
-        seen.add(id(node))
-        order.append(node)
-        if isinstance(node, sequence):
-            stack.extend((c, depth + 1) for c in node.value)
-        elif isinstance(node, mapping):
+        nid = id(item)
+        if nid in sizes:
+            continue
+        if isinstance(item, scalar):
+            sizes[nid], heights[nid] = 1, 0
+            continue
+        if nid in open_ids:
+            raise Problem(mark(item), "a recursive alias (a value that contains itself)")
+        if isinstance(item, mapping):
             keys = {}
-            for k, v in node.value:
+            for k, _ in item.value:
                 if isinstance(k, scalar) and k.tag != "tag:yaml.org,2002:merge":
                     ident = (k.tag, k.value)
                     first = keys.get(ident)
@@ -193,15 +210,9 @@ def check_tree(root: yaml.Node, max_values: int, max_depth: int) -> None:
                         raise Problem(mark(k), f"duplicate key {k.value!r:.60} in a mapping (first at line "
                                                f"{first.line + 1}); keys must be unique")
                     keys[ident] = k.start_mark
-                stack.append((k, depth + 1))
-                stack.append((v, depth + 1))
-    for node in reversed(order):  # children are visited after parents, so reverse is bottom-up
-        if isinstance(node, sequence):
-            total = 1 + sum(sizes.get(id(c), 1) for c in node.value)
-        elif isinstance(node, mapping):
-            total = 1 + sum(sizes.get(id(k), 1) + sizes.get(id(v), 1) for k, v in node.value)
+            kids = [x for kv in item.value for x in kv]
         else:
-            total = 1
-        if total > max_values:
-            raise Problem(mark(node), f"YAML aliases expand to more than {max_values} values")
-        sizes[id(node)] = total
+            kids = item.value
+        open_ids.add(nid)
+        stack.append((item, kids))
+        stack.extend(reversed(kids))

@@ -175,6 +175,33 @@ def test_yaml_alias_bomb_is_refused_quickly():
     assert "aliases expand" in info.value.what
 
 
+def _shared_then_many() -> str:
+    """``x`` (100 values) met first through ``one``, then through ``many``'s 999 aliases: the old count
+    sized ``many`` before ``x`` and took each alias as one value."""
+    return ("{x: &x [" + ",".join(["1"] * 99) + "], many: [" + ",".join(["*x"] * 999) + "], one: [*x]}")
+
+
+def _chained_aliases() -> str:
+    """Twenty chains of 29 lists, each around the previous chain's alias, all met first at depth 2 (from
+    ``s``): 580 levels, which the depth check passed."""
+    parts = ["c0: &c0 " + "[" * 29 + "1" + "]" * 29]
+    parts += [f"c{i}: &c{i} " + "[" * 29 + f"*c{i - 1}" + "]" * 29 for i in range(1, 20)]
+    parts.append("s: [" + ", ".join(f"*c{i}" for i in reversed(range(20))) + "]")
+    return "{" + ", ".join(parts) + "}"
+
+
+@pytest.mark.parametrize("text, what", [(_shared_then_many(), "aliases expand to more than"),
+                                        (_chained_aliases(), "nesting deeper than"),
+                                        ("a: &a [1, *a]", "a recursive alias")])
+def test_yaml_aliases_cannot_hide_size_or_depth(text, what, monkeypatch):
+    """Found by a hostile review: both shapes passed the checks before the document was built."""
+    from autograd_run.graphs import load
+    monkeypatch.setattr(load, "MAX_YAML_VALUES", 10_000)
+    with pytest.raises(GraphFileError) as info:
+        loads_graph(text, "aliases.yaml")
+    assert what in info.value.what, info.value.what
+
+
 @pytest.mark.parametrize("fmt,text", [("yaml", "[" * 5000 + "]" * 5000), ("json", "[" * 100000 + "]" * 100000),
                                       ("yaml", "a: " + "[" * 100 + "]" * 100)])
 def test_absurd_nesting_is_refused(fmt, text):
