@@ -118,6 +118,24 @@ def test_view_refuses_a_missing_trace(tmp_path, capsys):
     assert code == 2 and "is a directory" in err
 
 
+def test_view_serves_only_trace_files(tmp_path, capsys):
+    """A FIFO was "no such file", and any file at all (a key, a note) was served to the page that asked
+    (found by a hostile review); the three trace formats run writes are served."""
+    import os
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    note = tmp_path / "notes.txt"
+    note.write_text("not a trace")
+    for path, what in ((fifo, "is a FIFO (named pipe), not a regular file"),
+                       (note, "not a trace (a Chrome JSON trace, .json.gz or a Perfetto .pftrace)")):
+        code, out, err = run_cli(["view", str(path), "--no-browser", "--timeout", "1"], capsys)
+        assert (code, out) == (2, "") and err.startswith(f"Error: {path}: {what}"), err
+    for ext in ("json", "json.gz", "pftrace"):
+        trace = tmp_path / f"t.{ext}"
+        assert run_cli(["example:seed", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
+        viewer.check_trace_file(str(trace))
+
+
 @pytest.mark.parametrize("cmd", [["run", "example:seed"], ["simulate", "example:seed"]])
 def test_open_needs_a_trace(cmd, capsys):
     code, out, err = run_cli([*cmd, "--open"], capsys)

@@ -113,6 +113,28 @@ class _Server(socketserver.TCPServer):
         self.failed_requests = getattr(self, "failed_requests", 0) + 1
 
 
+#: The largest file served (the UI loads a trace into the page's memory; past a few GB it cannot).
+MAX_VIEW_BYTES = 16 << 30
+
+
+def check_trace_file(path: str) -> None:
+    """Refuse (``RequestError``) what is not a trace file: a folder, a FIFO or a device, or a file whose
+    first bytes are none of a JSON trace's (``{`` or ``[``), gzip's or a Perfetto protobuf trace's (its
+    first packet, field 1): the server hands the file to whatever page asks for it."""
+    from autograd_run import untrusted
+    if os.path.isdir(path):
+        raise RequestError(f"{path}: is a directory")
+    try:
+        with untrusted.open_regular(path, MAX_VIEW_BYTES) as f:
+            head = f.read(64)
+    except untrusted.Problem as p:
+        raise RequestError(f"{path}: {p.what}") from None
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not (head.startswith(b"\x1f\x8b") or head.startswith(b"\x0a") or text[:1] in (b"{", b"[")):
+        raise RequestError(f"{path}: not a trace (a Chrome JSON trace, .json.gz or a Perfetto .pftrace): "
+                           "refusing to serve it")
+
+
 class TraceViewer:
     """A loopback HTTP server for one trace file; ``url`` opens it in the bundled Perfetto UI.
 
@@ -124,8 +146,7 @@ class TraceViewer:
         reason = missing()
         if reason is not None:
             raise RequestError(reason)
-        if not os.path.isfile(path):
-            raise RequestError(f"{path}: " + ("is a directory" if os.path.isdir(path) else "no such file"))
+        check_trace_file(path)
         self.path = os.path.abspath(path)
         self._served = _Served(self.path)
         handler = functools.partial(_handler_class(), self._served)
