@@ -5,7 +5,7 @@ synthetic ``cost``/``opaque``/``python``/``identity``) to specs. Families:
 ``elementwise``, ``activations``, ``linalg``, ``shape``, ``reductions``,
 ``indexing``, ``conv`` (convolution, pooling, normalisation, resampling),
 ``losses``, ``attention`` (fused scaled-dot-product attention), ``products``
-(baddbmm, addbmm, addmv, addr, _trilinear), ``spectral`` (FFTs), ``sparse``
+(baddbmm, addbmm, addmv, addr, _trilinear), ``recurrent`` (oneDNN's LSTM layer), ``spectral`` (FFTs), ``sparse``
 (embedding bags), ``sampling`` (grid_sample, affine_grid, Gamma samples), ``functions``
 (PyTorch's own Python autograd.Functions: module hooks, Dirichlet), and ``engine_ops`` (node kinds the engine implements
 itself). Importing this package registers them all; a name declared twice
@@ -17,8 +17,8 @@ simulation and capture all read the same table.
 
 from autograd_run.ops import dtypes  # noqa: F401  (bfloat16 is registered when first needed: dtypes.ensure_bfloat16)
 from autograd_run.ops import (  # noqa: F401  (importing a family registers its ops)
-    activations, attention, conv, elementwise, engine_ops, functions, indexing, linalg, losses, products, reductions,
-    sampling, shape, sparse, spectral,
+    activations, attention, conv, elementwise, engine_ops, functions, indexing, linalg, losses, products, recurrent,
+    reductions, sampling, shape, sparse, spectral,
 )
 from autograd_run.ops.engine_ops import (
     ACCUMULATE_GRAD, CHECKPOINT, COST, GRAPH_ROOT, IDENTITY, OPAQUE, PYTHON, is_graph_root,
@@ -26,7 +26,7 @@ from autograd_run.ops.engine_ops import (
 from autograd_run.ops.spec import REGISTRY, Field, OpSpec, Outputs, RuleContext
 
 FAMILIES = ("elementwise", "activations", "linalg", "shape", "reductions", "indexing", "conv", "losses",
-            "attention", "products", "spectral", "sparse", "sampling", "functions", "engine_ops")
+            "attention", "products", "recurrent", "spectral", "sparse", "sampling", "functions", "engine_ops")
 
 
 def _check() -> None:

@@ -769,6 +769,19 @@ def float32_transformer():
     return F.cross_entropy(out(h).reshape(-1, 10), torch.tensor([6, 7, 8])), tr, emb, out
 
 
+@model("float32_bilstm_tagger", "language", dtype=torch.float32)
+def float32_bilstm_tagger():
+    """A float32 2-layer bidirectional LSTM tagger, batch first, with a learned initial state: on the CPU
+    PyTorch runs it through oneDNN (MkldnnRnnLayerBackward0, one node per layer and direction)."""
+    emb, rnn, fc = nn.Embedding(12, 6), nn.LSTM(6, 5, num_layers=2, batch_first=True, bidirectional=True), nn.Linear(10, 4)
+    h0, c0 = nn.Parameter(torch.randn(4, 1, 5) * 0.1), nn.Parameter(torch.randn(4, 1, 5) * 0.1)
+    tokens = torch.tensor([[1, 5, 7, 2, 3], [3, 3, 9, 2, 11]])
+    out, _ = rnn(emb(tokens), (h0.expand(4, 2, 5).contiguous(), c0.expand(4, 2, 5).contiguous()))
+    loss = F.cross_entropy(fc(out).reshape(-1, 4), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 1]))
+    holder = nn.ParameterList([h0, c0])
+    return loss, emb, rnn, fc, holder
+
+
 # ------------------------------------------------------------------------- in-place, training-mode, misc
 
 @model("inplace_resnet_train", "vision")
