@@ -197,6 +197,38 @@ def test_as_strided_of_an_unknown_layout_is_opaque_at_capture():
     check(weigh(y), {"a": a}, expect_names=["AsStridedBackward0"])
 
 
+CASES_NOT_AT_STORAGE_START = {
+    "transposed": lambda a: (a * 2).t().as_strided((3, 4), (1, 2), 1),
+    "sliced": lambda a: (a * 2)[1:, 2:].as_strided((2, 3), (6, 1), 8),
+    "chunks": lambda a: (a * 2).t().contiguous().view(2, 12)[:, 2:].as_strided((2, 2, 4), (12, 3, 1), 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES_NOT_AT_STORAGE_START))
+def test_as_strided_of_a_view_whose_layout_capture_reads_off(case):
+    """The input of as_strided is itself a view (transposed, sliced, a slice of a reshaped copy): capture reads
+    its strides and storage offset off the node's answer to a random gradient, and the replay matches PyTorch."""
+    from autograd_run.capture.graph import from_torch
+    a = leaf(4, 6, seed=32).requires_grad_(True)
+    y = CASES_NOT_AT_STORAGE_START[case](a)
+    doc = from_torch([weigh(y)], names={"a": a}, reference=False)
+    (node,) = [n for n in doc["nodes"] if n["name"] == "AsStridedBackward0"]
+    assert node.get("op") != "opaque", node["attrs"]
+    assert "self_strides" in node["saved"] and "self_storage_offset" in node["saved"]
+    check(weigh(CASES_NOT_AT_STORAGE_START[case](a)), {"a": a}, expect_names=["AsStridedBackward0"])
+
+
+def test_as_strided_of_an_input_that_overlaps_itself_stays_opaque():
+    """An expanded input (stride 0) overlaps itself; PyTorch divides by the overlap, which no strides and offset
+    express, so the node is recorded opaque with its reason rather than replayed wrong."""
+    from autograd_run.capture.graph import from_torch
+    a = leaf(4, 6, seed=33).requires_grad_(True)
+    y = (a * 2).unsqueeze(0).transpose(1, 2).as_strided((2, 3), (0, 1), 0)
+    doc = from_torch([weigh(y)], names={"a": a}, reference=False)
+    (node,) = [n for n in doc["nodes"] if n["name"] == "AsStridedBackward0"]
+    assert node.get("op") == "opaque" and "does not start its storage contiguously" in node["attrs"]["reason"]
+
+
 # --- embedding_bag with empty bags when PyTorch saves no offset2bag (float32's fast path) -------------------------
 
 

@@ -506,14 +506,64 @@ def _as_strided_geometry(torch, fn) -> dict:
             got = fn(g)
     except RuntimeError:
         return {}
-    got = got.detach().to(torch.float64).reshape(-1).numpy()
+    got = got.detach().to(torch.float64).numpy()
+    in_sizes = list(got.shape)
+    got = got.reshape(-1)
     m = got.size
     pos = _strided_index(size, stride, offset).reshape(-1)
     storage = np.zeros(max(int(pos.max()) + 1 if pos.size else 0, m), dtype=np.float64)
     np.add.at(storage, pos, g.reshape(-1).numpy())
     if np.allclose(storage[:m], got, rtol=1e-12, atol=1e-12):
         return {}
-    return {"geometry_unknown": True}
+    found = _input_geometry(storage, got.reshape(in_sizes))
+    return found if found is not None else {"geometry_unknown": True}
+
+
+def _input_geometry(storage: np.ndarray, got: np.ndarray) -> dict | None:
+    """The input's strides and storage offset, read off the node's answer to a random gradient: each of
+    the input's gradient values is the sum that landed on one storage position (values drawn at random
+    are told apart), so two neighbours along a dimension whose positions are known give its stride, and
+    any known element then the offset; the layout found is checked on every element. None when no two
+    neighbours along some dimension are known (elements where nothing landed have gradient 0), or the
+    layout does not explain every value (an input that overlaps itself, which PyTorch's formula divides
+    by the overlap)."""
+    if got.size == 0 or storage.size == 0:
+        return None
+    order = np.argsort(storage, kind="stable")
+    values = storage[order]
+    flat = got.reshape(-1)
+    k = np.clip(np.searchsorted(values, flat), 1, values.size - 1) if values.size > 1 else np.zeros(flat.size, int)
+    pos = np.full(flat.size, -1, dtype=np.int64)
+    for cand in (k - 1, k):
+        near = np.abs(values[cand] - flat) <= 1e-9 * np.maximum(1.0, np.abs(flat))
+        pos = np.where((pos < 0) & near & (flat != 0.0), order[cand], pos)
+    pos = pos.reshape(got.shape)
+    strides = []
+    for d, n in enumerate(got.shape):
+        if n == 1:
+            strides.append(1)
+            continue
+        a, b = np.moveaxis(pos, d, 0)[:-1], np.moveaxis(pos, d, 0)[1:]
+        both = (a >= 0) & (b >= 0)
+        if not both.any():
+            return None
+        step = int((b - a)[both].flat[0])
+        if step < 0:
+            return None
+        strides.append(step)
+    known = np.argwhere(pos >= 0)
+    if not known.size:
+        return None
+    e = known[0]
+    offset = int(pos[tuple(e)]) - int(sum(int(x) * st for x, st in zip(e, strides)))
+    if offset < 0:
+        return None
+    idx = _strided_index(list(got.shape), strides, offset)
+    if int(idx.max()) >= storage.size:  # the input reaches past the last position the view wrote: nothing there
+        storage = np.concatenate([storage, np.zeros(int(idx.max()) + 1 - storage.size)])
+    if not np.allclose(storage[idx], got, rtol=1e-12, atol=1e-12):
+        return None
+    return {"self_strides": strides, "self_storage_offset": offset}
 
 
 _MEASURED = {
