@@ -1,4 +1,4 @@
-"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j growth accuracy profiles ddp fsdp memory kineto]`: benchmarks, ratios within one run.
+"""`make bench` / `python -m bench [--quick | --full] [a b c d e h f g i j growth accuracy profiles ddp fsdp memory kineto replay]`: benchmarks, ratios within one run.
 
 ``accuracy`` (``bench.accuracy``, in ``make bench``'s default parts): the simulation against the engine on
 graphs drawn at run time from a seed it prints (``python -m bench accuracy --seed N`` repeats one run;
@@ -13,6 +13,8 @@ DistributedDataParallel on 2 and 4 local gloo processes, cases drawn from a seed
 real FSDP2 (``fully_shard``) on 2 and 4 local gloo processes, the same way.
 ``memory`` (``bench.memory_bench``, in the default parts too): the memory model against PyTorch's CPU allocator
 (``profile_memory=True``) on zoo models drawn from a seed it prints.
+``replay`` (``bench.replay_external``, in the default parts too): capture and ``check`` on models drawn from
+everything timm, torchvision and a list of transformers architectures build here, from a seed it prints.
 ``kineto`` (``bench.kineto_bench``, in the default parts too): the Kineto trace writer against the Chrome one
 at 1e5 nodes (a run and a simulated GPU backward), time and size, and the whole ``simulate --trace`` command.
 
@@ -32,13 +34,13 @@ import sys
 import time
 
 from bench import (accuracy, ddp_time, e2e_bench, engine_bench, fsdp_time, growth, kineto_bench, load_bench,
-                   memory_bench, profcosts_bench, sim_bench, user_profiles)
+                   memory_bench, profcosts_bench, replay_external, sim_bench, user_profiles)
 
 
 def main(argv):
     quick = "--quick" in argv
     parts = [a for a in argv if not a.startswith("-")] or ["a", "b", "c", "d", "e", "h", "accuracy", "profiles", "ddp",
-                                                             "fsdp", "memory", "kineto"]
+                                                             "fsdp", "memory", "kineto", "replay"]
     out = os.path.join(os.path.dirname(__file__), "results.json")
     results = {}
     t = time.time()
@@ -67,6 +69,8 @@ def main(argv):
         results["memory"] = memory_bench.main(argv, quick)
     if "kineto" in parts:
         results["kineto"] = kineto_bench.main(argv, quick)
+    if "replay" in parts:
+        results["replay"] = replay_external.main(argv, quick)
     if "f" in parts:
         results["f_e2e"] = e2e_bench.bench_e2e(n=20_000 if quick else 200_000)
     if "g" in parts:
