@@ -116,8 +116,8 @@ HF = {
     "mobilevit": ("MobileViTConfig", "MobileViTForImageClassification", dict(hidden_sizes=[16, 24, 32],
                   neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64])),
 }
-#: Transformers models that take images (32x32 pixels), not tokens.
-HF_IMAGES = {"vit", "swin", "convnext", "segformer"}
+#: Transformers models that take images, not tokens: the side of their square input, in pixels.
+HF_IMAGES = {"vit": 32, "swin": 32, "convnext": 32, "segformer": 32, "mobilevit": 64}
 
 #: The user's script for one case (a fresh process): build, one forward, capture. Prints one JSON line.
 CASE = '''\
@@ -126,6 +126,7 @@ sys.path.insert(0, {tests!r})
 import torch
 torch.set_num_threads(1)
 from zoo import external
+from bench.replay_external import HF, HF_IMAGES
 src, name, max_params = {src!r}, {name!r}, {max_params!r}
 dtype = torch.float64
 def build(dtype):
@@ -143,7 +144,6 @@ def build(dtype):
         kw = {{"num_classes": 3, "weights_backbone": None}} if part == "segmentation" else {{}}
         m = getattr(getattr(tv, part) if part else tv, name)(weights=None, **kw)
     else:
-        from bench.replay_external import HF, HF_IMAGES
         T = external.import_transformers()
         conf, cls, kw = HF[name]
         cfg = getattr(T, conf)(**kw)
@@ -153,9 +153,8 @@ def build(dtype):
     if n > max_params:
         print(json.dumps({{"outcome": "too big", "params": n}})); sys.exit(0)
     if src == "hf":
-        from bench.replay_external import HF_IMAGES
-        if name in HF_IMAGES or name == "mobilevit":
-            x = torch.randn(2, 3, 32 if name in HF_IMAGES else 64, 32 if name in HF_IMAGES else 64)
+        if name in HF_IMAGES:
+            x = torch.randn(2, 3, HF_IMAGES[name], HF_IMAGES[name])
             return m, n, lambda: m(pixel_values=x)
         ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(1))
         return m, n, lambda: m(input_ids=ids, labels=ids)
@@ -253,9 +252,9 @@ def one(src: str, name: str, folder: str, env: dict, max_params: int, timeout: f
     text = (q.stdout + q.stderr).strip()
     if q.returncode == 0:
         row["outcome"] = "exact"
-    elif q.returncode == 3 and row["opaque"] and "not compared" in text and "differ" not in text:
+    elif q.returncode == 3 and NOT_COMPARED in text:
         row["outcome"] = "not compared"
-        row["why"] = row["opaque"][0][:300]
+        row["why"] = (row["opaque"] or ["?"])[0][:300]
     elif q.returncode == 3:
         row["outcome"] = "wrong"
         row["why"] = " | ".join(ln for ln in text.splitlines() if ln.strip())[-600:]
@@ -266,6 +265,9 @@ def one(src: str, name: str, folder: str, env: dict, max_params: int, timeout: f
 
 
 OURS = ("exact", "wrong", "not compared", "ours failed")
+#: What ``check`` says (exit 3) when the order and every compared gradient agree and opaque nodes kept the rest
+#: from being compared (else it says the replay differs).
+NOT_COMPARED = "opaque nodes keep gradients from being compared"
 
 
 def draw(pool: list[tuple[str, str]], rng: random.Random):
@@ -296,6 +298,8 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
     print(f"replay: seed {seed} (python -m bench replay --seed {seed} repeats this draw)", flush=True)
     if args.only:
         cases = [tuple(c.split(":", 1)) for c in args.only.split(",") if c]
+        if any(len(c) != 2 for c in cases):
+            p.error("--only takes SOURCE:NAME entries (timm:resnet18, hf:gpt2, torchvision:alexnet)")
         wanted = len(cases)
     else:
         pool = candidates()
