@@ -561,13 +561,6 @@ def run_oracle(names: list[str] | None = None, repeats: int = 10, capture: bool 
             cmd.append("--capture")
         proc = subprocess.run(cmd, cwd=str(REPO_ROOT), env=env, capture_output=True, text=True,
                               timeout=timeout)
-        if proc.returncode < 0 and not os.path.exists(out):
-            # killed by a signal before it wrote anything (PyTorch's own process, not ours): once more
-            first = proc.stderr[-2000:]
-            proc = subprocess.run(cmd, cwd=str(REPO_ROOT), env=env, capture_output=True, text=True,
-                                  timeout=timeout)
-            if proc.returncode != 0:
-                proc.stderr = f"first try ({first!r}), then:\n{proc.stderr}"
         if proc.returncode == EXIT_UNAVAILABLE:
             raise OracleUnavailable(proc.stdout.strip() or proc.stderr.strip())
         if proc.returncode != 0:
