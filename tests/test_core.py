@@ -429,3 +429,104 @@ def test_each_part_of_the_compiled_core_names_its_python_twin():
             assert head.startswith("/* Python twin: ") and twins, (name, head)
             for twin in twins:
                 assert (engine.parents[1] / twin).exists(), (name, twin)
+
+
+@compiled
+@pytest.mark.parametrize("source", ["examples", "generated", "placed", "models"])
+def test_the_compiled_signature_is_its_twins(source, tmp_path):
+    """The cost lookup's key (``sim.signature``): the compiled one equals ``signature_py``'s, element by element
+    and type by type, over every node of the examples, generated graphs, graphs placed on devices (copies,
+    streams) and real models captured from PyTorch (every saved kind their nodes hold)."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import GENERATORS, generate
+    from autograd_run.graphs.load import load_graph, loads_graph
+    from autograd_run.sim.costs import CostResolver
+    from autograd_run.sim.placement import place
+    from autograd_run.sim.signature import signature_py
+    from autograd_run.sim.specs import default_spec
+    if source == "examples":
+        graphs = [load_graph("example:" + n) for n in ("seed", "mlp", "pipeline", "checkpoint", "reentrant",
+                                                        "failing")]
+    elif source in ("generated", "placed"):
+        graphs = [loads_graph(dumps(generate(kind), "json"), f"{kind}.json") for kind in GENERATORS]
+        graphs.append(loads_graph(dumps(generate("transformer", layers=2, devices=2), "json"), "t.json"))
+        if source == "placed":
+            spec = default_spec()
+            graphs = [place(g, k, how, CostResolver(spec)) for g in graphs for k, how in ((2, "layer"),
+                                                                                          (3, "round-robin"),
+                                                                                          (4, "greedy"))]
+    else:
+        pytest.importorskip("torch")
+        from zoo import models  # noqa: F401  (registers the models)
+        from zoo.registry import ZOO, build
+        from autograd_run.capture import from_torch
+        graphs = []
+        for name in ("resnet_block", "lstm_classifier", "gpt_block", "multihead_attention", "unet"):
+            case = build(ZOO[name])
+            path = str(tmp_path / f"{name}.json")
+            from_torch(case.outputs, names=dict(case.names), path=path, reference=False)
+            graphs.append(load_graph(path))
+    seen = 0
+    for g in graphs:
+        for n in g.nodes:
+            a, b = core.signature(n), signature_py(n)
+            assert a == b and repr(a) == repr(b), (g.source, n.id)
+            seen += a is not None and bool(a[1])
+    assert source in ("generated", "placed") or seen  # some nodes carry saved values
+
+
+@compiled
+def test_the_compiled_signature_of_odd_saved_values():
+    """Saved values as a hand-written file may hold them: a dict without a shape or with a null one, a list
+    that is not all ints (bools, floats), a tuple shape, a dict's missing dtype, strings, None; and a shape
+    that is no sequence raises the same error both ways."""
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.sim.signature import signature_py
+    n = next(n for n in load_graph("example:seed").nodes if n.next)
+    cases = [{}, {"a": 1}, {"a": [1, 2]}, {"a": [1, True]}, {"a": [1.0]}, {"a": []}, {"a": {"dtype": "f"}},
+             {"a": {"shape": None}}, {"a": {"shape": [2, 3]}}, {"a": {"shape": (2,), "dtype": "float64"}},
+             {"a": "s", "b": None, "c": 2.5, "d": {"shape": []}}, {"b": [3], "a": {"shape": [1]}}]
+    for saved in cases:
+        n.saved = saved
+        assert core.signature(n) == signature_py(n) and repr(core.signature(n)) == repr(signature_py(n)), saved
+    n.saved = {"a": {"shape": 3}}
+    with pytest.raises(TypeError) as one:
+        signature_py(n)
+    with pytest.raises(TypeError) as two:
+        core.signature(n)
+    assert str(one.value) == str(two.value)
+
+
+@compiled
+@pytest.mark.parametrize("kind", ["transformer", "random", "mlp"])
+def test_the_compiled_routing_keeps_the_stream_rules_of_its_twin(kind, monkeypatch):
+    """Routing accelerator gradients: the compiled ``route`` does the stream rules' commonest case itself (a
+    slot's first gradient made on the consumer's own stream) and hands the rest to ``StreamRules``; every
+    kernel, record, wait, sync and slice of a simulation on 1-3 devices is what ``route_py`` gives."""
+    from autograd_run.engine import worker
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim import scheduler
+    from autograd_run.sim.costs import CostResolver
+    from autograd_run.sim.placement import place
+    from autograd_run.sim.specs import default_spec
+    g = loads_graph(dumps(generate(kind), "json"), f"{kind}.json")
+    spec = default_spec()
+
+    def simulate(placed):
+        sim = scheduler.Simulator(placed, spec, CostResolver(spec), detail=True)
+        gt = sim.run([r.edge for r in placed.roots], placed.input_edges() or None, placed.mode != "grad")
+        ids = {t.id: k for k, t in enumerate(sim.graph_tasks)}
+        def plain(rows):
+            return [tuple(ids.get(x, x) if i == 1 else getattr(x, "id", x) for i, x in enumerate(r)) for r in rows]
+        return (gt.end - gt.start, [(s[2].id,) + s[3:] for s in sim.slices], [(str(k[0]), k[1].id if k[1] else None)
+                + k[2:] for k in sim.kernels], plain(sim.stream_events), plain(sim.syncs), len(sim.queue_samples))
+    for k, how in ((1, "layer"), (2, "layer"), (3, "round-robin")):
+        placed = place(g, k, how, CostResolver(spec))
+        compiled_run = simulate(placed)
+        monkeypatch.setattr(scheduler, "route", worker.route_py)
+        python_run = simulate(placed)
+        monkeypatch.undo()
+        assert compiled_run == python_run, (kind, k, how)
+        assert compiled_run[2]  # kernels ran on the devices

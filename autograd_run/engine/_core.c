@@ -28,6 +28,7 @@
  *                        release hooks: a graph's run-time state (engine/state.py, builtin_nodes.py, run.py)
  *   csrc/columns.c       node_columns, input_shape_codes, critical_path (record/kernels.py)
  *   csrc/dependencies.c  compute_dependencies (engine/graph_task.py)
+ *   csrc/signature.c     signature: a node's cost-lookup key for the simulator's CostResolver (sim/signature.py)
  *   csrc/fill.c          fill: the trace writers' loop, rows of columns formatted by templates into JSON or
  *                        protobuf (traces/encode.py)
  *   this file            configure, the module's method table and its initialisation
@@ -46,6 +47,7 @@
 #include "csrc/state.c"
 #include "csrc/columns.c"
 #include "csrc/dependencies.c"
+#include "csrc/signature.c"
 #include "csrc/fill.c"
 
 static PyObject *configure(PyObject *mod, PyObject *args) {
@@ -92,6 +94,7 @@ static PyMethodDef module_methods[] = {
      "attr_codes(objs, name, identity) -> (int64 codes bytes, distinct values): see record/kernels.py"},
     {"critical_path", critical_path, METH_VARARGS,
      "critical_path(nodes, gt, node, weight, start, order) -> (path, total): see record/kernels.py"},
+    {"signature", signature, METH_O, "signature(node) -> (key, values) or None: see sim/signature.py"},
     {"thread_main", (PyCFunction)(void (*)(void))thread_main, METH_FASTCALL,
      "thread_main(engine, graph_task): the worker loop (worker.thread_main_py)"},
     {NULL}};
@@ -102,6 +105,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core", NULL, -1, mo
 
 PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_enabled, "enabled");
+    INTERN(SIG_OUTPUTS, "->");
     INTERN(s_task_pushed, "task_pushed");
     INTERN(s_task_popped, "task_popped");
     INTERN(s_worker_idle, "worker_idle");

@@ -55,6 +55,7 @@ if COMPILED:
     fill = _core.fill
     input_shape_codes = _core.input_shape_codes
     node_columns = _core.node_columns
+    signature = _core.signature
     split_saved = _core.split_saved
     group_saved = _core.group_saved
     scatter = _core.scatter
@@ -77,6 +78,7 @@ else:
     critical_path = None
     pair_common = None  # record.recording._pair's numpy path
     compute_dependencies = None  # graph_task.compute_dependencies_py
+    signature = None  # sim.signature.signature_py
     fill = None  # traces.encode.fill_py
     input_shape_codes = None  # record.kernels' twins
     node_columns = None

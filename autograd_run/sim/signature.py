@@ -6,6 +6,9 @@
 from apart from the saved values' contents, ``values`` those contents. Cost
 models rarely read saved values (a convolution's ``transposed``); which ones
 do is seen, not assumed: ``ValuesRead`` notes any read.
+
+``signature`` is the compiled core's (``engine/csrc/signature.c``) where it is built, else ``signature_py``:
+the same key, built without Python frames (a placed graph's every node is costed: ~1-2 us a node in Python).
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Iterator
 
+from autograd_run.engine import core
+
 #: Ends the input metas in a signature's key (a meta's fields start with its shape, a tuple).
 _OUTPUTS = "->"
 
 
-def signature(node) -> tuple[tuple, tuple] | None:
+def signature_py(node) -> tuple[tuple, tuple] | None:
     """``(key, values)`` of a node: nodes with equal signatures cost the same, and with equal keys too when
     their op's cost model reads no saved value.
 
@@ -62,6 +67,9 @@ def signature(node) -> tuple[tuple, tuple] | None:
             values.append(v)
     key.append(tuple(items))
     return tuple(key), tuple(values)
+
+
+signature = core.signature if core.COMPILED else signature_py
 
 
 class ValuesRead(Mapping):

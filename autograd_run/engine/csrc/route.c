@@ -360,6 +360,82 @@ static PyObject *report_lock_label(PyObject *tracer, const char *label, PyObject
     return r;
 }
 
+/* Device equality as the frozen dataclass's __eq__ (same class, equal type and index): 1, 0, -1 on error; -2 when
+ * the two are not of one class (the caller then leaves the comparison to Python). */
+static int device_eq(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (Py_TYPE(a) != Py_TYPE(b))
+        return -2;
+    PyObject *ta = PyObject_GetAttr(a, s_type), *tb = ta ? PyObject_GetAttr(b, s_type) : NULL;
+    int r = tb ? PyObject_RichCompareBool(ta, tb, Py_EQ) : -1;
+    Py_XDECREF(ta);
+    Py_XDECREF(tb);
+    if (r != 1)
+        return r;
+    PyObject *ia = PyObject_GetAttr(a, s_index), *ib = ia ? PyObject_GetAttr(b, s_index) : NULL;
+    r = ib ? PyObject_RichCompareBool(ia, ib, Py_EQ) : -1;
+    Py_XDECREF(ia);
+    Py_XDECREF(ib);
+    return r;
+}
+
+/* StreamRules.add_on_device's most common case without a Python call (input_buffer.py): the first gradient
+ * of a slot, produced on the consumer's own stream of the gradient's device, so the slot accumulates there and
+ * no event is recorded. 1: done; 0: another case (nothing was changed: the caller calls the Python rules);
+ * -1: an error. Only for the configured InputBuffer class itself (its rules are StreamRules'). */
+static int first_add_same_stream(PyObject *buf, PyObject *input_nr, PyObject *grad, PyObject *device,
+                                 PyObject *producer, PyObject *consumer) {
+    if ((PyObject *)Py_TYPE(buf) != BUFFER_TYPE || grad == Py_None || !PyTuple_CheckExact(producer) ||
+        PyTuple_GET_SIZE(producer) != 2 || !PyTuple_CheckExact(consumer) || PyTuple_GET_SIZE(consumer) != 2 ||
+        !PyLong_CheckExact(input_nr))
+        return 0;
+    BufferObject *b = (BufferObject *)buf;
+    Py_ssize_t pos = PyLong_AsSsize_t(input_nr);
+    if (pos == -1 && PyErr_Occurred())
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(b->grads);
+    if (pos < 0 || pos >= n)
+        return 0;
+    PyObject *accum = b->accum_streams;
+    if (accum != Py_None && (!PyList_CheckExact(accum) || PyList_GET_SIZE(accum) != n ||
+                             PyList_GET_ITEM(accum, pos) != Py_None || !PyList_CheckExact(b->ready_streams) ||
+                             PyList_GET_SIZE(b->ready_streams) != n))
+        return 0;
+    PyObject *cs = PyTuple_GET_ITEM(consumer, 1), *ps = PyTuple_GET_ITEM(producer, 1);
+    if (!PyLong_CheckExact(cs) || !PyLong_CheckExact(ps))
+        return 0;
+    int r = device_eq(PyTuple_GET_ITEM(consumer, 0), device);  /* the slot accumulates on the consumer's stream */
+    if (r != 1)
+        return r == -1 ? -1 : 0;
+    r = device_eq(PyTuple_GET_ITEM(consumer, 0), PyTuple_GET_ITEM(producer, 0));  /* ... which is the producer's */
+    if (r != 1)
+        return r == -1 ? -1 : 0;
+    r = PyObject_RichCompareBool(cs, ps, Py_EQ);
+    if (r != 1)
+        return r;
+    if (accum == Py_None) {
+        PyObject *lists[3];
+        for (int k = 0; k < 3; k++) {
+            lists[k] = PyList_New(n);
+            if (lists[k] == NULL) {
+                for (int j = 0; j < k; j++)
+                    Py_DECREF(lists[j]);
+                return -1;
+            }
+            for (Py_ssize_t i = 0; i < n; i++)
+                PyList_SET_ITEM(lists[k], i, Py_NewRef(Py_None));
+        }
+        Py_SETREF(b->accum_streams, lists[0]);
+        Py_SETREF(b->ready_streams, lists[1]);
+        Py_SETREF(b->ready_events, lists[2]);
+    }
+    PyList_SetItem(b->accum_streams, pos, Py_NewRef(consumer));
+    PyList_SetItem(b->grads, pos, Py_NewRef(grad));
+    PyList_SetItem(b->ready_streams, pos, Py_NewRef(producer));
+    return 1;
+}
+
 /* worker.route_py, compiled: under the GraphTask lock, hand each output to its next node's
  * InputBuffer and push the nodes that became ready; retire this task; return whether that finished
  * the GraphTask. `outstanding` is read once and written once, both under the lock. */
@@ -521,9 +597,11 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
                     Py_XDECREF(ndev);
                     Py_XDECREF(nst);
                 }
-                PyObject *r = nstream ? PyObject_CallMethodObjArgs(buf, s_add_on_device, input_nr, out, device,
-                                                                    parent, nstream, node, nxt, streams, gt, NULL)
-                                      : NULL;
+                int quick = nstream ? first_add_same_stream(buf, input_nr, out, device, parent, nstream) : -1;
+                PyObject *r = quick == 1 ? Py_NewRef(Py_None)
+                            : quick == 0 ? PyObject_CallMethodObjArgs(buf, s_add_on_device, input_nr, out, device,
+                                                                      parent, nstream, node, nxt, streams, gt, NULL)
+                                         : NULL;
                 Py_XDECREF(streams);
                 Py_XDECREF(nstream);
                 Py_DECREF(device);
