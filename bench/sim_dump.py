@@ -149,6 +149,15 @@ def dump_case(g, kw: dict) -> dict:
     }
 
 
+def outcome(g, kw: dict) -> dict:
+    """``dump_case`` as JSON data, or the error it raised (an error is a result too: it must stay the same)."""
+    try:
+        d = dump_case(g, kw)
+    except Exception as exc:
+        d = {"error": f"{type(exc).__name__}: {exc}"}
+    return json.loads(json.dumps(d, default=_default))
+
+
 def _renumber_runs(summary: dict, gid: dict) -> dict:
     """The summary with its runs' GraphTask ids renumbered as the case's records are."""
     for key in ("critical_path", "slowest"):
@@ -175,13 +184,7 @@ def main(argv) -> None:
         sys.exit(1 if bad else 0)
     out_path = argv[0]
     quick = "--quick" in argv
-    out = {}
-    for name, g, kw in cases(quick):
-        try:
-            d = dump_case(g, kw)
-        except Exception as exc:  # an error is a result too (it must stay the same)
-            d = {"error": f"{type(exc).__name__}: {exc}"}
-        out[name] = json.loads(json.dumps(d, default=_default))
+    out = {name: outcome(g, kw) for name, g, kw in cases(quick)}
     with open(out_path, "w") as f:
         json.dump(out, f, sort_keys=True)
     digest = hashlib.sha256(json.dumps(out, sort_keys=True).encode()).hexdigest()[:16]

@@ -530,3 +530,49 @@ def test_the_compiled_routing_keeps_the_stream_rules_of_its_twin(kind, monkeypat
         monkeypatch.undo()
         assert compiled_run == python_run, (kind, k, how)
         assert compiled_run[2]  # kernels ran on the devices
+
+
+@compiled
+def test_the_compiled_event_loop_simulates_as_its_twin(monkeypatch, tmp_path):
+    """``_core.sim_loop`` against the scheduler's Python event methods: every case of ``bench/sim_dump`` (the
+    examples, each generator, a 64-deep checkpoint chain, measured costs; every policy, 1-3 devices, each
+    placement, four specs, scales, the slack what-ifs) gives the same order, times, slices, kernels, stream
+    events, syncs, idles, skips, queue samples and summary both ways, and most of them take the compiled loop."""
+    from bench import sim_dump
+    from autograd_run.sim import scheduler
+    monkeypatch.setattr(sim_dump, "WORK", str(tmp_path))
+    monkeypatch.setattr(sim_dump, "EXTRA", None)
+    took = {True: 0, False: 0}
+    real = scheduler.Simulator._compiled_loop
+
+    def counted(self):
+        took[real(self)] += 1
+        return real(self)
+    monkeypatch.setattr(scheduler.Simulator, "_compiled_loop", counted)
+    cases = list(sim_dump.cases())
+    compiled_runs = [sim_dump.outcome(g, kw) for _, g, kw in cases]
+    assert took[True] > 2 * took[False] > 0
+    monkeypatch.setattr(core, "sim_loop", None)
+    for (name, g, kw), want in zip(cases, compiled_runs):
+        assert sim_dump.outcome(g, kw) == want, name
+    assert sum("error" in r for r in compiled_runs) < 10
+
+
+@compiled
+def test_the_compiled_event_loop_raises_what_a_cost_model_raises():
+    """An error inside the loop (here a cost model's) leaves it as it is, and the simulator's ``at`` is its own
+    method again."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim.scheduler import Simulator
+    from autograd_run.sim.specs import default_spec
+    g = loads_graph(dumps(generate("transformer", layers=2, devices=2), "json"), "t.json")
+
+    def costs(node):
+        raise LookupError(f"no cost for {node.id}")
+    sim = Simulator(g, default_spec(), costs)
+    assert sim._compiled_loop()
+    with pytest.raises(LookupError, match="no cost for"):
+        sim.run([r.edge for r in g.roots])
+    assert "at" not in vars(sim)

@@ -29,6 +29,8 @@
  *   csrc/columns.c       node_columns, input_shape_codes, critical_path (record/kernels.py)
  *   csrc/dependencies.c  compute_dependencies (engine/graph_task.py)
  *   csrc/signature.c     signature: a node's cost-lookup key for the simulator's CostResolver (sim/signature.py)
+ *   csrc/sim_loop.c      sim_loop: the simulation's event loop for calls without nested backward calls and
+ *                        without modelled cores (sim/scheduler.py's event methods)
  *   csrc/fill.c          fill: the trace writers' loop, rows of columns formatted by templates into JSON or
  *                        protobuf (traces/encode.py)
  *   this file            configure, the module's method table and its initialisation
@@ -48,6 +50,7 @@
 #include "csrc/columns.c"
 #include "csrc/dependencies.c"
 #include "csrc/signature.c"
+#include "csrc/sim_loop.c"
 #include "csrc/fill.c"
 
 static PyObject *configure(PyObject *mod, PyObject *args) {
@@ -94,6 +97,7 @@ static PyMethodDef module_methods[] = {
      "attr_codes(objs, name, identity) -> (int64 codes bytes, distinct values): see record/kernels.py"},
     {"critical_path", critical_path, METH_VARARGS,
      "critical_path(nodes, gt, node, weight, start, order) -> (path, total): see record/kernels.py"},
+    {"sim_loop", sim_loop, METH_VARARGS, "sim_loop(sim, events, order, ...): see sim/scheduler.py"},
     {"signature", signature, METH_O, "signature(node) -> (key, values) or None: see sim/signature.py"},
     {"thread_main", (PyCFunction)(void (*)(void))thread_main, METH_FASTCALL,
      "thread_main(engine, graph_task): the worker loop (worker.thread_main_py)"},
@@ -194,7 +198,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_real_cuda, "real_cuda");
     INTERN(s_completed, "completed");
     if (PyType_Ready(&QueueType) < 0 || PyType_Ready(&BufferType) < 0 || PyType_Ready(&LogType) < 0 ||
-        PyType_Ready(&CLockType) < 0)
+        PyType_Ready(&CLockType) < 0 || PyType_Ready(&LoopType) < 0)
         return NULL;
     MAIN_THREAD = PyThread_get_thread_ident();
     PyObject *m = PyModule_Create(&module);

@@ -6,7 +6,8 @@ The compiled core (``_core.c``: the ready queue, InputBuffer slots,
 is not overridden), AccumulateGrad (``accumulate_grad``: ``GraphState.accumulate``
 under its lock, where not overridden), the walk that groups saved random
 tensors before a run (``group_saved``), the Recorder's ``EventLog``, the
-summary's and trace writers' loops, and the GraphTask's ``Lock``) is built when the package is
+summary's and trace writers' loops, the GraphTask's ``Lock``, and for the
+simulator its event loop (``sim_loop``) and cost-lookup key (``signature``)) is built when the package is
 installed with a C compiler present; each piece has a pure-Python twin with
 the same behaviour and the same order, used when the extension is missing
 or when ``AUTOGRAD_RUN_PURE_PYTHON=1`` is set (the tests run both).
@@ -56,6 +57,7 @@ if COMPILED:
     input_shape_codes = _core.input_shape_codes
     node_columns = _core.node_columns
     signature = _core.signature
+    sim_loop = _core.sim_loop
     split_saved = _core.split_saved
     group_saved = _core.group_saved
     scatter = _core.scatter
@@ -79,6 +81,7 @@ else:
     pair_common = None  # record.recording._pair's numpy path
     compute_dependencies = None  # graph_task.compute_dependencies_py
     signature = None  # sim.signature.signature_py
+    sim_loop = None  # sim.scheduler's event methods
     fill = None  # traces.encode.fill_py
     input_shape_codes = None  # record.kernels' twins
     node_columns = None

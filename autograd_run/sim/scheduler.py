@@ -41,7 +41,10 @@ what happened (``slices``, ``kernels``, the start order, ...), turned into a
 its push, so the slice of its node records how long it waited. The simulated
 threads, queues and GraphTasks are in ``tasks``, the stream timelines in
 ``streams``. Where one worker runs everything (``_run_sequential``), a plain
-loop replaces the events.
+loop replaces the events. Where the compiled core is built, a call without
+nested backward calls and without modelled cores runs its events in C
+(``_run_compiled``: ``engine/csrc/sim_loop.c``, whose twin is this module's
+event methods): the same events in the same order.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import itertools
 from operator import attrgetter
 from typing import Callable
 
+from autograd_run.engine import core
 from autograd_run.engine.builtin_nodes import make_graph_root
 from autograd_run.engine.graph_task import compute_dependencies, init_to_execute
 from autograd_run.engine.core import InputBuffer
@@ -65,6 +69,10 @@ from autograd_run.sim.costs import CostResolver
 from autograd_run.sim.specs import MachineSpec
 from autograd_run.sim.streams import SimStreams, stream_key
 from autograd_run.sim.tasks import SimRun, SimQueue, SimTask, SimWorker
+
+#: The event methods ``_core.sim_loop`` stands in for (a subclass overriding any of them gets the Python loop).
+_LOOP_METHODS = ("at", "wake", "_step", "_run_node", "_function", "_busy_tail", "_launched", "_cpu", "kernel",
+                 "_done", "_retire", "_complete")
 
 MAX_DEPTH = 60
 CALLER = -1
@@ -174,15 +182,44 @@ class Simulator:
             return gt
         caller.waiting_for.append(gt)
         self.at(self.now, self._step, caller)
-        events = self._events
-        pop = heapq.heappop
-        while events:
-            t, _, action, arg = pop(events)
-            self.now = t
-            action(arg)
+        if self._compiled_loop():
+            self._run_compiled()
+        else:
+            events = self._events
+            pop = heapq.heappop
+            while events:
+                t, _, action, arg = pop(events)
+                self.now = t
+                action(arg)
         if not gt.completed:
             raise RuntimeError("simulation stalled: the backward call never completed")
         return gt
+
+    def _compiled_loop(self) -> bool:
+        """Whether the compiled core's event loop (``engine/csrc/sim_loop.c``) runs this call: it is built, no
+        node makes a nested backward call (checkpoint and python nodes), no cores are modelled, and the event
+        methods and routing are this module's own (a subclass or a patched ``route`` gets the Python loop)."""
+        if core.sim_loop is None or self._core_free is not None or route is not core.route_impl:
+            return False
+        if any(getattr(type(self), m) is not getattr(Simulator, m) for m in _LOOP_METHODS):
+            return False
+        ops = set(map(attrgetter("op"), self.graph.nodes))
+        return PYTHON not in ops and CHECKPOINT not in ops
+
+    def _run_compiled(self) -> None:
+        """The events so far and every later one, run by ``_core.sim_loop``: the Python methods' events, in the
+        same order (one counter orders both), without their frames. While it runs, ``self.at`` is its own (a
+        queue's push schedules a wake-up through it) and ``self.now`` is kept current."""
+        costs = self.costs
+        resolved = costs.resolved if type(costs) is CostResolver else None
+        events, self._events = self._events, []
+        order = next(self._order)
+        self.now, self._gil_free_at, self._gil_holder, order = core.sim_loop(
+            self, events, order, Simulator.wake, Simulator._step, costs, resolved, self.slices, self.kernels,
+            self._started, self.skips, self.idles, self.queue_samples, self.stream_free, self.streams, self._ones,
+            NULL_TRACER, COST, self.now, self.overhead_ns, self.device_overhead_ns, self.cost_node_ns,
+            self.handoff_ns, self.detail, self.overhead_gil, self._gil_free_at, self._gil_holder)
+        self._order = itertools.count(order)
 
     def _one_worker(self) -> bool:
         """Whether the caller alone runs everything (then nothing competes: no events are needed)."""

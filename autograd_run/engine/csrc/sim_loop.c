@@ -1,0 +1,832 @@
+/* Python twin: autograd_run/sim/scheduler.py (Simulator.run's event loop and _step, wake, _run_node, _function, _cpu, _launched, kernel, _done, _retire).
+ * sim_loop: the simulation's event loop on a virtual clock, for a call with no nested backward (no checkpoint or
+ * python node) and no cores modelled: the same events in the same order as the Python methods, without their
+ * frames. Part of _core.c (included there, after route.c, whose route() it calls).
+ *
+ * The events are (time, order, kind, ...): kind STEP/WAKE (a worker), FUNCTION/LAUNCHED/DONE (a node being run,
+ * a node run), or PY (an (action, arg) Python made through Loop.at while the loop runs: SimQueue.push's wake-ups are
+ * recognised as WAKE). One counter gives every event its order, so ties break exactly as the Python heap's do.
+ * Python code the loop calls (a queue's push, the stream rules, _complete) reads the simulator's `now`, which the
+ * loop keeps set, and schedules through `sim.at`, which the loop points at its own `at` while it runs. */
+
+enum { EV_STEP, EV_WAKE, EV_FUNCTION, EV_LAUNCHED, EV_DONE, EV_PY };
+
+typedef struct {
+    PyObject *w, *gt, *node, *parent, *queue, *pushed, *cost;
+    long long start, cpu_ns, gpu_ns;
+    int holds_gil, blocking;
+} SimRunC;
+
+typedef struct {
+    long long t, order;
+    int kind;
+    PyObject *a, *b; /* STEP/WAKE: a = worker; PY: a = action, b = arg; node kinds: none */
+    SimRunC *run;
+} SimEv;
+
+typedef struct {
+    PyObject_HEAD
+    SimEv *heap;
+    Py_ssize_t size, cap;
+    long long order;
+    PyObject *sim, *wake_fn, *step_fn;
+} LoopObject;
+
+static PyObject *sl_idle, *sl_idle_since, *sl_waiting_for, *sl_wake_pending, *sl_tid, *sl_heap, *sl_pop,
+    *sl_on_done, *sl_returned, *sl_needed, *sl_captures, *sl_leaf_streams, *sl_cpu_ns, *sl_gpu_ns, *sl_holds_gil,
+    *sl_blocking, *sl_ready_streams, *sl_ready_events, *sl_ready_waits, *sl_wait, *sl_now, *sl_current_tid,
+    *sl__ones, *sl_complete, *sl_at;
+
+static int sl_intern(void) {
+    if (sl_at != NULL)
+        return 0;
+#define SL(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
+    SL(sl_idle, "idle"); SL(sl_idle_since, "idle_since"); SL(sl_waiting_for, "waiting_for");
+    SL(sl_wake_pending, "wake_pending"); SL(sl_tid, "tid"); SL(sl_heap, "heap"); SL(sl_pop, "pop");
+    SL(sl_on_done, "on_done"); SL(sl_returned, "returned"); SL(sl_needed, "needed"); SL(sl_captures, "captures");
+    SL(sl_leaf_streams, "leaf_streams"); SL(sl_cpu_ns, "cpu_ns"); SL(sl_gpu_ns, "gpu_ns");
+    SL(sl_holds_gil, "holds_gil"); SL(sl_blocking, "blocking"); SL(sl_ready_streams, "ready_streams");
+    SL(sl_ready_events, "ready_events"); SL(sl_ready_waits, "ready_waits"); SL(sl_wait, "wait");
+    SL(sl_now, "now"); SL(sl_current_tid, "current_tid"); SL(sl__ones, "_ones"); SL(sl_complete, "_complete");
+    SL(sl_at, "at");
+#undef SL
+    return 0;
+}
+
+static void run_free(SimRunC *r) {
+    if (r == NULL)
+        return;
+    Py_XDECREF(r->w); Py_XDECREF(r->gt); Py_XDECREF(r->node); Py_XDECREF(r->parent);
+    Py_XDECREF(r->queue); Py_XDECREF(r->pushed); Py_XDECREF(r->cost);
+    PyMem_Free(r);
+}
+
+static inline int ev_less(const SimEv *x, const SimEv *y) {
+    return x->t < y->t || (x->t == y->t && x->order < y->order);
+}
+
+/* Push an event with the given order (stealing the references in a and b and the run). */
+static int loop_push_ordered(LoopObject *L, long long t, long long order, int kind, PyObject *a, PyObject *b,
+                             SimRunC *run) {
+    if (L->size == L->cap) {
+        Py_ssize_t cap = L->cap ? L->cap * 2 : 64;
+        SimEv *h = PyMem_Realloc(L->heap, cap * sizeof(SimEv));
+        if (h == NULL) {
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            run_free(run);
+            PyErr_NoMemory();
+            return -1;
+        }
+        L->heap = h;
+        L->cap = cap;
+    }
+    SimEv e = {t, order, kind, a, b, run};
+    Py_ssize_t i = L->size++;
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!ev_less(&e, &L->heap[p]))
+            break;
+        L->heap[i] = L->heap[p];
+        i = p;
+    }
+    L->heap[i] = e;
+    return 0;
+}
+
+/* Push an event, the next in order. */
+static int loop_push(LoopObject *L, long long t, int kind, PyObject *a, PyObject *b, SimRunC *run) {
+    return loop_push_ordered(L, t, L->order++, kind, a, b, run);
+}
+
+static SimEv loop_pop(LoopObject *L) {
+    SimEv top = L->heap[0];
+    SimEv last = L->heap[--L->size];
+    Py_ssize_t i = 0, n = L->size;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && ev_less(&L->heap[c + 1], &L->heap[c]))
+            c++;
+        if (!ev_less(&L->heap[c], &last))
+            break;
+        L->heap[i] = L->heap[c];
+        i = c;
+    }
+    if (n > 0)
+        L->heap[i] = last;
+    return top;
+}
+
+/* An (action, arg) event: a WAKE or STEP of the simulator's own, or a Python one. */
+static int loop_push_action(LoopObject *L, long long t, long long order, PyObject *action, PyObject *arg) {
+    if (PyMethod_Check(action) && PyMethod_GET_SELF(action) == L->sim) {
+        PyObject *f = PyMethod_GET_FUNCTION(action);
+        if (f == L->wake_fn || f == L->step_fn)
+            return loop_push_ordered(L, t, order, f == L->wake_fn ? EV_WAKE : EV_STEP, Py_NewRef(arg), NULL, NULL);
+    }
+    return loop_push_ordered(L, t, order, EV_PY, Py_NewRef(action), Py_NewRef(arg), NULL);
+}
+
+/* Loop.at(t, action, arg=None): Simulator.at while the loop runs (a SimQueue's wake-up becomes a WAKE event). */
+static PyObject *Loop_at(LoopObject *L, PyObject *const *args, Py_ssize_t n) {
+    if (n < 2 || n > 3) {
+        PyErr_SetString(PyExc_TypeError, "at(t, action, arg=None)");
+        return NULL;
+    }
+    long long t = PyLong_AsLongLong(args[0]);
+    if (t == -1 && PyErr_Occurred())
+        return NULL;
+    if (loop_push_action(L, t, L->order++, args[1], n == 3 ? args[2] : Py_None) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static void Loop_dealloc(LoopObject *L) {
+    for (Py_ssize_t i = 0; i < L->size; i++) {
+        Py_XDECREF(L->heap[i].a);
+        Py_XDECREF(L->heap[i].b);
+        run_free(L->heap[i].run);
+    }
+    PyMem_Free(L->heap);
+    Py_XDECREF(L->sim);
+    Py_XDECREF(L->wake_fn);
+    Py_XDECREF(L->step_fn);
+    Py_TYPE(L)->tp_free((PyObject *)L);
+}
+
+static PyMethodDef Loop_methods[] = {
+    {"at", (PyCFunction)(void (*)(void))Loop_at, METH_FASTCALL, "at(t, action, arg=None): see Simulator.at"},
+    {NULL}};
+
+static PyTypeObject LoopType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "autograd_run.engine._core.SimLoop",
+    .tp_basicsize = sizeof(LoopObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The event heap of sim_loop (see engine/csrc/sim_loop.c).",
+    .tp_dealloc = (destructor)Loop_dealloc,
+    .tp_methods = Loop_methods,
+};
+
+/* What one run of the loop reads: the simulator's records and settings, fetched once. */
+typedef struct {
+    LoopObject *L;
+    PyObject *sim, *costs, *resolved, *slices, *kernels, *started, *skips, *idles, *samples, *stream_free, *streams,
+        *ones, *tracer, *cost_op;
+    long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, handoff_ns, gil_free_at;
+    PyObject *gil_holder; /* borrowed from a live SimRunC's or worker's reference; kept alive in `holder_ref` */
+    PyObject *holder_ref;
+    int detail, overhead_gil;
+    /* the last cost object read, and its fields (nodes alike share one NodeCost) */
+    PyObject *last_cost;
+    long long last_cpu, last_gpu;
+    int last_gil, last_blocking;
+} Sim;
+
+static PyObject *lpy(long long v) { return PyLong_FromLongLong(v); }
+
+static int set_now(Sim *S, long long t) {
+    if (t == S->now)
+        return 0;
+    S->now = t;
+    PyObject *v = lpy(t);
+    int r = v ? PyObject_SetAttr(S->sim, sl_now, v) : -1;
+    Py_XDECREF(v);
+    return r;
+}
+
+static int get_ll(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int get_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+static int set_attr(PyObject *o, PyObject *name, PyObject *v) { return PyObject_SetAttr(o, name, v); }
+
+static int append_new(PyObject *list, PyObject *item) {
+    if (item == NULL)
+        return -1;
+    int r = PyList_Append(list, item);
+    Py_DECREF(item);
+    return r;
+}
+
+static int sim_step(Sim *S, PyObject *w);
+static int sim_retire(Sim *S, PyObject *w, PyObject *gt, PyObject *finished);
+
+/* _cpu: CPU work of ns from now (once the GIL is free, when it takes it); then the event `then` for the run. */
+static int sim_cpu(Sim *S, long long ns, int gil, int then, SimRunC *run);
+
+static int sim_function(Sim *S, SimRunC *run) { return sim_cpu(S, run->cpu_ns, run->holds_gil, EV_LAUNCHED, run); }
+
+static long long sim_kernel(Sim *S, PyObject *stream, PyObject *node, long long ns, long long not_before, int *err) {
+    PyObject *dev = PyTuple_GET_ITEM(stream, 0);
+    PyObject *dt = PyObject_GetAttr(dev, s_type), *di = dt ? PyObject_GetAttr(dev, s_index) : NULL;
+    PyObject *key = di ? PyTuple_Pack(3, dt, di, PyTuple_GET_ITEM(stream, 1)) : NULL;
+    Py_XDECREF(dt);
+    Py_XDECREF(di);
+    if (key == NULL) {
+        *err = 1;
+        return 0;
+    }
+    PyObject *free_at = PyDict_GetItemWithError(S->stream_free, key);
+    long long start = 0;
+    if (free_at != NULL) {
+        start = PyLong_AsLongLong(free_at);
+        if (start == -1 && PyErr_Occurred()) {
+            Py_DECREF(key);
+            *err = 1;
+            return 0;
+        }
+    } else if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        *err = 1;
+        return 0;
+    }
+    if (not_before > start)
+        start = not_before;
+    long long end = start + ns;
+    PyObject *ev = lpy(end);
+    int r = ev ? PyDict_SetItem(S->stream_free, key, ev) : -1;
+    Py_XDECREF(ev);
+    Py_DECREF(key);
+    if (r < 0 || (node != Py_None && append_new(S->kernels, Py_BuildValue("(OOLL)", stream, node, start, end)) < 0)) {
+        *err = 1;
+        return 0;
+    }
+    return end;
+}
+
+static int sim_done(Sim *S, SimRunC *run) {
+    PyObject *gid = PyObject_GetAttr(run->gt, s_id), *depth = gid ? PyObject_GetAttr(run->gt, s_reentrant_depth) : NULL;
+    PyObject *tid = depth ? PyObject_GetAttr(run->w, sl_tid) : NULL;
+    int r = -1;
+    if (tid == NULL)
+        goto out;
+    if (append_new(S->slices, Py_BuildValue("(OOOOLLOO)", gid, depth, run->node, tid, run->start, S->now, run->queue,
+                                            run->pushed)) < 0)
+        goto out;
+    PyObject *next = node_get(run->node, NF_NEXT);
+    if (next == NULL)
+        goto out;
+    Py_ssize_t nn = PyObject_Length(next);
+    Py_DECREF(next);
+    if (nn < 0)
+        goto out;
+    if (nn == 0) {
+        if (run->parent != Py_None) {
+            PyObject *leaves = PyObject_GetAttr(run->gt, sl_leaf_streams);
+            int a = leaves ? PySet_Add(leaves, run->parent) : -1;
+            Py_XDECREF(leaves);
+            if (a < 0)
+                goto out;
+        }
+        r = sim_retire(S, run->w, run->gt, NULL);
+        goto out;
+    }
+    if (set_attr(S->sim, sl_current_tid, tid) < 0)
+        goto out;
+    if (nn > PyList_GET_SIZE(S->ones)) { /* a graph root of a nested call over many roots */
+        PyObject *ones = PyList_New(nn);
+        if (ones == NULL)
+            goto out;
+        for (Py_ssize_t i = 0; i < nn; i++)
+            PyList_SET_ITEM(ones, i, PyLong_FromLong(1));
+        Py_SETREF(S->ones, ones);
+        if (set_attr(S->sim, sl__ones, ones) < 0)
+            goto out;
+    }
+    PyObject *exec_info = PyObject_GetAttr(run->gt, s_exec_info);
+    if (exec_info == NULL)
+        goto out;
+    PyObject *args[7] = {S->sim, run->gt, run->node, S->ones, exec_info, S->tracer, run->parent};
+    PyObject *finished = route(NULL, args, 7);
+    Py_DECREF(exec_info);
+    if (finished == NULL)
+        goto out;
+    r = sim_retire(S, run->w, run->gt, finished);
+    Py_DECREF(finished);
+out:
+    Py_XDECREF(gid);
+    Py_XDECREF(depth);
+    Py_XDECREF(tid);
+    run_free(run);
+    return r;
+}
+
+static int sim_launched(Sim *S, SimRunC *run) {
+    long long t = S->now;
+    if (run->parent != Py_None && run->gpu_ns) {
+        int err = 0;
+        long long end = sim_kernel(S, run->parent, run->node, run->gpu_ns, t, &err);
+        if (err) {
+            run_free(run);
+            return -1;
+        }
+        if (run->blocking && end > t) /* a copy to the host: the worker waits for its stream */
+            return loop_push(S->L, end, EV_DONE, NULL, NULL, run);
+    }
+    return sim_done(S, run);
+}
+
+static int sim_then(Sim *S, int then, SimRunC *run) {
+    switch (then) {
+    case EV_FUNCTION: return sim_function(S, run);
+    case EV_LAUNCHED: return sim_launched(S, run);
+    default: return sim_done(S, run);
+    }
+}
+
+static int sim_cpu(Sim *S, long long ns, int gil, int then, SimRunC *run) {
+    if (ns <= 0)
+        return sim_then(S, then, run);
+    long long t = S->now;
+    if (gil && S->gil_free_at > t && S->gil_holder != run->w)
+        t = S->gil_free_at + S->handoff_ns; /* held by another thread: it sleeps until released, then the hand-off */
+    long long end = t + ns;
+    if (gil) {
+        S->gil_free_at = end;
+        Py_INCREF(run->w);
+        Py_XSETREF(S->holder_ref, run->w);
+        S->gil_holder = run->w;
+    }
+    return loop_push(S->L, end, then, NULL, NULL, run);
+}
+
+/* The cost's fields, read once per distinct NodeCost object. */
+static int read_cost(Sim *S, PyObject *cost, SimRunC *run) {
+    if (cost != S->last_cost) {
+        long long cpu, gpu;
+        int gil, blocking;
+        if (get_ll(cost, sl_cpu_ns, &cpu) < 0 || get_ll(cost, sl_gpu_ns, &gpu) < 0 ||
+            (gil = get_true(cost, sl_holds_gil)) < 0 || (blocking = get_true(cost, sl_blocking)) < 0)
+            return -1;
+        Py_INCREF(cost);
+        Py_XSETREF(S->last_cost, cost);
+        S->last_cpu = cpu;
+        S->last_gpu = gpu;
+        S->last_gil = gil;
+        S->last_blocking = blocking;
+    }
+    run->cpu_ns = S->last_cpu;
+    run->gpu_ns = S->last_gpu;
+    run->holds_gil = S->last_gil;
+    run->blocking = S->last_blocking;
+    return 0;
+}
+
+/* The waits a consumer on `parent` makes before it runs (StreamRules.ready_waits, then streams.wait for each). */
+static int sim_ready_waits(Sim *S, PyObject *gt, PyObject *buf, PyObject *parent, PyObject *node) {
+    PyObject *ready = PyObject_GetAttr(buf, sl_ready_streams);
+    if (ready == NULL)
+        return -1;
+    if (ready == Py_None) {
+        Py_DECREF(ready);
+        return 0;
+    }
+    PyObject *grads = PyObject_GetAttr(buf, s_grads), *events = grads ? PyObject_GetAttr(buf, sl_ready_events) : NULL;
+    int r = -1;
+    if (events == NULL || !PyList_CheckExact(ready) || !PyList_CheckExact(grads) || !PyList_CheckExact(events) ||
+        PyList_GET_SIZE(grads) < PyList_GET_SIZE(ready) || PyList_GET_SIZE(events) < PyList_GET_SIZE(ready)) {
+        /* not the plain lists: the Python rules */
+        if (events != NULL || PyErr_Occurred() == NULL) {
+            PyErr_Clear();
+            PyObject *waits = PyObject_CallMethodOneArg(buf, sl_ready_waits, parent);
+            PyObject *it = waits ? PyObject_GetIter(waits) : NULL;
+            Py_XDECREF(waits);
+            if (it != NULL) {
+                PyObject *pair;
+                r = 0;
+                while (r == 0 && (pair = PyIter_Next(it)) != NULL) {
+                    PyObject *ev = PySequence_GetItem(pair, 1);
+                    PyObject *res = ev ? PyObject_CallMethodObjArgs(S->streams, sl_wait, gt, parent, ev, node, NULL)
+                                       : NULL;
+                    r = res ? 0 : -1;
+                    Py_XDECREF(res);
+                    Py_XDECREF(ev);
+                    Py_DECREF(pair);
+                }
+                if (PyErr_Occurred())
+                    r = -1;
+                Py_DECREF(it);
+            }
+        }
+        goto out;
+    }
+    /* the pairs first (as ready_waits builds its list), then the waits */
+    Py_ssize_t n = PyList_GET_SIZE(ready), m = 0;
+    PyObject *chosen = PyList_New(0);
+    if (chosen == NULL)
+        goto out;
+    for (Py_ssize_t pos = 0; pos < n; pos++) {
+        PyObject *s = PyList_GET_ITEM(ready, pos);
+        if (s == Py_None || PyList_GET_ITEM(grads, pos) == Py_None)
+            continue;
+        int ne = PyObject_RichCompareBool(s, parent, Py_NE);
+        if (ne < 0 || (ne && PyList_Append(chosen, PyList_GET_ITEM(events, pos)) < 0)) {
+            Py_DECREF(chosen);
+            goto out;
+        }
+        m += ne;
+    }
+    r = 0;
+    for (Py_ssize_t i = 0; i < m && r == 0; i++) {
+        PyObject *res = PyObject_CallMethodObjArgs(S->streams, sl_wait, gt, parent, PyList_GET_ITEM(chosen, i), node,
+                                                   NULL);
+        r = res ? 0 : -1;
+        Py_XDECREF(res);
+    }
+    Py_DECREF(chosen);
+out:
+    Py_DECREF(ready);
+    Py_XDECREF(grads);
+    Py_XDECREF(events);
+    return r;
+}
+
+/* _run_node: the engine's overhead, then the function, kernel and routing (as events). Steals nothing. */
+static int sim_run_node(Sim *S, PyObject *w, PyObject *gt, PyObject *node, PyObject *buf, PyObject *queue,
+                        PyObject *pushed) {
+    long long start = S->now;
+    int cpu = node_true(node, NF_CPU);
+    if (cpu < 0)
+        return -1;
+    PyObject *parent;
+    if (cpu) {
+        parent = Py_NewRef(Py_None);
+    } else {
+        PyObject *dev = PyObject_GetAttr(node, s_device), *st = dev ? PyObject_GetAttr(node, s_stream) : NULL;
+        parent = st ? PyTuple_Pack(2, dev, st) : NULL;
+        Py_XDECREF(dev);
+        Py_XDECREF(st);
+        if (parent == NULL)
+            return -1;
+        if (sim_ready_waits(S, gt, buf, parent, node) < 0) {
+            Py_DECREF(parent);
+            return -1;
+        }
+    }
+    PyObject *exec_info = PyObject_GetAttr(gt, s_exec_info);
+    if (exec_info == NULL) {
+        Py_DECREF(parent);
+        return -1;
+    }
+    int has = PyObject_IsTrue(exec_info);
+    PyObject *fi = NULL;
+    if (has > 0) {
+        fi = PyObject_CallMethodOneArg(exec_info, s_get, node);
+        if (fi == NULL)
+            has = -1;
+    }
+    Py_DECREF(exec_info);
+    if (has < 0) {
+        Py_DECREF(parent);
+        return -1;
+    }
+    if (fi != NULL && fi != Py_None) {
+        int needed = get_true(fi, sl_needed);
+        if (needed < 0) {
+            Py_DECREF(fi);
+            Py_DECREF(parent);
+            return -1;
+        }
+        if (!needed) { /* captured for grad() only: the node does not run */
+            int captures = get_true(fi, sl_captures), r = captures < 0 ? -1 : 0;
+            if (r == 0 && captures && parent != Py_None) {
+                PyObject *leaves = PyObject_GetAttr(gt, sl_leaf_streams);
+                r = leaves ? PySet_Add(leaves, parent) : -1;
+                Py_XDECREF(leaves);
+            }
+            PyObject *tid = r == 0 ? PyObject_GetAttr(w, sl_tid) : NULL;
+            PyObject *gid = tid ? PyObject_GetAttr(gt, s_id) : NULL;
+            if (gid == NULL || append_new(S->skips, Py_BuildValue("(LOOO)", S->now, tid, gid, node)) < 0)
+                r = -1;
+            Py_XDECREF(tid);
+            Py_XDECREF(gid);
+            Py_DECREF(fi);
+            Py_DECREF(parent);
+            return r < 0 ? -1 : sim_retire(S, w, gt, NULL);
+        }
+    }
+    Py_XDECREF(fi);
+    PyObject *cost = S->resolved ? PyDict_GetItemWithError(S->resolved, node) : NULL;
+    if (cost != NULL) {
+        Py_INCREF(cost);
+    } else if (PyErr_Occurred() || (cost = PyObject_CallOneArg(S->costs, node)) == NULL) {
+        Py_DECREF(parent);
+        return -1;
+    }
+    PyObject *gid = PyObject_GetAttr(gt, s_id), *depth = gid ? PyObject_GetAttr(gt, s_reentrant_depth) : NULL;
+    int bad = depth == NULL || append_new(S->started, PyTuple_Pack(4, gid, depth, node, w)) < 0;
+    Py_XDECREF(gid);
+    Py_XDECREF(depth);
+    SimRunC *run = bad ? NULL : PyMem_Calloc(1, sizeof(SimRunC));
+    if (run == NULL) {
+        if (!bad)
+            PyErr_NoMemory();
+        Py_DECREF(cost);
+        Py_DECREF(parent);
+        return -1;
+    }
+    run->w = Py_NewRef(w);
+    run->gt = Py_NewRef(gt);
+    run->node = Py_NewRef(node);
+    run->parent = parent;
+    run->queue = Py_NewRef(queue);
+    run->pushed = Py_NewRef(pushed);
+    run->cost = cost;
+    run->start = start;
+    if (read_cost(S, cost, run) < 0) {
+        run_free(run);
+        return -1;
+    }
+    long long overhead = cpu ? S->overhead_ns : S->device_overhead_ns;
+    PyObject *op = node_get(node, NF_OP);
+    if (op == NULL) {
+        run_free(run);
+        return -1;
+    }
+    if (op == S->cost_op)
+        overhead += S->cost_node_ns;
+    Py_DECREF(op);
+    return sim_cpu(S, overhead, S->overhead_gil, EV_FUNCTION, run);
+}
+
+/* _step: worker w is free: leave the loops whose call completed, or pop and run its next task. */
+static int sim_step(Sim *S, PyObject *w) {
+    for (;;) {
+        PyObject *waiting = PyObject_GetAttr(w, sl_waiting_for);
+        if (waiting == NULL)
+            return -1;
+        Py_ssize_t nw = PyList_GET_SIZE(waiting);
+        if (nw) {
+            int done_call = get_true(PyList_GET_ITEM(waiting, nw - 1), s_completed);
+            if (done_call < 0) {
+                Py_DECREF(waiting);
+                return -1;
+            }
+            if (done_call) {
+                PyObject *gt = Py_NewRef(PyList_GET_ITEM(waiting, nw - 1));
+                int r = PyList_SetSlice(waiting, nw - 1, nw, NULL);
+                PyObject *done = r < 0 ? NULL : PyObject_GetAttr(gt, sl_on_done);
+                PyObject *fresh = done ? PyList_New(0) : NULL;
+                r = fresh ? set_attr(gt, sl_on_done, fresh) : -1;
+                Py_XDECREF(fresh);
+                Py_ssize_t nd = r < 0 ? 0 : PyObject_Length(done);
+                for (Py_ssize_t i = 0; r == 0 && i < nd; i++) {
+                    PyObject *fn = PySequence_GetItem(done, i);
+                    PyObject *res = fn ? PyObject_CallNoArgs(fn) : NULL;
+                    Py_XDECREF(fn);
+                    r = res ? 0 : -1;
+                    Py_XDECREF(res);
+                }
+                if (r == 0 && nd == 0 && PyList_GET_SIZE(waiting) == 0) { /* the top-level call returned */
+                    PyObject *now = lpy(S->now);
+                    r = (now && set_attr(gt, sl_returned, now) == 0 && set_attr(w, sl_idle, Py_True) == 0 &&
+                         set_attr(w, sl_idle_since, Py_None) == 0) ? 0 : -1;
+                    Py_XDECREF(now);
+                }
+                Py_XDECREF(done);
+                Py_DECREF(gt);
+                Py_DECREF(waiting);
+                return r;
+            }
+        }
+        Py_DECREF(waiting);
+        PyObject *q = PyObject_GetAttr(w, s_queue);
+        PyObject *heap = q ? PyObject_GetAttr(q, sl_heap) : NULL;
+        if (heap == NULL) {
+            Py_XDECREF(q);
+            return -1;
+        }
+        Py_ssize_t len = PyObject_Length(heap);
+        if (len <= 0) {
+            Py_DECREF(heap);
+            Py_DECREF(q);
+            if (len < 0)
+                return -1;
+            PyObject *now = lpy(S->now);
+            int r = (now && set_attr(w, sl_idle, Py_True) == 0 && set_attr(w, sl_idle_since, now) == 0) ? 0 : -1;
+            Py_XDECREF(now);
+            return r;
+        }
+        PyObject *item = Py_IS_TYPE(heap, &QueueType) ? Queue_pop_impl((QueueObject *)heap, Py_None)
+                                                      : PyObject_CallMethodNoArgs(heap, sl_pop);
+        PyObject *qname = item ? PyObject_GetAttr(q, s_name) : NULL;
+        Py_DECREF(q);
+        if (qname == NULL || !PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyTuple_Check(PyTuple_GET_ITEM(item, 0)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(item, 0)) != 3) {
+            if (qname != NULL && !PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a simulated queue's item is ((gt, node, buffer), pushed)");
+            Py_XDECREF(item);
+            Py_XDECREF(qname);
+            Py_DECREF(heap);
+            return -1;
+        }
+        PyObject *task = PyTuple_GET_ITEM(item, 0), *pushed = PyTuple_GET_ITEM(item, 1);
+        PyObject *gt = PyTuple_GET_ITEM(task, 0), *node = PyTuple_GET_ITEM(task, 1), *buf = PyTuple_GET_ITEM(task, 2);
+        int r = 0;
+        if (S->detail) {
+            PyObject *tid = PyObject_GetAttr(w, sl_tid), *gid = tid ? PyObject_GetAttr(gt, s_id) : NULL;
+            Py_ssize_t left = gid ? PyObject_Length(heap) : -1;
+            r = (left < 0 || append_new(S->samples, Py_BuildValue("(LOOOOnO)", S->now, tid, qname, gid, node, left,
+                                                                  Py_False)) < 0) ? -1 : 0;
+            Py_XDECREF(tid);
+            Py_XDECREF(gid);
+        }
+        Py_DECREF(heap);
+        if (r == 0 && node != Py_None)
+            r = sim_run_node(S, w, gt, node, buf, qname, pushed);
+        int wakeup = node == Py_None;
+        Py_DECREF(item);
+        Py_DECREF(qname);
+        if (r < 0)
+            return -1;
+        if (!wakeup)
+            return 0;
+        /* a wake-up: the loop condition is checked again */
+    }
+}
+
+static int sim_retire(Sim *S, PyObject *w, PyObject *gt, PyObject *finished) {
+    int fin;
+    if (finished == NULL) {
+        long long out;
+        if (get_ll(gt, s_outstanding, &out) < 0)
+            return -1;
+        PyObject *v = lpy(out - 1);
+        int r = v ? set_attr(gt, s_outstanding, v) : -1;
+        Py_XDECREF(v);
+        if (r < 0)
+            return -1;
+        fin = out - 1 == 0;
+    } else {
+        fin = PyObject_IsTrue(finished);
+        if (fin < 0)
+            return -1;
+    }
+    if (fin) {
+        PyObject *res = PyObject_CallMethodObjArgs(S->sim, sl_complete, w, gt, NULL);
+        if (res == NULL)
+            return -1;
+        Py_DECREF(res);
+    }
+    return sim_step(S, w);
+}
+
+/* wake: the hand-off has passed: a worker that slept on its empty queue takes its next task. */
+static int sim_wake(Sim *S, PyObject *w) {
+    if (set_attr(w, sl_wake_pending, Py_False) < 0)
+        return -1;
+    int idle = get_true(w, sl_idle);
+    if (idle <= 0)
+        return idle;
+    PyObject *since = PyObject_GetAttr(w, sl_idle_since);
+    if (since == NULL)
+        return -1;
+    if (since != Py_None) {
+        long long s = PyLong_AsLongLong(since);
+        if (s == -1 && PyErr_Occurred()) {
+            Py_DECREF(since);
+            return -1;
+        }
+        if (S->now > s) {
+            PyObject *waiting = PyObject_GetAttr(w, sl_waiting_for);
+            PyObject *wid = NULL;
+            if (waiting != NULL) {
+                Py_ssize_t nw = PyList_GET_SIZE(waiting);
+                wid = nw ? PyObject_GetAttr(PyList_GET_ITEM(waiting, nw - 1), s_id) : Py_NewRef(Py_None);
+            }
+            PyObject *tid = wid ? PyObject_GetAttr(w, sl_tid) : NULL;
+            PyObject *q = tid ? PyObject_GetAttr(w, s_queue) : NULL;
+            PyObject *qname = q ? PyObject_GetAttr(q, s_name) : NULL;
+            int r = qname ? append_new(S->idles, Py_BuildValue("(OLOOO)", since, S->now, tid, qname, wid)) : -1;
+            Py_XDECREF(waiting);
+            Py_XDECREF(wid);
+            Py_XDECREF(tid);
+            Py_XDECREF(q);
+            Py_XDECREF(qname);
+            if (r < 0) {
+                Py_DECREF(since);
+                return -1;
+            }
+        }
+    }
+    Py_DECREF(since);
+    if (set_attr(w, sl_idle, Py_False) < 0)
+        return -1;
+    return sim_step(S, w);
+}
+
+/* sim_loop(sim, events, order, wake, step, costs, resolved, slices, kernels, started, skips, idles, samples,
+ *          stream_free, streams, ones, tracer, COST, now, overhead_ns, device_overhead_ns, cost_node_ns,
+ *          handoff_ns, detail, overhead_gil, gil_free_at, gil_holder) -> (now, gil_free_at, gil_holder, order):
+ * the events already made (Simulator._events: (time, order, action, arg)) and every later one, run; see
+ * scheduler.Simulator._run_compiled. */
+static PyObject *sim_loop(PyObject *mod, PyObject *args) {
+    PyObject *sim, *events, *wake_fn, *step_fn, *costs, *resolved, *slices, *kernels, *started, *skips, *idles, *samples,
+        *stream_free, *streams, *ones, *tracer, *cost_op, *gil_holder;
+    long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, handoff_ns, gil_free_at;
+    int detail, overhead_gil;
+    if (!PyArg_ParseTuple(args, "OO!LOOOOO!O!O!O!O!O!O!OO!OOLLLLLppLO", &sim, &PyList_Type, &events, &order, &wake_fn,
+                          &step_fn, &costs,
+                          &resolved, &PyList_Type, &slices, &PyList_Type, &kernels, &PyList_Type, &started,
+                          &PyList_Type, &skips, &PyList_Type, &idles, &PyList_Type, &samples, &PyDict_Type,
+                          &stream_free, &streams, &PyList_Type, &ones, &tracer, &cost_op, &now, &overhead_ns,
+                          &device_overhead_ns, &cost_node_ns, &handoff_ns, &detail, &overhead_gil, &gil_free_at,
+                          &gil_holder))
+        return NULL;
+    if (sl_intern() < 0)
+        return NULL;
+    if (resolved != Py_None && !PyDict_CheckExact(resolved)) {
+        PyErr_SetString(PyExc_TypeError, "sim_loop: resolved costs are a dict or None");
+        return NULL;
+    }
+    LoopObject *L = PyObject_New(LoopObject, &LoopType);
+    if (L == NULL)
+        return NULL;
+    L->heap = NULL;
+    L->size = L->cap = 0;
+    L->order = order;
+    L->sim = Py_NewRef(sim);
+    L->wake_fn = Py_NewRef(wake_fn);
+    L->step_fn = Py_NewRef(step_fn);
+    Sim S = {.L = L, .sim = sim, .costs = costs, .resolved = resolved == Py_None ? NULL : resolved,
+             .slices = slices, .kernels = kernels, .started = started, .skips = skips, .idles = idles,
+             .samples = samples, .stream_free = stream_free, .streams = streams, .ones = Py_NewRef(ones),
+             .tracer = tracer, .cost_op = cost_op, .now = now, .overhead_ns = overhead_ns,
+             .device_overhead_ns = device_overhead_ns, .cost_node_ns = cost_node_ns, .handoff_ns = handoff_ns,
+             .gil_free_at = gil_free_at, .gil_holder = gil_holder, .holder_ref = Py_NewRef(gil_holder),
+             .detail = detail, .overhead_gil = overhead_gil, .last_cost = NULL};
+    PyObject *result = NULL, *at = PyObject_GetAttr((PyObject *)L, sl_at);
+    if (at == NULL || PyObject_SetAttr(sim, sl_at, at) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *e = PyList_GET_ITEM(events, i);
+        long long t, o;
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4) {
+            PyErr_SetString(PyExc_TypeError, "sim_loop: an event is (time, order, action, arg)");
+            goto restore;
+        }
+        t = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 0));
+        o = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 1));
+        if (PyErr_Occurred() || loop_push_action(L, t, o, PyTuple_GET_ITEM(e, 2), PyTuple_GET_ITEM(e, 3)) < 0)
+            goto restore;
+    }
+    while (L->size) {
+        SimEv e = loop_pop(L);
+        int r = set_now(&S, e.t);
+        if (r == 0) {
+            switch (e.kind) {
+            case EV_STEP: r = sim_step(&S, e.a); break;
+            case EV_WAKE: r = sim_wake(&S, e.a); break;
+            case EV_PY: {
+                PyObject *res = PyObject_CallOneArg(e.a, e.b);
+                r = res ? 0 : -1;
+                Py_XDECREF(res);
+                break;
+            }
+            default: {
+                SimRunC *run = e.run;
+                e.run = NULL;
+                r = sim_then(&S, e.kind, run);
+            }
+            }
+        }
+        Py_XDECREF(e.a);
+        Py_XDECREF(e.b);
+        run_free(e.run);
+        if (r < 0)
+            goto restore;
+    }
+    result = Py_BuildValue("(LLOL)", S.now, S.gil_free_at, S.holder_ref, L->order);
+restore:
+    {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (PyObject_DelAttr(sim, sl_at) < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
+done:
+    Py_XDECREF(at);
+    Py_XDECREF(S.ones);
+    Py_XDECREF(S.holder_ref);
+    Py_XDECREF(S.last_cost);
+    Py_DECREF(L);
+    return result;
+}
