@@ -65,7 +65,7 @@ from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import route
 from autograd_run.graphs.model import Edge
 from autograd_run.ops import CHECKPOINT, COST, PYTHON
-from autograd_run.sim.costs import CostResolver
+from autograd_run.sim.costs import _BY_VALUES, CostResolver
 from autograd_run.sim.specs import MachineSpec
 from autograd_run.sim.streams import SimStreams, stream_key
 from autograd_run.sim.tasks import SimRun, SimQueue, SimTask, SimWorker
@@ -211,7 +211,9 @@ class Simulator:
         same order (one counter orders both), without their frames. While it runs, ``self.at`` is its own (a
         queue's push schedules a wake-up through it) and ``self.now`` is kept current."""
         costs = self.costs
-        resolved = costs.resolved if type(costs) is CostResolver else None
+        # a CostResolver's tables, read in C where a node's cost is known without a call (its _resolve's shared case)
+        resolved = (costs.resolved, costs._by_signature, costs.measured, _BY_VALUES) \
+            if type(costs) is CostResolver and type(costs.measured) is dict else None
         events, self._events = self._events, []
         order = next(self._order)
         self.now, self._gil_free_at, self._gil_holder, order = core.sim_loop(

@@ -173,7 +173,7 @@ static PyTypeObject LoopType = {
 /* What one run of the loop reads: the simulator's records and settings, fetched once. */
 typedef struct {
     LoopObject *L;
-    PyObject *sim, *costs, *resolved, *slices, *kernels, *started, *skips, *idles, *samples, *stream_free, *streams,
+    PyObject *sim, *costs, *resolved, *by_signature, *measured, *by_values, *slices, *kernels, *started, *skips, *idles, *samples, *stream_free, *streams,
         *ones, *tracer, *cost_op;
     long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, handoff_ns, gil_free_at;
     PyObject *gil_holder; /* borrowed from a live SimRunC's or worker's reference; kept alive in `holder_ref` */
@@ -458,6 +458,50 @@ out:
     return r;
 }
 
+/* The node's cost (a new reference): CostResolver.__call__ where the answer is known without Python (resolved
+ * already, or a cost shared by the nodes of its signature, then noted as resolved), else the resolver's call. */
+static PyObject *lookup_cost(Sim *S, PyObject *node) {
+    if (S->resolved == NULL)
+        return PyObject_CallOneArg(S->costs, node);
+    PyObject *cost = PyDict_GetItemWithError(S->resolved, node);
+    if (cost != NULL)
+        return Py_NewRef(cost);
+    if (PyErr_Occurred())
+        return NULL;
+    /* CostResolver._resolve's shared case: no attrs, not measured, a signature whose key has one cost */
+    PyObject *attrs = node_get(node, NF_ATTRS), *nid = attrs ? node_get(node, NF_ID) : NULL;
+    int plain = nid ? PyObject_Not(attrs) : -1;
+    if (plain == 1)
+        plain = PyDict_Contains(S->measured, nid) == 0 ? 1 : (PyErr_Occurred() ? -1 : 0);
+    Py_XDECREF(attrs);
+    Py_XDECREF(nid);
+    if (plain < 0)
+        return NULL;
+    if (plain) {
+        PyObject *sig = signature(NULL, node);
+        if (sig == NULL)
+            return NULL;
+        if (sig != Py_None) {
+            cost = PyDict_GetItemWithError(S->by_signature, PyTuple_GET_ITEM(sig, 0));
+            if (cost == NULL && PyErr_Occurred()) {
+                Py_DECREF(sig);
+                return NULL;
+            }
+            if (cost != NULL && cost != S->by_values) {
+                Py_INCREF(cost);
+                Py_DECREF(sig);
+                if (PyDict_SetItem(S->resolved, node, cost) < 0) {
+                    Py_DECREF(cost);
+                    return NULL;
+                }
+                return cost;
+            }
+        }
+        Py_DECREF(sig);
+    }
+    return PyObject_CallOneArg(S->costs, node);
+}
+
 /* _run_node: the engine's overhead, then the function, kernel and routing (as events). Steals nothing. */
 static int sim_run_node(Sim *S, PyObject *w, PyObject *gt, PyObject *node, PyObject *buf, PyObject *queue,
                         PyObject *pushed) {
@@ -523,10 +567,8 @@ static int sim_run_node(Sim *S, PyObject *w, PyObject *gt, PyObject *node, PyObj
         }
     }
     Py_XDECREF(fi);
-    PyObject *cost = S->resolved ? PyDict_GetItemWithError(S->resolved, node) : NULL;
-    if (cost != NULL) {
-        Py_INCREF(cost);
-    } else if (PyErr_Occurred() || (cost = PyObject_CallOneArg(S->costs, node)) == NULL) {
+    PyObject *cost = lookup_cost(S, node);
+    if (cost == NULL) {
         Py_DECREF(parent);
         return -1;
     }
@@ -752,9 +794,18 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
         return NULL;
     if (sl_intern() < 0)
         return NULL;
-    if (resolved != Py_None && !PyDict_CheckExact(resolved)) {
-        PyErr_SetString(PyExc_TypeError, "sim_loop: resolved costs are a dict or None");
-        return NULL;
+    PyObject *by_signature = NULL, *measured = NULL, *by_values = NULL;
+    if (resolved != Py_None) { /* (resolved, by signature, measured, the by-values mark) of a CostResolver */
+        if (!PyTuple_Check(resolved) || PyTuple_GET_SIZE(resolved) != 4 ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(resolved, 0)) || !PyDict_CheckExact(PyTuple_GET_ITEM(resolved, 1)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(resolved, 2))) {
+            PyErr_SetString(PyExc_TypeError, "sim_loop: a CostResolver's (resolved, by_signature, measured, mark)");
+            return NULL;
+        }
+        by_signature = PyTuple_GET_ITEM(resolved, 1);
+        measured = PyTuple_GET_ITEM(resolved, 2);
+        by_values = PyTuple_GET_ITEM(resolved, 3);
+        resolved = PyTuple_GET_ITEM(resolved, 0);
     }
     LoopObject *L = PyObject_New(LoopObject, &LoopType);
     if (L == NULL)
@@ -766,6 +817,7 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
     L->wake_fn = Py_NewRef(wake_fn);
     L->step_fn = Py_NewRef(step_fn);
     Sim S = {.L = L, .sim = sim, .costs = costs, .resolved = resolved == Py_None ? NULL : resolved,
+             .by_signature = by_signature, .measured = measured, .by_values = by_values,
              .slices = slices, .kernels = kernels, .started = started, .skips = skips, .idles = idles,
              .samples = samples, .stream_free = stream_free, .streams = streams, .ones = Py_NewRef(ones),
              .tracer = tracer, .cost_op = cost_op, .now = now, .overhead_ns = overhead_ns,
