@@ -4,23 +4,40 @@
 
 static PyObject *SIG_OUTPUTS = NULL; /* "->": ends the input metas in a key (signature.py's _OUTPUTS) */
 
-/* Append a meta's (shape, dtype, device type, device index, stream) to `key`; 0, or -1 with an exception. */
-static int sig_meta(PyObject *key, PyObject *meta) {
-    PyObject *v[5] = {NULL, NULL, NULL, NULL, NULL};
-    PyObject *dev = NULL;
-    int rc = -1;
-    if (!(v[0] = slot_get(&META_SLOTS, meta, MF_SHAPE)) || !(v[1] = slot_get(&META_SLOTS, meta, MF_DTYPE)) ||
-        !(dev = PyObject_GetAttr(meta, s_device)) || !(v[2] = PyObject_GetAttr(dev, s_type)) ||
-        !(v[3] = PyObject_GetAttr(dev, s_index)) || !(v[4] = PyObject_GetAttr(meta, s_stream)))
-        goto done;
-    rc = 0;
-    for (int i = 0; i < 5 && rc == 0; i++)
-        rc = PyList_Append(key, v[i]);
-done:
-    for (int i = 0; i < 5; i++)
-        Py_XDECREF(v[i]);
-    Py_XDECREF(dev);
-    return rc;
+/* The five fields of recently seen metas, by identity: a loaded graph shares one InputMeta object among all the
+ * slots that expect the same gradient (two objects for a 1e5-node graph), and an InputMeta is a frozen value. An
+ * entry holds its meta, so the address cannot be reused while it is cached. Touched only with the GIL held. */
+#define SIG_CACHE 64
+static struct {
+    PyObject *meta;
+    PyObject *fields[5];
+} sig_cache[SIG_CACHE];
+
+/* A meta's (shape, dtype, device type, device index, stream) into key[at..at+5); 0, or -1 with an exception. */
+static int sig_meta(PyObject *key, Py_ssize_t at, PyObject *meta) {
+    size_t slot = ((uintptr_t)meta >> 4) % SIG_CACHE;
+    if (sig_cache[slot].meta != meta) {
+        PyObject *f[5] = {NULL, NULL, NULL, NULL, NULL}, *dev = NULL;
+        int ok = (f[0] = slot_get(&META_SLOTS, meta, MF_SHAPE)) && (f[1] = slot_get(&META_SLOTS, meta, MF_DTYPE)) &&
+                 (dev = PyObject_GetAttr(meta, s_device)) && (f[2] = PyObject_GetAttr(dev, s_type)) &&
+                 (f[3] = PyObject_GetAttr(dev, s_index)) && (f[4] = PyObject_GetAttr(meta, s_stream));
+        Py_XDECREF(dev);
+        if (!ok) {
+            for (int k = 0; k < 5; k++)
+                Py_XDECREF(f[k]);
+            return -1;
+        }
+        PyObject *old_meta = sig_cache[slot].meta, *old[5];
+        memcpy(old, sig_cache[slot].fields, sizeof old);
+        sig_cache[slot].meta = Py_NewRef(meta);
+        memcpy(sig_cache[slot].fields, f, sizeof f);
+        Py_XDECREF(old_meta);  /* after the entry is whole again: a destructor may run signature */
+        for (int k = 0; k < 5; k++)
+            Py_XDECREF(old[k]);
+    }
+    for (int k = 0; k < 5; k++)
+        PyTuple_SET_ITEM(key, at + k, Py_NewRef(sig_cache[slot].fields[k]));
+    return 0;
 }
 
 /* The input meta an edge (Edge(node, input_nr)) leads to: edge.node.inputs[edge.input_nr]; a new reference. */
@@ -115,85 +132,73 @@ static int sig_saved(PyObject *saved, PyObject *items, PyObject *values) {
     return r;
 }
 
-/* signature(node) -> (key, values) or None: see sim/signature.py. */
+/* signature(node) -> (key, values) or None: see sim/signature.py. The key is made at its final size (a tuple
+ * filled in place: 4 + 5 per input + 1 + 5 or 1 per next edge, + 1 with saved items). */
 static PyObject *signature(PyObject *mod, PyObject *node) {
     PyObject *key = NULL, *op = NULL, *name = NULL, *dev = NULL, *dtype = NULL, *dindex = NULL, *metas = NULL,
-             *next = NULL, *saved = NULL, *items = NULL, *values = NULL, *result = NULL;
+             *next = NULL, *saved = NULL, *items = NULL, *values = NULL, *result = NULL, *fin = NULL, *fnext = NULL;
     if (!(op = node_get(node, NF_OP)) || !(name = node_get(node, NF_NAME)) ||
         !(dev = PyObject_GetAttr(node, s_device)) || !(dtype = PyObject_GetAttr(dev, s_type)) ||
-        !(dindex = PyObject_GetAttr(dev, s_index)))
-        goto done;
-    if (!(key = PyList_New(4)))
-        goto done;
-    PyList_SET_ITEM(key, 0, Py_NewRef(op));
-    PyList_SET_ITEM(key, 1, Py_NewRef(name));
-    PyList_SET_ITEM(key, 2, Py_NewRef(dtype));
-    PyList_SET_ITEM(key, 3, Py_NewRef(dindex));
-    if (!(metas = node_get(node, NF_INPUTS)))
-        goto done;
-    PyObject *fast = PySequence_Fast(metas, "a node's inputs are a list");
-    if (fast == NULL)
-        goto done;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++)
-        if (sig_meta(key, PySequence_Fast_GET_ITEM(fast, i)) < 0) {
-            Py_DECREF(fast);
-            goto done;
-        }
-    Py_DECREF(fast);
-    if (PyList_Append(key, SIG_OUTPUTS) < 0 || !(next = node_get(node, NF_NEXT)))
-        goto done;
-    fast = PySequence_Fast(next, "a node's next edges are a list");
-    if (fast == NULL)
-        goto done;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
-        PyObject *e = PySequence_Fast_GET_ITEM(fast, i);
-        int r;
-        if (e == Py_None) {
-            r = PyList_Append(key, Py_None);
-        } else {
-            PyObject *meta = sig_edge_meta(e);
-            r = meta ? sig_meta(key, meta) : -1;
-            Py_XDECREF(meta);
-        }
-        if (r < 0) {
-            Py_DECREF(fast);
-            goto done;
-        }
-    }
-    Py_DECREF(fast);
-    if (!(saved = node_get(node, NF_SAVED)))
+        !(dindex = PyObject_GetAttr(dev, s_index)) || !(metas = node_get(node, NF_INPUTS)) ||
+        !(fin = PySequence_Fast(metas, "a node's inputs are a list")) || !(next = node_get(node, NF_NEXT)) ||
+        !(fnext = PySequence_Fast(next, "a node's next edges are a list")) || !(saved = node_get(node, NF_SAVED)))
         goto done;
     int truth = PyObject_IsTrue(saved);
     if (truth < 0)
         goto done;
-    if (!truth) {
-        PyObject *t = PyList_AsTuple(key), *empty = t ? PyTuple_New(0) : NULL;
-        if (empty != NULL)
-            result = PyTuple_Pack(2, t, empty);
-        Py_XDECREF(t);
-        Py_XDECREF(empty);
-        goto done;
+    Py_ssize_t nin = PySequence_Fast_GET_SIZE(fin), nnext = PySequence_Fast_GET_SIZE(fnext);
+    Py_ssize_t size = 4 + 5 * nin + 1 + truth;
+    for (Py_ssize_t i = 0; i < nnext; i++)
+        size += PySequence_Fast_GET_ITEM(fnext, i) == Py_None ? 1 : 5;
+    if (truth) {  /* the saved items first: a node costed on its own (None) needs no key */
+        if (!(items = PyList_New(0)) || !(values = PyList_New(0)))
+            goto done;
+        int r = sig_saved(saved, items, values);
+        if (r < 0)
+            goto done;
+        if (r == 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
     }
-    if (!(items = PyList_New(0)) || !(values = PyList_New(0)))
+    if (!(key = PyTuple_New(size)))
         goto done;
-    int r = sig_saved(saved, items, values);
-    if (r < 0)
-        goto done;
-    if (r == 0) {
-        result = Py_NewRef(Py_None);
-        goto done;
+    PyTuple_SET_ITEM(key, 0, Py_NewRef(op));
+    PyTuple_SET_ITEM(key, 1, Py_NewRef(name));
+    PyTuple_SET_ITEM(key, 2, Py_NewRef(dtype));
+    PyTuple_SET_ITEM(key, 3, Py_NewRef(dindex));
+    Py_ssize_t at = 4;
+    for (Py_ssize_t i = 0; i < nin; i++, at += 5)
+        if (sig_meta(key, at, PySequence_Fast_GET_ITEM(fin, i)) < 0)
+            goto done;
+    PyTuple_SET_ITEM(key, at++, Py_NewRef(SIG_OUTPUTS));
+    for (Py_ssize_t i = 0; i < nnext; i++) {
+        PyObject *e = PySequence_Fast_GET_ITEM(fnext, i);
+        if (e == Py_None) {
+            PyTuple_SET_ITEM(key, at++, Py_NewRef(Py_None));
+            continue;
+        }
+        PyObject *meta = sig_edge_meta(e);
+        int r = meta ? sig_meta(key, at, meta) : -1;
+        Py_XDECREF(meta);
+        if (r < 0)
+            goto done;
+        at += 5;
     }
-    PyObject *ti = PyList_AsTuple(items);
-    if (ti == NULL || PyList_Append(key, ti) < 0) {
-        Py_XDECREF(ti);
-        goto done;
+    PyObject *tv;
+    if (truth) {
+        PyObject *ti = PyList_AsTuple(items);
+        if (ti == NULL)
+            goto done;
+        PyTuple_SET_ITEM(key, at++, ti);
+        tv = PyList_AsTuple(values);
+    } else {
+        tv = PyTuple_New(0);
     }
-    Py_DECREF(ti);
-    PyObject *tk = PyList_AsTuple(key), *tv = tk ? PyList_AsTuple(values) : NULL;
-    if (tv != NULL)
-        result = PyTuple_Pack(2, tk, tv);
-    Py_XDECREF(tk);
-    Py_XDECREF(tv);
+    if (tv != NULL) {
+        result = PyTuple_Pack(2, key, tv);
+        Py_DECREF(tv);
+    }
 done:
     Py_XDECREF(key);
     Py_XDECREF(op);
@@ -202,7 +207,9 @@ done:
     Py_XDECREF(dtype);
     Py_XDECREF(dindex);
     Py_XDECREF(metas);
+    Py_XDECREF(fin);
     Py_XDECREF(next);
+    Py_XDECREF(fnext);
     Py_XDECREF(saved);
     Py_XDECREF(items);
     Py_XDECREF(values);
