@@ -183,18 +183,90 @@ typedef struct {
     PyObject *last_cost;
     long long last_cpu, last_gpu;
     int last_gil, last_blocking;
+    /* the simulator's `now` as Python last saw it: set (sync_now) only before a call into Python code that may
+     * read it (routing, the stream rules' waits, _complete, a Python event, a cost model's call, ...) */
+    long long now_seen;
+    /* (device, stream) of recent nodes -> their stream tuple and stream_free key, so that nodes of one stream
+     * share them (the Python methods make both anew per node: equal values, the same results) */
+    struct { PyObject *dev, *st, *parent, *key; } streams_seen[8];
+    int streams_next;
 } Sim;
 
 static PyObject *lpy(long long v) { return PyLong_FromLongLong(v); }
 
 static int set_now(Sim *S, long long t) {
-    if (t == S->now)
-        return 0;
     S->now = t;
-    PyObject *v = lpy(t);
+    return 0;
+}
+
+/* sim.now = the loop's clock, before Python code that may read it runs. */
+static int sync_now(Sim *S) {
+    if (S->now == S->now_seen)
+        return 0;
+    PyObject *v = lpy(S->now);
     int r = v ? PyObject_SetAttr(S->sim, sl_now, v) : -1;
     Py_XDECREF(v);
+    if (r == 0)
+        S->now_seen = S->now;
     return r;
+}
+
+/* The stream tuple (device, stream) of an accelerator node, and its stream_free key (device type, index, stream):
+ * new references, or -1 with an exception. */
+static int node_stream_of(Sim *S, PyObject *node, PyObject **parent, PyObject **key) {
+    PyObject *dev = PyObject_GetAttr(node, s_device), *st = dev ? PyObject_GetAttr(node, s_stream) : NULL;
+    if (st == NULL) {
+        Py_XDECREF(dev);
+        return -1;
+    }
+    for (int i = 0; i < 8; i++)
+        if (S->streams_seen[i].dev == dev && S->streams_seen[i].st == st) {
+            *parent = Py_NewRef(S->streams_seen[i].parent);
+            if (key)
+                *key = Py_NewRef(S->streams_seen[i].key);
+            Py_DECREF(dev);
+            Py_DECREF(st);
+            return 0;
+        }
+    PyObject *dt = PyObject_GetAttr(dev, s_type), *di = dt ? PyObject_GetAttr(dev, s_index) : NULL;
+    PyObject *k = di ? PyTuple_Pack(3, dt, di, st) : NULL, *p = k ? PyTuple_Pack(2, dev, st) : NULL;
+    Py_XDECREF(dt);
+    Py_XDECREF(di);
+    if (p == NULL) {
+        Py_XDECREF(k);
+        Py_DECREF(dev);
+        Py_DECREF(st);
+        return -1;
+    }
+    int i = S->streams_next;
+    S->streams_next = (i + 1) % 8;
+    PyObject *old[4] = {S->streams_seen[i].dev, S->streams_seen[i].st, S->streams_seen[i].parent,
+                        S->streams_seen[i].key};
+    S->streams_seen[i].dev = dev;  /* the entry keeps the device and the stream alive: their addresses stay theirs */
+    S->streams_seen[i].st = st;
+    S->streams_seen[i].parent = Py_NewRef(p);
+    S->streams_seen[i].key = Py_NewRef(k);
+    for (int j = 0; j < 4; j++)
+        Py_XDECREF(old[j]);
+    *parent = p;
+    if (key)
+        *key = k;
+    else
+        Py_DECREF(k);
+    return 0;
+}
+
+/* The stream_free key of a stream tuple: the cached one when it is a node's stream seen lately. */
+static PyObject *stream_key_of(Sim *S, PyObject *stream) {
+    for (int i = 0; i < 8; i++)
+        if (S->streams_seen[i].parent == stream)
+            return Py_NewRef(S->streams_seen[i].key);
+    PyObject *dev = PyTuple_GET_ITEM(stream, 0);
+    PyObject *dt = PyObject_GetAttr(dev, s_type), *di = dt ? PyObject_GetAttr(dev, s_index) : NULL;
+    PyObject *key = di ? PyTuple_Pack(3, dt, di, PyTuple_GET_ITEM(stream, 1)) : NULL;
+    Py_XDECREF(dt);
+    Py_XDECREF(di);
+    return key;
 }
 
 static int get_ll(PyObject *o, PyObject *name, long long *out) {
@@ -234,11 +306,7 @@ static int sim_cpu(Sim *S, long long ns, int gil, int then, SimRunC *run);
 static int sim_function(Sim *S, SimRunC *run) { return sim_cpu(S, run->cpu_ns, run->holds_gil, EV_LAUNCHED, run); }
 
 static long long sim_kernel(Sim *S, PyObject *stream, PyObject *node, long long ns, long long not_before, int *err) {
-    PyObject *dev = PyTuple_GET_ITEM(stream, 0);
-    PyObject *dt = PyObject_GetAttr(dev, s_type), *di = dt ? PyObject_GetAttr(dev, s_index) : NULL;
-    PyObject *key = di ? PyTuple_Pack(3, dt, di, PyTuple_GET_ITEM(stream, 1)) : NULL;
-    Py_XDECREF(dt);
-    Py_XDECREF(di);
+    PyObject *key = stream_key_of(S, stream);
     if (key == NULL) {
         *err = 1;
         return 0;
@@ -314,7 +382,7 @@ static int sim_done(Sim *S, SimRunC *run) {
     if (exec_info == NULL)
         goto out;
     PyObject *args[7] = {S->sim, run->gt, run->node, S->ones, exec_info, S->tracer, run->parent};
-    PyObject *finished = route(NULL, args, 7);
+    PyObject *finished = sync_now(S) < 0 ? NULL : route(NULL, args, 7);
     Py_DECREF(exec_info);
     if (finished == NULL)
         goto out;
@@ -405,7 +473,7 @@ static int sim_ready_waits(Sim *S, PyObject *gt, PyObject *buf, PyObject *parent
         /* not the plain lists: the Python rules */
         if (events != NULL || PyErr_Occurred() == NULL) {
             PyErr_Clear();
-            PyObject *waits = PyObject_CallMethodOneArg(buf, sl_ready_waits, parent);
+            PyObject *waits = sync_now(S) < 0 ? NULL : PyObject_CallMethodOneArg(buf, sl_ready_waits, parent);
             PyObject *it = waits ? PyObject_GetIter(waits) : NULL;
             Py_XDECREF(waits);
             if (it != NULL) {
@@ -443,7 +511,7 @@ static int sim_ready_waits(Sim *S, PyObject *gt, PyObject *buf, PyObject *parent
         }
         m += ne;
     }
-    r = 0;
+    r = m ? sync_now(S) : 0;
     for (Py_ssize_t i = 0; i < m && r == 0; i++) {
         PyObject *res = PyObject_CallMethodObjArgs(S->streams, sl_wait, gt, parent, PyList_GET_ITEM(chosen, i), node,
                                                    NULL);
@@ -462,7 +530,7 @@ out:
  * already, or a cost shared by the nodes of its signature, then noted as resolved), else the resolver's call. */
 static PyObject *lookup_cost(Sim *S, PyObject *node) {
     if (S->resolved == NULL)
-        return PyObject_CallOneArg(S->costs, node);
+        return sync_now(S) < 0 ? NULL : PyObject_CallOneArg(S->costs, node);
     PyObject *cost = PyDict_GetItemWithError(S->resolved, node);
     if (cost != NULL)
         return Py_NewRef(cost);
@@ -499,7 +567,7 @@ static PyObject *lookup_cost(Sim *S, PyObject *node) {
         }
         Py_DECREF(sig);
     }
-    return PyObject_CallOneArg(S->costs, node);
+    return sync_now(S) < 0 ? NULL : PyObject_CallOneArg(S->costs, node);
 }
 
 /* _run_node: the engine's overhead, then the function, kernel and routing (as events). Steals nothing. */
@@ -513,11 +581,7 @@ static int sim_run_node(Sim *S, PyObject *w, PyObject *gt, PyObject *node, PyObj
     if (cpu) {
         parent = Py_NewRef(Py_None);
     } else {
-        PyObject *dev = PyObject_GetAttr(node, s_device), *st = dev ? PyObject_GetAttr(node, s_stream) : NULL;
-        parent = st ? PyTuple_Pack(2, dev, st) : NULL;
-        Py_XDECREF(dev);
-        Py_XDECREF(st);
-        if (parent == NULL)
+        if (node_stream_of(S, node, &parent, NULL) < 0)
             return -1;
         if (sim_ready_waits(S, gt, buf, parent, node) < 0) {
             Py_DECREF(parent);
@@ -631,7 +695,7 @@ static int sim_step(Sim *S, PyObject *w) {
                 Py_ssize_t nd = r < 0 ? 0 : PyObject_Length(done);
                 for (Py_ssize_t i = 0; r == 0 && i < nd; i++) {
                     PyObject *fn = PySequence_GetItem(done, i);
-                    PyObject *res = fn ? PyObject_CallNoArgs(fn) : NULL;
+                    PyObject *res = fn && sync_now(S) == 0 ? PyObject_CallNoArgs(fn) : NULL;
                     Py_XDECREF(fn);
                     r = res ? 0 : -1;
                     Py_XDECREF(res);
@@ -667,6 +731,7 @@ static int sim_step(Sim *S, PyObject *w) {
             return r;
         }
         PyObject *item = Py_IS_TYPE(heap, &QueueType) ? Queue_pop_impl((QueueObject *)heap, Py_None)
+                                                      : sync_now(S) < 0 ? NULL
                                                       : PyObject_CallMethodNoArgs(heap, sl_pop);
         PyObject *qname = item ? PyObject_GetAttr(q, s_name) : NULL;
         Py_DECREF(q);
@@ -722,7 +787,7 @@ static int sim_retire(Sim *S, PyObject *w, PyObject *gt, PyObject *finished) {
             return -1;
     }
     if (fin) {
-        PyObject *res = PyObject_CallMethodObjArgs(S->sim, sl_complete, w, gt, NULL);
+        PyObject *res = sync_now(S) < 0 ? NULL : PyObject_CallMethodObjArgs(S->sim, sl_complete, w, gt, NULL);
         if (res == NULL)
             return -1;
         Py_DECREF(res);
@@ -823,7 +888,7 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
              .tracer = tracer, .cost_op = cost_op, .now = now, .overhead_ns = overhead_ns,
              .device_overhead_ns = device_overhead_ns, .cost_node_ns = cost_node_ns, .handoff_ns = handoff_ns,
              .gil_free_at = gil_free_at, .gil_holder = gil_holder, .holder_ref = Py_NewRef(gil_holder),
-             .detail = detail, .overhead_gil = overhead_gil, .last_cost = NULL};
+             .detail = detail, .overhead_gil = overhead_gil, .last_cost = NULL, .now_seen = now};
     PyObject *result = NULL, *at = PyObject_GetAttr((PyObject *)L, sl_at);
     if (at == NULL || PyObject_SetAttr(sim, sl_at, at) < 0)
         goto done;
@@ -847,7 +912,7 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
             case EV_STEP: r = sim_step(&S, e.a); break;
             case EV_WAKE: r = sim_wake(&S, e.a); break;
             case EV_PY: {
-                PyObject *res = PyObject_CallOneArg(e.a, e.b);
+                PyObject *res = sync_now(&S) < 0 ? NULL : PyObject_CallOneArg(e.a, e.b);
                 r = res ? 0 : -1;
                 Py_XDECREF(res);
                 break;
@@ -875,6 +940,19 @@ restore:
         PyErr_Restore(et, ev, tb);
     }
 done:
+    if (result == NULL) {  /* an error: the simulator's clock where the loop stopped */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (sync_now(&S) < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
+    for (int i = 0; i < 8; i++) {
+        Py_XDECREF(S.streams_seen[i].dev);
+        Py_XDECREF(S.streams_seen[i].st);
+        Py_XDECREF(S.streams_seen[i].parent);
+        Py_XDECREF(S.streams_seen[i].key);
+    }
     Py_XDECREF(at);
     Py_XDECREF(S.ones);
     Py_XDECREF(S.holder_ref);
