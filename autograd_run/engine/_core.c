@@ -197,6 +197,9 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_tracer, "tracer");
     INTERN(s_real_cuda, "real_cuda");
     INTERN(s_completed, "completed");
+    INTERN(s_on_stream, "on_stream");
+    INTERN(s___enter__, "__enter__");
+    INTERN(s___exit__, "__exit__");
     if (PyType_Ready(&QueueType) < 0 || PyType_Ready(&BufferType) < 0 || PyType_Ready(&LogType) < 0 ||
         PyType_Ready(&CLockType) < 0 || PyType_Ready(&LoopType) < 0)
         return NULL;

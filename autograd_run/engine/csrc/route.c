@@ -436,6 +436,91 @@ static int first_add_same_stream(PyObject *buf, PyObject *input_nr, PyObject *gr
     return 1;
 }
 
+/* Stream tuples equal as Python compares them ((device, id) pairs): 1, 0, -1 on error, -2: left to Python. */
+static int stream_eq(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (!PyTuple_CheckExact(a) || !PyTuple_CheckExact(b) || PyTuple_GET_SIZE(a) != 2 || PyTuple_GET_SIZE(b) != 2 ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(a, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(b, 1)))
+        return -2;
+    int r = device_eq(PyTuple_GET_ITEM(a, 0), PyTuple_GET_ITEM(b, 0));
+    if (r != 1)
+        return r;
+    return PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(b, 1), Py_EQ);
+}
+
+/* StreamRules.add_on_device's next commonest case: a later gradient of a slot whose gradients are all made and
+ * summed on the consumer's own stream (no wait, no record): the sum runs inside `with streams.on_stream(accum)`.
+ * 1: done; 0: another case (nothing changed); -1: an error. */
+static int later_add_same_stream(PyObject *buf, PyObject *input_nr, PyObject *grad, PyObject *producer,
+                                 PyObject *consumer, PyObject *streams) {
+    if ((PyObject *)Py_TYPE(buf) != BUFFER_TYPE || grad == Py_None || !PyLong_CheckExact(input_nr))
+        return 0;
+    BufferObject *b = (BufferObject *)buf;
+    if (!PyList_CheckExact(b->accum_streams) || !PyList_CheckExact(b->ready_streams))
+        return 0;
+    Py_ssize_t pos = PyLong_AsSsize_t(input_nr), n = PyList_GET_SIZE(b->grads);
+    if (pos == -1 && PyErr_Occurred())
+        return -1;
+    if (pos < 0 || pos >= n || PyList_GET_SIZE(b->accum_streams) != n || PyList_GET_SIZE(b->ready_streams) != n)
+        return 0;
+    PyObject *accum = PyList_GET_ITEM(b->accum_streams, pos);
+    if (accum == Py_None)
+        return 0;
+    PyObject *checks[3] = {producer, PyList_GET_ITEM(b->ready_streams, pos), consumer};
+    for (int k = 0; k < 3; k++) {
+        int r = stream_eq(accum, checks[k]);
+        if (r != 1)
+            return r == -1 ? -1 : 0;
+    }
+    Py_INCREF(accum);  /* held across the Python calls below */
+    int rc = -1;
+    PyObject *mgr = PyObject_CallMethodOneArg(streams, s_on_stream, accum), *enter = NULL, *exit = NULL;
+    if (mgr == NULL || !(enter = PyObject_GetAttr((PyObject *)Py_TYPE(mgr), s___enter__)) ||
+        !(exit = PyObject_GetAttr((PyObject *)Py_TYPE(mgr), s___exit__)))
+        goto out;
+    PyObject *entered = PyObject_CallOneArg(enter, mgr);
+    if (entered == NULL)
+        goto out;
+    Py_DECREF(entered);
+    PyObject *old = Py_NewRef(PyList_GET_ITEM(b->grads, pos));
+    int summed = buffer_sum(b, pos, old, grad);
+    Py_DECREF(old);
+    PyObject *res;
+    if (summed < 0) {  /* the manager's __exit__ sees the error, and may swallow it, as in a with statement */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyErr_NormalizeException(&et, &ev, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(ev, tb);
+        res = PyObject_CallFunctionObjArgs(exit, mgr, et, ev, tb ? tb : Py_None, NULL);
+        int swallow = res ? PyObject_IsTrue(res) : -1;
+        Py_XDECREF(res);
+        if (swallow == 0)
+            PyErr_Restore(et, ev, tb);
+        else {
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+        }
+        if (swallow != 1)
+            goto out;
+    } else {
+        res = PyObject_CallFunctionObjArgs(exit, mgr, Py_None, Py_None, Py_None, NULL);
+        if (res == NULL)
+            goto out;
+        Py_DECREF(res);
+    }
+    PyList_SetItem(b->ready_streams, pos, Py_NewRef(accum));
+    rc = 1;
+out:
+    Py_XDECREF(mgr);
+    Py_XDECREF(enter);
+    Py_XDECREF(exit);
+    Py_DECREF(accum);
+    return rc;
+}
+
 /* worker.route_py, compiled: under the GraphTask lock, hand each output to its next node's
  * InputBuffer and push the nodes that became ready; retire this task; return whether that finished
  * the GraphTask. `outstanding` is read once and written once, both under the lock. */
@@ -598,6 +683,8 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
                     Py_XDECREF(nst);
                 }
                 int quick = nstream ? first_add_same_stream(buf, input_nr, out, device, parent, nstream) : -1;
+                if (quick == 0)
+                    quick = later_add_same_stream(buf, input_nr, out, parent, nstream, streams);
                 PyObject *r = quick == 1 ? Py_NewRef(Py_None)
                             : quick == 0 ? PyObject_CallMethodObjArgs(buf, s_add_on_device, input_nr, out, device,
                                                                       parent, nstream, node, nxt, streams, gt, NULL)
