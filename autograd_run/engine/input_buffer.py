@@ -22,9 +22,11 @@ An InputBuffer is touched only under its GraphTask's lock while it sits in
 ``not_ready``, and by one worker after it was pushed; it needs no lock.
 The engine uses ``engine.core.InputBuffer``: this class, or the same rules
 over slots kept in C by the compiled core. The compiled ``route`` does the
-commonest case of ``add_on_device`` itself (a slot's first gradient, made on
-the consumer's own stream of the gradient's device: no event) and calls
-these rules for every other one.
+two commonest cases of ``add_on_device`` itself (a slot's first gradient,
+made on the consumer's own stream of the gradient's device: no event; a later
+one where the producer, the slot's ready stream and the consumer are all the
+accumulation stream: the sum inside ``streams.on_stream``, no event) and
+calls these rules for every other one.
 """
 
 from __future__ import annotations
