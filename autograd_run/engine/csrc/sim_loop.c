@@ -190,6 +190,9 @@ typedef struct {
      * share them (the Python methods make both anew per node: equal values, the same results) */
     struct { PyObject *dev, *st, *parent, *key; } streams_seen[8];
     int streams_next;
+    /* the leaf set and stream of the latest leaf_streams.add: adding the same stream object to the same set again
+     * changes nothing (nothing removes from a call's leaf set), and skips hashing its Device in Python */
+    PyObject *leaf_set, *leaf_stream;
 } Sim;
 
 static PyObject *lpy(long long v) { return PyLong_FromLongLong(v); }
@@ -297,6 +300,25 @@ static int append_new(PyObject *list, PyObject *item) {
     return r;
 }
 
+/* gt.leaf_streams.add(stream), skipped when it is the very add made last. */
+static int leaf_add(Sim *S, PyObject *gt, PyObject *stream) {
+    PyObject *leaves = PyObject_GetAttr(gt, sl_leaf_streams);
+    if (leaves == NULL)
+        return -1;
+    if (leaves == S->leaf_set && stream == S->leaf_stream) {
+        Py_DECREF(leaves);
+        return 0;
+    }
+    if (PySet_Add(leaves, stream) < 0) {
+        Py_DECREF(leaves);
+        return -1;
+    }
+    Py_XSETREF(S->leaf_set, leaves);  /* holds both: their addresses stay theirs */
+    Py_INCREF(stream);
+    Py_XSETREF(S->leaf_stream, stream);
+    return 0;
+}
+
 static int sim_step(Sim *S, PyObject *w);
 static int sim_retire(Sim *S, PyObject *w, PyObject *gt, PyObject *finished);
 
@@ -356,13 +378,8 @@ static int sim_done(Sim *S, SimRunC *run) {
     if (nn < 0)
         goto out;
     if (nn == 0) {
-        if (run->parent != Py_None) {
-            PyObject *leaves = PyObject_GetAttr(run->gt, sl_leaf_streams);
-            int a = leaves ? PySet_Add(leaves, run->parent) : -1;
-            Py_XDECREF(leaves);
-            if (a < 0)
-                goto out;
-        }
+        if (run->parent != Py_None && leaf_add(S, run->gt, run->parent) < 0)
+            goto out;
         r = sim_retire(S, run->w, run->gt, NULL);
         goto out;
     }
@@ -614,11 +631,8 @@ static int sim_run_node(Sim *S, PyObject *w, PyObject *gt, PyObject *node, PyObj
         }
         if (!needed) { /* captured for grad() only: the node does not run */
             int captures = get_true(fi, sl_captures), r = captures < 0 ? -1 : 0;
-            if (r == 0 && captures && parent != Py_None) {
-                PyObject *leaves = PyObject_GetAttr(gt, sl_leaf_streams);
-                r = leaves ? PySet_Add(leaves, parent) : -1;
-                Py_XDECREF(leaves);
-            }
+            if (r == 0 && captures && parent != Py_None)
+                r = leaf_add(S, gt, parent);
             PyObject *tid = r == 0 ? PyObject_GetAttr(w, sl_tid) : NULL;
             PyObject *gid = tid ? PyObject_GetAttr(gt, s_id) : NULL;
             if (gid == NULL || append_new(S->skips, Py_BuildValue("(LOOO)", S->now, tid, gid, node)) < 0)
@@ -953,6 +967,8 @@ done:
         Py_XDECREF(S.streams_seen[i].parent);
         Py_XDECREF(S.streams_seen[i].key);
     }
+    Py_XDECREF(S.leaf_set);
+    Py_XDECREF(S.leaf_stream);
     Py_XDECREF(at);
     Py_XDECREF(S.ones);
     Py_XDECREF(S.holder_ref);
