@@ -1,6 +1,7 @@
 """The simulation: hand-computed schedules, the engine's order reproduced, policies, bounds."""
 
 import functools
+import os
 import json
 
 import pytest
@@ -619,3 +620,45 @@ def test_a_spec_refuses_cores_that_are_not_a_whole_number():
             MachineSpec.from_dict(doc)
     doc["host"]["cores"] = 2
     assert MachineSpec.from_dict(doc).host.cores == 2
+
+
+_ZERO_TIME = r"""
+import json, sys, threading
+from autograd_run.graphs.dump import dumps
+from autograd_run.graphs.generators import generate
+from autograd_run.graphs.load import loads_graph
+from autograd_run.sim.session import SimOptions, simulate_session
+from autograd_run.sim.specs import load_spec
+import dataclasses
+spec = load_spec("h100")
+spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, node_overhead_us=0, device_overhead_us=0,
+                                                            call_overhead_us=0, handoff_us=0))
+g = loads_graph(dumps(generate("chain", n=int(sys.argv[1])), "json"), "c.json")
+out = {}
+def go():
+    r = simulate_session(g, SimOptions(spec=spec, devices=2, placement="layer", slack_top=0,
+                                       scale="MulBackward0=0,AccumulateGrad=0,ToCopyBackward0=0"))
+    s = r.recording.slices
+    out["r"] = [len(s), sum(x.end - x.start for x in s), r.wall_ns]
+threading.stack_size(512 * 1024)  # a small stack: a call nested per node would overflow it
+t = threading.Thread(target=go)
+t.start(); t.join()
+print(json.dumps(out.get("r")))
+"""
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_nodes_that_take_no_time_do_not_nest_a_call_per_node(pure):
+    """A spec without engine overhead and costs scaled to zero: each worker goes on to its next task once the
+    event's calls return, so a 20,000-node chain on two devices neither overflows a small thread stack (the
+    compiled loop) nor reaches Python's recursion limit (the twin); with no hand-off latency either, every slice and
+    the call take no time."""
+    import json
+    import subprocess
+    import sys
+    env = dict(os.environ, AUTOGRAD_RUN_PURE_PYTHON="1" if pure else "0")
+    proc = subprocess.run([sys.executable, "-c", _ZERO_TIME, "20000"], capture_output=True, text=True, env=env,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n, busy, wall = json.loads(proc.stdout)
+    assert n > 20000 and busy == 0 and wall <= 1  # a recording of zero length spans (0, 1): result.nonempty

@@ -72,7 +72,7 @@ from autograd_run.sim.tasks import SimRun, SimQueue, SimTask, SimWorker
 
 #: The event methods ``_core.sim_loop`` stands in for (a subclass overriding any of them gets the Python loop).
 _LOOP_METHODS = ("at", "wake", "_step", "_run_node", "_function", "_busy_tail", "_launched", "_cpu", "kernel",
-                 "_done", "_retire", "_complete")
+                 "_done", "_retire", "_go_on", "_complete")
 
 MAX_DEPTH = 60
 CALLER = -1
@@ -103,6 +103,9 @@ class Simulator:
         self.overhead_gil = spec.engine.overhead_holds_gil
         self.now = 0
         self._events: list = []
+        self._nests: bool | None = None  # ``_nests_calls``
+        #: Workers to go on once the current event's calls return (``_retire``, ``_go_on``).
+        self._pending: list = []
         self._order = itertools.count()
         self._tids = itertools.count(1)
         self.caller = self._worker("MainThread", CALLER, "cpu:MainThread")
@@ -187,10 +190,13 @@ class Simulator:
         else:
             events = self._events
             pop = heapq.heappop
+            pending = self._pending
             while events:
                 t, _, action, arg = pop(events)
                 self.now = t
                 action(arg)
+                if pending:
+                    self._go_on()
         if not gt.completed:
             raise RuntimeError("simulation stalled: the backward call never completed")
         return gt
@@ -203,8 +209,14 @@ class Simulator:
             return False
         if any(getattr(type(self), m) is not getattr(Simulator, m) for m in _LOOP_METHODS):
             return False
-        ops = set(map(attrgetter("op"), self.graph.nodes))
-        return PYTHON not in ops and CHECKPOINT not in ops
+        return not self._nests_calls()
+
+    def _nests_calls(self) -> bool:
+        """Whether a node may make a nested backward call (a checkpoint or python node); read once."""
+        if self._nests is None:
+            ops = set(map(attrgetter("op"), self.graph.nodes))
+            self._nests = PYTHON in ops or CHECKPOINT in ops
+        return self._nests
 
     def _run_compiled(self) -> None:
         """The events so far and every later one, run by ``_core.sim_loop``: the Python methods' events, in the
@@ -227,8 +239,7 @@ class Simulator:
         """Whether the caller alone runs everything (then nothing competes: no events are needed)."""
         if self.multithreading and self.graph.max_device_index >= 0:
             return False
-        ops = set(map(attrgetter("op"), self.graph.nodes))
-        return PYTHON not in ops and CHECKPOINT not in ops
+        return not self._nests_calls()
 
     def _run_sequential(self, gt: SimTask) -> None:
         """The one-worker case as a plain loop: each popped node runs right after the previous one."""
@@ -458,13 +469,21 @@ class Simulator:
         self._retire(w, gt, finished)
 
     def _retire(self, w: SimWorker, gt: SimTask, finished) -> None:
-        """The task is done: retire it from its call (unless routing did), complete the call, go on."""
+        """The task is done: retire it from its call (unless routing did), complete the call; the worker goes on
+        (``_go_on``) once this event's calls have returned, before any other event: nodes that take no time
+        would otherwise nest one call deeper per node."""
         if finished is None:
             gt.outstanding -= 1
             finished = gt.outstanding == 0
         if finished:
             self._complete(w, gt)
-        self._step(w)
+        self._pending.append(w)
+
+    def _go_on(self) -> None:
+        """The workers whose task was retired take their next one (``_retire``)."""
+        pending = self._pending
+        while pending:
+            self._step(pending.pop())
 
     def _complete(self, w: SimWorker, gt: SimTask) -> None:
         gt.completed = True

@@ -1,4 +1,4 @@
-/* Python twin: autograd_run/sim/scheduler.py (Simulator.run's event loop and _step, wake, _run_node, _function, _cpu, _launched, kernel, _done, _retire).
+/* Python twin: autograd_run/sim/scheduler.py (Simulator.run's event loop and _step, wake, _run_node, _function, _cpu, _launched, kernel, _done, _retire, _go_on).
  * sim_loop: the simulation's event loop on a virtual clock, for a call with no nested backward (no checkpoint or
  * python node) and no cores modelled: the same events in the same order as the Python methods, without their
  * frames. Part of _core.c (included there, after route.c, whose route() it calls).
@@ -35,7 +35,7 @@ typedef struct {
 static PyObject *sl_idle, *sl_idle_since, *sl_waiting_for, *sl_wake_pending, *sl_tid, *sl_heap, *sl_pop,
     *sl_on_done, *sl_returned, *sl_needed, *sl_captures, *sl_leaf_streams, *sl_cpu_ns, *sl_gpu_ns, *sl_holds_gil,
     *sl_blocking, *sl_ready_streams, *sl_ready_events, *sl_ready_waits, *sl_wait, *sl_now, *sl_current_tid,
-    *sl__ones, *sl_complete, *sl_at;
+    *sl__ones, *sl_complete, *sl_at, *sl__pending, *sl__go_on;
 
 static int sl_intern(void) {
     if (sl_at != NULL)
@@ -48,6 +48,7 @@ static int sl_intern(void) {
     SL(sl_holds_gil, "holds_gil"); SL(sl_blocking, "blocking"); SL(sl_ready_streams, "ready_streams");
     SL(sl_ready_events, "ready_events"); SL(sl_ready_waits, "ready_waits"); SL(sl_wait, "wait");
     SL(sl_now, "now"); SL(sl_current_tid, "current_tid"); SL(sl__ones, "_ones"); SL(sl_complete, "_complete");
+    SL(sl__pending, "_pending"); SL(sl__go_on, "_go_on");
     SL(sl_at, "at");
 #undef SL
     return 0;
@@ -193,6 +194,9 @@ typedef struct {
     /* the leaf set and stream of the latest leaf_streams.add: adding the same stream object to the same set again
      * changes nothing (nothing removes from a call's leaf set), and skips hashing its Device in Python */
     PyObject *leaf_set, *leaf_stream;
+    /* the worker whose task was just retired: it steps once the event's calls have returned (_retire, _go_on),
+     * so nodes that take no time do not nest one C call deeper per node */
+    PyObject *pending;
 } Sim;
 
 static PyObject *lpy(long long v) { return PyLong_FromLongLong(v); }
@@ -806,7 +810,10 @@ static int sim_retire(Sim *S, PyObject *w, PyObject *gt, PyObject *finished) {
             return -1;
         Py_DECREF(res);
     }
-    return sim_step(S, w);
+    if (S->pending != NULL)  /* not reached: one retire per event's calls */
+        return sim_step(S, w);
+    S->pending = Py_NewRef(w);
+    return 0;
 }
 
 /* wake: the hand-off has passed: a worker that slept on its empty queue takes its next task. */
@@ -938,6 +945,20 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
             }
             }
         }
+        while (r == 0 && S.pending != NULL) {
+            PyObject *w = S.pending;
+            S.pending = NULL;
+            r = sim_step(&S, w);
+            Py_DECREF(w);
+        }
+        if (r == 0 && e.kind == EV_PY) {  /* a Python event's own retired workers (Simulator._go_on) */
+            PyObject *py_pending = PyObject_GetAttr(sim, sl__pending);
+            int more = py_pending ? PyObject_IsTrue(py_pending) : -1;
+            Py_XDECREF(py_pending);
+            PyObject *res = more > 0 ? PyObject_CallMethodNoArgs(sim, sl__go_on) : NULL;
+            r = more < 0 || (more > 0 && res == NULL) ? -1 : 0;
+            Py_XDECREF(res);
+        }
         Py_XDECREF(e.a);
         Py_XDECREF(e.b);
         run_free(e.run);
@@ -967,6 +988,7 @@ done:
         Py_XDECREF(S.streams_seen[i].parent);
         Py_XDECREF(S.streams_seen[i].key);
     }
+    Py_XDECREF(S.pending);
     Py_XDECREF(S.leaf_set);
     Py_XDECREF(S.leaf_stream);
     Py_XDECREF(at);
