@@ -20,6 +20,16 @@ the Holistic Trace Analysis figures a team reads from a profile, so the two can 
               thread and the node whose output made it ready. Its length is the last end less the start
               of the first node on it; each step is the CPU's (a node's slice, up to its launch), a
               kernel's, or a wait no event explains (``path_cpu_ns``, ``path_gpu_ns``, ``path_wait_ns``).
+
+Ties are broken the one way, so the report is a function of the recording: items on a stream or a thread in
+(start, end) order, then in the recording's order (kernels as listed, node slices in end order); among the
+things a step waited for, the first of (the item before it, the recorded streams' kernels in the order of
+their waits, its launch) that ended last; among a node's producers, the earliest slice in the recording's
+order of those that ended last.
+
+The work over every kernel and slice (grouping, sorting, unions, the launch of each kernel) is done on numpy
+columns (``Recording.columns``: no record object per node); only the walk is a Python loop, one step per item
+on the path, over plain lists.
 """
 
 from __future__ import annotations
@@ -27,7 +37,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import asdict, dataclass, field
 
-from autograd_run.record.recording import Collective, KernelSlice, Recording
+import numpy as np
+
+from autograd_run.record.recording import Collective, Recording
 
 
 @dataclass
@@ -72,37 +84,44 @@ class StreamReport:
         return d
 
 
-def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _intersection(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> int:
-    """Length of the intersection of two merged (sorted, disjoint) interval lists."""
-    i = j = total = 0
-    while i < len(xs) and j < len(ys):
-        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
-        if b > a:
-            total += b - a
-        if xs[i][1] < ys[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def _is_comm(k) -> bool:
-    return isinstance(k.node, Collective)
-
-
 def _device_of(stream: str) -> str:
     dev, slash, _ = stream.partition("/s")
     return dev if slash else ""
+
+
+def _groups(keys: np.ndarray, order: np.ndarray, count: int) -> list[np.ndarray]:
+    """``order`` (indices sorted by ``keys`` first) cut into one array per key value 0..count-1."""
+    bounds = np.searchsorted(keys[order], np.arange(count + 1))
+    return [order[bounds[c]:bounds[c + 1]] for c in range(count)]
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The merged intervals (sorted, disjoint; touching ones joined) of the intervals given in start order."""
+    if not len(starts):
+        return starts, ends
+    reach = np.maximum.accumulate(ends)
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = starts[1:] > reach[:-1]
+    firsts = np.flatnonzero(new)
+    lasts = np.append(firsts[1:] - 1, len(starts) - 1)
+    return starts[firsts], reach[lasts]
+
+
+def _intersection(xs: tuple[np.ndarray, np.ndarray], ys: tuple[np.ndarray, np.ndarray]) -> int:
+    """Length of the intersection of two merged (sorted, disjoint) interval lists: for each interval of
+    ``xs``, how much of ``ys`` lies below its end less how much lies below its start."""
+    ya, yb = ys
+    if not len(xs[0]) or not len(ya):
+        return 0
+    below = np.concatenate(([0], np.cumsum(yb - ya)))  # ys' length before each of its intervals
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        """How much of ``ys`` lies below each time of ``t``."""
+        j = np.searchsorted(ya, t, side="right") - 1
+        jj = np.maximum(j, 0)
+        return np.where(j >= 0, below[jj] + np.clip(t - ya[jj], 0, yb[jj] - ya[jj]), 0)
+
+    return int((covered(xs[1]) - covered(xs[0])).sum())
 
 
 def streams_of(rec: Recording, extra: list | None = None) -> StreamReport | None:
@@ -111,152 +130,200 @@ def streams_of(rec: Recording, extra: list | None = None) -> StreamReport | None
     kernels = list(rec.kernels) + list(extra or ())
     if not kernels:
         return None
-    by: dict[str, list] = {}
-    for k in kernels:
-        by.setdefault(k.stream, []).append(k)
+    names: dict[str, int] = {}  # stream name -> its code, in order of first appearance
+    code = np.fromiter((names.setdefault(k.stream, len(names)) for k in kernels), np.int64, len(kernels))
+    start = np.fromiter((k.start for k in kernels), np.int64, len(kernels))
+    end = np.fromiter((k.end for k in kernels), np.int64, len(kernels))
+    comm = np.fromiter((isinstance(k.node, Collective) for k in kernels), bool, len(kernels))
+    # each stream's kernels in (start, end) order, then as listed
+    order = np.lexsort((np.arange(len(kernels)), end, start, code))
+    by = _groups(code, order, len(names))
     report = StreamReport()
-    merged: dict[str, list[tuple[int, int]]] = {}
-    for name in sorted(by, key=lambda n: (_device_of(n) == "", n)):
-        ks = by[name]
-        spans = _merge([(k.start, k.end) for k in ks])
-        merged[name] = spans
-        report.streams.append(StreamStat(name, len(ks), sum(b - a for a, b in spans),
-                                         max(k.end for k in ks) - min(k.start for k in ks),
-                                         comm=all(_is_comm(k) for k in ks)))
-    every = _merge([iv for spans in merged.values() for iv in spans])
-    report.total = StreamStat("all streams", len(kernels), sum(b - a for a, b in every),
-                              max(k.end for k in kernels) - min(k.start for k in kernels))
-    comm = [s for s in report.streams if s.comm]
-    if comm:
+    merged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name in sorted(names, key=lambda n: (_device_of(n) == "", n)):
+        ks = by[names[name]]
+        merged[name] = spans = _union(start[ks], end[ks])
+        report.streams.append(StreamStat(name, len(ks), int((spans[1] - spans[0]).sum()),
+                                         int(end[ks].max() - start[ks].min()), comm=bool(comm[ks].all())))
+    every = np.lexsort((end, start))
+    a, b = _union(start[every], end[every])
+    report.total = StreamStat("all streams", len(kernels), int((b - a).sum()), int(end.max() - start.min()))
+    comms = [s for s in report.streams if s.comm]
+    if comms:
         compute = [s.stream for s in report.streams if not s.comm]
         devices = {_device_of(s) for s in compute}
         # a rank's collectives run on its first device (what the Kineto trace shows too)
         home = sorted(devices)[0] if devices else ""
-        under = _merge([iv for s in compute if _device_of(s) == home for iv in merged[s]])
-        report.comm_ns = sum(s.busy_ns for s in comm)
-        report.hidden_ns = sum(_intersection(merged[s.stream], under) for s in comm)
+        mine = [ks for s in compute if _device_of(s) == home for ks in (by[names[s]],)]
+        if mine:
+            ks = np.concatenate(mine)
+            ks = ks[np.lexsort((end[ks], start[ks]))]
+            under = _union(start[ks], end[ks])
+        else:
+            under = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        report.comm_ns = sum(s.busy_ns for s in comms)
+        report.hidden_ns = sum(_intersection(merged[s.stream], under) for s in comms)
         report.overlap = report.hidden_ns / report.comm_ns if report.comm_ns else 1.0
-    _path(rec, kernels, by, report)
+    _path(rec, kernels, code, start, end, comm, names, by, report)
     return report
 
 
-def _path(rec: Recording, kernels: list, by: dict, report: StreamReport) -> None:
-    """The critical path through threads and streams (see the module docstring)."""
-    slices = rec.slices
-    if not slices:
+def _path(rec: Recording, kernels: list, code: np.ndarray, start: np.ndarray, end: np.ndarray, comm: np.ndarray,
+          names: dict, by: list, report: StreamReport) -> None:
+    """The critical path through threads and streams (see the module docstring). Items are numbered:
+    kernels 0..K-1 as listed, node slices K..K+S-1 in the recording's order."""
+    c = rec.columns()
+    sl = c.slices
+    n_s, n_k = len(sl), len(kernels)
+    if not n_s:
         return
-    # kernels per stream in start order; node slices per thread in start order; a node's runs by node
-    streams = {name: sorted(ks, key=lambda k: (k.start, k.end)) for name, ks in by.items()}
-    threads: dict[int, list] = {}
-    runs: dict[int, list] = {}
-    for sl in sorted(slices, key=lambda s: (s.start, s.end)):
-        threads.setdefault(sl.tid, []).append(sl)
-        runs.setdefault(id(sl.node), []).append(sl)
-    producers: dict[int, list] = {}  # id(consumer node) -> its producers' slices
-    for sl in slices:
-        for e in sl.node.next:
+    s_start, s_end, s_tid, s_gt, s_node = sl.start, sl.end, sl.tid, sl.gt, sl.node
+    nodes = c.nodes
+    # each thread's slices in (start, end) order, then the recording's
+    tids, s_tcode = np.unique(s_tid, return_inverse=True)
+    t_order = np.lexsort((np.arange(n_s), s_end, s_start, s_tcode))
+    threads = _groups(s_tcode, t_order, len(tids))
+    # the launch of a kernel: the last run of its node (slices by (start, end)) that started by the kernel's start
+    code_of = {id(n): j for j, n in enumerate(nodes)}
+    k_node = np.fromiter((-1 if f else code_of.get(id(k.node), -1) for k, f in zip(kernels, comm.tolist())),
+                         np.int64, n_k)
+    times, rank = np.unique(np.concatenate((s_start, start)), return_inverse=True)
+    r_s, r_k = rank[:n_s], rank[n_s:]
+    span = len(times) + 1
+    r_order = np.lexsort((np.arange(n_s), s_end, s_start, s_node))
+    r_key = s_node[r_order] * span + r_s[r_order]
+    at_or_before = np.searchsorted(r_key, k_node * span + r_k, side="right") - 1
+    found = (k_node >= 0) & (at_or_before >= 0)
+    found &= s_node[r_order[np.maximum(at_or_before, 0)]] == k_node
+    k_launch = np.where(found, r_order[np.maximum(at_or_before, 0)], -1)
+    # when a kernel was put on its stream: its launch (its node's CPU part's end), else its start
+    k_enq = np.where(found, np.minimum(s_end[np.maximum(k_launch, 0)], start), start)
+    # each item's place in its stream's or its thread's order
+    k_pos = np.zeros(n_k, np.int64)
+    for ks in by:
+        k_pos[ks] = np.arange(len(ks))
+    s_pos = np.zeros(n_s, np.int64)
+    for ts in threads:
+        s_pos[ts] = np.arange(len(ts))
+    # a node's producers: the nodes whose edges lead to it, and each node's slices in the recording's order
+    src: list[int] = []
+    dst: list[int] = []
+    for j, n in enumerate(nodes):
+        for e in n.next:
             if e is not None:
-                producers.setdefault(id(e[0]), []).append(sl)
-    waits: dict[str, list] = {}  # stream -> [(time, the recording stream)] of its waits
+                d = code_of.get(id(e[0]))
+                if d is not None:
+                    src.append(j)
+                    dst.append(d)
+    src_a, dst_a = np.array(src, np.int64), np.array(dst, np.int64)
+    e_order = np.argsort(dst_a, kind="stable")
+    e_bounds = np.searchsorted(dst_a[e_order], np.arange(len(nodes) + 1)).tolist()
+    e_src = src_a[e_order].tolist()
+    n_order = np.argsort(s_node, kind="stable")
+    n_bounds = np.searchsorted(s_node[n_order], np.arange(len(nodes) + 1)).tolist()
+    n_slices = n_order.tolist()
+    # a stream's waits: (time, the recording stream), sorted
+    waits: dict[int, list] = {}
     recorded: dict[int, str] = {}
     for ev in rec.stream_events:
         if ev.action == "record":
             recorded[ev.event] = ev.stream
-        elif ev.action == "wait" and ev.event in recorded:
-            waits.setdefault(ev.stream, []).append((ev.ts, recorded[ev.event]))
+        elif ev.action == "wait" and ev.event in recorded and ev.stream in names:
+            waits.setdefault(names[ev.stream], []).append((ev.ts, recorded[ev.event]))
     for w in waits.values():
         w.sort()
     wait_ts = {name: [ts for ts, _ in w] for name, w in waits.items()}
-    # each stream's kernels by end (serial on a stream: the start order), for the latest end by a time
-    ends = {name: [k.end for k in ks] for name, ks in streams.items()}
-    prefix_best: dict[str, list[int]] = {}
-    for name, ks in streams.items():  # the index of the latest-ending kernel among the first j + 1
-        best, out = 0, []
-        for j, k in enumerate(ks):
-            if k.end >= ks[best].end:
-                best = j
-            out.append(best)
-        prefix_best[name] = out
-    launcher: dict[int, object] = {}
-    for name, ks in streams.items():
-        for k in ks:
-            if _is_comm(k):
-                continue
-            best = None
-            for sl in runs.get(id(k.node), ()):
-                if sl.start <= k.start:
-                    best = sl
-            if best is not None:
-                launcher[id(k)] = best
-
-    def enqueued(k) -> int:
-        """When a kernel was put on its stream: its launch (its node's CPU part's end), else its start."""
-        sl = launcher.get(id(k))
-        return min(sl.end, k.start) if sl is not None else k.start
-
-    pos = {id(x): j for items in (*streams.values(), *threads.values()) for j, x in enumerate(items)}
-
-    def before(items: list, item):
-        """The item before ``item`` in its list (start order), if it ended by ``item``'s start."""
-        j = pos[id(item)]
-        return items[j - 1] if j and items[j - 1].end <= item.start else None
-
-    last_slice = max(slices, key=lambda s: s.end)
-    last_kernel = max(kernels, key=lambda k: k.end)
-    at = last_kernel if last_kernel.end > last_slice.end else last_slice
+    streams = [ks.tolist() for ks in by]
+    ends = [end[ks].tolist() for ks in by]
+    prefix_best = []  # per stream, the index of the latest-ending kernel among its first j + 1
+    for ks in by:
+        e = end[ks]
+        if not len(e):
+            prefix_best.append([])
+            continue
+        new = np.ones(len(e), dtype=bool)
+        new[1:] = e[1:] >= np.maximum.accumulate(e)[:-1]
+        prefix_best.append(np.maximum.accumulate(np.where(new, np.arange(len(e)), 0)).tolist())
+    threads_l = [ts.tolist() for ts in threads]
+    # plain lists for the walk
+    ks_, ke_, kc_, kp_ = start.tolist(), end.tolist(), code.tolist(), k_pos.tolist()
+    kl_, kq_ = k_launch.tolist(), k_enq.tolist()
+    ss_, se_, st_, sp_ = s_start.tolist(), s_end.tolist(), s_tcode.tolist(), s_pos.tolist()
+    sg_, sn_ = s_gt.tolist(), s_node.tolist()
+    comm_l = comm.tolist()
+    last_s = int(np.argmax(s_end))  # the first of those that ended last
+    last_k = int(np.argmax(end))
+    at = last_k if ke_[last_k] > se_[last_s] else n_k + last_s
     steps: list[tuple[str, str, int]] = []
-    end = at.end
+    t_end = ke_[at] if at < n_k else se_[at - n_k]
     seen = 0
-    limit = 4 * (len(slices) + len(kernels)) + 8
+    limit = 4 * (n_s + n_k) + 8
+    bisect_right = bisect.bisect_right
     while at is not None and seen < limit:
         seen += 1
         # what ``at`` waited for: of the things it could not start before, the one that ended last
-        if isinstance(at, KernelSlice):
-            label = at.node.name if _is_comm(at) else f"{at.node.id} {at.node.name}"
-            steps.append(("kernel", label, end - at.start))
-            options = []  # (the time it let ``at`` start, the step before)
-            prev = before(streams[at.stream], at)
-            if prev is not None:
-                options.append((prev.end, prev, prev.end))
-            w = waits.get(at.stream)
+        if at < n_k:
+            k = at
+            node = kernels[k].node
+            a_start = ks_[k]
+            label = node.name if comm_l[k] else f"{node.id} {node.name}"
+            steps.append(("kernel", label, t_end - a_start))
+            best_t, nxt = None, None  # the first option that ended last
+            sc, j = kc_[k], kp_[k]
+            if j:
+                prev = streams[sc][j - 1]
+                if ke_[prev] <= a_start:
+                    best_t, nxt = ke_[prev], prev
+            w = waits.get(sc)
             if w:
                 # a wait applies to the first kernel enqueued after it: those between the previous kernel's
                 # enqueueing and this one's
-                j = pos[id(at)]
-                since = enqueued(streams[at.stream][j - 1]) if j else -1
-                lo = bisect.bisect_right(wait_ts[at.stream], since)
-                hi = bisect.bisect_right(wait_ts[at.stream], enqueued(at))
-                for src in dict.fromkeys(src for _, src in w[lo:hi]):
-                    ks = streams.get(src)
-                    if not ks:
+                ts = wait_ts[sc]
+                lo = bisect_right(ts, kq_[streams[sc][j - 1]] if j else -1)
+                hi = bisect_right(ts, kq_[k])
+                for name in dict.fromkeys(s for _, s in w[lo:hi]):
+                    o = names.get(name)
+                    if o is None or not streams[o]:
                         continue
-                    j = bisect.bisect_right(ends[src], at.start) - 1  # kernels by start: ends nearly sorted
-                    while j >= 0 and ks[j].end > at.start:
-                        j -= 1
-                    if j >= 0:
-                        k = ks[prefix_best[src][j]]
-                        if k.end <= at.start:
-                            options.append((k.end, k, k.end))
-            sl = launcher.get(id(at))
-            if sl is not None:
-                launch = min(sl.end, at.start)
-                options.append((launch, sl, launch))
+                    es = ends[o]
+                    i = bisect_right(es, a_start) - 1  # kernels by start: ends nearly sorted
+                    while i >= 0 and es[i] > a_start:
+                        i -= 1
+                    if i >= 0:
+                        i = prefix_best[o][i]
+                        if es[i] <= a_start and (best_t is None or es[i] > best_t):
+                            best_t, nxt = es[i], streams[o][i]
+            launch = kl_[k]
+            if launch >= 0:
+                t = min(se_[launch], a_start)
+                if best_t is None or t > best_t:
+                    best_t, nxt = t, n_k + launch
         else:  # a node slice
-            steps.append(("cpu", f"{at.node.id} {at.node.name}", end - at.start))
-            options = []
-            prev = before(threads[at.tid], at)
-            if prev is not None:
-                options.append((prev.end, prev, prev.end))
-            ready = [p for p in producers.get(id(at.node), ()) if p.gt == at.gt and p.end <= at.start]
-            if ready:
-                p = max(ready, key=lambda s: s.end)
-                options.append((p.end, p, p.end))
-        if not options:
+            i = at - n_k
+            node = nodes[sn_[i]]
+            a_start = ss_[i]
+            steps.append(("cpu", f"{node.id} {node.name}", t_end - a_start))
+            best_t, nxt = None, None
+            j = sp_[i]
+            if j:
+                prev = threads_l[st_[i]][j - 1]
+                if se_[prev] <= a_start:
+                    best_t, nxt = se_[prev], n_k + prev
+            gt, p, p_end = sg_[i], -1, None
+            d = sn_[i]
+            for e in range(e_bounds[d], e_bounds[d + 1]):
+                s_code = e_src[e]
+                for q in n_slices[n_bounds[s_code]:n_bounds[s_code + 1]]:
+                    qe = se_[q]
+                    if sg_[q] == gt and qe <= a_start and (p_end is None or qe > p_end or (qe == p_end and q < p)):
+                        p, p_end = q, qe
+            if p_end is not None and (best_t is None or p_end > best_t):
+                best_t, nxt = p_end, n_k + p
+        if nxt is None:
             break
-        t, nxt, nxt_end = max(options, key=lambda o: o[0])
-        if at.start > t:
-            steps.append(("wait", "", at.start - t))
-        end = nxt_end
+        if a_start > best_t:
+            steps.append(("wait", "", a_start - best_t))
+        t_end = best_t
         at = nxt
     steps.reverse()
     report.path = steps

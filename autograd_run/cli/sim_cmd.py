@@ -7,7 +7,9 @@ import os
 import click
 
 from autograd_run.cli import jsonout
-from autograd_run.cli.common import Whole, echo, memory_limit_option, memory_option, want_memory, write
+from autograd_run.cli.common import (
+    Whole, echo, memory_limit_option, memory_option, one_shot_work, want_memory, write,
+)
 from autograd_run.cli.run_cmd import memory_skipped, over_memory_limit
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.errors import UsageError
@@ -108,6 +110,7 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
 @memory_limit_option
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
+@one_shot_work
 def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, trace_format,
              trace_ranks, open_trace, order_out,
              slack, ddp, fsdp, world, network, straggler, memory, memory_limit,
