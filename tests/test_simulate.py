@@ -662,3 +662,31 @@ def test_nodes_that_take_no_time_do_not_nest_a_call_per_node(pure):
     assert proc.returncode == 0, proc.stderr[-2000:]
     n, busy, wall = json.loads(proc.stdout)
     assert n > 20000 and busy == 0 and wall <= 1  # a recording of zero length spans (0, 1): result.nonempty
+
+
+def test_a_sum_on_a_stream_is_the_simulators_kernel_even_where_a_subclass_overrides_it():
+    """A sum of two gradients on a stream is an accelerator's shortest kernel. The default simulator does it
+    inline (``streams._Accumulate``); a subclass overriding ``kernel`` is called for it instead, and giving
+    back the default's result, sees the same timeline."""
+    from autograd_run.sim.placement import place
+    from autograd_run.sim.scheduler import Simulator
+    from autograd_run.sim.specs import load_spec
+
+    spec = load_spec("h100")
+    graph = place(loads_graph(dumps(generate("random", nodes=400, leaves=20, seed=3), "json"), "r.json"), 2,
+                  "round-robin", CostResolver(spec))
+    sums = []
+
+    class Counting(Simulator):
+        def kernel(self, stream, node, ns, not_before=None):
+            if node is None:
+                sums.append(ns)
+            return super().kernel(stream, node, ns, not_before)
+
+    runs = []
+    for cls in (Simulator, Counting):
+        s = cls(graph, spec, CostResolver(spec), detail=False)
+        s.run([r.edge for r in graph.roots], graph.input_edges() or None, True)
+        runs.append(([s[1:] for s in s.slices], s.kernels, dict(s.stream_free)))  # s[0]: the call's own id
+    assert sums and set(sums) == {int(spec.accelerator.min_kernel_us * 1e3)}
+    assert runs[0] == runs[1]

@@ -94,6 +94,10 @@ class Simulator:
         #: Record queue depths (for a trace's counters); off, a large simulation keeps less.
         self.detail = detail
         self.streams = SimStreams(self)
+        #: A sum of two gradients on a stream: the accelerator's shortest kernel (``streams._Accumulate``),
+        #: done inline unless a subclass overrides ``kernel``.
+        self.sum_kernel_ns = int(spec.accelerator.min_kernel_us * 1e3)
+        self.kernel_is_default = type(self).kernel is Simulator.kernel
         self.overhead_ns = int(spec.engine.node_overhead_us * 1e3)
         #: The fixed cost on a device's node (0 in the spec: the same), and a cost node's extra.
         self.device_overhead_ns = int((spec.engine.device_overhead_us or spec.engine.node_overhead_us) * 1e3)
