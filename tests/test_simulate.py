@@ -687,6 +687,6 @@ def test_a_sum_on_a_stream_is_the_simulators_kernel_even_where_a_subclass_overri
     for cls in (Simulator, Counting):
         s = cls(graph, spec, CostResolver(spec), detail=False)
         s.run([r.edge for r in graph.roots], graph.input_edges() or None, True)
-        runs.append(([s[1:] for s in s.slices], s.kernels, dict(s.stream_free)))  # s[0]: the call's own id
+        runs.append(([row[1:] for row in s.slices], s.kernels, dict(s.stream_free)))  # row[0]: the call's id
     assert sums and set(sums) == {int(spec.accelerator.min_kernel_us * 1e3)}
     assert runs[0] == runs[1]
