@@ -29,8 +29,10 @@ except ImportError:  # tests/ itself is on sys.path, the repository root is not
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
 
 REPEATS = 10
-SCENARIOS = ["mlp_2dev", "join_2dev", "join_race", "cpu_head", "two_roots", "fan_in", "colocated",
-             "checkpoint_dev", "checkpoint_span", "checkpoint_span_back", "nested_checkpoint", "side_stream"]
+SCENARIOS = ["mlp_2dev", "join_2dev", "join_race", "cpu_head", "two_roots", "two_roots_copy_first",
+             "two_roots_head_first", "fan_in", "colocated",
+             "checkpoint_dev", "checkpoint_span", "checkpoint_span_back",
+             "checkpoint_span_back_outer_first", "checkpoint_span_back_nested_first", "nested_checkpoint", "side_stream"]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -36,11 +36,15 @@ class Scenario:
     gets gradients from two workers at once, so which one arrives first (and therefore which
     event calls each worker makes in InputBuffer::add) depends on timing; the per-worker node
     order does not. ``order_race``: the per-worker node order itself depends on timing (kept
-    as a known example; each worker still runs the same set of nodes)."""
+    as a known example; each worker still runs the same set of nodes). ``delay``: graph node id
+    (``n<i>``, as ``from_torch`` numbers the graph) -> seconds its worker sleeps just before running
+    it (a node pre-hook in PyTorch, ``node_start`` in our replay), to force one interleaving of a
+    race on both engines."""
     build: Callable[..., Run]
     description: str
     events_race: bool = False
     order_race: bool = False
+    delay: dict[str, float] = field(default_factory=dict)
 
     def oracle(self) -> Run:
         return self.build(A0, A1)
@@ -52,9 +56,10 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {}
 
 
-def scenario(description: str, events_race: bool = False, order_race: bool = False):
+def scenario(description: str, events_race: bool = False, order_race: bool = False,
+             delay: dict[str, float] | None = None):
     def register(fn):
-        SCENARIOS[fn.__name__] = Scenario(fn, description, events_race, order_race)
+        SCENARIOS[fn.__name__] = Scenario(fn, description, events_race, order_race, dict(delay or {}))
         return fn
     return register
 
@@ -132,6 +137,26 @@ def two_roots(d0: str, d1: str) -> Run:
     return Run([l0, l1], leaves=_params(enc=enc, h0=h0, h1=h1))
 
 
+#: two_roots' race, forced each way: TanhBackward0 (n3, accel:0) gets one gradient from the accel:0 head's
+#: AddmmBackward0 (n1, pt_autograd_0) and one from ToCopyBackward0 (n14, pt_autograd_1). The first to arrive
+#: is stored (its wait left to the consumer's worker), the second is summed on the consumer's stream by the
+#: producer's worker, so each worker's event calls depend on which arrives first. Holding one producer back
+#: this long (the other branch is a few small nodes) decides it.
+LATE_S = 0.25
+
+
+@scenario("two_roots with the accel:0 head held back (n1 late): ToCopyBackward0's gradient reaches "
+          "TanhBackward0 first", delay={"n1": LATE_S})
+def two_roots_copy_first(d0: str, d1: str) -> Run:
+    return two_roots(d0, d1)
+
+
+@scenario("two_roots with ToCopyBackward0 held back (n14 late): the accel:0 head's gradient reaches "
+          "TanhBackward0 first", delay={"n14": LATE_S})
+def two_roots_head_first(d0: str, d1: str) -> Run:
+    return two_roots(d0, d1)
+
+
 @scenario("8 branches on accel:0 from one accel:1 leaf: 8 cross-device grads into one AccumulateGrad")
 def fan_in(d0: str, d1: str) -> Run:
     g = torch.Generator().manual_seed(4)
@@ -207,6 +232,24 @@ def checkpoint_span_back(d0: str, d1: str) -> Run:
     s = torch.tanh(side(h.to(d1))).to(d0)
     loss = (c * s).sum()
     return Run([loss], leaves=_params(l1=l1, a=a, b=b, side=side))
+
+
+#: checkpoint_span_back's race, forced: the nested backward's first accel:1 node reaches thread 1 while it
+#: runs the outer branch (n9 TanhBackward0, n10 AddmmBackward0, then n11, n13, n14, n12). Holding the
+#: checkpoint node (n2) back lets thread 1 finish the outer branch first; holding n2 back a little, so that
+#: thread 1 is surely in n11 when the nested nodes reach its queue, and n11 longer, makes their depth win as
+#: soon as n11 is done.
+@scenario("checkpoint_span_back with the checkpoint node held back (n2 late): thread 1 runs the outer "
+          "branch, then the nested block", delay={"n2": LATE_S})
+def checkpoint_span_back_outer_first(d0: str, d1: str) -> Run:
+    return checkpoint_span_back(d0, d1)
+
+
+@scenario("checkpoint_span_back with the outer side.bias AccumulateGrad held back (n11 late): the nested "
+          "block runs on thread 1 right after it (then n2's gradient and n12's race to ReluBackward0: events_race)",
+          events_race=True, delay={"n2": 0.1, "n11": 0.4})
+def checkpoint_span_back_nested_first(d0: str, d1: str) -> Run:
+    return checkpoint_span_back(d0, d1)
 
 
 NESTED_DEPTH = 64

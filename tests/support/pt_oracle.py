@@ -387,7 +387,8 @@ def _compare_grads(got: dict, want: dict) -> list[str]:
 
 
 def record_run(model_fn: Callable[[], Run], repeats: int = 10, *, capture: bool = False,
-               prehooks: bool = True, reference_fn: Callable[[], Run] | None = None) -> dict:
+               prehooks: bool = True, reference_fn: Callable[[], Run] | None = None,
+               delay: dict[str, float] | None = None) -> dict:
     """Run ``model_fn`` (a forward, returning a :class:`Run`) and its backward ``repeats`` times.
 
     Returns a JSON-able dict:
@@ -415,8 +416,11 @@ def record_run(model_fn: Callable[[], Run], repeats: int = 10, *, capture: bool 
     * ``grads_match``: leaf gradients of the first run equal those of
       ``reference_fn`` (same model on the CPU), when given;
     * ``capture``: ``autograd_run.capture.from_torch`` document of the first
-      run's graph (``capture=True``).
+      run's graph (``capture=True``);
+    * ``delay``: the ``n<i>`` whose worker slept that many seconds in a node
+      pre-hook (registered after the capture) before running it, every run.
     """
+    import time
     ext = load_backend()
     caller = threading.get_native_id()
     before = ext.counters()
@@ -436,6 +440,12 @@ def record_run(model_fn: Callable[[], Run], repeats: int = 10, *, capture: bool 
                 doc = from_torch(run.outputs, grad_outputs=run.grad_outputs, names=run.leaves,
                                  reference=False)
         hook_log, handles = [], []
+        unknown = set(delay or {}) - set(ids.values())
+        if unknown:
+            raise ValueError(f"delay names nodes the graph lacks: {sorted(unknown)}")
+        for fn in fns:
+            if ids[fn] in (delay or {}):
+                handles.append(fn.register_prehook(lambda grads, s=delay[ids[fn]]: time.sleep(s)))
         if prehooks:
             for fn in fns:
                 handles.append(fn.register_prehook(
@@ -482,6 +492,7 @@ def record_run(model_fn: Callable[[], Run], repeats: int = 10, *, capture: bool 
         "prehooks_agree": agree if prehooks else None,
         "events": {k: after[k] - before[k] for k in after},
         "variants": variants if len(variants) > 1 else [],
+        "delay": dict(delay or {}),
     }
     if reference_fn is not None:
         ref = reference_fn()
@@ -511,7 +522,8 @@ def run_scenarios(names: list[str], repeats: int = 10, capture: bool = False) ->
         if name not in sc.SCENARIOS:
             raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(sc.SCENARIOS)}")
         spec = sc.SCENARIOS[name]
-        res = record_run(spec.oracle, repeats=repeats, capture=capture, reference_fn=spec.reference)
+        res = record_run(spec.oracle, repeats=repeats, capture=capture, reference_fn=spec.reference,
+                         delay=spec.delay)
         res["description"] = spec.description
         res["events_race"] = spec.events_race
         res["order_race"] = spec.order_race
