@@ -43,9 +43,10 @@ def long_graph(tmp_path):
 
 
 def test_a_narrow_terminal_folds_ids_and_never_breaks_numbers(tmp_path):
-    p = cli([long_graph(tmp_path), "--devices", "virtual"], columns=60)
+    # 66 columns: the slowest nodes' box still fits with whole op names (narrower, it goes without its box)
+    p = cli([long_graph(tmp_path), "--devices", "virtual"], columns=66)
     assert p.code == 0, p.err
-    assert max(len(line) for line in p.out.splitlines()) <= 60
+    assert max(len(line) for line in p.out.splitlines()) <= 66
     rows = table_rows(p.out, "slowest nodes")
     for r in rows:
         assert all(TIME.match(c) for c in r[3:]), r  # start, time, queued: whole on one line
@@ -116,18 +117,19 @@ def test_plain_table_at_60_columns_keeps_its_box():
         ""]
 
 
-def test_plain_table_at_40_columns_drops_its_box_and_keeps_numbers_whole():
-    assert _shown(_ops_table(), 40) == [
-        "                  ops",
-        "op        count    total    mean     p95",
-        "────────────────────────────────────────",
-        "MmBackwar     2 114.9 µs 57.4 µs 91.1 µs",
-        "d0",
-        "x[/b]\\x1b     1  17.1 µs 17.1 µs 17.1 µs",
-        "]0;t\\x07",
-        "... 3",
-        "more",
+def test_plain_table_at_50_columns_drops_its_box_and_keeps_names_and_numbers_whole():
+    assert _shown(_ops_table(), 50) == [
+        "                      ops",
+        "op                count    total    mean     p95",
+        "────────────────────────────────────────────────",
+        "MmBackward0           2 114.9 µs 57.4 µs 91.1 µs",
+        "x[/b]\\x1b]0;t\\x07     1  17.1 µs 17.1 µs 17.1 µs",
+        "... 3 more",
         ""]
+
+
+def test_plain_table_at_40_columns_stacks_rather_than_break_an_op_name():
+    assert _shown(_ops_table(), 40) == _shown(_ops_table(), 30)
 
 
 def test_plain_table_at_30_columns_stacks_rows_as_header_value_lines():
@@ -147,15 +149,27 @@ def test_plain_table_at_30_columns_stacks_rows_as_header_value_lines():
         ""]
 
 
+def test_a_long_id_folds_in_a_narrow_column_beside_whole_numbers_and_header_words():
+    from autograd_run.cli.render import columns
+    from autograd_run.cli.terminal import PlainTable
+    t = columns(PlainTable(), ("leaf", "id"), ("max abs err", "num"), ("max rel err", "num"))
+    t.add_row(LONG_ID, "1e-07", "2.5e-08")
+    lines = _shown(t, 24)  # no room for the box: the headers wrap between words, the id folds
+    assert all(len(line) <= 24 for line in lines)
+    assert lines[:3] == ["        max abs  max rel", "leaf        err      err", "─" * 24]
+    assert lines[3].split()[1:] == ["1e-07", "2.5e-08"]
+    assert "".join(line.split()[0] for line in lines[3:] if line) == LONG_ID  # folded, every character there
+
+
 def test_a_stacked_value_too_long_for_the_line_folds_and_keeps_every_character():
     from autograd_run.cli.render import columns
     from autograd_run.cli.terminal import PlainTable
     t = columns(PlainTable(), ("leaf", "id"), ("max abs err", "num"), ("max rel err", "num"))
     t.add_row(LONG_ID, "1e-07", "2.5e-08")
-    lines = _shown(t, 24)  # too narrow even without the box (2 + 4 + 11 + 11)
-    assert all(len(line) <= 24 for line in lines)
-    assert lines[-3:] == ["  max abs err: 1e-07", "  max rel err: 2.5e-08", ""]
-    assert lines[0] == "leaf:" and "".join(lines[1:-3]) == LONG_ID  # folded, every character there
+    lines = _shown(t, 17)  # too narrow even without the box (4 + 5 + 7 and 2 spaces)
+    assert all(len(line) <= 17 for line in lines)
+    assert lines[0] == "leaf:"
+    assert "".join(lines[1:]).replace(" ", "") == LONG_ID + "maxabserr:1e-07maxrelerr:2.5e-08"  # folded, all there
 
 
 def test_example_pipeline_at_30_columns():

@@ -12,10 +12,10 @@ from __future__ import annotations
 import html
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from autograd_run.cli.common import escape
+from autograd_run.cli.terminal import PlainTable as Table
 from autograd_run.cli.render import fmt_ns
 
 
@@ -136,7 +136,7 @@ def render(console: Console, d, a, b, verdicts, top: int = 10) -> None:
     for title, cols, rows in sections(d, a, b, verdicts, top):
         t = Table(title=Text(title), title_justify="left", show_header=any(cols))
         for c in cols:
-            t.add_column(Text(c))
+            t.add_column(Text(c), fold_words=True)  # cells name nodes and ops from the graphs
         for r in rows:
             t.add_row(*(Text(escape(x)) for x in r))
         console.print(t)

@@ -21,18 +21,21 @@ from rich.text import Text
 from autograd_run.cli.terminal import PlainTable as Table
 from autograd_run.engine.threads import worker_label
 
-#: Column kinds: (justify, no_wrap, overflow, min_width).
-_KINDS = {"id": ("left", False, "fold", 4), "name": ("left", False, "fold", 6),
-          "label": ("left", False, "fold", 6), "num": ("right", True, "fold", None),
-          "text": ("left", False, "fold", None)}
+#: Column kinds: (justify, no_wrap, fold_words, min_width).
+_KINDS = {"id": ("left", False, True, 4), "name": ("left", False, False, 6),
+          "label": ("left", False, False, 6), "num": ("right", True, False, None),
+          "text": ("left", False, True, None)}
 
 
 def columns(t: Table, *spec: tuple[str, str]) -> Table:
-    """Add columns ``(header, kind)`` to ``t``; kinds: ``id``, ``name`` and ``label`` fold (every
-    character stays visible, broken across lines), ``num`` never wraps, ``text`` wraps at spaces."""
+    """Add columns ``(header, kind)`` to ``t``; kinds: ``id`` (node ids, from files) folds inside a word
+    when it must (every character stays visible, broken across lines), ``name`` (op names) and ``label``
+    (our own words: policies, placements, workers) wrap only between words (a table too narrow for them
+    is shown without its box, then stacked), ``num`` never wraps, ``text`` (messages) wraps at spaces and
+    folds a word longer than the line."""
     for header, kind in spec:
-        justify, no_wrap, overflow, min_width = _KINDS[kind]
-        t.add_column(header, justify=justify, no_wrap=no_wrap, overflow=overflow, min_width=min_width)
+        justify, no_wrap, fold_words, min_width = _KINDS[kind]
+        t.add_column(header, justify=justify, no_wrap=no_wrap, fold_words=fold_words, min_width=min_width)
     return t
 
 
@@ -278,7 +281,7 @@ def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8
     if cov.unmatched:
         t = Table(title="graph nodes without a measurement (analytic costs)")
         for c in ("node", "op", "why"):
-            t.add_column(c)
+            t.add_column(c, fold_words=c != "why")
         for nid, name, why in cov.unmatched[:top]:
             t.add_row(_plain(nid), _plain(name), _plain(why))
         if len(cov.unmatched) > top:
@@ -287,7 +290,7 @@ def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8
     if cov.trace_unmatched:
         t = Table(title="runs in the matched calls without a graph node")
         for c, j in (("name", "left"), ("count", "right"), ("why", "left")):
-            t.add_column(c, justify=j)
+            t.add_column(c, justify=j, fold_words=c == "name")
         for name, (count, why) in sorted(cov.trace_unmatched.items(), key=lambda kv: -kv[1][0])[:top]:
             t.add_row(_plain(name), str(count), _plain(why))
         console.print(t)
@@ -327,7 +330,7 @@ def render_memory(console: Console, mem, top: int = 5) -> None:
     t = Table(title="memory (allocated bytes)")
     for c, j in (("device", "left"), ("at start", "right"), ("peak", "right"), ("at", "right"),
                  ("while running", "left"), ("after the pass", "right")):
-        t.add_column(c, justify=j)
+        t.add_column(c, justify=j, no_wrap=j == "right")  # sizes and times never wrap
     for d in mem.devices:
         running = _plain(f"{d.peak_name} {d.peak_node}") if d.peak_node is not None else "(before the first node)"
         t.add_row(_plain(d.device), size_text(d.start), size_text(d.peak), fmt_ns(d.peak_ns), running,
@@ -337,8 +340,8 @@ def render_memory(console: Console, mem, top: int = 5) -> None:
         if not d.holders:
             continue
         h = Table(title=f"at the {_plain(d.device).plain} peak: by kind, and the largest blocks")
-        h.add_column("holds")
-        h.add_column("bytes", justify="right")
+        h.add_column("holds", fold_words=True)
+        h.add_column("bytes", justify="right", no_wrap=True)
         for kind, n in sorted(d.at_peak.items(), key=lambda kv: -kv[1]):
             h.add_row(kind, size_text(n))
         h.add_section()
@@ -374,7 +377,7 @@ def render_ddp(console: Console, r) -> None:
     t = Table(title=f"DDP on {r.world} ranks ({r.iteration} iteration): bucket all-reduces")
     for c, j in (("bucket", "right"), ("params", "right"), ("size", "right"), ("ready", "right"),
                  ("start", "right"), ("end", "right"), ("launched by", "left")):
-        t.add_column(c, justify=j)
+        t.add_column(c, justify=j, fold_words=c == "launched by")
     for b in r.buckets[:20]:
         size = size_text(b.nbytes)
         label = str(b.index) if b.kind == "bucket" else "used map"
@@ -423,7 +426,7 @@ def render_fsdp(console: Console, r) -> None:
     if r.replicate > 1:
         cols.append(("HSDP AR", "right"))
     for c, j in cols:
-        t.add_column(c, justify=j)
+        t.add_column(c, justify=j, fold_words=c in ("unit", "by"))
     order = sorted(r.units, key=lambda u: (u.pre_ns is None, u.pre_ns or 0, -u.index))
 
     def ends(span):

@@ -6,11 +6,10 @@ import sys
 
 import click
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from autograd_run.cli.common import Whole, echo, error_line, escape, write
-from autograd_run.cli.terminal import make_console
+from autograd_run.cli.terminal import PlainTable as Table, make_console
 from autograd_run.cli.render import fmt_ns
 from autograd_run.sweep.spec import MAX_REPEAT, MODES
 
@@ -160,9 +159,9 @@ def render(console: Console, report, top: int, written: list[str]) -> None:
     columns = [c for c in ("policy", "devices", "placement", "spec", "scale")
                if c in ("policy", "devices") or len({r[c] for r in report.rows}) > 1]
     t = Table(title=f"sweep: {len(report.rows)} points, fastest first per graph", title_justify="left")
-    t.add_column("graph", overflow="fold")
+    t.add_column("graph", fold_words=True)  # paths and specs come from the user: they may fold
     for c in columns:
-        t.add_column(c, justify="right" if c == "devices" else "left")
+        t.add_column(c, justify="right" if c == "devices" else "left", fold_words=c == "spec")
     for c in ("wall", "critical path", "vs best"):
         t.add_column(c, justify="right", no_wrap=True)
     for name, rows in ranked(report.rows).items():
@@ -178,7 +177,7 @@ def render(console: Console, report, top: int, written: list[str]) -> None:
     if failed:
         f = Table(title=f"{len(failed)} failed points", title_justify="left")
         for c in ("graph", "configuration", "error"):
-            f.add_column(c, overflow="fold")
+            f.add_column(c, fold_words=True)
         for r in failed[:MAX_SHOWN_ERRORS]:
             f.add_row(Text(escape(r["graph"])), Text(escape(", ".join(_config(r)))), Text(escape(r["error"])))
         if len(failed) > MAX_SHOWN_ERRORS:

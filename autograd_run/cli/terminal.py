@@ -13,10 +13,13 @@ markup tag (``[link=...]``, ``[/x]``) becomes a link, a colour or a
 * ``plain(text)`` is a rich ``Text`` of the escaped text: rich never parses
   it as markup;
 * ``PlainTable`` is a rich ``Table`` whose title, caption, headers and
-  string cells are all ``plain``, folded rather than cut to an ellipsis; on
-  a terminal too narrow for it, it drops its box, then shows each row as
-  ``header: value`` lines, so a column that never wraps (a number) is never
-  cut or broken and none is squeezed away;
+  string cells are all ``plain``, folded rather than cut to an ellipsis. It
+  lays its columns out itself: a number (a no-wrap column) is never broken,
+  no word of a header or of a label (our own vocabulary: a policy, a
+  placement) is broken, and only text from files (ids, names, paths,
+  messages: columns added with ``fold_words=True``) folds inside a word. On
+  a terminal too narrow for that it drops its box, then shows each row as
+  ``header: value`` lines, so nothing is cut and none is squeezed away;
 * ``make_console()`` is a ``Console`` with markup, emoji codes and
   highlighting off, a second line of defence for any string printed
   through it;
@@ -60,30 +63,68 @@ class PlainTable(Table):
     def __init__(self, *headers, title=None, caption=None, **kw):
         super().__init__(title=None if title is None else plain(title),
                          caption=None if caption is None else plain(caption), **kw)
+        #: indexes of the columns whose cells may fold inside a word (text from files)
+        self.fold_words: set[int] = set()
         for h in headers:
             self.add_column(h)
 
-    def add_column(self, header="", *args, **kw) -> None:
+    def add_column(self, header="", *args, fold_words: bool = False, **kw) -> None:
         kw.setdefault("overflow", "fold")  # text from files is broken across lines, never cut to an ellipsis
+        if fold_words:
+            self.fold_words.add(len(self.columns))
         super().add_column(plain(header), *args, **kw)
 
     def add_row(self, *cells, **kw) -> None:
         super().add_row(*(plain(c) if isinstance(c, str) else c for c in cells), **kw)
 
-    # -- narrow terminals --------------------------------------------------------------------
+    # -- layout --------------------------------------------------------------------------------
 
-    def _needed(self, chrome: int) -> int:
-        """The width the table needs without breaking a cell of a no-wrap column or squeezing any
-        column below its ``min_width`` (1 when it has none), plus ``chrome`` (borders and padding)."""
+    def _ranges(self) -> list[tuple[int, int]]:
+        """Per column, the narrowest width that breaks nothing it must not break, and its natural width.
+
+        Narrowest: the longest word of the header; for a no-wrap column (numbers) its longest cell; for
+        a column of labels its longest word; for ``fold_words`` columns the column's ``min_width`` (1
+        when it has none), as their text folds anyway."""
         from rich.cells import cell_len
-        total = chrome
-        for col in self.columns:
+        out = []
+        for k, col in enumerate(self.columns):
+            header = _text_of(col.header) if self.show_header else ""
+            cells = [_text_of(c) for c in col._cells]
+            lines = [line for t in (header, *cells) for line in t.split("\n")]
+            wide = max((cell_len(line) for line in lines), default=1)
+            narrow = max((cell_len(w) for w in header.split()), default=1)
             if col.no_wrap:
-                texts = [col.header, *col._cells] if self.show_header else list(col._cells)
-                total += max((cell_len(_text_of(t)) for t in texts), default=1)
+                narrow = max(narrow, max((cell_len(line) for c in cells for line in c.split("\n")), default=1))
+            elif k in self.fold_words:
+                narrow = max(narrow, col.min_width or 1)
             else:
-                total += max(col.min_width or 1, 1)
-        return total
+                narrow = max(narrow, max((cell_len(w) for c in cells for w in c.split()), default=1))
+            wide = max(wide, narrow, col.min_width or 0)
+            out.append((narrow, wide))
+        return out
+
+    def _fixed(self, widths: list[int]):
+        """A copy of this table whose columns have these widths (text wraps at spaces inside them)."""
+        import copy
+        t = copy.copy(self)
+        t.columns = []
+        for col, w in zip(self.columns, widths):
+            c = copy.copy(col)
+            c.width, c.min_width, c.max_width, c.no_wrap = w, None, None, False
+            t.columns.append(c)
+        return t
+
+    @staticmethod
+    def _shrink(ranges: list[tuple[int, int]], room: int) -> list[int]:
+        """Natural widths, the widest shrinkable column narrowed first, one cell at a time, until they
+        fit ``room`` (the narrowest widths must fit it)."""
+        widths = [w for _, w in ranges]
+        excess = sum(widths) - room
+        while excess > 0:
+            k = max((k for k, (n, _) in enumerate(ranges) if widths[k] > n), key=lambda k: widths[k])
+            widths[k] -= 1
+            excess -= 1
+        return widths
 
     def __rich_console__(self, console, options):
         width = options.max_width
@@ -91,15 +132,19 @@ class PlainTable(Table):
         if self.box is None or not n:
             yield from super().__rich_console__(console, options)
             return
+        ranges = self._ranges()
+        narrow = sum(r[0] for r in ranges)
         _, right, _, left = self.padding
         boxed = n * (left + right) + (n + 1 if self.show_edge else n - 1)
-        if self._needed(boxed) <= width:
+        if sum(r[1] for r in ranges) + boxed <= width:  # as it is: rich squeezes nothing
             yield from super().__rich_console__(console, options)
             return
-        if self._needed(n - 1) <= width:  # no box, no padding: one space between columns
-            import copy
+        if narrow + boxed <= width:
+            yield from Table.__rich_console__(self._fixed(self._shrink(ranges, width - boxed)), console, options)
+            return
+        if narrow + n - 1 <= width:  # no box, no padding: one space between columns
             from rich import box
-            compact = copy.copy(self)
+            compact = self._fixed(self._shrink(ranges, width - (n - 1)))
             compact.box, compact.show_edge, compact.padding, compact.pad_edge = box.SIMPLE_HEAD, False, (0, 0), False
             yield from Table.__rich_console__(compact, console, options)
             return
