@@ -106,20 +106,29 @@ def abcde(request):
 
 
 @pytest.fixture(scope="session")
-def pt_oracle_results():
-    """PyTorch's real Engine on two CPU-backed accelerator devices: every oracle scenario, recorded once.
+def pt_oracle_results(tmp_path_factory):
+    """PyTorch's real Engine on two CPU-backed accelerator devices: every oracle scenario, recorded once
+    for the whole run (the first xdist worker to ask runs it, the others read its results).
 
     Skips with the reason when the oracle cannot be built here (no torch, C++ compiler or ninja).
     """
     pytest.importorskip("torch")
     try:
         from tests.support import pt_oracle
+        from tests.support.once import once
     except ImportError:  # tests/ itself is on sys.path, the repository root is not
         from support import pt_oracle
+        from support.once import once
     problem = pt_oracle.toolchain_problem()
     if problem:
         pytest.skip(f"PyTorch multi-device oracle unavailable: {problem}")
-    try:
-        return pt_oracle.run_oracle(["all"], repeats=10, capture=True, timeout=840)
-    except pt_oracle.OracleUnavailable as exc:
-        pytest.skip(f"PyTorch multi-device oracle unavailable: {exc}")
+
+    def record(folder):
+        try:
+            return {"results": pt_oracle.run_oracle(["all"], repeats=10, capture=True, timeout=840)}
+        except pt_oracle.OracleUnavailable as exc:
+            return {"unavailable": str(exc)}
+    got = once(tmp_path_factory, "pt-oracle", record)
+    if "unavailable" in got:
+        pytest.skip(f"PyTorch multi-device oracle unavailable: {got['unavailable']}")
+    return got["results"]

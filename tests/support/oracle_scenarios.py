@@ -39,12 +39,14 @@ class Scenario:
     as a known example; each worker still runs the same set of nodes). ``delay``: graph node id
     (``n<i>``, as ``from_torch`` numbers the graph) -> seconds its worker sleeps just before running
     it (a node pre-hook in PyTorch, ``node_start`` in our replay), to force one interleaving of a
-    race on both engines."""
+    race on both engines. ``repeats``: runs of this scenario when fewer than asked for (a forced
+    interleaving costs its delay every run)."""
     build: Callable[..., Run]
     description: str
     events_race: bool = False
     order_race: bool = False
     delay: dict[str, float] = field(default_factory=dict)
+    repeats: int | None = None
 
     def oracle(self) -> Run:
         return self.build(A0, A1)
@@ -57,9 +59,9 @@ SCENARIOS: dict[str, Scenario] = {}
 
 
 def scenario(description: str, events_race: bool = False, order_race: bool = False,
-             delay: dict[str, float] | None = None):
+             delay: dict[str, float] | None = None, repeats: int | None = None):
     def register(fn):
-        SCENARIOS[fn.__name__] = Scenario(fn, description, events_race, order_race, dict(delay or {}))
+        SCENARIOS[fn.__name__] = Scenario(fn, description, events_race, order_race, dict(delay or {}), repeats)
         return fn
     return register
 
@@ -143,16 +145,17 @@ def two_roots(d0: str, d1: str) -> Run:
 #: producer's worker, so each worker's event calls depend on which arrives first. Holding one producer back
 #: this long (the other branch is a few small nodes) decides it.
 LATE_S = 0.25
+FORCED_REPEATS = 4
 
 
 @scenario("two_roots with the accel:0 head held back (n1 late): ToCopyBackward0's gradient reaches "
-          "TanhBackward0 first", delay={"n1": LATE_S})
+          "TanhBackward0 first", delay={"n1": LATE_S}, repeats=FORCED_REPEATS)
 def two_roots_copy_first(d0: str, d1: str) -> Run:
     return two_roots(d0, d1)
 
 
 @scenario("two_roots with ToCopyBackward0 held back (n14 late): the accel:0 head's gradient reaches "
-          "TanhBackward0 first", delay={"n14": LATE_S})
+          "TanhBackward0 first", delay={"n14": LATE_S}, repeats=FORCED_REPEATS)
 def two_roots_head_first(d0: str, d1: str) -> Run:
     return two_roots(d0, d1)
 
@@ -240,14 +243,14 @@ def checkpoint_span_back(d0: str, d1: str) -> Run:
 #: thread 1 is surely in n11 when the nested nodes reach its queue, and n11 longer, makes their depth win as
 #: soon as n11 is done.
 @scenario("checkpoint_span_back with the checkpoint node held back (n2 late): thread 1 runs the outer "
-          "branch, then the nested block", delay={"n2": LATE_S})
+          "branch, then the nested block", delay={"n2": LATE_S}, repeats=FORCED_REPEATS)
 def checkpoint_span_back_outer_first(d0: str, d1: str) -> Run:
     return checkpoint_span_back(d0, d1)
 
 
 @scenario("checkpoint_span_back with the outer side.bias AccumulateGrad held back (n11 late): the nested "
           "block runs on thread 1 right after it (then n2's gradient and n12's race to ReluBackward0: events_race)",
-          events_race=True, delay={"n2": 0.1, "n11": 0.4})
+          events_race=True, delay={"n2": 0.1, "n11": 0.4}, repeats=FORCED_REPEATS)
 def checkpoint_span_back_nested_first(d0: str, d1: str) -> Run:
     return checkpoint_span_back(d0, d1)
 

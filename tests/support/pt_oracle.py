@@ -522,7 +522,8 @@ def run_scenarios(names: list[str], repeats: int = 10, capture: bool = False) ->
         if name not in sc.SCENARIOS:
             raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(sc.SCENARIOS)}")
         spec = sc.SCENARIOS[name]
-        res = record_run(spec.oracle, repeats=repeats, capture=capture, reference_fn=spec.reference,
+        res = record_run(spec.oracle, repeats=min(repeats, spec.repeats or repeats), capture=capture,
+                         reference_fn=spec.reference,
                          delay=spec.delay)
         res["description"] = spec.description
         res["events_race"] = spec.events_race
