@@ -66,9 +66,10 @@ def checked_graph(tmp_path) -> str:
 
 COMMANDS = {
     "check": lambda tmp: ["check", checked_graph(tmp)],
-    "run summary": lambda tmp: ["example:pipeline", "--devices", "virtual"],
-    "run with an error": lambda tmp: ["example:failing"],
-    "run gradients": lambda tmp: ["example:mlp"],
+    # run: one thread (the rows of its tables, a contended lock's among them, are the same in both runs)
+    "run summary": lambda tmp: ["example:pipeline", "--devices", "virtual", "--no-multithreading"],
+    "run with an error": lambda tmp: ["example:failing", "--no-multithreading"],
+    "run gradients": lambda tmp: ["example:mlp", "--no-multithreading"],
     "simulate summary": lambda tmp: ["simulate", "example:mlp", "--devices", "2", "--placement", "layer"],
     "simulate --compare policy": lambda tmp: ["simulate", "example:mlp", "--compare",
                                               "policy=pytorch,fifo,critical-path"],
