@@ -73,8 +73,8 @@ threading.stack_size(64 * 1024 * 1024)
 SLOW_MODULES = {"test_zoo", "test_ddp_ranks", "test_fsdp_ranks", "test_packaging", "test_ci_recipe",
                 "test_perfetto_ui", "test_sweep_dask", "test_hta", "test_memory", "test_view", "test_fuzz",
                 "test_hostile", "test_pytest_plugin", "test_interrupts", "test_profile_costs", "test_ddp_buckets",
-                "test_engine_vs_oracle", "test_capture", "test_cli_errors", "test_diff", "test_opinfo",
-                "test_bench_replay"}
+                "test_engine_vs_oracle", "test_pt_oracle", "test_capture", "test_cli_errors", "test_diff",
+                "test_opinfo", "test_bench_replay"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -533,6 +533,7 @@ def test_the_compiled_routing_keeps_the_stream_rules_of_its_twin(kind, monkeypat
 
 
 @compiled
+@pytest.mark.slow  # every bench/sim_dump case simulated twice (10 s here): make test, not make test-fast
 def test_the_compiled_event_loop_simulates_as_its_twin(monkeypatch, tmp_path):
     """``_core.sim_loop`` against the scheduler's Python event methods: every case of ``bench/sim_dump`` (the
     examples, each generator, a 64-deep checkpoint chain, measured costs; every policy, 1-3 devices, each
