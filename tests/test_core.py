@@ -577,3 +577,24 @@ def test_the_compiled_event_loop_raises_what_a_cost_model_raises():
     with pytest.raises(LookupError, match="no cost for"):
         sim.run([r.edge for r in g.roots])
     assert "at" not in vars(sim)
+
+
+@pytest.mark.parametrize("impl", ["compiled", "pure"])
+def test_waiting_counts_the_workers_blocked_in_pop(impl):
+    """``waiting``: a test's way to know a worker is asleep on an empty queue (not merely between pops)."""
+    import threading
+    import time
+    if impl == "compiled" and not core.COMPILED:
+        pytest.skip("the compiled core is not built")
+    q = core.ReadyQueue("c") if impl == "compiled" else pure.ReadyQueue("p")
+    assert q.waiting == 0
+    got = []
+    t = threading.Thread(target=lambda: got.append(q.pop()))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not q.waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert q.waiting == 1 and not got
+    q.push(1, ("gt", "item", None))
+    t.join(10)
+    assert got and got[0][1] == "item" and q.waiting == 0

@@ -289,7 +289,9 @@ def test_a_failed_call_leaves_nothing_behind_for_the_next():
     while len(eng.device_queue(0)) and time.monotonic() < deadline:  # the worker drops them unseen
         time.sleep(0.001)
     assert len(eng.device_queue(0)) == 0
-    time.sleep(0.01)  # and is asleep again: the next call's pushes all land before it wakes
+    while not eng.device_queue(0).waiting and time.monotonic() < deadline:  # asleep again: the next call's
+        time.sleep(0.001)                                                  # pushes all land before it wakes
+    assert eng.device_queue(0).waiting == 1
     res = run_graph(eng, g)
     second = [r.node_id for r in order.executed()][len(failed):]
     eng.shutdown()

@@ -45,6 +45,12 @@ class ReadyQueue:
         """Whether the queue is empty now (a hint: read without the lock)."""
         return not self._keys
 
+    @property
+    def waiting(self) -> int:
+        """Workers blocked in ``pop`` now (a hint: stale once the lock is released)."""
+        with self._lock:
+            return self._waiting
+
     def push(self, key: int, item) -> None:
         tracer = self.tracer
         if tracer is not None and tracer.enabled:

@@ -490,6 +490,14 @@ fail:
     return NULL;
 }
 
+/* Workers blocked in pop now (a hint: read under the mutex, stale once it is released). */
+static PyObject *Queue_get_waiting(QueueObject *self, void *c) {
+    lock_nogil(self, 0);
+    int n = self->waiting;
+    pthread_mutex_unlock(&self->mutex);
+    return PyLong_FromLong(n);
+}
+
 static PyObject *Queue_get_tracer(QueueObject *self, void *c) {
     return Py_NewRef(self->tracer ? self->tracer : Py_None);
 }
@@ -515,6 +523,7 @@ static PyMemberDef Queue_members[] = {
 
 static PyGetSetDef Queue_getset[] = {
     {"tracer", (getter)Queue_get_tracer, (setter)Queue_set_tracer_attr, "hooks called on pushes and pops", NULL},
+    {"waiting", (getter)Queue_get_waiting, NULL, "workers blocked in pop now (a hint)", NULL},
     {NULL}};
 
 static PySequenceMethods Queue_as_sequence = {.sq_length = (lenfunc)Queue_len};
