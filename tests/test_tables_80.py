@@ -114,28 +114,29 @@ def table(args, capsys, monkeypatch, width=WIDTH) -> str:
     return out.split("\nspec ")[0]
 
 
-def test_golden_compare_of_policies_at_80_columns(capsys, monkeypatch):
-    got = table(COMMANDS["simulate --compare policy"](None), capsys, monkeypatch)
-    assert got == """\
+GOLDEN_COMPARES = {
+    "simulate --compare policy": """\
                         example:mlp: simulated, 13 nodes                        
                                         engine   critical                       
 policy        devices placed    wall      done       path vs first          peak
 ────────────────────────────────────────────────────────────────────────────────
 pytorch             - keep   52.0 µs   52.0 µs    52.0 µs    1.00x 1.9 KiB (cpu)
 fifo                - keep   52.0 µs   52.0 µs    52.0 µs    1.00x 1.9 KiB (cpu)
-critical-path       - keep   52.0 µs   52.0 µs    52.0 µs    1.00x 1.9 KiB (cpu)"""
-
-
-def test_golden_compare_of_devices_at_80_columns(capsys, monkeypatch):
-    got = table(COMMANDS["simulate --compare devices"](None), capsys, monkeypatch)
-    assert got == """\
+critical-path       - keep   52.0 µs   52.0 µs    52.0 µs    1.00x 1.9 KiB (cpu)""",
+    "simulate --compare devices": """\
                       example:pipeline: simulated, 7 nodes                      
                                    engine    critical                           
 policy  devices placed    wall       done        path vs first              peak
 ────────────────────────────────────────────────────────────────────────────────
 pytorch       1 greedy 69.0 µs    69.0 µs     59.0 µs    1.00x 10.0 KiB (cuda:0)
 pytorch       2 greedy 69.0 µs    69.0 µs     59.0 µs    1.00x 10.0 KiB (cuda:0)
-pytorch       4 greedy 69.0 µs    69.0 µs     59.0 µs    1.00x 10.0 KiB (cuda:0)"""
+pytorch       4 greedy 69.0 µs    69.0 µs     59.0 µs    1.00x 10.0 KiB (cuda:0)""",
+}
+
+
+@pytest.mark.parametrize("name", GOLDEN_COMPARES)
+def test_golden_compare_at_80_columns(name, capsys, monkeypatch):
+    assert table(COMMANDS[name](None), capsys, monkeypatch) == GOLDEN_COMPARES[name]
 
 
 def test_golden_compare_at_60_columns_stacks_its_rows(capsys, monkeypatch):
