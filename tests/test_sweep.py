@@ -396,3 +396,20 @@ def test_a_scale_that_fits_some_points_only_leaves_the_others_unscaled_and_a_typ
     assert code == 0, err
     assert json.loads(out)["scale_never_applied"] == ["MmBackwrd0"]
     assert "Warning: --scale MmBackwrd0 named no op and no device in any point" in err
+
+
+def test_a_fully_cached_rerun_never_imports_dask(tmp_path):
+    """Answered from the cache: no cluster, and not even Dask's import (0.5 s with the pandas it brings),
+    while a missing Dask is still told before any work."""
+    pytest.importorskip("distributed")
+    path = write_sweep(tmp_path, small_graphs(), devices=[1, 2], policy=["pytorch", "fifo"], spec=["h100"])
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    script = ("import sys\nfrom autograd_run.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
+              "except SystemExit as e:\n    print('exit', e.code, 'distributed' in sys.modules, file=sys.stderr)\n")
+    first = subprocess.run([sys.executable, "-c", script, "sweep", path, "--workers", "0"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert first.stderr.strip().endswith("exit 0 False"), first.stderr
+    again = subprocess.run([sys.executable, "-c", script, "sweep", path], env=env,  # an embedded cluster, if needed
+                           capture_output=True, text=True, timeout=120)
+    assert again.stderr.strip().endswith("exit 0 False"), again.stderr
+    assert "8 from the cache" in again.stdout and "(cache)" in again.stdout

@@ -82,8 +82,8 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
     spec = from_options(list(graphs), devices, placement, policy, list(scale), machine, mode, repeat, base)
     grid = build_grid(spec)
     if workers != 0:
-        from autograd_run.sweep.cluster import require_distributed
-        require_distributed()
+        from autograd_run.sweep.cluster import check_distributed
+        check_distributed()  # told before any work; imported only when a point is left to compute
     files, plots, names = {}, None, []
     if out:
         import os
