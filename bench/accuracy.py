@@ -111,7 +111,9 @@ def bench_accuracy(seed: int | None = None, graphs: int = 32, warm: int = 9, wha
         env.pop("AUTOGRAD_RUN_PURE_PYTHON", None)
         t = time.perf_counter()
         cal = _cli(["calibrate"], env)
-        log(f"(accuracy) calibrate: {time.perf_counter() - t:.1f} s; " + cal["stdout"].strip().splitlines()[-1])
+        lines = cal["stdout"].strip().splitlines()
+        log(f"(accuracy) calibrate: {time.perf_counter() - t:.1f} s; " + lines[-1])
+        log("(accuracy) " + next((line for line in lines if line.startswith("engine:")), "engine: ?"))
         variant = variant_spec(d, env, ab) if ab else None
         for i, (family, k, case, doc) in enumerate(heldout.draw(seed, graphs)):
             path = os.path.join(d, f"g{i}.json")
