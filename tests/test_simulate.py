@@ -480,7 +480,7 @@ def test_calibration_rounds_end_when_their_medians_settle():
 
 
 #: The engine figures a calibration round measures besides the three these tests vary.
-MORE_FIGURES = {"device_overhead_us": 4.0, "cost_node_us": 5.0, "accumulate_us": 3.0}
+MORE_FIGURES = {"device_overhead_us": 4.0, "cost_node_us": 5.0, "accumulate_us": 3.0, "device_handoff_us": 30.0}
 
 
 def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
@@ -495,7 +495,8 @@ def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
     assert (spec.engine.handoff_us, spec.engine.wait_overhead_us) == (50.0, 40.0)
     assert spec.engine.spread == {"node_overhead_us": 0.0, "handoff_us": 0.4, "wait_overhead_us": 0.5,
                                   **{k: 0.0 for k in MORE_FIGURES}}
-    assert (spec.engine.device_overhead_us, spec.engine.cost_node_us, spec.engine.accumulate_us) == (4.0, 5.0, 3.0)
+    assert (spec.engine.device_overhead_us, spec.engine.cost_node_us, spec.engine.accumulate_us,
+            spec.engine.device_handoff_us) == (4.0, 5.0, 3.0, 30.0)
     assert spec.engine.wait_spin_us == 150.0 and spec.host.cores >= 1
     assert len(lines) == 3 and lines[0].startswith("round 1: node_overhead_us 2.00, handoff_us 40.00")
     assert MachineSpec.from_dict(spec.to_dict()).engine == spec.engine
@@ -527,8 +528,8 @@ def test_a_real_calibration_reports_its_rounds_and_spread():
                           and tail[0].startswith("warning: the figures did not settle"))
     assert MIN_ROUNDS <= len(lines) <= MAX_ROUNDS
     assert spec.source.endswith(f", {len(lines)} rounds")
-    seen = {k: [float(v) for v in re.findall(rf"{k} ([0-9.]+)", " ".join(lines))]
-            for k in ("node_overhead_us", "handoff_us", "wait_overhead_us")}
+    seen = {k: [float(v) for v in re.findall(rf"\b{k} ([0-9.]+)", " ".join(lines))]
+            for k in ("node_overhead_us", "handoff_us", "device_handoff_us", "wait_overhead_us")}
     for k, values in seen.items():
         assert len(values) == len(lines)
         assert min(values) - 0.01 <= getattr(spec.engine, k) <= max(values) + 0.01
@@ -690,3 +691,37 @@ def test_a_sum_on_a_stream_is_the_simulators_kernel_even_where_a_subclass_overri
         runs.append(([row[1:] for row in s.slices], s.kernels, dict(s.stream_free)))  # row[0]: the call's id
     assert sums and set(sums) == {int(spec.accelerator.min_kernel_us * 1e3)}
     assert runs[0] == runs[1]
+
+
+def _alternating_chain(n: int, devices: list[str]) -> dict:
+    """calibrate's chain of identity nodes, round-robin over ``devices``: every node a hand-off."""
+    from autograd_run.sim.calibrate import _chain_doc
+    return _chain_doc(n, devices)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_hand_off_between_two_devices_costs_device_handoff_us(compiled, monkeypatch):
+    """Each push from one device's worker onto the other's idle queue is woken ``device_handoff_us`` later; the
+    caller's hand-offs (the root's push, the completion) keep ``handoff_us``. Hand-computed: n nodes alternating
+    between cuda:0 and cuda:1, then the leaf's AccumulateGrad on the next device, make n device-to-device
+    hand-offs; a chain between the caller and a device makes none."""
+    import dataclasses
+    from autograd_run.engine import core
+    from autograd_run.sim.specs import load_spec
+    if not compiled:
+        monkeypatch.setattr(core, "sim_loop", None)
+    elif core.sim_loop is None:
+        pytest.skip("the compiled core is not built")
+    base = load_spec("h100")
+
+    def wall(doc, device_handoff_us):
+        spec = dataclasses.replace(base, engine=dataclasses.replace(base.engine, handoff_us=20.0,
+                                                                    device_handoff_us=device_handoff_us))
+        g = loads_graph(dumps(doc, "json"), "c.json")
+        return simulate_session(g, SimOptions(spec=spec, slack_top=0)).wall_ns
+    n = 9
+    devices = _alternating_chain(n, ["cuda:0", "cuda:1"])
+    assert wall(devices, 0.0) == wall(devices, 20.0)  # 0: the same as handoff_us
+    assert wall(devices, 35.0) - wall(devices, 20.0) == n * 15_000
+    caller = _alternating_chain(n, ["cpu", "cuda:0"])
+    assert wall(caller, 35.0) == wall(caller, 20.0)

@@ -7,8 +7,9 @@ What it measures (medians of repeated runs, each a few hundred ms):
   costs (timed on its own);
 * the hand-off latency: chains of short cost nodes alternating between two
   workers, so every node is a hand-off to the other thread: the caller and a
-  virtual device, and two virtual devices; per node, minus what the same
-  nodes cost on one worker; the mean of the two. Measured with cost nodes,
+  virtual device (``handoff_us``), and two virtual devices
+  (``device_handoff_us``); per node, minus what the same nodes cost on one
+  worker. Measured with cost nodes,
   not the compiled ``identity`` fast path: a woken worker whose nodes run
   the engine's Python path also waits for the GIL the waker still holds, and
   between two device threads more so (here: identity hops 19-20 µs
@@ -181,7 +182,7 @@ def _engine_round(nodes: int, repeat: int) -> dict[str, float]:
     waited = _per_node_us(_chain_doc(max(50, nodes // 40), ["cuda:0"], WAIT_US), repeat)
     return {"node_overhead_us": overhead, "device_overhead_us": device, "cost_node_us": cost_node,
             "accumulate_us": max(0.0, accumulate),
-            "handoff_us": max(0.0, statistics.mean(hops)),
+            "handoff_us": max(0.0, hops[0]), "device_handoff_us": max(0.0, hops[1]),
             "wait_overhead_us": max(0.0, waited - WAIT_US - device - cost_node)}
 
 
@@ -232,6 +233,7 @@ def calibrate(nodes: int = 4000, repeat: int = 5, log=None) -> MachineSpec:
                         device_overhead_us=round(med["device_overhead_us"], 3),
                         cost_node_us=round(med["cost_node_us"], 3), accumulate_us=round(med["accumulate_us"], 3),
                         wait_overhead_us=round(med["wait_overhead_us"], 3), wait_spin_us=SPIN_TAIL * 1e6,
+                        device_handoff_us=round(med["device_handoff_us"], 3),
                         spread={k: round(v, 3) for k, v in spread.items()})
     return MachineSpec("local", host, acc, engine,
                        f"measured by autograd-run calibrate on {platform.node()} ({os.cpu_count()} CPUs) at {when}, "

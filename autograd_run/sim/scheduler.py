@@ -103,6 +103,8 @@ class Simulator:
         self.device_overhead_ns = int((spec.engine.device_overhead_us or spec.engine.node_overhead_us) * 1e3)
         self.cost_node_ns = int(spec.engine.cost_node_us * 1e3)
         self.handoff_ns = int(spec.engine.handoff_us * 1e3)
+        #: The hand-off between two devices' workers (0 in the spec: ``handoff_ns``); ``tasks.SimQueue.push``.
+        self.device_handoff_ns = int((spec.engine.device_handoff_us or spec.engine.handoff_us) * 1e3)
         self.call_ns = int(spec.engine.call_overhead_us * 1e3)
         self.overhead_gil = spec.engine.overhead_holds_gil
         self.now = 0
@@ -115,6 +117,9 @@ class Simulator:
         self.caller = self._worker("MainThread", CALLER, "cpu:MainThread")
         count = device_count if device_count is not None else graph.max_device_index + 1
         self.devices = [self._worker(device_thread_name(i), i, f"cuda:{i}") for i in range(count)]
+        #: The device workers' tids: a push from one of them onto another device's idle worker costs
+        #: ``device_handoff_ns``.
+        self.device_tids = frozenset(w.tid for w in self.devices)
         self.pool: list[SimWorker] = []
         self._pool_idle: list[SimWorker] = []
         self._gil_free_at = 0

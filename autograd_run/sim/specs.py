@@ -94,6 +94,10 @@ class EngineSpec:
     #: An AccumulateGrad node's own CPU time beyond the fixed cost, holding the GIL as the engine's per-node
     #: work does, µs (autograd-run's engine: the leaf's gradient stored or summed in Python); 0: the op's cost.
     accumulate_us: float = 0.0
+    #: ``handoff_us`` from one device's worker to another device's (autograd-run's engine: both are Python
+    #: threads running the engine's Python path, so the woken one more often waits for the GIL too; measured
+    #: by ``calibrate``); 0: the same as ``handoff_us``.
+    device_handoff_us: float = 0.0
     #: How far ``calibrate``'s rounds lay apart, per figure above (its name): the range of the rounds'
     #: values over their median (0.1: within 10%). Empty for a spec that was not measured in rounds.
     spread: dict = field(default_factory=dict)

@@ -21,6 +21,9 @@ class SimHost(Protocol):
     now: int
     detail: bool
     handoff_ns: int
+    #: The hand-off between two devices' workers, and those workers' tids.
+    device_handoff_ns: int
+    device_tids: frozenset
     #: The thread routing (pushing) now, and the queue samples a push appends to (with ``detail``).
     current_tid: int
     queue_samples: list
@@ -58,7 +61,9 @@ class SimQueue:
         w = self.consumers[-1]
         if w.idle and not w.wake_pending:  # asleep on its queue: woken from another thread
             w.wake_pending = True
-            sim.at(now + sim.handoff_ns, sim.wake, w)
+            # from one device's worker to another's: both Python threads on the engine's Python path
+            between_devices = w.tid in sim.device_tids and sim.current_tid in sim.device_tids
+            sim.at(now + (sim.device_handoff_ns if between_devices else sim.handoff_ns), sim.wake, w)
 
     def pop(self) -> tuple:
         """The top ``(task, pushed)`` (the queue is not empty: the simulation pops only then)."""
