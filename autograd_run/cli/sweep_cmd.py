@@ -120,7 +120,8 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
     if out:
         written = list(files.values())
         if plots:
-            written += draw_all(plots, names, grid.graphs, report.rows, plot_fmt)
+            plot_cache = None if no_cache else os.path.join(report.cache_dir, "plots")  # beside the points
+            written += draw_all(plots, names, grid.graphs, report.rows, plot_fmt, plot_cache, report.tool)
         write_results(files, report, written)
     if json_out:
         from autograd_run.cli import jsonout

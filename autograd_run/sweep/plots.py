@@ -23,10 +23,11 @@ FORMATS = ("png", "svg")
 
 
 def require_matplotlib():
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("plots need matplotlib: pip install 'autograd-run[sweep]' (or --plot none)") from None
+    """A usage error when matplotlib is not installed, found without importing it (plots from the cache
+    never import it)."""
+    import importlib.util
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("plots need matplotlib: pip install 'autograd-run[sweep]' (or --plot none)")
 
 
 def plot_names(graphs, fmt: str) -> list[str]:
@@ -76,7 +77,7 @@ def draw(path: str, title: str, rows: list[dict], fmt: str) -> None:
     ax.set_xlabel("devices")
     what = "measured" if rows and rows[0]["mode"] == "run" else "predicted"
     ax.set_ylabel(f"{what} wall time (ms)")
-    varied = [k for k in ("placement", "spec", "scale") if len({r[k] for r in rows}) > 1]
+    varied = _varied(rows)
     sub = f"\nfastest over {', '.join(varied)}" if varied else ""
     ax.set_title(shown(title) + sub, parse_math=False, fontsize=10)
     ax.grid(True, alpha=0.3)
@@ -86,8 +87,54 @@ def draw(path: str, title: str, rows: list[dict], fmt: str) -> None:
     atomic_write_with(path, lambda tmp: fig.savefig(tmp, format=fmt), "out")
 
 
-def draw_all(folder: str, names: list[str], graphs, rows: list[dict], fmt: str) -> list[str]:
-    """A plot per graph with at least one successful point; the paths written."""
+def _varied(rows: list[dict]) -> list[str]:
+    """The dimensions other than policy and devices that take several values (a line is the fastest over them)."""
+    return [k for k in ("placement", "spec", "scale") if len({r[k] for r in rows}) > 1]
+
+
+def plot_key(title: str, rows: list[dict], fmt: str, tool: str) -> str:
+    """Everything a plot shows (its lines, title, axis label, format), the tool and matplotlib's version, hashed:
+    one key, one picture."""
+    import hashlib
+    import json
+    from importlib.metadata import version
+    what = {"title": title, "fmt": fmt, "series": series(rows), "mode": rows[0]["mode"], "varied": _varied(rows),
+            "tool": tool, "matplotlib": version("matplotlib")}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _from_cache(cached: str, path: str) -> bool:
+    """Copy a cached plot to ``path`` (atomically); False when there is none (or it cannot be read)."""
+    import shutil
+    if not os.path.isfile(cached):
+        return False
+    try:
+        atomic_write_with(path, lambda tmp: shutil.copyfile(cached, tmp), "out")
+    except OSError:
+        return False
+    return True
+
+
+def _to_cache(path: str, cached: str) -> None:
+    """Keep a drawn plot in the cache; a cache that cannot be written is passed over (the plot is written)."""
+    import shutil
+    tmp = f"{cached}.tmp{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, cached)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def draw_all(folder: str, names: list[str], graphs, rows: list[dict], fmt: str, cache: str | None = None,
+             tool: str = "") -> list[str]:
+    """A plot per graph with at least one successful point; the paths written. With ``cache`` (a folder), a plot
+    whose ``plot_key`` was drawn before is copied from there (matplotlib is then not even imported), and each
+    plot drawn is kept there."""
     by_graph = ranked(rows)
     out = []
     for g, name in zip(graphs, names):
@@ -95,6 +142,11 @@ def draw_all(folder: str, names: list[str], graphs, rows: list[dict], fmt: str) 
         if not rs:
             continue
         path = os.path.join(folder, name)
-        draw(path, g.name, rs, fmt)
+        key = plot_key(g.name, rs, fmt, tool) if cache is not None else None
+        cached = os.path.join(cache, key[:2], f"{key}.{fmt}") if key else None
+        if cached is None or not _from_cache(cached, path):
+            draw(path, g.name, rs, fmt)
+            if cached is not None:
+                _to_cache(path, cached)
         out.append(path)
     return out
