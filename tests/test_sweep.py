@@ -415,31 +415,40 @@ def test_a_fully_cached_rerun_never_imports_dask(tmp_path):
     assert "8 from the cache" in again.stdout and "(cache)" in again.stdout
 
 
-def test_a_cached_rerun_copies_its_plots_without_matplotlib(tmp_path):
-    """Each plot is kept in the cache under the hash of what it shows; a rerun whose points and plots are all
-    cached writes the same bytes without importing matplotlib; a point that changes draws its graph's plot anew;
-    --no-cache draws every plot."""
+def test_a_cached_rerun_copies_its_plots_and_table_without_matplotlib_or_pyarrow(tmp_path):
+    """Each plot is kept in the cache under the hash of what it shows, the Parquet table under the hash of its
+    cells: a rerun whose points are all cached writes the same plots without importing matplotlib, and once
+    its table was written the same table without importing pyarrow; a point that changes draws its graph's
+    plot anew; --no-cache draws every plot."""
     pytest.importorskip("matplotlib")
+    pytest.importorskip("pyarrow")
     path = write_sweep(tmp_path, small_graphs(), devices=[1, 2], policy=["pytorch", "fifo"], spec=["h100"])
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     script = ("import sys\nfrom autograd_run.cli.main import main\ntry:\n    main(sys.argv[1:])\n"
-              "except SystemExit as e:\n    print('exit', e.code, 'matplotlib' in sys.modules, file=sys.stderr)\n")
+              "except SystemExit as e:\n    print('exit', e.code, 'matplotlib' in sys.modules, 'pyarrow' in sys.modules,"
+              " file=sys.stderr)\n")
 
     def sweep_out(out, *more):
         p = subprocess.run([sys.executable, "-c", script, "sweep", path, "--workers", "0", "--out",
                             str(tmp_path / out), *more], env=env, capture_output=True, text=True, timeout=120)
         plots = sorted((tmp_path / out / "plots").iterdir())
-        return p.stderr.strip().splitlines()[-1], {f.name: f.read_bytes() for f in plots}
-    status, first = sweep_out("a")
-    assert status == "exit 0 True" and len(first) == 2
-    status, again = sweep_out("b")
-    assert status == "exit 0 False" and again == first
+        return (p.stderr.strip().splitlines()[-1], {f.name: f.read_bytes() for f in plots},
+                (tmp_path / out / "results.parquet").read_bytes())
+    status, first, _ = sweep_out("a")
+    assert status == "exit 0 True True" and len(first) == 2
+    status, again, table = sweep_out("b")  # every point from the cache: a new table (its rows say so)
+    assert status == "exit 0 False True" and again == first
+    status, again, same = sweep_out("b2")
+    assert status == "exit 0 False False" and again == first and same == table
+    import pyarrow.parquet as pq
+    assert pq.read_table(tmp_path / "b2" / "results.parquet").to_pylist() == \
+        pq.read_table(tmp_path / "b" / "results.parquet").to_pylist()
     (tmp_path / "mlp.yaml").write_text(json.dumps(generate("mlp", layers=5, width=16, seed=2)))  # more nodes
-    status, changed = sweep_out("c")
-    assert status == "exit 0 True"
+    status, changed, _ = sweep_out("c")
+    assert status == "exit 0 True True"
     tf = [n for n in first if n.startswith("tf")]
     assert [changed[n] for n in tf] == [first[n] for n in tf]  # copied from the cache
     assert [n for n in changed if n.startswith("mlp")] and not set(changed) - set(first) - {
         n for n in changed if n.startswith("mlp")}
-    status, _ = sweep_out("d", "--no-cache")
-    assert status == "exit 0 True"
+    status, _, _ = sweep_out("d", "--no-cache")
+    assert status == "exit 0 True True"

@@ -119,10 +119,11 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
     written = []
     if out:
         written = list(files.values())
+        kept = None if no_cache else report.cache_dir  # derived files beside the points (sweep.cache)
         if plots:
-            plot_cache = None if no_cache else os.path.join(report.cache_dir, "plots")  # beside the points
-            written += draw_all(plots, names, grid.graphs, report.rows, plot_fmt, plot_cache, report.tool)
-        write_results(files, report, written)
+            written += draw_all(plots, names, grid.graphs, report.rows, plot_fmt,
+                                kept and os.path.join(kept, "plots"), report.tool)
+        write_results(files, report, written, kept and os.path.join(kept, "tables"))
     if json_out:
         from autograd_run.cli import jsonout
         write(jsonout.dumps(report_json(report, written)))

@@ -1,6 +1,8 @@
 """Results cached on disk, one small JSON file per grid point, keyed by ``fingerprint.point_key``.
 
-Layout: ``DIR/ab/abcdef....json`` holding ``{"key", "tool", "row"}``. Only
+Layout: ``DIR/ab/abcdef....json`` holding ``{"key", "tool", "row"}``; files derived from the results (the
+plots, the Parquet table) under ``DIR/plots/`` and ``DIR/tables/``, each named by the hash of what it holds
+(``derived``, ``copy_derived``, ``keep_derived``). Only
 the client reads and writes it (workers never see the cache), writes are
 atomic (a temporary file renamed into place), and an entry that cannot be
 read or does not match its key is a miss, not an error. Failed points are
@@ -64,3 +66,36 @@ class ResultCache:
                 pass
             return False
         return True
+
+
+def derived(folder: str, key: str, suffix: str) -> str:
+    """Where a file derived from results (a plot, a table) is kept: named by the hash ``key`` of what it holds."""
+    return os.path.join(folder, key[:2], key + suffix)
+
+
+def copy_derived(cached: str, path: str) -> bool:
+    """Write the kept file ``cached`` to ``path`` (atomically); False when there is none or it cannot be read."""
+    import shutil
+    from autograd_run.outputs import atomic_write_with
+    if not os.path.isfile(cached):
+        return False
+    try:
+        atomic_write_with(path, lambda tmp: shutil.copyfile(cached, tmp), "out")
+    except OSError:
+        return False
+    return True
+
+
+def keep_derived(path: str, cached: str) -> None:
+    """Keep the file just written at ``path`` as ``cached``; a cache that cannot be written is passed over."""
+    import shutil
+    tmp = f"{cached}.tmp{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, cached)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

@@ -16,6 +16,7 @@ import re
 
 from autograd_run.errors import UsageError
 from autograd_run.outputs import atomic_write_with
+from autograd_run.sweep.cache import copy_derived, derived, keep_derived
 from autograd_run.sweep.results import ranked
 from autograd_run.text import visible
 
@@ -103,33 +104,6 @@ def plot_key(title: str, rows: list[dict], fmt: str, tool: str) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
-def _from_cache(cached: str, path: str) -> bool:
-    """Copy a cached plot to ``path`` (atomically); False when there is none (or it cannot be read)."""
-    import shutil
-    if not os.path.isfile(cached):
-        return False
-    try:
-        atomic_write_with(path, lambda tmp: shutil.copyfile(cached, tmp), "out")
-    except OSError:
-        return False
-    return True
-
-
-def _to_cache(path: str, cached: str) -> None:
-    """Keep a drawn plot in the cache; a cache that cannot be written is passed over (the plot is written)."""
-    import shutil
-    tmp = f"{cached}.tmp{os.getpid()}"
-    try:
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, cached)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
 def draw_all(folder: str, names: list[str], graphs, rows: list[dict], fmt: str, cache: str | None = None,
              tool: str = "") -> list[str]:
     """A plot per graph with at least one successful point; the paths written. With ``cache`` (a folder), a plot
@@ -143,10 +117,10 @@ def draw_all(folder: str, names: list[str], graphs, rows: list[dict], fmt: str, 
             continue
         path = os.path.join(folder, name)
         key = plot_key(g.name, rs, fmt, tool) if cache is not None else None
-        cached = os.path.join(cache, key[:2], f"{key}.{fmt}") if key else None
-        if cached is None or not _from_cache(cached, path):
+        cached = derived(cache, key, f".{fmt}") if key else None
+        if cached is None or not copy_derived(cached, path):
             draw(path, g.name, rs, fmt)
             if cached is not None:
-                _to_cache(path, cached)
+                keep_derived(path, cached)
         out.append(path)
     return out

@@ -42,11 +42,9 @@ def best_rows(rows: list[dict]) -> list[dict]:
 
 
 def has_pyarrow() -> bool:
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether pyarrow is installed, found without importing it (a table from the cache never imports it)."""
+    import importlib.util
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 def output_files(out: str, parquet: bool) -> dict[str, str]:
@@ -86,7 +84,22 @@ def csv_bytes(rows: list[dict]) -> bytes:
     return buf.getvalue().encode()
 
 
-def write_parquet(path: str, rows: list[dict]) -> None:
+def table_key(rows: list[dict], tool: str) -> str:
+    """Every cell of the table, the tool and pyarrow's version, hashed: one key, one Parquet file."""
+    import hashlib
+    from importlib.metadata import version
+    cells = [[r.get(c) for c in COLUMNS] for r in rows]
+    what = {"cells": cells, "tool": tool, "pyarrow": version("pyarrow")}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def write_parquet(path: str, rows: list[dict], cache: str | None = None, tool: str = "") -> None:
+    """The Parquet table; with ``cache`` (a folder), copied from there when the same table was written before
+    (a fully cached rerun: pyarrow is then not even imported), and kept there when written."""
+    from autograd_run.sweep.cache import copy_derived, derived, keep_derived
+    cached = derived(cache, table_key(rows, tool), ".parquet") if cache is not None else None
+    if cached is not None and copy_derived(cached, path):
+        return
     import pyarrow as pa
     import pyarrow.parquet as pq
     types = {c: pa.int64() for c in INT_COLUMNS}
@@ -94,6 +107,8 @@ def write_parquet(path: str, rows: list[dict]) -> None:
     schema = pa.schema([(c, types.get(c, pa.string())) for c in COLUMNS])
     table = pa.table({c: [r.get(c) for r in rows] for c in COLUMNS}, schema=schema)
     atomic_write_with(path, lambda tmp: pq.write_table(table, tmp), "out")
+    if cached is not None:
+        keep_derived(path, cached)
 
 
 def report_json(report, outputs: list[str]) -> dict:
@@ -104,9 +119,9 @@ def report_json(report, outputs: list[str]) -> dict:
             "scale_never_applied": report.scale_never_applied()}
 
 
-def write_results(files: dict[str, str], report, outputs: list[str]) -> None:
-    """The CSV, the JSON and (when asked) the Parquet file of a sweep."""
+def write_results(files: dict[str, str], report, outputs: list[str], cache: str | None = None) -> None:
+    """The CSV, the JSON and (when asked) the Parquet file of a sweep (``cache``: ``write_parquet``'s)."""
     atomic_write(files["csv"], csv_bytes(report.rows), "out")
     if "parquet" in files:
-        write_parquet(files["parquet"], report.rows)
+        write_parquet(files["parquet"], report.rows, cache, report.tool)
     atomic_write(files["json"], json.dumps(report_json(report, outputs), indent=1).encode(), "out")
