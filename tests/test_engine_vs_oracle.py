@@ -109,9 +109,14 @@ def pytorch_nodes(r: dict) -> dict:
     return out
 
 
+def trace_events(traces: dict) -> dict:
+    """Per worker (that made any), its event records and waits in order, as (kind, device, stream)."""
+    out = {w: [(e[0], e[1], e[2]) for e in t if e[0] in ("record", "block")] for w, t in traces.items()}
+    return {w: e for w, e in out.items() if e}
+
+
 def pytorch_events(r: dict) -> dict:
-    return {w: [(e[0], e[1], e[2]) for e in v["trace"] if e[0] in ("record", "block")]
-            for w, v in r["workers"].items() if any(e[0] in ("record", "block") for e in v["trace"])}
+    return trace_events({w: v["trace"] for w, v in r["workers"].items()})
 
 
 @pytest.mark.parametrize("name", COMPARED)
@@ -138,10 +143,8 @@ def test_two_roots_race_forced_each_way_gives_both_of_pytorchs_variants(pt_oracl
                               for n in ("two_roots_copy_first", "two_roots_head_first"))
     assert copy_first != head_first
     free = pt_oracle_results["two_roots"]
-    seen = [pytorch_events(free)] + [{w: [(e[0], e[1], e[2]) for e in t if e[0] in ("record", "block")]
-                                      for w, t in v["workers"].items()} for v in free["variants"]]
-    for variant in seen:
-        assert {w: e for w, e in variant.items() if e} in (copy_first, head_first)
+    for variant in [pytorch_events(free)] + [trace_events(v["workers"]) for v in free["variants"]]:
+        assert variant in (copy_first, head_first)
 
 
 def _as_oracle_labels(doc: dict, static: dict, nodes: dict) -> dict:

@@ -452,3 +452,20 @@ def test_a_cached_rerun_copies_its_plots_and_table_without_matplotlib_or_pyarrow
         n for n in changed if n.startswith("mlp")}
     status, _, _ = sweep_out("d", "--no-cache")
     assert status == "exit 0 True True"
+
+
+def test_a_kept_file_that_cannot_be_copied_is_a_miss(tmp_path):
+    """copy_derived: no kept file, or a copy that fails, is a miss (False), never an error of its own; the
+    caller then makes the file and reports a problem with its path itself. keep_derived passes over a cache
+    it cannot write."""
+    from autograd_run.sweep.cache import copy_derived, derived, keep_derived
+    made = tmp_path / "plot.png"
+    made.write_bytes(b"picture")
+    kept = derived(str(tmp_path / "cache"), "ab" * 32, ".png")
+    assert not copy_derived(kept, str(tmp_path / "out.png"))
+    keep_derived(str(made), kept)
+    assert open(kept, "rb").read() == b"picture"
+    assert copy_derived(kept, str(tmp_path / "out.png")) and (tmp_path / "out.png").read_bytes() == b"picture"
+    assert not copy_derived(kept, str(tmp_path / "no-such-folder" / "out.png"))  # was a RequestError
+    (tmp_path / "file").write_text("")
+    keep_derived(str(made), derived(str(tmp_path / "file"), "cd" * 32, ".png"))  # a file where a folder goes

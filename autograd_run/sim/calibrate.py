@@ -9,12 +9,11 @@ What it measures (medians of repeated runs, each a few hundred ms):
   workers, so every node is a hand-off to the other thread: the caller and a
   virtual device (``handoff_us``), and two virtual devices
   (``device_handoff_us``); per node, minus what the same nodes cost on one
-  worker. Measured with cost nodes,
-  not the compiled ``identity`` fast path: a woken worker whose nodes run
-  the engine's Python path also waits for the GIL the waker still holds, and
-  between two device threads more so (here: identity hops 19-20 µs
-  caller-device and 24-28 device-device; cost-node hops 26-27 and 31-36,
-  which the held-out graphs' hand-offs are);
+  worker. Measured with cost nodes, not the compiled ``identity`` fast
+  path: a woken worker whose nodes run the engine's Python path also waits
+  for the GIL the waker still holds, and between two device threads more so
+  (here: identity hops 19-20 µs caller-device and 24-28 device-device;
+  cost-node hops 26-27 and 31-36, which the held-out graphs' hand-offs are);
 * what a node that waits without the GIL (a cost node, ``wait``) costs
   beyond its stated time on a device worker: a chain of such nodes, per
   node, minus the stated time and the fixed cost (the thread's wake-up

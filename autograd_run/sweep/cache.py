@@ -73,29 +73,27 @@ def derived(folder: str, key: str, suffix: str) -> str:
     return os.path.join(folder, key[:2], key + suffix)
 
 
-def copy_derived(cached: str, path: str) -> bool:
-    """Write the kept file ``cached`` to ``path`` (atomically); False when there is none or it cannot be read."""
+def _copy(src: str, dest: str) -> bool:
+    """``src`` copied to ``dest`` through a temporary file renamed into place; False when it failed."""
     import shutil
     from autograd_run.outputs import atomic_write_with
-    if not os.path.isfile(cached):
-        return False
     try:
-        atomic_write_with(path, lambda tmp: shutil.copyfile(cached, tmp), "out")
-    except OSError:
+        atomic_write_with(dest, lambda tmp: shutil.copyfile(src, tmp), "cache")
+    except RequestError:
         return False
     return True
 
 
+def copy_derived(cached: str, path: str) -> bool:
+    """Write the kept file ``cached`` to ``path``; False when there is none or it cannot be copied (a miss: the
+    caller makes the file itself, and a problem with ``path`` is then reported by that)."""
+    return os.path.isfile(cached) and _copy(cached, path)
+
+
 def keep_derived(path: str, cached: str) -> None:
     """Keep the file just written at ``path`` as ``cached``; a cache that cannot be written is passed over."""
-    import shutil
-    tmp = f"{cached}.tmp{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(cached), exist_ok=True)
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, cached)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        return
+    _copy(path, cached)
