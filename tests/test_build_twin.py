@@ -34,6 +34,7 @@ def snapshot(g) -> tuple:
             tuple((k, v.shape, v.dtype, str(v.device), repr(v.grad), v.node.index if v.node else None,
                    v.requires_grad) for k, v in g.variables.items()),
             tuple(g.inputs), g.mode, repr(g.meta), g.max_device_index, g.slot_dtypes,
+            sorted(op.name for op in g.op_set), len({id(n.name) for n in g.nodes}),
             tuple((k, n.index) for k, n in g.by_id.items()))
 
 
@@ -279,3 +280,44 @@ def test_an_error_reading_the_gradient_shape_is_raised_as_is(monkeypatch):
         with pytest.raises(Unreadable):
             loads_graph(data, "c.json")
         monkeypatch.undo()
+
+
+def test_nodes_share_their_name_and_the_graph_knows_its_ops(monkeypatch):
+    """Each distinct name is one string object (a million-node chain saves ~60 MB), both ways; the graph's
+    ``op_set`` is every op its nodes use, so a search for an op it lacks looks at no node."""
+    from autograd_run.ops import CHECKPOINT, PYTHON, lookup as get_op
+    data = dumps(generate("mlp", layers=3, width=4, batch=2), "json")
+    for compiled in (True, False):
+        monkeypatch.setattr(validate, "_FAST", validate._FAST if compiled else None)
+        g = loads_graph(data, "m.json")
+        names = {n.name for n in g.nodes}
+        assert len({id(n.name) for n in g.nodes}) == len(names) > 1
+        assert g.op_set == {n.op for n in g.nodes}
+        assert get_op("AccumulateGrad") in g.op_set
+        assert g.nodes_of(PYTHON) == [] and g.nodes_of(CHECKPOINT) == []
+        acc = [n for n in g.nodes if n.op is get_op("AccumulateGrad")]
+        assert g.nodes_of(get_op("AccumulateGrad")) == acc and acc
+        g.op_set = None  # unknown (a graph built in code): every node is looked at
+        assert g.nodes_of(get_op("AccumulateGrad")) == acc
+        monkeypatch.undo()
+
+
+def test_the_compiled_topological_pass_hands_back_what_it_cannot_read():
+    """``_build.topo_in`` gives the Python loop's numbers on a loaded graph, and says False (so the Python
+    loop runs) for a node list that is not laid out as the loader makes it."""
+    from autograd_run.graphs.model import _topo_in
+    g = loads_graph(dumps(generate("random", nodes=80, leaves=6, width=3, seed=9), "json"), "r.json")
+    want = [n.topo_nr for n in g.nodes]
+    for n in g.nodes:
+        n.topo_nr = 0
+    _topo_in(reversed(g.nodes))
+    assert [n.topo_nr for n in g.nodes] == want
+    ordered = sorted(g.nodes, key=lambda n: -n.topo_nr)  # every edge to a later node in this list
+    for n in g.nodes:
+        n.topo_nr = 0
+    assert validate._FAST.topo_in(ordered, True) is True
+    assert [n.topo_nr for n in g.nodes] == want
+    assert validate._FAST.topo_in([object()], True) is False
+    odd = g.nodes[0]
+    odd.next = tuple(odd.next)  # a graph built in code may hold a tuple
+    assert validate._FAST.topo_in([odd], True) is False

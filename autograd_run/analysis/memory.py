@@ -385,7 +385,7 @@ def _spec_bytes(value, side) -> int:
 
 def _inner_nodes(graph) -> dict:
     """Checkpoint node -> the nodes of its nested graph (reachable only through ``attrs.inner``)."""
-    checkpoints = [n for n in graph.nodes if n.op is CHECKPOINT]
+    checkpoints = graph.nodes_of(CHECKPOINT)
     if not checkpoints:
         return {}
     by_id = graph.by_id

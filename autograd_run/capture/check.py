@@ -107,7 +107,7 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
     if divergence is None:
         divergence = _depth_divergence(graph, order, [r.depth for r in rec.executed()])
     report = CheckReport(divergence is None, (len(order), len(got)), divergence, allow_opaque=allow_opaque)
-    report.opaque = [n.id for n in graph.nodes if n.op is OPAQUE]
+    report.opaque = [n.id for n in graph.nodes_of(OPAQUE)]
     precision, through_opaque = _paths(graph)
     leaf_node = {n.variable: n for n in graph.nodes if n.variable is not None}
     fed = {e.node for n in graph.nodes for e in n.next if e is not None} | {r.edge.node for r in graph.roots}

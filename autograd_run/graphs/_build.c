@@ -546,9 +546,7 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         /* the id: a non-empty string not seen before */
         if (!PyUnicode_CheckExact(v[S_ID]) || PyUnicode_GET_LENGTH(v[S_ID]) == 0)
             NEXT_NODE(1);
-        int seen = PyDict_Contains(by_id, v[S_ID]);
-        if (seen != 0)
-            NEXT_NODE(seen < 0 ? -1 : 1);
+        /* (whether the id is new: one look-up in the id table, where the node goes in below) */
         /* the op, from the cache of op texts already resolved */
         PyObject *op_text = (v[S_OP] == UNSET || v[S_OP] == Py_None) ? v[S_NAME] : v[S_OP];
         info = PyDict_GetItemWithError(ops, op_text);
@@ -697,7 +695,13 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         if (seq == NULL)
             default_seqs = 1;
         slot_put(&NODE, node, N_ID, v[S_ID]);
-        slot_put(&NODE, node, N_NAME, v[S_NAME]);
+        {   /* the name shared with every node of the same name (as the Python loop's sys.intern) */
+            PyObject *name = Py_NewRef(v[S_NAME]);
+            if (PyUnicode_CheckExact(name))
+                PyUnicode_InternInPlace(&name);
+            slot_put(&NODE, node, N_NAME, name);
+            Py_DECREF(name);
+        }
         slot_put(&NODE, node, N_OP, op);
         slot_put(&NODE, node, N_SEQ, seq ? seq : MINUS_ONE);
         slot_put(&NODE, node, N_NEXT, next_list);
@@ -743,7 +747,14 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
             if (d > max_dev)
                 max_dev = d;
         }
-        if (PyList_Append(nodes, node) < 0 || PyDict_SetItem(by_id, v[S_ID], node) < 0)
+        {
+            PyObject *had = PyDict_SetDefault(by_id, v[S_ID], node);
+            if (had == NULL)
+                NEXT_NODE(-1);
+            if (had != node) /* an id seen before: the Python loop says so */
+                NEXT_NODE(1);
+        }
+        if (PyList_Append(nodes, node) < 0)
             NEXT_NODE(-1);
         if (is_acc && PyObject_SetAttr(var, s_node, node) < 0)
             NEXT_NODE(-1);
@@ -900,6 +911,16 @@ static PyObject *out_shape_of(PyObject *node, int *err) {
     return shape;
 }
 
+/* Two exact str objects with the same text (what the id table's lookup would find equal). */
+static inline int same_text(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (!PyUnicode_CheckExact(a) || PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b) ||
+        PyUnicode_KIND(a) != PyUnicode_KIND(b))
+        return 0;
+    return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a)) == 0;
+}
+
 static PyObject *link_edges(PyObject *mod, PyObject *args) {
     PyObject *specs, *st;
     Py_ssize_t i;
@@ -951,7 +972,17 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                     bad = 1;
                     break;
                 }
-                PyObject *target = PyDict_GetItemWithError(by_id, PyTuple_GET_ITEM(e, 0));
+                /* the node after this one first (a chain, a layer's next op: most files list a node's
+                 * producer right after it), by its id's text, before the id table */
+                PyObject *tid = PyTuple_GET_ITEM(e, 0), *target = NULL;
+                if (i + 1 < n && PyUnicode_CheckExact(tid)) {
+                    PyObject *guess = PyList_GET_ITEM(nodes, i + 1);
+                    PyObject *gid = Py_TYPE(guess) == NODE.type ? *(PyObject **)((char *)guess + NODE.offsets[N_ID]) : NULL;
+                    if (gid != NULL && same_text(gid, tid))
+                        target = guess;
+                }
+                if (target == NULL)
+                    target = PyDict_GetItemWithError(by_id, tid);
                 if (target == NULL) {
                     bad = PyErr_Occurred() ? -1 : 1;
                     break;
@@ -1011,7 +1042,9 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                     int r = PyList_Append(out, edge);
                     Py_DECREF(edge);
                     PyObject *cons = r < 0 ? NULL : slot(&NODE, targets[k], N_CONSUMERS, &own_cons);
-                    PyObject *pair = cons ? Py_BuildValue("(On)", node, k) : NULL;
+                    PyObject *k_o = cons ? PyLong_FromSsize_t(k) : NULL;
+                    PyObject *pair = k_o ? PyTuple_Pack(2, node, k_o) : NULL;
+                    Py_XDECREF(k_o);
                     if (pair == NULL || !PyList_Check(cons) || PyList_Append(cons, pair) < 0) {
                         if (cons != NULL && !PyList_Check(cons) && !PyErr_Occurred())
                             PyErr_SetString(PyExc_TypeError, "_build.link_edges: consumers is not a list");
@@ -1056,6 +1089,54 @@ done:
     return result;
 }
 
+/* model._topo_in over a list of nodes (reversed when ``reverse``): each node's topo_nr is 1 + the highest
+ * of its next nodes' (0 with none), its next nodes done before it. False (nothing raised) at the first
+ * node, next list or edge that is not laid out as the loader makes them: the caller then runs the Python
+ * loop over the whole order, which sets every number again. */
+static PyObject *topo_in(PyObject *mod, PyObject *args) {
+    PyObject *nodes;
+    int reverse;
+    if (!PyArg_ParseTuple(args, "O!p", &PyList_Type, &nodes, &reverse))
+        return NULL;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_build.configure() has not succeeded");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(nodes);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *node = PyList_GET_ITEM(nodes, reverse ? n - 1 - k : k);
+        if (Py_TYPE(node) != NODE.type)
+            Py_RETURN_FALSE;
+        PyObject *nxt = *(PyObject **)((char *)node + NODE.offsets[N_NEXT]);
+        if (nxt == NULL || !PyList_CheckExact(nxt))
+            Py_RETURN_FALSE;
+        long long topo = 0;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(nxt); j++) {
+            PyObject *e = PyList_GET_ITEM(nxt, j);
+            if (e == Py_None)
+                continue;
+            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2 || Py_TYPE(PyTuple_GET_ITEM(e, 0)) != NODE.type)
+                Py_RETURN_FALSE;
+            PyObject *t = *(PyObject **)((char *)PyTuple_GET_ITEM(e, 0) + NODE.offsets[N_TOPO]);
+            if (t == NULL || !PyLong_CheckExact(t))
+                Py_RETURN_FALSE;
+            long long v = PyLong_AsLongLong(t);
+            if (v == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                Py_RETURN_FALSE;
+            }
+            if (v >= topo)
+                topo = v + 1;
+        }
+        PyObject *t = PyLong_FromLongLong(topo);
+        if (t == NULL)
+            return NULL;
+        PyObject **p = (PyObject **)((char *)node + NODE.offsets[N_TOPO]);
+        Py_XSETREF(*p, t);
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Node, node_field_names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, max_seq) -> bool"},
@@ -1064,6 +1145,8 @@ static PyMethodDef methods[] = {
      "build_nodes(checker, spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
     {"link_edges", link_edges, METH_VARARGS,
      "link_edges(spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
+    {"topo_in", topo_in, METH_VARARGS,
+     "topo_in(nodes, reverse) -> True, or False where the Python loop must do it: see graphs/model.py _topo_in"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_build",

@@ -17,7 +17,7 @@ from autograd_run.ops import CHECKPOINT
 
 
 def checkpoint_nodes(graph) -> list:
-    return [n for n in graph.nodes if n.op is CHECKPOINT]
+    return graph.nodes_of(CHECKPOINT)
 
 
 def inner_variables(graph, checkpoints: list | None = None) -> set[str]:

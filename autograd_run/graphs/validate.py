@@ -22,6 +22,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 from typing import Any
 
 from autograd_run.errors import GraphFileError
@@ -175,7 +176,7 @@ def check_python_nodes(graph: Graph, allow_python: bool = False) -> None:
                 raise GraphFileError(graph.source, f"node {tensors.short(n.id)} at $.nodes[{n.index}].attrs.hooks[{k}]",
                                      f"a python hook (it calls {h.get('callable')!r:.80}): running it imports and "
                                      "calls Python code named by the file; pass --allow-python if you trust this file")
-    found = [n for n in graph.nodes if n.op is PYTHON]
+    found = graph.nodes_of(PYTHON)
     if not found:
         return
     n = found[0]
@@ -703,8 +704,10 @@ class _Checker:
         graph.hooked_nodes = self.hooked
         # Every input slot's meta is one of the interned metas, or an AccumulateGrad's made from its variable.
         graph.slot_dtypes = frozenset({m.dtype for m in metas.values()} | {v.dtype for v in variables.values()})
+        # Every node's op was resolved through the op-text cache, so its values are the graph's ops.
+        graph.op_set = frozenset(info[0] for info in st.ops.values())
         try:
-            derive(graph, prepared=True, forward=forward)
+            derive(graph, prepared=True, forward=forward, topo_in=_FAST and _FAST.topo_in)
         except ValueError as exc:
             cycle = exc.args[0]
             src = cycle[-2]
@@ -804,6 +807,7 @@ class _Checker:
         spec_nodes = self.spec.nodes
         nodes, by_id, ops, metas, variables = st.nodes, st.by_id, st.ops, st.metas, st.variables
         new_node = Node
+        intern = sys.intern  # one name object per distinct name (~60 B a node)
         acc = ACCUMULATE_GRAD
         max_seq = ACCUMULATE_GRAD_SEQ
         unset = UNSET
@@ -895,7 +899,7 @@ class _Checker:
             if seq is None:
                 seq = -1
                 default_seqs = True
-            node = new_node(nid, ns.name, op, seq, [], inputs, saved or EMPTY, attrs or EMPTY, variable,
+            node = new_node(nid, intern(ns.name), op, seq, [], inputs, saved or EMPTY, attrs or EMPTY, variable,
                             fwd_thread, i, 0, device, stream, [], cpu)
             if op is acc:
                 variables[variable].node = node
@@ -1010,6 +1014,8 @@ class _Checker:
 
     def check_segments(self, st) -> None:
         """A shipped checkpoint node's segment names nodes of this graph, each with an input slot."""
+        if all(info[0] is not PYTHON for info in st.ops.values()):  # no python node (st.ops: every node's op)
+            return
         for node in st.nodes:
             if node.op is not PYTHON or not node.attrs or node.attrs.get("callable") != self.CHECKPOINT_CALLABLE:
                 continue
