@@ -824,3 +824,53 @@ def test_default_budget_is_half_of_the_memory_available():
     if limited:
         pytest.skip("a memory limit bounds the budget here")
     assert abs(default_max_bytes() - available // 2) <= max(available // 10, 64 << 20)
+
+
+# -- memory bounded before a load starts --------------------------------------------------------------------
+
+
+def test_a_load_the_machine_cannot_hold_is_refused_before_parsing(tmp_path, monkeypatch):
+    """The estimate is checked against what the machine has left before anything is decoded: the error
+    names the file, its size, the estimate and what is available (and for YAML, that JSON takes less)."""
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.dump import dumps
+    doc = generate("chain", n=2000)
+    decoded = []
+    real = load_mod._JSON_DECODER
+    monkeypatch.setattr(load_mod, "MEMORY_CHECK_FROM", 0)
+    monkeypatch.setattr(load_mod, "memory_available", lambda: 1 << 20)
+    monkeypatch.setattr(load_mod, "_JSON_DECODER", type("D", (), {"decode": lambda self, d: decoded.append(d)})())
+    for fmt in ("json", "yaml"):
+        p = tmp_path / f"c.{fmt}"
+        p.write_bytes(dumps(doc, fmt))
+        exc = _error(lambda: load_graph(str(p)))
+        assert exc.file == str(p) and exc.where is None
+        assert "file takes about" in exc.what and "1.0 MiB is available" in exc.what
+        assert ("the same graph as JSON" in exc.what) == (fmt == "yaml")
+    assert decoded == []
+    monkeypatch.setattr(load_mod, "_JSON_DECODER", real)
+    monkeypatch.setattr(load_mod, "memory_available", lambda: 64 << 30)
+    assert len(load_graph(str(tmp_path / "c.json")).nodes) == 2001
+    monkeypatch.setattr(load_mod, "memory_available", lambda: None)  # nothing known: no refusal
+    assert len(load_graph(str(tmp_path / "c.json")).nodes) == 2001
+
+
+@pytest.mark.parametrize("kind,kw", [("chain", dict(n=3000)), ("chain", dict(n=3000, op="add")),
+                                     ("fanout", dict(width=1500)), ("mlp", dict(layers=600, width=1)),
+                                     ("transformer", dict(layers=40)), ("random", dict(nodes=1500, leaves=60))])
+def test_the_load_estimate_covers_what_a_load_takes(kind, kw):
+    """What tracemalloc sees a JSON load allocate at its peak (the file's bytes included) is under the
+    estimate, and the estimate is not wildly above it (under 3x), on every generator's graphs."""
+    import tracemalloc
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    data = dumps(generate(kind, **kw), "json")
+    est = load_mod.load_memory_estimate(data, "json")
+    tracemalloc.start()
+    try:
+        g = loads_graph(data, "g.json")
+        peak = tracemalloc.get_traced_memory()[1] + len(data)
+    finally:
+        tracemalloc.stop()
+    assert len(g.nodes) > 1000
+    assert peak <= est <= 3 * peak, (peak, est)

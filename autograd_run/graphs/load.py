@@ -33,9 +33,18 @@ from autograd_run.errors import GraphFileError
 from autograd_run.graphs.locate import JsonLocator, YamlLocator, byte_to_line_col
 from autograd_run.graphs.model import FORMAT, Graph
 from autograd_run.graphs.schema import GraphSpec
-from autograd_run.graphs.validate import build_graph, check_python_nodes
+from autograd_run.graphs.validate import build_graph, check_python_nodes, format_bytes, memory_available
 
-MAX_FILE_BYTES = 1 << 30
+#: The largest graph file read (a ten-million-node chain in JSON is 1.4 GB); what a load may take in memory
+#: is checked against what the machine has before parsing (``load_memory_estimate``).
+MAX_FILE_BYTES = 4 << 30
+#: Peak memory of a load (``load_memory_estimate``), measured on generated graphs of every kind at 1e5
+#: nodes (peak RSS over the file's size): JSON 11-12x its size, 1.5-1.9 KB a node, which this fits from
+#: above within 3-11%: 7 bytes per byte of the file plus 800 per node; YAML 82-92x (libyaml's node tree,
+#: with the marks that place an error).
+JSON_BYTES_PER_BYTE, JSON_BYTES_PER_NODE, YAML_BYTES_PER_BYTE = 7, 800, 95
+#: Files smaller than this are loaded without a look at the machine's memory (at most ~1 GB as JSON).
+MEMORY_CHECK_FROM = 64 << 20
 #: YAML: most values the document may expand to once aliases are followed.
 MAX_YAML_VALUES = 50_000_000
 MAX_YAML_DEPTH = 64
@@ -134,6 +143,7 @@ def loads_graph(data: bytes | str, source: str = "<memory>", fmt: str | None = N
         fmt = detect_format(data)
     elif fmt is None:
         fmt = "yaml" if is_yaml_name(source) else "json"
+    _check_memory(data, fmt, source)
     if b"bfloat16" in data:  # a file that may hold bfloat16 tensors: numpy's bfloat16 registered first
         from autograd_run.ops.dtypes import ensure_bfloat16
         ensure_bfloat16()
@@ -141,6 +151,34 @@ def loads_graph(data: bytes | str, source: str = "<memory>", fmt: str | None = N
         if fmt == "json":
             return _load_json(data, source, base_dir, side_name, max_bytes, check_data)
         return _load_yaml(data, source, base_dir, side_name, max_bytes, check_data)
+
+
+def load_memory_estimate(data: bytes, fmt: str) -> int:
+    """About the most memory loading ``data`` takes (decoded file, checked model and the file's bytes at
+    once), from its size and, for JSON, its node count (its ``"id"`` keys; its objects where a key may be
+    escaped), with the factors measured above. A file denser than a generated one (a short node per line)
+    can take more; the node limit still applies once it is decoded."""
+    if fmt == "yaml":
+        return YAML_BYTES_PER_BYTE * len(data)
+    nodes = data.count(b'"id"')
+    if b"\\u" in data:  # a key written with escapes ("\u0069d") is still "id": count every object instead
+        nodes = max(nodes, data.count(b"{"))
+    return JSON_BYTES_PER_BYTE * len(data) + JSON_BYTES_PER_NODE * nodes
+
+
+def _check_memory(data: bytes, fmt: str, source: str) -> None:
+    """A file whose load would take more memory than the machine has left is refused before parsing."""
+    if len(data) < MEMORY_CHECK_FROM:
+        return
+    need = load_memory_estimate(data, fmt)
+    available = memory_available()
+    if available is None or need <= available:
+        return
+    hint = (" (YAML takes about 90 bytes of memory per byte of file; the same graph as JSON about 12)"
+            if fmt == "yaml" else "")
+    raise GraphFileError(source, None, f"loading this {format_bytes(len(data))} file takes about "
+                                       f"{format_bytes(need)} of memory, and {format_bytes(available)} is "
+                                       f"available{hint}")
 
 
 def _not_a_graph(doc, source: str, locator) -> GraphFileError | None:

@@ -36,7 +36,9 @@ from autograd_run.graphs.schema import UNSET, GraphSpec, NodeSpec
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, Outputs, lookup
 from autograd_run.ops.arrays import number
 
-MAX_NODES = 5_000_000  # about 5 GB of model objects: past this a file is a resource bomb here
+#: The most nodes a graph file may have (ten million: the scale work's goal, with room); what loading one
+#: takes is checked against the machine's memory before parsing (``load.load_memory_estimate``).
+MAX_NODES = 20_000_000
 MAX_STREAM = 1 << 16
 #: A cost node may spin or sleep at most a minute, or multiply at most 8192x8192 matrices.
 MAX_COST_US = 60e6
@@ -99,14 +101,12 @@ def _available_bytes() -> int | None:
         return None
 
 
-def default_max_bytes() -> int:
-    """The default memory budget: half of the memory the system reports available (4 GiB where nothing
-    says), and at most half of what a cgroup (container) memory limit leaves and half of what the
-    process's address-space limit (``RLIMIT_AS``) leaves above the address space it already uses (thread
-    stacks and allocator arenas count there, so a limit is never all data).
-    """
-    available = _available_bytes()
-    limit = available // 2 if available else DEFAULT_MAX_BYTES
+def memory_available() -> int | None:
+    """The memory this process may still take: what the system reports available, at most what a cgroup
+    (container) memory limit leaves and what the process's address-space limit (``RLIMIT_AS``) leaves
+    above the address space it already uses (thread stacks and allocator arenas count there); None where
+    nothing says."""
+    limit = _available_bytes()
     try:
         with open("/sys/fs/cgroup/memory.max") as f:
             text = f.read().strip()
@@ -117,17 +117,26 @@ def default_max_bytes() -> int:
                     used = int(f.read().strip() or 0)
             except (OSError, ValueError):
                 pass
-            limit = min(limit, max(int(text) - used, 0) // 2)
+            left = max(int(text) - used, 0)
+            limit = left if limit is None else min(limit, left)
     except OSError:
         pass
     try:
         import resource
         soft = resource.getrlimit(resource.RLIMIT_AS)[0]
         if soft != resource.RLIM_INFINITY and soft > 0:
-            limit = min(limit, max(soft - _address_space_used(), 0) // 2)
+            left = max(soft - _address_space_used(), 0)
+            limit = left if limit is None else min(limit, left)
     except (ImportError, ValueError, OSError):
         pass
-    return max(limit, 1 << 20)
+    return limit
+
+
+def default_max_bytes() -> int:
+    """The default memory budget: half of what ``memory_available`` says (4 GiB where nothing says), so a
+    limit is never all data."""
+    available = memory_available()
+    return max(available // 2 if available is not None else DEFAULT_MAX_BYTES, 1 << 20)
 
 
 def format_bytes(n: int) -> str:
