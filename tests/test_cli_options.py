@@ -24,7 +24,7 @@ from builders import run_cli
     (["transformer", "--size", "2", "--devices", "3"],
      "Error: --devices 3 is more than the 2 layer(s) to spread over them\n"),
     (["fanout", "--size", "100000000"], "Error: --size: gen fanout would make about 200,000,002 nodes; at most "
-                                        "2,000,000\n"),
+                                        "20,000,000\n"),
     (["mlp", "--width", "100000", "--batch", "100000"],
      "Error: gen mlp with these options makes a graph that does not validate: shape [100000, 100000] has "
      "10000000000 elements, more than the limit of 2147483648\n"),
@@ -53,6 +53,41 @@ def test_gen_writes_files_that_validate(tmp_path, capsys, kind, args, nodes):
     n = len(json.loads(out_file.read_text())["nodes"])
     assert out == f"{out_file}: {n} nodes\n" and (nodes is None or n == nodes)
     assert run_cli(["validate", str(out_file)], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("kind, args", [
+    ("chain", ["--size", "40"]), ("fanout", ["--size", "20"]), ("mlp", ["--size", "4", "--width", "3"]),
+    ("random", ["--size", "60", "--leaves", "5"]), ("transformer", ["--size", "3", "--devices", "2"]),
+])
+def test_gen_packs_big_graphs_into_the_same_bytes(tmp_path, capsys, monkeypatch, kind, args):
+    """A big graph's nodes are encoded in batches as they are made (to fit ten million in memory): the
+    file is byte for byte the one written from the whole document."""
+    from autograd_run.cli import gen_cmd
+    from autograd_run.graphs.generators import Builder
+    plain, packed = tmp_path / "plain.json", tmp_path / "packed.json"
+    assert run_cli(["gen", kind, *args, "-o", str(plain)], capsys)[0] == 0
+    monkeypatch.setattr(gen_cmd, "PACK_FROM", 1)
+    monkeypatch.setattr(Builder, "PACK", 7)
+    made = []
+    real_pack = Builder._pack
+    monkeypatch.setattr(Builder, "_pack", lambda self: (made.append(len(self.nodes)), real_pack(self)))
+    code, out, err = run_cli(["gen", kind, *args, "-o", str(packed)], capsys)
+    assert code == 0, err
+    assert len(made) > 3 and packed.read_bytes() == plain.read_bytes()
+    assert out == f"{packed}: {len(json.loads(plain.read_bytes())['nodes'])} nodes\n"
+
+
+def test_gen_refuses_a_graph_the_machine_cannot_hold_before_making_it(tmp_path, capsys, monkeypatch):
+    from autograd_run.graphs import generators, validate
+    monkeypatch.setattr(validate, "memory_available", lambda: 100 << 20)
+    monkeypatch.setattr(generators, "chain", lambda **kw: pytest.fail("generated"))
+    code, out, err = run_cli(["gen", "chain", "--size", "1000000", "-o", str(tmp_path / "c.json")], capsys)
+    assert (code, out) == (2, "")
+    assert err == ("Error: gen chain of about 1,000,001 nodes takes about 1.9 GiB of memory to write and check "
+                   "the file, and 100.0 MiB is available\n")
+    code, out, err = run_cli(["gen", "chain", "--size", "100000", "-o", str(tmp_path / "c.yaml")], capsys)
+    assert code == 2 and "(YAML takes about 8x more than JSON)" in err
+    assert not os.listdir(tmp_path)
 
 
 def test_run_backend_and_its_old_spelling(capsys):

@@ -19,8 +19,15 @@ from click.core import ParameterSource
 from autograd_run.cli.common import Whole, echo, graph_format
 from autograd_run.errors import GraphFileError, UsageError
 
-#: The largest graph gen writes (nodes, estimated before generating).
-MAX_NODES = 2_000_000
+#: The largest graph gen writes (nodes, estimated before generating): the loader's limit. What it takes
+#: in memory is checked against what the machine has before generating (``_check_memory``).
+MAX_NODES = 20_000_000
+#: From this many nodes a JSON graph is generated packed (``generators.Builder``: its nodes as JSON
+#: text as they are made, ~140 bytes a node instead of ~900 as dicts).
+PACK_FROM = 100_000
+#: Bytes a node of each kind takes in a JSON file (measured at 1e5-1e6 nodes, rounded up): with the
+#: load's own estimate, what gen needs to write and check the file.
+FILE_BYTES_PER_NODE = {"chain": 140, "fanout": 140, "mlp": 155, "transformer": 175, "random": 170}
 
 KINDS = ("chain", "fanout", "mlp", "transformer", "random")
 #: What --size means, and its default, per kind.
@@ -109,15 +116,20 @@ def gen(ctx, kind, output, size, seed, **options):
     _check(kind, size, o)
     fmt = graph_format(output)
     check_output_path(output, "output", [])
+    n = _estimate_nodes(kind, size, o)
+    _check_memory(kind, n, fmt)
     kw = _generator_args(kind, size, o, seed)
-    doc = generate(kind, **kw)
+    doc = generate(kind, packed=fmt == "json" and n >= PACK_FROM, **kw)
+    count = len(doc["nodes"])
     data = dumps(doc, fmt)
+    del doc  # (a big graph's text is in memory twice otherwise while it is checked)
     try:  # what validate would say of the file, before it exists
-        loads_graph(data, output, fmt)
+        graph = loads_graph(data, output, fmt)
     except GraphFileError as exc:
         raise UsageError(f"gen {kind} with these options makes a graph that does not validate: {exc.what}") from None
+    del graph
     atomic_write(output, data, "output")
-    echo(f"{output}: {len(doc['nodes'])} nodes")
+    echo(f"{output}: {count} nodes")
 
 
 def _size(kind: str, size: int | None, options: dict, given: set) -> int:
@@ -147,6 +159,24 @@ def _check(kind: str, size: int, o: dict) -> None:
     if n > MAX_NODES:
         what = "--size" if kind != "random" or n - o["leaves"] > MAX_NODES // 2 else "--leaves"
         raise UsageError(f"{what}: gen {kind} would make about {n:,} nodes; at most {MAX_NODES:,}")
+
+
+def _check_memory(kind: str, n: int, fmt: str) -> None:
+    """Before generating: the file's text, the document (packed: its text again; else ~1 KB a node of
+    dicts) and the load that checks it must fit in what the machine has left."""
+    from autograd_run.graphs import load
+    from autograd_run.graphs.validate import format_bytes, memory_available
+    file_bytes = FILE_BYTES_PER_NODE[kind] * n
+    if fmt == "json":
+        need = file_bytes * (2 if n >= PACK_FROM else 1) + (0 if n >= PACK_FROM else 1000 * n) + \
+            load.JSON_BYTES_PER_BYTE * file_bytes + load.JSON_BYTES_PER_NODE * n
+    else:
+        need = file_bytes + 1000 * n + load.YAML_BYTES_PER_BYTE * file_bytes
+    available = memory_available()
+    if available is not None and need > available:
+        raise UsageError(f"gen {kind} of about {n:,} nodes takes about {format_bytes(need)} of memory to write "
+                         f"and check the file, and {format_bytes(available)} is available"
+                         + (" (YAML takes about 8x more than JSON)" if fmt != "json" else ""))
 
 
 def _generator_args(kind: str, size: int, o: dict, seed: int) -> dict:

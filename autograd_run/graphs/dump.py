@@ -84,6 +84,14 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
 
 
 def dumps(doc: dict[str, Any], fmt: str) -> bytes:
+    """``doc`` as JSON or YAML text; a document whose ``nodes`` are packed (``generators.PackedNodes``) as
+    JSON only, the nodes' text spliced in as it is (the same bytes as encoding their dicts)."""
+    nodes = doc.get("nodes")
+    if hasattr(nodes, "pieces"):
+        if fmt != "json":
+            raise ValueError("packed nodes are written as JSON only")
+        head = msgspec.json.encode({k: v for k, v in doc.items() if k != "nodes"})
+        return b"".join([head[:-1], b"," if len(head) > 2 else b"", b'"nodes":[', b",".join(nodes.pieces), b"]}\n"])
     if fmt == "json":
         return msgspec.json.encode(doc) + b"\n"
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
