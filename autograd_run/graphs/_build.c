@@ -92,7 +92,7 @@ static const char *SPEC_FIELDS[S_FIELDS] = {"id", "name", "op", "seq", "fwd_thre
 
 static Slots NODE = {0}, SPEC = {0};
 static PyObject *EDGE_TYPE, *UNSET, *CPU, *EMPTY, *ACC, *ZERO, *MINUS_ONE, *MAX_SEQ, *FWD_END;
-static PyObject *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
+static PyObject *s_nexts, *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
     *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_shape, *s_inputs,
     *s_nodes, *s_by_id, *s_ops, *s_metas, *s_default_seqs, *s_max_device_index, *s_forward, *s_variables,
     *s_node, *s_requires_grad, *s_kind, *s_tensor, *s_int, *s_bool, *s_str, *s_dtype, *s__top_min, *s_bytes,
@@ -512,7 +512,8 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
     PyObject *nodes = st_get(st, s_nodes, &PyList_Type), *by_id = nodes ? st_get(st, s_by_id, &PyDict_Type) : NULL;
     PyObject *ops = by_id ? st_get(st, s_ops, &PyDict_Type) : NULL, *metas = ops ? st_get(st, s_metas, &PyDict_Type) : NULL;
     PyObject *variables = metas ? st_get(st, s_variables, &PyDict_Type) : NULL;
-    PyObject *dflt = variables ? st_get(st, s_default_seqs, NULL) : NULL;
+    PyObject *nexts = variables ? st_get(st, s_nexts, &PyList_Type) : NULL;
+    PyObject *dflt = nexts ? st_get(st, s_default_seqs, NULL) : NULL;
     PyObject *maxdev_o = dflt ? st_get(st, s_max_device_index, NULL) : NULL;
     PyObject *result = NULL;
     if (maxdev_o == NULL)
@@ -814,6 +815,13 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         }
         if (attrs && node_check(checker, s_check_attrs, node, i, &attrs, 1, &top_min) < 0)
             NEXT_NODE(-1);
+        /* its next edges kept for link_edges; the spec let go (the Node takes its place in the list, so an
+         * error's place still names the node's id): its other objects are freed as the loop goes on */
+        if (PyList_Append(nexts, v[S_NEXT]) < 0)
+            NEXT_NODE(-1);
+        /* (v[] is not read past here: the spec's own values may go with it) */
+        if (PyList_SetItem(specs, i, Py_NewRef(node)) < 0)
+            NEXT_NODE(-1);
 node_end:
 #undef NEXT_NODE
         Py_XDECREF(node);
@@ -844,6 +852,7 @@ done:
     Py_XDECREF(ops);
     Py_XDECREF(metas);
     Py_XDECREF(variables);
+    Py_XDECREF(nexts);
     Py_XDECREF(dflt);
     Py_XDECREF(maxdev_o);
     return result;
@@ -922,9 +931,9 @@ static inline int same_text(PyObject *a, PyObject *b) {
 }
 
 static PyObject *link_edges(PyObject *mod, PyObject *args) {
-    PyObject *specs, *st;
+    PyObject *nexts, *st;
     Py_ssize_t i;
-    if (!PyArg_ParseTuple(args, "O!On", &PyList_Type, &specs, &st, &i))
+    if (!PyArg_ParseTuple(args, "O!On", &PyList_Type, &nexts, &st, &i))
         return NULL;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "_build.configure() has not succeeded");
@@ -938,21 +947,17 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
     int forward = PyObject_IsTrue(fwd_o);
     if (forward < 0)
         goto done;
-    Py_ssize_t n = PyList_GET_SIZE(specs);
+    Py_ssize_t n = PyList_GET_SIZE(nexts);
     if (PyList_GET_SIZE(nodes) != n) {
-        PyErr_SetString(PyExc_ValueError, "_build.link_edges: one node per spec");
+        PyErr_SetString(PyExc_ValueError, "_build.link_edges: one next list per node");
         goto done;
     }
     PyObject *targets[64];
     Py_ssize_t nrs[64];
     for (; i < n; i++) {
-        PyObject *ns = PyList_GET_ITEM(specs, i), *node = PyList_GET_ITEM(nodes, i);
-        if (ns == node)
-            continue; /* (a node is never in the spec list before this loop has passed it) */
-        PyObject *own_next, *own_out = NULL, *own_cons = NULL;
-        PyObject *nxt = slot(&SPEC, ns, S_NEXT, &own_next);
-        if (nxt == NULL)
-            goto done;
+        PyObject *node = PyList_GET_ITEM(nodes, i);
+        PyObject *own_out = NULL, *own_cons = NULL;
+        PyObject *nxt = PyList_GET_ITEM(nexts, i); /* borrowed: the list keeps it until it is let go below */
         int bad = 0;
         Py_ssize_t m = PyList_Check(nxt) ? PyList_GET_SIZE(nxt) : 0;
         if (m > 64) {
@@ -1068,15 +1073,13 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                 }
             }
         }
-        Py_XDECREF(own_next);
         Py_XDECREF(own_out);
         if (bad < 0)
             goto done;
         if (bad > 0)
             break;
-        /* the spec is let go now its edges are made (the Node takes its place) */
-        Py_INCREF(node);
-        if (PyList_SetItem(specs, i, node) < 0)
+        /* the file's edges are let go now the node's are made */
+        if (nxt != Py_None && PyList_SetItem(nexts, i, Py_NewRef(Py_None)) < 0)
             goto done;
     }
     if (PyObject_SetAttr(st, s_forward, forward ? Py_True : Py_False) < 0)
@@ -1144,7 +1147,7 @@ static PyMethodDef methods[] = {
     {"build_nodes", build_nodes, METH_VARARGS,
      "build_nodes(checker, spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
     {"link_edges", link_edges, METH_VARARGS,
-     "link_edges(spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
+     "link_edges(nexts, st, i) -> first index not done: see graphs/validate.py"},
     {"topo_in", topo_in, METH_VARARGS,
      "topo_in(nodes, reverse) -> True, or False where the Python loop must do it: see graphs/model.py _topo_in"},
     {NULL, NULL, 0, NULL}};
@@ -1180,6 +1183,7 @@ PyMODINIT_FUNC PyInit__build(void) {
     INTERN(s_default_seqs, "default_seqs");
     INTERN(s_max_device_index, "max_device_index");
     INTERN(s_forward, "forward");
+    INTERN(s_nexts, "nexts");
     INTERN(s_variables, "variables");
     INTERN(s_node, "node");
     INTERN(s_requires_grad, "requires_grad");
