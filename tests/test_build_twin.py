@@ -15,13 +15,17 @@ from autograd_run.graphs import validate
 from autograd_run.graphs.dump import dumps
 from autograd_run.graphs.generators import generate
 from autograd_run.graphs.load import example_names, load_graph, loads_graph
+from autograd_run.graphs.model import ensure_consumers
 
 pytestmark = pytest.mark.skipif(validate._FAST is None, reason="the compiled loader loops are not in use "
                                                                 "(not built, or AUTOGRAD_RUN_PURE_PYTHON is set)")
 
 
 def snapshot(g) -> tuple:
-    """Everything a loaded graph holds, as plain values (nodes by index; saved values by repr, NaN-safe)."""
+    """Everything a loaded graph holds, as plain values (nodes by index; saved values by repr, NaN-safe);
+    consumers as ``ensure_consumers`` makes them (the loader leaves them None, both ways)."""
+    assert all(n.consumers is None for n in g.nodes)
+    ensure_consumers(g)
     def node(n):
         return (n.id, n.name, n.op.name, n.seq,
                 tuple(None if e is None else (type(e).__name__, e.node.index, e.input_nr) for e in n.next),

@@ -11,6 +11,7 @@ from autograd_run.errors import GraphFileError
 from autograd_run.graphs.dump import dumps, graph_to_dict
 from autograd_run.graphs.generators import GENERATORS, generate
 from autograd_run.graphs.load import example_names, load_graph, loads_graph
+from autograd_run.graphs.model import ensure_consumers
 from builders import add, doc, graph, leaf, mul, run_traced, total
 
 
@@ -51,7 +52,14 @@ def test_derived_fields():
     g = graph(seed_doc(), "json")
     assert {n.id: n.topo_nr for n in g.nodes} == {"sum": 3, "add": 2, "mb": 1, "mc": 1, "acc": 0}
     assert g.by_id["acc"].seq == 2**64 - 1
-    assert sorted((c.id, nr) for c, nr in g.by_id["acc"].consumers) == [("mb", 0), ("mc", 0)]
+    assert all(n.consumers is None for n in g.nodes)  # made when first needed, in list order
+    ensure_consumers(g)
+    assert [(c.id, nr) for c, nr in g.by_id["acc"].consumers] == [("mb", 0), ("mc", 0)]
+    assert [(c.id, nr) for c, nr in g.by_id["add"].consumers] == [("sum", 0)]
+    assert g.by_id["sum"].consumers == []
+    before = [list(n.consumers) for n in g.nodes]
+    ensure_consumers(g)  # once made, kept
+    assert [n.consumers for n in g.nodes] == before
     pipe = load_graph("example:pipeline")
     assert str(pipe.by_id["copy"].device) == "cuda:1" and str(pipe.by_id["relu"].device) == "cuda:0"
 

@@ -579,11 +579,21 @@ def test_yaml_exponent_floats_are_numbers():
     ('"saved": {"other": 2.0}', '"saved": {"other": 2.0, "\\u006fther": 4.0}', "other", "$.nodes[2].saved.other"),
     ('{"shape": [2]}]', '{"shape": [2], "shape": [2]}]', "shape", "$.nodes[1].inputs[0].shape"),
 ])
-def test_json_duplicate_keys_are_refused(old, new, key, where):
+@pytest.mark.parametrize("step", [65536, 1, 2])
+def test_json_duplicate_keys_are_refused(old, new, key, where, step, monkeypatch):
+    """(``step``: the proof re-encodes the nodes that many at a time; every slicing proves the same.)"""
+    monkeypatch.setattr(load_mod, "_ENCODE_NODES", step)
     text = json.dumps(SEED)
     assert old in text
+    assert len(loads_graph(text, "g.json").nodes) == len(SEED["nodes"])
     err = _error(lambda: loads_graph(text.replace(old, new, 1), "g.json"))
     assert f"duplicate key {key!r}" in err.what and where in err.where
+    # the proof alone: no exact pass where the counts prove there is no duplicate, a failed proof where
+    # a key was dropped
+    spec = load_mod._JSON_DECODER.decode(text)
+    assert load_mod._json_has_no_duplicates(text.encode(), spec)
+    dup = text.replace(old, new, 1).encode()
+    assert not load_mod._json_has_no_duplicates(dup, load_mod._JSON_DECODER.decode(dup))
 
 
 def test_big_json_duplicates_are_refused_without_the_exact_pass(monkeypatch):

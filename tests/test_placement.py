@@ -13,11 +13,13 @@ from autograd_run.graphs.dump import dumps, graph_to_dict
 from autograd_run.graphs.generators import generate
 from autograd_run.graphs.load import example_names, load_graph, loads_graph
 from autograd_run.sim.costs import CostResolver
+from autograd_run.graphs.model import ensure_consumers
 from autograd_run.sim.placement import PLACEMENTS, place
 from autograd_run.sim.specs import load_spec
 
 
 def _derived(g):
+    ensure_consumers(g)  # (a loaded graph makes them when first needed; a placed one has them)
     nodes = [(n.id, n.index, n.topo_nr, str(n.device), n.stream, n.cpu, n.saves_tensors, n.saved_strings, n.seq,
               [(c.id, nr) for c, nr in n.consumers], [None if e is None else (e.node.id, e.input_nr) for e in n.next],
               [(m.shape, m.dtype, str(m.device), m.stream) for m in n.inputs], n.op.name)

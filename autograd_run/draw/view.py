@@ -24,6 +24,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from autograd_run.errors import RequestError
+from autograd_run.graphs.model import ensure_consumers
 
 
 @dataclass(eq=False)
@@ -72,13 +73,14 @@ def around(graph, node_id: str, depth: int) -> View:
     start = graph.by_id.get(node_id)
     if start is None:
         raise RequestError(f"no node {node_id!r} in {graph.source}", "around")
+    ensure_consumers(graph)
     dist = {start: 0}
     q = deque([start])
     while q:
         n = q.popleft()
         if dist[n] >= depth:
             continue
-        for m in [e.node for e in n.next if e is not None] + [c for c, _ in (n.consumers or [])]:
+        for m in [e.node for e in n.next if e is not None] + [c for c, _ in n.consumers]:
             if m not in dist:
                 dist[m] = dist[n] + 1
                 q.append(m)
@@ -88,7 +90,7 @@ def around(graph, node_id: str, depth: int) -> View:
     hidden_total = 0
     for it in v.items:
         n = it.nodes[0]
-        neigh = [e.node for e in n.next if e is not None] + [c for c, _ in (n.consumers or [])]
+        neigh = [e.node for e in n.next if e is not None] + [c for c, _ in n.consumers]
         it.hidden_edges = sum(1 for m in neigh if m not in dist)
         hidden_total += it.hidden_edges
     v.notes.append(f"{len(keep)} of {len(graph.nodes)} nodes: those within {depth} edges of {node_id}"

@@ -686,11 +686,10 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         }
         /* the node */
         node = NODE.type->tp_alloc(NODE.type, 0);
-        PyObject *next_list = node ? PyList_New(0) : NULL, *consumers = next_list ? PyList_New(0) : NULL;
-        PyObject *index = consumers ? PyLong_FromSsize_t(i) : NULL;
+        PyObject *next_list = node ? PyList_New(0) : NULL;
+        PyObject *index = next_list ? PyLong_FromSsize_t(i) : NULL;
         if (index == NULL) {
             Py_XDECREF(next_list);
-            Py_XDECREF(consumers);
             NEXT_NODE(-1);
         }
         if (seq == NULL)
@@ -715,12 +714,11 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         slot_put(&NODE, node, N_TOPO, ZERO);
         slot_put(&NODE, node, N_DEVICE, device);
         slot_put(&NODE, node, N_STREAM, stream);
-        slot_put(&NODE, node, N_CONSUMERS, consumers);
+        slot_put(&NODE, node, N_CONSUMERS, Py_None); /* (made when first needed: model.ensure_consumers) */
         slot_put(&NODE, node, N_CPU, cpu ? Py_True : Py_False);
         slot_put(&NODE, node, N_SAVES, Py_False);
         slot_put(&NODE, node, N_STRINGS, Py_False);
         Py_DECREF(next_list);
-        Py_DECREF(consumers);
         Py_DECREF(index);
         /* a count of outputs that depends on the node (saved lists, inputs): a mismatch is the Python loop's */
         PyObject *count_out = PyTuple_GET_ITEM(info, O_COUNT);
@@ -956,7 +954,7 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
     Py_ssize_t nrs[64];
     for (; i < n; i++) {
         PyObject *node = PyList_GET_ITEM(nodes, i);
-        PyObject *own_out = NULL, *own_cons = NULL;
+        PyObject *own_out = NULL;
         PyObject *nxt = PyList_GET_ITEM(nexts, i); /* borrowed: the list keeps it until it is let go below */
         int bad = 0;
         Py_ssize_t m = PyList_Check(nxt) ? PyList_GET_SIZE(nxt) : 0;
@@ -1046,20 +1044,10 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                     PyTuple_SET_ITEM(edge, 1, nr_o);
                     int r = PyList_Append(out, edge);
                     Py_DECREF(edge);
-                    PyObject *cons = r < 0 ? NULL : slot(&NODE, targets[k], N_CONSUMERS, &own_cons);
-                    PyObject *k_o = cons ? PyLong_FromSsize_t(k) : NULL;
-                    PyObject *pair = k_o ? PyTuple_Pack(2, node, k_o) : NULL;
-                    Py_XDECREF(k_o);
-                    if (pair == NULL || !PyList_Check(cons) || PyList_Append(cons, pair) < 0) {
-                        if (cons != NULL && !PyList_Check(cons) && !PyErr_Occurred())
-                            PyErr_SetString(PyExc_TypeError, "_build.link_edges: consumers is not a list");
-                        Py_XDECREF(pair);
-                        Py_CLEAR(own_cons);
+                    if (r < 0) {
                         bad = -1;
                         break;
                     }
-                    Py_DECREF(pair);
-                    Py_CLEAR(own_cons);
                     PyObject *own_idx;
                     PyObject *tidx = slot(&NODE, targets[k], N_INDEX, &own_idx);
                     Py_ssize_t ti = tidx ? PyLong_AsSsize_t(tidx) : -1;

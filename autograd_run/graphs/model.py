@@ -6,9 +6,11 @@ objects directly so the engine's hot path never looks anything up by id.
 
 Derived at load (see ``derive``): each node's ``topo_nr`` (0 without next
 edges, else 1 + max over next nodes), its ``device`` (first non-CPU input
-device, else CPU), its ``stream`` (that input's stream) and its
-``consumers`` (reverse edges: which nodes feed gradient into it); the
-graph's highest device index.
+device, else CPU), its ``stream`` (that input's stream); the graph's
+highest device index. Each node's ``consumers`` (reverse edges: which
+nodes feed gradient into it) are made when first needed
+(``ensure_consumers``: placement and draw): the loader leaves them None,
+a tenth of a loaded graph's memory that a run and a simulation never read.
 """
 
 from __future__ import annotations
@@ -145,6 +147,8 @@ class Node:
     topo_nr: int = 0
     device: Device = CPU
     stream: int = 0
+    #: (producer node, its output number) of each edge into this node, in the graph's list order; None until
+    #: made (``ensure_consumers``; ``derive`` makes them for a graph built in code, the loader does not).
     consumers: list[tuple["Node", int]] | None = None
     #: ``device`` is the CPU (a plain attribute: the engine's hot path reads it per node).
     cpu: bool = True
@@ -333,12 +337,26 @@ def link(node: Node, out_nr: int, target: Node) -> None:
     target.consumers.append((node, out_nr))
 
 
+def ensure_consumers(graph: Graph) -> None:
+    """Every node's ``consumers``, made in one pass over the nodes in list order (each node's edges in
+    order) where any node lacks them; the order ``derive`` and a loader that linked edges as it went give."""
+    nodes = graph.nodes
+    if all(n.consumers is not None for n in nodes):
+        return
+    for n in nodes:
+        n.consumers = []
+    for n in nodes:
+        for k, e in enumerate(n.next):
+            if e is not None:
+                e[0].consumers.append((n, k))
+
+
 def derive(graph: Graph, prepared: bool = False, forward: bool | None = None, order=None,
            topo_in=None) -> None:
     """Fill the derived fields: index, device, stream, consumers and topo_nr.
 
-    ``prepared``: the loader already called ``derive_node`` on each node
-    and ``link`` on each edge while building them, and set the graph's
+    ``prepared``: the loader already did what ``derive_node`` does on each node while building them (all
+    but the consumers, left None: ``ensure_consumers``), and set the graph's
     ``max_device_index`` (one pass fewer over a big graph each); ``forward``: it also found whether every edge points
     forward in the list; ``order``: the nodes in an order in which each comes after every node its edges
     point to, which the caller proves (a graph built from one already derived: then it is acyclic, and

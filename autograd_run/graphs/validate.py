@@ -801,7 +801,7 @@ class _Checker:
         self._loop(st, _FAST and (lambda i: _FAST.build_nodes(self, self.spec.nodes, st, i)), self._nodes_py)
 
     def link_edges(self, st: "_Build") -> None:
-        """Each node's next edges (``Edge`` tuples to their targets), and the targets' consumers."""
+        """Each node's next edges (``Edge`` tuples to their targets); consumers are left to ``ensure_consumers``."""
         self._loop(st, _FAST and (lambda i: _FAST.link_edges(st.nexts, st, i)), self._edges_py)
 
     def _loop(self, st: "_Build", fast, slow) -> None:
@@ -899,7 +899,7 @@ class _Checker:
             saved = ns.saved
             attrs = ns.attrs
             # Derived here rather than in a pass of their own (model.derive_node does the same):
-            # index, consumers, device/stream/cpu (the first non-CPU input), saves_tensors.
+            # index, device/stream/cpu (the first non-CPU input), saves_tensors (consumers: when needed).
             if len(inputs) > 1 or op is acc:
                 device, stream, cpu = CPU, 0, True
                 for meta in inputs:
@@ -913,7 +913,7 @@ class _Checker:
                 seq = -1
                 default_seqs = True
             node = new_node(nid, intern(ns.name), op, seq, [], inputs, saved or EMPTY, attrs or EMPTY, variable,
-                            fwd_thread, i, 0, device, stream, [], cpu)
+                            fwd_thread, i, 0, device, stream, None, cpu)
             if op is acc:
                 variables[variable].node = node
             nodes.append(node)
@@ -966,8 +966,7 @@ class _Checker:
         st.max_device_index = max_device_index
 
     def _edges_py(self, st: "_Build", lo: int, hi: int) -> None:
-        # Edges, with what model.link derives (consumers), whether they all
-        # point forward in the list (model.derive's fast path), and gradient shapes out of
+        # Edges, whether they all point forward in the list (model.derive's fast path), and gradient shapes out of
         # elementwise nodes. The file's edges of each node are let go once its edges are made.
         make_edge = tuple.__new__
         forward = st.forward
@@ -999,7 +998,6 @@ class _Checker:
                                        f"{node.name} produces a gradient of shape {list(out_shape)} for "
                                        f"{tensors.short(tid)} input {nr}, whose shape {list(want)} is not compatible")
                 out.append(make_edge(Edge, (target, nr)))
-                target.consumers.append((node, k))
                 if target.index <= i:
                     forward = False
         st.forward = forward

@@ -22,7 +22,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from autograd_run.errors import RequestError
-from autograd_run.graphs.model import Device, Edge, Graph, InputMeta, Node, Root, Variable, derive
+from autograd_run.graphs.model import Device, Edge, Graph, InputMeta, Node, Root, Variable, derive, ensure_consumers
 from autograd_run.graphs.tensors import SideFiles
 from autograd_run.ops import ACCUMULATE_GRAD, lookup
 
@@ -53,7 +53,8 @@ def assign(graph, k: int, how: str, cost_of) -> dict:
         load = [0] * k
         finish: dict = {}
         out: dict = {}
-        producers = {n: [p for p, _ in (n.consumers or [])] for n in graph.nodes}
+        ensure_consumers(graph)
+        producers = {n: [p for p, _ in n.consumers] for n in graph.nodes}
         for n in order:
             c = cost_of(n)
             work = max(1, c.cpu_ns + c.gpu_ns)
@@ -82,6 +83,7 @@ def place(graph, k: int, how: str, cost_of):
             raise RequestError(f"the graph uses cuda:{graph.max_device_index}; --devices {k} is too few "
                                "to keep its placement", "devices")
         return graph
+    ensure_consumers(graph)
     where = assign(graph, k, how, cost_of)
     for n in graph.nodes:
         if n.op is ACCUMULATE_GRAD:
