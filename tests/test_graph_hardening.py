@@ -884,3 +884,15 @@ def test_the_load_estimate_covers_what_a_load_takes(kind, kw):
         tracemalloc.stop()
     assert len(g.nodes) > 1000
     assert peak <= est <= 3 * peak, (peak, est)
+
+
+def test_the_load_estimate_counts_objects_where_a_key_may_be_escaped():
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    data = dumps(generate("chain", n=500), "json")
+    plain = load_mod.load_memory_estimate(data, "json")
+    assert plain == 7 * len(data) + 800 * data.count(b'"id"')
+    hidden = data.replace(b'"id"', b'"\\u0069d"')  # the same document: msgspec reads these keys as "id"
+    assert len(loads_graph(hidden, "h.json").nodes) == 501
+    assert load_mod.load_memory_estimate(hidden, "json") == 7 * len(hidden) + 800 * hidden.count(b"{") > plain
+    assert load_mod.load_memory_estimate(data, "yaml") == 95 * len(data)

@@ -174,7 +174,7 @@ def load_memory_estimate(data: bytes, fmt: str) -> int:
     if fmt == "yaml":
         return YAML_BYTES_PER_BYTE * len(data)
     nodes = data.count(b'"id"')
-    if b"\\u" in data:  # a key written with escapes ("\u0069d") is still "id": count every object instead
+    if b"\\" in data and b"\\u" in data:  # a key written with escapes ("\u0069d") is still "id": count every object instead
         nodes = max(nodes, data.count(b"{"))
     return JSON_BYTES_PER_BYTE * len(data) + JSON_BYTES_PER_NODE * nodes
 
