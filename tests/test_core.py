@@ -560,6 +560,48 @@ def test_the_compiled_event_loop_simulates_as_its_twin(monkeypatch, tmp_path):
 
 
 @compiled
+@pytest.mark.slow  # every bench/sim_dump case simulated twice (7 s here): make test, not make test-fast
+def test_the_compiled_sequential_loop_simulates_as_its_twin(monkeypatch, tmp_path):
+    """``_core.sim_sequential`` (a call on the CPU alone) against ``Simulator._run_sequential``'s Python loop:
+    every case of ``bench/sim_dump`` gives the same results both ways, and many take the compiled loop."""
+    from bench import sim_dump
+    monkeypatch.setattr(sim_dump, "WORK", str(tmp_path))
+    monkeypatch.setattr(sim_dump, "EXTRA", None)
+    calls = []
+    real = core.sim_sequential
+    monkeypatch.setattr(core, "sim_sequential", lambda *a: (calls.append(1), real(*a))[1])
+    cases = list(sim_dump.cases())
+    compiled_runs = [sim_dump.outcome(g, kw) for _, g, kw in cases]
+    assert len(calls) > 80  # of 354 cases: the others run on devices, or skip nodes for grad()
+    monkeypatch.setattr(core, "sim_sequential", None)
+    for (name, g, kw), want in zip(cases, compiled_runs):
+        assert sim_dump.outcome(g, kw) == want, name
+
+
+@compiled
+def test_the_compiled_sequential_loop_raises_what_a_cost_model_raises():
+    """An error inside the loop (a cost model's) comes out as it is, with the simulator's clock where it stopped."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim.scheduler import Simulator
+    from autograd_run.sim.specs import default_spec
+    g = loads_graph(dumps(generate("chain", n=5), "json"), "c.json")
+    seen = []
+
+    def costs(node):
+        seen.append(node.id)
+        if len(seen) == 3:
+            raise LookupError(f"no cost for {node.id}")
+        from autograd_run.sim.costs import NodeCost
+        return NodeCost(1000, 0, True, "test")
+    sim = Simulator(g, default_spec(), costs)
+    with pytest.raises(LookupError, match="no cost for mul_2"):
+        sim.run([r.edge for r in g.roots])
+    assert len(sim.slices) == 2 and sim.now == sim.slices[-1][5]
+
+
+@compiled
 def test_the_compiled_event_loop_raises_what_a_cost_model_raises():
     """An error inside the loop (here a cost model's) leaves it as it is, and the simulator's ``at`` is its own
     method again."""

@@ -98,6 +98,8 @@ static PyMethodDef module_methods[] = {
     {"critical_path", critical_path, METH_VARARGS,
      "critical_path(nodes, gt, node, weight, start, order) -> (path, total): see record/kernels.py"},
     {"sim_loop", sim_loop, METH_VARARGS, "sim_loop(sim, events, order, ...): see sim/scheduler.py"},
+    {"sim_sequential", sim_sequential, METH_VARARGS,
+     "sim_sequential(sim, gt, queue, costs, resolved, ...) -> now: see sim/scheduler.py _run_sequential"},
     {"signature", signature, METH_O, "signature(node) -> (key, values) or None: see sim/signature.py"},
     {"thread_main", (PyCFunction)(void (*)(void))thread_main, METH_FASTCALL,
      "thread_main(engine, graph_task): the worker loop (worker.thread_main_py)"},

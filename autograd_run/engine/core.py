@@ -58,6 +58,7 @@ if COMPILED:
     node_columns = _core.node_columns
     signature = _core.signature
     sim_loop = _core.sim_loop
+    sim_sequential = _core.sim_sequential
     split_saved = _core.split_saved
     group_saved = _core.group_saved
     scatter = _core.scatter
@@ -82,6 +83,7 @@ else:
     compute_dependencies = None  # graph_task.compute_dependencies_py
     signature = None  # sim.signature.signature_py
     sim_loop = None  # sim.scheduler's event methods
+    sim_sequential = None  # sim.scheduler.Simulator._run_sequential's loop
     fill = None  # traces.encode.fill_py
     input_shape_codes = None  # record.kernels' twins
     node_columns = None

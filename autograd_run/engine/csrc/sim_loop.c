@@ -1,4 +1,4 @@
-/* Python twin: autograd_run/sim/scheduler.py (Simulator.run's event loop and _step, wake, _run_node, _function, _cpu, _launched, kernel, _done, _retire, _go_on).
+/* Python twin: autograd_run/sim/scheduler.py (Simulator.run's event loop and _step, wake, _run_node, _function, _cpu, _launched, kernel, _done, _retire, _go_on; sim_sequential: _run_sequential's loop).
  * sim_loop: the simulation's event loop on a virtual clock, for a call with no nested backward (no checkpoint or
  * python node) and no cores modelled: the same events in the same order as the Python methods, without their
  * frames. Part of _core.c (included there, after route.c, whose route() it calls).
@@ -996,5 +996,126 @@ done:
     Py_XDECREF(S.holder_ref);
     Py_XDECREF(S.last_cost);
     Py_DECREF(L);
+    return result;
+}
+
+/* sim_sequential(sim, gt, queue, costs, resolved, slices, ones, tracer, COST, now, overhead_ns, cost_node_ns, tid,
+ *                qname, gid) -> now: Simulator._run_sequential's loop (its Python twin), for a call whose nodes all run
+ * on the CPU, with no exec_info and no queue samples (the caller checks): each popped node runs right after the
+ * previous one; its cost, slice and routing as there. `queue` is the caller's compiled ReadyQueue; `resolved` as
+ * for sim_loop. The simulator's `now` is set before each routing (a queue's push reads it) and at the end. */
+static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
+    PyObject *sim, *gt, *queue, *costs, *resolved, *slices, *ones, *tracer, *cost_op, *tid, *qname, *gid;
+    long long now, overhead_ns, cost_node_ns;
+    if (!PyArg_ParseTuple(args, "OOO!OOO!O!OOLLLOOO", &sim, &gt, &QueueType, &queue, &costs, &resolved, &PyList_Type,
+                          &slices, &PyList_Type, &ones, &tracer, &cost_op, &now, &overhead_ns, &cost_node_ns, &tid,
+                          &qname, &gid))
+        return NULL;
+    if (sl_intern() < 0)
+        return NULL;
+    Sim S = {.sim = sim, .costs = costs, .now = now, .now_seen = now};
+    if (resolved != Py_None) {
+        if (!PyTuple_Check(resolved) || PyTuple_GET_SIZE(resolved) != 4 ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(resolved, 0)) || !PyDict_CheckExact(PyTuple_GET_ITEM(resolved, 1)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(resolved, 2))) {
+            PyErr_SetString(PyExc_TypeError, "sim_sequential: a CostResolver's (resolved, by_signature, measured, mark)");
+            return NULL;
+        }
+        S.resolved = PyTuple_GET_ITEM(resolved, 0);
+        S.by_signature = PyTuple_GET_ITEM(resolved, 1);
+        S.measured = PyTuple_GET_ITEM(resolved, 2);
+        S.by_values = PyTuple_GET_ITEM(resolved, 3);
+    }
+    PyObject *exec_info = PyObject_GetAttr(gt, s_exec_info), *result = NULL;
+    if (exec_info == NULL)
+        return NULL;
+    QueueObject *q = (QueueObject *)queue;
+    SimRunC run = {0};
+    PyObject *zero = PyLong_FromLong(0); /* (a cached small int: never fails) */
+    long long t = now;
+    while (q->size > 0) {
+        PyObject *item = Queue_pop_impl(q, Py_None);
+        if (item == NULL)
+            goto done;
+        PyObject *task = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 ? PyTuple_GET_ITEM(item, 0) : NULL;
+        if (task == NULL || !PyTuple_Check(task) || PyTuple_GET_SIZE(task) != 3) {
+            Py_DECREF(item);
+            PyErr_SetString(PyExc_TypeError, "sim_sequential: a queue item is ((gt, node, buffer), pushed)");
+            goto done;
+        }
+        PyObject *node = PyTuple_GET_ITEM(task, 1), *pushed = PyTuple_GET_ITEM(item, 1);
+        if (node == Py_None) {
+            Py_DECREF(item);
+            continue;
+        }
+        int cpu = node_true(node, NF_CPU);
+        if (cpu <= 0) {
+            if (cpu == 0)
+                PyErr_SetString(PyExc_RuntimeError, "sim_sequential: a node off the CPU (the Python loop's)");
+            Py_DECREF(item);
+            goto done;
+        }
+        long long start = t;
+        S.now = t;
+        PyObject *cost = lookup_cost(&S, node);
+        if (cost == NULL || read_cost(&S, cost, &run) < 0) {
+            Py_XDECREF(cost);
+            Py_DECREF(item);
+            goto done;
+        }
+        Py_DECREF(cost);
+        t += overhead_ns + run.cpu_ns;
+        PyObject *op = node_get(node, NF_OP);
+        if (op == NULL) {
+            Py_DECREF(item);
+            goto done;
+        }
+        if (op == cost_op)
+            t += cost_node_ns;
+        Py_DECREF(op);
+        S.now = t;
+        PyObject *st = PyLong_FromLongLong(start), *en = st ? PyLong_FromLongLong(t) : NULL;
+        PyObject *slice = en ? PyTuple_Pack(8, gid, zero, node, tid, st, en, qname, pushed) : NULL;
+        Py_XDECREF(st);
+        Py_XDECREF(en);
+        if (slice == NULL || append_new(slices, slice) < 0) {
+            Py_DECREF(item);
+            goto done;
+        }
+        PyObject *nxt = node_get(node, NF_NEXT);
+        int has_next = nxt ? PyObject_IsTrue(nxt) : -1;
+        Py_XDECREF(nxt);
+        int r = has_next;
+        if (has_next > 0) {
+            PyObject *rargs[7] = {sim, gt, node, ones, exec_info, tracer, Py_None};
+            PyObject *res = sync_now(&S) < 0 ? NULL : route(NULL, rargs, 7);
+            r = res ? 0 : -1;
+            Py_XDECREF(res);
+        } else if (has_next == 0) { /* a leaf: the task retires */
+            long long out;
+            r = get_ll(gt, s_outstanding, &out);
+            PyObject *v = r == 0 ? PyLong_FromLongLong(out - 1) : NULL;
+            r = v ? set_attr(gt, s_outstanding, v) : -1;
+            Py_XDECREF(v);
+        }
+        Py_DECREF(item);
+        if (r < 0)
+            goto done;
+    }
+    S.now = t;
+    if (sync_now(&S) < 0)
+        goto done;
+    result = PyLong_FromLongLong(t);
+done:
+    if (result == NULL) { /* an error: the simulator's clock where the loop stopped */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (sync_now(&S) < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
+    Py_XDECREF(S.last_cost);
+    Py_DECREF(zero);
+    Py_DECREF(exec_info);
     return result;
 }
