@@ -1032,6 +1032,8 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
     QueueObject *q = (QueueObject *)queue;
     SimRunC run = {0};
     PyObject *zero = PyLong_FromLong(0); /* (a cached small int: never fails) */
+    PyObject *t_obj = NULL; /* the last slice's end, and its value */
+    long long t_val = 0;
     long long t = now;
     while (q->size > 0) {
         PyObject *item = Queue_pop_impl(q, Py_None);
@@ -1074,10 +1076,13 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
             t += cost_node_ns;
         Py_DECREF(op);
         S.now = t;
-        PyObject *st = PyLong_FromLongLong(start), *en = st ? PyLong_FromLongLong(t) : NULL;
+        /* a slice starts where the one before ended: one int object for both (as the Python loop's `start = t`) */
+        PyObject *st = start == t_val && t_obj ? Py_NewRef(t_obj) : PyLong_FromLongLong(start);
+        PyObject *en = st ? PyLong_FromLongLong(t) : NULL;
         PyObject *slice = en ? PyTuple_Pack(8, gid, zero, node, tid, st, en, qname, pushed) : NULL;
         Py_XDECREF(st);
-        Py_XDECREF(en);
+        Py_XSETREF(t_obj, en);
+        t_val = t;
         if (slice == NULL || append_new(slices, slice) < 0) {
             Py_DECREF(item);
             goto done;
@@ -1115,6 +1120,7 @@ done:
         PyErr_Restore(et, ev, tb);
     }
     Py_XDECREF(S.last_cost);
+    Py_XDECREF(t_obj);
     Py_DECREF(zero);
     Py_DECREF(exec_info);
     return result;
