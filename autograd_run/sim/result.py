@@ -77,7 +77,18 @@ def _columns(sim) -> Columns:
     queue_code: dict = {}  # queue name -> its row in the queue table, likewise
 
     def codes(table: dict, values) -> list:
-        return [-1 if v is None else table.setdefault(v, len(table)) for v in values]
+        # Each value's row (-1: None), new values added in order of first appearance. Loops run in C where
+        # they can: the distinct values found by dict.fromkeys, the rows read by a map (a million slices:
+        # 0.5 -> ~0.15 s).
+        new = [v for v in dict.fromkeys(values) if v is not None and v not in table]
+        table.update(zip(new, range(len(table), len(table) + len(new))))
+        if None not in table:
+            table[None] = -1
+            try:
+                return list(map(table.__getitem__, values))
+            finally:
+                del table[None]
+        return [-1 if v is None else table[v] for v in values]  # (a None key in the table: never here)
 
     # slices: (gt, depth, node, tid, start, end, queue or None, pushed or None), in end order
     n = len(sim.slices)
