@@ -1029,6 +1029,17 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
     PyObject *exec_info = PyObject_GetAttr(gt, s_exec_info), *result = NULL;
     if (exec_info == NULL)
         return NULL;
+    EngineInfo ei;
+    GtInfo gi;
+    if (engine_info_fill(&ei, sim, tracer) < 0) {
+        Py_DECREF(exec_info);
+        return NULL;
+    }
+    if (gt_info_fill_route(&gi, gt, exec_info) < 0) {
+        engine_info_clear(&ei);
+        Py_DECREF(exec_info);
+        return NULL;
+    }
     QueueObject *q = (QueueObject *)queue;
     SimRunC run = {0};
     PyObject *zero = PyLong_FromLong(0); /* (a cached small int: never fails) */
@@ -1091,9 +1102,8 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
         int has_next = nxt ? PyObject_IsTrue(nxt) : -1;
         Py_XDECREF(nxt);
         int r = has_next;
-        if (has_next > 0) {
-            PyObject *rargs[7] = {sim, gt, node, ones, exec_info, tracer, Py_None};
-            PyObject *res = sync_now(&S) < 0 ? NULL : route(NULL, rargs, 7);
+        if (has_next > 0) { /* route(), with what it reads of the simulator and the task read once */
+            PyObject *res = sync_now(&S) < 0 ? NULL : route_core(&ei, &gi, node, ones, Py_None);
             r = res ? 0 : -1;
             Py_XDECREF(res);
         } else if (has_next == 0) { /* a leaf: the task retires */
@@ -1122,6 +1132,8 @@ done:
     Py_XDECREF(S.last_cost);
     Py_XDECREF(t_obj);
     Py_DECREF(zero);
+    gt_info_clear(&gi);
+    engine_info_clear(&ei);
     Py_DECREF(exec_info);
     return result;
 }
