@@ -850,13 +850,21 @@ def test_a_load_the_machine_cannot_hold_is_refused_before_parsing(tmp_path, monk
     monkeypatch.setattr(load_mod, "MEMORY_CHECK_FROM", 0)
     monkeypatch.setattr(load_mod, "memory_available", lambda: 1 << 20)
     monkeypatch.setattr(load_mod, "_JSON_DECODER", type("D", (), {"decode": lambda self, d: decoded.append(d)})())
+    read = []
+    real_read = load_mod.read_file
+    monkeypatch.setattr(load_mod, "read_file", lambda *a: (read.append(a), real_read(*a))[1])
     for fmt in ("json", "yaml"):
         p = tmp_path / f"c.{fmt}"
         p.write_bytes(dumps(doc, fmt))
+        # a file: from its size, before it is read (7 or 95 bytes a byte at least)
         exc = _error(lambda: load_graph(str(p)))
         assert exc.file == str(p) and exc.where is None
-        assert "file takes about" in exc.what and "1.0 MiB is available" in exc.what
+        assert "file takes at least" in exc.what and "1.0 MiB is available" in exc.what
         assert ("the same graph as JSON" in exc.what) == (fmt == "yaml")
+        assert read == []
+        # bytes (stdin, a library call): from its content, before it is parsed
+        exc = _error(lambda: loads_graph(p.read_bytes(), str(p)))
+        assert exc.file == str(p) and "file takes about" in exc.what and "1.0 MiB is available" in exc.what
     assert decoded == []
     monkeypatch.setattr(load_mod, "_JSON_DECODER", real)
     monkeypatch.setattr(load_mod, "memory_available", lambda: 64 << 30)

@@ -3,7 +3,8 @@
 Each must exit 2 with exactly one ``Error:`` line that names the file and
 says what is wrong (``tests/hostile/expected.json``), and no traceback. The
 corpus files are small; cases that need the file system (a FIFO, a link to
-``/dev/zero``, a directory, a sparse file over the size cap, the compressed
+``/dev/zero``, a directory, a sparse file over the size cap (and one under it, but too big for the memory
+the limits leave), the compressed
 npz bomb, side files that are FIFOs) are made here in ``tmp_path``.
 ``tests/hostile/make_corpus.py`` writes the corpus.
 
@@ -44,8 +45,12 @@ def made_cases(tmp_path) -> dict[str, str]:
     (tmp_path / "folder.json").mkdir()
     cases["folder.json"] = "is a directory"
     with open(tmp_path / "sparse.json", "wb") as f:
+        f.truncate((4 << 30) + 1)
+    cases["sparse.json"] = "larger than 4096 MiB"
+    # under the cap, but more than the limited machine has for loading it: refused before it is read
+    with open(tmp_path / "sparse_1g.json", "wb") as f:
         f.truncate((1 << 30) + 1)
-    cases["sparse.json"] = "larger than 1024 MiB"
+    cases["sparse_1g.json"] = "file takes at least 7.0 GiB of memory, and"
     os.mkfifo(tmp_path / "fifo_side.npz")
     (tmp_path / "fifo_side.json").write_text(SEED.replace('{"npz": "x"}', '{"npz": "x", "file": "fifo_side.npz"}'))
     cases["fifo_side.json"] = "side file 'fifo_side.npz' is not a regular file"

@@ -181,15 +181,29 @@ def load_memory_estimate(data: bytes, fmt: str) -> int:
 
 def _check_memory(data: bytes, fmt: str, source: str) -> None:
     """A file whose load would take more memory than the machine has left is refused before parsing."""
-    if len(data) < MEMORY_CHECK_FROM:
-        return
-    need = load_memory_estimate(data, fmt)
+    if len(data) >= MEMORY_CHECK_FROM:
+        _refuse_past_memory(len(data), load_memory_estimate(data, fmt), fmt, source, "about")
+
+
+def _check_memory_before_reading(path: str, fmt: str) -> None:
+    """The same, from a file's size alone, before it is read (what its bytes take per byte, without the
+    per-node part): a big file on a small machine is refused without reading it."""
+    try:
+        size = os.stat(path).st_size
+    except (OSError, ValueError):
+        return  # (reading it says what is wrong)
+    if MEMORY_CHECK_FROM <= size <= MAX_FILE_BYTES:  # (past the cap, reading it says so)
+        per_byte = YAML_BYTES_PER_BYTE if fmt == "yaml" else JSON_BYTES_PER_BYTE
+        _refuse_past_memory(size, per_byte * size, fmt, path, "at least")
+
+
+def _refuse_past_memory(size: int, need: int, fmt: str, source: str, how: str) -> None:
     available = memory_available()
     if available is None or need <= available:
         return
     hint = (" (YAML takes about 90 bytes of memory per byte of file; the same graph as JSON about 12)"
             if fmt == "yaml" else "")
-    raise GraphFileError(source, None, f"loading this {format_bytes(len(data))} file takes about "
+    raise GraphFileError(source, None, f"loading this {format_bytes(size)} file takes {how} "
                                        f"{format_bytes(need)} of memory, and {format_bytes(available)} is "
                                        f"available{hint}")
 
@@ -422,6 +436,8 @@ def load_graph(ref: str | os.PathLike, *, max_bytes: int | None = None, allow_py
         # Before reading: a FIFO or device named without an extension is refused here too.
         read_file(ref)
         raise GraphFileError(ref, None, "unknown extension: graph files end in .json, .yaml or .yml")
+    if not ref.startswith(EXAMPLE_PREFIX):
+        _check_memory_before_reading(ref, "yaml" if is_yaml_name(ref) else "json")
     data, source, base_dir = read_source(ref)
     box = [data]
     del data  # (the loader lets the bytes go once decoded: see _loads)
