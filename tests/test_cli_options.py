@@ -83,7 +83,7 @@ def test_gen_refuses_a_graph_the_machine_cannot_hold_before_making_it(tmp_path, 
     monkeypatch.setattr(generators, "chain", lambda **kw: pytest.fail("generated"))
     code, out, err = run_cli(["gen", "chain", "--size", "1000000", "-o", str(tmp_path / "c.json")], capsys)
     assert (code, out) == (2, "")
-    assert err == ("Error: gen chain of about 1,000,001 nodes takes about 1.9 GiB of memory to write and check "
+    assert err == ("Error: gen chain of about 1,000,001 nodes takes about 1.6 GiB of memory to write and check "
                    "the file, and 100.0 MiB is available\n")
     code, out, err = run_cli(["gen", "chain", "--size", "100000", "-o", str(tmp_path / "c.yaml")], capsys)
     assert code == 2 and "(YAML takes about 8x more than JSON)" in err

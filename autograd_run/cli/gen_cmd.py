@@ -162,16 +162,16 @@ def _check(kind: str, size: int, o: dict) -> None:
 
 
 def _check_memory(kind: str, n: int, fmt: str) -> None:
-    """Before generating: the file's text, the document (packed: its text again; else ~1 KB a node of
-    dicts) and the load that checks it must fit in what the machine has left."""
+    """Before generating: the file's text, with the document it is written from (packed: its text in
+    pieces; else ~1 KB a node of dicts), then with the load that checks it (the document is let go by
+    then), must fit in what the machine has left."""
     from autograd_run.graphs import load
     from autograd_run.graphs.validate import format_bytes, memory_available
     file_bytes = FILE_BYTES_PER_NODE[kind] * n
-    if fmt == "json":
-        need = file_bytes * (2 if n >= PACK_FROM else 1) + (0 if n >= PACK_FROM else 1000 * n) + \
-            load.JSON_BYTES_PER_BYTE * file_bytes + load.JSON_BYTES_PER_NODE * n
-    else:
-        need = file_bytes + 1000 * n + load.YAML_BYTES_PER_BYTE * file_bytes
+    document = file_bytes if fmt == "json" and n >= PACK_FROM else 1000 * n
+    loading = (load.JSON_BYTES_PER_BYTE * file_bytes + load.JSON_BYTES_PER_NODE * n if fmt == "json"
+               else load.YAML_BYTES_PER_BYTE * file_bytes)
+    need = file_bytes + max(document, loading)
     available = memory_available()
     if available is not None and need > available:
         raise UsageError(f"gen {kind} of about {n:,} nodes takes about {format_bytes(need)} of memory to write "

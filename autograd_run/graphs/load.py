@@ -39,10 +39,10 @@ from autograd_run.graphs.validate import build_graph, check_python_nodes, format
 #: is checked against what the machine has before parsing (``load_memory_estimate``).
 MAX_FILE_BYTES = 4 << 30
 #: Peak memory of a load (``load_memory_estimate``), measured on generated graphs of every kind at 1e5
-#: nodes (peak RSS over the file's size): JSON 11-12x its size, 1.5-1.9 KB a node, which this fits from
-#: above within 3-11%: 7 bytes per byte of the file plus 800 per node; YAML 82-92x (libyaml's node tree,
-#: with the marks that place an error).
-JSON_BYTES_PER_BYTE, JSON_BYTES_PER_NODE, YAML_BYTES_PER_BYTE = 7, 800, 95
+#: nodes (peak RSS over the file's size): JSON 8.8-9.8x its size, 1.13-1.65 KB a node, which this fits
+#: from above within 9-28%: 9 bytes per byte of the file plus 300 per node; YAML 82-92x (libyaml's node
+#: tree, with the marks that place an error).
+JSON_BYTES_PER_BYTE, JSON_BYTES_PER_NODE, YAML_BYTES_PER_BYTE = 9, 300, 95
 #: Files smaller than this are loaded without a look at the machine's memory (at most ~1 GB as JSON).
 MEMORY_CHECK_FROM = 64 << 20
 #: YAML: most values the document may expand to once aliases are followed.
@@ -201,7 +201,7 @@ def _refuse_past_memory(size: int, need: int, fmt: str, source: str, how: str) -
     available = memory_available()
     if available is None or need <= available:
         return
-    hint = (" (YAML takes about 90 bytes of memory per byte of file; the same graph as JSON about 12)"
+    hint = (" (YAML takes about 90 bytes of memory per byte of file; the same graph as JSON about 10)"
             if fmt == "yaml" else "")
     raise GraphFileError(source, None, f"loading this {format_bytes(size)} file takes {how} "
                                        f"{format_bytes(need)} of memory, and {format_bytes(available)} is "
