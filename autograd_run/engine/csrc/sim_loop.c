@@ -860,6 +860,15 @@ static int sim_wake(Sim *S, PyObject *w) {
     return sim_step(S, w);
 }
 
+/* After an error: the simulator's clock where the loop stopped, the error kept. */
+static void sync_now_after_error(Sim *S) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    if (sync_now(S) < 0)
+        PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
 /* sim_loop(sim, events, order, wake, step, costs, resolved, slices, kernels, started, skips, idles, samples,
  *          stream_free, streams, ones, tracer, COST, now, overhead_ns, device_overhead_ns, cost_node_ns,
  *          handoff_ns, detail, overhead_gil, gil_free_at, gil_holder) -> (now, gil_free_at, gil_holder, order):
@@ -975,13 +984,8 @@ restore:
         PyErr_Restore(et, ev, tb);
     }
 done:
-    if (result == NULL) {  /* an error: the simulator's clock where the loop stopped */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        if (sync_now(&S) < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
-    }
+    if (result == NULL)
+        sync_now_after_error(&S);
     for (int i = 0; i < 8; i++) {
         Py_XDECREF(S.streams_seen[i].dev);
         Py_XDECREF(S.streams_seen[i].st);
@@ -1122,13 +1126,8 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
         goto done;
     result = PyLong_FromLongLong(t);
 done:
-    if (result == NULL) { /* an error: the simulator's clock where the loop stopped */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        if (sync_now(&S) < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
-    }
+    if (result == NULL)
+        sync_now_after_error(&S);
     Py_XDECREF(S.last_cost);
     Py_XDECREF(t_obj);
     Py_DECREF(zero);
