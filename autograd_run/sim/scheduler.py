@@ -79,6 +79,14 @@ CALLER = -1
 _CHECKPOINT = "autograd_run.engine.callables:checkpoint"
 
 
+def _resolver_tables(costs):
+    """A CostResolver's tables, which the compiled loops read where a node's cost is known without a call
+    (resolved already, or its ``_resolve``'s shared case); None for any other cost function."""
+    if type(costs) is CostResolver and type(costs.measured) is dict:
+        return (costs.resolved, costs._by_signature, costs.measured, _BY_VALUES)
+    return None
+
+
 class Simulator:
     """One simulated backward call (``run``) of ``graph`` on ``spec``'s machine (see the module docstring)."""
 
@@ -232,9 +240,7 @@ class Simulator:
         same order (one counter orders both), without their frames. While it runs, ``self.at`` is its own (a
         queue's push schedules a wake-up through it) and ``self.now`` is kept current."""
         costs = self.costs
-        # a CostResolver's tables, read in C where a node's cost is known without a call (its _resolve's shared case)
-        resolved = (costs.resolved, costs._by_signature, costs.measured, _BY_VALUES) \
-            if type(costs) is CostResolver and type(costs.measured) is dict else None
+        resolved = _resolver_tables(costs)
         events, self._events = self._events, []
         order = next(self._order)
         self.now, self._gil_free_at, self._gil_holder, order = core.sim_loop(
@@ -270,8 +276,7 @@ class Simulator:
         if (core.sim_sequential is not None and self.graph.max_device_index < 0 and not exec_info and not detail
                 and type(heap) is core.ReadyQueue):
             # the loop below in C (every node on the CPU, nothing skipped, no queue samples): the same slices
-            resolved = (costs.resolved, costs._by_signature, costs.measured, _BY_VALUES) \
-                if type(costs) is CostResolver and type(costs.measured) is dict else None
+            resolved = _resolver_tables(costs)
             t = self.now = core.sim_sequential(self, gt, heap, costs, resolved, slices, ones, NULL_TRACER, COST, t,
                                                overhead, cost_node, tid, qname, gid)
         while len(heap):

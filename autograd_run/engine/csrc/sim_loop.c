@@ -860,6 +860,25 @@ static int sim_wake(Sim *S, PyObject *w) {
     return sim_step(S, w);
 }
 
+/* The (resolved, by signature, measured, the by-values mark) tables of a CostResolver (scheduler's
+ * _resolver_tables), borrowed; all NULL for None (the cost function is called for every node). */
+static int resolver_tables(PyObject *t, PyObject **resolved, PyObject **by_signature, PyObject **measured,
+                           PyObject **by_values) {
+    *resolved = *by_signature = *measured = *by_values = NULL;
+    if (t == Py_None)
+        return 0;
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4 || !PyDict_CheckExact(PyTuple_GET_ITEM(t, 0)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(t, 1)) || !PyDict_Check(PyTuple_GET_ITEM(t, 2))) {
+        PyErr_SetString(PyExc_TypeError, "a CostResolver's (resolved, by_signature, measured, mark)");
+        return -1;
+    }
+    *resolved = PyTuple_GET_ITEM(t, 0);
+    *by_signature = PyTuple_GET_ITEM(t, 1);
+    *measured = PyTuple_GET_ITEM(t, 2);
+    *by_values = PyTuple_GET_ITEM(t, 3);
+    return 0;
+}
+
 /* After an error: the simulator's clock where the loop stopped, the error kept. */
 static void sync_now_after_error(Sim *S) {
     PyObject *et, *ev, *tb;
@@ -890,18 +909,8 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
     if (sl_intern() < 0)
         return NULL;
     PyObject *by_signature = NULL, *measured = NULL, *by_values = NULL;
-    if (resolved != Py_None) { /* (resolved, by signature, measured, the by-values mark) of a CostResolver */
-        if (!PyTuple_Check(resolved) || PyTuple_GET_SIZE(resolved) != 4 ||
-            !PyDict_CheckExact(PyTuple_GET_ITEM(resolved, 0)) || !PyDict_CheckExact(PyTuple_GET_ITEM(resolved, 1)) ||
-            !PyDict_Check(PyTuple_GET_ITEM(resolved, 2))) {
-            PyErr_SetString(PyExc_TypeError, "sim_loop: a CostResolver's (resolved, by_signature, measured, mark)");
-            return NULL;
-        }
-        by_signature = PyTuple_GET_ITEM(resolved, 1);
-        measured = PyTuple_GET_ITEM(resolved, 2);
-        by_values = PyTuple_GET_ITEM(resolved, 3);
-        resolved = PyTuple_GET_ITEM(resolved, 0);
-    }
+    if (resolver_tables(resolved, &resolved, &by_signature, &measured, &by_values) < 0)
+        return NULL;
     LoopObject *L = PyObject_New(LoopObject, &LoopType);
     if (L == NULL)
         return NULL;
@@ -911,7 +920,7 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
     L->sim = Py_NewRef(sim);
     L->wake_fn = Py_NewRef(wake_fn);
     L->step_fn = Py_NewRef(step_fn);
-    Sim S = {.L = L, .sim = sim, .costs = costs, .resolved = resolved == Py_None ? NULL : resolved,
+    Sim S = {.L = L, .sim = sim, .costs = costs, .resolved = resolved,
              .by_signature = by_signature, .measured = measured, .by_values = by_values,
              .slices = slices, .kernels = kernels, .started = started, .skips = skips, .idles = idles,
              .samples = samples, .stream_free = stream_free, .streams = streams, .ones = Py_NewRef(ones),
@@ -1018,18 +1027,8 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
     if (sl_intern() < 0)
         return NULL;
     Sim S = {.sim = sim, .costs = costs, .now = now, .now_seen = now};
-    if (resolved != Py_None) {
-        if (!PyTuple_Check(resolved) || PyTuple_GET_SIZE(resolved) != 4 ||
-            !PyDict_CheckExact(PyTuple_GET_ITEM(resolved, 0)) || !PyDict_CheckExact(PyTuple_GET_ITEM(resolved, 1)) ||
-            !PyDict_Check(PyTuple_GET_ITEM(resolved, 2))) {
-            PyErr_SetString(PyExc_TypeError, "sim_sequential: a CostResolver's (resolved, by_signature, measured, mark)");
-            return NULL;
-        }
-        S.resolved = PyTuple_GET_ITEM(resolved, 0);
-        S.by_signature = PyTuple_GET_ITEM(resolved, 1);
-        S.measured = PyTuple_GET_ITEM(resolved, 2);
-        S.by_values = PyTuple_GET_ITEM(resolved, 3);
-    }
+    if (resolver_tables(resolved, &S.resolved, &S.by_signature, &S.measured, &S.by_values) < 0)
+        return NULL;
     PyObject *exec_info = PyObject_GetAttr(gt, s_exec_info), *result = NULL;
     if (exec_info == NULL)
         return NULL;
