@@ -476,6 +476,35 @@ def test_the_compiled_signature_is_its_twins(source, tmp_path):
 
 
 @compiled
+def test_costs_of_finds_each_nodes_cost_as_a_call_does():
+    """``CostResolver.many`` (``_core.costs_of``): the same cost, in order, as calling the resolver per node,
+    with the same nodes resolved; a plain cost function is called per node, and what it raises comes out."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import GENERATORS, generate
+    from autograd_run.graphs.load import load_graph, loads_graph
+    from autograd_run.sim.costs import CostResolver
+    from autograd_run.sim.placement import place
+    from autograd_run.sim.specs import default_spec, load_spec
+    graphs = [load_graph("example:" + n) for n in ("seed", "mlp", "pipeline", "checkpoint", "failing")]
+    graphs += [loads_graph(dumps(generate(kind), "json"), f"{kind}.json") for kind in GENERATORS]
+    for spec in (default_spec(), load_spec("h100")):
+        graphs += [place(g, 3, "round-robin", CostResolver(spec)) for g in graphs[-len(GENERATORS):]]
+        for g in graphs:
+            nodes = g.nodes[::-1] + g.nodes[:3]  # any order, a node twice
+            many, one = CostResolver(spec, scale={"MulBackward0": 2.0}), CostResolver(spec, scale={"MulBackward0": 2.0})
+            assert many.many(nodes) == [one(n) for n in nodes], g.source
+            assert many.resolved == one.resolved
+    seen = []
+    assert core.costs_of(lambda n: seen.append(n) or n.id, None, graphs[0].nodes) == [n.id for n in graphs[0].nodes]
+    assert seen == graphs[0].nodes
+
+    def broken(n):
+        raise ZeroDivisionError(n.id)
+    with pytest.raises(ZeroDivisionError):
+        core.costs_of(broken, None, graphs[0].nodes)
+
+
+@compiled
 def test_the_compiled_signature_of_odd_saved_values():
     """Saved values as a hand-written file may hold them: a dict without a shape or with a null one, a list
     that is not all ints (bools, floats), a tuple shape, a dict's missing dtype, strings, None; and a shape

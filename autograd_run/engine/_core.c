@@ -30,7 +30,8 @@
  *   csrc/dependencies.c  compute_dependencies (engine/graph_task.py)
  *   csrc/signature.c     signature: a node's cost-lookup key for the simulator's CostResolver (sim/signature.py)
  *   csrc/sim_loop.c      sim_loop: the simulation's event loop for calls without nested backward calls and
- *                        without modelled cores (sim/scheduler.py's event methods)
+ *                        without modelled cores (sim/scheduler.py's event methods); sim_sequential, the
+ *                        one-worker loop; costs_of, nodes' costs found as both loops find them (sim/costs.py)
  *   csrc/fill.c          fill: the trace writers' loop, rows of columns formatted by templates into JSON or
  *                        protobuf (traces/encode.py)
  *   this file            configure, the module's method table and its initialisation
@@ -98,6 +99,8 @@ static PyMethodDef module_methods[] = {
     {"critical_path", critical_path, METH_VARARGS,
      "critical_path(nodes, gt, node, weight, start, order) -> (path, total): see record/kernels.py"},
     {"sim_loop", sim_loop, METH_VARARGS, "sim_loop(sim, events, order, ...): see sim/scheduler.py"},
+    {"costs_of", costs_of, METH_VARARGS,
+     "costs_of(costs, resolved, nodes) -> each node's cost: see sim/costs.py CostResolver.many"},
     {"sim_sequential", sim_sequential, METH_VARARGS,
      "sim_sequential(sim, gt, queue, costs, resolved, ...) -> now: see sim/scheduler.py _run_sequential"},
     {"signature", signature, METH_O, "signature(node) -> (key, values) or None: see sim/signature.py"},

@@ -59,6 +59,7 @@ if COMPILED:
     signature = _core.signature
     sim_loop = _core.sim_loop
     sim_sequential = _core.sim_sequential
+    costs_of = _core.costs_of
     split_saved = _core.split_saved
     group_saved = _core.group_saved
     scatter = _core.scatter
@@ -84,6 +85,7 @@ else:
     signature = None  # sim.signature.signature_py
     sim_loop = None  # sim.scheduler's event methods
     sim_sequential = None  # sim.scheduler.Simulator._run_sequential's loop
+    costs_of = None  # sim.costs.CostResolver.many's list
     fill = None  # traces.encode.fill_py
     input_shape_codes = None  # record.kernels' twins
     node_columns = None

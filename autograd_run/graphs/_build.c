@@ -1,5 +1,6 @@
 /*
- * autograd_run.graphs._build: the loader's two loops over node specs, compiled (validate.py is the twin).
+ * autograd_run.graphs._build: the loops that make a graph's Node objects, compiled: the loader's two loops over
+ * node specs (validate.py is the twin) and the placed copy of a graph (remap.py is the twin).
  *
  *   build_nodes(checker, spec_nodes, st, i)  make the Node of each spec from index i on, as
  *       _Checker._nodes_py does, and return the index of the first spec it does not do
@@ -15,6 +16,10 @@
  *       _Checker._edges_py does; a node with a missing target, an input_nr out of range or a
  *       gradient shape its target's slot cannot take is left to the Python loop (before any of its
  *       edges is made).
+ *
+ *   remap_nodes(olds, codes, devices, ...)  a graph's nodes made again on other devices, a copy node on
+ *       each edge that crosses devices (what-if placements): graphs/remap.py's remap_nodes_py is the
+ *       twin, and its docstring says what both do.
  *
  * `st` is validate._Build: nodes, by_id, ops, metas (read), default_seqs, max_device_index and
  * forward (read, and written back on return). No lock: the loader runs on one thread; the GIL
@@ -1128,6 +1133,376 @@ static PyObject *topo_in(PyObject *mod, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* ---- remap_nodes: graphs/remap.py remap_nodes_py, compiled (its docstring says what it does) ---- */
+
+/* caches[d][id(m)], made by make(m, d) on a miss (a new reference). */
+static PyObject *meta_on(PyObject *caches, Py_ssize_t d, PyObject *m, PyObject *make) {
+    PyObject *cache = PyList_GET_ITEM(caches, d);
+    PyObject *key = PyLong_FromVoidPtr(m);
+    if (key == NULL)
+        return NULL;
+    PyObject *got = PyDict_GetItemWithError(cache, key);
+    if (got != NULL) {
+        Py_DECREF(key);
+        return Py_NewRef(got);
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *dd = PyLong_FromSsize_t(d);
+    got = dd ? PyObject_CallFunctionObjArgs(make, m, dd, NULL) : NULL;
+    Py_XDECREF(dd);
+    if (got != NULL && PyDict_SetItem(cache, key, got) < 0)
+        Py_CLEAR(got);
+    Py_DECREF(key);
+    return got;
+}
+
+/* A new Edge (target, nr). */
+static PyObject *new_edge(PyObject *target, PyObject *nr) {
+    PyObject *edge = ((PyTypeObject *)EDGE_TYPE)->tp_alloc((PyTypeObject *)EDGE_TYPE, 2);
+    if (edge != NULL) {
+        PyTuple_SET_ITEM(edge, 0, Py_NewRef(target));
+        PyTuple_SET_ITEM(edge, 1, Py_NewRef(nr));
+    }
+    return edge;
+}
+
+/* Append (node, nr) to list. */
+static int append_pair(PyObject *list, PyObject *node, PyObject *nr) {
+    PyObject *pair = PyTuple_Pack(2, node, nr);
+    if (pair == NULL)
+        return -1;
+    int r = PyList_Append(list, pair);
+    Py_DECREF(pair);
+    return r;
+}
+
+/* The index of an edge's target in olds, checked (-1 and an exception where it is not one of them). */
+static Py_ssize_t target_index(PyObject *olds, PyObject *e, PyObject **target, PyObject **nr) {
+    if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2 || Py_TYPE(PyTuple_GET_ITEM(e, 0)) != NODE.type) {
+        PyErr_SetString(PyExc_TypeError, "remap_nodes: an edge that is not (Node, int)");
+        return -1;
+    }
+    *target = PyTuple_GET_ITEM(e, 0);
+    *nr = PyTuple_GET_ITEM(e, 1);
+    PyObject *idx = *(PyObject **)((char *)*target + NODE.offsets[N_INDEX]);
+    Py_ssize_t ti = idx != NULL && PyLong_CheckExact(idx) ? PyLong_AsSsize_t(idx) : -1;
+    if (ti == -1 && PyErr_Occurred())
+        return -1;
+    if (ti < 0 || ti >= PyList_GET_SIZE(olds) || PyList_GET_ITEM(olds, ti) != *target) {
+        PyErr_SetString(PyExc_ValueError, "remap_nodes: an edge to a node that is not in the list at its index");
+        return -1;
+    }
+    return ti;
+}
+
+typedef struct {
+    long long topo;
+    Py_ssize_t i;
+} TopoKey;
+
+static int topo_key_cmp(const void *a, const void *b) {
+    const TopoKey *x = a, *y = b;
+    if (x->topo != y->topo)
+        return x->topo < y->topo ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static PyObject *s_tocopy;
+
+static PyObject *remap_nodes(PyObject *mod, PyObject *args) {
+    PyObject *olds, *codes, *devices, *metas, *copy_metas, *make, *make_copy, *copy_op, *old_ids;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOOO!", &PyList_Type, &olds, &PyList_Type, &codes, &PyList_Type, &devices,
+                          &PyList_Type, &metas, &PyList_Type, &copy_metas, &make, &make_copy, &copy_op, &PyDict_Type,
+                          &old_ids))
+        return NULL;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_build.configure() has not succeeded");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(olds), nd = PyList_GET_SIZE(devices);
+    if (PyList_GET_SIZE(codes) != n || PyList_GET_SIZE(metas) != nd || PyList_GET_SIZE(copy_metas) != nd) {
+        PyErr_SetString(PyExc_ValueError, "remap_nodes: one code per node, one meta cache per device");
+        return NULL;
+    }
+    for (Py_ssize_t d = 0; d < nd; d++)
+        if (!PyDict_CheckExact(PyList_GET_ITEM(metas, d)) || !PyDict_CheckExact(PyList_GET_ITEM(copy_metas, d))) {
+            PyErr_SetString(PyExc_TypeError, "remap_nodes: the meta caches must be dicts");
+            return NULL;
+        }
+    Py_ssize_t *code = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t)), *pos = NULL;
+    TopoKey *keys = NULL;
+    PyObject *fresh = NULL, *nodes = NULL, *by_id = NULL, *order = NULL, *result = NULL;
+    if (code == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *node = PyList_GET_ITEM(olds, i), *c = PyList_GET_ITEM(codes, i);
+        PyObject *idx = Py_TYPE(node) == NODE.type ? *(PyObject **)((char *)node + NODE.offsets[N_INDEX]) : NULL;
+        if (idx == NULL || !PyLong_CheckExact(idx) || PyLong_AsSsize_t(idx) != i) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "remap_nodes: every node a Node with its index in the list");
+            goto fail;
+        }
+        code[i] = PyLong_Check(c) ? PyLong_AsSsize_t(c) : -2;
+        if (code[i] < -1 || code[i] >= nd) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "remap_nodes: a code is -1 or a device index");
+            goto fail;
+        }
+    }
+    /* a node without a device goes where its first producer with a device goes (-2 - device meanwhile) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (code[i] < 0)
+            continue;
+        PyObject *nxt = *(PyObject **)((char *)PyList_GET_ITEM(olds, i) + NODE.offsets[N_NEXT]);
+        if (nxt == NULL || !PyList_Check(nxt)) {
+            PyErr_SetString(PyExc_TypeError, "remap_nodes: a node's next is not a list");
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(nxt); k++) {
+            PyObject *e = PyList_GET_ITEM(nxt, k), *t, *nr;
+            if (e == Py_None)
+                continue;
+            Py_ssize_t ti = target_index(olds, e, &t, &nr);
+            if (ti < 0)
+                goto fail;
+            if (code[ti] == -1)
+                code[ti] = -2 - code[i];
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (code[i] >= 0)
+            continue;
+        code[i] = code[i] < -1 ? -2 - code[i] : 0;
+        PyObject *c = PyLong_FromSsize_t(code[i]);
+        if (c == NULL || PyList_SetItem(codes, i, c) < 0)
+            goto fail;
+    }
+
+    Py_ssize_t max_index = -1;
+    if ((fresh = PyList_New(n)) == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *old = PyList_GET_ITEM(olds, i), *own;
+        Py_ssize_t d = code[i];
+        PyObject *inputs = slot(&NODE, old, N_INPUTS, &own);
+        if (inputs == NULL)
+            goto fail;
+        if (!PyList_Check(inputs)) {
+            Py_XDECREF(own);
+            PyErr_SetString(PyExc_TypeError, "remap_nodes: a node's inputs are not a list");
+            goto fail;
+        }
+        Py_ssize_t ni = PyList_GET_SIZE(inputs);
+        PyObject *ins = PyList_New(ni);
+        for (Py_ssize_t j = 0; ins != NULL && j < ni; j++) {
+            PyObject *got = meta_on(metas, d, PyList_GET_ITEM(inputs, j), make);
+            if (got == NULL)
+                Py_CLEAR(ins);
+            else
+                PyList_SET_ITEM(ins, j, got);
+        }
+        Py_XDECREF(own);
+        PyObject *stream = ins != NULL && ni ? PyObject_GetAttr(PyList_GET_ITEM(ins, 0), s_stream) : NULL;
+        PyObject *node = ins != NULL && (stream != NULL || !ni) ? NODE.type->tp_alloc(NODE.type, 0) : NULL;
+        PyObject *next = node ? PyList_New(0) : NULL, *consumers = next ? PyList_New(0) : NULL;
+        if (consumers == NULL) {
+            Py_XDECREF(ins);
+            Py_XDECREF(stream);
+            Py_XDECREF(node);
+            Py_XDECREF(next);
+            goto fail;
+        }
+        PyList_SET_ITEM(fresh, i, node);
+        static const int shared[] = {N_ID, N_NAME, N_OP, N_SEQ, N_SAVED, N_ATTRS, N_VARIABLE, N_FWD, N_SAVES, N_STRINGS};
+        for (size_t f = 0; f < sizeof shared / sizeof shared[0]; f++) {
+            PyObject *v = slot(&NODE, old, shared[f], &own);
+            if (v == NULL) {
+                Py_DECREF(ins);
+                Py_XDECREF(stream);
+                Py_DECREF(next);
+                Py_DECREF(consumers);
+                goto fail;
+            }
+            slot_put(&NODE, node, shared[f], v);
+            Py_XDECREF(own);
+        }
+        slot_put(&NODE, node, N_NEXT, next);
+        slot_put(&NODE, node, N_INPUTS, ins);
+        slot_put(&NODE, node, N_INDEX, MINUS_ONE);
+        slot_put(&NODE, node, N_TOPO, ZERO);
+        slot_put(&NODE, node, N_DEVICE, ni ? PyList_GET_ITEM(devices, d) : CPU);
+        slot_put(&NODE, node, N_STREAM, ni ? stream : ZERO);
+        slot_put(&NODE, node, N_CONSUMERS, consumers);
+        slot_put(&NODE, node, N_CPU, ni ? Py_False : Py_True);
+        Py_DECREF(next);
+        Py_DECREF(ins);
+        Py_XDECREF(stream);
+        Py_DECREF(consumers);
+        if (ni && d > max_index)
+            max_index = d;
+    }
+
+    if ((nodes = PyList_New(0)) == NULL || (by_id = PyDict_New()) == NULL)
+        goto fail;
+    if ((pos = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t))) == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_ssize_t copies = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *old = PyList_GET_ITEM(olds, i), *new = PyList_GET_ITEM(fresh, i);
+        Py_ssize_t d = code[i];
+        PyObject *onext = *(PyObject **)((char *)old + NODE.offsets[N_NEXT]);
+        PyObject *nxt = *(PyObject **)((char *)new + NODE.offsets[N_NEXT]);
+        PyObject *oid = *(PyObject **)((char *)new + NODE.offsets[N_ID]);
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(onext); k++) {
+            PyObject *e = PyList_GET_ITEM(onext, k), *target, *nr;
+            if (e == Py_None) {
+                if (PyList_Append(nxt, Py_None) < 0)
+                    goto fail;
+                continue;
+            }
+            Py_ssize_t ti = target_index(olds, e, &target, &nr);
+            if (ti < 0)
+                goto fail;
+            PyObject *t = PyList_GET_ITEM(fresh, ti);
+            PyObject *tcons = *(PyObject **)((char *)t + NODE.offsets[N_CONSUMERS]);
+            PyObject *out_nr = PyLong_FromSsize_t(k);
+            if (out_nr == NULL)
+                goto fail;
+            if (code[ti] == d) {
+                PyObject *edge = new_edge(t, nr);
+                int r = edge == NULL ? -1 : PyList_Append(nxt, edge);
+                Py_XDECREF(edge);
+                if (r < 0 || append_pair(tcons, new, out_nr) < 0) {
+                    Py_DECREF(out_nr);
+                    goto fail;
+                }
+                Py_DECREF(out_nr);
+                continue;
+            }
+            /* a copy on the producer's device, listed just before it */
+            PyObject *cid = PyUnicode_FromFormat("copy%zd_%U", copies, oid);
+            while (cid != NULL) {
+                int taken = PyDict_Contains(old_ids, cid);
+                if (taken == 0)
+                    taken = PyDict_Contains(by_id, cid);
+                if (taken <= 0) {
+                    if (taken < 0)
+                        Py_CLEAR(cid);
+                    break;
+                }
+                PyObject *longer = PyUnicode_FromFormat("%U_", cid);
+                Py_SETREF(cid, longer);
+            }
+            copies++;
+            PyObject *tin = *(PyObject **)((char *)PyTuple_GET_ITEM(e, 0) + NODE.offsets[N_INPUTS]);
+            Py_ssize_t nri = PyLong_Check(nr) ? PyLong_AsSsize_t(nr) : -1;
+            PyObject *meta = NULL;
+            if (cid != NULL && tin != NULL && PyList_Check(tin) && nri >= 0 && nri < PyList_GET_SIZE(tin))
+                meta = meta_on(copy_metas, d, PyList_GET_ITEM(tin, nri), make_copy);
+            else if (cid != NULL && !PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "remap_nodes: an edge to an input slot its target lacks");
+            PyObject *copy = meta ? NODE.type->tp_alloc(NODE.type, 0) : NULL;
+            PyObject *cnext = copy ? PyList_New(1) : NULL, *cins = cnext ? PyList_New(1) : NULL;
+            PyObject *ccons = cins ? PyList_New(1) : NULL, *saved = ccons ? PyDict_New() : NULL;
+            PyObject *attrs = saved ? PyDict_New() : NULL, *edge = attrs ? new_edge(t, nr) : NULL;
+            PyObject *pair = edge ? PyTuple_Pack(2, new, out_nr) : NULL;
+            PyObject *index = pair ? PyLong_FromSsize_t(PyList_GET_SIZE(nodes)) : NULL;
+            PyObject *back = index ? new_edge(copy, ZERO) : NULL;
+            int ok = back != NULL;
+            if (ok) {
+                PyList_SET_ITEM(cnext, 0, Py_NewRef(edge));
+                PyList_SET_ITEM(cins, 0, Py_NewRef(meta));
+                PyList_SET_ITEM(ccons, 0, Py_NewRef(pair));
+                slot_put(&NODE, copy, N_ID, cid);
+                slot_put(&NODE, copy, N_NAME, s_tocopy);
+                slot_put(&NODE, copy, N_OP, copy_op);
+                slot_put(&NODE, copy, N_SEQ, *(PyObject **)((char *)new + NODE.offsets[N_SEQ]));
+                slot_put(&NODE, copy, N_NEXT, cnext);
+                slot_put(&NODE, copy, N_INPUTS, cins);
+                slot_put(&NODE, copy, N_SAVED, saved);
+                slot_put(&NODE, copy, N_ATTRS, attrs);
+                slot_put(&NODE, copy, N_VARIABLE, Py_None);
+                slot_put(&NODE, copy, N_FWD, Py_None);
+                slot_put(&NODE, copy, N_INDEX, index);
+                slot_put(&NODE, copy, N_TOPO, ZERO);
+                slot_put(&NODE, copy, N_DEVICE, PyList_GET_ITEM(devices, d));
+                slot_put(&NODE, copy, N_STREAM, ZERO);
+                slot_put(&NODE, copy, N_CONSUMERS, ccons);
+                slot_put(&NODE, copy, N_CPU, Py_False);
+                slot_put(&NODE, copy, N_SAVES, Py_False);
+                slot_put(&NODE, copy, N_STRINGS, Py_False);
+                ok = append_pair(tcons, copy, ZERO) == 0 && PyList_Append(nodes, copy) == 0 &&
+                     PyDict_SetItem(by_id, cid, copy) == 0 && PyList_Append(nxt, back) == 0;
+            }
+            Py_XDECREF(cid);
+            Py_XDECREF(meta);
+            Py_XDECREF(copy);
+            Py_XDECREF(cnext);
+            Py_XDECREF(cins);
+            Py_XDECREF(ccons);
+            Py_XDECREF(saved);
+            Py_XDECREF(attrs);
+            Py_XDECREF(edge);
+            Py_XDECREF(pair);
+            Py_XDECREF(index);
+            Py_XDECREF(back);
+            Py_DECREF(out_nr);
+            if (!ok)
+                goto fail;
+        }
+        pos[i] = PyList_GET_SIZE(nodes);
+        PyObject *index = PyLong_FromSsize_t(pos[i]);
+        if (index == NULL)
+            goto fail;
+        slot_put(&NODE, new, N_INDEX, index);
+        Py_DECREF(index);
+        if (PyList_Append(nodes, new) < 0 || PyDict_SetItem(by_id, oid, new) < 0)
+            goto fail;
+    }
+
+    /* the input's nodes by increasing topo_nr, ties in list order, each after its copies */
+    if ((keys = PyMem_Malloc((n ? n : 1) * sizeof(TopoKey))) == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *own, *t = slot(&NODE, PyList_GET_ITEM(olds, i), N_TOPO, &own);
+        keys[i].topo = t != NULL && PyLong_Check(t) ? PyLong_AsLongLong(t) : -1;
+        keys[i].i = i;
+        int bad = t == NULL || !PyLong_Check(t) || (keys[i].topo == -1 && PyErr_Occurred());
+        Py_XDECREF(own);
+        if (bad) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "remap_nodes: a node's topo_nr is not an int");
+            goto fail;
+        }
+    }
+    qsort(keys, (size_t)n, sizeof(TopoKey), topo_key_cmp);
+    if ((order = PyList_New(PyList_GET_SIZE(nodes))) == NULL)
+        goto fail;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t i = keys[k].i;
+        for (Py_ssize_t p = i ? pos[i - 1] + 1 : 0; p <= pos[i]; p++)
+            PyList_SET_ITEM(order, at++, Py_NewRef(PyList_GET_ITEM(nodes, p)));
+    }
+    result = Py_BuildValue("(OOOOn)", nodes, fresh, by_id, order, max_index);
+fail:
+    PyMem_Free(code);
+    PyMem_Free(pos);
+    PyMem_Free(keys);
+    Py_XDECREF(fresh);
+    Py_XDECREF(nodes);
+    Py_XDECREF(by_id);
+    Py_XDECREF(order);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Node, node_field_names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, max_seq) -> bool"},
@@ -1138,10 +1513,13 @@ static PyMethodDef methods[] = {
      "link_edges(nexts, st, i) -> first index not done: see graphs/validate.py"},
     {"topo_in", topo_in, METH_VARARGS,
      "topo_in(nodes, reverse) -> True, or False where the Python loop must do it: see graphs/model.py _topo_in"},
+    {"remap_nodes", remap_nodes, METH_VARARGS,
+     "remap_nodes(olds, codes, devices, metas, copy_metas, make, make_copy, copy_op, old_ids) -> "
+     "(nodes, fresh, by_id, order, max_index): see graphs/remap.py"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_build",
-                                    "The loader's loops over node specs, compiled (graphs/validate.py is the twin).",
+                                    "The loops that make Node objects, compiled (graphs/validate.py and graphs/remap.py are the twins).",
                                     -1, methods};
 
 #define INTERN(var, text)                                  \
@@ -1187,6 +1565,7 @@ PyMODINIT_FUNC PyInit__build(void) {
     INTERN(s__note, "_note");
     INTERN(s_check_broadcast, "check_broadcast");
     INTERN(s_saved, "saved");
+    INTERN(s_tocopy, "ToCopyBackward0");
     if ((ZERO = PyLong_FromLong(0)) == NULL || (MINUS_ONE = PyLong_FromLong(-1)) == NULL ||
         (FWD_END = PyLong_FromUnsignedLongLong(1ULL << 63)) == NULL)
         return NULL;

@@ -365,13 +365,14 @@ def derive(graph: Graph, prepared: bool = False, forward: bool | None = None, or
     million nodes does not hit Python's recursion limit.
 
     ``topo_in``: the compiled twin of ``_topo_in`` over a node list (the loader's ``_build.topo_in``), for
-    the pass in list order when the edges all point forward; None: the Python loop.
+    ``order`` or for the pass in list order when the edges all point forward; None: the Python loop.
     """
     nodes = graph.nodes
     if not prepared:
         _derive_nodes(graph)
     if order is not None:
-        _topo_in(order)
+        if topo_in is None or not topo_in(order, False):
+            _topo_in(order)
         return
     if forward is None:
         forward = _edges_point_forward(nodes)

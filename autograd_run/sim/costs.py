@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autograd_run.engine import core
 from autograd_run.errors import RequestError
 from autograd_run.ops import COST, PYTHON
 from autograd_run.ops.cost import Shapes
@@ -129,6 +130,19 @@ class CostResolver:
         if c is None:
             c = self.resolved[node] = self._resolve(node)
         return c
+
+    def tables(self):
+        """The tables the compiled loops read where a node's cost is known without a call (resolved
+        already, or ``_resolve``'s shared case); None where they cannot (``measured`` not a plain dict)."""
+        if type(self.measured) is dict:
+            return (self.resolved, self._by_signature, self.measured, _BY_VALUES)
+        return None
+
+    def many(self, nodes: list) -> list[NodeCost]:
+        """``[self(n) for n in nodes]``, without a call per node where the compiled core is built."""
+        if core.costs_of is not None:
+            return core.costs_of(self, self.tables(), nodes)
+        return [self(n) for n in nodes]
 
     def _resolve(self, node) -> NodeCost:
         """The node's cost: shared by the nodes of its ``signature`` (none for cost and measured nodes).

@@ -65,7 +65,7 @@ from autograd_run.engine.tracer import NULL_TRACER
 from autograd_run.engine.worker import route
 from autograd_run.graphs.model import Edge
 from autograd_run.ops import CHECKPOINT, COST, PYTHON
-from autograd_run.sim.costs import _BY_VALUES, CostResolver
+from autograd_run.sim.costs import CostResolver
 from autograd_run.sim.specs import MachineSpec
 from autograd_run.sim.streams import SimStreams, stream_key
 from autograd_run.sim.tasks import SimRun, SimQueue, SimTask, SimWorker
@@ -82,9 +82,7 @@ _CHECKPOINT = "autograd_run.engine.callables:checkpoint"
 def _resolver_tables(costs):
     """A CostResolver's tables, which the compiled loops read where a node's cost is known without a call
     (resolved already, or its ``_resolve``'s shared case); None for any other cost function."""
-    if type(costs) is CostResolver and type(costs.measured) is dict:
-        return (costs.resolved, costs._by_signature, costs.measured, _BY_VALUES)
-    return None
+    return costs.tables() if type(costs) is CostResolver else None
 
 
 class Simulator:

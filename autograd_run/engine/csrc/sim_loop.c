@@ -1,4 +1,4 @@
-/* Python twin: autograd_run/sim/scheduler.py (Simulator.run's event loop and _step, wake, _run_node, _function, _cpu, _launched, kernel, _done, _retire, _go_on; sim_sequential: _run_sequential's loop).
+/* Python twin: autograd_run/sim/scheduler.py (Simulator.run's event loop and _step, wake, _run_node, _function, _cpu, _launched, kernel, _done, _retire, _go_on; sim_sequential: _run_sequential's loop); autograd_run/sim/costs.py (costs_of: CostResolver.many).
  * sim_loop: the simulation's event loop on a virtual clock, for a call with no nested backward (no checkpoint or
  * python node) and no cores modelled: the same events in the same order as the Python methods, without their
  * frames. Part of _core.c (included there, after route.c, whose route() it calls).
@@ -1134,4 +1134,34 @@ done:
     engine_info_clear(&ei);
     Py_DECREF(exec_info);
     return result;
+}
+
+/* costs_of(costs, resolved, nodes) -> [costs(node) for node in nodes]: the cost of each node, found as the event
+ * loops find it (lookup_cost: a CostResolver's tables where `resolved` is them, else a call). Twin:
+ * sim.costs.CostResolver.many's list. */
+static PyObject *costs_of(PyObject *mod, PyObject *args) {
+    PyObject *costs, *tables, *nodes;
+    if (!PyArg_ParseTuple(args, "OOO!", &costs, &tables, &PyList_Type, &nodes))
+        return NULL;
+    Sim S = {.costs = costs}; /* no clock: now == now_seen, so lookup_cost never writes one */
+    if (resolver_tables(tables, &S.resolved, &S.by_signature, &S.measured, &S.by_values) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(nodes);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *node = PyList_GET_ITEM(nodes, i);
+        Py_INCREF(node); /* the call may run Python code that changes the list */
+        PyObject *c = lookup_cost(&S, node);
+        Py_DECREF(node);
+        if (c == NULL || PyList_GET_SIZE(nodes) != n) {
+            if (c != NULL) {
+                Py_DECREF(c);
+                PyErr_SetString(PyExc_RuntimeError, "costs_of: the node list changed");
+            }
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, c);
+    }
+    return out;
 }
