@@ -1345,7 +1345,7 @@ static PyObject *remap_nodes(PyObject *mod, PyObject *args) {
             max_index = d;
     }
 
-    if ((nodes = PyList_New(0)) == NULL || (by_id = PyDict_New()) == NULL)
+    if ((nodes = PyList_New(0)) == NULL || (by_id = _PyDict_NewPresized(n)) == NULL)
         goto fail;
     if ((pos = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t))) == NULL) {
         PyErr_NoMemory();
