@@ -725,3 +725,31 @@ def test_a_hand_off_between_two_devices_costs_device_handoff_us(compiled, monkey
     assert wall(devices, 35.0) - wall(devices, 20.0) == n * 15_000
     caller = _alternating_chain(n, ["cpu", "cuda:0"])
     assert wall(caller, 35.0) == wall(caller, 20.0)
+
+
+def test_the_default_what_ifs_are_left_out_of_a_big_graph_that_would_simulate_each(monkeypatch, capsys):
+    """``--slack`` not given: above ``SLACK_AUTO_NODES`` nodes the what-ifs that are a whole simulation each
+    are left out (said in the summary and in --json, with one simulation's time); one CPU worker's are
+    arithmetic and stay; ``--slack N`` asks for them at any size."""
+    from builders import run_cli
+    from autograd_run.sim import session
+    g = loads_graph(dumps(generate("chain", n=30), "json"), "c.json")
+    small = simulate_session(g, SimOptions(spec="h100", devices=2, placement="layer", slack_top=None))
+    assert len(small.slack) == session.SLACK_TOP and small.slack_skipped is None
+    monkeypatch.setattr(session, "SLACK_AUTO_NODES", 10)
+    big = simulate_session(g, SimOptions(spec="h100", devices=2, placement="layer", slack_top=None))
+    assert big.slack == [] and big.slack_skipped[0] == session.SLACK_TOP and big.slack_skipped[1] > 0
+    cpu = simulate_session(g, SimOptions(spec="h100", slack_top=None))  # one CPU worker: no simulation again
+    assert cpu.sim.cpu_only_one_worker and len(cpu.slack) == session.SLACK_TOP and cpu.slack_skipped is None
+    asked = simulate_session(g, SimOptions(spec="h100", devices=2, placement="layer", slack_top=3))
+    assert [s.saved_ns for s in asked.slack] == [s.saved_ns for s in small.slack[:3]]
+    path = "example:mlp"
+    code, out, err = run_cli(["simulate", path, "--spec", "h100", "--devices", "2"], capsys)
+    assert code == 0 and "what-ifs: not simulated by default for a graph of" in out.replace("\n", " ")
+    assert "--slack 5 runs them" in out.replace("\n", " ")
+    code, out, err = run_cli(["simulate", path, "--spec", "h100", "--devices", "2", "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["slack"] == [] and doc["slack_skipped"]["count"] == 5 and doc["slack_skipped"]["simulation_s"] >= 0
+    code, out, err = run_cli(["simulate", path, "--spec", "h100", "--devices", "2", "--json", "--slack", "2"], capsys)
+    doc = json.loads(out)
+    assert len(doc["slack"]) == 2 and doc["slack_skipped"] is None

@@ -233,6 +233,8 @@ def render_compare(console: Console, reports, title: str, memory: bool = True) -
 
 
 def render_slack(console: Console, report) -> None:
+    if report.slack_skipped is not None:
+        console.print(Text(slack_skipped_line(report)))
     if not report.slack:
         return
     pct = int(report.options.slack_speedup * 100)
@@ -241,6 +243,13 @@ def render_slack(console: Console, report) -> None:
     for s in report.slack:
         t.add_row(s.node, s.name, fmt_ns(s.duration_ns), fmt_ns(s.saved_ns))
     console.print(t)
+
+
+def slack_skipped_line(report) -> str:
+    """The line that says the default what-ifs were left out, and what they would cost."""
+    count, took = report.slack_skipped
+    return (f"what-ifs: not simulated by default for a graph of {len(report.graph.nodes):,} nodes (each is another "
+            f"simulation like this one, {took:.1f} s); --slack {count} runs them")
 
 
 def _plain(text) -> Text:

@@ -14,6 +14,7 @@ from autograd_run.cli.run_cmd import memory_skipped, over_memory_limit
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.errors import UsageError
 from autograd_run.sim.placement import PLACEMENTS
+from autograd_run.sim.session import SLACK_AUTO_NODES, SLACK_TOP
 from autograd_run.sim.policies import POLICIES
 
 
@@ -86,9 +87,11 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="Then open the trace in the Perfetto UI served on 127.0.0.1 (needs --trace; see `view`).")
 @click.option("--order-out", default=None, metavar="FILE",
               help="Write the predicted order (a golden for `run --expect-order`).")
-@click.option("--slack", type=Whole(0, 100), default=5, show_default=True, metavar="N",
+@click.option("--slack", type=Whole(0, 100), default=None, metavar="N",
               help="What-if for the N slowest critical-path nodes made 20% faster (shown with the summary and in "
-                   "--json; not computed with --no-summary alone).")
+                   "--json; not computed with --no-summary alone). Each is another simulation of the whole "
+                   f"graph  [default: {SLACK_TOP}; none above {SLACK_AUTO_NODES:,} nodes unless one CPU worker "
+                   "runs them all (then they cost no simulation)]")
 @click.option("--ddp", default=None, metavar="KEY=V,...",
               help="Data parallel: DDP's gradient buckets and their all-reduces against this rank's backward "
                    "(keys bucket_cap_mb, find_unused_parameters, static_graph, iteration=first|steady; "
@@ -500,7 +503,9 @@ def _report_json(r, memory: bool = True) -> dict:
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
             "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.spec.engine.profiler_event_us), "summary": r.summary.to_dict(),
             "samples": samples_json(r.recording), "memory": r.memory.to_dict() if memory else None,
-            "slack": [s.__dict__ for s in r.slack]}
+            "slack": [s.__dict__ for s in r.slack],
+            "slack_skipped": None if r.slack_skipped is None else {"count": r.slack_skipped[0],
+                                                                   "simulation_s": round(r.slack_skipped[1], 3)}}
 
 
 def _measured_json(m, event_us: float = 0.0) -> dict | None:

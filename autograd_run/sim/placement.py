@@ -23,10 +23,8 @@ from operator import attrgetter
 
 from autograd_run.errors import RequestError
 from autograd_run.graphs.model import Device, Edge, Graph, InputMeta, Root, Variable, derive, ensure_consumers
-from autograd_run.graphs.remap import TOPO_IN, remap_nodes
 from autograd_run.graphs.tensors import SideFiles
 from autograd_run.ops import ACCUMULATE_GRAD, lookup
-from autograd_run.sim.costs import CostResolver
 
 PLACEMENTS = ("keep", "round-robin", "layer", "greedy")
 
@@ -47,7 +45,7 @@ def assign(graph, k: int, how: str, cost_of) -> list[int]:
             codes[n.index] = i % k
         return codes
     if how == "layer":
-        many = cost_of.many if isinstance(cost_of, CostResolver) else lambda ns: list(map(cost_of, ns))
+        many = getattr(cost_of, "many", None) or (lambda ns: list(map(cost_of, ns)))  # (a CostResolver's: compiled)
         costs = [max(1, c.cpu_ns + c.gpu_ns) for c in many(order)]
         total, acc = sum(costs), 0
         for n, c in zip(order, costs):
@@ -100,6 +98,7 @@ def _remapped(graph: Graph, codes: list[int], source: str) -> Graph:
     (``tests/test_placement.py`` reloads it to prove so): the same node order (each copy listed just before
     its producer), ids, sequence numbers and metadata.
     """
+    from autograd_run.graphs.remap import TOPO_IN, remap_nodes  # (the loader's compiled loops: loaded with a graph)
     devices = [Device("cuda", i) for i in range(max(max(codes, default=0), 0) + 1)]
     nodes, fresh, by_id, order, max_index = remap_nodes(
         graph.nodes, codes, devices, [{} for _ in devices], [{} for _ in devices],

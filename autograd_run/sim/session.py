@@ -12,6 +12,8 @@ and order rows (``order``) when the report is first asked for them.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections import Counter
 from operator import attrgetter
 from dataclasses import dataclass, field
@@ -34,6 +36,12 @@ from autograd_run.analysis.summary import Summary, longest_runs, summarize
 from autograd_run.analysis.memory import Memory, memory_of
 
 
+#: The what-ifs by default: the slowest critical-path nodes, made faster one at a time.
+SLACK_TOP = 5
+#: Above this many nodes, the what-ifs that are a whole simulation each are left out by default.
+SLACK_AUTO_NODES = 100_000
+
+
 @dataclass
 class SimOptions:
     #: A shipped spec name, ``local``, a spec file, or a ``MachineSpec``; None: ``local`` if calibrated, else h100.
@@ -50,8 +58,10 @@ class SimOptions:
     costs: str | MeasuredCosts | None = None
     #: With a PyTorch profile: the costs of this step (from 1) instead of the median over its steps.
     step: int | None = None
-    #: How many of the slowest critical-path nodes get a what-if (0: none).
-    slack_top: int = 5
+    #: How many of the slowest critical-path nodes get a what-if (0: none; None: ``SLACK_TOP`` where the
+    #: what-ifs are cheap: one CPU worker (no simulation again) or at most ``SLACK_AUTO_NODES`` nodes, else
+    #: none, noted in ``SimReport.slack_skipped``).
+    slack_top: int | None = 5
     #: The what-if speed-up of each (0.2: 20% faster).
     slack_speedup: float = 0.2
     #: Keep what a trace shows beyond the summary (queue depths over time).
@@ -94,6 +104,9 @@ class SimReport:
     #: The measured costs used (with a PyTorch profile's coverage report), or None.
     measured: MeasuredCosts | None = None
     slack: list[Slack] = field(default_factory=list)
+    #: The default what-ifs left out (``SimOptions.slack_top`` None on a big graph): how many, and the
+    #: seconds this simulation took (each what-if is one more); None when none were left out.
+    slack_skipped: tuple[int, float] | None = None
     #: ``scale`` keys that named nothing here (only with ``SimOptions.scale_must_apply`` False).
     scale_unused: list[str] = field(default_factory=list)
     #: Why the simulation used this spec (``confidence.choose_spec``).
@@ -222,7 +235,9 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
         base = model(node)
         model.resolved[node] = NodeCost(base.cpu_ns + int(ns), base.gpu_ns, base.holds_gil, base.source,
                                         base.blocking, base.sleep_ns + int(ns))
+    took = time.perf_counter()
     sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
+    took = time.perf_counter() - took
     start, end = span(sim)
     report = SimReport(graph, o, spec, sim, (gt.returned or gt.end or 0) - gt.start, end - start,
                        dict(Counter(map(attrgetter("source"), model.resolved.values()))), measured)
@@ -230,8 +245,13 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     report.spec_reason = reason
     report.expected_error = expected_error(spec, measured, report.cost_sources)
     report.warnings = [w for w in (mismatch(spec, measured), first_call(measured)) if w]
-    if o.slack_top > 0:
-        report.slack = _slack(graph, spec, model, o, report)
+    top = o.slack_top
+    if top is None:
+        top = SLACK_TOP if sim.cpu_only_one_worker or len(graph.nodes) <= SLACK_AUTO_NODES else 0
+        if not top:
+            report.slack_skipped = (SLACK_TOP, took)
+    if top > 0:
+        report.slack = _slack(graph, spec, model, dataclasses.replace(o, slack_top=top), report)
     return report
 
 
