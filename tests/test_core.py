@@ -505,6 +505,83 @@ def test_costs_of_finds_each_nodes_cost_as_a_call_does():
 
 
 @compiled
+def test_the_compiled_stream_walk_is_its_twin(monkeypatch):
+    """``analysis.streams``' critical path through threads and streams: the compiled walk (``stream_walk``) and
+    ``stream_walk_py`` give the same report (``to_dict``), on simulated runs with kernels of every generator on
+    1-4 devices, each placement and policy, with cross-stream waits (a placed random DAG), DDP's all-reduces and
+    FSDP's collectives (communication streams)."""
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from autograd_run.analysis import streams
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import load_graph, loads_graph
+    from autograd_run.sim.ddp import collective_kernels, simulate_ddp
+    from autograd_run.sim.fsdp import add_to_recording as fsdp_add, simulate_fsdp
+    from autograd_run.sim.session import SimOptions, simulate_session
+    from test_fsdp_sim import LINK as FLINK, _report, three_units
+    from test_ddp_sim import LINK, two_layers
+    graphs = [load_graph("example:" + n) for n in ("pipeline", "mlp", "checkpoint")]
+    graphs += [loads_graph(dumps(generate(kind, **kw), "json"), f"{kind}.json") for kind, kw in
+               [("chain", {"n": 60}), ("mlp", {"layers": 3}), ("transformer", {"layers": 2, "devices": 2}),
+                ("random", {"nodes": 120, "leaves": 15, "seed": 4}), ("fanout", {"width": 9})]]
+    recordings = []
+    for g in graphs:
+        for k, how, policy in ((None, "keep", "pytorch"), (2, "layer", "fifo"), (3, "round-robin", "pytorch"),
+                               (4, "greedy", "critical-path")):
+            r = simulate_session(g, SimOptions(spec="h100", devices=k, placement=how, policy=policy, slack_top=0,
+                                               detail=True))
+            recordings.append((r.recording, []))
+    rep = simulate_session(two_layers(), SimOptions(spec="h100", slack_top=0))
+    for cap in (0.01, 1, 25):
+        recordings.append((rep.recording, collective_kernels(simulate_ddp(rep, 2, LINK, bucket_cap_mb=cap),
+                                                             rep.recording)[0]))
+    rep = _report(three_units())
+    recordings.append((rep.recording, collective_kernels(simulate_fsdp(rep, 4, FLINK), rep.recording, fsdp_add)[0]))
+    walked = 0
+    for rec, extra in recordings:
+        compiled_report = streams.streams_of(rec, extra)
+        with monkeypatch.context() as m:
+            m.setattr(core, "stream_walk", None)
+            twin_report = streams.streams_of(rec, extra)
+        if compiled_report is None:
+            assert twin_report is None
+            continue
+        assert compiled_report.to_dict() == twin_report.to_dict()
+        walked += bool(compiled_report.path)
+    assert walked >= 20
+    with pytest.raises(ValueError, match="26 columns"):
+        core.stream_walk((), [], [], 0, 0, 1)
+
+
+@pytest.mark.parametrize("impl", ["python", pytest.param("compiled", marks=compiled)])
+def test_the_stream_walk_breaks_ties_as_its_docstring_says(impl):
+    """Hand-made columns where ties decide: a kernel whose previous kernel on its stream and the kernel its
+    stream waited for end at the same time goes back to the previous one (the first option); a node whose
+    producer ran twice, both runs ending at the same time, goes back to the earlier run in the recording."""
+    from types import SimpleNamespace as NS
+    import numpy as np
+    from autograd_run.analysis.streams import stream_walk_py
+    walk = core.stream_walk if impl == "compiled" else stream_walk_py
+    i64 = lambda *v: np.array(v, dtype=np.int64)
+    # kernels: k0 (stream 0, 0-10), k1 (stream 0, 10-20, enqueued at 8), k2 (stream 1, 0-10); stream 0 waited
+    # at 5 for an event stream 1 recorded. Slices: s0 A 2-5 (thread 0), s1 A 3-5 (thread 1, after s3), s2 B
+    # 5-9 (thread 2), s3 C 0-3 (thread 1). B's producer is A.
+    nodes = [NS(id="a", name="A"), NS(id="b", name="B"), NS(id="c", name="C")]
+    k_nodes = [NS(id="k0", name="K"), NS(id="k1", name="K"), NS(id="k2", name="K")]
+    arrays = (i64(0, 10, 0), i64(10, 20, 10), i64(0, 0, 1), i64(0, 1, 0), i64(-1, -1, -1), i64(0, 8, 0), i64(0, 0, 0),
+              i64(2, 3, 5, 0), i64(5, 5, 9, 3), i64(0, 1, 2, 1), i64(0, 1, 0, 0), i64(0, 0, 0, 0), i64(0, 0, 1, 2),
+              i64(0, 2, 3), i64(0, 1, 2), i64(10, 20, 10), i64(0, 1, 0),
+              i64(0, 1, 3, 4), i64(0, 3, 1, 2),
+              i64(0, 1, 1), i64(5), i64(1),
+              i64(0, 0, 1, 1), i64(0), i64(0, 2, 3, 4), i64(0, 1, 2, 3))
+    steps, cpu, gpu, wait = walk(arrays, k_nodes, nodes, 1, 20, 100)
+    assert steps == [("kernel", "k0 K", 10), ("kernel", "k1 K", 10)] and (cpu, gpu, wait) == (0, 20, 0)
+    steps, cpu, gpu, wait = walk(arrays, k_nodes, nodes, 3 + 2, 9, 100)
+    assert steps == [("cpu", "a A", 3), ("cpu", "b B", 4)] and (cpu, gpu, wait) == (7, 0, 0)
+
+
+@compiled
 def test_the_compiled_signature_of_odd_saved_values():
     """Saved values as a hand-written file may hold them: a dict without a shape or with a null one, a list
     that is not all ints (bools, floats), a tuple shape, a dict's missing dtype, strings, None; and a shape

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from autograd_run.engine import core
 from autograd_run.record.recording import Collective, Recording
 
 
@@ -217,11 +218,11 @@ def _path(rec: Recording, kernels: list, code: np.ndarray, start: np.ndarray, en
                     dst.append(d)
     src_a, dst_a = np.array(src, np.int64), np.array(dst, np.int64)
     e_order = np.argsort(dst_a, kind="stable")
-    e_bounds = np.searchsorted(dst_a[e_order], np.arange(len(nodes) + 1)).tolist()
-    e_src = src_a[e_order].tolist()
+    e_bounds = np.searchsorted(dst_a[e_order], np.arange(len(nodes) + 1))
+    e_src = src_a[e_order]
     n_order = np.argsort(s_node, kind="stable")
-    n_bounds = np.searchsorted(s_node[n_order], np.arange(len(nodes) + 1)).tolist()
-    n_slices = n_order.tolist()
+    n_bounds = np.searchsorted(s_node[n_order], np.arange(len(nodes) + 1))
+    n_slices = n_order
     # a stream's waits: (time, the recording stream), sorted
     waits: dict[int, list] = {}
     recorded: dict[int, str] = {}
@@ -232,67 +233,90 @@ def _path(rec: Recording, kernels: list, code: np.ndarray, start: np.ndarray, en
             waits.setdefault(names[ev.stream], []).append((ev.ts, recorded[ev.event]))
     for w in waits.values():
         w.sort()
-    wait_ts = {name: [ts for ts, _ in w] for name, w in waits.items()}
-    streams = [ks.tolist() for ks in by]
-    ends = [end[ks].tolist() for ks in by]
     prefix_best = []  # per stream, the index of the latest-ending kernel among its first j + 1
     for ks in by:
         e = end[ks]
         if not len(e):
-            prefix_best.append([])
+            prefix_best.append(np.zeros(0, np.int64))
             continue
         new = np.ones(len(e), dtype=bool)
         new[1:] = e[1:] >= np.maximum.accumulate(e)[:-1]
-        prefix_best.append(np.maximum.accumulate(np.where(new, np.arange(len(e)), 0)).tolist())
-    threads_l = [ts.tolist() for ts in threads]
-    # plain lists for the walk
-    ks_, ke_, kc_, kp_ = start.tolist(), end.tolist(), code.tolist(), k_pos.tolist()
-    kl_, kq_ = k_launch.tolist(), k_enq.tolist()
-    ss_, se_, st_, sp_ = s_start.tolist(), s_end.tolist(), s_tcode.tolist(), s_pos.tolist()
-    sg_, sn_ = s_gt.tolist(), s_node.tolist()
-    comm_l = comm.tolist()
+        prefix_best.append(np.maximum.accumulate(np.where(new, np.arange(len(e)), 0)))
+    # the walk's columns, flat: each stream's kernels (and their ends, and prefix_best) after one another, each
+    # thread's slices likewise, each stream's waits (their times and the recording stream's code, -1 where no
+    # kernel ran on it) likewise
+    n_streams = len(by)
+    s_off = np.zeros(n_streams + 1, np.int64)
+    s_off[1:] = np.cumsum([len(ks) for ks in by])
+    t_off = np.zeros(len(threads) + 1, np.int64)
+    t_off[1:] = np.cumsum([len(ts) for ts in threads])
+    w_off = np.zeros(n_streams + 1, np.int64)
+    w_off[1:] = np.cumsum([len(waits.get(c, ())) for c in range(n_streams)])
+    flat_waits = [w for c in range(n_streams) for w in waits.get(c, ())]
+    cat = (lambda parts: np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64))
+    arrays = (start, end, code, k_pos, k_launch, k_enq, comm.astype(np.int64),
+              s_start, s_end, s_tcode, s_pos, s_gt, s_node,
+              s_off, cat(by), cat([end[ks] for ks in by]), cat(prefix_best),
+              t_off, cat(threads),
+              w_off, np.array([ts for ts, _ in flat_waits], np.int64),
+              np.array([names.get(name, -1) for _, name in flat_waits], np.int64),
+              e_bounds, e_src, n_bounds, n_slices)
+    arrays = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in arrays)
     last_s = int(np.argmax(s_end))  # the first of those that ended last
     last_k = int(np.argmax(end))
-    at = last_k if ke_[last_k] > se_[last_s] else n_k + last_s
+    at = last_k if end[last_k] > s_end[last_s] else n_k + last_s
+    t_end = int(end[at]) if at < n_k else int(s_end[at - n_k])
+    k_nodes = [k.node for k in kernels]
+    walk = core.stream_walk if core.stream_walk is not None else stream_walk_py
+    report.path, report.path_cpu_ns, report.path_gpu_ns, report.path_wait_ns = walk(
+        arrays, k_nodes, nodes, at, t_end, 4 * (n_s + n_k) + 8)
+    report.path_ns = report.path_cpu_ns + report.path_gpu_ns + report.path_wait_ns
+
+
+def stream_walk_py(arrays: tuple, k_nodes: list, nodes: list, at: int, t_end: int, limit: int) -> tuple:
+    """The walk back from item ``at`` (ending at ``t_end``), at most ``limit`` steps: (the steps root to end,
+    CPU ns, kernel ns, wait ns). The compiled twin is ``engine/csrc/stream_walk.c``; ``arrays`` are the
+    int64 columns ``_path`` makes, in its order."""
+    (ks_, ke_, kc_, kp_, kl_, kq_, comm_l, ss_, se_, st_, sp_, sg_, sn_, s_off, s_items, s_ends, s_best,
+     t_off, t_items, w_off, w_ts, w_src, e_bounds, e_src, n_bounds, n_slices) = [a.tolist() for a in arrays]
+    n_k = len(ks_)
     steps: list[tuple[str, str, int]] = []
-    t_end = ke_[at] if at < n_k else se_[at - n_k]
     seen = 0
-    limit = 4 * (n_s + n_k) + 8
     bisect_right = bisect.bisect_right
-    while at is not None and seen < limit:
+    while seen < limit:
         seen += 1
         # what ``at`` waited for: of the things it could not start before, the one that ended last
         if at < n_k:
             k = at
-            node = kernels[k].node
+            node = k_nodes[k]
             a_start = ks_[k]
             label = node.name if comm_l[k] else f"{node.id} {node.name}"
             steps.append(("kernel", label, t_end - a_start))
             best_t, nxt = None, None  # the first option that ended last
             sc, j = kc_[k], kp_[k]
+            base = s_off[sc]
             if j:
-                prev = streams[sc][j - 1]
+                prev = s_items[base + j - 1]
                 if ke_[prev] <= a_start:
                     best_t, nxt = ke_[prev], prev
-            w = waits.get(sc)
-            if w:
+            wl, wh = w_off[sc], w_off[sc + 1]
+            if wh > wl:
                 # a wait applies to the first kernel enqueued after it: those between the previous kernel's
                 # enqueueing and this one's
-                ts = wait_ts[sc]
-                lo = bisect_right(ts, kq_[streams[sc][j - 1]] if j else -1)
+                ts = w_ts[wl:wh]
+                lo = bisect_right(ts, kq_[s_items[base + j - 1]] if j else -1)
                 hi = bisect_right(ts, kq_[k])
-                for name in dict.fromkeys(s for _, s in w[lo:hi]):
-                    o = names.get(name)
-                    if o is None or not streams[o]:
+                for o in dict.fromkeys(w_src[wl + lo:wl + hi]):
+                    if o < 0 or s_off[o + 1] == s_off[o]:
                         continue
-                    es = ends[o]
+                    es = s_ends[s_off[o]:s_off[o + 1]]
                     i = bisect_right(es, a_start) - 1  # kernels by start: ends nearly sorted
                     while i >= 0 and es[i] > a_start:
                         i -= 1
                     if i >= 0:
-                        i = prefix_best[o][i]
+                        i = s_best[s_off[o] + i]
                         if es[i] <= a_start and (best_t is None or es[i] > best_t):
-                            best_t, nxt = es[i], streams[o][i]
+                            best_t, nxt = es[i], s_items[s_off[o] + i]
             launch = kl_[k]
             if launch >= 0:
                 t = min(se_[launch], a_start)
@@ -306,7 +330,7 @@ def _path(rec: Recording, kernels: list, code: np.ndarray, start: np.ndarray, en
             best_t, nxt = None, None
             j = sp_[i]
             if j:
-                prev = threads_l[st_[i]][j - 1]
+                prev = t_items[t_off[st_[i]] + j - 1]
                 if se_[prev] <= a_start:
                     best_t, nxt = se_[prev], n_k + prev
             gt, p, p_end = sg_[i], -1, None
@@ -326,8 +350,5 @@ def _path(rec: Recording, kernels: list, code: np.ndarray, start: np.ndarray, en
         t_end = best_t
         at = nxt
     steps.reverse()
-    report.path = steps
-    report.path_ns = sum(s[2] for s in steps)
-    report.path_cpu_ns = sum(s[2] for s in steps if s[0] == "cpu")
-    report.path_gpu_ns = sum(s[2] for s in steps if s[0] == "kernel")
-    report.path_wait_ns = sum(s[2] for s in steps if s[0] == "wait")
+    return (steps, sum(s[2] for s in steps if s[0] == "cpu"), sum(s[2] for s in steps if s[0] == "kernel"),
+            sum(s[2] for s in steps if s[0] == "wait"))

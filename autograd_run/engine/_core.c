@@ -32,6 +32,8 @@
  *   csrc/sim_loop.c      sim_loop: the simulation's event loop for calls without nested backward calls and
  *                        without modelled cores (sim/scheduler.py's event methods); sim_sequential, the
  *                        one-worker loop; costs_of, nodes' costs found as both loops find them (sim/costs.py)
+ *   csrc/stream_walk.c   stream_walk: the streams report's walk of the critical path through threads and
+ *                        streams (analysis/streams.py)
  *   csrc/fill.c          fill: the trace writers' loop, rows of columns formatted by templates into JSON or
  *                        protobuf (traces/encode.py)
  *   this file            configure, the module's method table and its initialisation
@@ -52,6 +54,7 @@
 #include "csrc/dependencies.c"
 #include "csrc/signature.c"
 #include "csrc/sim_loop.c"
+#include "csrc/stream_walk.c"
 #include "csrc/fill.c"
 
 static PyObject *configure(PyObject *mod, PyObject *args) {
@@ -99,6 +102,8 @@ static PyMethodDef module_methods[] = {
     {"critical_path", critical_path, METH_VARARGS,
      "critical_path(nodes, gt, node, weight, start, order) -> (path, total): see record/kernels.py"},
     {"sim_loop", sim_loop, METH_VARARGS, "sim_loop(sim, events, order, ...): see sim/scheduler.py"},
+    {"stream_walk", stream_walk, METH_VARARGS,
+     "stream_walk(arrays, k_nodes, nodes, at, t_end, limit) -> (steps, cpu, kernel, wait ns): see analysis/streams.py"},
     {"costs_of", costs_of, METH_VARARGS,
      "costs_of(costs, resolved, nodes) -> each node's cost: see sim/costs.py CostResolver.many"},
     {"sim_sequential", sim_sequential, METH_VARARGS,

@@ -60,6 +60,7 @@ if COMPILED:
     sim_loop = _core.sim_loop
     sim_sequential = _core.sim_sequential
     costs_of = _core.costs_of
+    stream_walk = _core.stream_walk
     split_saved = _core.split_saved
     group_saved = _core.group_saved
     scatter = _core.scatter
@@ -86,6 +87,7 @@ else:
     sim_loop = None  # sim.scheduler's event methods
     sim_sequential = None  # sim.scheduler.Simulator._run_sequential's loop
     costs_of = None  # sim.costs.CostResolver.many's list
+    stream_walk = None  # analysis.streams.stream_walk_py
     fill = None  # traces.encode.fill_py
     input_shape_codes = None  # record.kernels' twins
     node_columns = None
