@@ -311,6 +311,22 @@ def test_the_node_tables_and_saved_split_agree_with_their_twins():
         assert np.array_equal(ca, cb) and sa == sb
         released, cached = set(nodes[:2]), {nodes[2]: {}}
         assert core.split_saved(nodes, released, cached) == split_saved_py(nodes, released, cached)
+        # rows by identity and edges within a table: the whole graph, a part of it (edges out of it dropped), in
+        # another order; objects that are not in the table
+        import random
+        rng = random.Random(len(nodes))
+        for table in (nodes, nodes[::2], rng.sample(nodes, len(nodes))):
+            objs = nodes + [object(), None] + table[:3]
+            assert np.array_equal(kernels.node_rows(table, objs), kernels.node_rows_py(table, objs))
+            assert all(np.array_equal(x, y) for x, y in zip(kernels.node_edges(table), kernels.node_edges_py(table)))
+        src, dst = kernels.node_edges(nodes)
+        assert len(src) == sum(e is not None for n in nodes for e in n.next)  # every edge is within the graph
+        assert all(nodes[d] is nodes[j].next[k][0] for j, d, k in
+                   zip(src.tolist(), dst.tolist(), _edge_slots(nodes)))
+
+
+def _edge_slots(nodes):
+    return [k for n in nodes for k, e in enumerate(n.next) if e is not None]
 
 
 @pytest.mark.skipif(not core.COMPILED, reason="the compiled core is not built")

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from autograd_run.engine import core
+from autograd_run.record.kernels import node_edges, node_rows
 from autograd_run.record.recording import Collective, Recording
 
 
@@ -185,9 +186,8 @@ def _path(rec: Recording, kernels: list, code: np.ndarray, start: np.ndarray, en
     t_order = np.lexsort((np.arange(n_s), s_end, s_start, s_tcode))
     threads = _groups(s_tcode, t_order, len(tids))
     # the launch of a kernel: the last run of its node (slices by (start, end)) that started by the kernel's start
-    code_of = {id(n): j for j, n in enumerate(nodes)}
-    k_node = np.fromiter((-1 if f else code_of.get(id(k.node), -1) for k, f in zip(kernels, comm.tolist())),
-                         np.int64, n_k)
+    k_nodes = [k.node for k in kernels]
+    k_node = np.where(comm, -1, node_rows(nodes, k_nodes))
     times, rank = np.unique(np.concatenate((s_start, start)), return_inverse=True)
     r_s, r_k = rank[:n_s], rank[n_s:]
     span = len(times) + 1
@@ -207,16 +207,7 @@ def _path(rec: Recording, kernels: list, code: np.ndarray, start: np.ndarray, en
     for ts in threads:
         s_pos[ts] = np.arange(len(ts))
     # a node's producers: the nodes whose edges lead to it, and each node's slices in the recording's order
-    src: list[int] = []
-    dst: list[int] = []
-    for j, n in enumerate(nodes):
-        for e in n.next:
-            if e is not None:
-                d = code_of.get(id(e[0]))
-                if d is not None:
-                    src.append(j)
-                    dst.append(d)
-    src_a, dst_a = np.array(src, np.int64), np.array(dst, np.int64)
+    src_a, dst_a = node_edges(nodes)
     e_order = np.argsort(dst_a, kind="stable")
     e_bounds = np.searchsorted(dst_a[e_order], np.arange(len(nodes) + 1))
     e_src = src_a[e_order]
@@ -266,7 +257,6 @@ def _path(rec: Recording, kernels: list, code: np.ndarray, start: np.ndarray, en
     last_k = int(np.argmax(end))
     at = last_k if end[last_k] > s_end[last_s] else n_k + last_s
     t_end = int(end[at]) if at < n_k else int(s_end[at - n_k])
-    k_nodes = [k.node for k in kernels]
     walk = core.stream_walk if core.stream_walk is not None else stream_walk_py
     report.path, report.path_cpu_ns, report.path_gpu_ns, report.path_wait_ns = walk(
         arrays, k_nodes, nodes, at, t_end, 4 * (n_s + n_k) + 8)

@@ -26,7 +26,8 @@
  *                        (record/kernels.py, record/recording.py)
  *   csrc/state.c         max_seq, nodes_of_op, split_saved, group_saved, scatter, accumulate_grad and its
  *                        release hooks: a graph's run-time state (engine/state.py, builtin_nodes.py, run.py)
- *   csrc/columns.c       node_columns, input_shape_codes, critical_path (record/kernels.py)
+ *   csrc/columns.c       node_columns, input_shape_codes, critical_path, node_rows, node_edges
+ *                        (record/kernels.py)
  *   csrc/dependencies.c  compute_dependencies (engine/graph_task.py)
  *   csrc/signature.c     signature: a node's cost-lookup key for the simulator's CostResolver (sim/signature.py)
  *   csrc/sim_loop.c      sim_loop: the simulation's event loop for calls without nested backward calls and
@@ -102,6 +103,8 @@ static PyMethodDef module_methods[] = {
     {"critical_path", critical_path, METH_VARARGS,
      "critical_path(nodes, gt, node, weight, start, order) -> (path, total): see record/kernels.py"},
     {"sim_loop", sim_loop, METH_VARARGS, "sim_loop(sim, events, order, ...): see sim/scheduler.py"},
+    {"node_rows", node_rows, METH_VARARGS, "node_rows(table, objs) -> int64 bytes: see record/kernels.py"},
+    {"node_edges", node_edges, METH_O, "node_edges(nodes) -> (src, dst) int64 bytes: see record/kernels.py"},
     {"stream_walk", stream_walk, METH_VARARGS,
      "stream_walk(arrays, k_nodes, nodes, at, t_end, limit) -> (steps, cpu, kernel, wait ns): see analysis/streams.py"},
     {"costs_of", costs_of, METH_VARARGS,

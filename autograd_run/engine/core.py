@@ -56,6 +56,8 @@ if COMPILED:
     fill = _core.fill
     input_shape_codes = _core.input_shape_codes
     node_columns = _core.node_columns
+    node_rows = _core.node_rows
+    node_edges = _core.node_edges
     signature = _core.signature
     sim_loop = _core.sim_loop
     sim_sequential = _core.sim_sequential
@@ -91,6 +93,8 @@ else:
     fill = None  # traces.encode.fill_py
     input_shape_codes = None  # record.kernels' twins
     node_columns = None
+    node_rows = None  # record.kernels' twins
+    node_edges = None
     split_saved = None  # engine.state's twin
     group_saved = None  # engine.state's twin
     scatter = None  # engine.state's twin

@@ -95,6 +95,45 @@ def node_columns(nodes: list) -> tuple:
             np.frombuffer(same, dtype=np.int64))
 
 
+def node_rows_py(table: list, objs: list) -> np.ndarray:
+    """The row in ``table`` of each object of ``objs`` (by identity; its first row), -1 where absent."""
+    rows: dict = {}
+    for i, n in enumerate(table):
+        rows.setdefault(id(n), i)
+    return np.array([rows.get(id(o), -1) for o in objs], dtype=np.int64)
+
+
+def node_rows(table: list, objs: list) -> np.ndarray:
+    if core.node_rows is None:
+        return node_rows_py(table, objs)
+    return np.frombuffer(core.node_rows(table, objs), dtype=np.int64)
+
+
+def node_edges_py(nodes: list) -> tuple[np.ndarray, np.ndarray]:
+    """Every next edge between two nodes of ``nodes`` as (producer rows, consumer rows): nodes in order,
+    each node's edges in order; a node listed twice is its first row."""
+    rows: dict = {}
+    for i, n in enumerate(nodes):
+        rows.setdefault(id(n), i)
+    src: list[int] = []
+    dst: list[int] = []
+    for j, n in enumerate(nodes):
+        for e in n.next:
+            if e is not None:
+                d = rows.get(id(e[0]))
+                if d is not None:
+                    src.append(j)
+                    dst.append(d)
+    return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+
+
+def node_edges(nodes: list) -> tuple[np.ndarray, np.ndarray]:
+    if core.node_edges is None:
+        return node_edges_py(nodes)
+    src, dst = core.node_edges(nodes)
+    return np.frombuffer(src, dtype=np.int64), np.frombuffer(dst, dtype=np.int64)
+
+
 def input_shape_codes_py(nodes: list) -> tuple[np.ndarray, list]:
     seen: dict = {}
     codes = np.empty(len(nodes), dtype=np.int64)

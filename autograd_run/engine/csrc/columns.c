@@ -297,3 +297,143 @@ done:
     PyBuffer_Release(&bo);
     return result;
 }
+
+/* ---- rows by identity: a table of objects (the Recording's nodes) and a pointer hash over it ---- */
+
+typedef struct {
+    uintptr_t *keys; /* 0: empty */
+    Py_ssize_t *rows;
+    size_t mask;
+} PtrRows;
+
+static inline size_t ptr_slot(uintptr_t p, size_t mask) {
+    return (size_t)(((uint64_t)(p >> 4) * 0x9E3779B97F4A7C15ULL) >> 20) & mask;
+}
+
+/* Each object of `table` -> its first row (-1 and an exception where memory runs out). */
+static int ptr_rows_make(PtrRows *h, PyObject *table) {
+    Py_ssize_t n = PyList_GET_SIZE(table);
+    size_t cap = 16;
+    while (cap < (size_t)n * 2)
+        cap <<= 1;
+    h->mask = cap - 1;
+    h->keys = PyMem_Calloc(cap, sizeof(uintptr_t));
+    h->rows = PyMem_Malloc(cap * sizeof(Py_ssize_t));
+    if (h->keys == NULL || h->rows == NULL) {
+        PyMem_Free(h->keys);
+        PyMem_Free(h->rows);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uintptr_t p = (uintptr_t)PyList_GET_ITEM(table, i);
+        size_t s = ptr_slot(p, h->mask);
+        while (h->keys[s] != 0 && h->keys[s] != p)
+            s = (s + 1) & h->mask;
+        if (h->keys[s] == 0) { /* the first row of an object listed twice */
+            h->keys[s] = p;
+            h->rows[s] = i;
+        }
+    }
+    return 0;
+}
+
+static inline Py_ssize_t ptr_row(const PtrRows *h, PyObject *o) {
+    uintptr_t p = (uintptr_t)o;
+    size_t s = ptr_slot(p, h->mask);
+    while (h->keys[s] != 0) {
+        if (h->keys[s] == p)
+            return h->rows[s];
+        s = (s + 1) & h->mask;
+    }
+    return -1;
+}
+
+static void ptr_rows_free(PtrRows *h) {
+    PyMem_Free(h->keys);
+    PyMem_Free(h->rows);
+}
+
+/* node_rows(table, objs) -> int64 bytes: the row in `table` of each object of `objs` (the same object, not an
+ * equal one; its first row), -1 where it is not there. */
+static PyObject *node_rows(PyObject *mod, PyObject *args) {
+    PyObject *table, *objs;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &table, &PyList_Type, &objs))
+        return NULL;
+    PtrRows h;
+    if (ptr_rows_make(&h, table) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(objs);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out != NULL) {
+        int64_t *r = (int64_t *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0; i < n; i++)
+            r[i] = ptr_row(&h, PyList_GET_ITEM(objs, i));
+    }
+    ptr_rows_free(&h);
+    return out;
+}
+
+/* node_edges(table) -> (src bytes, dst bytes): every next edge from a node of `table` to a node of `table`, as
+ * int64 rows (the target's first row), nodes in table order, each node's edges in order. */
+static PyObject *node_edges(PyObject *mod, PyObject *arg) {
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "node_edges(list of nodes)");
+        return NULL;
+    }
+    PtrRows h;
+    if (ptr_rows_make(&h, arg) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(arg), m = 0, cap = n + 16;
+    int64_t *src = PyMem_Malloc(cap * sizeof(int64_t)), *dst = PyMem_Malloc(cap * sizeof(int64_t));
+    PyObject *result = NULL;
+    if (src == NULL || dst == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *nxt = node_get(PyList_GET_ITEM(arg, j), NF_NEXT);
+        if (nxt == NULL)
+            goto done;
+        PyObject *seq = PySequence_Fast(nxt, "a node's next is not a sequence");
+        Py_DECREF(nxt);
+        if (seq == NULL)
+            goto done;
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+            PyObject *e = PySequence_Fast_GET_ITEM(seq, k);
+            if (e == Py_None)
+                continue;
+            PyObject *target = PySequence_GetItem(e, 0);
+            if (target == NULL) {
+                Py_DECREF(seq);
+                goto done;
+            }
+            Py_ssize_t d = ptr_row(&h, target);
+            Py_DECREF(target);
+            if (d < 0)
+                continue;
+            if (m == cap) {
+                cap *= 2;
+                int64_t *s2 = PyMem_Realloc(src, cap * sizeof(int64_t)), *d2 = s2 ? PyMem_Realloc(dst, cap * sizeof(int64_t)) : NULL;
+                if (s2 != NULL)
+                    src = s2;
+                if (d2 == NULL) {
+                    Py_DECREF(seq);
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                dst = d2;
+            }
+            src[m] = j;
+            dst[m] = d;
+            m++;
+        }
+        Py_DECREF(seq);
+    }
+    result = Py_BuildValue("(y#y#)", (char *)src, m * 8, (char *)dst, m * 8);
+done:
+    PyMem_Free(src);
+    PyMem_Free(dst);
+    ptr_rows_free(&h);
+    return result;
+}
