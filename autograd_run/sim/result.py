@@ -10,6 +10,7 @@ task was queued, in slice order.
 
 from __future__ import annotations
 
+from functools import partial
 from operator import itemgetter
 
 import numpy as np
@@ -58,9 +59,23 @@ def to_recording(sim) -> Recording:
                        for ts, gt, action, node, stream, ev in sim.stream_events],
         graph_tasks=[GraphTaskSpan(g.id, g.reentrant_depth, g.start, g.returned or g.end, g.tid, None)
                      for g in sim.graph_tasks],
-        kernels=[KernelSlice(stream_name(st), node, a, b) for st, node, a, b in sim.kernels])
+        kernels=_kernel_slices(sim.kernels))
     rec.start, rec.end = span(sim)
     return rec
+
+
+def _kernel_slices(kernels: list) -> list[KernelSlice]:
+    """``KernelSlice(stream_name(stream), node, start, end)`` of each ``(stream, node, start, end)``, in order.
+
+    The loops run in C: a stream's name made once per stream object (the simulator shares one per stream; all
+    are alive in ``kernels``, so their ids are theirs), each slice made by ``tuple.__new__`` (a NamedTuple's own
+    ``__new__`` is Python code)."""
+    if not kernels:
+        return []
+    streams, nodes, starts, ends = zip(*kernels)
+    ids = list(map(id, streams))
+    names = {k: stream_name(st) for k, st in dict(zip(ids, streams)).items()}
+    return list(map(partial(tuple.__new__, KernelSlice), zip(map(names.__getitem__, ids), nodes, starts, ends)))
 
 
 def _i64(values) -> np.ndarray:

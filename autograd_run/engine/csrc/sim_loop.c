@@ -197,6 +197,8 @@ typedef struct {
     /* the worker whose task was just retired: it steps once the event's calls have returned (_retire, _go_on),
      * so nodes that take no time do not nest one C call deeper per node */
     PyObject *pending;
+    /* task_ids: the last task and worker read, and what was read of them */
+    PyObject *ids_gt, *ids_gid, *ids_depth, *ids_w, *ids_tid;
 } Sim;
 
 static PyObject *lpy(long long v) { return PyLong_FromLongLong(v); }
@@ -356,23 +358,64 @@ static long long sim_kernel(Sim *S, PyObject *stream, PyObject *node, long long 
     long long end = start + ns;
     PyObject *ev = lpy(end);
     int r = ev ? PyDict_SetItem(S->stream_free, key, ev) : -1;
-    Py_XDECREF(ev);
     Py_DECREF(key);
-    if (r < 0 || (node != Py_None && append_new(S->kernels, Py_BuildValue("(OOLL)", stream, node, start, end)) < 0)) {
+    if (r == 0 && node != Py_None) { /* (stream, node, start, end): the end's int shared with stream_free */
+        PyObject *sv = lpy(start);
+        r = sv ? append_new(S->kernels, PyTuple_Pack(4, stream, node, sv, ev)) : -1;
+        Py_XDECREF(sv);
+    }
+    Py_XDECREF(ev);
+    if (r < 0) {
         *err = 1;
         return 0;
     }
     return end;
 }
 
+/* A task's id and reentrant depth, a worker's tid (new references): read once per task and per worker (neither
+ * changes), the objects held so that their addresses stay theirs. */
+static int task_ids(Sim *S, PyObject *gt, PyObject *w, PyObject **gid, PyObject **depth, PyObject **tid) {
+    if (gt != S->ids_gt) {
+        PyObject *g = PyObject_GetAttr(gt, s_id), *d = g ? PyObject_GetAttr(gt, s_reentrant_depth) : NULL;
+        if (d == NULL) {
+            Py_XDECREF(g);
+            return -1;
+        }
+        Py_XSETREF(S->ids_gt, Py_NewRef(gt));
+        Py_XSETREF(S->ids_gid, g);
+        Py_XSETREF(S->ids_depth, d);
+    }
+    if (w != S->ids_w) {
+        PyObject *t = PyObject_GetAttr(w, sl_tid);
+        if (t == NULL)
+            return -1;
+        Py_XSETREF(S->ids_w, Py_NewRef(w));
+        Py_XSETREF(S->ids_tid, t);
+    }
+    *gid = Py_NewRef(S->ids_gid);
+    *depth = Py_NewRef(S->ids_depth);
+    *tid = Py_NewRef(S->ids_tid);
+    return 0;
+}
+
+static void task_ids_clear(Sim *S) {
+    Py_CLEAR(S->ids_gt);
+    Py_CLEAR(S->ids_gid);
+    Py_CLEAR(S->ids_depth);
+    Py_CLEAR(S->ids_w);
+    Py_CLEAR(S->ids_tid);
+}
+
 static int sim_done(Sim *S, SimRunC *run) {
-    PyObject *gid = PyObject_GetAttr(run->gt, s_id), *depth = gid ? PyObject_GetAttr(run->gt, s_reentrant_depth) : NULL;
-    PyObject *tid = depth ? PyObject_GetAttr(run->w, sl_tid) : NULL;
+    PyObject *gid = NULL, *depth = NULL, *tid = NULL;
     int r = -1;
-    if (tid == NULL)
+    if (task_ids(S, run->gt, run->w, &gid, &depth, &tid) < 0)
         goto out;
-    if (append_new(S->slices, Py_BuildValue("(OOOOLLOO)", gid, depth, run->node, tid, run->start, S->now, run->queue,
-                                            run->pushed)) < 0)
+    PyObject *st = lpy(run->start), *en = st ? lpy(S->now) : NULL;
+    PyObject *slice = en ? PyTuple_Pack(8, gid, depth, run->node, tid, st, en, run->queue, run->pushed) : NULL;
+    Py_XDECREF(st);
+    Py_XDECREF(en);
+    if (append_new(S->slices, slice) < 0)
         goto out;
     PyObject *next = node_get(run->node, NF_NEXT);
     if (next == NULL)
@@ -1002,6 +1045,7 @@ done:
         Py_XDECREF(S.streams_seen[i].key);
     }
     Py_XDECREF(S.pending);
+    task_ids_clear(&S);
     Py_XDECREF(S.leaf_set);
     Py_XDECREF(S.leaf_stream);
     Py_XDECREF(at);
