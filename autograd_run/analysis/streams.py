@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 
@@ -132,11 +134,13 @@ def streams_of(rec: Recording, extra: list | None = None) -> StreamReport | None
     kernels = list(rec.kernels) + list(extra or ())
     if not kernels:
         return None
-    names: dict[str, int] = {}  # stream name -> its code, in order of first appearance
-    code = np.fromiter((names.setdefault(k.stream, len(names)) for k in kernels), np.int64, len(kernels))
-    start = np.fromiter((k.start for k in kernels), np.int64, len(kernels))
-    end = np.fromiter((k.end for k in kernels), np.int64, len(kernels))
-    comm = np.fromiter((isinstance(k.node, Collective) for k in kernels), bool, len(kernels))
+    # (the columns read by C-level maps: KernelSlice is a NamedTuple (stream, node, start, end))
+    n = len(kernels)
+    names = {name: c for c, name in enumerate(dict.fromkeys(map(itemgetter(0), kernels)))}  # in order of first use
+    code = np.fromiter(map(names.__getitem__, map(itemgetter(0), kernels)), np.int64, n)
+    start = np.fromiter(map(itemgetter(2), kernels), np.int64, n)
+    end = np.fromiter(map(itemgetter(3), kernels), np.int64, n)
+    comm = np.fromiter(map(isinstance, map(itemgetter(1), kernels), repeat(Collective)), bool, n)
     # each stream's kernels in (start, end) order, then as listed
     order = np.lexsort((np.arange(len(kernels)), end, start, code))
     by = _groups(code, order, len(names))

@@ -379,7 +379,10 @@ class SummaryBuilder:
         thread_names = {tid: info.name for tid, info in rec.threads.items()}
         run = _run_maker(nodes, thread_names, self.t0, r.node, r.tid, r.start, r.dur, r.waited, r.gt)
         if rec.syncs:
-            by_key = {(g, nodes[n]): k for k, (g, n) in enumerate(zip(r.gt.tolist(), r.node.tolist()))}
+            # the runs of the nodes at either end of a sync, by (task, node): the last run of each
+            ends = kernels.node_rows(nodes, [x for sync in rec.syncs for x in (sync.producer, sync.consumer)])
+            ks = np.nonzero(np.isin(r.node, ends[ends >= 0]))[0]
+            by_key = {(g, nodes[n]): k for k, g, n in zip(ks.tolist(), r.gt[ks].tolist(), r.node[ks].tolist())}
             for sync in rec.syncs:
                 key = f"{sync.src} -> {sync.dst}"
                 s.syncs[key] = s.syncs.get(key, 0) + 1
