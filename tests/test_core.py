@@ -598,6 +598,31 @@ def test_the_stream_walk_breaks_ties_as_its_docstring_says(impl):
 
 
 @compiled
+def test_the_compiled_routing_pushes_onto_a_simulators_queue_itself_but_for_wake_ups(monkeypatch):
+    """``SimQueue.push``'s common case (the task onto the heap, no samples, no wake-up to schedule) is done by
+    the compiled routing (``sim_queue_push_fast``); the method is still called where it has more to do: a wake-up
+    of an idle consumer, queue samples with ``detail``. The results are the same either way (sim_dump)."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim import tasks
+    from autograd_run.sim.session import SimOptions, simulate_session
+    assert tasks.PUSH_COMPILED
+    g = loads_graph(dumps(generate("chain", n=200), "json"), "c.json")
+    calls = []
+    real = tasks.SimQueue.push
+    monkeypatch.setattr(tasks.SimQueue, "push", lambda self, key, task: calls.append(task) or real(self, key, task))
+    plain = simulate_session(g, SimOptions(spec="h100", devices=2, placement="layer", slack_top=0))
+    fast_calls = len(calls)
+    assert 0 < fast_calls < 10  # the root's push and the wake-ups where the chain changes device
+    calls.clear()
+    detailed = simulate_session(g, SimOptions(spec="h100", devices=2, placement="layer", slack_top=0, detail=True))
+    assert len(calls) > 200  # every push samples its queue: the method's
+    assert plain.wall_ns == detailed.wall_ns and [s[2].id for s in plain.sim.slices] == [
+        s[2].id for s in detailed.sim.slices]
+
+
+@compiled
 def test_the_compiled_signature_of_odd_saved_values():
     """Saved values as a hand-written file may hold them: a dict without a shape or with a null one, a list
     that is not all ints (bools, floats), a tuple shape, a dict's missing dtype, strings, None; and a shape

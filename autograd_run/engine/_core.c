@@ -105,6 +105,8 @@ static PyMethodDef module_methods[] = {
     {"sim_loop", sim_loop, METH_VARARGS, "sim_loop(sim, events, order, ...): see sim/scheduler.py"},
     {"node_rows", node_rows, METH_VARARGS, "node_rows(table, objs) -> int64 bytes: see record/kernels.py"},
     {"node_edges", node_edges, METH_O, "node_edges(nodes) -> (src, dst) int64 bytes: see record/kernels.py"},
+    {"configure_sim_queue", configure_sim_queue, METH_VARARGS,
+     "configure_sim_queue(SimQueue, SimWorker) -> bool: route() pushes onto a SimQueue itself (sim/tasks.py)"},
     {"stream_walk", stream_walk, METH_VARARGS,
      "stream_walk(arrays, k_nodes, nodes, at, t_end, limit) -> (steps, cpu, kernel, wait ns): see analysis/streams.py"},
     {"costs_of", costs_of, METH_VARARGS,

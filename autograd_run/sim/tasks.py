@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from autograd_run.engine import core
 from autograd_run.engine.core import Lock, ReadyQueue
 
 
@@ -115,6 +116,11 @@ class SimWorker:
     current_depth: int = 0
     total_depth: int = 0
     wake_pending: bool = False
+
+
+#: Whether the compiled routing pushes onto a SimQueue itself where ``SimQueue.push`` would only put the task on
+#: its heap (no queue samples, no wake-up to schedule): ``engine/csrc/sim_loop.c`` ``sim_queue_push_fast``.
+PUSH_COMPILED = core.COMPILED and core.configure_sim_queue(SimQueue, SimWorker)
 
 
 @dataclass(slots=True, eq=False)

@@ -35,7 +35,7 @@ typedef struct {
 static PyObject *sl_idle, *sl_idle_since, *sl_waiting_for, *sl_wake_pending, *sl_tid, *sl_heap, *sl_pop,
     *sl_on_done, *sl_returned, *sl_needed, *sl_captures, *sl_leaf_streams, *sl_cpu_ns, *sl_gpu_ns, *sl_holds_gil,
     *sl_blocking, *sl_ready_streams, *sl_ready_events, *sl_ready_waits, *sl_wait, *sl_now, *sl_current_tid,
-    *sl__ones, *sl_complete, *sl_at, *sl__pending, *sl__go_on;
+    *sl__ones, *sl_complete, *sl_at, *sl__pending, *sl__go_on, *sl_sim, *sl_consumers, *sl_detail;
 
 static int sl_intern(void) {
     if (sl_at != NULL)
@@ -49,9 +49,74 @@ static int sl_intern(void) {
     SL(sl_ready_events, "ready_events"); SL(sl_ready_waits, "ready_waits"); SL(sl_wait, "wait");
     SL(sl_now, "now"); SL(sl_current_tid, "current_tid"); SL(sl__ones, "_ones"); SL(sl_complete, "_complete");
     SL(sl__pending, "_pending"); SL(sl__go_on, "_go_on");
+    SL(sl_sim, "sim"); SL(sl_consumers, "consumers"); SL(sl_detail, "detail");
     SL(sl_at, "at");
 #undef SL
     return 0;
+}
+
+/* ---- SimQueue.push's common case (sim/tasks.py is the twin), for route()'s pushes ---- */
+
+/* sim.tasks.SimQueue (heap, sim, consumers) and SimWorker (idle, wake_pending): plain object slots, found by
+ * configure_sim_queue(); NULL types: route() calls SimQueue.push. */
+enum { SQ_HEAP, SQ_SIM, SQ_CONSUMERS };
+static SlotTable SIMQ_SLOTS = {NULL, 3, {&sl_heap, &sl_sim, &sl_consumers}};
+enum { SW_IDLE, SW_WAKE_PENDING };
+static SlotTable SIMW_SLOTS = {NULL, 2, {&sl_idle, &sl_wake_pending}};
+
+/* configure_sim_queue(SimQueue, SimWorker) -> bool: whether route() may push onto a SimQueue itself. */
+static PyObject *configure_sim_queue(PyObject *mod, PyObject *args) {
+    PyObject *q, *w;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &q, &PyType_Type, &w))
+        return NULL;
+    if (sl_intern() < 0)
+        return NULL;
+    int a = slots_configure(&SIMQ_SLOTS, q), b = a > 0 ? slots_configure(&SIMW_SLOTS, w) : a;
+    if (a < 0 || b < 0)
+        return NULL;
+    if (!a || !b) {
+        Py_CLEAR(SIMQ_SLOTS.type);
+        Py_CLEAR(SIMW_SLOTS.type);
+        Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* queue.push(key, task) where `queue` is a SimQueue on the compiled heap, no queue samples are kept (the
+ * simulator's `detail` off) and its consumer needs no wake-up (it is not idle, or a wake-up is already pending):
+ * the heap gets (task, sim.now) under `key`, as SimQueue.push does. 1: pushed; 0: not this case (the caller
+ * calls the method); -1: an error. */
+static int sim_queue_push_fast(PyObject *queue, u128 key, PyObject *task) {
+    if (SIMQ_SLOTS.type == NULL || Py_TYPE(queue) != SIMQ_SLOTS.type)
+        return 0;
+    PyObject *heap = *(PyObject **)((char *)queue + SIMQ_SLOTS.offsets[SQ_HEAP]);
+    PyObject *sim = *(PyObject **)((char *)queue + SIMQ_SLOTS.offsets[SQ_SIM]);
+    PyObject *cons = *(PyObject **)((char *)queue + SIMQ_SLOTS.offsets[SQ_CONSUMERS]);
+    if (heap == NULL || !Py_IS_TYPE(heap, &QueueType) || sim == NULL || cons == NULL || !PyList_CheckExact(cons) ||
+        PyList_GET_SIZE(cons) == 0)
+        return 0;
+    PyObject *w = PyList_GET_ITEM(cons, PyList_GET_SIZE(cons) - 1);
+    if (Py_TYPE(w) != SIMW_SLOTS.type)
+        return 0;
+    PyObject *idle = *(PyObject **)((char *)w + SIMW_SLOTS.offsets[SW_IDLE]);
+    PyObject *pending = *(PyObject **)((char *)w + SIMW_SLOTS.offsets[SW_WAKE_PENDING]);
+    if ((idle != Py_False && idle != Py_True) || (pending != Py_False && pending != Py_True) ||
+        (idle == Py_True && pending == Py_False))
+        return 0; /* a wake-up to schedule: the method's */
+    PyObject *detail = PyObject_GetAttr(sim, sl_detail);
+    if (detail == NULL)
+        return -1;
+    Py_DECREF(detail);
+    if (detail != Py_False)
+        return 0;
+    PyObject *now = PyObject_GetAttr(sim, sl_now);
+    PyObject *item = now ? PyTuple_Pack(2, task, now) : NULL;
+    Py_XDECREF(now);
+    if (item == NULL)
+        return -1;
+    int r = queue_push((QueueObject *)heap, key, item);
+    Py_DECREF(item);
+    return r < 0 ? -1 : 1;
 }
 
 static void run_free(SimRunC *r) {
