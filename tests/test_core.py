@@ -623,6 +623,39 @@ def test_the_compiled_routing_pushes_onto_a_simulators_queue_itself_but_for_wake
 
 
 @compiled
+def test_the_compiled_slice_columns_are_their_twins():
+    """``sim.result``'s slice columns (``_core.sim_slices``) against ``_slice_columns_py``: simulated runs on 0-3
+    devices with nested calls (pool threads), and hand-made slices with what a simulation leaves unset (no queue,
+    no node); a time past 64 bits is the same error."""
+    import numpy as np
+    from autograd_run.errors import RequestError
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.sim import result
+    from autograd_run.sim.session import SimOptions, simulate_session
+
+    def same(slices):
+        a, b = core.sim_slices(slices), result._slice_columns_py(slices)
+        assert a[0] == b[0] and a[7] == b[7]
+        for x, y in zip(a[1:7] + a[8:], b[1:7] + b[8:]):
+            assert np.array_equal(np.frombuffer(x, dtype=np.int64), y)
+
+    for name in ("pipeline", "mlp", "checkpoint", "reentrant", "seed"):
+        g = load_graph("example:" + name)
+        for k in (None, 2, 3):
+            r = simulate_session(g, SimOptions(spec="h100", devices=k, placement="greedy" if k else "keep",
+                                               slack_top=0))
+            same(r.sim.slices)
+    node = object()
+    same([(1, 0, node, 5, 10, 20, "cpu", 3), (1, 0, None, 5, 20, 30, None, None), (2, 1, node, 6, 0, 5, "cuda:0", 0),
+          (2, 1, object(), 6, 5, 9, "cpu", 4)])
+    same([])
+    with pytest.raises(RequestError, match="64-bit"):
+        result._slice_columns([(1, 0, node, 5, 10, 2 ** 64, "cpu", 3)])
+    with pytest.raises(TypeError):
+        core.sim_slices([(1, 2)])
+
+
+@compiled
 def test_the_compiled_signature_of_odd_saved_values():
     """Saved values as a hand-written file may hold them: a dict without a shape or with a null one, a list
     that is not all ints (bools, floats), a tuple shape, a dict's missing dtype, strings, None; and a shape

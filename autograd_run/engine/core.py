@@ -63,6 +63,7 @@ if COMPILED:
     sim_sequential = _core.sim_sequential
     costs_of = _core.costs_of
     stream_walk = _core.stream_walk
+    sim_slices = _core.sim_slices
     configure_sim_queue = _core.configure_sim_queue
     split_saved = _core.split_saved
     group_saved = _core.group_saved
@@ -91,6 +92,7 @@ else:
     sim_sequential = None  # sim.scheduler.Simulator._run_sequential's loop
     costs_of = None  # sim.costs.CostResolver.many's list
     stream_walk = None  # analysis.streams.stream_walk_py
+    sim_slices = None  # sim.result._slice_columns_py
     configure_sim_queue = None  # sim.tasks.SimQueue.push (always called)
     fill = None  # traces.encode.fill_py
     input_shape_codes = None  # record.kernels' twins

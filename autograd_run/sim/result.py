@@ -15,6 +15,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from autograd_run.engine import core
 from autograd_run.errors import RequestError
 
 from autograd_run.engine.streams import stream_name
@@ -78,12 +79,44 @@ def _kernel_slices(kernels: list) -> list[KernelSlice]:
     return list(map(partial(tuple.__new__, KernelSlice), zip(map(names.__getitem__, ids), nodes, starts, ends)))
 
 
+def _slice_columns_py(slices: list) -> tuple:
+    """The columns of a simulation's slices (``_core.sim_slices`` is the compiled twin): the distinct nodes and
+    queue names in order of first appearance, each slice's node code, gt, depth, tid, start and end, its queue
+    code (-1: not queued) and push time (0 where not queued)."""
+    n = len(slices)
+    gt, depth, node, tid, start, end, queue, pushed = zip(*slices) if n else ((),) * 8
+    nodes = [v for v in dict.fromkeys(node) if v is not None]
+    code = dict(zip(nodes, range(len(nodes))))
+    code[None] = -1
+    queues = [q for q in dict.fromkeys(queue) if q is not None]
+    q_code = dict(zip(queues, range(len(queues))))
+    q_code[None] = -1
+    return (nodes, _i64(list(map(code.__getitem__, node))), _i64(gt), _i64(depth), _i64(tid), _i64(start), _i64(end),
+            queues, _i64(list(map(q_code.__getitem__, queue))),
+            _i64([0 if q is None else p for q, p in zip(queue, pushed)]))
+
+
+def _slice_columns(slices: list) -> tuple:
+    if core.sim_slices is None:
+        return _slice_columns_py(slices)
+    try:
+        out = core.sim_slices(slices)
+    except OverflowError:
+        raise _too_big() from None
+    return (out[0], *(np.frombuffer(b, dtype=np.int64) for b in out[1:7]), out[7], np.frombuffer(out[8], dtype=np.int64),
+            np.frombuffer(out[9], dtype=np.int64))
+
+
 def _i64(values) -> np.ndarray:
     try:
         return np.array(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
     except OverflowError:  # every input is bounded; this says so if a combination still overflows
-        raise RequestError("the simulated times do not fit a 64-bit count of nanoseconds (292 years): the costs, "
-                           "--scale or --network figures are out of any real range") from None
+        raise _too_big() from None
+
+
+def _too_big() -> RequestError:
+    return RequestError("the simulated times do not fit a 64-bit count of nanoseconds (292 years): the costs, "
+                        "--scale or --network figures are out of any real range")
 
 
 def _columns(sim) -> Columns:
@@ -107,22 +140,20 @@ def _columns(sim) -> Columns:
 
     # slices: (gt, depth, node, tid, start, end, queue or None, pushed or None), in end order
     n = len(sim.slices)
-    gt, depth, node, tid, start, end, queue, pushed = zip(*sim.slices) if n else ((),) * 8
-    node_col = _i64(codes(node_code, node))
-    queued = [k for k, q in enumerate(queue) if q is not None]
+    nodes, node_col, gt_col, depth_col, tid_col, start_col, end_col, queues, queue_all, pushed_all = (
+        _slice_columns(sim.slices))
+    node_code.update(zip(nodes, range(len(nodes))))
+    queue_code.update(zip(queues, range(len(queues))))
+    queued = np.flatnonzero(queue_all >= 0)
     wait = np.full(n, -1, dtype=np.int64)
     if len(queued) == n:  # every task was queued (what the simulator does)
         rows, wait[:] = slice(None), np.arange(n)
-        w_queue, w_pushed = queue, pushed
     else:
-        rows, wait[queued] = np.array(queued, dtype=np.int64), np.arange(len(queued))
-        w_queue, w_pushed = [queue[k] for k in queued], [pushed[k] for k in queued]
-    gt_col, tid_col, start_col = _i64(gt), _i64(tid), _i64(start)
-    slices = Table(gt=gt_col, depth=_i64(depth), node=node_col, tid=tid_col, start=start_col, end=_i64(end),
-                   wait=wait)
-    m = len(w_queue)
-    waits = Table(gt=gt_col[rows], node=node_col[rows], queue=_i64(codes(queue_code, w_queue)),
-                  pushed=_i64(w_pushed), popped=start_col[rows], tid=tid_col[rows],
+        rows, wait[queued] = queued, np.arange(len(queued))
+    slices = Table(gt=gt_col, depth=depth_col, node=node_col, tid=tid_col, start=start_col, end=end_col, wait=wait)
+    m = len(queued)
+    waits = Table(gt=gt_col[rows], node=node_col[rows], queue=queue_all[rows], pushed=pushed_all[rows],
+                  popped=start_col[rows], tid=tid_col[rows],
                   push_row=np.full(m, -1, dtype=np.int64), pop_row=np.full(m, -1, dtype=np.int64))
     # queue samples (with ``detail``): (ts, tid, queue, gt, node or None, depth, pushed), in event order
     qs = sim.queue_samples

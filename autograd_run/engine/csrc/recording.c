@@ -1,4 +1,4 @@
-/* Python twin: autograd_run/record/kernels.py (attr_codes) and autograd_run/record/recording.py (_pair).
+/* Python twin: autograd_run/record/kernels.py (attr_codes), autograd_run/record/recording.py (_pair) and autograd_run/sim/result.py (sim_slices: _slice_columns_py).
  * The Recording's loops over Python objects: attribute codes, the pairing of pushes, pops and node runs. Part of _core.c (included there, after core.h). */
 
 /* ------------------------------------------------- summary helpers */
@@ -353,5 +353,90 @@ done:
     PyMem_RawFree(end_seen), PyMem_RawFree(wait_of), PyMem_RawFree(wait_pos);
     PyBuffer_Release(&be);
     PyBuffer_Release(&bt);
+    return result;
+}
+
+/* ------------------------------------------------- a simulation's slices */
+
+/* obj's code in `table` (a dict obj -> int code), added as the next code when new; `order` gets each new obj. */
+static int64_t code_in(PyObject *table, PyObject *order, PyObject *obj) {
+    PyObject *c = PyDict_GetItemWithError(table, obj);
+    if (c != NULL)
+        return PyLong_AsLongLong(c);
+    if (PyErr_Occurred())
+        return -2;
+    Py_ssize_t k = PyList_GET_SIZE(order);
+    PyObject *v = PyLong_FromSsize_t(k);
+    int r = v ? PyDict_SetItem(table, obj, v) : -1;
+    Py_XDECREF(v);
+    if (r < 0 || PyList_Append(order, obj) < 0)
+        return -2;
+    return k;
+}
+
+/* sim_slices(slices) -> (nodes, node codes, gt, depth, tid, start, end, queues, queue codes, pushed): the columns of
+ * a simulation's slices, each (gt, depth, node, tid, start, end, queue or None, pushed or None): the distinct
+ * nodes and queue names in order of first appearance (a dict's equality; None is no queue: code -1) and int64
+ * columns as bytes (pushed 0 where there is no queue; a None node is code -1). sim/result.py's _slice_columns_py is
+ * the twin. */
+static PyObject *sim_slices(PyObject *mod, PyObject *arg) {
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "sim_slices(list of slices)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    enum { C_NODE, C_GT, C_DEPTH, C_TID, C_START, C_END, C_QUEUE, C_PUSHED, C_N };
+    PyObject *col[C_N] = {NULL}, *nodes = PyList_New(0), *queues = PyList_New(0);
+    PyObject *node_tab = PyDict_New(), *queue_tab = PyDict_New(), *result = NULL;
+    if (!nodes || !queues || !node_tab || !queue_tab)
+        goto done;
+    int64_t *c[C_N];
+    for (int k = 0; k < C_N; k++) {
+        if ((col[k] = PyBytes_FromStringAndSize(NULL, n * 8)) == NULL)
+            goto done;
+        c[k] = (int64_t *)PyBytes_AS_STRING(col[k]);
+    }
+    static const int ints[] = {C_GT, C_DEPTH, -1, C_TID, C_START, C_END}; /* tuple place -> column */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyList_GET_ITEM(arg, i);
+        if (!PyTuple_Check(s) || PyTuple_GET_SIZE(s) != 8) {
+            PyErr_SetString(PyExc_TypeError, "sim_slices: a slice is an 8-tuple");
+            goto done;
+        }
+        for (int f = 0; f < 6; f++) {
+            if (ints[f] < 0)
+                continue;
+            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(s, f));
+            if (v == -1 && PyErr_Occurred())
+                goto done;
+            c[ints[f]][i] = v;
+        }
+        PyObject *node = PyTuple_GET_ITEM(s, 2);
+        if (node == Py_None)
+            c[C_NODE][i] = -1;
+        else if ((c[C_NODE][i] = code_in(node_tab, nodes, node)) < 0)
+            goto done;
+        PyObject *q = PyTuple_GET_ITEM(s, 6);
+        c[C_QUEUE][i] = c[C_PUSHED][i] = 0;
+        if (q == Py_None) {
+            c[C_QUEUE][i] = -1;
+            continue;
+        }
+        if ((c[C_QUEUE][i] = code_in(queue_tab, queues, q)) < 0)
+            goto done;
+        long long p = PyLong_AsLongLong(PyTuple_GET_ITEM(s, 7));
+        if (p == -1 && PyErr_Occurred())
+            goto done;
+        c[C_PUSHED][i] = p;
+    }
+    result = PyTuple_Pack(10, nodes, col[C_NODE], col[C_GT], col[C_DEPTH], col[C_TID], col[C_START], col[C_END],
+                          queues, col[C_QUEUE], col[C_PUSHED]);
+done:
+    for (int k = 0; k < C_N; k++)
+        Py_XDECREF(col[k]);
+    Py_XDECREF(nodes);
+    Py_XDECREF(queues);
+    Py_XDECREF(node_tab);
+    Py_XDECREF(queue_tab);
     return result;
 }
