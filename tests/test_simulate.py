@@ -480,7 +480,8 @@ def test_calibration_rounds_end_when_their_medians_settle():
 
 
 #: The engine figures a calibration round measures besides the three these tests vary.
-MORE_FIGURES = {"device_overhead_us": 4.0, "cost_node_us": 5.0, "accumulate_us": 3.0, "device_handoff_us": 30.0}
+MORE_FIGURES = {"device_overhead_us": 4.0, "cost_node_us": 5.0, "accumulate_us": 3.0, "device_handoff_us": 30.0,
+                "call_overhead_us": 12.0}
 
 
 def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
@@ -496,7 +497,7 @@ def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
     assert spec.engine.spread == {"node_overhead_us": 0.0, "handoff_us": 0.4, "wait_overhead_us": 0.5,
                                   **{k: 0.0 for k in MORE_FIGURES}}
     assert (spec.engine.device_overhead_us, spec.engine.cost_node_us, spec.engine.accumulate_us,
-            spec.engine.device_handoff_us) == (4.0, 5.0, 3.0, 30.0)
+            spec.engine.device_handoff_us, spec.engine.call_overhead_us) == (4.0, 5.0, 3.0, 30.0, 12.0)
     assert spec.engine.wait_spin_us == 150.0 and spec.host.cores >= 1
     assert len(lines) == 3 and lines[0].startswith("round 1: node_overhead_us 2.00, handoff_us 40.00")
     assert MachineSpec.from_dict(spec.to_dict()).engine == spec.engine
@@ -529,7 +530,7 @@ def test_a_real_calibration_reports_its_rounds_and_spread():
     assert MIN_ROUNDS <= len(lines) <= MAX_ROUNDS
     assert spec.source.endswith(f", {len(lines)} rounds")
     seen = {k: [float(v) for v in re.findall(rf"\b{k} ([0-9.]+)", " ".join(lines))]
-            for k in ("node_overhead_us", "handoff_us", "device_handoff_us", "wait_overhead_us")}
+            for k in ("node_overhead_us", "handoff_us", "device_handoff_us", "wait_overhead_us", "call_overhead_us")}
     for k, values in seen.items():
         assert len(values) == len(lines)
         assert min(values) - 0.01 <= getattr(spec.engine, k) <= max(values) + 0.01
@@ -753,3 +754,20 @@ def test_the_default_what_ifs_are_left_out_of_a_big_graph_that_would_simulate_ea
     code, out, err = run_cli(["simulate", path, "--spec", "h100", "--devices", "2", "--json", "--slack", "2"], capsys)
     doc = json.loads(out)
     assert len(doc["slack"]) == 2 and doc["slack_skipped"] is None
+
+
+def test_calibrate_measures_what_a_calls_recorded_span_holds_beyond_its_node():
+    """``call_overhead_us``: from a call's recorded start to its one node and from that node to the call's end,
+    as ``run`` records it; a simulation charges it once per call, so a one-node graph on the CPU simulated
+    with it lasts what the recording shows, and a ten-node one only that much longer than without it."""
+    from autograd_run.sim.calibrate import SHORT_WAIT_US, _call_us, _chain_doc
+    from autograd_run.sim.specs import default_spec
+    call = _call_us(9)
+    assert 0.5 < call < 5000  # the engine's set-up and completion: microseconds, not nothing, not a stall
+    g = loads_graph(dumps(_chain_doc(10, ["cpu"], SHORT_WAIT_US), "json"), "c.json")
+    import dataclasses
+    base = default_spec()
+    with_call = dataclasses.replace(base, engine=dataclasses.replace(base.engine, call_overhead_us=call))
+    a = simulate_session(g, SimOptions(spec=base, slack_top=0)).wall_ns
+    b = simulate_session(g, SimOptions(spec=with_call, slack_top=0)).wall_ns
+    assert b - a == int(call * 1e3)

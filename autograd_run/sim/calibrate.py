@@ -18,6 +18,9 @@ What it measures (medians of repeated runs, each a few hundred ms):
   beyond its stated time on a device worker: a chain of such nodes, per
   node, minus the stated time and the fixed cost (the thread's wake-up
   after its sleep, and what running cold costs after it);
+* a backward call's own cost (``call_overhead_us``): what its recorded span
+  holds beyond its one node (the caller's set-up before the node and its
+  completion after it), on a one-node chain on the CPU;
 * the host: float32 and float64 matmul FLOP/s, memory bandwidth (a large
   copy), the smallest numpy call, and the cores this process may run on
   (``os.sched_getaffinity``): the engine's threads share them, and a
@@ -114,6 +117,36 @@ def _per_node_us(doc: dict, repeat: int) -> float:
     return statistics.median(times) / len(g.nodes) * 1e6
 
 
+def _call_us(repeat: int) -> float:
+    """What a backward call's recorded span holds beyond its nodes, µs: from its start to its first node and from
+    its last node to its end, on the caller (a one-node chain of a short cost node on the CPU), the median of
+    ``repeat`` calls (at least 9). A ``run``'s wall is that span, and the simulation charges this once per call
+    (``call_overhead_us``, on the caller before its root is pushed)."""
+    from autograd_run.engine import DeviceSet, Engine, GraphState
+    from autograd_run.engine.run import root_gradients
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.record.recorder import Recorder
+    g = loads_graph(dumps(_chain_doc(1, ["cpu"], SHORT_WAIT_US), "json"), "calibrate.json")
+    roots = [r.edge for r in g.roots]
+    gaps = []
+    for k in range(max(9, repeat) + 1):
+        recorder = Recorder()
+        eng = Engine(DeviceSet("virtual"), tracer=recorder)
+        try:
+            eng.execute(GraphState(g), roots, root_gradients(g))
+        finally:
+            eng.shutdown()
+        rec = recorder.recording()
+        if k == 0 or not rec.graph_tasks or not rec.slices:  # (the first: warm-up)
+            continue
+        span = rec.graph_tasks[-1]
+        first = min(sl.start for sl in rec.slices if sl.gt == span.gt)
+        last = max(sl.end for sl in rec.slices if sl.gt == span.gt)
+        gaps.append((first - span.start) + (span.end - last))
+    return statistics.median(gaps) / 1e3 if gaps else 0.0
+
+
 def _identity_us() -> float:
     from autograd_run.engine.builtin_nodes import identity
 
@@ -179,7 +212,7 @@ def _engine_round(nodes: int, repeat: int) -> dict[str, float]:
             for pair, alone in ((["cpu", "cuda:0"], (one["cpu"] + one["cuda:0"]) / 2),
                                 (["cuda:0", "cuda:1"], one["cuda:0"]))]
     waited = _per_node_us(_chain_doc(max(50, nodes // 40), ["cuda:0"], WAIT_US), repeat)
-    return {"node_overhead_us": overhead, "device_overhead_us": device, "cost_node_us": cost_node,
+    return {"call_overhead_us": _call_us(repeat), "node_overhead_us": overhead, "device_overhead_us": device, "cost_node_us": cost_node,
             "accumulate_us": max(0.0, accumulate),
             "handoff_us": max(0.0, hops[0]), "device_handoff_us": max(0.0, hops[1]),
             "wait_overhead_us": max(0.0, waited - WAIT_US - device - cost_node)}
@@ -233,6 +266,7 @@ def calibrate(nodes: int = 4000, repeat: int = 5, log=None) -> MachineSpec:
                         cost_node_us=round(med["cost_node_us"], 3), accumulate_us=round(med["accumulate_us"], 3),
                         wait_overhead_us=round(med["wait_overhead_us"], 3), wait_spin_us=SPIN_TAIL * 1e6,
                         device_handoff_us=round(med["device_handoff_us"], 3),
+                        call_overhead_us=round(med["call_overhead_us"], 3),
                         spread={k: round(v, 3) for k, v in spread.items()})
     return MachineSpec("local", host, acc, engine,
                        f"measured by autograd-run calibrate on {platform.node()} ({os.cpu_count()} CPUs) at {when}, "
