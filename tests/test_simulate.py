@@ -481,7 +481,7 @@ def test_calibration_rounds_end_when_their_medians_settle():
 
 #: The engine figures a calibration round measures besides the three these tests vary.
 MORE_FIGURES = {"device_overhead_us": 4.0, "cost_node_us": 5.0, "accumulate_us": 3.0, "device_handoff_us": 30.0,
-                "call_overhead_us": 12.0}
+                "call_overhead_us": 12.0, "gil_probe_us": 3000.0}
 
 
 def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
@@ -495,7 +495,7 @@ def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
     spec = cal.calibrate(nodes=10, log=lines.append)
     assert (spec.engine.handoff_us, spec.engine.wait_overhead_us) == (50.0, 40.0)
     assert spec.engine.spread == {"node_overhead_us": 0.0, "handoff_us": 0.4, "wait_overhead_us": 0.5,
-                                  **{k: 0.0 for k in MORE_FIGURES}}
+                                  **{("gil_handoff_us" if k == "gil_probe_us" else k): 0.0 for k in MORE_FIGURES}}
     assert (spec.engine.device_overhead_us, spec.engine.cost_node_us, spec.engine.accumulate_us,
             spec.engine.device_handoff_us, spec.engine.call_overhead_us) == (4.0, 5.0, 3.0, 30.0, 12.0)
     assert spec.engine.wait_spin_us == 150.0 and spec.host.cores >= 1
@@ -771,3 +771,24 @@ def test_calibrate_measures_what_a_calls_recorded_span_holds_beyond_its_node():
     a = simulate_session(g, SimOptions(spec=base, slack_top=0)).wall_ns
     b = simulate_session(g, SimOptions(spec=with_call, slack_top=0)).wall_ns
     assert b - a == int(call * 1e3)
+
+
+def test_calibrate_fits_the_gil_hand_over_to_its_probe():
+    """``gil_handoff_us`` is fitted so that the simulation of the GIL probe (four device threads running short
+    wait nodes at once) lasts what the probe was measured to: the simulated wall grows with it, the fit lands
+    on a measured wall the simulation can reach, and stays within 0 and four hand-offs otherwise."""
+    import dataclasses
+    from autograd_run.sim.calibrate import _fit_gil_handoff, _gil_probe_doc
+    from autograd_run.sim.specs import default_spec
+    base = default_spec()
+    base = dataclasses.replace(base, engine=dataclasses.replace(base.engine, handoff_us=40.0, overhead_holds_gil=True,
+                                                                 device_overhead_us=3.0, cost_node_us=3.0))
+    g = loads_graph(dumps(_gil_probe_doc(), "json"), "p.json")
+
+    def wall(h):
+        s = dataclasses.replace(base, engine=dataclasses.replace(base.engine, gil_handoff_us=h))
+        return simulate_session(g, SimOptions(spec=s, slack_top=0)).wall_ns / 1e3
+    w5, w20 = wall(5.0), wall(20.0)
+    assert w20 > w5  # the GIL hand-over is on the probe's path
+    assert abs(_fit_gil_handoff(base, w20) - 20.0) < 0.5
+    assert _fit_gil_handoff(base, 0.0) == 0.0 and _fit_gil_handoff(base, 1e9) == 160.0

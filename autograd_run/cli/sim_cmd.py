@@ -588,7 +588,8 @@ def calibrate(output, nodes, torch_engine, gloo_worlds):
           f"{apart('cost_node_us')}), hand-off {e.handoff_us:.1f} us{apart('handoff_us')} "
           f"({e.device_handoff_us or e.handoff_us:.1f} between two devices{apart('device_handoff_us')}), a GIL-free wait that "
           f"sleeps ends {e.wait_overhead_us:.1f} us late{apart('wait_overhead_us')} (holds the GIL), "
-          f"{e.call_overhead_us:.1f} us per backward call{apart('call_overhead_us')}")
+          f"{e.call_overhead_us:.1f} us per backward call{apart('call_overhead_us')}, the GIL taken over in "
+          f"{e.gil_handoff_us or e.handoff_us:.1f} us{apart('gil_handoff_us')}")
     write(f"host: {h.cores} cores, float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 "
           f"{h.peak_flops['float64'] / 1e9:.1f} GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest call "
           f"{h.min_kernel_us:.2f} us")

@@ -18,6 +18,10 @@ What it measures (medians of repeated runs, each a few hundred ms):
   beyond its stated time on a device worker: a chain of such nodes, per
   node, minus the stated time and the fixed cost (the thread's wake-up
   after its sleep, and what running cold costs after it);
+* the GIL's hand-over (``gil_handoff_us``): a probe of four device threads
+  running short wait nodes at once (each node's engine work takes the GIL),
+  measured; the figure is the one with which the simulation of the probe
+  lasts as long (bisection over the finished spec);
 * a backward call's own cost (``call_overhead_us``): what its recorded span
   holds beyond its one node (the caller's set-up before the node and its
   completion after it), on a one-node chain on the CPU;
@@ -94,6 +98,61 @@ def _chain_doc(n: int, devices: list[str], wait_us: float | None = None, leaves:
     return {"format": "autograd-graph/1", "roots": [{"node": "n0", "grad": "ones"}],
             "variables": [{"name": "x", "shape": [1], "device": devices[n % len(devices)]}, *variables],
             "nodes": nodes}
+
+
+#: The GIL probe: this many branches, one per virtual device, each a chain of ``GIL_PROBE_NODES`` short wait nodes.
+GIL_PROBE_BRANCHES = 4
+GIL_PROBE_NODES = 40
+
+
+def _gil_probe_doc() -> dict:
+    """A root on the CPU fanning out to ``GIL_PROBE_BRANCHES`` chains of short ``wait`` nodes, one chain per
+    virtual device, each ending in a leaf: the device threads run at once and take turns on the GIL for each
+    node's engine work (what the held-out graphs on several devices do)."""
+    nodes = [{"id": "root", "name": "Identity", "op": "identity", "seq": 10 ** 6,
+              "next": [[f"b{b}_0", 0] for b in range(GIL_PROBE_BRANCHES)],
+              "inputs": [{"shape": [1]}]}]
+    variables = []
+    for b in range(GIL_PROBE_BRANCHES):
+        dev = f"cuda:{b}"
+        for i in range(GIL_PROBE_NODES):
+            nxt = f"b{b}_{i + 1}" if i + 1 < GIL_PROBE_NODES else f"acc{b}"
+            nodes.append({"id": f"b{b}_{i}", "name": "Wait", "op": "cost", "seq": 10 ** 5 * (b + 1) - i,
+                          "next": [[nxt, 0]], "inputs": [{"shape": [1], "device": dev}],
+                          "attrs": {"cost": {"us": SHORT_WAIT_US, "mode": "wait"}}})
+        nodes.append({"id": f"acc{b}", "name": "AccumulateGrad", "variable": f"x{b}",
+                      "inputs": [{"shape": [1], "device": dev}]})
+        variables.append({"name": f"x{b}", "shape": [1], "device": dev})
+    # the root's one input is on the CPU; each branch's first node takes the gradient on its device (a copy)
+    for b in range(GIL_PROBE_BRANCHES):
+        nodes[0]["next"][b] = [f"copy{b}", 0]
+        nodes.append({"id": f"copy{b}", "name": "ToCopyBackward0", "seq": 10 ** 6 - 1 - b, "next": [[f"b{b}_0", 0]],
+                      "inputs": [{"shape": [1]}]})
+    return {"format": "autograd-graph/1", "roots": [{"node": "root", "grad": "ones"}], "variables": variables,
+            "nodes": nodes}
+
+
+def _fit_gil_handoff(spec: MachineSpec, wall_us: float) -> float:
+    """The GIL hand-over (µs) with which the simulation of the GIL probe lasts ``wall_us`` (bisection: the
+    simulated wall grows with it), within 0 and four times the queue hand-off."""
+    import dataclasses
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim.session import SimOptions, simulate_session
+    g = loads_graph(dumps(_gil_probe_doc(), "json"), "calibrate.json")
+
+    def wall(h: float) -> float:
+        s = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, gil_handoff_us=max(h, 1e-3)))
+        return simulate_session(g, SimOptions(spec=s, slack_top=0)).wall_ns / 1e3
+    lo, hi = 0.0, 4 * max(spec.engine.handoff_us, 1.0)
+    if wall(lo) >= wall_us:
+        return lo
+    if wall(hi) <= wall_us:
+        return hi
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if wall(mid) < wall_us else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _per_node_us(doc: dict, repeat: int) -> float:
@@ -212,7 +271,9 @@ def _engine_round(nodes: int, repeat: int) -> dict[str, float]:
             for pair, alone in ((["cpu", "cuda:0"], (one["cpu"] + one["cuda:0"]) / 2),
                                 (["cuda:0", "cuda:1"], one["cuda:0"]))]
     waited = _per_node_us(_chain_doc(max(50, nodes // 40), ["cuda:0"], WAIT_US), repeat)
-    return {"call_overhead_us": _call_us(repeat), "node_overhead_us": overhead, "device_overhead_us": device, "cost_node_us": cost_node,
+    probe = _gil_probe_doc()
+    gil_probe = _per_node_us(probe, repeat) * len(probe["nodes"])  # the probe's wall, µs
+    return {"call_overhead_us": _call_us(repeat), "gil_probe_us": gil_probe, "node_overhead_us": overhead, "device_overhead_us": device, "cost_node_us": cost_node,
             "accumulate_us": max(0.0, accumulate),
             "handoff_us": max(0.0, hops[0]), "device_handoff_us": max(0.0, hops[1]),
             "wait_overhead_us": max(0.0, waited - WAIT_US - device - cost_node)}
@@ -267,10 +328,15 @@ def calibrate(nodes: int = 4000, repeat: int = 5, log=None) -> MachineSpec:
                         wait_overhead_us=round(med["wait_overhead_us"], 3), wait_spin_us=SPIN_TAIL * 1e6,
                         device_handoff_us=round(med["device_handoff_us"], 3),
                         call_overhead_us=round(med["call_overhead_us"], 3),
-                        spread={k: round(v, 3) for k, v in spread.items()})
-    return MachineSpec("local", host, acc, engine,
+                        spread={("gil_handoff_us" if k == "gil_probe_us" else k): round(v, 3)
+                                for k, v in spread.items()})
+    spec = MachineSpec("local", host, acc, engine,
                        f"measured by autograd-run calibrate on {platform.node()} ({os.cpu_count()} CPUs) at {when}, "
                        f"{rounds} rounds")
+    # the GIL hand-over: fitted so that the simulation of the probe lasts what it was measured to (its own
+    # figure: a GIL taken over is one wake-up where a queue's hand-off is a wake-up and then the GIL)
+    engine.gil_handoff_us = round(max(_fit_gil_handoff(spec, med["gil_probe_us"]), 1e-3), 3)
+    return spec
 
 
 def cache_folder_ready(path: str) -> None:

@@ -111,6 +111,8 @@ class Simulator:
         self.handoff_ns = int(spec.engine.handoff_us * 1e3)
         #: The hand-off between two devices' workers (0 in the spec: ``handoff_ns``); ``tasks.SimQueue.push``.
         self.device_handoff_ns = int((spec.engine.device_handoff_us or spec.engine.handoff_us) * 1e3)
+        #: A thread waiting for the GIL takes it this long after its release (0 in the spec: ``handoff_ns``).
+        self.gil_handoff_ns = int((spec.engine.gil_handoff_us or spec.engine.handoff_us) * 1e3)
         self.call_ns = int(spec.engine.call_overhead_us * 1e3)
         self.overhead_gil = spec.engine.overhead_holds_gil
         self.now = 0
@@ -245,7 +247,7 @@ class Simulator:
             self, events, order, Simulator.wake, Simulator._step, costs, resolved, self.slices, self.kernels,
             self._started, self.skips, self.idles, self.queue_samples, self.stream_free, self.streams, self._ones,
             NULL_TRACER, COST, self.now, self.overhead_ns, self.device_overhead_ns, self.cost_node_ns,
-            self.handoff_ns, self.detail, self.overhead_gil, self._gil_free_at, self._gil_holder)
+            self.gil_handoff_ns, self.detail, self.overhead_gil, self._gil_free_at, self._gil_holder)
         self._order = itertools.count(order)
 
     def _one_worker(self) -> bool:
@@ -448,7 +450,7 @@ class Simulator:
         if gil and self._gil_free_at > t and self._gil_holder is not run.w:
             # held by another thread: this one sleeps until it is released, and is woken as a thread
             # waiting on a queue is (the hand-off latency), as CPython's GIL hands itself over
-            t = self._gil_free_at + self.handoff_ns
+            t = self._gil_free_at + self.gil_handoff_ns
         end = t + ns
         cores = self._core_free
         if cores is not None:

@@ -98,6 +98,10 @@ class EngineSpec:
     #: threads running the engine's Python path, so the woken one more often waits for the GIL too; measured
     #: by ``calibrate``); 0: the same as ``handoff_us``.
     device_handoff_us: float = 0.0
+    #: A thread that waits for the GIL another holds takes it this long after its release, µs (CPython hands
+    #: the GIL over by waking the waiter: one wake-up, where a queue's hand-off is a wake-up and then the GIL);
+    #: 0: the same as ``handoff_us``.
+    gil_handoff_us: float = 0.0
     #: How far ``calibrate``'s rounds lay apart, per figure above (its name): the range of the rounds'
     #: values over their median (0.1: within 10%). Empty for a spec that was not measured in rounds.
     spread: dict = field(default_factory=dict)

@@ -241,7 +241,7 @@ typedef struct {
     LoopObject *L;
     PyObject *sim, *costs, *resolved, *by_signature, *measured, *by_values, *slices, *kernels, *started, *skips, *idles, *samples, *stream_free, *streams,
         *ones, *tracer, *cost_op;
-    long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, handoff_ns, gil_free_at;
+    long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, gil_handoff_ns, gil_free_at;
     PyObject *gil_holder; /* borrowed from a live SimRunC's or worker's reference; kept alive in `holder_ref` */
     PyObject *holder_ref;
     int detail, overhead_gil;
@@ -553,7 +553,7 @@ static int sim_cpu(Sim *S, long long ns, int gil, int then, SimRunC *run) {
         return sim_then(S, then, run);
     long long t = S->now;
     if (gil && S->gil_free_at > t && S->gil_holder != run->w)
-        t = S->gil_free_at + S->handoff_ns; /* held by another thread: it sleeps until released, then the hand-off */
+        t = S->gil_free_at + S->gil_handoff_ns; /* held by another thread: it sleeps until released, then the hand-off */
     long long end = t + ns;
     if (gil) {
         S->gil_free_at = end;
@@ -998,20 +998,20 @@ static void sync_now_after_error(Sim *S) {
 
 /* sim_loop(sim, events, order, wake, step, costs, resolved, slices, kernels, started, skips, idles, samples,
  *          stream_free, streams, ones, tracer, COST, now, overhead_ns, device_overhead_ns, cost_node_ns,
- *          handoff_ns, detail, overhead_gil, gil_free_at, gil_holder) -> (now, gil_free_at, gil_holder, order):
+ *          gil_handoff_ns, detail, overhead_gil, gil_free_at, gil_holder) -> (now, gil_free_at, gil_holder, order):
  * the events already made (Simulator._events: (time, order, action, arg)) and every later one, run; see
  * scheduler.Simulator._run_compiled. */
 static PyObject *sim_loop(PyObject *mod, PyObject *args) {
     PyObject *sim, *events, *wake_fn, *step_fn, *costs, *resolved, *slices, *kernels, *started, *skips, *idles, *samples,
         *stream_free, *streams, *ones, *tracer, *cost_op, *gil_holder;
-    long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, handoff_ns, gil_free_at;
+    long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, gil_handoff_ns, gil_free_at;
     int detail, overhead_gil;
     if (!PyArg_ParseTuple(args, "OO!LOOOOO!O!O!O!O!O!O!OO!OOLLLLLppLO", &sim, &PyList_Type, &events, &order, &wake_fn,
                           &step_fn, &costs,
                           &resolved, &PyList_Type, &slices, &PyList_Type, &kernels, &PyList_Type, &started,
                           &PyList_Type, &skips, &PyList_Type, &idles, &PyList_Type, &samples, &PyDict_Type,
                           &stream_free, &streams, &PyList_Type, &ones, &tracer, &cost_op, &now, &overhead_ns,
-                          &device_overhead_ns, &cost_node_ns, &handoff_ns, &detail, &overhead_gil, &gil_free_at,
+                          &device_overhead_ns, &cost_node_ns, &gil_handoff_ns, &detail, &overhead_gil, &gil_free_at,
                           &gil_holder))
         return NULL;
     if (sl_intern() < 0)
@@ -1033,7 +1033,7 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
              .slices = slices, .kernels = kernels, .started = started, .skips = skips, .idles = idles,
              .samples = samples, .stream_free = stream_free, .streams = streams, .ones = Py_NewRef(ones),
              .tracer = tracer, .cost_op = cost_op, .now = now, .overhead_ns = overhead_ns,
-             .device_overhead_ns = device_overhead_ns, .cost_node_ns = cost_node_ns, .handoff_ns = handoff_ns,
+             .device_overhead_ns = device_overhead_ns, .cost_node_ns = cost_node_ns, .gil_handoff_ns = gil_handoff_ns,
              .gil_free_at = gil_free_at, .gil_holder = gil_holder, .holder_ref = Py_NewRef(gil_holder),
              .detail = detail, .overhead_gil = overhead_gil, .last_cost = NULL, .now_seen = now};
     PyObject *result = NULL, *at = PyObject_GetAttr((PyObject *)L, sl_at);
