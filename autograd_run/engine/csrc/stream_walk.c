@@ -31,10 +31,12 @@ static PyObject *walk_label(PyObject *node, int name_only) {
     return label;
 }
 
+/* Append (kind, label, ns) to steps; steals `label` (NULL: an error already set). */
 static int walk_step(PyObject *steps, PyObject *kind, PyObject *label, long long ns) {
     PyObject *v = label ? PyLong_FromLongLong(ns) : NULL;
     PyObject *t = v ? PyTuple_Pack(3, kind, label, v) : NULL;
     Py_XDECREF(v);
+    Py_XDECREF(label);
     int r = t ? PyList_Append(steps, t) : -1;
     Py_XDECREF(t);
     return r;
@@ -114,12 +116,9 @@ static PyObject *stream_walk(PyObject *mod, PyObject *args) {
         if (at < n_k) {
             Py_ssize_t k = at;
             a_start = a[W_KS][k];
-            PyObject *label = walk_label(PyList_GET_ITEM(k_nodes, k), a[W_COMM][k] != 0);
-            if (walk_step(steps, kernel_s, label, t_end - a_start) < 0) {
-                Py_XDECREF(label);
+            if (walk_step(steps, kernel_s, walk_label(PyList_GET_ITEM(k_nodes, k), a[W_COMM][k] != 0),
+                          t_end - a_start) < 0)
                 goto done;
-            }
-            Py_DECREF(label);
             gpu_ns += t_end - a_start;
             int64_t sc = a[W_KC][k], j = a[W_KP][k];
             CHECK(IN(sc, n_streams));
@@ -177,12 +176,8 @@ static PyObject *stream_walk(PyObject *mod, PyObject *args) {
             int64_t d = a[W_SN][i];
             CHECK(IN(d, n_nodes));
             a_start = a[W_SS][i];
-            PyObject *label = walk_label(PyList_GET_ITEM(nodes, d), 0);
-            if (walk_step(steps, cpu_s, label, t_end - a_start) < 0) {
-                Py_XDECREF(label);
+            if (walk_step(steps, cpu_s, walk_label(PyList_GET_ITEM(nodes, d), 0), t_end - a_start) < 0)
                 goto done;
-            }
-            Py_DECREF(label);
             cpu_ns += t_end - a_start;
             int64_t j = a[W_SP][i], tc = a[W_ST][i];
             if (j) {
@@ -216,7 +211,7 @@ static PyObject *stream_walk(PyObject *mod, PyObject *args) {
             break;
         CHECK(IN(nxt, n_k + n_s));
         if (a_start > best_t) {
-            if (walk_step(steps, wait_s, empty, a_start - best_t) < 0)
+            if (walk_step(steps, wait_s, Py_NewRef(empty), a_start - best_t) < 0)
                 goto done;
             wait_ns += a_start - best_t;
         }
