@@ -141,6 +141,10 @@ def worker_threads(client) -> int:
     return sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values()) or 1
 
 
+#: How often a batch whose finished result was lost with its worker is waited for again before it is an error.
+LOST_WAITS = 3
+
+
 def run_batches(client, grid, batches: list[tuple[int, list]], send: bool,
                 done: Callable[[int, dict | None, str | None], None]) -> None:
     """Run ``batches`` ((graph index, points)) on the cluster; ``done(batch index, result, error)`` per batch.
@@ -172,7 +176,15 @@ def run_batches(client, grid, batches: list[tuple[int, list]], send: bool,
             key = f"autograd-run-sweep-{i}-{os.urandom(4).hex()}"
             fut = client.submit(run_batch, payloads[gi], points, pure=False, key=key)
             futures[fut] = i
-        for fut in as_completed(list(futures), loop=client.loop):
+        waits: dict = {}  # future -> how often it was waited for again after its result was lost
+        pending = as_completed(list(futures), loop=client.loop)
+        for fut in pending:
+            if fut.status == "lost" and waits.get(fut, 0) < LOST_WAITS:
+                # done, but its result was on a worker that died before it was fetched: the scheduler computes
+                # it again (the client still holds the future), so it is waited for again
+                waits[fut] = waits.get(fut, 0) + 1
+                pending.add(fut)
+                continue
             i = futures.pop(fut)
             if fut.status == "finished":
                 done(i, fut.result(), None)
