@@ -159,6 +159,46 @@ def test_a_worker_killed_mid_sweep_is_survived_and_the_results_are_identical(tmp
     assert stable_rows(par.rows) == stable_rows(seq.rows)
 
 
+def test_a_result_lost_with_its_worker_before_it_was_fetched_is_computed_again(tmp_path):
+    """A batch that finished on a worker killed before the sweep took its result is computed again and its rows
+    are what the sequential sweep gives (not an error row, "the task was lost")."""
+    path = write_sweep(tmp_path, {"r.json": generate("random", nodes=250, leaves=25, seed=5)},
+                       devices=[2, 4, 6, 8], placement=["greedy", "round-robin"], policy=["pytorch", "fifo"],
+                       spec=["h100"])
+    seq = sweep(path, tmp_path / "seq", workers=0)
+    cluster = start_cluster()
+    killed: dict = {}
+    try:
+        with distributed.Client(cluster, set_as_default=False) as watcher:
+
+            def kill_a_worker_holding_results(row):
+                # while the first row is taken, wait for results finished on a worker and not taken yet
+                if killed:
+                    return
+                held: dict = {}
+                for _ in range(200):
+                    held = {}
+                    for key, where in watcher.who_has().items():
+                        if str(key).startswith("autograd-run-sweep-") and where:
+                            held.setdefault(where[0], []).append(key)
+                    if sum(map(len, held.values())) >= 2:
+                        break
+                    time.sleep(0.01)
+                worker = max(held, key=lambda w: len(held[w]))
+                pid = watcher.run(os.getpid, workers=[worker])[worker]
+                killed.update(worker=worker, results=len(held[worker]))
+                os.kill(pid, signal.SIGKILL)
+
+            par = sweep(path, tmp_path / "par", scheduler=cluster.scheduler_address, batch=1,
+                        on_row=kill_a_worker_holding_results)
+    finally:
+        cluster.close(timeout=30)
+    assert killed and killed["results"] >= 1
+    assert par.failed == 0 and par.computed == len(seq.rows) == 16, [r.get("error") for r in par.rows
+                                                                     if r["status"] == "error"]
+    assert stable_rows(par.rows) == stable_rows(seq.rows)
+
+
 def test_the_embedded_cluster_from_the_command_line_writes_results_and_a_plot(tmp_path, capsys):
     path = write_sweep(tmp_path, graphs(), devices=[1, 2, 4], policy=["pytorch", "fifo"], spec=["h100"])
     out = tmp_path / "res"

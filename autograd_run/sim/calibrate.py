@@ -109,12 +109,14 @@ def _gil_probe_doc() -> dict:
     """A root on the CPU fanning out to ``GIL_PROBE_BRANCHES`` chains of short ``wait`` nodes, one chain per
     virtual device, each ending in a leaf: the device threads run at once and take turns on the GIL for each
     node's engine work (what the held-out graphs on several devices do)."""
+    # the root's one input is on the CPU: a copy takes each branch's gradient to its device
     nodes = [{"id": "root", "name": "Identity", "op": "identity", "seq": 10 ** 6,
-              "next": [[f"b{b}_0", 0] for b in range(GIL_PROBE_BRANCHES)],
-              "inputs": [{"shape": [1]}]}]
+              "next": [[f"copy{b}", 0] for b in range(GIL_PROBE_BRANCHES)], "inputs": [{"shape": [1]}]}]
     variables = []
     for b in range(GIL_PROBE_BRANCHES):
         dev = f"cuda:{b}"
+        nodes.append({"id": f"copy{b}", "name": "ToCopyBackward0", "seq": 10 ** 6 - 1 - b, "next": [[f"b{b}_0", 0]],
+                      "inputs": [{"shape": [1]}]})
         for i in range(GIL_PROBE_NODES):
             nxt = f"b{b}_{i + 1}" if i + 1 < GIL_PROBE_NODES else f"acc{b}"
             nodes.append({"id": f"b{b}_{i}", "name": "Wait", "op": "cost", "seq": 10 ** 5 * (b + 1) - i,
@@ -123,11 +125,6 @@ def _gil_probe_doc() -> dict:
         nodes.append({"id": f"acc{b}", "name": "AccumulateGrad", "variable": f"x{b}",
                       "inputs": [{"shape": [1], "device": dev}]})
         variables.append({"name": f"x{b}", "shape": [1], "device": dev})
-    # the root's one input is on the CPU; each branch's first node takes the gradient on its device (a copy)
-    for b in range(GIL_PROBE_BRANCHES):
-        nodes[0]["next"][b] = [f"copy{b}", 0]
-        nodes.append({"id": f"copy{b}", "name": "ToCopyBackward0", "seq": 10 ** 6 - 1 - b, "next": [[f"b{b}_0", 0]],
-                      "inputs": [{"shape": [1]}]})
     return {"format": "autograd-graph/1", "roots": [{"node": "root", "grad": "ones"}], "variables": variables,
             "nodes": nodes}
 
@@ -189,20 +186,20 @@ def _call_us(repeat: int) -> float:
     g = loads_graph(dumps(_chain_doc(1, ["cpu"], SHORT_WAIT_US), "json"), "calibrate.json")
     roots = [r.edge for r in g.roots]
     gaps = []
-    for k in range(max(9, repeat) + 1):
-        recorder = Recorder()
-        eng = Engine(DeviceSet("virtual"), tracer=recorder)
-        try:
+    recorder = Recorder()
+    eng = Engine(DeviceSet("virtual"), tracer=recorder)
+    try:
+        for k in range(max(9, repeat) + 1):
             eng.execute(GraphState(g), roots, root_gradients(g))
-        finally:
-            eng.shutdown()
-        rec = recorder.recording()
-        if k == 0 or not rec.graph_tasks or not rec.slices:  # (the first: warm-up)
-            continue
-        span = rec.graph_tasks[-1]
-        first = min(sl.start for sl in rec.slices if sl.gt == span.gt)
-        last = max(sl.end for sl in rec.slices if sl.gt == span.gt)
-        gaps.append((first - span.start) + (span.end - last))
+            rec = recorder.drain()  # this call's records only
+            if k == 0 or not rec.graph_tasks or not rec.slices:  # (the first: warm-up)
+                continue
+            span = rec.graph_tasks[-1]
+            first = min(sl.start for sl in rec.slices if sl.gt == span.gt)
+            last = max(sl.end for sl in rec.slices if sl.gt == span.gt)
+            gaps.append((first - span.start) + (span.end - last))
+    finally:
+        eng.shutdown()
     return statistics.median(gaps) / 1e3 if gaps else 0.0
 
 
@@ -273,8 +270,8 @@ def _engine_round(nodes: int, repeat: int) -> dict[str, float]:
     waited = _per_node_us(_chain_doc(max(50, nodes // 40), ["cuda:0"], WAIT_US), repeat)
     probe = _gil_probe_doc()
     gil_probe = _per_node_us(probe, repeat) * len(probe["nodes"])  # the probe's wall, µs
-    return {"call_overhead_us": _call_us(repeat), "gil_probe_us": gil_probe, "node_overhead_us": overhead, "device_overhead_us": device, "cost_node_us": cost_node,
-            "accumulate_us": max(0.0, accumulate),
+    return {"call_overhead_us": _call_us(repeat), "gil_probe_us": gil_probe, "node_overhead_us": overhead,
+            "device_overhead_us": device, "cost_node_us": cost_node, "accumulate_us": max(0.0, accumulate),
             "handoff_us": max(0.0, hops[0]), "device_handoff_us": max(0.0, hops[1]),
             "wait_overhead_us": max(0.0, waited - WAIT_US - device - cost_node)}
 

@@ -4,7 +4,7 @@
 /* ----------------------------------------------------------------- route */
 
 /* (sim_loop.c) a push onto a simulator's queue without calling its method, where that is its common case. */
-static int sim_queue_push_fast(PyObject *queue, u128 key, PyObject *task);
+static int sim_queue_push_fast(PyObject *queue, long long depth, PyObject *node, PyObject *task);
 
 static PyObject *get_attr_long(PyObject *o, PyObject *name, long long *out) {
     PyObject *v = PyObject_GetAttr(o, name);
@@ -756,11 +756,7 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
         } else {
             PyObject *key;
             if (ei->key_fn == NULL) { /* a simulator's queue: its push's common case without a call */
-                PyObject *sv = node_get(nxt, NF_SEQ);
-                unsigned long long seq = sv ? PyLong_AsUnsignedLongLong(sv) : 0;
-                Py_XDECREF(sv);
-                int fast = PyErr_Occurred() ? -1
-                           : sim_queue_push_fast(queue, ((u128)(uint64_t)depth << 64) | (u128)seq, task);
+                int fast = sim_queue_push_fast(queue, depth, nxt, task);
                 if (fast != 0) {
                     Py_DECREF(task);
                     Py_DECREF(queue);

@@ -82,11 +82,11 @@ static PyObject *configure_sim_queue(PyObject *mod, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
-/* queue.push(key, task) where `queue` is a SimQueue on the compiled heap, no queue samples are kept (the
- * simulator's `detail` off) and its consumer needs no wake-up (it is not idle, or a wake-up is already pending):
- * the heap gets (task, sim.now) under `key`, as SimQueue.push does. 1: pushed; 0: not this case (the caller
- * calls the method); -1: an error. */
-static int sim_queue_push_fast(PyObject *queue, u128 key, PyObject *task) {
+/* queue.push(key, task), the key the engine's (depth, node.seq), where `queue` is a SimQueue on the compiled heap,
+ * no queue samples are kept (the simulator's `detail` off) and its consumer needs no wake-up (it is not idle, or a
+ * wake-up is already pending): the heap gets (task, sim.now) under the key, as SimQueue.push does. 1: pushed; 0:
+ * not this case (the caller calls the method); -1: an error. */
+static int sim_queue_push_fast(PyObject *queue, long long depth, PyObject *node, PyObject *task) {
     if (SIMQ_SLOTS.type == NULL || Py_TYPE(queue) != SIMQ_SLOTS.type)
         return 0;
     PyObject *heap = *(PyObject **)((char *)queue + SIMQ_SLOTS.offsets[SQ_HEAP]);
@@ -109,12 +109,17 @@ static int sim_queue_push_fast(PyObject *queue, u128 key, PyObject *task) {
     Py_DECREF(detail);
     if (detail != Py_False)
         return 0;
+    PyObject *sv = node_get(node, NF_SEQ);
+    unsigned long long seq = sv ? PyLong_AsUnsignedLongLong(sv) : 0;
+    Py_XDECREF(sv);
+    if (PyErr_Occurred())
+        return -1;
     PyObject *now = PyObject_GetAttr(sim, sl_now);
     PyObject *item = now ? PyTuple_Pack(2, task, now) : NULL;
     Py_XDECREF(now);
     if (item == NULL)
         return -1;
-    int r = queue_push((QueueObject *)heap, key, item);
+    int r = queue_push((QueueObject *)heap, ((u128)(uint64_t)depth << 64) | (u128)seq, item);
     Py_DECREF(item);
     return r < 0 ? -1 : 1;
 }
