@@ -22,16 +22,27 @@ SPIN_TAIL = 150e-6
 _slack_set = threading.local()
 
 
+def _find_prctl():
+    """Linux's ``prctl``, found once: ``ctypes.CDLL(None)`` is a ``dlopen`` that costs 50-90 µs, which a
+    thread's first wait paid while holding the GIL (a fresh process's first pass, every device thread)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _find_prctl()
+
+
 def _lower_timer_slack() -> None:
     """Linux: this thread's sleeps wake within ~µs of their deadline (PR_SET_TIMERSLACK = 1 ns)."""
     if getattr(_slack_set, "done", False):
         return
     _slack_set.done = True
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+    if _PRCTL is not None:
+        _PRCTL(29, 1, 0, 0, 0)
 
 
 #: A long wait checks this often whether it should stop early (its backward call was stopped).
