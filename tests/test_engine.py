@@ -4,6 +4,7 @@ Error texts are compared with the ones real PyTorch raises in the same situation
 """
 
 import json
+import sys
 import threading
 
 import numpy as np
@@ -440,3 +441,22 @@ def test_engine_matches_reference_with_requested_inputs(engine_factory, mode, in
             assert state.grads[name] is None
         else:
             np.testing.assert_allclose(state.grads[name], ref_state.grads[name], rtol=1e-6)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's (prctl)")
+def test_a_sleeping_wait_lowers_its_threads_timer_slack_as_the_kernel_reports_it():
+    """The kernel's own answer (PR_GET_TIMERSLACK): a thread at the 50 µs default is at 1 ns once its wait slept
+    (a thread inherits its creator's slack, so the test sets the default first)."""
+    from autograd_run.engine import waits
+    got = {}
+
+    def body():
+        waits._PRCTL(29, 50_000, 0, 0, 0)
+        got["before"] = waits._PRCTL(30, 0, 0, 0, 0)
+        waits.wait(1e-3)
+        got["after"] = waits._PRCTL(30, 0, 0, 0, 0)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(10)
+    assert got == {"before": 50_000, "after": 1}
