@@ -521,6 +521,47 @@ def test_costs_of_finds_each_nodes_cost_as_a_call_does():
 
 
 @compiled
+def test_costs_of_tells_nodes_alike_from_nodes_that_only_look_alike():
+    """The compiled lookup reuses a cost for a node alike to one whose key it found (the same op, device, metas
+    and saved items), without building the node's key. Nodes next to such an exemplar that differ from it in
+    one saved item (a shape, a dtype, the items' order, one more item, a shape as a tuple, a value that makes
+    the node costed on its own) get the cost the resolver gives them one by one, in any order."""
+    import dataclasses
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim.costs import CostResolver
+    from autograd_run.sim.specs import default_spec
+    g = loads_graph(dumps(generate("mlp", layers=3), "json"), "mlp.json")
+    mm = next(n for n in g.nodes if n.name == "MmBackward0")
+    self_ = {**mm.saved["self"], "shape": [4096, 1024]}  # large enough to cost more than the floor
+    mat2 = {**mm.saved["mat2"], "shape": [1024, 1024]}
+    base = dataclasses.replace(mm, saved={"self": self_, "mat2": mat2})
+
+    def like(saved):
+        return dataclasses.replace(mm, id=f"v{len(variants)}", saved=saved)
+    variants: list = []
+    for saved in ({"self": dict(self_), "mat2": dict(mat2)},                            # alike
+                  {"self": {**self_, "shape": [self_["shape"][0] * 4, self_["shape"][1]]}, "mat2": mat2},
+                  {"self": {**self_, "dtype": "float64"}, "mat2": {**mat2, "dtype": "float64"}},
+                  {"mat2": mat2, "self": self_},                                        # another order
+                  {"self": self_, "mat2": mat2, "alpha": 2},                            # one more item
+                  {"self": {**self_, "shape": tuple(self_["shape"])}, "mat2": mat2},    # equal key, not alike
+                  {"self": self_, "mat2": {"random": 3}},                               # no shape: on its own
+                  {"self": self_, "mat2": mat2, "dims": [1, 2.5]}):                      # not all ints: on its own
+        variants.append(like(saved))
+    nodes = [base, base] + [n for v in variants for n in (v, base)]
+    spec = default_spec()
+    for order in (nodes, nodes[::-1], nodes[1::2] + nodes[::2]):
+        many, one = CostResolver(spec), CostResolver(spec)
+        got, want = many.many(order), [one(n) for n in order]
+        assert got == want
+        assert many.resolved == one.resolved
+    one = CostResolver(spec)
+    assert one(variants[1]).cpu_ns > one(base).cpu_ns and one(variants[2]).cpu_ns > one(base).cpu_ns
+
+
+@compiled
 def test_the_compiled_stream_walk_is_its_twin(monkeypatch):
     """``analysis.streams``' critical path through threads and streams: the compiled walk (``stream_walk``) and
     ``stream_walk_py`` give the same report (``to_dict``), on simulated runs with kernels of every generator on

@@ -215,3 +215,136 @@ done:
     Py_XDECREF(values);
     return result;
 }
+
+/* --- nodes alike: a key's cost found without the key --------------------------------------------------------
+ * Nodes built alike have equal signature keys: the same op object and device object, the same name, the same
+ * input meta objects (a loaded graph shares one InputMeta among all the slots that expect the same gradient), the
+ * same meta objects at their next edges (None where the other has None), and saved items alike in their order
+ * (equal names; a tensor spec -- an exact dict -- with equal shape and dtype against one; anything else against
+ * anything else but a tensor spec, a list only of exact ints). Those are exactly what the key holds (see
+ * signature() above and signature_py), so two nodes alike by this test have equal keys; a difference this test
+ * does not look through (an equal device or meta in another object, a shape as a tuple against a list) says "not
+ * alike", which only costs the caller the key. sig_alike(a, b): 1 alike, 0 not, -1 an exception. */
+static int sig_alike_saved(PyObject *a, PyObject *b) {
+    if (!PyDict_CheckExact(a) || !PyDict_CheckExact(b) || PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b))
+        return 0;
+    Py_ssize_t pa = 0, pb = 0;
+    PyObject *ka, *va, *kb, *vb;
+    while (PyDict_Next(a, &pa, &ka, &va)) {
+        if (!PyDict_Next(b, &pb, &kb, &vb))
+            return 0;
+        if (ka != kb) {
+            if (!PyUnicode_CheckExact(ka) || !PyUnicode_CheckExact(kb) || PyUnicode_Compare(ka, kb) != 0)
+                return PyErr_Occurred() ? -1 : 0;
+        }
+        int da = PyDict_CheckExact(va), db = PyDict_CheckExact(vb);
+        if (da != db)
+            return 0;
+        if (db) {
+            PyObject *sa = PyDict_GetItemWithError(va, s_shape), *sb = sa ? PyDict_GetItemWithError(vb, s_shape) : NULL;
+            if (sb == NULL || sb == Py_None || sa == Py_None || Py_TYPE(sa) != Py_TYPE(sb))
+                return PyErr_Occurred() ? -1 : 0;
+            int same = PyObject_RichCompareBool(sa, sb, Py_EQ);
+            if (same <= 0)
+                return same;
+            PyObject *ta = PyDict_GetItemWithError(va, s_dtype);
+            if (ta == NULL && PyErr_Occurred())
+                return -1;
+            PyObject *tb = PyDict_GetItemWithError(vb, s_dtype);
+            if (tb == NULL && PyErr_Occurred())
+                return -1;
+            if ((ta == NULL) != (tb == NULL))
+                return 0;
+            if (ta != NULL && (same = PyObject_RichCompareBool(ta, tb, Py_EQ)) <= 0)
+                return same;
+        } else if (PyList_CheckExact(vb)) {
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(vb); i++)
+                if (!PyLong_CheckExact(PyList_GET_ITEM(vb, i)))
+                    return 0;  /* signature None: the node is costed on its own */
+        }
+    }
+    return 1;
+}
+
+static int sig_alike(PyObject *a, PyObject *b) {
+    PyObject *fa[4] = {NULL}, *fb[4] = {NULL};  /* op, name, inputs, next */
+    PyObject *dev_a = NULL, *dev_b = NULL, *sa = NULL, *sb = NULL;
+    static const int F[4] = {NF_OP, NF_NAME, NF_INPUTS, NF_NEXT};
+    int r = -1;
+    for (int k = 0; k < 4; k++)
+        if (!(fa[k] = node_get(a, F[k])) || !(fb[k] = node_get(b, F[k])))
+            goto done;
+    r = 0;
+    if (fa[0] != fb[0])
+        goto done;
+    if (fa[1] != fb[1]) {
+        if (!PyUnicode_CheckExact(fa[1]) || !PyUnicode_CheckExact(fb[1]) || PyUnicode_Compare(fa[1], fb[1]) != 0) {
+            r = PyErr_Occurred() ? -1 : 0;
+            goto done;
+        }
+    }
+    r = -1;
+    if (!(dev_a = PyObject_GetAttr(a, s_device)) || !(dev_b = PyObject_GetAttr(b, s_device)))
+        goto done;
+    r = 0;
+    if (dev_a != dev_b || !PyList_CheckExact(fa[2]) || !PyList_CheckExact(fb[2]) || !PyList_CheckExact(fa[3]) ||
+        !PyList_CheckExact(fb[3]) || PyList_GET_SIZE(fa[2]) != PyList_GET_SIZE(fb[2]) ||
+        PyList_GET_SIZE(fa[3]) != PyList_GET_SIZE(fb[3]))
+        goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fa[2]); i++)
+        if (PyList_GET_ITEM(fa[2], i) != PyList_GET_ITEM(fb[2], i))
+            goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fa[3]); i++) {
+        PyObject *ea = PyList_GET_ITEM(fa[3], i), *eb = PyList_GET_ITEM(fb[3], i);
+        if (ea == Py_None || eb == Py_None) {
+            if (ea != eb)
+                goto done;
+            continue;
+        }
+        PyObject *ma = sig_edge_meta(ea), *mb = ma ? sig_edge_meta(eb) : NULL;
+        int same = ma == mb;
+        Py_XDECREF(ma);
+        Py_XDECREF(mb);
+        if (mb == NULL) {
+            r = -1;
+            goto done;
+        }
+        if (!same)
+            goto done;
+    }
+    r = -1;
+    if (!(sa = node_get(a, NF_SAVED)) || !(sb = node_get(b, NF_SAVED)))
+        goto done;
+    r = sig_alike_saved(sa, sb);
+done:
+    for (int k = 0; k < 4; k++) {
+        Py_XDECREF(fa[k]);
+        Py_XDECREF(fb[k]);
+    }
+    Py_XDECREF(dev_a);
+    Py_XDECREF(dev_b);
+    Py_XDECREF(sa);
+    Py_XDECREF(sb);
+    return r;
+}
+
+/* Where a node would find its exemplar: by its op, its first input meta and its edge and input counts (nodes
+ * alike agree on all of them); -1 with an exception. */
+#define SIG_MEMO 32
+static Py_ssize_t sig_memo_slot(PyObject *node) {
+    PyObject *op = node_get(node, NF_OP), *ins = op ? node_get(node, NF_INPUTS) : NULL,
+             *nxt = ins ? node_get(node, NF_NEXT) : NULL;
+    Py_ssize_t slot = -1;
+    if (nxt != NULL) {
+        uintptr_t h = (uintptr_t)op >> 4;
+        if (PyList_CheckExact(ins) && PyList_GET_SIZE(ins) > 0)
+            h = h * 31 + ((uintptr_t)PyList_GET_ITEM(ins, 0) >> 4);
+        h = h * 31 + (uintptr_t)(PyList_CheckExact(ins) ? PyList_GET_SIZE(ins) : 0);
+        h = h * 31 + (uintptr_t)(PyList_CheckExact(nxt) ? PyList_GET_SIZE(nxt) : 0);
+        slot = (Py_ssize_t)(h % SIG_MEMO);
+    }
+    Py_XDECREF(op);
+    Py_XDECREF(ins);
+    Py_XDECREF(nxt);
+    return slot;
+}

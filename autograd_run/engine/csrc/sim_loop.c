@@ -269,7 +269,17 @@ typedef struct {
     PyObject *pending;
     /* task_ids: the last task and worker read, and what was read of them */
     PyObject *ids_gt, *ids_gid, *ids_depth, *ids_w, *ids_tid;
+    /* nodes alike (signature.c's sig_alike): per slot an exemplar node whose cost came from by_signature, and that
+     * cost; both held (so the exemplar's address is not reused while it is here), released by memo_clear */
+    PyObject *memo_node[SIG_MEMO], *memo_cost[SIG_MEMO];
 } Sim;
+
+static void memo_clear(Sim *S) {
+    for (int i = 0; i < SIG_MEMO; i++) {
+        Py_CLEAR(S->memo_node[i]);
+        Py_CLEAR(S->memo_cost[i]);
+    }
+}
 
 static PyObject *lpy(long long v) { return PyLong_FromLongLong(v); }
 
@@ -680,6 +690,23 @@ static PyObject *lookup_cost(Sim *S, PyObject *node) {
     if (plain < 0)
         return NULL;
     if (plain) {
+        /* a node alike to its slot's exemplar costs what the exemplar did (the same key: signature.c) */
+        Py_ssize_t slot = sig_memo_slot(node);
+        if (slot < 0)
+            return NULL;
+        if (S->memo_node[slot] != NULL) {
+            int alike = sig_alike(S->memo_node[slot], node);
+            if (alike < 0)
+                return NULL;
+            if (alike) {
+                cost = Py_NewRef(S->memo_cost[slot]);
+                if (PyDict_SetItem(S->resolved, node, cost) < 0) {
+                    Py_DECREF(cost);
+                    return NULL;
+                }
+                return cost;
+            }
+        }
         PyObject *sig = signature(NULL, node);
         if (sig == NULL)
             return NULL;
@@ -692,6 +719,8 @@ static PyObject *lookup_cost(Sim *S, PyObject *node) {
             if (cost != NULL && cost != S->by_values) {
                 Py_INCREF(cost);
                 Py_DECREF(sig);
+                Py_XSETREF(S->memo_node[slot], Py_NewRef(node));
+                Py_XSETREF(S->memo_cost[slot], Py_NewRef(cost));
                 if (PyDict_SetItem(S->resolved, node, cost) < 0) {
                     Py_DECREF(cost);
                     return NULL;
@@ -1116,6 +1145,7 @@ done:
     }
     Py_XDECREF(S.pending);
     task_ids_clear(&S);
+    memo_clear(&S);
     Py_XDECREF(S.leaf_set);
     Py_XDECREF(S.leaf_stream);
     Py_XDECREF(at);
@@ -1242,6 +1272,7 @@ done:
     if (result == NULL)
         sync_now_after_error(&S);
     Py_XDECREF(S.last_cost);
+    memo_clear(&S);
     Py_XDECREF(t_obj);
     Py_DECREF(zero);
     gt_info_clear(&gi);
@@ -1277,5 +1308,6 @@ static PyObject *costs_of(PyObject *mod, PyObject *args) {
         }
         PyList_SET_ITEM(out, i, c);
     }
+    memo_clear(&S);
     return out;
 }
