@@ -43,6 +43,38 @@ def _deep_checkpoints(depth: int) -> dict:
     return {"format": "autograd-graph/1", "roots": [{"node": "sum"}], "variables": variables, "nodes": nodes}
 
 
+def _cost_modes() -> dict:
+    """Cost nodes of every mode on the CPU and three devices: a spin on the CPU fanning out to four branches (the
+    CPU, cuda:0..2), each a chain of waits, sleeps, spins and matmuls of different lengths (with the host's cores
+    modelled: sleeps off the cores, busy tails to their deadline, spins to theirs)."""
+    modes = [("wait", 40), ("sleep", 25), ("spin", 15), ("wait", 3), ("matmul", None), ("sleep", 60), ("spin", 2)]
+    devices = ["cpu", "cuda:0", "cuda:1", "cuda:2"]
+    nodes = [{"id": "root", "name": "Spin", "op": "cost", "seq": 1000, "inputs": [{"shape": [1]}],
+              "next": [[f"b{d}_0", 0] for d in range(len(devices))], "attrs": {"cost": {"us": 5, "mode": "spin"}}}]
+    variables = []
+    for d, dev in enumerate(devices):
+        for i in range(len(modes)):
+            mode, us = modes[(i + d) % len(modes)]
+            cost = {"mode": mode, "flops": 2e9} if us is None else {"mode": mode, "us": us * (1 + d)}
+            last = i + 1 == len(modes)
+            nodes.append({"id": f"b{d}_{i}", "name": mode.title(), "op": "cost", "seq": 900 - 10 * d - i,
+                          "inputs": [{"shape": [1], "device": dev}], "attrs": {"cost": cost},
+                          "next": [[f"acc{d}", 0] if last else [f"b{d}_{i + 1}", 0]]})
+        nodes.append({"id": f"acc{d}", "name": "AccumulateGrad", "variable": f"x{d}",
+                      "inputs": [{"shape": [1], "device": dev}]})
+        variables.append({"name": f"x{d}", "shape": [1], "device": dev})
+    return {"format": "autograd-graph/1", "roots": [{"node": "root", "grad": "ones"}], "variables": variables,
+            "nodes": nodes}
+
+
+def _with_cores(name: str, cores: int):
+    """A shipped spec whose host has ``cores`` cores (the engine's threads then compete for them)."""
+    import dataclasses
+    from autograd_run.sim.specs import load_spec
+    spec = load_spec(name)
+    return dataclasses.replace(spec, host=dataclasses.replace(spec.host, cores=cores))
+
+
 def graphs(quick: bool = False) -> dict:
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.generators import generate
@@ -60,6 +92,7 @@ def graphs(quick: bool = False) -> dict:
     for name, (kind, kw) in gens.items():
         out[name] = loads_graph(dumps(generate(kind, **kw), "json"), f"{name}.json")
     out["deep-checkpoints"] = loads_graph(dumps(_deep_checkpoints(64), "json"), "deep.json")
+    out["cost-modes"] = loads_graph(dumps(_cost_modes(), "json"), "cost-modes.json")
     return out
 
 
@@ -103,6 +136,11 @@ def cases(quick: bool = False):
             yield f"{fname}|critical-path", g, {"spec": "a100", "policy": "critical-path"}
             yield f"{fname}|d2-greedy", g, {"spec": "h100", "devices": 2, "placement": "greedy"}
             yield f"{fname}|d3-layer-fifo", g, {"spec": "l4", "devices": 3, "placement": "layer", "policy": "fifo"}
+    for name in ("cost-modes", "transformer-d3", "random1", "example:pipeline", "deep-checkpoints"):
+        for cores in (1, 2, 3):  # the host's cores modelled: threads wait for a free one
+            yield f"{name}|cores{cores}", gs[name], {"spec": _with_cores("h100", cores)}
+            yield f"{name}|cores{cores}-d3", gs[name], {"spec": _with_cores("l4", cores), "devices": 3,
+                                                        "placement": "round-robin", "detail": cores == 2}
     mlp = gs["example:mlp"]
     trace = _measured_trace(mlp)
     yield "example:mlp|measured", mlp, {"spec": "cpu", "costs": trace}

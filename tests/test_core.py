@@ -793,7 +793,7 @@ def test_the_compiled_sequential_loop_simulates_as_its_twin(monkeypatch, tmp_pat
     monkeypatch.setattr(core, "sim_sequential", lambda *a: (calls.append(1), real(*a))[1])
     cases = list(sim_dump.cases())
     compiled_runs = [sim_dump.outcome(g, kw) for _, g, kw in cases]
-    assert len(calls) > 80  # of 354 cases: the others run on devices, or skip nodes for grad()
+    assert len(calls) > 80  # of 406 cases: the others run on devices, or skip nodes for grad()
     monkeypatch.setattr(core, "sim_sequential", None)
     for (name, g, kw), want in zip(cases, compiled_runs):
         assert sim_dump.outcome(g, kw) == want, name

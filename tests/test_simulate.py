@@ -561,7 +561,25 @@ def _three_waits(us):
     return graph(nodes + [acc("x")], [{"node": "r"}], [{"name": "x", "shape": [1]}])
 
 
-def test_busy_waits_share_the_hosts_cores_hand_computed():
+@pytest.fixture(params=["compiled", "python"])
+def event_loop(request, monkeypatch):
+    """Each cores test on both event loops: ``_core.sim_loop`` (which must then be the one that runs) and the
+    scheduler's Python methods (``sim_loop`` taken away)."""
+    from autograd_run.engine import core
+    if request.param == "python":
+        monkeypatch.setattr(core, "sim_loop", None)
+        yield
+        return
+    if core.sim_loop is None:
+        pytest.skip("the compiled core is not built")
+    calls = []
+    real = core.sim_loop
+    monkeypatch.setattr(core, "sim_loop", lambda *a: (calls.append(a[-1]), real(*a))[1])
+    yield
+    assert any(isinstance(free, list) for free in calls)  # the modelled cores went to the compiled loop
+
+
+def test_busy_waits_share_the_hosts_cores_hand_computed(event_loop):
     """Three 100 µs waits that only spin (wait_spin 150 µs) on three device threads, two cores.
 
     R 0-6 on the caller (1 µs overhead + 5); the three workers woken at 16 ask for a core in turn (cores
@@ -577,7 +595,7 @@ def test_busy_waits_share_the_hosts_cores_hand_computed():
     assert free["a"] == free["b"] == free["c"] == 117
 
 
-def test_a_sleeping_wait_needs_a_core_only_for_its_tail():
+def test_a_sleeping_wait_needs_a_core_only_for_its_tail(event_loop):
     """400 µs waits that sleep 250 µs, then spin 150: on one core the three sleeps overlap and only the
     tails queue; a wait that got its core past its deadline ends when it gets it (nothing left to spin)."""
     g = _three_waits(400)

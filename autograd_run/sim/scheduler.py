@@ -42,7 +42,7 @@ its push, so the slice of its node records how long it waited. The simulated
 threads, queues and GraphTasks are in ``tasks``, the stream timelines in
 ``streams``. Where one worker runs everything (``_run_sequential``), a plain
 loop replaces the events. Where the compiled core is built, a call without
-nested backward calls and without modelled cores runs its events in C
+nested backward calls runs its events in C
 (``_run_compiled``: ``engine/csrc/sim_loop.c``, whose twin is this module's
 event methods): the same events in the same order.
 """
@@ -220,9 +220,10 @@ class Simulator:
 
     def _compiled_loop(self) -> bool:
         """Whether the compiled core's event loop (``engine/csrc/sim_loop.c``) runs this call: it is built, no
-        node makes a nested backward call (checkpoint and python nodes), no cores are modelled, and the event
-        methods and routing are this module's own (a subclass or a patched ``route`` gets the Python loop)."""
-        if core.sim_loop is None or self._core_free is not None or route is not core.route_impl:
+        node makes a nested backward call (checkpoint and python nodes), and the event methods and routing are
+        this module's own (a subclass or a patched ``route`` gets the Python loop). The host's cores, where they
+        are modelled, are the C loop's too (``_core_free`` in, and back when it ends)."""
+        if core.sim_loop is None or route is not core.route_impl:
             return False
         if any(getattr(type(self), m) is not getattr(Simulator, m) for m in _LOOP_METHODS):
             return False
@@ -247,7 +248,7 @@ class Simulator:
             self, events, order, Simulator.wake, Simulator._step, costs, resolved, self.slices, self.kernels,
             self._started, self.skips, self.idles, self.queue_samples, self.stream_free, self.streams, self._ones,
             NULL_TRACER, COST, self.now, self.overhead_ns, self.device_overhead_ns, self.cost_node_ns,
-            self.gil_handoff_ns, self.detail, self.overhead_gil, self._gil_free_at, self._gil_holder)
+            self.gil_handoff_ns, self.detail, self.overhead_gil, self._gil_free_at, self._gil_holder, self._core_free)
         self._order = itertools.count(order)
 
     def _one_worker(self) -> bool:

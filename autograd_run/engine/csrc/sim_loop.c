@@ -1,20 +1,25 @@
 /* Python twin: autograd_run/sim/scheduler.py (Simulator.run's event loop and _step, wake, _run_node, _function, _cpu, _launched, kernel, _done, _retire, _go_on; sim_sequential: _run_sequential's loop); autograd_run/sim/costs.py (costs_of: CostResolver.many).
  * sim_loop: the simulation's event loop on a virtual clock, for a call with no nested backward (no checkpoint or
- * python node) and no cores modelled: the same events in the same order as the Python methods, without their
+ * python node), with or without the host's cores modelled: the same events in the same order as the Python methods, without their
  * frames. Part of _core.c (included there, after route.c, whose route() it calls).
  *
- * The events are (time, order, kind, ...): kind STEP/WAKE (a worker), FUNCTION/LAUNCHED/DONE (a node being run,
- * a node run), or PY (an (action, arg) Python made through Loop.at while the loop runs: SimQueue.push's wake-ups are
+ * The events are (time, order, kind, ...): kind STEP/WAKE (a worker), FUNCTION/LAUNCHED/DONE/BUSY_TAIL (a node
+ * being run, a node run), or PY (an (action, arg) Python made through Loop.at while the loop runs: SimQueue.push's wake-ups are
  * recognised as WAKE). One counter gives every event its order, so ties break exactly as the Python heap's do.
  * Python code the loop calls (a queue's push, the stream rules, _complete) reads the simulator's `now`, which the
  * loop keeps set, and schedules through `sim.at`, which the loop points at its own `at` while it runs. */
 
-enum { EV_STEP, EV_WAKE, EV_FUNCTION, EV_LAUNCHED, EV_DONE, EV_PY };
+enum { EV_STEP, EV_WAKE, EV_FUNCTION, EV_LAUNCHED, EV_DONE, EV_BUSY_TAIL, EV_PY };
 
 typedef struct {
     PyObject *w, *gt, *node, *parent, *queue, *pushed, *cost;
-    long long start, cpu_ns, gpu_ns;
+    long long start, cpu_ns, gpu_ns, sleep_ns;
     int holds_gil, blocking;
+    /* the cost's source is "attrs" (a spin when it holds the GIL, with cores modelled) */
+    int from_attrs;
+    /* SimRun.deadline: has_deadline 0 is None; else -1 (a spin) or the time a wait's busy tail ends */
+    int has_deadline;
+    long long deadline;
 } SimRunC;
 
 typedef struct {
@@ -35,7 +40,8 @@ typedef struct {
 static PyObject *sl_idle, *sl_idle_since, *sl_waiting_for, *sl_wake_pending, *sl_tid, *sl_heap, *sl_pop,
     *sl_on_done, *sl_returned, *sl_needed, *sl_captures, *sl_leaf_streams, *sl_cpu_ns, *sl_gpu_ns, *sl_holds_gil,
     *sl_blocking, *sl_ready_streams, *sl_ready_events, *sl_ready_waits, *sl_wait, *sl_now, *sl_current_tid,
-    *sl__ones, *sl_complete, *sl_at, *sl__pending, *sl__go_on, *sl_sim, *sl_consumers, *sl_detail;
+    *sl__ones, *sl_complete, *sl_at, *sl__pending, *sl__go_on, *sl_sim, *sl_consumers, *sl_detail, *sl_sleep_ns,
+    *sl_source, *sl_attrs;
 
 static int sl_intern(void) {
     if (sl_at != NULL)
@@ -50,6 +56,7 @@ static int sl_intern(void) {
     SL(sl_now, "now"); SL(sl_current_tid, "current_tid"); SL(sl__ones, "_ones"); SL(sl_complete, "_complete");
     SL(sl__pending, "_pending"); SL(sl__go_on, "_go_on");
     SL(sl_sim, "sim"); SL(sl_consumers, "consumers"); SL(sl_detail, "detail");
+    SL(sl_sleep_ns, "sleep_ns"); SL(sl_source, "source"); SL(sl_attrs, "attrs");
     SL(sl_at, "at");
 #undef SL
     return 0;
@@ -252,8 +259,14 @@ typedef struct {
     int detail, overhead_gil;
     /* the last cost object read, and its fields (nodes alike share one NodeCost) */
     PyObject *last_cost;
-    long long last_cpu, last_gpu;
-    int last_gil, last_blocking;
+    long long last_cpu, last_gpu, last_sleep;
+    int last_gil, last_blocking, last_from_attrs;
+    /* The host's cores (Simulator._core_free): when each is next free, a binary heap kept exactly as heapq keeps
+     * the Python list (core_heap_replace), copied in at the start and back into `core_list` at the end; NULL where
+     * cores are not modelled */
+    long long *cores;
+    Py_ssize_t ncores;
+    PyObject *core_list;
     /* the simulator's `now` as Python last saw it: set (sync_now) only before a call into Python code that may
      * read it (routing, the stream rules' waits, _complete, a Python event, a cost model's call, ...) */
     long long now_seen;
@@ -411,7 +424,56 @@ static int sim_retire(Sim *S, PyObject *w, PyObject *gt, PyObject *finished);
 /* _cpu: CPU work of ns from now (once the GIL is free, when it takes it); then the event `then` for the run. */
 static int sim_cpu(Sim *S, long long ns, int gil, int then, SimRunC *run);
 
-static int sim_function(Sim *S, SimRunC *run) { return sim_cpu(S, run->cpu_ns, run->holds_gil, EV_LAUNCHED, run); }
+/* _function: the engine's overhead is done; with cores modelled, a wait sleeps first (no GIL, no core) and then
+ * busy-waits to the deadline set now (EV_BUSY_TAIL), and a GIL-holding spin from attrs runs to its own deadline. */
+static int sim_function(Sim *S, SimRunC *run) {
+    if (S->cores != NULL) {
+        if (run->sleep_ns && run->cpu_ns > 0) {
+            run->has_deadline = 1;
+            run->deadline = S->now + run->cpu_ns;
+            long long sleep = run->sleep_ns < run->cpu_ns ? run->sleep_ns : run->cpu_ns;
+            return loop_push(S->L, S->now + sleep, EV_BUSY_TAIL, NULL, NULL, run);
+        }
+        if (run->holds_gil && run->from_attrs) {
+            run->has_deadline = 1;
+            run->deadline = -1;
+        }
+    }
+    return sim_cpu(S, run->cpu_ns, run->holds_gil, EV_LAUNCHED, run);
+}
+
+/* _busy_tail: a wait's sleep is over; it busy-waits on a core until its deadline. */
+static int sim_busy_tail(Sim *S, SimRunC *run) {
+    long long left = run->deadline - S->now;
+    return sim_cpu(S, left > 0 ? left : 0, run->holds_gil, EV_LAUNCHED, run);
+}
+
+/* heapq.heapreplace(cores, item) on the C array, step for step as CPython's _heapq does it (the smaller child moves
+ * up to a leaf, then the item sifts down from there), so the array stays the list heapq would have made. */
+static void core_heap_replace(long long *heap, Py_ssize_t n, long long item) {
+    Py_ssize_t pos = 0, limit = n >> 1;
+    heap[0] = item;
+    while (pos < limit) {
+        Py_ssize_t child = 2 * pos + 1;
+        if (child + 1 < n && !(heap[child] < heap[child + 1]))
+            child++;
+        long long tmp = heap[child];
+        heap[child] = heap[pos];
+        heap[pos] = tmp;
+        pos = child;
+    }
+    long long newitem = heap[pos];
+    while (pos > 0) {
+        Py_ssize_t parent = (pos - 1) >> 1;
+        if (newitem < heap[parent]) {
+            heap[pos] = heap[parent];
+            pos = parent;
+            continue;
+        }
+        break;
+    }
+    heap[pos] = newitem;
+}
 
 static long long sim_kernel(Sim *S, PyObject *stream, PyObject *node, long long ns, long long not_before, int *err) {
     PyObject *key = stream_key_of(S, stream);
@@ -559,6 +621,7 @@ static int sim_then(Sim *S, int then, SimRunC *run) {
     switch (then) {
     case EV_FUNCTION: return sim_function(S, run);
     case EV_LAUNCHED: return sim_launched(S, run);
+    case EV_BUSY_TAIL: return sim_busy_tail(S, run);
     default: return sim_done(S, run);
     }
 }
@@ -570,6 +633,18 @@ static int sim_cpu(Sim *S, long long ns, int gil, int then, SimRunC *run) {
     if (gil && S->gil_free_at > t && S->gil_holder != run->w)
         t = S->gil_free_at + S->gil_handoff_ns; /* held by another thread: it sleeps until released, then the hand-off */
     long long end = t + ns;
+    if (S->cores != NULL) {
+        long long got = S->cores[0];
+        if (got > t) { /* every core busy: runnable, it runs when the first one frees */
+            if (then == EV_LAUNCHED && run->has_deadline) { /* work to a deadline loses only what is past it */
+                long long until = run->deadline < 0 ? end : run->deadline;
+                end = until > got ? until : got;
+            } else {
+                end = got + ns;
+            }
+        }
+        core_heap_replace(S->cores, S->ncores, end);
+    }
     if (gil) {
         S->gil_free_at = end;
         Py_INCREF(run->w);
@@ -583,21 +658,35 @@ static int sim_cpu(Sim *S, long long ns, int gil, int then, SimRunC *run) {
 static int read_cost(Sim *S, PyObject *cost, SimRunC *run) {
     if (cost != S->last_cost) {
         long long cpu, gpu;
-        int gil, blocking;
+        long long sleep = 0;
+        int gil, blocking, from_attrs = 0;
         if (get_ll(cost, sl_cpu_ns, &cpu) < 0 || get_ll(cost, sl_gpu_ns, &gpu) < 0 ||
             (gil = get_true(cost, sl_holds_gil)) < 0 || (blocking = get_true(cost, sl_blocking)) < 0)
             return -1;
+        if (S->cores != NULL) { /* read only where cores are modelled: nothing else looks at them */
+            PyObject *source = get_ll(cost, sl_sleep_ns, &sleep) < 0 ? NULL : PyObject_GetAttr(cost, sl_source);
+            if (source == NULL)
+                return -1;
+            from_attrs = PyObject_RichCompareBool(source, sl_attrs, Py_EQ);
+            Py_DECREF(source);
+            if (from_attrs < 0)
+                return -1;
+        }
         Py_INCREF(cost);
         Py_XSETREF(S->last_cost, cost);
         S->last_cpu = cpu;
         S->last_gpu = gpu;
         S->last_gil = gil;
         S->last_blocking = blocking;
+        S->last_sleep = sleep;
+        S->last_from_attrs = from_attrs;
     }
     run->cpu_ns = S->last_cpu;
     run->gpu_ns = S->last_gpu;
     run->holds_gil = S->last_gil;
     run->blocking = S->last_blocking;
+    run->sleep_ns = S->last_sleep;
+    run->from_attrs = S->last_from_attrs;
     return 0;
 }
 
@@ -1032,30 +1121,50 @@ static void sync_now_after_error(Sim *S) {
 
 /* sim_loop(sim, events, order, wake, step, costs, resolved, slices, kernels, started, skips, idles, samples,
  *          stream_free, streams, ones, tracer, COST, now, overhead_ns, device_overhead_ns, cost_node_ns,
- *          gil_handoff_ns, detail, overhead_gil, gil_free_at, gil_holder) -> (now, gil_free_at, gil_holder, order):
+ *          gil_handoff_ns, detail, overhead_gil, gil_free_at, gil_holder, core_free)
+ *          -> (now, gil_free_at, gil_holder, order):
  * the events already made (Simulator._events: (time, order, action, arg)) and every later one, run; see
- * scheduler.Simulator._run_compiled. */
+ * scheduler.Simulator._run_compiled. core_free: Simulator._core_free (a list of ints, the cores' heap, updated in
+ * place when the loop ends), or None. */
 static PyObject *sim_loop(PyObject *mod, PyObject *args) {
     PyObject *sim, *events, *wake_fn, *step_fn, *costs, *resolved, *slices, *kernels, *started, *skips, *idles, *samples,
-        *stream_free, *streams, *ones, *tracer, *cost_op, *gil_holder;
+        *stream_free, *streams, *ones, *tracer, *cost_op, *gil_holder, *core_free;
     long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, gil_handoff_ns, gil_free_at;
     int detail, overhead_gil;
-    if (!PyArg_ParseTuple(args, "OO!LOOOOO!O!O!O!O!O!O!OO!OOLLLLLppLO", &sim, &PyList_Type, &events, &order, &wake_fn,
+    if (!PyArg_ParseTuple(args, "OO!LOOOOO!O!O!O!O!O!O!OO!OOLLLLLppLOO", &sim, &PyList_Type, &events, &order, &wake_fn,
                           &step_fn, &costs,
                           &resolved, &PyList_Type, &slices, &PyList_Type, &kernels, &PyList_Type, &started,
                           &PyList_Type, &skips, &PyList_Type, &idles, &PyList_Type, &samples, &PyDict_Type,
                           &stream_free, &streams, &PyList_Type, &ones, &tracer, &cost_op, &now, &overhead_ns,
                           &device_overhead_ns, &cost_node_ns, &gil_handoff_ns, &detail, &overhead_gil, &gil_free_at,
-                          &gil_holder))
+                          &gil_holder, &core_free))
         return NULL;
     if (sl_intern() < 0)
         return NULL;
     PyObject *by_signature = NULL, *measured = NULL, *by_values = NULL;
     if (resolver_tables(resolved, &resolved, &by_signature, &measured, &by_values) < 0)
         return NULL;
+    long long *cores = NULL;
+    Py_ssize_t ncores = 0;
+    if (core_free != Py_None) {
+        if (!PyList_CheckExact(core_free) || PyList_GET_SIZE(core_free) == 0) {
+            PyErr_SetString(PyExc_TypeError, "sim_loop: core_free is a non-empty list of ints, or None");
+            return NULL;
+        }
+        ncores = PyList_GET_SIZE(core_free);
+        if ((cores = PyMem_Malloc(ncores * sizeof(long long))) == NULL)
+            return PyErr_NoMemory();
+        for (Py_ssize_t i = 0; i < ncores; i++)
+            if ((cores[i] = PyLong_AsLongLong(PyList_GET_ITEM(core_free, i))) == -1 && PyErr_Occurred()) {
+                PyMem_Free(cores);
+                return NULL;
+            }
+    }
     LoopObject *L = PyObject_New(LoopObject, &LoopType);
-    if (L == NULL)
+    if (L == NULL) {
+        PyMem_Free(cores);
         return NULL;
+    }
     L->heap = NULL;
     L->size = L->cap = 0;
     L->order = order;
@@ -1069,7 +1178,8 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
              .tracer = tracer, .cost_op = cost_op, .now = now, .overhead_ns = overhead_ns,
              .device_overhead_ns = device_overhead_ns, .cost_node_ns = cost_node_ns, .gil_handoff_ns = gil_handoff_ns,
              .gil_free_at = gil_free_at, .gil_holder = gil_holder, .holder_ref = Py_NewRef(gil_holder),
-             .detail = detail, .overhead_gil = overhead_gil, .last_cost = NULL, .now_seen = now};
+             .detail = detail, .overhead_gil = overhead_gil, .last_cost = NULL, .now_seen = now,
+             .cores = cores, .ncores = ncores, .core_list = core_free};
     PyObject *result = NULL, *at = PyObject_GetAttr((PyObject *)L, sl_at);
     if (at == NULL || PyObject_SetAttr(sim, sl_at, at) < 0)
         goto done;
@@ -1153,6 +1263,21 @@ done:
     Py_XDECREF(S.holder_ref);
     Py_XDECREF(S.last_cost);
     Py_DECREF(L);
+    if (cores != NULL) { /* the cores' heap back into the simulator's list, as the Python methods leave it */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        for (Py_ssize_t i = 0; i < ncores && PyList_GET_SIZE(core_free) == ncores; i++) {
+            PyObject *v = PyLong_FromLongLong(cores[i]);
+            if (v == NULL) {
+                Py_CLEAR(result);
+                break;
+            }
+            PyList_SetItem(core_free, i, v);
+        }
+        PyMem_Free(cores);
+        if (et != NULL)
+            PyErr_Restore(et, ev, tb);
+    }
     return result;
 }
 
