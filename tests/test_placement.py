@@ -103,3 +103,35 @@ def test_hooks_side_files_and_inputs_survive_placement(tmp_path):
     again = loads_graph(dumps(graph_to_dict(placed), "json"), placed.source, "json", g.base_dir,
                         g.side_files.default_name)
     assert _derived(placed) == _derived(again)
+
+
+def test_the_layer_cut_in_columns_equals_its_sum_node_by_node():
+    """``_layers`` takes numpy where the products fit 64 bits: against the cut computed node by node with
+    Python's integers (hand-checkable: device ``min(k - 1, work_before * k // total)``), on random costs from
+    a few nanoseconds to past 2**64 (where it must fall back), negative CPU costs (clamped to 1 ns), 1-7
+    devices and lists on either side of the size where numpy takes over. The seed is printed."""
+    import random
+    from autograd_run.sim.placement import _layers
+
+    class Node:
+        def __init__(self, index):
+            self.index = index
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    for _ in range(300):
+        n = rnd.choice([1, 5, 63, 64, 65, 200, 1000])
+        size = n + rnd.randrange(5)  # AccumulateGrad nodes are not in the order: they keep -1
+        order = [Node(i) for i in rnd.sample(range(size), n)]
+        top = rnd.choice([10, 10**6, 10**12, 10**17, 2**62, 2**70])
+        cpu = [rnd.randrange(-5, top) for _ in range(n)]
+        gpu = [rnd.randrange(0, top) for _ in range(n)]
+        k = rnd.choice([1, 2, 3, 4, 7])
+        want, before = [-1] * size, 0
+        total = sum(max(1, a + b) for a, b in zip(cpu, gpu))
+        for node, a, b in zip(order, cpu, gpu):
+            want[node.index] = min(k - 1, before * k // total)
+            before += max(1, a + b)
+        assert _layers(order, cpu, gpu, k, [-1] * size) == want, (seed, n, top, k)
+    # by hand: works 1, 3, 4 (total 8) on two devices: before 0, 1, 4 -> 0 * 2 // 8, 1 * 2 // 8, 4 * 2 // 8
+    assert _layers([Node(0), Node(1), Node(2)], [1, 3, 4], [0, 0, 0], 2, [-1] * 3) == [0, 0, 1]

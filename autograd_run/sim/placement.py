@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+import numpy as np
+
 from autograd_run.errors import RequestError
 from autograd_run.graphs.model import Device, Edge, Graph, InputMeta, Root, Variable, derive, ensure_consumers
 from autograd_run.graphs.tensors import SideFiles
@@ -35,6 +37,31 @@ def _topological(graph) -> list:
     return sorted(graph.nodes, key=attrgetter("topo_nr"), reverse=True)
 
 
+def _layers(order: list, cpu: list, gpu: list, k: int, codes: list) -> list[int]:
+    """The ``layer`` cut: node ``i`` of ``order`` (roots first) goes to device ``min(k - 1, before * k //
+    total)``, ``before`` the work of the nodes ahead of it and ``total`` all of it, each node's work its
+    cost, at least 1 ns. In numpy where every product fits 64 bits (a million nodes: 0.5 s of Python loop),
+    else with Python's integers."""
+    n = len(order)
+    if n >= 64:
+        c, g = np.array(cpu), np.array(gpu)  # int64 unless a value is not a machine integer
+        bound = None if c.dtype != np.int64 or g.dtype != np.int64 else (
+            max(-int(c.min()), int(c.max())) + max(-int(g.min()), int(g.max())) + 1)
+        if bound is not None and bound * n * k < 1 << 62:
+            w = np.maximum(c + g, 1)
+            total = int(w.sum())
+            before = np.cumsum(w) - w
+            out = np.full(len(codes), -1, dtype=np.int64)
+            out[np.fromiter(map(attrgetter("index"), order), dtype=np.int64, count=n)] = np.minimum(
+                k - 1, before * k // total)
+            return out.tolist()
+    total, before = sum(max(1, a + b) for a, b in zip(cpu, gpu)), 0
+    for node, a, b in zip(order, cpu, gpu):
+        codes[node.index] = min(k - 1, before * k // total)
+        before += max(1, a + b)
+    return codes
+
+
 def assign(graph, k: int, how: str, cost_of) -> list[int]:
     """The device index of each node (by its index in the graph), -1 for the AccumulateGrad nodes (they
     follow their producer: ``graphs.remap``)."""
@@ -46,12 +73,9 @@ def assign(graph, k: int, how: str, cost_of) -> list[int]:
         return codes
     if how == "layer":
         many = getattr(cost_of, "many", None) or (lambda ns: list(map(cost_of, ns)))  # (a CostResolver's: compiled)
-        costs = [max(1, c.cpu_ns + c.gpu_ns) for c in many(order)]
-        total, acc = sum(costs), 0
-        for n, c in zip(order, costs):
-            codes[n.index] = min(k - 1, acc * k // total)
-            acc += c
-        return codes
+        found = many(order)
+        return _layers(order, list(map(attrgetter("cpu_ns"), found)), list(map(attrgetter("gpu_ns"), found)), k,
+                       codes)
     if how == "greedy":
         load = [0] * k
         finish: dict = {}
