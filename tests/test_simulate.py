@@ -810,3 +810,36 @@ def test_calibrate_fits_the_gil_hand_over_to_its_probe():
     assert w20 > w5  # the GIL hand-over is on the probe's path
     assert abs(_fit_gil_handoff(base, w20) - 20.0) < 0.5
     assert _fit_gil_handoff(base, 0.0) == 0.0 and _fit_gil_handoff(base, 1e9) == 160.0
+
+
+def test_cost_nodes_alike_share_one_cost_and_only_those():
+    """``CostResolver`` costs a cost node once per kind (its ``attrs.cost`` fields, CPU or not, name and device
+    for ``--scale``): every node of a random graph of cost nodes gets what a resolver of its own gives it, nodes
+    alike get the same object, and nodes that differ in any one of those fields are costed apart (seed printed)."""
+    import random
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    nodes = []
+    for i in range(300):
+        c = rnd.choice([{"us": rnd.choice([5, 5.0, 40, 400])}, {"flops": rnd.choice([1e6, 3e9])},
+                        {"us": rnd.choice([100, 300]), "mode": rnd.choice(["wait", "sleep", "spin"])},
+                        {"flops": 2e9, "mode": "matmul"}])
+        n = cost(f"n{i}", 1, rnd.choice(["cpu", "cuda:0", "cuda:1"]), [("acc_x", 0)], i + 1)
+        n["attrs"]["cost"] = c
+        n["name"] = rnd.choice(["A", "B"])
+        nodes.append(n)
+    g = graph(nodes + [acc("x")], [{"node": n["id"]} for n in nodes], [{"name": "x", "shape": [1]}])
+    m = cored(2, wait_spin=150)
+    m.engine.wait_overhead_us = 20.0
+    scale = {"A": 0.5, "cuda:1": 3.0}
+    shared = CostResolver(m, scale=scale)
+    seen: dict = {}
+    for node in g.nodes[:-1]:
+        alone = CostResolver(m, scale=scale)(node)
+        got = shared(node)
+        assert got == alone, node.id
+        c = node.attrs["cost"]
+        kind = (float(c.get("us", -1)), c.get("flops"), c.get("mode"), str(node.device), node.name)
+        assert seen.setdefault(kind, got) is got  # alike: the one cost
+    assert len({id(c) for c in shared.resolved.values()}) == len(seen)  # and only those

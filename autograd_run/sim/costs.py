@@ -116,6 +116,8 @@ class CostResolver:
         #: ``_BY_VALUES`` where the op's cost model read the node's saved values: then by (key, values).
         self._by_signature: dict = {}
         self._by_values: dict = {}
+        #: Cost nodes' costs by what they depend on (``_cost_node``).
+        self._by_cost: dict = {}
 
     def with_cost(self, node, cost: NodeCost) -> "CostResolver":
         """This model with ``node`` costing ``cost``: the costs resolved so far are shared, not resolved again."""
@@ -151,6 +153,8 @@ class CostResolver:
         pure function of what it reads: if it read no value, every node of the key costs the same whatever
         its values; if it did, nodes share a cost only with the nodes of the same key and values.
         """
+        if node.op is COST:
+            return self._cost_node(node)
         sig = None if node.attrs or node.id in self.measured else signature(node)
         if sig is None:
             return self._scaled(node)
@@ -168,6 +172,22 @@ class CostResolver:
             c = self._by_values.get((key, values))
             if c is None:
                 c = self._by_values[(key, values)] = self._scaled(node)
+        return c
+
+    def _cost_node(self, node) -> NodeCost:
+        """A cost node's cost: a function of its ``attrs.cost`` fields, whether it runs on the CPU, and (for
+        ``--scale``) its name and device, nothing else (``_base``, ``_scaled``); so nodes alike in those share
+        it, computed once (a generated transformer's 800,000 cost nodes have a few dozen kinds). A value that
+        cannot be a key (an unchecked graph's) is costed on its own."""
+        spec = node.attrs.get("cost") or {}
+        key = (spec.get("us", _ABSENT), spec.get("flops", _ABSENT), spec.get("mode"), node.cpu, node.name,
+               node.device)
+        try:
+            c = self._by_cost.get(key)
+        except TypeError:  # an unhashable value
+            return self._scaled(node)
+        if c is None:
+            c = self._by_cost[key] = self._scaled(node)
         return c
 
     def _scaled(self, node, watch: list | None = None) -> NodeCost:
@@ -253,6 +273,8 @@ class CostResolver:
 
 #: In ``CostResolver._by_signature``: this kind of node's cost depends on its saved values too.
 _BY_VALUES = object()
+#: A cost field the node does not give, in ``_cost_node``'s key.
+_ABSENT = object()
 
 
 def _roofline(dev, flops: float, nbytes: float, dtype: str) -> int:
