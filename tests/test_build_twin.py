@@ -325,3 +325,47 @@ def test_the_compiled_topological_pass_hands_back_what_it_cannot_read():
     odd = g.nodes[0]
     odd.next = tuple(odd.next)  # a graph built in code may hold a tuple
     assert validate._FAST.topo_in([odd], True) is False
+
+
+# attrs.cost values at and around check_cost's rules: the compiled loop passes the plainly valid ones itself
+COSTS = [None, {}, {"us": 5}, {"us": 5.5}, {"us": 0}, {"us": -0.0}, {"us": validate.MAX_COST_US},
+         {"us": validate.MAX_COST_US + 1e-6}, {"us": int(validate.MAX_COST_US) + 1}, {"us": -1}, {"us": True},
+         {"us": False}, {"us": "5"}, {"us": None}, {"us": 2**70}, {"us": 10**400 // 10**380},
+         {"flops": validate.MAX_COST_FLOPS}, {"flops": validate.MAX_COST_FLOPS + 1}, {"flops": 1e9, "mode": "matmul"},
+         {"us": 3, "mode": "wait"}, {"us": 3, "mode": "sleep"}, {"us": 3, "mode": "spin"}, {"us": 3, "mode": "Spin"},
+         {"us": 3, "mode": None}, {"us": 3, "mode": 1}, {"us": 3, "fail": "x"}, {"ms": 3}, [1], "3", 3,
+         {"us": 1, "flops": 2, "mode": "wait"}]
+
+
+@pytest.mark.parametrize("k", range(len(COSTS)))
+@pytest.mark.parametrize("extra", [{}, {"fail": 3}, {"trace": "t"}])
+def test_cost_attrs_give_the_same_outcome(k, extra, monkeypatch):
+    """A cost node whose ``attrs`` is (or is not only) a cost, valid or not, after three of its kind: the same
+    graph or the same error both ways (text and place)."""
+    def mutate(ns):
+        for n in ns[1:5]:  # three plain cost nodes, then the one under test (done by the compiled loop)
+            n.update(name="cost", op="cost", saved={}, attrs={"cost": {"us": 5}}, next=[None])
+        ns[4]["attrs"] = {"cost": COSTS[k]} | extra
+    ns_doc = dumps(_cost_chain(mutate), "json")
+    fast, slow = both(lambda: loads_graph(ns_doc, "g.json"), monkeypatch)
+    assert fast == slow
+
+
+def _cost_chain(mutate):
+    doc = _chain_doc(8)
+    mutate(doc["nodes"])
+    return doc
+
+
+def test_plain_cost_attrs_are_not_handed_to_check_attrs(monkeypatch):
+    """Valid cost-only attrs are checked in the compiled loop (no call); any other attrs still are handed over."""
+    calls = []
+    real = validate._Checker.check_attrs
+    monkeypatch.setattr(validate._Checker, "check_attrs", lambda self, node, i, attrs: (calls.append(i),
+                                                                                        real(self, node, i, attrs)))
+    def mutate(ns):
+        for i, n in enumerate(ns[1:5], 1):
+            n.update(name="cost", op="cost", saved={}, next=[None],
+                     attrs={"cost": {"us": 10 + i, "mode": "wait"}} | ({"trace": "t"} if i == 4 else {}))
+    loads_graph(dumps(_cost_chain(mutate), "json"), "g.json")
+    assert calls == [1, 4]  # the first of its kind goes through the Python loop whole; the one with a trace

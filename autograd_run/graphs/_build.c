@@ -101,7 +101,7 @@ static PyObject *s_nexts, *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_ra
     *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_shape, *s_inputs,
     *s_nodes, *s_by_id, *s_ops, *s_metas, *s_default_seqs, *s_max_device_index, *s_forward, *s_variables,
     *s_node, *s_requires_grad, *s_kind, *s_tensor, *s_int, *s_bool, *s_str, *s_dtype, *s__top_min, *s_bytes,
-    *s_saved_tensors, *s__note, *s_check_broadcast, *s_saved;
+    *s_saved_tensors, *s__note, *s_check_broadcast, *s_saved, *s_cost, *s_us, *s_flops, *s_mode;
 static int configured = 0;
 
 static PyObject *names_tuple(const char **names, int n) {
@@ -276,16 +276,76 @@ static int call_check(PyObject *checker, PyObject *method, PyObject *const *args
 static long long MAX_DIMS = -1, MAX_NUMEL = -1;
 static PyObject *NARROW = NULL;
 
-/* configure_checks(max_dims, max_numel, narrow_dtypes) */
+/* validate's MAX_COST_US and MAX_COST_FLOPS (-1: not given, every attrs goes to check_attrs). */
+static double MAX_COST_US = -1, MAX_COST_FLOPS = -1;
+
+/* configure_checks(max_dims, max_numel, narrow_dtypes[, max_cost_us, max_cost_flops]) */
 static PyObject *configure_checks(PyObject *mod, PyObject *args) {
     long long dims, numel;
     PyObject *narrow;
-    if (!PyArg_ParseTuple(args, "LLO!", &dims, &numel, &PyFrozenSet_Type, &narrow))
+    double cost_us = -1, cost_flops = -1;
+    if (!PyArg_ParseTuple(args, "LLO!|dd", &dims, &numel, &PyFrozenSet_Type, &narrow, &cost_us, &cost_flops))
         return NULL;
     MAX_DIMS = dims;
     MAX_NUMEL = numel;
     Py_XSETREF(NARROW, Py_NewRef(narrow));
+    MAX_COST_US = cost_us;
+    MAX_COST_FLOPS = cost_flops;
     Py_RETURN_NONE;
+}
+
+/* Whether check_attrs would pass `attrs` without a doubt, so it need not be called: exactly {"cost": C}, C null
+ * or a dict of "us" and "flops" numbers (int or float, not bool) in [0, the limit] and a "mode" among spin, wait,
+ * sleep and matmul (check_cost's rules; nothing else in attrs that check_attrs acts on, for any op). 0: the
+ * Python check judges, and raises the file's error where there is one. Never raises. (The limits are below
+ * 2**53, so an int that converts to a double within one is within it.) */
+static int cost_attrs_ok(PyObject *attrs) {
+    if (MAX_COST_US < 0 || !PyDict_CheckExact(attrs) || PyDict_GET_SIZE(attrs) != 1)
+        return 0;
+    PyObject *cost = PyDict_GetItemWithError(attrs, s_cost);
+    if (cost == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (cost == Py_None)
+        return 1;
+    if (!PyDict_CheckExact(cost))
+        return 0;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(cost, &pos, &k, &v)) {
+        if (!PyUnicode_CheckExact(k))
+            return 0;
+        if (PyUnicode_Compare(k, s_mode) == 0) {
+            if (!PyUnicode_CheckExact(v))
+                return 0;
+            if (PyUnicode_CompareWithASCIIString(v, "spin") != 0 && PyUnicode_CompareWithASCIIString(v, "wait") != 0
+                && PyUnicode_CompareWithASCIIString(v, "sleep") != 0
+                && PyUnicode_CompareWithASCIIString(v, "matmul") != 0)
+                return 0;
+            continue;
+        }
+        double limit, d;
+        if (PyUnicode_Compare(k, s_us) == 0)
+            limit = MAX_COST_US;
+        else if (PyUnicode_Compare(k, s_flops) == 0)
+            limit = MAX_COST_FLOPS;
+        else
+            return 0;
+        if (PyFloat_CheckExact(v))
+            d = PyFloat_AS_DOUBLE(v);
+        else if (PyLong_CheckExact(v)) {
+            d = PyLong_AsDouble(v);
+            if (d == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+        } else
+            return 0;
+        if (!(d >= 0 && d <= limit))
+            return 0;
+    }
+    return 1;
 }
 
 /* tensors.quick_random_numel(value) for a dict: its element count, or -1 when it is not a plain
@@ -816,7 +876,7 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
             if (missing && node_check(checker, s_check_required, node, i, &required, 1, &top_min) < 0)
                 NEXT_NODE(-1);
         }
-        if (attrs && node_check(checker, s_check_attrs, node, i, &attrs, 1, &top_min) < 0)
+        if (attrs && !cost_attrs_ok(attrs) && node_check(checker, s_check_attrs, node, i, &attrs, 1, &top_min) < 0)
             NEXT_NODE(-1);
         /* its next edges kept for link_edges; the spec let go (the Node takes its place in the list, so an
          * error's place still names the node's id): its other objects are freed as the loop goes on */
@@ -1506,7 +1566,7 @@ fail:
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Node, node_field_names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, max_seq) -> bool"},
-    {"configure_checks", configure_checks, METH_VARARGS, "configure_checks(max_dims, max_numel, narrow_dtypes)"},
+    {"configure_checks", configure_checks, METH_VARARGS, "configure_checks(max_dims, max_numel, narrow_dtypes[, max_cost_us, max_cost_flops])"},
     {"build_nodes", build_nodes, METH_VARARGS,
      "build_nodes(checker, spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
     {"link_edges", link_edges, METH_VARARGS,
@@ -1541,6 +1601,10 @@ PyMODINIT_FUNC PyInit__build(void) {
     INTERN(s_check_attrs, "check_attrs");
     INTERN(s_elementwise, "elementwise");
     INTERN(s_shape, "shape");
+    INTERN(s_cost, "cost");
+    INTERN(s_us, "us");
+    INTERN(s_flops, "flops");
+    INTERN(s_mode, "mode");
     INTERN(s_inputs, "inputs");
     INTERN(s_nodes, "nodes");
     INTERN(s_by_id, "by_id");

@@ -291,8 +291,10 @@ def _compiled_loops():
     if not _build.configure(Node, names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, ACCUMULATE_GRAD_SEQ):
         return None, "Python (Node or NodeSpec is not laid out as the compiled loops expect)"
     # check_value's quick paths: quick_random_numel's limits; the dtypes narrower than float32 (check_broadcast)
+    # and check_cost's limits (an attrs that is only a cost check_attrs would pass is not handed to it)
     _build.configure_checks(tensors.MAX_DIMS, tensors.MAX_NUMEL,
-                            frozenset(d for d in tensors.SAVED_DTYPES if tensors.itemsize(d) < tensors.itemsize(None)))
+                            frozenset(d for d in tensors.SAVED_DTYPES if tensors.itemsize(d) < tensors.itemsize(None)),
+                            MAX_COST_US, MAX_COST_FLOPS)
     return _build, "compiled"
 
 
