@@ -359,3 +359,25 @@ def test_no_arguments_show_the_help_readably(capsys):
     assert code == 2 and out == ""
     assert err.startswith("Usage: autograd-run [OPTIONS] COMMAND [ARGS]...\n\n  Replay and profile")
     assert "\\n" not in err and "\n  run " in err
+
+
+def test_a_command_loads_only_its_own_modules():
+    """``validate`` in a fresh process imports neither the engine, the simulator nor another command's module
+    (they load when their command is asked for); ``--help`` still lists every command, and each one found by
+    name is the command of its module."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom autograd_run.cli.main import main\n"
+            "try:\n    main(['validate', 'example:seed'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('autograd_run.engine.engine', 'autograd_run.sim.',"
+            " 'autograd_run.cli.')) and not m.endswith(('.common', '.terminal', '.flags', '.version', '.main', '.jsonout'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0].startswith("example:seed: ")
+    assert out.stdout.splitlines()[-1] == "[]"
+    from autograd_run.cli.main import COMMANDS
+    import importlib
+    names = cli.list_commands(None)
+    assert names == sorted([*COMMANDS, "validate", "examples"])
+    for name, (module, attr) in COMMANDS.items():
+        assert cli.get_command(None, name) is getattr(importlib.import_module(f"autograd_run.cli.{module}"), attr)
