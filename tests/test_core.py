@@ -697,6 +697,46 @@ def test_the_compiled_slice_columns_are_their_twins():
 
 
 @compiled
+def test_the_compiled_kernel_slices_are_their_twins():
+    """``sim.result._kernel_slices`` (``_core.kernel_slices``) against ``_kernel_slices_py``: the kernels of
+    simulated runs on 1-3 devices, and hand-made ones where two stream objects are
+    equal but not the same, a stream is None, or a name function fails; the slices are KernelSlice tuples that
+    hold their values (no reference lost or kept)."""
+    import sys
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.record.recording import KernelSlice
+    from autograd_run.sim import result
+    from autograd_run.sim.session import SimOptions, simulate_session
+    from autograd_run.graphs.model import Device
+
+    def same(kernels):
+        a, b = result._kernel_slices(kernels), result._kernel_slices_py(kernels)
+        assert a == b and all(type(x) is KernelSlice for x in a)
+        assert [(x.stream, x.node, x.start, x.end) for x in a] == [tuple(y) for y in b]
+        return a
+    runs = 0
+    for name in ("pipeline", "mlp", "seed"):
+        g = load_graph("example:" + name)
+        for k in (1, 2, 3):
+            r = simulate_session(g, SimOptions(spec="h100", devices=k, placement="layer", slack_top=0))
+            runs += bool(same(r.sim.kernels))
+    assert runs >= 6
+    node, start = object(), 10 ** 12 + 7
+    s1, s2 = (Device("cuda", 0), 1), (Device("cuda", 0), 1)  # equal, not the same object
+    before = sys.getrefcount(start), sys.getrefcount(node)
+    got = same([(s1, node, start, start + 1), (s2, node, 3, 4), (None, None, 5, 6), (s1, node, 7, 8)])
+    assert [x.stream for x in got] == ["cuda:0/s1", "cuda:0/s1", "-", "cuda:0/s1"]
+    assert (sys.getrefcount(start), sys.getrefcount(node)) == (before[0] + 1, before[1] + 3)  # got holds them
+    del got
+    assert (sys.getrefcount(start), sys.getrefcount(node)) == before
+    assert same([]) == []
+    with pytest.raises(TypeError):
+        core.kernel_slices([(1, 2)], KernelSlice, str)
+    with pytest.raises(ZeroDivisionError):
+        core.kernel_slices([(s1, node, 1, 2)], KernelSlice, lambda st: 1 / 0)
+
+
+@compiled
 def test_the_compiled_signature_of_odd_saved_values():
     """Saved values as a hand-written file may hold them: a dict without a shape or with a null one, a list
     that is not all ints (bools, floats), a tuple shape, a dict's missing dtype, strings, None; and a shape

@@ -22,7 +22,7 @@
  *                        expected shape and dtype); spin_until: a busy-wait without the GIL (engine/waits.py)
  *   csrc/thread_main.c   thread_main, configure_worker: the worker loop, running the common kind of node
  *                        without Python frames of its own (worker.thread_main_py)
- *   csrc/recording.c     attr_codes, pair_common, sim_slices: the Recording's loops over Python objects
+ *   csrc/recording.c     attr_codes, pair_common, sim_slices, kernel_slices: the Recording's loops over Python objects
  *                        (record/kernels.py, record/recording.py, sim/result.py)
  *   csrc/state.c         max_seq, nodes_of_op, split_saved, group_saved, scatter, accumulate_grad and its
  *                        release hooks: a graph's run-time state (engine/state.py, builtin_nodes.py, run.py)
@@ -108,6 +108,8 @@ static PyMethodDef module_methods[] = {
     {"configure_sim_queue", configure_sim_queue, METH_VARARGS,
      "configure_sim_queue(SimQueue, SimWorker) -> bool: route() pushes onto a SimQueue itself (sim/tasks.py)"},
     {"sim_slices", sim_slices, METH_O, "sim_slices(slices) -> a simulation's slice columns: see sim/result.py"},
+    {"kernel_slices", (PyCFunction)(void (*)(void))kernel_slices, METH_FASTCALL,
+     "kernel_slices(kernels, cls, name_of) -> a simulation's kernel slices: see sim/result.py"},
     {"stream_walk", stream_walk, METH_VARARGS,
      "stream_walk(arrays, k_nodes, nodes, at, t_end, limit) -> (steps, cpu, kernel, wait ns): see analysis/streams.py"},
     {"costs_of", costs_of, METH_VARARGS,

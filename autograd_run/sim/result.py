@@ -66,9 +66,15 @@ def to_recording(sim) -> Recording:
 
 
 def _kernel_slices(kernels: list) -> list[KernelSlice]:
-    """``KernelSlice(stream_name(stream), node, start, end)`` of each ``(stream, node, start, end)``, in order.
+    """``KernelSlice(stream_name(stream), node, start, end)`` of each ``(stream, node, start, end)``, in order
+    (``_core.kernel_slices``, in one pass; ``_kernel_slices_py`` its twin)."""
+    if core.kernel_slices is None:
+        return _kernel_slices_py(kernels)
+    return core.kernel_slices(kernels, KernelSlice, stream_name)
 
-    The loops run in C: a stream's name made once per stream object (the simulator shares one per stream; all
+
+def _kernel_slices_py(kernels: list) -> list[KernelSlice]:
+    """The loops run in C: a stream's name made once per stream object (the simulator shares one per stream; all
     are alive in ``kernels``, so their ids are theirs), each slice made by ``tuple.__new__`` (a NamedTuple's own
     ``__new__`` is Python code)."""
     if not kernels:

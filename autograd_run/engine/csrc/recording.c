@@ -1,4 +1,4 @@
-/* Python twin: autograd_run/record/kernels.py (attr_codes), autograd_run/record/recording.py (_pair) and autograd_run/sim/result.py (sim_slices: _slice_columns_py).
+/* Python twin: autograd_run/record/kernels.py (attr_codes), autograd_run/record/recording.py (_pair) and autograd_run/sim/result.py (sim_slices: _slice_columns_py; kernel_slices: _kernel_slices_py).
  * The Recording's loops over Python objects: attribute codes, the pairing of pushes, pops and node runs. Part of _core.c (included there, after core.h). */
 
 /* ------------------------------------------------- summary helpers */
@@ -439,4 +439,66 @@ done:
     Py_XDECREF(node_tab);
     Py_XDECREF(queue_tab);
     return result;
+}
+
+/* kernel_slices(kernels, cls, name_of) -> [cls(name_of(stream), node, start, end) for each (stream, node, start, end)
+ * of `kernels`], in order: `cls` a tuple type of four fields (KernelSlice, a NamedTuple: made as tuple_subtype_new
+ * makes one, by its tp_alloc, without a call to its Python __new__); `name_of` called once per distinct stream
+ * object, told apart by identity (the simulator shares one object per stream; all of them are alive in `kernels`,
+ * so no address is reused meanwhile). sim/result.py's _kernel_slices_py is the twin. */
+static PyObject *kernel_slices(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyType_Check(args[1])
+        || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "kernel_slices(list of kernels, a tuple type, name_of)");
+        return NULL;
+    }
+    PyObject *kernels = args[0], *name_of = args[2];
+    PyTypeObject *cls = (PyTypeObject *)args[1];
+    Py_ssize_t n = PyList_GET_SIZE(kernels);
+    PyObject *out = PyList_New(n), *names = PyDict_New();  /* names: the stream's address -> its name */
+    PyObject *last_stream = NULL, *last_name = NULL;  /* borrowed: the stream from `kernels`, its name from names */
+    if (out == NULL || names == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(kernels, i);
+        if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != 4) {
+            PyErr_SetString(PyExc_TypeError, "kernel_slices: a kernel is a 4-tuple");
+            goto fail;
+        }
+        PyObject *stream = PyTuple_GET_ITEM(k, 0);
+        if (stream != last_stream) {
+            PyObject *key = PyLong_FromVoidPtr(stream);
+            if (key == NULL)
+                goto fail;
+            PyObject *name = PyDict_GetItemWithError(names, key);
+            if (name == NULL) {
+                if (PyErr_Occurred() || (name = PyObject_CallOneArg(name_of, stream)) == NULL) {
+                    Py_DECREF(key);
+                    goto fail;
+                }
+                int r = PyDict_SetItem(names, key, name);
+                Py_DECREF(name);  /* names holds it */
+                if (r < 0) {
+                    Py_DECREF(key);
+                    goto fail;
+                }
+            }
+            Py_DECREF(key);
+            last_stream = stream;
+            last_name = name;
+        }
+        PyObject *slice = cls->tp_alloc(cls, 4);
+        if (slice == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(slice, 0, Py_NewRef(last_name));
+        for (int f = 1; f < 4; f++)
+            PyTuple_SET_ITEM(slice, f, Py_NewRef(PyTuple_GET_ITEM(k, f)));
+        PyList_SET_ITEM(out, i, slice);
+    }
+    Py_DECREF(names);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(names);
+    return NULL;
 }
