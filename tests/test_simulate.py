@@ -843,3 +843,23 @@ def test_cost_nodes_alike_share_one_cost_and_only_those():
         kind = (float(c.get("us", -1)), c.get("flops"), c.get("mode"), str(node.device), node.name)
         assert seen.setdefault(kind, got) is got  # alike: the one cost
     assert len({id(c) for c in shared.resolved.values()}) == len(seen)  # and only those
+
+
+@pytest.mark.parametrize("loop", ["compiled", "python"])
+def test_slices_are_recorded_in_the_order_they_end(loop, monkeypatch):
+    """``result.last_times`` reads the run's last slice end from the last slice: on every example, on 1-3 devices
+    and every policy, with nested calls (checkpoints past the depth limit, pool threads), both event loops."""
+    from autograd_run.engine import core
+    import itertools
+    from autograd_run.graphs.load import example_names
+    from autograd_run.sim.policies import POLICIES
+    if loop == "python":
+        monkeypatch.setattr(core, "sim_loop", None)
+        monkeypatch.setattr(core, "sim_sequential", None)
+    for name in example_names():
+        g = load_graph(f"example:{name}")
+        for k, policy in itertools.product((None, 2, 3), POLICIES):
+            r = simulate_session(g, SimOptions(spec="h100", devices=k, placement="round-robin" if k else "keep",
+                                               policy=policy, slack_top=0))
+            ends = [s[5] for s in r.sim.slices]
+            assert ends == sorted(ends) and ends, (name, k, policy)

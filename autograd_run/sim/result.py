@@ -36,7 +36,8 @@ def span(sim) -> tuple[int, int]:
 def last_times(sim) -> tuple[int, int]:
     """The first call's start and the last node, kernel or call end (0, 0 when nothing happened)."""
     start = min((g.start for g in sim.graph_tasks), default=0)
-    end = max(max(map(itemgetter(5), sim.slices), default=0), max(map(itemgetter(3), sim.kernels), default=0),
+    # slices are recorded as they end, on a clock that never goes back: the last one ends last
+    end = max(sim.slices[-1][5] if sim.slices else 0, max(map(itemgetter(3), sim.kernels), default=0),
               max((e for g in sim.graph_tasks if (e := g.returned or g.end)), default=0))
     return start, end
 
