@@ -562,6 +562,36 @@ def test_costs_of_tells_nodes_alike_from_nodes_that_only_look_alike():
 
 
 @compiled
+def test_costs_of_tells_nodes_apart_by_where_their_edges_lead():
+    """Nodes alike but for the input a next edge leads to (a gradient of another shape: more bytes to write)
+    cost what the resolver gives them one by one, whichever node the compiled lookup keeps as its exemplar (each
+    edge compared with the exemplar's edge in its place; these nodes have no saved values, which share one empty
+    mapping: alike on that count)."""
+    import json
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim.costs import CostResolver
+    from autograd_run.sim.specs import default_spec
+    big, small = [2048, 2048], [1, 2048]
+    edges = {"a1": ("x", "y"), "a1b": ("x", "y"), "a2": ("x", "s"), "a2b": ("x", "s"), "a3": ("s", "x"),
+             "a3b": ("s", "x"), "c": ("x", "x"), "d": ("s", "s"), "e": ("y", "x")}
+    nodes = [{"id": k, "name": "AddBackward0", "seq": 20 - i, "inputs": [{"shape": big}],
+              "next": [[f"acc_{t}", 0] for t in v]} for i, (k, v) in enumerate(edges.items())]
+    nodes += [{"id": f"acc_{v}", "name": "AccumulateGrad", "variable": v,
+               "inputs": [{"shape": small if v == "s" else big}]} for v in "xys"]
+    doc = {"format": "autograd-graph/1", "nodes": nodes, "roots": [{"node": k} for k in edges],
+           "variables": [{"name": v, "shape": small if v == "s" else big} for v in "xys"]}
+    g = loads_graph(json.dumps(doc), "edges.json")
+    by = {n.id: n for n in g.nodes}
+    spec = default_spec()
+    one = CostResolver(spec)
+    assert one(by["a1"]) != one(by["a2"]) != one(by["d"])  # the edges' shapes change the cost
+    for order in (["a1", "a1b", "c", "e", "a2", "d"], ["a2", "a2b", "c", "a1", "d"], ["a3", "a3b", "c", "d", "a2"],
+                  ["a2", "a2b", "a3", "a3b", "c", "d", "e", "a1", "a1b"]):
+        ns = [by[k] for k in order]
+        assert CostResolver(spec).many(ns) == [CostResolver(spec)(n) for n in ns], order
+
+
+@compiled
 def test_the_compiled_stream_walk_is_its_twin(monkeypatch):
     """``analysis.streams``' critical path through threads and streams: the compiled walk (``stream_walk``) and
     ``stream_walk_py`` give the same report (``to_dict``), on simulated runs with kernels of every generator on

@@ -226,6 +226,8 @@ done:
  * does not look through (an equal device or meta in another object, a shape as a tuple against a list) says "not
  * alike", which only costs the caller the key. sig_alike(a, b): 1 alike, 0 not, -1 an exception. */
 static int sig_alike_saved(PyObject *a, PyObject *b) {
+    if (a == b)  /* one mapping: the same items (nodes with no saved values share the loader's empty one) */
+        return 1;
     if (!PyDict_CheckExact(a) || !PyDict_CheckExact(b) || PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b))
         return 0;
     Py_ssize_t pa = 0, pb = 0;
