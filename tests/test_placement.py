@@ -132,6 +132,6 @@ def test_the_layer_cut_in_columns_equals_its_sum_node_by_node():
         for node, a, b in zip(order, cpu, gpu):
             want[node.index] = min(k - 1, before * k // total)
             before += max(1, a + b)
-        assert _layers(order, cpu, gpu, k, [-1] * size) == want, (seed, n, top, k)
+        assert _layers(order, cpu, gpu, k, size) == want, (seed, n, top, k)
     # by hand: works 1, 3, 4 (total 8) on two devices: before 0, 1, 4 -> 0 * 2 // 8, 1 * 2 // 8, 4 * 2 // 8
-    assert _layers([Node(0), Node(1), Node(2)], [1, 3, 4], [0, 0, 0], 2, [-1] * 3) == [0, 0, 1]
+    assert _layers([Node(0), Node(1), Node(2)], [1, 3, 4], [0, 0, 0], 2, 3) == [0, 0, 1]

@@ -782,17 +782,12 @@ class _Checker:
         if spec.storage is not UNSET:
             graph.storage = self.check_storage(spec.storage, variables, by_id)
 
-        # self.count for each variable, its place made only when it is among the largest (400,000 variables:
-        # 0.13 -> 0.05 s)
-        total = 0
+        count = self.count
         for i, (v, nbytes) in enumerate(zip(variables.values(), var_bytes)):
             own = nbytes if v.node is not None else 0
             if initial_grads:
                 own = max(own, initial_grads.get(v.name, 0))
-            total += own
-            if own > self._top_min:
-                self._note(own, ("variables", i), "variable gradients")
-        self.bytes["variable gradients"] += total
+            count(own, "variable gradients", ("variables", i))
         self.check_reference(graph)
         for meta, path in self._meta_paths.items():
             self.gradient(math.prod(meta.shape) * tensors.itemsize(meta.dtype), path)

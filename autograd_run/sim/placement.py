@@ -37,11 +37,11 @@ def _topological(graph) -> list:
     return sorted(graph.nodes, key=attrgetter("topo_nr"), reverse=True)
 
 
-def _layers(order: list, cpu: list, gpu: list, k: int, codes: list) -> list[int]:
+def _layers(order: list, cpu: list, gpu: list, k: int, size: int) -> list[int]:
     """The ``layer`` cut: node ``i`` of ``order`` (roots first) goes to device ``min(k - 1, before * k //
     total)``, ``before`` the work of the nodes ahead of it and ``total`` all of it, each node's work its
-    cost, at least 1 ns. In numpy where every product fits 64 bits (a million nodes: 0.5 s of Python loop),
-    else with Python's integers."""
+    cost, at least 1 ns; -1 for the ``size - len(order)`` nodes not in ``order``. In numpy where every product
+    fits 64 bits (a million nodes: 0.5 s of Python loop), else with Python's integers."""
     n = len(order)
     if n >= 64:
         c, g = np.array(cpu), np.array(gpu)  # int64 unless a value is not a machine integer
@@ -51,10 +51,11 @@ def _layers(order: list, cpu: list, gpu: list, k: int, codes: list) -> list[int]
             w = np.maximum(c + g, 1)
             total = int(w.sum())
             before = np.cumsum(w) - w
-            out = np.full(len(codes), -1, dtype=np.int64)
+            out = np.full(size, -1, dtype=np.int64)
             out[np.fromiter(map(attrgetter("index"), order), dtype=np.int64, count=n)] = np.minimum(
                 k - 1, before * k // total)
             return out.tolist()
+    codes = [-1] * size
     total, before = sum(max(1, a + b) for a, b in zip(cpu, gpu)), 0
     for node, a, b in zip(order, cpu, gpu):
         codes[node.index] = min(k - 1, before * k // total)
@@ -75,7 +76,7 @@ def assign(graph, k: int, how: str, cost_of) -> list[int]:
         many = getattr(cost_of, "many", None) or (lambda ns: list(map(cost_of, ns)))  # (a CostResolver's: compiled)
         found = many(order)
         return _layers(order, list(map(attrgetter("cpu_ns"), found)), list(map(attrgetter("gpu_ns"), found)), k,
-                       codes)
+                       len(codes))
     if how == "greedy":
         load = [0] * k
         finish: dict = {}

@@ -262,11 +262,10 @@ typedef struct {
     long long last_cpu, last_gpu, last_sleep;
     int last_gil, last_blocking, last_from_attrs;
     /* The host's cores (Simulator._core_free): when each is next free, a binary heap kept exactly as heapq keeps
-     * the Python list (core_heap_replace), copied in at the start and back into `core_list` at the end; NULL where
-     * cores are not modelled */
+     * the Python list (core_heap_replace), copied in from that list at the start and back at the end (sim_loop);
+     * NULL where cores are not modelled */
     long long *cores;
     Py_ssize_t ncores;
-    PyObject *core_list;
     /* the simulator's `now` as Python last saw it: set (sync_now) only before a call into Python code that may
      * read it (routing, the stream rules' waits, _complete, a Python event, a cost model's call, ...) */
     long long now_seen;
@@ -1179,7 +1178,7 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
              .device_overhead_ns = device_overhead_ns, .cost_node_ns = cost_node_ns, .gil_handoff_ns = gil_handoff_ns,
              .gil_free_at = gil_free_at, .gil_holder = gil_holder, .holder_ref = Py_NewRef(gil_holder),
              .detail = detail, .overhead_gil = overhead_gil, .last_cost = NULL, .now_seen = now,
-             .cores = cores, .ncores = ncores, .core_list = core_free};
+             .cores = cores, .ncores = ncores};
     PyObject *result = NULL, *at = PyObject_GetAttr((PyObject *)L, sl_at);
     if (at == NULL || PyObject_SetAttr(sim, sl_at, at) < 0)
         goto done;
