@@ -14,6 +14,13 @@ a user's commands give, each in a fresh process:
    effects, so the cold figures show what that costs), with the expected
    error it states.
 
+Before each graph, a *control* is measured the same way: a chain of cost nodes on the CPU alone (drawn
+from the run's seed too), which the simulation predicts within a few percent on a quiet machine. Its
+error over the run shows how far this machine moved while it ran (on the 2-core VM here the same graph's
+warm wall moved by 2x within minutes); each graph's error is also shown against the control measured
+just before it (``(1 + error) / (1 + control's error) - 1``: what the machine's drift does to both
+cancels), as a second figure beside the one that counts.
+
 It reports the signed error ``(predicted - measured) / measured`` per graph,
 its distribution (median of the absolute error, p90, worst, mean signed:
 the bias) per family and per device count, cold and warm; whether the
@@ -38,6 +45,8 @@ import time
 from bench import heldout
 
 TIE = 0.05
+#: Warm passes of the control measured before each graph.
+CONTROL_WARM = 5
 
 
 def _cli(args: list[str], env: dict) -> dict:
@@ -115,10 +124,15 @@ def bench_accuracy(seed: int | None = None, graphs: int = 32, warm: int = 9, wha
         log(f"(accuracy) calibrate: {time.perf_counter() - t:.1f} s; " + lines[-1])
         log("(accuracy) " + next((line for line in lines if line.startswith("engine:")), "engine: ?"))
         variant = variant_spec(d, env, ab) if ab else None
+        control = os.path.join(d, "control.json")
+        with open(control, "w") as f:
+            json.dump(heldout.build("chain", random.Random(seed).randrange(1 << 62) ^ 1, 0), f)
+        control_pred = predict(control, env)["wall_ns"]
         for i, (family, k, case, doc) in enumerate(heldout.draw(seed, graphs)):
             path = os.path.join(d, f"g{i}.json")
             with open(path, "w") as f:
                 json.dump(doc, f)
+            control_err = control_pred / measure(control, env, CONTROL_WARM)[1] - 1
             cold, warm_ns = measure(path, env, warm)
             sim_w = predict(path, env)  # the prediction is of a warm pass: cold compares with it too
             row = {"family": family, "devices": k, "case": case, "nodes": len(doc["nodes"]),
@@ -126,6 +140,8 @@ def bench_accuracy(seed: int | None = None, graphs: int = 32, warm: int = 9, wha
                    "pred_cold_ns": sim_w["wall_ns"], "stated_error": sim_w.get("expected_error", {}).get("relative")}
             row["err_warm"] = row["pred_warm_ns"] / warm_ns - 1
             row["err_cold"] = row["pred_cold_ns"] / cold - 1
+            row["control_err"] = control_err
+            row["err_warm_vs_control"] = (1 + row["err_warm"]) / (1 + control_err) - 1
             if variant:
                 row["err_warm_ab"] = predict(path, env, spec=variant)["wall_ns"] / warm_ns - 1
             out["rows"].append(row)
@@ -133,7 +149,7 @@ def bench_accuracy(seed: int | None = None, graphs: int = 32, warm: int = 9, wha
             log(f"(accuracy) {i:>2} {family:<11} k={k} {row['nodes']:>4} nodes  warm {warm_ns / 1e6:7.2f} ms "
                 f"pred {row['pred_warm_ns'] / 1e6:7.2f} ({row['err_warm']:+6.1%})  cold {cold / 1e6:7.2f} ms pred "
                 f"{row['pred_cold_ns'] / 1e6:7.2f} ({row['err_cold']:+6.1%})"
-                + (f"  stated +-{stated:.0%}" if stated is not None else ""))
+                + (f"  stated +-{stated:.0%}" if stated is not None else "") + f"  control {control_err:+6.1%}")
         if whatifs:
             out["whatifs"] = _whatifs(seed, d, env, warm, log)
     _report(out, log)
@@ -171,7 +187,7 @@ def _ranked(what: str, real: dict, pred: dict, log) -> dict:
 def _report(out: dict, log) -> None:
     rows = out["rows"]
     summary: dict = {}
-    for kind in ("warm", "cold", "warm_ab"):
+    for kind in ("warm", "cold", "warm_ab", "warm_vs_control"):
         key = f"err_{kind}"
         if key not in rows[0]:
             continue
@@ -187,6 +203,12 @@ def _report(out: dict, log) -> None:
             if errs:
                 summary[kind][f"k={k}"] = distribution(errs)
                 log(f"(accuracy) {kind} devices={k}    {_fmt(summary[kind][f'k={k}'])}")
+    if "control_err" in rows[0]:
+        c = sorted(r["control_err"] for r in rows)
+        summary["control"] = {"median": statistics.median(c), "min": c[0], "max": c[-1]}
+        log(f"(accuracy) the control (a CPU-only chain, before each graph): error median {summary['control']['median']:+.1%}, "
+            f"from {c[0]:+.1%} to {c[-1]:+.1%}: how far this machine moved during the run (the warm_vs_control rows "
+            "take it out; the warm rows are the figure that counts)")
     stated = [r for r in rows if r["stated_error"] is not None]
     if stated:
         covered = sum(abs(r["err_warm"]) <= r["stated_error"] for r in stated)
