@@ -95,7 +95,7 @@ def test_calibrate_gloo_measures_a_link_that_simulate_takes(tmp_path, capsys):
     doc = json.loads(out.read_text())
     link = doc["links"]["2"]
     assert link["alpha_us"] >= 0 and link["gbps"] > 0 and link["channels"] in (1, 2)
-    assert 0 < link["during_compute"] <= 1  # its formula is checked by hand in test_ddp_sim
+    assert 0 < link["during_compute"] <= 1  # the ratio's rule is checked by hand in test_ddp_sim
     # the fit reproduces the ring all-reduce of its own points: t = 2 (p - 1) alpha + 2 (p - 1) / p n / B
     for pt in link["points"]:
         model = 2 * link["alpha_us"] + pt["bytes"] / (link["gbps"] * 1e3)

@@ -21,10 +21,14 @@ the ring all-reduce's terms (``parallel.collectives``). ``channels``: gloo
 runs collectives on its process group's worker threads (2), so two may be in
 flight at once; two concurrent 1 MiB all-reduces are timed against one, and
 unless the pair takes under 1.5x one they share the host and that world's
-link says one at a time (``channels: 1``). ``during_compute``
-(``during_compute(cores, world)``): with fewer than two cores per rank, the
-compute and gloo's thread take turns on them, and a collective goes at half
-speed while the compute runs. Processes on one host
+link says one at a time (``channels: 1``). ``during_compute``: a 1 MiB
+all-reduce is also timed while a thread of each rank computes (float32
+matmuls, torch kernels without the GIL, as the backward's compute is), in
+turns with the same all-reduce alone; the ratio is the collective's speed
+while the compute runs. On this 2-core VM the compute and gloo's threads
+take turns on the cores, and a collective during a backward ran 4-10x
+slower than alone (a DDP rank's profile), where a rule of cores per rank
+said 2x. Processes on one host
 share its cores, so the link is per world size: the simulation takes the
 measured world's link, or the nearest measured one (said in its output).
 Every child has a deadline; a hang or a failure is an error that names it.
@@ -47,9 +51,48 @@ SIZES = [4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
 PAIR_BYTES = 1 << 20
 #: gloo's process group runs collectives on this many worker threads by default (ProcessGroupGloo's options).
 GLOO_THREADS = 2
+#: ``during_compute``'s measurement: rounds of all-reduces of ``PAIR_BYTES`` alone and while a thread computes
+#: (matmuls of this side), in turns.
+COMPUTE_ROUNDS = 3
+COMPUTE_N = 256
+#: The smallest ``during_compute`` kept (a measurement that came out slower is noise or a stalled host).
+MIN_DURING_COMPUTE = 0.02
 
 
-def _rank(rank: int, world: int, store: str, sizes: list[int], budget_s: float, k_pair: int = 20) -> dict:
+def _while_computing(torch, dist, nbytes: int, k: int, rounds: int = COMPUTE_ROUNDS) -> tuple[float, float]:
+    """(alone, computing): ns per all-reduce of ``nbytes``, the median of ``rounds`` rounds of ``k`` calls each,
+    alone and while a thread of this process computes (float32 matmuls in a loop: torch kernels, which run
+    without the GIL as the backward's do), in turns so that both see the host at the same moments."""
+    import threading
+    x = torch.ones(nbytes // 4)
+    a = torch.ones(COMPUTE_N, COMPUTE_N)
+    alone: list[float] = []
+    computing: list[float] = []
+    for _ in range(rounds):
+        for busy, into in ((False, alone), (True, computing)):
+            stop = threading.Event()
+
+            def compute():
+                while not stop.is_set():
+                    torch.mm(a, a)
+            worker = threading.Thread(target=compute, daemon=True) if busy else None
+            if worker is not None:
+                worker.start()
+            try:
+                dist.barrier()
+                t = time.perf_counter_ns()
+                for _ in range(k):
+                    dist.all_reduce(x)
+                into.append((time.perf_counter_ns() - t) / k)
+            finally:
+                stop.set()
+                if worker is not None:
+                    worker.join()
+    return statistics.median(alone), statistics.median(computing)
+
+
+def _rank(rank: int, world: int, store: str, sizes: list[int], budget_s: float, k_pair: int = 20,
+          k_compute: int = 10) -> dict:
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
@@ -88,17 +131,18 @@ def _rank(rank: int, world: int, store: str, sizes: list[int], budget_s: float, 
                 b.wait()
             pairs.append((time.perf_counter_ns() - t) / k_pair)
         out["pair"] = statistics.median(pairs)
+        out["alone"], out["computing"] = _while_computing(torch, dist, PAIR_BYTES, k_compute)
         return out
     finally:
         dist.destroy_process_group()
 
 
-def during_compute(cores: int, world: int) -> float:
-    """A collective's speed while its rank computes, against alone: each rank's compute thread (one, as
-    torchrun sets) and gloo's thread want a core each; ``cores / world`` cores per rank give the pair
-    ``min(1, c / 2)`` each, against ``min(1, c)`` for gloo alone (what the calibration measured)."""
-    c = cores / world
-    return min(1.0, c / 2) / min(1.0, c)
+def during_compute(alone_ns: float, computing_ns: float) -> float:
+    """A collective's speed while its rank computes, against alone: the two times of one all-reduce measured
+    in turns (``_while_computing``), as a ratio within ``MIN_DURING_COMPUTE`` and 1."""
+    if computing_ns <= 0 or alone_ns <= 0:
+        return 1.0
+    return max(MIN_DURING_COMPUTE, min(1.0, alone_ns / computing_ns))
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
@@ -133,7 +177,6 @@ def measure(worlds=(2, 4), sizes=None, budget_s: float = 0.25, timeout: float = 
         raise UsageError("calibrate --gloo: this PyTorch has no gloo backend (torch.distributed)")
     sizes = list(sizes or SIZES)
     links: dict = {}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     rounds: dict[int, list[list[dict]]] = {w: [] for w in worlds}
     for r in range(repeats):  # the worlds in turns, so each one's repeats see the host at different moments
         for world in worlds:
@@ -150,11 +193,14 @@ def measure(worlds=(2, 4), sizes=None, budget_s: float = 0.25, timeout: float = 
         p = world
         one = a + b * PAIR_BYTES
         pair = statistics.median(max(m["pair"] for m in medians) for medians in rounds[world])
+        # the slowest rank's, per repeat; then the median over the repeats
+        alone = statistics.median(max(m["alone"] for m in medians) for medians in rounds[world])
+        computing = statistics.median(max(m["computing"] for m in medians) for medians in rounds[world])
         # Two in flight that take less than 1.5x one ran alongside each other: gloo's threads are channels;
         # else they share the host (seen on a 2-core VM at 4 processes: 1.8x), one at a time the better model.
         links[str(world)] = {"alpha_us": a / 1e3 / (2 * (p - 1)), "gbps": 2 * (p - 1) / p / b,
                              "channels": GLOO_THREADS if pair / one < 1.5 else 1,
-                             "during_compute": during_compute(cores, world),
+                             "during_compute": during_compute(alone, computing),
                              "fit_worst": worst, "pair_over_one": pair / one,
                              "repeat_spread": max(at_pair) / min(at_pair) - 1 if min(at_pair) > 0 else 0.0,
                              "points": [{"bytes": n, "us": t / 1e3} for n, t in slowest]}
