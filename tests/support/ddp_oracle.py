@@ -17,7 +17,8 @@ tests.support.ddp_oracle --rank R ...``) joined by a ``FileStore`` in ``out_dir`
 on the loopback interface, on ports the kernel picks. For each (model, bucket cap) case in turn, each rank
 profiles its first iteration (the initial buckets) and its third (the rebuilt ones) with ``record_shapes``
 (``rank{R}-{model}-{cap}-first.json``, ``...-steady.json``), then times ``timed`` backward calls after a
-barrier each. ``run_ranks(name, cap, world, out_dir)``: one case. ``launches(trace)`` reads
+barrier each; with ``timed``, also a ``schedule`` profile (one warm-up step, ``SCHEDULE_ACTIVE`` recorded:
+``...-schedule.json``) before the timed calls. ``run_ranks(name, cap, world, out_dir)``: one case. ``launches(trace)`` reads
 a trace back: the all-reduces in the order the rank launched them, each with its element count and how many
 AccumulateGrad nodes had started when it was launched (DDP's hook runs inside the AccumulateGrad node whose
 gradient completes a bucket, so the k-th AccumulateGrad launched it; after all of them: the final callback).
@@ -180,6 +181,10 @@ def ddp_facts(cases: list[tuple[str, float | None]], timeout: float = 240) -> di
     return facts
 
 
+#: The steps a time benchmark's schedule profile records (after one warm-up step).
+SCHEDULE_ACTIVE = 3
+
+
 def _one_case(rank: int, out: str, case: dict) -> dict:
     import time
     torch, nn = _nn()
@@ -200,6 +205,14 @@ def _one_case(rank: int, out: str, case: dict) -> dict:
             loss.backward()
         paths[kind] = os.path.join(out, f"rank{rank}-{case['name']}-{cap}-{kind}.json")
         prof.export_chrome_trace(paths[kind])
+    if case.get("timed", 0):  # a time benchmark: also a profile over several steps, as users often make one
+        paths["schedule"] = os.path.join(out, f"rank{rank}-{case['name']}-{cap}-schedule.json")
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                     schedule=torch.profiler.schedule(wait=0, warmup=1, active=SCHEDULE_ACTIVE),
+                     on_trace_ready=lambda p: p.export_chrome_trace(paths["schedule"])) as prof:
+            for _ in range(1 + SCHEDULE_ACTIVE):
+                run(ddp).backward()
+                prof.step()
     times, compute = [], []
     for _ in range(case.get("timed", 0)):  # in turns: with DDP's communication, and without (no_sync)
         loss = run(ddp)
