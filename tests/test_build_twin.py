@@ -369,3 +369,74 @@ def test_plain_cost_attrs_are_not_handed_to_check_attrs(monkeypatch):
                      attrs={"cost": {"us": 10 + i, "mode": "wait"}} | ({"trace": "t"} if i == 4 else {}))
     loads_graph(dumps(_cost_chain(mutate), "json"), "g.json")
     assert calls == [1, 4]  # the first of its kind goes through the Python loop whole; the one with a trace
+
+
+def _random_text(rnd: random.Random) -> str:
+    return "".join(rnd.choice("ab:c::\u00e9\u2603\U0001F600 {}[],\"\\") for _ in range(rnd.randrange(6)))
+
+
+def _random_json(rnd: random.Random, depth: int = 0):
+    """A JSON value with colons in keys and strings, nested objects and lists, unicode, numbers of every kind."""
+    pick = rnd.randrange(9 if depth < 4 else 5)
+    if pick == 0:
+        return None
+    if pick == 1:
+        return rnd.choice([True, False, 0, -7, 2 ** 70, 1.5, -1e300, 3e-9, float("nan")])
+    if pick in (2, 3, 4):
+        return _random_text(rnd)
+    if pick in (5, 6):
+        return {_random_text(rnd) + str(i): _random_json(rnd, depth + 1) for i in range(rnd.randrange(4))}
+    return [_random_json(rnd, depth + 1) for _ in range(rnd.randrange(4))]
+
+
+def test_kept_colons_is_what_encoding_counts():
+    """``_build.kept_colons`` (load._json_has_no_duplicates' count, compiled) against the encoder's own output,
+    colons counted: every shipped example, generated graphs, and node specs with random saved values and attrs
+    (colons in keys, values and ids; nesting; unicode); a value nested past its depth gives None (the encoder
+    then counts)."""
+    import msgspec
+    import yaml
+    from autograd_run.graphs import load as load_mod
+    from autograd_run.graphs.schema import MetaSpec, NodeSpec
+    count = validate.KEPT_COLONS
+    assert count is not None
+
+    def encoded(nodes):
+        return msgspec.json.encode(nodes).count(b":")
+    specs = []
+    for name in example_names():  # (YAML or JSON: read as data, then as the JSON loader decodes it)
+        doc = yaml.safe_load(load_mod.read_source(f"example:{name}")[0])
+        specs.append(load_mod._JSON_DECODER.decode(msgspec.json.encode(doc)).nodes)
+    for kind, kw in generated():
+        specs.append(load_mod._JSON_DECODER.decode(dumps(generate(kind, **kw), "json")).nodes)
+    seed = random.randrange(1 << 30)
+    rnd = random.Random(seed)
+    for _ in range(300):
+        nodes = []
+        for i in range(rnd.randrange(1, 5)):
+            kw = {"id": f"n:{i}" if rnd.random() < 0.3 else f"n{i}", "name": rnd.choice(["A:b", "Mul"])}
+            if rnd.random() < 0.5:
+                kw["op"] = rnd.choice([None, "identity", "x:y"])
+            if rnd.random() < 0.5:
+                kw["seq"] = rnd.choice([None, 3])
+            if rnd.random() < 0.5:
+                kw["next"] = [None if rnd.random() < 0.2 else (rnd.choice(["a:b", "c"]), 0) for _ in range(2)]
+            if rnd.random() < 0.7:
+                kw["inputs"] = [MetaSpec(shape=(2, 3), **({"dtype": "float32"} if rnd.random() < 0.5 else {}),
+                                         **({"device": "cuda:1"} if rnd.random() < 0.5 else {}),
+                                         **({"stream": 2} if rnd.random() < 0.3 else {}))]
+            for field in ("saved", "attrs"):
+                if rnd.random() < 0.6:
+                    kw[field] = {f"k:{j}" if rnd.random() < 0.3 else f"k{j}": _random_json(rnd)
+                                 for j in range(rnd.randrange(3))}
+            if rnd.random() < 0.3:
+                kw["variable"] = rnd.choice([None, "w:0"])
+            nodes.append(NodeSpec(**kw))
+        specs.append(nodes)
+    for nodes in specs:
+        assert count(nodes) == encoded(nodes), f"seed {seed}"
+    deep = {}
+    for _ in range(100):
+        deep = {"d:": deep}
+    assert count([NodeSpec(id="a", name="b", attrs=deep)]) is None
+    assert count([NodeSpec(id="a", name="b", attrs={"x": object()})]) is None

@@ -17,6 +17,10 @@
  *       gradient shape its target's slot cannot take is left to the Python loop (before any of its
  *       edges is made).
  *
+ *   kept_colons(spec_nodes)  the colons msgspec's JSON encoder would write for these node specs (one per
+ *       member, and those inside strings), or None for a value it does not count: load.py's
+ *       _json_has_no_duplicates is the twin (it encodes them and counts), and why the count matters.
+ *
  *   remap_nodes(olds, codes, devices, ...)  a graph's nodes made again on other devices, a copy node on
  *       each edge that crosses devices (what-if placements): graphs/remap.py's remap_nodes_py is the
  *       twin, and its docstring says what both do.
@@ -95,7 +99,12 @@ enum { S_ID, S_NAME, S_OP, S_SEQ, S_FWD, S_NEXT, S_INPUTS, S_SAVED, S_ATTRS, S_V
 static const char *SPEC_FIELDS[S_FIELDS] = {"id", "name", "op", "seq", "fwd_thread", "next", "inputs", "saved",
                                             "attrs", "variable"};
 
-static Slots NODE = {0}, SPEC = {0};
+/* MetaSpec's fields, in its order (configure_colons checks them). */
+enum { M_SHAPE, M_DTYPE, M_DEVICE, M_STREAM, M_FIELDS };
+static const char *META_FIELDS[M_FIELDS] = {"shape", "dtype", "device", "stream"};
+
+static Slots NODE = {0}, SPEC = {0}, META = {0};
+static int colons_ready = 0;
 static PyObject *EDGE_TYPE, *UNSET, *CPU, *EMPTY, *ACC, *ZERO, *MINUS_ONE, *MAX_SEQ, *FWD_END;
 static PyObject *s_nexts, *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
     *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_shape, *s_inputs,
@@ -1563,7 +1572,148 @@ fail:
     return result;
 }
 
+/* ---- kept_colons: load.py's duplicate-key proof without encoding the nodes again ---- */
+
+/* configure_colons(MetaSpec, node_spec_fields, meta_spec_fields) -> bool: NodeSpec's and MetaSpec's fields must be
+ * exactly the ones counted here, in order (a field added later and not counted would only make the proof fail
+ * and the exact check run; the check makes sure the count stays the encoder's). */
+static PyObject *configure_colons(PyObject *mod, PyObject *args) {
+    PyObject *meta_type, *node_names, *meta_names;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &meta_type, &PyTuple_Type, &node_names, &PyTuple_Type,
+                          &meta_names))
+        return NULL;
+    colons_ready = 0;
+    if (!configured || PyTuple_GET_SIZE(node_names) != S_FIELDS || PyTuple_GET_SIZE(meta_names) != M_FIELDS)
+        Py_RETURN_FALSE;
+    for (int f = 0; f < S_FIELDS; f++) {
+        PyObject *name = PyTuple_GET_ITEM(node_names, f);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, SPEC_FIELDS[f]) != 0)
+            Py_RETURN_FALSE;
+    }
+    for (int f = 0; f < M_FIELDS; f++) {
+        PyObject *name = PyTuple_GET_ITEM(meta_names, f);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, META_FIELDS[f]) != 0)
+            Py_RETURN_FALSE;
+    }
+    int ok = slots_configure(&META, meta_type, meta_names);
+    if (ok < 0)
+        return NULL;
+    colons_ready = ok;
+    return PyBool_FromLong(ok);
+}
+
+/* The colons in a str (msgspec writes ':' as itself). */
+static Py_ssize_t str_colons(PyObject *s) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s), c = 0;
+    int kind = PyUnicode_KIND(s);
+    const void *d = PyUnicode_DATA(s);
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const char *p = d, *e = p + n;
+        while (p < e && (p = memchr(p, ':', (size_t)(e - p))) != NULL) {
+            c++;
+            p++;
+        }
+        return c;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        c += PyUnicode_READ(kind, d, i) == ':';
+    return c;
+}
+
+/* The colons of a decoded JSON value as the encoder writes it: one per object member and the ones inside its
+ * strings; -1 for anything else (a type or a depth not counted here: the caller encodes instead). */
+#define COLONS_MAX_DEPTH 64
+static Py_ssize_t any_colons(PyObject *v, int depth) {
+    if (PyUnicode_CheckExact(v))
+        return str_colons(v);
+    if (v == Py_None || v == Py_True || v == Py_False || PyLong_CheckExact(v) || PyFloat_CheckExact(v))
+        return 0;
+    if (depth >= COLONS_MAX_DEPTH)
+        return -1;
+    Py_ssize_t c = 0;
+    if (PyDict_CheckExact(v)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *val;
+        while (PyDict_Next(v, &pos, &key, &val)) {
+            if (!PyUnicode_CheckExact(key))
+                return -1;
+            Py_ssize_t k = any_colons(val, depth + 1);
+            if (k < 0)
+                return -1;
+            c += 1 + str_colons(key) + k;
+        }
+        return c;
+    }
+    if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+        PyObject **items = PySequence_Fast_ITEMS(v);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t k = any_colons(items[i], depth + 1);
+            if (k < 0)
+                return -1;
+            c += k;
+        }
+        return c;
+    }
+    return -1;
+}
+
+/* The colons of one MetaSpec (an input's metadata) as encoded: its set fields' and its strings'; -1 as above. */
+static Py_ssize_t meta_colons(PyObject *m) {
+    if (Py_TYPE(m) != META.type)
+        return -1;
+    Py_ssize_t c = 0;
+    for (int f = 0; f < M_FIELDS; f++) {
+        PyObject *v = *(PyObject **)((char *)m + META.offsets[f]);
+        if (v == NULL)
+            return -1;
+        if (v == UNSET)
+            continue;
+        Py_ssize_t k = any_colons(v, 1);
+        if (k < 0)
+            return -1;
+        c += 1 + k;
+    }
+    return c;
+}
+
+/* kept_colons(spec_nodes) -> int | None (see the module docstring). */
+static PyObject *kept_colons(PyObject *mod, PyObject *nodes) {
+    if (!colons_ready || !PyList_CheckExact(nodes))
+        Py_RETURN_NONE;
+    long long c = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *node = PyList_GET_ITEM(nodes, i);
+        if (Py_TYPE(node) != SPEC.type)
+            Py_RETURN_NONE;
+        for (int f = 0; f < S_FIELDS; f++) {
+            PyObject *v = *(PyObject **)((char *)node + SPEC.offsets[f]);
+            if (v == NULL)
+                Py_RETURN_NONE;
+            if (v == UNSET)
+                continue;
+            Py_ssize_t k;
+            if (f == S_INPUTS && PyList_CheckExact(v)) {
+                k = 0;
+                for (Py_ssize_t j = 0; j < PyList_GET_SIZE(v) && k >= 0; j++) {
+                    Py_ssize_t m = meta_colons(PyList_GET_ITEM(v, j));
+                    k = m < 0 ? -1 : k + m;
+                }
+            } else {
+                k = any_colons(v, 1);
+            }
+            if (k < 0)
+                Py_RETURN_NONE;
+            c += 1 + k;
+        }
+    }
+    return PyLong_FromLongLong(c);
+}
+
 static PyMethodDef methods[] = {
+    {"configure_colons", configure_colons, METH_VARARGS,
+     "configure_colons(MetaSpec, node_spec_fields, meta_spec_fields) -> bool"},
+    {"kept_colons", kept_colons, METH_O, "kept_colons(spec_nodes) -> int | None: see load.py _json_has_no_duplicates"},
     {"configure", configure, METH_VARARGS,
      "configure(Node, node_field_names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, max_seq) -> bool"},
     {"configure_checks", configure_checks, METH_VARARGS, "configure_checks(max_dims, max_numel, narrow_dtypes[, max_cost_us, max_cost_flops])"},

@@ -33,7 +33,7 @@ from autograd_run.errors import GraphFileError
 from autograd_run.graphs.locate import JsonLocator, YamlLocator, byte_to_line_col
 from autograd_run.graphs.model import FORMAT, Graph
 from autograd_run.graphs.schema import GraphSpec
-from autograd_run.graphs.validate import build_graph, check_python_nodes, format_bytes, memory_available
+from autograd_run.graphs.validate import KEPT_COLONS, build_graph, check_python_nodes, format_bytes, memory_available
 
 #: The largest graph file read (a ten-million-node chain in JSON is 1.4 GB); what a load may take in memory
 #: is checked against what the machine has before parsing (``load_memory_estimate``).
@@ -291,6 +291,9 @@ def _json_has_no_duplicates(data: bytes, spec: GraphSpec) -> bool:
         # big file's text is made (at 1e6 nodes it was the load's peak): the same count.
         nodes = spec.nodes
         kept = _count_colons(_JSON_ENCODER.encode(msgspec.structs.replace(spec, nodes=[])))
+        counted = KEPT_COLONS(nodes) if KEPT_COLONS is not None else None  # the same count, compiled
+        if counted is not None:
+            return kept + counted == raw
         step = _ENCODE_NODES
         for i in range(0, len(nodes), step):
             kept += _count_colons(_JSON_ENCODER.encode(nodes[i: i + step]))

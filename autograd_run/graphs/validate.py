@@ -298,8 +298,22 @@ def _compiled_loops():
     return _build, "compiled"
 
 
+def _compiled_colons():
+    """``_build.kept_colons`` where the compiled loops run and MetaSpec's and NodeSpec's fields are the ones it
+    counts (``load._json_has_no_duplicates``), else None."""
+    if _FAST is None:
+        return None
+    from autograd_run.graphs.schema import MetaSpec
+    if not _FAST.configure_colons(MetaSpec, NodeSpec.__struct_fields__, MetaSpec.__struct_fields__):
+        return None
+    return _FAST.kept_colons
+
+
 #: The compiled node loops in use (None: the Python ones), and why (``--version`` shows it).
 _FAST, WHY = _compiled_loops()
+#: The colons msgspec's encoder would write for a list of node specs, counted without encoding them (or None
+#: for a value it does not count), where compiled; None here.
+KEPT_COLONS = _compiled_colons()
 
 
 class _Checker:
