@@ -7,7 +7,8 @@ third backward. From each rank's trace, in start order: FSDP's own spans ``FSDP:
 reduce-scatter). Ours: ``sim.fsdp.simulate_fsdp`` over the simulated backward of the captured graph
 (``sim_events``). Equal on every rank, for models with nested units, explicit prefetch lists
 (``set_modules_to_backward_prefetch``), a unit that keeps its parameters (``reshard_after_forward=False``),
-a unit whose inputs need no gradient (its post-backward runs in the final callback) and a transformer.
+a unit whose inputs need no gradient (its post-backward runs in the final callback), a transformer, and HSDP
+(2 replicas of 2 shards on 4 ranks: each unit's all-reduce across the replicas after its reduce-scatter).
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from autograd_run.sim.session import SimOptions, simulate_session  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
 
-CASES = [(name, 2) for name in fsdp_oracle.MODELS] + [("nested", 4), ("transformer", 4)]
+CASES = [(name, 2) for name in fsdp_oracle.MODELS if name != "hsdp"] + [("nested", 4), ("transformer", 4),
+                                                                           ("hsdp", 4)]
 
 
-def _simulated(path: str, world: int) -> list[tuple[str, str]]:
+def _simulated(path: str, world: int, replicate: int = 1) -> list[tuple[str, str]]:
     g = load_graph(path)
     rep = simulate_session(g, SimOptions(spec="cpu", slack_top=0))
-    return sim_events(simulate_fsdp(rep, world, Link(300.0, 1e9, "gloo-like", reduce_scatter="allreduce")))
+    return sim_events(simulate_fsdp(rep, world, Link(300.0, 1e9, "gloo-like", reduce_scatter="allreduce"),
+                                    replicate=replicate))
 
 
 def _captured(folder: str) -> dict:
@@ -71,7 +74,9 @@ def test_each_rank_runs_the_simulated_all_gathers_and_reduce_scatters_in_order(n
     graph, ranks = fsdp_runs(name, world)
     real = [fsdp_oracle.events(r["trace"]) for r in ranks]
     assert real[0] and any(k == "all-gather" for k, _ in real[0]) and any(k == "reduce-scatter" for k, _ in real[0])
-    sim = _simulated(graph, world)
+    hsdp = name == "hsdp"
+    assert any(k == "all-reduce" for k, _ in real[0]) == hsdp  # HSDP's all-reduce across replicas, only there
+    sim = _simulated(graph, world, fsdp_oracle.HSDP_REPLICAS if hsdp else 1)
     for rank, seen in enumerate(real):
         assert sim == seen, f"rank {rank}:\n simulated {sim}\n measured  {seen}"
 

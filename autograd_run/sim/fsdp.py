@@ -404,7 +404,8 @@ def add_to_recording(result: FsdpResult, recording) -> None:
 
 def sim_events(result: FsdpResult) -> list[tuple[str, str]]:
     """The simulated rank's FSDP events in the order they start: (``pre``, unit) for a pre-backward,
-    (``all-gather``, unit), (``reduce-scatter``, unit); the order a rank's profile shows FSDP's own spans in."""
+    (``all-gather``, unit), (``reduce-scatter``, unit), and under HSDP (``all-reduce``, unit) across the
+    replicas; the order a rank's profile shows FSDP's own spans (and HSDP's all-reduce) in."""
     out = []
     for u in result.units:
         if u.pre_ns is not None:
@@ -413,4 +414,6 @@ def sim_events(result: FsdpResult) -> list[tuple[str, str]]:
             out.append((u.all_gather.start_ns, 1, "all-gather", u.name))
         if u.reduce_scatter is not None:
             out.append((u.reduce_scatter.start_ns, 2, "reduce-scatter", u.name))
+        if u.all_reduce is not None:
+            out.append((u.all_reduce.start_ns, 3, "all-reduce", u.name))
     return [(kind, name) for _, _, kind, name in sorted(out, key=lambda e: (e[0], e[1]))]

@@ -12,7 +12,9 @@ processes for all the models: each process spends seconds importing torch, more 
 iterations. ``run_ranks(name, world, out_dir)``: one model. ``events(trace)`` reads a trace back: FSDP's own
 ``record_function`` spans on the thread that ran the backward, in the order they started, as (kind, unit):
 ``pre`` (``FSDP::pre_backward``), ``all-gather`` (``FSDP::all_gather``), ``reduce-scatter``
-(``FSDP::post_backward_reduce``). The root's unit is "" (FSDP labels it without a name).
+(``FSDP::post_backward_reduce``), and under HSDP ``all-reduce`` (a ``c10d::allreduce_`` inside the latter).
+The root's unit is "" (FSDP labels it without a name). The ``hsdp`` model is sharded on a 2-D mesh:
+``HSDP_REPLICAS`` replicas from 4 ranks on.
 """
 
 from __future__ import annotations
@@ -30,7 +32,20 @@ class OracleFailed(RuntimeError):
     """A child failed or missed its deadline; the message holds its output."""
 
 
-MODELS = ("blocks", "transformer", "prefetch2", "keep", "nested", "conv", "frozen_input")
+MODELS = ("blocks", "transformer", "prefetch2", "keep", "nested", "conv", "frozen_input", "hsdp")
+#: HSDP's replicas for the ``hsdp`` model on a group of 4 or more ranks (a 2-D mesh: replicas x shards; on fewer
+#: ranks, as in a one-rank capture, one replica).
+HSDP_REPLICAS = 2
+
+
+def _hsdp_mesh():
+    """The ``hsdp`` model's device mesh on this process's group: ``HSDP_REPLICAS`` replicas of ``world /
+    HSDP_REPLICAS`` shards from 4 ranks on, else one replica."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    world = dist.get_world_size()
+    replicas = HSDP_REPLICAS if world >= 4 and world % HSDP_REPLICAS == 0 else 1
+    return init_device_mesh("cpu", (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
 
 
 def shard_by_size(model, share: float = 1 / 8) -> int:
@@ -83,6 +98,13 @@ def build(name: str):
             return x + self.b(torch.relu(self.a(x)))
 
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(1))
+    if name == "hsdp":  # the blocks model sharded within replicas, all-reduced across them
+        model = nn.Sequential(nn.Linear(32, 64), Block(64), Block(64), Block(64), nn.Linear(64, 4))
+        mesh = _hsdp_mesh()
+        for m in model[1:4]:
+            fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, (lambda m: m(x).square().mean())
     if name in ("blocks", "prefetch2", "keep", "nested", "frozen_input"):
         model = nn.Sequential(nn.Linear(32, 64), Block(64), Block(64), Block(64), nn.Linear(64, 4))
         if name == "nested":
@@ -280,19 +302,31 @@ def run_ranks(name: str, world: int, out_dir: str, timeout: float = 240, memory:
 
 _KINDS = (("FSDP::pre_backward", "pre"), ("FSDP::all_gather", "all-gather"),
           ("FSDP::post_backward_reduce", "reduce-scatter"))
+#: HSDP's all-reduce across replicas: this c10d op inside a unit's ``FSDP::post_backward_reduce`` span.
+_ALL_REDUCE = "c10d::allreduce_"
 
 
 def events(trace_path: str) -> list[tuple[str, str]]:
-    """[(kind, unit)] in start order (see the module docstring)."""
+    """[(kind, unit)] in start order (see the module docstring); and (``all-reduce``, unit) for HSDP's all-reduce
+    across replicas, a ``c10d::allreduce_`` inside the unit's post-backward reduce on the same thread."""
     with open(trace_path) as f:
         evs = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     out = []
+    reduces = []  # (tid, start, end, unit) of each post-backward reduce
     for e in sorted(evs, key=lambda e: e["ts"]):
         name = e.get("name", "")
+        if name == _ALL_REDUCE:
+            inside = [r for r in reduces if r[0] == e.get("tid") and r[1] <= e["ts"] <= r[2]]
+            if inside:
+                out.append(("all-reduce", inside[-1][3]))
+            continue
         for prefix, kind in _KINDS:
             if name == prefix or name.startswith(prefix + " ("):
                 unit = name[len(prefix):].strip()
-                out.append((kind, unit[1:-1] if unit.startswith("(") else unit))
+                unit = unit[1:-1] if unit.startswith("(") else unit
+                out.append((kind, unit))
+                if kind == "reduce-scatter":
+                    reduces.append((e.get("tid"), e["ts"], e["ts"] + e.get("dur", 0), unit))
     return out
 
 
