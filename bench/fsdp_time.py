@@ -18,7 +18,9 @@ is what a user's commands give, each in a fresh process:
    ``fully_shard`` in a one-process group (``one_process_group()``), then
    ``autograd-run simulate g.json --costs rank0.json --spec local-torch
    --fsdp captured --world W --network local-gloo --json``: the prediction,
-   with the costs from the FSDP job's own profile, as a user would make it.
+   with the costs from the FSDP job's own profile, as a user would make it
+   (the oracle's ``hsdp`` model: on 4 processes, 2 replicas of 2 shards, and
+   ``--fsdp captured,replicate=2``).
 
 It reports the signed error ``(predicted - measured) / measured`` of the
 backward call's wall time, its distribution (MAPE, median, p90, worst, bias),
@@ -43,7 +45,7 @@ sys.path.insert(0, ROOT)
 from bench.accuracy import distribution  # noqa: E402
 from bench.ddp_time import EXTERNAL, _cli, setup, summary  # noqa: E402
 
-OURS = ["blocks", "transformer", "prefetch2", "keep", "nested", "conv"]
+OURS = ["blocks", "transformer", "prefetch2", "keep", "nested", "conv", "hsdp"]
 
 CAPTURE_SCRIPT = """
 import sys
@@ -73,7 +75,9 @@ def _capture(name: str, folder: str, env: dict) -> str:
 def _predict(name: str, world: int, ranks: list[dict], folder: str, env: dict) -> dict:
     measured = statistics.median(statistics.median(r["backward_ns"]) for r in ranks)
     graph = _capture(name, folder, env)
-    p = _cli(["simulate", graph, "--costs", ranks[0]["trace"], "--spec", "local-torch", "--fsdp", "captured",
+    from tests.support import fsdp_oracle
+    fsdp = f"captured,replicate={fsdp_oracle.HSDP_REPLICAS}" if name == "hsdp" else "captured"  # (HSDP: 4 ranks)
+    p = _cli(["simulate", graph, "--costs", ranks[0]["trace"], "--spec", "local-torch", "--fsdp", fsdp,
               "--world", str(world), "--network", "local-gloo", "--json", "--slack", "0"], env)
     if p.returncode != 0:
         return {"name": name, "world": world, "error": p.stderr.strip()[-300:]}
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
     seed, n, timed, rng, tmp, env, t = (run[k] for k in ("seed", "cases", "timed", "rng", "tmp", "env", "start"))
     from tests.support import fsdp_oracle
     cases = [(rng.choice(OURS if rng.random() < 0.4 else EXTERNAL), rng.choice([2, 4])) for _ in range(n)]
+    cases = [(name, 4 if name == "hsdp" else world) for name, world in cases]  # HSDP: 2 replicas of 2 shards
     rows = []
     for world in (2, 4):  # one group of processes per world size runs its models in turn (see fsdp_oracle)
         names = list(dict.fromkeys(name for name, w in cases if w == world))
