@@ -281,6 +281,55 @@ def test_the_trace_has_a_communication_track(tmp_path, capsys):
     assert [round(s - t0, 3) for s in starts] == [round(b["start_ns"] / 1e3, 3) for b in buckets]
 
 
+@pytest.mark.parametrize("writer", ["streaming", "in-memory"])
+def test_a_flow_joins_each_collective_to_the_gradient_that_launched_it(tmp_path, capsys, writer):
+    """`simulate --ddp --trace t.json` (the streaming writer; ``to_chrome_trace`` the in-memory one): a flow from
+    the slice of the AccumulateGrad node whose hook made a bucket ready to that bucket's all-reduce on the
+    communication track, each end on its slice's start; and Perfetto's trace processor joins them so (its flow
+    table: the node's slice out, the collective's in)."""
+    import json
+    from autograd_run.graphs.dump import dump_graph
+    from autograd_run.sim.ddp import add_to_recording
+    from autograd_run.traces.chrome import to_chrome_trace
+    from builders import run_cli
+    g = two_layers()
+    if writer == "streaming":
+        path, trace = str(tmp_path / "g.json"), str(tmp_path / "t.json")
+        dump_graph(g, path)
+        code, out, err = run_cli(["simulate", path, "--spec", "h100", "--slack", "0", "--ddp", "bucket_cap_mb=1",
+                                  "--world", "2", "--network", "alpha_us=10,gbps=1", "--trace", trace, "--json"],
+                                 capsys)
+        assert code == 0, err
+        launchers = [b["trigger"] for b in json.loads(out)["ddp"]["buckets"]]
+        data = open(trace, "rb").read()
+    else:
+        rep = simulate_session(g, SimOptions(spec="h100", slack_top=0))
+        r = simulate_ddp(rep, 2, LINK, bucket_cap_mb=1)
+        rec = rep.recording
+        add_to_recording(r, rec, g)
+        launchers = [b.trigger for b in r.buckets]
+        data = json.dumps(to_chrome_trace(rec)).encode()
+    events = json.loads(data)["traceEvents"]
+    xs = [e for e in events if e.get("ph") == "X"]
+    flows = {ph: {e["id"]: e for e in events if e.get("ph") == ph and e.get("name", "").startswith("launch ")}
+             for ph in ("s", "f")}
+    assert launchers == ["w2", "w1"] and len(flows["s"]) == 2 and flows["s"].keys() == flows["f"].keys()
+    for k, (fid, s) in enumerate(sorted(flows["s"].items())):
+        f = flows["f"][fid]
+        src = [e["name"] for e in xs if (e["pid"], e["tid"], e["ts"], e["cat"]) == (s["pid"], s["tid"], s["ts"], "node")]
+        dst = [e["name"] for e in xs if (e["pid"], e["tid"], e["ts"], e["cat"]) == (f["pid"], f["tid"], f["ts"], "kernel")]
+        assert src == [g.variables[launchers[k]].node.id] or src[0].startswith(g.variables[launchers[k]].node.id + " ")
+        assert len(dst) == 1 and dst[0].startswith(f"all-reduce bucket {k} ")
+    from tp_wasm.tp import TraceProcessor, available
+    if available() is not None:
+        pytest.skip(f"Perfetto trace processor unavailable: {available()}")
+    with TraceProcessor(data) as tp:
+        got = tp.query("select a.name as a, b.name as b from flow f join slice a on a.id = f.slice_out "
+                       "join slice b on b.id = f.slice_in where b.name glob 'all-reduce*' order by b.ts")
+    assert [(x["a"].split()[0], x["b"].split(" (")[0]) for x in got] == [
+        (g.variables[w].node.id, f"all-reduce bucket {k}") for k, w in enumerate(launchers)]
+
+
 def test_perfettos_trace_processor_reads_the_communication_track(tmp_path):
     """The .pftrace of `simulate --ddp`: Perfetto's real trace processor imports it with no error and shows
     each collective on the communication stream's track."""

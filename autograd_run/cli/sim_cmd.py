@@ -198,7 +198,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             from autograd_run.sim.fsdp import add_to_recording as add
         else:
             from autograd_run.sim.ddp import add_to_recording as add
-        collectives, comm_end = collective_kernels(ddp_result, recording, add)
+        collectives, comm_end = collective_kernels(ddp_result, recording, add, g)
     streams = None
     if recording is not None:
         from autograd_run.analysis.streams import streams_of

@@ -158,7 +158,8 @@ class Collective(NamedTuple):
     Kineto trace says of it (``traces.kineto``): its ``kind`` (``all_reduce``, ``all_gather``,
     ``reduce_scatter``), its whole buffer's bytes (``nbytes``: the all-reduced bucket, the gathered
     parameters, the gradients reduce-scattered), their ``dtype`` and the ranks taking part (``group``;
-    0: every rank)."""
+    0: every rank); ``trigger``: the node whose run launched it (DDP: the AccumulateGrad node whose hook
+    made its bucket ready), which a trace joins to it with a flow, or None (the final callback)."""
 
     id: str
     name: str
@@ -166,6 +167,7 @@ class Collective(NamedTuple):
     nbytes: int = 0
     dtype: str = "float32"
     group: int = 0
+    trigger: Any = None
 
 
 class Failure(NamedTuple):

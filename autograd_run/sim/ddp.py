@@ -140,28 +140,33 @@ Collective = _Collective
 COMM_TRACK = "DDP communication, rank 0"
 
 
-def collective_kernels(result, recording, add=None) -> tuple[list, int]:
+def collective_kernels(result, recording, add=None, graph=None) -> tuple[list, int]:
     """``result``'s collectives as the kernel slices ``add`` (``add_to_recording``, or FSDP's) puts into
-    ``recording``, and the run's end with them, without changing ``recording``."""
+    ``recording``, and the run's end with them, without changing ``recording`` (``graph``: the simulated
+    graph, whose nodes launched them)."""
     from types import SimpleNamespace
     box = SimpleNamespace(start=recording.start, end=recording.end, kernels=[])
-    (add or add_to_recording)(result, box)
+    (add or add_to_recording)(result, box, graph)
     return box.kernels, box.end
 
 
-def add_to_recording(result: DdpResult, recording) -> None:
+def add_to_recording(result: DdpResult, recording, graph=None) -> None:
     """Put ``result``'s collectives into ``recording`` (the simulation's) as slices on ``COMM_TRACK``,
-    titled with the bucket, its size and the parameter whose hook launched it; the run's span grows to the
-    last collective's end (the backward returns after the final wait)."""
+    titled with the bucket, its size and the parameter whose hook launched it (with ``graph``: that
+    parameter's AccumulateGrad node is the collective's ``trigger``); the run's span grows to the last
+    collective's end (the backward returns after the final wait)."""
     from autograd_run.record.recording import KernelSlice
     t0 = recording.start
+    variables = graph.variables if graph is not None else {}
     for b in result.buckets:
         what = f"all-reduce bucket {b.index}" if b.kind == "bucket" else "all-reduce of the used-parameter map"
         size = size_text(b.nbytes)
         by = f"launched by {b.trigger}" if b.trigger is not None else "launched by the final callback"
         title = f"{what} ({size}, {by})"
+        v = variables.get(b.trigger) if b.trigger is not None else None
         recording.kernels.append(KernelSlice(COMM_TRACK, Collective(title, title, "all_reduce", b.nbytes,
-                                                                    getattr(b, "dtype", None) or "float32"),
+                                                                    getattr(b, "dtype", None) or "float32",
+                                                                    trigger=v.node if v is not None else None),
                                              t0 + b.start_ns,
                                              t0 + b.end_ns))
     recording.end = max(recording.end, t0 + result.wall_ns)

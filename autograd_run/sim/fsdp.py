@@ -378,9 +378,9 @@ TRACKS = {"all_gather": "FSDP all-gather, rank 0", "reduce_scatter": "FSDP reduc
           "all_reduce": "FSDP all-reduce (HSDP), rank 0"}
 
 
-def add_to_recording(result: FsdpResult, recording) -> None:
+def add_to_recording(result: FsdpResult, recording, graph=None) -> None:
     """Put ``result``'s collectives into ``recording`` (the re-simulation's, with the stalls) as slices on
-    ``TRACKS``; the run's span grows to the backward's end."""
+    ``TRACKS``; the run's span grows to the backward's end. (``graph``: as DDP's; no trigger is named yet.)"""
     from autograd_run.record.recording import KernelSlice
     from autograd_run.sim.ddp import Collective, size_text
     t0 = recording.start

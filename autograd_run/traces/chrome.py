@@ -138,7 +138,8 @@ def to_chrome_trace(rec: Recording, incomplete: str | None = None) -> dict:
                     "cat": "wait" if waiting else "idle",
                     "args": {"queue": idle.queue, **({"graph_task": idle.waiting_for} if waiting else {})}})
     _instants_and_flows(rec, out, us, tid_of, slices)
-    _kernels(rec, out, us)
+    wanted = launchers(rec)
+    _kernels(rec, out, us, {n: at for (_, n), at in slices.items() if n in wanted} if wanted else None)
     return _mark({"traceEvents": out, "displayTimeUnit": "ns"}, rec, incomplete)
 
 
@@ -237,8 +238,15 @@ def incomplete_event(rec: Recording, incomplete: str) -> dict:
             "name": f"run {incomplete}: the trace is incomplete"}
 
 
-def _kernels(rec: Recording, out: list, us) -> None:
-    """Accelerator streams (simulated runs): a process of their own, one track per stream."""
+def launchers(rec: Recording) -> set:
+    """The nodes whose run launched one of the recording's collectives (``Collective.trigger``)."""
+    return {k.node.trigger for k in rec.kernels if getattr(k.node, "trigger", None) is not None}
+
+
+def _kernels(rec: Recording, out: list, us, slice_at: dict | None = None) -> None:
+    """Accelerator streams (simulated runs): a process of their own, one track per stream; a collective
+    launched by a node (``Collective.trigger``) gets a flow from that node's slice (``slice_at``: node ->
+    (trace tid, start µs)) to its own."""
     if not rec.kernels:
         return
     out.append({"ph": "M", "pid": PID + 1, "name": "process_name", "args": {"name": "devices (simulated streams)"}})
@@ -250,10 +258,21 @@ def _kernels(rec: Recording, out: list, us) -> None:
                     "args": {"name": f"stream {name}"}})
         out.append({"ph": "M", "pid": PID + 1, "tid": tids[name], "name": "thread_sort_index",
                     "args": {"sort_index": tids[name]}})
+    flow_id = len(rec.syncs)  # (the syncs' flows are 1..len(syncs))
     for k in rec.kernels:
-        out.append({"ph": "X", "pid": PID + 1, "tid": tids[k.stream], "ts": us(k.start),
+        start = us(k.start)
+        out.append({"ph": "X", "pid": PID + 1, "tid": tids[k.stream], "ts": start,
                     "dur": max(k.end - k.start, 1) / 1000, "name": node_title(k.node), "cat": "kernel",
                     "args": kernel_args(k)})
+        src = slice_at.get(getattr(k.node, "trigger", None)) if slice_at else None
+        if src is not None:
+            # from the launching node's slice to the collective's (each end on its slice's start, as a sync's)
+            flow_id += 1
+            label = f"launch {k.node.name.split(' (')[0]}"
+            out.append({"ph": "s", "pid": PID, "tid": src[0], "ts": src[1], "id": flow_id, "name": label,
+                        "cat": "node"})
+            out.append({"ph": "f", "bp": "e", "pid": PID + 1, "tid": tids[k.stream], "ts": start, "id": flow_id,
+                        "name": label, "cat": "node"})
 
 
 # -- the streaming writer ---------------------------------------------------------------------
@@ -365,7 +384,13 @@ def chrome_chunks(rec: Recording, incomplete: str | None = None):
             if (g, c.nodes[n]) in wanted:
                 slices[(g, c.nodes[n])] = (tid_of(t), us(st))
     _instants_and_flows(rec, rest, us, tid_of, slices)
-    _kernels(rec, rest, us)
+    wanted = launchers(rec)
+    at = {}
+    if wanted:
+        for n, t, st in zip(S.node.tolist(), S.tid.tolist(), S.start.tolist()):
+            if c.nodes[n] in wanted and c.nodes[n] not in at:
+                at[c.nodes[n]] = (tid_of(t), us(st))
+    _kernels(rec, rest, us, at)
     rest.extend(extra_counters(rec, us))
     if incomplete:
         rest.append(incomplete_event(rec, incomplete))
