@@ -110,6 +110,9 @@ def test_an_unreached_parameter_is_marked_by_the_first_hook_and_the_used_map_fol
     (["--ddp", "bucket_cap=5", "--world", "2", "--network", "alpha_us=1,gbps=1"], "unknown key 'bucket_cap'"),
     (["--ddp", "bucket_cap_mb=0", "--world", "2", "--network", "alpha_us=1,gbps=1"], "bucket_cap_mb must be a size"),
     (["--ddp", "bucket_cap_mb=nan", "--world", "2", "--network", "alpha_us=1,gbps=1"], "bucket_cap_mb must be a size"),
+    (["--ddp", "first_bucket_mb=0", "--world", "2", "--network", "alpha_us=1,gbps=1"], "first_bucket_mb must be a size"),
+    (["--ddp", "first_bucket_mb=1e-9", "--world", "2", "--network", "alpha_us=1,gbps=1"],
+     "first_bucket_mb must be at least one byte"),
     (["--ddp", "defaults", "--world", "0", "--network", "alpha_us=1,gbps=1"], "--world"),
     (["--ddp", "defaults", "--world", "2", "--network", "alpha_us=1"], "--network: give gbps"),
     (["--ddp", "defaults", "--world", "2", "--network", "alpha_us=-1,gbps=1"], "alpha_us must be"),
@@ -242,6 +245,32 @@ def test_a_straggler_delays_every_collective():
     assert lag.straggler["delay_ns"] == lag.wall_ns - alone.wall_ns > 0
     with pytest.raises(RequestError, match="straggler rank must be from 0 to 3"):
         simulate_ddp(fast, 4, LINK, straggler=(4, 2.0, slow))
+
+
+def test_the_first_buckets_cap_as_a_what_if_hand_computed(tmp_path, capsys):
+    """w2 ready first, then w1, 1 MiB each. With bucket_cap_mb=2 the rebuild closes one bucket of both (2 MiB
+    reaches the cap); with first_bucket_mb=1 the first bucket closes at w2 alone (1 MiB reaches the first cap)
+    and w1 is left for the next (limits [1, 2] MiB, as DDP's default [1, 25]). The constructor's buckets without
+    unused parameters looked for are one bucket whatever the caps (iteration=first); with them, the first cap
+    applies in registration order (w1 then w2)."""
+    from builders import run_cli
+    rep = simulate_session(two_layers(), SimOptions(spec="h100", slack_top=0))
+    assert [b.params for b in simulate_ddp(rep, 2, LINK, bucket_cap_mb=2).buckets] == [[1, 0]]
+    assert [b.params for b in simulate_ddp(rep, 2, LINK, bucket_cap_mb=2, first_bucket_mb=1).buckets] == [[1], [0]]
+    assert [b.params for b in simulate_ddp(rep, 2, LINK, bucket_cap_mb=2, first_bucket_mb=1,
+                                           iteration="first").buckets] == [[0, 1]]
+    unused = simulate_ddp(rep, 2, LINK, bucket_cap_mb=2, first_bucket_mb=1, iteration="first",
+                          find_unused_parameters=True)
+    assert [b.params for b in unused.buckets if b.kind == "bucket"] == [[1], [0]]  # (reversed, as DDP hands them)
+    import json
+    from autograd_run.graphs.dump import dump_graph
+    path = str(tmp_path / "g.json")
+    dump_graph(two_layers(), path)
+    code, out, err = run_cli(["simulate", path, "--spec", "h100", "--slack", "0", "--ddp",
+                              "bucket_cap_mb=2,first_bucket_mb=1", "--world", "2", "--network",
+                              "alpha_us=10,gbps=1", "--json"], capsys)
+    assert code == 0, err
+    assert [b["params"] for b in json.loads(out)["ddp"]["buckets"]] == [[1], [0]]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -7,7 +7,8 @@ import math
 from autograd_run.errors import UsageError
 from autograd_run.parallel.collectives import Link
 
-DDP_KEYS = {"bucket_cap_mb": "a size in MiB > 0", "find_unused_parameters": "true or false",
+DDP_KEYS = {"bucket_cap_mb": "a size in MiB > 0", "first_bucket_mb": "a size in MiB > 0",
+            "find_unused_parameters": "true or false",
             "static_graph": "true or false", "gradient_as_bucket_view": "true or false",
             "iteration": "first or steady"}
 NETWORK_KEYS = {"alpha_us": "the latency of one message, us (0 to 1e9)",
@@ -58,10 +59,11 @@ def parse_ddp(text: str) -> dict:
         text = rest
     raw = {} if text.strip() in ("defaults", "") else _pairs(text, "--ddp", DDP_KEYS)
     out: dict = {"captured": True} if captured else {}
-    if "bucket_cap_mb" in raw:
-        out["bucket_cap_mb"] = _number("--ddp", "bucket_cap_mb", raw["bucket_cap_mb"], 0.0, True)
-        if out["bucket_cap_mb"] * (1 << 20) < 1:
-            raise UsageError(f"--ddp: bucket_cap_mb must be at least one byte, got {raw['bucket_cap_mb']!r}")
+    for key in ("bucket_cap_mb", "first_bucket_mb"):
+        if key in raw:
+            out[key] = _number("--ddp", key, raw[key], 0.0, True)
+            if out[key] * (1 << 20) < 1:
+                raise UsageError(f"--ddp: {key} must be at least one byte, got {raw[key]!r}")
     for key in ("find_unused_parameters", "static_graph", "gradient_as_bucket_view"):
         if key in raw:
             out[key] = _bool("--ddp", key, raw[key])

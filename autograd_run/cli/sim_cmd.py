@@ -94,7 +94,8 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
                    "runs them all (then they cost no simulation)]")
 @click.option("--ddp", default=None, metavar="KEY=V,...",
               help="Data parallel: DDP's gradient buckets and their all-reduces against this rank's backward "
-                   "(keys bucket_cap_mb, find_unused_parameters, static_graph, iteration=first|steady; "
+                   "(keys bucket_cap_mb, first_bucket_mb, find_unused_parameters, static_graph, "
+                   "gradient_as_bucket_view, iteration=first|steady; "
                    "`defaults` for DDP's own; `captured[,KEY=V]` for the settings capture recorded). "
                    "Needs --world and --network.")
 @click.option("--fsdp", default=None, metavar="captured|KEY=V,...",

@@ -272,8 +272,12 @@ def _copy_back_ns(report, runs: list[BucketRun], params) -> int:
 
 def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = None, *,
                  find_unused_parameters: bool = False, static_graph: bool = False,
-                 gradient_as_bucket_view: bool = False, iteration: str = "steady", straggler=None) -> DdpResult:
+                 gradient_as_bucket_view: bool = False, iteration: str = "steady", straggler=None,
+                 first_bucket_mb: float | None = None) -> DdpResult:
     """The DDP view of ``report`` (a ``sim.session.SimReport``) on ``world`` ranks joined by ``link``.
+
+    ``first_bucket_mb``: the first bucket's cap (DDP's ``dist._DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB, with the
+    default ``bucket_cap_mb``; else the cap itself), as a what-if: the limits become ``[first, cap]``.
 
     ``straggler``: ``(rank, slowdown, report)``, one rank whose backward is ``report`` (the same graph with
     its costs scaled by ``slowdown``): every collective starts only when that rank has launched it too.
@@ -283,12 +287,16 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
     params = params_of(report.graph)
     marks = _marks(report, params)
     _, _, order, unused, compute = marks
-    if iteration == "first":
+    limits = None
+    if first_bucket_mb is not None:
+        limits = [first_bucket_mb, B.DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb]
+    if iteration == "first":  # (the constructor's one bucket, without unused parameters looked for, has no limits)
         groups = B.initial(params, bucket_cap_mb, find_unused_parameters=find_unused_parameters,
-                           static_graph=static_graph)
+                           static_graph=static_graph,
+                           bucket_cap_mb_list=limits if find_unused_parameters and not static_graph else None)
     else:
         groups = B.steady(params, order, bucket_cap_mb, find_unused_parameters=find_unused_parameters,
-                          static_graph=static_graph)
+                          static_graph=static_graph, bucket_cap_mb_list=limits)
     nbytes = B.sizes(groups, params)
     plan = _launches(groups, nbytes, params, marks, find_unused_parameters, static_graph, iteration)
     runs = _timed([plan], world, link, compute, params)
