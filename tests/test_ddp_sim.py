@@ -6,7 +6,7 @@ import pytest
 
 from autograd_run.errors import RequestError
 from autograd_run.parallel.collectives import Link, cost_ns
-from autograd_run.sim.ddp import simulate_ddp
+from autograd_run.sim.ddp import collective_slack, simulate_ddp
 from autograd_run.sim.session import SimOptions, simulate_session
 from builders import parts_graph
 
@@ -245,6 +245,42 @@ def test_a_straggler_delays_every_collective():
     assert lag.straggler["delay_ns"] == lag.wall_ns - alone.wall_ns > 0
     with pytest.raises(RequestError, match="straggler rank must be from 0 to 3"):
         simulate_ddp(fast, 4, LINK, straggler=(4, 2.0, slow))
+
+
+def test_the_collectives_slack_hand_computed(tmp_path, capsys):
+    """Two 1 MiB buckets (cap 1 MiB) on one channel, the second ready before the first ends: the backward ends
+    2 all-reduces after w2 is ready. Every collective 20% faster saves 2 x 20% of one (latency and bytes);
+    half the cap (0.5 MiB) changes nothing (each 1 MiB parameter is still a bucket of its own); double the cap
+    (2 MiB) makes one bucket of both, launched when w1 is ready: its end is w1's ready + one 2 MiB all-reduce.
+    `simulate --ddp` shows them (JSON `ddp.slack`), and not with --compare."""
+    import json
+    from autograd_run.graphs.dump import dump_graph
+    from builders import run_cli
+    rep = simulate_session(two_layers(), SimOptions(spec="h100", slack_top=0))
+    r = simulate_ddp(rep, 2, LINK, bucket_cap_mb=1)
+    one = cost_ns("allreduce", MIB, 2, LINK)
+    w2, w1 = (b.ready_ns for b in r.buckets)
+    assert w1 < w2 + one and r.wall_ns == w2 + 2 * one + r.copy_back_ns
+    fast = cost_ns("allreduce", MIB, 2, Link(LINK.alpha_us * 0.8, LINK.bandwidth / 0.8))
+    got = {row["what"]: row for row in collective_slack(rep, 2, LINK, r, {"bucket_cap_mb": 1})}
+    assert got["every collective 20% faster"]["saved_ns"] == 2 * (one - fast)
+    assert got["bucket_cap_mb=0.5 (half)"]["saved_ns"] == 0
+    both = simulate_ddp(rep, 2, LINK, bucket_cap_mb=2)
+    assert both.wall_ns == max(w1, w2) + cost_ns("allreduce", 2 * MIB, 2, LINK) + both.copy_back_ns
+    assert got["bucket_cap_mb=2 (double)"]["wall_ns"] == both.wall_ns
+    assert got["bucket_cap_mb=2 (double)"]["saved_ns"] == r.wall_ns - both.wall_ns
+    path = str(tmp_path / "g.json")
+    dump_graph(two_layers(), path)
+    base = ["simulate", path, "--spec", "h100", "--slack", "0", "--world", "2", "--network", "alpha_us=10,gbps=1"]
+    code, out, err = run_cli([*base, "--ddp", "bucket_cap_mb=1", "--json"], capsys)
+    assert code == 0, err
+    assert [(row["what"], row["saved_ns"]) for row in json.loads(out)["ddp"]["slack"]] == \
+        [(w, got[w]["saved_ns"]) for w in got]
+    code, out, err = run_cli([*base, "--ddp", "defaults", "--compare", "bucket_cap_mb=1,2", "--json"], capsys)
+    assert code == 0, err
+    assert all(row["slack"] == [] for row in json.loads(out)["ddp_compare"])
+    code, out, err = run_cli([*base, "--ddp", "bucket_cap_mb=1"], capsys)
+    assert code == 0 and "What if (the collectives)" in out and "every collective 20% faster" in out
 
 
 def test_the_first_buckets_cap_as_a_what_if_hand_computed(tmp_path, capsys):

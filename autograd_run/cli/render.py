@@ -417,6 +417,15 @@ def render_ddp(console: Console, r) -> None:
         head.add_row(f"link ({_plain(lk.name).plain})",
                      f"{lk.alpha_us:.3g} us, {lk.bandwidth / 1e9:.3g} GB/s, {lk.channels} in flight")
     console.print(head)
+    if r.slack:
+        what = Table(title="What if (the collectives)")
+        for c, jst in (("change", "left"), ("backward with the final wait", "right"), ("ends", "right")):
+            what.add_column(c, justify=jst)
+        for row in r.slack:
+            saved = row["saved_ns"]
+            ends = "no change" if saved == 0 else f"{fmt_ns(abs(saved))} {'sooner' if saved > 0 else 'later'}"
+            what.add_row(_plain(row["what"]), fmt_ns(row["wall_ns"]), ends)
+        console.print(what)
     if r.link is not None and r.world > 1 and r.link.source:
         console.print(_plain(f"link source: {r.link.source}"))
 

@@ -390,7 +390,11 @@ def _run_ddp(graph, first, args: dict, opts) -> list:
             click.echo(f"note: {note}", err=True)
         if slow is not None and slow[0] >= world:
             raise UsageError(f"--straggler: rank {slow[0]} is not below the world size {world}")
-        out.append((v, simulate_ddp(first, world, link, straggler=slow, **kw)))
+        result = simulate_ddp(first, world, link, straggler=slow, **kw)
+        if not versus and world > 1:  # the collectives' slack (cheap: the backward is not simulated again)
+            from autograd_run.sim.ddp import collective_slack
+            result.slack = collective_slack(first, world, link, result, kw, opts.slack_speedup, slow)
+        out.append((v, result))
     return out
 
 

@@ -37,7 +37,7 @@ class Link:
     channels: int = 1
     #: The speed of a collective while the rank's backward computes, against its speed alone: 1.0 when
     #: communication has hardware of its own; below 1 when it shares the cores with the compute (gloo on local
-    #: processes with fewer than two cores per rank: the compute thread and gloo's thread take turns, 0.5).
+    #: processes: the compute thread and gloo's take turns; ``calibrate --gloo`` measures it, 0.42-0.44 here).
     during_compute: float = 1.0
     #: Where the figures come from (a network file's ``source``).
     source: str = ""

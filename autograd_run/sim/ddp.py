@@ -48,6 +48,7 @@ not charged to it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -96,6 +97,8 @@ class DdpResult:
     copy_back_ns: int = 0
     #: The parameters' gradients are views of their buckets (DDP's ``gradient_as_bucket_view``).
     gradient_as_bucket_view: bool = False
+    #: What-ifs on the communication (``collective_slack``): {"what", "wall_ns", "saved_ns"} each.
+    slack: list = field(default_factory=list)
 
     def memory_extras(self, graph) -> tuple[tuple, dict]:
         """The buckets as the memory model's blocks (``analysis.memory.Extra``: DDP allocates them when it is
@@ -121,8 +124,28 @@ class DdpResult:
         return {"world": self.world, "iteration": self.iteration, "compute_ns": self.compute_ns,
                 "wall_ns": self.wall_ns, "exposed_ns": self.exposed_ns, "comm_ns": self.comm_ns,
                 "overlap": self.overlap, "unused": self.unused, "link": link, "straggler": self.straggler,
-                "copy_back_ns": self.copy_back_ns,
+                "copy_back_ns": self.copy_back_ns, "slack": self.slack,
                 "buckets": [b.__dict__ for b in self.buckets]}
+
+
+def collective_slack(report, world: int, link: Link, result: DdpResult, options: dict, speedup: float = 0.2,
+                     straggler=None) -> list[dict]:
+    """Slack over the collectives: ``result`` (``simulate_ddp(report, world, link, **options)``) again with the
+    bucket cap halved and doubled (``bucket_cap_mb`` set so: DDP's first bucket then has that cap too), and
+    with every collective ``speedup`` faster (the link's latency and its time per byte). Each: what changed,
+    the backward's end with the final wait, and how much sooner it ends (negative: later). The backward itself
+    is not simulated again: only the buckets and their collectives change."""
+    cap = options.get("bucket_cap_mb") or B.DEFAULT_CAP_MB
+    factor = 1.0 - speedup
+    faster = dataclasses.replace(link, alpha_us=link.alpha_us * factor, bandwidth=link.bandwidth / factor)
+    cases = [(f"bucket_cap_mb={cap / 2:g} (half)", {**options, "bucket_cap_mb": cap / 2}, link),
+             (f"bucket_cap_mb={cap * 2:g} (double)", {**options, "bucket_cap_mb": cap * 2}, link),
+             (f"every collective {speedup:.0%} faster", options, faster)]
+    out = []
+    for what, kw, lk in cases:
+        wall = simulate_ddp(report, world, lk, straggler=straggler, **kw).wall_ns
+        out.append({"what": what, "wall_ns": wall, "saved_ns": result.wall_ns - wall})
+    return out
 
 
 def size_text(nbytes: int) -> str:
