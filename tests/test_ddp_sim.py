@@ -397,21 +397,27 @@ def test_a_flow_joins_each_collective_to_the_gradient_that_launched_it(tmp_path,
 
 def test_perfettos_trace_processor_reads_the_communication_track(tmp_path):
     """The .pftrace of `simulate --ddp`: Perfetto's real trace processor imports it with no error and shows
-    each collective on the communication stream's track."""
+    each collective on the communication stream's track, with a flow from the node that launched it."""
     from tp_wasm.tp import TraceProcessor, available
     if available() is not None:
         pytest.skip(f"Perfetto trace processor unavailable: {available()}")
     from autograd_run.sim.ddp import COMM_TRACK, add_to_recording
     from autograd_run.traces.pftrace import pftrace_chunks
-    rep = simulate_session(two_layers(), SimOptions(spec="h100", slack_top=0))
+    g = two_layers()
+    rep = simulate_session(g, SimOptions(spec="h100", slack_top=0))
     r = simulate_ddp(rep, 2, LINK, bucket_cap_mb=1)
     rec = rep.recording
-    add_to_recording(r, rec)
+    add_to_recording(r, rec, g)
     with TraceProcessor(b"".join(pftrace_chunks(rec))) as tp:
         assert tp.query("select name from stats where value > 0 and severity in ('error', 'data_loss')") == []
         rows = tp.query("select s.name, s.ts, s.dur, t.name as track from slice s join thread_track tt "
                         "on s.track_id = tt.id join thread t using (utid) where s.name glob 'all-reduce*' "
                         "order by s.ts")
+        flows = tp.query("select a.name as a, b.name as b from flow f join slice a on a.id = f.slice_out "
+                         "join slice b on b.id = f.slice_in where b.name glob 'all-reduce*' order by b.ts")
+    # each all-reduce joined to the slice of the AccumulateGrad node whose hook launched it
+    assert [(f["a"].split()[0], f["b"].split(" (")[0]) for f in flows] == [
+        (g.variables[b.trigger].node.id, f"all-reduce bucket {b.index}") for b in r.buckets]
     # (compared as gaps from the first: the writer keeps its own time origin)
     assert [(x["track"], x["ts"] - rows[0]["ts"], x["dur"]) for x in rows] == [
         (f"stream {COMM_TRACK}", b.start_ns - r.buckets[0].start_ns, b.end_ns - b.start_ns) for b in r.buckets]

@@ -329,7 +329,7 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
     def track(i):
         return tracks[np.searchsorted(os_tids, S.tid[i])]
     passes, critical, root = slice_marks(rec)
-    flows, flow_blobs, sync_at = _flows(rec, c, S, tid_of)
+    flows, flow_blobs, sync_at, kernel_flows = _flows(rec, c, S, tid_of)
     s_end = np.maximum(S.end, S.start + 1)  # at least 1 ns, as in the JSON trace
     node = S.node
     rows.add(NODE_B, S.start, 2, lambda i: -s_end[i], track=track, node=node,
@@ -435,7 +435,7 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
         rare(start, 3, 0, track_event(INSTANT, track=THREAD_UUID0 + consumer_tid, category="sync",
                                       name=f"sync {sync.src} -> {sync.dst}",
                                       args={"producer": sync.producer.id, "consumer": sync.consumer.id}))
-    head += _kernels(rec, rare)
+    head += _kernels(rec, rare, kernel_flows)
     if incomplete:
         head += packet(pb_bytes(60, pb_varint(1, INCOMPLETE_UUID) + pb_bytes(2, "incomplete")))
         rare(rec.end, 5, 0, track_event(INSTANT, track=INCOMPLETE_UUID, category="incomplete",
@@ -450,21 +450,33 @@ def pftrace_chunks(rec: Recording, incomplete: str | None = None):
         prev = int(cols[C_TS][-1])
 
 
-def _flows(rec, c, S, tid_of) -> tuple[np.ndarray, list[bytes], list[tuple]]:
+def _flows(rec, c, S, tid_of) -> tuple[np.ndarray, list[bytes], list[tuple], dict]:
     """Syncs as flows from the producer's slice to the consumer's: per slice, the index of its flow fields
     among the returned blobs (-1: none), and per sync (consumer slice start, consumer trace tid), or
-    (None, None) when a slice is missing."""
+    (None, None) when a slice is missing; and collectives launched by a node (``Collective.trigger``) as
+    flows from that node's slice: kernel index -> the flow id its slice ends."""
     flows = np.full(len(S), -1, dtype=np.int64)
     flow_blobs: list[bytes] = []
     out: list[tuple] = []
-    if not rec.syncs:
-        return flows, flow_blobs, out
+    launchers = {k.node.trigger for k in rec.kernels if getattr(k.node, "trigger", None) is not None}
+    if not rec.syncs and not launchers:
+        return flows, flow_blobs, out, {}
     wanted = {(sy.gt, n) for sy in rec.syncs for n in (sy.producer, sy.consumer)}
-    where = {}
+    where, first = {}, {}
     for k, (g, n) in enumerate(zip(S.gt.tolist(), S.node.tolist())):
         if (g, c.nodes[n]) in wanted:
             where[(g, c.nodes[n])] = k
+        if c.nodes[n] in launchers and c.nodes[n] not in first:
+            first[c.nodes[n]] = k
     extra: dict[int, bytes] = {}
+    kernel_flows: dict[int, int] = {}
+    flow_id = len(rec.syncs)  # (the syncs' are 1..len(syncs), as in the JSON trace)
+    for i, kern in enumerate(rec.kernels):
+        p = first.get(getattr(kern.node, "trigger", None))
+        if p is not None:
+            flow_id += 1
+            extra[p] = extra.get(p, b"") + pb_fixed64(47, flow_id)
+            kernel_flows[i] = flow_id
     for flow_id, sync in enumerate(rec.syncs, 1):
         p, q = where.get((sync.gt, sync.producer)), where.get((sync.gt, sync.consumer))
         if p is None or q is None:
@@ -476,7 +488,7 @@ def _flows(rec, c, S, tid_of) -> tuple[np.ndarray, list[bytes], list[tuple]]:
     for k, data in extra.items():
         flows[k] = len(flow_blobs)
         flow_blobs.append(data)
-    return flows, flow_blobs, out
+    return flows, flow_blobs, out, kernel_flows
 
 
 def _shapes_blob(shapes: tuple) -> bytes:
@@ -532,8 +544,9 @@ def _unnamed_tids(rec: Recording, c) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-def _kernels(rec: Recording, rare) -> bytes:
-    """Simulated accelerator streams: a process of their own, a thread track per stream."""
+def _kernels(rec: Recording, rare, kernel_flows: dict | None = None) -> bytes:
+    """Simulated accelerator streams: a process of their own, a thread track per stream; a kernel in
+    ``kernel_flows`` (its index -> a flow id) ends that flow (a collective's launch, ``_flows``)."""
     if not rec.kernels:
         return b""
     out = packet(pb_bytes(60, pb_varint(1, KERNEL_PROCESS_UUID) +
@@ -544,10 +557,11 @@ def _kernels(rec: Recording, rare) -> bytes:
         out += packet(pb_bytes(60, pb_varint(1, uuid[name]) + pb_varint(5, KERNEL_PROCESS_UUID) +
                                pb_bytes(4, pb_varint(1, PID + 1) + pb_varint(2, k) +
                                         pb_bytes(5, f"stream {name}"))))
-    for k in rec.kernels:
+    for i, k in enumerate(rec.kernels):
         end = max(k.end, k.start + 1)
+        fid = kernel_flows.get(i) if kernel_flows else None
         rare(k.start, 2, -end, track_event(BEGIN, track=uuid[k.stream], category="kernel", name=node_title(k.node),
-                                           args=kernel_args(k)))
+                                           args=kernel_args(k), extra=pb_fixed64(48, fid) if fid else b""))
         rare(end, 0, -k.start, track_event(END, track=uuid[k.stream]))
     return out
 
