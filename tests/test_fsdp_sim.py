@@ -191,6 +191,15 @@ def test_simulate_fsdp_on_the_command_line(tmp_path):
     assert "reduce-scatter of unit (root) (1.00 MiB)" in names
     tracks = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     assert {"stream FSDP all-gather, rank 0", "stream FSDP reduce-scatter, rank 0"} <= tracks
+    # a flow from the node whose hook issued each collective (each end on its slice's start); the root's
+    # reduce-scatter, issued by the final callback, has none
+    xs = {(e["pid"], e["tid"], e["ts"]): e["name"] for e in events if e.get("ph") == "X"}
+    ends = {e["id"]: e for e in events if e.get("ph") == "f" and e.get("name", "").startswith("launch ")}
+    flows = sorted((xs[(e["pid"], e["tid"], e["ts"])].split()[0], xs[(ends[e["id"]]["pid"], ends[e["id"]]["tid"],
+                                                                    ends[e["id"]]["ts"])].split(" (")[0])
+                   for e in events if e.get("ph") == "s" and e.get("name", "").startswith("launch "))
+    assert flows == [("c2", "all-gather of unit u1"), ("c3", "all-gather of unit u2"),
+                     ("p1", "reduce-scatter of unit u1"), ("p2", "reduce-scatter of unit u2")]
     p = cli(["simulate", path, "--fsdp", "blocking=false", "--world", "2", "--network", "alpha_us=10,gbps=1",
              "--compare", "prefetch=0,1", "--json"])
     assert p.code == 0, p.err

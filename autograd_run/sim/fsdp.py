@@ -86,6 +86,7 @@ class UnitRun:
     pre_ns: int | None = None
     post_ns: int | None = None
     post_in: str | None = None
+    pre_in: str | None = None
     #: The compute's wait for its all-gather (and copy-out), and for the previous reduce-scatter at its post-backward.
     wait_ns: int = 0
     rs_wait_ns: int = 0
@@ -300,8 +301,8 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
         n = 1 if prefetch is None else prefetch
         return [units[k] for k in range(u.index - 1, max(-1, u.index - 1 - n), -1)]
 
-    def pre(u: UnitRun, t: int) -> int:
-        u.pre_ns = t
+    def pre(u: UnitRun, t: int, where: str) -> int:
+        u.pre_ns, u.pre_in = t, where
         issue = t
         if not gathered[u.name]:
             issue = gather(u, t, "pre-backward")
@@ -347,7 +348,7 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
         start = s[4] - t0 + shift
         for u in pre_at.get(node.id, ()):
             if u.pre_ns is None:
-                stall(node.id, start, pre(u, start))
+                stall(node.id, start, pre(u, start, node.id))
                 start = s[4] - t0 + shift
         end = max(s[5], ends.get(node, 0)) - t0 + shift
         for u in post_at.get(node.id, ()):
@@ -380,15 +381,29 @@ TRACKS = {"all_gather": "FSDP all-gather, rank 0", "reduce_scatter": "FSDP reduc
 
 def add_to_recording(result: FsdpResult, recording, graph=None) -> None:
     """Put ``result``'s collectives into ``recording`` (the re-simulation's, with the stalls) as slices on
-    ``TRACKS``; the run's span grows to the backward's end. (``graph``: as DDP's; no trigger is named yet.)"""
+    ``TRACKS``; the run's span grows to the backward's end. With ``graph``, each collective's ``trigger`` is the
+    node whose hook issued it (a trace draws a flow from it): an all-gather, the node its unit's pre-backward ran
+    in (or the prefetching unit's); a reduce-scatter and HSDP's all-reduce, the node its post-backward ran in
+    (none from the final callback)."""
     from autograd_run.record.recording import KernelSlice
     from autograd_run.sim.ddp import Collective, size_text
     t0 = recording.start
+    by_id = graph.by_id if graph is not None else {}
+    by_name = {u.name: u for u in result.units}
+
+    def node(where):
+        return by_id.get(where) if where is not None else None
     for u in result.units:
         label = u.name or "(root)"
-        for key, what, nbytes in (("all_gather", "all-gather", u.gather_bytes),
-                                  ("reduce_scatter", "reduce-scatter", u.reduce_bytes),
-                                  ("all_reduce", "all-reduce across replicas", u.reduce_bytes // max(1, result.world // result.replicate))):
+        gather_in = u.pre_in
+        if u.gathered_by and u.gathered_by.startswith("prefetch by "):
+            by = by_name.get("" if u.gathered_by == "prefetch by (root)" else u.gathered_by[len("prefetch by "):])
+            gather_in = by.pre_in if by is not None else None
+        for key, what, nbytes, where in (
+                ("all_gather", "all-gather", u.gather_bytes, gather_in),
+                ("reduce_scatter", "reduce-scatter", u.reduce_bytes, u.post_in),
+                ("all_reduce", "all-reduce across replicas", u.reduce_bytes // max(1, result.world // result.replicate),
+                 u.post_in)):
             span = getattr(u, key)
             if span is None:
                 continue
@@ -396,7 +411,8 @@ def add_to_recording(result: FsdpResult, recording, graph=None) -> None:
             title = f"{what} of unit {label} ({size_text(nbytes)}{by})"
             shard = max(1, result.world // result.replicate)  # HSDP: shards within a replica, then replicas
             group = result.replicate if key == "all_reduce" else shard
-            recording.kernels.append(KernelSlice(TRACKS[key], Collective(title, title, key, nbytes, "float32", group),
+            recording.kernels.append(KernelSlice(TRACKS[key], Collective(title, title, key, nbytes, "float32", group,
+                                                                         trigger=node(where)),
                                                  t0 + span.start_ns,
                                                  t0 + span.end_ns))
     recording.end = max(recording.end, t0 + result.wall_ns)
