@@ -82,6 +82,28 @@ def test_on_the_cpu_every_collective_is_a_wait_of_the_compute():
     assert again.engine_done_ns == r.wall_ns - r.exposed_ns
 
 
+def test_the_collectives_slack_hand_computed():
+    """Blocking (the test above: wall = compute + 2 all-gathers + 3 reduce-scatters + 5 copies): every collective
+    20% faster saves 2 x (ag - ag') + 3 x (rs - rs'); with no prefetch each unit's all-gather is issued by its
+    own pre-backward, still blocking: the same collectives, the same wall; one more unit prefetched (2) also
+    gathers the same two units. Each row as simulate_fsdp gives it."""
+    from autograd_run.sim.ddp import faster_link
+    from autograd_run.sim.fsdp import fsdp_slack
+    rep = _report()
+    r = simulate_fsdp(rep, 2, GLOO)
+    fast = faster_link(GLOO, 0.2)
+    ag, rs = cost_ns("all-gather", MIB, 2, GLOO), cost_ns("allreduce", MIB, 2, GLOO)
+    ag2, rs2 = cost_ns("all-gather", MIB, 2, fast), cost_ns("allreduce", MIB, 2, fast)
+    rows = {row["what"]: row for row in fsdp_slack(rep, 2, GLOO, r, {})}
+    assert list(rows) == ["prefetch=2 (one more unit ahead)", "prefetch=0 (none)", "every collective 20% faster"]
+    assert rows["every collective 20% faster"]["saved_ns"] == 2 * (ag - ag2) + 3 * (rs - rs2) > 0
+    assert rows["prefetch=0 (none)"]["saved_ns"] == 0 == rows["prefetch=2 (one more unit ahead)"]["saved_ns"]
+    for what, kw in (("prefetch=2 (one more unit ahead)", {"prefetch": 2}), ("prefetch=0 (none)", {"prefetch": 0})):
+        assert rows[what]["wall_ns"] == simulate_fsdp(rep, 2, GLOO, **kw).wall_ns
+    assert fsdp_slack(rep, 2, GLOO, simulate_fsdp(rep, 2, GLOO, prefetch=0), {"prefetch": 0})[0]["what"] == \
+        "prefetch=1 (one more unit ahead)"
+
+
 def test_on_streams_the_all_gathers_queue_and_the_compute_waits_only_for_what_it_needs():
     """Not blocking (an accelerator): the prefetched all-gathers run one after the other on their stream
     while the compute goes on; the compute waits at a unit's pre-backward until its own all-gather is done;
@@ -185,6 +207,7 @@ def test_simulate_fsdp_on_the_command_line(tmp_path):
     assert p.code == 0, p.err
     assert "FSDP2 on 2 ranks: collectives per unit, blocking the compute (CPU)" in p.out
     assert "exposed communication (after the last node)" in p.out and "prefetch by" not in p.out
+    assert "What if (the collectives)" in p.out and "every collective 20% faster" in p.out
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e.get("name") for e in events}
     assert "all-gather of unit u2 (1.00 MiB, prefetch by (root))" in names

@@ -380,6 +380,20 @@ def render_ddp_compare(console: Console, key: str, results) -> None:
     console.print(t)
 
 
+def render_comm_slack(console: Console, rows: list[dict]) -> None:
+    """DDP's or FSDP's what-ifs on the collectives (``sim.ddp.what_ifs``), when there are any."""
+    if not rows:
+        return
+    what = Table(title="What if (the collectives)")
+    for c, j in (("change", "left"), ("backward with the final wait", "right"), ("ends", "right")):
+        what.add_column(c, justify=j)
+    for row in rows:
+        saved = row["saved_ns"]
+        ends = "no change" if saved == 0 else f"{fmt_ns(abs(saved))} {'sooner' if saved > 0 else 'later'}"
+        what.add_row(_plain(row["what"]), fmt_ns(row["wall_ns"]), ends)
+    console.print(what)
+
+
 def render_ddp(console: Console, r) -> None:
     """The data-parallel view (``sim.ddp.DdpResult``): each bucket's all-reduce, and what stayed exposed."""
     from autograd_run.sim.ddp import size_text
@@ -417,15 +431,7 @@ def render_ddp(console: Console, r) -> None:
         head.add_row(f"link ({_plain(lk.name).plain})",
                      f"{lk.alpha_us:.3g} us, {lk.bandwidth / 1e9:.3g} GB/s, {lk.channels} in flight")
     console.print(head)
-    if r.slack:
-        what = Table(title="What if (the collectives)")
-        for c, jst in (("change", "left"), ("backward with the final wait", "right"), ("ends", "right")):
-            what.add_column(c, justify=jst)
-        for row in r.slack:
-            saved = row["saved_ns"]
-            ends = "no change" if saved == 0 else f"{fmt_ns(abs(saved))} {'sooner' if saved > 0 else 'later'}"
-            what.add_row(_plain(row["what"]), fmt_ns(row["wall_ns"]), ends)
-        console.print(what)
+    render_comm_slack(console, r.slack)
     if r.link is not None and r.world > 1 and r.link.source:
         console.print(_plain(f"link source: {r.link.source}"))
 
@@ -476,6 +482,7 @@ def render_fsdp(console: Console, r) -> None:
         head.add_row(f"link ({_plain(lk.name).plain})", f"{lk.alpha_us:.3g} us, {lk.bandwidth / 1e9:.3g} GB/s"
                      + (", reduce-scatter as all-reduce" if lk.reduce_scatter == "allreduce" else ""))
     console.print(head)
+    render_comm_slack(console, r.slack)
     if r.link is not None and r.world > 1 and r.link.source:
         console.print(_plain(f"link source: {r.link.source}"))
 

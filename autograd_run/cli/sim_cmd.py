@@ -413,7 +413,11 @@ def _run_fsdp(graph, first, args: dict, opts) -> list:
             click.echo(f"note: {note}", err=True)
         if world % kw.get("replicate", 1):
             raise UsageError(f"--fsdp replicate={kw['replicate']} does not divide the world size {world}")
-        out.append((v, simulate_fsdp(first, world, link, **kw)))
+        result = simulate_fsdp(first, world, link, **kw)
+        if not versus and world > 1:  # the collectives' slack (the backward is not simulated again)
+            from autograd_run.sim.fsdp import fsdp_slack
+            result.slack = fsdp_slack(first, world, link, result, kw, opts.slack_speedup)
+        out.append((v, result))
     return out
 
 

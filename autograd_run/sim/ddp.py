@@ -128,24 +128,36 @@ class DdpResult:
                 "buckets": [b.__dict__ for b in self.buckets]}
 
 
+def faster_link(link: Link, speedup: float) -> Link:
+    """``link`` with every collective ``speedup`` faster: its latency and its time per byte."""
+    factor = 1.0 - speedup
+    return dataclasses.replace(link, alpha_us=link.alpha_us * factor, bandwidth=link.bandwidth / factor)
+
+
+def what_ifs(base_wall: int, cases) -> list[dict]:
+    """``cases``: (what changed, a function giving the backward's end then); each as {"what", "wall_ns",
+    "saved_ns"} (how much sooner it ends than ``base_wall``; negative: later)."""
+    out = []
+    for what, run in cases:
+        wall = run()
+        out.append({"what": what, "wall_ns": wall, "saved_ns": base_wall - wall})
+    return out
+
+
 def collective_slack(report, world: int, link: Link, result: DdpResult, options: dict, speedup: float = 0.2,
                      straggler=None) -> list[dict]:
     """Slack over the collectives: ``result`` (``simulate_ddp(report, world, link, **options)``) again with the
     bucket cap halved and doubled (``bucket_cap_mb`` set so: DDP's first bucket then has that cap too), and
-    with every collective ``speedup`` faster (the link's latency and its time per byte). Each: what changed,
-    the backward's end with the final wait, and how much sooner it ends (negative: later). The backward itself
-    is not simulated again: only the buckets and their collectives change."""
+    with every collective ``speedup`` faster (``faster_link``), as ``what_ifs``. The backward itself is not
+    simulated again: only the buckets and their collectives change."""
     cap = options.get("bucket_cap_mb") or B.DEFAULT_CAP_MB
-    factor = 1.0 - speedup
-    faster = dataclasses.replace(link, alpha_us=link.alpha_us * factor, bandwidth=link.bandwidth / factor)
-    cases = [(f"bucket_cap_mb={cap / 2:g} (half)", {**options, "bucket_cap_mb": cap / 2}, link),
-             (f"bucket_cap_mb={cap * 2:g} (double)", {**options, "bucket_cap_mb": cap * 2}, link),
-             (f"every collective {speedup:.0%} faster", options, faster)]
-    out = []
-    for what, kw, lk in cases:
-        wall = simulate_ddp(report, world, lk, straggler=straggler, **kw).wall_ns
-        out.append({"what": what, "wall_ns": wall, "saved_ns": result.wall_ns - wall})
-    return out
+
+    def run(kw, lk):
+        return lambda: simulate_ddp(report, world, lk, straggler=straggler, **kw).wall_ns
+    return what_ifs(result.wall_ns, [
+        (f"bucket_cap_mb={cap / 2:g} (half)", run({**options, "bucket_cap_mb": cap / 2}, link)),
+        (f"bucket_cap_mb={cap * 2:g} (double)", run({**options, "bucket_cap_mb": cap * 2}, link)),
+        (f"every collective {speedup:.0%} faster", run(options, faster_link(link, speedup)))])
 
 
 def size_text(nbytes: int) -> str:

@@ -91,6 +91,14 @@ class UnitRun:
     wait_ns: int = 0
     rs_wait_ns: int = 0
 
+    def issuer(self) -> str | None:
+        """The unit whose pre-backward issued this unit's all-gather (its own, or the prefetching one's;
+        "" for the root), or None when it gathered nothing."""
+        if self.all_gather is None or not self.gathered_by:
+            return None
+        by = self.name if self.gathered_by == "pre-backward" else self.gathered_by.removeprefix("prefetch by ")
+        return "" if by == "(root)" else by
+
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         for k in ("all_gather", "reduce_scatter", "all_reduce"):
@@ -115,6 +123,8 @@ class FsdpResult:
     link: Link | None = None
     #: node id -> ns the compute waited at it (for the trace's re-simulation).
     stalls: dict[str, int] = field(default_factory=dict)
+    #: What-ifs on the collectives (``fsdp_slack``): {"what", "wall_ns", "saved_ns"} each.
+    slack: list = field(default_factory=list)
 
     def memory_extras(self, graph) -> tuple:
         """FSDP's memory on one rank, as ``analysis.memory.memory_of``'s ``(extras, grads_in, grads_out,
@@ -149,8 +159,7 @@ class FsdpResult:
             unsharded = sum(math.prod(v.shape) * ITEMSIZE[s.get("param_dtype") or v.dtype] for v in variables)
             issued = own = None
             if u.all_gather is not None:
-                by = u.name if u.gathered_by == "pre-backward" else (u.gathered_by or "").removeprefix("prefetch by ")
-                issuer = pre_of.get("" if by == "(root)" else by)
+                issuer = pre_of.get(u.issuer())
                 issued = ("start", issuer) if issuer else None
                 own = ("start", pre_of[u.name]) if pre_of.get(u.name) else issued
             post = post_moment(u)
@@ -177,7 +186,24 @@ class FsdpResult:
                 "prefetch": self.prefetch, "blocking": self.blocking, "compute_ns": self.compute_ns,
                 "wall_ns": self.wall_ns, "exposed_ns": self.exposed_ns, "idle_ns": self.idle_ns,
                 "comm_ns": self.comm_ns, "overlap": self.overlap, "link": link, "stalls": self.stalls,
-                "units": [u.to_dict() for u in self.units]}
+                "slack": self.slack, "units": [u.to_dict() for u in self.units]}
+
+
+def fsdp_slack(report, world: int, link: Link, result: "FsdpResult", options: dict,
+               speedup: float = 0.2) -> list[dict]:
+    """Slack over FSDP's collectives (``sim.ddp.what_ifs``): ``result`` (``simulate_fsdp(report, world, link,
+    **options)``) again with one more unit's all-gather prefetched, with none, and with every collective
+    ``speedup`` faster. The compute's waits follow from the model; the backward is not simulated again."""
+    from autograd_run.sim.ddp import faster_link, what_ifs
+    prefetch = result.prefetch if result.prefetch is not None else 1
+
+    def run(kw, lk):
+        return lambda: simulate_fsdp(report, world, lk, **kw).wall_ns
+    cases = [(f"prefetch={prefetch + 1} (one more unit ahead)", run({**options, "prefetch": prefetch + 1}, link))]
+    if prefetch > 0:
+        cases.append(("prefetch=0 (none)", run({**options, "prefetch": 0}, link)))
+    cases.append((f"every collective {speedup:.0%} faster", run(options, faster_link(link, speedup))))
+    return what_ifs(result.wall_ns, cases)
 
 
 def padded_bytes(shape: tuple, dtype: str, shard: int) -> int:
@@ -395,10 +421,8 @@ def add_to_recording(result: FsdpResult, recording, graph=None) -> None:
         return by_id.get(where) if where is not None else None
     for u in result.units:
         label = u.name or "(root)"
-        gather_in = u.pre_in
-        if u.gathered_by and u.gathered_by.startswith("prefetch by "):
-            by = by_name.get("" if u.gathered_by == "prefetch by (root)" else u.gathered_by[len("prefetch by "):])
-            gather_in = by.pre_in if by is not None else None
+        issuer = by_name.get(u.issuer())
+        gather_in = issuer.pre_in if issuer is not None else None
         for key, what, nbytes, where in (
                 ("all_gather", "all-gather", u.gather_bytes, gather_in),
                 ("reduce_scatter", "reduce-scatter", u.reduce_bytes, u.post_in),
