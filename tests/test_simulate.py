@@ -843,6 +843,23 @@ def test_cost_nodes_alike_share_one_cost_and_only_those():
         kind = (float(c.get("us", -1)), c.get("flops"), c.get("mode"), str(node.device), node.name)
         assert seen.setdefault(kind, got) is got  # alike: the one cost
     assert len({id(c) for c in shared.resolved.values()}) == len(seen)  # and only those
+    # the compiled lookup (costs_of, and the event loops' lookup_cost) reads the same memo: the resolver is
+    # called once per kind, and every node gets the kind's cost
+    from autograd_run.engine import core
+    calls = []
+    real = CostResolver._resolve
+
+    def counted(self, node):
+        calls.append(node)
+        return real(self, node)
+    fresh = CostResolver(m, scale=scale)
+    try:
+        CostResolver._resolve = counted
+        got = fresh.many(g.nodes[:-1])
+    finally:
+        CostResolver._resolve = real
+    assert got == [CostResolver(m, scale=scale)(n) for n in g.nodes[:-1]]
+    assert len(calls) == (len(seen) if core.costs_of is not None else len(g.nodes) - 1)
 
 
 @pytest.mark.parametrize("loop", ["compiled", "python"])

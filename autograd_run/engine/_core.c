@@ -146,6 +146,10 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_cpu, "cpu");
     INTERN(s_seq, "seq");
     INTERN(s_device, "device");
+    INTERN(s_cost, "cost");
+    INTERN(s_us, "us");
+    INTERN(s_flops, "flops");
+    INTERN(s_mode, "mode");
     INTERN(s_type, "type");
     INTERN(s_index, "index");
     INTERN(s_name, "name");

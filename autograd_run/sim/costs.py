@@ -135,9 +135,10 @@ class CostResolver:
 
     def tables(self):
         """The tables the compiled loops read where a node's cost is known without a call (resolved
-        already, or ``_resolve``'s shared case); None where they cannot (``measured`` not a plain dict)."""
+        already, ``_resolve``'s shared case, or a cost node alike to one costed before: ``_cost_node``'s memo,
+        its missing-field mark and the cost op); None where they cannot (``measured`` not a plain dict)."""
         if type(self.measured) is dict:
-            return (self.resolved, self._by_signature, self.measured, _BY_VALUES)
+            return (self.resolved, self._by_signature, self.measured, _BY_VALUES, self._by_cost, _ABSENT, COST)
         return None
 
     def many(self, nodes: list) -> list[NodeCost]:

@@ -37,7 +37,7 @@ static int64_t now_ns(void) {
 static PyObject *s_enabled, *s_task_pushed, *s_task_popped, *s_worker_idle, *s_lock_wait,
     *s_cpu_queue, *s_multithreading, *s_lock, *s_acquire, *s_release,
     *s_dependencies, *s_not_ready,
-    *s_device, *s_type, *s_index, *s_default_priority, *s_priority, *s_key,
+    *s_device, *s_type, *s_index, *s_default_priority, *s_priority, *s_key, *s_cost, *s_us, *s_flops, *s_mode,
     *s_device_queue, *s_streams, *s_add, *s_add_on_device, *s_should_execute,
     *s_input_nr, *s_node, *s_cpu_str, *s_get, *s_push, *s_reshape,
     *s_event_log, *s_others, *s_exec_info, *s_state, *s_ctx, *s_anomaly, *s_keep_graph,

@@ -253,6 +253,8 @@ typedef struct {
     LoopObject *L;
     PyObject *sim, *costs, *resolved, *by_signature, *measured, *by_values, *slices, *kernels, *started, *skips, *idles, *samples, *stream_free, *streams,
         *ones, *tracer, *cost_op;
+    /* CostResolver._by_cost (cost nodes' costs by what they depend on) and its missing-field mark, or NULL */
+    PyObject *by_cost, *absent;
     long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, gil_handoff_ns, gil_free_at;
     PyObject *gil_holder; /* borrowed from a live SimRunC's or worker's reference; kept alive in `holder_ref` */
     PyObject *holder_ref;
@@ -760,6 +762,63 @@ out:
 
 /* The node's cost (a new reference): CostResolver.__call__ where the answer is known without Python (resolved
  * already, or a cost shared by the nodes of its signature, then noted as resolved), else the resolver's call. */
+/* CostResolver._cost_node's memo read in C: for a node of the cost op whose attrs' "cost" is a dict, the key
+ * (us or the missing mark, flops or the mark, mode or None, cpu, name, device) looked up in _by_cost. 1: found
+ * (*cost a new reference, also put in `resolved`); 0: not this case or not costed yet (the caller calls the
+ * resolver, which fills the memo); -1: an error. A key that cannot be hashed is the resolver's case too. */
+static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
+    *cost = NULL;
+    PyObject *op = node_get(node, NF_OP);
+    if (op == NULL)
+        return -1;
+    Py_DECREF(op);
+    if (op != S->cost_op)
+        return 0;
+    PyObject *attrs = node_get(node, NF_ATTRS);
+    if (attrs == NULL)
+        return -1;
+    PyObject *spec = PyDict_CheckExact(attrs) ? PyDict_GetItemWithError(attrs, s_cost) : NULL;
+    if (spec == NULL || !PyDict_CheckExact(spec)) {
+        Py_DECREF(attrs);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    Py_INCREF(spec);
+    Py_DECREF(attrs);
+    PyObject *us = PyDict_GetItemWithError(spec, s_us), *flops = us || !PyErr_Occurred() ?
+        PyDict_GetItemWithError(spec, s_flops) : NULL, *mode = NULL;
+    if (!PyErr_Occurred())
+        mode = PyDict_GetItemWithError(spec, s_mode);
+    PyObject *cpu = NULL, *name = NULL, *device = NULL, *key = NULL;
+    if (!PyErr_Occurred()) {
+        cpu = node_get(node, NF_CPU);
+        name = cpu ? node_get(node, NF_NAME) : NULL;
+        device = name ? PyObject_GetAttr(node, s_device) : NULL;
+    }
+    if (device != NULL)
+        key = PyTuple_Pack(6, us ? us : S->absent, flops ? flops : S->absent, mode ? mode : Py_None, cpu, name,
+                           device);
+    Py_DECREF(spec);
+    Py_XDECREF(cpu);
+    Py_XDECREF(name);
+    Py_XDECREF(device);
+    if (key == NULL)
+        return -1;
+    PyObject *found = PyDict_GetItemWithError(S->by_cost, key);
+    Py_DECREF(key);
+    if (found == NULL) {
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError))
+                return -1;
+            PyErr_Clear(); /* an unhashable value: costed on its own by the resolver */
+        }
+        return 0;
+    }
+    if (PyDict_SetItem(S->resolved, node, found) < 0)
+        return -1;
+    *cost = Py_NewRef(found);
+    return 1;
+}
+
 static PyObject *lookup_cost(Sim *S, PyObject *node) {
     if (S->resolved == NULL)
         return sync_now(S) < 0 ? NULL : PyObject_CallOneArg(S->costs, node);
@@ -768,6 +827,13 @@ static PyObject *lookup_cost(Sim *S, PyObject *node) {
         return Py_NewRef(cost);
     if (PyErr_Occurred())
         return NULL;
+    if (S->by_cost != NULL) { /* a cost node alike to one costed before (CostResolver._cost_node's key) */
+        int known = cost_node_known(S, node, &cost);
+        if (known < 0)
+            return NULL;
+        if (known)
+            return cost;
+    }
     /* CostResolver._resolve's shared case: no attrs, not measured, a signature whose key has one cost */
     PyObject *attrs = node_get(node, NF_ATTRS), *nid = attrs ? node_get(node, NF_ID) : NULL;
     int plain = nid ? PyObject_Not(attrs) : -1;
@@ -1090,22 +1156,28 @@ static int sim_wake(Sim *S, PyObject *w) {
     return sim_step(S, w);
 }
 
-/* The (resolved, by signature, measured, the by-values mark) tables of a CostResolver (scheduler's
- * _resolver_tables), borrowed; all NULL for None (the cost function is called for every node). */
-static int resolver_tables(PyObject *t, PyObject **resolved, PyObject **by_signature, PyObject **measured,
-                           PyObject **by_values) {
-    *resolved = *by_signature = *measured = *by_values = NULL;
+/* The tables of a CostResolver (CostResolver.tables: resolved, by signature, measured, the by-values mark, by
+ * cost, the missing-field mark, the cost op), borrowed into S; all NULL for None (the cost function is called for
+ * every node). */
+static int resolver_tables(PyObject *t, Sim *S) {
+    S->resolved = S->by_signature = S->measured = S->by_values = S->by_cost = S->absent = NULL;
     if (t == Py_None)
         return 0;
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4 || !PyDict_CheckExact(PyTuple_GET_ITEM(t, 0)) ||
-        !PyDict_CheckExact(PyTuple_GET_ITEM(t, 1)) || !PyDict_Check(PyTuple_GET_ITEM(t, 2))) {
-        PyErr_SetString(PyExc_TypeError, "a CostResolver's (resolved, by_signature, measured, mark)");
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7 || !PyDict_CheckExact(PyTuple_GET_ITEM(t, 0)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(t, 1)) || !PyDict_Check(PyTuple_GET_ITEM(t, 2)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(t, 4))) {
+        PyErr_SetString(PyExc_TypeError, "a CostResolver's (resolved, by_signature, measured, mark, by_cost, absent, "
+                                         "cost op)");
         return -1;
     }
-    *resolved = PyTuple_GET_ITEM(t, 0);
-    *by_signature = PyTuple_GET_ITEM(t, 1);
-    *measured = PyTuple_GET_ITEM(t, 2);
-    *by_values = PyTuple_GET_ITEM(t, 3);
+    S->resolved = PyTuple_GET_ITEM(t, 0);
+    S->by_signature = PyTuple_GET_ITEM(t, 1);
+    S->measured = PyTuple_GET_ITEM(t, 2);
+    S->by_values = PyTuple_GET_ITEM(t, 3);
+    S->by_cost = PyTuple_GET_ITEM(t, 4);
+    S->absent = PyTuple_GET_ITEM(t, 5);
+    if (S->cost_op == NULL)
+        S->cost_op = PyTuple_GET_ITEM(t, 6);
     return 0;
 }
 
@@ -1140,8 +1212,8 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
         return NULL;
     if (sl_intern() < 0)
         return NULL;
-    PyObject *by_signature = NULL, *measured = NULL, *by_values = NULL;
-    if (resolver_tables(resolved, &resolved, &by_signature, &measured, &by_values) < 0)
+    Sim tables = {.cost_op = cost_op};
+    if (resolver_tables(resolved, &tables) < 0)
         return NULL;
     long long *cores = NULL;
     Py_ssize_t ncores = 0;
@@ -1170,8 +1242,9 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
     L->sim = Py_NewRef(sim);
     L->wake_fn = Py_NewRef(wake_fn);
     L->step_fn = Py_NewRef(step_fn);
-    Sim S = {.L = L, .sim = sim, .costs = costs, .resolved = resolved,
-             .by_signature = by_signature, .measured = measured, .by_values = by_values,
+    Sim S = {.L = L, .sim = sim, .costs = costs, .resolved = tables.resolved,
+             .by_signature = tables.by_signature, .measured = tables.measured, .by_values = tables.by_values,
+             .by_cost = tables.by_cost, .absent = tables.absent,
              .slices = slices, .kernels = kernels, .started = started, .skips = skips, .idles = idles,
              .samples = samples, .stream_free = stream_free, .streams = streams, .ones = Py_NewRef(ones),
              .tracer = tracer, .cost_op = cost_op, .now = now, .overhead_ns = overhead_ns,
@@ -1294,8 +1367,8 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
         return NULL;
     if (sl_intern() < 0)
         return NULL;
-    Sim S = {.sim = sim, .costs = costs, .now = now, .now_seen = now};
-    if (resolver_tables(resolved, &S.resolved, &S.by_signature, &S.measured, &S.by_values) < 0)
+    Sim S = {.sim = sim, .costs = costs, .now = now, .now_seen = now, .cost_op = cost_op};
+    if (resolver_tables(resolved, &S) < 0)
         return NULL;
     PyObject *exec_info = PyObject_GetAttr(gt, s_exec_info), *result = NULL;
     if (exec_info == NULL)
@@ -1413,7 +1486,7 @@ static PyObject *costs_of(PyObject *mod, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO!", &costs, &tables, &PyList_Type, &nodes))
         return NULL;
     Sim S = {.costs = costs}; /* no clock: now == now_seen, so lookup_cost never writes one */
-    if (resolver_tables(tables, &S.resolved, &S.by_signature, &S.measured, &S.by_values) < 0)
+    if (resolver_tables(tables, &S) < 0)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(nodes);
     PyObject *out = PyList_New(n);
