@@ -25,10 +25,10 @@ link says one at a time (``channels: 1``). ``during_compute``: a 1 MiB
 all-reduce is also timed while a thread of each rank computes (float32
 matmuls, torch kernels without the GIL, as the backward's compute is), in
 turns with the same all-reduce alone; the ratio is the collective's speed
-while the compute runs. On this 2-core VM the compute and gloo's threads
-take turns on the cores, and a collective during a backward ran 4-10x
-slower than alone (a DDP rank's profile), where a rule of cores per rank
-said 2x. Processes on one host
+while the compute runs (0.42-0.44 on this 2-core VM, where a rule of cores
+per rank said 0.5; a profiled DDP step showed its all-reduces 4-10x slower
+during the backward than after it, which neither figure explains: see
+docs/parallel.md). Processes on one host
 share its cores, so the link is per world size: the simulation takes the
 measured world's link, or the nearest measured one (said in its output).
 Every child has a deadline; a hang or a failure is an error that names it.

@@ -71,7 +71,7 @@ from autograd_run.outputs import atomic_writer
 from autograd_run.record.recording import Recording
 from autograd_run.traces import encode as E
 from autograd_run.traces.layout import (
-    DEFAULT_DEVICE, DEFAULT_ZERO, FIRST_TID, PID, absent_if_zero, kernel_args, node_tables, node_title,
+    DEFAULT_DEVICE, DEFAULT_ZERO, FIRST_TID, PID, absent_if_zero, kernel_args, launchers, node_tables, node_title,
     outstanding_changes, slice_marks, thread_tids, title_says_id, trace_ranks,
 )
 
@@ -139,7 +139,11 @@ def to_chrome_trace(rec: Recording, incomplete: str | None = None) -> dict:
                     "args": {"queue": idle.queue, **({"graph_task": idle.waiting_for} if waiting else {})}})
     _instants_and_flows(rec, out, us, tid_of, slices)
     wanted = launchers(rec)
-    _kernels(rec, out, us, {n: at for (_, n), at in slices.items() if n in wanted} if wanted else None)
+    at: dict = {}
+    for (_, n), place in slices.items():  # (the first slice of each, as the streaming writer takes)
+        if n in wanted:
+            at.setdefault(n, place)
+    _kernels(rec, out, us, at)
     return _mark({"traceEvents": out, "displayTimeUnit": "ns"}, rec, incomplete)
 
 
@@ -236,11 +240,6 @@ def incomplete_event(rec: Recording, incomplete: str) -> dict:
     ts = (rec.end - rec.start + 1000) / 1000 if not rec.empty else 1.0
     return {"ph": "i", "s": "g", "pid": PID, "tid": 0, "ts": ts, "cat": "incomplete",
             "name": f"run {incomplete}: the trace is incomplete"}
-
-
-def launchers(rec: Recording) -> set:
-    """The nodes whose run launched one of the recording's collectives (``Collective.trigger``)."""
-    return {k.node.trigger for k in rec.kernels if getattr(k.node, "trigger", None) is not None}
 
 
 def _kernels(rec: Recording, out: list, us, slice_at: dict | None = None) -> None:

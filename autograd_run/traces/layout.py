@@ -95,6 +95,12 @@ def kernel_args(k) -> dict:
     return {} if title_says_id(k.node.name) else {"id": k.node.id}
 
 
+def launchers(rec: Recording) -> set:
+    """The nodes whose run launched one of the recording's collectives (``Collective.trigger``): each trace
+    format draws a flow from such a node's slice to the collective's."""
+    return {k.node.trigger for k in rec.kernels if getattr(k.node, "trigger", None) is not None}
+
+
 def node_tables(c) -> dict:
     """What slices and waits show of each node of a Recording's node table, as columns and tables: ``device``
     the code of its device among ``devices``, -1 where it is ``DEFAULT_DEVICE`` (the argument is left out);

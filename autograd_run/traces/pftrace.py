@@ -40,7 +40,7 @@ from autograd_run.engine.threads import ThreadKind
 from autograd_run.outputs import atomic_writer
 from autograd_run.traces import encode as E
 from autograd_run.traces.layout import (
-    FIRST_TID, PID, absent_if_zero, kernel_args, node_tables, node_title, outstanding_changes, slice_marks,
+    FIRST_TID, PID, absent_if_zero, kernel_args, launchers, node_tables, node_title, outstanding_changes, slice_marks,
     trace_ranks,
 )
 from autograd_run.record.recording import Recording
@@ -458,15 +458,15 @@ def _flows(rec, c, S, tid_of) -> tuple[np.ndarray, list[bytes], list[tuple], dic
     flows = np.full(len(S), -1, dtype=np.int64)
     flow_blobs: list[bytes] = []
     out: list[tuple] = []
-    launchers = {k.node.trigger for k in rec.kernels if getattr(k.node, "trigger", None) is not None}
-    if not rec.syncs and not launchers:
+    launching = launchers(rec)
+    if not rec.syncs and not launching:
         return flows, flow_blobs, out, {}
     wanted = {(sy.gt, n) for sy in rec.syncs for n in (sy.producer, sy.consumer)}
     where, first = {}, {}
     for k, (g, n) in enumerate(zip(S.gt.tolist(), S.node.tolist())):
         if (g, c.nodes[n]) in wanted:
             where[(g, c.nodes[n])] = k
-        if c.nodes[n] in launchers and c.nodes[n] not in first:
+        if c.nodes[n] in launching and c.nodes[n] not in first:
             first[c.nodes[n]] = k
     extra: dict[int, bytes] = {}
     kernel_flows: dict[int, int] = {}

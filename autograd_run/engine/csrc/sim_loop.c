@@ -760,8 +760,6 @@ out:
     return r;
 }
 
-/* The node's cost (a new reference): CostResolver.__call__ where the answer is known without Python (resolved
- * already, or a cost shared by the nodes of its signature, then noted as resolved), else the resolver's call. */
 /* CostResolver._cost_node's memo read in C: for a node of the cost op whose attrs' "cost" is a dict, the key
  * (us or the missing mark, flops or the mark, mode or None, cpu, name, device) looked up in _by_cost. 1: found
  * (*cost a new reference, also put in `resolved`); 0: not this case or not costed yet (the caller calls the
@@ -819,6 +817,9 @@ static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
     return 1;
 }
 
+/* The node's cost (a new reference): CostResolver.__call__ where the answer is known without Python (resolved
+ * already, a cost node alike to one costed before, or a cost shared by the nodes of its signature, then noted as
+ * resolved), else the resolver's call. */
 static PyObject *lookup_cost(Sim *S, PyObject *node) {
     if (S->resolved == NULL)
         return sync_now(S) < 0 ? NULL : PyObject_CallOneArg(S->costs, node);
