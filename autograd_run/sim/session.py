@@ -243,7 +243,7 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
                        dict(Counter(map(attrgetter("source"), model.resolved.values()))), measured)
     report.scale_unused = scale_unused
     report.spec_reason = reason
-    report.expected_error = expected_error(spec, measured, report.cost_sources)
+    report.expected_error = expected_error(spec, measured, report.cost_sources, graph.max_device_index + 1)
     report.warnings = [w for w in (mismatch(spec, measured), first_call(measured)) if w]
     top = o.slack_top
     if top is None:
