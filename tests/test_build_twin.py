@@ -39,7 +39,7 @@ def snapshot(g) -> tuple:
                    v.requires_grad) for k, v in g.variables.items()),
             tuple(g.inputs), g.mode, repr(g.meta), g.max_device_index, g.slot_dtypes,
             sorted(op.name for op in g.op_set), len({id(n.name) for n in g.nodes}),
-            tuple((k, n.index) for k, n in g.by_id.items()))
+            tuple((k, n.index) for k, n in g.by_id.items()), g.num_edges, tuple(map(str, g.devices)))
 
 
 def outcome(load, monkeypatch, compiled: bool):
@@ -325,6 +325,33 @@ def test_the_compiled_topological_pass_hands_back_what_it_cannot_read():
     odd = g.nodes[0]
     odd.next = tuple(odd.next)  # a graph built in code may hold a tuple
     assert validate._FAST.topo_in([odd], True) is False
+
+
+def test_edges_and_devices_counted_by_hand():
+    """``Graph.num_edges`` and ``devices``, compiled (``_build.edges_and_devices``) and in Python, against a
+    count by hand on a graph over three devices whose nodes have empty (None) slots; the compiled pass
+    hands back None for a node list it cannot read, so the properties then take the Python pass."""
+    from autograd_run.graphs.model import Graph
+    from autograd_run.sim.placement import _remapped
+    base = loads_graph(dumps(generate("chain", n=120), "json"), "c.json")
+    rng = random.Random(4)
+    g = _remapped(base, [rng.randrange(3) for _ in base.nodes], "placed")
+    by_hand = sum(1 for n in g.nodes for e in n.next if e is not None)
+    nones = sum(1 for n in g.nodes for e in n.next if e is None)
+    kinds = {str(n.device) for n in g.nodes}
+    assert nones and len(kinds) >= 3  # the test means something: empty slots, three devices or more
+    edges, devs = validate._FAST.edges_and_devices(g.nodes)
+    assert edges == by_hand and sorted(map(str, devs)) == sorted(kinds)
+    assert len(devs) == len({id(n.device) for n in g.nodes})  # by identity, each once
+    assert [str(d) for d in g.devices] == sorted(kinds, key=lambda d: (d != "cpu", d))
+    assert g.num_edges == by_hand
+    odd = g.nodes[5]
+    odd.next = tuple(odd.next)  # a graph built in code may hold a tuple: the Python pass counts it
+    assert validate._FAST.edges_and_devices(g.nodes) is None
+    assert g.num_edges == by_hand and len(g.devices) == len(kinds)
+    assert validate._FAST.edges_and_devices([object()]) is None
+    empty = Graph(nodes=[], roots=[], variables={})
+    assert empty.num_edges == 0 and empty.devices == []
 
 
 # attrs.cost values at and around check_cost's rules: the compiled loop passes the plainly valid ones itself

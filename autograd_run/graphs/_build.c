@@ -21,6 +21,9 @@
  *       member, and those inside strings), or None for a value it does not count: load.py's
  *       _json_has_no_duplicates is the twin (it encodes them and counts), and why the count matters.
  *
+ *   edges_and_devices(nodes)  a graph's edge count and its distinct devices in one pass over its
+ *       nodes (graphs/model.py's Graph.num_edges and Graph.devices are the twins).
+ *
  *   remap_nodes(olds, codes, devices, ...)  a graph's nodes made again on other devices, a copy node on
  *       each edge that crosses devices (what-if placements): graphs/remap.py's remap_nodes_py is the
  *       twin, and its docstring says what both do.
@@ -1710,6 +1713,46 @@ static PyObject *kept_colons(PyObject *mod, PyObject *nodes) {
     return PyLong_FromLongLong(c);
 }
 
+/* edges_and_devices(nodes) -> (edges, devices), or None where the Python pass must do it (not configured,
+ * not a list of exact Nodes, a node whose next is not a list): the next edges that lead somewhere (not None)
+ * over every node, and the distinct device objects by identity in first-seen order. model.py's
+ * Graph.num_edges and Graph.devices are the twins (two map passes over the node list there). Nodes share a
+ * few device objects, so a list scanned by identity, with the last one found checked first, is the set. */
+static PyObject *edges_and_devices(PyObject *mod, PyObject *nodes) {
+    if (!configured || !PyList_CheckExact(nodes))
+        Py_RETURN_NONE;
+    PyObject *seen = PyList_New(0);
+    if (seen == NULL)
+        return NULL;
+    long long edges = 0;
+    PyObject *last = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *node = PyList_GET_ITEM(nodes, i);
+        if (Py_TYPE(node) != NODE.type)
+            goto python;
+        PyObject *next = *(PyObject **)((char *)node + NODE.offsets[N_NEXT]);
+        PyObject *dev = *(PyObject **)((char *)node + NODE.offsets[N_DEVICE]);
+        if (next == NULL || dev == NULL || !PyList_CheckExact(next))
+            goto python;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(next); j++)
+            edges += PyList_GET_ITEM(next, j) != Py_None;
+        if (dev == last)
+            continue;
+        Py_ssize_t k = 0, nd = PyList_GET_SIZE(seen);
+        while (k < nd && PyList_GET_ITEM(seen, k) != dev)
+            k++;
+        if (k == nd && PyList_Append(seen, dev) < 0) {
+            Py_DECREF(seen);
+            return NULL;
+        }
+        last = dev;
+    }
+    return Py_BuildValue("(LN)", edges, seen);
+python:
+    Py_DECREF(seen);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"configure_colons", configure_colons, METH_VARARGS,
      "configure_colons(MetaSpec, node_spec_fields, meta_spec_fields) -> bool"},
@@ -1721,6 +1764,8 @@ static PyMethodDef methods[] = {
      "build_nodes(checker, spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
     {"link_edges", link_edges, METH_VARARGS,
      "link_edges(nexts, st, i) -> first index not done: see graphs/validate.py"},
+    {"edges_and_devices", edges_and_devices, METH_O,
+     "edges_and_devices(nodes) -> (edges, distinct devices) or None: see graphs/model.py Graph.num_edges"},
     {"topo_in", topo_in, METH_VARARGS,
      "topo_in(nodes, reverse) -> True, or False where the Python loop must do it: see graphs/model.py _topo_in"},
     {"remap_nodes", remap_nodes, METH_VARARGS,
