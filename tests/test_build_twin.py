@@ -25,6 +25,7 @@ def snapshot(g) -> tuple:
     """Everything a loaded graph holds, as plain values (nodes by index; saved values by repr, NaN-safe);
     consumers as ``ensure_consumers`` makes them (the loader leaves them None, both ways)."""
     assert all(n.consumers is None for n in g.nodes)
+    assert all(type(k) is str for k in g.by_id)  # the loops' non-string key (validate._GENERAL_KEYS) is gone
     ensure_consumers(g)
     def node(n):
         return (n.id, n.name, n.op.name, n.seq,
