@@ -1417,7 +1417,9 @@ static PyObject *remap_nodes(PyObject *mod, PyObject *args) {
             max_index = d;
     }
 
-    if ((nodes = PyList_New(0)) == NULL || (by_id = _PyDict_NewPresized(n)) == NULL)
+    /* None in the id table meanwhile (validate._GENERAL_KEYS says why), taken out at the end */
+    if ((nodes = PyList_New(0)) == NULL || (by_id = _PyDict_NewPresized(n + 1)) == NULL ||
+        PyDict_SetItem(by_id, Py_None, Py_None) < 0)
         goto fail;
     if ((pos = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t))) == NULL) {
         PyErr_NoMemory();
@@ -1563,7 +1565,8 @@ static PyObject *remap_nodes(PyObject *mod, PyObject *args) {
         for (Py_ssize_t p = i ? pos[i - 1] + 1 : 0; p <= pos[i]; p++)
             PyList_SET_ITEM(order, at++, Py_NewRef(PyList_GET_ITEM(nodes, p)));
     }
-    result = Py_BuildValue("(OOOOn)", nodes, fresh, by_id, order, max_index);
+    if (PyDict_DelItem(by_id, Py_None) == 0)
+        result = Py_BuildValue("(OOOOn)", nodes, fresh, by_id, order, max_index);
 fail:
     PyMem_Free(code);
     PyMem_Free(pos);

@@ -43,7 +43,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from autograd_run.graphs.model import Edge, Node
-from autograd_run.graphs.validate import _FAST
+from autograd_run.graphs.validate import _FAST, _GENERAL_KEYS
 
 
 def remap_nodes_py(olds, codes, devices, metas, copy_metas, make, make_copy, copy_op, old_ids):
@@ -78,7 +78,7 @@ def remap_nodes_py(olds, codes, devices, metas, copy_metas, make, make_copy, cop
                 max_index = d
         fresh.append(new)
     nodes = []
-    by_id: dict = {}
+    by_id: dict = {_GENERAL_KEYS: None}  # taken out below (validate._GENERAL_KEYS says why)
     copies = 0
     for i, n in enumerate(olds):
         new, d = fresh[i], codes[i]
@@ -117,6 +117,7 @@ def remap_nodes_py(olds, codes, devices, metas, copy_metas, make, make_copy, cop
     for n in sorted(olds, key=attrgetter("topo_nr")):
         i = n.index
         order.extend(nodes[fresh[i - 1].index + 1 if i else 0:fresh[i].index + 1])
+    del by_id[_GENERAL_KEYS]
     return nodes, fresh, by_id, order, max_index
 
 
