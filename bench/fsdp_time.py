@@ -13,7 +13,9 @@ is what a user's commands give, each in a fresh process:
    (``fsdp_oracle.run_ranks_many``: one intra-op thread per process; two
    warm-up iterations, the third backward profiled on every rank, then
    ``--timed`` backward calls after a barrier each); measured: the median
-   over ranks of each rank's median backward call;
+   over ranks of each rank's median backward call, and of its exposed
+   communication (from the end of the compute, a final callback queued
+   ahead of FSDP's, to the call's return: ``tests/support/compute_end.py``);
 3. ``autograd-run capture model.py:main -o g.json`` of the model under
    ``fully_shard`` in a one-process group (``one_process_group()``), then
    ``autograd-run simulate g.json --costs rank0.json --spec local-torch
@@ -24,7 +26,8 @@ is what a user's commands give, each in a fresh process:
 
 It reports the signed error ``(predicted - measured) / measured`` of the
 backward call's wall time, its distribution (MAPE, median, p90, worst, bias),
-by world size.
+by world size; and the exposed communication's error, as a share of the wall
+and its own.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from bench.accuracy import distribution  # noqa: E402
-from bench.ddp_time import EXTERNAL, _cli, setup, summary  # noqa: E402
+from bench.ddp_time import EXTERNAL, _cli, exposed_summary, setup, summary  # noqa: E402
 
 OURS = ["blocks", "transformer", "prefetch2", "keep", "nested", "conv", "hsdp"]
 
@@ -83,8 +86,11 @@ def _predict(name: str, world: int, ranks: list[dict], folder: str, env: dict) -
         return {"name": name, "world": world, "error": p.stderr.strip()[-300:]}
     d = json.loads(p.stdout)
     wall = d["fsdp"]["wall_ns"]
+    tails = [statistics.median(r["tail_ns"]) for r in ranks if r.get("tail_ns")]
     return {"name": name, "world": world, "measured_ms": measured / 1e6, "predicted_ms": wall / 1e6,
-            "error": (wall - measured) / measured, "units": len(d["fsdp"]["units"])}
+            "error": (wall - measured) / measured, "units": len(d["fsdp"]["units"]),
+            "exposed_ms": statistics.median(tails) / 1e6 if tails else float("nan"),
+            "predicted_exposed_ms": d["fsdp"]["exposed_ns"] / 1e6}
 
 
 def main(argv: list[str] | None = None, quick: bool = False) -> dict:
@@ -117,10 +123,12 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
             rows.append(r)
             if "measured_ms" in r:
                 print(f"  {name:28} world={world}: measured {r['measured_ms']:7.2f} ms, predicted "
-                      f"{r['predicted_ms']:7.2f} ms ({r['error']:+.0%}), {r['units']} units")
+                      f"{r['predicted_ms']:7.2f} ms ({r['error']:+.0%}), {r['units']} units; exposed "
+                      f"{r['exposed_ms']:6.2f} vs {r['predicted_exposed_ms']:6.2f} ms")
             else:
                 print(f"  {name:28} world={world}: skipped: {r['error']}")
-    out, _ = summary("fsdp", seed, rows, t)
+    out, ok = summary("fsdp", seed, rows, t)
+    exposed_summary("fsdp", out, ok)
     return out
 
 

@@ -17,7 +17,9 @@ tests.support.ddp_oracle --rank R ...``) joined by a ``FileStore`` in ``out_dir`
 on the loopback interface, on ports the kernel picks. For each (model, bucket cap) case in turn, each rank
 profiles its first iteration (the initial buckets) and its third (the rebuilt ones) with ``record_shapes``
 (``rank{R}-{model}-{cap}-first.json``, ``...-steady.json``), then times ``timed`` backward calls after a
-barrier each; with ``timed``, also a ``schedule`` profile (one warm-up step, ``SCHEDULE_ACTIVE`` recorded:
+barrier each (``backward_ns``; ``tail_ns``: from the end of the compute, a final callback queued ahead of
+DDP's, to the call's return: the exposed communication; ``compute_ns``: the same backward under
+``no_sync()``); with ``timed``, also a ``schedule`` profile (one warm-up step, ``SCHEDULE_ACTIVE`` recorded:
 ``...-schedule.json``) before the timed calls. ``run_ranks(name, cap, world, out_dir)``: one case. ``launches(trace)`` reads
 a trace back: the all-reduces in the order the rank launched them, each with its element count and how many
 AccumulateGrad nodes had started when it was launched (DDP's hook runs inside the AccumulateGrad node whose
@@ -187,6 +189,7 @@ SCHEDULE_ACTIVE = 3
 
 def _one_case(rank: int, out: str, case: dict) -> dict:
     import time
+    from tests.support.compute_end import mark_compute_end
     torch, nn = _nn()
     dist = torch.distributed
     from torch.profiler import ProfilerActivity, profile
@@ -213,13 +216,20 @@ def _one_case(rank: int, out: str, case: dict) -> dict:
             for _ in range(1 + SCHEDULE_ACTIVE):
                 run(ddp).backward()
                 prof.step()
-    times, compute = [], []
+    times, compute, tails = [], [], []
+    marks = []
     for _ in range(case.get("timed", 0)):  # in turns: with DDP's communication, and without (no_sync)
         loss = run(ddp)
+        hook = mark_compute_end(loss, marks)
         dist.barrier()
+        marks.clear()
         t = time.perf_counter_ns()
         loss.backward()
-        times.append(time.perf_counter_ns() - t)
+        end = time.perf_counter_ns()
+        hook.remove()
+        times.append(end - t)
+        if len(marks) == 1:
+            tails.append(end - marks[0])
         with ddp.no_sync():
             loss = run(ddp)
             dist.barrier()
@@ -228,7 +238,8 @@ def _one_case(rank: int, out: str, case: dict) -> dict:
             compute.append(time.perf_counter_ns() - t)
     sizes = _ints(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes"))
     del ddp
-    return {"rank": rank, "traces": paths, "backward_ns": times, "compute_ns": compute, "rebuilt_sizes": sizes}
+    return {"rank": rank, "traces": paths, "backward_ns": times, "compute_ns": compute, "tail_ns": tails,
+            "rebuilt_sizes": sizes}
 
 
 def _rank_main(rank: int, world: int, store: str, out: str, cases: list[dict],

@@ -198,16 +198,23 @@ def _one_model(rank: int, out: str, name: str, memory: bool, timed: int = 0) -> 
             loss.backward()
         path = os.path.join(out, f"rank{rank}-{name}.json")
         prof.export_chrome_trace(path)
-    times = []
+    times, tails, marks = [], [], []
     for _ in range(timed):  # the backward call alone, after a barrier, as bench/fsdp_time.py measures it
         import time
         import torch.distributed as dist
+        from tests.support.compute_end import mark_compute_end
         loss = run(model)  # gradients accumulate, as in the profiled pass
+        hook = mark_compute_end(loss, marks)  # tail_ns: from the compute's end to the return (exposed)
         dist.barrier()
+        marks.clear()
         t = time.perf_counter_ns()
         loss.backward()
-        times.append(time.perf_counter_ns() - t)
-    return {"trace": path, "backward_ns": times}
+        end = time.perf_counter_ns()
+        hook.remove()
+        times.append(end - t)
+        if len(marks) == 1:
+            tails.append(end - marks[0])
+    return {"trace": path, "backward_ns": times, "tail_ns": tails}
 
 
 def _rank_main(rank: int, world: int, store: str, out: str, names: list[str], memory: bool = False,
