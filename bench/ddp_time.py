@@ -18,7 +18,10 @@ process:
    communication** as ``simulate`` defines it (from the end of the compute
    to the end of the last all-reduce and the copy back), timed in each DDP
    call from a final callback queued ahead of DDP's (the engine runs them in
-   order, after the last node) to the call's return; and, beside it, DDP's
+   order, after the last node) to the call's return, on the rank whose
+   compute ended last (``measured_tails``: the simulated ranks are alike; a
+   rank that finishes first also waits for the others, and that skew is
+   reported beside it); and, beside those, DDP's
    cost over ``no_sync()`` (the backward minus the one without
    communication: it also holds the compute's own slowing while gloo runs,
    which the costs carry, as they come from the DDP job's profile);
@@ -108,12 +111,10 @@ def one_case(name: str, cap, world: int, timed: int, env: dict, tmp: str) -> dic
         pred[kind] = json.loads(p.stdout)["ddp"]
     d, sched = pred["steady"], pred["schedule"]
     over_no_sync = max(0.0, measured - compute)
-    tails = [statistics.median(r["tail_ns"]) for r in ranks if r.get("tail_ns")]
-    exposed = statistics.median(tails) if tails else float("nan")
+    tails = measured_tails(ranks)
     return {"name": name, "cap": cap, "world": world, "measured_ms": measured / 1e6, "compute_ms": compute / 1e6,
             "predicted_ms": d["wall_ns"] / 1e6, "predicted_compute_ms": d["compute_ns"] / 1e6,
-            "exposed_ms": exposed / 1e6, "predicted_exposed_ms": d["exposed_ns"] / 1e6,
-            "over_no_sync_ms": over_no_sync / 1e6,
+            **tails, "predicted_exposed_ms": d["exposed_ns"] / 1e6, "over_no_sync_ms": over_no_sync / 1e6,
             "error": (d["wall_ns"] - measured) / measured, "buckets": len(d["buckets"]),
             "error_schedule": (sched["wall_ns"] - measured) / measured}
 
@@ -155,6 +156,32 @@ def summary(label: str, seed: int, rows: list[dict], start: float) -> tuple[dict
         print(f"{label}: backward wall, {d['n']} cases: MAPE {d['mape']:.1%}, median {d['median']:.1%}, p90 "
               f"{d['p90']:.1%}, worst {d['worst']:+.1%}, bias {d['bias']:+.1%}")
     return out, ok
+
+
+def measured_tails(ranks: list[dict]) -> dict:
+    """The exposed communication measured in the timed calls (each rank's ``backward_ns`` and ``tail_ns``, the
+    calls in step across ranks: a barrier before each), in ms:
+
+    - ``exposed_ms``: per call, the tail of the rank whose compute ended last (the communication left once
+      every rank has launched its last bucket: what the simulation, whose ranks are alike, calls exposed);
+      the median over the calls;
+    - ``rank_tail_ms``: the median over ranks of each rank's median tail (what a rank waits: the exposed
+      communication plus, on a rank that finished first, the wait for the others' compute);
+    - ``skew_ms``: per call, the last rank's compute end minus the first's; the median over the calls.
+
+    NaN where the tails were not timed (a rank whose callback did not run, or an older oracle)."""
+    nan = float("nan")
+    calls = min((len(r.get("tail_ns") or ()) for r in ranks), default=0)
+    if not calls or any(len(r["backward_ns"]) != len(r["tail_ns"]) for r in ranks):
+        return {"exposed_ms": nan, "rank_tail_ms": nan, "skew_ms": nan}
+    last, skew = [], []
+    for i in range(calls):
+        ends = [(r["backward_ns"][i] - r["tail_ns"][i], r["tail_ns"][i]) for r in ranks]
+        last.append(max(ends)[1])
+        skew.append(max(ends)[0] - min(ends)[0])
+    return {"exposed_ms": statistics.median(last) / 1e6,
+            "rank_tail_ms": statistics.median(statistics.median(r["tail_ns"]) for r in ranks) / 1e6,
+            "skew_ms": statistics.median(skew) / 1e6}
 
 
 def exposed_summary(label: str, out: dict, ok: list[dict]) -> bool:
@@ -199,7 +226,8 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
             print(f"  {name:28} cap={str(cap):5} world={world}: measured {r['measured_ms']:7.2f} ms "
                   f"(compute {r['compute_ms']:6.2f}), predicted {r['predicted_ms']:7.2f} ms "
                   f"({r['error']:+.0%}; three steps' profile {r['error_schedule']:+.0%}); exposed {r['exposed_ms']:6.2f} vs "
-                  f"{r['predicted_exposed_ms']:6.2f} ms (over no_sync {r['over_no_sync_ms']:6.2f})")
+                  f"{r['predicted_exposed_ms']:6.2f} ms (a rank's tail {r['rank_tail_ms']:6.2f}, ranks' skew "
+                  f"{r['skew_ms']:5.2f}, over no_sync {r['over_no_sync_ms']:6.2f})")
         else:
             print(f"  {name:28} cap={str(cap):5} world={world}: skipped: {r['error']}")
     out, ok = summary("ddp", seed, rows, t)

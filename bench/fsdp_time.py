@@ -46,7 +46,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from bench.accuracy import distribution  # noqa: E402
-from bench.ddp_time import EXTERNAL, _cli, exposed_summary, setup, summary  # noqa: E402
+from bench.ddp_time import EXTERNAL, _cli, exposed_summary, measured_tails, setup, summary  # noqa: E402
 
 OURS = ["blocks", "transformer", "prefetch2", "keep", "nested", "conv", "hsdp"]
 
@@ -86,11 +86,9 @@ def _predict(name: str, world: int, ranks: list[dict], folder: str, env: dict) -
         return {"name": name, "world": world, "error": p.stderr.strip()[-300:]}
     d = json.loads(p.stdout)
     wall = d["fsdp"]["wall_ns"]
-    tails = [statistics.median(r["tail_ns"]) for r in ranks if r.get("tail_ns")]
     return {"name": name, "world": world, "measured_ms": measured / 1e6, "predicted_ms": wall / 1e6,
             "error": (wall - measured) / measured, "units": len(d["fsdp"]["units"]),
-            "exposed_ms": statistics.median(tails) / 1e6 if tails else float("nan"),
-            "predicted_exposed_ms": d["fsdp"]["exposed_ns"] / 1e6}
+            **measured_tails(ranks), "predicted_exposed_ms": d["fsdp"]["exposed_ns"] / 1e6}
 
 
 def main(argv: list[str] | None = None, quick: bool = False) -> dict:
@@ -124,7 +122,8 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
             if "measured_ms" in r:
                 print(f"  {name:28} world={world}: measured {r['measured_ms']:7.2f} ms, predicted "
                       f"{r['predicted_ms']:7.2f} ms ({r['error']:+.0%}), {r['units']} units; exposed "
-                      f"{r['exposed_ms']:6.2f} vs {r['predicted_exposed_ms']:6.2f} ms")
+                      f"{r['exposed_ms']:6.2f} vs {r['predicted_exposed_ms']:6.2f} ms (a rank's tail {r['rank_tail_ms']:6.2f}, "
+                      f"ranks' skew {r['skew_ms']:5.2f})")
             else:
                 print(f"  {name:28} world={world}: skipped: {r['error']}")
     out, ok = summary("fsdp", seed, rows, t)
