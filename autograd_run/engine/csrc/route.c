@@ -46,11 +46,30 @@ typedef struct {
     PyObject *others;    /* tracer.others: the tracers besides that log (new reference), or NULL */
     int hooks;           /* the hot hooks to call in Python (HOOK_*): `others`'s with a log, else the tracer's */
     PyObject *key_fn;    /* engine.priority.key unless the default priority (new reference), or NULL */
+    /* engine.device_queue(i) for i < 8, kept once asked (new references), where the caller says the queues stay
+     * the same while this EngineInfo lives (the simulation's loop: Simulator.devices is fixed); else unused */
+    int keep_queues;
+    PyObject *queues[8];
 } EngineInfo;
 
 static void engine_info_clear(EngineInfo *ei) {
     Py_CLEAR(ei->others);
     Py_CLEAR(ei->key_fn);
+    for (int i = 0; i < 8; i++)
+        Py_CLEAR(ei->queues[i]);
+}
+
+/* engine.device_queue(idx), from ei's kept queues where it keeps them (a new reference; NULL on error). */
+static PyObject *device_queue_of(EngineInfo *ei, PyObject *idx) {
+    long i = ei->keep_queues ? PyLong_AsLong(idx) : -1;
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i >= 0 && i < 8 && ei->queues[i] != NULL)
+        return Py_NewRef(ei->queues[i]);
+    PyObject *queue = PyObject_CallMethodOneArg(ei->engine, s_device_queue, idx);
+    if (queue != NULL && i >= 0 && i < 8)
+        ei->queues[i] = Py_NewRef(queue);
+    return queue;
 }
 
 /* HOOK_* bits of the hot hooks `t` implements: its `implemented` set (Tracers), else all of them. */
@@ -729,7 +748,7 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
             PyObject *ndev = PyObject_GetAttr(nxt, s_device);
             PyObject *idx = ndev ? PyObject_GetAttr(ndev, s_index) : NULL;
             Py_XDECREF(ndev);
-            queue = idx ? PyObject_CallMethodOneArg(ei->engine, s_device_queue, idx) : NULL;
+            queue = idx ? device_queue_of(ei, idx) : NULL;
             Py_XDECREF(idx);
             if (queue == NULL) {
                 Py_DECREF(buf);

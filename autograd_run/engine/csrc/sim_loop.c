@@ -286,7 +286,49 @@ typedef struct {
     /* nodes alike (signature.c's sig_alike): per slot an exemplar node whose cost came from by_signature, and that
      * cost; both held (so the exemplar's address is not reused while it is here), released by memo_clear */
     PyObject *memo_node[SIG_MEMO], *memo_cost[SIG_MEMO];
+    /* route()'s reads of the simulator (EngineInfo, with its device queues kept) and of a task's GraphTask
+     * (GtInfo: its fields never change while it runs), made once per loop and once per GraphTask instead of
+     * once per node (sim_route); route_gt: the GraphTask route_gi was read from (held by route_gi), or NULL */
+    EngineInfo route_ei;
+    GtInfo route_gi;
+    int route_ei_ready;
+    PyObject *route_gt;
 } Sim;
+
+/* route(sim, gt, node, ones, gt.exec_info, tracer, parent) with what it reads of the simulator and of gt read
+ * once (Sim's route_ei and route_gi): the same result as the call. */
+static PyObject *sim_route(Sim *S, PyObject *gt, PyObject *node, PyObject *parent) {
+    if (!S->route_ei_ready) {
+        if (engine_info_fill(&S->route_ei, S->sim, S->tracer) < 0)
+            return NULL;
+        S->route_ei.keep_queues = 1;
+        S->route_ei_ready = 1;
+    }
+    if (S->route_gt != gt) {
+        if (S->route_gt != NULL) {
+            gt_info_clear(&S->route_gi);
+            S->route_gt = NULL;
+        }
+        PyObject *exec_info = PyObject_GetAttr(gt, s_exec_info);
+        if (exec_info == NULL)
+            return NULL;
+        int r = gt_info_fill_route(&S->route_gi, gt, exec_info);
+        Py_DECREF(exec_info);
+        if (r < 0)
+            return NULL;
+        S->route_gt = gt;
+    }
+    return route_core(&S->route_ei, &S->route_gi, node, S->ones, parent);
+}
+
+static void sim_route_clear(Sim *S) {
+    if (S->route_gt != NULL)
+        gt_info_clear(&S->route_gi);
+    S->route_gt = NULL;
+    if (S->route_ei_ready)
+        engine_info_clear(&S->route_ei);
+    S->route_ei_ready = 0;
+}
 
 static void memo_clear(Sim *S) {
     for (int i = 0; i < SIG_MEMO; i++) {
@@ -585,12 +627,7 @@ static int sim_done(Sim *S, SimRunC *run) {
         if (set_attr(S->sim, sl__ones, ones) < 0)
             goto out;
     }
-    PyObject *exec_info = PyObject_GetAttr(run->gt, s_exec_info);
-    if (exec_info == NULL)
-        goto out;
-    PyObject *args[7] = {S->sim, run->gt, run->node, S->ones, exec_info, S->tracer, run->parent};
-    PyObject *finished = sync_now(S) < 0 ? NULL : route(NULL, args, 7);
-    Py_DECREF(exec_info);
+    PyObject *finished = sync_now(S) < 0 ? NULL : sim_route(S, run->gt, run->node, run->parent);
     if (finished == NULL)
         goto out;
     r = sim_retire(S, run->w, run->gt, finished);
@@ -1329,6 +1366,7 @@ done:
     Py_XDECREF(S.pending);
     task_ids_clear(&S);
     memo_clear(&S);
+    sim_route_clear(&S);
     Py_XDECREF(S.leaf_set);
     Py_XDECREF(S.leaf_stream);
     Py_XDECREF(at);
