@@ -3,6 +3,8 @@
 * ``autograd_run.engine._core``: the engine's per-node scheduling work (``_core.c`` and the parts it
   includes from ``engine/csrc/``).
 * ``autograd_run.graphs._build``: the loader's loops over node specs (``graphs/validate.py`` is the twin).
+* ``autograd_run.graphs._json_nodes``: a graph file's node list decoded into node specs (msgspec's own
+  decode is the twin; ``graphs/load.py``).
 * ``autograd_run.graphs._draw``: seeded random tensors in bulk; it links numpy's ``npyrandom``
   static library (shipped with numpy for extensions, see numpy's "Extending numpy.random") for
   numpy's own distributions, so it is built only where numpy is importable at build time
@@ -22,6 +24,8 @@ CORE_PARTS = sorted(os.path.join("autograd_run", "engine", "csrc", f)
 extensions = [Extension("autograd_run.engine._core", ["autograd_run/engine/_core.c"], depends=CORE_PARTS,
                         extra_compile_args=["-O2"], optional=True),
               Extension("autograd_run.graphs._build", ["autograd_run/graphs/_build.c"],
+                        extra_compile_args=["-O2"], optional=True),
+              Extension("autograd_run.graphs._json_nodes", ["autograd_run/graphs/_json_nodes.c"],
                         extra_compile_args=["-O2"], optional=True)]
 try:
     import numpy

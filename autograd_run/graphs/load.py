@@ -32,7 +32,7 @@ from autograd_run import untrusted
 from autograd_run.errors import GraphFileError
 from autograd_run.graphs.locate import JsonLocator, YamlLocator, byte_to_line_col
 from autograd_run.graphs.model import FORMAT, Graph
-from autograd_run.graphs.schema import GraphSpec
+from autograd_run.graphs.schema import UNSET, GraphSpec, MetaSpec, NodeSpec
 from autograd_run.graphs.validate import KEPT_COLONS, build_graph, check_python_nodes, format_bytes, memory_available
 
 #: The largest graph file read (a ten-million-node chain in JSON is 1.4 GB); what a load may take in memory
@@ -231,7 +231,7 @@ def _load_json(box: list, source: str, base_dir: str | None, side_name: str | No
                max_bytes: int | None, check_data: bool = False) -> Graph:
     data = box.pop()  # (see _loads: let go below once decoded)
     try:
-        spec = _JSON_DECODER.decode(data)
+        spec = _decode_json(data)
     except msgspec.ValidationError as exc:
         # Error path only: decode untyped to say what the file is and name the node.
         try:
@@ -270,6 +270,44 @@ def _load_json(box: list, source: str, base_dir: str | None, side_name: str | No
         _json_duplicates(data, source)
     del data
     return build_graph(spec, source, base_dir, JsonLocator(spec.nodes), side_name, max_bytes, check_data)
+
+
+def _compiled_node_reader():
+    """``_json_nodes.read_graph`` once configured for this schema, or None (not built,
+    ``AUTOGRAD_RUN_PURE_PYTHON`` set, or a schema it does not know): msgspec then decodes every file whole."""
+    if os.environ.get("AUTOGRAD_RUN_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from autograd_run.graphs import _json_nodes
+    except ImportError:
+        return None
+    ok = _json_nodes.configure(NodeSpec, NodeSpec.__struct_fields__, UNSET, msgspec.json.Decoder(list[MetaSpec]))
+    return _json_nodes.read_graph if ok else None
+
+
+_READ_GRAPH = _compiled_node_reader()
+
+
+def _decode_json(data: bytes) -> GraphSpec:
+    """The file's ``GraphSpec``, as ``_JSON_DECODER.decode(data)`` gives it (the same values, types and errors).
+
+    With the compiled reader (``_json_nodes.c``), the nodes are made straight from the text, sharing what
+    cannot change between nodes alike (their names, ops, saved keys and input lists), and msgspec decodes the
+    other members, given as a small document of their own. Where either cannot plainly read the file (an
+    error, an escaped or non-ASCII string, a long integer, ...), msgspec decodes it whole, as before, and
+    says what is wrong."""
+    if _READ_GRAPH is not None:
+        read = _READ_GRAPH(data)
+        if read is not None:
+            nodes, head = read
+            try:
+                spec = _JSON_DECODER.decode(head)
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                spec = None
+            if spec is not None:
+                spec.nodes = nodes
+                return spec
+    return _JSON_DECODER.decode(data)
 
 
 def _json_has_no_duplicates(data: bytes, spec: GraphSpec) -> bool:

@@ -1,0 +1,805 @@
+/*
+ * autograd_run.graphs._json_nodes: the node list of a graph file's JSON text decoded into the schema's own
+ * NodeSpec and MetaSpec (graphs/schema.py), as msgspec decodes it, for the plain files that big graphs are.
+ *
+ *   configure(NodeSpec, node_field_names, UNSET, inputs_decoder) -> bool
+ *       NodeSpec's fields must be plain object slots in that order (the names are checked), and
+ *       inputs_decoder is msgspec.json.Decoder(list[MetaSpec]).
+ *   read_graph(buffer) -> (nodes, head) | None
+ *       the graph file's JSON text in buffer: its "nodes" array decoded (a list of NodeSpec), and its other
+ *       members' text as written, in a JSON object of their own after a "nodes":[] (head: msgspec decodes
+ *       that, load.py); None where the text is not plainly read here (anything below, a top level that is
+ *       not an object, "nodes" missing or repeated): the loader then decodes the whole file with msgspec,
+ *       which also says what is wrong where something is.
+ *
+ * What msgspec's decode gives, what is read here, and what is handed back (None):
+ *   - every node member: id, name, op, seq, fwd_thread, next, inputs, saved, attrs, variable with their
+ *     schema types; an unknown or repeated member, or a value of another type: None;
+ *   - strings with JSON's escapes undone (a \u of a surrogate half: None) and their bytes decoded as strict
+ *     UTF-8 (not UTF-8: None), made anew like msgspec's, except a node's name and op and the keys of saved
+ *     and attrs, which are shared between the nodes that write the same text (strings cannot change, so
+ *     only `is` tells); a member name of a node or of the file with an escape: None;
+ *   - numbers as JSON writes them: an integer of up to 18 digits is an int (longer: None), anything with a
+ *     fraction or an exponent a float, correctly rounded as msgspec rounds (Clinger's exact fast path, else
+ *     PyOS_string_to_double), an exponent past 300 or more than 40 characters: None;
+ *   - true, false, null; arrays as lists, objects as dicts (a repeated key: None), nested at most 64 deep;
+ *   - a node's inputs: the same text as a node before gives the same list of the same MetaSpec objects
+ *     (the loader only reads them); new text is decoded by msgspec itself (inputs_decoder), whose error
+ *     makes the answer None.
+ * The tests (tests/test_json_nodes.py) compare the result with msgspec's, value by value and type by type,
+ * on every example, generated graphs of every kind and fuzzed texts; the load runs both ways.
+ *
+ * No lock: the loader runs on one thread and holds the GIL throughout.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <string.h>
+
+enum { F_ID, F_NAME, F_OP, F_SEQ, F_FWD, F_NEXT, F_INPUTS, F_SAVED, F_ATTRS, F_VARIABLE, N_FIELDS };
+static const char *FIELDS[N_FIELDS] = {"id", "name", "op", "seq", "fwd_thread", "next", "inputs", "saved",
+                                       "attrs", "variable"};
+static Py_ssize_t FIELD_LEN[N_FIELDS];
+static PyTypeObject *NODE_TYPE = NULL;
+static Py_ssize_t OFFSETS[N_FIELDS];
+static Py_ssize_t NODE_NFIELDS = 0; /* NodeSpec's field count (every slot is set) */
+static Py_ssize_t ALL_OFFSETS[32];
+static PyObject *UNSET = NULL, *INPUTS_DECODER = NULL, *s_decode = NULL;
+
+#define MAX_DEPTH 64
+
+/* A text span's object, found again by its bytes: names, ops and keys (str), inputs (list). Open
+ * addressing; full (TABLE_SIZE / 2 entries): new texts are not kept (made each time). The spans point
+ * into the buffer being decoded, so a table lives for one decode_nodes call. */
+#define TABLE_SIZE 4096
+typedef struct {
+    const char *s;
+    Py_ssize_t n;
+    Py_hash_t h;
+    PyObject *v;
+} Entry;
+typedef struct {
+    Entry e[TABLE_SIZE];
+    int used;
+} Table;
+
+static Py_hash_t span_hash(const char *s, Py_ssize_t n) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (Py_ssize_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    return (Py_hash_t)(h >> 1);
+}
+
+static Entry *table_find(Table *t, const char *s, Py_ssize_t n, Py_hash_t h) {
+    size_t i = (size_t)h & (TABLE_SIZE - 1);
+    for (;;) {
+        Entry *e = &t->e[i];
+        if (e->v == NULL || (e->h == h && e->n == n && memcmp(e->s, s, n) == 0))
+            return e;
+        i = (i + 1) & (TABLE_SIZE - 1);
+    }
+}
+
+static void table_clear(Table *t) {
+    for (int i = 0; i < TABLE_SIZE; i++)
+        Py_CLEAR(t->e[i].v);
+    t->used = 0;
+}
+
+typedef struct {
+    const char *p, *end;
+    Table *strings, *inputs;
+} Rd;
+
+/* Every reader: a new reference; NULL with no exception set: not read here (the caller hands back None);
+ * NULL with an exception: an error (out of memory), raised. */
+
+static inline void ws(Rd *r) {
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\n' || *r->p == '\r' || *r->p == '\t'))
+        r->p++;
+}
+
+static inline int peek(Rd *r, char c) {
+    ws(r);
+    return r->p < r->end && *r->p == c;
+}
+
+static inline int take(Rd *r, char c) {
+    if (!peek(r, c))
+        return 0;
+    r->p++;
+    return 1;
+}
+
+static int literal(Rd *r, const char *word, Py_ssize_t n) {
+    if (r->end - r->p < n || memcmp(r->p, word, n) != 0)
+        return 0;
+    r->p += n;
+    return 1;
+}
+
+/* A string's text between its quotes (s, n): 1 plain ASCII without escapes, 2 with escapes or other bytes
+ * (str_of decodes it), 0 not a string here (a control character, not closed). */
+static int span(Rd *r, const char **s, Py_ssize_t *n) {
+    if (!take(r, '"'))
+        return 0;
+    const char *q = r->p;
+    int kind = 1;
+    while (q < r->end) {
+        unsigned char c = (unsigned char)*q;
+        if (c == '"')
+            break;
+        if (c < 0x20)
+            return 0;
+        if (c == '\\') {
+            kind = 2;
+            q += 2;
+            continue;
+        }
+        if (c >= 0x80)
+            kind = 2;
+        q++;
+    }
+    if (q >= r->end)
+        return 0;
+    *s = r->p;
+    *n = q - r->p;
+    r->p = q + 1;
+    return kind;
+}
+
+static PyObject *new_str(const char *s, Py_ssize_t n) {
+    PyObject *u = PyUnicode_New(n, 127);
+    if (u != NULL)
+        memcpy(PyUnicode_DATA(u), s, n);
+    return u;
+}
+
+static int hex4(const char *s, unsigned *out) {
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = s[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= c - '0';
+        else if (c >= 'a' && c <= 'f')
+            v |= c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F')
+            v |= c - 'A' + 10;
+        else
+            return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* The string of a span of kind 1 or 2: JSON's escapes undone (a \u of a surrogate: not read here), the
+ * bytes decoded as strict UTF-8 (anything else: not read here). */
+static PyObject *str_of(const char *s, Py_ssize_t n, int kind) {
+    if (kind == 1)
+        return new_str(s, n);
+    char *buf = PyMem_Malloc(n ? n : 1), *o = buf; /* undone escapes are never longer than their text */
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    for (const char *p = s, *end = s + n; p < end;) {
+        if (*p != '\\') {
+            *o++ = *p++;
+            continue;
+        }
+        if (end - p < 2)
+            goto plain;
+        char e = p[1];
+        p += 2;
+        switch (e) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '/': *o++ = '/'; break;
+        case 'b': *o++ = '\b'; break;
+        case 'f': *o++ = '\f'; break;
+        case 'n': *o++ = '\n'; break;
+        case 'r': *o++ = '\r'; break;
+        case 't': *o++ = '\t'; break;
+        case 'u': {
+            unsigned cp;
+            if (end - p < 4 || !hex4(p, &cp) || (cp >= 0xD800 && cp <= 0xDFFF))
+                goto plain;
+            p += 4;
+            if (cp < 0x80) {
+                *o++ = (char)cp;
+            } else if (cp < 0x800) {
+                *o++ = (char)(0xC0 | (cp >> 6));
+                *o++ = (char)(0x80 | (cp & 0x3F));
+            } else {
+                *o++ = (char)(0xE0 | (cp >> 12));
+                *o++ = (char)(0x80 | ((cp >> 6) & 0x3F));
+                *o++ = (char)(0x80 | (cp & 0x3F));
+            }
+            break;
+        }
+        default:
+            goto plain;
+        }
+    }
+    PyObject *u = PyUnicode_DecodeUTF8(buf, o - buf, "strict");
+    PyMem_Free(buf);
+    if (u == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        PyErr_Clear(); /* not UTF-8: msgspec's decode says so */
+    return u;
+plain:
+    PyMem_Free(buf);
+    return NULL;
+}
+
+static PyObject *read_str(Rd *r) {
+    const char *s;
+    Py_ssize_t n;
+    int kind = span(r, &s, &n);
+    return kind ? str_of(s, n, kind) : NULL;
+}
+
+/* A string shared by its text (a name, an op, a key). */
+static PyObject *read_shared_str(Rd *r) {
+    const char *s;
+    Py_ssize_t n;
+    int kind = span(r, &s, &n);
+    if (!kind)
+        return NULL;
+    Py_hash_t h = span_hash(s, n);
+    Entry *e = table_find(r->strings, s, n, h);
+    if (e->v != NULL)
+        return Py_NewRef(e->v);
+    PyObject *u = str_of(s, n, kind);
+    if (u != NULL && r->strings->used < TABLE_SIZE / 2) {
+        e->s = s, e->n = n, e->h = h, e->v = Py_NewRef(u);
+        r->strings->used++;
+    }
+    return u;
+}
+
+static PyObject *read_number(Rd *r) {
+    ws(r);
+    const char *s = r->p, *q = s;
+    int is_float = 0;
+    if (q < r->end && *q == '-')
+        q++;
+    if (q >= r->end || *q < '0' || *q > '9')
+        return NULL;
+    if (*q == '0') {
+        q++;
+        if (q < r->end && *q >= '0' && *q <= '9')
+            return NULL; /* a leading zero: not JSON */
+    } else {
+        while (q < r->end && *q >= '0' && *q <= '9')
+            q++;
+    }
+    if (q < r->end && *q == '.') {
+        is_float = 1;
+        q++;
+        if (q >= r->end || *q < '0' || *q > '9')
+            return NULL;
+        while (q < r->end && *q >= '0' && *q <= '9')
+            q++;
+    }
+    if (q < r->end && (*q == 'e' || *q == 'E')) {
+        is_float = 1;
+        q++;
+        if (q < r->end && (*q == '+' || *q == '-'))
+            q++;
+        const char *d = q;
+        while (q < r->end && *q >= '0' && *q <= '9')
+            q++;
+        if (q == d || q - d > 3)
+            return NULL;
+        int e = 0;
+        for (const char *k = d; k < q; k++)
+            e = e * 10 + (*k - '0');
+        if (e > 300)
+            return NULL;
+    }
+    Py_ssize_t n = q - s;
+    if (n > 40)
+        return NULL;
+    r->p = q;
+    if (!is_float) {
+        if (n - (*s == '-') > 18)
+            return NULL;
+        long long v = 0;
+        for (const char *k = s + (*s == '-'); k < q; k++)
+            v = v * 10 + (*k - '0');
+        return PyLong_FromLongLong(*s == '-' ? -v : v);
+    }
+    /* Clinger's fast path: at most 15 significant digits (exact in a double) and a power of ten up to 22
+     * (exact too): one division or multiplication of two exact numbers, correctly rounded, as the full
+     * conversion below would give */
+    {
+        const char *k = s + (*s == '-');
+        unsigned long long m = 0;
+        int digits = 0, frac = 0, exp = 0, eneg = 0, in_frac = 0;
+        for (; k < q && *k != 'e' && *k != 'E'; k++) {
+            if (*k == '.') {
+                in_frac = 1;
+                continue;
+            }
+            if (digits || *k != '0')
+                digits++;
+            m = m * 10 + (*k - '0');
+            frac += in_frac;
+        }
+        if (k < q) {
+            k++;
+            if (*k == '+' || *k == '-')
+                eneg = *k++ == '-';
+            for (; k < q; k++)
+                exp = exp * 10 + (*k - '0');
+        }
+        int p10 = (eneg ? -exp : exp) - frac;
+        static const double POW10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                         1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+        if (digits <= 15 && p10 >= -22 && p10 <= 22) {
+            double d = (double)m;
+            d = p10 < 0 ? d / POW10[-p10] : d * POW10[p10];
+            return PyFloat_FromDouble(*s == '-' ? -d : d);
+        }
+    }
+    char buf[48];
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    char *stop = NULL;
+    double d = PyOS_string_to_double(buf, &stop, NULL);
+    if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (stop != buf + n || !isfinite(d))
+        return NULL;
+    return PyFloat_FromDouble(d);
+}
+
+static PyObject *read_value(Rd *r, int depth);
+
+static PyObject *read_object(Rd *r, int depth) {
+    if (depth > MAX_DEPTH || !take(r, '{'))
+        return NULL;
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return NULL;
+    if (take(r, '}'))
+        return d;
+    for (;;) {
+        PyObject *k = read_shared_str(r);
+        if (k == NULL || !take(r, ':'))
+            goto fail_k;
+        PyObject *v = read_value(r, depth + 1);
+        if (v == NULL)
+            goto fail_k;
+        Py_ssize_t before = PyDict_GET_SIZE(d);
+        int bad = PyDict_SetItem(d, k, v);
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (bad < 0 || PyDict_GET_SIZE(d) == before) /* (the same size: a repeated key) */
+            goto fail;
+        if (take(r, ','))
+            continue;
+        if (take(r, '}'))
+            return d;
+        goto fail;
+    fail_k:
+        Py_XDECREF(k);
+        goto fail;
+    }
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *read_array(Rd *r, int depth) {
+    if (depth > MAX_DEPTH || !take(r, '['))
+        return NULL;
+    PyObject *l = PyList_New(0);
+    if (l == NULL)
+        return NULL;
+    if (take(r, ']'))
+        return l;
+    for (;;) {
+        PyObject *v = read_value(r, depth + 1);
+        if (v == NULL || PyList_Append(l, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(l);
+            return NULL;
+        }
+        Py_DECREF(v);
+        if (take(r, ','))
+            continue;
+        if (take(r, ']'))
+            return l;
+        Py_DECREF(l);
+        return NULL;
+    }
+}
+
+static PyObject *read_value(Rd *r, int depth) {
+    ws(r);
+    if (r->p >= r->end)
+        return NULL;
+    switch (*r->p) {
+    case '{':
+        return read_object(r, depth);
+    case '[':
+        return read_array(r, depth);
+    case '"':
+        return read_str(r);
+    case 't':
+        return literal(r, "true", 4) ? Py_NewRef(Py_True) : NULL;
+    case 'f':
+        return literal(r, "false", 5) ? Py_NewRef(Py_False) : NULL;
+    case 'n':
+        return literal(r, "null", 4) ? Py_NewRef(Py_None) : NULL;
+    default:
+        return read_number(r);
+    }
+}
+
+/* Past one value without making it: 1, or 0 where it is not plain (as the readers above). Strings as span(). */
+static int skip_value(Rd *r, int depth) {
+    ws(r);
+    if (r->p >= r->end || depth > MAX_DEPTH)
+        return 0;
+    char c = *r->p;
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        r->p++;
+        if (take(r, close))
+            return 1;
+        for (;;) {
+            if (c == '{') {
+                const char *s;
+                Py_ssize_t n;
+                if (!span(r, &s, &n) || !take(r, ':'))
+                    return 0;
+            }
+            if (!skip_value(r, depth + 1))
+                return 0;
+            if (take(r, ','))
+                continue;
+            return take(r, close);
+        }
+    }
+    if (c == '"') {
+        const char *s;
+        Py_ssize_t n;
+        return span(r, &s, &n);
+    }
+    if (c == 't')
+        return literal(r, "true", 4);
+    if (c == 'f')
+        return literal(r, "false", 5);
+    if (c == 'n')
+        return literal(r, "null", 4);
+    PyObject *num = read_number(r);
+    Py_XDECREF(num);
+    return num != NULL;
+}
+
+/* Optional[int]: an int or None. */
+static PyObject *read_int_or_null(Rd *r) {
+    ws(r);
+    if (r->p < r->end && *r->p == 'n')
+        return literal(r, "null", 4) ? Py_NewRef(Py_None) : NULL;
+    PyObject *v = read_number(r);
+    if (v != NULL && !PyLong_CheckExact(v))
+        Py_CLEAR(v);
+    return v;
+}
+
+/* Optional[str]: a string (shared or not) or None. */
+static PyObject *read_str_or_null(Rd *r, int shared) {
+    ws(r);
+    if (r->p < r->end && *r->p == 'n')
+        return literal(r, "null", 4) ? Py_NewRef(Py_None) : NULL;
+    return shared ? read_shared_str(r) : read_str(r);
+}
+
+/* list[Optional[tuple[str, int]]] */
+static PyObject *read_next(Rd *r) {
+    if (!take(r, '['))
+        return NULL;
+    PyObject *l = PyList_New(0);
+    if (l == NULL)
+        return NULL;
+    if (take(r, ']'))
+        return l;
+    for (;;) {
+        PyObject *item = NULL;
+        ws(r);
+        if (r->p < r->end && *r->p == 'n') {
+            if (literal(r, "null", 4))
+                item = Py_NewRef(Py_None);
+        } else if (take(r, '[')) {
+            PyObject *t = read_str(r), *nr = NULL;
+            if (t != NULL && take(r, ',') && (nr = read_number(r)) != NULL && PyLong_CheckExact(nr) &&
+                take(r, ']'))
+                item = PyTuple_Pack(2, t, nr);
+            Py_XDECREF(t);
+            Py_XDECREF(nr);
+        }
+        if (item == NULL || PyList_Append(l, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(l);
+            return NULL;
+        }
+        Py_DECREF(item);
+        if (take(r, ','))
+            continue;
+        if (take(r, ']'))
+            return l;
+        Py_DECREF(l);
+        return NULL;
+    }
+}
+
+/* list[MetaSpec]: by its text, the list made for the same text before, else msgspec's decode of it. */
+static PyObject *read_inputs(Rd *r) {
+    ws(r);
+    const char *s = r->p;
+    if (!peek(r, '[') || !skip_value(r, 0))
+        return NULL;
+    Py_ssize_t n = r->p - s;
+    Py_hash_t h = span_hash(s, n);
+    Entry *e = table_find(r->inputs, s, n, h);
+    if (e->v != NULL)
+        return Py_NewRef(e->v);
+    PyObject *text = PyBytes_FromStringAndSize(s, n);
+    if (text == NULL)
+        return NULL;
+    PyObject *l = PyObject_CallMethodOneArg(INPUTS_DECODER, s_decode, text);
+    Py_DECREF(text);
+    if (l == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError))
+            return NULL;
+        PyErr_Clear(); /* msgspec's own complaint: the whole file's decode will say it, with the place */
+        return NULL;
+    }
+    if (r->inputs->used < TABLE_SIZE / 2) {
+        e->s = s, e->n = n, e->h = h, e->v = Py_NewRef(l);
+        r->inputs->used++;
+    }
+    return l;
+}
+
+static PyObject *read_node(Rd *r) {
+    if (!take(r, '{'))
+        return NULL;
+    PyObject *v[N_FIELDS] = {NULL};
+    PyObject *node = NULL;
+    unsigned seen = 0;
+    if (!take(r, '}')) {
+        for (;;) {
+            const char *k;
+            Py_ssize_t kn;
+            if (span(r, &k, &kn) != 1 || !take(r, ':'))
+                goto done; /* (a member name with escapes: msgspec reads it) */
+            int f = -1;
+            for (int i = 0; i < N_FIELDS; i++)
+                if (FIELD_LEN[i] == kn && k[0] == FIELDS[i][0] && memcmp(FIELDS[i], k, kn) == 0) {
+                    f = i;
+                    break;
+                }
+            if (f < 0 || (seen & (1u << f)))
+                goto done; /* an unknown or repeated member: msgspec says which */
+            seen |= 1u << f;
+            switch (f) {
+            case F_ID:
+                v[f] = read_str(r);
+                break;
+            case F_NAME:
+                v[f] = read_shared_str(r);
+                break;
+            case F_OP:
+                v[f] = read_str_or_null(r, 1);
+                break;
+            case F_VARIABLE:
+                v[f] = read_str_or_null(r, 0);
+                break;
+            case F_SEQ:
+            case F_FWD:
+                v[f] = read_int_or_null(r);
+                break;
+            case F_NEXT:
+                v[f] = read_next(r);
+                break;
+            case F_INPUTS:
+                v[f] = read_inputs(r);
+                break;
+            default: /* saved, attrs: dict[str, Any] */
+                v[f] = peek(r, '{') ? read_object(r, 1) : NULL;
+            }
+            if (v[f] == NULL)
+                goto done;
+            if (take(r, ','))
+                continue;
+            if (take(r, '}'))
+                break;
+            goto done;
+        }
+    }
+    if (!(seen & (1u << F_ID)) || !(seen & (1u << F_NAME)))
+        goto done; /* a required member missing */
+    node = NODE_TYPE->tp_alloc(NODE_TYPE, 0);
+    if (node == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < NODE_NFIELDS; i++) /* every slot UNSET, then the members read */
+        *(PyObject **)((char *)node + ALL_OFFSETS[i]) = Py_NewRef(UNSET);
+    for (int f = 0; f < N_FIELDS; f++)
+        if (v[f] != NULL) {
+            PyObject **slot = (PyObject **)((char *)node + OFFSETS[f]);
+            Py_SETREF(*slot, v[f]);
+            v[f] = NULL;
+        }
+done:
+    for (int f = 0; f < N_FIELDS; f++)
+        Py_XDECREF(v[f]);
+    return node;
+}
+
+/* The "nodes" array at r (the value after its key): a list of NodeSpec, or NULL (as the readers). */
+static PyObject *read_nodes(Rd *r) {
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    if (!take(r, '['))
+        goto fail;
+    if (take(r, ']'))
+        return list;
+    for (;;) {
+        PyObject *node = read_node(r);
+        if (node == NULL || PyList_Append(list, node) < 0) {
+            Py_XDECREF(node);
+            goto fail;
+        }
+        Py_DECREF(node);
+        if (take(r, ','))
+            continue;
+        if (take(r, ']'))
+            return list;
+        goto fail;
+    }
+fail:
+    Py_DECREF(list);
+    return NULL;
+}
+
+static PyObject *read_graph(PyObject *mod, PyObject *arg) {
+    if (NODE_TYPE == NULL)
+        Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Table *strings = PyMem_Calloc(1, sizeof(Table)), *inputs = PyMem_Calloc(1, sizeof(Table));
+    PyObject *nodes = NULL, *head = NULL, *result = NULL;
+    if (strings == NULL || inputs == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    Rd r = {.p = view.buf, .end = (const char *)view.buf + view.len, .strings = strings, .inputs = inputs};
+    /* the other members' text, kept as written, after a "nodes":[] of their own (msgspec decodes that) */
+    if ((head = PyBytes_FromStringAndSize("{\"nodes\":[]", 11)) == NULL)
+        goto out;
+    if (!take(&r, '{') || take(&r, '}'))
+        goto plain;
+    for (;;) {
+        ws(&r);
+        const char *member = r.p, *k;
+        Py_ssize_t kn;
+        if (span(&r, &k, &kn) != 1 || !take(&r, ':'))
+            goto plain; /* (a member name with escapes: msgspec reads it) */
+        if (kn == 5 && memcmp(k, "nodes", 5) == 0) {
+            if (nodes != NULL)
+                goto plain; /* a repeated "nodes": msgspec's decode and the duplicate-key check say so */
+            if ((nodes = read_nodes(&r)) == NULL)
+                goto plain;
+        } else {
+            if (!skip_value(&r, 0))
+                goto plain;
+            PyObject *part = PyBytes_FromStringAndSize(",", 1);
+            PyObject *text = part ? PyBytes_FromStringAndSize(member, r.p - member) : NULL;
+            if (text != NULL)
+                PyBytes_Concat(&part, text);
+            Py_XDECREF(text);
+            if (part == NULL)
+                goto out;
+            PyBytes_ConcatAndDel(&head, part);
+            if (head == NULL)
+                goto out;
+        }
+        if (take(&r, ','))
+            continue;
+        if (take(&r, '}'))
+            break;
+        goto plain;
+    }
+    ws(&r);
+    if (r.p != r.end || nodes == NULL)
+        goto plain;
+    PyObject *close = PyBytes_FromStringAndSize("}", 1);
+    if (close == NULL)
+        goto out;
+    PyBytes_ConcatAndDel(&head, close);
+    if (head != NULL)
+        result = PyTuple_Pack(2, nodes, head);
+    goto out;
+plain:
+    if (!PyErr_Occurred())
+        result = Py_NewRef(Py_None);
+out:
+    Py_XDECREF(nodes);
+    Py_XDECREF(head);
+    if (strings)
+        table_clear(strings);
+    if (inputs)
+        table_clear(inputs);
+    PyMem_Free(strings);
+    PyMem_Free(inputs);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* The offset of field `name` of `type` when it is a plain object slot of that type, else -1. */
+static Py_ssize_t slot_offset(PyObject *type, PyObject *name) {
+    PyObject *d = PyObject_GetAttr(type, name);
+    if (d == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_common.d_type == (PyTypeObject *)type &&
+        ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
+        off = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    return off;
+}
+
+static PyObject *configure(PyObject *mod, PyObject *args) {
+    PyObject *node_type, *names, *unset, *decoder;
+    if (!PyArg_ParseTuple(args, "O!O!OO", &PyType_Type, &node_type, &PyTuple_Type, &names, &unset, &decoder))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (n > 32 || n < N_FIELDS || ((PyTypeObject *)node_type)->tp_flags & Py_TPFLAGS_HAVE_GC)
+        Py_RETURN_FALSE; /* (a NodeSpec tracked by the collector would need its own allocation path) */
+    int found = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        if ((ALL_OFFSETS[i] = slot_offset(node_type, name)) < 0)
+            Py_RETURN_FALSE;
+        for (int f = 0; f < N_FIELDS; f++)
+            if (PyUnicode_CompareWithASCIIString(name, FIELDS[f]) == 0) {
+                OFFSETS[f] = ALL_OFFSETS[i];
+                found++;
+            }
+    }
+    if (found != N_FIELDS || n != N_FIELDS)
+        Py_RETURN_FALSE; /* the schema has members this reader does not know: msgspec reads it all */
+    NODE_NFIELDS = n;
+    Py_XSETREF(UNSET, Py_NewRef(unset));
+    Py_XSETREF(INPUTS_DECODER, Py_NewRef(decoder));
+    Py_XSETREF(NODE_TYPE, (PyTypeObject *)Py_NewRef(node_type));
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(NodeSpec, node_field_names, UNSET, inputs_decoder) -> bool"},
+    {"read_graph", read_graph, METH_O,
+     "read_graph(buffer) -> (list[NodeSpec], head JSON) | None: see graphs/load.py _decode_json"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_json_nodes",
+                                    "A graph file's node list decoded into NodeSpecs (msgspec's decode is the twin).",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__json_nodes(void) {
+    for (int f = 0; f < N_FIELDS; f++)
+        FIELD_LEN[f] = (Py_ssize_t)strlen(FIELDS[f]);
+    if ((s_decode = PyUnicode_InternFromString("decode")) == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}
