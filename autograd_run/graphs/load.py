@@ -1,8 +1,10 @@
 """Read a graph file (JSON or YAML, by extension) into a validated ``Graph``.
 
 JSON is the fast path: msgspec decodes straight into the typed schema,
-checking types while decoding, and a byte count proves the object keys
-unique (a slower exact pass runs only when it cannot). YAML goes through
+checking types while decoding (the nodes of a plain file are read by a
+compiled reader into the same structs: ``_decode_json``), and a byte count
+proves the object keys unique (a slower exact pass runs only when it
+cannot). YAML goes through
 libyaml's CSafeLoader when present (SafeLoader otherwise): only plain data
 is ever constructed, alias expansion and nesting depth are bounded and
 duplicate keys refused before anything is built, exponent floats such as

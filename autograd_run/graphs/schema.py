@@ -92,4 +92,3 @@ class GraphSpec(msgspec.Struct, forbid_unknown_fields=True):
     storage: dict[str, Any] | UnsetType = UNSET
     mode: str | UnsetType = UNSET
     meta: dict[str, Any] | UnsetType = UNSET
-
