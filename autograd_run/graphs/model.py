@@ -169,12 +169,17 @@ _next_of = attrgetter("next")
 _device_of = attrgetter("device")
 
 
+try:  # the loader's compiled loops; their edges_and_devices answers None until validate has configured them
+    from autograd_run.graphs._build import edges_and_devices as _compiled_edges_and_devices
+except ImportError:
+    _compiled_edges_and_devices = None
+
+
 def _edges_and_devices(nodes: list) -> tuple[int, list] | None:
     """(edges, distinct device objects) from the compiled pass (``_build.edges_and_devices``, at 1e6 nodes
-    0.38 -> 0.03 s for both), or None: the properties below then take their own Python passes. The
-    loader configures the compiled module, so it is reached through it."""
-    from autograd_run.graphs.validate import _FAST
-    return _FAST.edges_and_devices(nodes) if _FAST is not None else None
+    0.38 -> 0.03 s for both), or None: the properties below then take their own Python passes (so they do
+    where it is not built, not configured, or ``AUTOGRAD_RUN_PURE_PYTHON`` is set)."""
+    return _compiled_edges_and_devices(nodes) if _compiled_edges_and_devices is not None else None
 
 
 class Edge(NamedTuple):
