@@ -203,13 +203,16 @@ def test_random_numbers_decode_as_msgspec_decodes_them():
     assert read > 2000  # most are read by the reader itself (not all handed back)
 
 
-def test_shared_inputs_are_the_same_objects_and_strings_are_equal():
-    """Nodes alike share their input list and name; each node's saved dict is its own."""
-    spec = load._decode_json(as_json(generate("chain", n=20)))
+def test_nodes_alike_share_what_never_changes():
+    """Nodes that write the same text share their input list, name and saved dict; other text, its own."""
+    doc = generate("chain", n=20)
+    doc["nodes"][3]["saved"] = {"other": 2.5}
+    spec = load._decode_json(as_json(doc))
     muls = [n for n in spec.nodes if n.name == "MulBackward0"]
     assert len(muls) == 20
     assert len({id(n.inputs) for n in muls}) == 1 and len({id(n.name) for n in muls}) == 1
-    assert len({id(n.saved) for n in muls}) == 20
+    assert len({id(n.saved) for n in muls}) == 2 and muls[3].saved == {"other": 2.5}
+    assert all(n.saved == {"other": 1.0001} for i, n in enumerate(muls) if i != 3)
 
 
 @pytest.mark.parametrize("name", example_names())

@@ -25,7 +25,9 @@
  *   - true, false, null; arrays as lists, objects as dicts (a repeated key: None), nested at most 64 deep;
  *   - a node's inputs: the same text as a node before gives the same list of the same MetaSpec objects
  *     (the loader only reads them); new text is decoded by msgspec itself (inputs_decoder), whose error
- *     makes the answer None.
+ *     makes the answer None;
+ *   - a node's saved and attrs: the same text as a node before gives the same dict (a loaded graph's saved
+ *     values and attrs are never changed; graphs/remap.py shares them between graphs too).
  * The tests (tests/test_json_nodes.py) compare the result with msgspec's, value by value and type by type,
  * on every example, generated graphs of every kind and fuzzed texts; the load runs both ways.
  *
@@ -88,7 +90,7 @@ static void table_clear(Table *t) {
 
 typedef struct {
     const char *p, *end;
-    Table *strings, *inputs;
+    Table *strings, *inputs, *objects;
 } Rd;
 
 /* Every reader: a new reference; NULL with no exception set: not read here (the caller hands back None);
@@ -566,6 +568,30 @@ static PyObject *read_inputs(Rd *r) {
     return l;
 }
 
+/* dict[str, Any] (saved, attrs): by its text, the dict made for the same text before (a loaded graph's saved
+ * values and attrs are never changed: graphs/remap.py shares them between graphs too), else read here. */
+static PyObject *read_shared_object(Rd *r) {
+    ws(r);
+    const char *s = r->p;
+    if (!peek(r, '{') || !skip_value(r, 1))
+        return NULL;
+    const char *end = r->p;
+    Py_ssize_t n = end - s;
+    Py_hash_t h = span_hash(s, n);
+    Entry *e = table_find(r->objects, s, n, h);
+    if (e->v != NULL)
+        return Py_NewRef(e->v);
+    r->p = s;
+    PyObject *d = read_object(r, 1);
+    if (d == NULL)
+        return NULL;
+    if (r->objects->used < TABLE_SIZE / 2) {
+        e->s = s, e->n = n, e->h = h, e->v = Py_NewRef(d);
+        r->objects->used++;
+    }
+    return d;
+}
+
 static PyObject *read_node(Rd *r) {
     if (!take(r, '{'))
         return NULL;
@@ -611,7 +637,7 @@ static PyObject *read_node(Rd *r) {
                 v[f] = read_inputs(r);
                 break;
             default: /* saved, attrs: dict[str, Any] */
-                v[f] = peek(r, '{') ? read_object(r, 1) : NULL;
+                v[f] = read_shared_object(r);
             }
             if (v[f] == NULL)
                 goto done;
@@ -674,13 +700,15 @@ static PyObject *read_graph(PyObject *mod, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    Table *strings = PyMem_Calloc(1, sizeof(Table)), *inputs = PyMem_Calloc(1, sizeof(Table));
+    Table *strings = PyMem_Calloc(1, sizeof(Table)), *inputs = PyMem_Calloc(1, sizeof(Table)),
+          *objects = PyMem_Calloc(1, sizeof(Table));
     PyObject *nodes = NULL, *head = NULL, *result = NULL;
-    if (strings == NULL || inputs == NULL) {
+    if (strings == NULL || inputs == NULL || objects == NULL) {
         PyErr_NoMemory();
         goto out;
     }
-    Rd r = {.p = view.buf, .end = (const char *)view.buf + view.len, .strings = strings, .inputs = inputs};
+    Rd r = {.p = view.buf, .end = (const char *)view.buf + view.len, .strings = strings, .inputs = inputs,
+            .objects = objects};
     /* the other members' text, kept as written, after a "nodes":[] of their own (msgspec decodes that) */
     if ((head = PyBytes_FromStringAndSize("{\"nodes\":[]", 11)) == NULL)
         goto out;
@@ -737,8 +765,11 @@ out:
         table_clear(strings);
     if (inputs)
         table_clear(inputs);
+    if (objects)
+        table_clear(objects);
     PyMem_Free(strings);
     PyMem_Free(inputs);
+    PyMem_Free(objects);
     PyBuffer_Release(&view);
     return result;
 }
