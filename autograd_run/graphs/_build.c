@@ -593,6 +593,10 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
     PyObject *dflt = nexts ? st_get(st, s_default_seqs, NULL) : NULL;
     PyObject *maxdev_o = dflt ? st_get(st, s_max_device_index, NULL) : NULL;
     PyObject *result = NULL;
+    /* spec input lists seen (by address, direct-mapped: the JSON reader shares one list between the nodes that
+     * write the same text), each with its list of metas and the device and stream read from them; held, so
+     * that no address is reused while it is compared */
+    struct { PyObject *ins, *inputs, *device, *stream; int cpu; } seen_ins[16] = {{0}};
     if (maxdev_o == NULL)
         goto done;
     int default_seqs = PyObject_IsTrue(dflt);
@@ -676,17 +680,25 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
             if (ok <= 0)
                 NEXT_NODE(ok < 0 ? -1 : 1);
         }
-        /* input metadata: each one seen before (the first of each kind is made by the Python loop) */
+        /* input metadata: each one seen before (the first of each kind is made by the Python loop); a spec
+         * input list seen before (seen_ins): the list of metas, device and stream made for it again (no node's
+         * list is ever changed once made) */
         PyObject *ins = v[S_INPUTS];
         Py_ssize_t nin = PyList_Check(ins) ? PyList_GET_SIZE(ins) : 0;
-        inputs = PyList_New(nin);
-        if (inputs == NULL)
-            NEXT_NODE(-1);
-        for (Py_ssize_t j = 0; j < nin; j++) {
-            PyObject *meta = PyDict_GetItemWithError(metas, PyList_GET_ITEM(ins, j));
-            if (meta == NULL)
-                NEXT_NODE(PyErr_Occurred() ? -1 : 1);
-            PyList_SET_ITEM(inputs, j, Py_NewRef(meta));
+        int slot_ins = (int)(((uintptr_t)ins >> 4) & 15);
+        int same_ins = seen_ins[slot_ins].ins == ins;
+        if (same_ins) {
+            inputs = Py_NewRef(seen_ins[slot_ins].inputs);
+        } else {
+            inputs = PyList_New(nin);
+            if (inputs == NULL)
+                NEXT_NODE(-1);
+            for (Py_ssize_t j = 0; j < nin; j++) {
+                PyObject *meta = PyDict_GetItemWithError(metas, PyList_GET_ITEM(ins, j));
+                if (meta == NULL)
+                    NEXT_NODE(PyErr_Occurred() ? -1 : 1);
+                PyList_SET_ITEM(inputs, j, Py_NewRef(meta));
+            }
         }
         if (is_acc) { /* one input, of the variable's shape (none given: the Python loop makes it) */
             if (nin != 1)
@@ -699,8 +711,15 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
             if (same <= 0)
                 NEXT_NODE(same < 0 ? -1 : 1);
         }
-        if (node_device(inputs, &device, &stream, &cpu) < 0)
-            NEXT_NODE(-1);
+        if (same_ins) {
+            device = seen_ins[slot_ins].device, stream = seen_ins[slot_ins].stream, cpu = seen_ins[slot_ins].cpu;
+        } else {
+            if (node_device(inputs, &device, &stream, &cpu) < 0)
+                NEXT_NODE(-1);
+            Py_XSETREF(seen_ins[slot_ins].ins, Py_NewRef(ins));
+            Py_XSETREF(seen_ins[slot_ins].inputs, Py_NewRef(inputs)); /* (holds the metas device and stream are from) */
+            seen_ins[slot_ins].device = device, seen_ins[slot_ins].stream = stream, seen_ins[slot_ins].cpu = cpu;
+        }
         long rank = PyLong_AsLong(PyTuple_GET_ITEM(info, O_RANK));
         if (rank == -1 && PyErr_Occurred())
             NEXT_NODE(-1);
@@ -922,6 +941,10 @@ node_end:
     }
     result = PyLong_FromSsize_t(i);
 done:
+    for (int k = 0; k < 16; k++) {
+        Py_XDECREF(seen_ins[k].ins);
+        Py_XDECREF(seen_ins[k].inputs);
+    }
     Py_XDECREF(nodes);
     Py_XDECREF(by_id);
     Py_XDECREF(ops);
