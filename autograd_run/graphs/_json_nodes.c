@@ -23,6 +23,9 @@
  *     fraction or an exponent a float, correctly rounded as msgspec rounds (Clinger's exact fast path, else
  *     PyOS_string_to_double), an exponent past 300 or more than 40 characters: None;
  *   - true, false, null; arrays as lists, objects as dicts (a repeated key: None), nested at most 64 deep;
+ *   - so the nodes it reads have no repeated key anywhere (node members, saved and attrs at any depth, the
+ *     input objects' members, checked before msgspec decodes them): the loader's duplicate-key proof then
+ *     counts only the other members (load.py);
  *   - a node's inputs: the same text as a node before gives the same list of the same MetaSpec objects
  *     (the loader only reads them); new text is decoded by msgspec itself (inputs_decoder), whose error
  *     makes the answer None;
@@ -539,7 +542,48 @@ static PyObject *read_next(Rd *r) {
     }
 }
 
-/* list[MetaSpec]: by its text, the list made for the same text before, else msgspec's decode of it. */
+/* Whether the input objects in the array text s..s+n have each member name once (msgspec keeps the last of a
+ * repeated one without a word): 1 yes, 0 no or not plainly read (a name with an escape, more than 8 members;
+ * msgspec then decodes the whole file and the loader's duplicate-key check says where). */
+static int input_keys_unique(const char *s, Py_ssize_t n) {
+    Rd r = {.p = s, .end = s + n};
+    if (!take(&r, '['))
+        return 0;
+    if (take(&r, ']'))
+        return 1;
+    for (;;) {
+        if (!take(&r, '{'))
+            return 0;
+        const char *names[8];
+        Py_ssize_t lens[8];
+        int k = 0;
+        if (!take(&r, '}')) {
+            for (;;) {
+                const char *name;
+                Py_ssize_t len;
+                if (k == 8 || span(&r, &name, &len) != 1 || !take(&r, ':'))
+                    return 0;
+                for (int j = 0; j < k; j++)
+                    if (lens[j] == len && memcmp(names[j], name, len) == 0)
+                        return 0;
+                names[k] = name, lens[k] = len, k++;
+                if (!skip_value(&r, 2))
+                    return 0;
+                if (take(&r, ','))
+                    continue;
+                if (take(&r, '}'))
+                    break;
+                return 0;
+            }
+        }
+        if (take(&r, ','))
+            continue;
+        return take(&r, ']');
+    }
+}
+
+/* list[MetaSpec]: by its text, the list made for the same text before, else msgspec's decode of it (its
+ * member names checked unique first). */
 static PyObject *read_inputs(Rd *r) {
     ws(r);
     const char *s = r->p;
@@ -550,6 +594,8 @@ static PyObject *read_inputs(Rd *r) {
     Entry *e = table_find(r->inputs, s, n, h);
     if (e->v != NULL)
         return Py_NewRef(e->v);
+    if (!input_keys_unique(s, n))
+        return NULL;
     PyObject *text = PyBytes_FromStringAndSize(s, n);
     if (text == NULL)
         return NULL;

@@ -233,7 +233,7 @@ def _load_json(box: list, source: str, base_dir: str | None, side_name: str | No
                max_bytes: int | None, check_data: bool = False) -> Graph:
     data = box.pop()  # (see _loads: let go below once decoded)
     try:
-        spec = _decode_json(data)
+        spec, head = _decode_json(data)
     except msgspec.ValidationError as exc:
         # Error path only: decode untyped to say what the file is and name the node.
         try:
@@ -263,7 +263,10 @@ def _load_json(box: list, source: str, base_dir: str | None, side_name: str | No
         raise GraphFileError(source, where, f"invalid JSON: {msg.replace('JSON is malformed: ', '')}") from None
     except RecursionError:
         raise GraphFileError(source, None, "invalid JSON: nesting is too deep") from None
-    if not _json_has_no_duplicates(data, spec):
+    # The compiled reader's nodes have no repeated key (it reads none that has): only the rest is counted
+    proven = (_json_has_no_duplicates(head, msgspec.structs.replace(spec, nodes=[])) if head is not None
+              else _json_has_no_duplicates(data, spec))
+    if not proven:
         if len(data) > MAX_EXACT_DUPLICATE_CHECK and b"\\u003" not in data:
             # The counts prove a duplicate; finding where would take several times the
             # file's size in memory (Python's json): say so without the place.
@@ -290,8 +293,10 @@ def _compiled_node_reader():
 _READ_GRAPH = _compiled_node_reader()
 
 
-def _decode_json(data: bytes) -> GraphSpec:
-    """The file's ``GraphSpec``, as ``_JSON_DECODER.decode(data)`` gives it (the same values, types and errors).
+def _decode_json(data: bytes) -> tuple[GraphSpec, bytes | None]:
+    """The file's ``GraphSpec``, as ``_JSON_DECODER.decode(data)`` gives it (the same values, types and errors),
+    and the text of its members but the nodes where the compiled reader read the nodes (which then have no
+    repeated key: see ``_json_nodes.c``), else None.
 
     With the compiled reader (``_json_nodes.c``), the nodes are made straight from the text, sharing what
     cannot change between nodes alike (their names, ops, saved keys and input lists), and msgspec decodes the
@@ -308,8 +313,8 @@ def _decode_json(data: bytes) -> GraphSpec:
                 spec = None
             if spec is not None:
                 spec.nodes = nodes
-                return spec
-    return _JSON_DECODER.decode(data)
+                return spec, head
+    return _JSON_DECODER.decode(data), None
 
 
 def _json_has_no_duplicates(data: bytes, spec: GraphSpec) -> bool:
