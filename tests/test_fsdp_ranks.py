@@ -109,6 +109,44 @@ def test_costs_from_an_fsdp_profile_leave_out_the_collectives_the_fsdp_model_sim
     assert sum(c.cpu_ns for c in costs.nodes.values()) == pytest.approx(total_spans - costs.use.fsdp_ns, rel=0.02)
 
 
+@pytest.mark.parametrize("name", ["blocks", "transformer"])
+def test_the_final_callbacks_own_time_comes_from_the_profile_and_ends_the_simulated_backward(name, fsdp_runs):
+    """FSDP2's root final callback runs after the backward's last node, in no node's span: its own time (its span
+    less the c10d collectives inside it, by hand from the raw trace) is what the costs report and what
+    ``simulate --fsdp`` adds after the compute (the backward ends that much later, or less where it waited on
+    a collective anyway)."""
+    import dataclasses
+    from autograd_run.costs.measured import from_profile
+    from autograd_run.sim.order import predicted_order
+    from autograd_run.traces.torch_profile import FSDP_COLLECTIVES, FSDP_FINAL_CALLBACK, read_torch_profile
+    graph, ranks = fsdp_runs(name, 2)
+    g = load_graph(graph)
+    with open(ranks[0]["trace"]) as f:
+        raw = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    finals = [e for e in raw if e["name"] == FSDP_FINAL_CALLBACK]
+    assert len(finals) == 1, "one profiled backward, one final callback: the premise of this test is gone"
+    cb = finals[0]
+    calls = sorted((e for e in raw if e["name"].startswith(FSDP_COLLECTIVES) and e["tid"] == cb["tid"]
+                    and cb["ts"] <= e["ts"] and e["ts"] + e["dur"] <= cb["ts"] + cb["dur"]), key=lambda e: e["ts"])
+    inside, last = 0.0, -1.0
+    for c in calls:  # (their union: a collective inside another is counted once)
+        if c["ts"] >= last:
+            inside += c["dur"]
+            last = c["ts"] + c["dur"]
+    own_ns = (cb["dur"] - inside) * 1e3
+    assert own_ns > 0
+    costs = from_profile(read_torch_profile(ranks[0]["trace"]), g, order=predicted_order(g))
+    assert costs.use.fsdp_final_ns == pytest.approx(own_ns, rel=1e-6, abs=2e3)
+    assert "FSDP's final callback" in costs.use.line(0.0)
+    link = Link(300.0, 1e9, "gloo-like", reduce_scatter="allreduce")
+    rep = simulate_session(g, SimOptions(spec="cpu", costs=costs, slack_top=0))
+    with_cb = simulate_fsdp(rep, 2, link)
+    rep.measured = dataclasses.replace(costs, use=dataclasses.replace(costs.use, fsdp_final_ns=0.0))
+    without = simulate_fsdp(rep, 2, link)
+    assert with_cb.compute_ns == without.compute_ns
+    assert 0 < with_cb.wall_ns - without.wall_ns <= own_ns + 1
+
+
 FSDP_SCRIPT = '''
 import torch, torch.nn as nn
 from torch.distributed.fsdp import fully_shard

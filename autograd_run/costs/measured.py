@@ -22,6 +22,8 @@ spec knows it, see ``EngineSpec.profiler_event_us``).
 
 from __future__ import annotations
 
+import bisect
+
 import math
 import os
 import statistics
@@ -112,6 +114,9 @@ class ProfileUse:
     #: FSDP2's collectives inside the node spans (``traces.torch_profile.FSDP_COLLECTIVES``), per call (the
     #: median call), ns: taken out of the nodes' costs, since ``simulate --fsdp`` models them.
     fsdp_ns: float = 0.0
+    #: FSDP2's root final callback's own time after the used calls (``TorchTrace.final_callbacks``), the median,
+    #: ns: no node's, so ``simulate --fsdp`` adds it after the compute (0: none seen).
+    fsdp_final_ns: float = 0.0
 
     def line(self, event_us: float) -> str:
         """One line: what was used, what was left out, and the profiler's own time taken out."""
@@ -127,6 +132,9 @@ class ProfileUse:
         if self.fsdp_ns:
             left.append(f"FSDP's collectives inside the nodes ({self.fsdp_ns / 1e6:.2f} ms a call: "
                         "--fsdp models them)")
+        if self.fsdp_final_ns:
+            left.append(f"FSDP's final callback ({self.fsdp_final_ns / 1e6:.2f} ms a call: --fsdp adds it after "
+                        "the compute)")
         notes = []
         if event_us and self.events:
             notes.append(f"profiler's own time taken out: {event_us:.2f} us x {self.events:.0f} events a call "
@@ -230,11 +238,12 @@ def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> Me
     traces = trace if isinstance(trace, list) else [trace]
     matched = [match_profile(graph, t, order) for t in traces]
     m, trace = matched[0], traces[0]
-    steps, left = [], []
+    steps, left, finals = [], [], []
     for t, mt in zip(traces, matched):
         s, lo = _used_steps(t, mt.steps, step)
         steps += s
         left += lo
+        finals += _final_after(t, s)
     if len(traces) > 1:
         left = [f"{len(traces)} ranks pooled"] + left[:3] + ([f"... {len(left) - 3} more"] if len(left) > 3 else [])
     per: dict[str, list] = {}
@@ -254,8 +263,29 @@ def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> Me
     from autograd_run.traces.torch_profile import event_cost_in
     use = ProfileUse([s.label for s in steps], len(m.steps), left, trace.outside_ops, m.coverage.outside, events,
                      bool(steps) and all(s.first_forward for s in steps),
-                     event_cost_in([e for s in steps for e in s.nodes.values()]), fsdp)
+                     event_cost_in([e for s in steps for e in s.nodes.values()]), fsdp,
+                     statistics.median(finals) if finals else 0.0)
     return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, sum(len(x.steps) for x in matched), step, use=use)
+
+
+def _final_after(trace, steps: list) -> list[int]:
+    """The own time of the FSDP final callback that follows each of ``steps`` (the first to start after its last
+    node ends and before any later node starts), where one does."""
+    calls = trace.final_callbacks
+    if not calls:
+        return []
+    starts = [c[0] for c in calls]
+    node_starts = [e.start_ns for e in trace.events]  # (by start)
+    out = []
+    for s in steps:
+        if not s.nodes:
+            continue
+        end = max(e.start_ns + e.dur_ns for e in s.nodes.values())
+        k = bisect.bisect_left(starts, end)
+        n = bisect.bisect_left(node_starts, end)
+        if k < len(calls) and (n == len(node_starts) or calls[k][0] < node_starts[n]):
+            out.append(calls[k][1])
+    return out
 
 
 def _used_steps(trace, steps: list, step: int | None) -> tuple[list, list[str]]:

@@ -25,7 +25,11 @@ and so the model, walking the one rank's nodes in the order they started:
   under HSDP (``replicate=R``), an all-reduce of the shard across the R
   replicas after it;
 * **the end**: the backward returns when the compute is done and the final
-  callback has waited for the last reduce-scatter and all-reduce.
+  callback has waited for the last reduce-scatter and all-reduce. The
+  callback's own work (FSDP's Python around the post-backwards it runs, less
+  their collectives) is in no node's span; with costs from a profile that
+  holds it (``FSDP::root_post_backward_callback``), it is added after the
+  compute (``ProfileUse.fsdp_final_ns``).
 
 Collectives run on streams of their own (one for all-gathers, one for
 reduce-scatters, one for HSDP's all-reduces), each in issue order, when the
@@ -382,7 +386,10 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
                 stall(node.id, end, post(u, end, node.id))
                 end = max(s[5], ends.get(node, 0)) - t0 + shift
     compute_end = compute + shift
-    t = compute_end
+    # The root's final callback runs after the last node: its own time, from the profile the costs came from
+    # (FSDP's work in it, its collectives left out), before the post-backwards it does itself
+    use = getattr(getattr(report, "measured", None), "use", None)
+    t = compute_end + int(round(getattr(use, "fsdp_final_ns", 0.0) or 0.0))
     final_order = [by_name[root]] if root in by_name else []
     final_order += [u for u in units if u.name != root]
     for u in final_order:  # the root's final callback: post-backward of every unit it did not see yet

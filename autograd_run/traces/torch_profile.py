@@ -64,6 +64,10 @@ _STEP = re.compile(r"ProfilerStep#(\d+)$")
 #: copy-out, the chunk copy, its Python) stays in the node's cost, which is what the model does not simulate
 #: on a CPU at that size (measured: 1-1.5 ms a unit here against the bandwidth model's microseconds).
 FSDP_SPAN = "FSDP::"
+#: FSDP2's root final callback (torch 2.13, ``_fsdp_state.py``): queued by the root's pre-backward, run by the
+#: engine after the backward's last node, outside every node's span. Its own time (less the collectives inside
+#: it, which ``sim.fsdp`` models) is ``TorchTrace.final_callbacks``'.
+FSDP_FINAL_CALLBACK = "FSDP::root_post_backward_callback"
 FSDP_COLLECTIVES = ("c10d::_allgather_base_", "c10d::allgather_", "c10d::all_gather_into_tensor",
                     "c10d::_reduce_scatter_base_", "c10d::reduce_scatter_", "c10d::reduce_scatter_tensor",
                     "c10d::allreduce_")
@@ -179,6 +183,9 @@ class TorchTrace:
     #: Top-level CPU ops and annotations outside every backward node (the forward, the optimizer, data loading):
     #: not used for costs.
     outside_ops: int = 0
+    #: FSDP2's root final callbacks (``FSDP_FINAL_CALLBACK``), by start: (start ns, its own ns: its span less
+    #: the FSDP collectives inside it).
+    final_callbacks: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _ns(us: float) -> int:
@@ -240,9 +247,11 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
     events: list[BackwardEvent] = []
     by_thread: dict[tuple, list[BackwardEvent]] = {}
     outside = 0
+    finals: list[tuple[int, int]] = []
     for thread, evs in per_thread.items():
         evs.sort(key=lambda r: (r[0], -r[1]))
         outside += _outside_ops(evs)
+        finals += _final_callbacks(evs)
         mine = []
         for i, (start, end, name, args) in enumerate(evs):
             if not name.startswith(EVALUATE):
@@ -306,7 +315,26 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
     events.sort(key=lambda ev: ev.start_ns)
     steps.sort(key=lambda s: s.start_ns)
     gpus = [str(d.get("name")) for d in doc.deviceProperties or () if isinstance(d, dict) and d.get("name")]
-    return TorchTrace(path, events, steps, len(gpu), attributed, gpus, outside)
+    return TorchTrace(path, events, steps, len(gpu), attributed, gpus, outside, sorted(finals))
+
+
+def _final_callbacks(evs: list) -> list[tuple[int, int]]:
+    """(start, own ns) of each FSDP root final callback among one thread's events (sorted by start, longer
+    first): its span less the union of the FSDP collectives inside it."""
+    out = []
+    for i, (start, end, name, _) in enumerate(evs):
+        if name != FSDP_FINAL_CALLBACK:
+            continue
+        inside, last = 0, -1
+        j = i + 1
+        while j < len(evs) and evs[j][0] <= end:
+            s, e, n, _ = evs[j]
+            if e <= end and s >= last and n.startswith(FSDP_COLLECTIVES):
+                inside += e - s
+                last = e
+            j += 1
+        out.append((start, end - start - inside))
+    return out
 
 
 def _outside_ops(evs: list) -> int:
