@@ -111,10 +111,11 @@ def test_costs_from_an_fsdp_profile_leave_out_the_collectives_the_fsdp_model_sim
 
 @pytest.mark.parametrize("name", ["blocks", "transformer"])
 def test_the_final_callbacks_own_time_comes_from_the_profile_and_ends_the_simulated_backward(name, fsdp_runs):
-    """FSDP2's root final callback runs after the backward's last node, in no node's span: its own time (its span
-    less the c10d collectives inside it, by hand from the raw trace) is what the costs report and what
-    ``simulate --fsdp`` adds after the compute (the backward ends that much later, or less where it waited on
-    a collective anyway)."""
+    """FSDP2's root final callback runs after the backward's last node, in no node's span: its own time (the time
+    its recorded ops cover, FSDP's annotations and its c10d collectives with what they call left out: on gloo
+    the wait for a reduce-scatter comes after the op, where nothing is recorded; by hand from the raw trace)
+    is what the costs report and what ``simulate --fsdp`` adds after the compute (the backward ends that much
+    later, or less where it waited on a collective anyway)."""
     import dataclasses
     from autograd_run.costs.measured import from_profile
     from autograd_run.sim.order import predicted_order
@@ -126,17 +127,22 @@ def test_the_final_callbacks_own_time_comes_from_the_profile_and_ends_the_simula
     finals = [e for e in raw if e["name"] == FSDP_FINAL_CALLBACK]
     assert len(finals) == 1, "one profiled backward, one final callback: the premise of this test is gone"
     cb = finals[0]
-    calls = sorted((e for e in raw if e["name"].startswith(FSDP_COLLECTIVES) and e["tid"] == cb["tid"]
-                    and cb["ts"] <= e["ts"] and e["ts"] + e["dur"] <= cb["ts"] + cb["dur"]), key=lambda e: e["ts"])
-    inside, last = 0.0, -1.0
-    for c in calls:  # (their union: a collective inside another is counted once)
-        if c["ts"] >= last:
-            inside += c["dur"]
-            last = c["ts"] + c["dur"]
-    own_ns = (cb["dur"] - inside) * 1e3
-    assert own_ns > 0
+    inside = [e for e in raw if e is not cb and e["tid"] == cb["tid"] and cb["ts"] <= e["ts"]
+              and e["ts"] + e["dur"] <= cb["ts"] + cb["dur"]]
+    colls = [e for e in inside if e["name"].startswith(FSDP_COLLECTIVES)]
+    assert colls, "no collective inside the final callback: the premise of this test is gone"
+    ops = [e for e in inside if not e["name"].startswith(("FSDP::", *FSDP_COLLECTIVES))
+           and not any(c["ts"] <= e["ts"] and e["ts"] + e["dur"] <= c["ts"] + c["dur"] for c in colls)]
+    merged: list[list[float]] = []  # the ops' union, as disjoint intervals
+    for a, b in sorted((e["ts"], e["ts"] + e["dur"]) for e in ops):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    own_ns = sum(b - a for a, b in merged) * 1e3
+    assert 0 < own_ns < cb["dur"] * 1e3 / 2  # (the wait is most of the span on gloo)
     costs = from_profile(read_torch_profile(ranks[0]["trace"]), g, order=predicted_order(g))
-    assert costs.use.fsdp_final_ns == pytest.approx(own_ns, rel=1e-6, abs=2e3)
+    assert costs.use.fsdp_final_ns == pytest.approx(own_ns, rel=0.01, abs=2e3)
     assert "FSDP's final callback" in costs.use.line(0.0)
     link = Link(300.0, 1e9, "gloo-like", reduce_scatter="allreduce")
     rep = simulate_session(g, SimOptions(spec="cpu", costs=costs, slack_top=0))
