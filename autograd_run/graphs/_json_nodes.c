@@ -397,7 +397,10 @@ fail:
     return NULL;
 }
 
-static PyObject *read_array(Rd *r, int depth) {
+/* "[]" or "[" item ("," item)* "]": a list of what `item` reads (given depth + 1), or NULL (as the readers). */
+typedef PyObject *(*ItemReader)(Rd *r, int depth);
+
+static PyObject *read_list(Rd *r, ItemReader item, int depth) {
     if (depth > MAX_DEPTH || !take(r, '['))
         return NULL;
     PyObject *l = PyList_New(0);
@@ -406,7 +409,7 @@ static PyObject *read_array(Rd *r, int depth) {
     if (take(r, ']'))
         return l;
     for (;;) {
-        PyObject *v = read_value(r, depth + 1);
+        PyObject *v = item(r, depth + 1);
         if (v == NULL || PyList_Append(l, v) < 0) {
             Py_XDECREF(v);
             Py_DECREF(l);
@@ -430,7 +433,7 @@ static PyObject *read_value(Rd *r, int depth) {
     case '{':
         return read_object(r, depth);
     case '[':
-        return read_array(r, depth);
+        return read_list(r, read_value, depth);
     case '"':
         return read_str(r);
     case 't':
@@ -504,42 +507,19 @@ static PyObject *read_str_or_null(Rd *r, int shared) {
     return shared ? read_shared_str(r) : read_str(r);
 }
 
-/* list[Optional[tuple[str, int]]] */
-static PyObject *read_next(Rd *r) {
+/* Optional[tuple[str, int]]: one of a node's next edges (in read_list: list[Optional[tuple[str, int]]]). */
+static PyObject *read_edge(Rd *r, int depth) {
+    ws(r);
+    if (r->p < r->end && *r->p == 'n')
+        return literal(r, "null", 4) ? Py_NewRef(Py_None) : NULL;
     if (!take(r, '['))
         return NULL;
-    PyObject *l = PyList_New(0);
-    if (l == NULL)
-        return NULL;
-    if (take(r, ']'))
-        return l;
-    for (;;) {
-        PyObject *item = NULL;
-        ws(r);
-        if (r->p < r->end && *r->p == 'n') {
-            if (literal(r, "null", 4))
-                item = Py_NewRef(Py_None);
-        } else if (take(r, '[')) {
-            PyObject *t = read_str(r), *nr = NULL;
-            if (t != NULL && take(r, ',') && (nr = read_number(r)) != NULL && PyLong_CheckExact(nr) &&
-                take(r, ']'))
-                item = PyTuple_Pack(2, t, nr);
-            Py_XDECREF(t);
-            Py_XDECREF(nr);
-        }
-        if (item == NULL || PyList_Append(l, item) < 0) {
-            Py_XDECREF(item);
-            Py_DECREF(l);
-            return NULL;
-        }
-        Py_DECREF(item);
-        if (take(r, ','))
-            continue;
-        if (take(r, ']'))
-            return l;
-        Py_DECREF(l);
-        return NULL;
-    }
+    PyObject *t = read_str(r), *nr = NULL, *item = NULL;
+    if (t != NULL && take(r, ',') && (nr = read_number(r)) != NULL && PyLong_CheckExact(nr) && take(r, ']'))
+        item = PyTuple_Pack(2, t, nr);
+    Py_XDECREF(t);
+    Py_XDECREF(nr);
+    return item;
 }
 
 /* Whether the input objects in the array text s..s+n have each member name once (msgspec keeps the last of a
@@ -638,7 +618,7 @@ static PyObject *read_shared_object(Rd *r) {
     return d;
 }
 
-static PyObject *read_node(Rd *r) {
+static PyObject *read_node(Rd *r, int depth) {
     if (!take(r, '{'))
         return NULL;
     PyObject *v[N_FIELDS] = {NULL};
@@ -677,7 +657,7 @@ static PyObject *read_node(Rd *r) {
                 v[f] = read_int_or_null(r);
                 break;
             case F_NEXT:
-                v[f] = read_next(r);
+                v[f] = read_list(r, read_edge, 0);
                 break;
             case F_INPUTS:
                 v[f] = read_inputs(r);
@@ -713,33 +693,6 @@ done:
     return node;
 }
 
-/* The "nodes" array at r (the value after its key): a list of NodeSpec, or NULL (as the readers). */
-static PyObject *read_nodes(Rd *r) {
-    PyObject *list = PyList_New(0);
-    if (list == NULL)
-        return NULL;
-    if (!take(r, '['))
-        goto fail;
-    if (take(r, ']'))
-        return list;
-    for (;;) {
-        PyObject *node = read_node(r);
-        if (node == NULL || PyList_Append(list, node) < 0) {
-            Py_XDECREF(node);
-            goto fail;
-        }
-        Py_DECREF(node);
-        if (take(r, ','))
-            continue;
-        if (take(r, ']'))
-            return list;
-        goto fail;
-    }
-fail:
-    Py_DECREF(list);
-    return NULL;
-}
-
 static PyObject *read_graph(PyObject *mod, PyObject *arg) {
     if (NODE_TYPE == NULL)
         Py_RETURN_NONE;
@@ -769,7 +722,7 @@ static PyObject *read_graph(PyObject *mod, PyObject *arg) {
         if (kn == 5 && memcmp(k, "nodes", 5) == 0) {
             if (nodes != NULL)
                 goto plain; /* a repeated "nodes": msgspec's decode and the duplicate-key check say so */
-            if ((nodes = read_nodes(&r)) == NULL)
+            if ((nodes = read_list(&r, read_node, 0)) == NULL) /* the "nodes" array */
                 goto plain;
         } else {
             if (!skip_value(&r, 0))
