@@ -299,10 +299,10 @@ def _decode_json(data: bytes) -> tuple[GraphSpec, bytes | None]:
     repeated key: see ``_json_nodes.c``), else None.
 
     With the compiled reader (``_json_nodes.c``), the nodes are made straight from the text, sharing what
-    cannot change between nodes alike (their names, ops, saved keys and input lists), and msgspec decodes the
-    other members, given as a small document of their own. Where either cannot plainly read the file (an
-    error, an escaped or non-ASCII string, a long integer, ...), msgspec decodes it whole, as before, and
-    says what is wrong."""
+    is never changed between the nodes that write the same text (names, ops, saved keys, input lists, saved
+    values and attrs), and msgspec decodes the other members, given as a small document of their own. Where
+    either cannot plainly read the file (an error, a repeated key, a string that is not UTF-8, a long integer,
+    ...), msgspec decodes it whole, as before, and says what is wrong."""
     if _READ_GRAPH is not None:
         read = _READ_GRAPH(data)
         if read is not None:
