@@ -23,7 +23,6 @@ spec knows it, see ``EngineSpec.profiler_event_us``).
 from __future__ import annotations
 
 import bisect
-
 import math
 import os
 import statistics
