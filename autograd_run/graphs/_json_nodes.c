@@ -47,8 +47,6 @@ static const char *FIELDS[N_FIELDS] = {"id", "name", "op", "seq", "fwd_thread", 
 static Py_ssize_t FIELD_LEN[N_FIELDS];
 static PyTypeObject *NODE_TYPE = NULL;
 static Py_ssize_t OFFSETS[N_FIELDS];
-static Py_ssize_t NODE_NFIELDS = 0; /* NodeSpec's field count (every slot is set) */
-static Py_ssize_t ALL_OFFSETS[32];
 static PyObject *UNSET = NULL, *INPUTS_DECODER = NULL, *s_decode = NULL;
 
 #define MAX_DEPTH 64
@@ -679,14 +677,10 @@ static PyObject *read_node(Rd *r, int depth) {
     node = NODE_TYPE->tp_alloc(NODE_TYPE, 0);
     if (node == NULL)
         goto done;
-    for (Py_ssize_t i = 0; i < NODE_NFIELDS; i++) /* every slot UNSET, then the members read */
-        *(PyObject **)((char *)node + ALL_OFFSETS[i]) = Py_NewRef(UNSET);
-    for (int f = 0; f < N_FIELDS; f++)
-        if (v[f] != NULL) {
-            PyObject **slot = (PyObject **)((char *)node + OFFSETS[f]);
-            Py_SETREF(*slot, v[f]);
-            v[f] = NULL;
-        }
+    for (int f = 0; f < N_FIELDS; f++) { /* every field: the member read, or UNSET (configure: no others) */
+        *(PyObject **)((char *)node + OFFSETS[f]) = v[f] != NULL ? v[f] : Py_NewRef(UNSET);
+        v[f] = NULL;
+    }
 done:
     for (int f = 0; f < N_FIELDS; f++)
         Py_XDECREF(v[f]);
@@ -792,23 +786,24 @@ static PyObject *configure(PyObject *mod, PyObject *args) {
     PyObject *node_type, *names, *unset, *decoder;
     if (!PyArg_ParseTuple(args, "O!O!OO", &PyType_Type, &node_type, &PyTuple_Type, &names, &unset, &decoder))
         return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(names);
-    if (n > 32 || n < N_FIELDS || ((PyTypeObject *)node_type)->tp_flags & Py_TPFLAGS_HAVE_GC)
-        Py_RETURN_FALSE; /* (a NodeSpec tracked by the collector would need its own allocation path) */
+    /* the schema's fields exactly this reader's (any other: msgspec reads every file), plain slots; a NodeSpec
+     * tracked by the collector would need its own allocation path */
+    if (PyTuple_GET_SIZE(names) != N_FIELDS || ((PyTypeObject *)node_type)->tp_flags & Py_TPFLAGS_HAVE_GC)
+        Py_RETURN_FALSE;
     int found = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < N_FIELDS; i++) {
         PyObject *name = PyTuple_GET_ITEM(names, i);
-        if ((ALL_OFFSETS[i] = slot_offset(node_type, name)) < 0)
+        Py_ssize_t off = slot_offset(node_type, name);
+        if (off < 0)
             Py_RETURN_FALSE;
         for (int f = 0; f < N_FIELDS; f++)
             if (PyUnicode_CompareWithASCIIString(name, FIELDS[f]) == 0) {
-                OFFSETS[f] = ALL_OFFSETS[i];
+                OFFSETS[f] = off;
                 found++;
             }
     }
-    if (found != N_FIELDS || n != N_FIELDS)
-        Py_RETURN_FALSE; /* the schema has members this reader does not know: msgspec reads it all */
-    NODE_NFIELDS = n;
+    if (found != N_FIELDS)
+        Py_RETURN_FALSE;
     Py_XSETREF(UNSET, Py_NewRef(unset));
     Py_XSETREF(INPUTS_DECODER, Py_NewRef(decoder));
     Py_XSETREF(NODE_TYPE, (PyTypeObject *)Py_NewRef(node_type));

@@ -388,8 +388,8 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
     compute_end = compute + shift
     # The root's final callback runs after the last node: its own time, from the profile the costs came from
     # (FSDP's work in it, its collectives left out), before the post-backwards it does itself
-    use = getattr(getattr(report, "measured", None), "use", None)
-    t = compute_end + int(round(getattr(use, "fsdp_final_ns", 0.0) or 0.0))
+    use = report.measured.use if report.measured is not None else None
+    t = compute_end + (round(use.fsdp_final_ns) if use is not None else 0)
     final_order = [by_name[root]] if root in by_name else []
     final_order += [u for u in units if u.name != root]
     for u in final_order:  # the root's final callback: post-backward of every unit it did not see yet
