@@ -36,17 +36,25 @@ def snapshot(g) -> tuple:
                 tuple((c.index, k) for c, k in n.consumers), n.cpu, n.saves_tensors, n.saved_strings)
     return (tuple(node(n) for n in g.nodes),
             tuple((r.edge.node.index, r.edge.input_nr, repr(r.grad)) for r in g.roots),
-            tuple((k, v.shape, v.dtype, str(v.device), repr(v.grad), v.node.index if v.node else None,
-                   v.requires_grad) for k, v in g.variables.items()),
+            tuple((k, type(v.shape).__name__, v.shape, v.dtype, str(v.device), repr(v.grad),
+                   v.node.index if v.node else None, v.requires_grad, repr(v.hooks)) for k, v in g.variables.items()),
             tuple(g.inputs), g.mode, repr(g.meta), g.max_device_index, g.slot_dtypes,
             sorted(op.name for op in g.op_set), len({id(n.name) for n in g.nodes}),
             tuple((k, n.index) for k, n in g.by_id.items()), g.num_edges, tuple(map(str, g.devices)))
 
 
 def outcome(load, monkeypatch, compiled: bool):
+    """("ok", the graph's snapshot and the memory budget's count) or ("error", its text)."""
     monkeypatch.setattr(validate, "_FAST", validate._FAST if compiled else None)
+    budget = []
+    real_check = validate._Checker.check_budget
+
+    def check_budget(self):
+        budget.append((dict(self.bytes), list(self._top), self._top_min))
+        return real_check(self)
+    monkeypatch.setattr(validate._Checker, "check_budget", check_budget)
     try:
-        return "ok", snapshot(load())
+        return "ok", snapshot(load()), budget
     except GraphFileError as exc:
         return "error", str(exc)
     except Exception as exc:  # a bug either way: compared too, and reported by the assertion
@@ -468,3 +476,65 @@ def test_kept_colons_is_what_encoding_counts():
         deep = {"d:": deep}
     assert count([NodeSpec(id="a", name="b", attrs=deep)]) is None
     assert count([NodeSpec(id="a", name="b", attrs={"x": object()})]) is None
+
+
+# Variables: the compiled loop makes those of a (shape, dtype, device) already checked that write nothing but
+# a name, shape, dtype and device; each case here lands on one it would otherwise make (w1 and b1 follow w0's
+# and b0's shapes).
+VARIABLE_CASES = [
+    ("a repeated name", lambda d: _var(d, "b1").update(name="w1"), False),
+    ("an empty name", lambda d: _var(d, "w1").update(name=""), False),
+    ("an initial grad", lambda d: _var(d, "w1").update(grad="zeros"), True),
+    ("an initial grad of another shape", lambda d: _var(d, "w1").update(grad={"random": 1, "shape": [2]}), False),
+    ("an initial grad of a variable no node reaches", lambda d: d["variables"].append(
+        {"name": "spare", "shape": [3, 3], "grad": {"random": 1, "shape": [3, 3]}}), True),
+    ("requires_grad false", lambda d: d["variables"].append({"name": "frozen", "shape": [3, 3],
+                                                              "requires_grad": False}), True),
+    ("requires_grad true, written", lambda d: _var(d, "w1").update(requires_grad=True), True),
+    ("hooks", lambda d: _var(d, "w1").update(hooks=[{"kind": "scale", "by": 2.0}]), True),
+    ("bad hooks", lambda d: _var(d, "w1").update(hooks=[{"kind": "nope"}]), False),
+    ("a dtype written", lambda d: _var(d, "w1").update(dtype="float32"), True),
+    ("a bad dtype", lambda d: _var(d, "w1").update(dtype="float7"), False),
+    ("a bad device", lambda d: _var(d, "w1").update(device="cuda:x"), False),
+    ("a negative size", lambda d: _var(d, "w1").update(shape=[3, -3]), False),
+    ("a shape seen under another device", lambda d: _var(d, "w1").update(device="cpu"), True),
+    ("many variables no node reaches", lambda d: d["variables"].extend(
+        {"name": f"v{k}", "shape": [3] * (k % 3)} for k in range(40)), True),
+]
+
+
+@pytest.mark.parametrize("what,mutate,loads", VARIABLE_CASES, ids=[c[0] for c in VARIABLE_CASES])
+def test_variables_alike(what, mutate, loads, monkeypatch):
+    doc = _mlp_doc()
+    mutate(doc)
+    data = dumps(doc, "json")
+    fast, slow = both(lambda: loads_graph(data, "m.json"), monkeypatch)
+    assert fast == slow
+    assert fast[0] == ("ok" if loads else "error"), fast
+
+
+def test_the_compiled_loop_does_the_common_variables(monkeypatch):
+    """A 300-layer MLP's 601 variables in two shapes (and the output layer's): the Python loop sees the first
+    of each; the byte count is the compiled one's throughout, and the budget's figures are the Python loop's
+    (with a limit that makes the variables' gradients the largest contributors)."""
+    seen = {"variables": [], "bytes": []}
+    real_vars, real_bytes = validate._Checker._variables_py, validate._Checker._variable_bytes_py
+
+    def variables_py(self, spec_vars, lo, hi, *rest):
+        seen["variables"].extend(range(lo, hi))
+        return real_vars(self, spec_vars, lo, hi, *rest)
+
+    def variable_bytes_py(self, values, var_bytes, initial, lo, hi):
+        seen["bytes"].extend(range(lo, hi))
+        return real_bytes(self, values, var_bytes, initial, lo, hi)
+    monkeypatch.setattr(validate._Checker, "_variables_py", variables_py)
+    monkeypatch.setattr(validate._Checker, "_variable_bytes_py", variable_bytes_py)
+    doc = generate("mlp", layers=300, width=16, batch=4)
+    g = loads_graph(dumps(doc, "json"), "m.json")
+    assert len(g.variables) == 601
+    assert seen["variables"] == [0, 1, 600] and seen["bytes"] == []
+    monkeypatch.undo()
+    data = dumps(doc, "json")
+    fast, slow = both(lambda: loads_graph(data, "m.json", max_bytes=300 * 16 * 16 * 4), monkeypatch)
+    assert fast == slow
+    assert fast[0] == "error" and "variable gradients" in fast[1], fast

@@ -553,18 +553,19 @@ static int quick_value(PyObject *checker, PyObject *node, PyObject *inputs, PyOb
 }
 
 /* Add n to checker.bytes["saved tensors"]. */
-static int add_saved_bytes(PyObject *checker, long long n) {
+/* checker.bytes[category] += n: 0, or -1 with the exception. */
+static int add_bytes(PyObject *checker, PyObject *category, long long n) {
     if (n == 0)
         return 0;
     PyObject *bytes = PyObject_GetAttr(checker, s_bytes);
     if (bytes == NULL)
         return -1;
-    PyObject *old = PyDict_Check(bytes) ? PyDict_GetItemWithError(bytes, s_saved_tensors) : NULL;
+    PyObject *old = PyDict_Check(bytes) ? PyDict_GetItemWithError(bytes, category) : NULL;
     PyObject *add = old ? PyLong_FromLongLong(n) : NULL;
     PyObject *sum = add ? PyNumber_Add(old, add) : NULL;
-    int r = sum ? PyDict_SetItem(bytes, s_saved_tensors, sum) : -1;
+    int r = sum ? PyDict_SetItem(bytes, category, sum) : -1;
     if (old == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "_build: checker.bytes has no 'saved tensors'");
+        PyErr_Format(PyExc_TypeError, "_build: checker.bytes has no %R", category);
     Py_XDECREF(add);
     Py_XDECREF(sum);
     Py_DECREF(bytes);
@@ -927,7 +928,7 @@ node_end:
         if (bad > 0)
             break;
     }
-    if (add_saved_bytes(checker, saved_bytes) < 0)
+    if (add_bytes(checker, s_saved_tensors, saved_bytes) < 0)
         goto done;
     saved_bytes = 0;
     {
@@ -1779,6 +1780,199 @@ python:
     Py_RETURN_NONE;
 }
 
+/* ---- variables ------------------------------------------------------------------------------------------ */
+
+/* Variable's fields, in dataclass order, and VariableSpec's (configure_variables checks both). */
+enum { V_NAME, V_SHAPE, V_DTYPE, V_DEVICE, V_GRAD, V_NODE, V_REQUIRES_GRAD, V_HOOKS, V_FIELDS };
+static const char *VARIABLE_FIELDS[V_FIELDS] = {"name", "shape", "dtype", "device", "grad", "node",
+                                                "requires_grad", "hooks"};
+enum { VS_NAME, VS_SHAPE, VS_DTYPE, VS_DEVICE, VS_GRAD, VS_REQUIRES_GRAD, VS_HOOKS, VS_FIELDS };
+static const char *VARIABLE_SPEC_FIELDS[VS_FIELDS] = {"name", "shape", "dtype", "device", "grad", "requires_grad",
+                                                      "hooks"};
+static Slots VARIABLE = {0}, VARIABLE_SPEC = {0};
+/* The defaults of Variable's fields from grad on (the dataclass's own), set on each variable made here. */
+static PyObject *VARIABLE_DEFAULTS[V_FIELDS];
+static int variables_ready = 0;
+static PyObject *s_variable_gradients;
+
+/* Whether a tuple of strings equals `names`. */
+static int names_are(PyObject *given, const char **names, int n) {
+    if (!PyTuple_Check(given) || PyTuple_GET_SIZE(given) != n)
+        return 0;
+    for (int f = 0; f < n; f++) {
+        PyObject *name = PyTuple_GET_ITEM(given, f);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, names[f]) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* configure_variables(Variable, field_names, defaults_from_grad, VariableSpec, spec_field_names) -> bool: whether
+ * build_variables and variable_bytes may run (both types laid out as this file expects). */
+static PyObject *configure_variables(PyObject *mod, PyObject *args) {
+    PyObject *var_type, *names, *defaults, *spec_type, *spec_names;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!", &PyType_Type, &var_type, &PyTuple_Type, &names, &PyTuple_Type,
+                          &defaults, &PyType_Type, &spec_type, &PyTuple_Type, &spec_names))
+        return NULL;
+    variables_ready = 0;
+    if (!names_are(names, VARIABLE_FIELDS, V_FIELDS) || !names_are(spec_names, VARIABLE_SPEC_FIELDS, VS_FIELDS) ||
+        PyTuple_GET_SIZE(defaults) != V_FIELDS - V_GRAD)
+        Py_RETURN_FALSE;
+    int a = slots_configure(&VARIABLE, var_type, names);
+    int b = a > 0 ? slots_configure(&VARIABLE_SPEC, spec_type, spec_names) : a;
+    if (a < 0 || b < 0)
+        return NULL;
+    if (!a || !b)
+        Py_RETURN_FALSE;
+    for (int f = V_GRAD; f < V_FIELDS; f++)
+        Py_XSETREF(VARIABLE_DEFAULTS[f], Py_NewRef(PyTuple_GET_ITEM(defaults, f - V_GRAD)));
+    variables_ready = 1;
+    Py_RETURN_TRUE;
+}
+
+/* build_variables(spec_variables, i, variables, checked, var_bytes) -> the first index not done.
+ *
+ * validate._Checker._variables_py is the twin: this does each variable spec from index i on that is the common
+ * kind (no grad, requires_grad or hooks written; a new, non-empty name) and whose (shape, dtype, device) as
+ * written is already in `checked` (the Python loop checks each such triple once), and stops at the first that
+ * is not, for the Python loop to do. */
+static PyObject *build_variables(PyObject *mod, PyObject *args) {
+    PyObject *specs, *variables, *checked, *var_bytes;
+    Py_ssize_t i;
+    if (!PyArg_ParseTuple(args, "OnO!O!O!", &specs, &i, &PyDict_Type, &variables, &PyDict_Type, &checked,
+                          &PyList_Type, &var_bytes))
+        return NULL;
+    if (!variables_ready || !configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_build.configure_variables() has not succeeded");
+        return NULL;
+    }
+    if (!PyList_CheckExact(specs))
+        return PyLong_FromSsize_t(i);
+    for (; i < PyList_GET_SIZE(specs); i++) {
+        PyObject *vs = PyList_GET_ITEM(specs, i);
+        if (Py_TYPE(vs) != VARIABLE_SPEC.type)
+            break;
+#define VS(k) (*(PyObject **)((char *)vs + VARIABLE_SPEC.offsets[k]))
+        PyObject *name = VS(VS_NAME), *shape = VS(VS_SHAPE);
+        if (VS(VS_GRAD) != UNSET || VS(VS_REQUIRES_GRAD) != UNSET || VS(VS_HOOKS) != UNSET || name == NULL ||
+            shape == NULL || VS(VS_DTYPE) == NULL || VS(VS_DEVICE) == NULL || !PyUnicode_CheckExact(name) ||
+            PyUnicode_GET_LENGTH(name) == 0 || !PyList_CheckExact(shape))
+            break;
+        int taken = PyDict_Contains(variables, name);
+        if (taken < 0)
+            return NULL;
+        if (taken)
+            break;
+        PyObject *shape_t = PyList_AsTuple(shape);
+        PyObject *key = shape_t ? PyTuple_Pack(3, shape_t, VS(VS_DTYPE), VS(VS_DEVICE)) : NULL;
+#undef VS
+        Py_XDECREF(shape_t);
+        if (key == NULL)
+            return NULL;
+        PyObject *got = PyDict_GetItemWithError(checked, key); /* (shape, dtype, device, bytes of a gradient) */
+        Py_DECREF(key);
+        if (got == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            break;
+        }
+        if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != 4)
+            break;
+        PyObject *var = VARIABLE.type->tp_alloc(VARIABLE.type, 0);
+        if (var == NULL)
+            return NULL;
+        slot_put(&VARIABLE, var, V_NAME, name);
+        for (int k = 0; k < 3; k++)
+            slot_put(&VARIABLE, var, V_SHAPE + k, PyTuple_GET_ITEM(got, k));
+        for (int k = V_GRAD; k < V_FIELDS; k++)
+            slot_put(&VARIABLE, var, k, VARIABLE_DEFAULTS[k]);
+        int r = PyDict_SetItem(variables, name, var);
+        Py_DECREF(var);
+        if (r < 0 || PyList_Append(var_bytes, PyTuple_GET_ITEM(got, 3)) < 0)
+            return NULL;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
+/* variable_bytes(checker, variables, var_bytes, initial_grads, i) -> the first index not done.
+ *
+ * validate._Checker._variable_bytes_py is the twin: each variable's gradient bytes from index i on (its
+ * var_bytes entry where it has a node, else 0; the larger with its initial gradient's bytes), counted as
+ * checker.count(own, "variable gradients", ("variables", i)) counts them: the checker's _note called for those
+ * above its _top_min, the sum added to checker.bytes once. It stops at a variable that is not a Variable, a
+ * byte count that is not an int of at most 2**62, or where the sum would pass 2**62. */
+static PyObject *variable_bytes(PyObject *mod, PyObject *args) {
+    PyObject *checker, *variables, *var_bytes, *initial;
+    Py_ssize_t i;
+    if (!PyArg_ParseTuple(args, "OO!O!O!n", &checker, &PyList_Type, &variables, &PyList_Type, &var_bytes,
+                          &PyDict_Type, &initial, &i))
+        return NULL;
+    if (!variables_ready) {
+        PyErr_SetString(PyExc_RuntimeError, "_build.configure_variables() has not succeeded");
+        return NULL;
+    }
+    const long long limit = 1LL << 62;
+    long long total = 0, top_min;
+    if (read_top_min(checker, &top_min) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(variables) < PyList_GET_SIZE(var_bytes) ? PyList_GET_SIZE(variables)
+                                                                          : PyList_GET_SIZE(var_bytes);
+    int failed = 0;
+    for (; i < n; i++) {
+        PyObject *var = PyList_GET_ITEM(variables, i);
+        if (Py_TYPE(var) != VARIABLE.type)
+            break;
+        PyObject *node = *(PyObject **)((char *)var + VARIABLE.offsets[V_NODE]);
+        PyObject *name = *(PyObject **)((char *)var + VARIABLE.offsets[V_NAME]);
+        if (node == NULL || name == NULL)
+            break;
+        long long own = 0, init = 0;
+        if (node != Py_None) {
+            own = PyLong_CheckExact(PyList_GET_ITEM(var_bytes, i)) ? PyLong_AsLongLong(PyList_GET_ITEM(var_bytes, i))
+                                                                  : -1;
+            if (own == -1 && PyErr_Occurred())
+                PyErr_Clear();
+            if (own < 0 || own > limit)
+                break;
+        }
+        if (PyDict_GET_SIZE(initial)) {
+            PyObject *g = PyDict_GetItemWithError(initial, name);
+            if (g == NULL && PyErr_Occurred()) {
+                failed = 1;
+                break;
+            }
+            init = g == NULL ? 0 : PyLong_CheckExact(g) ? PyLong_AsLongLong(g) : -1;
+            if (init == -1 && PyErr_Occurred())
+                PyErr_Clear();
+            if (init < 0 || init > limit)
+                break;
+            if (init > own)
+                own = init;
+        }
+        if (total > limit - own)
+            break;
+        total += own;
+        if (own > top_min) {
+            PyObject *index_o = PyLong_FromSsize_t(i);
+            PyObject *path = index_o ? PyTuple_Pack(2, s_variables, index_o) : NULL;
+            PyObject *nb = path ? PyLong_FromLongLong(own) : NULL;
+            PyObject *a[3] = {nb, path, s_variable_gradients};
+            int c = nb ? call_check(checker, s__note, a, 3) : -1;
+            Py_XDECREF(index_o);
+            Py_XDECREF(path);
+            Py_XDECREF(nb);
+            if (c < 0 || read_top_min(checker, &top_min) < 0) {
+                failed = 1;
+                break;
+            }
+        }
+    }
+    /* what was summed is counted even where an error stops the loop (the error is raised all the same) */
+    if (add_bytes(checker, s_variable_gradients, total) < 0 || failed)
+        return NULL;
+    return PyLong_FromSsize_t(i);
+}
+
 static PyMethodDef methods[] = {
     {"configure_colons", configure_colons, METH_VARARGS,
      "configure_colons(MetaSpec, node_spec_fields, meta_spec_fields) -> bool"},
@@ -1786,6 +1980,12 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Node, node_field_names, NodeSpec, Edge, UNSET, CPU, EMPTY, ACCUMULATE_GRAD, max_seq) -> bool"},
     {"configure_checks", configure_checks, METH_VARARGS, "configure_checks(max_dims, max_numel, narrow_dtypes[, max_cost_us, max_cost_flops])"},
+    {"configure_variables", configure_variables, METH_VARARGS,
+     "configure_variables(Variable, field_names, defaults_from_grad, VariableSpec, spec_field_names) -> bool"},
+    {"build_variables", build_variables, METH_VARARGS,
+     "build_variables(spec_variables, i, variables, checked, var_bytes) -> first index not done: see graphs/validate.py"},
+    {"variable_bytes", variable_bytes, METH_VARARGS,
+     "variable_bytes(checker, variables, var_bytes, initial_grads, i) -> first index not done: see graphs/validate.py"},
     {"build_nodes", build_nodes, METH_VARARGS,
      "build_nodes(checker, spec_nodes, st, i) -> first index not done: see graphs/validate.py"},
     {"link_edges", link_edges, METH_VARARGS,
@@ -1847,6 +2047,7 @@ PyMODINIT_FUNC PyInit__build(void) {
     INTERN(s__top_min, "_top_min");
     INTERN(s_bytes, "bytes");
     INTERN(s_saved_tensors, "saved tensors");
+    INTERN(s_variable_gradients, "variable gradients");
     INTERN(s__note, "_note");
     INTERN(s_check_broadcast, "check_broadcast");
     INTERN(s_saved, "saved");

@@ -305,6 +305,20 @@ def _compiled_loops():
     return _build, "compiled"
 
 
+def _compiled_variables() -> bool:
+    """Whether the compiled loops may make the variables too (``Variable`` and ``VariableSpec`` laid out as
+    ``_build`` expects, ``Variable``'s defaults from ``grad`` on handed to it)."""
+    if _FAST is None:
+        return False
+    from autograd_run.graphs.schema import VariableSpec
+    fields = dataclasses.fields(Variable)
+    names = tuple(f.name for f in fields)
+    if names[:4] != ("name", "shape", "dtype", "device"):
+        return False
+    return _FAST.configure_variables(Variable, names, tuple(f.default for f in fields[4:]), VariableSpec,
+                                     VariableSpec.__struct_fields__)
+
+
 def _compiled_colons():
     """``_build.kept_colons`` where the compiled loops run and MetaSpec's and NodeSpec's fields are the ones it
     counts (``load._json_has_no_duplicates``), else None."""
@@ -318,6 +332,8 @@ def _compiled_colons():
 
 #: The compiled node loops in use (None: the Python ones), and why (``--version`` shows it).
 _FAST, WHY = _compiled_loops()
+#: Whether ``_FAST`` makes the common variables too.
+_FAST_VARS = _compiled_variables()
 #: The colons msgspec's encoder would write for a list of node specs, counted without encoding them (or None
 #: for a value it does not count), where compiled; None here.
 KEPT_COLONS = _compiled_colons()
@@ -701,33 +717,12 @@ class _Checker:
         # parameters come in a few shapes, each checked once.
         checked: dict[tuple, tuple] = {}
         var_bytes: list[int] = []
-        for i, v in enumerate(spec.variables or ()):
-            name = v.name
-            if not name or name in variables:
-                p = ("variables", i, "name")
-                raise self.err(p, "variable name must not be empty" if not name
-                               else f"duplicate variable name {tensors.short(name)}")
-            key = (tuple(v.shape), v.dtype, v.device)
-            got = checked.get(key)
-            if got is None:
-                p = ("variables", i)
-                shape = tensors.check_shape(v.shape, p + ("shape",), self.err)
-                dtype = "float32" if v.dtype is UNSET else v.dtype
-                tensors.check_dtype(dtype, p + ("dtype",), self.err)
-                dev = CPU if v.device is UNSET else self.device(v.device, p + ("device",))
-                got = checked[key] = (shape, dtype, dev, math.prod(shape) * tensors.itemsize(dtype))
-            shape, dtype, dev, nbytes = got
-            var_bytes.append(nbytes)
-            if v.grad is UNSET and v.requires_grad is UNSET and v.hooks is UNSET:  # the common variable
-                variables[name] = Variable(name, shape, dtype, dev)  # (positional, defaults: half the time)
-                continue
-            grad = None if v.grad is UNSET else v.grad
-            if grad is not None:
-                initial_grads[name] = tensors.check_tensor(grad, ("variables", i, "grad"), self.err, self.side,
-                                                           shape, dtype, allow_fill=True)
-            requires_grad = v.requires_grad is UNSET or v.requires_grad
-            hooks = () if v.hooks is UNSET else self.hooks(v.hooks, ("variables", i, "hooks"))
-            variables[name] = Variable(name, shape, dtype, dev, grad, requires_grad=requires_grad, hooks=hooks)
+        spec_vars = spec.variables or []
+        fast_vars = _FAST if _FAST_VARS else None
+        self._loop(len(spec_vars),
+                   fast_vars and (lambda i: fast_vars.build_variables(spec_vars, i, variables, checked, var_bytes)),
+                   lambda lo, hi: self._variables_py(spec_vars, lo, hi, variables, initial_grads, checked,
+                                                     var_bytes))
         del checked
 
         st = _Build(variables, self._metas)
@@ -804,12 +799,10 @@ class _Checker:
         if spec.storage is not UNSET:
             graph.storage = self.check_storage(spec.storage, variables, by_id)
 
-        count = self.count
-        for i, (v, nbytes) in enumerate(zip(variables.values(), var_bytes)):
-            own = nbytes if v.node is not None else 0
-            if initial_grads:
-                own = max(own, initial_grads.get(v.name, 0))
-            count(own, "variable gradients", ("variables", i))
+        values = list(variables.values())
+        self._loop(len(values),
+                   fast_vars and (lambda i: fast_vars.variable_bytes(self, values, var_bytes, initial_grads, i)),
+                   lambda lo, hi: self._variable_bytes_py(values, var_bytes, initial_grads, lo, hi))
         self.check_reference(graph)
         for meta, path in self._meta_paths.items():
             self.gradient(math.prod(meta.shape) * tensors.itemsize(meta.dtype), path)
@@ -818,6 +811,53 @@ class _Checker:
             self.side.verify(self.err)
         return graph
 
+    # -- variables ------------------------------------------------------------
+    # As for the nodes below: the compiled ``_build`` does the common variables, and hands the rest (one at a
+    # time) to these loops, which are the whole definition.
+    def _variables_py(self, spec_vars: list, lo: int, hi: int, variables: dict, initial_grads: dict,
+                      checked: dict, var_bytes: list) -> None:
+        """Variables lo..hi-1: each checked, its ``Variable`` made; the bytes of its gradient kept in
+        ``var_bytes`` (counted once the nodes say which variables are reached: ``_variable_bytes_py``)."""
+        for i in range(lo, hi):
+            v = spec_vars[i]
+            name = v.name
+            if not name or name in variables:
+                p = ("variables", i, "name")
+                raise self.err(p, "variable name must not be empty" if not name
+                               else f"duplicate variable name {tensors.short(name)}")
+            key = (tuple(v.shape), v.dtype, v.device)
+            got = checked.get(key)
+            if got is None:
+                p = ("variables", i)
+                shape = tensors.check_shape(v.shape, p + ("shape",), self.err)
+                dtype = "float32" if v.dtype is UNSET else v.dtype
+                tensors.check_dtype(dtype, p + ("dtype",), self.err)
+                dev = CPU if v.device is UNSET else self.device(v.device, p + ("device",))
+                got = checked[key] = (shape, dtype, dev, math.prod(shape) * tensors.itemsize(dtype))
+            shape, dtype, dev, nbytes = got
+            var_bytes.append(nbytes)
+            if v.grad is UNSET and v.requires_grad is UNSET and v.hooks is UNSET:  # the common variable
+                variables[name] = Variable(name, shape, dtype, dev)  # (positional, defaults: half the time)
+                continue
+            grad = None if v.grad is UNSET else v.grad
+            if grad is not None:
+                initial_grads[name] = tensors.check_tensor(grad, ("variables", i, "grad"), self.err, self.side,
+                                                           shape, dtype, allow_fill=True)
+            requires_grad = v.requires_grad is UNSET or v.requires_grad
+            hooks = () if v.hooks is UNSET else self.hooks(v.hooks, ("variables", i, "hooks"))
+            variables[name] = Variable(name, shape, dtype, dev, grad, requires_grad=requires_grad, hooks=hooks)
+
+    def _variable_bytes_py(self, values: list, var_bytes: list, initial_grads: dict, lo: int, hi: int) -> None:
+        """Count variables lo..hi-1's gradients in the budget: one a variable's node makes, or its initial
+        ``.grad``, whichever is larger."""
+        count = self.count
+        for i in range(lo, hi):
+            v = values[i]
+            own = var_bytes[i] if v.node is not None else 0
+            if initial_grads:
+                own = max(own, initial_grads.get(v.name, 0))
+            count(own, "variable gradients", ("variables", i))
+
     # -- nodes and edges ------------------------------------------------------
     # Both loops run in the compiled ``_build`` where it is built: it does every node it can and hands
     # the first one it cannot (an unknown op text or metadata met for the first time, an
@@ -825,22 +865,24 @@ class _Checker:
     # node, then goes on. The Python loops are the whole definition; the compiled one is a subset.
     def build_nodes(self, st: "_Build") -> None:
         """Make each node spec's ``Node`` (checked, its derived fields set), in file order."""
-        self._loop(st, _FAST and (lambda i: _FAST.build_nodes(self, self.spec.nodes, st, i)), self._nodes_py)
+        self._loop(len(self.spec.nodes), _FAST and (lambda i: _FAST.build_nodes(self, self.spec.nodes, st, i)),
+                   lambda lo, hi: self._nodes_py(st, lo, hi))
 
     def link_edges(self, st: "_Build") -> None:
         """Each node's next edges (``Edge`` tuples to their targets); consumers are left to ``ensure_consumers``."""
-        self._loop(st, _FAST and (lambda i: _FAST.link_edges(st.nexts, st, i)), self._edges_py)
+        self._loop(len(self.spec.nodes), _FAST and (lambda i: _FAST.link_edges(st.nexts, st, i)),
+                   lambda lo, hi: self._edges_py(st, lo, hi))
 
-    def _loop(self, st: "_Build", fast, slow) -> None:
-        """Nodes 0..n-1 through ``fast(i)`` (the compiled loop: returns the first index it did not do), each
-        one it leaves through ``slow(st, i, i + 1)``; all of them through ``slow`` where there is no ``fast``."""
-        n = len(self.spec.nodes)
+    @staticmethod
+    def _loop(n: int, fast, slow) -> None:
+        """Items 0..n-1 through ``fast(i)`` (the compiled loop: returns the first index it did not do), each
+        one it leaves through ``slow(i, i + 1)``; all of them through ``slow`` where there is no ``fast``."""
         if fast is None:
-            slow(st, 0, n)
+            slow(0, n)
             return
         i = fast(0)
         while i < n:
-            slow(st, i, i + 1)
+            slow(i, i + 1)
             i = fast(i + 1)
 
     def _nodes_py(self, st: "_Build", lo: int, hi: int) -> None:
