@@ -879,6 +879,24 @@ def test_a_load_the_machine_cannot_hold_is_refused_before_parsing(tmp_path, monk
     assert len(load_graph(str(tmp_path / "c.json")).nodes) == 2001
 
 
+def test_a_json_file_that_fits_as_the_shortest_nodes_is_not_counted(monkeypatch):
+    """Where even a file of nothing but the shortest nodes fits, the load does not count its nodes; a byte of
+    memory less and it does (and loads, its real estimate being far smaller)."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    data = dumps(generate("chain", n=300), "json")
+    ceiling = load_mod.JSON_BYTES_PER_BYTE * len(data) + load_mod.JSON_BYTES_PER_NODE * (
+        len(data) // load_mod.MIN_JSON_NODE_BYTES)
+    counted = []
+    real = load_mod.load_memory_estimate
+    monkeypatch.setattr(load_mod, "load_memory_estimate", lambda *a: (counted.append(1), real(*a))[1])
+    monkeypatch.setattr(load_mod, "MEMORY_CHECK_FROM", 0)
+    monkeypatch.setattr(load_mod, "memory_available", lambda: ceiling)
+    assert len(loads_graph(data, "c.json").nodes) == 301 and counted == []
+    monkeypatch.setattr(load_mod, "memory_available", lambda: ceiling - 1)
+    assert len(loads_graph(data, "c.json").nodes) == 301 and counted == [1]
+
+
 @pytest.mark.parametrize("kind,kw", [("chain", dict(n=3000)), ("chain", dict(n=3000, op="add")),
                                      ("fanout", dict(width=1500)), ("mlp", dict(layers=600, width=1)),
                                      ("transformer", dict(layers=40)), ("random", dict(nodes=1500, leaves=60))])

@@ -107,6 +107,29 @@ enum { M_SHAPE, M_DTYPE, M_DEVICE, M_STREAM, M_FIELDS };
 static const char *META_FIELDS[M_FIELDS] = {"shape", "dtype", "device", "stream"};
 
 static Slots NODE = {0}, SPEC = {0}, META = {0};
+
+/* Variable's fields, in dataclass order, and VariableSpec's (configure_variables checks both). */
+enum { V_NAME, V_SHAPE, V_DTYPE, V_DEVICE, V_GRAD, V_NODE, V_REQUIRES_GRAD, V_HOOKS, V_FIELDS };
+static const char *VARIABLE_FIELDS[V_FIELDS] = {"name", "shape", "dtype", "device", "grad", "node",
+                                                "requires_grad", "hooks"};
+enum { VS_NAME, VS_SHAPE, VS_DTYPE, VS_DEVICE, VS_GRAD, VS_REQUIRES_GRAD, VS_HOOKS, VS_FIELDS };
+static const char *VARIABLE_SPEC_FIELDS[VS_FIELDS] = {"name", "shape", "dtype", "device", "grad", "requires_grad",
+                                                      "hooks"};
+static Slots VARIABLE = {0}, VARIABLE_SPEC = {0};
+/* The defaults of Variable's fields from grad on (the dataclass's own), set on each variable made here. */
+static PyObject *VARIABLE_DEFAULTS[V_FIELDS];
+static int variables_ready = 0;
+
+/* A variable's field f (new reference): read from its slot where configure_variables succeeded and it is a
+ * Variable, else through getattr. */
+static PyObject *variable_field(PyObject *var, int f, PyObject *name) {
+    if (variables_ready && Py_TYPE(var) == VARIABLE.type) {
+        PyObject *v = *(PyObject **)((char *)var + VARIABLE.offsets[f]);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(var, name);
+}
 static int colons_ready = 0;
 static PyObject *EDGE_TYPE, *UNSET, *CPU, *EMPTY, *ACC, *ZERO, *MINUS_ONE, *MAX_SEQ, *FWD_END;
 static PyObject *s_nexts, *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
@@ -647,13 +670,13 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
             var = PyDict_GetItemWithError(variables, v[S_VARIABLE]);
             if (var == NULL)
                 NEXT_NODE(PyErr_Occurred() ? -1 : 1);
-            PyObject *has = PyObject_GetAttr(var, s_node);
+            PyObject *has = variable_field(var, V_NODE, s_node);
             if (has == NULL)
                 NEXT_NODE(-1);
             Py_DECREF(has);
             if (has != Py_None)
                 NEXT_NODE(1);
-            PyObject *rg = PyObject_GetAttr(var, s_requires_grad);
+            PyObject *rg = variable_field(var, V_REQUIRES_GRAD, s_requires_grad);
             if (rg == NULL)
                 NEXT_NODE(-1);
             Py_DECREF(rg);
@@ -852,7 +875,9 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         }
         if (PyList_Append(nodes, node) < 0)
             NEXT_NODE(-1);
-        if (is_acc && PyObject_SetAttr(var, s_node, node) < 0)
+        if (is_acc && variables_ready && Py_TYPE(var) == VARIABLE.type)
+            slot_put(&VARIABLE, var, V_NODE, node);
+        else if (is_acc && PyObject_SetAttr(var, s_node, node) < 0)
             NEXT_NODE(-1);
         /* From here on an error is the file's: the checker's methods raise it (the node stays made). */
         if (saved) {
@@ -1782,17 +1807,6 @@ python:
 
 /* ---- variables ------------------------------------------------------------------------------------------ */
 
-/* Variable's fields, in dataclass order, and VariableSpec's (configure_variables checks both). */
-enum { V_NAME, V_SHAPE, V_DTYPE, V_DEVICE, V_GRAD, V_NODE, V_REQUIRES_GRAD, V_HOOKS, V_FIELDS };
-static const char *VARIABLE_FIELDS[V_FIELDS] = {"name", "shape", "dtype", "device", "grad", "node",
-                                                "requires_grad", "hooks"};
-enum { VS_NAME, VS_SHAPE, VS_DTYPE, VS_DEVICE, VS_GRAD, VS_REQUIRES_GRAD, VS_HOOKS, VS_FIELDS };
-static const char *VARIABLE_SPEC_FIELDS[VS_FIELDS] = {"name", "shape", "dtype", "device", "grad", "requires_grad",
-                                                      "hooks"};
-static Slots VARIABLE = {0}, VARIABLE_SPEC = {0};
-/* The defaults of Variable's fields from grad on (the dataclass's own), set on each variable made here. */
-static PyObject *VARIABLE_DEFAULTS[V_FIELDS];
-static int variables_ready = 0;
 static PyObject *s_variable_gradients;
 
 /* Whether a tuple of strings equals `names`. */

@@ -45,6 +45,9 @@ MAX_FILE_BYTES = 4 << 30
 #: from above within 9-28%: 9 bytes per byte of the file plus 300 per node; YAML 82-92x (libyaml's node
 #: tree, with the marks that place an error).
 JSON_BYTES_PER_BYTE, JSON_BYTES_PER_NODE, YAML_BYTES_PER_BYTE = 9, 300, 95
+#: The fewest bytes a node takes in a JSON file (its two required members, empty, and a comma): a file has at
+#: most its size over this many nodes.
+MIN_JSON_NODE_BYTES = len('{"id":"","name":""},')
 #: Files smaller than this are loaded without a look at the machine's memory (at most ~1 GB as JSON).
 MEMORY_CHECK_FROM = 64 << 20
 #: YAML: most values the document may expand to once aliases are followed.
@@ -182,9 +185,17 @@ def load_memory_estimate(data: bytes, fmt: str) -> int:
 
 
 def _check_memory(data: bytes, fmt: str, source: str) -> None:
-    """A file whose load would take more memory than the machine has left is refused before parsing."""
-    if len(data) >= MEMORY_CHECK_FROM:
-        _refuse_past_memory(len(data), load_memory_estimate(data, fmt), fmt, source, "about")
+    """A file whose load would take more memory than the machine has left is refused before parsing. A JSON file
+    that would fit even were it all the shortest nodes (``MIN_JSON_NODE_BYTES`` each) is not searched for its
+    node count (0.09 s at a million nodes)."""
+    if len(data) < MEMORY_CHECK_FROM:
+        return
+    if fmt == "json":
+        available = memory_available()
+        most_nodes = len(data) // MIN_JSON_NODE_BYTES
+        if available is not None and JSON_BYTES_PER_BYTE * len(data) + JSON_BYTES_PER_NODE * most_nodes <= available:
+            return
+    _refuse_past_memory(len(data), load_memory_estimate(data, fmt), fmt, source, "about")
 
 
 def _check_memory_before_reading(path: str, fmt: str) -> None:
