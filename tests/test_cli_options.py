@@ -55,6 +55,30 @@ def test_gen_writes_files_that_validate(tmp_path, capsys, kind, args, nodes):
     assert run_cli(["validate", str(out_file)], capsys)[0] == 0
 
 
+@pytest.mark.parametrize("size, leaves", [(50, 5), (2000, 300), (3000, 2)])
+def test_gen_random_estimates_its_node_count_from_above(size, leaves):
+    """The count gen checks before making a random DAG covers what it makes (seeded draws); ten million op
+    nodes (about 10.1 million nodes) are within the limit."""
+    from autograd_run.cli import gen_cmd
+    from autograd_run.graphs.generators import generate
+    o = {"leaves": leaves, "width": 4}
+    for seed in range(4):
+        n = len(generate("random", nodes=size, leaves=leaves, seed=seed)["nodes"])
+        assert size + leaves + 1 <= n <= gen_cmd._estimate_nodes("random", size, o)
+    gen_cmd._check("random", 10_000_000, {"leaves": 40, "width": 4})
+
+
+def test_gen_random_refuses_a_count_past_the_limit_before_writing(tmp_path, capsys, monkeypatch):
+    from autograd_run.cli import gen_cmd
+    monkeypatch.setattr(gen_cmd, "MAX_NODES", 100)
+    monkeypatch.setattr(gen_cmd, "_estimate_nodes", lambda *a: 50)  # (an estimate the draw exceeds)
+    out_file = tmp_path / "g.json"
+    code, out, err = run_cli(["gen", "random", "--size", "200", "--leaves", "5", "-o", str(out_file)], capsys)
+    assert code == 2 and out == "" and not out_file.exists()
+    assert err.startswith("Error: --size: gen random with these options makes 2") and err.endswith(
+        " nodes; at most 100\n"), err
+
+
 @pytest.mark.parametrize("kind, args", [
     ("chain", ["--size", "40"]), ("fanout", ["--size", "20"]), ("mlp", ["--size", "4", "--width", "3"]),
     ("random", ["--size", "60", "--leaves", "5"]), ("transformer", ["--size", "3", "--devices", "2"]),

@@ -58,7 +58,11 @@ def _estimate_nodes(kind: str, size: int, o: dict) -> int:
         return 5 * size + 4
     if kind == "transformer":
         return size * (21 + 6 * o["heads"]) + 2
-    return 2 * size + o["leaves"] + 1
+    # random: its op nodes, a leaf's AccumulateGrad each and the root, and an add for each value nobody consumed
+    # (folded into the root): the leaves never drawn and about 1% of the op nodes (a few dozen more in a small
+    # graph), 5% allowed here; the count made is checked before the file is written
+    leaves = o["leaves"]
+    return size + leaves + 1 + min(size + leaves, size // 20 + leaves + 64)
 
 
 POSITIVE = Whole(1)
@@ -117,11 +121,12 @@ def gen(ctx, kind, output, size, seed, **options):
     fmt = graph_format(output)
     check_output_path(output, "output", [])
     n = _estimate_nodes(kind, size, o)
-    # (random: the bound above counts every value as folded into the root; about 0.4% are)
-    _check_memory(kind, n if kind != "random" else int(1.05 * (size + o["leaves"])) + 1, fmt)
+    _check_memory(kind, n, fmt)
     kw = _generator_args(kind, size, o, seed)
     doc = generate(kind, packed=fmt == "json" and n >= PACK_FROM, **kw)
     count = len(doc["nodes"])
+    if count > MAX_NODES:  # (random only: its count is estimated)
+        raise UsageError(f"--size: gen {kind} with these options makes {count:,} nodes; at most {MAX_NODES:,}")
     data = dumps(doc, fmt)
     del doc  # (a big graph's text is in memory twice otherwise while it is checked)
     try:  # what validate would say of the file, before it exists
@@ -158,7 +163,7 @@ def _check(kind: str, size: int, o: dict) -> None:
             raise UsageError(f"--devices {k}: graph files name at most cuda:0..cuda:255")
     n = _estimate_nodes(kind, size, o)
     if n > MAX_NODES:
-        what = "--size" if kind != "random" or n - o["leaves"] > MAX_NODES // 2 else "--leaves"
+        what = "--size" if kind != "random" or o["leaves"] <= size else "--leaves"
         raise UsageError(f"{what}: gen {kind} would make about {n:,} nodes; at most {MAX_NODES:,}")
 
 

@@ -1054,6 +1054,10 @@ static inline int same_text(PyObject *a, PyObject *b) {
     return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a)) == 0;
 }
 
+/* How many nodes after a node link_edges looks at, by id, before the id table: an MLP's layer lists its add,
+ * matrix product and AccumulateGrad nodes within four of each other. */
+#define NEARBY 4
+
 static PyObject *link_edges(PyObject *mod, PyObject *args) {
     PyObject *nexts, *st;
     Py_ssize_t i;
@@ -1101,11 +1105,11 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                     bad = 1;
                     break;
                 }
-                /* the node after this one first (a chain, a layer's next op: most files list a node's
-                 * producer right after it), by its id's text, before the id table */
+                /* the few nodes after this one first (a chain, a layer's next ops: most files list a node's
+                 * producers right after it), by their ids' text, before the id table */
                 PyObject *tid = PyTuple_GET_ITEM(e, 0), *target = NULL;
-                if (i + 1 < n && PyUnicode_CheckExact(tid)) {
-                    PyObject *guess = PyList_GET_ITEM(nodes, i + 1);
+                for (Py_ssize_t d = 1; d <= NEARBY && i + d < n && target == NULL && PyUnicode_CheckExact(tid); d++) {
+                    PyObject *guess = PyList_GET_ITEM(nodes, i + d);
                     PyObject *gid = Py_TYPE(guess) == NODE.type ? *(PyObject **)((char *)guess + NODE.offsets[N_ID]) : NULL;
                     if (gid != NULL && same_text(gid, tid))
                         target = guess;
