@@ -1054,9 +1054,21 @@ static inline int same_text(PyObject *a, PyObject *b) {
     return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a)) == 0;
 }
 
-/* How many nodes after a node link_edges looks at, by id, before the id table: an MLP's layer lists its add,
- * matrix product and AccumulateGrad nodes within four of each other. */
-#define NEARBY 4
+/* How many nodes after a node link_edges looks at, by the id's hash, before the id table: an MLP's layer lists
+ * its add, matrix product and AccumulateGrad nodes within four of each other; a random DAG's ops (gen random)
+ * take half their values from the 32 ops made before. Their ids' hashes are kept in a ring as the loop goes,
+ * so the look costs a few reads of one small array, where a look-up in a table of a million ids misses the
+ * cache at every step. */
+#define NEARBY 32
+/* (a power of two above NEARBY: the ring of the next nodes' id hashes) */
+#define RING 64
+
+/* A node's id where it is a Node whose id is a string (borrowed; each node's id is in the id table by now, so
+ * its hash is kept in the string), else NULL. */
+static inline PyObject *node_id_text(PyObject *node) {
+    PyObject *id = Py_TYPE(node) == NODE.type ? *(PyObject **)((char *)node + NODE.offsets[N_ID]) : NULL;
+    return id != NULL && PyUnicode_CheckExact(id) ? id : NULL;
+}
 
 static PyObject *link_edges(PyObject *mod, PyObject *args) {
     PyObject *nexts, *st;
@@ -1082,8 +1094,15 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
     }
     PyObject *targets[64];
     Py_ssize_t nrs[64];
+    /* the hashes of the ids of nodes filled_from..filled-1, at their index mod RING (-1: none) */
+    Py_hash_t ring[RING];
+    Py_ssize_t filled = i + 1;
     for (; i < n; i++) {
         PyObject *node = PyList_GET_ITEM(nodes, i);
+        for (; filled < n && filled <= i + NEARBY; filled++) {
+            PyObject *gid = node_id_text(PyList_GET_ITEM(nodes, filled));
+            ring[filled & (RING - 1)] = gid != NULL ? ((PyASCIIObject *)gid)->hash : -1;
+        }
         PyObject *own_out = NULL;
         PyObject *nxt = PyList_GET_ITEM(nexts, i); /* borrowed: the list keeps it until it is let go below */
         int bad = 0;
@@ -1108,11 +1127,19 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                 /* the few nodes after this one first (a chain, a layer's next ops: most files list a node's
                  * producers right after it), by their ids' text, before the id table */
                 PyObject *tid = PyTuple_GET_ITEM(e, 0), *target = NULL;
-                for (Py_ssize_t d = 1; d <= NEARBY && i + d < n && target == NULL && PyUnicode_CheckExact(tid); d++) {
-                    PyObject *guess = PyList_GET_ITEM(nodes, i + d);
-                    PyObject *gid = Py_TYPE(guess) == NODE.type ? *(PyObject **)((char *)guess + NODE.offsets[N_ID]) : NULL;
-                    if (gid != NULL && same_text(gid, tid))
+                Py_hash_t h = PyUnicode_CheckExact(tid) ? PyObject_Hash(tid) : -1; /* (kept for the table's look-up) */
+                if (h == -1 && PyErr_Occurred()) {
+                    bad = -1;
+                    break;
+                }
+                for (Py_ssize_t d = 1; h != -1 && d <= NEARBY && i + d < n; d++) {
+                    if (ring[(i + d) & (RING - 1)] != h)
+                        continue;
+                    PyObject *guess = PyList_GET_ITEM(nodes, i + d), *gid = node_id_text(guess);
+                    if (gid != NULL && same_text(gid, tid)) {
                         target = guess;
+                        break;
+                    }
                 }
                 if (target == NULL)
                     target = PyDict_GetItemWithError(by_id, tid);
