@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 
 from autograd_run.errors import RequestError
 
@@ -14,11 +16,27 @@ def cache_dir(*parts: str) -> str:
     return os.path.join(base, "autograd-run", *parts)
 
 
+#: The names an input read from standard input goes by (the argument, and the loaded graph's source).
+STDIN_NAMES = ("-", "<stdin>")
+
+
 def _same(a: str, b: str) -> bool:
+    """Whether output ``a`` is input ``b``. An input read from standard input is the same as ``a`` where standard
+    input is a regular file that ``a`` names (``< graph.json`` with ``--trace graph.json``, or ``/dev/stdin``)."""
+    if b in STDIN_NAMES and _is_stdin_file(a):
+        return True
     try:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _is_stdin_file(path: str) -> bool:
+    try:
+        st, fd0 = os.stat(path), os.fstat(0)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(fd0.st_mode) and (st.st_dev, st.st_ino) == (fd0.st_dev, fd0.st_ino)
 
 
 def check_output_path(path: str, option: str, inputs: list[str]) -> None:
@@ -45,7 +63,6 @@ def _in_place(path: str) -> bool:
     """Whether ``path`` is written through rather than replaced: a symbolic link (replacing it would cut
     the link, e.g. /dev/stdout) or an existing file that is not a regular one (/dev/null, a FIFO: a
     rename would put a regular file in its place)."""
-    import stat
     try:
         return os.path.islink(path) or not stat.S_ISREG(os.stat(path).st_mode)
     except OSError:  # missing (or a dangling link, caught above): a new file
@@ -68,7 +85,8 @@ def atomic_write_with(path: str, write, option: str) -> None:
     regular file in its place or cut the link."""
     if _in_place(path):
         try:
-            write(path)
+            with _reader_held(path, option):
+                write(path)
         except OSError as exc:
             raise RequestError(f"{path}: {exc.strerror or exc}", option) from None
         return
@@ -91,7 +109,7 @@ def atomic_writer(path: str, option: str):
     is written through instead (see ``_in_place``)."""
     if _in_place(path):
         try:
-            with open(path, "wb") as f:
+            with _reader_held(path, option), open(path, "wb") as f:
                 yield f
         except OSError as exc:
             raise RequestError(f"{path}: {exc.strerror or exc}", option) from None
@@ -107,6 +125,30 @@ def atomic_writer(path: str, option: str):
     except BaseException:
         _unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def _reader_held(path: str, option: str):
+    """Where ``path`` is a FIFO: refuse it when no process has it open for reading (opening it to write would
+    wait for one, for ever), else hold a write end open meanwhile, so that the writer's own open does not
+    wait and the reader sees the end only when the writing is done. Anything else: nothing to do."""
+    try:
+        fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        fifo = False
+    if not fifo:
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise RequestError(f"{path}: a FIFO that no process is reading; start its reader first", option) from None
+        raise
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def _unlink(path: str) -> None:

@@ -418,3 +418,70 @@ def test_inputs_that_are_not_regular_files_are_refused_not_read(args, tmp_path):
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert r.stderr.startswith("Error: ") and f"{bad}: is a " in r.stderr and "not a regular file" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _chain_json() -> bytes:
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    return dumps(generate("chain", n=5), "json")
+
+
+@pytest.mark.parametrize("cmd, option, target", [
+    (["run", "-", "--no-summary"], "--trace", "same"), (["run", "-", "--no-summary"], "--trace", "/dev/stdin"),
+    (["run", "-", "--no-summary"], "--order-out", "/proc/self/fd/0"),
+    (["simulate", "-", "--no-summary"], "--trace", "/dev/fd/0"), (["simulate", "-"], "--order-out", "same"),
+])
+def test_a_graph_on_stdin_is_never_overwritten(tmp_path, cmd, option, target):
+    """``< graph.json``: standard input is that file, so an output that names it (by its path, or as
+    /dev/stdin and its kin) is an input of the run, as a graph named by its path is."""
+    victim = tmp_path / "g.json"
+    victim.write_bytes(_chain_json())
+    before = victim.read_bytes()
+    out = str(victim) if target == "same" else target
+    from cli_proc import cli_argv, cli_env
+    with open(victim, "rb") as f:
+        p = subprocess.run(cli_argv([*cmd, option, out]), stdin=f, capture_output=True, env=cli_env(), timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.decode() == f"Error: {option}: {out}: is an input of this run; refusing to overwrite it\n"
+    assert victim.read_bytes() == before
+
+
+def test_a_graph_piped_in_may_be_traced_to_stdout():
+    from cli_proc import cli
+    p = cli(["-", "--no-summary", "--trace", "/dev/stdout"], input=_chain_json())
+    assert p.code == 0, p.err
+    assert json.loads(p.out)["traceEvents"]
+
+
+def test_an_output_fifo_without_a_reader_is_refused_and_one_with_a_reader_is_written(tmp_path):
+    """Opening a FIFO to write waits for a reader: with none, the command says so instead of waiting for ever;
+    with one, the file goes through it, whole."""
+    import threading
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    from cli_proc import cli
+    p = cli(["gen", "chain", "--size", "5", "-o", str(fifo)], timeout=60)
+    assert (p.code, p.err) == (2, f"Error: -o: {fifo}: a FIFO that no process is reading; start its reader first\n")
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    p = cli(["gen", "chain", "--size", "5", "-o", str(fifo)], timeout=60)
+    reader.join(30)
+    assert p.code == 0, p.err
+    assert not reader.is_alive() and len(json.loads(got[0])["nodes"]) == 6
+
+
+def test_stdin_is_read_no_further_than_memory_allows(monkeypatch):
+    """A stream has no size to check before it is read: it is read until what it would take to load passes
+    what the machine has left, then refused as a file of that size would be."""
+    import io
+    from autograd_run.errors import GraphFileError
+    from autograd_run.graphs import load
+    monkeypatch.setattr(load, "MEMORY_CHECK_FROM", 0)
+    monkeypatch.setattr(load, "memory_available", lambda: 9 * 1000)
+    assert load.read_stream(io.BytesIO(b"x" * 1000)) == b"x" * 1000
+    stream = io.BytesIO(b"x" * 10**6)
+    with pytest.raises(GraphFileError) as e:
+        load.read_stream(stream)
+    assert e.value.file == "<stdin>" and e.value.what.startswith("loading this 1001 B file takes at least")
+    assert stream.tell() == 1001  # (read no further than the cap)

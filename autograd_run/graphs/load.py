@@ -21,9 +21,11 @@ and ``read_stream`` for a graph given on standard input.
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import re
+import stat
 from contextlib import contextmanager
 from importlib import resources
 
@@ -457,12 +459,25 @@ def read_file(path: str, source: str | None = None) -> bytes:
 
 
 def read_stream(stream, source: str = "<stdin>") -> bytes:
-    """Read a graph from a binary stream (standard input), at most the size cap."""
+    """Read a graph from a binary stream (standard input), at most the size cap, and at most what loading it
+    could take in the memory the machine has left (as JSON, the smaller: ``_check_memory`` then checks it
+    again once its format and node count are known); a regular file's size is checked before it is read."""
+    available = memory_available()
+    cap = MAX_FILE_BYTES if available is None else min(MAX_FILE_BYTES, max(MEMORY_CHECK_FROM,
+                                                                            available // JSON_BYTES_PER_BYTE))
     try:
-        data = untrusted.read_capped(stream, 0, MAX_FILE_BYTES)
+        st = os.fstat(stream.fileno())
+        size = st.st_size if stat.S_ISREG(st.st_mode) else 0
+    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+        size = 0
+    if size > cap:
+        _refuse_past_memory(size, JSON_BYTES_PER_BYTE * size, "json", source, "at least")
+    try:
+        data = untrusted.read_capped(stream, size, cap)
     except OSError as exc:
         raise GraphFileError(source, None, f"cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
+    if len(data) > cap:
+        _refuse_past_memory(len(data), JSON_BYTES_PER_BYTE * len(data), "json", source, "at least")
         raise GraphFileError(source, None, f"input is larger than {MAX_FILE_BYTES >> 20} MiB")
     return data
 
