@@ -239,6 +239,42 @@ def test_a_folder_gets_one_trace_per_rank(tmp_path):
     assert "2 ranks" in r.out
 
 
+def test_process_group_ranks_are_written_as_pytorch_writes_them():
+    """PyTorch's profiler lists a group's ranks, the first 30 of them and ", ..." past that (its NCCL metadata's
+    kTruncatLength), so a rank's trace does not grow with the world."""
+    from autograd_run.traces.kineto import rank_list
+    assert rank_list(1) == "[0]" and rank_list(3) == "[0, 1, 2]"
+    assert rank_list(30) == "[" + ", ".join(map(str, range(30))) + "]"
+    assert rank_list(31) == rank_list(2**20) == "[" + ", ".join(map(str, range(30))) + ", ...]"
+
+
+def test_a_rank_trace_does_not_grow_with_the_world(tmp_path):
+    args = ["simulate", "example:mlp", "--ddp", "defaults", "--network", "alpha_us=10,gbps=50", "--no-summary",
+            "--trace-ranks", "1"]
+    sizes = {}
+    for world in (8, 2**20):
+        out = tmp_path / f"w{world}"
+        r = cli(args + ["--world", str(world), "--trace", str(out) + "/"])
+        assert r.code == 0, r.err
+        sizes[world] = os.path.getsize(out / "rank-0.kineto.json")
+    assert sizes[2**20] < sizes[8] + 2000, sizes
+
+
+def test_rank_traces_that_would_not_fit_on_the_disk_are_not_written(tmp_path, monkeypatch, capsys):
+    """After the first rank's trace, the others (each about its size) must fit on the folder's disk."""
+    import shutil
+    from builders import run_cli
+    from collections import namedtuple
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 20_000, 20_000))
+    out = tmp_path / "ranks"
+    code, _, err = run_cli(["simulate", "example:mlp", "--ddp", "defaults", "--world", "16", "--network",
+                            "alpha_us=10,gbps=50", "--no-summary", "--trace", str(out) + "/"], capsys)
+    assert code == 2 and err.startswith(f"Error: --trace: {out}/: 7 more rank traces of about ") and \
+        "and the disk has 19.5 KiB free (fewer with --trace-ranks N)" in err, err
+    assert os.listdir(out) == ["rank-0.kineto.json"]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--trace", "{d}/"], "goes with --ddp or --fsdp"),
     (["--trace", "{d}/x.json", "--trace-ranks", "2"], "--trace-ranks goes with a folder"),

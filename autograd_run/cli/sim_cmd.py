@@ -495,14 +495,30 @@ def _write_sim_trace(path: str, fmt: str, rec, ddp_result, folder: bool, ranks: 
     if folder:
         os.makedirs(path, exist_ok=True)
         for r in range(ranks):
-            write_kineto_trace(os.path.join(path, f"rank-{r}.kineto.json"), rec, rank=r, world=world,
-                               device_name=device, meta=meta)
+            rank_path = os.path.join(path, f"rank-{r}.kineto.json")
+            write_kineto_trace(rank_path, rec, rank=r, world=world, device_name=device, meta=meta)
+            if r == 0 and ranks > 1:
+                _check_room_for_ranks(path, os.path.getsize(rank_path), ranks - 1)
     elif format_of(path, fmt).name == "kineto":
         write_kineto_trace(path, rec, world=world, device_name=device, meta=meta)
     else:
         warning = write_trace(path, rec, fmt=fmt)
         if warning:
             click.echo(warning, err=True)
+
+
+def _check_room_for_ranks(folder: str, rank_bytes: int, more: int) -> None:
+    """After the first rank's trace: the other ranks' (each about its size) must fit on the folder's disk, with
+    a tenth to spare, or none of them is written."""
+    import shutil
+    from autograd_run.errors import RequestError
+    from autograd_run.graphs.validate import format_bytes
+    need = rank_bytes * more
+    free = shutil.disk_usage(folder).free
+    if need + need // 10 > free:
+        raise RequestError(f"{folder}: {more} more rank traces of about {format_bytes(rank_bytes)} each take "
+                           f"{format_bytes(need)}, and the disk has {format_bytes(free)} free (fewer with "
+                           f"--trace-ranks N)", "trace_path")
 
 
 def _report_json(r, memory: bool = True) -> dict:

@@ -435,6 +435,19 @@ def _stream_events(rec: Recording, c, S, tid_col, streams: _Streams, pid: int, u
     return out
 
 
+#: How many of a group's ranks a collective's "Process Group Ranks" lists (PyTorch's profiler writes the first
+#: 30 and ", ..." after them: ``kTruncatLength`` in its NCCL metadata), so a rank's trace does not grow with the
+#: world.
+RANKS_SHOWN = 30
+
+
+def rank_list(group: int) -> str:
+    """Ranks 0..group-1 as PyTorch's profiler writes a process group's: ``[0, 1, 2]``, or the first
+    ``RANKS_SHOWN`` and ``, ...``."""
+    shown = ", ".join(map(str, range(min(group, RANKS_SHOWN))))
+    return f"[{shown}, ...]" if group > RANKS_SHOWN else f"[{shown}]"
+
+
 def _collectives(rec: Recording, streams: _Streams, pid: int, us, next_corr, world: int) -> list[dict]:
     out: list[dict] = []
     for k in sorted((k for k in rec.kernels if isinstance(k.node, Collective)), key=lambda k: k.start):
@@ -451,7 +464,7 @@ def _collectives(rec: Recording, streams: _Streams, pid: int, us, next_corr, wor
         launch = max(k.start - LAUNCH_NS, rec.start)
         comm = {"Collective name": name, "In msg nelems": n_in, "Out msg nelems": n_out, "Group size": group,
                 "dtype": dname, "In split size": "[]", "Out split size": "[]", "Process Group Name": "0",
-                "Process Group Description": "default_pg", "Process Group Ranks": str(list(range(group)))}
+                "Process Group Description": "default_pg", "Process Group Ranks": rank_list(group)}
         common = {"pid": pid, "tid": COMM_THREAD}
         out.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", **common, "ts": us(launch),
                     "dur": max(k.start - launch, 1) / 1000, "args": {"External id": ext, **comm}})
