@@ -113,6 +113,13 @@ def test_an_unreached_parameter_is_marked_by_the_first_hook_and_the_used_map_fol
     (["--ddp", "first_bucket_mb=0", "--world", "2", "--network", "alpha_us=1,gbps=1"], "first_bucket_mb must be a size"),
     (["--ddp", "first_bucket_mb=1e-9", "--world", "2", "--network", "alpha_us=1,gbps=1"],
      "first_bucket_mb must be at least one byte"),
+    # a cap past 1e9 MiB: its bytes were int(inf), an OverflowError, in the bucket assignment
+    (["--ddp", "bucket_cap_mb=1e308", "--world", "8", "--network", "alpha_us=10,gbps=12"],
+     "--ddp: bucket_cap_mb must be a size in MiB > 0, at most 1e+09, got '1e308'"),
+    (["--ddp", "first_bucket_mb=1e308", "--world", "8", "--network", "alpha_us=10,gbps=12"],
+     "--ddp: first_bucket_mb must be a size in MiB > 0, at most 1e+09, got '1e308'"),
+    (["--ddp", "defaults", "--world", "8", "--network", "alpha_us=10,gbps=12", "--compare", "bucket_cap_mb=1,1e308"],
+     "--compare: bucket_cap_mb must be a size in MiB > 0, at most 1e+09, got '1e308'"),
     (["--ddp", "defaults", "--world", "0", "--network", "alpha_us=1,gbps=1"], "--world"),
     (["--ddp", "defaults", "--world", "2", "--network", "alpha_us=1"], "--network: give gbps"),
     (["--ddp", "defaults", "--world", "2", "--network", "alpha_us=-1,gbps=1"], "alpha_us must be"),
@@ -137,6 +144,31 @@ def test_simulate_ddp_json(tmp_path, capsys):
     one = cost_ns("allreduce", MIB, 2, LINK)
     assert [b["params"] for b in d["buckets"]] == [[1], [0]] and d["comm_ns"] == 2 * one
     assert d["wall_ns"] == d["compute_ns"] + d["exposed_ns"] and d["world"] == 2
+
+
+def test_a_graph_files_ddp_cap_past_the_limit_is_refused(tmp_path, capsys):
+    """The graph file's ddp section: a bucket_cap_mb past 1e9 MiB is refused where the file is read (it passed
+    validate, then simulate --ddp captured failed with an OverflowError in the bucket assignment)."""
+    import json
+    from autograd_run.graphs.dump import dump_graph
+    from builders import run_cli
+    path = tmp_path / "g.json"
+    dump_graph(two_layers(), str(path))
+    doc = json.loads(path.read_text())
+    doc["parameters"] = ["w1", "w2"]
+    doc["ddp"] = {"bucket_cap_mb": 1e9}
+    path.write_text(json.dumps(doc))
+    code, out, err = run_cli(["simulate", str(path), "--spec", "h100", "--slack", "0", "--ddp", "captured",
+                              "--world", "8", "--network", "nvlink-h100"], capsys)
+    assert code == 0, err
+    doc["ddp"] = {"bucket_cap_mb": 1e308}
+    path.write_text(json.dumps(doc))
+    for args in (["validate", str(path)], ["simulate", str(path), "--spec", "h100", "--ddp", "captured",
+                                           "--world", "8", "--network", "nvlink-h100"]):
+        code, out, err = run_cli(args, capsys)
+        assert code == 2 and "Traceback" not in err, err
+        assert err.startswith(f"Error: {path}: at $.ddp.bucket_cap_mb: must be a size in MiB of at least one byte "
+                              "and at most 1e+09, got 1e+308"), err
 
 
 def test_network_forms_and_their_errors(tmp_path, monkeypatch):
@@ -170,12 +202,27 @@ def test_network_forms_and_their_errors(tmp_path, monkeypatch):
         ({"links": {}}, "at $.links: must be an object"),
         ({"links": {"2": {"alpha_us": 1, "gbps": 1}}, "speed": 3}, "at $.speed: unknown field"),
         ({"channels": True, "links": {"2": {"alpha_us": 1, "gbps": 1}}}, "at $.channels: must be a whole number"),
+        # a backend or a measured time of any type passed unread (a hostile review): a backend not gloo's costed
+        # its reduce-scatters as NCCL's with no word
+        ({"backend": 7, "link": {"alpha_us": 1, "gbps": 1}},
+         "at $.backend: must be 'gloo' or 'nccl' (gloo runs a reduce-scatter as an all-reduce of the whole buffer), "
+         "got 7"),
+        ({"backend": "Gloo", "link": {"alpha_us": 1, "gbps": 1}}, "at $.backend: must be 'gloo' or 'nccl'"),
+        ({"measured": "junk", "link": {"alpha_us": 1, "gbps": 1}},
+         "at $.measured: must be the date and time the links were measured (ISO 8601, as calibrate --gloo writes "
+         "it: 2025-01-31T12:00:00+00:00), got 'junk'"),
+        ({"measured": 2025, "link": {"alpha_us": 1, "gbps": 1}}, "at $.measured: must be the date and time"),
+        ({"name": ["two"], "link": {"alpha_us": 1, "gbps": 1}}, "at $.name: must be a string, got ['two']"),
+        ({"source": {}, "link": {"alpha_us": 1, "gbps": 1}}, "at $.source: must be a string (where the figures"),
         ([1], "at $: a network file is a JSON object"),
     ]:
         path.write_text(json.dumps(doc))
         with pytest.raises(RequestError) as err:
             parse_network(str(path))
         assert str(path) in str(err.value) and message in str(err.value), (doc, str(err.value))
+    path.write_text(json.dumps({"name": "gloo here", "backend": "gloo", "source": "s",
+                                "measured": "2025-01-31T12:00:00+00:00", "link": {"alpha_us": 1, "gbps": 1}}))
+    assert parse_network(str(path)).link_for(2)[0].reduce_scatter == "allreduce"
     path.write_text("{not json")
     with pytest.raises(RequestError, match="not a valid network file"):
         parse_network(str(path))

@@ -288,7 +288,8 @@ def refused(tmp_path, content: bytes | str, name="in.json") -> str:
     ('{"traceEvents": [{"ph": "X", "cat": "node", "name": "a b", "ts": 1, "dur": 1, "args": []}]}',
      "$.traceEvents[0].args: a node slice needs args (an object)"),
     ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": "1", "dur": 1, "args": {"id": "a", "graph_task": 0}}]}',
-     "$.traceEvents[0]: a node slice needs a number 'ts'"),
+     "$.traceEvents[0]: a node slice needs a 'ts' from -4e+15 to 4e+15 us and a 'dur' from 0 to 8.64e+10 us (a day), "
+     "got ts '1' and dur 1"),
     ('[{"summary": {}, "spec": "h100"}]', "$: a list of 1 simulation results (simulate --compare --json)"),
     ('{"summary": {}, "samples": {"passes": 2, "wall_ns": [1]}}', "$.samples.wall_ns: must be a list of 2 values"),
     ('{"summary": {}, "samples": {"passes": 1, "wall_ns": [1], "critical_path_ns": [1], "critical_path": [[]],'
@@ -297,7 +298,14 @@ def refused(tmp_path, content: bytes | str, name="in.json") -> str:
     ('{"summary": {}, "samples": {"passes": 1, "wall_ns": [1' + "0" * 400 + '], "critical_path_ns": [1]}}',
      "$.samples.wall_ns[0]: must be an integer of at most 2**64"),  # was an OverflowError in diff's median
     ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1e308, "dur": 1, "args": {"id": "a", "graph_task": 0}}]}',
-     "$.traceEvents[0]: a node slice needs a number 'ts'"),  # 1e308 us in ns: an OverflowError in round()
+     "$.traceEvents[0]: a node slice needs a 'ts' from -4e+15"),  # 1e308 us in ns: an OverflowError in round()
+    # a dur past a day: the message said "a non-negative 'dur'" of 1e300; the limit is what it says now
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1, "dur": 1e300, "args": {"id": "a", "graph_task": 0}}]}',
+     "$.traceEvents[0]: a node slice needs a 'ts' from -4e+15 to 4e+15 us and a 'dur' from 0 to 8.64e+10 us (a day), "
+     "got ts 1 and dur 1e+300"),
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1, "dur": 1e15, "args": {"id": "a", "graph_task": 0}}]}',
+     "$.traceEvents[0]: a node slice needs a 'ts' from -4e+15 to 4e+15 us and a 'dur' from 0 to 8.64e+10 us (a day), "
+     "got ts 1 and dur 1e+15"),
     ('{"traceEvents": [{"ph": "X", "cat": "node", "tid": [2], "ts": 1, "dur": 1, "args": {"id": "a"}}]}',
      "$.traceEvents[0].tid: must be an integer or a string"),  # was a TypeError (an unhashable tid)
     ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1, "dur": 1, "args": {"id": "a", "graph_task": "0"}}]}',

@@ -296,6 +296,29 @@ def test_measured_costs_from_a_trace_written_before_are_the_same(tmp_path):
     assert set(new_costs.nodes) >= {n.id for n in g.nodes} and new_costs.nodes == old_costs.nodes
 
 
+@pytest.mark.parametrize("key, value, got", [("dur", 1e15, "1e+15"), ("dur", 1e300, "1e+300"),
+                                              ("ts", 1e300, "1e+300"), ("ts", -1e16, "-1e+16")])
+def test_measured_costs_refuse_a_time_past_its_bound(tmp_path, capsys, key, value, got):
+    """A --costs trace whose spans last 1e15 us was an OverflowError traceback in the memory model, 1e300 us one
+    in the simulation's loop: an event's dur is at most a day, its ts about 127 years, either way from 0."""
+    from builders import run_cli
+    g = load_graph("example:mlp")
+    trace = tmp_path / "t.json"
+    run_session(g, RunOptions(trace_path=str(trace), multithreading=False))
+    doc = json.loads(trace.read_text())
+    first = next(i for i, e in enumerate(doc["traceEvents"]) if e.get("ph") == "X")
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X":
+            e[key] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    limit = "-8.64e+10 to 8.64e+10 (a day either way)" if key == "dur" else "-4e+15 to 4e+15 (about 127 years either way)"
+    code, out, err = run_cli(["simulate", "example:mlp", "--costs", str(bad)], capsys)
+    assert (code, out) == (2, ""), err
+    assert err == (f"Error: --costs: {bad}: $.traceEvents[{first}] ({doc['traceEvents'][first]['name']!r}): an "
+                   f"event's '{key}' must be a number of microseconds from {limit}, got {got}\n"), err
+
+
 def test_measured_costs_from_a_compressed_trace_and_not_from_a_protobuf_one(tmp_path):
     from autograd_run.errors import RequestError
     g = load_graph("example:mlp")
@@ -406,12 +429,25 @@ def _h100_with(change):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d["accelerator"].update(bw_efficiency=0), "accelerator: bw_efficiency must be more than 0"),
+    (lambda d: d["accelerator"].update(bw_efficiency=0), "accelerator: bw_efficiency must be a number from 0.001 to 1"),
     (lambda d: d["engine"].update(handoff_us=1e308), "engine: handoff_us must be a number from 0 to 1e+09"),
-    (lambda d: d["host"].update(mem_bw=float("inf")), "host: mem_bw must be a number from 0 to 1e+21"),
-    (lambda d: d["accelerator"].update(mem_bw=1e-300), "accelerator: mem_bw must be 0 (none) or at least 1 byte/s"),
+    (lambda d: d["host"].update(mem_bw=float("inf")), "host: mem_bw must be a number from 1e+06 to 1e+21"),
+    (lambda d: d["accelerator"].update(mem_bw=1e-300), "accelerator: mem_bw must be a number from 1e+06 to 1e+21"),
+    (lambda d: d["accelerator"].update(link_bw=1e-300), "accelerator: link_bw must be 0 (no such link) or at least"),
     (lambda d: d["accelerator"].update(peak_flops={"float32": 1e-300}), "accelerator: peak_flops maps dtypes to"),
-    (lambda d: d["host"].update(flops_efficiency=2), "host: flops_efficiency must be a number from 0 to 1"),
+    (lambda d: d["host"].update(flops_efficiency=2), "host: flops_efficiency must be a number from 0.001 to 1"),
+    # a tiny efficiency made an infinite cost (an OverflowError in the roofline), a memory bandwidth of 0 an
+    # infinite bandwidth, and a device without float32's FLOP/s ran every op at 1e9 FLOP/s (a hostile review)
+    (lambda d: d["accelerator"].update(bw_efficiency=1e-320),
+     "accelerator: bw_efficiency must be a number from 0.001 to 1, got 1e-320"),
+    (lambda d: d["accelerator"].update(flops_efficiency=1e-320),
+     "accelerator: flops_efficiency must be a number from 0.001 to 1, got 1e-320"),
+    (lambda d: d["accelerator"].update(mem_bw=0), "accelerator: mem_bw must be a number from 1e+06 to 1e+21, got 0"),
+    (lambda d: d["accelerator"].update(peak_flops={}), "accelerator: peak_flops must give float32's FLOP/s"),
+    (lambda d: d["accelerator"].pop("peak_flops"), "accelerator: peak_flops must give float32's FLOP/s"),
+    (lambda d: d["host"].update(peak_flops={"float64": 1e9}), "host: peak_flops must give float32's FLOP/s"),
+    (lambda d: d["accelerator"].update(peak_flops={"float32": 1}), "accelerator: peak_flops maps dtypes to FLOP/s "
+     "from 1e+06 to 1e+21"),
     (lambda d: d.pop("accelerator"), "a spec needs 'accelerator'"),
     (lambda d: d.update(nodes=[]), "unknown field 'nodes'"),
     (lambda d: d["engine"].update(spread={"handoff_us": -1}), "engine: spread maps the names of the figures"),

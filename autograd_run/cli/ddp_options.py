@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 from autograd_run.errors import UsageError
+from autograd_run.parallel.buckets import MAX_CAP_MB
 from autograd_run.parallel.collectives import Link
 
-DDP_KEYS = {"bucket_cap_mb": "a size in MiB > 0", "first_bucket_mb": "a size in MiB > 0",
+DDP_KEYS = {"bucket_cap_mb": f"a size in MiB > 0, at most {MAX_CAP_MB:g}",
+            "first_bucket_mb": f"a size in MiB > 0, at most {MAX_CAP_MB:g}",
             "find_unused_parameters": "true or false",
             "static_graph": "true or false", "gradient_as_bucket_view": "true or false",
             "iteration": "first or steady"}
@@ -33,12 +35,12 @@ def _pairs(text: str, option: str, keys: dict) -> dict[str, str]:
     return out
 
 
-def _number(option: str, key: str, value: str, low: float, strict: bool) -> float:
+def _number(option: str, key: str, value: str, low: float, strict: bool, high: float = math.inf) -> float:
     try:
         x = float(value)
     except ValueError:
         x = math.nan
-    if not math.isfinite(x) or (x <= low if strict else x < low):
+    if not math.isfinite(x) or (x <= low if strict else x < low) or x > high:
         raise UsageError(f"{option}: {key} must be {DDP_KEYS.get(key) or NETWORK_KEYS[key]}, got {value!r}")
     return x
 
@@ -49,27 +51,28 @@ def _bool(option: str, key: str, value: str) -> bool:
     return value.lower() in ("true", "1", "yes")
 
 
-def parse_ddp(text: str) -> dict:
+def parse_ddp(text: str, option: str = "--ddp") -> dict:
     """``bucket_cap_mb=25,find_unused_parameters=false,...`` (or ``defaults``; ``captured[,KEY=V...]``: the
     graph file's ``ddp`` section, the keys given overriding it) -> keyword arguments of ``sim.ddp.simulate_ddp``
-    (with ``captured``: True, resolved against the graph by ``captured_ddp``)."""
+    (with ``captured``: True, resolved against the graph by ``captured_ddp``). ``option``: the option named in
+    the errors (``--compare`` for its ``bucket_cap_mb=...`` values)."""
     head, _, rest = text.strip().partition(",")
     captured = head.strip() == "captured"
     if captured:
         text = rest
-    raw = {} if text.strip() in ("defaults", "") else _pairs(text, "--ddp", DDP_KEYS)
+    raw = {} if text.strip() in ("defaults", "") else _pairs(text, option, DDP_KEYS)
     out: dict = {"captured": True} if captured else {}
     for key in ("bucket_cap_mb", "first_bucket_mb"):
         if key in raw:
-            out[key] = _number("--ddp", key, raw[key], 0.0, True)
+            out[key] = _number(option, key, raw[key], 0.0, True, MAX_CAP_MB)
             if out[key] * (1 << 20) < 1:
-                raise UsageError(f"--ddp: {key} must be at least one byte, got {raw[key]!r}")
+                raise UsageError(f"{option}: {key} must be at least one byte, got {raw[key]!r}")
     for key in ("find_unused_parameters", "static_graph", "gradient_as_bucket_view"):
         if key in raw:
-            out[key] = _bool("--ddp", key, raw[key])
+            out[key] = _bool(option, key, raw[key])
     if "iteration" in raw:
         if raw["iteration"] not in ("first", "steady"):
-            raise UsageError(f"--ddp: iteration must be first or steady, got {raw['iteration']!r}")
+            raise UsageError(f"{option}: iteration must be first or steady, got {raw['iteration']!r}")
         out["iteration"] = raw["iteration"]
     return out
 

@@ -36,6 +36,10 @@ from autograd_run.graphs.schema import UNSET, GraphSpec, NodeSpec
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, Outputs, lookup
 from autograd_run.ops.arrays import number
 
+#: The largest DDP bucket cap (``bucket_cap_mb``, ``first_bucket_mb``) a graph file or a simulation takes, in MiB:
+#: 1e9 MiB (about a petabyte), far past any model, and small enough that the cap in bytes (doubled by the
+#: slack's what-if) stays a whole number well below ``sys.maxsize``.
+MAX_CAP_MB = 1e9
 #: The most nodes a graph file may have (ten million: the scale work's goal, with room); what loading one
 #: takes is checked against the machine's memory before parsing (``load.load_memory_estimate``).
 MAX_NODES = 20_000_000
@@ -513,7 +517,8 @@ class _Checker:
     #: The ``ddp`` section's fields: (type test, what it must be).
     DDP_FIELDS = {
         "bucket_cap_mb": (lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-                          and v * (1 << 20) >= 1, "a size in MiB of at least one byte"),
+                          and v * (1 << 20) >= 1 and v <= MAX_CAP_MB,
+                          f"a size in MiB of at least one byte and at most {MAX_CAP_MB:g}"),
         "find_unused_parameters": (lambda v: isinstance(v, bool), "true or false"),
         "static_graph": (lambda v: isinstance(v, bool), "true or false"),
         "gradient_as_bucket_view": (lambda v: isinstance(v, bool), "true or false"),

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from autograd_run.errors import RequestError
+#: The largest bucket cap a simulation takes, MiB (a graph file's ``ddp`` section is checked against it there).
+from autograd_run.graphs.validate import MAX_CAP_MB  # noqa: F401
 
 MIB = 1 << 20
 #: ``bucket_cap_mb``'s default, and ``dist._DEFAULT_FIRST_BUCKET_BYTES``.

@@ -20,7 +20,8 @@ Four forms:
      "links": {"2": {"alpha_us": 600, "gbps": 1.2, "channels": 2}, "4": {...}}}
 
 (``"backend": "gloo"``: reduce-scatters cost an all-reduce of the whole buffer, as
-gloo runs them; ``channels`` at the top: every link's unless the link gives its own;
+gloo runs them; ``"nccl"`` or none: a reduce-scatter; ``channels`` at the top: every
+link's unless the link gives its own;
 ``during_compute``: a collective's speed while the compute runs, 1 when
 unsaid, see ``collectives.Link``).
 
@@ -83,6 +84,23 @@ def link_value_problem(key: str, v) -> str | None:
     return None
 
 
+#: The collective backends a network file may name: gloo's reduce-scatter is an all-reduce of the whole buffer,
+#: NCCL's (the default) a reduce-scatter.
+BACKENDS = ("gloo", "nccl")
+
+
+def _is_date_time(v) -> bool:
+    """Whether ``v`` is an ISO 8601 date and time (``measured``: ``datetime.isoformat``'s text)."""
+    import datetime
+    if not isinstance(v, str) or len(v) > 64:
+        return False
+    try:
+        datetime.datetime.fromisoformat(v)
+    except ValueError:
+        return False
+    return True
+
+
 def from_dict(doc, where: str) -> Network:
     """A network document (see the module docstring), checked as untrusted data."""
     def bad(place: str, what: str):
@@ -93,6 +111,15 @@ def from_dict(doc, where: str) -> Network:
     if unknown:
         raise bad(f"$.{unknown[0]}", "unknown field (fields: name, backend, channels, link, links, source, "
                                      "measured)")
+    for key, what in (("name", "a string"), ("source", "a string (where the figures come from)")):
+        if key in doc and not isinstance(doc[key], str):
+            raise bad(f"$.{key}", f"must be {what}, got {repr(doc[key])[:40]}")
+    if "measured" in doc and not _is_date_time(doc["measured"]):
+        raise bad("$.measured", "must be the date and time the links were measured (ISO 8601, as calibrate --gloo "
+                                f"writes it: 2025-01-31T12:00:00+00:00), got {repr(doc['measured'])[:40]}")
+    if "backend" in doc and doc["backend"] not in BACKENDS:
+        raise bad("$.backend", f"must be {' or '.join(map(repr, BACKENDS))} (gloo runs a reduce-scatter as an "
+                               f"all-reduce of the whole buffer), got {repr(doc['backend'])[:40]}")
     channels = doc.get("channels", 1)
     if not (isinstance(channels, int) and not isinstance(channels, bool) and 1 <= channels <= 64):
         raise bad("$.channels", f"must be a whole number from 1 to 64, got {str(channels)[:40]!r}")

@@ -34,7 +34,8 @@ from autograd_run.errors import RequestError
 @dataclass
 class DeviceSpec:
     name: str
-    #: Peak FLOP/s by dtype (dtypes not listed use float32's).
+    #: Peak FLOP/s by dtype (dtypes not listed use float32's; a spec file must give float32's, a spec made in
+    #: code without it gets 1e9).
     peak_flops: dict[str, float] = field(default_factory=dict)
     #: Memory bandwidth, bytes/s.
     mem_bw: float = 20e9
@@ -167,31 +168,43 @@ def _known(cls, d: Any, where: str) -> dict:
                 raise RequestError(f"{where}: spread maps the names of the figures above to numbers from 0 "
                                    "(the rounds agreed) upwards", "spec")
             continue
-        if not isinstance(v, (int, float)) or not 0 <= v <= _LIMITS.get(k[k.rfind("_") + 1:], MAX_RATE):
-            raise RequestError(f"{where}: {k} must be a number from 0 to "
-                               f"{_LIMITS.get(k[k.rfind('_') + 1:], MAX_RATE):g}, got {v!r}", "spec")
-        if k.endswith("_efficiency") and v == 0:
-            raise RequestError(f"{where}: {k} must be more than 0 (a fraction of the peak, at most 1)", "spec")
-        if k.endswith("_bw") and 0 < v < 1:
-            raise RequestError(f"{where}: {k} must be 0 (none) or at least 1 byte/s, got {v!r}", "spec")
+        low, high = _LOWER.get(k, 0), _LIMITS.get(k[k.rfind("_") + 1:], MAX_RATE)
+        if not isinstance(v, (int, float)) or not low <= v <= high:
+            raise RequestError(f"{where}: {k} must be a number from {low:g} to {high:g}, got {v!r}", "spec")
+        if k.endswith("_bw") and 0 < v < MIN_RATE:
+            raise RequestError(f"{where}: {k} must be 0 (no such link) or at least {MIN_RATE:g} bytes/s, "
+                               f"got {v!r}", "spec")
     return d
 
 
 #: The largest FLOP/s or bytes/s a spec may give (a divisor of every analytic cost: with bounds on
 #: both sides, no cost overflows the simulation's integer nanoseconds).
 MAX_RATE = 1e21
+#: The smallest FLOP/s (``peak_flops``) or bytes/s (``mem_bw``; ``link_bw`` and ``host_bw`` unless 0, no such
+#: link) a spec may give: a million, below any machine that runs PyTorch.
+MIN_RATE = 1e6
+#: The smallest ``flops_efficiency`` / ``bw_efficiency``: a thousandth of the peak. With ``MIN_RATE``, a
+#: 4096x4096 matmul costs at most a few years, not more than a 64-bit count of nanoseconds holds (a 1e-320
+#: efficiency made an infinite cost: an OverflowError).
+MIN_EFFICIENCY = 1e-3
 #: The most cores a spec may give.
 MAX_CORES = 1 << 16
 #: Bounds by the last word of a field's name: fractions of the peak, microseconds (1000 s at most).
 _LIMITS = {"efficiency": 1.0, "us": 1e9}
+#: Lower bounds above 0, by field: a fraction of the peak is more than none, memory has a bandwidth (0 was
+#: taken for an infinite one).
+_LOWER = {"flops_efficiency": MIN_EFFICIENCY, "bw_efficiency": MIN_EFFICIENCY, "mem_bw": MIN_RATE}
 
 
 def _device(d: Any, where: str) -> DeviceSpec:
     d = dict(_known(DeviceSpec, d, where))
     flops = d.get("peak_flops", {})
     if not isinstance(flops, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                              and 1 <= v <= MAX_RATE for v in flops.values()):
-        raise RequestError(f"{where}: peak_flops maps dtypes to FLOP/s from 1 to {MAX_RATE:g}", "spec")
+                                              and MIN_RATE <= v <= MAX_RATE for v in flops.values()):
+        raise RequestError(f"{where}: peak_flops maps dtypes to FLOP/s from {MIN_RATE:g} to {MAX_RATE:g}", "spec")
+    if "float32" not in flops:  # the figure of every dtype not listed: without it a matmul took 1e9 FLOP/s
+        raise RequestError(f"{where}: peak_flops must give float32's FLOP/s (the figure of every dtype it does "
+                           "not list)", "spec")
     d.setdefault("name", where)
     return DeviceSpec(**d)
 

@@ -31,6 +31,7 @@ from autograd_run.analysis.samples import NodeSamples, Samples, stable_worker
 from autograd_run.analysis.summary import union_length
 from autograd_run.errors import RequestError
 from autograd_run.traces.layout import slice_node
+from autograd_run.traces.torch_profile import MAX_EVENT_DUR_US, MAX_EVENT_TS_US
 
 #: Inputs larger than this are refused before they are read.
 MAX_BYTES = 256 * 1024 * 1024
@@ -209,6 +210,14 @@ def _check_ready(ready, where: str) -> None:
 
 # -- Chrome traces -----------------------------------------------------------------------------
 
+def _short(v) -> str:
+    """A value as an error message quotes it: a number as %g, anything else shortened."""
+    if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1e16):
+        return f"{v:g}"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _num(v) -> bool:
     """A JSON number of at most ``MAX_MAGNITUDE`` (so never NaN or infinite)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and -MAX_MAGNITUDE <= v <= MAX_MAGNITUDE
@@ -250,8 +259,11 @@ def _trace(events, source: str, where: str) -> Profile:
             gt = args.get("graph_task", 0)  # left out where 0
             if not _is_int(gt):
                 raise _Bad(f"{where}[{i}].args.graph_task", "must be an integer")
-            if not _num(ts) or not _num(dur) or dur < 0:
-                raise _Bad(f"{where}[{i}]", "a node slice needs a number 'ts' and a non-negative 'dur'")
+            if not _num(ts) or not _num(dur) or not -MAX_EVENT_TS_US <= ts <= MAX_EVENT_TS_US \
+                    or not 0 <= dur <= MAX_EVENT_DUR_US:
+                raise _Bad(f"{where}[{i}]", f"a node slice needs a 'ts' from {-MAX_EVENT_TS_US:g} to "
+                                            f"{MAX_EVENT_TS_US:g} us and a 'dur' from 0 to {MAX_EVENT_DUR_US:g} us "
+                                            f"(a day), got ts {_short(ts)} and dur {_short(dur)}")
             if not _tid_ok(e.get("tid")):
                 raise _Bad(f"{where}[{i}].tid", "must be an integer or a string")
             # the engine's GraphRoot: marked, or in an older trace (its slices carried the op name) unmarked

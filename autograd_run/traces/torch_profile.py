@@ -42,7 +42,7 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 import msgspec
 
@@ -73,6 +73,15 @@ FSDP_COLLECTIVES = ("c10d::_allgather_base_", "c10d::allgather_", "c10d::all_gat
                     "c10d::allreduce_")
 
 
+#: The bounds of an event's ``dur`` and ``ts`` (microseconds, either way from 0): a day, and about 127 years (a
+#: Kineto trace's timestamps count from 1970: 1.7e15 us in 2024). Past them a node's cost in nanoseconds, or
+#: the sum of a few, does not fit the simulation's 64-bit integers (a 1e15 us span was an OverflowError
+#: traceback); ``read_profile`` holds ``draw``'s and ``diff``'s node slices to the same bounds.
+MAX_EVENT_DUR_US = 86_400e6
+MAX_EVENT_TS_US = 4e15
+_EVENT_LIMITS = {"dur": (MAX_EVENT_DUR_US, "a day"), "ts": (MAX_EVENT_TS_US, "about 127 years")}
+
+
 class ChromeEvent(msgspec.Struct):
     """One event of a Chrome trace (only the fields read here; others are ignored)."""
 
@@ -81,8 +90,8 @@ class ChromeEvent(msgspec.Struct):
     name: str = ""
     pid: Union[int, str] = 0
     tid: Union[int, str] = 0
-    ts: float = 0.0
-    dur: float = 0.0
+    ts: Annotated[float, msgspec.Meta(ge=-MAX_EVENT_TS_US, le=MAX_EVENT_TS_US)] = 0.0
+    dur: Annotated[float, msgspec.Meta(ge=-MAX_EVENT_DUR_US, le=MAX_EVENT_DUR_US)] = 0.0
     args: dict[str, Any] = {}
 
 
@@ -111,7 +120,8 @@ def decode_chrome(data: bytes, path: str, option: str) -> ChromeDoc:
     try:
         doc = _DECODER.decode(data)
     except msgspec.ValidationError as exc:
-        raise RequestError(f"{path}: not a trace this can read: {exc}", option) from None
+        raise RequestError(f"{path}: {_out_of_bounds(data, str(exc)) or f'not a trace this can read: {exc}'}",
+                           option) from None
     except msgspec.DecodeError as exc:
         if is_protobuf_trace(data, path):
             raise RequestError(f"{path}: a Perfetto protobuf trace; this reads JSON traces (`run --trace FILE.json`, "
@@ -122,6 +132,32 @@ def decode_chrome(data: bytes, path: str, option: str) -> ChromeDoc:
     if isinstance(doc, list):
         doc = ChromeDoc(traceEvents=doc)
     return doc
+
+
+_BOUND_ERROR = re.compile(r"(?:Expected `float` [<>]= \S+|Number out of range) - at `(\$(?:\.traceEvents)?\[(\d+)\])"
+                          r"\.(ts|dur)`$")
+
+
+def _out_of_bounds(data: bytes, problem: str) -> str | None:
+    """``decode_chrome``'s problem as a sentence when it is an event's ``ts`` or ``dur`` past its bound
+    (``MAX_EVENT_TS_US``, ``MAX_EVENT_DUR_US``): the event's place, name and value; else None."""
+    m = _BOUND_ERROR.match(problem)
+    if m is None:
+        return None
+    where, index, key = m.group(1), int(m.group(2)), m.group(3)
+    limit, what = _EVENT_LIMITS[key]
+    name = value = None
+    try:  # the event as it is, for its name and value (the error path only)
+        doc = msgspec.json.decode(data)
+        event = (doc["traceEvents"] if isinstance(doc, dict) else doc)[index]
+        name, value = event.get("name"), event.get(key)
+    except (msgspec.DecodeError, RecursionError, LookupError, TypeError, AttributeError):
+        pass
+    title = f" ({name[:80]!r})" if isinstance(name, str) else ""
+    got = f"{value:g}" if isinstance(value, float) else repr(value) if isinstance(value, int) \
+        else "a number out of range"
+    return (f"{where}{title}: an event's '{key}' must be a number of microseconds from {-limit:g} to {limit:g} "
+            f"({what} either way), got {got}")
 
 
 @dataclass(slots=True, eq=False)
