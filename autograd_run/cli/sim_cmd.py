@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import click
@@ -141,6 +142,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
       autograd-run simulate model.json --ddp defaults --world 8 --network nvlink-h100 --trace ranks/   # for HTA
     """
     from autograd_run.cli.common import load_graph_arg
+    from autograd_run.graphs.validate import memory_available
     from autograd_run.outputs import check_output_path
     from autograd_run.errors import RequestError
     from autograd_run.sim.session import read_costs
@@ -172,14 +174,25 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     if trace_path and order_out and os.path.abspath(trace_path) == os.path.abspath(order_out):
         raise RequestError(f"{order_out}: the trace is written there already", "order_out")
     memory = want_memory(memory, g, memory_limit)
-    reports = []
+    reports, docs = [], []
     # The what-ifs re-simulate the graph: only when something shows them (the summary, or --json).
     slack_top = slack if len(variants) == 1 and (summary or json_out) else 0
     for pol, k in variants:
         opts = SimOptions(spec=spec, devices=k, placement=placement or ("greedy" if k else "keep"), policy=pol,
                           scale=scale, costs=measured or "analytic", slack_top=slack_top, detail=bool(trace_path),
                           memory_limit=memory_limit)
-        reports.append(simulate_session(g, opts))
+        left = memory_available()
+        report = simulate_session(g, opts)
+        if len(variants) > 1:  # a comparison: each variant's figures taken, its simulation let go
+            if json_out:
+                docs.append(_report_json(report, memory))
+            report.settle(memory)
+            # A simulation's objects hold cycles, and the command runs with the collector off: they are
+            # collected once the memory left would not hold two more simulations like this one.
+            now = memory_available()
+            if left is None or now is None or now < 2 * (left - now):
+                gc.collect()
+        reports.append(report)
     first = reports[0]
     ddp_results = []
     if ddp_args is not None:
@@ -217,7 +230,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     if order_out:
         write_order(order_out, first.order)
     if json_out:
-        doc = [_report_json(r, memory) for r in reports] if len(reports) > 1 else _report_json(first, memory)
+        doc = docs if len(reports) > 1 else _report_json(first, memory)
         if len(reports) == 1:
             doc["streams"] = streams.to_dict() if streams is not None else None
         kind = "fsdp" if fsdp is not None else "ddp"
@@ -319,7 +332,7 @@ def _ddp_compare(compare: str | None, fsdp: bool = False) -> tuple[str, list] | 
     if key == "prefetch":
         from autograd_run.cli.ddp_options import parse_fsdp
         return key, [parse_fsdp(f"prefetch={v}")["prefetch"] for v in items]
-    return key, [parse_ddp(f"bucket_cap_mb={v}")["bucket_cap_mb"] for v in items]
+    return key, [parse_ddp(f"bucket_cap_mb={v}", "--compare")["bucket_cap_mb"] for v in items]
 
 
 def _ddp_args(ddp, world, network, compare, straggler=None, fsdp: bool = False) -> dict | None:

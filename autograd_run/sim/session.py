@@ -92,10 +92,10 @@ class SimReport:
     """One simulation's results. ``recording``, ``order`` and ``summary`` are made from the finished
     simulation ``sim`` on first use (a run that shows none of them never makes them)."""
 
-    graph: Graph
+    graph: Graph | None  # (None once ``settle``d, as ``sim``)
     options: SimOptions
     spec: MachineSpec
-    sim: Simulator
+    sim: Simulator | None
     #: When the engine's work ended (the backward call returned) and when the last kernel ended.
     engine_done_ns: int
     wall_ns: int
@@ -120,6 +120,15 @@ class SimReport:
     _summary: Summary | None = None
     _memory: Memory | None = None
     _extras: dict = field(default_factory=dict)
+
+    def settle(self, memory: bool) -> None:
+        """Keep the figures a comparison of variants shows (the summary's, without the critical path's runs,
+        and the memory where asked) and let the simulation, its records and the placed graph go (``graph`` and
+        ``sim`` become None): a ``--compare`` of many variants then holds one simulation at a time."""
+        self.summary.critical_path = []  # (its runs read the recording's columns; its length stays)
+        if memory:
+            self.memory
+        self.graph = self.sim = self._recording = self._order = None
 
     @property
     def memory(self) -> Memory:
