@@ -385,6 +385,43 @@ def test_cli_simulate_compare_json():
     assert all(r["wall_ns"] > 0 for r in rows)
 
 
+def test_a_comparison_lets_each_variants_simulation_go_and_keeps_its_figures(monkeypatch, capsys):
+    """--compare takes each variant's figures (and its JSON) as it ends, then lets its simulation go, and
+    collects once the memory left would not hold two more like it: the same rows as each variant alone."""
+    import gc
+    import weakref
+    from autograd_run.cli import sim_cmd
+    from autograd_run.sim import session
+    from tests.builders import run_cli
+    sims, collected = [], []
+    real_settle = session.SimReport.settle
+
+    def settle(self, memory):
+        sims.append(weakref.ref(self.sim))
+        real_settle(self, memory)
+        assert self.sim is None and self.graph is None and self._recording is None
+    monkeypatch.setattr(session.SimReport, "settle", settle)
+    left = iter([10**9, 6 * 10**8, 10**9, 9 * 10**8])  # (before and after each variant: short, then plenty)
+    monkeypatch.setattr(sim_cmd, "_memory_left", lambda: next(left))
+    real_collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or real_collect(*a))
+    args = ["simulate", "example:mlp", "--spec", "h100", "--json"]
+    code, out, err = run_cli(args + ["--compare", "devices=1,2"], capsys)
+    assert code == 0, err
+    assert collected == [1]  # after the first variant only
+    real_collect()
+    assert [r() for r in sims] == [None, None]
+    monkeypatch.undo()
+    rows = json.loads(out)
+    for k, row in zip((1, 2), rows):
+        code, alone, err = run_cli(args + ["--devices", str(k), "--slack", "0"], capsys)
+        assert code == 0, err
+        alone = json.loads(alone)
+        for key in ("wall_ns", "engine_done_ns", "memory", "samples", "cost_sources"):
+            assert row[key] == alone[key], key
+        assert row["summary"]["critical_path_ns"] == alone["summary"]["critical_path_ns"]
+
+
 @pytest.mark.parametrize("args, slack", [([], 5), (["--no-summary"], 0), (["--no-summary", "--json"], 5),
                                          (["--slack", "2"], 2), (["--no-summary", "--slack", "2"], 0)])
 def test_cli_simulate_computes_slack_only_where_it_is_shown(monkeypatch, capsys, args, slack):

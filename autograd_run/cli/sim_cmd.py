@@ -142,7 +142,6 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
       autograd-run simulate model.json --ddp defaults --world 8 --network nvlink-h100 --trace ranks/   # for HTA
     """
     from autograd_run.cli.common import load_graph_arg
-    from autograd_run.graphs.validate import memory_available
     from autograd_run.outputs import check_output_path
     from autograd_run.errors import RequestError
     from autograd_run.sim.session import read_costs
@@ -181,7 +180,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         opts = SimOptions(spec=spec, devices=k, placement=placement or ("greedy" if k else "keep"), policy=pol,
                           scale=scale, costs=measured or "analytic", slack_top=slack_top, detail=bool(trace_path),
                           memory_limit=memory_limit)
-        left = memory_available()
+        left = _memory_left()
         report = simulate_session(g, opts)
         if len(variants) > 1:  # a comparison: each variant's figures taken, its simulation let go
             if json_out:
@@ -189,7 +188,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             report.settle(memory)
             # A simulation's objects hold cycles, and the command runs with the collector off: they are
             # collected once the memory left would not hold two more simulations like this one.
-            now = memory_available()
+            now = _memory_left()
             if left is None or now is None or now < 2 * (left - now):
                 gc.collect()
         reports.append(report)
@@ -518,6 +517,11 @@ def _write_sim_trace(path: str, fmt: str, rec, ddp_result, folder: bool, ranks: 
         warning = write_trace(path, rec, fmt=fmt)
         if warning:
             click.echo(warning, err=True)
+
+
+def _memory_left() -> int | None:
+    from autograd_run.graphs.validate import memory_available
+    return memory_available()
 
 
 def _check_room_for_ranks(folder: str, rank_bytes: int, more: int) -> None:
