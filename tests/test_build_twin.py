@@ -498,6 +498,7 @@ VARIABLE_CASES = [
     ("a bad device", lambda d: _var(d, "w1").update(device="cuda:x"), False),
     ("a negative size", lambda d: _var(d, "w1").update(shape=[3, -3]), False),
     ("a shape seen under another device", lambda d: _var(d, "w1").update(device="cpu"), True),
+    ("a device its AccumulateGrad's input is not on", lambda d: _var(d, "w1").update(device="cuda:0"), False),
     ("many variables no node reaches", lambda d: d["variables"].extend(
         {"name": f"v{k}", "shape": [3] * (k % 3)} for k in range(40)), True),
 ]

@@ -879,6 +879,19 @@ def test_a_load_the_machine_cannot_hold_is_refused_before_parsing(tmp_path, monk
     assert len(load_graph(str(tmp_path / "c.json")).nodes) == 2001
 
 
+def test_an_accumulate_grad_input_is_on_its_variables_device():
+    """PyTorch makes an AccumulateGrad's input metadata from its variable: a file that puts them on different
+    devices is refused (a gradient would otherwise accumulate on a device the variable is not on)."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    doc = generate("chain", n=3)
+    doc["variables"][0]["device"] = "cuda:0"
+    acc = next(i for i, n in enumerate(doc["nodes"]) if n["name"] == "AccumulateGrad")
+    exc = _error(lambda: loads_graph(dumps(doc, "json"), "d.json"))
+    assert exc.file == "d.json" and f"$.nodes[{acc}].inputs[0].device" in exc.where
+    assert exc.what == "input device cpu does not match variable 'x' device cuda:0"
+
+
 def test_a_json_file_that_fits_as_the_shortest_nodes_is_not_counted(monkeypatch):
     """Where even a file of nothing but the shortest nodes fits, the load does not count its nodes; a byte of
     memory less and it does (and loads, its real estimate being far smaller)."""

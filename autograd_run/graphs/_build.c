@@ -724,14 +724,18 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
                 PyList_SET_ITEM(inputs, j, Py_NewRef(meta));
             }
         }
-        if (is_acc) { /* one input, of the variable's shape (none given: the Python loop makes it) */
+        if (is_acc) { /* one input, of the variable's shape and device (none given: the Python loop makes it) */
             if (nin != 1)
                 NEXT_NODE(1);
-            PyObject *shape = PyObject_GetAttr(PyList_GET_ITEM(inputs, 0), s_shape);
-            PyObject *want = shape ? PyObject_GetAttr(var, s_shape) : NULL;
-            int same = want ? PyObject_RichCompareBool(shape, want, Py_EQ) : -1;
-            Py_XDECREF(shape);
-            Py_XDECREF(want);
+            int same = 1;
+            for (int k = 0; k < 2 && same > 0; k++) {
+                PyObject *name = k ? s_device : s_shape;
+                PyObject *have = PyObject_GetAttr(PyList_GET_ITEM(inputs, 0), name);
+                PyObject *want = have ? variable_field(var, k ? V_DEVICE : V_SHAPE, name) : NULL;
+                same = want ? (have == want ? 1 : PyObject_RichCompareBool(have, want, Py_EQ)) : -1;
+                Py_XDECREF(have);
+                Py_XDECREF(want);
+            }
             if (same <= 0)
                 NEXT_NODE(same < 0 ? -1 : 1);
         }

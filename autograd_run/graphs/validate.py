@@ -701,6 +701,10 @@ class _Checker:
         if inputs[0].shape != var.shape:
             raise self.err(p + ("inputs", 0, "shape"),
                            f"input shape {list(inputs[0].shape)} does not match variable {tensors.short(var.name)} shape {list(var.shape)}")
+        if inputs[0].device != var.device:  # (an AccumulateGrad's input is its variable's, as PyTorch makes it)
+            raise self.err(p + ("inputs", 0, "device"),
+                           f"input device {inputs[0].device} does not match variable {tensors.short(var.name)} "
+                           f"device {var.device}")
         return inputs
 
     # -- the whole graph ----------------------------------------------------
