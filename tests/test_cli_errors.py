@@ -93,6 +93,10 @@ def bad_inputs():
 
 def exits():
     raise SystemExit(3)
+
+def hard_exit():
+    import os
+    os._exit(0)
 '''
 
 
@@ -105,6 +109,7 @@ def exits():
     ("bad_names", "bad_names() returned what cannot be captured: names['x'] must be a tensor, got int"),
     ("bad_inputs", "bad_inputs() returned what cannot be captured: inputs[0] must be a tensor, got int"),
     ("exits", "exits() exited (SystemExit: 3)"),
+    ("hard_exit", "hard_exit() called os._exit(0): nothing was captured"),
 ])
 def test_capture_shows_the_users_error(tmp_path, capsys, func, message):
     pytest.importorskip("torch")

@@ -230,13 +230,25 @@ def _user_call(path: str, what: str, call):
     """Run the user's code; its failure is shown as the user's error (type, message, and where in their
     file), a usage error (exit 2), not a traceback of ours."""
     import traceback
+
+    def no_exit(code):  # os._exit would end this process with the user's status and nothing written
+        raise _UserExit(code)
+    real_exit, os._exit = os._exit, no_exit
     try:
         return call()
     except KeyboardInterrupt:
         raise
     except SystemExit as exc:
         raise UsageError(f"{path}: {what} exited (SystemExit: {exc.code})") from None
+    except _UserExit as exc:
+        raise UsageError(f"{path}: {what} called os._exit({exc.args[0]!r}): nothing was captured") from None
     except BaseException as exc:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
         where = f" (line {frames[-1].lineno})" if frames else ""
         raise UsageError(f"{path}: {what} raised {type(exc).__name__}: {exc}{where}") from None
+    finally:
+        os._exit = real_exit
+
+
+class _UserExit(BaseException):
+    """The user's code called ``os._exit`` (``_user_call``)."""
