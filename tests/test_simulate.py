@@ -953,3 +953,25 @@ def test_slices_are_recorded_in_the_order_they_end(loop, monkeypatch):
                                                policy=policy, slack_top=0))
             ends = [s[5] for s in r.sim.slices]
             assert ends == sorted(ends) and ends, (name, k, policy)
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_times_past_a_64_bit_count_are_refused_not_wrapped(tmp_path, pure):
+    """Every cost is bounded, but 200 of the largest, scaled by the largest factor, add up past 2**63 ns: the
+    compiled loop's sums wrapped round to a 1 ns pass; now both loops refuse it (exit 2, no traceback)."""
+    from cli_proc import cli
+    nodes = [{"id": "root", "name": "SumBackward0", "next": [["c0", 0]], "inputs": [{"shape": []}],
+              "saved": {"self_sym_sizes": [1]}}]
+    for i in range(200):
+        nodes.append({"id": f"c{i}", "name": "Cost", "op": "cost", "next": [[f"c{i + 1}", 0]] if i < 199 else [],
+                      "inputs": [{"shape": [1]}], "attrs": {"cost": {"us": 60e6}}})
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"format": "autograd-graph/1", "roots": [{"node": "root"}], "nodes": nodes}))
+    env = {"AUTOGRAD_RUN_PURE_PYTHON": "1"} if pure else {}
+    p = cli(["simulate", path, "--scale", "Cost=1000000", "--no-summary"], **env)
+    assert (p.code, p.out) == (2, "")
+    assert p.err == ("Error: the simulated times do not fit a 64-bit count of nanoseconds (292 years): the costs, "
+                     "--scale or --network figures are out of any real range\n")
+    p = cli(["simulate", path, "--scale", "Cost=1000", "--json"], **env)  # 12,000 s: fine
+    assert p.code == 0, p.err
+    assert json.loads(p.out)["wall_ns"] >= 200 * 60e6 * 1e3 * 1000

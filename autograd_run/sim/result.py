@@ -109,7 +109,7 @@ def _slice_columns(slices: list) -> tuple:
     try:
         out = core.sim_slices(slices)
     except OverflowError:
-        raise _too_big() from None
+        raise too_big() from None
     return (out[0], *(np.frombuffer(b, dtype=np.int64) for b in out[1:7]), out[7], np.frombuffer(out[8], dtype=np.int64),
             np.frombuffer(out[9], dtype=np.int64))
 
@@ -118,10 +118,10 @@ def _i64(values) -> np.ndarray:
     try:
         return np.array(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
     except OverflowError:  # every input is bounded; this says so if a combination still overflows
-        raise _too_big() from None
+        raise too_big() from None
 
 
-def _too_big() -> RequestError:
+def too_big() -> RequestError:
     return RequestError("the simulated times do not fit a 64-bit count of nanoseconds (292 years): the costs, "
                         "--scale or --network figures are out of any real range")
 

@@ -27,7 +27,7 @@ from autograd_run.sim.order import predicted_order
 from autograd_run.sim.order import order_rows
 from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
-from autograd_run.sim.result import last_times, nonempty, span, to_recording
+from autograd_run.sim.result import last_times, nonempty, span, to_recording, too_big
 from autograd_run.sim.scheduler import Simulator
 from autograd_run.sim.confidence import choose_spec, expected_error, first_call, mismatch
 from autograd_run.sim.specs import MachineSpec
@@ -245,9 +245,14 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
         model.resolved[node] = NodeCost(base.cpu_ns + int(ns), base.gpu_ns, base.holds_gil, base.source,
                                         base.blocking, base.sleep_ns + int(ns))
     took = time.perf_counter()
-    sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
+    try:
+        sim, gt = _simulate(graph, spec, model, o.policy, o.detail)
+    except OverflowError:  # every input is bounded; a combination of extremes can still pass 2**63 ns
+        raise too_big() from None
     took = time.perf_counter() - took
     start, end = span(sim)
+    if max(abs(start), abs(end), gt.returned or 0) >= 1 << 62:  # (what comes after reads them as 64-bit integers)
+        raise too_big()
     report = SimReport(graph, o, spec, sim, (gt.returned or gt.end or 0) - gt.start, end - start,
                        dict(Counter(map(attrgetter("source"), model.resolved.values()))), measured)
     report.scale_unused = scale_unused

@@ -293,7 +293,15 @@ typedef struct {
     GtInfo route_gi;
     int route_ei_ready;
     PyObject *route_gt;
+    /* the costs read so far (cpu_ns + gpu_ns of each node run), checked against WORK_LIMIT: no simulated time
+     * can pass what every cost run one after another adds up to, plus the engine's overheads */
+    long long work;
 } Sim;
+
+/* The most the costs a simulation reads may add up to (ns): a quarter of what a 64-bit count holds, which leaves
+ * room for the engine's overheads and waits. Past it read_cost raises OverflowError (the session says the times
+ * do not fit), where the sums of times would otherwise wrap around. */
+#define WORK_LIMIT (1LL << 61)
 
 /* route(sim, gt, node, ones, gt.exec_info, tracer, parent) with what it reads of the simulator and of gt read
  * once (Sim's route_ei and route_gi): the same result as the call. */
@@ -721,6 +729,13 @@ static int read_cost(Sim *S, PyObject *cost, SimRunC *run) {
     }
     run->cpu_ns = S->last_cpu;
     run->gpu_ns = S->last_gpu;
+    long long work;
+    if (__builtin_add_overflow(S->work, run->cpu_ns, &work) ||
+        __builtin_add_overflow(work, run->gpu_ns, &work) || work > WORK_LIMIT) {
+        PyErr_SetString(PyExc_OverflowError, "the simulated costs add up past a 64-bit count of nanoseconds");
+        return -1;
+    }
+    S->work = work;
     run->holds_gil = S->last_gil;
     run->blocking = S->last_blocking;
     run->sleep_ns = S->last_sleep;
