@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 
 import yaml
 
@@ -143,6 +144,13 @@ def load_yaml(data: bytes, max_values: int, max_depth: int) -> tuple[yaml.Node |
     every YAML error is a ``Problem`` with its line and column.
     """
     try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # (libyaml's own message gives a byte offset in "<byte string>")
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = len(data[data.rfind(b"\n", 0, exc.start) + 1:exc.start].decode("utf-8", "replace")) + 1
+        raise Problem(f"line {line}, column {column}",
+                      f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
+    try:
         loader = SafeLoader(data)
         try:
             root = loader.get_single_node()
@@ -159,6 +167,11 @@ def load_yaml(data: bytes, max_values: int, max_depth: int) -> tuple[yaml.Node |
     except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError) as exc:
         raise Problem(None, f"invalid YAML: {str(exc)[:300]}") from None
     return root, doc
+
+
+_INT_TAG = "tag:yaml.org,2002:int"
+#: The most digits Python converts a decimal integer of (``sys.get_int_max_str_digits``; 0 there: no limit).
+_INT_DIGITS = sys.get_int_max_str_digits() or 4300
 
 
 def check_tree(root: yaml.Node, max_values: int, max_depth: int) -> None:
@@ -196,6 +209,9 @@ def check_tree(root: yaml.Node, max_values: int, max_depth: int) -> None:
         if nid in sizes:
             continue
         if isinstance(item, scalar):
+            if item.tag == _INT_TAG and len(item.value) > _INT_DIGITS:  # (Python refuses to convert it)
+                raise Problem(mark(item), f"an integer of {len(item.value)} characters: more than the "
+                                          f"{_INT_DIGITS} digits a number may have")
             sizes[nid], heights[nid] = 1, 0
             continue
         if nid in open_ids:

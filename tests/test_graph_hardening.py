@@ -943,3 +943,22 @@ def test_the_load_estimate_counts_objects_where_a_key_may_be_escaped():
     assert len(loads_graph(hidden, "h.json").nodes) == 501
     assert load_mod.load_memory_estimate(hidden, "json") == per_byte * len(hidden) + per_node * hidden.count(b"{") > plain
     assert load_mod.load_memory_estimate(data, "yaml") == 95 * len(data)
+
+
+def test_yaml_that_is_not_utf8_or_holds_a_huge_integer_is_refused_at_its_place():
+    """libyaml's message gave a byte offset in "<byte string>", and Python's int() one that tells the user to
+    call sys.set_int_max_str_digits(): both now name the line and column, in the file's terms."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    text = dumps(generate("chain", n=3), "yaml")
+    lines = text.split(b"\n")
+    k = next(i for i, line in enumerate(lines) if line.lstrip().startswith(b"seq:"))
+    bad = b"\n".join(lines[:k] + [lines[k] + b" \xff"] + lines[k + 1:])
+    exc = _error(lambda: loads_graph(bad, "b.yaml"))
+    assert exc.file == "b.yaml" and exc.where == f"line {k + 1}, column {len(lines[k]) + 2}"
+    assert exc.what == "the file is not UTF-8 text (byte 0xff)"
+    indent = len(lines[k]) - len(lines[k].lstrip())
+    huge = b"\n".join(lines[:k] + [b" " * indent + b"seq: " + b"9" * 5000] + lines[k + 1:])
+    exc = _error(lambda: loads_graph(huge, "h.yaml"))
+    assert exc.where == f"line {k + 1}, column {indent + 6}"
+    assert exc.what == "an integer of 5000 characters: more than the 4300 digits a number may have"
