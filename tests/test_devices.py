@@ -176,3 +176,24 @@ def test_numpy_scalars_are_host_values_and_a_0_dim_one_moves_to_the_gradients_de
     grads = [np.float32(3)]
     validate_outputs([Edge(g.by_id["acc"], 0)], grads, "", cupy, d)
     assert isinstance(grads[0], cupy.ndarray) and float(grads[0]) == 3.0
+
+
+def test_equal_devices_are_one_object():
+    """Loaded graphs and placements share one Device object per (type, index), so the engine's compiled code
+    compares devices by identity; a Device made directly still equals it."""
+    from autograd_run.graphs.model import CPU, Device, device
+    assert Device.parse("cuda:1") is Device.parse("cuda:1") is device("cuda", 1)
+    assert Device.parse("xpu") is device("xpu", 0) and Device.parse("cpu") is CPU is device("cpu", -1)
+    assert Device("cuda", 1) == device("cuda", 1) and Device("cuda", 1) is not device("cuda", 1)
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.sim.placement import place
+    g = loads_graph(dumps(generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2), "json"), "t.json")
+    devices = {id(m.device) for n in g.nodes for m in n.inputs}
+    assert len(devices) == len({m.device for n in g.nodes for m in n.inputs}) == 2
+    from autograd_run.sim.costs import CostResolver
+    from autograd_run.sim.specs import load_spec
+    placed = place(g, 3, "layer", CostResolver(load_spec("h100"), None, {}))
+    assert {m.device for n in placed.nodes for m in n.inputs} <= {device("cuda", k) for k in range(3)}
+    assert len({id(m.device) for n in placed.nodes for m in n.inputs}) <= 3

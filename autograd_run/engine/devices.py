@@ -109,10 +109,10 @@ class DeviceSet:
         """The array's device where it can be told (real CUDA), else None (virtual devices)."""
         if not self.real_cuda:
             return None
-        from autograd_run.graphs.model import CPU, Device
+        from autograd_run.graphs.model import CPU, device
         if isinstance(array, (np.ndarray, np.generic)):  # numpy scalars too: NumPy 2 gives them .device "cpu"
             return CPU
-        return Device("cuda", int(array.device.id))
+        return device("cuda", int(array.device.id))
 
     # -- streams and events (real CUDA only) -----------------------------------
     def stream(self, device, stream_id: int):

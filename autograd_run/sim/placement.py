@@ -24,7 +24,7 @@ from operator import attrgetter
 import numpy as np
 
 from autograd_run.errors import RequestError
-from autograd_run.graphs.model import Device, Edge, Graph, InputMeta, Root, Variable, derive, ensure_consumers
+from autograd_run.graphs.model import Edge, Graph, InputMeta, Root, Variable, derive, device, ensure_consumers
 from autograd_run.graphs.tensors import SideFiles
 from autograd_run.ops import ACCUMULATE_GRAD, lookup
 
@@ -124,7 +124,7 @@ def _remapped(graph: Graph, codes: list[int], source: str) -> Graph:
     its producer), ids, sequence numbers and metadata.
     """
     from autograd_run.graphs.remap import TOPO_IN, remap_nodes  # (the loader's compiled loops: loaded with a graph)
-    devices = [Device("cuda", i) for i in range(max(max(codes, default=0), 0) + 1)]
+    devices = [device("cuda", i) for i in range(max(max(codes, default=0), 0) + 1)]
     nodes, fresh, by_id, order, max_index = remap_nodes(
         graph.nodes, codes, devices, [{} for _ in devices], [{} for _ in devices],
         lambda m, d: InputMeta(m.shape, m.dtype, devices[d], m.stream),
