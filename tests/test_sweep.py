@@ -469,3 +469,107 @@ def test_a_kept_file_that_cannot_be_copied_is_a_miss(tmp_path):
     assert not copy_derived(kept, str(tmp_path / "no-such-folder" / "out.png"))  # was a RequestError
     (tmp_path / "file").write_text("")
     keep_derived(str(made), derived(str(tmp_path / "file"), "cd" * 32, ".png"))  # a file where a folder goes
+
+
+# -- memory: a point's simulation is freed once its row is taken -----------------------------------
+
+@pytest.mark.parametrize("mode", ["simulate", "run"])
+def test_no_point_keeps_its_simulation_or_placed_graph_alive_once_its_row_is_taken(tmp_path, mode):
+    """A simulation leaves its simulator, workers, queues and tasks in reference cycles holding the placed
+    graph; a sweep that left them to the collector kept every point's (hundreds of MB each at 3e5 nodes)
+    until a full collection that point after point never came. Looked at as each row arrives: none of the
+    finished points' reports, simulators or placed graphs is still in memory, alive or uncollected garbage
+    (``gc.get_objects`` lists both); only the loaded graph is."""
+    import gc
+    from autograd_run.graphs.model import Graph
+    from autograd_run.session import RunReport
+    from autograd_run.sim.scheduler import Simulator
+    from autograd_run.sim.session import SimReport
+    kinds = (Simulator, SimReport, RunReport, Graph)
+    devices = [1, 2, 3, 4, 5, 6]
+    extra = {"spec": ["h100"]} if mode == "simulate" else {"mode": "run", "repeat": 1}
+    path = write_sweep(tmp_path, {"g.json": generate("chain", n=300 if mode == "simulate" else 301)},
+                       devices=devices, **extra)  # a graph of its own: not one loaded by another test
+    gc.collect()
+    before = {id(o) for o in gc.get_objects() if isinstance(o, kinds)}
+    seen = []
+
+    def on_row(row):
+        new = [type(o).__name__ for o in gc.get_objects() if isinstance(o, kinds) and id(o) not in before]
+        seen.append((row["devices"], row["status"], sorted(new)))
+
+    report = sweep(path, tmp_path / "c", use_cache=False, on_row=on_row, batch=3)  # several points per task too
+    assert (report.computed, report.failed) == (len(devices), 0)
+    assert seen == [(d, "ok", ["Graph"]) for d in devices]  # the loaded graph, used by the next points
+    gc.collect()
+    # After the sweep, its graph is not kept in this process either (the in-process path drops it).
+    assert [o for o in gc.get_objects() if isinstance(o, kinds) and id(o) not in before] == []
+
+
+# -- the scheduler address ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("address, why", [
+    ("junk", "no port number"),
+    ("tcp://junk", "no port number"),
+    ("tcp://host:x", "the port x is not a number in [1, 65535]"),
+    ("tcp://host:0", "the port 0 is not a number in [1, 65535]"),
+    ("tcp://host:65536", "the port 65536 is not a number in [1, 65535]"),
+    ("tcp://:8786", "no host"),
+    ("::1:8786", "an IPv6 host needs brackets, as in [::1]:8786"),
+    ("[::1", "an IPv6 host is written [ADDRESS]:PORT"),
+    ("[::1]", "no port number"),
+    ("tcp://host :8786", "it holds blanks or control characters"),
+    ("tcp://host:8786\n", "it holds blanks or control characters"),
+    ("", "it is empty"),
+    ("inproc://", "no location after inproc://"),
+])
+def test_a_malformed_scheduler_address_is_told_by_its_text(address, why):
+    from autograd_run.errors import RequestError
+    from autograd_run.sweep.cluster import check_scheduler_address
+    with pytest.raises(RequestError) as info:
+        check_scheduler_address(address)
+    assert str(info.value) == f"{address} is not a Dask scheduler address: {why} (expected tcp://HOST:PORT)"
+    assert info.value.option == "scheduler"
+
+
+@pytest.mark.parametrize("address", ["tcp://10.0.0.5:8786", "10.0.0.5:8786", "tls://sched.example:8786",
+                                     "ws://h:1", "tcp://[::1]:8786", "[fe80::1]:65535", "inproc://10.0.0.1/1/1"])
+def test_a_well_formed_scheduler_address_passes_the_check_without_a_connection(address):
+    from autograd_run.sweep.cluster import check_scheduler_address
+    check_scheduler_address(address)  # nothing listens there: the check reads the text only
+
+
+def test_an_unknown_address_scheme_is_told(capsys):
+    from autograd_run.errors import RequestError
+    from autograd_run.sweep.cluster import check_scheduler_address
+    with pytest.raises(RequestError, match=r"^foo://h:1 is not a Dask scheduler address: unknown scheme 'foo' "
+                                           r"\(known: tcp, tls, ws, wss, ucx, inproc; as in tcp://HOST:PORT\)$"):
+        check_scheduler_address("foo://h:1")
+
+
+def test_a_malformed_scheduler_is_refused_even_when_every_point_is_cached(tmp_path, capsys):
+    """The address is checked before the cache is read: a typo in --scheduler is told, not hidden by a
+    rerun answered from the cache (an address that parses is still not contacted then)."""
+    path = write_sweep(tmp_path, {"g.json": generate("chain", n=5)}, devices=[1, 2], spec=["h100"])
+    code, _, err = run_cli(["sweep", path, "--workers", "0", "--cache", str(tmp_path / "c")], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["sweep", path, "--scheduler", "junk", "--cache", str(tmp_path / "c")], capsys)
+    assert (code, out, err) == (2, "", "Error: --scheduler: junk is not a Dask scheduler address: no port "
+                                       "number (expected tcp://HOST:PORT)\n")
+    code, out, err = run_cli(["sweep", path, "--scheduler", "tcp://127.0.0.1:1", "--cache", str(tmp_path / "c"),
+                              "--json"], capsys)  # well formed, nothing listens there: never contacted
+    assert code == 0 and json.loads(out)["cached"] == 2, err
+
+
+def test_a_malformed_scheduler_is_one_error_line_at_once_from_the_command_line(tmp_path):
+    """The real command in its own process (a Client left half-made used to be closed by its finalizer at
+    exit: 20 s later, with a traceback after the error)."""
+    import time
+    (tmp_path / "g.json").write_text(json.dumps(generate("chain", n=5)))
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "autograd_run.cli.main", "sweep", "-g", str(tmp_path / "g.json"),
+                        "--scheduler", "junk", "--no-cache", "--cache", str(tmp_path / "c")],
+                       capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout, p.stderr) == (
+        2, "", "Error: --scheduler: junk is not a Dask scheduler address: no port number (expected tcp://HOST:PORT)\n")
+    assert time.monotonic() - t < 15

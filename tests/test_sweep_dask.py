@@ -330,3 +330,44 @@ def test_an_unreachable_scheduler_is_a_clear_error(tmp_path):
     with pytest.raises(RequestError, match=r"^cannot reach the Dask scheduler at tcp://127.0.0.1:1: ") as info:
         sweep(path, tmp_path / "c", scheduler="tcp://127.0.0.1:1", connect_timeout_s=2)
     assert info.value.option == "scheduler"  # shown as `Error: --scheduler: ...` by the command line
+
+
+def test_a_client_that_fails_to_start_is_closed_at_once_without_a_traceback(tmp_path):
+    """An address that parses but whose connection fails inside Dask with other than an OSError (ucx: the
+    backend is gone from Dask) left a half-made Client, closed by its finalizer at exit: 20 s later, with a
+    traceback. The real command in its own process: one error line, at once."""
+    (tmp_path / "g.json").write_text(json.dumps(generate("chain", n=5)))
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "autograd_run.cli.main", "sweep", "-g", str(tmp_path / "g.json"),
+                        "--scheduler", "ucx://127.0.0.1:1", "--no-cache", "--cache", str(tmp_path / "c")],
+                       capture_output=True, text=True, timeout=90, cwd=REPO)
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    assert p.stderr.startswith("Error: --scheduler: cannot reach the Dask scheduler at ucx://127.0.0.1:1: ")
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    assert time.monotonic() - t < 15
+
+
+@pytest.mark.parametrize("address", ["junk", "foo://h:1", "tcp://h:x"])
+def test_a_client_whose_start_fails_is_closed_with_its_event_loop(address):
+    """Dask's own parsing errors (ValueError) leave the Client it was making open, its event loop thread
+    running, until the collector frees it (the command line: at exit, its finalizer then waiting 20 s and
+    printing a traceback). ``_open_client`` closes it before the error comes out: while the error (which
+    refers to the half-made Client) is still held, no thread of it is left, and freeing it later does
+    nothing more."""
+    import gc
+    import threading
+    from autograd_run.sweep.cluster import _open_client
+    threads = set(threading.enumerate())
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        t = time.monotonic()
+        with pytest.raises(ValueError) as info:
+            _open_client(distributed, address, timeout="5s", set_as_default=False)
+        assert time.monotonic() - t < 5
+        assert [th.name for th in set(threading.enumerate()) - threads if th.is_alive()] == []
+        del info
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == []

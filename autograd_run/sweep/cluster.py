@@ -70,6 +70,99 @@ def _quiet(verbose: bool):
         logger.setLevel(level)
 
 
+#: Schemes whose location is ``HOST:PORT`` (Dask's ``distributed.comm`` backends).
+HOST_PORT_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+ADDRESS_FORM = "tcp://HOST:PORT"
+
+
+def check_scheduler_address(address: str) -> None:
+    """Refuse (``RequestError`` on ``scheduler``) what cannot be a Dask scheduler address, by its text alone:
+    no connection, no DNS, not even Dask's import (a sweep answered from the cache checks it too). It follows
+    ``distributed.comm``'s parsing: ``[SCHEME://]LOCATION``, the scheme ``tcp`` when none is given, and
+    ``HOST:PORT`` (``[IPv6]:PORT``) for the TCP-like schemes; a scheme of a plugin (an entry point in
+    ``distributed.comm.backends``) is left to that plugin to parse when connecting."""
+    def bad(why: str):
+        raise RequestError(f"{address} is not a Dask scheduler address: {why} (expected {ADDRESS_FORM})",
+                           "scheduler")
+
+    if not address:
+        bad("it is empty")
+    if any(c.isspace() or not c.isprintable() for c in address):
+        bad("it holds blanks or control characters")
+    scheme, sep, loc = address.rpartition("://")
+    if not sep:
+        scheme = "tcp"
+    if scheme == "inproc":
+        if not loc:
+            bad("no location after inproc://")
+        return
+    if scheme not in HOST_PORT_SCHEMES:
+        if scheme and _plugin_scheme(scheme):
+            return
+        raise RequestError(f"{address} is not a Dask scheduler address: unknown scheme {scheme!r} (known: "
+                           f"{', '.join(HOST_PORT_SCHEMES)}, inproc; as in {ADDRESS_FORM})", "scheduler")
+    if loc.startswith("["):  # [IPv6]:PORT
+        host, close, tail = loc[1:].partition("]")
+        if not close or (tail and not tail.startswith(":")):
+            bad("an IPv6 host is written [ADDRESS]:PORT")
+        port = tail[1:] if tail else None
+    else:
+        host, colon, port = loc.rpartition(":")
+        if not colon:
+            host, port = port, None
+        elif ":" in host:
+            bad("an IPv6 host needs brackets, as in [::1]:8786")
+    if not host:
+        bad("no host")
+    if port is None or port == "":
+        bad("no port number")
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        bad(f"the port {port} is not a number in [1, 65535]")
+
+
+def _plugin_scheme(scheme: str) -> bool:
+    """Whether an installed package registers a ``distributed`` comm backend for ``scheme``."""
+    from importlib.metadata import entry_points
+    try:
+        return any(True for _ in entry_points(group="distributed.comm.backends", name=scheme))
+    except Exception:
+        return False
+
+
+def _open_client(distributed, target, **kwargs):
+    """``distributed.Client(target, **kwargs)``, closed here when it fails to start. A Client that raises while
+    connecting (a malformed address, an unknown scheme: a ValueError, which Dask does not clean up after) is
+    left half-made, its event loop running: it would be closed only when the collector frees it, late and
+    from a finalizer, which then waits for its own timeout (20 s) and prints a traceback. So the object is
+    made first and started as a second step, keeping a reference to close it properly on failure."""
+    client = distributed.Client.__new__(distributed.Client)
+    try:
+        client.__init__(target, **kwargs)
+    except BaseException:
+        _discard(client)
+        raise
+    return client
+
+
+def _discard(client) -> None:
+    """Close a Client whose start failed, whatever state it was left in, without raising."""
+    try:
+        if getattr(client, "status", "newly-created") not in ("closed", "newly-created"):
+            client.close(timeout=5)
+    except Exception:
+        pass
+    finally:
+        client.status = "closed"  # nothing left for its finalizer to do
+        if not hasattr(client, "_Client__loop"):  # failed before the finalizer's own check could be set up
+            client._Client__loop = None
+        runner = getattr(client, "_loop_runner", None)  # a Client that Dask closed itself keeps its loop thread
+        if runner is not None:
+            try:
+                runner.stop()
+            except Exception:
+                pass
+
+
 @contextmanager
 def connect(scheduler: str | None, workers: int | None, verbose: bool = False,
             timeout_s: float = CONNECT_TIMEOUT_S) -> Iterator[tuple[object, str]]:
@@ -79,14 +172,16 @@ def connect(scheduler: str | None, workers: int | None, verbose: bool = False,
         cluster = None
         try:
             if scheduler:
+                check_scheduler_address(scheduler)
                 try:
-                    client = distributed.Client(scheduler, timeout=f"{timeout_s}s", set_as_default=False)
-                except (OSError, TimeoutError, ValueError) as exc:
-                    raise RequestError(f"cannot reach the Dask scheduler at {scheduler}: {exc}", "scheduler") from None
+                    client = _open_client(distributed, scheduler, timeout=f"{timeout_s}s", set_as_default=False)
+                except Exception as exc:  # refused, timed out, or a backend that fails (ucx: removed from Dask)
+                    why = str(exc) if isinstance(exc, (OSError, TimeoutError, ValueError)) else error_text(exc)
+                    raise RequestError(f"cannot reach the Dask scheduler at {scheduler}: {why}", "scheduler") from None
             else:
                 n = workers or default_workers()
                 cluster = _local_cluster(distributed, n, verbose)
-                client = distributed.Client(cluster, set_as_default=False)
+                client = _open_client(distributed, cluster, set_as_default=False)
         except BaseException:
             if cluster is not None:
                 cluster.close(timeout=20)

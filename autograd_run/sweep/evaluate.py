@@ -19,6 +19,7 @@ loaded against.
 from __future__ import annotations
 
 import atexit
+import gc
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from autograd_run.errors import AutogradRunError
@@ -91,6 +93,14 @@ class _Loaded:
                 if old:
                     shutil.rmtree(old, ignore_errors=True)
         return graph
+
+    def drop(self, p: GraphPayload) -> None:
+        """Forget ``p``'s graph (and delete its folder of sent side files), if it is loaded."""
+        key = (p.sha, tuple(sorted(p.side_sha.items())))
+        with self.lock:
+            entry = self.graphs.pop(key, None)
+        if entry is not None and entry[1]:
+            shutil.rmtree(entry[1], ignore_errors=True)
 
     def clear(self) -> None:
         with self.lock:
@@ -175,6 +185,30 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+@contextmanager
+def freed_when_done():
+    """One point's evaluation, whose objects are all freed when it ends, before the next point starts.
+
+    A simulation leaves its objects in reference cycles (the simulator, its workers, queues and tasks refer
+    to each other, and through them to the placed graph: millions of objects at 1e5 nodes), so they are not
+    freed when the point's figures are taken but when the cyclic collector next runs a full collection,
+    which a process doing point after point (the collector paused during each simulation) rarely reaches:
+    every point's simulation stayed in memory, and the memory grew with the points. So the collector is off
+    for the point (what it makes stays in the youngest generations, none of it scanned meanwhile) and a
+    collection of the young generations frees its cycles when it ends: cheaper than a full collection, which
+    would scan the loaded graph as well, each time. Restores the collector's state it found. (The collector's
+    switch is the process's: the bound holds for one point at a time per process, as in the embedded cluster,
+    ``--workers 0`` and the documented ``dask worker --nthreads 1``.)"""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect(1)  # the point's garbage: young, its only way out (the report was the point's last reference)
+        if was:
+            gc.enable()
+
+
 def run_batch(payload: GraphPayload, points: list[Point]) -> dict:
     """Evaluate ``points`` on ``payload``'s graph: ``{"tool", "where", "rows"}``, one row per point, in order."""
     where = f"{os.uname().nodename}:{os.getpid()}"
@@ -186,10 +220,11 @@ def run_batch(payload: GraphPayload, points: list[Point]) -> dict:
     rows = []
     for p in points:
         t, cpu = time.perf_counter(), time.thread_time()
-        try:
-            row = {"status": "ok", **evaluate(graph, p)}
-        except Exception as exc:
-            row = {"status": "error", "error": error_text(exc)}
+        with freed_when_done():
+            try:
+                row = {"status": "ok", **evaluate(graph, p)}
+            except Exception as exc:
+                row = {"status": "error", "error": error_text(exc)}
         row["compute_s"] = round(time.perf_counter() - t, 6)
         row["cpu_s"] = round(time.thread_time() - cpu, 6)  # this thread's CPU: the work without the waits
         rows.append(row)

@@ -21,7 +21,7 @@ from typing import Callable
 
 from autograd_run.errors import RequestError
 from autograd_run.sweep.cache import ResultCache, default_cache_dir
-from autograd_run.sweep.evaluate import error_text, make_payload, run_batch
+from autograd_run.sweep.evaluate import LOADED, error_text, make_payload, run_batch
 from autograd_run.sweep.fingerprint import point_key, tool_fingerprint
 from autograd_run.sweep.grid import Grid, Point
 
@@ -118,6 +118,14 @@ def run_sweep(grid: Grid, options: SweepOptions | None = None) -> SweepReport:
         raise RequestError("workers must be at least 0", "workers")
     if o.batch is not None and o.batch < 1:
         raise RequestError("batch must be at least 1", "batch")
+    if not (isinstance(o.connect_timeout_s, (int, float)) and 0 < o.connect_timeout_s < math.inf):
+        raise RequestError(f"connect_timeout_s is a number of seconds above 0, got {o.connect_timeout_s!r}",
+                           "connect_timeout_s")
+    if o.scheduler is not None:
+        # Before the cache is read: a malformed address is refused even when every point is cached (the
+        # scheduler is then not contacted, so an address that parses but does not answer is not told).
+        from autograd_run.sweep.cluster import check_scheduler_address
+        check_scheduler_address(o.scheduler)
     t0 = time.perf_counter()
     tool = tool_fingerprint()
     cache_dir = o.cache_dir or default_cache_dir()
@@ -187,8 +195,10 @@ def run_sweep(grid: Grid, options: SweepOptions | None = None) -> SweepReport:
                     batch_done(idx, None, payloads[gi])
                 else:
                     batch_done(idx, run_batch(payloads[gi], [grid.points[i] for i in idx]), None)
-                if k == last[gi]:
-                    del payloads[gi]  # the graph's last batch: its bytes are not needed any more
+                if k == last[gi]:  # the graph's last batch: neither its bytes nor the loaded graph are needed now
+                    payload = payloads.pop(gi)
+                    if not isinstance(payload, str):
+                        LOADED.drop(payload)
         else:
             from autograd_run.sweep.cluster import connect, run_batches, worker_threads
             with connect(o.scheduler, o.workers, o.verbose, o.connect_timeout_s) as (client, desc):
