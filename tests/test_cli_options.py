@@ -389,6 +389,28 @@ def test_simulate_never_writes_over_the_graphs_side_files_or_its_network(tmp_pat
     assert {p: p.read_bytes() for p in before} == before
 
 
+@pytest.mark.parametrize("scale, message", [
+    ("cuda:0=2,cuda:0=3", "'cuda:0' is given twice"),
+    (",", "',': expected NAME=FACTOR[,NAME=FACTOR...]"),
+    ("cuda:0=1_000", "'cuda:0=1_000': expected NAME=FACTOR with a factor from 0 to 1e+06"),
+])
+def test_simulate_scale_refuses_a_repeated_name_and_slips(scale, message, capsys):
+    """The last of a repeated name won, a lone comma scaled nothing and 1_000 read as a thousand: each is refused."""
+    code, out, err = run_cli(["simulate", "example:pipeline", "--scale", scale], capsys)
+    assert (code, out, err) == (2, "", f"Error: --scale: {message}\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world", "2", "--network", "nope"], "Error: --network: nope: not KEY=VALUE pairs (alpha_us=A,gbps=B)"),
+    (["--world", "2", "--network", "alpha_us=1,gbps=1", "--compare", "prefetch=0,1"],
+     "Error: --compare prefetch=... is not a setting of --ddp (--compare bucket_cap_mb=... or world=... compare "
+     "DDP settings)"),
+])
+def test_ddp_option_errors_name_the_option(args, message, capsys):
+    code, out, err = run_cli(["simulate", "example:mlp", "--ddp", "defaults", *args], capsys)
+    assert (code, out) == (2, "") and err.startswith(message), err
+
+
 @pytest.mark.parametrize("factor", ["1e18", "1e300", "inf", "-1"])
 def test_simulate_scale_factors_are_bounded(factor, capsys):
     """A factor of 1e18 was an OverflowError traceback (a 64-bit count of ns)."""

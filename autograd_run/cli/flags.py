@@ -8,4 +8,5 @@ FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error",
          "steps": "--steps", "warmup": "--warmup", "timeout": "--timeout", "allow_unused": "--allow-unused",
          "profile_trace": "--profile-trace",
          "cache": "--cache", "scheduler": "--scheduler", "workers": "--workers", "out": "--out",
-         "transfer": "--transfer", "batch": "--batch"}
+         "transfer": "--transfer", "batch": "--batch", "network": "--network", "world": "--world", "ddp": "--ddp",
+         "fsdp": "--fsdp", "straggler": "--straggler"}

@@ -346,9 +346,12 @@ def _ddp_args(ddp, world, network, compare, straggler=None, fsdp: bool = False) 
         return None
     versus = _ddp_compare(compare, fsdp)
     if compare and versus is None:
-        raise UsageError(f"{opt} goes with one simulation, not with --compare policy/devices "
-                         + ("(--compare prefetch=... or world=... compare FSDP settings)" if fsdp else
-                            "(--compare bucket_cap_mb=... or world=... compare DDP settings)"))
+        key = compare.partition("=")[0] if "=" in compare else "policy"
+        settings = ("(--compare prefetch=... or world=... compare FSDP settings)" if fsdp else
+                    "(--compare bucket_cap_mb=... or world=... compare DDP settings)")
+        if key in ("policy", "devices"):
+            raise UsageError(f"{opt} goes with one simulation, not with --compare policy/devices {settings}")
+        raise UsageError(f"--compare {key[:60]}=... is not a setting of {opt} {settings}")
     if versus and versus[0] == "world":
         if world is not None:
             raise UsageError("--world and --compare world=...: give the world sizes in --compare only")

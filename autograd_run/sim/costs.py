@@ -85,16 +85,21 @@ MAX_SCALE = 1e6
 def parse_scale(text: str | None) -> dict[str, float]:
     """``MmBackward0=0.5,cuda:1=2.0`` -> {op name or device: factor}."""
     out: dict[str, float] = {}
-    for item in (text or "").split(","):
+    items = (text or "").split(",")
+    if text and text.strip() and not any(item.strip() for item in items):  # (only commas: a slip)
+        raise RequestError(f"{text!r}: expected NAME=FACTOR[,NAME=FACTOR...]", "scale")
+    for item in items:
         if not item.strip():
             continue
         key, sep, val = item.partition("=")
         try:
-            factor = float(val)
+            factor = float(val) if "_" not in val else -1.0  # (float() reads 1_000; a typo more likely)
         except ValueError:
             factor = -1.0
         if not sep or not key.strip() or not 0 <= factor <= MAX_SCALE:
             raise RequestError(f"{item!r}: expected NAME=FACTOR with a factor from 0 to {MAX_SCALE:g}", "scale")
+        if key.strip() in out:
+            raise RequestError(f"{key.strip()!r} is given twice", "scale")
         out[key.strip()] = factor
     return out
 
