@@ -962,3 +962,15 @@ def test_yaml_that_is_not_utf8_or_holds_a_huge_integer_is_refused_at_its_place()
     exc = _error(lambda: loads_graph(huge, "h.yaml"))
     assert exc.where == f"line {k + 1}, column {indent + 6}"
     assert exc.what == "an integer of 5000 characters: more than the 4300 digits a number may have"
+
+
+@pytest.mark.parametrize("where", ["root", "variable"])
+def test_a_gradient_of_true_is_refused(where):
+    """Bools are refused in every number field; a root's or a variable's grad of ``true`` was taken as 1."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    doc = generate("chain", n=2)
+    (doc["roots"][0] if where == "root" else doc["variables"][0])["grad"] = True
+    exc = _error(lambda: loads_graph(dumps(doc, "json"), "g.json"))
+    assert exc.what == "a gradient's values are numbers, not true or false"
+    assert exc.where.endswith(".grad")

@@ -448,6 +448,8 @@ def check_tensor(value: Any, path: tuple, err: Err, side: SideFiles,
     shape. ``allow_fill``: the context is a gradient (``ones``/``zeros``
     allowed, dtypes limited to gradient dtypes).
     """
+    if allow_fill and isinstance(value, bool):  # (a saved mask may be true/false; a gradient may not)
+        raise err(path, "a gradient's values are numbers, not true or false")
     if isinstance(value, str):
         if allow_fill and value in ("ones", "zeros"):
             if shape is None:
