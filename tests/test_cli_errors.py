@@ -97,6 +97,8 @@ def exits():
 def hard_exit():
     import os
     os._exit(0)
+
+not_callable = 5
 '''
 
 
@@ -110,6 +112,8 @@ def hard_exit():
     ("bad_inputs", "bad_inputs() returned what cannot be captured: inputs[0] must be a tensor, got int"),
     ("exits", "exits() exited (SystemExit: 3)"),
     ("hard_exit", "hard_exit() called os._exit(0): nothing was captured"),
+    ("not_callable", "'not_callable' is not a function (it is of type int)"),
+    ("missing", "no function 'missing'"),
 ])
 def test_capture_shows_the_users_error(tmp_path, capsys, func, message):
     pytest.importorskip("torch")

@@ -96,7 +96,8 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
     register_script("__autograd_run_capture__", path, namespace)  # its custom Functions: replayed from the file
     fn = namespace.get(func)
     if not callable(fn):
-        raise UsageError(f"{path}: no function {func!r}")
+        raise UsageError(f"{path}: no function {func!r}" if func not in namespace else
+                         f"{path}: {func!r} is not a function (it is of type {type(fn).__name__})")
     result = _user_call(path, f"{func}()", fn)
     if isinstance(result, dict) and "outputs" not in result:
         raise UsageError(f"{path}: {func}() returned a dict without 'outputs'")
