@@ -229,8 +229,35 @@ MLP_CASES = [
 ]
 
 
-@pytest.mark.parametrize("what,mutate,loads", MLP_CASES, ids=[c[0] for c in MLP_CASES])
-def test_accumulate_grad_and_saved_specs_alike(what, mutate, loads, monkeypatch):
+# Variables: the compiled loop makes those of a (shape, dtype, device) already checked that write nothing but
+# a name, shape, dtype and device; each case here lands on one it would otherwise make (w1 and b1 follow w0's
+# and b0's shapes).
+VARIABLE_CASES = [
+    ("a repeated name", lambda d: _var(d, "b1").update(name="w1"), False),
+    ("an empty name", lambda d: _var(d, "w1").update(name=""), False),
+    ("an initial grad", lambda d: _var(d, "w1").update(grad="zeros"), True),
+    ("an initial grad of another shape", lambda d: _var(d, "w1").update(grad={"random": 1, "shape": [2]}), False),
+    ("an initial grad of a variable no node reaches", lambda d: d["variables"].append(
+        {"name": "spare", "shape": [3, 3], "grad": {"random": 1, "shape": [3, 3]}}), True),
+    ("requires_grad false", lambda d: d["variables"].append({"name": "frozen", "shape": [3, 3],
+                                                              "requires_grad": False}), True),
+    ("requires_grad true, written", lambda d: _var(d, "w1").update(requires_grad=True), True),
+    ("hooks", lambda d: _var(d, "w1").update(hooks=[{"kind": "scale", "by": 2.0}]), True),
+    ("bad hooks", lambda d: _var(d, "w1").update(hooks=[{"kind": "nope"}]), False),
+    ("a dtype written", lambda d: _var(d, "w1").update(dtype="float32"), True),
+    ("a bad dtype", lambda d: _var(d, "w1").update(dtype="float7"), False),
+    ("a bad device", lambda d: _var(d, "w1").update(device="cuda:x"), False),
+    ("a negative size", lambda d: _var(d, "w1").update(shape=[3, -3]), False),
+    ("a shape seen under another device", lambda d: _var(d, "w1").update(device="cpu"), True),
+    ("a device its AccumulateGrad's input is not on", lambda d: _var(d, "w1").update(device="cuda:0"), False),
+    ("many variables no node reaches", lambda d: d["variables"].extend(
+        {"name": f"v{k}", "shape": [3] * (k % 3)} for k in range(40)), True),
+]
+
+
+@pytest.mark.parametrize("what,mutate,loads", MLP_CASES + VARIABLE_CASES,
+                         ids=[c[0] for c in MLP_CASES + VARIABLE_CASES])
+def test_accumulate_grad_saved_specs_and_variables_alike(what, mutate, loads, monkeypatch):
     doc = _mlp_doc()
     mutate(doc)
     data = dumps(doc, "json")
@@ -476,42 +503,6 @@ def test_kept_colons_is_what_encoding_counts():
         deep = {"d:": deep}
     assert count([NodeSpec(id="a", name="b", attrs=deep)]) is None
     assert count([NodeSpec(id="a", name="b", attrs={"x": object()})]) is None
-
-
-# Variables: the compiled loop makes those of a (shape, dtype, device) already checked that write nothing but
-# a name, shape, dtype and device; each case here lands on one it would otherwise make (w1 and b1 follow w0's
-# and b0's shapes).
-VARIABLE_CASES = [
-    ("a repeated name", lambda d: _var(d, "b1").update(name="w1"), False),
-    ("an empty name", lambda d: _var(d, "w1").update(name=""), False),
-    ("an initial grad", lambda d: _var(d, "w1").update(grad="zeros"), True),
-    ("an initial grad of another shape", lambda d: _var(d, "w1").update(grad={"random": 1, "shape": [2]}), False),
-    ("an initial grad of a variable no node reaches", lambda d: d["variables"].append(
-        {"name": "spare", "shape": [3, 3], "grad": {"random": 1, "shape": [3, 3]}}), True),
-    ("requires_grad false", lambda d: d["variables"].append({"name": "frozen", "shape": [3, 3],
-                                                              "requires_grad": False}), True),
-    ("requires_grad true, written", lambda d: _var(d, "w1").update(requires_grad=True), True),
-    ("hooks", lambda d: _var(d, "w1").update(hooks=[{"kind": "scale", "by": 2.0}]), True),
-    ("bad hooks", lambda d: _var(d, "w1").update(hooks=[{"kind": "nope"}]), False),
-    ("a dtype written", lambda d: _var(d, "w1").update(dtype="float32"), True),
-    ("a bad dtype", lambda d: _var(d, "w1").update(dtype="float7"), False),
-    ("a bad device", lambda d: _var(d, "w1").update(device="cuda:x"), False),
-    ("a negative size", lambda d: _var(d, "w1").update(shape=[3, -3]), False),
-    ("a shape seen under another device", lambda d: _var(d, "w1").update(device="cpu"), True),
-    ("a device its AccumulateGrad's input is not on", lambda d: _var(d, "w1").update(device="cuda:0"), False),
-    ("many variables no node reaches", lambda d: d["variables"].extend(
-        {"name": f"v{k}", "shape": [3] * (k % 3)} for k in range(40)), True),
-]
-
-
-@pytest.mark.parametrize("what,mutate,loads", VARIABLE_CASES, ids=[c[0] for c in VARIABLE_CASES])
-def test_variables_alike(what, mutate, loads, monkeypatch):
-    doc = _mlp_doc()
-    mutate(doc)
-    data = dumps(doc, "json")
-    fast, slow = both(lambda: loads_graph(data, "m.json"), monkeypatch)
-    assert fast == slow
-    assert fast[0] == ("ok" if loads else "error"), fast
 
 
 def test_the_compiled_loop_does_the_common_variables(monkeypatch):
