@@ -931,3 +931,26 @@ def test_waiting_counts_the_workers_blocked_in_pop(impl):
     q.push(1, ("gt", "item", None))
     t.join(10)
     assert got and got[0][1] == "item" and q.waiting == 0
+
+
+@pytest.mark.skipif(core.compute_dependencies is None, reason="the compiled core is not built")
+def test_compute_dependencies_compiled_and_twin_alike():
+    """The dependency counts, and the order they are entered in, from the compiled pass and its Python twin,
+    on generated graphs of every kind (with and without a floor on the topological number) and the examples."""
+    from types import SimpleNamespace
+    from autograd_run.engine.graph_task import compute_dependencies_py
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import example_names, load_graph, loads_graph
+    from autograd_run.graphs.dump import dumps
+    graphs = [loads_graph(dumps(generate(kind, **kw), "json"), "g.json") for kind, kw in (
+        ("chain", dict(n=300)), ("mlp", dict(layers=20, width=3, batch=2)),
+        ("transformer", dict(layers=2, heads=2, seq_len=4, dim=8, devices=2)),
+        ("random", dict(nodes=2000, leaves=50, width=2, seed=3)), ("fanout", dict(width=40)))]
+    graphs += [load_graph(f"example:{name}") for name in example_names()]
+    for g in graphs:
+        root = g.roots[0].edge.node
+        for floor in (0, max(n.topo_nr for n in g.nodes) // 2):
+            compiled, twin = {}, SimpleNamespace(dependencies={})
+            core.compute_dependencies(root, compiled, floor)
+            compute_dependencies_py(root, twin, floor)
+            assert list(compiled.items()) == list(twin.dependencies.items()), g.source

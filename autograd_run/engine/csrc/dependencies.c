@@ -19,6 +19,7 @@ static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
     if (stack == NULL)
         return PyErr_NoMemory();
     stack[n++] = Py_NewRef(root);
+    PyObject *one = PyLong_FromLong(1); /* (a cached small int: never fails) */
     int ok = 1;
     while (n && ok) {
         PyObject *fn = stack[--n];
@@ -52,21 +53,24 @@ static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
                 ok = 0;
                 break;
             }
-            PyObject *count = PyDict_GetItemWithError(deps, nxt);
-            long c = 0;
-            if (count != NULL)
-                c = PyLong_AsLong(count);
-            PyObject *nc = (count == NULL && PyErr_Occurred()) || (c == -1 && PyErr_Occurred()) ? NULL
-                                                                                              : PyLong_FromLong(c + 1);
-            if (nc == NULL || PyDict_SetItem(deps, nxt, nc) < 0) {
-                Py_XDECREF(nc);
+            /* one probe for a node met the first time (half the edges of a DAG): its count of 1 goes in */
+            Py_ssize_t before = PyDict_GET_SIZE(deps);
+            PyObject *count = PyDict_SetDefault(deps, nxt, one); /* borrowed */
+            if (count == NULL) {
                 Py_DECREF(nxt);
                 ok = 0;
                 break;
             }
-            Py_DECREF(nc);
-            if (count != NULL) {  /* seen before: counted, not expanded again */
+            if (PyDict_GET_SIZE(deps) == before) {  /* seen before: counted once more, not expanded again */
+                long c = PyLong_AsLong(count);
+                PyObject *nc = c == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(c + 1);
+                int bad = nc == NULL || PyDict_SetItem(deps, nxt, nc) < 0;
+                Py_XDECREF(nc);
                 Py_DECREF(nxt);
+                if (bad) {
+                    ok = 0;
+                    break;
+                }
                 continue;
             }
             if (n == cap) {
@@ -86,6 +90,7 @@ static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
     }
     while (n)
         Py_DECREF(stack[--n]);
+    Py_DECREF(one);
     PyMem_Free(stack);
     return ok ? Py_NewRef(Py_None) : NULL;
 }
