@@ -507,3 +507,18 @@ def test_stdin_is_read_no_further_than_memory_allows(monkeypatch):
         load.read_stream(stream)
     assert e.value.file == "<stdin>" and e.value.what.startswith("loading this 1001 B file takes at least")
     assert stream.tell() == 1001  # (read no further than the cap)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--costs", "{d}/blank.json"], "Error: --costs: {d}/blank.json: the file is empty"),
+    (["--spec", "{d}"], "Error: --spec: {d}: not a regular file (a folder, a device or a FIFO)"),
+    (["--spec", "/dev/zero"], "Error: --spec: /dev/zero: not a regular file (a folder, a device or a FIFO)"),
+    (["--ddp", "defaults", "--world", "2", "--network", "{d}"],
+     "Error: --network: {d}: not a regular file (a folder, a device or a FIFO)"),
+])
+def test_a_blank_or_irregular_side_file_is_named_so(tmp_path, capsys, args, message):
+    """A file of one newline read as a Perfetto protobuf trace (its first byte is 0x0a, as a Trace's is), and a
+    folder or device given as a spec or network was "not a shipped spec ... nor a file"."""
+    (tmp_path / "blank.json").write_text("\n")
+    code, out, err = run_cli(["simulate", "example:mlp", *[a.format(d=tmp_path) for a in args]], capsys)
+    assert (code, out, err) == (2, "", message.format(d=tmp_path) + "\n")

@@ -173,6 +173,8 @@ def load_network(ref: str) -> Network:
             raise RequestError("no local-gloo network yet: run `autograd-run calibrate --gloo` first", "network")
     else:
         path = ref
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise RequestError(f"{ref}: not a regular file (a folder, a device or a FIFO)", "network")
         if not os.path.isfile(path):
             raise RequestError(f"{ref}: not KEY=VALUE pairs (alpha_us=A,gbps=B), a shipped link "
                                f"({', '.join(SHIPPED_NETWORKS)}), {LOCAL_GLOO}, nor a file", "network")

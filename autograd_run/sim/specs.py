@@ -237,6 +237,8 @@ def load_spec(ref: str) -> MachineSpec:
     path = local_spec_path(ref) if ref in LOCAL else ref
     if ref in LOCAL and not os.path.isfile(path):
         raise RequestError(f"no {ref} spec yet: run `{LOCAL[ref][1]}` first", "spec")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise RequestError(f"{ref}: not a regular file (a folder, a device or a FIFO)", "spec")
     if not os.path.isfile(path):
         raise RequestError(f"{ref}: not a shipped spec ({', '.join(SHIPPED)}, local, local-torch) nor a file", "spec")
     from autograd_run import untrusted

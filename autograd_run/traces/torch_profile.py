@@ -123,6 +123,8 @@ def decode_chrome(data: bytes, path: str, option: str) -> ChromeDoc:
         raise RequestError(f"{path}: {_out_of_bounds(data, str(exc)) or f'not a trace this can read: {exc}'}",
                            option) from None
     except msgspec.DecodeError as exc:
+        if not data.strip():  # (a lone newline starts as a protobuf Trace does)
+            raise RequestError(f"{path}: the file is empty", option) from None
         if is_protobuf_trace(data, path):
             raise RequestError(f"{path}: a Perfetto protobuf trace; this reads JSON traces (`run --trace FILE.json`, "
                                "or .json.gz)", option) from None
