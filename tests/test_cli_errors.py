@@ -247,3 +247,16 @@ def test_capture_profile_shows_its_output_path_escaped(tmp_path, capsys):
                              capsys)
     assert code == 0, err
     assert "\x1b" not in out and f"{tmp_path}/g\\x1b[2K.json: measured " in out
+
+
+def test_capture_of_a_folder_or_fifo_says_what_it_is(tmp_path, capsys):
+    import os
+    from builders import run_cli
+    (tmp_path / "d.py").mkdir()
+    os.mkfifo(tmp_path / "f.py")
+    for name in ("d.py", "f.py"):
+        code, out, err = run_cli(["capture", str(tmp_path / name), "-o", str(tmp_path / "o.json")], capsys)
+        assert (code, out, err) == (2, "", f"Error: {tmp_path / name}: not a regular file (a folder, a device or a "
+                                           "FIFO)\n")
+    code, out, err = run_cli(["capture", str(tmp_path / "none.py"), "-o", str(tmp_path / "o.json")], capsys)
+    assert (code, err) == (2, f"Error: {tmp_path / 'none.py'}: no such file\n")

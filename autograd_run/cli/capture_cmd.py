@@ -69,7 +69,8 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
     path, _, func = script.partition(":")
     func = func or "main"
     if not os.path.isfile(path):
-        raise UsageError(f"{path}: no such file")
+        raise UsageError(f"{path}: " + ("not a regular file (a folder, a device or a FIFO)" if os.path.exists(path)
+                                         else "no such file"))
     if not (output or order_out or expect_order or check_replay):
         raise UsageError("give -o FILE, --order-out FILE, --expect-order FILE or --check")
     written: dict[str, str] = {}  # what this capture writes: never an input, no two at one path
