@@ -239,6 +239,28 @@ def test_a_folder_gets_one_trace_per_rank(tmp_path):
     assert "2 ranks" in r.out
 
 
+def test_each_collective_has_a_flow_from_the_node_that_launched_it(tmp_path):
+    """As the JSON and protobuf traces: a flow from the launching node's slice (the AccumulateGrad whose hook
+    made the bucket ready) to the collective's record_param_comms."""
+    graph = tmp_path / "mlp.json"
+    from autograd_run.graphs import generators
+    graph.write_text(json.dumps(generators.mlp(layers=4, width=256, batch=64)))
+    out = tmp_path / "ranks"
+    r = cli(["simulate", graph, "--ddp", "bucket_cap_mb=0.25", "--world", "2", "--network", "alpha_us=10,gbps=50",
+             "--no-summary", "--trace", str(out) + "/"])
+    assert r.code == 0, r.err
+    events = _load(str(out / "rank-0.kineto.json"))["traceEvents"]
+    comms = {(e["pid"], e["tid"], e["ts"]) for e in events if e.get("name") == "record_param_comms"}
+    slices = {(e["pid"], e["tid"], e["ts"]): e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"}
+    starts = {e["id"]: e for e in events if e.get("ph") == "s" and e.get("cat") == "node"}
+    ends = {e["id"]: e for e in events if e.get("ph") == "f" and e.get("cat") == "node"}
+    assert len(comms) > 1 and len(starts) == len(ends) == len(comms)
+    for k, s in starts.items():
+        assert s["name"].startswith("launch all-reduce bucket ") and ends[k]["name"] == s["name"]
+        assert (ends[k]["pid"], ends[k]["tid"], ends[k]["ts"]) in comms
+        assert slices[(s["pid"], s["tid"], s["ts"])]["name"].endswith("AccumulateGrad")
+
+
 def test_process_group_ranks_are_written_as_pytorch_writes_them():
     """PyTorch's profiler lists a group's ranks, the first 30 of them and ", ..." past that (its NCCL metadata's
     kTruncatLength), so a rank's trace does not grow with the world."""

@@ -59,7 +59,8 @@ from autograd_run.engine.threads import ThreadKind
 from autograd_run.outputs import atomic_writer
 from autograd_run.record.recording import Collective, Recording
 from autograd_run.traces import encode as E
-from autograd_run.traces.layout import absent_if_zero, node_tables, slice_marks, thread_tids, trace_ranks
+from autograd_run.traces.layout import (absent_if_zero, launchers, node_tables, slice_marks, thread_tids,
+                                        trace_ranks)
 
 #: The CPU process's pid (plus the rank): above any device index, which Kineto uses as the pid of a device.
 CPU_PID = 1 << 20
@@ -241,7 +242,13 @@ def kineto_chunks(rec: Recording, incomplete: str | None = None, rank: int = 0, 
     rest: list[dict] = _steps(rec, pid, tid_of, us)
     yield from _kernels(rec, c, S, tid_col, ext, streams, pid, base, next_corr)
     rest.extend(_stream_events(rec, c, S, tid_col, streams, pid, us, next_corr, tid_of))
-    rest.extend(_collectives(rec, streams, pid, us, next_corr, world))
+    wanted = launchers(rec)
+    at: dict = {}  # a node that launched a collective -> its first slice's (trace tid, start µs)
+    if wanted:
+        for n, t, st in zip(S.node.tolist(), S.tid.tolist(), S.start.tolist()):
+            if c.nodes[n] in wanted and c.nodes[n] not in at:
+                at[c.nodes[n]] = (tid_of(t), us(st))
+    rest.extend(_collectives(rec, streams, pid, us, next_corr, world, at))
     for a in range(0, len(rest), CHUNK):
         yield b"".join(b"," + msgspec.json.encode(e) for e in rest[a:a + CHUNK])
     yield _tail(rec, incomplete, pid, us)
@@ -448,7 +455,12 @@ def rank_list(group: int) -> str:
     return f"[{shown}, ...]" if group > RANKS_SHOWN else f"[{shown}]"
 
 
-def _collectives(rec: Recording, streams: _Streams, pid: int, us, next_corr, world: int) -> list[dict]:
+def _collectives(rec: Recording, streams: _Streams, pid: int, us, next_corr, world: int,
+                 at: dict | None = None) -> list[dict]:
+    """Each collective as PyTorch's profiler writes one (its ``record_param_comms`` op, annotation, launch and
+    NCCL kernel, joined by an ``ac2g`` flow), and a flow from the slice of the node whose run launched it
+    (``Collective.trigger``; ``at``: node -> (trace tid, start µs)) to its ``record_param_comms``, as the JSON
+    and protobuf traces draw one."""
     out: list[dict] = []
     for k in sorted((k for k in rec.kernels if isinstance(k.node, Collective)), key=lambda k: k.start):
         col = k.node
@@ -480,6 +492,13 @@ def _collectives(rec: Recording, streams: _Streams, pid: int, us, next_corr, wor
                              "correlation": corr, **comm, "collective": col.name}})
         out.append({"ph": "f", "bp": "e", "cat": "ac2g", "name": "ac2g", "id": corr, "pid": dev, "tid": s,
                     "ts": us(k.start)})
+        src = at.get(getattr(col, "trigger", None)) if at else None
+        if src is not None:  # (a flow id of its own, after the correlation ids)
+            flow, label = next_corr(), f"launch {col.name.split(' (')[0]}"
+            out.append({"ph": "s", "cat": "node", "name": label, "id": flow, "pid": pid, "tid": src[0],
+                        "ts": src[1]})
+            out.append({"ph": "f", "bp": "e", "cat": "node", "name": label, "id": flow, **common,
+                        "ts": us(launch)})
     return out
 
 
