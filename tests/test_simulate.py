@@ -493,6 +493,11 @@ def _h100_with(change):
     # a bool is an int to Python: false passed every range check and divided by zero (a hostile review)
     (lambda d: d["accelerator"].update(flops_efficiency=False), "accelerator: flops_efficiency must be a number"),
     (lambda d: d["engine"].update(overhead_holds_gil=3), "engine: overhead_holds_gil must be true or false"),
+    # the value and the dtype named; a name or source that is not a string (was taken as str() of it)
+    (lambda d: d["accelerator"]["peak_flops"].update(bfloat16="fast"), "accelerator: peak_flops maps dtypes to "
+     "FLOP/s from 1e+06 to 1e+21, got 'fast' for 'bfloat16'"),
+    (lambda d: d.update(name=7), "name must be a string, got 7"),
+    (lambda d: d.update(source=["x"]), "source must be a string, got ['x']"),
 ])
 def test_a_spec_file_that_would_break_the_simulation_is_refused(tmp_path, capsys, change, message):
     """A zero efficiency was a ZeroDivisionError traceback, a 1e308 us hand-off an OverflowError one, and a
