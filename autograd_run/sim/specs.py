@@ -29,6 +29,7 @@ from importlib import resources
 from typing import Any
 
 from autograd_run.errors import RequestError
+from autograd_run.graphs.tensors import short
 
 
 @dataclass
@@ -130,7 +131,7 @@ class MachineSpec:
                                "engine)", "spec")
         for key in ("name", "source"):
             if key in doc and not isinstance(doc[key], str):
-                raise RequestError(f"{where}: {key} must be a string, got {_short(doc[key])}", "spec")
+                raise RequestError(f"{where}: {key} must be a string, got {short(doc[key])}", "spec")
         missing = [k for k in ("host", "accelerator") if k not in doc]
         if missing:
             raise RequestError(f"{where}: a spec needs {missing[0]!r}", "spec")
@@ -204,11 +205,11 @@ def _device(d: Any, where: str) -> DeviceSpec:
     flops = d.get("peak_flops", {})
     if not isinstance(flops, dict):
         raise RequestError(f"{where}: peak_flops maps dtypes to FLOP/s from {MIN_RATE:g} to {MAX_RATE:g}, "
-                           f"got {_short(flops)}", "spec")
+                           f"got {short(flops)}", "spec")
     for dtype, v in flops.items():
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and MIN_RATE <= v <= MAX_RATE):
             raise RequestError(f"{where}: peak_flops maps dtypes to FLOP/s from {MIN_RATE:g} to {MAX_RATE:g}, "
-                               f"got {_short(v)} for {_short(dtype)}", "spec")
+                               f"got {short(v)} for {short(dtype)}", "spec")
     if "float32" not in flops:  # the figure of every dtype not listed: without it a matmul took 1e9 FLOP/s
         raise RequestError(f"{where}: peak_flops must give float32's FLOP/s (the figure of every dtype it does "
                            "not list)", "spec")
@@ -217,12 +218,6 @@ def _device(d: Any, where: str) -> DeviceSpec:
 
 
 SHIPPED = ("h100", "h200", "a100", "l4", "cpu")
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    """``repr`` cut to ``limit`` characters, for messages about a spec file's values."""
-    r = repr(value)
-    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 #: Specs measured here: ``local`` (autograd-run's engine, ``calibrate``) and ``local-torch``

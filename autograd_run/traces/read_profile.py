@@ -30,6 +30,7 @@ from autograd_run.analysis.profile import Profile, finish, from_samples, order_p
 from autograd_run.analysis.samples import NodeSamples, Samples, stable_worker
 from autograd_run.analysis.summary import union_length
 from autograd_run.errors import RequestError
+from autograd_run.graphs.tensors import short
 from autograd_run.traces.layout import slice_node
 from autograd_run.traces.torch_profile import MAX_EVENT_DUR_US, MAX_EVENT_TS_US
 
@@ -214,8 +215,7 @@ def _short(v) -> str:
     """A value as an error message quotes it: a number as %g, anything else shortened."""
     if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1e16):
         return f"{v:g}"
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return short(v, 40)
 
 
 def _num(v) -> bool:
