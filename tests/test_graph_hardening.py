@@ -714,6 +714,31 @@ def test_bad_devices_say_why(text, message):
     assert Device.parse(text) is None and message in Device.explain(text)
 
 
+@pytest.mark.parametrize("text,meant", [("cdua:0", "'cuda:0'"), ("cud:1", "'cuda:1'"), ("cudaa", "'cuda'"),
+                                        ("gpu:0", "'cuda:0'"), ("smp:0", "'mps:0'"), ("vulkn:0", "'vulkan:0'")])
+def test_near_miss_device_types_are_typos(text, meant):
+    """A misspelt PyTorch device type is refused with the type meant, not taken as a renamed backend."""
+    assert Device.parse(text) is None
+    assert Device.explain(text).endswith(f"did you mean {meant}?")
+
+
+@pytest.mark.parametrize("text", ["npu:0", "openreg:1", "accel:3", "hpu:0", "ipu", "xpu:2", "privateuseone:0"])
+def test_renamed_backends_and_torch_types_are_devices(text):
+    assert Device.parse(text) is not None
+
+
+def test_one_renamed_backend_per_graph(tmp_path):
+    """PyTorch renames PrivateUse1 once a process: two device types it does not know in one graph is a typo."""
+    doc = copy_seed()
+    doc["nodes"][1]["inputs"] = [{"shape": [2], "device": "npu:0"}]
+    doc["nodes"][2]["inputs"] = [{"shape": [2], "device": "xpu:0"}]
+    load_doc(json.loads(json.dumps(doc)), "json")  # one renamed backend beside a PyTorch type: fine
+    doc["nodes"][3]["inputs"] = [{"shape": [2], "device": "npx:0"}]
+    msg = str(_error(lambda: load_graph(write(tmp_path, doc))))
+    assert "device type 'npx' is unknown to PyTorch, and so is 'npu' (node 'add' at $.nodes[1].inputs[0].device)" in msg
+    assert "$.nodes[3].inputs[0].device" in msg
+
+
 def test_accelerator_types_validate_run_and_round_trip():
     doc = copy_seed()
     doc["variables"][0]["device"] = "xpu:1"

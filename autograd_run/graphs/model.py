@@ -46,6 +46,34 @@ MAX_DEVICE_INDEX = 255
 _DEVICE_TYPE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 #: Types that do not describe a place gradients can live on.
 _NOT_A_DEVICE = {"meta": "meta tensors carry no data, so a backward pass cannot run on them"}
+#: The device types PyTorch 2.13 names itself (c10/core/DeviceType.h; ``torch.device`` refuses any other unless a
+#: PrivateUse1 backend was renamed to it). Any other lowercase name is taken as such a renamed backend (Ascend's
+#: ``npu``, ``openreg``), except a near miss of one of these (``cdua``, ``cud``): a typo, not a backend.
+TORCH_DEVICE_TYPES = frozenset(("cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve",
+                                "fpga", "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia",
+                                "privateuseone"))
+#: Names people write for a GPU that PyTorch does not know.
+_MEANT = {"gpu": "cuda", "nvidia": "cuda", "rocm": "cuda", "amd": "cuda", "tpu": "xla", "metal": "mps"}
+
+
+def _near_miss(typ: str) -> str | None:
+    """The known device type ``typ`` misspells (same letters in another order, or one letter more or less than a
+    known type of four letters or more), or None. Three-letter types are left alone: ``npu`` is a real renamed
+    backend one letter from ``hpu``, ``ipu`` and ``xpu``."""
+    if typ in TORCH_DEVICE_TYPES:
+        return None
+    if typ in _MEANT:
+        return _MEANT[typ]
+    for known in sorted(TORCH_DEVICE_TYPES):
+        if len(known) < 3:
+            continue
+        if len(typ) == len(known) and sorted(typ) == sorted(known):
+            return known
+        if len(known) >= 4 and abs(len(typ) - len(known)) == 1:
+            short, long_ = (typ, known) if len(typ) < len(known) else (known, typ)
+            if any(long_[:i] + long_[i + 1:] == short for i in range(len(long_))):
+                return known
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +121,10 @@ class Device:
             return f"device {_short(text)} is not supported: {_NOT_A_DEVICE[typ]}"
         if typ == "cpu":
             return f"device {_short(text)}: 'cpu' has no index; write 'cpu'"
+        meant = _near_miss(typ)
+        if meant is not None:
+            return (f"unknown device {_short(text)}: PyTorch has no device type {typ!r}; did you mean "
+                    f"{meant + colon + idx!r}?")
         if not colon:
             return None
         if not idx.isascii() or not idx.isdigit() or (len(idx) > 1 and idx[0] == "0"):

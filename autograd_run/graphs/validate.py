@@ -29,8 +29,8 @@ from autograd_run.errors import GraphFileError
 from autograd_run.graphs import tensors
 from autograd_run.graphs.checkpoints import check_checkpoints
 from autograd_run.graphs.model import (
-    ACCUMULATE_GRAD_SEQ, CPU, EMPTY, FORMAT, Device, Edge, Graph, InputMeta, Node, Root, Variable, derive,
-    has_scalar_strings, saves_tensors,
+    ACCUMULATE_GRAD_SEQ, CPU, EMPTY, FORMAT, TORCH_DEVICE_TYPES, Device, Edge, Graph, InputMeta, Node, Root, Variable,
+    derive, has_scalar_strings, saves_tensors,
 )
 from autograd_run.graphs.schema import UNSET, GraphSpec, NodeSpec
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, Outputs, lookup
@@ -354,6 +354,8 @@ class _Checker:
             side_name = os.path.splitext(os.path.basename(source))[0] + ".npz"
         self.side = tensors.SideFiles(base_dir, side_name, source)
         self._metas: dict = {}
+        #: The device type PyTorch does not name (a renamed PrivateUse1 backend), by where it was first seen.
+        self._renamed: dict[str, tuple] = {}
         #: Nodes whose attrs hold tensor hooks (``attrs.hooks``): the graph's ``hooked_nodes``.
         self.hooked: list = []
         #: The path where each distinct input metadata was first seen (for the budget message).
@@ -484,6 +486,13 @@ class _Checker:
         dev = Device.parse(text) if isinstance(text, str) else None
         if dev is None:
             raise self.err(path, Device.explain(text) or f"unknown device {tensors.short(text)}")
+        if dev.type not in TORCH_DEVICE_TYPES:  # a renamed PrivateUse1 backend: PyTorch has one name for it
+            self._renamed.setdefault(dev.type, path)
+            if len(self._renamed) > 1:
+                other = next(t for t in self._renamed if t != dev.type)
+                raise self.err(path, f"device type {dev.type!r} is unknown to PyTorch, and so is {other!r} ("
+                                     f"{self.locator.where(self._renamed[other])}): a process has at most one "
+                                     "renamed PrivateUse1 backend, so one of them is a typo")
         return dev
 
     def _meta(self, m, path: tuple) -> InputMeta:
