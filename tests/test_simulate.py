@@ -769,6 +769,7 @@ def test_a_sum_on_a_stream_is_the_simulators_kernel_even_where_a_subclass_overri
     from autograd_run.sim.placement import place
     from autograd_run.sim.scheduler import Simulator
     from autograd_run.sim.specs import load_spec
+    from autograd_run.sim.streams import SimStreams
 
     spec = load_spec("h100")
     graph = place(loads_graph(dumps(generate("random", nodes=400, leaves=20, seed=3), "json"), "r.json"), 2,
@@ -781,13 +782,25 @@ def test_a_sum_on_a_stream_is_the_simulators_kernel_even_where_a_subclass_overri
                 sums.append(ns)
             return super().kernel(stream, node, ns, not_before)
 
+    entered = []
+
+    class CountingStreams(SimStreams):
+        def on_stream(self, stream):
+            entered.append(stream)
+            return super().on_stream(stream)
+
     runs = []
-    for cls in (Simulator, Counting):
+    for cls, streams in ((Simulator, None), (Counting, None), (Simulator, CountingStreams)):
         s = cls(graph, spec, CostResolver(spec), detail=False)
+        if streams is not None:
+            s.streams = streams(s)
+        assert s.streams.sums_inline() is (cls is Simulator and streams is None)
         s.run([r.edge for r in graph.roots], graph.input_edges() or None, True)
         runs.append(([row[1:] for row in s.slices], s.kernels, dict(s.stream_free)))  # row[0]: the call's id
     assert sums and set(sums) == {int(spec.accelerator.min_kernel_us * 1e3)}
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
+    # an on_stream of its own is entered for every sum (the compiled routing sums inline only for the default's)
+    assert len(entered) == len(sums)
 
 
 def _alternating_chain(n: int, devices: list[str]) -> dict:

@@ -220,6 +220,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s_real_cuda, "real_cuda");
     INTERN(s_completed, "completed");
     INTERN(s_on_stream, "on_stream");
+    INTERN(s_sums_inline, "sums_inline");
+    INTERN(s_sum_kernel_ns, "sum_kernel_ns");
     INTERN(s___enter__, "__enter__");
     INTERN(s___exit__, "__exit__");
     if (PyType_Ready(&QueueType) < 0 || PyType_Ready(&BufferType) < 0 || PyType_Ready(&LogType) < 0 ||

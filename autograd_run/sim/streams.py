@@ -62,6 +62,13 @@ class SimStreams:
     def on_stream(self, stream):
         return _Accumulate(self.sim, stream)
 
+    def sums_inline(self) -> bool:
+        """Whether entering ``on_stream(stream)`` only moves the stream's end on by the simulator's ``kernel`` of
+        ``sum_kernel_ns`` (this class's ``on_stream``, the simulator's own ``kernel``): the compiled loop then does
+        that itself while routing (``sim_sum_inline`` in ``engine/csrc/sim_loop.c``), with no context manager
+        made and entered per sum (1.25 of a random DAG's 5.5 us a node on two devices)."""
+        return type(self).on_stream is SimStreams.on_stream and self.sim.kernel_is_default
+
 
 class _Accumulate:
     """Summing two gradients on a stream: a small kernel (the accelerator's shortest) on that stream's timeline.

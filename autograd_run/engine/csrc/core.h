@@ -44,7 +44,7 @@ static PyObject *s_enabled, *s_task_pushed, *s_task_popped, *s_worker_idle, *s_l
     *s_faults, *s_has_hooks, *s_half_nodes, *s_grads, *s_devices, *s_node_start, *s_node_end,
     *s_node_skipped, *s_frame, *s_on_exception, *s_mark_completed,
     *s_worker_device, *s_owner, *s_queue_by_index, *s_push_wakeup, *s_tls, *s_queue, *s_tracer,
-    *s_real_cuda, *s_on_stream, *s___enter__, *s___exit__;
+    *s_real_cuda, *s_on_stream, *s___enter__, *s___exit__, *s_sums_inline, *s_sum_kernel_ns;
 
 /* ------------------------------------------------------------------ keys */
 

@@ -50,6 +50,12 @@ typedef struct {
      * the same while this EngineInfo lives (the simulation's loop: Simulator.devices is fixed); else unused */
     int keep_queues;
     PyObject *queues[8];
+    /* A sum on a stream done by the caller (the simulation's loop: sim_kernel) instead of entering
+     * `streams.on_stream(stream)`, where `sum_streams` (borrowed) says its sums are exactly that
+     * (SimStreams.sums_inline) and is the engine's `streams`; else NULL. -1 with an exception. */
+    int (*sum_inline)(void *ctx, PyObject *stream);
+    void *sum_ctx;
+    PyObject *sum_streams;
 } EngineInfo;
 
 static void engine_info_clear(EngineInfo *ei) {
@@ -474,8 +480,8 @@ static int stream_eq(PyObject *a, PyObject *b) {
 /* StreamRules.add_on_device's next commonest case: a later gradient of a slot whose gradients are all made and
  * summed on the consumer's own stream (no wait, no record): the sum runs inside `with streams.on_stream(accum)`.
  * 1: done; 0: another case (nothing changed); -1: an error. */
-static int later_add_same_stream(PyObject *buf, PyObject *input_nr, PyObject *grad, PyObject *producer,
-                                 PyObject *consumer, PyObject *streams) {
+static int later_add_same_stream(EngineInfo *ei, PyObject *buf, PyObject *input_nr, PyObject *grad,
+                                 PyObject *producer, PyObject *consumer, PyObject *streams) {
     if ((PyObject *)Py_TYPE(buf) != BUFFER_TYPE || grad == Py_None || !PyLong_CheckExact(input_nr))
         return 0;
     BufferObject *b = (BufferObject *)buf;
@@ -497,7 +503,20 @@ static int later_add_same_stream(PyObject *buf, PyObject *input_nr, PyObject *gr
     }
     Py_INCREF(accum);  /* held across the Python calls below */
     int rc = -1;
-    PyObject *mgr = PyObject_CallMethodOneArg(streams, s_on_stream, accum), *enter = NULL, *exit = NULL;
+    PyObject *mgr = NULL, *enter = NULL, *exit = NULL;
+    if (ei->sum_inline != NULL && streams == ei->sum_streams) { /* the manager's __enter__, done by the caller */
+        if (ei->sum_inline(ei->sum_ctx, accum) < 0)
+            goto out;
+        PyObject *old = Py_NewRef(PyList_GET_ITEM(b->grads, pos));
+        int summed = buffer_sum(b, pos, old, grad);
+        Py_DECREF(old);
+        if (summed < 0)
+            goto out;
+        PyList_SetItem(b->ready_streams, pos, Py_NewRef(accum));
+        rc = 1;
+        goto out;
+    }
+    mgr = PyObject_CallMethodOneArg(streams, s_on_stream, accum);
     if (mgr == NULL || !(enter = PyObject_GetAttr((PyObject *)Py_TYPE(mgr), s___enter__)) ||
         !(exit = PyObject_GetAttr((PyObject *)Py_TYPE(mgr), s___exit__)))
         goto out;
@@ -706,7 +725,7 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
                 }
                 int quick = nstream ? first_add_same_stream(buf, input_nr, out, device, parent, nstream) : -1;
                 if (quick == 0)
-                    quick = later_add_same_stream(buf, input_nr, out, parent, nstream, streams);
+                    quick = later_add_same_stream(ei, buf, input_nr, out, parent, nstream, streams);
                 PyObject *r = quick == 1 ? Py_NewRef(Py_None)
                             : quick == 0 ? PyObject_CallMethodObjArgs(buf, s_add_on_device, input_nr, out, device,
                                                                       parent, nstream, node, nxt, streams, gt, NULL)

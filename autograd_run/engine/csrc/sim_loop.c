@@ -293,6 +293,10 @@ typedef struct {
     GtInfo route_gi;
     int route_ei_ready;
     PyObject *route_gt;
+    /* routing's sums on a stream done here (route_ei.sum_inline: sim_sum_inline) where the simulator's streams say
+     * theirs are the default (SimStreams.sums_inline): the streams object (held) and the sum kernel's ns */
+    PyObject *sum_streams;
+    long long sum_kernel_ns;
     /* the costs read so far (cpu_ns + gpu_ns of each node run), checked against WORK_LIMIT: no simulated time
      * can pass what every cost run one after another adds up to, plus the engine's overheads */
     long long work;
@@ -305,13 +309,45 @@ typedef struct {
 
 /* route(sim, gt, node, ones, gt.exec_info, tracer, parent) with what it reads of the simulator and of gt read
  * once (Sim's route_ei and route_gi): the same result as the call. */
-static PyObject *sim_route(Sim *S, PyObject *gt, PyObject *node, PyObject *parent) {
-    if (!S->route_ei_ready) {
-        if (engine_info_fill(&S->route_ei, S->sim, S->tracer) < 0)
-            return NULL;
-        S->route_ei.keep_queues = 1;
-        S->route_ei_ready = 1;
+static long long sim_kernel(Sim *S, PyObject *stream, PyObject *node, long long ns, long long not_before, int *err);
+static int get_ll(PyObject *o, PyObject *name, long long *out);
+
+/* A sum on `stream` while routing: SimStreams' _Accumulate.__enter__ (its default kernel, as sim_kernel) at the
+ * simulator's now, which routing's callers have just set (sync_now). */
+static int sim_sum_inline(void *ctx, PyObject *stream) {
+    Sim *S = ctx;
+    int err = 0;
+    sim_kernel(S, stream, Py_None, S->sum_kernel_ns, S->now, &err);
+    return err ? -1 : 0;
+}
+
+/* Route_ei made for this loop: its device queues kept, and the sums on a stream done by sim_sum_inline where the
+ * simulator's streams say that is what their on_stream does (SimStreams.sums_inline). */
+static int sim_route_info(Sim *S) {
+    if (engine_info_fill(&S->route_ei, S->sim, S->tracer) < 0)
+        return -1;
+    S->route_ei.keep_queues = 1;
+    S->route_ei_ready = 1;
+    PyObject *streams = PyObject_GetAttr(S->sim, s_streams);
+    PyObject *ok = streams ? PyObject_CallMethodNoArgs(streams, s_sums_inline) : NULL;
+    int inline_ = ok ? PyObject_IsTrue(ok) : -1;
+    Py_XDECREF(ok);
+    if (inline_ == 1 && get_ll(S->sim, s_sum_kernel_ns, &S->sum_kernel_ns) < 0)
+        inline_ = -1;
+    if (inline_ == 1) {
+        S->sum_streams = streams;
+        S->route_ei.sum_inline = sim_sum_inline;
+        S->route_ei.sum_ctx = S;
+        S->route_ei.sum_streams = streams;
+        return 0;
     }
+    Py_XDECREF(streams);
+    return inline_;
+}
+
+static PyObject *sim_route(Sim *S, PyObject *gt, PyObject *node, PyObject *parent) {
+    if (!S->route_ei_ready && sim_route_info(S) < 0)
+        return NULL;
     if (S->route_gt != gt) {
         if (S->route_gt != NULL) {
             gt_info_clear(&S->route_gi);
@@ -336,6 +372,7 @@ static void sim_route_clear(Sim *S) {
     if (S->route_ei_ready)
         engine_info_clear(&S->route_ei);
     S->route_ei_ready = 0;
+    Py_CLEAR(S->sum_streams);
 }
 
 static void memo_clear(Sim *S) {
