@@ -186,8 +186,9 @@ class CostResolver:
         it, computed once (a generated transformer's 800,000 cost nodes have a few dozen kinds). A value that
         cannot be a key (an unchecked graph's) is costed on its own."""
         spec = node.attrs.get("cost") or {}
+        dev = node.device  # (its type and index: a Device's own hash is Python code, the compiled lookup's too)
         key = (spec.get("us", _ABSENT), spec.get("flops", _ABSENT), spec.get("mode"), node.cpu, node.name,
-               node.device)
+               dev.type, dev.index)
         try:
             c = self._by_cost.get(key)
         except TypeError:  # an unhashable value

@@ -850,9 +850,9 @@ out:
 }
 
 /* CostResolver._cost_node's memo read in C: for a node of the cost op whose attrs' "cost" is a dict, the key
- * (us or the missing mark, flops or the mark, mode or None, cpu, name, device) looked up in _by_cost. 1: found
- * (*cost a new reference, also put in `resolved`); 0: not this case or not costed yet (the caller calls the
- * resolver, which fills the memo); -1: an error. A key that cannot be hashed is the resolver's case too. */
+ * (us or the missing mark, flops or the mark, mode or None, cpu, name, device type, device index) looked up in
+ * _by_cost. 1: found (*cost a new reference, also put in `resolved`); 0: not this case or not costed yet (the
+ * caller calls the resolver, which fills the memo); -1: an error. A key that cannot be hashed is the resolver's case too. */
 static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
     *cost = NULL;
     PyObject *op = node_get(node, NF_OP);
@@ -875,19 +875,23 @@ static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
         PyDict_GetItemWithError(spec, s_flops) : NULL, *mode = NULL;
     if (!PyErr_Occurred())
         mode = PyDict_GetItemWithError(spec, s_mode);
-    PyObject *cpu = NULL, *name = NULL, *device = NULL, *key = NULL;
+    PyObject *cpu = NULL, *name = NULL, *device = NULL, *dtype = NULL, *dindex = NULL, *key = NULL;
     if (!PyErr_Occurred()) {
         cpu = node_get(node, NF_CPU);
         name = cpu ? node_get(node, NF_NAME) : NULL;
         device = name ? PyObject_GetAttr(node, s_device) : NULL;
+        dtype = device ? PyObject_GetAttr(device, s_type) : NULL;
+        dindex = dtype ? PyObject_GetAttr(device, s_index) : NULL;
     }
-    if (device != NULL)
-        key = PyTuple_Pack(6, us ? us : S->absent, flops ? flops : S->absent, mode ? mode : Py_None, cpu, name,
-                           device);
+    if (dindex != NULL) /* the device's type and index, not the Device (whose hash is Python code) */
+        key = PyTuple_Pack(7, us ? us : S->absent, flops ? flops : S->absent, mode ? mode : Py_None, cpu, name,
+                           dtype, dindex);
     Py_DECREF(spec);
     Py_XDECREF(cpu);
     Py_XDECREF(name);
     Py_XDECREF(device);
+    Py_XDECREF(dtype);
+    Py_XDECREF(dindex);
     if (key == NULL)
         return -1;
     PyObject *found = PyDict_GetItemWithError(S->by_cost, key);
