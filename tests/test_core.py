@@ -720,6 +720,22 @@ def test_the_compiled_slice_columns_are_their_twins():
     same([(1, 0, node, 5, 10, 20, "cpu", 3), (1, 0, None, 5, 20, 30, None, None), (2, 1, node, 6, 0, 5, "cuda:0", 0),
           (2, 1, object(), 6, 5, 9, "cpu", 4)])
     same([])
+
+    class Named:  # equal by name: one code for equal objects, as a dict gives them (Nodes are coded by address)
+        def __init__(self, name):
+            self.name = name
+
+        def __eq__(self, other):
+            return isinstance(other, Named) and other.name == self.name
+
+        def __hash__(self):
+            return hash(self.name)
+
+    mixed = [(1, 0, Named("a"), 5, 0, 1, None, None), (1, 0, node, 5, 1, 2, None, None),
+             (1, 0, Named("a"), 5, 2, 3, None, None), (1, 0, Named("b"), 5, 3, 4, None, None),
+             (1, 0, node, 5, 4, 5, None, None)]
+    same(mixed)
+    assert np.frombuffer(core.sim_slices(mixed)[1], dtype=np.int64).tolist() == [0, 1, 0, 2, 1]
     with pytest.raises(RequestError, match="64-bit"):
         result._slice_columns([(1, 0, node, 5, 10, 2 ** 64, "cpu", 3)])
     with pytest.raises(TypeError):

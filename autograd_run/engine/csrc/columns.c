@@ -298,62 +298,6 @@ done:
     return result;
 }
 
-/* ---- rows by identity: a table of objects (the Recording's nodes) and a pointer hash over it ---- */
-
-typedef struct {
-    uintptr_t *keys; /* 0: empty */
-    Py_ssize_t *rows;
-    size_t mask;
-} PtrRows;
-
-static inline size_t ptr_slot(uintptr_t p, size_t mask) {
-    return (size_t)(((uint64_t)(p >> 4) * 0x9E3779B97F4A7C15ULL) >> 20) & mask;
-}
-
-/* Each object of `table` -> its first row (-1 and an exception where memory runs out). */
-static int ptr_rows_make(PtrRows *h, PyObject *table) {
-    Py_ssize_t n = PyList_GET_SIZE(table);
-    size_t cap = 16;
-    while (cap < (size_t)n * 2)
-        cap <<= 1;
-    h->mask = cap - 1;
-    h->keys = PyMem_Calloc(cap, sizeof(uintptr_t));
-    h->rows = PyMem_Malloc(cap * sizeof(Py_ssize_t));
-    if (h->keys == NULL || h->rows == NULL) {
-        PyMem_Free(h->keys);
-        PyMem_Free(h->rows);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uintptr_t p = (uintptr_t)PyList_GET_ITEM(table, i);
-        size_t s = ptr_slot(p, h->mask);
-        while (h->keys[s] != 0 && h->keys[s] != p)
-            s = (s + 1) & h->mask;
-        if (h->keys[s] == 0) { /* the first row of an object listed twice */
-            h->keys[s] = p;
-            h->rows[s] = i;
-        }
-    }
-    return 0;
-}
-
-static inline Py_ssize_t ptr_row(const PtrRows *h, PyObject *o) {
-    uintptr_t p = (uintptr_t)o;
-    size_t s = ptr_slot(p, h->mask);
-    while (h->keys[s] != 0) {
-        if (h->keys[s] == p)
-            return h->rows[s];
-        s = (s + 1) & h->mask;
-    }
-    return -1;
-}
-
-static void ptr_rows_free(PtrRows *h) {
-    PyMem_Free(h->keys);
-    PyMem_Free(h->rows);
-}
-
 /* node_rows(table, objs) -> int64 bytes: the row in `table` of each object of `objs` (the same object, not an
  * equal one; its first row), -1 where it is not there. */
 static PyObject *node_rows(PyObject *mod, PyObject *args) {

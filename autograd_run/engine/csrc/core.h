@@ -176,4 +176,75 @@ static inline int slot_set_long(SlotTable *t, PyObject *obj, int f, long long va
 #define node_get(node, f) slot_get(&NODE_SLOTS, (node), (f))
 #define node_true(node, f) slot_true(&NODE_SLOTS, (node), (f))
 
+/* ---- rows by identity: a pointer hash from objects to rows (the Recording's nodes, a simulation's slices' nodes;
+ * columns.c, recording.c). Open addressing over a power-of-two table at least twice the rows; no Python objects. */
+
+typedef struct {
+    uintptr_t *keys; /* 0: empty */
+    Py_ssize_t *rows;
+    size_t mask;
+} PtrRows;
+
+static inline size_t ptr_slot(uintptr_t p, size_t mask) {
+    return (size_t)(((uint64_t)(p >> 4) * 0x9E3779B97F4A7C15ULL) >> 20) & mask;
+}
+
+/* An empty table for up to n objects (-1 and an exception where memory runs out). */
+static int ptr_rows_init(PtrRows *h, Py_ssize_t n) {
+    size_t cap = 16;
+    while (cap < (size_t)n * 2)
+        cap <<= 1;
+    h->mask = cap - 1;
+    h->keys = PyMem_Calloc(cap, sizeof(uintptr_t));
+    h->rows = PyMem_Malloc(cap * sizeof(Py_ssize_t));
+    if (h->keys == NULL || h->rows == NULL) {
+        PyMem_Free(h->keys);
+        PyMem_Free(h->rows);
+        h->keys = NULL, h->rows = NULL;
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* o's row; where o is not there yet, `row` becomes its row (returned too). At most the n objects of ptr_rows_init. */
+static inline Py_ssize_t ptr_row_add(PtrRows *h, PyObject *o, Py_ssize_t row) {
+    uintptr_t p = (uintptr_t)o;
+    size_t s = ptr_slot(p, h->mask);
+    while (h->keys[s] != 0) {
+        if (h->keys[s] == p)
+            return h->rows[s];
+        s = (s + 1) & h->mask;
+    }
+    h->keys[s] = p;
+    h->rows[s] = row;
+    return row;
+}
+
+/* Each object of `table` -> its first row (-1 and an exception where memory runs out). */
+static int ptr_rows_make(PtrRows *h, PyObject *table) {
+    Py_ssize_t n = PyList_GET_SIZE(table);
+    if (ptr_rows_init(h, n) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        ptr_row_add(h, PyList_GET_ITEM(table, i), i); /* (an object listed twice keeps its first row) */
+    return 0;
+}
+
+static inline Py_ssize_t ptr_row(const PtrRows *h, PyObject *o) {
+    uintptr_t p = (uintptr_t)o;
+    size_t s = ptr_slot(p, h->mask);
+    while (h->keys[s] != 0) {
+        if (h->keys[s] == p)
+            return h->rows[s];
+        s = (s + 1) & h->mask;
+    }
+    return -1;
+}
+
+static void ptr_rows_free(PtrRows *h) {
+    PyMem_Free(h->keys);
+    PyMem_Free(h->rows);
+}
+
 #endif
