@@ -239,6 +239,25 @@ def test_a_folder_gets_one_trace_per_rank(tmp_path):
     assert "2 ranks" in r.out
 
 
+def test_rank_traces_are_not_written_into_the_costs_folder(tmp_path):
+    """`--costs DIR --trace DIR/` overwrote the folder's profiles with the simulated rank traces (found by a
+    hostile review): the folder is an input of the run, its files too."""
+    import hashlib
+    folder = tmp_path / "profs"
+    folder.mkdir()
+    args = ["simulate", "example:mlp", "--ddp", "defaults", "--world", "2", "--network", "alpha_us=10,gbps=50",
+            "--no-summary"]
+    r = cli(args + ["--trace", str(tmp_path / "made") + "/"])
+    assert r.code == 0, r.err
+    os.replace(tmp_path / "made" / "rank-0.kineto.json", folder / "rank-0.kineto.json")
+    before = hashlib.sha1((folder / "rank-0.kineto.json").read_bytes()).hexdigest()
+    for out in (str(folder) + "/", str(folder), str(tmp_path / "." / "profs") + "/"):
+        r = cli(args + ["--costs", str(folder), "--trace", out])
+        assert r.code == 2 and "is the --costs folder, an input of this run" in r.err, r.err
+    assert hashlib.sha1((folder / "rank-0.kineto.json").read_bytes()).hexdigest() == before
+    assert os.listdir(folder) == ["rank-0.kineto.json"]
+
+
 def test_each_collective_has_a_flow_from_the_node_that_launched_it(tmp_path):
     """As the JSON and protobuf traces: a flow from the launching node's slice (the AccumulateGrad whose hook
     made the bucket ready) to the collective's record_param_comms."""

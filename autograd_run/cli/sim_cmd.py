@@ -167,6 +167,11 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
         if path and not (folder and option == "trace_path"):
             check_output_path(path, option, inputs)
+    if folder and costs and os.path.isdir(costs) and os.path.isdir(trace_path) and os.path.samefile(costs,
+                                                                                                     trace_path):
+        raise RequestError(f"{trace_path}: is the --costs folder, an input of this run; the rank traces would "
+                           "overwrite its profiles (and be read as costs next time): write them to another folder",
+                           "trace_path")
     if folder and os.path.isdir(trace_path):  # a new folder is made when the traces are written
         for r in range(_ranks_written(ddp_args, trace_ranks)):
             check_output_path(os.path.join(trace_path, f"rank-{r}.kineto.json"), "trace_path", inputs)
