@@ -115,6 +115,24 @@ def read_capped(f, size: int, cap: int) -> bytes:
     return b"".join(parts)
 
 
+# -- JSON --------------------------------------------------------------------------------------
+
+def load_json(data: bytes | str) -> object:
+    """``json.loads`` of a small untrusted file (a machine spec, a network file), a key repeated in one object
+    refused: JSON parsers keep the last value silently, so ``"gbps": 50, "gbps": 0.001`` would mean whichever
+    came last. A ``Problem`` names the key; malformed JSON is ``json``'s ``ValueError`` as before."""
+    import json
+
+    def unique(pairs: list) -> dict:
+        out: dict = {}
+        for key, value in pairs:
+            if key in out:
+                raise Problem(None, f"duplicate key {key!r:.60} in an object (JSON keys must be unique)")
+            out[key] = value
+        return out
+    return json.loads(data, object_pairs_hook=unique)
+
+
 # -- YAML --------------------------------------------------------------------------------------
 
 class SafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):

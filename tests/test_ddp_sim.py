@@ -215,6 +215,13 @@ def test_network_forms_and_their_errors(tmp_path, monkeypatch):
         ({"name": ["two"], "link": {"alpha_us": 1, "gbps": 1}}, "at $.name: must be a string, got ['two']"),
         ({"source": {}, "link": {"alpha_us": 1, "gbps": 1}}, "at $.source: must be a string (where the figures"),
         ([1], "at $: a network file is a JSON object"),
+        # found by a hostile review: a key past Python's int conversion limit was a traceback; "0004" and "4" both
+        # world 4 (one silently replacing the other); a misspelt link field was read as nothing
+        ({"links": {"9" * 4400: {"alpha_us": 1, "gbps": 1}}}, "a world size is a whole number from 1 to"),
+        ({"links": {"0004": {"alpha_us": 1, "gbps": 1}}}, "at $.links['0004']: a world size is a whole number from 1 "
+                                                          "to 1048576, without leading zeros"),
+        ({"link": {"alpha_us": 1, "gbps": 1, "during_compte": 0.5}},
+         "at $.link.during_compte: unknown field (fields: alpha_us, channels, during_compute,"),
     ]:
         path.write_text(json.dumps(doc))
         with pytest.raises(RequestError) as err:
@@ -225,6 +232,9 @@ def test_network_forms_and_their_errors(tmp_path, monkeypatch):
     assert parse_network(str(path)).link_for(2)[0].reduce_scatter == "allreduce"
     path.write_text("{not json")
     with pytest.raises(RequestError, match="not a valid network file"):
+        parse_network(str(path))
+    path.write_text('{"link": {"alpha_us": 1, "gbps": 50, "gbps": 0.001}}')  # JSON keeps the last silently
+    with pytest.raises(RequestError, match=r"net.json: duplicate key 'gbps' in an object \(JSON keys must be unique\)"):
         parse_network(str(path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     with pytest.raises(RequestError, match=r"no local-gloo network yet: run `autograd-run calibrate --gloo`"):

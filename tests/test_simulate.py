@@ -456,6 +456,10 @@ def test_a_machine_spec_file_is_read_as_untrusted_data(tmp_path):
     os.mkfifo(tmp_path / "pipe.json")
     with pytest.raises(RequestError):  # refused, not blocked on
         load_spec(str(tmp_path / "pipe.json"))
+    jdup = tmp_path / "dup.json"  # JSON keeps the last value silently: refused as YAML's are
+    jdup.write_text('{"name": "x", "engine": {"node_overhead_us": 999999, "node_overhead_us": 2.0}}')
+    with pytest.raises(RequestError, match=r"dup.json: duplicate key 'node_overhead_us' in an object"):
+        load_spec(str(jdup))
 
 
 def _h100_with(change):
@@ -498,6 +502,10 @@ def _h100_with(change):
      "FLOP/s from 1e+06 to 1e+21, got 'fast' for 'bfloat16'"),
     (lambda d: d.update(name=7), "name must be a string, got 7"),
     (lambda d: d.update(source=["x"]), "source must be a string, got ['x']"),
+    # a device's name of another type was a traceback in the Kineto trace's writer (a hostile review)
+    (lambda d: d["accelerator"].update(name={"a": [1]}),
+     "accelerator: name must be a string of at most 200 characters, got {'a': [1]}"),
+    (lambda d: d["host"].update(name=12), "host: name must be a string of at most 200 characters, got 12"),
 ])
 def test_a_spec_file_that_would_break_the_simulation_is_refused(tmp_path, capsys, change, message):
     """A zero efficiency was a ZeroDivisionError traceback, a 1e308 us hand-off an OverflowError one, and a

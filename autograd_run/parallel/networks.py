@@ -101,6 +101,12 @@ def _is_date_time(v) -> bool:
     return True
 
 
+#: The fields of one link in a network file: its figures, and what ``calibrate --gloo`` records of their fit
+#: (read by nobody here; kept for the reader of the file).
+LINK_FIELDS = frozenset(("alpha_us", "gbps", "channels", "during_compute",
+                         "fit_worst", "pair_over_one", "repeat_spread", "points"))
+
+
 def from_dict(doc, where: str) -> Network:
     """A network document (see the module docstring), checked as untrusted data."""
     def bad(place: str, what: str):
@@ -133,10 +139,14 @@ def from_dict(doc, where: str) -> Network:
     out: dict[int, Link] = {}
     for key, link in links.items():
         place = "$.link" if "link" in doc else f"$.links[{key[:20]!r}]"
-        if "link" not in doc and not (key.isascii() and key.isdigit() and 1 <= int(key) <= MAX_WORLD):
-            raise bad(place, f"a world size is a whole number from 1 to {MAX_WORLD}")
+        if "link" not in doc and not (key.isascii() and key.isdigit() and len(key) <= len(str(MAX_WORLD))
+                                      and key[0] != "0" and int(key) <= MAX_WORLD):
+            raise bad(place, f"a world size is a whole number from 1 to {MAX_WORLD}, without leading zeros")
         if not isinstance(link, dict):
             raise bad(place, "must be an object with alpha_us and gbps")
+        extra = sorted(set(link) - LINK_FIELDS)
+        if extra:
+            raise bad(f"{place}.{str(extra[0])[:40]}", f"unknown field (fields: {', '.join(sorted(LINK_FIELDS))})")
         ch = link.get("channels", channels)
         if not (isinstance(ch, int) and not isinstance(ch, bool) and 1 <= ch <= 64):
             raise bad(f"{place}.channels", f"must be a whole number from 1 to 64, got {str(ch)[:40]!r}")
@@ -180,7 +190,7 @@ def load_network(ref: str) -> Network:
                                f"({', '.join(SHIPPED_NETWORKS)}), {LOCAL_GLOO}, nor a file", "network")
     from autograd_run import untrusted
     try:
-        doc = json.loads(untrusted.read_regular_file(path, MAX_NETWORK_FILE_BYTES))
+        doc = untrusted.load_json(untrusted.read_regular_file(path, MAX_NETWORK_FILE_BYTES))
     except untrusted.Problem as p:
         raise RequestError(f"{path}: {p.what}", "network") from None
     except (ValueError, RecursionError) as exc:

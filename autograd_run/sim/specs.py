@@ -162,7 +162,12 @@ def _known(cls, d: Any, where: str) -> dict:
             if not isinstance(v, bool):
                 raise RequestError(f"{where}: {k} must be true or false, got {v!r}", "spec")
             continue
-        if k in ("name",) or k == "peak_flops":
+        if k == "name":  # shown in summaries and written into traces (a Kineto trace's deviceProperties)
+            if not isinstance(v, str) or len(v) > 200:
+                raise RequestError(f"{where}: name must be a string of at most 200 characters, got {short(v)}",
+                                   "spec")
+            continue
+        if k == "peak_flops":
             continue
         if isinstance(v, bool):  # a bool is an int to Python: efficiency: false divided by zero
             raise RequestError(f"{where}: {k} must be a number, got {v!r}", "spec")
@@ -255,7 +260,7 @@ def load_spec(ref: str) -> MachineSpec:
         if path.lower().endswith((".yaml", ".yml")):
             doc = untrusted.load_yaml(data, MAX_SPEC_FILE_VALUES, MAX_SPEC_FILE_DEPTH)[1]
         else:
-            doc = json.loads(data)
+            doc = untrusted.load_json(data)
     except untrusted.Problem as p:
         where = f" ({p.where})" if p.where else ""
         raise RequestError(f"{path}{where}: {p.what}", "spec") from None
