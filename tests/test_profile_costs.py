@@ -323,6 +323,21 @@ def test_bad_costs_files_are_clear_errors(tmp_path, captured, capsys):
             read_costs(str(tmp_path / name), g)
     with pytest.raises(RequestError, match="no such file"):
         read_costs(str(tmp_path / "missing.json"), g)
+    # a complete event without its duration was read as taking no time: the prediction 6x short, every node
+    # "measured" (a hostile review); a negative one was dropped, and the profile said to be another model's
+    doc = json.load(open(plain))
+    first = next(i for i, e in enumerate(doc["traceEvents"]) if e.get("name", "").startswith(
+        "autograd::engine::evaluate_function: "))
+    for change, what in ((lambda e: e.pop("dur"), "needs a duration ('dur') of at least 0 microseconds, got none"),
+                         (lambda e: e.update(dur=-3), "needs a duration ('dur') of at least 0 microseconds, got -3"),
+                         (lambda e: e.pop("ts"), "needs its start ('ts'), got none")):
+        bad = json.loads(json.dumps(doc))
+        change(bad["traceEvents"][first])
+        (tmp_path / "nodur.json").write_text(json.dumps(bad))
+        with pytest.raises(RequestError) as info:
+            read_costs(str(tmp_path / "nodur.json"), g)
+        assert f"nodur.json: at $.traceEvents[{first}] ('autograd::engine::evaluate_function: " in str(info.value)
+        assert f"a complete event ('ph': 'X') {what}" in str(info.value)
     code, out, err = run_cli(["simulate", str(folder / "mlp.json"), "--costs", str(tmp_path / "x.json")], capsys)
     assert code == 2 and err.startswith("Error: --costs: ") and "Traceback" not in err
     # Measured costs stored in a graph file are checked where they are used.

@@ -40,6 +40,7 @@ decoder of Chrome traces, also used for autograd-run's own traces.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Optional, Union
@@ -90,8 +91,9 @@ class ChromeEvent(msgspec.Struct):
     name: str = ""
     pid: Union[int, str] = 0
     tid: Union[int, str] = 0
-    ts: Annotated[float, msgspec.Meta(ge=-MAX_EVENT_TS_US, le=MAX_EVENT_TS_US)] = 0.0
-    dur: Annotated[float, msgspec.Meta(ge=-MAX_EVENT_DUR_US, le=MAX_EVENT_DUR_US)] = 0.0
+    #: NaN where the event has none (``decode_chrome`` refuses a complete event without either).
+    ts: Annotated[float, msgspec.Meta(ge=-MAX_EVENT_TS_US, le=MAX_EVENT_TS_US)] = math.nan
+    dur: Annotated[float, msgspec.Meta(ge=-MAX_EVENT_DUR_US, le=MAX_EVENT_DUR_US)] = math.nan
     args: dict[str, Any] = {}
 
 
@@ -133,6 +135,13 @@ def decode_chrome(data: bytes, path: str, option: str) -> ChromeDoc:
         raise RequestError(f"{path}: JSON nested too deeply", option) from None
     if isinstance(doc, list):
         doc = ChromeDoc(traceEvents=doc)
+    for i, e in enumerate(doc.traceEvents or ()):
+        if e.ph == "X" and not (e.ts == e.ts and e.dur >= 0):  # (NaN: not given)
+            where = f"$.traceEvents[{i}]" if data.lstrip()[:1] == b"{" else f"$[{i}]"
+            got = "none" if e.dur != e.dur else f"{e.dur:g}"
+            what = (f"a complete event ('ph': 'X') needs its start ('ts'), got none" if e.ts != e.ts else
+                    f"a complete event ('ph': 'X') needs a duration ('dur') of at least 0 microseconds, got {got}")
+            raise RequestError(f"{path}: at {where} ({e.name[:80]!r}): {what}", option)
     return doc
 
 
@@ -254,7 +263,7 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
     runtime_starts: dict[tuple, list] = {}  # thread -> starts of its runtime calls
     steps: list[ProfilerStep] = []
     for e in doc.traceEvents or ():
-        if e.ph != "X" or not (e.dur >= 0 and e.ts == e.ts):  # complete events with sane times only
+        if e.ph != "X":  # complete events (decode_chrome has checked their times)
             continue
         cat = e.cat
         if cat in RECORDED:
