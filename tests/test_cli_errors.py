@@ -2,6 +2,7 @@
 traceback: unwritable outputs, empty requests, malformed references, failing capture scripts, and a
 reader of stdout that goes away (``autograd-run example:mlp | head -1``)."""
 
+import os
 import subprocess
 
 import pytest
@@ -98,6 +99,14 @@ def hard_exit():
     import os
     os._exit(0)
 
+def thread_exit():
+    import os, threading
+    t = threading.Thread(target=lambda: os._exit(4))
+    t.start()
+    t.join()
+    x = torch.ones(2, requires_grad=True)
+    return (x * 2).sum()
+
 not_callable = 5
 '''
 
@@ -112,6 +121,8 @@ not_callable = 5
     ("bad_inputs", "bad_inputs() returned what cannot be captured: inputs[0] must be a tensor, got int"),
     ("exits", "exits() exited (SystemExit: 3)"),
     ("hard_exit", "hard_exit() called os._exit(0): nothing was captured"),
+    # on another thread: that thread's traceback, then the capture written as if nothing happened (a hostile review)
+    ("thread_exit", "thread_exit() called os._exit(4) on a thread of its own: nothing was captured"),
     ("not_callable", "'not_callable' is not a function (it is of type int)"),
     ("missing", "no function 'missing'"),
 ])
@@ -124,6 +135,49 @@ def test_capture_shows_the_users_error(tmp_path, capsys, func, message):
     assert code == 2 and out == ""
     assert err.startswith(f"Error: {script}: {message}") and err.count("\n") == 1
     assert not (tmp_path / "m.json").exists()
+
+
+MOVING_SCRIPT = '''
+import os, threading, time
+import torch
+
+def main():
+    os.chdir(os.path.dirname(os.path.abspath(__file__)) + "/elsewhere")
+    x = torch.ones(2, requires_grad=True)
+    return (x * 2).sum()
+
+def forks():
+    x = torch.ones(2, requires_grad=True)
+    if os.fork() == 0:
+        return 3.5  # the child: what cannot be captured (it told so on the parent's terminal)
+    os.wait()
+    return (x * 2).sum()
+
+def lingers():
+    threading.Thread(target=time.sleep, args=(1.5,), name="sleeper").start()
+    x = torch.ones(2, requires_grad=True)
+    return (x * 2).sum()
+'''
+
+
+def test_capture_writes_where_the_command_was_typed_whatever_the_script_does(tmp_path, capsys, monkeypatch):
+    """Found by a hostile review: a script that moved to another folder had -o written there (even to /); a
+    forked child went on running the command and told its own error after the parent's success; a thread left
+    running kept the command from ending, with no word."""
+    pytest.importorskip("torch")
+    from builders import run_cli
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "model.py").write_text(MOVING_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["capture", "model.py:main", "-o", "m.json"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "m.json").is_file() and not (tmp_path / "elsewhere" / "m.json").exists()
+    assert os.getcwd() == str(tmp_path)
+    code, out, err = run_cli(["capture", "model.py:forks", "-o", "f.json"], capsys)
+    assert code == 0 and err == "" and out.startswith("f.json: "), (code, out, err)
+    code, out, err = run_cli(["capture", "model.py:lingers", "-o", "l.json"], capsys)
+    assert code == 0 and err == ("Note: model.py: lingers() left 1 thread running (sleeper): this command ends "
+                                 "when they do (Ctrl-C stops it)\n"), err
 
 
 @pytest.mark.parametrize("compare, message", [

@@ -129,7 +129,7 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
         from autograd_run.capture.profile import profile_capture
         from autograd_run.cli.render import fmt_ns
         def forward():  # the program's forward again: each profiled step is a real step
-            outs, more = _split(fn())
+            outs, more = _split(_user_call(path, f"{func}()", fn))
             return outs, more.get("grad_outputs"), more.get("inputs")
         try:
             measured = profile_capture(output, doc, forward, steps=steps, warmup=warmup, keep_trace=profile_trace)
@@ -230,26 +230,63 @@ def check(graph, rtol, atol, allow_opaque, allow_python, max_memory):
 
 def _user_call(path: str, what: str, call):
     """Run the user's code; its failure is shown as the user's error (type, message, and where in their
-    file), a usage error (exit 2), not a traceback of ours."""
+    file), a usage error (exit 2), not a traceback of ours.
+
+    Meanwhile ``os._exit`` ends nothing: called on the main thread it is that error; on another thread, that
+    thread ends quietly and the call is the same error once it returns. The working folder is put back
+    afterwards (the outputs' paths are the user's, relative to where the command was typed), and a process the
+    user's code forked ends where the call returns in it (it would otherwise go on running this command)."""
+    import threading
     import traceback
 
+    pid, cwd, exits = os.getpid(), os.getcwd(), []
+
     def no_exit(code):  # os._exit would end this process with the user's status and nothing written
-        raise _UserExit(code)
+        if threading.current_thread() is threading.main_thread():
+            raise _UserExit(code)
+        exits.append(code)
+        raise SystemExit(code)  # (a thread's SystemExit ends it without a traceback)
     real_exit, os._exit = os._exit, no_exit
+    threads = set(threading.enumerate())
     try:
-        return call()
+        result = call()
+        if exits:
+            raise _UserExit(exits[0])
+        return result
     except KeyboardInterrupt:
         raise
     except SystemExit as exc:
         raise UsageError(f"{path}: {what} exited (SystemExit: {exc.code})") from None
     except _UserExit as exc:
-        raise UsageError(f"{path}: {what} called os._exit({exc.args[0]!r}): nothing was captured") from None
+        where = "" if not exits else " on a thread of its own"
+        raise UsageError(f"{path}: {what} called os._exit({exc.args[0]!r}){where}: nothing was captured") from None
     except BaseException as exc:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
         where = f" (line {frames[-1].lineno})" if frames else ""
         raise UsageError(f"{path}: {what} raised {type(exc).__name__}: {exc}{where}") from None
     finally:
         os._exit = real_exit
+        if os.getpid() != pid:  # a child the user's code forked, back in this command's code: it ends here
+            real_exit(0)
+        _back_to(cwd)
+        left = [t for t in threading.enumerate() if t not in threads and not t.daemon and t.is_alive()]
+        if left:
+            names = ", ".join(t.name for t in left[:3]) + (", ..." if len(left) > 3 else "")
+            echo(f"Note: {path}: {what} left {len(left)} thread{'s' if len(left) > 1 else ''} running ({names}): "
+                 "this command ends when they do (Ctrl-C stops it)", err=True)
+
+
+def _back_to(cwd: str) -> None:
+    """Back into ``cwd`` where the user's code moved out of it (``os.chdir``)."""
+    try:
+        if os.getcwd() == cwd:
+            return
+    except OSError:  # the folder it moved into is gone
+        pass
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        raise UsageError(f"cannot return to the folder the command started in ({cwd}): {exc.strerror}") from None
 
 
 class _UserExit(BaseException):
