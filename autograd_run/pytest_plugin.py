@@ -47,6 +47,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -226,6 +227,11 @@ class BackwardOrder:
         from autograd_run.text import visible
         path = self.golden_path(name)
         captured = golden.capture_order(outputs, _leaf_names(params), inputs=inputs, grad_outputs=grad_outputs)
+        odd = _not_a_golden_file(path)
+        if odd is not None:  # a link (an update would write through it, anywhere), a folder, a FIFO, a device
+            self._record("unreadable", path)
+            raise AssertionError(_lines(f"{self._show(path)}: {odd}",
+                                        f"remove it, then: pytest --autograd-update-golden {self._nodeid()}"))
         if self.updating:
             self._update(path, captured)
             return captured.rows
@@ -344,6 +350,23 @@ class BackwardOrder:
         from autograd_run.outputs import atomic_write
         atomic_write(str(out.with_suffix(".md")), md.encode(), "obtained")
         return self._show(out)
+
+
+def _not_a_golden_file(path: Path) -> str | None:
+    """Why ``path`` cannot be a golden order, or None: it is missing or a regular file. A symbolic link is refused
+    (``--autograd-update-golden`` would write through it: a checked-out repository could aim one at any file the
+    user can write), and so is anything else that is not a regular file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link, not a golden order (a regular file): refusing to read or write through it"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a folder, a FIFO or a device), so not a golden order"
+    return None
 
 
 def _leaf_names(params: Any) -> Mapping[str, Any] | None:

@@ -125,6 +125,32 @@ def test_a_missing_golden_fails_with_a_hint_to_create_it(pytester, model_test):
     assert not model_test.exists()
 
 
+def test_a_golden_that_is_a_link_or_not_a_file_is_refused_not_written_through(pytester, model_test, tmp_path):
+    """Found by a hostile review: a link at the golden's place had --autograd-update-golden overwrite the file it
+    points to (any file the user can write, from a checked-out repository); a folder or a FIFO there was an
+    internal traceback when updating and "no golden" when checking."""
+    import os
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    model_test.parent.mkdir()
+    os.symlink(precious, model_test)
+    for args in (("--autograd-update-golden",), ()):
+        result = run(pytester, *args)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([
+            "E       AssertionError: __golden__/mlp.jsonl: is a symbolic link, not a golden order (a regular file): "
+            "refusing to read or write through it"])
+    assert precious.read_text() == "keep me"
+    os.unlink(model_test)
+    os.mkfifo(model_test)
+    for args in (("--autograd-update-golden",), ()):
+        result = run(pytester, *args)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["E       AssertionError: __golden__/mlp.jsonl: is not a regular file (a folder, "
+                                     "a FIFO or a device), so not a golden order"])
+        assert "RequestError" not in result.stdout.str()
+
+
 def test_refreshing_leaves_a_matching_golden_alone_and_rewrites_a_changed_one(pytester, model_test, monkeypatch):
     run(pytester, "--autograd-update-golden").assert_outcomes(passed=1)
     before = model_test.read_bytes()
