@@ -296,7 +296,15 @@ def refused(tmp_path, content: bytes | str, name="in.json") -> str:
      ' "worker_busy_ns": {}, "nodes": {"x": {"name": "N", "worker": ["caller"], "start_ns": [0],'
      ' "duration_ns": ["1"], "queue_wait_ns": [0]}}}}', "$.samples.nodes['x'].duration_ns[0]: must be an integer"),
     ('{"summary": {}, "samples": {"passes": 1, "wall_ns": [1' + "0" * 400 + '], "critical_path_ns": [1]}}',
-     "$.samples.wall_ns[0]: must be an integer of at most 2**64"),  # was an OverflowError in diff's median
+     "$.samples.wall_ns[0]: must be an integer from 0 to 2**64"),  # was an OverflowError in diff's median
+    # a negative time was compared (a -9077500% change) and let --fail-on miss a regression (a hostile review)
+    ('{"summary": {}, "samples": {"passes": 1, "wall_ns": [-1], "critical_path_ns": [1]}}',
+     "$.samples.wall_ns[0]: must be an integer from 0 to 2**64"),
+    ('{"summary": {}, "samples": {"passes": 1, "wall_ns": [1], "critical_path_ns": [1], "critical_path": [[]],'
+     ' "worker_busy_ns": {}, "nodes": {"x": {"name": "N", "worker": ["caller"], "start_ns": [0],'
+     ' "duration_ns": [-4], "queue_wait_ns": [0]}}}}',
+     "$.samples.nodes['x'].duration_ns[0]: must be an integer from 0 to 2**64 or null"),
+    ('{"summary": {"wall_ns": -5}}', "$.summary.wall_ns: must be an integer from 0 to 2**64"),
     ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1e308, "dur": 1, "args": {"id": "a", "graph_task": 0}}]}',
      "$.traceEvents[0]: a node slice needs a 'ts' from -4e+15"),  # 1e308 us in ns: an OverflowError in round()
     # a dur past a day: the message said "a non-negative 'dur'" of 1e300; the limit is what it says now

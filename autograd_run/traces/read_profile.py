@@ -453,12 +453,14 @@ def _summary(doc: dict, source: str) -> Profile:
     return from_samples(s, source, "summary", simulated)
 
 
-def _int_list(v, n: int, where: str, none_ok: bool = False) -> list:
+def _int_list(v, n: int, where: str, none_ok: bool = False, low: int = 0) -> list:
+    """A list of ``n`` integers from ``low`` (times, durations and waits: 0) to 2**64 (or nulls)."""
     if not isinstance(v, list) or len(v) != n:
         raise _Bad(where, f"must be a list of {n} values (one per pass)")
     for j, x in enumerate(v):
-        if not (_is_int(x) or (none_ok and x is None)):
-            raise _Bad(f"{where}[{j}]", "must be an integer of at most 2**64" + (" or null" if none_ok else ""))
+        if not ((_is_int(x) and x >= low) or (none_ok and x is None)):
+            bound = "of at most 2**64" if low < 0 else f"from {low} to 2**64"
+            raise _Bad(f"{where}[{j}]", f"must be an integer {bound}" + (" or null" if none_ok else ""))
     return v
 
 
@@ -492,7 +494,7 @@ def _samples(d, where: str) -> Samples:
                 w is None or isinstance(w, str) for w in workers):
             raise _Bad(f"{at}.worker", f"must be a list of {n} worker labels or nulls")
         s.nodes[nid] = NodeSamples(v["name"], workers,
-                                   _int_list(v.get("start_ns"), n, f"{at}.start_ns", True),
+                                   _int_list(v.get("start_ns"), n, f"{at}.start_ns", True, -MAX_MAGNITUDE),
                                    _int_list(v.get("duration_ns"), n, f"{at}.duration_ns", True),
                                    _int_list(v.get("queue_wait_ns"), n, f"{at}.queue_wait_ns", True))
     return s
@@ -502,8 +504,8 @@ def _old_summary(summary: dict, source: str, simulated: bool) -> Profile:
     """A summary without samples (an older ``--json``): its aggregates as one sample each."""
     p = Profile(source, "summary", simulated)
     wall = summary.get("wall_ns")
-    if not _is_int(wall):
-        raise _Bad("$.summary.wall_ns", "must be an integer")
+    if not _is_int(wall) or wall < 0:
+        raise _Bad("$.summary.wall_ns", "must be an integer from 0 to 2**64")
     p.passes = 1
     p.wall_ns = [wall]
     cp = summary.get("critical_path")
