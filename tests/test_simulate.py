@@ -462,6 +462,28 @@ def test_a_machine_spec_file_is_read_as_untrusted_data(tmp_path):
         load_spec(str(jdup))
 
 
+def test_a_broken_calibration_is_said_to_be_the_default_not_a_spec_given(tmp_path, monkeypatch, capsys):
+    """An empty or corrupt local spec made every plain `simulate` fail with "Error: --spec: ..." though no --spec
+    was given; a folder there was passed over for h100 silently (a hostile review)."""
+    import os
+    from builders import run_cli
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kept = tmp_path / "autograd-run" / "local-spec.json"
+    os.makedirs(kept.parent)
+    kept.write_text("")
+    code, out, err = run_cli(["simulate", "example:seed", "--no-summary"], capsys)
+    assert code == 2 and err.startswith(f"Error: the calibration kept at {kept} (the default spec) cannot be used: "
+                                        "not a valid spec file") and err.rstrip().endswith(
+        "run `autograd-run calibrate` again, or give --spec"), err
+    kept.unlink()
+    kept.mkdir()
+    code, out, err = run_cli(["simulate", "example:seed", "--no-summary"], capsys)
+    assert code == 2 and err == (f"Error: the calibration kept at {kept} (the default spec) cannot be used: not a "
+                                 "regular file (a folder, a device or a FIFO); run `autograd-run calibrate` again, "
+                                 "or give --spec\n"), err
+    assert run_cli(["simulate", "example:seed", "--no-summary", "--spec", "h100"], capsys)[0] == 0
+
+
 def _h100_with(change):
     from importlib import resources
     d = json.loads(resources.files("autograd_run.sim").joinpath("specs", "h100.json").read_text())

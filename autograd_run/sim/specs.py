@@ -248,7 +248,7 @@ def load_spec(ref: str) -> MachineSpec:
         text = resources.files("autograd_run.sim").joinpath("specs").joinpath(f"{ref}.json").read_text()
         return MachineSpec.from_dict(json.loads(text), ref)
     path = local_spec_path(ref) if ref in LOCAL else ref
-    if ref in LOCAL and not os.path.isfile(path):
+    if ref in LOCAL and not os.path.lexists(path):
         raise RequestError(f"no {ref} spec yet: run `{LOCAL[ref][1]}` first", "spec")
     if os.path.exists(path) and not os.path.isfile(path):
         raise RequestError(f"{ref}: not a regular file (a folder, a device or a FIFO)", "spec")
@@ -278,12 +278,26 @@ def default_spec(pytorch_costs: bool = False) -> MachineSpec:
     return default_spec_and_reason(pytorch_costs)[0]
 
 
+def _calibrated(name: str) -> MachineSpec:
+    """The calibrated spec ``name`` taken by default: one that cannot be read is said to be the calibration kept
+    here, not a ``--spec`` the user gave (nor passed over silently for another)."""
+    try:
+        return load_spec(name)
+    except RequestError as exc:
+        path = local_spec_path(name)
+        why = str(exc)
+        for prefix in (path + ": ", name + ": "):
+            why = why[len(prefix):] if why.startswith(prefix) else why
+        raise RequestError(f"the calibration kept at {path} (the default spec) cannot be used: {why}; run "
+                           f"`{LOCAL[name][1]}` again, or give --spec") from None
+
+
 def default_spec_and_reason(pytorch_costs: bool = False) -> tuple[MachineSpec, str]:
     """``default_spec``, and why it is that one (a line for the user)."""
-    if pytorch_costs and os.path.isfile(local_spec_path("local-torch")):
-        return load_spec("local-torch"), ("the default for costs from a PyTorch profile: local-torch (PyTorch's "
-                                          "engine as `calibrate --torch` measured it here)")
-    if os.path.isfile(local_spec_path()):
-        return load_spec("local"), "the default: local (autograd-run's engine as `calibrate` measured it here)"
+    if pytorch_costs and os.path.lexists(local_spec_path("local-torch")):
+        return _calibrated("local-torch"), ("the default for costs from a PyTorch profile: local-torch (PyTorch's "
+                                            "engine as `calibrate --torch` measured it here)")
+    if os.path.lexists(local_spec_path()):
+        return _calibrated("local"), "the default: local (autograd-run's engine as `calibrate` measured it here)"
     how = "`autograd-run calibrate --torch`" if pytorch_costs else "`autograd-run calibrate`"
     return load_spec("h100"), f"the default without a calibration here: h100 (run {how} to simulate this machine)"
