@@ -144,3 +144,13 @@ def test_an_order_file_that_is_not_text_is_refused(tmp_path):
     p.write_bytes(b'{"id": "\xff"}\n')
     with pytest.raises(RequestError, match="not UTF-8"):
         read_order(str(p))
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_an_empty_order_file_is_refused_not_compared(tmp_path, text):
+    """An empty --expect-order file or golden was an order of no node: every run "differed" at position 0, exit 3
+    (a hostile review)."""
+    p = tmp_path / "o.jsonl"
+    p.write_text(text)
+    with pytest.raises(RequestError, match=r"o.jsonl: the file is empty \(an order file has a line per node run\)"):
+        read_order(str(p))

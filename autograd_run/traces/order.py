@@ -39,6 +39,8 @@ def read_order(path: str, allow_incomplete: bool = False) -> list[dict]:
         raise RequestError(f"{path}: {p.what}", "expected_order") from None
     except UnicodeDecodeError as exc:
         raise RequestError(f"{path}: not UTF-8 text: {exc.reason}", "expected_order") from None
+    if not text.strip():  # (as no node run: every order would differ from it, at position 0)
+        raise RequestError(f"{path}: the file is empty (an order file has a line per node run)", "expected_order")
     for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
