@@ -131,6 +131,13 @@ def test_order_files_of_two_orders(tmp_path, capsys):
     dv = d["diff"]["order"]["divergence"]
     assert (dv["position"], dv["a"]["id"], dv["b"]["id"]) == (2, "mul_c", "mul_b")
     assert any("no times" in n for n in d["diff"]["notes"])
+    # a stopped run's order (it ends with {"incomplete": ...}) was refused at that line as a row without an
+    # 'id' (a hostile review): it is compared, and said to be cut short
+    stopped = tmp_path / "stopped.jsonl"
+    stopped.write_text(open(files[0]).read() + '{"incomplete": "timeout"}\n')
+    code, d, err = diff_json(capsys, files[0], str(stopped))
+    assert code == 0 and d["diff"]["order"]["divergence"] is None, err
+    assert f"{stopped}: the run that wrote this order was stopped (timeout): its order ends early" in d["diff"]["notes"]
 
 
 def test_a_simulated_regression_is_exact(tmp_path, capsys):

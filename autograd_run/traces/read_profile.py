@@ -166,6 +166,7 @@ def _is_int(v) -> bool:
 
 def _order_file(data: bytes, source: str) -> Profile:
     rows = []
+    stopped = None  # a stopped run's order ends with {"incomplete": REASON}
     for n, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             continue
@@ -175,6 +176,9 @@ def _order_file(data: bytes, source: str) -> Profile:
             row = msgspec.json.decode(line)
         except (msgspec.DecodeError, RecursionError) as exc:
             raise _Bad(f"line {n}", f"not JSON: {exc}") from None
+        if isinstance(row, dict) and "incomplete" in row and "id" not in row:
+            stopped = str(row["incomplete"])[:40]
+            continue
         if not isinstance(row, dict) or not isinstance(row.get("id"), str):
             raise _Bad(f"line {n}", "each line needs an object with a string 'id'")
         p = row.get("pass", 0)
@@ -198,6 +202,8 @@ def _order_file(data: bytes, source: str) -> Profile:
     p = Profile(source, "order file", order=order_passes(rows))
     p.notes.append(f"{source}: " + ("a golden order of PyTorch: nodes are compared by op and rank, "
                                     "leaves by name; " if golden else "") + "an order file has no times")
+    if stopped is not None:
+        p.notes.append(f"{source}: the run that wrote this order was stopped ({stopped}): its order ends early")
     return p
 
 
