@@ -307,3 +307,18 @@ def test_a_bad_parameters_section_names_its_place(value, message):
     with pytest.raises(GraphFileError, match="parameters") as err:
         loads_graph(json.dumps(d), "p.json")
     assert message in str(err.value)
+
+
+def test_a_relative_error_is_over_elements_pytorch_has_not_at_zero():
+    """A reference of exactly 0 (a BatchNorm's bias before another BatchNorm) made a relative error of 1e-7 / 1e-300:
+    `check` showed "max rel err 6.98e+290" (a held-out model review). Relative errors are over PyTorch's nonzero
+    values; the absolute error tells the rest."""
+    import numpy as np
+    from autograd_run.capture.check import _compare
+    ours, theirs = np.array([1e-7, 2.2, 5.0]), np.array([0.0, 2.0, 5.0])
+    g = _compare("b", ours, theirs, "float64", 1e-6, 1e-9)
+    assert g.max_abs == pytest.approx(0.2) and g.max_rel == pytest.approx(0.1) and not g.ok
+    g = _compare("b", np.array([1e-7, 5.0]), np.array([0.0, 5.0]), "float64", None, None, largest=10.0)
+    assert g.max_abs == pytest.approx(1e-7) and g.max_rel == 0.0
+    g = _compare("b", np.array([np.nan, 1.0]), np.array([1.0, 1.0]), "float64", None, None)
+    assert g.max_rel == np.inf and not g.ok  # NaN on one side only: as far off as can be

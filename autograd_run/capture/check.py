@@ -227,7 +227,9 @@ def _compare(name: str, ours: np.ndarray, theirs: np.ndarray, precision: str | N
         same = (o == t) | (np.isnan(o) & np.isnan(t))  # equal infinities, NaN where PyTorch has NaN
         err = np.where(same, 0.0, diff)
         err = np.where(np.isnan(err), np.inf, err)  # NaN on one side only: as far off as can be
-        rel = np.where(err == 0, 0.0, err / np.maximum(scale, 1e-300))
+        # relative to PyTorch's value where it is not 0 (elsewhere a relative error has no meaning: 1e-7 over a
+        # reference of exactly 0 read as 1e+293; max_abs tells those)
+        rel = np.where((err == 0) | (scale == 0), 0.0, err / np.where(scale == 0, 1.0, scale))
         rel = np.where(np.isnan(rel), np.inf, rel)
         max_abs = float(err.max()) if err.size else 0.0
         max_rel = float(rel.max()) if rel.size else 0.0
