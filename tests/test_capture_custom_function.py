@@ -125,6 +125,9 @@ def test_check_command_with_allow_python(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert any(n.get("op") == "python" for n in doc["nodes"])
+    # told at capture (it said nothing, and `check` then refused the file: a held-out model review)
+    assert ("Note: 1 node kept as Python code that the replay calls (custom_functions:GradReverse): run and check "
+            "them with --allow-python") in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "autograd_run", "check", str(out)], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("Error:") and "--allow-python" in r.stderr, r.stderr
@@ -201,3 +204,26 @@ def test_a_function_defined_in_the_captured_script_replays_from_the_script(tmp_p
         shutil.move(str(tmp_path / f), str(moved / f))
     r = run("check", str(moved / "g.json"), "--allow-python")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_check_names_the_node_whose_replay_failed(tmp_path, monkeypatch):
+    """`check` said only what went wrong ("operator torchvision::nms does not exist", raised while a python node's
+    module was imported) where `run` names the node (a held-out model review)."""
+    from autograd_run.capture.check import check_graph
+    from autograd_run.capture.graph import from_torch
+    from autograd_run.errors import BackwardError
+    from autograd_run.graphs.load import load_graph
+    x = leaf(3, 4, seed=1).requires_grad_(True)
+    loss = weigh(cf.GradReverse.apply(x * 2.0, 0.7).tanh())
+    from_torch([loss], names={"x": x}, path=str(tmp_path / "g.json"))
+    g = load_graph(str(tmp_path / "g.json"), allow_python=True)
+    assert check_graph(g, allow_python=True).ok
+
+    def broken(ctx, grad):
+        raise RuntimeError("operator torchvision::nms does not exist")
+    monkeypatch.setattr(cf.GradReverse, "backward", staticmethod(broken))
+    with pytest.raises(BackwardError) as info:
+        check_graph(g, allow_python=True)
+    node = next(n for n in g.nodes if n.name == "GradReverseBackward")
+    assert str(info.value).startswith(f"the replay failed at node {node.id!r} (GradReverseBackward): ")
+    assert "operator torchvision::nms does not exist" in str(info.value)

@@ -33,7 +33,7 @@ import numpy as np
 
 from autograd_run.engine import Engine, GraphState
 from autograd_run.engine.run import run_graph
-from autograd_run.errors import GraphFileError
+from autograd_run.errors import BackwardError, GraphFileError
 from autograd_run.graphs import tensors
 from autograd_run.graphs.model import Graph
 from autograd_run.ops import OPAQUE
@@ -99,7 +99,14 @@ def check_graph(graph: Graph, rtol: float | None = None, atol: float | None = No
     order, ref_grads = read_reference(graph)
     rec = OrderRecorder()
     eng = Engine(tracer=rec, multithreading=False, allow_python=allow_python)
-    res = run_graph(eng, graph, GraphState(graph), retain_graph=True, allow_unused=True)
+    try:
+        res = run_graph(eng, graph, GraphState(graph), retain_graph=True, allow_unused=True)
+    except BackwardError as exc:  # which node, as `run` says it (the engine's message names only what went wrong)
+        if exc.node_id is None:
+            raise
+        named = BackwardError(f"the replay failed at node {exc.node_id!r} ({exc.node_name}): {exc}", exc.node_id,
+                              exc.node_name)
+        raise named from exc.__cause__
     acc_var = {n.id: n.variable for n in graph.nodes}
     got = [[r.name, r.seq, acc_var.get(r.node_id)] for r in rec.executed()]
     d = first_divergence(order, got)
