@@ -484,6 +484,24 @@ def test_a_broken_calibration_is_said_to_be_the_default_not_a_spec_given(tmp_pat
     assert run_cli(["simulate", "example:seed", "--no-summary", "--spec", "h100"], capsys)[0] == 0
 
 
+def test_costs_from_a_simulations_trace_are_said_to_be_simulated(tmp_path, capsys):
+    """A simulation's Chrome trace given as --costs read as "13 nodes measured" and, on another spec, warned that the
+    costs were "measured by autograd-run's engine on this CPU" (a hostile review): they are the spec's."""
+    from builders import run_cli
+    from autograd_run.costs.measured import load_costs
+    from autograd_run.graphs.load import load_graph
+    g = load_graph("example:mlp")
+    sim, ran = tmp_path / "sim.json", tmp_path / "run.json"
+    assert run_cli(["simulate", "example:mlp", "--trace", str(sim), "--no-summary"], capsys)[0] == 0
+    assert run_cli(["example:mlp", "--trace", str(ran), "--no-summary"], capsys)[0] == 0
+    from_sim, from_run = load_costs(str(sim), g), load_costs(str(ran), g)
+    assert from_sim.simulated and not from_run.simulated
+    assert from_sim.describe().startswith(f"13 nodes' simulated times (autograd-run trace of a simulation, {sim}")
+    assert from_run.describe().startswith(f"13 nodes measured (autograd-run trace, {ran}")
+    code, out, err = run_cli(["simulate", "example:mlp", "--costs", str(sim), "--spec", "h100", "--no-summary"], capsys)
+    assert code == 0 and "measured by autograd-run" not in err, err
+
+
 def _h100_with(change):
     from importlib import resources
     d = json.loads(resources.files("autograd_run.sim").joinpath("specs", "h100.json").read_text())

@@ -79,7 +79,8 @@ class MeasuredCosts:
         return self.origin == PYTORCH
 
     def describe(self) -> str:
-        what = f"{len(self.nodes)} nodes measured ({self.origin}, {self.path}"
+        what = (f"{len(self.nodes)} nodes' simulated times ({self.origin} of a simulation, {self.path}"
+                if self.simulated else f"{len(self.nodes)} nodes measured ({self.origin}, {self.path}")
         if self.info.get("device") or self.info.get("torch"):
             what += f"; {self.info.get('device', '?')}, torch {self.info.get('torch', '?')}"
             if self.info.get("date"):
@@ -302,9 +303,12 @@ def _used_steps(trace, steps: list, step: int | None) -> tuple[list, list[str]]:
 
 
 def _from_ours(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:
-    from autograd_run.traces.layout import slice_node
+    from autograd_run.traces.layout import SIMULATED_PROCESS_NAME, slice_node
     by_id: dict[str, list[float]] = {}
+    simulated = False  # a simulation's trace: its times are the spec's it was simulated on, not a machine's
     for e in doc.traceEvents:
+        if e.ph == "M" and e.name == "process_name" and isinstance(e.args, dict):
+            simulated |= e.args.get("name") == SIMULATED_PROCESS_NAME
         if e.ph == "X" and e.cat == "node":
             node = slice_node(e.name, e.args) if isinstance(e.args, dict) else None
             if node is not None and e.dur >= 0 and math.isfinite(e.dur):
@@ -315,7 +319,8 @@ def _from_ours(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:
     if not any(n.id in by_id for n in graph.nodes):
         raise RequestError(f"{path}: no node of {graph.source} has a measured duration there "
                            "(a trace of another graph?)", option)
-    return MeasuredCosts({k: MeasuredCost(statistics.median(v)) for k, v in by_id.items()}, OURS, path)
+    return MeasuredCosts({k: MeasuredCost(statistics.median(v)) for k, v in by_id.items()}, OURS, path,
+                         simulated=simulated)
 
 
 def _from_our_kineto(doc, path: str, graph: Graph, option: str) -> MeasuredCosts:

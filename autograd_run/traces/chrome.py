@@ -72,7 +72,7 @@ from autograd_run.record.recording import Recording
 from autograd_run.traces import encode as E
 from autograd_run.traces.layout import (
     DEFAULT_DEVICE, DEFAULT_ZERO, FIRST_TID, PID, absent_if_zero, kernel_args, launchers, node_tables, node_title,
-    outstanding_changes, slice_marks, thread_tids, title_says_id, trace_ranks,
+    outstanding_changes, process_name, slice_marks, thread_tids, title_says_id, trace_ranks,
 )
 
 
@@ -94,7 +94,7 @@ def to_chrome_trace(rec: Recording, incomplete: str | None = None) -> dict:
             t = tids[os_tid] = FIRST_TID + len(tids)
         return t
 
-    process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
+    process = process_name(rec)
     out: list[dict] = _metadata(rec, process, tids)
 
     slices: dict[tuple, tuple] = {}  # (gt, node) -> (tid, start_us)
@@ -323,7 +323,7 @@ def chrome_chunks(rec: Recording, incomplete: str | None = None):
         return (ns - t0 + 1000) / 1000
     tid_of, tid_column = trace_ranks(rec)
     tids = thread_tids(rec)
-    process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
+    process = process_name(rec)
     meta = _metadata(rec, process, tids)
     yield b'{"traceEvents":[' + b",".join(msgspec.json.encode(e) for e in meta)
     c = rec.columns()

@@ -59,8 +59,8 @@ from autograd_run.engine.threads import ThreadKind
 from autograd_run.outputs import atomic_writer
 from autograd_run.record.recording import Collective, Recording
 from autograd_run.traces import encode as E
-from autograd_run.traces.layout import (absent_if_zero, launchers, node_tables, slice_marks, thread_tids,
-                                        trace_ranks)
+from autograd_run.traces.layout import (absent_if_zero, launchers, node_tables, process_name, slice_marks,
+                                        thread_tids, trace_ranks)
 
 #: The CPU process's pid (plus the rank): above any device index, which Kineto uses as the pid of a device.
 CPU_PID = 1 << 20
@@ -272,7 +272,7 @@ def _tail(rec: Recording, incomplete: str | None, pid: int, us) -> bytes:
 
 def _metadata(rec: Recording, pid: int, streams: _Streams) -> list[dict]:
     from autograd_run.analysis.samples import stable_worker
-    process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
+    process = process_name(rec)
     out: list[dict] = [{"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": process}},
                        {"ph": "M", "pid": pid, "tid": 0, "name": "process_labels", "args": {"labels": "CPU"}},
                        {"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index", "args": {"sort_index": 0}}]

@@ -2,7 +2,7 @@
 writers (``traces.chrome``, ``traces.pftrace``) and read back by the readers.
 
 * slice titles: ``node_title`` (``<id> <op>``) and its inverse ``slice_node``; ``title_says_id``;
-* tracks: one process (``PID``), thread tids as display ranks from ``FIRST_TID`` (``thread_tids``,
+* tracks: one process (``PID``, named by ``process_name``), thread tids as display ranks from ``FIRST_TID`` (``thread_tids``,
   ``trace_ranks``);
 * what each node slice carries: its marks (``slice_marks``: pass, critical path, GraphRoot), its
   arguments' tables (``node_tables``), the defaults left out (``DEFAULT_ZERO``, ``DEFAULT_DEVICE``,
@@ -22,6 +22,14 @@ from autograd_run.record import kernels
 from autograd_run.record.recording import Recording
 
 PID = 1
+
+#: The process track's name: a simulation's says so (``costs.measured`` reads it back: simulated times).
+PROCESS_NAME = "autograd-run"
+SIMULATED_PROCESS_NAME = "autograd-run (simulated)"
+
+
+def process_name(rec: Recording) -> str:
+    return SIMULATED_PROCESS_NAME if rec.simulated else PROCESS_NAME
 
 
 #: The first thread's tid: above the pid, so no worker is taken for the process's main thread.

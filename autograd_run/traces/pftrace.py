@@ -40,8 +40,8 @@ from autograd_run.engine.threads import ThreadKind
 from autograd_run.outputs import atomic_writer
 from autograd_run.traces import encode as E
 from autograd_run.traces.layout import (
-    FIRST_TID, PID, absent_if_zero, kernel_args, launchers, node_tables, node_title, outstanding_changes, slice_marks,
-    trace_ranks,
+    FIRST_TID, PID, absent_if_zero, kernel_args, launchers, node_tables, node_title, outstanding_changes,
+    process_name, slice_marks, trace_ranks,
 )
 from autograd_run.record.recording import Recording
 
@@ -508,7 +508,7 @@ def _header(rec: Recording, tid_of, c, devices: list[str], wait_names: list[str]
     interned += b"".join(pb_bytes(3, pb_varint(1, ARG[n]) + pb_bytes(2, n)) for n in ARG_NAMES)
     interned += b"".join(pb_bytes(29, pb_varint(1, k + 1) + pb_bytes(2, d)) for k, d in enumerate(devices))
     out = packet(pb_varint(13, 1), pb_bytes(6, clocks), pb_bytes(59, defaults), pb_bytes(12, interned))
-    process = "autograd-run (simulated)" if rec.simulated else "autograd-run"
+    process = process_name(rec)
     out += packet(pb_bytes(60, pb_varint(1, PROCESS_UUID) + pb_bytes(3, pb_varint(1, PID) + pb_bytes(6, process))))
     for rank, t in enumerate(rec.threads.values()):
         name = f"caller ({t.name})" if t.kind is ThreadKind.CALLER else t.name

@@ -31,7 +31,7 @@ from autograd_run.analysis.samples import NodeSamples, Samples, stable_worker
 from autograd_run.analysis.summary import union_length
 from autograd_run.errors import RequestError
 from autograd_run.graphs.tensors import short
-from autograd_run.traces.layout import slice_node
+from autograd_run.traces.layout import SIMULATED_PROCESS_NAME, slice_node
 from autograd_run.traces.torch_profile import MAX_EVENT_DUR_US, MAX_EVENT_TS_US
 
 #: Inputs larger than this are refused before they are read.
@@ -302,7 +302,7 @@ def _trace(events, source: str, where: str) -> Profile:
             if _tid_ok(e.get("tid")) and isinstance(e["args"].get("worker"), str):
                 thread_workers[e.get("tid")] = e["args"]["worker"]
         elif ph == "M" and e.get("name") == "process_name" and isinstance(e.get("args"), dict):
-            simulated = simulated or "simulated" in str(e["args"].get("name", ""))
+            simulated = simulated or e["args"].get("name") == SIMULATED_PROCESS_NAME
         elif ph == "X" and cat == "kernel":
             simulated = True
     if not slices:
