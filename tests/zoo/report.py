@@ -187,6 +187,24 @@ at the inputs tried) but for Reformer,
 whose reversible layers' custom Function recombines the gradients of four
 nested backward calls: captured opaque with that reason, its gradients not
 compared (`check` says so, exit 3).
+
+A second hand-picked run (2026-12-07, models chosen without looking at the
+zoo: 49 more, 12 torchvision, 13 timm, 24 transformers, among
+them Inception v3, MaxVit, R3D-18, LeViT, CoAtNet, NFNet, DeBERTa-v2,
+Longformer, XLNet, GPT-J, Falcon, Gemma 2, mBART and BLOOM) captured 46 (the
+other three do not build at a small input or in float64); the order was
+PyTorch's in all 46, and no op lacked a rule (BLOOM's GeLU, a custom
+Function, is a python node: `--allow-python`). One model's gradients differ,
+and PyTorch's are the wrong ones: timm's EfficientFormer at batch 1. Its
+stem's batch norm is followed by `flatten(2).transpose(1, 2)`, so the
+gradient reaching `NativeBatchNormBackward0` has channels-last strides, and
+PyTorch 2.13's CPU `native_batch_norm_backward` returns, for a batch of one
+with such strides, a bias gradient that is not the sum of its incoming
+gradient (20-35 off on random data; with a batch of 2, or the same gradient
+made contiguous, it agrees to 1e-15). The replay computes the sum; a graph
+file holds no strides to follow that kernel with, so `check` reports those
+leaves (exit 3). Reproducer: `BatchNorm2d(16)` in training mode on a
+`1x16x7x7` input, then `.flatten(2).transpose(1, 2)` and any loss.
 """
 
 
