@@ -207,16 +207,20 @@ static int ptr_rows_init(PtrRows *h, Py_ssize_t n) {
     return 0;
 }
 
+/* The slot of address p: where it is, else the empty slot where it would go. */
+static inline size_t ptr_probe(const PtrRows *h, uintptr_t p) {
+    size_t s = ptr_slot(p, h->mask);
+    while (h->keys[s] != 0 && h->keys[s] != p)
+        s = (s + 1) & h->mask;
+    return s;
+}
+
 /* o's row; where o is not there yet, `row` becomes its row (returned too). At most the n objects of ptr_rows_init. */
 static inline Py_ssize_t ptr_row_add(PtrRows *h, PyObject *o, Py_ssize_t row) {
-    uintptr_t p = (uintptr_t)o;
-    size_t s = ptr_slot(p, h->mask);
-    while (h->keys[s] != 0) {
-        if (h->keys[s] == p)
-            return h->rows[s];
-        s = (s + 1) & h->mask;
-    }
-    h->keys[s] = p;
+    size_t s = ptr_probe(h, (uintptr_t)o);
+    if (h->keys[s] != 0)
+        return h->rows[s];
+    h->keys[s] = (uintptr_t)o;
     h->rows[s] = row;
     return row;
 }
@@ -231,15 +235,10 @@ static int ptr_rows_make(PtrRows *h, PyObject *table) {
     return 0;
 }
 
+/* o's first row, or -1 where it is not there. */
 static inline Py_ssize_t ptr_row(const PtrRows *h, PyObject *o) {
-    uintptr_t p = (uintptr_t)o;
-    size_t s = ptr_slot(p, h->mask);
-    while (h->keys[s] != 0) {
-        if (h->keys[s] == p)
-            return h->rows[s];
-        s = (s + 1) & h->mask;
-    }
-    return -1;
+    size_t s = ptr_probe(h, (uintptr_t)o);
+    return h->keys[s] != 0 ? h->rows[s] : -1;
 }
 
 static void ptr_rows_free(PtrRows *h) {
