@@ -328,6 +328,13 @@ def test_bad_costs_files_are_clear_errors(tmp_path, captured, capsys):
     doc = json.load(open(plain))
     first = next(i for i, e in enumerate(doc["traceEvents"]) if e.get("name", "").startswith(
         "autograd::engine::evaluate_function: "))
+    for value in (7.5, True, "seven", [3]):  # read as no number, then "a profile of another model?" (a review)
+        bad = json.loads(json.dumps(doc))
+        bad["traceEvents"][first]["args"]["Sequence number"] = value
+        (tmp_path / "seq.json").write_text(json.dumps(bad))
+        with pytest.raises(RequestError, match=r"seq.json: the event 'autograd::engine::evaluate_function: .* us: "
+                                               r"'Sequence number' must be an integer, got"):
+            read_costs(str(tmp_path / "seq.json"), g)
     for change, what in ((lambda e: e.pop("dur"), "needs a duration ('dur') of at least 0 microseconds, got none"),
                          (lambda e: e.update(dur=-3), "needs a duration ('dur') of at least 0 microseconds, got -3"),
                          (lambda e: e.pop("ts"), "needs its start ('ts'), got none")):

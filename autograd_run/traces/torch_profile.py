@@ -330,6 +330,10 @@ def parse_torch_profile(doc: ChromeDoc, path: str, option: str = "costs") -> Tor
                             args = {**args, **{k: own[k] for k in ("Sequence number", "Fwd thread id") if k in own}}
                 j += 1
             seq = _int(args.get("Sequence number"))
+            for key in ("Sequence number", "Fwd thread id"):  # present but not a number: not PyTorch's writing
+                if args.get(key) is not None and _int(args[key]) is None:
+                    raise RequestError(f"{path}: the event {name[:80]!r} at {start / 1e3:g} us: {key!r} must be an "
+                                       f"integer, got {str(args[key])[:40]!r}", option)
             ev = BackwardEvent(node, seq if seq is not None and seq >= 0 else None,
                                _int(args.get("Fwd thread id")), thread, start, end - start, nested,
                                shapes if isinstance(shapes, list) else None)
