@@ -320,6 +320,8 @@ def refused(tmp_path, content: bytes | str, name="in.json") -> str:
      "$.traceEvents[0].args.graph_task: must be an integer"),  # absent is 0; present, an integer
     ('{"summary": {}, "error": {"message": "boom"}}', "$.error: the run failed (boom)"),
     ('{"id": "a"}\n{"id": 3}\n', "line 2: each line needs an object with a string 'id'"),
+    # lines without an id were "line 1, column 13: not JSON: trailing characters" (a hostile review)
+    ('{"node": "a"}\n{"node": "b"}\n', "line 1: each line needs an object with a string 'id'"),
     ('{"id": "a", "pass": -1}\n{"id": "b"}\n', "line 1: 'pass' must be an integer"),
     ('{"id": "a", "ready": [["a", 0]]}\n{"id": "b"}\n', "line 1: 'ready' must be a list of [node id, depth, seq]"),
     ('{"summary": {"wall_ns": 1,}}', "line 1, column 27: not JSON: JSON is malformed: trailing comma"),

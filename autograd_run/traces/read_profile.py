@@ -130,7 +130,7 @@ def parse_profile(data: bytes, source: str) -> Profile:
             first = _decode(data[:first_line_end])
         except _Bad:
             raise whole from None
-        if isinstance(first, dict) and "id" in first:
+        if isinstance(first, dict):  # an object per line: an order file (each line's fields checked there)
             return _order_file(data, source)
         raise whole from None
     if not isinstance(doc, dict):
