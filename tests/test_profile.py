@@ -318,6 +318,9 @@ def refused(tmp_path, content: bytes | str, name="in.json") -> str:
      "$.traceEvents[0].tid: must be an integer or a string"),  # was a TypeError (an unhashable tid)
     ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1, "dur": 1, "args": {"id": "a", "graph_task": "0"}}]}',
      "$.traceEvents[0].args.graph_task: must be an integer"),  # absent is 0; present, an integer
+    # "has the wrong type" for a pass of 10**9, an int (a hostile review): the bound is said
+    ('{"traceEvents": [{"ph": "X", "cat": "node", "ts": 1, "dur": 1, "args": {"id": "a", "pass": 1000000000}}]}',
+     "$.traceEvents[0].args.pass: must be an integer from 0 to "),
     ('{"summary": {}, "error": {"message": "boom"}}', "$.error: the run failed (boom)"),
     ('{"id": "a"}\n{"id": 3}\n', "line 2: each line needs an object with a string 'id'"),
     # lines without an id were "line 1, column 13: not JSON: trailing characters" (a hostile review)

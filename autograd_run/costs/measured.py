@@ -401,7 +401,7 @@ def stored_costs(graph: Graph) -> MeasuredCosts | None:
         if extra:
             raise bad(f"{where}.{extra[0]}", "unknown field")
         cpu = _number(rec.get("cpu_ns"), bad, f"{where}.cpu_ns")
-        nested = _number(rec.get("nested", 0), bad, f"{where}.nested")
+        nested = _number(rec.get("nested", 0), bad, f"{where}.nested", "number of events")
         gpu = rec.get("gpu_ns", {})
         if not isinstance(gpu, dict):
             raise bad(f"{where}.gpu_ns", "expected a mapping stream -> ns")
@@ -432,9 +432,9 @@ def stored_costs(graph: Graph) -> MeasuredCosts | None:
                          steps if isinstance(steps, int) and steps > 0 else 1, None, info)
 
 
-def _number(v, bad, where: str) -> float:
+def _number(v, bad, where: str, what: str = "number of ns") -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or v > 1e15:
-        raise bad(where, f"expected a non-negative number of ns, got {v!r}")
+        raise bad(where, f"expected a non-negative {what}, got {v!r}")
     return float(v)
 
 

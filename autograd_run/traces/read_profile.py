@@ -229,8 +229,10 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and -MAX_MAGNITUDE <= v <= MAX_MAGNITUDE
 
 
-_ARG_CHECKS = (("pass", lambda v: _is_int(v) and 0 <= v < MAX_PASSES), ("worker", lambda v: isinstance(v, str)),
-               ("depth", lambda v: _is_int(v)), ("seq", lambda v: _is_int(v)))
+#: A node slice's arguments that are read, each with its test and what it must be (said when it is not).
+_ARG_CHECKS = (("pass", lambda v: _is_int(v) and 0 <= v < MAX_PASSES, f"an integer from 0 to {MAX_PASSES - 1}"),
+               ("worker", lambda v: isinstance(v, str), "a string"),
+               ("depth", lambda v: _is_int(v), "an integer"), ("seq", lambda v: _is_int(v), "an integer"))
 
 
 def _trace(events, source: str, where: str) -> Profile:
@@ -277,9 +279,9 @@ def _trace(events, source: str, where: str) -> Profile:
                                                   and args.get("name") == "GraphRoot"
                                                   and "graph_root" not in args and "pass" not in args):
                 continue
-            for k, check in _ARG_CHECKS:
+            for k, check, what in _ARG_CHECKS:
                 if k in args and not check(args[k]):
-                    raise _Bad(f"{where}[{i}].args.{k}", "has the wrong type")
+                    raise _Bad(f"{where}[{i}].args.{k}", f"must be {what}, got {_short(args[k])}")
             start = round(ts * 1000)
             slices.append((start, start + round(dur * 1000), e.get("tid"), gt, nid, op, args, i))
         elif cat == "queue_wait" and ph in ("b", "e") and _num(e.get("ts")):
