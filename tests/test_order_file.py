@@ -126,9 +126,10 @@ def test_written_orders_read_back_without_ready_sets(tmp_path):
     ("{oops", "line 2: not JSON"),
     # the per-worker comparison groups rows by thread and sorts the threads: each was a TypeError
     ('{"id": "a", "thread": ["w"]}', "line 2: 'thread' must be a string, got list"),
-    ('{"id": "a", "thread": 5}', "line 2: 'thread' must be a string, got int"),
+    ('{"id": "a", "thread": 5}', "line 2: 'thread' must be a string, got 5"),
     ('{"id": "a", "thread": null}', "line 2: 'thread' must be a string, got null"),
-    ('{"id": "a", "seq": -3}', "line 2: 'seq' must be a non-negative integer or null, got int"),
+    ('{"id": "a", "seq": -3}', "line 2: 'seq' must be a non-negative integer or null, got -3"),  # the value said
+    ('{"id": "a", "position": -1}', "line 2: 'position' must be a non-negative integer, got -1"),
     ('{"id": "a", "name": {"x": 1}}', "line 2: 'name' must be a string, got dict"),
 ])
 def test_a_malformed_order_file_names_the_line(tmp_path, line, message):

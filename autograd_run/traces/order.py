@@ -84,7 +84,12 @@ _ROW_FIELDS = {
 
 
 def _kind(v) -> str:
-    return "null" if v is None else type(v).__name__
+    """A wrong value as a message says it: a number as itself (-3), anything else by its type."""
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return repr(v) if len(repr(v)) <= 24 else f"a {type(v).__name__} of {len(repr(v))} digits"
+    return type(v).__name__
 
 
 def dumps_order(rows: list[dict], incomplete: str | None = None) -> bytes:
