@@ -456,6 +456,12 @@ def test_a_machine_spec_file_is_read_as_untrusted_data(tmp_path):
     os.mkfifo(tmp_path / "pipe.json")
     with pytest.raises(RequestError):  # refused, not blocked on
         load_spec(str(tmp_path / "pipe.json"))
+    dated = tmp_path / "dated.yaml"  # YAML reads 2001-01-01 as a date: quoted as written (was datetime.date(...))
+    dated.write_text("name: x\nhost: {peak_flops: {float32: 1e12}, mem_bw: 2001-01-01}\n"
+                     "accelerator: {peak_flops: {float32: 1e12}}\n")
+    with pytest.raises(RequestError, match=r"host: mem_bw must be a number from 1e\+06 to 1e\+21, got 2001-01-01 "
+                                           r"\(a date\)$"):
+        load_spec(str(dated))
     jdup = tmp_path / "dup.json"  # JSON keeps the last value silently: refused as YAML's are
     jdup.write_text('{"name": "x", "engine": {"node_overhead_us": 999999, "node_overhead_us": 2.0}}')
     with pytest.raises(RequestError, match=r"dup.json: duplicate key 'node_overhead_us' in an object"):

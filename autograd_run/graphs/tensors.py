@@ -88,8 +88,12 @@ def quick_random_ok(value: dict) -> bool:
 
 
 def short(value: Any, limit: int = 60) -> str:
-    """``repr`` cut to ``limit`` characters, for messages that quote untrusted values."""
+    """``repr`` cut to ``limit`` characters, for messages that quote untrusted values; a date or time that YAML read
+    from the file as its text (``2001-01-01 (a date)``), not as Python's ``datetime.date(2001, 1, 1)``."""
+    import datetime
     try:
+        if isinstance(value, (datetime.date, datetime.time)):  # (a datetime is a date)
+            return f"{value.isoformat()} (a {type(value).__name__})"[:limit]
         r = repr(value)
     except (ValueError, RecursionError):  # e.g. an int too long to print
         r = f"<{type(value).__name__}>"

@@ -156,11 +156,11 @@ def _known(cls, d: Any, where: str) -> dict:
         if k == "cores":
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_CORES:
                 raise RequestError(f"{where}: cores must be a whole number from 0 (as many as there are threads) "
-                                   f"to {MAX_CORES}, got {v!r}", "spec")
+                                   f"to {MAX_CORES}, got {short(v)}", "spec")
             continue
         if k in flags:
             if not isinstance(v, bool):
-                raise RequestError(f"{where}: {k} must be true or false, got {v!r}", "spec")
+                raise RequestError(f"{where}: {k} must be true or false, got {short(v)}", "spec")
             continue
         if k == "name":  # shown in summaries and written into traces (a Kineto trace's deviceProperties)
             if not isinstance(v, str) or len(v) > 200:
@@ -170,7 +170,7 @@ def _known(cls, d: Any, where: str) -> dict:
         if k == "peak_flops":
             continue
         if isinstance(v, bool):  # a bool is an int to Python: efficiency: false divided by zero
-            raise RequestError(f"{where}: {k} must be a number, got {v!r}", "spec")
+            raise RequestError(f"{where}: {k} must be a number, got {short(v)}", "spec")
         if k == "spread":
             if not isinstance(v, dict) or not all(isinstance(x, str) and x in names for x in v) or not all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1e6 for x in v.values()):
@@ -179,10 +179,10 @@ def _known(cls, d: Any, where: str) -> dict:
             continue
         low, high = _LOWER.get(k, 0), _LIMITS.get(k[k.rfind("_") + 1:], MAX_RATE)
         if not isinstance(v, (int, float)) or not low <= v <= high:
-            raise RequestError(f"{where}: {k} must be a number from {low:g} to {high:g}, got {v!r}", "spec")
+            raise RequestError(f"{where}: {k} must be a number from {low:g} to {high:g}, got {short(v)}", "spec")
         if k.endswith("_bw") and 0 < v < MIN_RATE:
             raise RequestError(f"{where}: {k} must be 0 (no such link) or at least {MIN_RATE:g} bytes/s, "
-                               f"got {v!r}", "spec")
+                               f"got {short(v)}", "spec")
     return d
 
 
