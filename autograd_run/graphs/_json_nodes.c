@@ -30,7 +30,8 @@
  *     (the loader only reads them); new text is decoded by msgspec itself (inputs_decoder), whose error
  *     makes the answer None;
  *   - a node's saved and attrs: the same text as a node before gives the same dict (a loaded graph's saved
- *     values and attrs are never changed; graphs/remap.py shares them between graphs too).
+ *     values and attrs are never changed; graphs/remap.py shares them between graphs too), and inside them a
+ *     short list of integers (a shape, dims) the same text as one before gives the same list (read_shared_ints).
  * The tests (tests/test_json_nodes.py) compare the result with msgspec's, value by value and type by type,
  * on every example, generated graphs of every kind and fuzzed texts; the load runs both ways.
  *
@@ -91,7 +92,7 @@ static void table_clear(Table *t) {
 
 typedef struct {
     const char *p, *end;
-    Table *strings, *inputs, *objects;
+    Table *strings, *inputs, *objects, *lists;
 } Rd;
 
 /* Every reader: a new reference; NULL with no exception set: not read here (the caller hands back None);
@@ -423,6 +424,41 @@ static PyObject *read_list(Rd *r, ItemReader item, int depth) {
     }
 }
 
+static int skip_value(Rd *r, int depth);
+
+/* A list of integers inside a saved value or attrs (a saved tensor's shape, an op's dims) as short as MAX_SHARED:
+ * the list made for the same text before, else read (and kept); any other list is read each time. Shared as the
+ * saved values and attrs themselves are (never changed once loaded); nodes alike then hold one shape object,
+ * which the cost memo compares by identity (signature.c), and a million nodes do not make two lists each. */
+#define MAX_SHARED 64
+static PyObject *read_shared_ints(Rd *r, int depth) {
+    const char *s = r->p;
+    if (!skip_value(r, depth))
+        return NULL;
+    Py_ssize_t n = r->p - s;
+    int ints = n <= MAX_SHARED;
+    for (Py_ssize_t i = 0; ints && i < n; i++) {
+        char c = s[i];
+        ints = (c >= '0' && c <= '9') || c == '[' || c == ']' || c == ',' || c == '-' || c == ' ' || c == '\n' ||
+               c == '\r' || c == '\t';
+    }
+    Entry *e = NULL;
+    Py_hash_t h = 0;
+    if (ints) {
+        h = span_hash(s, n);
+        e = table_find(r->lists, s, n, h);
+        if (e->v != NULL)
+            return Py_NewRef(e->v);
+    }
+    r->p = s;
+    PyObject *l = read_list(r, read_value, depth);
+    if (l != NULL && e != NULL && r->lists->used < TABLE_SIZE / 2) {
+        e->s = s, e->n = n, e->h = h, e->v = Py_NewRef(l);
+        r->lists->used++;
+    }
+    return l;
+}
+
 static PyObject *read_value(Rd *r, int depth) {
     ws(r);
     if (r->p >= r->end)
@@ -431,7 +467,7 @@ static PyObject *read_value(Rd *r, int depth) {
     case '{':
         return read_object(r, depth);
     case '[':
-        return read_list(r, read_value, depth);
+        return read_shared_ints(r, depth);
     case '"':
         return read_str(r);
     case 't':
@@ -694,14 +730,14 @@ static PyObject *read_graph(PyObject *mod, PyObject *arg) {
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     Table *strings = PyMem_Calloc(1, sizeof(Table)), *inputs = PyMem_Calloc(1, sizeof(Table)),
-          *objects = PyMem_Calloc(1, sizeof(Table));
+          *objects = PyMem_Calloc(1, sizeof(Table)), *lists = PyMem_Calloc(1, sizeof(Table));
     PyObject *nodes = NULL, *head = NULL, *result = NULL;
-    if (strings == NULL || inputs == NULL || objects == NULL) {
+    if (strings == NULL || inputs == NULL || objects == NULL || lists == NULL) {
         PyErr_NoMemory();
         goto out;
     }
     Rd r = {.p = view.buf, .end = (const char *)view.buf + view.len, .strings = strings, .inputs = inputs,
-            .objects = objects};
+            .objects = objects, .lists = lists};
     /* the other members' text, kept as written, after a "nodes":[] of their own (msgspec decodes that) */
     if ((head = PyBytes_FromStringAndSize("{\"nodes\":[]", 11)) == NULL)
         goto out;
@@ -760,9 +796,12 @@ out:
         table_clear(inputs);
     if (objects)
         table_clear(objects);
+    if (lists)
+        table_clear(lists);
     PyMem_Free(strings);
     PyMem_Free(inputs);
     PyMem_Free(objects);
+    PyMem_Free(lists);
     PyBuffer_Release(&view);
     return result;
 }
