@@ -215,6 +215,31 @@ def test_nodes_alike_share_what_never_changes():
     assert all(n.saved == {"other": 1.0001} for i, n in enumerate(muls) if i != 3)
 
 
+def test_a_shape_inside_saved_values_is_shared_where_its_text_is():
+    """Saved tensors with their own seeds are dicts of their own, but their shape lists (a short list of integers,
+    the same text) are one object; a list with another number or a float is its own; the values are msgspec's."""
+    doc = generate("mlp", layers=3, width=4, batch=2)
+    data = as_json(doc)
+    spec = load._decode_json(data)[0]
+    mms = [n for n in spec.nodes if n.name == "MmBackward0"]
+    assert len(mms) >= 3 and len({id(n.saved) for n in mms}) == len(mms)  # seeds differ: dicts of their own
+    for field in ("self", "mat2"):  # one list per distinct shape text
+        shapes = [n.saved[field]["shape"] for n in mms]
+        assert len({id(x) for x in shapes}) == len({tuple(x) for x in shapes}) < len(shapes)
+    whole = msgspec.json.decode(data)
+    by_id = {n["id"]: n for n in whole["nodes"]}
+    assert all(n.saved == by_id[n.id]["saved"] for n in spec.nodes if "saved" in by_id[n.id])
+    doc["nodes"].append({"id": "f", "name": "MulBackward0", "inputs": [{"shape": [2]}],
+                         "saved": {"other": {"shape": [4, 4], "random": 1}, "x": [0.5, 1]}})
+    doc["nodes"].append({"id": "g", "name": "MulBackward0", "inputs": [{"shape": [2]}],
+                         "saved": {"other": {"shape": [4, 5], "random": 2}, "x": [0.5, 1]}})
+    spec = load._decode_json(as_json(doc))[0]
+    f, g = spec.nodes[-2], spec.nodes[-1]
+    assert f.saved["other"]["shape"] == [4, 4]
+    assert f.saved["other"]["shape"] is not g.saved["other"]["shape"] and g.saved["other"]["shape"] == [4, 5]
+    assert f.saved["x"] is not g.saved["x"] and f.saved["x"] == g.saved["x"] == [0.5, 1]  # floats: not shared
+
+
 @pytest.mark.parametrize("name", example_names())
 def test_examples_load_alike_either_way(name, monkeypatch):
     """Through the whole load: the same graph (its nodes' fields) with the reader and without."""
