@@ -178,6 +178,7 @@ TIMM = {
     "convnext_atto": {},
     "vit_tiny_patch16_224": {"img_size": IMAGE, "patch_size": 8, "depth": 2},
     "mixer_s16_224": {"img_size": IMAGE, "num_classes": 10},
+    "xcit_nano_12_p16_224": {"img_size": IMAGE, "depth": 2},
 }
 
 
@@ -226,6 +227,11 @@ TRANSFORMERS = {
     "t5": (("T5Config", "T5ForConditionalGeneration"),
            dict(vocab_size=VOCAB, d_model=HIDDEN, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
                 decoder_start_token_id=0)),
+    "gpt_neox": (("GPTNeoXConfig", "GPTNeoXForCausalLM"), _DECODER),
+    "falcon": (("FalconConfig", "FalconForCausalLM"),
+               dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4)),
+    "gemma2": (("Gemma2Config", "Gemma2ForCausalLM"),
+               dict(_DECODER, num_key_value_heads=2, head_dim=8, sliding_window=4)),
     "bart": (("BartConfig", "BartForConditionalGeneration"),
              dict(vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32)),

@@ -194,7 +194,8 @@ them Inception v3, MaxVit, R3D-18, LeViT, CoAtNet, NFNet, DeBERTa-v2,
 Longformer, XLNet, GPT-J, Falcon, Gemma 2, mBART and BLOOM) captured 46 (the
 other three do not build at a small input or in float64); the order was
 PyTorch's in all 46, and no op lacked a rule (BLOOM's GeLU, a custom
-Function, is a python node: `--allow-python`). One model's gradients differ,
+Function, is a python node: `--allow-python`). Four of them (XCiT, GPT-NeoX,
+Falcon, Gemma 2) have joined the external family above since. One model's gradients differ,
 and PyTorch's are the wrong ones: timm's EfficientFormer at batch 1. Its
 stem's batch norm is followed by `flatten(2).transpose(1, 2)`, so the
 gradient reaching `NativeBatchNormBackward0` has channels-last strides, and
