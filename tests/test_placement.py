@@ -7,6 +7,7 @@ tensor hooks, a checkpoint, a graph with a side file.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from autograd_run.graphs.dump import dumps, graph_to_dict
@@ -132,6 +133,33 @@ def test_the_layer_cut_in_columns_equals_its_sum_node_by_node():
         for node, a, b in zip(order, cpu, gpu):
             want[node.index] = min(k - 1, before * k // total)
             before += max(1, a + b)
-        assert _layers(order, cpu, gpu, k, size) == want, (seed, n, top, k)
+        index = [node.index for node in order]
+        assert _layers(index, cpu, gpu, k, size) == want, (seed, n, top, k)
+        if top < 2**62:  # as the placement gives them: int64 arrays (past 64 bits' products: Python's integers)
+            assert _layers(np.array(index), np.array(cpu), np.array(gpu), k, size) == want, (seed, n, top, k)
     # by hand: works 1, 3, 4 (total 8) on two devices: before 0, 1, 4 -> 0 * 2 // 8, 1 * 2 // 8, 4 * 2 // 8
-    assert _layers([Node(0), Node(1), Node(2)], [1, 3, 4], [0, 0, 0], 2, 3) == [0, 0, 1]
+    assert _layers([0, 1, 2], [1, 3, 4], [0, 0, 0], 2, 3) == [0, 0, 1]
+
+
+@pytest.mark.parametrize("kind, kw", [("random", {"nodes": 400, "leaves": 30, "seed": 5}),
+                                      ("mlp", {"layers": 4}), ("transformer", {"layers": 3})])
+def test_the_layer_cut_reads_in_file_order_what_it_cuts_in_topological_order(kind, kw):
+    """The layer placement reads the nodes' costs in the file's order (where they lie in memory) and orders them as
+    numbers: the same cut as walking ``_topological``'s order node by node."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.ops import ACCUMULATE_GRAD
+    from autograd_run.sim.costs import CostResolver
+    from autograd_run.sim.placement import _topological, assign
+    from autograd_run.sim.specs import load_spec
+    g = loads_graph(dumps(generate(kind, **kw), "json"), "g.json")
+    costs = CostResolver(load_spec("h100"))
+    order = [n for n in _topological(g) if n.op is not ACCUMULATE_GRAD]
+    work = [max(1, costs(n).cpu_ns + costs(n).gpu_ns) for n in order]
+    for k in (2, 3, 4):
+        want, before = [-1] * len(g.nodes), 0
+        for node, w in zip(order, work):
+            want[node.index] = min(k - 1, before * k // sum(work))
+            before += w
+        assert assign(g, k, "layer", CostResolver(load_spec("h100"))) == want
