@@ -144,8 +144,8 @@ def test_the_layer_cut_in_columns_equals_its_sum_node_by_node():
 @pytest.mark.parametrize("kind, kw", [("random", {"nodes": 400, "leaves": 30, "seed": 5}),
                                       ("mlp", {"layers": 4}), ("transformer", {"layers": 3})])
 def test_the_layer_cut_reads_in_file_order_what_it_cuts_in_topological_order(kind, kw):
-    """The layer placement reads the nodes' costs in the file's order (where they lie in memory) and orders them as
-    numbers: the same cut as walking ``_topological``'s order node by node."""
+    """The layer and round-robin placements read the nodes in the file's order (where they lie in memory) and order
+    them as numbers: the same codes as walking ``_topological``'s order node by node."""
     from autograd_run.graphs.dump import dumps
     from autograd_run.graphs.generators import generate
     from autograd_run.graphs.load import loads_graph
@@ -163,3 +163,7 @@ def test_the_layer_cut_reads_in_file_order_what_it_cuts_in_topological_order(kin
             want[node.index] = min(k - 1, before * k // sum(work))
             before += w
         assert assign(g, k, "layer", CostResolver(load_spec("h100"))) == want
+        want = [-1] * len(g.nodes)  # round-robin: the i-th node from the roots on device i % k
+        for i, node in enumerate(order):
+            want[node.index] = i % k
+        assert assign(g, k, "round-robin", costs) == want

@@ -63,18 +63,24 @@ def _layers(index, cpu: list, gpu: list, k: int, size: int) -> list[int]:
     return codes
 
 
-def _layer_codes(graph, k: int, cost_of) -> list[int]:
-    """``assign``'s ``layer`` cut, its nodes (all but AccumulateGrad) taken from the roots as ``_topological``
-    orders them. Everything is read in the file's order, where the nodes lie in memory one after another, and
-    ordered as numbers: a random DAG's topological order jumps about the graph (at a million nodes, its costs
-    took 1.07 s read in that order, 0.67 s in the file's, and each other pass over the nodes in that order ~0.1-0.3
-    s)."""
-    many = getattr(cost_of, "many", None) or (lambda ns: list(map(cost_of, ns)))  # (a CostResolver's: compiled)
+def _ahead(graph) -> tuple[list, np.ndarray, np.ndarray]:
+    """The nodes a placement places (all but AccumulateGrad) in the file's order, the permutation that takes them
+    from the roots as ``_topological`` orders them (decreasing topological number, ties in the file's order: a
+    stable argsort), and their graph indexes in that order. Read in the file's order, where the nodes lie in
+    memory one after another, and ordered as numbers: a random DAG's topological order jumps about the heap (at a
+    million nodes its costs took 1.07 s read in that order, 0.67 s in the file's)."""
     mine = [n for n in graph.nodes if n.op is not ACCUMULATE_GRAD]
-    found = many(mine)
     topo = np.fromiter(map(attrgetter("topo_nr"), mine), dtype=np.int64, count=len(mine))
-    ahead = np.argsort(-topo, kind="stable")  # (decreasing topological number, ties in the file's order)
-    index = np.fromiter(map(attrgetter("index"), mine), dtype=np.int64, count=len(mine))[ahead]
+    ahead = np.argsort(-topo, kind="stable")
+    return mine, ahead, np.fromiter(map(attrgetter("index"), mine), dtype=np.int64, count=len(mine))[ahead]
+
+
+def _layer_codes(graph, k: int, cost_of) -> list[int]:
+    """``assign``'s ``layer`` cut (``_layers``) over the nodes ``_ahead`` gives, their costs read in the file's
+    order."""
+    many = getattr(cost_of, "many", None) or (lambda ns: list(map(cost_of, ns)))  # (a CostResolver's: compiled)
+    mine, ahead, index = _ahead(graph)
+    found = many(mine)
     cpu = np.array(list(map(attrgetter("cpu_ns"), found)))[ahead]  # (int64, or objects: Python's integers)
     gpu = np.array(list(map(attrgetter("gpu_ns"), found)))[ahead]
     return _layers(index, cpu, gpu, k, len(graph.nodes))
@@ -85,12 +91,13 @@ def assign(graph, k: int, how: str, cost_of) -> list[int]:
     follow their producer: ``graphs.remap``)."""
     if how == "layer":
         return _layer_codes(graph, k, cost_of)
+    if how == "round-robin":  # the i-th node from the roots on device i % k
+        index = _ahead(graph)[2]
+        out = np.full(len(graph.nodes), -1, dtype=np.int64)
+        out[index] = np.arange(len(index), dtype=np.int64) % k
+        return out.tolist()
     order = [n for n in _topological(graph) if n.op is not ACCUMULATE_GRAD]
     codes = [-1] * len(graph.nodes)
-    if how == "round-robin":
-        for i, n in enumerate(order):
-            codes[n.index] = i % k
-        return codes
     if how == "greedy":
         load = [0] * k
         finish: dict = {}
