@@ -332,6 +332,10 @@ static int sim_route_info(Sim *S) {
     PyObject *ok = streams ? PyObject_CallMethodNoArgs(streams, s_sums_inline) : NULL;
     int inline_ = ok ? PyObject_IsTrue(ok) : -1;
     Py_XDECREF(ok);
+    if (inline_ < 0 && streams != NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear(); /* streams of another kind (no sums_inline): their on_stream is entered, as before */
+        inline_ = 0;
+    }
     if (inline_ == 1 && get_ll(S->sim, s_sum_kernel_ns, &S->sum_kernel_ns) < 0)
         inline_ = -1;
     if (inline_ == 1) {
