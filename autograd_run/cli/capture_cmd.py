@@ -120,12 +120,12 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
         text = warning_text(hooks)
         echo(f"{'Warning' if 'runs without them' in text else 'Note'}: {text}", err=True)
     opaque = [n for n in doc["nodes"] if n.get("op") == "opaque"]
-    python = sorted({str(n.get("attrs", {}).get("function") or n.get("attrs", {}).get("callable") or n["name"])
-                     for n in doc["nodes"] if n.get("op") == "python"})
+    python = [n for n in doc["nodes"] if n.get("op") == "python"]
     if output and python:  # `run` and `check` refuse the file without --allow-python: say so now
-        count = sum(1 for n in doc["nodes"] if n.get("op") == "python")
-        echo(f"Note: {count} node{'s' if count > 1 else ''} kept as Python code that the replay calls "
-             f"({', '.join(python[:3])}{', ...' if len(python) > 3 else ''}): run and check them with "
+        calls = sorted({str(n.get("attrs", {}).get("function") or n.get("attrs", {}).get("callable") or n["name"])
+                        for n in python})
+        echo(f"Note: {len(python)} node{'s' if len(python) > 1 else ''} kept as Python code that the replay calls "
+             f"({', '.join(calls[:3])}{', ...' if len(calls) > 3 else ''}): run and check them with "
              "--allow-python", err=True)
     if output:
         for n in opaque[:5]:

@@ -88,7 +88,7 @@ def _kind(v) -> str:
     if v is None:
         return "null"
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return repr(v) if len(repr(v)) <= 24 else f"a {type(v).__name__} of {len(repr(v))} digits"
+        return repr(v) if len(repr(v)) <= 24 else f"a number of {len(repr(v))} characters"
     return type(v).__name__
 
 
