@@ -623,8 +623,10 @@ def test_calibrate_keeps_the_median_of_its_rounds_and_their_spread(monkeypatch):
     seq = iter([{"node_overhead_us": 2.0, "handoff_us": h, "wait_overhead_us": w, **MORE_FIGURES}
                 for h, w in ((40, 30), (60, 50), (50, 40), (50, 40), (50, 40), (50, 40), (50, 40), (50, 40))])
     monkeypatch.setattr(cal, "_engine_round", lambda nodes, repeat: next(seq))
+    monkeypatch.setattr(cal.first_pass, "measure", lambda: {"first_pass_us": 120.0, "first_pass_device_us": 250.0})
     lines = []
     spec = cal.calibrate(nodes=10, log=lines.append)
+    assert (spec.engine.first_pass_us, spec.engine.first_pass_device_us) == (120.0, 250.0)
     assert (spec.engine.handoff_us, spec.engine.wait_overhead_us) == (50.0, 40.0)
     assert spec.engine.spread == {"node_overhead_us": 0.0, "handoff_us": 0.4, "wait_overhead_us": 0.5,
                                   **{("gil_handoff_us" if k == "gil_probe_us" else k): 0.0 for k in MORE_FIGURES}}
@@ -641,6 +643,7 @@ def test_calibrate_warns_when_its_rounds_never_settle(monkeypatch):
     seq = itertools.cycle([{"node_overhead_us": 2.0, "handoff_us": h, "wait_overhead_us": 40.0, **MORE_FIGURES}
                            for h in (20, 90, 40, 160, 60, 200, 30, 300)])
     monkeypatch.setattr(cal, "_engine_round", lambda nodes, repeat: next(seq))
+    monkeypatch.setattr(cal.first_pass, "measure", lambda: {"first_pass_us": 120.0, "first_pass_device_us": 250.0})
     lines = []
     spec = cal.calibrate(nodes=10, log=lines.append)
     assert len(lines) == cal.MAX_ROUNDS + 1 and lines[-1].startswith("warning: the figures did not settle in 8 rounds")
@@ -661,6 +664,9 @@ def test_a_real_calibration_reports_its_rounds_and_spread():
                           and tail[0].startswith("warning: the figures did not settle"))
     assert MIN_ROUNDS <= len(lines) <= MAX_ROUNDS
     assert spec.source.endswith(f", {len(lines)} rounds")
+    # a fresh process's first pass, measured in child processes (a child that failed is a warning in the tail)
+    assert spec.engine.first_pass_us >= 0 and spec.engine.first_pass_device_us >= 0
+    assert spec.engine.first_pass_us + spec.engine.first_pass_device_us > 0
     seen = {k: [float(v) for v in re.findall(rf"\b{k} ([0-9.]+)", " ".join(lines))]
             for k in ("node_overhead_us", "handoff_us", "device_handoff_us", "wait_overhead_us", "call_overhead_us")}
     for k, values in seen.items():

@@ -275,6 +275,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                                                                               ddp_results)
     if summary:
         console.print(plain(confidence_line(first)))
+        if first.first_pass_ns is not None and len(reports) == 1:
+            console.print(plain(first_pass_line(first)))
     if trace_path and folder:
         console.print(plain(f"simulated Kineto traces of {_ranks_written(ddp_args, trace_ranks)} ranks written to "
                             f"{trace_path} (read the folder with Holistic Trace Analysis: docs/hta.md)"))
@@ -465,6 +467,15 @@ def confidence_line(r) -> str:
     return f"spec {r.spec.name}: {r.spec_reason}; {sure} ({e.get('basis', '')})"
 
 
+def first_pass_line(r) -> str:
+    """What a fresh process's first pass would take (``sim.first_pass``)."""
+    from autograd_run.cli.render import fmt_ns
+    rel = r.first_pass_error.get("relative")
+    sure = f", expected error +-{rel:.0%}" if rel is not None else ""
+    return (f"a fresh process's first pass: {fmt_ns(r.wall_ns + r.first_pass_ns)} ({fmt_ns(r.first_pass_ns)} more: "
+            f"its code paths run cold once, as calibrate measured in fresh processes{sure})")
+
+
 def _trace_folder(trace_path, trace_format, trace_ranks, ddp_args, compare, open_trace) -> bool:
     """Whether ``--trace`` names a folder for one Kineto trace per rank (a path ending in a separator, or an
     existing folder); refuses the options that do not go with it, before any work."""
@@ -551,6 +562,8 @@ def _report_json(r, memory: bool = True) -> dict:
     return {"spec": r.spec.name, "spec_reason": r.spec_reason, "expected_error": r.expected_error,
             "warnings": r.warnings, "policy": r.options.policy, "devices": r.options.devices,
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
+            "first_pass_wall_ns": None if r.first_pass_ns is None else r.wall_ns + r.first_pass_ns,
+            "first_pass_expected_error": r.first_pass_error or None,
             "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.spec.engine.profiler_event_us), "summary": r.summary.to_dict(),
             "samples": samples_json(r.recording), "memory": r.memory.to_dict() if memory else None,
             "slack": [s.__dict__ for s in r.slack],
@@ -640,6 +653,9 @@ def calibrate(output, nodes, torch_engine, gloo_worlds):
           f"sleeps ends {e.wait_overhead_us:.1f} us late{apart('wait_overhead_us')} (holds the GIL), "
           f"{e.call_overhead_us:.1f} us per backward call{apart('call_overhead_us')}, the GIL taken over in "
           f"{e.gil_handoff_us or e.handoff_us:.1f} us{apart('gil_handoff_us')}")
+    if e.first_pass_us or e.first_pass_device_us:
+        write(f"a fresh process's first pass: {e.first_pass_us:.0f} us more than a later one on the CPU, "
+              f"{e.first_pass_device_us:.0f} us with devices")
     write(f"host: {h.cores} cores, float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 "
           f"{h.peak_flops['float64'] / 1e9:.1f} GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest call "
           f"{h.min_kernel_us:.2f} us")

@@ -25,6 +25,8 @@ What it measures (medians of repeated runs, each a few hundred ms):
 * a backward call's own cost (``call_overhead_us``): what its recorded span
   holds beyond its one node (the caller's set-up before the node and its
   completion after it), on a one-node chain on the CPU;
+* a fresh process's first pass beyond a later one, on the CPU and with
+  devices (``sim.first_pass``: child processes running ``autograd-run run``);
 * the host: float32 and float64 matmul FLOP/s, memory bandwidth (a large
   copy), the smallest numpy call, and the cores this process may run on
   (``os.sched_getaffinity``): the engine's threads share them, and a
@@ -54,6 +56,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 
 import numpy as np
@@ -61,6 +64,7 @@ import numpy as np
 from autograd_run.engine.threads import usable_cpus
 from autograd_run.engine.waits import SPIN_TAIL
 from autograd_run.errors import RequestError
+from autograd_run.sim import first_pass
 from autograd_run.sim.specs import DeviceSpec, EngineSpec, MachineSpec, local_spec_path
 
 
@@ -333,6 +337,13 @@ def calibrate(nodes: int = 4000, repeat: int = 5, log=None) -> MachineSpec:
     # the GIL hand-over: fitted so that the simulation of the probe lasts what it was measured to (its own
     # figure: a GIL taken over is one wake-up where a queue's hand-off is a wake-up and then the GIL)
     engine.gil_handoff_us = round(max(_fit_gil_handoff(spec, med["gil_probe_us"]), 1e-3), 3)
+    # a fresh process's first pass (sim.first_pass): measured in child processes, as a user's run starts
+    try:
+        for key, value in first_pass.measure().items():
+            setattr(engine, key, round(value, 3))
+    except (RuntimeError, OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
+        if log is not None:
+            log(f"warning: a fresh process's first pass was not measured ({exc}): simulations will not predict it")
     return spec
 
 

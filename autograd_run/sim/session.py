@@ -29,6 +29,7 @@ from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
 from autograd_run.sim.result import last_times, nonempty, span, to_recording, too_big
 from autograd_run.sim.scheduler import Simulator
+from autograd_run.sim import first_pass
 from autograd_run.sim.confidence import choose_spec, expected_error, first_call, mismatch
 from autograd_run.sim.specs import MachineSpec
 from autograd_run.record.recording import Recording
@@ -115,6 +116,11 @@ class SimReport:
     expected_error: dict = field(default_factory=dict)
     #: Lines for the user: costs whose source does not fit the spec (``confidence.mismatch``).
     warnings: list[str] = field(default_factory=list)
+    #: What a fresh process's first pass adds to ``wall_ns`` (``sim.first_pass``), ns; None where the spec does
+    #: not model it.
+    first_pass_ns: int | None = None
+    #: How far off that first pass's prediction may be (``expected_error`` for it), when it is made.
+    first_pass_error: dict = field(default_factory=dict)
     _recording: Recording | None = None
     _order: list[dict] | None = None
     _summary: Summary | None = None
@@ -259,6 +265,10 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     report.spec_reason = reason
     report.expected_error = expected_error(spec, measured, report.cost_sources, graph.max_device_index + 1)
     report.warnings = [w for w in (mismatch(spec, measured), first_call(measured)) if w]
+    report.first_pass_ns = first_pass.extra_ns(spec.engine, graph.max_device_index >= 0)
+    if report.first_pass_ns is not None:
+        report.first_pass_error = expected_error(spec, measured, report.cost_sources, graph.max_device_index + 1,
+                                                 first_pass=True)
     top = o.slack_top
     if top is None:
         top = SLACK_TOP if sim.cpu_only_one_worker or len(graph.nodes) <= SLACK_AUTO_NODES else 0

@@ -104,6 +104,13 @@ class EngineSpec:
     #: the GIL over by waking the waiter: one wake-up, where a queue's hand-off is a wake-up and then the GIL);
     #: 0: the same as ``handoff_us``.
     gil_handoff_us: float = 0.0
+    #: A fresh process's first backward call takes this much longer than its later ones when every node
+    #: runs on the CPU, µs: the interpreter's code paths and the threads' stacks run cold once (measured by
+    #: ``calibrate`` in fresh processes, ``sim.calibrate.first_pass``); 0: not modelled (the shipped specs).
+    first_pass_us: float = 0.0
+    #: The same for a graph with nodes on accelerator devices (their threads' first wake-ups, the stream and
+    #: copy paths run cold too), µs; 0: not modelled.
+    first_pass_device_us: float = 0.0
     #: How far ``calibrate``'s rounds lay apart, per figure above (its name): the range of the rounds'
     #: values over their median (0.1: within 10%). Empty for a spec that was not measured in rounds.
     spread: dict = field(default_factory=dict)
