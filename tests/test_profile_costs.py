@@ -196,6 +196,26 @@ def test_measured_cpu_time_is_corrected_by_the_profilers_own_time(captured):
     assert r.wall_ns == 7000 + sum(1000 + int(costs.nodes[n.id].cpu_ns) for n in g.nodes)
 
 
+def test_a_trace_with_shapes_is_corrected_by_the_profilers_time_with_shapes(captured):
+    """record_shapes makes every event dearer: a trace made with it has its spans corrected by the spec's figure
+    with shapes, a trace made without by the plain one (both real traces of the same MLP)."""
+    from autograd_run.sim.costs import CostResolver
+    from autograd_run.sim.specs import load_spec
+    g, plain, shapes, _ = captured
+    spec = load_spec("cpu")
+    spec.engine.profiler_event_us, spec.engine.profiler_event_shapes_us = 0.25, 0.75
+    for path, per_event, told in ((plain, 250, False), (shapes, 750, True)):
+        costs = read_costs(path, g)
+        assert costs.use.shapes is told and costs.event_us(spec.engine) == per_event / 1e3
+        assert costs.use.line(costs.event_us(spec.engine)).count("with record_shapes") == told
+        model = CostResolver(spec, costs)
+        for n in g.nodes:
+            m = costs.nodes[n.id]
+            assert model(n).cpu_ns == int(max(0.0, m.cpu_ns - m.nested * per_event))
+    spec.engine.profiler_event_shapes_us = 0.0  # a spec without the figure: the plain one
+    assert read_costs(shapes, g).event_us(spec.engine) == 0.25
+
+
 def test_nodes_built_on_another_forward_thread_are_matched(tmp_path):
     """Part of the forward runs on a second thread: its nodes count on that thread's sequence numbers,
     and the trace tags them with its forward thread id."""
@@ -436,7 +456,11 @@ def test_pytorch_costs_default_to_the_local_torch_spec(captured, tmp_path, monke
     g, plain, _, _ = captured
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     eng = measure_engine(torch, nodes=40, reps=3, small_reps=3)
-    assert eng["overhead_ns"] >= 0 and eng["call_ns"] >= 0 and eng["event_ns"] >= 0
+    assert eng["overhead_ns"] >= 0 and eng["call_ns"] >= 0 and eng["event_ns"] >= 0 and eng["event_shapes_ns"] >= 0
+    # record_shapes' figure is measured on the three layer blocks, with shapes recorded
+    assert [d["chain"] for d in eng["detail"] if d["chain"] in ("transformer", "conv", "mlp")] == \
+        ["transformer", "conv", "mlp"]
+    assert all(d["record_shapes"] and d["events"] > d["nodes"] for d in eng["detail"] if d["chain"] == "transformer")
     spec = load_spec("cpu")
     spec.name = "local-torch"
     spec.engine = EngineSpec(node_overhead_us=eng["overhead_ns"] / 1e3, profiler_event_us=eng["event_ns"] / 1e3,

@@ -253,7 +253,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     from autograd_run.cli.terminal import make_console, plain
     console = make_console()
     if measured is not None and summary:
-        render_costs(console, measured, first.spec.engine.profiler_event_us)
+        render_costs(console, measured, measured.event_us(first.spec.engine))
     if len(reports) > 1:
         render_compare(console, reports, f"{g.source}: simulated, {len(g.nodes)} nodes", memory=memory)
     elif summary:
@@ -564,7 +564,7 @@ def _report_json(r, memory: bool = True) -> dict:
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
             "first_pass_wall_ns": None if r.first_pass_ns is None else r.wall_ns + r.first_pass_ns,
             "first_pass_expected_error": r.first_pass_error or None,
-            "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.spec.engine.profiler_event_us), "summary": r.summary.to_dict(),
+            "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.measured.event_us(r.spec.engine) if r.measured else 0.0), "summary": r.summary.to_dict(),
             "samples": samples_json(r.recording), "memory": r.memory.to_dict() if memory else None,
             "slack": [s.__dict__ for s in r.slack],
             "slack_skipped": None if r.slack_skipped is None else {"count": r.slack_skipped[0],
@@ -581,7 +581,7 @@ def _measured_json(m, event_us: float = 0.0) -> dict | None:
         u = m.use
         out["use"] = {"used": u.used, "calls": u.calls, "left_out": u.left_out, "outside_ops": u.outside_ops,
                       "outside_runs": u.outside_runs, "events_per_call": u.events, "first_call": u.first_call,
-                      "event_us_seen": u.event_us_seen,
+                      "event_us_seen": u.event_us_seen, "shapes": u.shapes, "event_us": event_us,
                       "line": u.line(event_us)}
     return out
 

@@ -78,6 +78,16 @@ class MeasuredCosts:
     def from_pytorch(self) -> bool:
         return self.origin == PYTORCH
 
+    def event_us(self, engine) -> float:
+        """The profiler's own time per event recorded inside a node span, µs, on ``engine`` (an ``EngineSpec``):
+        its figure with shapes for a trace made with ``record_shapes=True`` (where the spec has one), else the
+        plain one; 0 for costs that are not a PyTorch profile's."""
+        if not self.from_pytorch:
+            return 0.0
+        if self.use is not None and self.use.shapes and engine.profiler_event_shapes_us:
+            return engine.profiler_event_shapes_us
+        return engine.profiler_event_us
+
     def describe(self) -> str:
         what = (f"{len(self.nodes)} nodes' simulated times ({self.origin} of a simulation, {self.path}"
                 if self.simulated else f"{len(self.nodes)} nodes measured ({self.origin}, {self.path}")
@@ -117,6 +127,9 @@ class ProfileUse:
     #: FSDP2's root final callback's own time after the used calls (``TorchTrace.final_callbacks``), the median,
     #: ns: no node's, so ``simulate --fsdp`` adds it after the compute (0: none seen).
     fsdp_final_ns: float = 0.0
+    #: The used calls' node events recorded their inputs' shapes (``record_shapes=True``): the profiler's time per
+    #: event is then its figure with shapes (``EngineSpec.profiler_event_shapes_us``).
+    shapes: bool = False
 
     def line(self, event_us: float) -> str:
         """One line: what was used, what was left out, and the profiler's own time taken out."""
@@ -138,7 +151,7 @@ class ProfileUse:
         notes = []
         if event_us and self.events:
             notes.append(f"profiler's own time taken out: {event_us:.2f} us x {self.events:.0f} events a call "
-                         f"({event_us * self.events / 1e3:.2f} ms)")
+                         f"({event_us * self.events / 1e3:.2f} ms{', with record_shapes' if self.shapes else ''})")
         seen = self.event_us_seen
         if seen is not None and self.events:
             check = f"this trace's spans show {seen:.2f} us per event"
@@ -264,7 +277,8 @@ def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> Me
     use = ProfileUse([s.label for s in steps], len(m.steps), left, trace.outside_ops, m.coverage.outside, events,
                      bool(steps) and all(s.first_forward for s in steps),
                      event_cost_in([e for s in steps for e in s.nodes.values()]), fsdp,
-                     statistics.median(finals) if finals else 0.0)
+                     statistics.median(finals) if finals else 0.0,
+                     any(e.shapes is not None for s in steps for e in s.nodes.values()))
     return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, sum(len(x.steps) for x in matched), step, use=use)
 
 

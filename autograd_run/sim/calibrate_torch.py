@@ -16,9 +16,15 @@ with the per-call cost negligible against a long chain's,
     backward / nodes = (spans - k * events) / nodes + overhead
 
 fitted by least squares over the three chains gives ``k`` (the profiler's
-time per recorded event inside a span; again with ``record_shapes``) and
-``overhead`` (the engine's time per node outside its span). ``call`` is
-then what a one-op backward (two nodes) takes beyond its nodes.
+time per recorded event inside a span) and ``overhead`` (the engine's time
+per node outside its span). ``call`` is then what a one-op backward (two
+nodes) takes beyond its nodes. With ``record_shapes`` the profiler's time
+per event depends on the ops it describes (a 1-element chain's are cheap
+to describe), so that figure is measured the same way on three small
+networks of common layers (``_blocks``: a transformer encoder, a
+convolution block, an MLP with layer norm and GELU), with the engine's
+figures from the chains: the median over the networks of what their spans
+hold per event beyond the backward's own time.
 
 The host part is measured with torch ops (what analytic costs of a
 PyTorch graph should assume): matmul FLOP/s, copy bandwidth, the smallest
@@ -75,9 +81,15 @@ def backward_time(loss, clock=time.thread_time_ns) -> int:
 
 
 def _paired(torch, kind: str, n: int, reps: int, shapes: bool = False) -> tuple[float, float, float, int]:
-    """A chain's backward, timed and profiled in turns: (median backward, span sum, event sum, nodes).
+    """A chain's backward, timed and profiled in turns: (median backward, span sum, event sum, nodes)."""
+    return _paired_loss(torch, lambda: _chain(torch, kind, n), reps, shapes)
 
-    Each round times one fresh chain's backward without the profiler, then
+
+def _paired_loss(torch, make, reps: int, shapes: bool = False) -> tuple[float, float, float, int]:
+    """The backward of ``make()``'s loss, timed and profiled in turns: (median backward, span sum, event sum,
+    nodes).
+
+    Each round times one fresh loss's backward without the profiler, then
     profiles another's in its own session: both see the machine as it is at
     that moment. The spans are per node the median over the rounds of the
     node at its place (a median per node leaves out the rounds a busy
@@ -88,9 +100,9 @@ def _paired(torch, kind: str, n: int, reps: int, shapes: bool = False) -> tuple[
     from autograd_run.traces.torch_profile import read_torch_profile
     walls, profs, calls = [], [], []
     for _ in range(reps):
-        backward_time(_chain(torch, kind, n))  # warm again after the profiler
-        walls.append(backward_time(_chain(torch, kind, n)))
-        loss = _chain(torch, kind, n)
+        backward_time(make())  # warm again after the profiler
+        walls.append(backward_time(make()))
+        loss = make()
         with silenced(), profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
             loss.backward()
         profs.append(prof)  # exported afterwards: writing and reading traces between rounds disturbs the timing
@@ -115,6 +127,26 @@ def _lstsq(rows: list[tuple[list[float], float]]) -> list[float]:
 KINDS = ("tanh", "mul", "pow")  # 2, 6 and 12 recorded events per node
 
 
+def _blocks(torch) -> dict:
+    """Small networks of the layers models are made of, each a function making a fresh loss: a transformer
+    encoder (attention, layer norm, views and transposes), a convolution block (batch norm, pooling) and an MLP
+    with layer norm and GELU. What ``record_shapes`` costs per event depends on the ops: describing a 1-element
+    chain's inputs is cheaper than these layers' (here 0.33 us against 0.37-0.61 us an event, and 0.55 on a
+    GPT-2 from transformers), so its figure is measured on these."""
+    from torch import nn
+    gen = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        tf = nn.Sequential(*[nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True) for _ in range(2)])
+        cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                            nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+        mlp = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(16, 16), nn.LayerNorm(16), nn.GELU())])
+    xs = {"transformer": torch.randn(2, 8, 32, generator=gen), "conv": torch.randn(2, 3, 8, 8, generator=gen),
+          "mlp": torch.randn(4, 16, generator=gen)}
+    nets = {"transformer": tf, "conv": cnn, "mlp": mlp}
+    return {name: (lambda net=net, x=xs[name]: net(x).sum()) for name, net in nets.items()}
+
+
 def measure_engine(torch, nodes: int = 400, reps: int = 21, small_reps: int = 41, log=None) -> dict:
     """PyTorch's per-node and per-call engine overhead, and the profiler's cost per recorded event."""
     rows = {False: [], True: []}
@@ -129,8 +161,8 @@ def measure_engine(torch, nodes: int = 400, reps: int = 21, small_reps: int = 41
             if log and not shapes:
                 log(f"  {kind} chain of {n} nodes: backward {wall / 1e3:.0f} us, profiled spans {spans / 1e3:.0f} us")
     k, overhead = _lstsq(rows[False])
-    k_shapes, _ = _lstsq(rows[True])
-    k, overhead, k_shapes = max(0.0, k), max(0.0, overhead), max(0.0, k_shapes)
+    k_chains, _ = _lstsq(rows[True])
+    k, overhead = max(0.0, k), max(0.0, overhead)
     # A one-op backward: what is left beyond its nodes is the call's own cost.
     wall, spans, events, n = _paired(torch, "tanh", 1, small_reps)
     call = max(0.0, wall - (spans - k * events) - n * overhead)
@@ -138,7 +170,21 @@ def measure_engine(torch, nodes: int = 400, reps: int = 21, small_reps: int = 41
                    "record_shapes": False})
     if log:
         log(f"  one-op backward ({n} nodes): {wall / 1e3:.1f} us, profiled spans {spans / 1e3:.1f} us")
-    return {"call_ns": call, "overhead_ns": overhead, "event_ns": k, "event_shapes_ns": k_shapes, "detail": detail}
+    # record_shapes' time per event, on layers (``_blocks``): with the engine's figures above, what the spans
+    # hold beyond the backward's own nodes, per event; the median of the blocks
+    k_blocks = []
+    for name, make in _blocks(torch).items():
+        wall, spans, events, n = _paired_loss(torch, make, reps, True)
+        if events:
+            k_blocks.append((spans - (wall - n * overhead - call)) / events)
+        detail.append({"chain": name, "nodes": n, "backward_us": wall / 1e3, "spans_us": spans / 1e3, "events": events,
+                       "record_shapes": True})
+        if log:
+            log(f"  {name} block, {n} nodes: backward {wall / 1e3:.0f} us, profiled spans with shapes "
+                f"{spans / 1e3:.0f} us, {events:.0f} events")
+    k_shapes = max(0.0, statistics.median(k_blocks) if k_blocks else k_chains)
+    return {"call_ns": call, "overhead_ns": overhead, "event_ns": k, "event_shapes_ns": k_shapes,
+            "event_shapes_chains_ns": max(0.0, k_chains), "detail": detail}
 
 
 def _timeit(fn, reps: int = 7) -> float:

@@ -13,7 +13,8 @@ that applies:
 2. Measured costs (``measured.load_costs``: ``--costs FILE`` or the graph's
    own ``meta.measured``): a PyTorch profile's evaluate_function span as
    CPU time on the node's worker (less the profiler's own time for the
-   events recorded inside it, ``EngineSpec.profiler_event_us``; a PyTorch
+   events recorded inside it, ``EngineSpec.profiler_event_us``, or
+   ``profiler_event_shapes_us`` for a trace made with ``record_shapes``; a PyTorch
    node holds no GIL) and its kernel time on the node's stream; or the
    median slice of a node in autograd-run's own trace (its GIL as the
    spec's engine says).
@@ -112,6 +113,8 @@ class CostResolver:
         self.spec = spec
         self.measured = measured.nodes if measured is not None else {}
         self.from_pytorch = measured is not None and measured.from_pytorch
+        #: The profiler's own time per event recorded inside a PyTorch node's span, ns (taken out of its cost).
+        self.event_ns = measured.event_us(spec.engine) * 1e3 if self.from_pytorch else 0.0
         #: the engine's per-node time a simulated trace's spans hold (taken out of each: it is charged again)
         self.engine_ns = getattr(measured, "engine_ns", None) if measured is not None else None
         self.scale = scale or {}
@@ -256,7 +259,7 @@ class CostResolver:
         cpu = m.cpu_ns
         if self.from_pytorch:  # PyTorch's C++ node: no GIL; the profiler's own time inside the span taken out
             holds = False
-            cpu = max(0.0, cpu - m.nested * self.spec.engine.profiler_event_us * 1e3)
+            cpu = max(0.0, cpu - m.nested * self.event_ns)
         elif self.engine_ns is not None:  # a simulation's span: the engine's per-node time it charged taken out
             cpu = max(0.0, cpu - self.engine_ns["node" if node.cpu else "device_node"])
         if node.cpu:
