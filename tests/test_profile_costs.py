@@ -212,7 +212,13 @@ def test_a_trace_with_shapes_is_corrected_by_the_profilers_time_with_shapes(capt
         for n in g.nodes:
             m = costs.nodes[n.id]
             assert model(n).cpu_ns == int(max(0.0, m.cpu_ns - m.nested * per_event))
-    spec.engine.profiler_event_shapes_us = 0.0  # a spec without the figure: the plain one
+    # the median of several calls: a session's later calls' figure (the captured trace holds 3 calls)
+    spec.engine.profiler_event_shapes_later_us = 0.5
+    several = read_costs(shapes, g)
+    assert len(several.use.used) == 3 and several.event_us(spec.engine) == 0.5
+    assert read_costs(shapes, g, step=2).event_us(spec.engine) == 0.75  # one call picked: a first call's
+    assert read_costs(plain, g).event_us(spec.engine) == 0.25
+    spec.engine.profiler_event_shapes_us = 0.0  # a spec without the figures: the plain one
     assert read_costs(shapes, g).event_us(spec.engine) == 0.25
 
 
@@ -459,8 +465,11 @@ def test_pytorch_costs_default_to_the_local_torch_spec(captured, tmp_path, monke
     assert eng["overhead_ns"] >= 0 and eng["call_ns"] >= 0 and eng["event_ns"] >= 0 and eng["event_shapes_ns"] >= 0
     # record_shapes' figure is measured on the three layer blocks, with shapes recorded
     assert [d["chain"] for d in eng["detail"] if d["chain"] in ("transformer", "conv", "mlp")] == \
-        ["transformer", "conv", "mlp"]
+        ["transformer", "transformer", "conv", "conv", "mlp", "mlp"]
     assert all(d["record_shapes"] and d["events"] > d["nodes"] for d in eng["detail"] if d["chain"] == "transformer")
+    # each block in a session's first call and in its second
+    assert sorted(d["later_call"] for d in eng["detail"] if d["chain"] == "conv") == [False, True]
+    assert eng["event_shapes_later_ns"] >= 0
     spec = load_spec("cpu")
     spec.name = "local-torch"
     spec.engine = EngineSpec(node_overhead_us=eng["overhead_ns"] / 1e3, profiler_event_us=eng["event_ns"] / 1e3,

@@ -633,7 +633,8 @@ def calibrate(output, nodes, torch_engine, gloo_worlds):
         click.echo(f"PyTorch engine: {e.node_overhead_us:.2f} us per node outside its evaluate_function span, "
                    f"{e.call_overhead_us:.1f} us per backward call")
         click.echo(f"PyTorch profiler: {e.profiler_event_us:.2f} us per recorded event inside a span "
-                   f"({e.profiler_event_shapes_us:.2f} us with record_shapes)")
+                   f"({e.profiler_event_shapes_us:.2f} us with record_shapes, "
+                   f"{e.profiler_event_shapes_later_us:.2f} in a session's later calls)")
         click.echo(f"host (torch): float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 "
                    f"{h.peak_flops['float64'] / 1e9:.1f} GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest node "
                    f"{h.min_kernel_us:.2f} us")

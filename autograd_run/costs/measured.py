@@ -80,11 +80,14 @@ class MeasuredCosts:
 
     def event_us(self, engine) -> float:
         """The profiler's own time per event recorded inside a node span, µs, on ``engine`` (an ``EngineSpec``):
-        its figure with shapes for a trace made with ``record_shapes=True`` (where the spec has one), else the
-        plain one; 0 for costs that are not a PyTorch profile's."""
+        its figure with shapes for a trace made with ``record_shapes=True`` (where the spec has one: a session's
+        later calls' where the costs are the median of several calls, else its first call's), else the plain
+        one; 0 for costs that are not a PyTorch profile's."""
         if not self.from_pytorch:
             return 0.0
         if self.use is not None and self.use.shapes and engine.profiler_event_shapes_us:
+            if len(self.use.used) > 1 and engine.profiler_event_shapes_later_us:
+                return engine.profiler_event_shapes_later_us  # the median of several calls: a session's later ones
             return engine.profiler_event_shapes_us
         return engine.profiler_event_us
 

@@ -75,8 +75,12 @@ class EngineSpec:
     #: PyTorch's profiler: its own time per event recorded inside a measured span, µs (``calibrate --torch``);
     #: a PyTorch profile's node costs are corrected by it.
     profiler_event_us: float = 0.0
-    #: The same with ``record_shapes=True`` (a trace whose ops carry "Input Dims").
+    #: The same with ``record_shapes=True`` (a trace whose ops carry "Input Dims"), in a profiler session's first
+    #: backward call (each op described to the profiler for the first time).
     profiler_event_shapes_us: float = 0.0
+    #: The same in a session's later calls (a trace of several calls: ``schedule``, or a profile around several
+    #: steps); 0: ``profiler_event_shapes_us``.
+    profiler_event_shapes_later_us: float = 0.0
     #: CPU time of a backward call beyond its nodes (entering the engine, the graph task, returning), µs.
     call_overhead_us: float = 0.0
     #: A cost node that waits without the GIL (``wait``/``sleep``) takes this much longer than it states in
