@@ -103,8 +103,10 @@ def one_case(name: str, cap, world: int, timed: int, env: dict, tmp: str) -> dic
     compute = statistics.median(statistics.median(r["compute_ns"]) for r in ranks)
     graph = _capture(name, cap, folder, env)
     pred = {}
-    for kind in ("steady", "schedule"):
-        p = _cli(["simulate", graph, "--costs", ranks[0]["traces"][kind], "--spec", "local-torch", "--ddp",
+    plain = os.path.join(env["XDG_CACHE_HOME"], "plain-figure-spec.json")
+    for kind, trace, spec in (("steady", "steady", "local-torch"), ("schedule", "schedule", "local-torch"),
+                              ("plain_figure", "steady", plain)):
+        p = _cli(["simulate", graph, "--costs", ranks[0]["traces"][trace], "--spec", spec, "--ddp",
                   "captured", "--world", str(world), "--network", "local-gloo", "--json", "--slack", "0"], env)
         if p.returncode != 0:
             return {"name": name, "cap": cap, "world": world, "error": p.stderr.strip()[-300:]}
@@ -116,7 +118,9 @@ def one_case(name: str, cap, world: int, timed: int, env: dict, tmp: str) -> dic
             "predicted_ms": d["wall_ns"] / 1e6, "predicted_compute_ms": d["compute_ns"] / 1e6,
             **tails, "predicted_exposed_ms": d["exposed_ns"] / 1e6, "over_no_sync_ms": over_no_sync / 1e6,
             "error": (d["wall_ns"] - measured) / measured, "buckets": len(d["buckets"]),
-            "error_schedule": (sched["wall_ns"] - measured) / measured}
+            "error_schedule": (sched["wall_ns"] - measured) / measured,
+            # the steady profile corrected as before 2026-12-07 (the plain per-event figure for a trace with shapes)
+            "error_plain_figure": (pred["plain_figure"]["wall_ns"] - measured) / measured}
 
 
 def setup(label: str, argv: list[str], quick: bool) -> dict:
@@ -137,6 +141,13 @@ def setup(label: str, argv: list[str], quick: bool) -> dict:
             print(f"{label}: `autograd-run {' '.join(args)}` failed: {p.stderr.strip()[-300:]}")
             return {"seed": seed, "error": p.stderr.strip()[-300:]}
         print("  " + p.stdout.strip().replace("\n", "\n  "))
+    # the local-torch spec without its figures with shapes: a trace with shapes corrected by the plain figure, as
+    # before 2026-12-07 (the rows' error_plain_figure, beside the one that counts)
+    with open(os.path.join(tmp, "cache", "autograd-run", "local-torch-spec.json")) as f:
+        plain = json.load(f)
+    plain["engine"].update(profiler_event_shapes_us=0.0, profiler_event_shapes_later_us=0.0)
+    with open(os.path.join(tmp, "cache", "plain-figure-spec.json"), "w") as f:
+        json.dump(plain, f)
     return {"seed": seed, "cases": n, "timed": opt("--timed", 5 if quick else 9), "rng": random.Random(seed),
             "tmp": tmp, "env": env, "start": start}
 
@@ -240,6 +251,9 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
         one = out["wall_schedule_profile"] = distribution([r["error_schedule"] for r in ok])
         print(f"ddp: the same with the costs of a schedule profile (three steps): MAPE {one['mape']:.1%}, median {one['median']:.1%}, "
               f"p90 {one['p90']:.1%}, worst {one['worst']:+.1%}, bias {one['bias']:+.1%}")
+        was = out["wall_plain_figure"] = distribution([r["error_plain_figure"] for r in ok if "error_plain_figure" in r])
+        print(f"ddp: the steady profile corrected as before 2026-12-07 (the plain figure per event): MAPE "
+              f"{was['mape']:.1%}, median {was['median']:.1%}, worst {was['worst']:+.1%}, bias {was['bias']:+.1%}")
     return out
 
 
