@@ -212,11 +212,13 @@ def test_a_trace_with_shapes_is_corrected_by_the_profilers_time_with_shapes(capt
         for n in g.nodes:
             m = costs.nodes[n.id]
             assert model(n).cpu_ns == int(max(0.0, m.cpu_ns - m.nested * per_event))
-    # the median of several calls: a session's later calls' figure (the captured trace holds 3 calls)
+    # the median of several calls, or one after the first in its trace: a session's later calls' figure (the
+    # captured trace holds 3 calls in one session)
     spec.engine.profiler_event_shapes_later_us = 0.5
     several = read_costs(shapes, g)
-    assert len(several.use.used) == 3 and several.event_us(spec.engine) == 0.5
-    assert read_costs(shapes, g, step=2).event_us(spec.engine) == 0.75  # one call picked: a first call's
+    assert len(several.use.used) == 3 and several.use.later and several.event_us(spec.engine) == 0.5
+    assert read_costs(shapes, g, step=2).event_us(spec.engine) == 0.5
+    assert read_costs(shapes, g, step=1).event_us(spec.engine) == 0.75  # the trace's first call: a first call's
     assert read_costs(plain, g).event_us(spec.engine) == 0.25
     spec.engine.profiler_event_shapes_us = 0.0  # a spec without the figures: the plain one
     assert read_costs(shapes, g).event_us(spec.engine) == 0.25

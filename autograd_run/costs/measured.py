@@ -81,13 +81,13 @@ class MeasuredCosts:
     def event_us(self, engine) -> float:
         """The profiler's own time per event recorded inside a node span, µs, on ``engine`` (an ``EngineSpec``):
         its figure with shapes for a trace made with ``record_shapes=True`` (where the spec has one: a session's
-        later calls' where the costs are the median of several calls, else its first call's), else the plain
+        later calls' where the costs are theirs, ``ProfileUse.later``, else its first call's), else the plain
         one; 0 for costs that are not a PyTorch profile's."""
         if not self.from_pytorch:
             return 0.0
         if self.use is not None and self.use.shapes and engine.profiler_event_shapes_us:
-            if len(self.use.used) > 1 and engine.profiler_event_shapes_later_us:
-                return engine.profiler_event_shapes_later_us  # the median of several calls: a session's later ones
+            if self.use.later and engine.profiler_event_shapes_later_us:
+                return engine.profiler_event_shapes_later_us
             return engine.profiler_event_shapes_us
         return engine.profiler_event_us
 
@@ -133,6 +133,9 @@ class ProfileUse:
     #: The used calls' node events recorded their inputs' shapes (``record_shapes=True``): the profiler's time per
     #: event is then its figure with shapes (``EngineSpec.profiler_event_shapes_us``).
     shapes: bool = False
+    #: The costs are a session's later calls': the median of several calls, or one call after an earlier one in
+    #: its trace (the ops were described to the profiler before: ``EngineSpec.profiler_event_shapes_later_us``).
+    later: bool = False
 
     def line(self, event_us: float) -> str:
         """One line: what was used, what was left out, and the profiler's own time taken out."""
@@ -254,9 +257,10 @@ def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> Me
     traces = trace if isinstance(trace, list) else [trace]
     matched = [match_profile(graph, t, order) for t in traces]
     m, trace = matched[0], traces[0]
-    steps, left, finals = [], [], []
+    steps, left, finals, firsts = [], [], [], 0
     for t, mt in zip(traces, matched):
         s, lo = _used_steps(t, mt.steps, step)
+        firsts += sum(1 for x in s if x is mt.steps[0])  # a trace's first backward call: its session's first
         steps += s
         left += lo
         finals += _final_after(t, s)
@@ -281,7 +285,8 @@ def from_profile(trace, graph: Graph, step: int | None = None, order=None) -> Me
                      bool(steps) and all(s.first_forward for s in steps),
                      event_cost_in([e for s in steps for e in s.nodes.values()]), fsdp,
                      statistics.median(finals) if finals else 0.0,
-                     any(e.shapes is not None for s in steps for e in s.nodes.values()))
+                     any(e.shapes is not None for s in steps for e in s.nodes.values()),
+                     len(steps) > 1 or (len(steps) == 1 and not firsts))
     return MeasuredCosts(nodes, PYTORCH, trace.path, m.coverage, sum(len(x.steps) for x in matched), step, use=use)
 
 
