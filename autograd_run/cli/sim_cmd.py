@@ -581,7 +581,8 @@ def _measured_json(m, event_us: float = 0.0) -> dict | None:
         u = m.use
         out["use"] = {"used": u.used, "calls": u.calls, "left_out": u.left_out, "outside_ops": u.outside_ops,
                       "outside_runs": u.outside_runs, "events_per_call": u.events, "first_call": u.first_call,
-                      "event_us_seen": u.event_us_seen, "shapes": u.shapes, "event_us": event_us,
+                      "event_us_seen": u.event_us_seen, "shapes": u.shapes, "later": u.later,
+                      "event_us": event_us,
                       "line": u.line(event_us)}
     return out
 
