@@ -144,7 +144,8 @@ def bench_accuracy(seed: int | None = None, graphs: int = 32, warm: int = 9, wha
             pred_cold = sim_w.get("first_pass_wall_ns") or sim_w["wall_ns"]
             row = {"family": family, "devices": k, "case": case, "nodes": len(doc["nodes"]),
                    "cold_ns": cold, "warm_ns": warm_ns, "pred_warm_ns": sim_w["wall_ns"],
-                   "pred_cold_ns": pred_cold, "stated_error": sim_w.get("expected_error", {}).get("relative")}
+                   "pred_cold_ns": pred_cold, "stated_error": sim_w.get("expected_error", {}).get("relative"),
+                   "stated_error_cold": (sim_w.get("first_pass_expected_error") or {}).get("relative")}
             row["err_warm"] = row["pred_warm_ns"] / warm_ns - 1
             row["err_cold"] = row["pred_cold_ns"] / cold - 1
             row["err_cold_unmodelled"] = row["pred_warm_ns"] / cold - 1
@@ -223,6 +224,12 @@ def _report(out: dict, log) -> None:
         summary["coverage"] = covered / len(stated)
         log(f"(accuracy) the stated expected error covered the warm error in {covered} of {len(stated)} cases "
             f"({summary['coverage']:.0%})")
+    stated = [r for r in rows if r.get("stated_error_cold") is not None]
+    if stated:
+        covered = sum(abs(r["err_cold"]) <= r["stated_error_cold"] for r in stated)
+        summary["coverage_cold"] = covered / len(stated)
+        log(f"(accuracy) the first pass's stated expected error covered the cold error in {covered} of {len(stated)} "
+            f"cases ({summary['coverage_cold']:.0%})")
     if out["whatifs"]:
         same = sum(w["same_ranking"] for w in out["whatifs"])
         summary["rankings_same"] = f"{same}/{len(out['whatifs'])}"
