@@ -275,6 +275,9 @@ def test_capture_profile_stores_costs_that_simulate_uses_by_default(tmp_path, ca
     assert set(m["nodes"]) == {n["id"] for n in doc["nodes"]}
     assert all(n["fwd_thread"] >= 1 for n in doc["nodes"] if "seq" in n)
     assert m["backward_wall_ns"]["runs"] == 3 and m["backward_wall_ns"]["median"] > 0
+    # the page faults of the timed and the profiled calls (a count each: the allocator's share, docs/costs.md)
+    assert m["backward_wall_ns"]["faults_median"] >= 0 and m["backward_wall_ns"]["profiled_faults_median"] >= 0
+    assert "minor page faults a call" in out
     g = load_graph(str(out_path))
     r = simulate_session(g, SimOptions(spec="cpu", slack_top=0))
     assert r.cost_sources == {"measured": len(g.nodes)} and r.measured.info["torch"] == torch.__version__
@@ -638,6 +641,8 @@ def test_the_last_calls_leaf_is_matched_however_late_a_loaded_machine_ran_it(tmp
     ({"backward_wall_ns": {"median": -5, "runs": 3}}, "backward_wall_ns.median", "non-negative number of ns"),
     ({"backward_wall_ns": {"median": 5, "runs": "[b]x"}}, "backward_wall_ns.runs", "number of runs from 1"),
     ({"backward_wall_ns": 7}, "backward_wall_ns", "expected a mapping"),
+    ({"backward_wall_ns": {"median": 5, "faults_median": -1}}, "backward_wall_ns.faults_median",
+     "non-negative number of page faults"),
     ({"coverage": {"matched": 1, "nodes": -2}}, "coverage.nodes", "number of nodes"),
     ({"coverage": []}, "coverage", "expected a mapping"),
 ])
@@ -651,3 +656,13 @@ def test_stored_measurement_figures_that_are_shown_are_checked(tmp_path, extra, 
     with pytest.raises(GraphFileError) as exc:
         simulate_session(load_graph(str(tmp_path / "bad.json")), SimOptions(spec="cpu"))
     assert f"meta.measured.{where}:" in str(exc.value) and what in str(exc.value), str(exc.value)
+
+
+def test_the_page_faults_line_says_when_the_profiled_calls_faulted_differently():
+    """capture --profile's counts in the summary's measured-costs table: a call's, and the profiled calls' only when
+    they differ by more than 1,000 and half (the Mixer's 17,000 against 2,000 in docs/costs.md)."""
+    from autograd_run.cli.render import _faults
+    assert _faults({"median": 5}) == ""  # a file from before the counts
+    assert _faults({"faults_median": 2000, "profiled_faults_median": 2400}) == ", 2,000 minor page faults a call"
+    line = _faults({"faults_median": 2000, "profiled_faults_median": 17000})
+    assert line.startswith(", 2,000 minor page faults a call (17,000 in the profiled calls: their node times hold")

@@ -107,6 +107,16 @@ def _gpu_step(torch, backward, sync, activities, device, i: int, steps: int, tim
     export(prof, i - steps)
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far (memory touched for the first time since the system gave it: a
+    CPU backward's share of them depends on the allocator's state, docs/costs.md); 0 where not counted."""
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    except (ImportError, OSError):
+        return 0
+
+
 def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10, warmup: int = 3,
                     keep_trace: str | None = None) -> dict:
     """Profile ``steps`` backward calls of the program captured into ``doc`` at ``path``; returns ``meta.measured``.
@@ -125,16 +135,18 @@ def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10,
 
     step = _Step(torch, forward, doc.get("mode", "backward"))
     walls, cpus, profs, traces, on_gpu = [], [], [], [], False
+    faults, profiled_faults = [], []  # minor page faults of each timed and each profiled backward (docs/costs.md)
 
     def timed(backward, sync):
         sync()
         gc.disable()
         try:
-            t, c = time.perf_counter_ns(), time.thread_time_ns()
+            f, t, c = minor_faults(), time.perf_counter_ns(), time.thread_time_ns()
             backward()
             sync()
             cpus.append(time.thread_time_ns() - c)
             walls.append(time.perf_counter_ns() - t)
+            faults.append(minor_faults() - f)
         finally:
             gc.enable()
 
@@ -166,8 +178,10 @@ def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10,
                     timed(backward, sync)
                     backward, _ = step.prepare()
                     with silenced(), profile(activities=activities) as prof:
+                        f = minor_faults()
                         backward()
                         sync()
+                        profiled_faults.append(minor_faults() - f)
                     profs.append(prof)  # exported after the loop: writing traces between steps disturbs the timing
                 else:
                     _gpu_step(torch, backward, sync, activities, device, k - warmup, steps, timed, export)
@@ -190,7 +204,10 @@ def profile_capture(path: str, doc: dict, forward: Callable, *, steps: int = 10,
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     measured = to_meta(costs, torch=str(torch.__version__), device=_device(torch, on_gpu), date=when,
                        warmup=warmup, backward_wall_ns={"median": statistics.median(walls), "runs": len(walls),
-                                                        "thread_cpu_median": statistics.median(cpus)})
+                                                        "thread_cpu_median": statistics.median(cpus),
+                                                        "faults_median": statistics.median(faults),
+                                                        **({"profiled_faults_median": statistics.median(profiled_faults)}
+                                                           if profiled_faults else {})})
     doc.setdefault("meta", {})["measured"] = measured
     fmt = "yaml" if path.lower().endswith((".yaml", ".yml")) else "json"
     atomic_write(path, dumps(doc, fmt), "output")

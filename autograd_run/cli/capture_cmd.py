@@ -146,7 +146,8 @@ def capture(script, output, profile, steps, warmup, profile_trace, order_out, ex
         wall = measured["backward_wall_ns"]
         echo(f"{output}: measured {len(measured['nodes'])} of {len(doc['nodes'])} nodes over {steps} profiled "
              f"backward calls on {measured['device']}; PyTorch's backward without the profiler: "
-             f"{fmt_ns(wall['median'])} (median of {wall['runs']})" + (f"; {cov.get('matched', 0)} nodes matched" if cov else ""))
+             f"{fmt_ns(wall['median'])} (median of {wall['runs']}, {wall['faults_median']:,.0f} minor page faults a "
+             "call)" + (f"; {cov.get('matched', 0)} nodes matched" if cov else ""))
 
 
 def _describe(output: str, doc: dict) -> str:

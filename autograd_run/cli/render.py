@@ -258,6 +258,19 @@ def _plain(text) -> Text:
     return Text(escape(str(text)))
 
 
+def _faults(wall: dict) -> str:
+    """capture --profile's page-fault counts, where it kept them: a call's, and the profiled calls' when they
+    differ (their node times then hold that difference: docs/costs.md)."""
+    n, p = wall.get("faults_median"), wall.get("profiled_faults_median")
+    if not isinstance(n, (int, float)):
+        return ""
+    out = f", {n:,.0f} minor page faults a call"
+    if isinstance(p, (int, float)) and abs(p - n) > max(1000, 0.5 * n):
+        out += (f" ({p:,.0f} in the profiled calls: their node times hold the difference; the allocator's "
+                "state moved between them, docs/costs.md)")
+    return out
+
+
 def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8) -> None:
     """Where the measured costs came from and, for a PyTorch profile, how it matched the graph (``event_us``:
     the spec's profiler time per recorded event, taken out of each span)."""
@@ -270,7 +283,7 @@ def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8
     wall = measured.info.get("backward_wall_ns")
     if isinstance(wall, dict) and isinstance(wall.get("median"), (int, float)):
         head.add_row("PyTorch backward (no profiler)",
-                     f"{fmt_ns(wall['median'])} median of {wall.get('runs', '?')} runs")
+                     f"{fmt_ns(wall['median'])} median of {wall.get('runs', '?')} runs" + _faults(wall))
     cov = measured.coverage
     if isinstance(cov, dict) and isinstance(cov.get("matched"), int):  # stored by capture --profile
         head.add_row("matched", f"{cov['matched']} of {cov.get('nodes', '?')} graph nodes when measured")

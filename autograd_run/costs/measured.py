@@ -436,6 +436,9 @@ def stored_costs(graph: Graph) -> MeasuredCosts | None:
         for k in ("median", "thread_cpu_median"):
             if k in wall:
                 _number(wall[k], bad, f".backward_wall_ns.{k}")
+        for k in ("faults_median", "profiled_faults_median"):
+            if k in wall:
+                _number(wall[k], bad, f".backward_wall_ns.{k}", "number of page faults")
         runs = wall.get("runs", 1)
         if type(runs) is not int or not 1 <= runs <= 10**9:
             raise bad(".backward_wall_ns.runs", f"expected a number of runs from 1, got {tensors.short(runs)}")
