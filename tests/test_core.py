@@ -742,6 +742,69 @@ def test_the_compiled_slice_columns_are_their_twins():
         core.sim_slices([(1, 2)])
 
 
+def _deep_bytes(slices) -> int:
+    """The memory a simulation's slices take: the container, and for a list its tuples and their time ints
+    (the nodes, ids and queue names are shared with the graph and the simulator)."""
+    import sys
+    total = sys.getsizeof(slices)
+    if isinstance(slices, list):
+        ints = {id(v): v for s in slices for v in (s[4], s[5], s[7]) if isinstance(v, int) and not -5 <= v <= 256}
+        total += sum(map(sys.getsizeof, slices)) + sum(map(sys.getsizeof, ints.values()))
+    return total
+
+
+@compiled
+def test_a_simulation_keeps_its_slices_as_columns():
+    """A million-node simulation's slices took ~200 MB as tuples; the compiled core keeps them as columns
+    (``SliceLog``): under 60 bytes a slice, read back as the tuples appended, and its columns read as a list's."""
+    import pickle
+    import numpy as np
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim.session import SimOptions, simulate_session
+
+    for kind, kw in (("chain", dict(n=20000)), ("transformer", dict(layers=40, devices=2))):
+        g = loads_graph(dumps(generate(kind, **kw), "json"), f"{kind}.json")
+        sim = simulate_session(g, SimOptions(spec="h100", slack_top=0)).sim
+        assert len(sim.slices) == len(g.nodes)
+        assert _deep_bytes(sim.slices) < 60 * len(sim.slices), kind
+        rows = list(sim.slices)
+        assert core.SliceLog(rows)[:] == rows and sim.slices[-1] == rows[-1] and sim.slices[-len(rows)] == rows[0]
+        a, b = core.sim_slices(sim.slices), core.sim_slices(rows)
+        assert a[0] == b[0] and a[7] == b[7] and all(x == y for x, y in zip(a[1:7] + a[8:], b[1:7] + b[8:]))
+    node = object()
+    odd = [(1, 0, node, 5, 10, 20, "cpu", 3),          # the common form
+           (1, 0, None, 5, 20, 30, None, None),        # no node, no queue
+           (1, 0, node, True, 30, 40, "cpu", 4),       # a bool: kept as given, not as the int 1
+           (1, 0, node, 5, 40.5, 50, "cpu", 5),         # a float time
+           (1, 0, node, 5, 50, 2 ** 64, "cpu", 6),     # past 64 bits
+           (2, 1, node, 6, -2 ** 63, 2 ** 63 - 1, "cuda:0", -2 ** 63),  # int64's ends
+           (1, 2), "not a slice"]
+    log = core.SliceLog()
+    for s in odd:
+        log.append(s)
+    assert len(log) == len(odd) and list(log) == odd and log[::-1] == odd[::-1] and log[-2] == (1, 2)
+    assert [type(v) for v in log[2]] == [type(v) for v in odd[2]] and [type(v) for v in log[3]] == [type(v) for v in odd[3]]
+    named = [s[:2] + ("node",) + s[3:] if len(s) == 8 else s for s in odd]  # (an object() is not the same unpickled)
+    assert pickle.loads(pickle.dumps(core.SliceLog(named))) == named
+    with pytest.raises(IndexError):
+        log[len(odd)]
+    with pytest.raises(TypeError):
+        log["0"]
+    common = odd[:2] + odd[5:6]
+    x, y = core.sim_slices(core.SliceLog(common)), core.sim_slices(common)
+    assert x[0] == y[0] and x[7] == y[7] and all(u == v for u, v in zip(x[1:7] + x[8:], y[1:7] + y[8:]))
+    assert np.frombuffer(x[5], dtype=np.int64).tolist() == [10, 20, -2 ** 63]
+    for bad in ([odd[4]], [odd[6]]):  # the errors a list of the same slices gives
+        with pytest.raises(Exception) as e_list:
+            core.sim_slices(bad)
+        with pytest.raises(type(e_list.value)):
+            core.sim_slices(core.SliceLog(bad))
+    log.clear()
+    assert len(log) == 0 and list(log) == []
+
+
 @compiled
 def test_the_compiled_kernel_slices_are_their_twins():
     """``sim.result._kernel_slices`` (``_core.kernel_slices``) against ``_kernel_slices_py``: the kernels of

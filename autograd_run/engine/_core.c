@@ -22,6 +22,8 @@
  *                        expected shape and dtype); spin_until: a busy-wait without the GIL (engine/waits.py)
  *   csrc/thread_main.c   thread_main, configure_worker: the worker loop, running the common kind of node
  *                        without Python frames of its own (worker.thread_main_py)
+ *   csrc/slice_log.c     SliceLog: a simulation's slices as columns, a sequence of tuples to its readers (a list of
+ *                        tuples where this module is not built: sim/scheduler.py)
  *   csrc/recording.c     attr_codes, pair_common, sim_slices, kernel_slices: the Recording's loops over Python objects
  *                        (record/kernels.py, record/recording.py, sim/result.py)
  *   csrc/state.c         max_seq, nodes_of_op, split_saved, group_saved, scatter, accumulate_grad and its
@@ -49,6 +51,7 @@
 #include "csrc/route.c"
 #include "csrc/outputs_match.c"
 #include "csrc/thread_main.c"
+#include "csrc/slice_log.c"
 #include "csrc/recording.c"
 #include "csrc/state.c"
 #include "csrc/columns.c"
@@ -225,7 +228,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s___enter__, "__enter__");
     INTERN(s___exit__, "__exit__");
     if (PyType_Ready(&QueueType) < 0 || PyType_Ready(&BufferType) < 0 || PyType_Ready(&LogType) < 0 ||
-        PyType_Ready(&CLockType) < 0 || PyType_Ready(&LoopType) < 0)
+        PyType_Ready(&CLockType) < 0 || PyType_Ready(&LoopType) < 0 || PyType_Ready(&SliceLogType) < 0)
         return NULL;
     MAIN_THREAD = PyThread_get_thread_ident();
     PyObject *m = PyModule_Create(&module);
@@ -234,7 +237,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyModule_AddObjectRef(m, "ReadyQueue", (PyObject *)&QueueType) < 0 ||
         PyModule_AddObjectRef(m, "InputBufferBase", (PyObject *)&BufferType) < 0 ||
         PyModule_AddObjectRef(m, "EventLog", (PyObject *)&LogType) < 0 ||
-        PyModule_AddObjectRef(m, "Lock", (PyObject *)&CLockType) < 0) {
+        PyModule_AddObjectRef(m, "Lock", (PyObject *)&CLockType) < 0 ||
+        PyModule_AddObjectRef(m, "SliceLog", (PyObject *)&SliceLogType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -64,6 +64,7 @@ if COMPILED:
     costs_of = _core.costs_of
     stream_walk = _core.stream_walk
     sim_slices = _core.sim_slices
+    SliceLog = _core.SliceLog
     kernel_slices = _core.kernel_slices
     configure_sim_queue = _core.configure_sim_queue
     split_saved = _core.split_saved
@@ -94,6 +95,7 @@ else:
     costs_of = None  # sim.costs.CostResolver.many's list
     stream_walk = None  # analysis.streams.stream_walk_py
     sim_slices = None  # sim.result._slice_columns_py
+    SliceLog = list  # a simulation's slices: a list of tuples (csrc/slice_log.c keeps them as columns)
     kernel_slices = None  # sim.result._kernel_slices_py
     configure_sim_queue = None  # sim.tasks.SimQueue.push (always called)
     fill = None  # traces.encode.fill_py

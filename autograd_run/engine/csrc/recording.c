@@ -381,17 +381,25 @@ static inline int identity_type(PyTypeObject *t) {
 }
 
 /* sim_slices(slices) -> (nodes, node codes, gt, depth, tid, start, end, queues, queue codes, pushed): the columns of
- * a simulation's slices, each (gt, depth, node, tid, start, end, queue or None, pushed or None): the distinct
+ * a simulation's slices (a list, or a SliceLog, whose columns are read as they are), each (gt, depth, node, tid, start, end, queue or None, pushed or None): the distinct
  * nodes and queue names in order of first appearance (a dict's equality; None is no queue: code -1) and int64
  * columns as bytes (pushed 0 where there is no queue; a None node is code -1). Nodes of an identity_type are
  * coded by address (PtrRows: no dict entry and int per node, 0.34 s at a million nodes); others by a dict.
  * sim/result.py's _slice_columns_py is the twin. */
 static PyObject *sim_slices(PyObject *mod, PyObject *arg) {
-    if (!PyList_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "sim_slices(list of slices)");
+    SliceLogObject *L = Py_IS_TYPE(arg, &SliceLogType) ? (SliceLogObject *)arg : NULL;
+    if (L == NULL && !PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "sim_slices(list of slices, or a SliceLog)");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(arg);
+    Py_ssize_t n = L ? L->n : PyList_GET_SIZE(arg);
+    /* a SliceLog's kinds: their gt, depth, tid and queue code, read at the first slice of each (-2: not yet) */
+    Py_ssize_t nk = L ? L->nkinds : 0;
+    int64_t *kv = nk ? PyMem_Malloc(nk * 4 * sizeof(int64_t)) : NULL;
+    if (nk && kv == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t k = 0; k < nk; k++)
+        kv[4 * k + 3] = -2;
     enum { C_NODE, C_GT, C_DEPTH, C_TID, C_START, C_END, C_QUEUE, C_PUSHED, C_N };
     PyObject *col[C_N] = {NULL}, *nodes = PyList_New(0), *queues = PyList_New(0);
     PyObject *node_tab = PyDict_New(), *queue_tab = PyDict_New(), *result = NULL;
@@ -406,7 +414,51 @@ static PyObject *sim_slices(PyObject *mod, PyObject *arg) {
     }
     static const int ints[] = {C_GT, C_DEPTH, -1, C_TID, C_START, C_END}; /* tuple place -> column */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *s = PyList_GET_ITEM(arg, i);
+        PyObject *s;
+        if (L != NULL && L->kind[i] != SL_ODD) { /* the columns as they are, the kind's fields read once */
+            uint32_t k = L->kind[i];
+            SliceKind *sk = &L->kinds[k];
+            int64_t *v = &kv[4 * k];
+            if (v[3] == -2) {
+                PyObject *f[3] = {sk->gid, sk->depth, sk->tid};
+                for (int j = 0; j < 3; j++)
+                    if ((v[j] = PyLong_AsLongLong(f[j])) == -1 && PyErr_Occurred())
+                        goto done;
+                if (sk->queue == Py_None)
+                    v[3] = -1;
+                else if (sk->no_push) { /* a queued slice without a push time: the error the tuple's read gives */
+                    PyLong_AsLongLong(Py_None);
+                    goto done;
+                } else if ((v[3] = code_in(queue_tab, queues, sk->queue)) < 0)
+                    goto done;
+            }
+            c[C_GT][i] = v[0], c[C_DEPTH][i] = v[1], c[C_TID][i] = v[2];
+            c[C_START][i] = L->start[i], c[C_END][i] = L->end[i];
+            c[C_QUEUE][i] = v[3];
+            c[C_PUSHED][i] = v[3] < 0 ? 0 : L->pushed[i];
+            PyObject *node = L->node[i];
+            if (node == Py_None)
+                c[C_NODE][i] = -1;
+            else if (identity_type(Py_TYPE(node))) {
+                Py_ssize_t next = PyList_GET_SIZE(nodes), row = ptr_row_add(&by_address, node, next);
+                if (row == next && PyList_Append(nodes, node) < 0)
+                    goto done;
+                c[C_NODE][i] = row;
+            } else if ((c[C_NODE][i] = code_in(node_tab, nodes, node)) < 0)
+                goto done;
+            continue;
+        }
+        if (L != NULL) { /* a slice kept as it was given */
+            PyObject *key = PyLong_FromSsize_t(i);
+            s = key ? PyDict_GetItemWithError(L->odd, key) : NULL;
+            Py_XDECREF(key);
+            if (s == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_RuntimeError, "SliceLog: an odd slice is missing");
+                goto done;
+            }
+        } else
+            s = PyList_GET_ITEM(arg, i);
         if (!PyTuple_Check(s) || PyTuple_GET_SIZE(s) != 8) {
             PyErr_SetString(PyExc_TypeError, "sim_slices: a slice is an 8-tuple");
             goto done;
@@ -452,6 +504,7 @@ done:
     Py_XDECREF(node_tab);
     Py_XDECREF(queue_tab);
     ptr_rows_free(&by_address);
+    PyMem_Free(kv);
     return result;
 }
 

@@ -491,6 +491,26 @@ static int append_new(PyObject *list, PyObject *item) {
     return r;
 }
 
+/* Whether `slices` is what the loops record slices into: a SliceLog, or a list (of tuples). */
+static int slices_check(PyObject *slices, const char *who) {
+    if (Py_IS_TYPE(slices, &SliceLogType) || PyList_Check(slices))
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s: slices is a SliceLog or a list", who);
+    return -1;
+}
+
+/* A slice (gt, depth, node, tid, start, end, queue, pushed) recorded: into a SliceLog's columns, or as a tuple. */
+static int slices_add(PyObject *slices, PyObject *gid, PyObject *depth, PyObject *node, PyObject *tid,
+                      long long start, long long end, PyObject *queue, PyObject *pushed) {
+    if (Py_IS_TYPE(slices, &SliceLogType))
+        return slice_log_add((SliceLogObject *)slices, gid, depth, node, tid, start, end, queue, pushed);
+    PyObject *st = PyLong_FromLongLong(start), *en = st ? PyLong_FromLongLong(end) : NULL;
+    PyObject *slice = en ? PyTuple_Pack(8, gid, depth, node, tid, st, en, queue, pushed) : NULL;
+    Py_XDECREF(st);
+    Py_XDECREF(en);
+    return append_new(slices, slice);
+}
+
 /* gt.leaf_streams.add(stream), skipped when it is the very add made last. */
 static int leaf_add(Sim *S, PyObject *gt, PyObject *stream) {
     PyObject *leaves = PyObject_GetAttr(gt, sl_leaf_streams);
@@ -645,11 +665,7 @@ static int sim_done(Sim *S, SimRunC *run) {
     int r = -1;
     if (task_ids(S, run->gt, run->w, &gid, &depth, &tid) < 0)
         goto out;
-    PyObject *st = lpy(run->start), *en = st ? lpy(S->now) : NULL;
-    PyObject *slice = en ? PyTuple_Pack(8, gid, depth, run->node, tid, st, en, run->queue, run->pushed) : NULL;
-    Py_XDECREF(st);
-    Py_XDECREF(en);
-    if (append_new(S->slices, slice) < 0)
+    if (slices_add(S->slices, gid, depth, run->node, tid, run->start, S->now, run->queue, run->pushed) < 0)
         goto out;
     PyObject *next = node_get(run->node, NF_NEXT);
     if (next == NULL)
@@ -1300,15 +1316,15 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
         *stream_free, *streams, *ones, *tracer, *cost_op, *gil_holder, *core_free;
     long long order, now, overhead_ns, device_overhead_ns, cost_node_ns, gil_handoff_ns, gil_free_at;
     int detail, overhead_gil;
-    if (!PyArg_ParseTuple(args, "OO!LOOOOO!O!O!O!O!O!O!OO!OOLLLLLppLOO", &sim, &PyList_Type, &events, &order, &wake_fn,
+    if (!PyArg_ParseTuple(args, "OO!LOOOOOO!O!O!O!O!O!OO!OOLLLLLppLOO", &sim, &PyList_Type, &events, &order, &wake_fn,
                           &step_fn, &costs,
-                          &resolved, &PyList_Type, &slices, &PyList_Type, &kernels, &PyList_Type, &started,
+                          &resolved, &slices, &PyList_Type, &kernels, &PyList_Type, &started,
                           &PyList_Type, &skips, &PyList_Type, &idles, &PyList_Type, &samples, &PyDict_Type,
                           &stream_free, &streams, &PyList_Type, &ones, &tracer, &cost_op, &now, &overhead_ns,
                           &device_overhead_ns, &cost_node_ns, &gil_handoff_ns, &detail, &overhead_gil, &gil_free_at,
                           &gil_holder, &core_free))
         return NULL;
-    if (sl_intern() < 0)
+    if (slices_check(slices, "sim_loop") < 0 || sl_intern() < 0)
         return NULL;
     Sim tables = {.cost_op = cost_op};
     if (resolver_tables(resolved, &tables) < 0)
@@ -1460,12 +1476,13 @@ done:
 static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
     PyObject *sim, *gt, *queue, *costs, *resolved, *slices, *ones, *tracer, *cost_op, *tid, *qname, *gid;
     long long now, overhead_ns, cost_node_ns;
-    if (!PyArg_ParseTuple(args, "OOO!OOO!O!OOLLLOOO", &sim, &gt, &QueueType, &queue, &costs, &resolved, &PyList_Type,
+    if (!PyArg_ParseTuple(args, "OOO!OOOO!OOLLLOOO", &sim, &gt, &QueueType, &queue, &costs, &resolved,
                           &slices, &PyList_Type, &ones, &tracer, &cost_op, &now, &overhead_ns, &cost_node_ns, &tid,
                           &qname, &gid))
         return NULL;
-    if (sl_intern() < 0)
+    if (slices_check(slices, "sim_sequential") < 0 || sl_intern() < 0)
         return NULL;
+    SliceLogObject *log = Py_IS_TYPE(slices, &SliceLogType) ? (SliceLogObject *)slices : NULL;
     Sim S = {.sim = sim, .costs = costs, .now = now, .now_seen = now, .cost_op = cost_op};
     if (resolver_tables(resolved, &S) < 0)
         return NULL;
@@ -1530,16 +1547,23 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
             t += cost_node_ns;
         Py_DECREF(op);
         S.now = t;
-        /* a slice starts where the one before ended: one int object for both (as the Python loop's `start = t`) */
-        PyObject *st = start == t_val && t_obj ? Py_NewRef(t_obj) : PyLong_FromLongLong(start);
-        PyObject *en = st ? PyLong_FromLongLong(t) : NULL;
-        PyObject *slice = en ? PyTuple_Pack(8, gid, zero, node, tid, st, en, qname, pushed) : NULL;
-        Py_XDECREF(st);
-        Py_XSETREF(t_obj, en);
-        t_val = t;
-        if (slice == NULL || append_new(slices, slice) < 0) {
-            Py_DECREF(item);
-            goto done;
+        if (log != NULL) {
+            if (slice_log_add(log, gid, zero, node, tid, start, t, qname, pushed) < 0) {
+                Py_DECREF(item);
+                goto done;
+            }
+        } else {
+            /* a slice starts where the one before ended: one int object for both (as the Python loop's `start = t`) */
+            PyObject *st = start == t_val && t_obj ? Py_NewRef(t_obj) : PyLong_FromLongLong(start);
+            PyObject *en = st ? PyLong_FromLongLong(t) : NULL;
+            PyObject *slice = en ? PyTuple_Pack(8, gid, zero, node, tid, st, en, qname, pushed) : NULL;
+            Py_XDECREF(st);
+            Py_XSETREF(t_obj, en);
+            t_val = t;
+            if (slice == NULL || append_new(slices, slice) < 0) {
+                Py_DECREF(item);
+                goto done;
+            }
         }
         PyObject *nxt = node_get(node, NF_NEXT);
         int has_next = nxt ? PyObject_IsTrue(nxt) : -1;
