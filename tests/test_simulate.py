@@ -1063,3 +1063,16 @@ def test_times_past_a_64_bit_count_are_refused_not_wrapped(tmp_path, pure):
     p = cli(["simulate", path, "--scale", "Cost=1000", "--json"], **env)  # 12,000 s: fine
     assert p.code == 0, p.err
     assert json.loads(p.out)["wall_ns"] >= 200 * 60e6 * 1e3 * 1000
+
+
+def test_a_finished_simulation_lets_go_of_its_dependency_tables():
+    """Every count is gone when a call ends, but a dict keeps the table it grew to (10 MB for 2e5 nodes) until
+    it is cleared, and the simulator keeps its tasks: each finished task's table is let go."""
+    import sys
+    chain = loads_graph(dumps(generate("chain", n=20000), "json"), "chain.json")
+    for graph, options in ((chain, SimOptions(spec="h100", slack_top=0)),
+                           (chain, SimOptions(spec="h100", devices=2, placement="layer", slack_top=0)),
+                           (load_graph("example:reentrant"), SimOptions(spec="h100", slack_top=0))):
+        sim = simulate_session(graph, options).sim
+        assert sim.graph_tasks and all(not t.dependencies for t in sim.graph_tasks)
+        assert max(sys.getsizeof(t.dependencies) for t in sim.graph_tasks) < 1000

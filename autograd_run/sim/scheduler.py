@@ -201,6 +201,7 @@ class Simulator:
         if self._one_worker():
             self._run_sequential(gt)
             self.cpu_only_one_worker = self.graph.max_device_index < 0
+            self._let_go_of_counts()
             return gt
         caller.waiting_for.append(gt)
         self.at(self.now, self._step, caller)
@@ -218,7 +219,15 @@ class Simulator:
                     self._go_on()
         if not gt.completed:
             raise RuntimeError("simulation stalled: the backward call never completed")
+        self._let_go_of_counts()
         return gt
+
+    def _let_go_of_counts(self) -> None:
+        """A finished task's dependency counts are all gone, but a dict keeps the table it grew to (50 MB for
+        a million nodes) until it is cleared; the tasks stay in ``graph_tasks``, so the tables would too."""
+        for task in self.graph_tasks:
+            if not task.dependencies:
+                task.dependencies.clear()
 
     def _compiled_loop(self) -> bool:
         """Whether the compiled core's event loop (``engine/csrc/sim_loop.c``) runs this call: it is built, no
