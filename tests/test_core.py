@@ -249,17 +249,21 @@ def test_the_summary_loops_agree_with_their_twins(seed):
     weight = rnd.integers(0, 5, m)  # small: many ties
     start = rnd.integers(0, 50, m)
     order = np.argsort(-start, kind="stable")
-    assert kernels.critical_path(nodes, gt, node, weight, start, order) == \
-        kernels.critical_path_py(nodes, gt, node, weight, start, order)
+    def path(*args):  # the compiled walk's (int64 rows, total) as the twin's (list, total)
+        rows, total = kernels.critical_path(*args)
+        assert rows.dtype == np.int64
+        return rows.tolist(), total
+
+    assert path(nodes, gt, node, weight, start, order) == kernels.critical_path_py(nodes, gt, node, weight, start, order)
     one = np.zeros(m, dtype=np.int64)  # one graph task: the compiled walk keeps a node's last run in an array
-    assert kernels.critical_path(nodes, one, node, weight, start, order) == \
+    assert path(nodes, one, node, weight, start, order) == \
         kernels.critical_path_py(nodes, one, node, weight, start, order)
     # nodes of two graphs (their indices repeat): found by address instead of by index
     other = loads_graph(dumps(generate("random", nodes=50, leaves=10, seed=seed + 1), "json"), "o.json")
     both = nodes + list(other.nodes)
     node2 = rnd.integers(0, len(both), m)
     for g2 in (gt, one):
-        assert kernels.critical_path(both, g2, node2, weight, start, order) == \
+        assert path(both, g2, node2, weight, start, order) == \
             kernels.critical_path_py(both, g2, node2, weight, start, order)
 
 

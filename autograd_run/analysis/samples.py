@@ -190,5 +190,5 @@ def slice_passes(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
     for _, rows in groups(passes[r.rows]):
         visit = np.argsort(-r.start[rows], kind="stable")
         path, _ = kernels.critical_path(nodes, r.gt[rows], r.node[rows], weight[rows], r.start[rows], visit)
-        critical[r.rows[rows[np.asarray(path, dtype=np.int64)]]] = True
+        critical[r.rows[rows[path]]] = True
     return passes, critical

@@ -17,7 +17,8 @@
     ``order`` (latest start first; a successor counts only once visited);
     ties go to the first successor in next-edge order, and the path starts at
     the largest total, then the earliest start, then the first visited:
-    ``(run indices root to leaf, total)``.
+    ``(run indices root to leaf, total)``: the indices an int64 array (the twin makes a list, which the
+    wrapper turns into one).
 
 Both give what ``summary``'s reference implementation (over typed records)
 computes; the compiled ones are used where the core is built.
@@ -161,9 +162,10 @@ def attr_codes(objs: list, name: str, identity: bool = False) -> tuple[np.ndarra
 
 
 def critical_path(nodes: list, gt: np.ndarray, node: np.ndarray, weight: np.ndarray, start: np.ndarray,
-                  order: np.ndarray) -> tuple[list[int], int]:
+                  order: np.ndarray) -> tuple[np.ndarray, int]:
     if core.critical_path is None:
-        return critical_path_py(nodes, gt, node, weight, start, order)
+        path, total = critical_path_py(nodes, gt, node, weight, start, order)
+        return np.asarray(path, dtype=np.int64), total
     arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (gt, node, weight, start, order)]
     path, total = core.critical_path(nodes, *arrays)
-    return path, total
+    return np.frombuffer(path, dtype=np.int64), total

@@ -129,7 +129,7 @@ static int int64_buffer(PyObject *o, Py_buffer *b, Py_ssize_t n, const char *wha
     return 0;
 }
 
-/* critical_path(nodes, gt, node, weight, start, order) -> (path run indices, total): the longest chain of
+/* critical_path(nodes, gt, node, weight, start, order) -> (path run indices as int64 bytes, total): the longest chain of
  * runs (run k: node table index node[k] of GraphTask gt[k], weight[k] = queue wait + duration)
  * following next edges within a GraphTask, over runs visited in `order` (latest start first; a
  * run's successors count only once visited); ties go to the first successor in next order and the
@@ -270,18 +270,19 @@ static PyObject *critical_path(PyObject *mod, PyObject *args) {
         if (start < 0 || best[k] > best[start] || (best[k] == best[start] && st[k] < st[start]))
             start = k;
     }
-    if (start >= 0) {
-        PyObject *path = PyList_New(0);
-        int64_t total = best[start];
-        for (int64_t k = start; path && k >= 0; k = succ[k]) {
-            PyObject *v = PyLong_FromLongLong(k);
-            if (v == NULL || PyList_Append(path, v) < 0)
-                Py_CLEAR(path);
-            Py_XDECREF(v);
+    if (start >= 0) { /* the path's runs as int64 bytes (a million-run path as ints: 40 MB more, and their time) */
+        Py_ssize_t len = 0;
+        for (int64_t k = start; k >= 0; k = succ[k])
+            len++;
+        PyObject *path = PyBytes_FromStringAndSize(NULL, len * 8);
+        if (path != NULL) {
+            int64_t *out = (int64_t *)PyBytes_AS_STRING(path);
+            for (int64_t k = start; k >= 0; k = succ[k])
+                *out++ = k;
         }
-        result = path ? Py_BuildValue("(NL)", path, (long long)total) : NULL;
+        result = path ? Py_BuildValue("(NL)", path, (long long)best[start]) : NULL;
     } else {
-        result = Py_BuildValue("([]L)", 0LL);
+        result = Py_BuildValue("(y#L)", "", (Py_ssize_t)0, 0LL);
     }
 done:
     u64map_free(&ptrs);
