@@ -380,6 +380,17 @@ static inline int identity_type(PyTypeObject *t) {
     return t->tp_richcompare == PyBaseObject_Type.tp_richcompare && t->tp_hash == PyBaseObject_Type.tp_hash;
 }
 
+/* A slice's node code: -1 for None; its row in `nodes`, added when new: by address (`by_address`) for an
+ * identity_type, else by `table` (a dict's equality). -2 and an exception where that fails. */
+static int64_t node_code(PyObject *node, PyObject *nodes, PyObject *table, PtrRows *by_address) {
+    if (node == Py_None)
+        return -1;
+    if (!identity_type(Py_TYPE(node)))
+        return code_in(table, nodes, node);
+    Py_ssize_t next = PyList_GET_SIZE(nodes), row = ptr_row_add(by_address, node, next);
+    return row == next && PyList_Append(nodes, node) < 0 ? -2 : row;
+}
+
 /* sim_slices(slices) -> (nodes, node codes, gt, depth, tid, start, end, queues, queue codes, pushed): the columns of
  * a simulation's slices (a list, or a SliceLog, whose columns are read as they are), each (gt, depth, node, tid, start, end, queue or None, pushed or None): the distinct
  * nodes and queue names in order of first appearance (a dict's equality; None is no queue: code -1) and int64
@@ -436,15 +447,7 @@ static PyObject *sim_slices(PyObject *mod, PyObject *arg) {
             c[C_START][i] = L->start[i], c[C_END][i] = L->end[i];
             c[C_QUEUE][i] = v[3];
             c[C_PUSHED][i] = v[3] < 0 ? 0 : L->pushed[i];
-            PyObject *node = L->node[i];
-            if (node == Py_None)
-                c[C_NODE][i] = -1;
-            else if (identity_type(Py_TYPE(node))) {
-                Py_ssize_t next = PyList_GET_SIZE(nodes), row = ptr_row_add(&by_address, node, next);
-                if (row == next && PyList_Append(nodes, node) < 0)
-                    goto done;
-                c[C_NODE][i] = row;
-            } else if ((c[C_NODE][i] = code_in(node_tab, nodes, node)) < 0)
+            if ((c[C_NODE][i] = node_code(L->node[i], nodes, node_tab, &by_address)) < -1)
                 goto done;
             continue;
         }
@@ -471,15 +474,7 @@ static PyObject *sim_slices(PyObject *mod, PyObject *arg) {
                 goto done;
             c[ints[f]][i] = v;
         }
-        PyObject *node = PyTuple_GET_ITEM(s, 2);
-        if (node == Py_None)
-            c[C_NODE][i] = -1;
-        else if (identity_type(Py_TYPE(node))) {
-            Py_ssize_t next = PyList_GET_SIZE(nodes), row = ptr_row_add(&by_address, node, next);
-            if (row == next && PyList_Append(nodes, node) < 0)
-                goto done;
-            c[C_NODE][i] = row;
-        } else if ((c[C_NODE][i] = code_in(node_tab, nodes, node)) < 0)
+        if ((c[C_NODE][i] = node_code(PyTuple_GET_ITEM(s, 2), nodes, node_tab, &by_address)) < -1)
             goto done;
         PyObject *q = PyTuple_GET_ITEM(s, 6);
         c[C_QUEUE][i] = c[C_PUSHED][i] = 0;
