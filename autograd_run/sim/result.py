@@ -1,7 +1,8 @@
 """A finished simulation as a ``Recording`` (the summary and trace writer read it as any run's).
 
-The simulator keeps what happened as plain tuples (``Simulator.slices`` and
-the rest); ``to_recording`` turns the per-node ones into the Recording's numpy
+The simulator keeps what happened as plain tuples (``Simulator.slices``, kept
+as columns by the compiled core's ``SliceLog`` but read as tuples, and the
+rest); ``to_recording`` turns the per-node ones into the Recording's numpy
 ``Columns`` directly (no record object per node), laid out as
 ``recording._columns_of`` lays out the same records given as lists: nodes and
 queues numbered in order of first appearance, one queue wait per slice whose
