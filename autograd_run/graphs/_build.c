@@ -132,7 +132,7 @@ static PyObject *variable_field(PyObject *var, int f, PyObject *name) {
 }
 static int colons_ready = 0;
 static PyObject *EDGE_TYPE, *UNSET, *CPU, *EMPTY, *ACC, *ZERO, *MINUS_ONE, *MAX_SEQ, *FWD_END;
-static PyObject *s_nexts, *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
+static PyObject *s_nexts, *s_ints, *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
     *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_shape, *s_inputs,
     *s_nodes, *s_by_id, *s_ops, *s_metas, *s_default_seqs, *s_max_device_index, *s_forward, *s_variables,
     *s_node, *s_requires_grad, *s_kind, *s_tensor, *s_int, *s_bool, *s_str, *s_dtype, *s__top_min, *s_bytes,
@@ -291,6 +291,36 @@ static PyObject *st_get(PyObject *st, PyObject *name, PyTypeObject *type) {
         Py_CLEAR(v);
     }
     return v;
+}
+
+/* The int object of value v to put in a node's index, seq or topo_nr: one object per value where `ints` (the
+ * load's table, a list whose slot v holds the first int of value v put in a node, or None) has a slot v, so
+ * the three numbers of a million nodes take about a million int objects, not three (64 bytes a node less);
+ * else `obj`, or a new int where obj is NULL. A new reference; NULL and an exception where memory runs out. */
+static PyObject *shared_int(PyObject *ints, long long v, PyObject *obj) {
+    if (ints == NULL || v < 0 || v >= PyList_GET_SIZE(ints))
+        return obj ? Py_NewRef(obj) : PyLong_FromLongLong(v);
+    PyObject *have = PyList_GET_ITEM(ints, v);
+    if (have != Py_None)
+        return Py_NewRef(have);
+    PyObject *o = obj ? Py_NewRef(obj) : PyLong_FromLongLong(v);
+    if (o != NULL) {
+        PyList_SET_ITEM(ints, v, Py_NewRef(o));
+        Py_DECREF(have); /* (None's reference, held by the list until now) */
+    }
+    return o;
+}
+
+/* shared_int for an object that may be an int (a node's seq from the file): itself where it is not an exact int
+ * or does not fit. */
+static PyObject *shared_obj(PyObject *ints, PyObject *obj) {
+    if (ints == NULL || !PyLong_CheckExact(obj))
+        return Py_NewRef(obj);
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return NULL;
+    return overflow ? Py_NewRef(obj) : shared_int(ints, v, obj);
 }
 
 /* Call checker.<method>(*args): 0, or -1 with its exception. */
@@ -616,12 +646,13 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
     PyObject *nexts = variables ? st_get(st, s_nexts, &PyList_Type) : NULL;
     PyObject *dflt = nexts ? st_get(st, s_default_seqs, NULL) : NULL;
     PyObject *maxdev_o = dflt ? st_get(st, s_max_device_index, NULL) : NULL;
+    PyObject *ints = maxdev_o ? st_get(st, s_ints, &PyList_Type) : NULL;
     PyObject *result = NULL;
     /* spec input lists seen (by address, direct-mapped: the JSON reader shares one list between the nodes that
      * write the same text), each with its list of metas and the device and stream read from them; held, so
      * that no address is reused while it is compared */
     struct { PyObject *ins, *inputs, *device, *stream; int cpu; } seen_ins[16] = {{0}};
-    if (maxdev_o == NULL)
+    if (ints == NULL)
         goto done;
     int default_seqs = PyObject_IsTrue(dflt);
     long long max_dev = PyLong_AsLongLong(maxdev_o);
@@ -811,9 +842,11 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         /* the node */
         node = NODE.type->tp_alloc(NODE.type, 0);
         PyObject *next_list = node ? PyList_New(0) : NULL;
-        PyObject *index = next_list ? PyLong_FromSsize_t(i) : NULL;
-        if (index == NULL) {
+        PyObject *index = next_list ? shared_int(ints, i, NULL) : NULL;
+        PyObject *seq_o = index ? shared_obj(ints, seq ? seq : MINUS_ONE) : NULL;
+        if (seq_o == NULL) {
             Py_XDECREF(next_list);
+            Py_XDECREF(index);
             NEXT_NODE(-1);
         }
         if (seq == NULL)
@@ -827,7 +860,7 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
             Py_DECREF(name);
         }
         slot_put(&NODE, node, N_OP, op);
-        slot_put(&NODE, node, N_SEQ, seq ? seq : MINUS_ONE);
+        slot_put(&NODE, node, N_SEQ, seq_o);
         slot_put(&NODE, node, N_NEXT, next_list);
         slot_put(&NODE, node, N_INPUTS, inputs);
         slot_put(&NODE, node, N_SAVED, saved ? saved : EMPTY);
@@ -844,6 +877,7 @@ static PyObject *build_nodes(PyObject *mod, PyObject *args) {
         slot_put(&NODE, node, N_STRINGS, Py_False);
         Py_DECREF(next_list);
         Py_DECREF(index);
+        Py_DECREF(seq_o);
         /* a count of outputs that depends on the node (saved lists, inputs): a mismatch is the Python loop's */
         PyObject *count_out = PyTuple_GET_ITEM(info, O_COUNT);
         if (count_out != Py_None) {
@@ -983,6 +1017,7 @@ done:
     Py_XDECREF(nexts);
     Py_XDECREF(dflt);
     Py_XDECREF(maxdev_o);
+    Py_XDECREF(ints);
     return result;
 }
 
@@ -1242,13 +1277,14 @@ done:
 }
 
 /* model._topo_in over a list of nodes (reversed when ``reverse``): each node's topo_nr is 1 + the highest
- * of its next nodes' (0 with none), its next nodes done before it. False (nothing raised) at the first
+ * of its next nodes' (0 with none), its next nodes done before it; its int object shared through `ints` (the
+ * load's table: shared_int) where that is given. False (nothing raised) at the first
  * node, next list or edge that is not laid out as the loader makes them: the caller then runs the Python
  * loop over the whole order, which sets every number again. */
 static PyObject *topo_in(PyObject *mod, PyObject *args) {
-    PyObject *nodes;
+    PyObject *nodes, *ints = NULL;
     int reverse;
-    if (!PyArg_ParseTuple(args, "O!p", &PyList_Type, &nodes, &reverse))
+    if (!PyArg_ParseTuple(args, "O!p|O!", &PyList_Type, &nodes, &reverse, &PyList_Type, &ints))
         return NULL;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "_build.configure() has not succeeded");
@@ -1280,7 +1316,7 @@ static PyObject *topo_in(PyObject *mod, PyObject *args) {
             if (v >= topo)
                 topo = v + 1;
         }
-        PyObject *t = PyLong_FromLongLong(topo);
+        PyObject *t = shared_int(ints, topo, NULL);
         if (t == NULL)
             return NULL;
         PyObject **p = (PyObject **)((char *)node + NODE.offsets[N_TOPO]);
@@ -2084,6 +2120,7 @@ PyMODINIT_FUNC PyInit__build(void) {
     INTERN(s_max_device_index, "max_device_index");
     INTERN(s_forward, "forward");
     INTERN(s_nexts, "nexts");
+    INTERN(s_ints, "ints");
     INTERN(s_variables, "variables");
     INTERN(s_node, "node");
     INTERN(s_requires_grad, "requires_grad");

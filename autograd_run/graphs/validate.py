@@ -266,7 +266,7 @@ class _Build:
     """What the node loops share (``_Checker.build_nodes``, ``link_edges``), Python's and the compiled ones."""
 
     __slots__ = ("variables", "metas", "nodes", "by_id", "ops", "default_seqs", "max_device_index", "forward",
-                 "nexts")
+                 "nexts", "ints")
 
     def __init__(self, variables: dict, metas: dict):
         self.variables = variables
@@ -287,6 +287,10 @@ class _Build:
         #: Each node's next edges as the file gives them (its spec's ``next``), kept from its spec (let go
         #: once its node is made) until ``link_edges`` makes its edges (then None).
         self.nexts: list = []
+        #: The compiled loops' table of int objects by value, for the nodes' index, seq and topo_nr: slot v holds
+        #: the first int of value v put in a node (None before), so equal numbers share one object (``_build``'s
+        #: shared_int; the Python loops make their own). Empty: nothing shared.
+        self.ints: list = []
 
 
 def _compiled_loops():
@@ -744,6 +748,8 @@ class _Checker:
         del checked
 
         st = _Build(variables, self._metas)
+        if _FAST is not None:  # values up to twice the node count: indexes, seqs and topological numbers
+            st.ints = [None] * (2 * len(spec.nodes) + 16)
         self.build_nodes(st)
         self.link_edges(st)
         del st.by_id[_GENERAL_KEYS]
@@ -760,12 +766,15 @@ class _Checker:
         # Every node's op was resolved through the op-text cache, so its values are the graph's ops.
         graph.op_set = frozenset(info[0] for info in st.ops.values())
         try:
-            derive(graph, prepared=True, forward=forward, topo_in=_FAST and _FAST.topo_in)
+            ints = st.ints
+            derive(graph, prepared=True, forward=forward,
+                   topo_in=_FAST and (lambda nodes, reverse: _FAST.topo_in(nodes, reverse, ints)))
         except ValueError as exc:
             cycle = exc.args[0]
             src = cycle[-2]
             k = next(k for k, e in enumerate(src.next) if e is not None and e.node is cycle[-1])
             raise self.err(("nodes", src.index, "next", k), "cycle: " + " -> ".join(n.id for n in cycle)) from None
+        st.ints = ints = []  # the table goes (16 MB at a million nodes); the nodes keep the ints they share
         # Default sequence numbers: the topological number (nodes nearer the root run first).
         if default_seqs:
             for node in nodes:
