@@ -1482,7 +1482,6 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
         return NULL;
     if (slices_check(slices, "sim_sequential") < 0 || sl_intern() < 0)
         return NULL;
-    SliceLogObject *log = Py_IS_TYPE(slices, &SliceLogType) ? (SliceLogObject *)slices : NULL;
     Sim S = {.sim = sim, .costs = costs, .now = now, .now_seen = now, .cost_op = cost_op};
     if (resolver_tables(resolved, &S) < 0)
         return NULL;
@@ -1503,8 +1502,6 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
     QueueObject *q = (QueueObject *)queue;
     SimRunC run = {0};
     PyObject *zero = PyLong_FromLong(0); /* (a cached small int: never fails) */
-    PyObject *t_obj = NULL; /* the last slice's end, and its value */
-    long long t_val = 0;
     long long t = now;
     while (q->size > 0) {
         PyObject *item = Queue_pop_impl(q, Py_None);
@@ -1547,23 +1544,9 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
             t += cost_node_ns;
         Py_DECREF(op);
         S.now = t;
-        if (log != NULL) {
-            if (slice_log_add(log, gid, zero, node, tid, start, t, qname, pushed) < 0) {
-                Py_DECREF(item);
-                goto done;
-            }
-        } else {
-            /* a slice starts where the one before ended: one int object for both (as the Python loop's `start = t`) */
-            PyObject *st = start == t_val && t_obj ? Py_NewRef(t_obj) : PyLong_FromLongLong(start);
-            PyObject *en = st ? PyLong_FromLongLong(t) : NULL;
-            PyObject *slice = en ? PyTuple_Pack(8, gid, zero, node, tid, st, en, qname, pushed) : NULL;
-            Py_XDECREF(st);
-            Py_XSETREF(t_obj, en);
-            t_val = t;
-            if (slice == NULL || append_new(slices, slice) < 0) {
-                Py_DECREF(item);
-                goto done;
-            }
+        if (slices_add(slices, gid, zero, node, tid, start, t, qname, pushed) < 0) {
+            Py_DECREF(item);
+            goto done;
         }
         PyObject *nxt = node_get(node, NF_NEXT);
         int has_next = nxt ? PyObject_IsTrue(nxt) : -1;
@@ -1593,7 +1576,6 @@ done:
         sync_now_after_error(&S);
     Py_XDECREF(S.last_cost);
     memo_clear(&S);
-    Py_XDECREF(t_obj);
     Py_DECREF(zero);
     gt_info_clear(&gi);
     engine_info_clear(&ei);
