@@ -171,4 +171,4 @@ def test_capture_of_a_ddp_model_records_its_settings_and_replays_as_pytorch(tmp_
     graph.write_text(json.dumps(doc))
     p = cli(["simulate", graph, "--ddp", "captured", "--world", "2", "--network", "alpha_us=10,gbps=1"],
             timeout=120)
-    assert p.code == 2 and "no ddp section" in p.err, p.err
+    assert p.code == 2 and p.err.startswith(f"Error: {graph}: no ddp section"), p.err
