@@ -226,6 +226,14 @@ MLP_CASES = [
     ("an undeclared tensor that does not broadcast", lambda d: d["nodes"][8]["saved"].update(
         extra={"random": 2, "shape": [9]}), False),
     ("an undeclared non-tensor field", lambda d: d["nodes"][8]["saved"].update(extra=[1, "x"]), True),
+    # a sum's formula is grad.expand(self_sym_sizes), and what it sends must fit its next node's input (sum_to)
+    ("a sum whose gradient cannot expand to its sizes", lambda d: d["nodes"][0].update(inputs=[{"shape": [3]}]),
+     False),
+    ("a sum whose gradient expands to its sizes", lambda d: d["nodes"][0].update(inputs=[{"shape": [1]}]), True),
+    ("a sum whose sizes its next input cannot take", lambda d: d["nodes"][0]["saved"].update(self_sym_sizes=[3, 1]),
+     False),
+    ("a sum whose sizes its next input sums to", lambda d: d["nodes"][0]["saved"].update(self_sym_sizes=[2, 5]),
+     True),
 ]
 
 

@@ -133,7 +133,7 @@ static PyObject *variable_field(PyObject *var, int f, PyObject *name) {
 static int colons_ready = 0;
 static PyObject *EDGE_TYPE, *UNSET, *CPU, *EMPTY, *ACC, *ZERO, *MINUS_ONE, *MAX_SEQ, *FWD_END;
 static PyObject *s_nexts, *s_ints, *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
-    *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_shape, *s_inputs,
+    *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_expands_to, *s_shape, *s_inputs,
     *s_nodes, *s_by_id, *s_ops, *s_metas, *s_default_seqs, *s_max_device_index, *s_forward, *s_variables,
     *s_node, *s_requires_grad, *s_kind, *s_tensor, *s_int, *s_bool, *s_str, *s_dtype, *s__top_min, *s_bytes,
     *s_saved_tensors, *s__note, *s_check_broadcast, *s_saved, *s_cost, *s_us, *s_flops, *s_mode;
@@ -1047,7 +1047,32 @@ static int expandable(PyObject *shape, PyObject *desired) {
     return 1;
 }
 
-/* The shape of a node's gradient out of an elementwise op (its first input's), borrowed; NULL if none. */
+/* What link_edges asks of a node's op, for the last op met (a graph's nodes come in runs of a few ops): whether
+ * it is elementwise, and whether it expands its gradient to saved sizes (OpSpec.expands_to not ""). The op is
+ * held while cached, so its address cannot be another op's. */
+static PyObject *edge_op = NULL;
+static int edge_op_elementwise = 0, edge_op_expands = 0;
+
+static int edge_op_flags(PyObject *op) {
+    if (op == edge_op)
+        return 0;
+    PyObject *ew = PyObject_GetAttr(op, s_elementwise);
+    int is = ew ? PyObject_IsTrue(ew) : -1;
+    Py_XDECREF(ew);
+    PyObject *ex = is < 0 ? NULL : PyObject_GetAttr(op, s_expands_to);
+    int expands = ex ? PyObject_IsTrue(ex) : -1;
+    Py_XDECREF(ex);
+    if (is < 0 || expands < 0)
+        return -1;
+    Py_XSETREF(edge_op, Py_NewRef(op));
+    edge_op_elementwise = is;
+    edge_op_expands = expands;
+    return 0;
+}
+
+/* The shape of a node's gradient out of an elementwise op (its first input's), borrowed; NULL if none. A node
+ * whose op expands its gradient to saved sizes sets *err to 2: the Python loop checks its edges (a few nodes a
+ * graph: a loss's sum or mean). */
 static PyObject *out_shape_of(PyObject *node, int *err) {
     PyObject *own_op, *own_in;
     *err = 0;
@@ -1056,18 +1081,18 @@ static PyObject *out_shape_of(PyObject *node, int *err) {
         *err = 1;
         return NULL;
     }
-    PyObject *ew = PyObject_GetAttr(op, s_elementwise);
+    int r = edge_op_flags(op);
     Py_XDECREF(own_op);
-    if (ew == NULL) {
+    if (r < 0) {
         *err = 1;
         return NULL;
     }
-    int is = PyObject_IsTrue(ew);
-    Py_DECREF(ew);
-    if (is <= 0) {
-        *err = is < 0;
+    if (edge_op_expands) {
+        *err = 2;
         return NULL;
     }
+    if (!edge_op_elementwise)
+        return NULL;
     PyObject *ins = slot(&NODE, node, N_INPUTS, &own_in);
     PyObject *shape = NULL;
     if (ins == NULL) {
@@ -1152,7 +1177,7 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
             int err;
             PyObject *out_shape = out_shape_of(node, &err);
             if (err)
-                bad = -1;
+                bad = err == 2 ? 1 : -1;
             /* every edge checked before any is made */
             for (Py_ssize_t k = 0; k < m && !bad; k++) {
                 PyObject *e = PyList_GET_ITEM(nxt, k);
@@ -2106,6 +2131,7 @@ PyMODINIT_FUNC PyInit__build(void) {
     INTERN(s_check_required, "check_required");
     INTERN(s_check_attrs, "check_attrs");
     INTERN(s_elementwise, "elementwise");
+    INTERN(s_expands_to, "expands_to");
     INTERN(s_shape, "shape");
     INTERN(s_cost, "cost");
     INTERN(s_us, "us");

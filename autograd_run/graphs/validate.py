@@ -249,6 +249,24 @@ def _shape_like(name: str) -> bool:
 
 
 
+def _out_shape(node: Node) -> tuple | None:
+    """The shape of the gradient a node sends along each edge where its op fixes it, else None: an elementwise
+    op's is its incoming gradient's; an op that expands its gradient (``OpSpec.expands_to``) gives those sizes."""
+    op = node.op
+    if op.expands_to:
+        sizes = node.saved.get(op.expands_to)
+        return tuple(sizes) if type(sizes) is list else None
+    return node.inputs[0].shape if op.elementwise and node.inputs else None
+
+
+def _expands(shape, sizes) -> bool:
+    """Whether a tensor of ``shape`` can be expanded to ``sizes`` (``Tensor.expand``: as many dims or fewer, each
+    of its sizes, from the last, equal to the target's or 1)."""
+    if len(shape) > len(sizes):
+        return False
+    return all(s == t or s == 1 for s, t in zip(reversed(shape), reversed(sizes)))
+
+
 def _is_result(field: str) -> bool:
     """Whether a saved field is an op's output (``result``, ``result0``, ``result1``...): in PyTorch a tensor,
     never a wrapped Python number (those are inputs), so a plain number there is refused at load (the rules
@@ -1075,7 +1093,7 @@ class _Checker:
             nexts[i] = None
             node = nodes[i]
             out = node.next
-            out_shape = node.inputs[0].shape if node.op.elementwise and node.inputs else None
+            out_shape = _out_shape(node)
             for k, e in enumerate(nxt):
                 if e is None:
                     out.append(None)
@@ -1263,6 +1281,10 @@ class _Checker:
                     raise bad(f" ({numel:.3g} elements, more than the limit of {tensors.MAX_NUMEL})")
                 dtype = node.inputs[0].dtype if node.inputs else "float32"
                 self.gradient(numel * tensors.itemsize(dtype), path)
+            if key == node.op.expands_to and node.inputs and not _expands(node.inputs[0].shape, value):
+                raise self.err(path, f"saved {key!r} of {node.op.name} is {list(value)}, but the gradient the node "
+                                     f"receives, of shape {list(node.inputs[0].shape)}, cannot be expanded to it "
+                                     f"(the node's formula is grad.expand({key}))")
         elif kind == "tensors":
             if t is not list:
                 raise bad()

@@ -39,7 +39,8 @@ def expand_reduced(node, g, xp, scale=None):
     return each(node, lambda i: xp.broadcast_to(g, sizes))
 
 
-@op("SumBackward0", outputs=1, saved="self_sym_sizes:sizes", cost=cost.reduction(0), views="expand")
+@op("SumBackward0", outputs=1, saved="self_sym_sizes:sizes", cost=cost.reduction(0), views="expand",
+    expands_to="self_sym_sizes")
 def sum_all(node, grads, ctx):
     """a.sum(): the gradient broadcast to the input's sizes."""
     sizes = tuple(node.saved["self_sym_sizes"])
@@ -53,7 +54,8 @@ def sum_dim(node, grads, ctx):
     return expand_reduced(node, grads[0], ctx.xp(node))
 
 
-@op("MeanBackward0", outputs=1, saved="self_sym_sizes:sizes self_sym_numel:int?", cost=cost.reduction(1))
+@op("MeanBackward0", outputs=1, saved="self_sym_sizes:sizes self_sym_numel:int?", cost=cost.reduction(1),
+    expands_to="self_sym_sizes")
 def mean_all(node, grads, ctx):
     """a.mean(): the gradient over numel, broadcast."""
     sizes = tuple(node.saved["self_sym_sizes"])

@@ -130,6 +130,9 @@ class OpSpec:
     #: Per output, how it relates to the incoming gradient (``VIEW_KINDS``): one kind for every output, or
     #: ``fn(node) -> tuple`` of kinds, one per output (an op whose outputs depend on a saved value).
     views: str | Callable = ""
+    #: The saved sizes the incoming gradient is expanded to (``grad.expand(self_sym_sizes)`` in PyTorch's
+    #: formula), or "": validate checks that the gradient the node receives can be expanded to them.
+    expands_to: str = ""
     #: The saved fields of kind ``tensor`` (derived).
     tensor_fields: frozenset = field(init=False)
     #: The saved fields of kind ``scalar`` (derived): a file may write one as a string ("(1-2j)", "inf", "1e-3").
@@ -234,7 +237,7 @@ def undefined_passthrough(fn: Callable) -> Callable:
 def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise: bool = False, cost=None,
        aliases: tuple[str, ...] = (), unsupported: Callable | None = None, needed_for_output: tuple = (),
        matrix_rank: int | None = None, matrix_dims: Mapping[str, tuple] | None = None,
-       views: str | Callable = ""):
+       views: str | Callable = "", expands_to: str = ""):
     """Declare the decorated backward formula as the rule of ``names`` (one spec per name).
 
     ``outputs`` must be given (None only where nothing tells the count; see the module docstring).
@@ -252,7 +255,7 @@ def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise:
         for i, name in enumerate(names):
             REGISTRY.add(OpSpec(name, rule, fields, elementwise, family, cost,
                                 aliases if i == 0 else (), unsupported, False, doc, outputs, needed_for_output,
-                                matrix_rank, matrix_dims, views))
+                                matrix_rank, matrix_dims, views, expands_to))
         return fn
     return register
 
