@@ -283,7 +283,7 @@ def test_calibrate_torch_shows_its_output_path_escaped(tmp_path, monkeypatch, ca
     import autograd_run.sim.calibrate_torch as cal
     from builders import run_cli
     from autograd_run.sim.specs import load_spec
-    monkeypatch.setattr(cal, "calibrate_torch", lambda log=None: load_spec("cpu"))
+    monkeypatch.setattr(cal, "calibrate_torch", lambda log=None, first_call=None: load_spec("cpu"))
     path = tmp_path / "x\x1b]0;t\x07.json"
     code, out, err = run_cli(["calibrate", "--torch", "-o", str(path)], capsys)
     assert code == 0, err

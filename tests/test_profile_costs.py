@@ -18,7 +18,9 @@ F = torch.nn.functional
 from autograd_run.capture import from_torch  # noqa: E402
 from autograd_run.errors import GraphFileError, RequestError  # noqa: E402
 from autograd_run.graphs.load import load_graph  # noqa: E402
+from autograd_run.sim import first_call  # noqa: E402
 from autograd_run.sim.session import read_costs  # noqa: E402
+from autograd_run.sim.specs import load_spec  # noqa: E402
 from autograd_run.sim.session import SimOptions, simulate_session  # noqa: E402
 from autograd_run.traces.torch_profile import read_torch_profile  # noqa: E402
 from builders import run_cli  # noqa: E402
@@ -556,9 +558,21 @@ def test_a_process_first_backward_is_told_and_left_out_when_later_calls_exist(ca
     rep = simulate_session(g, SimOptions(costs=paths[1], spec="h100", slack_top=0))
     assert [w for w in rep.warnings if "first backward" in w] == [
         f"warning: {paths[1]} profiles its process's first backward (the forward's sequence numbers start at 0): "
-        "its times hold one-time set-up (first allocations, kernel selection), 1.3-2.5x a later call's on this "
-        "machine's benchmark; profile a later step (after one warm-up step, or with "
-        "torch.profiler.schedule(wait=1, warmup=1, active=3))"]
+        "its times hold one-time set-up (first allocations, kernel selection): 1.3-2.5x a later call's on this "
+        "machine's benchmark, not taken out (`calibrate --torch` measures it); profile a later step (after one "
+        "warm-up step, or with torch.profiler.schedule(wait=1, warmup=1, active=3))"]
+    assert rep.first_call_taken_ns is None  # the h100 data sheet has no first-call figures
+    # with them (as `calibrate --torch` measures them), the set-up is taken out, and the line says how much
+    spec = load_spec("cpu")
+    spec.name = "local-torch"
+    spec.engine.first_call_setup_us = {"call": 1.0, "op": {"*": 0.5}, "kind": {"*": 0.25}}
+    rep = simulate_session(g, SimOptions(costs=paths[1], spec=spec, slack_top=0))
+    taken = rep.first_call_taken_ns
+    total = sum(first_call.corrections(g, spec).values())  # (each node keeps a tenth of its span at least)
+    assert 0.9 * total <= taken <= total and 1_000 < taken < 20_000
+    line = [w for w in rep.warnings if "first backward" in w][0]
+    assert f": {taken / 1e6:.2f} ms of it taken out as `calibrate --torch` measured it" in line
+    assert rep.expected_error["basis"].startswith("held-out figure for local-torch first call, corrected")
     # The fixture's own profiles come from this long-running process (sequence numbers far from 0): not first.
     assert not read_costs(captured[1], g).use.first_call
 

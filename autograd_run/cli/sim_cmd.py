@@ -564,6 +564,7 @@ def _report_json(r, memory: bool = True) -> dict:
             "placement": r.options.placement, "wall_ns": r.wall_ns, "engine_done_ns": r.engine_done_ns,
             "first_pass_wall_ns": None if r.first_pass_ns is None else r.wall_ns + r.first_pass_ns,
             "first_pass_expected_error": r.first_pass_error or None,
+            "first_call_taken_ns": r.first_call_taken_ns,
             "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.measured.event_us(r.spec.engine) if r.measured else 0.0), "summary": r.summary.to_dict(),
             "samples": samples_json(r.recording), "memory": r.memory.to_dict() if memory else None,
             "slack": [s.__dict__ for s in r.slack],
@@ -626,9 +627,10 @@ def calibrate(output, nodes, torch_engine, gloo_worlds):
         _calibrate_gloo(gloo_worlds, output)
         return
     if torch_engine:
+        from autograd_run.capture.first_call_probe import measure as first_call
         from autograd_run.sim.calibrate_torch import calibrate_torch
         from autograd_run.sim.specs import local_spec_path
-        spec = calibrate_torch(log=lambda m: click.echo(m, err=True))
+        spec = calibrate_torch(log=lambda m: click.echo(m, err=True), first_call=first_call)
         path = write_local(spec, output or local_spec_path("local-torch"))
         e, h = spec.engine, spec.host
         click.echo(f"PyTorch engine: {e.node_overhead_us:.2f} us per node outside its evaluate_function span, "
@@ -636,6 +638,13 @@ def calibrate(output, nodes, torch_engine, gloo_worlds):
         click.echo(f"PyTorch profiler: {e.profiler_event_us:.2f} us per recorded event inside a span "
                    f"({e.profiler_event_shapes_us:.2f} us with record_shapes, "
                    f"{e.profiler_event_shapes_later_us:.2f} in a session's later calls)")
+        st = e.first_call_setup_us or {}
+        click.echo(f"a process's first backward: {e.first_call_ns_per_byte:.3f} ns per byte of new memory, "
+                   f"{st.get('call', 0):.0f} us at its first node, the first node of an op "
+                   f"{st.get('op', {}).get('*', 0):.0f} us (median; a convolution "
+                   f"{st.get('op', {}).get('ConvolutionBackward0', 0):.0f}), a later first of its kind "
+                   f"{st.get('kind', {}).get('*', 0):.1f} us (a convolution "
+                   f"{st.get('kind', {}).get('ConvolutionBackward0', 0):.0f})")
         click.echo(f"host (torch): float32 {h.peak_flops['float32'] / 1e9:.1f} GFLOP/s, float64 "
                    f"{h.peak_flops['float64'] / 1e9:.1f} GFLOP/s, {h.mem_bw / 1e9:.1f} GB/s, smallest node "
                    f"{h.min_kernel_us:.2f} us")

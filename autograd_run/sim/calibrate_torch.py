@@ -29,7 +29,10 @@ hold per event beyond the backward's own time.
 The host part is measured with torch ops (what analytic costs of a
 PyTorch graph should assume): matmul FLOP/s, copy bandwidth, the smallest
 node (the median span of a 1-element ``TanhBackward0``, profiler time taken
-out). A CPU-only PyTorch has no device threads, so the hand-off latency is
+out). A process's first backward (what a profile of it holds beyond a later call:
+``sim.first_call``) is measured in fresh processes on the same networks
+(``capture.first_call_probe``, passed in by the command line).
+A CPU-only PyTorch has no device threads, so the hand-off latency is
 not measured: it is taken from the ``local`` spec when there is one.
 """
 
@@ -132,6 +135,10 @@ def _lstsq(rows: list[tuple[list[float], float]]) -> list[float]:
 KINDS = ("tanh", "mul", "pow")  # 2, 6 and 12 recorded events per node
 
 
+#: The names of ``_blocks``' networks.
+BLOCKS = ("transformer", "conv", "mlp")
+
+
 def _blocks(torch) -> dict:
     """Small networks of the layers models are made of, each a function making a fresh loss: a transformer
     encoder (attention, layer norm, views and transposes), a convolution block (batch norm, pooling) and an MLP
@@ -221,7 +228,9 @@ def measure_host(torch, event_ns: float) -> DeviceSpec:
     return DeviceSpec("this machine's CPU (torch ops)", flops, bw, 0.9, 0.9, round(smallest, 3))
 
 
-def calibrate_torch(log=None) -> MachineSpec:
+def calibrate_torch(log=None, first_call=None) -> MachineSpec:
+    """The ``local-torch`` spec, measured here; ``first_call``: a function giving the figures for a process's first
+    backward (``capture.first_call_probe.measure``, which runs PyTorch in fresh processes), or None: not measured."""
     torch = _torch()
     eng = measure_engine(torch, log=log)
     host = measure_host(torch, eng["event_ns"])
@@ -231,11 +240,17 @@ def calibrate_torch(log=None) -> MachineSpec:
     if os.path.isfile(local_spec_path()):
         from autograd_run.sim.specs import load_spec
         handoff = load_spec("local").engine.handoff_us
+    per_byte, setup = 0.0, {}
+    if first_call is not None:
+        if log:
+            log("a process's first backward, in fresh processes:")
+        per_byte, setup = first_call(log=log)
     engine = EngineSpec(node_overhead_us=round(eng["overhead_ns"] / 1e3, 3), handoff_us=handoff,
                         overhead_holds_gil=False, profiler_event_us=round(eng["event_ns"] / 1e3, 3),
                         profiler_event_shapes_us=round(eng["event_shapes_ns"] / 1e3, 3),
                         profiler_event_shapes_later_us=round(eng["event_shapes_later_ns"] / 1e3, 3),
-                        call_overhead_us=round(eng["call_ns"] / 1e3, 3))
+                        call_overhead_us=round(eng["call_ns"] / 1e3, 3), first_call_ns_per_byte=per_byte,
+                        first_call_setup_us=setup)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return MachineSpec("local-torch", host, acc, engine,
                        f"measured by autograd-run calibrate --torch (torch {torch.__version__}, "

@@ -109,8 +109,11 @@ class CostResolver:
     """Resolves ``NodeCost`` per node (see the module docstring), memoised by node."""
 
     def __init__(self, spec: MachineSpec, measured: MeasuredCosts | None = None,
-                 scale: dict[str, float] | None = None):
+                 scale: dict[str, float] | None = None, first_call=None):
         self.spec = spec
+        #: What a PyTorch profile of a process's first backward holds beyond a later call, taken out of the
+        #: measured spans (a ``sim.first_call.FirstCall``: ``apply(node id, ns)``); None: nothing taken out.
+        self.first_call = first_call if measured is not None and measured.from_pytorch else None
         self.measured = measured.nodes if measured is not None else {}
         self.from_pytorch = measured is not None and measured.from_pytorch
         #: The profiler's own time per event recorded inside a PyTorch node's span, ns (taken out of its cost).
@@ -260,6 +263,8 @@ class CostResolver:
         if self.from_pytorch:  # PyTorch's C++ node: no GIL; the profiler's own time inside the span taken out
             holds = False
             cpu = max(0.0, cpu - m.nested * self.event_ns)
+            if self.first_call is not None:
+                cpu = self.first_call.apply(node.id, cpu)
         elif self.engine_ns is not None:  # a simulation's span: the engine's per-node time it charged taken out
             cpu = max(0.0, cpu - self.engine_ns["node" if node.cpu else "device_node"])
         if node.cpu:

@@ -29,7 +29,7 @@ from autograd_run.sim.placement import place
 from autograd_run.sim.policies import make_policy
 from autograd_run.sim.result import last_times, nonempty, span, to_recording, too_big
 from autograd_run.sim.scheduler import Simulator
-from autograd_run.sim import first_pass
+from autograd_run.sim import first_call as first_call_costs, first_pass
 from autograd_run.sim.confidence import choose_spec, expected_error, first_call, mismatch
 from autograd_run.sim.specs import MachineSpec
 from autograd_run.record.recording import Recording
@@ -116,6 +116,9 @@ class SimReport:
     expected_error: dict = field(default_factory=dict)
     #: Lines for the user: costs whose source does not fit the spec (``confidence.mismatch``).
     warnings: list[str] = field(default_factory=list)
+    #: A PyTorch profile of a process's first backward: the one-time set-up taken out of its spans
+    #: (``sim.first_call``), ns; None where nothing was taken out.
+    first_call_taken_ns: float | None = None
     #: What a fresh process's first pass adds to ``wall_ns`` (``sim.first_pass``), ns; None where the spec does
     #: not model it.
     first_pass_ns: int | None = None
@@ -236,10 +239,16 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     measured = o.costs if isinstance(o.costs, MeasuredCosts) else read_costs(o.costs, graph, o.step)
     spec, reason = choose_spec(o.spec, measured)
     scale = o.scale if isinstance(o.scale, dict) else parse_scale(o.scale)
-    model = CostResolver(spec, measured, scale)
+    use = getattr(measured, "use", None)
+    taken = None  # a process's first backward profiled: what of it is one-time set-up (sim.first_call)
+    if use is not None and use.first_call and measured.from_pytorch and first_call_costs.applies(graph, spec):
+        taken = first_call_costs.FirstCall(first_call_costs.corrections(graph, spec))
+    model = CostResolver(spec, measured, scale, taken)
     if o.devices is not None:
         graph = place(graph, o.devices, o.placement, model)
-        model = CostResolver(spec, measured, scale)  # costs of the placed graph's nodes
+        if taken is not None:  # (what the placement's costs took is not the simulation's)
+            taken = first_call_costs.FirstCall(taken.take)
+        model = CostResolver(spec, measured, scale, taken)  # costs of the placed graph's nodes
     elif o.placement != "keep":
         raise RequestError("a placement needs a device count", "placement")
     scale_unused = _check_scale(graph, scale, o.devices, o.scale_must_apply)
@@ -263,8 +272,12 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
                        dict(Counter(map(attrgetter("source"), model.resolved.values()))), measured)
     report.scale_unused = scale_unused
     report.spec_reason = reason
-    report.expected_error = expected_error(spec, measured, report.cost_sources, graph.max_device_index + 1)
-    report.warnings = [w for w in (mismatch(spec, measured), first_call(measured)) if w]
+    if taken is not None:
+        report.first_call_taken_ns = taken.taken_ns
+    report.expected_error = expected_error(spec, measured, report.cost_sources, graph.max_device_index + 1,
+                                           first_call_corrected=taken is not None)
+    report.warnings = [w for w in (mismatch(spec, measured), first_call(measured, report.first_call_taken_ns))
+                       if w]
     report.first_pass_ns = first_pass.extra_ns(spec.engine, graph.max_device_index >= 0)
     if report.first_pass_ns is not None:
         report.first_pass_error = expected_error(spec, measured, report.cost_sources, graph.max_device_index + 1,

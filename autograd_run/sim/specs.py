@@ -115,6 +115,13 @@ class EngineSpec:
     #: The same for a graph with nodes on accelerator devices (their threads' first wake-ups, the stream and
     #: copy paths run cold too), µs; 0: not modelled.
     first_pass_device_us: float = 0.0
+    #: A PyTorch profile of a process's first backward call (``sim.first_call``, measured by ``calibrate --torch`` in
+    #: fresh processes): the time to touch one byte of new memory for the first time, ns (0: not corrected) ...
+    first_call_ns_per_byte: float = 0.0
+    #: ... and what a node met first takes beyond a later call's span: ``{"call": us}`` (the call's first node),
+    #: ``"op"`` (the first node of an op name) and ``"kind"`` (a later first node of its kind), each by op name
+    #: with ``"*"`` for the others. Empty: not corrected.
+    first_call_setup_us: dict = field(default_factory=dict)
     #: How far ``calibrate``'s rounds lay apart, per figure above (its name): the range of the rounds'
     #: values over their median (0.1: within 10%). Empty for a spec that was not measured in rounds.
     spread: dict = field(default_factory=dict)
@@ -188,6 +195,9 @@ def _known(cls, d: Any, where: str) -> dict:
                 raise RequestError(f"{where}: spread maps the names of the figures above to numbers from 0 "
                                    "(the rounds agreed) upwards", "spec")
             continue
+        if k == "first_call_setup_us":
+            _setup_table(v, where)
+            continue
         low, high = _LOWER.get(k, 0), _LIMITS.get(k[k.rfind("_") + 1:], MAX_RATE)
         if not isinstance(v, (int, float)) or not low <= v <= high:
             raise RequestError(f"{where}: {k} must be a number from {low:g} to {high:g}, got {short(v)}", "spec")
@@ -195,6 +205,20 @@ def _known(cls, d: Any, where: str) -> dict:
             raise RequestError(f"{where}: {k} must be 0 (no such link) or at least {MIN_RATE:g} bytes/s, "
                                f"got {short(v)}", "spec")
     return d
+
+
+def _setup_table(v: Any, where: str) -> None:
+    """``first_call_setup_us``: ``{"call": us, "op": {name: us}, "kind": {name: us}}``, each part optional."""
+    def us(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1e9
+
+    def table(t) -> bool:
+        return isinstance(t, dict) and len(t) <= 10_000 and all(
+            isinstance(n, str) and 0 < len(n) <= 200 and us(x) for n, x in t.items())
+    if not (isinstance(v, dict) and set(v) <= {"call", "op", "kind"} and us(v.get("call", 0))
+            and table(v.get("op", {})) and table(v.get("kind", {}))):
+        raise RequestError(f"{where}: first_call_setup_us must be a mapping of \"call\" to microseconds, and of "
+                           "\"op\" and \"kind\" to mappings of op names to microseconds (0 to 1e9)", "spec")
 
 
 #: The largest FLOP/s or bytes/s a spec may give (a divisor of every analytic cost: with bounds on
@@ -210,7 +234,7 @@ MIN_EFFICIENCY = 1e-3
 #: The most cores a spec may give.
 MAX_CORES = 1 << 16
 #: Bounds by the last word of a field's name: fractions of the peak, microseconds (1000 s at most).
-_LIMITS = {"efficiency": 1.0, "us": 1e9}
+_LIMITS = {"efficiency": 1.0, "us": 1e9, "byte": 1e6}
 #: Lower bounds above 0, by field: a fraction of the peak is more than none, memory has a bandwidth (0 was
 #: taken for an infinite one).
 _LOWER = {"flops_efficiency": MIN_EFFICIENCY, "bw_efficiency": MIN_EFFICIENCY, "mem_bw": MIN_RATE}
