@@ -318,6 +318,7 @@ def test_corrupt_npz_data_is_found_by_validate_and_by_run(tmp_path):
     doc["nodes"][2]["next"] = [None, ["acc", 0]]  # (output 1 reads self)
     for k in (1, 2, 3):  # mm's gradient is a matrix
         doc["nodes"][k]["inputs"] = [{"shape": [2, 2]}]
+    doc["nodes"][0]["saved"]["self_sym_sizes"] = [2, 2]  # the sum's gradient is expanded to add's input
     p = write(tmp_path, doc)
     err = _error(lambda: load_graph(p, check_data=True))
     assert "member 'x' is corrupt: Bad CRC-32" in err.what and "$.nodes[2].saved.self" in err.where
@@ -371,8 +372,12 @@ def test_budget_can_be_raised_and_counts_every_category(tmp_path):
 
 
 def test_largest_gradient_counts():
-    doc = copy_seed()
-    doc["nodes"][0]["inputs"] = [{"shape": [1 << 31], "dtype": "complex128"}]
+    doc = copy_seed()  # (every gradient [2**31] complex128, the sum's input a scalar that it expands)
+    doc["nodes"][0]["saved"]["self_sym_sizes"] = [1 << 31]
+    for k in (1, 2, 3):
+        doc["nodes"][k]["inputs"] = [{"shape": [1 << 31], "dtype": "complex128"}]
+    doc["nodes"][0]["inputs"] = [{"shape": [], "dtype": "complex128"}]
+    doc["variables"][0].update(shape=[1 << 31], dtype="complex128")
     err = _error(lambda: load_doc(doc, "json"))
     assert "working gradients 64.0 GiB" in err.what
 

@@ -214,9 +214,10 @@ def main() -> None:
                              "saved": {"other": {"random": i, "shape": [1 << 30], "dtype": "float64"}}})
     big["nodes"].append({"id": "acc", "name": "AccumulateGrad", "variable": "a"})
     write("budget_80gib.json", big, "(saved tensors 80.0 GiB,")
+    huge = [{"shape": [1 << 31], "dtype": "float64"}]  # every gradient (the leaf's a sum of it: sum_to)
     graph("more than the memory budget", "budget_root_grad.json",
-          nodes__0__inputs=[{"shape": [1 << 31], "dtype": "float64"}],
-          nodes__0__saved={"self_sym_sizes": [1 << 31]})
+          nodes__0__inputs=huge, nodes__0__saved={"self_sym_sizes": [1 << 31]}, nodes__1__inputs=huge,
+          nodes__2__inputs=huge, nodes__3__inputs=huge, variables=[{"name": "a", "shape": [1], "dtype": "float64"}])
     graph("more than the memory budget", "budget_variable.json",
           variables=[{"name": "a", "shape": [2], "dtype": "float32"},
                      {"name": "huge", "shape": [1 << 31], "dtype": "complex128", "grad": "zeros"}])
