@@ -179,7 +179,21 @@ def available_models() -> dict[str, str]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def case(name: str, style: str, folder: str, env: dict, repeats: int) -> dict:
+def uncorrected_spec(env: dict, folder: str) -> str:
+    """A copy of the run's calibrated local-torch spec without its first-call figures (``sim.first_call``): what
+    a first call's prediction was before they were measured, for the same traces and timings (its path)."""
+    src = os.path.join(env["XDG_CACHE_HOME"], "autograd-run", "local-torch-spec.json")
+    with open(src) as f:
+        doc = json.load(f)
+    for k in ("first_call_ns_per_byte", "first_call_setup_us"):
+        doc["engine"].pop(k, None)
+    path = os.path.join(folder, "local-torch-uncorrected.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+def case(name: str, style: str, folder: str, env: dict, repeats: int, plain_spec: str | None = None) -> dict:
     trace = os.path.join(folder, f"{style}.trace.json")
     script = os.path.join(folder, f"profile_{style}.py")
     with open(script, "w") as f:
@@ -200,7 +214,17 @@ def case(name: str, style: str, folder: str, env: dict, repeats: int) -> dict:
             "measured_cpu_ns": cpu, "error_cpu": pred / cpu - 1,
             "predicted_ns": pred, "error": err, "stated": stated,
             "covered": None if stated is None else abs(err) <= stated, "warnings": sim.get("warnings", []),
-            "spec": sim.get("spec"), "measured_costs": sim.get("measured")}
+            "spec": sim.get("spec"), "measured_costs": sim.get("measured"),
+            "first_call_taken_ns": sim.get("first_call_taken_ns"),
+            "error_uncorrected": _uncorrected(folder, trace, env, plain_spec, measured) if kind == "first call" and
+            plain_spec else None}
+
+
+def _uncorrected(folder: str, trace: str, env: dict, plain_spec: str, measured: float) -> float:
+    """The same first-call trace simulated without the first-call figures: its error."""
+    sim = json.loads(_cli(["simulate", os.path.join(folder, "g.json"), "--costs", trace, "--json", "--no-summary",
+                           "--slack", "0", "--spec", plain_spec], env))
+    return sim["wall_ns"] / measured - 1
 
 
 def main(argv: list[str] | None = None, quick: bool = False) -> dict:
@@ -230,12 +254,15 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
     names = args.only.split(",") if args.only else rng.sample(sorted(have), min(args.models, len(have)))
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="ar-profiles-") as tmp:
-        env = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), PYTHONWARNINGS="ignore")
+        # (one intra-op thread in every step, the calibration's too: the profiling script runs with one, and what
+        # touching new memory costs a byte depends on the threads that touch it: 0.35 ns here on one, 0.2 on two)
+        env = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         if args.malloc == "steady":
             env.update(STEADY_MALLOC)
         print(f"profiles: allocator {args.malloc}", flush=True)
         _cli(["calibrate", "--torch"], env)
+        plain_spec = uncorrected_spec(env, tmp)
         cases = []
         for name in names:
             folder = os.path.join(tmp, name)
@@ -246,7 +273,7 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
                  env)
             for style in styles:
                 try:
-                    c = case(name, style, folder, env, args.repeats)
+                    c = case(name, style, folder, env, args.repeats, plain_spec)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     print(f"  {name:22s} {style:10s} FAILED: {str(exc)[:300]}", flush=True)
                     cases.append({"model": name, "style": style, "failed": str(exc)[:2000]})
@@ -257,7 +284,9 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
                 print(f"  {name:22s} {style:10s} measured {c['measured_ns'] / 1e6:8.2f} ms (spread "
                       f"{c['spread']:4.0%})  predicted {c['predicted_ns'] / 1e6:8.2f} ms  error {c['error']:+7.1%}"
                       f" (vs CPU time {c['error_cpu']:+7.1%})  stated {stated}  faults: profiled "
-                      f"{c['profiled_faults']}, a timed call {c['faults']:.0f}", flush=True)
+                      f"{c['profiled_faults']}, a timed call {c['faults']:.0f}"
+                      + ("" if c.get("error_uncorrected") is None else
+                         f"  (first call not corrected: {c['error_uncorrected']:+.1%})"), flush=True)
     ok = [c for c in cases if "error" in c]
     out = {"seed": seed, "models": names, "styles": styles, "malloc": args.malloc, "cases": cases,
            "seconds": time.time() - t0}
@@ -271,6 +300,10 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
                                   p80=_p80([c["error"] for c in ok if c["kind"] == k])) for k in kinds}
         libs = sorted({c["library"] for c in ok})
         out["by_library"] = {lib: distribution([c["error"] for c in ok if c["library"] == lib]) for lib in libs}
+        plain = [c for c in ok if c.get("error_uncorrected") is not None]
+        if plain:  # the same first-call traces and timings, with and without sim.first_call's figures
+            out["first_call_ab"] = {"corrected": distribution([c["error"] for c in plain]),
+                                    "uncorrected": distribution([c["error_uncorrected"] for c in plain])}
         stated = [c for c in ok if c["covered"] is not None]
         out["coverage"] = [sum(c["covered"] for c in stated), len(stated)]
         print(f"profiles (seed {seed}): {len(ok)} cases, {len(cases) - len(ok)} failed, {out['seconds']:.0f} s")
@@ -282,6 +315,11 @@ def main(argv: list[str] | None = None, quick: bool = False) -> dict:
             print(f"  {lib:11s} {_fmt(d)}")
         for k, d in out["by_kind"].items():
             print(f"  {k:13s} {_fmt(d)}  p80 {d['p80']:.0%}  (the trace holds: {k})")
+        if plain:
+            ab = out["first_call_ab"]
+            print(f"  first call, corrected    {_fmt(ab['corrected'])}")
+            print(f"  first call, uncorrected  {_fmt(ab['uncorrected'])}  (the same traces, the spec without "
+                  "sim.first_call's figures)")
         print(f"  stated expected error covered the measured one in {out['coverage'][0]}/{out['coverage'][1]}")
     return out
 
