@@ -155,3 +155,22 @@ def test_calibrate_measures_a_first_backward_against_a_later_one_in_a_fresh_proc
     addmm = [n["new_bytes"] for n in got["nodes"] if n["name"] == "AddmmBackward0"]
     assert sorted(addmm) == [4 * (16 + 256)] + [4 * (64 + 16 + 256)] * 5
     assert 0.01 < got["ns_per_byte"] < 10  # a minor fault and a zeroed page per 4 KiB: 0.2-0.4 ns a byte here
+
+
+def test_a_failed_first_call_probe_leaves_the_rest_of_the_calibration_and_says_so(monkeypatch):
+    pytest.importorskip("torch")
+    import autograd_run.sim.calibrate_torch as cal
+    monkeypatch.setattr(cal, "measure_engine", lambda torch, log=None: {
+        "call_ns": 1700.0, "overhead_ns": 1500.0, "event_ns": 200.0, "event_shapes_ns": 500.0,
+        "event_shapes_later_ns": 300.0})
+    monkeypatch.setattr(cal, "measure_host", lambda torch, event_ns: load_spec("cpu").host)
+
+    def broken(log=None):
+        raise RuntimeError("the first-call probe of the conv block: Killed")
+    lines = []
+    spec = cal.calibrate_torch(log=lines.append, first_call=broken)
+    assert spec.engine.node_overhead_us == 1.5 and spec.engine.profiler_event_shapes_us == 0.5
+    assert spec.engine.first_call_ns_per_byte == 0.0 and spec.engine.first_call_setup_us == {}
+    assert lines[-1] == ("  not measured (the first-call probe of the conv block: Killed): a profile of a process's "
+                         "first backward will not be corrected")
+    assert not first_call.applies(_mlp(), spec)

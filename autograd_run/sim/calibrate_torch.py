@@ -43,6 +43,7 @@ import gc
 import os
 import platform
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -244,7 +245,13 @@ def calibrate_torch(log=None, first_call=None) -> MachineSpec:
     if first_call is not None:
         if log:
             log("a process's first backward, in fresh processes:")
-        per_byte, setup = first_call(log=log)
+        try:
+            per_byte, setup = first_call(log=log)
+        except (RuntimeError, OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+            # the rest of the calibration stands: a first call's profile is then used as it is, and said so
+            per_byte, setup = 0.0, {}
+            if log:
+                log(f"  not measured ({exc}): a profile of a process's first backward will not be corrected")
     engine = EngineSpec(node_overhead_us=round(eng["overhead_ns"] / 1e3, 3), handoff_us=handoff,
                         overhead_holds_gil=False, profiler_event_us=round(eng["event_ns"] / 1e3, 3),
                         profiler_event_shapes_us=round(eng["event_shapes_ns"] / 1e3, 3),
