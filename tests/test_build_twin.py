@@ -553,3 +553,20 @@ def test_the_loaded_nodes_share_one_int_object_per_number(monkeypatch):
         py = loads_graph(text, "g.json")
         monkeypatch.undo()
         assert [(n.seq, n.index, n.topo_nr) for n in g.nodes] == [(n.seq, n.index, n.topo_nr) for n in py.nodes]
+
+
+def test_a_copy_whose_consumer_takes_another_shape_is_refused_alike(monkeypatch):
+    """ToCopyBackward0 sends its gradient in its own shape (another dtype or device): an edge retargeted to a slot
+    of another shape is no PyTorch graph (its engine would refuse the gradient as it runs): the same error both
+    ways, at the edge (found by the fuzzer, seed 90712)."""
+    doc = generate("mlp", layers=2, width=3, batch=2)
+    relu = next(n for n in doc["nodes"] if n["name"] == "ReluBackward0")
+    copy = {"id": "copy", "name": "ToCopyBackward0", "next": relu["next"], "inputs": [dict(relu["inputs"][0])]}
+    relu["next"] = [["copy", 0]]
+    doc["nodes"].append(copy)
+    assert both(lambda: loads_graph(dumps(doc, "json"), "c.json"), monkeypatch)[0][0] == "ok"
+    copy["next"] = [["acc_w1", 0]]  # a (3, 3) weight's slot for a (2, 3) gradient
+    fast, slow = both(lambda: loads_graph(dumps(doc, "json"), "c.json"), monkeypatch)
+    assert fast == slow and fast[0] == "error"
+    assert "ToCopyBackward0 produces a gradient of shape [2, 3] for 'acc_w1' input 0, whose shape [3, 3] is not " \
+           "compatible" in fast[1]

@@ -160,7 +160,7 @@ def unbind(node, grads, ctx):
     return each(node, lambda i: xp.stack(pieces, axis=dim))
 
 
-@op("ToCopyBackward0", outputs=1, cost=cost.COPY, views="same")
+@op("ToCopyBackward0", outputs=1, cost=cost.COPY, views="same", elementwise=True)
 def to_copy(node, grads, ctx):
     """a.to(dtype or device): the gradient goes back to the input's dtype and device."""
     def convert(i):
