@@ -271,15 +271,17 @@ def _faults(wall: dict) -> str:
     return out
 
 
-def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8) -> None:
+def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8,
+                 plain_us: float | None = None) -> None:
     """Where the measured costs came from and, for a PyTorch profile, how it matched the graph (``event_us``:
-    the spec's profiler time per recorded event, taken out of each span)."""
+    the spec's profiler time per recorded event, taken out of each span; ``plain_us``: its figure without
+    ``record_shapes``, ``ProfileUse.line``'s)."""
     head = Table(title="measured costs", show_header=False, box=None, pad_edge=False, title_justify="left")
     head.add_column(justify="left")
     head.add_column(justify="left")
     head.add_row("source", _plain(measured.describe()))
     if getattr(measured, "use", None) is not None:
-        head.add_row("used", _plain(measured.use.line(event_us)))
+        head.add_row("used", _plain(measured.use.line(event_us, plain_us)))
     wall = measured.info.get("backward_wall_ns")
     if isinstance(wall, dict) and isinstance(wall.get("median"), (int, float)):
         head.add_row("PyTorch backward (no profiler)",

@@ -253,7 +253,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     from autograd_run.cli.terminal import make_console, plain
     console = make_console()
     if measured is not None and summary:
-        render_costs(console, measured, measured.event_us(first.spec.engine))
+        render_costs(console, measured, measured.event_us(first.spec.engine),
+                     plain_us=first.spec.engine.profiler_event_us)
     if len(reports) > 1:
         render_compare(console, reports, f"{g.source}: simulated, {len(g.nodes)} nodes", memory=memory)
     elif summary:
@@ -565,14 +566,15 @@ def _report_json(r, memory: bool = True) -> dict:
             "first_pass_wall_ns": None if r.first_pass_ns is None else r.wall_ns + r.first_pass_ns,
             "first_pass_expected_error": r.first_pass_error or None,
             "first_call_taken_ns": r.first_call_taken_ns,
-            "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.measured.event_us(r.spec.engine) if r.measured else 0.0), "summary": r.summary.to_dict(),
+            "cost_sources": r.cost_sources, "measured": _measured_json(r.measured, r.measured.event_us(r.spec.engine) if r.measured else 0.0,
+                                       r.spec.engine.profiler_event_us), "summary": r.summary.to_dict(),
             "samples": samples_json(r.recording), "memory": r.memory.to_dict() if memory else None,
             "slack": [s.__dict__ for s in r.slack],
             "slack_skipped": None if r.slack_skipped is None else {"count": r.slack_skipped[0],
                                                                    "simulation_s": round(r.slack_skipped[1], 3)}}
 
 
-def _measured_json(m, event_us: float = 0.0) -> dict | None:
+def _measured_json(m, event_us: float = 0.0, plain_us: float | None = None) -> dict | None:
     if m is None:
         return None
     cov = m.coverage
@@ -584,7 +586,7 @@ def _measured_json(m, event_us: float = 0.0) -> dict | None:
                       "outside_runs": u.outside_runs, "events_per_call": u.events, "first_call": u.first_call,
                       "event_us_seen": u.event_us_seen, "shapes": u.shapes, "later": u.later,
                       "event_us": event_us,
-                      "line": u.line(event_us)}
+                      "line": u.line(event_us, plain_us)}
     return out
 
 

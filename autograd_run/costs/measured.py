@@ -137,8 +137,10 @@ class ProfileUse:
     #: its trace (the ops were described to the profiler before: ``EngineSpec.profiler_event_shapes_later_us``).
     later: bool = False
 
-    def line(self, event_us: float) -> str:
-        """One line: what was used, what was left out, and the profiler's own time taken out."""
+    def line(self, event_us: float, plain_us: float | None = None) -> str:
+        """One line: what was used, what was left out, and the profiler's own time taken out (``event_us`` a
+        recorded event; ``plain_us``: the figure without ``record_shapes``, which is what the spans of a trace made
+        with it show: describing an op's inputs falls inside the op's own event, not in the node's span)."""
         names = self.used if len(self.used) <= 4 else self.used[:2] + ["..."] + self.used[-1:]
         what = (f"{len(self.used)} of {self.calls} backward call{'s' if self.calls != 1 else ''} "
                 f"({', '.join(names)}{'; median per node' if len(self.used) > 1 else ''})")
@@ -159,9 +161,11 @@ class ProfileUse:
             notes.append(f"profiler's own time taken out: {event_us:.2f} us x {self.events:.0f} events a call "
                          f"({event_us * self.events / 1e3:.2f} ms{', with record_shapes' if self.shapes else ''})")
         seen = self.event_us_seen
-        if seen is not None and self.events:
-            check = f"this trace's spans show {seen:.2f} us per event"
-            if event_us and not event_us / 2 <= seen <= event_us * 2:
+        ref = plain_us if self.shapes else event_us
+        if seen is not None and self.events and (ref is not None or not self.shapes):
+            check = f"this trace's spans show {seen:.2f} us per event" + (
+                " outside the ops (the figure without record_shapes)" if self.shapes else "")
+            if ref and not ref / 2 <= seen <= ref * 2:
                 check += " (not the spec's figure: profiled on another machine, or with other settings?)"
             notes.append(check)
         taken = "".join("; " + n for n in notes)
