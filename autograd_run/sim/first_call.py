@@ -52,7 +52,6 @@ measured here).
 
 from __future__ import annotations
 
-
 from autograd_run.sim.signature import signature
 
 #: A corrected span keeps at least this share of what was measured.
