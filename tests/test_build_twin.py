@@ -207,8 +207,10 @@ MLP_CASES = [
      True),
     ("a matrix that does not fit the gradient", lambda d: d["nodes"][10]["saved"].update(
         self={"random": 1, "shape": [5, 3]}), False),
-    ("a matrix that fits, its inner size free", lambda d: d["nodes"][10]["saved"].update(
-        self={"random": 1, "shape": [2, 7]}), True),
+    # (its inner size is free of the gradient it receives, but not of the weight gradient it makes: [7, 3] for a
+    # [3, 3] weight)
+    ("a matrix that fits, its inner size not the weight's", lambda d: d["nodes"][10]["saved"].update(
+        self={"random": 1, "shape": [2, 7]}), False),
     ("a second matrix that does not fit", lambda d: d["nodes"][10]["saved"].update(
         mat2={"random": 1, "shape": [3, 4]}), False),
     ("a matrix of the wrong rank", lambda d: d["nodes"][10]["saved"].update(self={"random": 1, "shape": [6]}), False),
@@ -234,7 +236,18 @@ MLP_CASES = [
      False),
     ("a sum whose sizes its next input sums to", lambda d: d["nodes"][0]["saved"].update(self_sym_sizes=[2, 5]),
      True),
+    # an mm's gradients are grad @ mat2.T and self.T @ grad: each consumer must take that shape (or sum to it)
+    ("an mm whose input gradient goes to a slot of another shape",
+     lambda d: _node(d, "mm_3")["next"].__setitem__(0, ["acc_w1", 0]), False),
+    ("an mm whose weight gradient goes to a slot that sums it",
+     lambda d: _node(d, "mm_3")["next"].__setitem__(1, ["acc_b1", 0]), True),
+    ("an mm whose saved matrix is inline data: its shape not read for the check",
+     lambda d: _node(d, "mm_3")["saved"].update(mat2=[[0.5] * 3] * 3), True),
 ]
+
+
+def _node(doc, nid):
+    return next(n for n in doc["nodes"] if n["id"] == nid)
 
 
 # Variables: the compiled loop makes those of a (shape, dtype, device) already checked that write nothing but

@@ -133,7 +133,7 @@ static PyObject *variable_field(PyObject *var, int f, PyObject *name) {
 static int colons_ready = 0;
 static PyObject *EDGE_TYPE, *UNSET, *CPU, *EMPTY, *ACC, *ZERO, *MINUS_ONE, *MAX_SEQ, *FWD_END;
 static PyObject *s_nexts, *s_ints, *s_device, *s_stream, *s_type, *s_index, *s_cpu, *s_random, *s_data, *s_npz, *s_count,
-    *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_expands_to, *s_shape, *s_inputs,
+    *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_expands_to, *s_grad_shapes, *s_shape, *s_inputs,
     *s_nodes, *s_by_id, *s_ops, *s_metas, *s_default_seqs, *s_max_device_index, *s_forward, *s_variables,
     *s_node, *s_requires_grad, *s_kind, *s_tensor, *s_int, *s_bool, *s_str, *s_dtype, *s__top_min, *s_bytes,
     *s_saved_tensors, *s__note, *s_check_broadcast, *s_saved, *s_cost, *s_us, *s_flops, *s_mode;
@@ -1052,6 +1052,8 @@ static int expandable(PyObject *shape, PyObject *desired) {
  * held while cached, so its address cannot be another op's. */
 static PyObject *edge_op = NULL;
 static int edge_op_elementwise = 0, edge_op_expands = 0;
+/* its OpSpec.grad_shapes where that is a dict (a matrix product's gradients' shapes), else NULL; held */
+static PyObject *edge_op_grad_shapes = NULL;
 
 static int edge_op_flags(PyObject *op) {
     if (op == edge_op)
@@ -1062,12 +1064,90 @@ static int edge_op_flags(PyObject *op) {
     PyObject *ex = is < 0 ? NULL : PyObject_GetAttr(op, s_expands_to);
     int expands = ex ? PyObject_IsTrue(ex) : -1;
     Py_XDECREF(ex);
-    if (is < 0 || expands < 0)
+    PyObject *gs = expands < 0 ? NULL : PyObject_GetAttr(op, s_grad_shapes);
+    if (is < 0 || expands < 0 || gs == NULL)
         return -1;
     Py_XSETREF(edge_op, Py_NewRef(op));
     edge_op_elementwise = is;
     edge_op_expands = expands;
+    if (PyDict_Check(gs)) {
+        Py_XSETREF(edge_op_grad_shapes, gs);
+    } else {
+        Py_DECREF(gs);
+        Py_CLEAR(edge_op_grad_shapes);
+    }
     return 0;
+}
+
+/* The shape of a matrix product's gradient k (validate._grad_shape): from edge_op_grad_shapes[k], one
+ * (source, dim) per dim, the source "grad" (the node's input 0) or a saved field written as a spec with a
+ * shape. A new tuple; NULL where not known (*err 0) or on an error (*err 1). */
+static PyObject *grad_shape_of(PyObject *node, Py_ssize_t k, int *err) {
+    *err = 0;
+    PyObject *key = PyLong_FromSsize_t(k);
+    PyObject *spec = key ? PyDict_GetItemWithError(edge_op_grad_shapes, key) : NULL; /* borrowed */
+    Py_XDECREF(key);
+    if (spec == NULL || !PyTuple_Check(spec)) {
+        *err = PyErr_Occurred() != NULL;
+        return NULL;
+    }
+    PyObject *own_in, *own_saved;
+    PyObject *ins = slot(&NODE, node, N_INPUTS, &own_in);
+    PyObject *saved = ins ? slot(&NODE, node, N_SAVED, &own_saved) : NULL;
+    if (saved == NULL) {
+        Py_XDECREF(own_in);
+        *err = 1;
+        return NULL;
+    }
+    PyObject *grad = NULL, *out = NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(spec);
+    if (PyList_Check(ins) && PyList_GET_SIZE(ins) > 0 && PyDict_Check(saved)) {
+        grad = PyObject_GetAttr(PyList_GET_ITEM(ins, 0), s_shape);
+        if (grad == NULL)
+            *err = 1;
+        else
+            out = PyTuple_New(n);
+        if (grad != NULL && out == NULL)
+            *err = 1;
+    }
+    for (Py_ssize_t d = 0; out != NULL && d < n; d++) {
+        PyObject *pair = PyTuple_GET_ITEM(spec, d), *shape = NULL;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(pair, 1))) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject *src = PyTuple_GET_ITEM(pair, 0);
+        Py_ssize_t dim = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1));
+        if (PyUnicode_Check(src) && PyUnicode_CompareWithASCIIString(src, "grad") == 0) {
+            shape = grad;
+        } else {
+            PyObject *v = PyDict_GetItemWithError(saved, src); /* borrowed */
+            shape = v != NULL && PyDict_CheckExact(v) ? PyDict_GetItemWithError(v, s_shape) : NULL;
+            if (shape == NULL && PyErr_Occurred()) {
+                *err = 1;
+                Py_CLEAR(out);
+                break;
+            }
+            if (shape != NULL && !PyList_Check(shape))
+                shape = NULL;
+        }
+        PyObject *size = NULL;
+        if (shape != NULL && dim >= 0) {
+            if (PyTuple_Check(shape) && dim < PyTuple_GET_SIZE(shape))
+                size = PyTuple_GET_ITEM(shape, dim);
+            else if (PyList_Check(shape) && dim < PyList_GET_SIZE(shape))
+                size = PyList_GET_ITEM(shape, dim);
+        }
+        if (size == NULL || !PyLong_CheckExact(size)) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, d, Py_NewRef(size));
+    }
+    Py_XDECREF(grad);
+    Py_XDECREF(own_in);
+    Py_XDECREF(own_saved);
+    return out;
 }
 
 /* The shape of a node's gradient out of an elementwise op (its first input's), borrowed; NULL if none. A node
@@ -1228,12 +1308,25 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                     bad = 1;
                     break;
                 }
-                if (out_shape != NULL) {
+                PyObject *got = out_shape;
+                if (got == NULL && edge_op_grad_shapes != NULL) { /* a matrix product's gradient k */
+                    int gerr;
+                    got = grad_shape_of(node, k, &gerr);
+                    if (gerr) {
+                        Py_XDECREF(own_tin);
+                        bad = -1;
+                        break;
+                    }
+                } else {
+                    Py_XINCREF(got);
+                }
+                if (got != NULL) {
                     PyObject *want = PyObject_GetAttr(PyList_GET_ITEM(tin, nr), s_shape);
-                    int same = want == NULL ? -1 : want == out_shape ? 1 : PyObject_RichCompareBool(want, out_shape, Py_EQ);
+                    int same = want == NULL ? -1 : want == got ? 1 : PyObject_RichCompareBool(want, got, Py_EQ);
                     if (same == 0) /* a gradient the slot takes by summing (a bias): PyTorch's sum_to */
-                        same = expandable(want, out_shape);
+                        same = expandable(want, got);
                     Py_XDECREF(want);
+                    Py_DECREF(got);
                     if (same <= 0) { /* not expandable, or an error: the Python loop decides */
                         Py_XDECREF(own_tin);
                         bad = same < 0 ? -1 : 1;
@@ -2132,6 +2225,7 @@ PyMODINIT_FUNC PyInit__build(void) {
     INTERN(s_check_attrs, "check_attrs");
     INTERN(s_elementwise, "elementwise");
     INTERN(s_expands_to, "expands_to");
+    INTERN(s_grad_shapes, "grad_shapes");
     INTERN(s_shape, "shape");
     INTERN(s_cost, "cost");
     INTERN(s_us, "us");

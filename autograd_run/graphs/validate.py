@@ -249,14 +249,38 @@ def _shape_like(name: str) -> bool:
 
 
 
-def _out_shape(node: Node) -> tuple | None:
-    """The shape of the gradient a node sends along each edge where its op fixes it, else None: an elementwise
-    op's is its incoming gradient's; an op that expands its gradient (``OpSpec.expands_to``) gives those sizes."""
+def _out_shape(node: Node, edges: int) -> tuple | list | None:
+    """The shape of the gradient a node sends along each of its ``edges`` where its op fixes it (a list: one per
+    edge, None
+    where not known), else None: an elementwise op's is its incoming gradient's; an op that expands its gradient
+    (``OpSpec.expands_to``) gives those sizes; a matrix product's (``OpSpec.grad_shapes``) come from its gradient
+    and its saved matrices, where the file writes them as specs with a shape."""
     op = node.op
     if op.expands_to:
         sizes = node.saved.get(op.expands_to)
         return tuple(sizes) if type(sizes) is list else None
+    if op.grad_shapes is not None:
+        return [_grad_shape(node, op.grad_shapes.get(k)) for k in range(edges)]
     return node.inputs[0].shape if op.elementwise and node.inputs else None
+
+
+def _grad_shape(node: Node, spec) -> tuple | None:
+    if spec is None or not node.inputs:
+        return None
+    grad = node.inputs[0].shape
+    out = []
+    for src, d in spec:
+        if src == "grad":
+            shape = grad
+        else:
+            v = node.saved.get(src)
+            shape = v.get("shape") if type(v) is dict else None
+            if type(shape) is not list:
+                return None
+        if d >= len(shape) or type(shape[d]) is not int:
+            return None
+        out.append(shape[d])
+    return tuple(out)
 
 
 def _expands(shape, sizes) -> bool:
@@ -1093,7 +1117,7 @@ class _Checker:
             nexts[i] = None
             node = nodes[i]
             out = node.next
-            out_shape = _out_shape(node)
+            out_shape = _out_shape(node, len(nxt))
             for k, e in enumerate(nxt):
                 if e is None:
                     out.append(None)
@@ -1105,11 +1129,12 @@ class _Checker:
                 if not 0 <= nr < len(target.inputs):
                     raise self.err(("nodes", i, "next", k, 1),
                                    f"input_nr {tensors.short(nr)} out of range: node {tensors.short(tid)} has {len(target.inputs)} input(s)")
-                if out_shape is not None:
+                got = out_shape[k] if type(out_shape) is list else out_shape
+                if got is not None:
                     want = target.inputs[nr].shape
-                    if want != out_shape and not is_expandable_to(want, out_shape):
+                    if want != got and not is_expandable_to(want, got):
                         raise self.err(("nodes", i, "next", k),
-                                       f"{node.name} produces a gradient of shape {list(out_shape)} for "
+                                       f"{node.name} produces a gradient of shape {list(got)} for "
                                        f"{tensors.short(tid)} input {nr}, whose shape {list(want)} is not compatible")
                 out.append(make_edge(Edge, (target, nr)))
                 if target.index <= i:

@@ -34,6 +34,7 @@ def _column_major(node, name: str) -> str:
 @op("MmBackward0", outputs=2, saved="self:tensor? mat2:tensor? self_sym_sizes:sizes? mat2_sym_sizes:sizes?",
     cost=cost.MATMUL, needed_for_output=((0, "mat2"), (1, "self")), matrix_rank=2,
     matrix_dims={"self": ((0, 0),), "mat2": ((1, 1),)},
+    grad_shapes={0: (("grad", 0), ("mat2", 0)), 1: (("self", 1), ("grad", 1))},
     views=lambda node: (_column_major(node, "self"), _column_major(node, "mat2")))
 def mm(node, grads, ctx):
     """a @ b: g @ conj(b).T and conj(a).T @ g."""
@@ -54,6 +55,7 @@ def _addmm_flops(s: cost.Shapes) -> float:
 @op("AddmmBackward0", outputs=3, saved="mat1:tensor? mat2:tensor? alpha:scalar? beta:scalar?",
     cost=cost.CostModel(_addmm_flops), needed_for_output=((1, "mat2"), (2, "mat1")), matrix_rank=2,
     matrix_dims={"mat1": ((0, 0),), "mat2": ((1, 1),)},
+    grad_shapes={0: (("grad", 0), ("grad", 1)), 1: (("grad", 0), ("mat2", 0)), 2: (("mat1", 1), ("grad", 1))},
     views=lambda node: ("same" if node.saved.get("beta", 1) == 1 else "", _column_major(node, "mat1"),
                         _column_major(node, "mat2")))
 def addmm(node, grads, ctx):
@@ -73,7 +75,8 @@ def addmm(node, grads, ctx):
 
 @op("BmmBackward0", outputs=2, saved="self:tensor? mat2:tensor?", cost=cost.MATMUL,
     needed_for_output=((0, "mat2"), (1, "self")), matrix_rank=3,
-    matrix_dims={"self": ((0, 0), (1, 1)), "mat2": ((0, 0), (2, 2))})
+    matrix_dims={"self": ((0, 0), (1, 1)), "mat2": ((0, 0), (2, 2))},
+    grad_shapes={0: (("grad", 0), ("grad", 1), ("mat2", 1)), 1: (("grad", 0), ("self", 2), ("grad", 2))})
 def bmm(node, grads, ctx):
     """Batched a @ b."""
     g = grads[0]

@@ -133,6 +133,11 @@ class OpSpec:
     #: The saved sizes the incoming gradient is expanded to (``grad.expand(self_sym_sizes)`` in PyTorch's
     #: formula), or "": validate checks that the gradient the node receives can be expanded to them.
     expands_to: str = ""
+    #: A matrix product's gradients' shapes: output index -> one ``(source, dim)`` per dim, the source ``"grad"``
+    #: (the gradient the node receives) or a saved matrix's field (``mm``'s first output is ``grad @ mat2.T``:
+    #: ``(("grad", 0), ("mat2", 0))``). Validate checks each consumer's input against it (PyTorch's ``sum_to``
+    #: rule), where the file writes the saved matrix as a spec with its shape. None: not declared.
+    grad_shapes: Mapping[int, tuple] | None = None
     #: The saved fields of kind ``tensor`` (derived).
     tensor_fields: frozenset = field(init=False)
     #: The saved fields of kind ``scalar`` (derived): a file may write one as a string ("(1-2j)", "inf", "1e-3").
@@ -237,7 +242,7 @@ def undefined_passthrough(fn: Callable) -> Callable:
 def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise: bool = False, cost=None,
        aliases: tuple[str, ...] = (), unsupported: Callable | None = None, needed_for_output: tuple = (),
        matrix_rank: int | None = None, matrix_dims: Mapping[str, tuple] | None = None,
-       views: str | Callable = "", expands_to: str = ""):
+       views: str | Callable = "", expands_to: str = "", grad_shapes: Mapping[int, tuple] | None = None):
     """Declare the decorated backward formula as the rule of ``names`` (one spec per name).
 
     ``outputs`` must be given (None only where nothing tells the count; see the module docstring).
@@ -255,7 +260,7 @@ def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise:
         for i, name in enumerate(names):
             REGISTRY.add(OpSpec(name, rule, fields, elementwise, family, cost,
                                 aliases if i == 0 else (), unsupported, False, doc, outputs, needed_for_output,
-                                matrix_rank, matrix_dims, views, expands_to))
+                                matrix_rank, matrix_dims, views, expands_to, grad_shapes))
         return fn
     return register
 
