@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from autograd_run.sim.first_call import _kind, new_bytes, run_order
+from autograd_run.sim.first_call import new_bytes, run_order
 from autograd_run.sim.signature import signature
 
 #: The fresh buffers the page probe touches (above glibc's largest dynamic mmap threshold, so each is mapped
@@ -92,7 +92,8 @@ def _child(block: str) -> dict:
         if not a.name.endswith(node.name.split("::")[-1]) or a.name != b.name:
             raise RuntimeError(f"the {block} block's profiled nodes ({a.name}, {b.name}) are not its graph's "
                                f"({node.name}) in the order run")
-        nodes.append({"name": node.name, "kind": repr(_kind(node)) if signature(node) else None,
+        sig = signature(node)
+        nodes.append({"name": node.name, "kind": None if sig is None else repr(sig),
                       "first_ns": a.dur_ns, "later_ns": b.dur_ns, "first_events": a.nested,
                       "later_events": b.nested, "new_bytes": new_bytes(node)})
     return {"block": block, "nodes": nodes, "ns_per_byte": _probe(torch)}

@@ -283,14 +283,6 @@ def _grad_shape(node: Node, spec) -> tuple | None:
     return tuple(out)
 
 
-def _expands(shape, sizes) -> bool:
-    """Whether a tensor of ``shape`` can be expanded to ``sizes`` (``Tensor.expand``: as many dims or fewer, each
-    of its sizes, from the last, equal to the target's or 1)."""
-    if len(shape) > len(sizes):
-        return False
-    return all(s == t or s == 1 for s, t in zip(reversed(shape), reversed(sizes)))
-
-
 def _is_result(field: str) -> bool:
     """Whether a saved field is an op's output (``result``, ``result0``, ``result1``...): in PyTorch a tensor,
     never a wrapped Python number (those are inputs), so a plain number there is refused at load (the rules
@@ -1306,7 +1298,7 @@ class _Checker:
                     raise bad(f" ({numel:.3g} elements, more than the limit of {tensors.MAX_NUMEL})")
                 dtype = node.inputs[0].dtype if node.inputs else "float32"
                 self.gradient(numel * tensors.itemsize(dtype), path)
-            if key == node.op.expands_to and node.inputs and not _expands(node.inputs[0].shape, value):
+            if key == node.op.expands_to and node.inputs and not is_expandable_to(node.inputs[0].shape, value):
                 raise self.err(path, f"saved {key!r} of {node.op.name} is {list(value)}, but the gradient the node "
                                      f"receives, of shape {list(node.inputs[0].shape)}, cannot be expanded to it "
                                      f"(the node's formula is grad.expand({key}))")

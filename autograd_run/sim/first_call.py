@@ -52,6 +52,7 @@ measured here).
 
 from __future__ import annotations
 
+from autograd_run.analysis.memory import nbytes
 from autograd_run.sim.signature import signature
 
 #: A corrected span keeps at least this share of what was measured.
@@ -69,7 +70,6 @@ def new_bytes(node) -> int:
     of its incoming gradient (``OpSpec.views``) and it is one: ``analysis.memory``'s rule without the layouts
     (an expanded view or a part never allocates; the gradient itself or a view of all of it does when its size
     is not the incoming gradient's: a ``sum_to``, a cast)."""
-    from autograd_run.analysis.memory import nbytes
     kinds = node.op.views
     if kinds and not isinstance(kinds, str):
         kinds = kinds(node)
