@@ -432,6 +432,8 @@ def make_case(rng: random.Random, seeds, folder: str) -> dict:
 
 # -- workers ---------------------------------------------------------------------------------------------
 
+#: run's Error line when the process cannot start a device's worker thread (its stack would pass RLIMIT_AS)
+_AT_LIMIT = re.compile(r"^Error: cannot start the worker thread of device .*limit of threads or memory", re.M)
 _MEMORY = re.compile(r"(^|: )(_Array)?MemoryError\b|Unable to allocate", re.M)
 
 
@@ -525,6 +527,7 @@ def run_fuzz(cases: int = 10_000, seed: int = 0, workers: int = 2, timeout: floa
     misses: list = []
     splits: list = []  # validate refused (2), run did not: python nodes (run refuses those with exit 1)
     miss_count = 0
+    limit_count = 0  # run stopped, with its Error line, at the worker's RLIMIT_AS (--mem): the harness's limit
     t0 = time.monotonic()
     next_case = 0
     done = 0
@@ -548,7 +551,7 @@ def run_fuzz(cases: int = 10_000, seed: int = 0, workers: int = 2, timeout: floa
             print(f"  {kind}: case {case['id']} {case['steps']}: {detail.strip().splitlines()[-1][:200]}", flush=True)
 
     def check(case: dict, res: dict) -> None:
-        nonlocal miss_count
+        nonlocal miss_count, limit_count
         v, r = res["validate"], res["run"]
         codes[(v["rc"], r["rc"])] += 1
         for cmd, x in res.items():
@@ -560,7 +563,9 @@ def run_fuzz(cases: int = 10_000, seed: int = 0, workers: int = 2, timeout: floa
                 errors = [line for line in x["err"].splitlines() if line.startswith("Error:")]
                 if len(errors) != 1 or not errors[0].startswith(f"Error: {case['file']}: "):
                     keep("message", case, f"{cmd}: {x['err']}")
-        if v["rc"] == 0 and r["rc"] not in (0, None) and not case["injected"]:
+        if v["rc"] == 0 and r["rc"] == 1 and _AT_LIMIT.search(r["err"]):
+            limit_count += 1  # (a device's worker thread under --mem: 256 devices' stacks; not validate's to know)
+        elif v["rc"] == 0 and r["rc"] not in (0, None) and not case["injected"]:
             miss_count += 1
             if len(misses) < keep_misses:
                 keep("miss", case, f"run rc={r['rc']}: {r['err']}")
@@ -631,6 +636,7 @@ def run_fuzz(cases: int = 10_000, seed: int = 0, workers: int = 2, timeout: floa
     summary = {"cases": cases, "seed": seed, "seconds": round(time.monotonic() - t0, 1),
                "exit_codes": {f"validate {a} / run {b}": n for (a, b), n in sorted(codes.items(), key=str)},
                **{k: v for k, v in problems.items()}, "misses": miss_count, "miss_examples": misses,
+               "at_limit": limit_count,
                "split_examples": splits}
     return summary
 
@@ -655,6 +661,7 @@ def main(argv=None) -> int:
         for e in s[kind]:
             print(f"  case {e['case']} {e['steps']} -> {e.get('saved', '')}\n    {e['detail'].strip().splitlines()[-1][:300]}")
     print(f"validate accepted, run failed: {s['misses']} (examples under {args.out}/miss)")
+    print(f"run stopped at the workers' address-space limit (--mem), with its Error line: {s['at_limit']}")
     return 1 if any(s[k] for k in ("traceback", "hang", "breach", "message")) else 0
 
 

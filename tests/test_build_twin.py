@@ -583,3 +583,28 @@ def test_a_copy_whose_consumer_takes_another_shape_is_refused_alike(monkeypatch)
     assert fast == slow and fast[0] == "error"
     assert "ToCopyBackward0 produces a gradient of shape [2, 3] for 'acc_w1' input 0, whose shape [3, 3] is not " \
            "compatible" in fast[1]
+
+
+@pytest.mark.parametrize("t_input, var_shape, ok", [
+    ([2, 3], [3, 2], True),    # a matrix's gradient leaves transposed
+    ([2, 3], [2, 3], False),   # ... so the slot of its own shape cannot take it
+    ([3], [3], True),          # t() of a vector is the vector
+    ([], [4, 3], False),       # a 0-d gradient cannot be summed to a matrix (PyTorch: "got [] but expected ...")
+    ([4, 3], [2], False),      # nor a matrix to a vector it does not broadcast to
+    ([3, 1], [3], True),       # a (1, 3) gradient sums to a (3,) slot (PyTorch's sum_to: (3,) expands to (1, 3))
+    ([1, 3], [3], False),      # a (3, 1) one does not ((3,) does not expand to (3, 1))
+])
+def test_a_transpose_sends_its_gradient_with_its_dims_reversed(monkeypatch, t_input, var_shape, ok):
+    """TBackward0's gradient is the incoming one transposed (dims reversed, as t() does for 0-2 dims): a consumer
+    whose input takes neither that shape nor sums to it is refused at the edge, both ways alike (the fuzzer, seed
+    42425170: an edge retargeted from a t() to a bias's AccumulateGrad, which PyTorch's engine refuses as it runs)."""
+    doc = {"format": "autograd-graph/1", "roots": [{"node": "t", "input_nr": 0, "grad": "ones"}],
+           "variables": [{"name": "w", "shape": var_shape}],
+           "nodes": [{"id": "t", "name": "TBackward0", "next": [["acc", 0]], "inputs": [{"shape": t_input}]},
+                     {"id": "acc", "name": "torch::autograd::AccumulateGrad", "variable": "w",
+                      "inputs": [{"shape": var_shape}]}]}
+    fast, slow = both(lambda: loads_graph(dumps(doc, "json"), "t.json"), monkeypatch)
+    assert fast == slow
+    assert fast[0] == ("ok" if ok else "error"), fast
+    if not ok:
+        assert f"TBackward0 produces a gradient of shape {list(reversed(t_input))} for 'acc' input 0" in fast[1]

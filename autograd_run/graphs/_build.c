@@ -1081,13 +1081,14 @@ static int edge_op_flags(PyObject *op) {
 
 /* The shape of a matrix product's gradient k (validate._grad_shape): from edge_op_grad_shapes[k], one
  * (source, dim) per dim, the source "grad" (the node's input 0) or a saved field written as a spec with a
- * shape. A new tuple; NULL where not known (*err 0) or on an error (*err 1). */
+ * shape; or "reversed": the node's input 0's dims in reverse order (t()). A new tuple; NULL where not known (*err 0) or on an error (*err 1). */
 static PyObject *grad_shape_of(PyObject *node, Py_ssize_t k, int *err) {
     *err = 0;
     PyObject *key = PyLong_FromSsize_t(k);
     PyObject *spec = key ? PyDict_GetItemWithError(edge_op_grad_shapes, key) : NULL; /* borrowed */
     Py_XDECREF(key);
-    if (spec == NULL || !PyTuple_Check(spec)) {
+    int reversed = spec != NULL && PyUnicode_Check(spec) && PyUnicode_CompareWithASCIIString(spec, "reversed") == 0;
+    if (spec == NULL || !(PyTuple_Check(spec) || reversed)) {
         *err = PyErr_Occurred() != NULL;
         return NULL;
     }
@@ -1100,8 +1101,8 @@ static PyObject *grad_shape_of(PyObject *node, Py_ssize_t k, int *err) {
         return NULL;
     }
     PyObject *grad = NULL, *out = NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(spec);
-    if (PyList_Check(ins) && PyList_GET_SIZE(ins) > 0 && PyDict_Check(saved)) {
+    Py_ssize_t n = reversed ? 0 : PyTuple_GET_SIZE(spec);
+    if (PyList_Check(ins) && PyList_GET_SIZE(ins) > 0) { /* (saved may be the shared empty mapping: t() saves nothing) */
         grad = PyObject_GetAttr(PyList_GET_ITEM(ins, 0), s_shape);
         if (grad == NULL)
             *err = 1;
@@ -1109,6 +1110,15 @@ static PyObject *grad_shape_of(PyObject *node, Py_ssize_t k, int *err) {
             out = PyTuple_New(n);
         if (grad != NULL && out == NULL)
             *err = 1;
+        if (reversed && out != NULL) { /* t(): the incoming gradient's dims in reverse order */
+            Py_CLEAR(out);
+            Py_ssize_t m = PyTuple_Check(grad) ? PyTuple_GET_SIZE(grad) : -1;
+            out = m < 0 ? NULL : PyTuple_New(m);
+            if (m >= 0 && out == NULL)
+                *err = 1;
+            for (Py_ssize_t d = 0; out != NULL && d < m; d++)
+                PyTuple_SET_ITEM(out, d, Py_NewRef(PyTuple_GET_ITEM(grad, m - 1 - d)));
+        }
     }
     for (Py_ssize_t d = 0; out != NULL && d < n; d++) {
         PyObject *pair = PyTuple_GET_ITEM(spec, d), *shape = NULL;
@@ -1121,7 +1131,7 @@ static PyObject *grad_shape_of(PyObject *node, Py_ssize_t k, int *err) {
         if (PyUnicode_Check(src) && PyUnicode_CompareWithASCIIString(src, "grad") == 0) {
             shape = grad;
         } else {
-            PyObject *v = PyDict_GetItemWithError(saved, src); /* borrowed */
+            PyObject *v = PyDict_Check(saved) ? PyDict_GetItemWithError(saved, src) : NULL; /* borrowed */
             shape = v != NULL && PyDict_CheckExact(v) ? PyDict_GetItemWithError(v, s_shape) : NULL;
             if (shape == NULL && PyErr_Occurred()) {
                 *err = 1;

@@ -268,6 +268,8 @@ def _grad_shape(node: Node, spec) -> tuple | None:
     if spec is None or not node.inputs:
         return None
     grad = node.inputs[0].shape
+    if spec == "reversed":
+        return tuple(reversed(grad))
     out = []
     for src, d in spec:
         if src == "grad":

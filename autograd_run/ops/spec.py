@@ -136,7 +136,8 @@ class OpSpec:
     #: A matrix product's gradients' shapes: output index -> one ``(source, dim)`` per dim, the source ``"grad"``
     #: (the gradient the node receives) or a saved matrix's field (``mm``'s first output is ``grad @ mat2.T``:
     #: ``(("grad", 0), ("mat2", 0))``). Validate checks each consumer's input against it (PyTorch's ``sum_to``
-    #: rule), where the file writes the saved matrix as a spec with its shape. None: not declared.
+    #: rule), where the file writes the saved matrix as a spec with its shape. ``"reversed"`` in place of an output's
+    #: pairs: the incoming gradient's dims in reverse order (``t()``). None: not declared.
     grad_shapes: Mapping[int, tuple] | None = None
     #: The saved fields of kind ``tensor`` (derived).
     tensor_fields: frozenset = field(init=False)
