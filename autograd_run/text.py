@@ -25,6 +25,13 @@ def visible(text: object) -> str:
     return str(text).translate(_CONTROL)
 
 
+def clip(text: object, limit: int = 200) -> str:
+    """``text`` as ``visible`` shows it, cut to about ``limit`` characters (a value from a file quoted in a message:
+    a million-character id is no message), saying how long it was."""
+    s = visible(text)
+    return s if len(s) <= limit else f"{s[:limit]}... ({len(s):,} characters)"
+
+
 def md_code(lines: list[str], info: str = "text") -> str:
     """``lines`` (each made visible) as a fenced Markdown code block that no backtick run in them can close."""
     body = [visible(line) for line in lines]

@@ -155,3 +155,24 @@ def test_an_empty_order_file_is_refused_not_compared(tmp_path, text):
     p.write_text(text)
     with pytest.raises(RequestError, match=r"o.jsonl: the file is empty \(an order file has a line per node run\)"):
         read_order(str(p))
+
+
+def test_a_hostile_order_line_is_refused_with_its_line(tmp_path):
+    """A line nested 100,000 deep was a traceback (RecursionError is no ValueError); a number of 5,000 digits showed
+    Python's advice about sys.set_int_max_str_digits (a hostile review of the inputs besides graph files)."""
+    good = json.dumps({"id": "a", "name": "A"})
+    for line, why in (("[" * 100_000 + "]" * 100_000, "line 2: not an order row: nested too deeply"),
+                      ('{"id": "b", "seq": ' + "9" * 5000 + "}", "line 2: a number of more than 4300 digits")):
+        p = tmp_path / "o.jsonl"
+        p.write_text(good + "\n" + line + "\n")
+        with pytest.raises(RequestError) as e:
+            read_order(str(p))
+        assert str(e.value).endswith(why), str(e.value)
+
+
+def test_a_long_id_is_quoted_cut_in_a_divergence():
+    """A million-character id from an order file made a megabyte of message: quoted, it is cut and its length said."""
+    long = "N" * 1_000_000
+    d = compare_orders(rows("a b"), [dict(rows("a b")[0]), dict(rows("a b")[1], id=long)], per_worker=False)
+    text = d.describe()
+    assert len(text) < 1000 and "... (1,000,000 characters)" in text

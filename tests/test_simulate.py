@@ -546,8 +546,12 @@ def _h100_with(change):
     # the value and the dtype named; a name or source that is not a string (was taken as str() of it)
     (lambda d: d["accelerator"]["peak_flops"].update(bfloat16="fast"), "accelerator: peak_flops maps dtypes to "
      "FLOP/s from 1e+06 to 1e+21, got 'fast' for 'bfloat16'"),
-    (lambda d: d.update(name=7), "name must be a string, got 7"),
-    (lambda d: d.update(source=["x"]), "source must be a string, got ['x']"),
+    (lambda d: d.update(name=7), "name must be a string of at most 200 characters, got 7"),
+    (lambda d: d.update(source=["x"]), "source must be a string of at most 2000 characters, got ['x']"),
+    # a name of 500,000 characters was 1.5 MB of summary; a dtype typo took float32's figure (a hostile review)
+    (lambda d: d.update(name="n" * 500_000), "name must be a string of at most 200 characters, got 'nnnn"),
+    (lambda d: d["accelerator"]["peak_flops"].update(flaot16=1e12), "accelerator: peak_flops: unknown dtype "
+     "'flaot16' (dtypes: float16, bfloat16, float32"),
     # a device's name of another type was a traceback in the Kineto trace's writer (a hostile review)
     (lambda d: d["accelerator"].update(name={"a": [1]}),
      "accelerator: name must be a string of at most 200 characters, got {'a': [1]}"),
@@ -1076,3 +1080,48 @@ def test_a_finished_simulation_lets_go_of_its_dependency_tables():
         sim = simulate_session(graph, options).sim
         assert sim.graph_tasks and all(not t.dependencies for t in sim.graph_tasks)
         assert max(sys.getsizeof(t.dependencies) for t in sim.graph_tasks) < 1000
+
+
+def test_a_trace_of_other_nodes_is_said_to_cover_only_the_graphs(tmp_path, capsys):
+    """An autograd-run trace whose node slices mostly name nodes the graph lacks was "21 nodes measured" with no
+    word that 20 of them took analytic costs (a hostile review): only the graph's nodes are kept and counted, and
+    the summary says how many of the graph's nodes the trace covers."""
+    from builders import run_cli
+    from autograd_run.costs.measured import load_costs
+    from autograd_run.graphs.load import load_graph
+    trace = tmp_path / "run.json"
+    assert run_cli(["example:mlp", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
+    doc = json.loads(trace.read_text())
+    renamed = 0
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") == "node" and renamed < 10:
+            e["name"] = "other_" + e["name"]
+            if isinstance(e.get("args"), dict) and "id" in e["args"]:
+                e["args"]["id"] = "other_" + e["args"]["id"]
+            renamed += 1
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    g = load_graph("example:mlp")
+    costs = load_costs(str(other), g)
+    assert costs.coverage == {"matched": 3, "nodes": 13, "other": 10, "trace": True}
+    assert set(costs.nodes) <= {n.id for n in g.nodes} and costs.describe().startswith("3 nodes measured")
+    code, out, err = run_cli(["simulate", "example:mlp", "--costs", str(other)], capsys)
+    assert code == 0
+    assert "3 of 13 graph nodes (the rest analytic); the trace's other 10 nodes are not this graph's" in \
+        " ".join(out.split()), out
+
+
+@pytest.mark.parametrize("engine", [{"node": 10**30, "device_node": 0}, "x", {"node": -1, "device_node": 0},
+                                    {"node": 1.5, "device_node": 0}])
+def test_a_kineto_trace_engine_figure_out_of_range_is_refused(tmp_path, capsys, engine):
+    """``autogradRun.engine_ns`` (what a simulation charged a node, taken out of its spans) of 1e30 made every
+    node's cost 0, and a string was ignored without a word (a hostile review): refused, with the place."""
+    from builders import run_cli
+    trace = tmp_path / "k.kineto.json"
+    assert run_cli(["simulate", "example:mlp", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
+    doc = json.loads(trace.read_text())
+    doc["autogradRun"]["engine_ns"] = engine
+    bad = tmp_path / "bad.kineto.json"
+    bad.write_text(json.dumps(doc))
+    code, out, err = run_cli(["simulate", "example:mlp", "--costs", str(bad), "--no-summary"], capsys)
+    assert code == 2 and err.startswith(f"Error: --costs: {bad}: at autogradRun.engine_ns: expected"), err

@@ -246,7 +246,8 @@ def test_a_failing_point_is_reported_and_the_rest_complete(tmp_path, capsys):
     assert (again.cached, again.computed, again.failed) == (7, 5, 5)
 
     code, out, err = run_cli(["sweep", path, "--workers", "0", "--cache", str(tmp_path / "cache")], capsys)
-    assert code == 1 and "5 failed points" in out and "is too few" in out and err == ""
+    assert code == 1 and "5 failed points" in out and "is too few" in out
+    assert err == "Error: 5 of 12 points failed (the table of failed points says why)\n"
 
 
 # -- outputs ------------------------------------------------------------------------------------

@@ -126,11 +126,16 @@ def test_view_serves_only_trace_files(tmp_path, capsys):
     os.mkfifo(fifo)
     note = tmp_path / "notes.txt"
     note.write_text("not a trace")
+    # JSON that is no trace: a graph file, an order file (both were served: a hostile review)
+    graph, order = tmp_path / "g.json", tmp_path / "o.jsonl"
+    assert run_cli(["gen", "chain", "--size", "5", "-o", str(graph)], capsys)[0] == 0
+    assert run_cli([str(graph), "--order-out", str(order), "--no-summary"], capsys)[0] == 0
     for path, what in ((fifo, "is a FIFO (named pipe), not a regular file"),
-                       (note, "not a trace (a Chrome JSON trace, .json.gz or a Perfetto .pftrace)")):
+                       (note, "not a trace (a Chrome JSON trace, .json.gz or a Perfetto .pftrace)"),
+                       (graph, "not a trace"), (order, "not a trace")):
         code, out, err = run_cli(["view", str(path), "--no-browser", "--timeout", "1"], capsys)
         assert (code, out) == (2, "") and err.startswith(f"Error: {path}: {what}"), err
-    for ext in ("json", "json.gz", "pftrace"):
+    for ext in ("json", "json.gz", "pftrace", "kineto.json"):
         trace = tmp_path / f"t.{ext}"
         assert run_cli(["example:seed", "--trace", str(trace), "--no-summary"], capsys)[0] == 0
         viewer.check_trace_file(str(trace))
@@ -141,7 +146,7 @@ def test_view_fails_when_no_page_loaded_the_trace(trace_file, capsys):
     waits on it could not tell a loaded trace from none."""
     code, out, err = run_cli(["view", str(trace_file), "--port", "0", "--no-browser", "--timeout", "1"], capsys)
     assert code == 1 and out.startswith("http://127.0.0.1:")
-    assert err.rstrip().endswith("no page loaded the trace within 1 s; server stopped")
+    assert err.rstrip().endswith("\nError: no page loaded the trace within 1 s; server stopped")
 
 
 @pytest.mark.parametrize("cmd", [["run", "example:seed"], ["simulate", "example:seed"]])

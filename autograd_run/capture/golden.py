@@ -184,6 +184,9 @@ def read_golden(path: str, option: str = "expected_order") -> Golden:
             raise RequestError(f"{path}: row {n}: 'name' must be a string", option)
         if row.get("pass", 0) != 0:
             raise RequestError(f"{path}: row {n}: a golden order of PyTorch has one pass", option)
+        if row.get("torch") is not None and not (isinstance(row["torch"], str) and len(row["torch"]) <= 100):
+            raise RequestError(f"{path}: row {n}: 'torch' (the PyTorch version that recorded it) must be a string "
+                               "of at most 100 characters or null", option)
     return Golden(path, rows)
 
 

@@ -287,7 +287,13 @@ def render_costs(console: Console, measured, event_us: float = 0.0, top: int = 8
         head.add_row("PyTorch backward (no profiler)",
                      f"{fmt_ns(wall['median'])} median of {wall.get('runs', '?')} runs" + _faults(wall))
     cov = measured.coverage
-    if isinstance(cov, dict) and isinstance(cov.get("matched"), int):  # stored by capture --profile
+    if isinstance(cov, dict) and cov.get("trace") and isinstance(cov.get("matched"), int):  # an autograd-run trace
+        other = cov.get("other") or 0
+        rest = " (the rest analytic)" if cov["matched"] != cov.get("nodes") else ""
+        head.add_row("matched", f"{cov['matched']} of {cov.get('nodes', '?')} graph nodes{rest}"
+                     + (f"; the trace's other {other} node{'s' if other != 1 else ''} are not this graph's"
+                        if other else ""))
+    elif isinstance(cov, dict) and isinstance(cov.get("matched"), int):  # stored by capture --profile
         head.add_row("matched", f"{cov['matched']} of {cov.get('nodes', '?')} graph nodes when measured")
     if cov is not None and hasattr(cov, "alignment"):
         head.add_row("matched", f"{cov.matched_count} of {cov.nodes} graph nodes in {len(cov.steps)} backward call(s)"

@@ -139,6 +139,9 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
                    f"{' in ' + out if out else ''} and in the cache); {report.cancelled} cancelled")
         sys.exit(130)
     if report.failed:
+        error_line(f"{report.failed} of {len(report.rows)} points failed (the table of failed points says why)"
+                   if not json_out else f"{report.failed} of {len(report.rows)} points failed (their errors are in "
+                   "the JSON's rows)")
         sys.exit(1)
 
 

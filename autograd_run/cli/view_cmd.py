@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from autograd_run.cli.common import Finite, Whole, escape
+from autograd_run.cli.common import Finite, Whole, error_line, escape
 
 #: Seconds to wait for a page to load the trace.
 DEFAULT_TIMEOUT = 600
@@ -50,7 +50,7 @@ def show_trace(path: str, port: int | None = None, browser: bool | None = None,
     if loaded:
         click.echo("the page has loaded the trace; server stopped", err=True)
     else:
-        click.echo(f"no page loaded the trace within {timeout:g} s; server stopped", err=True)
+        error_line(f"no page loaded the trace within {timeout:g} s; server stopped")
     return loaded
 
 

@@ -92,8 +92,10 @@ class MeasuredCosts:
         return engine.profiler_event_us
 
     def describe(self) -> str:
-        what = (f"{len(self.nodes)} nodes' simulated times ({self.origin} of a simulation, {self.path}"
-                if self.simulated else f"{len(self.nodes)} nodes measured ({self.origin}, {self.path}")
+        n = len(self.nodes)
+        nodes = "1 node" if n == 1 else f"{n} nodes"
+        what = (f"{nodes}{chr(39)}{'s' if n == 1 else ''} simulated times ({self.origin} of a simulation, {self.path}"
+                if self.simulated else f"{nodes} measured ({self.origin}, {self.path}")
         if self.info.get("device") or self.info.get("torch"):
             what += f"; {self.info.get('device', '?')}, torch {self.info.get('torch', '?')}"
             if self.info.get("date"):
@@ -200,13 +202,32 @@ def load_costs(ref: str | None, graph: Graph, step: int | None = None, option: s
         if step is not None:
             raise RequestError(f"{ref}: --step picks a step of a PyTorch profile; this is autograd-run's own "
                                "trace", "step")
-        return _from_our_kineto(doc, ref, graph, option)
+        return _matched(_from_our_kineto(doc, ref, graph, option), graph, ref, option)
     if is_torch_profile(doc):
         return from_profile(parse_torch_profile(doc, ref, option), graph, step, order)
     if step is not None:
         raise RequestError(f"{ref}: --step picks a step of a PyTorch profile; this is autograd-run's own trace",
                            "step")
-    return _from_ours(doc, ref, graph, option)
+    return _matched(_from_ours(doc, ref, graph, option), graph, ref, option)
+
+
+#: The largest per-node engine time a simulation's Kineto trace may say it charged (``autogradRun.engine_ns``): 1 s.
+MAX_ENGINE_NS = 10**9
+
+
+def _matched(costs: MeasuredCosts, graph: Graph, path: str, option: str) -> MeasuredCosts:
+    """An autograd-run trace's costs kept for ``graph``'s nodes only, and how many of them it covers
+    (``coverage``: ``{"matched", "nodes", "other"}``, ``other`` the trace's node ids that are not the graph's):
+    a trace of another run of a graph that was since edited names some nodes the graph no longer has."""
+    ids = {n.id for n in graph.nodes}
+    keep = {k: v for k, v in costs.nodes.items() if k in ids}
+    if not keep:
+        raise RequestError(f"{path}: no node of {graph.source} has a measured duration there "
+                           "(a trace of another graph?)", option)
+    costs.coverage = {"matched": len(keep), "nodes": len(ids), "other": len(costs.nodes) - len(keep),
+                      "trace": True}
+    costs.nodes = keep
+    return costs
 
 
 #: At most this many rank traces in a ``--costs`` folder (a distributed profile's files).
@@ -248,7 +269,8 @@ def _from_folder(ref: str, graph: Graph, step, option: str, order) -> MeasuredCo
             nodes[nid] = MeasuredCost(statistics.median(m.cpu_ns for m in have),
                                       {k: statistics.median(m.gpu_ns.get(k, 0.0) for m in have) for k in streams})
         first = ours[0]
-        return MeasuredCosts(nodes, OURS, ref, steps=len(ours), simulated=first.simulated, engine_ns=first.engine_ns)
+        return _matched(MeasuredCosts(nodes, OURS, ref, steps=len(ours), simulated=first.simulated,
+                                      engine_ns=first.engine_ns), graph, ref, option)
     costs = from_profile(traces, graph, step, order)
     costs.path = ref
     return costs
@@ -385,9 +407,11 @@ def _from_our_kineto(doc, path: str, graph: Graph, option: str) -> MeasuredCosts
                                {s: statistics.median(x) for s, x in per_stream.get(nid, {}).items()})
              for nid, v in cpu.items()}
     engine = doc.autogradRun.get("engine_ns")
-    if not (isinstance(engine, dict) and all(isinstance(engine.get(k), int) and engine[k] >= 0
-                                             for k in ("node", "device_node"))):
-        engine = None
+    if engine is not None and not (isinstance(engine, dict) and all(
+            type(engine.get(k)) is int and 0 <= engine[k] <= MAX_ENGINE_NS for k in ("node", "device_node"))):
+        raise RequestError(f"{path}: at autogradRun.engine_ns: expected {{\"node\": ns, \"device_node\": ns}}, "
+                           f"whole numbers from 0 to {MAX_ENGINE_NS:,} (what the simulation charged a node), got "
+                           f"{tensors.short(engine)}", option)
     return MeasuredCosts(nodes, OURS, path, simulated=bool(doc.autogradRun.get("simulated")), engine_ns=engine)
 
 

@@ -443,7 +443,8 @@ def _coverage(graph: Graph, trace: TorchTrace, steps: list[StepMatch]) -> Covera
 def _top(counter: Counter, k: int = 6) -> str:
     items = counter.most_common(k)
     more = len(counter) - len(items)
-    return ", ".join(f"{name} x{c}" for name, c in items) + (f", and {more} more" if more > 0 else "")
+    from autograd_run.text import clip
+    return ", ".join(f"{clip(name, 80)} x{c}" for name, c in items) + (f", and {more} more" if more > 0 else "")
 
 
 def _mismatch(graph: Graph, trace: TorchTrace, best: int, cov: Coverage) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 from autograd_run.errors import RequestError
 from autograd_run.graphs.tensors import short
+from autograd_run.ops.cost import ITEMSIZE
 
 
 @dataclass
@@ -147,9 +148,10 @@ class MachineSpec:
         if extra:  # a graph file, a summary or a trace given as a spec
             raise RequestError(f"{where}: unknown field {extra[0]!r} (a spec has name, source, host, accelerator, "
                                "engine)", "spec")
-        for key in ("name", "source"):
-            if key in doc and not isinstance(doc[key], str):
-                raise RequestError(f"{where}: {key} must be a string, got {short(doc[key])}", "spec")
+        for key, most in (("name", 200), ("source", 2000)):  # (shown in summaries and written into traces)
+            if key in doc and not (isinstance(doc[key], str) and len(doc[key]) <= most):
+                raise RequestError(f"{where}: {key} must be a string of at most {most} characters, got "
+                                   f"{short(doc[key])}", "spec")
         missing = [k for k in ("host", "accelerator") if k not in doc]
         if missing:
             raise RequestError(f"{where}: a spec needs {missing[0]!r}", "spec")
@@ -247,6 +249,9 @@ def _device(d: Any, where: str) -> DeviceSpec:
         raise RequestError(f"{where}: peak_flops maps dtypes to FLOP/s from {MIN_RATE:g} to {MAX_RATE:g}, "
                            f"got {short(flops)}", "spec")
     for dtype, v in flops.items():
+        if dtype not in ITEMSIZE:  # a typo (flaot16) would quietly take float32's figure
+            raise RequestError(f"{where}: peak_flops: unknown dtype {short(dtype)} (dtypes: "
+                               f"{', '.join(ITEMSIZE)})", "spec")
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and MIN_RATE <= v <= MAX_RATE):
             raise RequestError(f"{where}: peak_flops maps dtypes to FLOP/s from {MIN_RATE:g} to {MAX_RATE:g}, "
                                f"got {short(v)} for {short(dtype)}", "spec")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from autograd_run.errors import RequestError
 from autograd_run.outputs import atomic_write
+from autograd_run.text import clip
 
 
 #: The largest order file read: a row is ~60 bytes, so this is some ten million nodes' order.
@@ -46,11 +47,15 @@ def read_order(path: str, allow_incomplete: bool = False) -> list[dict]:
             continue
         try:
             row = json.loads(line)
+        except RecursionError:
+            raise RequestError(f"{path}: line {n}: not an order row: nested too deeply", "expected_order") from None
         except ValueError as exc:
-            raise RequestError(f"{path}: line {n}: not JSON: {exc}", "expected_order") from None
+            why = ("a number of more than 4300 digits" if "integer string conversion" in str(exc)
+                   else f"not JSON: {exc}")
+            raise RequestError(f"{path}: line {n}: {why}", "expected_order") from None
         if isinstance(row, dict) and "incomplete" in row and not allow_incomplete:
             raise RequestError(f"{path}: line {n}: the run that wrote this order was stopped "
-                               f"({row['incomplete']}): an incomplete order cannot be a golden one",
+                               f"({clip(row['incomplete'], 60)}): an incomplete order cannot be a golden one",
                                "expected_order")
         if isinstance(row, dict) and "incomplete" in row:
             continue
@@ -116,7 +121,7 @@ class Divergence:
 
     def lines(self) -> list[str]:
         """The explanation, one string per line (a node id with a newline in it stays in its line)."""
-        where = f"position {self.position}" + (f" of worker {self.thread!r}" if self.thread else "")
+        where = f"position {self.position}" + (f" of worker {clip(repr(self.thread), 60)}" if self.thread else "")
         if self.pass_index:
             where += f" in pass {self.pass_index}"
         return [f"order differs at {where}: expected {_short(self.expected)}, got {_short(self.got)}", *self.detail]
@@ -129,8 +134,8 @@ def _short(row: dict | None) -> str:
     if row is None:
         return "(end of order)"
     if not isinstance(row, dict):
-        return repr(row)
-    return f"{row.get('id')} ({row.get('name')}, seq {row.get('seq')})"
+        return clip(repr(row))
+    return f"{clip(row.get('id'))} ({clip(row.get('name'), 80)}, seq {row.get('seq')})"
 
 
 def passes(rows: list[dict]) -> list[list[dict]]:
@@ -196,10 +201,9 @@ def first_divergence(expected: list, got: list, thread: str | None = None, key=l
 def node_label(row) -> str:
     """A golden order row's node as one visible label: ``AddmmBackward0 #12`` (its op and its rank
     among that op's nodes, from the loss) or ``AccumulateGrad(fc.weight)`` (a leaf by name)."""
-    from autograd_run.text import visible
     if row is None:
         return "(end of order)"
     name = str(row.get("name"))
     if row.get("leaf") is not None:
-        return visible(f"{name.rpartition('::')[2]}({row['leaf']})")
-    return visible(f"{name} #{row.get('nth')}")
+        return f"{clip(name.rpartition('::')[2], 80)}({clip(row['leaf'], 120)})"
+    return f"{clip(name, 120)} #{clip(row.get('nth'), 24)}"

@@ -119,18 +119,22 @@ MAX_VIEW_BYTES = 16 << 30
 
 def check_trace_file(path: str) -> None:
     """Refuse (``RequestError``) what is not a trace file: a folder, a FIFO or a device, or a file whose
-    first bytes are none of a JSON trace's (``{`` or ``[``), gzip's or a Perfetto protobuf trace's (its
-    first packet, field 1): the server hands the file to whatever page asks for it."""
+    first bytes are none of a JSON trace's (``{`` with ``"traceEvents"``, or ``[`` with an event's ``"ph"``, in its
+    first 64 KiB), gzip's or a Perfetto protobuf trace's (its first packet, field 1): the server hands the file to
+    whatever page asks for it."""
     from autograd_run import untrusted
     if os.path.isdir(path):
         raise RequestError(f"{path}: is a directory")
     try:
         with untrusted.open_regular(path, MAX_VIEW_BYTES) as f:
-            head = f.read(64)
+            head = f.read(1 << 16)
     except untrusted.Problem as p:
         raise RequestError(f"{path}: {p.what}") from None
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not (head.startswith(b"\x1f\x8b") or head.startswith(b"\x0a") or text[:1] in (b"{", b"[")):
+    # a JSON trace names its events (an object's "traceEvents", an array's events' "ph") near its start: a graph
+    # file, an order file or a summary starts with { or [ too
+    json_trace = (text[:1] == b"{" and b'"traceEvents"' in text) or (text[:1] == b"[" and b'"ph"' in text)
+    if not (head.startswith(b"\x1f\x8b") or head.startswith(b"\x0a") or json_trace):
         raise RequestError(f"{path}: not a trace (a Chrome JSON trace, .json.gz or a Perfetto .pftrace): "
                            "refusing to serve it")
 
