@@ -228,6 +228,24 @@ def candidates() -> list[tuple[str, str]]:
     return out
 
 
+#: ``autograd-run check`` in a fresh process, with the environment fix the capture script has: the registry's
+#: torchvision is a CUDA build whose ops do not load next to the CPU torch (``zoo.external.import_torchvision``), and
+#: a Python node's module (transformers' ``GeLUFunction``, imported to replay it) imports torchvision through
+#: transformers; in a user's environment torchvision works. The CLI is then run as the console script runs it.
+CHECK = """
+import sys
+sys.path.insert(0, {tests!r})
+from zoo import external
+try:
+    external.import_torchvision()
+except ImportError:
+    pass
+from autograd_run.cli.main import main
+sys.argv[0] = "autograd-run"
+main()
+"""
+
+
 def one(src: str, name: str, folder: str, env: dict, max_params: int, timeout: float) -> dict:
     """One case: the capture script, then ``autograd-run check``, each a fresh process."""
     graph = os.path.join(folder, f"{src}_{name}.json")
@@ -245,8 +263,8 @@ def one(src: str, name: str, folder: str, env: dict, max_params: int, timeout: f
     if got["outcome"] != "captured":
         return row
     try:
-        q = subprocess.run([sys.executable, "-m", "autograd_run", "check", graph, "--allow-python"],
-                           capture_output=True, text=True, env=env, timeout=timeout)
+        q = subprocess.run([sys.executable, "-c", CHECK.format(tests=os.path.join(ROOT, "tests")), "check", graph,
+                            "--allow-python"], capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return dict(row, outcome="timeout", why=f"check over {timeout:.0f} s")
     text = (q.stdout + q.stderr).strip()
