@@ -1084,8 +1084,8 @@ def test_a_finished_simulation_lets_go_of_its_dependency_tables():
 
 def test_a_trace_of_other_nodes_is_said_to_cover_only_the_graphs(tmp_path, capsys):
     """An autograd-run trace whose node slices mostly name nodes the graph lacks was "21 nodes measured" with no
-    word that 20 of them took analytic costs (a hostile review): only the graph's nodes are kept and counted, and
-    the summary says how many of the graph's nodes the trace covers."""
+    word that 20 of them took analytic costs (a hostile review): only the graph's nodes are counted, and the
+    summary says how many of the graph's nodes the trace covers."""
     from builders import run_cli
     from autograd_run.costs.measured import load_costs
     from autograd_run.graphs.load import load_graph
@@ -1104,7 +1104,7 @@ def test_a_trace_of_other_nodes_is_said_to_cover_only_the_graphs(tmp_path, capsy
     g = load_graph("example:mlp")
     costs = load_costs(str(other), g)
     assert costs.coverage == {"matched": 3, "nodes": 13, "other": 10, "trace": True}
-    assert set(costs.nodes) <= {n.id for n in g.nodes} and costs.describe().startswith("3 nodes measured")
+    assert costs.describe().startswith("3 nodes measured")
     code, out, err = run_cli(["simulate", "example:mlp", "--costs", str(other)], capsys)
     assert code == 0
     assert "3 of 13 graph nodes (the rest analytic); the trace's other 10 nodes are not this graph's" in \

@@ -92,7 +92,8 @@ class MeasuredCosts:
         return engine.profiler_event_us
 
     def describe(self) -> str:
-        n = len(self.nodes)
+        cov = self.coverage
+        n = cov["matched"] if isinstance(cov, dict) and cov.get("trace") else len(self.nodes)  # (the graph's)
         nodes = "1 node" if n == 1 else f"{n} nodes"
         what = (f"{nodes}{chr(39)}{'s' if n == 1 else ''} simulated times ({self.origin} of a simulation, {self.path}"
                 if self.simulated else f"{nodes} measured ({self.origin}, {self.path}")
@@ -216,17 +217,16 @@ MAX_ENGINE_NS = 10**9
 
 
 def _matched(costs: MeasuredCosts, graph: Graph, path: str, option: str) -> MeasuredCosts:
-    """An autograd-run trace's costs kept for ``graph``'s nodes only, and how many of them it covers
-    (``coverage``: ``{"matched", "nodes", "other"}``, ``other`` the trace's node ids that are not the graph's):
-    a trace of another run of a graph that was since edited names some nodes the graph no longer has."""
+    """An autograd-run trace's costs with how many of ``graph``'s nodes they cover (``coverage``: ``{"matched",
+    "nodes", "other"}``, ``other`` the trace's node ids that are not the graph's: a trace of a graph since edited
+    names nodes the graph no longer has); refused when they cover none."""
     ids = {n.id for n in graph.nodes}
-    keep = {k: v for k, v in costs.nodes.items() if k in ids}
-    if not keep:
+    matched = sum(1 for k in costs.nodes if k in ids)
+    if not matched:
         raise RequestError(f"{path}: no node of {graph.source} has a measured duration there "
                            "(a trace of another graph?)", option)
-    costs.coverage = {"matched": len(keep), "nodes": len(ids), "other": len(costs.nodes) - len(keep),
-                      "trace": True}
-    costs.nodes = keep
+    # (the others stay: a placement's copy nodes, made after the costs are read, may be among them)
+    costs.coverage = {"matched": matched, "nodes": len(ids), "other": len(costs.nodes) - matched, "trace": True}
     return costs
 
 
