@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from autograd_run.errors import RequestError
@@ -238,6 +240,10 @@ def test_network_forms_and_their_errors(tmp_path, monkeypatch):
         parse_network(str(path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     with pytest.raises(RequestError, match=r"no local-gloo network yet: run `autograd-run calibrate --gloo`"):
+        parse_network("local-gloo")
+    from autograd_run.parallel.networks import local_gloo_path
+    os.makedirs(local_gloo_path())  # a folder where the file goes was "no local-gloo network yet" (a hostile review)
+    with pytest.raises(RequestError, match=r"local-gloo-network.json: the local-gloo network's file is not a regular"):
         parse_network("local-gloo")
     with pytest.raises(RequestError, match="not KEY=VALUE pairs"):
         parse_network("nowhere")

@@ -179,8 +179,11 @@ def load_network(ref: str) -> Network:
         return from_dict(json.loads(text), ref)
     if ref == LOCAL_GLOO:
         path = local_gloo_path()
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise RequestError("no local-gloo network yet: run `autograd-run calibrate --gloo` first", "network")
+        if not os.path.isfile(path):  # a folder, a link to a device or to nothing
+            raise RequestError(f"{path}: the local-gloo network's file is not a regular file (run `autograd-run "
+                               "calibrate --gloo` again after removing it)", "network")
     else:
         path = ref
         if os.path.exists(path) and not os.path.isfile(path):
