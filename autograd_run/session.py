@@ -108,6 +108,8 @@ class RunOptions:
     memory_limit: int | None = None
     #: A trace gets each device's allocated bytes as counter tracks (``analysis.memory``).
     memory_trace: bool = True
+    #: The memory keeps every allocation and free in order (``Memory.events``: what a memory snapshot shows).
+    memory_events: bool = False
 
 
 @dataclass
@@ -150,7 +152,7 @@ class RunReport:
         if self._memory is None and self.recording is not None and not self.recording.empty \
                 and self.error is None and self.interrupted is None:
             self._memory = memory_of(self.graph, self.recording, retain_graph=self.options.retain_graph,
-                                     limit=self.options.memory_limit)
+                                     limit=self.options.memory_limit, events=self.options.memory_events)
         return self._memory
 
     @property

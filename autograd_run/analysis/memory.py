@@ -174,6 +174,20 @@ class Memory:
     freed: dict = field(default_factory=dict)
     #: The recording's time that ``ts`` counts from (ns).
     t0: int = 0
+    #: Every block (storage) of the replay: its bytes, its device (index into ``devices``) and what held it when
+    #: made (``holder(b)``); and every allocation and free in order (``events``: ``b`` made, ``~b`` freed) with its
+    #: time (``event_ts``, ns since ``t0``: the end of the node whose run made it). What a memory snapshot shows;
+    #: kept when asked for (``memory_of(..., events=True)``), else empty.
+    block_size: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    block_dev: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    events: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    event_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    holders: list = field(default_factory=list, repr=False)
+
+    def holder(self, b: int) -> tuple[str, str]:
+        """(kind, description) of what held block ``b`` when it was made."""
+        kind, what = self.holders[b]
+        return kind, describe(kind, what)
 
     def counters(self) -> list[Counter]:
         """One counter track per device, its allocated bytes over the pass (``Recording.counters``)."""
@@ -217,7 +231,7 @@ def describe(kind: str, what) -> str:
 class _State:
     """The blocks (storages) and how many holders each has, as the replay goes."""
 
-    def __init__(self):
+    def __init__(self, events: bool = False):
         self.size: list[int] = []
         self.dev: list[int] = []
         self.refs: list[int] = []
@@ -238,6 +252,11 @@ class _State:
         self.born: list[int] = []
         self.died: list[int] = []
         self.changes: list[tuple] = []
+        #: Every allocation and free in the order they happen (``b`` made, ``~b`` freed: what a memory snapshot's
+        #: device trace lists), and per sample the length the log had then and the sample's time.
+        self.log: list[int] | None = [] if events else None
+        self.marks: list[int] = []
+        self.mark_ts: list[int] = []
 
     def hold(self, b: int, kind: str, what) -> None:
         """Block ``b`` is now held as ``kind`` by ``what``."""
@@ -274,6 +293,8 @@ class _State:
         self.what0.append(what)
         self.born.append(self.now)
         self.died.append(-1)
+        if self.log is not None:
+            self.log.append(b)
         if size:
             self.live[d] += size
             self.dirty.add(d)
@@ -284,6 +305,8 @@ class _State:
         refs[b] -= 1
         if refs[b] == 0:
             self.died[b] = self.now
+            if self.log is not None:
+                self.log.append(~b)
         if refs[b] == 0 and self.size[b]:
             d = self.dev[b]
             self.live[d] -= self.size[b]
@@ -409,14 +432,15 @@ def _inner_nodes(graph) -> dict:
 
 def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | None = None,
               extras: tuple = (), grads_in: dict | None = None, grads_out: dict | None = None,
-              leaves_out=()) -> Memory:
+              leaves_out=(), events: bool = False) -> Memory:
     """The pass's memory per device (see the module docstring); ``limit``: bytes per device to check;
     ``extras``: ``Extra`` blocks; ``grads_in``: leaf name -> index in ``extras`` of the block its ``.grad``
     is a view of; ``grads_out``: leaf name -> the moment its ``.grad`` is taken (as ``Extra.gone``);
-    ``leaves_out``: leaf names not counted as alive throughout."""
+    ``leaves_out``: leaf names not counted as alive throughout; ``events``: keep every allocation and free in
+    order (``Memory.events``, what a memory snapshot shows; about a tenth more time)."""
     run = first_pass(rec)
     replay = _Replay(graph, rec, run, retain_graph, limit, extras, grads_in or {}, grads_out or {},
-                     set(leaves_out))
+                     set(leaves_out), events)
     replay.run()
     mem = Memory(retain_graph=retain_graph, storage="captured" if graph.storage is not None else "per tensor")
     st = replay.st
@@ -449,6 +473,16 @@ def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | No
     mem.devices = [mem.devices[d] for d in order]
     if len(mem.dev):
         mem.dev = remap[mem.dev]
+    if st.log is None:
+        return mem
+    # the allocations and frees in order, each at the time of the first sample taken after it
+    mem.block_size = np.asarray(st.size, np.int64)
+    mem.block_dev = remap[np.asarray(st.dev, np.int64)].astype(np.int32) if st.dev else np.zeros(0, np.int32)
+    mem.events = np.asarray(st.log, np.int64)
+    at = np.searchsorted(np.asarray(st.marks, np.int64), np.arange(len(st.log)), side="right")
+    mark_ts = np.asarray(st.mark_ts + [st.mark_ts[-1] if st.mark_ts else 0], np.int64)
+    mem.event_ts = mark_ts[np.minimum(at, len(mark_ts) - 1)]
+    mem.holders = list(zip(st.kind0, st.what0))
     return mem
 
 
@@ -457,7 +491,7 @@ class _Replay:
 
     def __init__(self, graph, rec: Recording, run: tuple, retain_graph: bool, limit: int | None,
                  extras: tuple = (), grads_in: dict | None = None, grads_out: dict | None = None,
-                 leaves_out: set = frozenset()):
+                 leaves_out: set = frozenset(), events: bool = False):
         self.graph, self.retain_graph, self.limit = graph, retain_graph, limit
         self.extras, self.grads_in, self.leaves_out = extras, grads_in or {}, leaves_out
         self.extra_blocks: list[int | None] = [None] * len(extras)
@@ -477,7 +511,7 @@ class _Replay:
         self.starts_at = {w[1] for w in self.at if w[0] == "start"}
         self.nodes, self.starts, self.ends = run
         self.t0 = rec.start if rec.start else (int(self.starts.min()) if len(self.starts) else 0)
-        self.st = _State()
+        self.st = _State(events)
         self.grads: dict[str, _Grad] = {}
         self.buffers: dict = {}
         self.node_blocks: dict = {}
@@ -657,6 +691,9 @@ class _Replay:
             self.samples_dev.append(d)
             self.samples_live.append(v)
         st.dirty.clear()
+        if st.log is not None:
+            st.marks.append(len(st.log))
+            st.mark_ts.append(rel)
         self.n_samples += 1
         st.now = self.n_samples
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from autograd_run.cli.terminal import escape, escape_lines, stdout_closed
@@ -143,14 +145,39 @@ memory_option = click.option(
          f"[default: for graphs of up to {MEMORY_AUTO_NODES:,} nodes, or with --memory-limit]")
 
 
-def want_memory(memory: bool | None, graph, memory_limit: int | None) -> bool:
-    """Whether a command models the pass's memory (``--memory``, ``--no-memory``, or the default)."""
+#: ``--memory-snapshot FILE.pickle``: the pass's allocations as ``torch.cuda.memory._snapshot()`` writes them.
+memory_snapshot_option = click.option(
+    "--memory-snapshot", default=None, metavar="FILE.pickle",
+    help="Write the pass's allocations and frees as a memory snapshot that PyTorch's MemoryViz opens "
+         "(pytorch.org/memory_viz; or python -m torch.cuda._memory_viz trace_plot FILE.pickle -o out.html)")
+
+
+def check_memory_snapshot(path: str | None, inputs: list, others: tuple = ()) -> None:
+    """``--memory-snapshot``'s path: a ``.pickle`` (or ``.pkl``) file that is no input and no other output."""
+    if path is None:
+        return
+    from autograd_run.errors import RequestError, UsageError
+    from autograd_run.outputs import check_output_path
+    if not path.lower().endswith((".pickle", ".pkl")):
+        raise UsageError(f"--memory-snapshot writes a pickle (what MemoryViz opens): name it FILE.pickle, got "
+                         f"{escape(path)!r}")
+    check_output_path(path, "memory_snapshot", [p for p in inputs if p])
+    for other in others:
+        if other and os.path.abspath(other) == os.path.abspath(path):
+            raise RequestError(f"{path}: another output is written there already", "memory_snapshot")
+
+
+def want_memory(memory: bool | None, graph, memory_limit: int | None, snapshot: str | None = None) -> bool:
+    """Whether a command models the pass's memory (``--memory``, ``--no-memory``, or the default; a memory
+    snapshot or a limit needs it)."""
+    from autograd_run.errors import UsageError
     if memory is False and memory_limit is not None:  # the limit would go unchecked, silently
-        from autograd_run.errors import UsageError
         raise UsageError("--memory-limit needs the memory model, which --no-memory turns off: give one of them")
+    if memory is False and snapshot is not None:
+        raise UsageError("--memory-snapshot needs the memory model, which --no-memory turns off: give one of them")
     if memory is not None:
         return memory
-    return memory_limit is not None or len(graph.nodes) <= MEMORY_AUTO_NODES
+    return memory_limit is not None or snapshot is not None or len(graph.nodes) <= MEMORY_AUTO_NODES
 
 
 #: ``main()`` without arguments (the console script) runs the process's command line, and the process

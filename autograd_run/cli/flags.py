@@ -9,4 +9,4 @@ FLAGS = {"output": "-o", "inputs": "--inputs", "inject_error": "--inject-error",
          "profile_trace": "--profile-trace",
          "cache": "--cache", "scheduler": "--scheduler", "workers": "--workers", "out": "--out",
          "transfer": "--transfer", "batch": "--batch", "network": "--network", "world": "--world", "ddp": "--ddp",
-         "fsdp": "--fsdp", "straggler": "--straggler"}
+         "fsdp": "--fsdp", "straggler": "--straggler", "memory_snapshot": "--memory-snapshot"}

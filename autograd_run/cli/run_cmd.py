@@ -9,8 +9,8 @@ import click
 
 from autograd_run.cli import jsonout
 from autograd_run.cli.common import (
-    Seconds, Whole, echo, error_line, load_graph_arg, max_memory_option, memory_limit_option, memory_option,
-    note_lines, want_memory, write,
+    Seconds, Whole, check_memory_snapshot, echo, error_line, load_graph_arg, max_memory_option, memory_limit_option,
+    memory_option, memory_snapshot_option, note_lines, want_memory, write,
 )
 from autograd_run.cli.view_cmd import require_viewer, show_trace
 from autograd_run.cli.interrupts import ctrl_c_stops
@@ -89,6 +89,7 @@ class Progress(Tracer):
 @max_memory_option
 @memory_option
 @memory_limit_option
+@memory_snapshot_option
 @click.option("--order-out", default=None, metavar="FILE", help="Write the executed order as JSON Lines.")
 @click.option("--expect-order", default=None, metavar="FILE", help="Compare the executed order with a JSON Lines "
               "golden file (exact when deterministic, else per worker); exit 3 on a mismatch.")
@@ -108,13 +109,15 @@ class Progress(Tracer):
 @click.option("--verbose", is_flag=True, help="Show a failing node's traceback.")
 def run(graph, trace_path, trace_format, open_trace, grad_mode, backward_mode, inputs, allow_unused, retain_graph, create_graph,
         no_multithreading, backend, backend_old, anomaly, inject_error, inject_nan, repeat, seed, allow_python, max_memory,
-        memory, memory_limit, order_out, expect_order, costs, step, summary, json_out, timeout, fmt, verbose):
+        memory, memory_limit, memory_snapshot, order_out, expect_order, costs, step, summary, json_out, timeout, fmt,
+        verbose):
     """Run a graph's backward pass (GRAPH is a file, example:NAME, or - for stdin).
 
     \b
     Examples:
       autograd-run example:seed
       autograd-run graph.yaml --trace out.json
+      autograd-run graph.yaml --memory-snapshot mem.pickle   # open it in pytorch.org/memory_viz
       autograd-run graph.yaml --trace out.json --open
       autograd-run example:mlp --no-multithreading --order-out golden.jsonl
       autograd-run example:mlp --no-multithreading --expect-order golden.jsonl
@@ -135,17 +138,20 @@ def run(graph, trace_path, trace_format, open_trace, grad_mode, backward_mode, i
         raise UsageError("--devices is the old spelling of --backend: give one of them")
     devices = backend or backend_old or "auto"
     g = load_graph_arg(graph, fmt, max_bytes=max_memory, allow_python=allow_python, keep=True)
+    check_memory_snapshot(memory_snapshot, [*g.files(), costs, expect_order], (trace_path, order_out))
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(
         mode=mode, inputs=inputs.split(",") if inputs is not None else None, allow_unused=allow_unused,
         retain_graph=retain_graph,
         create_graph=create_graph, multithreading=not no_multithreading, devices=devices, anomaly=anomaly,
         inject_error=inject_error, inject_nan=inject_nan, repeat=repeat, seed=seed, allow_python=allow_python,
-        profile=summary or json_out or bool(trace_path) or memory_limit is not None, samples=json_out,
+        profile=summary or json_out or bool(trace_path) or memory_limit is not None or bool(memory_snapshot),
+        samples=json_out,
         trace_path=trace_path, trace_format=trace_format, order_out=order_out,
         expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
         tracers=(progress,), costs=costs, costs_step=step, timeout=timeout, stop=RunStop(),
-        memory_limit=memory_limit, memory_trace=want_memory(memory, g, memory_limit))
+        memory_limit=memory_limit, memory_trace=want_memory(memory, g, memory_limit, memory_snapshot),
+        memory_events=bool(memory_snapshot))
     if options.inputs is not None:
         options.inputs = [s.strip() for s in options.inputs if s.strip()]  # "a, b" as "a,b"
     try:
@@ -154,6 +160,9 @@ def run(graph, trace_path, trace_format, open_trace, grad_mode, backward_mode, i
     finally:
         options.stop.close()
     error = report.error
+    if memory_snapshot and report.memory is not None and not report.interrupted:
+        from autograd_run.traces.memory_snapshot import write as write_snapshot
+        write_snapshot(memory_snapshot, report.memory, g.source)
     if report.interrupted:
         _stopped(report, trace_path, order_out, repeat, timeout)
     if json_out:

@@ -9,7 +9,8 @@ import click
 
 from autograd_run.cli import jsonout
 from autograd_run.cli.common import (
-    Whole, echo, memory_limit_option, memory_option, one_shot_work, want_memory, write,
+    Whole, check_memory_snapshot, echo, memory_limit_option, memory_option, memory_snapshot_option, one_shot_work,
+    want_memory, write,
 )
 from autograd_run.cli.run_cmd import memory_skipped, over_memory_limit
 from autograd_run.cli.view_cmd import require_viewer, show_trace
@@ -113,12 +114,13 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
               help="--ddp: one rank's backward S times slower (its costs scaled): every collective waits for it.")
 @memory_option
 @memory_limit_option
+@memory_snapshot_option
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the summary tables.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as JSON.")
 @one_shot_work
 def simulate(graph, spec, devices, placement, policy, scale, costs, step, compare, trace_path, trace_format,
              trace_ranks, open_trace, order_out,
-             slack, ddp, fsdp, world, network, straggler, memory, memory_limit,
+             slack, ddp, fsdp, world, network, straggler, memory, memory_limit, memory_snapshot,
              summary, json_out):
     """Simulate GRAPH's backward pass on a virtual clock (no node runs).
 
@@ -140,6 +142,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
       autograd-run simulate model.json --ddp bucket_cap_mb=25 --world 8 --network alpha_us=10,gbps=12
       autograd-run simulate fsdp.json --fsdp captured --world 64 --network nvlink-h100 --compare prefetch=0,1,2
       autograd-run simulate model.json --ddp defaults --world 8 --network nvlink-h100 --trace ranks/   # for HTA
+      autograd-run simulate model.json --devices 2 --memory-snapshot mem.pickle   # pytorch.org/memory_viz
     """
     from autograd_run.cli.common import load_graph_arg
     from autograd_run.outputs import check_output_path
@@ -156,6 +159,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         raise UsageError("--ddp and --fsdp are two ways to run data parallel: give one")
     if compare and _ddp_compare(compare, fsdp is not None) is None:
         _compare_conflicts(compare, trace_path, order_out)
+    if compare and memory_snapshot:
+        raise UsageError("--memory-snapshot writes one simulation: with --compare, simulate the variant you want "
+                         "written on its own")
     if fsdp is not None and straggler is not None:
         raise UsageError("--straggler goes with --ddp")
     ddp_args = _ddp_args(ddp if fsdp is None else fsdp, world, network, compare, straggler, fsdp=fsdp is not None)
@@ -177,14 +183,15 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             check_output_path(os.path.join(trace_path, f"rank-{r}.kineto.json"), "trace_path", inputs)
     if trace_path and order_out and os.path.abspath(trace_path) == os.path.abspath(order_out):
         raise RequestError(f"{order_out}: the trace is written there already", "order_out")
-    memory = want_memory(memory, g, memory_limit)
+    check_memory_snapshot(memory_snapshot, inputs, (trace_path, order_out))
+    memory = want_memory(memory, g, memory_limit, memory_snapshot)
     reports, docs = [], []
     # The what-ifs re-simulate the graph: only when something shows them (the summary, or --json).
     slack_top = slack if len(variants) == 1 and (summary or json_out) else 0
     for pol, k in variants:
         opts = SimOptions(spec=spec, devices=k, placement=placement or ("greedy" if k else "keep"), policy=pol,
                           scale=scale, costs=measured or "analytic", slack_top=slack_top, detail=bool(trace_path),
-                          memory_limit=memory_limit)
+                          memory_limit=memory_limit, memory_events=bool(memory_snapshot))
         left = _memory_left()
         report = simulate_session(g, opts)
         if len(variants) > 1:  # a comparison: each variant's figures taken, its simulation let go
@@ -233,6 +240,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
                          _ranks_written(ddp_args, trace_ranks) if folder else 1, first)
     if order_out:
         write_order(order_out, first.order)
+    if memory_snapshot:  # (with --ddp or --fsdp: their buffers are in the memory, as in the summary's)
+        from autograd_run.traces.memory_snapshot import write as write_snapshot
+        write_snapshot(memory_snapshot, first.memory, g.source)
     if json_out:
         doc = docs if len(reports) > 1 else _report_json(first, memory)
         if len(reports) == 1:

@@ -76,6 +76,8 @@ class SimOptions:
     extra_ns: dict | None = None
     #: Bytes per device the pass must fit in: ``SimReport.memory.over_limit`` names the first node past it.
     memory_limit: int | None = None
+    #: The memory keeps every allocation and free in order (``Memory.events``: what a memory snapshot shows).
+    memory_events: bool = False
 
 
 @dataclass
@@ -145,7 +147,8 @@ class SimReport:
         if self._memory is None:
             rec = self.recording
             with gc_paused():
-                self._memory = memory_of(self.graph, rec, limit=self.options.memory_limit, **self._extras)
+                self._memory = memory_of(self.graph, rec, limit=self.options.memory_limit,
+                                         events=self.options.memory_events, **self._extras)
         return self._memory
 
     def add_memory(self, extras: tuple, grads_in: dict | None = None, grads_out: dict | None = None,
