@@ -105,3 +105,24 @@ def test_a_memory_made_without_its_events_is_no_snapshot():
     assert len(mem.events) == 0
     with pytest.raises(ValueError, match="needs the memory's events"):
         snapshot(mem)
+
+
+def test_the_fields_are_the_ones_pytorch_writes_for_a_real_backward():
+    """PyTorch's own ``_profile_to_snapshot`` (what ``profile_plot`` hands MemoryViz) of a real CPU backward
+    profiled with ``profile_memory``: every field it writes in a trace entry, a segment and a block is in ours,
+    and our actions are among its; the CPU is its last device, as in ours."""
+    from torch.profiler import ProfilerActivity, profile
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        (x @ w).relu().sum().backward()
+    real = _memory_viz._profile_to_snapshot(prof)
+    ours = snapshot(simulate_session(load_graph("example:mlp"), SimOptions(memory_events=True)).memory)
+    assert len(real["device_traces"]) == len(ours["device_traces"]) == 1  # (no CUDA here: the CPU is device 0)
+
+    def fields(snap):
+        return ({k for t in snap["device_traces"] for e in t for k in e},
+                {k for s in snap["segments"] for k in s}, {k for s in snap["segments"] for b in s["blocks"] for k in b},
+                {e["action"] for t in snap["device_traces"] for e in t})
+    real_f, ours_f = fields(real), fields(ours)
+    assert all(r <= o for r, o in zip(real_f[:3], ours_f[:3])), (real_f, ours_f)
+    assert real_f[3] == ours_f[3] == {"alloc", "free_requested", "free_completed"}
