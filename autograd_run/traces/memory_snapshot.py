@@ -13,15 +13,17 @@ torch.cuda._memory_viz trace_plot FILE.pickle -o out.html``, ``segsum``, ``trace
                   ``gradient for ...``, ``output 0 of ...``) and ``category`` (the summary's holder kind). The
                   blocks alive when the pass starts (leaves, saved tensors, root gradients) are allocated first,
                   at time 0, so the timeline starts at the pass's starting level.
-  segments        per device, the blocks alive at the end (``active_allocated``) with the gaps between them
-                  (``inactive``), in one segment spanning them, as ``_profile_to_snapshot`` lays them out.
+  segments        per device one segment over every address the device's blocks used (what a caching allocator
+                  that never releases would hold reserved), the blocks alive at the end in it
+                  (``active_allocated``) and the gaps between them (``inactive``), so that every block of the
+                  trace lies in a segment (MemoryViz's allocator view looks each one up).
 
 Devices are numbered as PyTorch numbers them: ``cuda:N`` is N, the CPU comes after the accelerators (as
 ``_profile_to_snapshot`` places it). Addresses are made up: each device's blocks are laid out by a simple
 allocator (a freed block's range is reused by the next block of the same size, else the next free address,
 aligned to 512 bytes as the caching allocator's blocks are), so a block's address is unique while it lives.
 The bytes are the memory model's (``analysis.memory``): its allocated bytes, not a caching allocator's reserved
-segments (``segsum``'s "reserved" is the span of the blocks alive at the end).
+segments (``segsum``'s "reserved" is the span of the addresses the layout used).
 
 A pure function of the ``Memory`` (``snapshot``); ``write`` pickles it atomically.
 """
@@ -97,24 +99,33 @@ def snapshot(mem, source: str = "") -> dict:
                 traces[d].append(dict(entry, action=action, addr=int(addr[b])))
     segments = []
     for d in range(n_dev):
+        if top[d] == BASE:
+            continue
         live = sorted((int(addr[b]), int(mem.block_size[b]), b) for b in np.flatnonzero(alive)
                       if numbers[int(mem.block_dev[b])] == d)
-        if not live:
-            continue
-        start = live[0][0]
-        blocks, at = [], start
-        for a, size, b in live:
-            if a > at:
-                blocks.append({"address": at, "size": a - at, "requested_size": 0, "state": "inactive",
+        blocks, at = [], BASE
+
+        def gap(upto: int) -> None:
+            if upto > at:
+                blocks.append({"address": at, "size": upto - at, "requested_size": 0, "state": "inactive",
                                "frames": []})
+        for a, size, b in live:
+            gap(a)
             blocks.append({"address": a, "size": size, "requested_size": size, "state": "active_allocated",
                            "frames": frame(b)[0]})
             at = a + size
-        total = at - start
-        segments.append({"device": d, "address": start, "total_size": total, "allocated_size": total,
-                         "active_size": sum(s for _, s, _ in live), "requested_size": sum(s for _, s, _ in live),
-                         "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
-                         "frames": [], "blocks": blocks})
+        gap(top[d])
+        active = sum(size for _, size, _ in live)
+        segments.append({"device": d, "address": BASE, "total_size": top[d] - BASE, "allocated_size": active,
+                         "active_size": active, "requested_size": active, "stream": 0, "segment_type": "large",
+                         "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": blocks})
+    for d, trace in enumerate(traces):
+        # MemoryViz.js's annotate_snapshot adds the category 'unknown' when the trace's categories lack it, through
+        # a misspelt field (`snapshot.categores.push`), which stops the page: a "snapshot" entry (what the
+        # allocator records where a snapshot is taken) of category 'unknown' ends each trace
+        if trace:
+            trace.append({"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": trace[-1]["time_us"],
+                          "frames": [], "category": "unknown"})
     return {"segments": segments, "device_traces": traces}
 
 
