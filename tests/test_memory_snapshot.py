@@ -148,3 +148,16 @@ def test_what_memoryviz_js_needs_of_a_snapshot(tmp_path):
                 if e["action"] == "alloc":
                     assert seg["address"] <= e["addr"] and e["addr"] + e["size"] <= at, (src, e)
         assert {s["device"] for s in snap["segments"]} == {d for d, t in enumerate(snap["device_traces"]) if t}
+
+
+def test_the_file_is_the_snapshot_written_a_batch_at_a_time(tmp_path, monkeypatch):
+    """``write`` streams the entries (protocol 3, no memo: what MemoryViz's own unpickler reads); the file loads as
+    the dict ``snapshot`` makes, across batch boundaries and devices."""
+    from autograd_run.traces import memory_snapshot
+    monkeypatch.setattr(memory_snapshot, "BATCH", 3)
+    for src in _graphs(tmp_path):
+        mem = simulate_session(load_graph(src), SimOptions(memory_events=True)).memory
+        path = tmp_path / "m.pickle"
+        memory_snapshot.write(str(path), mem, src)
+        data = path.read_bytes()
+        assert data[:2] == b"\x80\x03" and pickle.loads(data) == snapshot(mem, src), src
