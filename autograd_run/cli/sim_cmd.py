@@ -73,9 +73,9 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
                    "`analytic` ignores the graph's own measured costs. Default: the graph's own, if any.")
 @click.option("--step", type=Whole(1), default=None, metavar="N",
               help="With a PyTorch profile: the costs of its N-th backward call of this graph, not the median.")
-@click.option("--compare", default=None, metavar="policy=A,B|devices=K,K|bucket_cap_mb=A,B|world=N,N",
+@click.option("--compare", default=None, metavar="policy=A,B|devices=K,K|bucket_cap_mb=A,B|prefetch=N,N|world=N,N",
               help="Simulate several policies or device counts and print one table; with --ddp, several "
-                   "bucket sizes (MiB) or world sizes.")
+                   "bucket sizes (MiB) or world sizes; with --fsdp, several prefetch depths or world sizes.")
 @click.option("--trace", "trace_path", default=None, metavar="FILE|DIR/",
               help="Write the simulated trace (.json, .json.gz, .pftrace or .kineto.json, as run --trace). With "
                    "--ddp/--fsdp, a folder (a path ending in / or an existing folder) gets one Kineto trace per "

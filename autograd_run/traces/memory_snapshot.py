@@ -2,7 +2,8 @@
 structure, pickled (``run`` and ``simulate --memory-snapshot FILE.pickle``).
 
 MemoryViz (https://pytorch.org/memory_viz: drag the file onto the page) and ``torch.cuda._memory_viz`` (``python -m
-torch.cuda._memory_viz trace_plot FILE.pickle -o out.html``, ``segsum``, ``trace``) read what PyTorch writes in
+torch.cuda._memory_viz trace_plot FILE.pickle -o out.html``, ``trace``; the module's ``segsum``) read what PyTorch
+writes in
 ``_snapshot()``; the fields here are the ones they read, the same that PyTorch's own
 ``_memory_viz._profile_to_snapshot`` makes from a CPU profile:
 
