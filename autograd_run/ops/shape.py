@@ -13,8 +13,10 @@ from autograd_run.ops.spec import op, per_saved
 @op("TBackward0", "TBackward1", "TBackward0_copy", outputs=1, cost=cost.VIEW, views="transpose",
     grad_shapes={0: "reversed"})
 def t(node, grads, ctx):
-    """a.t() (and in place, t_). The gradient leaves with its dims reversed (``grad_shapes``: a matrix's
-    transposed; t() of a 0-d or 1-d tensor is the tensor itself), checked against the consumer's input."""
+    """a.t() (and in place, t_).
+
+    The gradient leaves with its dims reversed (``grad_shapes``: a matrix's transposed; t() of a 0-d or 1-d
+    tensor is the tensor itself), checked against the consumer's input."""
     return each(node, lambda i: grads[0].T)
 
 
