@@ -71,3 +71,20 @@ def _scaled_tanh_backward(ctx, g):
 
 
 scaled_tanh.register_autograd(_scaled_tanh_backward, setup_context=_scaled_tanh_setup)
+
+
+class SortKeepIndices(torch.autograd.Function):
+    """Sorted values and their indices, the indices marked non-differentiable (an int64 output: PyTorch keeps its
+    gradient slot as an undefined input)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        v, i = torch.sort(x, dim=-1)
+        ctx.save_for_backward(i)
+        ctx.mark_non_differentiable(i)
+        return v, i
+
+    @staticmethod
+    def backward(ctx, gv, gi):
+        (i,) = ctx.saved_tensors
+        return torch.zeros_like(gv).scatter(-1, i, gv)

@@ -227,3 +227,21 @@ def test_check_names_the_node_whose_replay_failed(tmp_path, monkeypatch):
     node = next(n for n in g.nodes if n.name == "GradReverseBackward")
     assert str(info.value).startswith(f"the replay failed at node {node.id!r} (GradReverseBackward): ")
     assert "operator torchvision::nms does not exist" in str(info.value)
+
+
+def test_a_non_differentiable_outputs_slot_does_not_loosen_the_tolerance(tmp_path):
+    """A float64 model whose Function marks an int64 output non-differentiable: PyTorch keeps that output's slot on
+    the node as an undefined input, which the file writes with a made-up float32 dtype; no gradient reaches it, so
+    the leaf is checked at float64's tolerance, not float32's (a review of unusual models found it loosened)."""
+    from autograd_run.capture.check import check_graph
+    from autograd_run.capture.graph import from_torch
+    from autograd_run.graphs.load import load_graph
+    x = leaf(3, 5, seed=2).requires_grad_(True)
+    v, i = cf.SortKeepIndices.apply(x * 2.0)
+    loss = weigh(v.tanh() * (i.double() + 1))
+    from_torch([loss], names={"x": x}, path=str(tmp_path / "g.json"))
+    g = load_graph(str(tmp_path / "g.json"), allow_python=True)
+    node = next(n for n in g.nodes if n.name == "SortKeepIndicesBackward")
+    assert [m.dtype for m in node.inputs] == ["float64", "float32"]  # (the second: the undefined input's slot)
+    report = check_graph(g, allow_python=True)
+    assert report.ok and {r.precision for r in report.grads} == {"float64"}

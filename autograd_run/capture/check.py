@@ -253,7 +253,8 @@ def _lowest(*dtypes: str) -> str:
 
 def _paths(graph: Graph) -> tuple[dict, dict]:
     """For every node reached from the roots: the lowest-precision dtype of the gradients on any path
-    to it (as the real dtype of that precision), and an opaque node on a path to it (or None)."""
+    to it (as the real dtype of that precision: of the input slots a gradient reaches), and an opaque node on a
+    path to it (or None)."""
     preds: dict = {}
     indegree: dict = {}
     for n in graph.nodes:
@@ -262,12 +263,16 @@ def _paths(graph: Graph) -> tuple[dict, dict]:
             if e is not None:
                 preds.setdefault(e.node, []).append(n)
                 indegree[e.node] = indegree.get(e.node, 0) + 1
+    # the input slots a gradient reaches (an edge or a root leads there): a custom Function's non-differentiable
+    # output keeps its slot, with a made-up dtype (PyTorch's undefined input), and no gradient passes through it
+    fed = {(e.node, e.input_nr) for n in graph.nodes for e in n.next if e is not None}
+    fed.update((r.edge[0], r.edge[1]) for r in graph.roots)
     rank: dict = {}
     opaque: dict = {}
     ready = [n for n in graph.nodes if indegree[n] == 0]
     while ready:  # topological order from the roots: every predecessor is done before its node
         n = ready.pop()
-        own = min((_RANK.get(m.dtype, 2) for m in n.inputs), default=3)
+        own = min((_RANK.get(m.dtype, 2) for k, m in enumerate(n.inputs) if (n, k) in fed), default=3)
         rank[n] = min([own] + [rank[p] for p in preds.get(n, ())])
         op = n.id if n.op is OPAQUE else None
         opaque[n] = op or next((opaque[p] for p in preds.get(n, ()) if opaque[p] is not None), None)
