@@ -3,17 +3,17 @@ structure, pickled (``run`` and ``simulate --memory-snapshot FILE.pickle``).
 
 MemoryViz (https://pytorch.org/memory_viz: drag the file onto the page) and ``torch.cuda._memory_viz`` (``python -m
 torch.cuda._memory_viz trace_plot FILE.pickle -o out.html``, ``trace``; the module's ``segsum``) read what PyTorch
-writes in
-``_snapshot()``; the fields here are the ones they read, the same that PyTorch's own
+writes in ``_snapshot()``; the fields here are the ones they read, the same that PyTorch's own
 ``_memory_viz._profile_to_snapshot`` makes from a CPU profile:
 
   device_traces   per device a list of entries in the order they happened: ``alloc`` (a block made), then
                   ``free_requested`` and ``free_completed`` (its last holder let go), each with ``addr``, ``size``,
                   ``stream`` (0), ``time_us`` (the end of the node whose run did it, since the pass's start),
-                  ``frames`` (one frame naming what held the block: ``saved by MulBackward0 mul_3 (other)``,
-                  ``gradient for ...``, ``output 0 of ...``) and ``category`` (the summary's holder kind). The
-                  blocks alive when the pass starts (leaves, saved tensors, root gradients) are allocated first,
-                  at time 0, so the timeline starts at the pass's starting level.
+                  ``frames`` (one frame naming what made the block: ``saved by MulBackward0 mul_3 (other)``,
+                  ``output 0 of ...``, ``leaf w0``, ``root gradient 0``) and ``category`` (the summary's holder
+                  kind). The blocks alive when the pass starts (leaves, saved tensors, root gradients) are
+                  allocated first, at time 0, so the timeline starts at the pass's starting level. Each trace
+                  ends with a ``snapshot`` entry of category ``unknown`` (see ``_Layout.entries``).
   segments        per device one segment over every address the device's blocks used (what a caching allocator
                   that never releases would hold reserved), the blocks alive at the end in it
                   (``active_allocated``) and the gaps between them (``inactive``), so that every block of the
@@ -26,9 +26,9 @@ aligned to 512 bytes as the caching allocator's blocks are), so a block's addres
 The bytes are the memory model's (``analysis.memory``): its allocated bytes, not a caching allocator's reserved
 segments (``segsum``'s "reserved" is the span of the addresses the layout used).
 
-A pure function of the ``Memory`` (``snapshot``); ``write`` pickles the same dict atomically, entry by entry (a
-hundred thousand nodes make some 300,000 entries: held at once as Python dicts they would take ~10 times the
-file's size).
+A pure function of the ``Memory`` (``snapshot``); ``write`` pickles the same dict atomically, a batch of entries
+at a time (a hundred thousand nodes make some 300,000 entries: held at once as Python dicts they would take
+several times the file's size).
 """
 
 from __future__ import annotations
