@@ -119,6 +119,22 @@ def test_grad_inputs_subset(tmp_path):
     assert all(p.grad is None for p in m.parameters())
 
 
+def test_a_named_non_leaf_input_keeps_its_name(tmp_path):
+    """``grad`` of a non-leaf tensor named in ``names``: its node takes the name as its id, so the results say
+    ``h``, not ``n1`` (a review of unusual models); a name like the ids made here (``n3``) is not taken."""
+    w = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    h = torch.tanh(w @ v)
+    out = torch.stack([h, h ** 2]).sum()
+    g, report = capture_and_check(tmp_path, out, inputs=[w, h], names={"w": w, "v": v, "h": h})
+    assert g.inputs == ["w", "h"] and g.by_id["h"].name == "TanhBackward0"
+    assert {gc.name for gc in report.grads} == {"w", "h"}
+    t = torch.tanh(w @ v)
+    doc = from_torch([(t * 2).sum() + (w * 3).sum()], names={"n0": t}, reference=False)
+    ids = [n["id"] for n in doc["nodes"]]
+    assert len(set(ids)) == len(ids) and ids[0] == "n0" and ids.count("n0") == 1
+
+
 def test_opaque_ops_are_captured_with_shapes(tmp_path):
     class _Cube(torch.autograd.Function):
         """Defined in a function: not importable by name, so its node (_CubeBackward) stays opaque (an

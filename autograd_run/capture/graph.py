@@ -604,6 +604,13 @@ class _Capture:
         self.fwd_thread = fwd_thread
         self.names = dict(names)
         self.leaf_name = {id(t): n for n, t in self.names.items()}
+        #: A named tensor that is a node's output 0 (a non-leaf, such as a requested input of ``grad``): its node
+        #: takes the name as its id (the first name given for it; none that looks like the ids made here, ``n3``).
+        self.node_name: dict = {}
+        for n, t in self.names.items():
+            fn = getattr(t, "grad_fn", None)
+            if fn is not None and getattr(t, "output_nr", 0) == 0 and not re.fullmatch(r"n\d+", n):
+                self.node_name.setdefault(fn, n)
         self.arrays = arrays
         self.ids: dict = {}
         self.docs: dict = {}
@@ -624,7 +631,7 @@ class _Capture:
         """Describe every node reachable from ``roots`` (grad_fns) not seen before; returns them in walk order."""
         new = walk_grad_fns(roots, known=self.ids)
         for fn in new:
-            self.ids[fn] = f"n{len(self.ids)}"
+            self.ids[fn] = self.node_name.get(fn) or f"n{len(self.ids)}"
         for fn in new:  # an unnamed leaf is named after its first consumer in walk order (``_leaf_name``)
             for k, (nf, _) in enumerate(fn.next_functions):
                 if nf is not None:
@@ -852,7 +859,7 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
         inputs = _tensors(torch, inputs, "inputs")
     mode = mode or ("grad" if inputs else "backward")
     if names is not None and not isinstance(names, Mapping):
-        raise ValueError(f"names must be a mapping of names to leaf tensors, got {type(names).__name__}")
+        raise ValueError(f"names must be a mapping of names to tensors, got {type(names).__name__}")
     for n, t in (names or {}).items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"names[{n!r}] must be a tensor, got {type(t).__name__}")
