@@ -7,7 +7,9 @@ its forward thread (``fwd_thread``, see ``forward_thread_id``),
 (the ``_saved_*`` attributes; tensors go to an ``.npz`` side file beside
 ``path``, so the replay computes real gradients). Nodes without a backward
 rule here are captured as ``opaque`` with their shapes. AccumulateGrad
-nodes carry their leaf's name (from ``names``, else ``leaf<k>``).
+nodes carry their leaf's name (from ``names``, else ``leaf<k>``); a node whose
+output 0 is a tensor named in ``names`` (a non-leaf) has that name as its id,
+the others ``n<k>``.
 
 It then runs PyTorch's own backward once (multithreading off, node
 pre-hooks on every node) and stores PyTorch's reference in ``meta.reference``:
