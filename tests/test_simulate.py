@@ -319,6 +319,26 @@ def test_measured_costs_refuse_a_time_past_its_bound(tmp_path, capsys, key, valu
                    f"event's '{key}' must be a number of microseconds from {limit}, got {got}\n"), err
 
 
+@pytest.mark.parametrize("text", ["1e400", "1" + "0" * 30])
+def test_a_time_past_a_double_names_its_event_too(tmp_path, capsys, text):
+    """A dur written 1e400 (past a double: the JSON reader stops there) named the place but not the event (a
+    hostile review): read again, it names both."""
+    from builders import run_cli
+    g = load_graph("example:mlp")
+    trace = tmp_path / "t.json"
+    run_session(g, RunOptions(trace_path=str(trace), multithreading=False))
+    doc = json.loads(trace.read_text())
+    first = next(i for i, e in enumerate(doc["traceEvents"]) if e.get("ph") == "X")
+    doc["traceEvents"][first]["dur"] = 12345.5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc).replace("12345.5", text, 1))
+    code, out, err = run_cli(["simulate", "example:mlp", "--costs", str(bad)], capsys)
+    assert (code, out) == (2, ""), err
+    assert err.startswith(f"Error: --costs: {bad}: $.traceEvents[{first}] ({doc['traceEvents'][first]['name']!r}): "
+                          "an event's 'dur' must be a number of microseconds from"), err
+    assert err.rstrip().endswith("got a number out of range"), err
+
+
 def test_measured_costs_from_a_compressed_trace_and_not_from_a_protobuf_one(tmp_path):
     from autograd_run.errors import RequestError
     g = load_graph("example:mlp")

@@ -159,14 +159,18 @@ def _out_of_bounds(data: bytes, problem: str) -> str | None:
     limit, what = _EVENT_LIMITS[key]
     name = value = None
     try:  # the event as it is, for its name and value (the error path only)
-        doc = msgspec.json.decode(data)
+        try:
+            doc = msgspec.json.decode(data)
+        except msgspec.DecodeError:  # a number past a double (1e400) stops msgspec: Python's reads it as inf
+            import json
+            doc = json.loads(data)
         event = (doc["traceEvents"] if isinstance(doc, dict) else doc)[index]
         name, value = event.get("name"), event.get(key)
-    except (msgspec.DecodeError, RecursionError, LookupError, TypeError, AttributeError):
+    except (ValueError, RecursionError, LookupError, TypeError, AttributeError):  # (DecodeError is a ValueError)
         pass
     title = f" ({name[:80]!r})" if isinstance(name, str) else ""
-    got = f"{value:g}" if isinstance(value, float) else repr(value) if isinstance(value, int) \
-        else "a number out of range"
+    got = (f"{value:g}" if isinstance(value, float) and math.isfinite(value) else repr(value)
+           if isinstance(value, int) and abs(value) < 10**24 else "a number out of range")
     return (f"{where}{title}: an event's '{key}' must be a number of microseconds from {-limit:g} to {limit:g} "
             f"({what} either way), got {got}")
 
