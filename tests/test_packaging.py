@@ -23,7 +23,16 @@ def sh(args, cwd, env=None, timeout=600):
 def dist(tmp_path_factory):
     pytest.importorskip("build")
     out = tmp_path_factory.mktemp("dist")
-    sh([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--sdist", "--outdir", str(out)], ROOT)
+    # Under pytest-xdist this module's tests may run on two workers, each building in the checkout: two builds at
+    # once trip over each other's staging folder (autograd_run-0.1.0/: "No such file or directory"). A lock in
+    # the folder the workers' temporary folders share makes them build one after the other.
+    import fcntl
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    with open(shared / "packaging-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        sh([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--sdist", "--outdir", str(out)], ROOT)
     return out
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 
 import click
 from rich.console import Console
@@ -109,10 +112,12 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
         if progress is not None and task is not None and not row.get("cached"):
             progress.advance(task)
 
-    opts = SweepOptions(scheduler=scheduler, workers=workers, cache_dir=cache_dir, use_cache=not no_cache,
-                        transfer=transfer, batch=batch, verbose=verbose, on_start=on_start, on_row=on_row)
     try:
-        report = run_sweep(grid, opts)
+        with _ctrl_c() as stop_requested:
+            opts = SweepOptions(scheduler=scheduler, workers=workers, cache_dir=cache_dir, use_cache=not no_cache,
+                                transfer=transfer, batch=batch, verbose=verbose, on_start=on_start, on_row=on_row,
+                                stop_requested=stop_requested)
+            report = run_sweep(grid, opts)
     finally:
         if progress is not None:
             progress.stop()
@@ -143,6 +148,34 @@ def sweep(spec_file, graphs, devices, placement, policy, scale, machine, mode, r
                    if not json_out else f"{report.failed} of {len(report.rows)} points failed (their errors are in "
                    "the JSON's rows)")
         sys.exit(1)
+
+
+@contextlib.contextmanager
+def _ctrl_c():
+    """Ctrl-C while a sweep runs: a KeyboardInterrupt, as by default, and a flag the sweep polls after each batch
+    (``SweepOptions.stop_requested``). A KeyboardInterrupt raised inside a destructor (a Dask future's, run as
+    the client lets go of it) is swallowed by Python, which prints "Exception ignored in ..." and goes on: the
+    sweep then finished as if nothing was pressed. The flag stops it at the next batch, and that message is not
+    printed for it (any other stays)."""
+    hit = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield hit.is_set
+        return
+
+    def on_sigint(signum, frame):
+        hit.set()
+        raise KeyboardInterrupt
+
+    def unraisable(u):
+        if not (hit.is_set() and u.exc_type is KeyboardInterrupt):
+            previous_hook(u)
+    previous, previous_hook = signal.signal(signal.SIGINT, on_sigint), sys.unraisablehook
+    sys.unraisablehook = unraisable
+    try:
+        yield hit.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = previous_hook
 
 
 def _progress(console: Console):

@@ -51,6 +51,9 @@ class SweepOptions:
     on_start: Callable[[int, int, int, str], None] | None = None
     #: Called with each finished row (cached rows first).
     on_row: Callable[[dict], None] | None = None
+    #: Whether the user asked to stop (Ctrl-C), polled after each batch: a Ctrl-C whose KeyboardInterrupt was
+    #: swallowed (raised inside a destructor, such as a Dask future's, Python only prints it) still stops the sweep.
+    stop_requested: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -170,6 +173,8 @@ def run_sweep(grid: Grid, options: SweepOptions | None = None) -> SweepReport:
                      f"than this client ({tool})")
         for k, i in enumerate(indices):
             finish(i, None if error else result["rows"][k], error)
+        if o.stop_requested is not None and o.stop_requested():
+            raise KeyboardInterrupt  # (the batch's rows are kept)
 
     if o.on_row:
         for r in rows:
@@ -210,6 +215,8 @@ def run_sweep(grid: Grid, options: SweepOptions | None = None) -> SweepReport:
                             lambda b, result, error: batch_done(batches[b][1], result, error))
     except KeyboardInterrupt:
         report.interrupted = True
+    if o.stop_requested is not None and o.stop_requested():
+        report.interrupted = True  # (asked for after the last batch: nothing left to cancel)
     for i, r in enumerate(rows):
         if "status" not in r:
             rows[i] = {**r, "status": "cancelled", "error": "interrupted before it ran", "cached": False}
