@@ -108,8 +108,9 @@ class RunOptions:
     memory_limit: int | None = None
     #: A trace gets each device's allocated bytes as counter tracks (``analysis.memory``).
     memory_trace: bool = True
-    #: The memory keeps every allocation and free in order (``Memory.events``: what a memory snapshot shows).
-    memory_events: bool = False
+    #: Write the pass's memory as a snapshot PyTorch's MemoryViz opens (``traces.memory_snapshot``; needs
+    #: ``memory_trace``).
+    memory_snapshot: str | None = None
 
 
 @dataclass
@@ -152,7 +153,7 @@ class RunReport:
         if self._memory is None and self.recording is not None and not self.recording.empty \
                 and self.error is None and self.interrupted is None:
             self._memory = memory_of(self.graph, self.recording, retain_graph=self.options.retain_graph,
-                                     limit=self.options.memory_limit, events=self.options.memory_events)
+                                     limit=self.options.memory_limit, events=bool(self.options.memory_snapshot))
         return self._memory
 
     @property
@@ -212,6 +213,11 @@ def _check_request(graph: Graph, o: RunOptions) -> None:
             check_output_path(path, option, inputs)
     if o.trace_path and o.order_out and os.path.abspath(o.trace_path) == os.path.abspath(o.order_out):
         raise RequestError(f"{o.order_out}: the trace is written there already", "order_out")
+    if o.memory_snapshot:
+        if not o.memory_trace:
+            raise RequestError("a memory snapshot needs the memory model (memory_trace)", "memory_snapshot")
+        from autograd_run.traces.memory_snapshot import check_path
+        check_path(o.memory_snapshot, inputs, (o.trace_path, o.order_out))
 
 
 def _opaque_times(graph: Graph, o: RunOptions) -> tuple[dict, object]:
@@ -291,6 +297,9 @@ def run_session(graph: Graph, options: RunOptions | None = None) -> RunReport:
         if warning:
             report.warnings.append(warning)
         report.timings["trace"] = time.perf_counter() - t
+    if o.memory_snapshot and report.memory is not None:  # (none for a pass that failed or was stopped)
+        from autograd_run.traces.memory_snapshot import write as write_snapshot
+        write_snapshot(o.memory_snapshot, report.memory, graph.source)
     if order is not None:
         report.order = order.rows()
         if o.order_out:

@@ -76,7 +76,7 @@ def test_run_and_simulate_write_it(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--memory-snapshot", "m.json"], "--memory-snapshot writes a pickle (what MemoryViz opens): name it FILE.pickle"),
+    (["--memory-snapshot", "m.json"], "m.json: a memory snapshot is a pickle (what MemoryViz opens): name it FILE.pickle"),
     (["--memory-snapshot", "m.pickle", "--no-memory"], "--memory-snapshot needs the memory model"),
     (["--memory-snapshot", "m.pickle", "--trace", "m.pickle"], "m.pickle: another output is written there already"),
 ])

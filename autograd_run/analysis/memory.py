@@ -182,11 +182,12 @@ class Memory:
     block_dev: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     events: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     event_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    holders: list = field(default_factory=list, repr=False)
+    #: Per block, the kind and the holder it had when made (the replay's own lists).
+    holders: tuple = field(default=((), ()), repr=False)
 
     def holder(self, b: int) -> tuple[str, str]:
         """(kind, description) of what held block ``b`` when it was made."""
-        kind, what = self.holders[b]
+        kind, what = self.holders[0][b], self.holders[1][b]
         return kind, describe(kind, what)
 
     def counters(self) -> list[Counter]:
@@ -482,7 +483,7 @@ def memory_of(graph, rec: Recording, retain_graph: bool = False, limit: int | No
     at = np.searchsorted(np.asarray(st.marks, np.int64), np.arange(len(st.log)), side="right")
     mark_ts = np.asarray(st.mark_ts + [st.mark_ts[-1] if st.mark_ts else 0], np.int64)
     mem.event_ts = mark_ts[np.minimum(at, len(mark_ts) - 1)]
-    mem.holders = list(zip(st.kind0, st.what0))
+    mem.holders = (st.kind0, st.what0)
     return mem
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from autograd_run.cli.terminal import escape, escape_lines, stdout_closed
@@ -150,21 +148,6 @@ memory_snapshot_option = click.option(
     "--memory-snapshot", default=None, metavar="FILE.pickle",
     help="Write the pass's allocations and frees as a memory snapshot that PyTorch's MemoryViz opens "
          "(pytorch.org/memory_viz; or python -m torch.cuda._memory_viz trace_plot FILE.pickle -o out.html)")
-
-
-def check_memory_snapshot(path: str | None, inputs: list, others: tuple = ()) -> None:
-    """``--memory-snapshot``'s path: a ``.pickle`` (or ``.pkl``) file that is no input and no other output."""
-    if path is None:
-        return
-    from autograd_run.errors import RequestError, UsageError
-    from autograd_run.outputs import check_output_path
-    if not path.lower().endswith((".pickle", ".pkl")):
-        raise UsageError(f"--memory-snapshot writes a pickle (what MemoryViz opens): name it FILE.pickle, got "
-                         f"{escape(path)!r}")
-    check_output_path(path, "memory_snapshot", [p for p in inputs if p])
-    for other in others:
-        if other and os.path.abspath(other) == os.path.abspath(path):
-            raise RequestError(f"{path}: another output is written there already", "memory_snapshot")
 
 
 def want_memory(memory: bool | None, graph, memory_limit: int | None, snapshot: str | None = None) -> bool:

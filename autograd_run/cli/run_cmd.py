@@ -9,7 +9,7 @@ import click
 
 from autograd_run.cli import jsonout
 from autograd_run.cli.common import (
-    Seconds, Whole, check_memory_snapshot, echo, error_line, load_graph_arg, max_memory_option, memory_limit_option,
+    Seconds, Whole, echo, error_line, load_graph_arg, max_memory_option, memory_limit_option,
     memory_option, memory_snapshot_option, note_lines, want_memory, write,
 )
 from autograd_run.cli.view_cmd import require_viewer, show_trace
@@ -138,7 +138,6 @@ def run(graph, trace_path, trace_format, open_trace, grad_mode, backward_mode, i
         raise UsageError("--devices is the old spelling of --backend: give one of them")
     devices = backend or backend_old or "auto"
     g = load_graph_arg(graph, fmt, max_bytes=max_memory, allow_python=allow_python, keep=True)
-    check_memory_snapshot(memory_snapshot, [*g.files(), costs, expect_order], (trace_path, order_out))
     progress = Progress(repeat, len(g.nodes))
     options = RunOptions(
         mode=mode, inputs=inputs.split(",") if inputs is not None else None, allow_unused=allow_unused,
@@ -151,7 +150,7 @@ def run(graph, trace_path, trace_format, open_trace, grad_mode, backward_mode, i
         expected_order=read_order(expect_order) if expect_order else None, expected_order_path=expect_order,
         tracers=(progress,), costs=costs, costs_step=step, timeout=timeout, stop=RunStop(),
         memory_limit=memory_limit, memory_trace=want_memory(memory, g, memory_limit, memory_snapshot),
-        memory_events=bool(memory_snapshot))
+        memory_snapshot=memory_snapshot)
     if options.inputs is not None:
         options.inputs = [s.strip() for s in options.inputs if s.strip()]  # "a, b" as "a,b"
     try:
@@ -160,9 +159,6 @@ def run(graph, trace_path, trace_format, open_trace, grad_mode, backward_mode, i
     finally:
         options.stop.close()
     error = report.error
-    if memory_snapshot and report.memory is not None and not report.interrupted:
-        from autograd_run.traces.memory_snapshot import write as write_snapshot
-        write_snapshot(memory_snapshot, report.memory, g.source)
     if report.interrupted:
         _stopped(report, trace_path, order_out, repeat, timeout)
     if json_out:

@@ -9,7 +9,7 @@ import click
 
 from autograd_run.cli import jsonout
 from autograd_run.cli.common import (
-    Whole, check_memory_snapshot, echo, memory_limit_option, memory_option, memory_snapshot_option, one_shot_work,
+    Whole, echo, memory_limit_option, memory_option, memory_snapshot_option, one_shot_work,
     want_memory, write,
 )
 from autograd_run.cli.run_cmd import memory_skipped, over_memory_limit
@@ -183,7 +183,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
             check_output_path(os.path.join(trace_path, f"rank-{r}.kineto.json"), "trace_path", inputs)
     if trace_path and order_out and os.path.abspath(trace_path) == os.path.abspath(order_out):
         raise RequestError(f"{order_out}: the trace is written there already", "order_out")
-    check_memory_snapshot(memory_snapshot, inputs, (trace_path, order_out))
+    if memory_snapshot:
+        from autograd_run.traces.memory_snapshot import check_path
+        check_path(memory_snapshot, inputs, (trace_path, order_out))
     memory = want_memory(memory, g, memory_limit, memory_snapshot)
     reports, docs = [], []
     # The what-ifs re-simulate the graph: only when something shows them (the summary, or --json).

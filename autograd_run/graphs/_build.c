@@ -1079,9 +1079,10 @@ static int edge_op_flags(PyObject *op) {
     return 0;
 }
 
-/* The shape of a matrix product's gradient k (validate._grad_shape): from edge_op_grad_shapes[k], one
- * (source, dim) per dim, the source "grad" (the node's input 0) or a saved field written as a spec with a
- * shape; or "reversed": the node's input 0's dims in reverse order (t()). A new tuple; NULL where not known (*err 0) or on an error (*err 1). */
+/* The shape of a node's gradient k where its op declares it (validate._grad_shape): from edge_op_grad_shapes[k],
+ * one (source, dim) per dim, the source "grad" (the node's input 0) or a saved field written as a spec with a
+ * shape; or "reversed": input 0's dims in reverse order (t()). A new tuple; NULL where not known (*err 0) or on
+ * an error (*err 1). */
 static PyObject *grad_shape_of(PyObject *node, Py_ssize_t k, int *err) {
     *err = 0;
     PyObject *key = PyLong_FromSsize_t(k);
@@ -1094,31 +1095,31 @@ static PyObject *grad_shape_of(PyObject *node, Py_ssize_t k, int *err) {
     }
     PyObject *own_in, *own_saved;
     PyObject *ins = slot(&NODE, node, N_INPUTS, &own_in);
-    PyObject *saved = ins ? slot(&NODE, node, N_SAVED, &own_saved) : NULL;
+    PyObject *saved = ins ? slot(&NODE, node, N_SAVED, &own_saved) : NULL; /* (t() saves nothing: not a dict) */
     if (saved == NULL) {
         Py_XDECREF(own_in);
         *err = 1;
         return NULL;
     }
     PyObject *grad = NULL, *out = NULL;
-    Py_ssize_t n = reversed ? 0 : PyTuple_GET_SIZE(spec);
-    if (PyList_Check(ins) && PyList_GET_SIZE(ins) > 0) { /* (saved may be the shared empty mapping: t() saves nothing) */
+    if (PyList_Check(ins) && PyList_GET_SIZE(ins) > 0) {
         grad = PyObject_GetAttr(PyList_GET_ITEM(ins, 0), s_shape);
         if (grad == NULL)
             *err = 1;
-        else
-            out = PyTuple_New(n);
-        if (grad != NULL && out == NULL)
+    }
+    Py_ssize_t n = 0;
+    if (grad != NULL && reversed) { /* t(): the incoming gradient's dims in reverse order */
+        Py_ssize_t m = PyTuple_Check(grad) ? PyTuple_GET_SIZE(grad) : -1;
+        out = m < 0 ? NULL : PyTuple_New(m);
+        if (m >= 0 && out == NULL)
             *err = 1;
-        if (reversed && out != NULL) { /* t(): the incoming gradient's dims in reverse order */
-            Py_CLEAR(out);
-            Py_ssize_t m = PyTuple_Check(grad) ? PyTuple_GET_SIZE(grad) : -1;
-            out = m < 0 ? NULL : PyTuple_New(m);
-            if (m >= 0 && out == NULL)
-                *err = 1;
-            for (Py_ssize_t d = 0; out != NULL && d < m; d++)
-                PyTuple_SET_ITEM(out, d, Py_NewRef(PyTuple_GET_ITEM(grad, m - 1 - d)));
-        }
+        for (Py_ssize_t d = 0; out != NULL && d < m; d++)
+            PyTuple_SET_ITEM(out, d, Py_NewRef(PyTuple_GET_ITEM(grad, m - 1 - d)));
+    } else if (grad != NULL) {
+        n = PyTuple_GET_SIZE(spec);
+        out = PyTuple_New(n);
+        if (out == NULL)
+            *err = 1;
     }
     for (Py_ssize_t d = 0; out != NULL && d < n; d++) {
         PyObject *pair = PyTuple_GET_ITEM(spec, d), *shape = NULL;

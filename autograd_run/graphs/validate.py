@@ -250,11 +250,10 @@ def _shape_like(name: str) -> bool:
 
 
 def _out_shape(node: Node, edges: int) -> tuple | list | None:
-    """The shape of the gradient a node sends along each of its ``edges`` where its op fixes it (a list: one per
-    edge, None
-    where not known), else None: an elementwise op's is its incoming gradient's; an op that expands its gradient
-    (``OpSpec.expands_to``) gives those sizes; a matrix product's (``OpSpec.grad_shapes``) come from its gradient
-    and its saved matrices, where the file writes them as specs with a shape."""
+    """The shape of the gradient a node sends along each of its ``edges`` where its op fixes it, else None: an
+    elementwise op's is its incoming gradient's; an op that expands its gradient (``OpSpec.expands_to``) gives
+    those sizes; an op that declares ``OpSpec.grad_shapes`` (a matrix product, t()) gives a list, one per edge
+    (None where not known), from its gradient and its saved matrices where the file writes them as specs."""
     op = node.op
     if op.expands_to:
         sizes = node.saved.get(op.expands_to)

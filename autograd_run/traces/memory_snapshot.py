@@ -34,6 +34,7 @@ several times the file's size).
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 from typing import Iterator
@@ -41,12 +42,25 @@ from typing import Iterator
 import numpy as np
 
 from autograd_run.analysis.memory import LEAF
-from autograd_run.outputs import atomic_writer
+from autograd_run.errors import RequestError
+from autograd_run.outputs import atomic_writer, check_output_path
 
 #: Addresses are aligned to this (the CUDA caching allocator's block size).
 ALIGN = 512
 #: Where the made-up addresses of a device's blocks start (a round number, far from zero).
 BASE = 1 << 40
+
+
+def check_path(path: str, inputs: list, others: tuple = (), option: str = "memory_snapshot") -> None:
+    """Refuse (``RequestError``), before any work, a snapshot path that is no ``.pickle`` (or ``.pkl``), one of
+    ``inputs`` or one of the command's ``others`` outputs."""
+    if not path.lower().endswith((".pickle", ".pkl")):
+        raise RequestError(f"{path}: a memory snapshot is a pickle (what MemoryViz opens): name it FILE.pickle",
+                           option)
+    check_output_path(path, option, [p for p in inputs if p])
+    for other in others:
+        if other and os.path.abspath(other) == os.path.abspath(path):
+            raise RequestError(f"{path}: another output is written there already", option)
 
 
 def _device_numbers(labels: list[str]) -> list[int]:
