@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 import sys
 
@@ -10,6 +9,7 @@ import click
 
 
 def _dist_version(name: str) -> str | None:
+    import importlib.metadata  # 50-80 ms of imports every command would pay; only --version reads it
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
