@@ -73,6 +73,18 @@ def test_malformed_checkpoints_are_refused(change, message):
         mutated(change)()
 
 
+def test_a_checkpoint_slot_of_another_shape_than_its_recomputed_output_is_refused():
+    """A fuzzer's file (validate accepted it, run failed): the checkpoint's slot a 0-d tensor, the recomputed
+    output it feeds of shape [3]. PyTorch's nested backward refuses a gradient of another shape."""
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError, match="Mismatch in shape"):
+        out = torch.ones(3, requires_grad=True).exp()
+        torch.autograd.backward([out], [torch.ones(())])
+    with pytest.raises(GraphFileError, match=r"roots\[0\]: the checkpoint's input slot 0 has shape \[\], but the "
+                                             r"recomputed output it feeds \('exp' input 0\) has shape \[3\]"):
+        mutated(lambda d, n: n["inputs"][0].update(shape=[]))()
+
+
 def test_a_checkpoint_whose_recomputation_reaches_itself_is_refused():
     """ckpt recomputes exp; exp -> mul_w -> ck2, whose recomputation is... ckpt again: never ends."""
     def change(doc, node):

@@ -13,6 +13,7 @@ other checkpoints) would never end: refused here.
 
 from __future__ import annotations
 
+from autograd_run.graphs import tensors
 from autograd_run.ops import CHECKPOINT
 
 
@@ -58,6 +59,13 @@ def check_checkpoints(graph, err) -> None:
                 raise err(p + ("roots", k), f"{r!r} is not an existing [node, input_nr]")
             if target is node:
                 raise err(p + ("roots", k), "a checkpoint cannot recompute itself")
+            # The nested backward hands slot k's gradient to the recomputed output as it is: PyTorch's
+            # backward(outputs, grads) refuses a gradient of another shape ("Mismatch in shape").
+            have, want = node.inputs[k].shape, target.inputs[r[1]].shape
+            if have != want:
+                raise err(p + ("roots", k), f"the checkpoint's input slot {k} has shape {list(have)}, but the "
+                                            f"recomputed output it feeds ({tensors.short(r[0])} input {r[1]}) has "
+                                            f"shape {list(want)}; a nested backward needs the same shape")
         if not isinstance(inputs, list) or len(inputs) != len(node.next):
             raise err(p + ("inputs",), f"inputs must list one variable name or null per next edge ({len(node.next)})")
         for k, v in enumerate(inputs):
