@@ -608,3 +608,42 @@ def test_a_transpose_sends_its_gradient_with_its_dims_reversed(monkeypatch, t_in
     assert fast[0] == ("ok" if ok else "error"), fast
     if not ok:
         assert f"TBackward0 produces a gradient of shape {list(reversed(t_input))} for 'acc' input 0" in fast[1]
+
+
+U64_MINUS_ONE = (1 << 64) - 1  # PyTorch's uint64 of dim -1, as capture may write it
+
+
+@pytest.mark.parametrize("grad, saved, shapes, bad", [
+    ([4, 8], {"dim": 1}, [[4, 4], [4, 4]], None),
+    ([4, 8], {}, [[4, 4], [4, 4]], ("a", [4, 8])),          # dim 0 by default: each part keeps 8 columns
+    ([4, 8], {"dim": U64_MINUS_ONE}, [[4, 3], [4, 5]], None),
+    ([4, 8], {"dim": -1, "sizes": [3, 5]}, [[4, 3], [4, 5]], None),
+    ([4, 8], {"dim": 1, "sizes": [5, 3]}, [[4, 3], [4, 5]], ("a", [4, 5])),  # the saved sizes decide the parts
+    ([2, 3], {"dim": 0}, [[2, 3], [0]], None),               # a 1-d empty input: cat skips it
+    ([6], {}, [[2], [4]], None),
+    ([2, 3], {"dim": 0}, [[1, 3], [1, 4]], ("b", [1, 3])),
+])
+def test_a_cat_sends_each_input_its_part_of_the_gradient(monkeypatch, grad, saved, shapes, bad):
+    """CatBackward0 gives input k the incoming gradient's part along ``dim`` (saved ``sizes[k]`` long, else as long
+    as the input is there): a consumer whose other dims differ cannot take it, which PyTorch's engine refuses as it
+    runs. The fuzzer (seed 186606982) found a cat without its saved ``dim`` (0 by default) feeding (4, 4) slots from
+    a (4, 8) gradient: validate said yes, run said no. Now refused at the edge, both ways alike; the files it takes
+    run, each leaf getting a gradient of its own shape."""
+    import numpy as np
+    from autograd_run.session import RunOptions, run_session
+    doc = {"format": "autograd-graph/1", "roots": [{"node": "cat", "input_nr": 0, "grad": "ones"}],
+           "variables": [{"name": n, "shape": s} for n, s in zip("ab", shapes)],
+           "nodes": [{"id": "cat", "name": "CatBackward0", "next": [["acc_a", 0], ["acc_b", 0]],
+                      "inputs": [{"shape": grad}], **({"saved": saved} if saved else {})},
+                     *({"id": f"acc_{n}", "name": "torch::autograd::AccumulateGrad", "variable": n,
+                        "inputs": [{"shape": s}]} for n, s in zip("ab", shapes))]}
+    fast, slow = both(lambda: loads_graph(dumps(doc, "json"), "cat.json"), monkeypatch)
+    assert fast == slow
+    if bad is None:
+        assert fast[0] == "ok", fast
+        rep = run_session(loads_graph(dumps(doc, "json"), "cat.json"), RunOptions())
+        assert rep.error is None
+        assert [np.shape(rep.result.grads[n]) for n in "ab"] == [tuple(s) for s in shapes]
+    else:
+        assert fast[0] == "error", fast
+        assert f"CatBackward0 produces a gradient of shape {bad[1]} for 'acc_{bad[0]}' input 0" in fast[1]

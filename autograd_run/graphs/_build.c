@@ -136,7 +136,7 @@ static PyObject *s_nexts, *s_ints, *s_device, *s_stream, *s_type, *s_index, *s_c
     *s_check_value, *s_check_required, *s_check_attrs, *s_elementwise, *s_expands_to, *s_grad_shapes, *s_shape, *s_inputs,
     *s_nodes, *s_by_id, *s_ops, *s_metas, *s_default_seqs, *s_max_device_index, *s_forward, *s_variables,
     *s_node, *s_requires_grad, *s_kind, *s_tensor, *s_int, *s_bool, *s_str, *s_dtype, *s__top_min, *s_bytes,
-    *s_saved_tensors, *s__note, *s_check_broadcast, *s_saved, *s_cost, *s_us, *s_flops, *s_mode;
+    *s_saved_tensors, *s__note, *s_check_broadcast, *s_saved, *s_cost, *s_us, *s_flops, *s_mode, *s_dim, *s_sizes;
 static int configured = 0;
 
 static PyObject *names_tuple(const char **names, int n) {
@@ -1051,7 +1051,7 @@ static int expandable(PyObject *shape, PyObject *desired) {
  * it is elementwise, and whether it expands its gradient to saved sizes (OpSpec.expands_to not ""). The op is
  * held while cached, so its address cannot be another op's. */
 static PyObject *edge_op = NULL;
-static int edge_op_elementwise = 0, edge_op_expands = 0;
+static int edge_op_elementwise = 0, edge_op_expands = 0, edge_op_part = 0;
 /* its OpSpec.grad_shapes where that is a dict (a matrix product's gradients' shapes), else NULL; held */
 static PyObject *edge_op_grad_shapes = NULL;
 
@@ -1070,6 +1070,7 @@ static int edge_op_flags(PyObject *op) {
     Py_XSETREF(edge_op, Py_NewRef(op));
     edge_op_elementwise = is;
     edge_op_expands = expands;
+    edge_op_part = PyUnicode_Check(gs) && PyUnicode_CompareWithASCIIString(gs, "part") == 0;
     if (PyDict_Check(gs)) {
         Py_XSETREF(edge_op_grad_shapes, gs);
     } else {
@@ -1154,6 +1155,80 @@ static PyObject *grad_shape_of(PyObject *node, Py_ssize_t k, int *err) {
             break;
         }
         PyTuple_SET_ITEM(out, d, Py_NewRef(size));
+    }
+    Py_XDECREF(grad);
+    Py_XDECREF(own_in);
+    Py_XDECREF(own_saved);
+    return out;
+}
+
+/* A cat's gradient k (validate._part_shape): the incoming gradient with its dim `dim` (saved, default 0; a
+ * uint64 read back signed) sized as saved `sizes`[k], or else as `want` (the consumer's slot) there. A new tuple;
+ * NULL where not known (*err 0) or on an error (*err 1). */
+static PyObject *part_shape_of(PyObject *node, Py_ssize_t k, PyObject *want, int *err) {
+    *err = 0;
+    PyObject *own_in, *own_saved;
+    PyObject *ins = slot(&NODE, node, N_INPUTS, &own_in);
+    PyObject *saved = ins ? slot(&NODE, node, N_SAVED, &own_saved) : NULL;
+    if (saved == NULL) {
+        Py_XDECREF(own_in);
+        *err = 1;
+        return NULL;
+    }
+    PyObject *grad = NULL, *out = NULL;
+    /* a node that saves nothing holds the loader's one empty mapping (not a dict): the defaults */
+    int is_dict = PyDict_Check(saved), none = !is_dict && PyObject_Length(saved) == 0;
+    if (!is_dict && !none && PyErr_Occurred())
+        *err = 1;
+    if (PyList_Check(ins) && PyList_GET_SIZE(ins) > 0 && (is_dict || none) && PyTuple_Check(want)) {
+        grad = PyObject_GetAttr(PyList_GET_ITEM(ins, 0), s_shape);
+        if (grad == NULL)
+            *err = 1;
+    }
+    Py_ssize_t n = grad != NULL && PyTuple_Check(grad) ? PyTuple_GET_SIZE(grad) : 0;
+    PyObject *dim = n > 0 && is_dict ? PyDict_GetItemWithError(saved, s_dim) : NULL; /* borrowed */
+    PyObject *sizes = n > 0 && is_dict && (dim != NULL || !PyErr_Occurred()) ?
+        PyDict_GetItemWithError(saved, s_sizes) : NULL;
+    if (PyErr_Occurred()) {
+        *err = 1;
+        n = 0;
+    }
+    long long d = 0;
+    if (n > 0 && dim != NULL) {
+        int overflow;
+        d = PyLong_CheckExact(dim) ? PyLong_AsLongLongAndOverflow(dim, &overflow) : (overflow = 2, 0);
+        if (overflow == 1) { /* 2**63 .. 2**64-1: PyTorch's uint64 of a negative dim */
+            unsigned long long u = PyLong_AsUnsignedLongLong(dim);
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                n = 0;
+            } else {
+                d = (long long)u;
+            }
+        } else if (overflow != 0) {
+            n = 0;
+        }
+    }
+    if (n > 0) {
+        d %= (long long)n;
+        if (d < 0)
+            d += n;
+        PyObject *size = NULL;
+        Py_ssize_t wn = PyTuple_GET_SIZE(want);
+        if (sizes != NULL && PyList_Check(sizes)) {
+            if (k < PyList_GET_SIZE(sizes))
+                size = PyList_GET_ITEM(sizes, k);
+        } else if (wn > d && !(wn == 1 && PyLong_CheckExact(PyTuple_GET_ITEM(want, 0)) &&
+                               PyLong_AsLong(PyTuple_GET_ITEM(want, 0)) == 0)) {
+            size = PyTuple_GET_ITEM(want, d);
+        }
+        if (size != NULL && PyLong_CheckExact(size)) {
+            out = PyTuple_New(n);
+            if (out == NULL)
+                *err = 1;
+            for (Py_ssize_t j = 0; out != NULL && j < n; j++)
+                PyTuple_SET_ITEM(out, j, Py_NewRef(j == d ? size : PyTuple_GET_ITEM(grad, j)));
+        }
     }
     Py_XDECREF(grad);
     Py_XDECREF(own_in);
@@ -1320,7 +1395,18 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                     break;
                 }
                 PyObject *got = out_shape;
-                if (got == NULL && edge_op_grad_shapes != NULL) { /* a matrix product's gradient k */
+                if (got == NULL && edge_op_part) { /* a cat's gradient k: a part of its incoming one */
+                    int gerr;
+                    PyObject *w = PyObject_GetAttr(PyList_GET_ITEM(tin, nr), s_shape);
+                    got = w != NULL ? part_shape_of(node, k, w, &gerr) : NULL;
+                    Py_XDECREF(w);
+                    if (w == NULL || gerr) {
+                        Py_XDECREF(got);
+                        Py_XDECREF(own_tin);
+                        bad = -1;
+                        break;
+                    }
+                } else if (got == NULL && edge_op_grad_shapes != NULL) { /* a matrix product's gradient k */
                     int gerr;
                     got = grad_shape_of(node, k, &gerr);
                     if (gerr) {
@@ -2237,6 +2323,8 @@ PyMODINIT_FUNC PyInit__build(void) {
     INTERN(s_elementwise, "elementwise");
     INTERN(s_expands_to, "expands_to");
     INTERN(s_grad_shapes, "grad_shapes");
+    INTERN(s_dim, "dim");
+    INTERN(s_sizes, "sizes");
     INTERN(s_shape, "shape");
     INTERN(s_cost, "cost");
     INTERN(s_us, "us");

@@ -34,7 +34,7 @@ from autograd_run.graphs.model import (
 )
 from autograd_run.graphs.schema import UNSET, GraphSpec, NodeSpec
 from autograd_run.ops import ACCUMULATE_GRAD, COST, GRAPH_ROOT, PYTHON, OpSpec, Outputs, lookup
-from autograd_run.ops.arrays import number
+from autograd_run.ops.arrays import number, signed
 
 #: The largest DDP bucket cap (``bucket_cap_mb``, ``first_bucket_mb``) a graph file or a simulation takes, in MiB:
 #: 1e9 MiB (about a petabyte), far past any model, and small enough that the cap in bytes (doubled by the
@@ -258,9 +258,37 @@ def _out_shape(node: Node, edges: int) -> tuple | list | None:
     if op.expands_to:
         sizes = node.saved.get(op.expands_to)
         return tuple(sizes) if type(sizes) is list else None
+    if op.grad_shapes == "part":
+        return _PART
     if op.grad_shapes is not None:
         return [_grad_shape(node, op.grad_shapes.get(k)) for k in range(edges)]
     return node.inputs[0].shape if op.elementwise and node.inputs else None
+
+
+#: ``_out_shape`` of an op whose gradient k is a part of its incoming one (``OpSpec.grad_shapes`` "part"): known
+#: edge by edge, with the consumer's shape (``_part_shape``).
+_PART = object()
+
+
+def _part_shape(node: Node, k: int, want: tuple) -> tuple | None:
+    """A cat's gradient k: its incoming gradient with the saved ``dim`` (default 0) sized as its saved ``sizes[k]``,
+    or else as the consumer's slot ``want`` there (then only the other dims are checked). None where not known
+    (a 1-d empty input, which cat skips, or values of other types: the saved-value checks speak of those)."""
+    grad = node.inputs[0].shape if node.inputs else ()
+    dim = node.saved.get("dim", 0)
+    if not grad or type(dim) is not int or not -(1 << 63) <= dim < (1 << 64):
+        return None
+    d = signed(dim) % len(grad)
+    sizes = node.saved.get("sizes")
+    if type(sizes) is list:
+        size = sizes[k] if k < len(sizes) else None
+    elif len(want) > d and not (len(want) == 1 and want[0] == 0):
+        size = want[d]
+    else:
+        return None
+    if type(size) is not int:
+        return None
+    return grad[:d] + (size,) + grad[d + 1:]
 
 
 def _grad_shape(node: Node, spec) -> tuple | None:
@@ -1123,6 +1151,8 @@ class _Checker:
                     raise self.err(("nodes", i, "next", k, 1),
                                    f"input_nr {tensors.short(nr)} out of range: node {tensors.short(tid)} has {len(target.inputs)} input(s)")
                 got = out_shape[k] if type(out_shape) is list else out_shape
+                if got is _PART:
+                    got = _part_shape(node, k, target.inputs[nr].shape)
                 if got is not None:
                     want = target.inputs[nr].shape
                     if want != got and not is_expandable_to(want, got):

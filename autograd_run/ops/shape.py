@@ -110,7 +110,8 @@ def _split_sizes(node, dim, total):
     return out
 
 
-@op("CatBackward0", outputs=per_saved("sizes"), saved="dim:int? sizes:sizes?", cost=cost.COPY, views="part")
+@op("CatBackward0", outputs=per_saved("sizes"), saved="dim:int? sizes:sizes?", cost=cost.COPY, views="part",
+    grad_shapes="part")
 def cat(node, grads, ctx):
     """cat(tensors, dim): each input gets its slice of the gradient."""
     g = grads[0]
@@ -121,6 +122,11 @@ def cat(node, grads, ctx):
         starts.append(starts[-1] + s)
 
     def piece(i):
+        e = node.next[i]
+        if g.ndim != 1 and e.node.inputs[e.input_nr].shape == (0,):
+            # a legacy 1-d empty input, which cat skips whatever its rank: its gradient is empty too (PyTorch's
+            # cat_tensors_backward), not a (0, ...) part of the gradient
+            return g.reshape(-1)[:0]
         idx = [slice(None)] * g.ndim
         idx[dim] = slice(starts[i], starts[i + 1])
         return g[tuple(idx)]

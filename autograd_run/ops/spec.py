@@ -137,8 +137,10 @@ class OpSpec:
     #: (the gradient the node receives) or a saved matrix's field (``mm``'s first output is ``grad @ mat2.T``:
     #: ``(("grad", 0), ("mat2", 0))``). Validate checks each consumer's input against it (PyTorch's ``sum_to``
     #: rule), where the file writes the saved matrix as a spec with its shape. ``"reversed"`` in place of an output's
-    #: pairs: the incoming gradient's dims in reverse order (``t()``). None: not declared.
-    grad_shapes: Mapping[int, tuple] | None = None
+    #: pairs: the incoming gradient's dims in reverse order (``t()``). ``"part"`` for the whole op: each output is a
+    #: part of the incoming gradient along the saved ``dim``, sized by the saved ``sizes`` or else by its consumer
+    #: (``cat``). None: not declared.
+    grad_shapes: Mapping[int, tuple] | str | None = None
     #: The saved fields of kind ``tensor`` (derived).
     tensor_fields: frozenset = field(init=False)
     #: The saved fields of kind ``scalar`` (derived): a file may write one as a string ("(1-2j)", "inf", "1e-3").
@@ -243,7 +245,7 @@ def undefined_passthrough(fn: Callable) -> Callable:
 def op(*names: str, outputs: int | Outputs | None, saved: str = "", elementwise: bool = False, cost=None,
        aliases: tuple[str, ...] = (), unsupported: Callable | None = None, needed_for_output: tuple = (),
        matrix_rank: int | None = None, matrix_dims: Mapping[str, tuple] | None = None,
-       views: str | Callable = "", expands_to: str = "", grad_shapes: Mapping[int, tuple] | None = None):
+       views: str | Callable = "", expands_to: str = "", grad_shapes: Mapping[int, tuple] | str | None = None):
     """Declare the decorated backward formula as the rule of ``names`` (one spec per name).
 
     ``outputs`` must be given (None only where nothing tells the count; see the module docstring).

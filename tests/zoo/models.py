@@ -923,6 +923,26 @@ def set_transformer_sort():
     return csum.sum() + cp.sum() + k.sum() + lse[:, -1].sum() + h.diff(dim=1).abs().sum(), lin
 
 
+class EmptyPrefix(nn.Module):
+    """A learned prefix whose length is a setting, here 0: a legacy 1-d empty parameter, which cat skips."""
+
+    def __init__(self):
+        super().__init__()
+        self.prefix = nn.Parameter(torch.zeros(0))
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.cat([self.prefix, self.lin(x), torch.zeros(0), self.lin(x).flip(0)], 0)
+
+
+@model("cat_empty_prefix", "other")
+def cat_empty_prefix():
+    """cat of (2, 3) features with legacy 1-d empty tensors (a zero-length learned prefix, a constant): cat skips
+    them, and the prefix's gradient is empty too."""
+    m = EmptyPrefix()
+    return m(_rand(2, 4)).tanh().sum(), m
+
+
 @model("losses_zoo", "other")
 def losses_zoo():
     """Many nn losses on one backbone: KL-div, Poisson NLL, multi-label soft margin, margin ranking,
