@@ -1037,3 +1037,34 @@ def test_compute_dependencies_compiled_and_twin_alike():
             core.compute_dependencies(root, compiled, floor)
             compute_dependencies_py(root, twin, floor)
             assert list(compiled.items()) == list(twin.dependencies.items()), g.source
+
+
+@pytest.mark.parametrize("loop", ["compiled sequential", "python sequential", "event loop"])
+def test_a_node_with_more_outputs_than_the_simulators_list_routes_every_one(monkeypatch, loop):
+    """The simulator's list of ones (one count per output of the node it routes) starts short and grows where a
+    node has more outputs: a node fanning out to 40 leaves routes all 40 in every loop (route reads no further
+    than the list it is given, so a list that did not grow would drop leaves and the task would never finish)."""
+    from autograd_run.graphs.dump import dumps
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim.session import SimOptions, simulate_session
+    n = 40
+    doc = {"format": "autograd-graph/1", "roots": [{"node": "fan", "grad": "ones"}],
+           "variables": [{"name": f"v{i}", "shape": [2]} for i in range(n)],
+           "nodes": [{"id": "fan", "name": "CostBackward", "op": "cost", "attrs": {"cost": {"us": 5}},
+                      "inputs": [{"shape": [2]}], "next": [[f"acc{i}", 0] for i in range(n)]},
+                     *({"id": f"acc{i}", "name": "torch::autograd::AccumulateGrad", "variable": f"v{i}",
+                        "inputs": [{"shape": [2]}]} for i in range(n))]}
+    g = loads_graph(dumps(doc, "json"), "fan.json")
+    if loop != "compiled sequential":
+        monkeypatch.setattr(core, "sim_sequential", None)
+    if loop == "event loop":
+        monkeypatch.setattr(core, "sim_loop", None, raising=False)
+    calls = []
+    if loop == "compiled sequential" and core.sim_sequential is not None:
+        real = core.sim_sequential
+        monkeypatch.setattr(core, "sim_sequential", lambda *a: (calls.append(1), real(*a))[1])
+    rep = simulate_session(g, SimOptions(spec="h100", policy="pytorch" if loop == "event loop"
+                                         else "single-thread", slack_top=0))
+    ran = [r["id"] for r in rep.order]
+    assert sorted(ran) == sorted(["fan"] + [f"acc{i}" for i in range(n)])
+    assert loop != "compiled sequential" or core.sim_sequential is None or calls

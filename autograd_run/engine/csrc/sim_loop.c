@@ -1475,6 +1475,7 @@ done:
  * for sim_loop. The simulator's `now` is set before each routing (a queue's push reads it) and at the end. */
 static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
     PyObject *sim, *gt, *queue, *costs, *resolved, *slices, *ones, *tracer, *cost_op, *tid, *qname, *gid;
+    PyObject *own_ones = NULL; /* a longer list of ones than the one given, once a node needs it */
     long long now, overhead_ns, cost_node_ns;
     if (!PyArg_ParseTuple(args, "OOO!OOOO!OOLLLOOO", &sim, &gt, &QueueType, &queue, &costs, &resolved,
                           &slices, &PyList_Type, &ones, &tracer, &cost_op, &now, &overhead_ns, &cost_node_ns, &tid,
@@ -1550,9 +1551,19 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
         }
         PyObject *nxt = node_get(node, NF_NEXT);
         int has_next = nxt ? PyObject_IsTrue(nxt) : -1;
+        Py_ssize_t nn = has_next > 0 && PyList_Check(nxt) ? PyList_GET_SIZE(nxt) : 0;
         Py_XDECREF(nxt);
         int r = has_next;
-        if (has_next > 0) { /* route(), with what it reads of the simulator and the task read once */
+        if (nn > PyList_GET_SIZE(ones)) { /* more outputs than any node before: the simulator's list grows */
+            PyObject *more = PyList_New(nn);
+            for (Py_ssize_t k = 0; more != NULL && k < nn; k++)
+                PyList_SET_ITEM(more, k, PyLong_FromLong(1));
+            r = more != NULL && set_attr(sim, sl__ones, more) == 0 ? has_next : -1;
+            Py_XSETREF(own_ones, more);
+            if (more != NULL)
+                ones = more;
+        }
+        if (r > 0) { /* route(), with what it reads of the simulator and the task read once */
             PyObject *res = sync_now(&S) < 0 ? NULL : route_core(&ei, &gi, node, ones, Py_None);
             r = res ? 0 : -1;
             Py_XDECREF(res);
@@ -1574,6 +1585,7 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
 done:
     if (result == NULL)
         sync_now_after_error(&S);
+    Py_XDECREF(own_ones);
     Py_XDECREF(S.last_cost);
     memo_clear(&S);
     Py_DECREF(zero);
