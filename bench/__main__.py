@@ -198,7 +198,8 @@ def print_table(results: dict) -> None:
             f"{r['no_summary_peak_bytes_per_node']:.0f} B/node (with the summary "
             f"{r['summary_peak_bytes_per_node']:.0f}; peak RSS {r['summary_rss_bytes_per_node']:.0f} B/node)",
             f"<= {sim_bench.MEMORY_GOAL_BYTES} B/node", r["summary_peak_bytes_per_node"] <= sim_bench.MEMORY_GOAL_BYTES)
-    Console().print(t)
+    if t.row_count:  # (replay and others report their own lines; no empty table after them)
+        Console().print(t)
 
 if __name__ == "__main__":
     main(sys.argv[1:])
