@@ -177,6 +177,12 @@ def convolution(node, grads, ctx):
     k = x.ndim - 2
     stride, padding, dilation, groups = _conv_params(sv, k)
     transposed = bool(sv.get("transposed"))
+    if x.size == 0:  # no input (zero batch or zero channels): every gradient is zero; PyTorch's output for
+        # zero channels is (N, 0, *out), not (N, O, *out), so the formulas below cannot contract it with w
+        dtype = xp.result_type(g, w)
+        shapes = (sv["input"].shape, w.shape, tuple(sv.get("bias_sym_sizes_opt") or (w.shape[1] * groups
+                                                                                       if transposed else w.shape[0],)))
+        return each(node, lambda i: xp.zeros(shapes[i], dtype=dtype))
 
     def grad_input():
         if transposed:  # the outputs past the input's extent read only the output padding: cropped

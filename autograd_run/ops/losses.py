@@ -54,9 +54,10 @@ def nll_loss(node, grads, ctx):
     g = grads[0]
     cls_axis = 1 if x.ndim >= 2 else 0
     safe_t, w, valid = _nll_scale(xp, target, sv.get("weight"), signed(sv.get("ignore_index", -100)), x.dtype)
-    scale = keep_where(xp, valid, -w * g)  # ignored targets skipped, as PyTorch's (not times 0)
+    scale = -w * g
     if reduction == MEAN:
         scale = scale / sv["total_weight"]
+    scale = keep_where(xp, valid, scale)  # ignored targets skipped, as PyTorch's (not times 0, nor 0 / 0)
 
     def out(i):
         grad_in = xp.zeros(x.shape, dtype=x.dtype)

@@ -308,14 +308,16 @@ def prod_dim(node, grads, ctx):
 # --- moments ---------------------------------------------------------------------------------------------------------
 
 
-def _var_back(xp, g, x, dims, correction, keepdim, every_dim=False):
+def _var_back(xp, g, x, dims, correction, keepdim, every_dim=False, no_dims=False):
     """The gradient of var(x, dims, correction): 2 (x - mean) g / (N - correction).
 
     With N - correction <= 0, as PyTorch: over every dim (no ``dim`` given), g times NaN where x equals the mean
     and inf elsewhere; over given dims, 2 / 0 is inf (so inf * 0 = NaN where x equals the mean).
+    ``no_dims``: an empty ``dim`` list (``dim=()``): the forward reduced every dim, but PyTorch's var_backward
+    counts N over the (no) dims given, N = 1 (``_safe_size``).
     """
     n = 1
-    for d in dims:
+    for d in () if no_dims else dims:
         n *= x.shape[d]
     c = 1 if correction is None else num(correction)
     g = restore(xp, g, dims, keepdim)
@@ -329,8 +331,13 @@ def _var_back(xp, g, x, dims, correction, keepdim, every_dim=False):
 
 def _no_dim(sv, x):
     """Whether var/std reduced without a ``dim`` (PyTorch's other formula when N - correction <= 0)."""
+    return x.ndim == 0 or sv.get("dim") is None
+
+
+def _empty_dim(sv, x):
+    """Whether var/std got ``dim=()`` (an empty list, not None) for a tensor of one dim or more."""
     dims = sv.get("dim")
-    return x.ndim == 0 or dims is None or (isinstance(dims, (list, tuple)) and not dims)
+    return x.ndim > 0 and isinstance(dims, (list, tuple)) and not dims
 
 
 def _mean_back(xp, g, x, dims, keepdim):
@@ -352,7 +359,8 @@ def var(node, grads, ctx):
     x = sv["self"]
     xp = ctx.xp(node)
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
-    return each(node, lambda i: _var_back(xp, grads[0], x, dims, sv.get("correction"), keep, _no_dim(sv, x)))
+    return each(node, lambda i: _var_back(xp, grads[0], x, dims, sv.get("correction"), keep, _no_dim(sv, x),
+                                          _empty_dim(sv, x)))
 
 
 @op("StdBackward0", outputs=1, saved="self:tensor result:tensor dim:ints? correction:scalar? keepdim:bool?",
@@ -364,7 +372,8 @@ def std(node, grads, ctx):
     xp = ctx.xp(node)
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
     return each(node, lambda i: _var_back(xp, _std_grad(xp, grads[0], sv["result"]), x, dims,
-                                          sv.get("correction"), keep, _no_dim(sv, x)))
+                                          sv.get("correction"), keep, _no_dim(sv, x),
+                                          _empty_dim(sv, x)))
 
 
 def _moments_mean(node, grads, ctx, first):
@@ -374,7 +383,8 @@ def _moments_mean(node, grads, ctx, first):
     dims, keep = _dims(sv, x.ndim), bool(sv.get("keepdim", False))
     total = None
     if grads[0] is not None:
-        total = _var_back(xp, first(xp, grads[0], sv), x, dims, sv.get("correction"), keep, _no_dim(sv, x))
+        total = _var_back(xp, first(xp, grads[0], sv), x, dims, sv.get("correction"), keep, _no_dim(sv, x),
+                          _empty_dim(sv, x))
     if len(grads) > 1 and grads[1] is not None:
         m = _mean_back(xp, grads[1], x, dims, keep)
         total = m if total is None else total + m

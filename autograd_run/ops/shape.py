@@ -230,7 +230,7 @@ def repeat(node, grads, ctx):
 def flip(node, grads, ctx):
     """a.flip(dims): flip the gradient back."""
     g = grads[0]
-    dims = tuple(wrap_dim(d, g.ndim) for d in node.saved["dims"])
+    dims = tuple(wrap_dim(d, g.ndim) for d in node.saved["dims"]) if g.ndim else ()  # a 0-dim flip: itself
     return each(node, lambda i: ctx.xp(node).flip(g, axis=dims) if dims else g)
 
 
