@@ -152,7 +152,9 @@ def bench_accuracy(seed: int | None = None, graphs: int = 32, warm: int = 9, wha
             row["control_err"] = control_err
             row["err_warm_vs_control"] = (1 + row["err_warm"]) / (1 + control_err) - 1
             if variant:
-                row["err_warm_ab"] = predict(path, env, spec=variant)["wall_ns"] / warm_ns - 1
+                sim_v = predict(path, env, spec=variant)
+                row["err_warm_ab"] = sim_v["wall_ns"] / warm_ns - 1
+                row["err_cold_ab"] = (sim_v.get("first_pass_wall_ns") or sim_v["wall_ns"]) / cold - 1
             out["rows"].append(row)
             stated = row["stated_error"]
             log(f"(accuracy) {i:>2} {family:<11} k={k} {row['nodes']:>4} nodes  warm {warm_ns / 1e6:7.2f} ms "
@@ -196,7 +198,7 @@ def _ranked(what: str, real: dict, pred: dict, log) -> dict:
 def _report(out: dict, log) -> None:
     rows = out["rows"]
     summary: dict = {}
-    for kind in ("warm", "cold", "cold_unmodelled", "warm_ab", "warm_vs_control"):
+    for kind in ("warm", "cold", "cold_unmodelled", "warm_ab", "cold_ab", "warm_vs_control"):
         key = f"err_{kind}"
         if key not in rows[0]:
             continue

@@ -30,6 +30,22 @@ def test_the_probe_is_a_valid_graph_with_a_copy_where_the_device_changes():
     assert costs == sorted(fp.PROBE_COSTS_US)
 
 
+@pytest.mark.parametrize("devices", [["cpu"], ["cpu", "cuda:0", "cuda:1"]])
+def test_most_probe_nodes_sum_two_gradients_as_held_out_fan_ins_do(devices):
+    """Each node's gradient also skips to the node two after it on the same device: every Wait node but the first
+    two (on the CPU alone), or but the first two of each device's block, sums two gradients; none without skips."""
+    def fan_ins(g):
+        counts = {}
+        for n in g.nodes:
+            for e in n.next:
+                if e is not None and e.node.name == "Wait":
+                    counts[e.node.id] = counts.get(e.node.id, 0) + 1
+        return sum(c == 2 for c in counts.values())
+    blocks = fp.PROBE_NODES // fp.PROBE_BLOCK if len(devices) > 1 else 1
+    assert fan_ins(_graph(fp.probe_doc(devices))) == fp.PROBE_NODES - 2 * blocks
+    assert fan_ins(_graph(fp.probe_doc(devices, skips=False))) == 0
+
+
 def test_first_pass_extras_runs_the_users_command_in_fresh_processes(monkeypatch):
     """Each child is `autograd-run run PROBE --repeat 1+WARM --json`; the extra is its first wall minus the median of
     the rest (children replaced by a fake that prints fixed walls: the arithmetic, independent of the machine)."""

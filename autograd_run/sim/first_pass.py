@@ -20,7 +20,9 @@ own command (``autograd-run run PROBE --repeat 1+WARM``), of the first
 pass's wall minus the median of the later ones, on a probe graph shaped like
 the held-out ones (``probe_doc``): 40 cost nodes with the held-out range of
 costs, sleeping and spinning, a leaf each, in blocks over the devices with
-``ToCopyBackward0`` where a gradient changes device. The machine adds
+``ToCopyBackward0`` where a gradient changes device, and a second edge from
+each node to the one two after it, so that most nodes sum two gradients (the
+held-out graphs' fan-ins: a path a chain never takes, which runs cold too). The machine adds
 single first passes far slower than that (a 2-core VM: up to 4 ms), which the
 median leaves out and no model predicts.
 
@@ -47,9 +49,12 @@ PROBE_BLOCK = 10
 PROBE_COSTS_US = (20, 300, 60, 150)
 
 
-def probe_doc(devices: list[str]) -> dict:
+def probe_doc(devices: list[str], skips: bool = True) -> dict:
     """A chain of ``PROBE_NODES`` cost nodes in blocks of ``PROBE_BLOCK`` over ``devices`` in turn (a copy node
-    where the device changes), each node with a leaf of its own; every seventh spins (holds the GIL)."""
+    where the device changes), each node with a leaf of its own; every seventh spins (holds the GIL). With
+    ``skips``, each node's gradient also goes to the node two after it on the same device, so that most nodes sum
+    two gradients in their InputBuffer, as the held-out graphs' fan-ins do (that path runs cold in a first pass
+    too: without it the probe's figures were 0.5-0.6 of the held-out graphs' medians)."""
     where = [devices[(i // PROBE_BLOCK) % len(devices)] for i in range(PROBE_NODES)]
     nodes, variables = [], []
     for i, dev in enumerate(where):
@@ -62,8 +67,10 @@ def probe_doc(devices: list[str]) -> dict:
         else:
             nxt = [f"n{i + 1}", 0]
         mode = "spin" if i % 7 == 3 else "wait"
+        skip = ([[f"n{i + 2}", 0]] if skips and i + 2 < PROBE_NODES and where[i + 2] == dev and where[i + 1] == dev
+                else [])
         nodes.append({"id": f"n{i}", "name": "Wait", "op": "cost", "seq": 2 * (PROBE_NODES - i),
-                      "next": [nxt, [f"acc{i}", 0]], "inputs": [{"shape": [1], "device": dev}],
+                      "next": [nxt, [f"acc{i}", 0], *skip], "inputs": [{"shape": [1], "device": dev}],
                       "attrs": {"cost": {"us": PROBE_COSTS_US[i % len(PROBE_COSTS_US)], "mode": mode}}})
         nodes.append({"id": f"acc{i}", "name": "AccumulateGrad", "variable": f"x{i}",
                       "inputs": [{"shape": [1], "device": dev}]})
