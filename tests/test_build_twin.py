@@ -620,6 +620,7 @@ U64_MINUS_ONE = (1 << 64) - 1  # PyTorch's uint64 of dim -1, as capture may writ
     ([4, 8], {"dim": -1, "sizes": [3, 5]}, [[4, 3], [4, 5]], None),
     ([4, 8], {"dim": 1, "sizes": [5, 3]}, [[4, 3], [4, 5]], ("a", [4, 5])),  # the saved sizes decide the parts
     ([2, 3], {"dim": 0}, [[2, 3], [0]], None),               # a 1-d empty input: cat skips it
+    ([4, 3], {"dim": 0, "sizes": [0, 4]}, [[0], [4, 3]], None),  # ... with the sizes saved too
     ([6], {}, [[2], [4]], None),
     ([2, 3], {"dim": 0}, [[1, 3], [1, 4]], ("b", [1, 3])),
 ])

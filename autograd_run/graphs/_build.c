@@ -1215,11 +1215,14 @@ static PyObject *part_shape_of(PyObject *node, Py_ssize_t k, PyObject *want, int
             d += n;
         PyObject *size = NULL;
         Py_ssize_t wn = PyTuple_GET_SIZE(want);
-        if (sizes != NULL && PyList_Check(sizes)) {
+        int legacy_empty = wn == 1 && PyLong_CheckExact(PyTuple_GET_ITEM(want, 0)) &&
+                           PyLong_AsLong(PyTuple_GET_ITEM(want, 0)) == 0; /* cat skips it: its gradient is (0,) */
+        if (legacy_empty) {
+            size = NULL;
+        } else if (sizes != NULL && PyList_Check(sizes)) {
             if (k < PyList_GET_SIZE(sizes))
                 size = PyList_GET_ITEM(sizes, k);
-        } else if (wn > d && !(wn == 1 && PyLong_CheckExact(PyTuple_GET_ITEM(want, 0)) &&
-                               PyLong_AsLong(PyTuple_GET_ITEM(want, 0)) == 0)) {
+        } else if (wn > d) {
             size = PyTuple_GET_ITEM(want, d);
         }
         if (size != NULL && PyLong_CheckExact(size)) {

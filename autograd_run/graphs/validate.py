@@ -286,9 +286,11 @@ def _part_shape(node: Node, k: int, want: tuple) -> tuple | None:
         return None
     d = signed(dim) % len(grad)
     sizes = node.saved.get("sizes")
+    if want == (0,):  # a legacy 1-d empty input: cat skips it, its gradient is (0,) too
+        return None
     if type(sizes) is list:
         size = sizes[k] if k < len(sizes) else None
-    elif len(want) > d and not (len(want) == 1 and want[0] == 0):
+    elif len(want) > d:
         size = want[d]
     else:
         return None
