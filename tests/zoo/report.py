@@ -178,7 +178,9 @@ torchvision 0.28.0): seed 403180994, 30 of 30 checked models exact (order
 and every leaf gradient), 22 drawn models too big; seed 181472212 (drawn
 uniformly over the 1,510 names, before the turns), 21 of 21 exact, 18 too big, one not run (a
 segmentation model built with its default backbone weights, a download; the
-bench now builds them without).
+bench now builds them without). Later runs: seeds 284601750 (28 of 30: one
+not compared, Reformer below; one fixed since), 646043699 (40 of 40),
+264504219 with a 50M budget (15 of 15), 153426646 on 2026-12-07 (20 of 20).
 A hand-picked run over 110 more architectures (19 torchvision models:
 classification, segmentation, video; 54 timm models from ConvNeXt to Hiera,
 MambaOut and Sequencer's LSTMs; 37 transformers architectures) was exact
