@@ -400,3 +400,55 @@ def test_a_tensor_hook_and_a_module_pre_hook_on_one_pass_through_run_in_pytorchs
     doc, said, report, held = _module_case(tmp_path, 36, setup)
     assert [h["kind"] for h in held] == ["scale", "clamp"]
     assert report.ok, (report.note, [(g.name, g.max_abs) for g in report.grads])
+
+
+def test_a_hook_on_a_requested_non_leaf_input_whose_node_does_not_run_is_held(tmp_path):
+    """grad(y, [h]) with a hook on h: h's node is not needed, so PyTorch runs h's hooks on the gradient and
+    captures the result; no node pre-hook sees that, the captured result does."""
+    from autograd_run.capture.check import check_graph
+    from autograd_run.capture.graph import from_torch
+    from autograd_run.graphs.load import load_graph
+    a = leaf(3, seed=31).requires_grad_(True)
+    h = a.exp()
+    h.register_hook(lambda g: g * 2)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        doc = from_torch([(h * h).sum()], [h], names={"a": a}, path=str(tmp_path / "g.json"))
+    said = " ".join(str(w.message) for w in rec)
+    held = {n["name"]: n["attrs"]["hooks"] for n in doc["nodes"] if (n.get("attrs") or {}).get("hooks")}
+    assert held == {"ExpBackward0": [{"slot": 0, "kind": "scale", "by": 2.0, "observed": True}]}, said
+    report = check_graph(load_graph(str(tmp_path / "g.json")), rtol=1e-12, atol=1e-14)
+    assert report.ok, (report.note, [(g.name, g.max_abs) for g in report.grads])
+
+
+def test_a_node_post_hook_that_changes_a_gradient_is_reported(tmp_path):
+    """grad_fn.register_hook(fn) returning new grad_inputs: not held, but said (not a silent difference)."""
+    from autograd_run.capture.check import check_graph
+    from autograd_run.graphs.load import load_graph
+    a = leaf(3, seed=32).requires_grad_(True)
+    y = a.exp() * 3
+    y.grad_fn.register_hook(lambda gi, go: (gi[0] * 2, None))
+    doc, said = _capture(y.sum(), {"a": a}, tmp_path / "g.json")
+    assert "runs without them" in said and "node n1 (MulBackward0)" in said, said
+    assert [e["how"].split(" (")[0] for e in doc["meta"]["hooks"]] == ["a node post-hook"]
+    report = check_graph(load_graph(str(tmp_path / "g.json")))
+    assert not report.ok and "does not hold" in report.note
+
+
+def test_a_node_post_hook_that_only_looks_is_not_reported(tmp_path):
+    a = leaf(3, seed=33).requires_grad_(True)
+    y = a.exp() * 3
+    seen = []
+    y.grad_fn.register_hook(lambda gi, go: seen.append(1))
+    doc, said = _capture(y.sum(), {"a": a}, tmp_path / "g.json")
+    assert seen and "hooks" not in doc.get("meta", {}) and "hook" not in said
+
+
+def test_a_hook_on_a_complex_intermediate_is_reported_with_its_modulus_and_no_torch_warning(tmp_path):
+    a = torch.tensor([1 + 2j, -0.5j, 3.0], dtype=torch.complex128, requires_grad=True)
+    h = a * 2
+    h.register_hook(lambda g: g * 0.5)
+    doc, said = _capture(h.abs().sum(), {"a": a}, tmp_path / "g.json")
+    assert "Casting complex values to real" not in said, said
+    entry, = doc["meta"]["hooks"]
+    assert entry["how"] == "a hook changed its gradient (max abs change 0.5)"

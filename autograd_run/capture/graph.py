@@ -968,6 +968,9 @@ def _reference(cap: _Capture, outputs, grad_outputs, inputs, input_names, mode, 
             if mode == "grad":
                 res = torch.autograd.grad(outputs, list(inputs), gos, retain_graph=True, allow_unused=True)
                 grads = dict(zip(input_names, res))
+                for t, g in zip(inputs, res):  # a non-leaf input whose node did not run: its hooks ran on it
+                    if t.grad_fn is not None and g is not None:
+                        hooks.captured(t.grad_fn, t.output_nr, g)
             else:
                 torch.autograd.backward(outputs, gos, retain_graph=True, inputs=list(inputs) if inputs else None)
                 hidden = nested.inner_variables()

@@ -63,6 +63,9 @@ class HookWatch:
         self.module_pairs: dict = {}
         self.module_ran: set = set()   # the module hook nodes that ran
         self._got: dict = {}           # module hook node -> what it received, until it sends
+        self._raw: dict = {}           # node with post-hooks of the program's -> what it computed, until it sends
+        #: What those post-hooks (``grad_fn.register_hook``) changed: (fn, output slot) -> max abs change
+        self.post_changed: dict = {}
 
     def add(self, fn, slot: int, grad) -> None:
         if grad is None:
@@ -80,13 +83,39 @@ class HookWatch:
                 self.add(node, nr, g)
 
     def handles(self, fn) -> list:
-        return [fn.register_prehook(lambda g, fn=fn: self._received(fn, g)),
-                fn.register_hook(lambda gi, go, fn=fn: self._sent(fn, gi))]
+        out = [fn.register_prehook(lambda g, fn=fn: self._received(fn, g)),
+               fn.register_hook(lambda gi, go, fn=fn: self._sent(fn, gi))]
+        if fn.name() != MODULE_HOOK_NODE:  # (a module's hooks are seen at their pass-through node)
+            ref = getattr(out[1], "hooks_dict_ref", None)
+            posts = ref() if callable(ref) else None
+            if posts and any(not str(getattr(h, "__module__", "")).startswith("autograd_run")
+                             for k, h in posts.items() if k != out[1].id):
+                # the node has post-hooks of the program's own (grad_fn.register_hook): one more post-hook,
+                # moved first, sees what the node computed before they ran
+                first = fn.register_hook(lambda gi, go, fn=fn: self._raw.__setitem__(fn, tuple(gi)))
+                mine = posts.pop(first.id)
+                rest = list(posts.items())  # PyTorch calls them in the plain dict's order: insert them again
+                posts.clear()
+                posts[first.id] = mine
+                posts.update(rest)
+                out.append(first)
+        return out
 
     def _sent(self, fn, outs) -> None:
         got = self._got.pop(fn, None)
         if got is not None:
             self._module_hooks(fn, got, outs)
+        raw = self._raw.pop(fn, None)
+        if raw is not None:  # what the node's own post-hooks did to what it sends
+            for slot, (g, o) in enumerate(zip(raw, outs)):
+                if g is None and o is None or g is o:
+                    continue
+                try:
+                    diff = float("nan") if g is None or o is None else self._difference(o, g)
+                except (RuntimeError, TypeError):
+                    continue
+                if diff is not None:
+                    self.post_changed[(fn, slot)] = diff
         for (nf, nr), g in zip(fn.next_functions, outs):
             if nf is not None:
                 self.add(nf, nr, g)
@@ -106,10 +135,18 @@ class HookWatch:
                 self.changed[(fn, slot)] = diff
                 self.module_pairs[(fn, slot)] = (g.detach(), o.detach())
 
+    def captured(self, fn, slot: int, got) -> None:
+        """What ``grad()`` returned for a requested non-leaf input (output ``slot`` of ``fn``) whose node did
+        not run: PyTorch ran the tensor's hooks on it before capturing it, and no node pre-hook saw that."""
+        self._compare(fn, [(slot, got)])
+
     def _received(self, fn, grads) -> None:
         if fn.name() == MODULE_HOOK_NODE:
             self._got[fn] = tuple(grads)
-        for slot, got in enumerate(grads):
+        self._compare(fn, enumerate(grads))
+
+    def _compare(self, fn, slots) -> None:
+        for slot, got in slots:
             want = self.sent.pop((fn, slot), None)
             if want is None or got is None or got is want:
                 continue
@@ -134,7 +171,8 @@ class HookWatch:
         if torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.nan_to_num(got),
                                                                            torch.nan_to_num(want)):
             return None
-        return (got.double() - want.double()).abs().max().item()
+        wide = torch.complex128 if got.is_complex() else torch.float64  # (abs: a complex difference's modulus)
+        return float((got.to(wide) - want.to(wide)).abs().max())
 
 
 def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]],
@@ -174,6 +212,12 @@ def describe(cap, watch: HookWatch | None, leaves: dict[str, list[str]],
             if held_nodes and nid in held_nodes:
                 entry["held"] = held_nodes[nid]
             out.append(entry)
+        for (fn, slot), diff in watch.post_changed.items():
+            nid = cap.ids.get(fn)
+            if nid is None:
+                continue
+            out.append({"tensor": f"gradient {slot} that node {nid} ({fn.name()}) sends", "node": nid, "slot": slot,
+                        "how": f"a node post-hook (grad_fn.register_hook) changed it (max abs change {diff:.3g})"})
     return out
 
 
@@ -372,6 +416,8 @@ def hold_node_hooks(torch, cap, watch) -> dict:
     for (fn, slot), (sent, got) in observed:
         doc = cap.docs.get(fn)
         if doc is None or fn in cap.var_of:  # a leaf's hooks are held from the functions themselves
+            continue
+        if sent.is_complex() or got.is_complex():  # no data kind is fitted to complex gradients
             continue
         try:
             pairs = [(sent.double(), got.to(sent.dtype).double())]
