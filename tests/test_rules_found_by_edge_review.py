@@ -77,3 +77,15 @@ def test_cat_with_a_legacy_empty_input_gives_it_an_empty_gradient(dim):
     """cat skips a 1-d empty tensor whatever the others' rank, and its gradient is empty too."""
     a, e, c = leaf(2, 3, seed=7), leaf(0, seed=8), leaf(2, 3, seed=9)
     check(weigh(torch.cat([e, a, e, c], dim)), {"a": a, "e": e, "c": c}, expect_names=["CatBackward0"])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_double_backward_of_a_zero_batch_convolution_leaves_input_and_weight_terms_undefined(bias):
+    """PyTorch's _convolution_double_backward skips the input's and the weight's terms when the input is empty:
+    those gradients stay undefined (a leaf's .grad None), where the replay gave zeros; the bias's term stays."""
+    x, w = leaf(0, 2, 5, seed=10), leaf(3, 2, 3, seed=11)
+    b = leaf(3, seed=12) if bias else None
+    y = F.conv1d(x, w, b)
+    grads = torch.autograd.grad((y * y).sum(), (w, b) if bias else (w,), create_graph=True)
+    out = sum((g * g).sum() for g in grads) + (w * 0.25).sum()
+    check(out, {"x": x, "w": w, **({"b": b} if bias else {})}, expect_names=["ConvolutionBackwardBackward0"])

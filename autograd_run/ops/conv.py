@@ -220,6 +220,8 @@ def convolution_backward_backward(node, grads, ctx):
     stride, padding, dilation, groups = _conv_params(sv, k)
     transposed = bool(sv.get("transposed"))
     args = (stride, padding, dilation, groups)
+    if x.size == 0:  # no input (a zero batch): PyTorch leaves the input's and weight's terms undefined
+        ggi = ggw = None
 
     def grad_grad_output():
         total = None
