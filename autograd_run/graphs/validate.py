@@ -284,10 +284,10 @@ def _part_shape(node: Node, k: int, want: tuple) -> tuple | None:
     dim = node.saved.get("dim", 0)
     if not grad or type(dim) is not int or not -(1 << 63) <= dim < (1 << 64):
         return None
-    d = signed(dim) % len(grad)
-    sizes = node.saved.get("sizes")
     if want == (0,):  # a legacy 1-d empty input: cat skips it, its gradient is (0,) too
         return None
+    d = signed(dim) % len(grad)
+    sizes = node.saved.get("sizes")
     if type(sizes) is list:
         size = sizes[k] if k < len(sizes) else None
     elif len(want) > d:

@@ -155,10 +155,16 @@ class Simulator:
         #: then the call ended at its start plus the call overhead plus, over the nodes that ran, the engine's
         #: overhead and each node's CPU time, in whatever order they ran (``_run_sequential``).
         self.cpu_only_one_worker = False
-        #: The gradients routing hands on: a 1 for each output of any node (routing reads as many as it has).
-        #: One count per output of the node being routed: grown where a node has more outputs than the list (the
-        #: loops check before each route; a pass over every node to size it took 30 ms a simulation at 1e6 nodes).
+        #: The gradients routing hands on, a 1 for each output of the node routed (routing reads no more than the
+        #: list has): grown by ``_ones_for`` (and the compiled loops) where a node has more outputs, rather than
+        #: sized by a pass over every node (30 ms a simulation at 1e6 nodes).
         self._ones = [1] * max(len(graph.roots), 8)
+
+    def _ones_for(self, n: int) -> list:
+        """``_ones``, at least ``n`` long."""
+        if n > len(self._ones):
+            self._ones = [1] * n
+        return self._ones
 
     def release(self) -> None:
         """Drop what the simulation recorded (a what-if whose span was read keeps nothing else). The
@@ -325,8 +331,8 @@ class Simulator:
             self.now = t
             append((gid, 0, node, tid, start, t, qname, pushed))
             if node.next:
-                if len(node.next) > len(ones):
-                    ones = self._ones = [1] * len(node.next)
+                if len(node.next) > len(ones):  # (the check inline: this loop is per node)
+                    ones = self._ones_for(len(node.next))
                 route_(self, gt, node, ones, exec_info, NULL_TRACER, parent)
             else:
                 if parent is not None:
@@ -501,9 +507,7 @@ class Simulator:
             self._retire(w, gt, None)
             return
         self.current_tid = w.tid
-        if len(node.next) > len(self._ones):  # a graph root of a nested call over many roots
-            self._ones = [1] * len(node.next)
-        finished = route(self, gt, node, self._ones, gt.exec_info, NULL_TRACER, parent)
+        finished = route(self, gt, node, self._ones_for(len(node.next)), gt.exec_info, NULL_TRACER, parent)
         self._retire(w, gt, finished)
 
     def _retire(self, w: SimWorker, gt: SimTask, finished) -> None:

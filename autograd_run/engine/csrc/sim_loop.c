@@ -349,6 +349,22 @@ static int sim_route_info(Sim *S) {
     return inline_;
 }
 
+/* A new list of `n` ones, set as the simulator's `_ones` (routing reads no more of it than it has: the loops grow
+ * it before routing a node with more outputs); NULL on an error. */
+static PyObject *more_ones(PyObject *sim, Py_ssize_t n) {
+    PyObject *ones = PyList_New(n);
+    for (Py_ssize_t i = 0; ones != NULL && i < n; i++) {
+        PyObject *one = PyLong_FromLong(1);
+        if (one == NULL)
+            Py_CLEAR(ones);
+        else
+            PyList_SET_ITEM(ones, i, one);
+    }
+    if (ones != NULL && PyObject_SetAttr(sim, sl__ones, ones) < 0)
+        Py_CLEAR(ones);
+    return ones;
+}
+
 static PyObject *sim_route(Sim *S, PyObject *gt, PyObject *node, PyObject *parent) {
     if (!S->route_ei_ready && sim_route_info(S) < 0)
         return NULL;
@@ -682,15 +698,11 @@ static int sim_done(Sim *S, SimRunC *run) {
     }
     if (set_attr(S->sim, sl_current_tid, tid) < 0)
         goto out;
-    if (nn > PyList_GET_SIZE(S->ones)) { /* a graph root of a nested call over many roots */
-        PyObject *ones = PyList_New(nn);
+    if (nn > PyList_GET_SIZE(S->ones)) { /* more outputs than the list has: it grows */
+        PyObject *ones = more_ones(S->sim, nn);
         if (ones == NULL)
             goto out;
-        for (Py_ssize_t i = 0; i < nn; i++)
-            PyList_SET_ITEM(ones, i, PyLong_FromLong(1));
         Py_SETREF(S->ones, ones);
-        if (set_attr(S->sim, sl__ones, ones) < 0)
-            goto out;
     }
     PyObject *finished = sync_now(S) < 0 ? NULL : sim_route(S, run->gt, run->node, run->parent);
     if (finished == NULL)
@@ -1554,14 +1566,14 @@ static PyObject *sim_sequential(PyObject *mod, PyObject *args) {
         Py_ssize_t nn = has_next > 0 && PyList_Check(nxt) ? PyList_GET_SIZE(nxt) : 0;
         Py_XDECREF(nxt);
         int r = has_next;
-        if (nn > PyList_GET_SIZE(ones)) { /* more outputs than any node before: the simulator's list grows */
-            PyObject *more = PyList_New(nn);
-            for (Py_ssize_t k = 0; more != NULL && k < nn; k++)
-                PyList_SET_ITEM(more, k, PyLong_FromLong(1));
-            r = more != NULL && set_attr(sim, sl__ones, more) == 0 ? has_next : -1;
-            Py_XSETREF(own_ones, more);
-            if (more != NULL)
+        if (nn > PyList_GET_SIZE(ones)) { /* more outputs than the list has: it grows */
+            PyObject *more = more_ones(sim, nn);
+            if (more == NULL) {
+                r = -1;
+            } else {
+                Py_XSETREF(own_ones, more);
                 ones = more;
+            }
         }
         if (r > 0) { /* route(), with what it reads of the simulator and the task read once */
             PyObject *res = sync_now(&S) < 0 ? NULL : route_core(&ei, &gi, node, ones, Py_None);
