@@ -5,6 +5,7 @@ the same error, word for word, when a file is loaded either way; and the reader 
 (it hands the rest back, and msgspec decodes them whole)."""
 
 import math
+import re
 import random
 import struct
 
@@ -238,6 +239,32 @@ def test_a_shape_inside_saved_values_is_shared_where_its_text_is():
     assert f.saved["other"]["shape"] == [4, 4]
     assert f.saved["other"]["shape"] is not g.saved["other"]["shape"] and g.saved["other"]["shape"] == [4, 5]
     assert f.saved["x"] is not g.saved["x"] and f.saved["x"] == g.saved["x"] == [0.5, 1]  # floats: not shared
+
+
+def test_a_node_id_is_the_string_its_consumers_edge_made():
+    """A node's id and the edge targets that name it are one string where the reader met the text lately (a
+    table of recent ids: a million nodes keep a string less per edge that finds one, and the id table's
+    look-ups compare one object); an id written with an escape is its own string; the values are msgspec's."""
+    doc = generate("random", nodes=3000, leaves=40, seed=3)  # ~9,000 ids and targets: slots of the table reused
+    old = doc["nodes"][1]["id"]
+    for n in doc["nodes"]:
+        n["next"] = [None if e is None else ["xA" if e[0] == old else e[0], e[1]] for e in n.get("next") or []]
+    doc["nodes"][1]["id"] = "xA"
+    data = re.sub(rb'("id": *)"xA"', rb'\1"x\\u0041"', as_json(doc))  # the node's id with an escape
+    assert b'\\u0041' in data
+    spec = load._decode_json(data)[0]
+    whole = msgspec.json.decode(data)
+    assert [n.id for n in spec.nodes] == [n["id"] for n in whole["nodes"]]
+    assert [n.next for n in spec.nodes] == [[None if e is None else tuple(e) for e in n.get("next", [])]
+                                          for n in whole["nodes"]]
+    by_text = {n.id: n.id for n in spec.nodes}
+    targets = [e[0] for n in spec.nodes for e in n.next or () if e is not None]
+    shared = sum(t is by_text[t] for t in targets)
+    assert shared > len(targets) // 3, (shared, len(targets))  # without the table: 0
+    made_by_edges = {id(t) for t in targets}
+    ids_shared = sum(id(n.id) in made_by_edges for n in spec.nodes)
+    assert ids_shared > len(spec.nodes) * 0.8, ids_shared
+    assert spec.nodes[1].id == "xA" and id(spec.nodes[1].id) not in made_by_edges  # other text: its own string
 
 
 @pytest.mark.parametrize("name", example_names())
