@@ -1079,8 +1079,9 @@ class _Checker:
             if seq is None:
                 seq = -1
                 default_seqs = True
-            node = new_node(nid, intern(ns.name), op, seq, [], inputs, saved or EMPTY, attrs or EMPTY, variable,
-                            fwd_thread, i, 0, device, stream, None, cpu)
+            # its next list: the file's own, whose edges link_edges makes in place (no second list a node)
+            node = new_node(nid, intern(ns.name), op, seq, ns.next if type(ns.next) is list else [], inputs,
+                            saved or EMPTY, attrs or EMPTY, variable, fwd_thread, i, 0, device, stream, None, cpu)
             if op is acc:
                 variables[variable].node = node
             nodes.append(node)
@@ -1146,10 +1147,12 @@ class _Checker:
             nexts[i] = None
             node = nodes[i]
             out = node.next
+            in_place = out is nxt  # the file's list, made the node's (build_nodes): its items become the edges
             out_shape = _out_shape(node, len(nxt))
             for k, e in enumerate(nxt):
                 if e is None:
-                    out.append(None)
+                    if not in_place:
+                        out.append(None)
                     continue
                 tid, nr = e
                 target = by_id.get(tid)
@@ -1167,7 +1170,10 @@ class _Checker:
                         raise self.err(("nodes", i, "next", k),
                                        f"{node.name} produces a gradient of shape {list(got)} for "
                                        f"{tensors.short(tid)} input {nr}, whose shape {list(want)} is not compatible")
-                out.append(make_edge(Edge, (target, nr)))
+                if in_place:
+                    out[k] = make_edge(Edge, (target, nr))
+                else:
+                    out.append(make_edge(Edge, (target, nr)))
                 if target.index <= i:
                     forward = False
         st.forward = forward
