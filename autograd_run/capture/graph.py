@@ -42,7 +42,7 @@ import numpy as np
 
 from autograd_run.capture.inner import custom_function_reason, function_state, is_custom_function
 from autograd_run.graphs.model import FORMAT
-from autograd_run.ops import OPAQUE, lookup
+from autograd_run.ops import IDENTITY, OPAQUE, lookup
 
 ACC = "torch::autograd::AccumulateGrad"
 COPY_SLICES = "torch::autograd::CopySlices"
@@ -221,11 +221,14 @@ class _Storages:
 
     @staticmethod
     def key(t) -> tuple | None:
+        """(device, address, bytes) of ``t``'s storage; None for a tensor without one: a subclass, a nested
+        tensor, or a ZeroTensor (forward-mode AD's zeros, saved by a Hessian-vector product or
+        ``torch.func.hessian``: its storage answers, its address raises)."""
         try:
             st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass, a nested tensor)
+            return (str(t.device), st.data_ptr(), st.nbytes())
+        except (RuntimeError, NotImplementedError):
             return None
-        return (str(t.device), st.data_ptr(), st.nbytes())
 
     def note(self, nid: str, field: str, t, group: int | None = None) -> None:
         key = self.key(t)
@@ -726,7 +729,9 @@ class _Capture:
                 reason = custom_function_reason(fn, "its backward did not run in the reference backward")
                 if self.values:  # read now: the reference backward frees the saved tensors
                     self.custom_state[fn] = function_state(_torch(), fn, nid, arrays)
-            elif op is None or op.engine:  # PyTorch's own nodes never run as one of our synthetic kinds
+            elif op is None or (op.engine and not (op is IDENTITY and len(metas) == 1 == len(d["next"]))):
+                # PyTorch's own nodes never run as one of our synthetic kinds, but for its Identity (forward-mode
+                # AD's make_dual and unpack_dual) of one gradient: passed through, as our identity does
                 op, reason = None, f"no backward rule for {name}"
             if not self.values and not (op is None and is_custom_function(fn)):
                 op, reason = None, "captured without saved values (order only)"

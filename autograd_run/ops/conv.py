@@ -769,10 +769,12 @@ def adaptive_max_pool(node, grads, ctx):
 
 
 @op("MaxPool2DWithIndicesBackwardBackward0", "MaxPool3DWithIndicesBackwardBackward0",
-    "AdaptiveMaxPool2DBackwardBackward0", "AdaptiveMaxPool3DBackwardBackward0", outputs=2, saved="indices:tensor",
+    "AdaptiveMaxPool2DBackwardBackward0", "AdaptiveMaxPool3DBackwardBackward0",
+    "FractionalMaxPool2DBackwardBackward0", "FractionalMaxPool3DBackwardBackward0", outputs=2, saved="indices:tensor",
     cost=cost.COPY)
 def max_pool_backward_backward(node, grads, ctx):
-    """max pooling's backward, differentiated: the gradient at the chosen inputs to grad_output; zero to the input."""
+    """max (adaptive, fractional) pooling's backward, differentiated: the gradient at the chosen inputs to
+    grad_output; zero to the input."""
     idx = ctx.saved(node)["indices"].astype(np.int64, copy=False)
     g = grads[0]
     xp = ctx.xp(node)

@@ -17,7 +17,8 @@ GRAPH_ROOT = engine_op(
     "GraphRoot", "created by the engine for a backward call with several roots; never in a file",
     cost=cost.VIEW, views="same")
 IDENTITY = engine_op(
-    "identity", "passes each gradient through unchanged", elementwise=True, cost=cost.VIEW, views="same")
+    "identity", "passes each gradient through unchanged", elementwise=True, cost=cost.VIEW, views="same",
+    aliases=("torch::autograd::Identity",))  # PyTorch's own (forward-mode AD's make_dual/unpack_dual make it)
 COST = engine_op(
     "cost", "does a stated amount of real work (attrs.cost), then emits zeros of the declared shapes")
 OPAQUE = engine_op(

@@ -78,6 +78,27 @@ def embedding(node, grads, ctx):
     return each(node, out)
 
 
+@op("EmbeddingDenseBackwardBackward0", outputs=1, saved="indices:tensor padding_idx:int?", cost=cost.COPY)
+def embedding_dense_backward_backward(node, grads, ctx):
+    """embedding's backward, differentiated in grad_output: the weight's gradient rows read back at the indices
+    (PyTorch's embedding_dense_double_backward: the padding_idx rows zero; scale_grad_by_freq is not applied
+    again)."""
+    sv = ctx.saved(node)
+    indices = sv["indices"].astype(np.int64, copy=False)
+    pad = signed(sv.get("padding_idx", -1))
+    g = grads[0]
+    xp = ctx.xp(node)
+    flat = xp.asarray(indices).reshape(-1)
+
+    def out(i):
+        rows = g[flat]
+        if pad is not None and pad >= 0:
+            rows = xp.where((flat == pad).reshape((-1,) + (1,) * (rows.ndim - 1)), xp.zeros((), dtype=rows.dtype),
+                            rows)
+        return rows.reshape(tuple(indices.shape) + tuple(g.shape[1:]))
+    return each(node, out)
+
+
 # --- gather / scatter along a dim ---------------------------------------------------------------------------------
 
 
