@@ -88,3 +88,16 @@ class SortKeepIndices(torch.autograd.Function):
     def backward(ctx, gv, gi):
         (i,) = ctx.saved_tensors
         return torch.zeros_like(gv).scatter(-1, i, gv)
+
+
+class ScaleByConfig(torch.autograd.Function):
+    """As transformers' YosoCumulation: a plain dict kept on ctx (``ctx.config``), read by the backward."""
+
+    @staticmethod
+    def forward(ctx, x, config):
+        ctx.config = config
+        return x * config["k"] + (1.0 if config["shift"] else 0.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.config["k"] * len(ctx.config["name"]) * len(ctx.config["dims"]), None

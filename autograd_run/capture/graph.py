@@ -369,10 +369,36 @@ def _copy_slices(torch, fn, nid: str, arrays: _Arrays) -> tuple[dict, str | None
         scales.append(scale)
     saved: dict[str, Any] = {"base_sizes": bsz, "base_strides": bst, "view_sizes": vsz, "view_strides": vst,
                              "view_offset": voff}
+    written = _written(torch, fn, probe, scales, (bsz, bst), (vsz, vst, voff))
+    if written:
+        saved["written"] = written
     saved["result_scale"] = arrays.put(f"{nid}.result_scale", torch.from_numpy(scales[0]))
     saved.update(_saved_tensor_list([None if t is None else torch.from_numpy(t) for t in [None] + scales[1:]],
                                     "input_scales", nid, arrays))
     return saved, None
+
+
+def _written(torch, fn, probe, scales: list, base: tuple, view: tuple) -> list[int]:
+    """The outputs of a CopySlices node whose zero factors are places the wrapped backward does not read (it
+    writes a value there, as fill_, masked_fill_ and index_put_ do; or, for the written value's own gradient,
+    reads only the others): PyTorch's result there is 0 whatever the gradient holds, where a factor of 0 times a
+    NaN or an infinity would be NaN. Found by calling the node with NaN at those places of the probe: an output
+    that stays finite does not read them; one that turns NaN multiplies (``x[1] *= 0``)."""
+    base_idx, view_idx = _strided_index(*base, 0), _strided_index(*view)
+    out = []
+    for i, scale in enumerate(scales):
+        if scale is None or not (scale == 0).any():
+            continue
+        buf = np.zeros(max(base_idx.max(initial=-1), view_idx.max(initial=-1)) + 1,
+                       dtype=probe.cpu().numpy().dtype)
+        buf[base_idx] = probe.cpu().numpy()
+        buf[view_idx[np.broadcast_to(scale == 0, view_idx.shape)]] = np.nan
+        with torch.no_grad():
+            got = fn(torch.from_numpy(buf[base_idx]).to(probe.device))
+        got = got[i] if isinstance(got, tuple) else got
+        if got is not None and bool(torch.isfinite(got).all()):
+            out.append(i)
+    return out
 
 
 def _sum_to(x: np.ndarray, shape) -> np.ndarray:

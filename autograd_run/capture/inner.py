@@ -133,6 +133,11 @@ def _ctx_value(torch, v):
         return [_ctx_value(torch, x) for x in v]
     if isinstance(v, torch.dtype):
         return {"dtype": str(v).replace("torch.", "")}
+    if isinstance(v, dict):  # a config (transformers' YOSO keeps one): its items, keys plain values
+        items = list(v.items())
+        if not all(k is None or isinstance(k, (bool, int, str)) for k, _ in items):
+            raise TypeError("dict with keys other than str, int, bool or None")
+        return {"dict": [[k, _ctx_value(torch, x)] for k, x in items]}
     raise TypeError(type(v).__name__)
 
 

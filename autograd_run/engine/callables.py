@@ -60,6 +60,10 @@ def _ctx_value(torch, v):
             return float(v["float"])
         if "dtype" in v:
             return getattr(torch, str(v["dtype"]))
+        items = v.get("dict")
+        if isinstance(items, list) and all(isinstance(kv, list) and len(kv) == 2 and
+                                           (kv[0] is None or isinstance(kv[0], (bool, int, str))) for kv in items):
+            return {k: _ctx_value(torch, x) for k, x in items}
     if isinstance(v, list):
         return tuple(_ctx_value(torch, x) for x in v)
     return v

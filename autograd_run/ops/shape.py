@@ -498,7 +498,7 @@ def as_strided(node, grads, ctx):
 
 @op("torch::autograd::CopySlices", aliases=("CopySlices",), outputs=per_saved("input_scales"),
     saved="base_sizes:sizes base_strides:ints view_sizes:sizes view_strides:ints view_offset:int "
-          "result_scale:tensor input_scales:tensors",
+          "result_scale:tensor input_scales:tensors written:ints?",
     cost=cost.pointwise(2))
 def copy_slices(node, grads, ctx):
     """An in-place op on a view (x[:, 1] *= 2, x[1:] = y, relu_ on a slice, ...).
@@ -508,11 +508,19 @@ def copy_slices(node, grads, ctx):
 
     PyTorch saves nothing here: capture records the base's and the view's
     layouts and the wrapped (elementwise) backward as per-element factors,
-    measured by calling the node (``autograd_run.capture``).
+    measured by calling the node (``autograd_run.capture``). ``written``: the outputs (0 the base, i next edge
+    i) whose zero factors are places the wrapped backward does not read (a fill, masked_fill or index_put writes
+    there): 0 there, as PyTorch, whatever the gradient holds (a factor of 0 times a NaN would be NaN).
     """
     g = grads[0]
     sv = ctx.saved(node)
     xp = ctx.xp(node)
+    written = sv.get("written") or ()
+
+    def scaled(scale, i):
+        scale = xp.asarray(scale)
+        r = scale * region
+        return xp.where(scale == 0, xp.zeros((), dtype=r.dtype), r) if i in written else r
     base = _storage_index(xp, sv["base_sizes"], [signed(s) for s in sv["base_strides"]], 0)
     view = _storage_index(xp, sv["view_sizes"], [signed(s) for s in sv["view_strides"]], signed(sv["view_offset"]))
     size = max(int(base.max()) if base.size else -1, int(view.max()) if view.size else -1) + 1
@@ -524,9 +532,9 @@ def copy_slices(node, grads, ctx):
     def out(i):
         if i == 0:
             result = storage.copy()
-            result[view] = xp.asarray(sv["result_scale"]) * region
+            result[view] = scaled(sv["result_scale"], 0)
             return result[base]
-        return sum_to(xp, xp.asarray(scales[i]) * region, out_meta(node, i).shape)
+        return sum_to(xp, scaled(scales[i], i), out_meta(node, i).shape)
     return each(node, out)
 
 
