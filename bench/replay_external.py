@@ -119,6 +119,12 @@ HF = {
 #: Transformers models that take images, not tokens: the side of their square input, in pixels.
 HF_IMAGES = {"vit": 32, "swin": 32, "convnext": 32, "segformer": 32, "mobilevit": 64}
 
+# 109 more architectures a sweep found to build and train here (bench/hf_more.py): 153 in all
+from bench.hf_more import HF_MORE, HF_MORE_IMAGES  # noqa: E402
+
+HF.update(HF_MORE)
+HF_IMAGES.update(HF_MORE_IMAGES)
+
 #: The user's script for one case (a fresh process): build, one forward, capture. Prints one JSON line.
 CASE = '''\
 import json, sys, warnings
