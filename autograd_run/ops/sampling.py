@@ -9,7 +9,9 @@ derivative of those weights times the values read, times the
 ``d source / d grid`` factor of the unnormalisation and of the padding
 (border clamping and reflection flip or stop it), as PyTorch's kernels.
 Bicubic weights are the cubic convolution kernel with A = -0.75; each of its
-16 taps is padded on its own.
+16 taps is padded on its own. The backward's own backward (a gradient penalty
+through grid_sample) reuses the same taps, with the weights' second
+derivatives for the grid.
 
 The Gamma node multiplies the gradient by the derivative of the sample with
 respect to its parameter, a special function that PyTorch evaluates with
@@ -75,8 +77,9 @@ def _pad_coordinate(xp, x, size, padding, align_corners):
     return x, one
 
 
-def _cubic_weights(t):
-    """Weights of the taps at floor - 1, floor, floor + 1, floor + 2 for fraction t, and their t-derivatives."""
+def _cubic_weights(t, second=False):
+    """Weights of the taps at floor - 1, floor, floor + 1, floor + 2 for fraction t, and their t-derivatives
+    (and, with ``second``, their second t-derivatives)."""
     a = _CUBIC_A
     far = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a          # noqa: E731  1 < s < 2
     near = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1                 # noqa: E731  s <= 1
@@ -84,12 +87,17 @@ def _cubic_weights(t):
     dnear = lambda s: (3 * (a + 2) * s - 2 * (a + 3)) * s                # noqa: E731
     w = [far(1 + t), near(t), near(1 - t), far(2 - t)]
     dw = [dfar(1 + t), dnear(t), -dnear(1 - t), -dfar(2 - t)]
-    return w, dw
+    if not second:
+        return w, dw
+    d2far = lambda s: 6 * a * s - 10 * a                                 # noqa: E731
+    d2near = lambda s: 6 * (a + 2) * s - 2 * (a + 3)                     # noqa: E731
+    return w, dw, [d2far(1 + t), d2near(t), d2near(1 - t), d2far(2 - t)]
 
 
-def _taps(xp, node, x, grid, mode, padding, align_corners):
+def _taps(xp, node, x, grid, mode, padding, align_corners, second=False):
     """The taps of every output point: a list of (integer index per spatial dim, in-bounds mask, weight,
-    d weight / d grid coordinate per grid component)."""
+    d weight / d grid coordinate per grid component); with ``second``, a fifth entry: the weight's second
+    derivatives, ``{(d, e): array}`` for d <= e over spatial dims (missing pairs are zero; None for nearest)."""
     k = grid.shape[-1]
     sizes = x.shape[2:]                   # input spatial sizes, outermost first (D, H, W)
     coords, mults = [], []                # per spatial dim, outermost first
@@ -107,7 +115,7 @@ def _taps(xp, node, x, grid, mode, padding, align_corners):
     if mode == NEAREST:
         idx = [xp.rint(c).astype(xp.int64) for c in coords]
         ok = _in_bounds(idx, sizes)
-        taps.append((idx, ok, xp.ones_like(coords[0]), None))
+        taps.append((idx, ok, xp.ones_like(coords[0]), None) + ((None,) if second else ()))
         return taps, mults
     if mode == BILINEAR:
         base = [xp.floor(c) for c in coords]
@@ -116,12 +124,14 @@ def _taps(xp, node, x, grid, mode, padding, align_corners):
             idx = [(b + o).astype(xp.int64) for b, o in zip(base, corner)]
             ws = [f if o else 1 - f for f, o in zip(frac, corner)]
             dws = [xp.ones_like(f) if o else -xp.ones_like(f) for f, o in zip(frac, corner)]
-            taps.append((idx, _in_bounds(idx, sizes), _prod(ws), _partials(ws, dws)))
+            tap = (idx, _in_bounds(idx, sizes), _prod(ws), _partials(ws, dws))
+            # linear in each coordinate: only the mixed second derivatives are non-zero
+            taps.append(tap + (_second_partials(ws, dws, None),) if second else tap)
         return taps, mults
     # bicubic: 4 taps per dim, each padded on its own
     base = [xp.floor(c) for c in coords]
     frac = [c - b for c, b in zip(coords, base)]
-    cubic = [_cubic_weights(f) for f in frac]
+    cubic = [_cubic_weights(f, second) for f in frac]
     for offs in itertools.product(range(4), repeat=k):
         idx, ok = [], None
         for d, o in enumerate(offs):
@@ -130,7 +140,10 @@ def _taps(xp, node, x, grid, mode, padding, align_corners):
         ok = _in_bounds(idx, sizes)
         ws = [cubic[d][0][o] for d, o in enumerate(offs)]
         dws = [cubic[d][1][o] for d, o in enumerate(offs)]
-        taps.append((idx, ok, _prod(ws), _partials(ws, dws)))
+        tap = (idx, ok, _prod(ws), _partials(ws, dws))
+        if second:
+            tap = tap + (_second_partials(ws, dws, [cubic[d][2][o] for d, o in enumerate(offs)]),)
+        taps.append(tap)
     return taps, mults
 
 
@@ -150,6 +163,26 @@ def _partials(ws, dws):
             if e != d:
                 p = p * w
         out.append(p)
+    return out
+
+
+def _second_partials(ws, dws, d2ws):
+    """d2(prod ws)/d(coordinate d) d(coordinate e) for d <= e, as {(d, e): array}; the diagonal only where
+    ``d2ws`` (each factor's second derivative) is given."""
+    out = {}
+    k = len(ws)
+    for d in range(k):
+        for e in range(d, k):
+            if d == e:
+                if d2ws is None:
+                    continue
+                p = d2ws[d]
+            else:
+                p = dws[d] * dws[e]
+            for f, w in enumerate(ws):
+                if f != d and f != e:
+                    p = p * w
+            out[(d, e)] = p
     return out
 
 
@@ -213,6 +246,82 @@ def grid_sampler(node, grads, ctx):
     gg = xp.stack([dgrid[k - 1 - j] * mults[k - 1 - j] for j in range(k)], axis=-1)
     dx = dx.reshape(x.shape)
     return each(node, lambda i: dx if i == 0 else gg)
+
+
+@op("GridSampler2DBackwardBackward0", "GridSampler3DBackwardBackward0", outputs=3,
+    saved="grad_output:tensor input:tensor grid:tensor interpolation_mode:int padding_mode:int "
+          "align_corners:bool",
+    cost=cost.pointwise(80))
+def grid_sampler_backward_backward(node, grads, ctx):
+    """grid_sample's backward, differentiated (gradient penalties through spatial transformers).
+
+    The incoming gradients ggI (of grad_input) and ggGrid (of grad_grid), either possibly undefined, give those
+    of grad_output, input and grid. grad_input is the weights times grad_output scattered into the taps,
+    grad_grid the weights' grid derivative times the values read times grad_output. So ggI gives grad_output
+    the sample of ggI at the grid, and the grid the grid part of the backward with ggI in place of the input;
+    ggGrid (through the unnormalisation and padding factors) gives grad_output the weights' derivative times the
+    values read, the input that derivative times grad_output scattered into the taps, and the grid the weights'
+    second derivatives (the mixed ones only for bilinear, the cubic kernel's for bicubic; padding's factors
+    apply twice, their own derivatives are zero almost everywhere). A nearest kernel is flat in the grid: ggGrid
+    adds nothing, and the input gets no gradient."""
+    sv = ctx.saved(node)
+    go, x, grid = sv["grad_output"], sv["input"], sv["grid"]
+    mode, padding, align = int(sv["interpolation_mode"]), int(sv["padding_mode"]), bool(sv["align_corners"])
+    xp = ctx.xp(node)
+    ggi = grads[0]
+    ggg = grads[1] if len(grads) > 1 else None
+    if mode == NEAREST:
+        ggg = None
+    if ggi is None and ggg is None:
+        return [None] * len(node.next)
+    n, c = x.shape[:2]
+    k = grid.shape[-1]
+    sizes = x.shape[2:]
+    dtype = go.dtype
+    taps, mults = _taps(xp, node, x, grid, mode, padding, align, second=ggg is not None)
+    flat_in = int(math.prod(sizes))
+    batch = xp.arange(n).reshape((n,) + (1,) * (grid.ndim - 2))
+    xflat = x.reshape(n, c, flat_in)
+    iflat = None if ggi is None else ggi.reshape(n, c, flat_in)
+    # ggGrid per spatial dim (outermost first), times d source / d grid: the weight for d weight / d source
+    a = None if ggg is None else [ggg[..., k - 1 - d] * mults[d] for d in range(k)]
+    d_go = xp.zeros(go.shape, dtype=dtype) if ggi is not None or a is not None else None
+    d_in = xp.zeros((n, c, flat_in), dtype=dtype) if a is not None else None
+    d_src = [xp.zeros(grid.shape[:-1], dtype=dtype) for _ in range(k)]   # d grid per spatial dim, before mults
+    chans = xp.arange(c).reshape((1, c) + (1,) * (grid.ndim - 2))
+
+    def read(flat, lin, ok):
+        vals = xp.moveaxis(flat[batch, :, lin], -1, 1)    # (N, C, *out)
+        return keep_where(xp, ok[:, None], vals)
+
+    for tap in taps:
+        idx, ok, w, dws = tap[:4]
+        lin = xp.zeros(idx[0].shape, dtype=xp.int64)
+        for i, size in zip(idx, sizes):
+            lin = lin * size + xp.clip(i, 0, size - 1)
+        if ggi is not None:
+            vi = read(iflat, lin, ok)
+            d_go += w[:, None] * vi
+            if dws is not None:
+                gvi = (go * vi).sum(axis=1)
+                for d in range(k):
+                    d_src[d] += gvi * dws[d]
+        if a is None:
+            continue
+        vx = read(xflat, lin, ok)
+        slope = a[0] * dws[0]                             # sum_d ggGrid_d m_d d w / d source_d
+        for d in range(1, k):
+            slope = slope + a[d] * dws[d]
+        d_go += slope[:, None] * vx
+        add_at(xp, d_in, (batch[:, None], chans, lin[:, None]), keep_where(xp, ok[:, None], go * slope[:, None]))
+        gvx = (go * vx).sum(axis=1)
+        for (d, e), h in tap[4].items():
+            d_src[e] += gvx * h * a[d]
+            if d != e:
+                d_src[d] += gvx * h * a[e]
+    d_grid = xp.stack([d_src[k - 1 - j] * mults[k - 1 - j] for j in range(k)], axis=-1)
+    outs = [d_go, None if d_in is None else d_in.reshape(x.shape), d_grid]
+    return each(node, lambda i: outs[i])
 
 
 def _base_grid(xp, sizes, align_corners, dtype):

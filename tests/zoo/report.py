@@ -149,7 +149,6 @@ are not compared (`check` says so).
 | `FakeQuantizeLearnablePerTensorAffineBackward0`, `...PerChannel...` | LSQ (learnable scale and zero point) | no rule yet: the scale and zero-point gradients follow the kernel's float32 arithmetic and its own zero-point rounding |
 | any node saving a tensor with inf/nan values or complex values | CTC's log-alphas, complex models | not an opaque node, but such a tensor cannot be written inline: capture with a path (the `.npz` holds it) |
 | `CudnnRnnBackward0`, `CudnnConvolutionBackward0`, `FlashAttentionBackward0`, `EfficientAttentionBackward0`, `ThnnFusedLstmCellBackward0`, `MkldnnConvolutionBackward0` | graphs captured on a GPU (or with MKLDNN tensors) | fused backend kernels with their own saved layouts; a CPU capture records the generic nodes instead |
-| `GridSampler2DBackwardBackward0`, `GridSampler3DBackwardBackward0` | gradient penalties through `grid_sample` (spatial transformers, deformable sampling) | no rule yet: the grid's second derivatives through the interpolation kernels and padding modes |
 | nested tensors (`...AutogradNestedTensor0`) | | the format holds dense tensors only; sparse gradients (`Embedding(sparse=True)`) are replayed and compared as dense tensors of the same values |
 
 A reentrant checkpoint (`torch.utils.checkpoint(..., use_reentrant=True)`)
