@@ -266,22 +266,24 @@ static PyObject *read_shared_str(Rd *r) {
  * any size needs only the table). A file lists a node soon after the edges into it (the producers after their
  * consumers), so a node's id is mostly the very string its consumer's edge made: a string less per edge that
  * finds one (at a million nodes, 60-110 MB less at the load's peak), and the loader's look-ups of edge targets
- * in the id table compare the one object (its hash kept in it), not two texts. */
+ * in the id table find the one object (its hash kept in it). Plain ASCII text only (no escapes), compared
+ * with the string's own characters (in the cache line the new reference touches anyway, where the file's
+ * earlier text is far behind). The entries are borrowed: each string made here is held by the node being read
+ * or one before it until read_graph returns, and a read that fails anywhere ends the whole read, so no entry
+ * is looked at after its string could have gone (and the table is let go without a release). */
 static PyObject *read_id_str(Rd *r) {
     const char *s;
     Py_ssize_t n;
     int kind = span(r, &s, &n);
-    if (!kind)
-        return NULL;
+    if (kind != 1)
+        return kind ? str_of(s, n, kind) : NULL;
     Py_hash_t h = span_hash(s, n);
     Entry *e = &r->ids->e[(size_t)h & (TABLE_SIZE - 1)];
-    if (e->v != NULL && e->h == h && e->n == n && memcmp(e->s, s, n) == 0)
+    if (e->v != NULL && e->h == h && e->n == n && memcmp(PyUnicode_DATA(e->v), s, n) == 0)
         return Py_NewRef(e->v);
-    PyObject *u = str_of(s, n, kind);
-    if (u != NULL) {
-        Py_XSETREF(e->v, Py_NewRef(u));
-        e->s = s, e->n = n, e->h = h;
-    }
+    PyObject *u = new_str(s, n);
+    if (u != NULL)
+        e->v = u, e->n = n, e->h = h; /* (borrowed) */
     return u;
 }
 
@@ -824,9 +826,7 @@ out:
         table_clear(objects);
     if (lists)
         table_clear(lists);
-    if (ids)
-        table_clear(ids);
-    PyMem_Free(ids);
+    PyMem_Free(ids); /* (borrowed entries: nothing to release) */
     PyMem_Free(strings);
     PyMem_Free(inputs);
     PyMem_Free(objects);
