@@ -1,8 +1,9 @@
 """More Hugging Face architectures for ``python -m bench replay`` (merged into ``replay_external.HF``): small
 configs of models nobody here wrote (2 layers, hidden size 32, vocabulary 96; random weights, nothing
 downloaded), found to build and train here by a sweep of transformers 5.25 (2026-12-07): name -> (config class,
-model class, config fields). ``HF_MORE_IMAGES``: those that take ``pixel_values`` of that side; the others take
-token ids with labels, as ``replay_external.CASE`` builds them."""
+model class, config fields). ``HF_MORE_IMAGES``: those that take ``pixel_values`` of that side;
+``HF_MORE_INPUTS``: those that take other inputs (below); the others take token ids with labels, as
+``replay_external.CASE`` builds them."""
 
 HF_MORE = {
     "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
@@ -341,3 +342,88 @@ HF_MORE_IMAGES = {"beit": 32, "data2vec_vision": 32, "deit": 32, "dinov2": 32, "
                   "convnextv2": 32, "focalnet": 32, "pvt": 64, "pvt_v2": 64, "cvt": 32, "hiera": 64, "mobilenet_v2":
                   32, "mobilenet_v1": 32, "bit": 32, "vitdet": 32, "swinv2": 32, "mobilevitv2": 64, "dpt": 32,
                   "depth_anything": 32, "swiftformer": 32, "hgnet_v2": 32, "ijepa": 32}
+
+
+#: Architectures that take other inputs than token ids with labels or images: name -> how CASE builds them
+#: (``ids``: token ids alone; ``ctc:L``: 2 waveforms of L samples with CTC labels; ``feat:C,T`` / ``s2t:T,F``:
+#: 2 feature maps with labels; ``ast:T,F``: 2 spectrograms; ``clip:S``: token ids and S-pixel images, the
+#: contrastive loss).
+HF_MORE_INPUTS = {
+    "canine": "ids", "markuplm": "ids", "wav2vec2": "ctc:1024", "hubert": "ctc:1024", "wavlm": "ctc:1024", "sew":
+    "ctc:1024", "sew_d": "ctc:1024", "unispeech": "ctc:1024", "unispeech_sat": "ctc:1024", "data2vec_audio":
+    "ctc:1024", "wav2vec2_conformer": "ctc:1024", "whisper": "feat:16,16", "speech_to_text": "s2t:16,16", "ast":
+    "ast:24,16", "clip_text": "ids", "siglip_text": "ids", "clip": "clip:32", "siglip": "clip:32", "lilt": "ids",
+    "splinter": "ids", "bark_semantic": "ids",
+}
+HF_MORE.update({
+    "canine": ("CanineConfig", "CanineModel", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, downsampling_rate=4, num_hash_buckets=64, num_hash_functions=4,
+        max_position_embeddings=64)),
+    "markuplm": ("MarkupLMConfig", "MarkupLMModel", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=40, max_depth=8,
+        xpath_unit_hidden_size=8, max_xpath_tag_unit_embeddings=16, max_xpath_subs_unit_embeddings=16,
+        tag_pad_id=15, subs_pad_id=15)),
+    "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2ForCTC", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(4, 4, 4), conv_kernel=(8,
+        8, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_length=2, pad_token_id=0)),
+    "hubert": ("HubertConfig", "HubertForCTC", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(4, 4, 4), conv_kernel=(8,
+        8, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_length=2, pad_token_id=0)),
+    "wavlm": ("WavLMConfig", "WavLMForCTC", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(4, 4, 4), conv_kernel=(8,
+        8, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_length=2, pad_token_id=0,
+        num_buckets=16, max_bucket_distance=32)),
+    "sew": ("SEWConfig", "SEWForCTC", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(4, 4, 4), conv_kernel=(8,
+        8, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_length=2, pad_token_id=0,
+        squeeze_factor=2)),
+    "sew_d": ("SEWDConfig", "SEWDForCTC", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(4, 4, 4), conv_kernel=(8,
+        8, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_length=2, pad_token_id=0,
+        squeeze_factor=2, max_position_embeddings=32, position_buckets=8)),
+    "unispeech": ("UniSpeechConfig", "UniSpeechForCTC", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(4, 4, 4), conv_kernel=(8,
+        8, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_length=2, pad_token_id=0)),
+    "unispeech_sat": ("UniSpeechSatConfig", "UniSpeechSatForCTC", dict(vocab_size=96, hidden_size=32,
+        num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(4, 4,
+        4), conv_kernel=(8, 8, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_length=2,
+        pad_token_id=0)),
+    "data2vec_audio": ("Data2VecAudioConfig", "Data2VecAudioForCTC", dict(vocab_size=96, hidden_size=32,
+        num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(4, 4,
+        4), conv_kernel=(8, 8, 8), num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, mask_time_length=2,
+        pad_token_id=0, num_conv_pos_embeddings_layers=1)),
+    "wav2vec2_conformer": ("Wav2Vec2ConformerConfig", "Wav2Vec2ConformerForCTC", dict(vocab_size=96, hidden_size=32,
+        num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16), conv_stride=(4, 4,
+        4), conv_kernel=(8, 8, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, mask_time_length=2,
+        pad_token_id=0, conv_depthwise_kernel_size=3, position_embeddings_type='rotary')),
+    "whisper": ("WhisperConfig", "WhisperForConditionalGeneration", dict(vocab_size=96, d_model=32,
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=8, max_target_positions=32,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)),
+    "speech_to_text": ("Speech2TextConfig", "Speech2TextForConditionalGeneration", dict(vocab_size=96, d_model=32,
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_conv_layers=2, conv_channels=16, conv_kernel_sizes=(5, 5),
+        input_feat_per_channel=16, input_channels=1, max_source_positions=32, max_target_positions=32,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)),
+    "ast": ("ASTConfig", "ASTForAudioClassification", dict(hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, patch_size=8, max_length=24, num_mel_bins=16,
+        frequency_stride=8, time_stride=8)),
+    "clip_text": ("CLIPTextConfig", "CLIPTextModel", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=40, eos_token_id=2)),
+    "siglip_text": ("SiglipTextConfig", "SiglipTextModel", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=40)),
+    "clip": ("CLIPConfig", "CLIPModel", dict(text_config={'vocab_size': 96, 'hidden_size': 32, 'num_hidden_layers':
+        1, 'num_attention_heads': 4, 'intermediate_size': 64, 'max_position_embeddings': 40, 'eos_token_id': 2},
+        vision_config={'image_size': 32, 'patch_size': 8, 'hidden_size': 32, 'num_hidden_layers': 1,
+        'num_attention_heads': 4, 'intermediate_size': 64}, projection_dim=16)),
+    "siglip": ("SiglipConfig", "SiglipModel", dict(text_config={'vocab_size': 96, 'hidden_size': 32,
+        'num_hidden_layers': 1, 'num_attention_heads': 4, 'intermediate_size': 64, 'max_position_embeddings': 40},
+        vision_config={'image_size': 32, 'patch_size': 8, 'hidden_size': 32, 'num_hidden_layers': 1,
+        'num_attention_heads': 4, 'intermediate_size': 64})),
+    "lilt": ("LiltConfig", "LiltModel", dict(vocab_size=96, hidden_size=48, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=40, channel_shrink_ratio=4)),
+    "splinter": ("SplinterConfig", "SplinterModel", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=40)),
+    "bark_semantic": ("BarkSemanticConfig", "BarkSemanticModel", dict(input_vocab_size=96, output_vocab_size=96,
+        hidden_size=32, num_layers=2, num_heads=4, block_size=32)),
+})

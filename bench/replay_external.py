@@ -119,11 +119,13 @@ HF = {
 #: Transformers models that take images, not tokens: the side of their square input, in pixels.
 HF_IMAGES = {"vit": 32, "swin": 32, "convnext": 32, "segformer": 32, "mobilevit": 64}
 
-# 109 more architectures a sweep found to build and train here (bench/hf_more.py): 153 in all
-from bench.hf_more import HF_MORE, HF_MORE_IMAGES  # noqa: E402
+# 130 more architectures a sweep found to build and train here (bench/hf_more.py): 174 in all
+from bench.hf_more import HF_MORE, HF_MORE_IMAGES, HF_MORE_INPUTS  # noqa: E402
 
 HF.update(HF_MORE)
 HF_IMAGES.update(HF_MORE_IMAGES)
+#: name -> the inputs CASE builds for an architecture that takes neither token ids with labels nor images
+HF_INPUTS = dict(HF_MORE_INPUTS)
 
 #: The user's script for one case (a fresh process): build, one forward, capture. Prints one JSON line.
 CASE = '''\
@@ -132,7 +134,7 @@ sys.path.insert(0, {tests!r})
 import torch
 torch.set_num_threads(1)
 from zoo import external
-from bench.replay_external import HF, HF_IMAGES
+from bench.replay_external import HF, HF_IMAGES, HF_INPUTS
 src, name, max_params = {src!r}, {name!r}, {max_params!r}
 dtype = torch.float64
 def build(dtype):
@@ -162,7 +164,24 @@ def build(dtype):
         if name in HF_IMAGES:
             x = torch.randn(2, 3, HF_IMAGES[name], HF_IMAGES[name])
             return m, n, lambda: m(pixel_values=x)
-        ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(1))
+        gen = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, 96, (2, 8), generator=gen)
+        kind, _, arg = HF_INPUTS.get(name, "lm").partition(":")
+        a, b = (list(map(int, arg.split(","))) + [0])[:2] if arg else (0, 0)
+        if kind == "ids":
+            return m, n, lambda: m(input_ids=ids)
+        if kind == "ctc":  # waveforms, CTC labels
+            x, labels = torch.randn(2, a), torch.randint(3, 96, (2, 4), generator=gen)
+            return m, n, lambda: m(input_values=x, labels=labels)
+        if kind in ("feat", "s2t"):  # feature maps (channels x time, or time x features), labels
+            x = torch.randn(2, a, b)
+            return m, n, lambda: m(input_features=x, labels=ids)
+        if kind == "ast":  # spectrograms (time x mel bins)
+            x = torch.randn(2, a, b)
+            return m, n, lambda: m(input_values=x)
+        if kind == "clip":  # token ids and images: the contrastive loss
+            x = torch.randn(2, 3, a, a)
+            return m, n, lambda: m(input_ids=ids, pixel_values=x, return_loss=True)
         return m, n, lambda: m(input_ids=ids, labels=ids)
     x = torch.randn(1, 3, 4, 64, 64) if src == "torchvision.video" else torch.randn(2, 3, 64, 64)
     try:
