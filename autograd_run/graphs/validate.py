@@ -821,6 +821,8 @@ class _Checker:
         st = _Build(variables, self._metas)
         if _FAST is not None:  # values up to twice the node count: indexes, seqs and topological numbers
             st.ints = [None] * (2 * len(spec.nodes) + 16)
+            st.by_id = _FAST.presized(len(spec.nodes) + 1)  # the id table at its size (no resizing on the way)
+            st.by_id[_GENERAL_KEYS] = None
         self.build_nodes(st)
         self.link_edges(st)
         del st.by_id[_GENERAL_KEYS]
