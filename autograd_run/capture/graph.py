@@ -385,13 +385,14 @@ def _written(torch, fn, probe, scales: list, base: tuple, view: tuple) -> list[i
     NaN or an infinity would be NaN. Found by calling the node with NaN at those places of the probe: an output
     that stays finite does not read them; one that turns NaN multiplies (``x[1] *= 0``)."""
     base_idx, view_idx = _strided_index(*base, 0), _strided_index(*view)
+    values = probe.cpu().numpy()
+    size = max(base_idx.max(initial=-1), view_idx.max(initial=-1)) + 1
     out = []
     for i, scale in enumerate(scales):
         if scale is None or not (scale == 0).any():
             continue
-        buf = np.zeros(max(base_idx.max(initial=-1), view_idx.max(initial=-1)) + 1,
-                       dtype=probe.cpu().numpy().dtype)
-        buf[base_idx] = probe.cpu().numpy()
+        buf = np.zeros(size, dtype=values.dtype)
+        buf[base_idx] = values
         buf[view_idx[np.broadcast_to(scale == 0, view_idx.shape)]] = np.nan
         with torch.no_grad():
             got = fn(torch.from_numpy(buf[base_idx]).to(probe.device))

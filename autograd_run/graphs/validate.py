@@ -339,12 +339,14 @@ class _Build:
     __slots__ = ("variables", "metas", "nodes", "by_id", "ops", "default_seqs", "max_device_index", "forward",
                  "nexts", "ints")
 
-    def __init__(self, variables: dict, metas: dict):
+    def __init__(self, variables: dict, metas: dict, size: int):
         self.variables = variables
         #: Each distinct input metadata spec's checked ``InputMeta`` (the checker's, shared).
         self.metas = metas
         self.nodes: list[Node] = []
-        self.by_id: dict[str, Node] = {_GENERAL_KEYS: None}
+        #: Made at the graph's size where the compiled loops are (no resizing through a million inserts).
+        self.by_id: dict[str, Node] = _FAST.presized(size + 1) if _FAST is not None else {}
+        self.by_id[_GENERAL_KEYS] = None
         #: op text -> (OpSpec, required saved fields, declared fields, OpSpec.needed_for_output, fields
         #: that take plain numbers, the fixed number of outputs (-1: none), the per-node count (an
         #: Outputs or None), the op's tensor_fields, its scalar_fields, the rank its input 0 must have (-1: any),
@@ -818,11 +820,9 @@ class _Checker:
                                                      var_bytes))
         del checked
 
-        st = _Build(variables, self._metas)
+        st = _Build(variables, self._metas, len(spec.nodes))
         if _FAST is not None:  # values up to twice the node count: indexes, seqs and topological numbers
             st.ints = [None] * (2 * len(spec.nodes) + 16)
-            st.by_id = _FAST.presized(len(spec.nodes) + 1)  # the id table at its size (no resizing on the way)
-            st.by_id[_GENERAL_KEYS] = None
         self.build_nodes(st)
         self.link_edges(st)
         del st.by_id[_GENERAL_KEYS]
