@@ -16,6 +16,8 @@
  *                        in pop, which waits without the GIL. Python code never runs while `mutex` is held.
  *   csrc/input_buffer.c  InputBuffer: per-node gradient slots (engine/input_buffer.py adds the accelerator
  *                        stream rules in Python on top of this type)
+ *   csrc/node_map.c      NodeMap: a mapping from a graph's nodes to values, slots by the node's index (a dict
+ *                        where this module is not built: the simulator's top-level dependency counts)
  *   csrc/route.c         route: a node's outputs handed to the next nodes' InputBuffers, the ready ones
  *                        pushed (worker.route)
  *   csrc/outputs_match.c outputs_match: validate_outputs' common case (every gradient already has the
@@ -48,6 +50,7 @@
 #include "csrc/event_log.c"
 #include "csrc/ready_queue.c"
 #include "csrc/input_buffer.c"
+#include "csrc/node_map.c"
 #include "csrc/route.c"
 #include "csrc/outputs_match.c"
 #include "csrc/thread_main.c"
@@ -228,7 +231,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     INTERN(s___enter__, "__enter__");
     INTERN(s___exit__, "__exit__");
     if (PyType_Ready(&QueueType) < 0 || PyType_Ready(&BufferType) < 0 || PyType_Ready(&LogType) < 0 ||
-        PyType_Ready(&CLockType) < 0 || PyType_Ready(&LoopType) < 0 || PyType_Ready(&SliceLogType) < 0)
+        PyType_Ready(&CLockType) < 0 || PyType_Ready(&LoopType) < 0 || PyType_Ready(&SliceLogType) < 0 ||
+        PyType_Ready(&NodeMapType) < 0)
         return NULL;
     MAIN_THREAD = PyThread_get_thread_ident();
     PyObject *m = PyModule_Create(&module);
@@ -238,7 +242,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyModule_AddObjectRef(m, "InputBufferBase", (PyObject *)&BufferType) < 0 ||
         PyModule_AddObjectRef(m, "EventLog", (PyObject *)&LogType) < 0 ||
         PyModule_AddObjectRef(m, "Lock", (PyObject *)&CLockType) < 0 ||
-        PyModule_AddObjectRef(m, "SliceLog", (PyObject *)&SliceLogType) < 0) {
+        PyModule_AddObjectRef(m, "SliceLog", (PyObject *)&SliceLogType) < 0 ||
+        PyModule_AddObjectRef(m, "NodeMap", (PyObject *)&NodeMapType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

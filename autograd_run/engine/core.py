@@ -53,6 +53,7 @@ if COMPILED:
     critical_path = _core.critical_path
     pair_common = _core.pair_common
     compute_dependencies = _core.compute_dependencies
+    NodeMap = _core.NodeMap
     fill = _core.fill
     input_shape_codes = _core.input_shape_codes
     node_columns = _core.node_columns
@@ -89,6 +90,7 @@ else:
     critical_path = None
     pair_common = None  # record.recording._pair's numpy path
     compute_dependencies = None  # graph_task.compute_dependencies_py
+    NodeMap = None  # a dict: the simulator's top-level dependency counts (sim/scheduler.py _new_task)
     signature = None  # sim.signature.signature_py
     sim_loop = None  # sim.scheduler's event methods
     sim_sequential = None  # sim.scheduler.Simulator._run_sequential's loop

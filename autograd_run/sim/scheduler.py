@@ -358,6 +358,10 @@ class Simulator:
             root = make_graph_root(roots, [1] * len(roots), 2**63 - 1)
             buf = InputBuffer(0)
         gt.graph_root = root
+        if depth == 0 and core.NodeMap is not None:
+            # the top-level call counts (about) every node of the graph: its counts in slots by node index
+            # (engine/csrc/node_map.c), not a dict's table; nested calls count a part and keep a dict
+            gt.dependencies = core.NodeMap(len(self.graph.nodes))
         min_topo = min((e.node.topo_nr for e in outputs), default=0)
         compute_dependencies(root, gt, min_topo)
         if outputs:

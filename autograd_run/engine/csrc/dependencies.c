@@ -5,15 +5,20 @@
 
 /* compute_dependencies(root, dependencies, min_topo_nr): graph_task.compute_dependencies_py, compiled:
  * for every node reachable from root, the number of edges that lead into it (an iterative DFS that
- * does not expand nodes below min_topo_nr), counted into the dict `dependencies`. A node is new (to be
+ * does not expand nodes below min_topo_nr), counted into `dependencies`, a dict or a NodeMap (node_map.c). A node is new (to be
  * expanded) when the dict does not hold it yet: every node but the root gets there through an edge, and
  * the root has none leading into it (the graph is acyclic), so the dict is also the DFS's seen set.
  * The stack is a C array of strong references. */
 static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
     PyObject *root, *deps;
     long long min_topo;
-    if (!PyArg_ParseTuple(args, "OO!L", &root, &PyDict_Type, &deps, &min_topo))
+    if (!PyArg_ParseTuple(args, "OOL", &root, &deps, &min_topo))
         return NULL;
+    if (!map_check(deps)) {
+        PyErr_SetString(PyExc_TypeError, "compute_dependencies: dependencies must be a dict or a NodeMap");
+        return NULL;
+    }
+    int slots = Py_IS_TYPE(deps, &NodeMapType);
     Py_ssize_t cap = 256, n = 0;
     PyObject **stack = PyMem_Malloc(cap * sizeof(PyObject *));
     if (stack == NULL)
@@ -54,17 +59,30 @@ static PyObject *compute_dependencies(PyObject *mod, PyObject *args) {
                 break;
             }
             /* one probe for a node met the first time (half the edges of a DAG): its count of 1 goes in */
-            Py_ssize_t before = PyDict_GET_SIZE(deps);
-            PyObject *count = PyDict_SetDefault(deps, nxt, one); /* borrowed */
-            if (count == NULL) {
-                Py_DECREF(nxt);
-                ok = 0;
-                break;
+            PyObject *count; /* borrowed */
+            int seen;
+            if (slots) {
+                count = nm_get((NodeMapObject *)deps, nxt);
+                seen = count != NULL;
+                if (count == NULL && (PyErr_Occurred() || nm_set((NodeMapObject *)deps, nxt, one) < 0)) {
+                    Py_DECREF(nxt);
+                    ok = 0;
+                    break;
+                }
+            } else {
+                Py_ssize_t before = PyDict_GET_SIZE(deps);
+                count = PyDict_SetDefault(deps, nxt, one);
+                if (count == NULL) {
+                    Py_DECREF(nxt);
+                    ok = 0;
+                    break;
+                }
+                seen = PyDict_GET_SIZE(deps) == before;
             }
-            if (PyDict_GET_SIZE(deps) == before) {  /* seen before: counted once more, not expanded again */
+            if (seen) {  /* seen before: counted once more, not expanded again */
                 long c = PyLong_AsLong(count);
                 PyObject *nc = c == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(c + 1);
-                int bad = nc == NULL || PyDict_SetItem(deps, nxt, nc) < 0;
+                int bad = nc == NULL || map_set(deps, nxt, nc) < 0;
                 Py_XDECREF(nc);
                 Py_DECREF(nxt);
                 if (bad) {

@@ -603,7 +603,7 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
     if (outs == NULL)
         goto unlock;
     PyObject *deps = gi->deps, *not_ready = gi->not_ready;
-    if (BUFFER_TYPE == NULL || !PyList_Check(next) || !PyDict_Check(deps) || !PyDict_Check(not_ready)) {
+    if (BUFFER_TYPE == NULL || !PyList_Check(next) || !map_check(deps) || !PyDict_Check(not_ready)) {
         PyErr_SetString(PyExc_TypeError, "route: _core.configure() not called, or an unexpected graph task layout");
         goto unlock;
     }
@@ -619,7 +619,7 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
             continue;
         PyObject *out = PySequence_Fast_GET_ITEM(outs, i);
         PyObject *nxt = PyTuple_GET_ITEM(e, 0), *input_nr = PyTuple_GET_ITEM(e, 1);
-        PyObject *count = PyDict_GetItemWithError(deps, nxt);
+        PyObject *count = map_get(deps, nxt);
         if (count == NULL) {
             if (!PyErr_Occurred()) {
                 PyObject *nm = PyObject_GetAttr(nxt, s_name);
@@ -633,12 +633,12 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
         long c = PyLong_AsLong(count);
         int ready;
         if (c == 1) {
-            if (PyDict_DelItem(deps, nxt) < 0)
+            if (map_del(deps, nxt) < 0)
                 goto unlock;
             ready = 1;
         } else {
             PyObject *nc = PyLong_FromLong(c - 1);
-            if (nc == NULL || PyDict_SetItem(deps, nxt, nc) < 0) {
+            if (nc == NULL || map_set(deps, nxt, nc) < 0) {
                 Py_XDECREF(nc);
                 goto unlock;
             }
