@@ -1,6 +1,6 @@
 """``_core.NodeMap`` (engine/csrc/node_map.c): a mapping from a graph's nodes to values kept in slots by node
-index, which the simulator's top-level call uses for its dependency counts where a dict would be (its Python
-twin is that dict). The truth here is a dict: the same operations, drawn at random from a printed seed, on
+index, which the simulator uses for its top-level call's dependency counts and its costs by node where a dict
+would be (its Python twin is that dict). The truth here is a dict: the same operations, drawn at random from a printed seed, on
 keys of every kind it must take (nodes in range, nodes of another graph with the same indices, nodes past
 its size, objects that are not nodes), give the same answers and the same contents."""
 
@@ -68,7 +68,12 @@ def test_it_answers_as_a_dict_does():
         assert sorted((id(k), v) for k, v in m.items()) == sorted((id(k), v) for k, v in d.items())
         assert sorted(m.values()) == sorted(d.values())
         assert dict(m) == d
+        c = m.copy()
+        assert type(c) is core.NodeMap and dict(c) == d
+        c[keys[0]] = "changed"
+        assert dict(m) == d
         m.clear()
+        assert dict(c) == {**d, keys[0]: "changed"}
         assert len(m) == 0 and not m and m.get(keys[0]) is None
 
 
@@ -133,19 +138,25 @@ def test_its_slots_are_freed_when_it_empties_by_clear():
 
 
 def test_the_top_level_simulated_call_counts_in_one_and_agrees_with_a_dict(monkeypatch):
-    """The simulator's top-level task counts its dependencies in a NodeMap; with a dict instead (its twin) the
-    simulation is the same, slice by slice."""
+    """The simulator's top-level task counts its dependencies, and its cost resolver keeps its costs by node, in
+    NodeMaps; with dicts instead (their twin) the simulation is the same, slice by slice, and so are its cost
+    sources and its slack what-ifs (each a copy of the costs with one changed)."""
     from autograd_run.sim.session import SimOptions, simulate_session
     from autograd_run.graphs.load import load_graph
     for graph in (_graph(400, 6), load_graph("example:reentrant"), load_graph("example:mlp")):
         for devices in (None, 2):
             o = SimOptions(spec="h100", slack_top=0, devices=devices, placement="layer" if devices else "keep")
-            with_map = simulate_session(graph, o).sim
+            report = simulate_session(graph, o)
+            with_map = report.sim
             assert type(with_map.graph_tasks[0].dependencies) is core.NodeMap
+            assert type(with_map.costs.resolved) is core.NodeMap and len(with_map.costs.resolved) > 0
             with monkeypatch.context() as mp:
                 mp.setattr(core, "NodeMap", None)
-                with_dict = simulate_session(graph, o).sim
-            assert type(with_dict.graph_tasks[0].dependencies) is dict
+                twin = simulate_session(graph, o)
+                with_dict = twin.sim
+            assert type(with_dict.graph_tasks[0].dependencies) is dict and type(with_dict.costs.resolved) is dict
+            assert report.cost_sources == twin.cost_sources and list(report.cost_sources) == \
+                list(twin.cost_sources) and report.slack == twin.slack
             # (a slice's first field numbers its call among every simulated one in the process; a placed graph's
             # nodes are made anew by each simulation: compared by id)
             def rows(sim):

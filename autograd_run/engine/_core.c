@@ -17,7 +17,8 @@
  *   csrc/input_buffer.c  InputBuffer: per-node gradient slots (engine/input_buffer.py adds the accelerator
  *                        stream rules in Python on top of this type)
  *   csrc/node_map.c      NodeMap: a mapping from a graph's nodes to values, slots by the node's index (a dict
- *                        where this module is not built: the simulator's top-level dependency counts)
+ *                        where this module is not built: the simulator's top-level dependency counts, its
+ *                        costs by node)
  *   csrc/route.c         route: a node's outputs handed to the next nodes' InputBuffers, the ready ones
  *                        pushed (worker.route)
  *   csrc/outputs_match.c outputs_match: validate_outputs' common case (every gradient already has the

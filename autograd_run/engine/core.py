@@ -90,7 +90,7 @@ else:
     critical_path = None
     pair_common = None  # record.recording._pair's numpy path
     compute_dependencies = None  # graph_task.compute_dependencies_py
-    NodeMap = None  # a dict: the simulator's top-level dependency counts (sim/scheduler.py _new_task)
+    NodeMap = None  # a dict: the simulator's top-level dependency counts, its costs by node (sim/scheduler.py, costs.py)
     signature = None  # sim.signature.signature_py
     sim_loop = None  # sim.scheduler's event methods
     sim_sequential = None  # sim.scheduler.Simulator._run_sequential's loop

@@ -109,7 +109,7 @@ class CostResolver:
     """Resolves ``NodeCost`` per node (see the module docstring), memoised by node."""
 
     def __init__(self, spec: MachineSpec, measured: MeasuredCosts | None = None,
-                 scale: dict[str, float] | None = None, first_call=None):
+                 scale: dict[str, float] | None = None, first_call=None, nodes: int | None = None):
         self.spec = spec
         #: What a PyTorch profile of a process's first backward holds beyond a later call, taken out of the
         #: measured spans (a ``sim.first_call.FirstCall``: ``apply(node id, ns)``); None: nothing taken out.
@@ -121,8 +121,10 @@ class CostResolver:
         #: the engine's per-node time a simulated trace's spans hold (taken out of each: it is charged again)
         self.engine_ns = getattr(measured, "engine_ns", None) if measured is not None else None
         self.scale = scale or {}
-        #: node -> NodeCost of each node asked for so far (``cost_sources`` counts these).
-        self.resolved: dict = {}
+        #: node -> NodeCost of each node asked for so far (``cost_sources`` counts these). For a graph of
+        #: ``nodes`` nodes, every one of which a simulation asks for, a ``NodeMap`` of that size where the compiled
+        #: core is built (slots by node index, not a dict's table: engine/csrc/node_map.c), else a dict.
+        self.resolved = core.NodeMap(nodes) if nodes and core.NodeMap is not None else {}
         #: Costs by ``signature`` key: nodes alike cost alike (resolved once per kind of node), or
         #: ``_BY_VALUES`` where the op's cost model read the node's saved values: then by (key, values).
         self._by_signature: dict = {}
@@ -134,7 +136,7 @@ class CostResolver:
         """This model with ``node`` costing ``cost``: the costs resolved so far are shared, not resolved again."""
         other = CostResolver.__new__(CostResolver)
         other.__dict__.update(self.__dict__)
-        other.resolved = dict(self.resolved)
+        other.resolved = self.resolved.copy()
         other.resolved[node] = cost
         return other
 

@@ -189,6 +189,12 @@ class SimReport:
         return f"{self.spec.name}, policy {o.policy}, {devices}"
 
 
+def _sources(resolved) -> dict[str, int]:
+    """How many nodes took their cost from each source (``NodeCost.source``), by source name: the same whether
+    ``resolved`` is a dict (in the order nodes were costed) or a NodeMap (by node index)."""
+    return dict(sorted(Counter(map(attrgetter("source"), resolved.values())).items()))
+
+
 def _simulate(graph: Graph, spec: MachineSpec, model: CostResolver, policy: str, detail: bool = False):
     priority, multithreading = make_policy(policy, graph, model)
     sim = Simulator(graph, spec, model, priority=priority, multithreading=multithreading, detail=detail)
@@ -246,12 +252,12 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     taken = None  # a process's first backward profiled: what of it is one-time set-up (sim.first_call)
     if use is not None and use.first_call and measured.from_pytorch and first_call_costs.applies(graph, spec):
         taken = first_call_costs.FirstCall(first_call_costs.corrections(graph, spec))
-    model = CostResolver(spec, measured, scale, taken)
+    model = CostResolver(spec, measured, scale, taken, len(graph.nodes))
     if o.devices is not None:
         graph = place(graph, o.devices, o.placement, model)
         if taken is not None:  # (what the placement's costs took is not the simulation's)
             taken = first_call_costs.FirstCall(taken.take)
-        model = CostResolver(spec, measured, scale, taken)  # costs of the placed graph's nodes
+        model = CostResolver(spec, measured, scale, taken, len(graph.nodes))  # costs of the placed graph's nodes
     elif o.placement != "keep":
         raise RequestError("a placement needs a device count", "placement")
     scale_unused = _check_scale(graph, scale, o.devices, o.scale_must_apply)
@@ -272,7 +278,7 @@ def _simulate_session(graph: Graph, o: SimOptions) -> SimReport:
     if max(abs(start), abs(end), gt.returned or 0) >= 1 << 62:  # (what comes after reads them as 64-bit integers)
         raise too_big()
     report = SimReport(graph, o, spec, sim, (gt.returned or gt.end or 0) - gt.start, end - start,
-                       dict(Counter(map(attrgetter("source"), model.resolved.values()))), measured)
+                       _sources(model.resolved), measured)
     report.scale_unused = scale_unused
     report.spec_reason = reason
     if taken is not None:

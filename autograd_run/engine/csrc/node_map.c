@@ -1,8 +1,9 @@
-/* Python twin: autograd_run/sim/scheduler.py (_new_task: a plain dict where this module is not built).
- * Part of _core.c (included there, after core.h).
+/* Python twin: autograd_run/sim/scheduler.py, autograd_run/sim/costs.py (a plain dict where this module is not
+ * built: _new_task's counts, CostResolver.resolved). Part of _core.c (included there, after core.h).
  *
  * NodeMap(n): a mapping from a graph's nodes to values, for a table as big as the graph (the top-level
- * simulated call's dependency counts: every node of a million-node graph is in it once). A dict keyed by node
+ * simulated call's dependency counts and the simulation's costs by node: every node of a million-node graph is
+ * in each once). A dict keyed by node
  * pays for a hash probe and an entry in a table of its own, both far from the node in memory; this keeps the
  * value in a slot found by the node's `index` (its place in the file, which it already holds: graphs/model.Node),
  * 16 bytes a slot, two arrays of n slots made when the first entry goes in and freed when the map empties by
@@ -296,6 +297,31 @@ static PyObject *NodeMap_iter(NodeMapObject *m) {
     return it;
 }
 
+static PyObject *NodeMap_copy(NodeMapObject *m, PyObject *Py_UNUSED(ignored)) {
+    NodeMapObject *c = (NodeMapObject *)NodeMapType.tp_alloc(&NodeMapType, 0);
+    if (c == NULL)
+        return NULL;
+    c->cap = m->cap;
+    if (m->rest != NULL && (c->rest = PyDict_Copy(m->rest)) == NULL) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    if (m->keys != NULL && m->in_slots > 0) {
+        if (nm_alloc(c) < 0) {
+            Py_DECREF(c);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < m->cap; i++) {
+            if (m->keys[i] != NULL) {
+                c->keys[i] = Py_NewRef(m->keys[i]);
+                c->values[i] = Py_NewRef(m->values[i]);
+            }
+        }
+        c->in_slots = m->in_slots;
+    }
+    return (PyObject *)c;
+}
+
 static PyObject *NodeMap_sizeof(NodeMapObject *m, PyObject *Py_UNUSED(ignored)) {
     Py_ssize_t size = Py_TYPE(m)->tp_basicsize + (m->keys != NULL ? 2 * m->cap * (Py_ssize_t)sizeof(PyObject *) : 0);
     return PyLong_FromSsize_t(size);
@@ -329,6 +355,7 @@ static PyMethodDef NodeMap_methods[] = {
     {"setdefault", (PyCFunction)(void (*)(void))NodeMap_setdefault, METH_FASTCALL, "setdefault(key, default=None)"},
     {"pop", (PyCFunction)(void (*)(void))NodeMap_pop, METH_FASTCALL, "pop(key[, default])"},
     {"clear", (PyCFunction)NodeMap_clear, METH_NOARGS, "every entry out, and the slots' memory freed"},
+    {"copy", (PyCFunction)NodeMap_copy, METH_NOARGS, "a shallow copy (a NodeMap of the same size)"},
     {"keys", (PyCFunction)NodeMap_keys, METH_NOARGS, "the keys, as a list (slots first, then the rest)"},
     {"values", (PyCFunction)NodeMap_values, METH_NOARGS, "the values, as a list (as keys())"},
     {"items", (PyCFunction)NodeMap_items, METH_NOARGS, "(key, value) pairs, as a list (as keys())"},

@@ -936,7 +936,7 @@ static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
         }
         return 0;
     }
-    if (PyDict_SetItem(S->resolved, node, found) < 0)
+    if (map_set(S->resolved, node, found) < 0)
         return -1;
     *cost = Py_NewRef(found);
     return 1;
@@ -948,7 +948,7 @@ static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
 static PyObject *lookup_cost(Sim *S, PyObject *node) {
     if (S->resolved == NULL)
         return sync_now(S) < 0 ? NULL : PyObject_CallOneArg(S->costs, node);
-    PyObject *cost = PyDict_GetItemWithError(S->resolved, node);
+    PyObject *cost = map_get(S->resolved, node);
     if (cost != NULL)
         return Py_NewRef(cost);
     if (PyErr_Occurred())
@@ -980,7 +980,7 @@ static PyObject *lookup_cost(Sim *S, PyObject *node) {
                 return NULL;
             if (alike) {
                 cost = Py_NewRef(S->memo_cost[slot]);
-                if (PyDict_SetItem(S->resolved, node, cost) < 0) {
+                if (map_set(S->resolved, node, cost) < 0) {
                     Py_DECREF(cost);
                     return NULL;
                 }
@@ -1001,7 +1001,7 @@ static PyObject *lookup_cost(Sim *S, PyObject *node) {
                 Py_DECREF(sig);
                 Py_XSETREF(S->memo_node[slot], Py_NewRef(node));
                 Py_XSETREF(S->memo_cost[slot], Py_NewRef(cost));
-                if (PyDict_SetItem(S->resolved, node, cost) < 0) {
+                if (map_set(S->resolved, node, cost) < 0) {
                     Py_DECREF(cost);
                     return NULL;
                 }
@@ -1282,14 +1282,15 @@ static int sim_wake(Sim *S, PyObject *w) {
     return sim_step(S, w);
 }
 
-/* The tables of a CostResolver (CostResolver.tables: resolved, by signature, measured, the by-values mark, by
+/* The tables of a CostResolver (CostResolver.tables: resolved (a dict or a NodeMap), by signature, measured, the by-values mark, by
  * cost, the missing-field mark, the cost op), borrowed into S; all NULL for None (the cost function is called for
  * every node). */
 static int resolver_tables(PyObject *t, Sim *S) {
     S->resolved = S->by_signature = S->measured = S->by_values = S->by_cost = S->absent = NULL;
     if (t == Py_None)
         return 0;
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7 || !PyDict_CheckExact(PyTuple_GET_ITEM(t, 0)) ||
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7 || !(PyDict_CheckExact(PyTuple_GET_ITEM(t, 0)) ||
+        Py_IS_TYPE(PyTuple_GET_ITEM(t, 0), &NodeMapType)) ||
         !PyDict_CheckExact(PyTuple_GET_ITEM(t, 1)) || !PyDict_Check(PyTuple_GET_ITEM(t, 2)) ||
         !PyDict_CheckExact(PyTuple_GET_ITEM(t, 4))) {
         PyErr_SetString(PyExc_TypeError, "a CostResolver's (resolved, by_signature, measured, mark, by_cost, absent, "
