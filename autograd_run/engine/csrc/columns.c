@@ -348,7 +348,10 @@ static PyObject *node_edges(PyObject *mod, PyObject *arg) {
             PyObject *e = PySequence_Fast_GET_ITEM(seq, k);
             if (e == Py_None)
                 continue;
-            PyObject *target = PySequence_GetItem(e, 0);
+            /* (an Edge is a tuple subclass, whose sq_item CPython fills with the generic slot that looks up
+             * __getitem__ and calls it: a tuple's item is read directly) */
+            PyObject *target = PyTuple_Check(e) && PyTuple_GET_SIZE(e) > 0 ? Py_NewRef(PyTuple_GET_ITEM(e, 0))
+                                                                         : PySequence_GetItem(e, 0);
             if (target == NULL) {
                 Py_DECREF(seq);
                 goto done;

@@ -92,14 +92,14 @@ static PyObject *s_next, *s_inputs, *s_cpu, *s_seq, *s_op, *s_attrs, *s_saves_te
     *s__released, *s__saved, *s__saved_device;
 
 enum { NF_NEXT, NF_INPUTS, NF_CPU, NF_SEQ, NF_OP, NF_ATTRS, NF_SAVES, NF_TOPO, NF_ID, NF_NAME, NF_STREAM, NF_SAVED,
-       NF_SAVED_STRINGS, NF_INDEX };
-static SlotTable NODE_SLOTS = {NULL, 14, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors,
+       NF_SAVED_STRINGS, NF_INDEX, NF_DEVICE };
+static SlotTable NODE_SLOTS = {NULL, 15, {&s_next, &s_inputs, &s_cpu, &s_seq, &s_op, &s_attrs, &s_saves_tensors,
                                           &s_topo_nr, &s_id, &s_name, &s_stream, &s_saved, &s_saved_strings,
-                                          &s_index}};
+                                          &s_index, &s_device}};
 enum { GF_COMPLETED, GF_EXPIRED, GF_HAS_ERROR, GF_OUTSTANDING, GF_DEPTH };
 static SlotTable GT_SLOTS = {NULL, 5, {&s_completed, &s_expired, &s_has_error, &s_outstanding, &s_reentrant_depth}};
-enum { MF_SHAPE, MF_DTYPE };
-static SlotTable META_SLOTS = {NULL, 2, {&s_shape, &s_dtype}};
+enum { MF_SHAPE, MF_DTYPE, MF_DEVICE, MF_STREAM };
+static SlotTable META_SLOTS = {NULL, 4, {&s_shape, &s_dtype, &s_device, &s_stream}};
 
 /* Find the offsets; 1 when every field is a plain object slot of `type` itself, else 0 (getattr). */
 static int slots_configure(SlotTable *t, PyObject *type) {

@@ -702,7 +702,7 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
             PyObject *ins = node_get(nxt, NF_INPUTS);
             PyObject *meta = ins ? PyObject_GetItem(ins, input_nr) : NULL;
             Py_XDECREF(ins);
-            device = meta ? PyObject_GetAttr(meta, s_device) : NULL;
+            device = meta ? slot_get(&META_SLOTS, meta, MF_DEVICE) : NULL;
             Py_XDECREF(meta);
             PyObject *dtype = device ? PyObject_GetAttr(device, s_type) : NULL;
             if (dtype == NULL) {
@@ -717,8 +717,8 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
                 PyObject *nstream = NULL;
                 if (streams != NULL) {
                     /* node_stream(nxt) = (device, stream) of an accelerator node */
-                    PyObject *ndev = PyObject_GetAttr(nxt, s_device);
-                    PyObject *nst = ndev ? PyObject_GetAttr(nxt, s_stream) : NULL;
+                    PyObject *ndev = node_get(nxt, NF_DEVICE);
+                    PyObject *nst = ndev ? node_get(nxt, NF_STREAM) : NULL;
                     nstream = nst ? PyTuple_Pack(2, ndev, nst) : NULL;
                     Py_XDECREF(ndev);
                     Py_XDECREF(nst);
@@ -764,7 +764,7 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
         if (on_cpu || !gi->multithreading) {
             queue = Py_NewRef(gi->cpu_queue);
         } else {
-            PyObject *ndev = PyObject_GetAttr(nxt, s_device);
+            PyObject *ndev = node_get(nxt, NF_DEVICE);
             PyObject *idx = ndev ? PyObject_GetAttr(ndev, s_index) : NULL;
             Py_XDECREF(ndev);
             queue = idx ? device_queue_of(ei, idx) : NULL;

@@ -19,8 +19,8 @@ static int sig_meta(PyObject *key, Py_ssize_t at, PyObject *meta) {
     if (sig_cache[slot].meta != meta) {
         PyObject *f[5] = {NULL, NULL, NULL, NULL, NULL}, *dev = NULL;
         int ok = (f[0] = slot_get(&META_SLOTS, meta, MF_SHAPE)) && (f[1] = slot_get(&META_SLOTS, meta, MF_DTYPE)) &&
-                 (dev = PyObject_GetAttr(meta, s_device)) && (f[2] = PyObject_GetAttr(dev, s_type)) &&
-                 (f[3] = PyObject_GetAttr(dev, s_index)) && (f[4] = PyObject_GetAttr(meta, s_stream));
+                 (dev = slot_get(&META_SLOTS, meta, MF_DEVICE)) && (f[2] = PyObject_GetAttr(dev, s_type)) &&
+                 (f[3] = PyObject_GetAttr(dev, s_index)) && (f[4] = slot_get(&META_SLOTS, meta, MF_STREAM));
         Py_XDECREF(dev);
         if (!ok) {
             for (int k = 0; k < 5; k++)
@@ -138,7 +138,7 @@ static PyObject *signature(PyObject *mod, PyObject *node) {
     PyObject *key = NULL, *op = NULL, *name = NULL, *dev = NULL, *dtype = NULL, *dindex = NULL, *metas = NULL,
              *next = NULL, *saved = NULL, *items = NULL, *values = NULL, *result = NULL, *fin = NULL, *fnext = NULL;
     if (!(op = node_get(node, NF_OP)) || !(name = node_get(node, NF_NAME)) ||
-        !(dev = PyObject_GetAttr(node, s_device)) || !(dtype = PyObject_GetAttr(dev, s_type)) ||
+        !(dev = node_get(node, NF_DEVICE)) || !(dtype = PyObject_GetAttr(dev, s_type)) ||
         !(dindex = PyObject_GetAttr(dev, s_index)) || !(metas = node_get(node, NF_INPUTS)) ||
         !(fin = PySequence_Fast(metas, "a node's inputs are a list")) || !(next = node_get(node, NF_NEXT)) ||
         !(fnext = PySequence_Fast(next, "a node's next edges are a list")) || !(saved = node_get(node, NF_SAVED)))
@@ -286,7 +286,7 @@ static int sig_alike(PyObject *a, PyObject *b) {
         }
     }
     r = -1;
-    if (!(dev_a = PyObject_GetAttr(a, s_device)) || !(dev_b = PyObject_GetAttr(b, s_device)))
+    if (!(dev_a = node_get(a, NF_DEVICE)) || !(dev_b = node_get(b, NF_DEVICE)))
         goto done;
     r = 0;
     if (dev_a != dev_b || !PyList_CheckExact(fa[2]) || !PyList_CheckExact(fb[2]) || !PyList_CheckExact(fa[3]) ||

@@ -424,7 +424,7 @@ static int sync_now(Sim *S) {
 /* The stream tuple (device, stream) of an accelerator node, and its stream_free key (device type, index, stream):
  * new references, or -1 with an exception. */
 static int node_stream_of(Sim *S, PyObject *node, PyObject **parent, PyObject **key) {
-    PyObject *dev = PyObject_GetAttr(node, s_device), *st = dev ? PyObject_GetAttr(node, s_stream) : NULL;
+    PyObject *dev = node_get(node, NF_DEVICE), *st = dev ? node_get(node, NF_STREAM) : NULL;
     if (st == NULL) {
         Py_XDECREF(dev);
         return -1;
@@ -911,7 +911,7 @@ static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
     if (!PyErr_Occurred()) {
         cpu = node_get(node, NF_CPU);
         name = cpu ? node_get(node, NF_NAME) : NULL;
-        device = name ? PyObject_GetAttr(node, s_device) : NULL;
+        device = name ? node_get(node, NF_DEVICE) : NULL;
         dtype = device ? PyObject_GetAttr(device, s_type) : NULL;
         dindex = dtype ? PyObject_GetAttr(device, s_index) : NULL;
     }

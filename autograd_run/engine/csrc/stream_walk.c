@@ -21,10 +21,10 @@ static Py_ssize_t walk_bisect_right(const int64_t *a, Py_ssize_t n, int64_t x) {
 
 /* "{id} {name}" of a node, or its name alone (a collective's kernel). */
 static PyObject *walk_label(PyObject *node, int name_only) {
-    PyObject *name = PyObject_GetAttr(node, s_name);
+    PyObject *name = node_get(node, NF_NAME); /* (a Node's slot; getattr for anything else) */
     if (name == NULL || name_only)
         return name;
-    PyObject *id = PyObject_GetAttr(node, s_id);
+    PyObject *id = node_get(node, NF_ID);
     PyObject *label = id ? PyUnicode_FromFormat("%S %S", id, name) : NULL;
     Py_XDECREF(id);
     Py_DECREF(name);
