@@ -666,10 +666,13 @@ def test_the_stream_walk_breaks_ties_as_its_docstring_says(impl):
               i64(0, 1, 3, 4), i64(0, 3, 1, 2),
               i64(0, 1, 1), i64(5), i64(1),
               i64(0, 0, 1, 1), i64(0), i64(0, 2, 3, 4), i64(0, 1, 2, 3))
+    from autograd_run.analysis.streams import StreamReport
     steps, cpu, gpu, wait = walk(arrays, k_nodes, nodes, 1, 20, 100)
-    assert steps == [("kernel", "k0 K", 10), ("kernel", "k1 K", 10)] and (cpu, gpu, wait) == (0, 20, 0)
+    assert steps == [("kernel", k_nodes[0], 10), ("kernel", k_nodes[1], 10)] and (cpu, gpu, wait) == (0, 20, 0)
+    assert StreamReport(steps=steps).path == [("kernel", "k0 K", 10), ("kernel", "k1 K", 10)]
     steps, cpu, gpu, wait = walk(arrays, k_nodes, nodes, 3 + 2, 9, 100)
-    assert steps == [("cpu", "a A", 3), ("cpu", "b B", 4)] and (cpu, gpu, wait) == (7, 0, 0)
+    assert steps == [("cpu", nodes[0], 3), ("cpu", nodes[1], 4)] and (cpu, gpu, wait) == (7, 0, 0)
+    assert StreamReport(steps=steps).path == [("cpu", "a A", 3), ("cpu", "b B", 4)]
 
 
 @compiled

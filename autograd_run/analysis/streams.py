@@ -35,7 +35,7 @@ on the path, over plain lists.
 from __future__ import annotations
 
 import bisect
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from itertools import repeat
 from operator import itemgetter
 
@@ -77,13 +77,23 @@ class StreamReport:
     path_cpu_ns: int = 0
     path_gpu_ns: int = 0
     path_wait_ns: int = 0
-    #: the path's steps root to end: (kind "cpu"|"kernel"|"wait", label, ns)
-    path: list[tuple[str, str, int]] = field(default_factory=list)
+    #: the path's steps root to end as the walk gives them: (kind "cpu"|"kernel"|"wait", what, ns), what a node
+    #: (labelled "{id} {name}"), a collective's name, or "" (a wait); labelled when read (``path``): a
+    #: million-step path is only counted by the summary, and written out by ``--json`` alone
+    steps: list = field(default_factory=list, repr=False)
+
+    @property
+    def path(self) -> list[tuple[str, str, int]]:
+        """The path's steps root to end: (kind "cpu"|"kernel"|"wait", label, ns)."""
+        return [(kind, what if isinstance(what, str) else f"{what.id} {what.name}", ns) for kind, what, ns in self.steps]
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "steps"}
+        d["streams"] = [asdict(s) for s in self.streams]
+        d["total"] = asdict(self.total) if self.total is not None else None
         for s, row in zip(self.streams + [self.total], d["streams"] + [d["total"]]):
-            row["idle_ns"], row["utilization"] = s.idle_ns, s.utilization
+            if s is not None:
+                row["idle_ns"], row["utilization"] = s.idle_ns, s.utilization
         d["path"] = [list(p) for p in self.path]
         return d
 
@@ -262,15 +272,15 @@ def _path(rec: Recording, kernels: list, code: np.ndarray, start: np.ndarray, en
     at = last_k if end[last_k] > s_end[last_s] else n_k + last_s
     t_end = int(end[at]) if at < n_k else int(s_end[at - n_k])
     walk = core.stream_walk if core.stream_walk is not None else stream_walk_py
-    report.path, report.path_cpu_ns, report.path_gpu_ns, report.path_wait_ns = walk(
+    report.steps, report.path_cpu_ns, report.path_gpu_ns, report.path_wait_ns = walk(
         arrays, k_nodes, nodes, at, t_end, 4 * (n_s + n_k) + 8)
     report.path_ns = report.path_cpu_ns + report.path_gpu_ns + report.path_wait_ns
 
 
 def stream_walk_py(arrays: tuple, k_nodes: list, nodes: list, at: int, t_end: int, limit: int) -> tuple:
     """The walk back from item ``at`` (ending at ``t_end``), at most ``limit`` steps: (the steps root to end,
-    CPU ns, kernel ns, wait ns). The compiled twin is ``engine/csrc/stream_walk.c``; ``arrays`` are the
-    int64 columns ``_path`` makes, in its order."""
+    CPU ns, kernel ns, wait ns), each step (kind, what, ns) as ``StreamReport.steps`` holds them. The compiled
+    twin is ``engine/csrc/stream_walk.c``; ``arrays`` are the int64 columns ``_path`` makes, in its order."""
     (ks_, ke_, kc_, kp_, kl_, kq_, comm_l, ss_, se_, st_, sp_, sg_, sn_, s_off, s_items, s_ends, s_best,
      t_off, t_items, w_off, w_ts, w_src, e_bounds, e_src, n_bounds, n_slices) = [a.tolist() for a in arrays]
     n_k = len(ks_)
@@ -284,8 +294,7 @@ def stream_walk_py(arrays: tuple, k_nodes: list, nodes: list, at: int, t_end: in
             k = at
             node = k_nodes[k]
             a_start = ks_[k]
-            label = node.name if comm_l[k] else f"{node.id} {node.name}"
-            steps.append(("kernel", label, t_end - a_start))
+            steps.append(("kernel", node.name if comm_l[k] else node, t_end - a_start))
             best_t, nxt = None, None  # the first option that ended last
             sc, j = kc_[k], kp_[k]
             base = s_off[sc]
@@ -320,7 +329,7 @@ def stream_walk_py(arrays: tuple, k_nodes: list, nodes: list, at: int, t_end: in
             i = at - n_k
             node = nodes[sn_[i]]
             a_start = ss_[i]
-            steps.append(("cpu", f"{node.id} {node.name}", t_end - a_start))
+            steps.append(("cpu", node, t_end - a_start))
             best_t, nxt = None, None
             j = sp_[i]
             if j:

@@ -19,16 +19,10 @@ static Py_ssize_t walk_bisect_right(const int64_t *a, Py_ssize_t n, int64_t x) {
     return lo;
 }
 
-/* "{id} {name}" of a node, or its name alone (a collective's kernel). */
+/* What a step was (a new reference): the node itself (StreamReport.path labels it "{id} {name}" when read), or
+ * its name alone (a collective's kernel). */
 static PyObject *walk_label(PyObject *node, int name_only) {
-    PyObject *name = node_get(node, NF_NAME); /* (a Node's slot; getattr for anything else) */
-    if (name == NULL || name_only)
-        return name;
-    PyObject *id = node_get(node, NF_ID);
-    PyObject *label = id ? PyUnicode_FromFormat("%S %S", id, name) : NULL;
-    Py_XDECREF(id);
-    Py_DECREF(name);
-    return label;
+    return name_only ? PyObject_GetAttr(node, s_name) : Py_NewRef(node);
 }
 
 /* Append (kind, label, ns) to steps; steals `label` (NULL: an error already set). */
@@ -42,7 +36,8 @@ static int walk_step(PyObject *steps, PyObject *kind, PyObject *label, long long
     return r;
 }
 
-/* stream_walk(arrays, k_nodes, nodes, at, t_end, limit) -> (steps root to end, cpu ns, kernel ns, wait ns) */
+/* stream_walk(arrays, k_nodes, nodes, at, t_end, limit) -> (steps root to end, cpu ns, kernel ns, wait ns); a step is
+ * (kind, what, ns) as analysis/streams.py StreamReport.steps holds it */
 static PyObject *stream_walk(PyObject *mod, PyObject *args) {
     PyObject *arrays, *k_nodes, *nodes;
     Py_ssize_t at, limit;
