@@ -345,9 +345,12 @@ def _ddp_compare(compare: str | None, fsdp: bool = False) -> tuple[str, list] | 
     if len(items) > 64:
         raise UsageError(f"--compare {key}: at most 64 values, got {len(items)}")
     if key == "world":
-        if not all(v.isdigit() and 1 <= int(v) <= MAX_WORLD for v in items):
-            raise UsageError(f"--compare world: world sizes are whole numbers from 1 to {MAX_WORLD}")
-        return key, [int(v) for v in items]
+        from autograd_run.cli.ddp_options import whole_in
+        worlds = [whole_in(v, 1, MAX_WORLD) for v in items]
+        if None in worlds:
+            raise UsageError(f"--compare world: world sizes are whole numbers from 1 to {MAX_WORLD}, got "
+                             f"{items[worlds.index(None)][:40]!r}")
+        return key, worlds
     if key == "prefetch":
         from autograd_run.cli.ddp_options import parse_fsdp
         return key, [parse_fsdp(f"prefetch={v}")["prefetch"] for v in items]

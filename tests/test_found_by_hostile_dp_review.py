@@ -1,0 +1,88 @@
+"""Found by a hostile review of the data-parallel surfaces (``simulate --ddp/--fsdp/--network/--straggler/
+--compare/--costs`` and the graph's ``ddp``/``fsdp`` sections): each case runs the real command line in a child
+process and wants ``Error: ...`` naming the place, exit 2, and no traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_proc import cli
+
+N = 1 << 18  # float32: 1 MiB
+NET = ["--network", "alpha_us=10,gbps=1"]
+
+
+def _graph(**extra) -> dict:
+    """c3 -> c2 -> p2 -> c1 -> p1 (cost nodes) with AccumulateGrad a1..a3 of w1..w3 (1 MiB each)."""
+    def cost(nid, nxt, us):
+        return {"id": nid, "name": nid.upper(), "op": "cost", "next": nxt, "inputs": [{"shape": [N]}],
+                "attrs": {"cost": {"us": us}}}
+
+    def acc(nid, var):
+        return {"id": nid, "name": "torch::autograd::AccumulateGrad", "variable": var, "inputs": [{"shape": [N]}]}
+    nodes = [cost("c3", [["a3", 0], ["c2", 0]], 100), cost("c2", [["a2", 0], ["p2", 0]], 100),
+             cost("p2", [["c1", 0]], 10), cost("c1", [["a1", 0], ["p1", 0]], 100), cost("p1", [], 10),
+             acc("a1", "w1"), acc("a2", "w2"), acc("a3", "w3")]
+    return {"format": "autograd-graph/1", "roots": [{"node": "c3"}],
+            "variables": [{"name": f"w{k}", "shape": [N]} for k in (1, 2, 3)], "nodes": nodes, **extra}
+
+
+UNITS = [{"name": "u1", "parameters": ["w1"], "pre_backward": "c1", "post_backward": "p1"},
+         {"name": "u2", "parameters": ["w2"], "pre_backward": "c2", "post_backward": "p2"},
+         {"name": "", "parameters": ["w3"], "reshard_after_forward": False, "pre_backward": "c3",
+          "post_backward": None}]
+
+
+@pytest.fixture
+def ddp_graph(tmp_path):
+    path = tmp_path / "ddp.json"
+    path.write_text(json.dumps(_graph(parameters=["w1", "w2", "w3"], ddp={"bucket_cap_mb": 1})))
+    return str(path)
+
+
+@pytest.fixture
+def fsdp_graph(tmp_path):
+    path = tmp_path / "fsdp.json"
+    path.write_text(json.dumps(_graph(fsdp={"units": UNITS, "root": ""})))
+    return str(path)
+
+
+def _usage_error(p, *words):
+    assert p.code == 2, (p.code, p.err[-2000:])
+    assert "Traceback" not in p.err, p.err[-2000:]
+    line = p.err.strip().splitlines()[-1]
+    assert line.startswith("Error: "), p.err[-2000:]
+    for w in words:
+        assert w in line, line
+    return line
+
+
+BIG = "9" * 5000  # past int()'s 4300-digit limit
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ddp", "defaults", "--world", "4", *NET, "--straggler", "rank=\u00b2,slowdown=2"], ["--straggler", "rank"]),
+    (["--ddp", "defaults", "--world", "4", *NET, "--straggler", f"rank={BIG},slowdown=2"], ["--straggler", "rank"]),
+    (["--ddp", "defaults", "--world", "4", "--network", "alpha_us=10,gbps=1,channels=\u00b2"],
+     ["--network", "channels"]),
+    (["--ddp", "defaults", "--world", "4", "--network", f"alpha_us=10,gbps=1,channels={BIG}"],
+     ["--network", "channels"]),
+    (["--ddp", "defaults", *NET, "--compare", "world=\u00b2,4"], ["--compare world"]),
+    (["--ddp", "defaults", *NET, "--compare", f"world=4,{BIG}"], ["--compare world"]),
+])
+def test_whole_numbers_of_ddp_options_are_ascii_and_bounded(ddp_graph, args, words):
+    """``str.isdigit`` passes '²' and 5000-digit strings, which ``int`` then refuses with a ValueError."""
+    line = _usage_error(cli(["simulate", ddp_graph, "--spec", "h100", "--no-summary", *args]), *words)
+    assert len(line) < 400  # the value is quoted cut short, not 5000 digits
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--fsdp", "prefetch=\u00b2", "--world", "4", *NET], ["--fsdp", "prefetch"]),
+    (["--fsdp", f"replicate={BIG}", "--world", "4", *NET], ["--fsdp", "replicate"]),
+    (["--fsdp", "captured", *NET, "--compare", "prefetch=1,\u00b2"], ["prefetch"]),
+])
+def test_whole_numbers_of_fsdp_options_are_ascii_and_bounded(fsdp_graph, args, words):
+    line = _usage_error(cli(["simulate", fsdp_graph, "--spec", "h100", "--no-summary", *args]), *words)
+    assert len(line) < 400
