@@ -86,3 +86,21 @@ def test_whole_numbers_of_ddp_options_are_ascii_and_bounded(ddp_graph, args, wor
 def test_whole_numbers_of_fsdp_options_are_ascii_and_bounded(fsdp_graph, args, words):
     line = _usage_error(cli(["simulate", fsdp_graph, "--spec", "h100", "--no-summary", *args]), *words)
     assert len(line) < 400
+
+
+def test_a_network_files_name_in_the_nearest_link_note_is_escaped(ddp_graph, fsdp_graph, tmp_path):
+    """A network file measured at 2 ranks, simulated at 4: the ``note:`` naming the link carried the file's
+    ``name`` raw to stderr (an escape sequence drove the terminal, a bidi override reordered the line)."""
+    from cli_proc import cli_tty
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps({"name": "\x1b]0;owned\x07\x1b[2Kfake\u202e", "links": {"2": {"alpha_us": 10,
+                                                                                          "gbps": 1}}}))
+    for graph, mode in ((ddp_graph, "--ddp"), (fsdp_graph, "--fsdp")):
+        args = ["simulate", graph, "--spec", "h100", "--no-summary", mode, "defaults", "--world", "4",
+                "--network", net]
+        for p in (cli(args), cli_tty(args)):
+            text = p.out + p.err
+            assert p.code == 0, text[-2000:]
+            assert "no link measured at 4 ranks" in text
+            assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, repr(text[-2000:])
+            assert "\\x1b]0;owned\\x07\\x1b[2Kfake\\u202e" in text

@@ -231,7 +231,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         from autograd_run.analysis.streams import streams_of
         streams = streams_of(recording, collectives)
     for line in dict.fromkeys(w for r in reports for w in r.warnings):  # one line each, on stderr
-        click.echo(line, err=True)
+        echo(line, err=True)  # (a profile's or a file's text in it: escaped)
     if trace_path:
         if collectives:
             recording.kernels.extend(collectives)
@@ -425,7 +425,7 @@ def _run_ddp(graph, first, args: dict, opts) -> list:
             kw["bucket_cap_mb"] = v
         link, note = args["network"].link_for(world)
         if note:
-            click.echo(f"note: {note}", err=True)
+            echo(f"note: {note}", err=True)  # (a network file names the link: escaped)
         if slow is not None and slow[0] >= world:
             raise UsageError(f"--straggler: rank {slow[0]} is not below the world size {world}")
         result = simulate_ddp(first, world, link, straggler=slow, **kw)
@@ -448,7 +448,7 @@ def _run_fsdp(graph, first, args: dict, opts) -> list:
             kw["prefetch"] = v
         link, note = args["network"].link_for(world)
         if note:
-            click.echo(f"note: {note}", err=True)
+            echo(f"note: {note}", err=True)  # (a network file names the link: escaped)
         if world % kw.get("replicate", 1):
             raise UsageError(f"--fsdp replicate={kw['replicate']} does not divide the world size {world}")
         result = simulate_fsdp(first, world, link, **kw)
