@@ -104,3 +104,43 @@ def test_a_network_files_name_in_the_nearest_link_note_is_escaped(ddp_graph, fsd
             assert "no link measured at 4 ranks" in text
             assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, repr(text[-2000:])
             assert "\\x1b]0;owned\\x07\\x1b[2Kfake\\u202e" in text
+
+
+def _chain(k: int, **extra) -> dict:
+    """c_k -> ... -> c1 (10 us each), each c_j also to AccumulateGrad a_j of w_j (4 KiB)."""
+    nodes, variables = [], []
+    for j in range(k, 0, -1):
+        nxt = [[f"a{j}", 0]] + ([[f"c{j - 1}", 0]] if j > 1 else [])
+        nodes.append({"id": f"c{j}", "name": f"C{j}", "op": "cost", "next": nxt, "inputs": [{"shape": [1024]}],
+                      "attrs": {"cost": {"us": 10}}})
+        nodes.append({"id": f"a{j}", "name": "torch::autograd::AccumulateGrad", "variable": f"w{j}",
+                      "inputs": [{"shape": [1024]}]})
+        variables.append({"name": f"w{j}", "shape": [1024]})
+    return {"format": "autograd-graph/1", "roots": [{"node": f"c{k}"}], "variables": variables, "nodes": nodes,
+            **extra}
+
+
+SLOWEST = ["--network", "alpha_us=1e9,gbps=1e-6"]  # both at the end of their ranges
+
+
+def test_ddp_collectives_past_64_bit_nanoseconds_are_an_error_not_a_traceback(tmp_path):
+    """12 buckets, each an all-reduce of 2e18 ns on 2**20 ranks at the slowest link: their sum passed 2**63
+    and the streams' summary raised OverflowError (numpy's int64) with a traceback."""
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps(_chain(12, parameters=[f"w{j}" for j in range(1, 13)])))
+    for extra in ([], ["--json"]):
+        p = cli(["simulate", path, "--spec", "h100", "--ddp", "bucket_cap_mb=0.000001,first_bucket_mb=0.000001",
+                 "--world", "1048576", *SLOWEST, *extra])
+        _usage_error(p, "do not fit a 64-bit count of nanoseconds")
+
+
+def test_fsdp_collectives_past_64_bit_nanoseconds_are_an_error_not_a_silent_figure(tmp_path):
+    """--compare world=...: FSDP's times past 2**63 ns were printed (and written to --json) as they came."""
+    units = [{"name": f"u{j}", "parameters": [f"w{j}"], "pre_backward": f"c{j}", "post_backward": None}
+             for j in range(1, 13)]
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps(_chain(12, fsdp={"units": units})))
+    for extra in ([], ["--json"]):
+        p = cli(["simulate", path, "--spec", "h100", "--fsdp", "prefetch=0", "--compare", "world=2,1048576",
+                 *SLOWEST, *extra])
+        _usage_error(p, "do not fit a 64-bit count of nanoseconds")

@@ -403,6 +403,9 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
         for idle in idle_spans:
             hidden -= max(0, min(sp.end_ns, idle.end_ns, compute_end) - max(sp.start_ns, idle.start_ns))
     idle = sum(i.end_ns - i.start_ns for i in idle_spans)
+    if max(wall, comm, idle) >= 1 << 62:  # (as the backward's own simulation: sim.session)
+        from autograd_run.sim.result import too_big
+        raise too_big()
     return FsdpResult(world, replicate, prefetch, blocking, units, compute, wall, wall - compute_end, idle, comm,
                       max(0.0, hidden / comm) if comm else 1.0, link, stalls)
 
