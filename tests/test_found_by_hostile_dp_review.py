@@ -144,3 +144,34 @@ def test_fsdp_collectives_past_64_bit_nanoseconds_are_an_error_not_a_silent_figu
         p = cli(["simulate", path, "--spec", "h100", "--fsdp", "prefetch=0", "--compare", "world=2,1048576",
                  *SLOWEST, *extra])
         _usage_error(p, "do not fit a 64-bit count of nanoseconds")
+
+
+def test_an_fsdp_units_backward_prefetch_null_is_none_set(fsdp_graph, tmp_path):
+    """``"backward_prefetch": null`` passed the graph's checks and was iterated: a TypeError traceback."""
+    doc = json.loads(open(fsdp_graph).read())
+    doc["fsdp"]["units"][1]["backward_prefetch"] = None
+    path = tmp_path / "null.json"
+    path.write_text(json.dumps(doc))
+    p = cli(["simulate", path, "--spec", "h100", "--fsdp", "captured", "--world", "4", *NET, "--json"])
+    assert p.code == 0 and "Traceback" not in p.err, p.err[-2000:]
+    plain = cli(["simulate", fsdp_graph, "--spec", "h100", "--fsdp", "captured", "--world", "4", *NET, "--json"])
+    assert json.loads(p.out)["fsdp"] == json.loads(plain.out)["fsdp"]  # as if not given
+
+
+def test_many_fsdp_units_simulate_in_time(tmp_path):
+    """The graph file may give up to 100,000 units: FSDP's overlap sum (every collective against every wait of
+    the compute) and its memory (``posts.index`` for each pair of units) were quadratic to cubic in them:
+    8,000 units took 34 s, 5,000 units with parameters over a minute. Both now take about a second."""
+    k, empty = 5000, 20000
+    units = [{"name": f"u{j}", "parameters": [f"w{j}"], "pre_backward": f"c{j}", "post_backward": None}
+             for j in range(1, k + 1)]
+    units += [{"name": f"e{j}", "parameters": []} for j in range(empty)]
+    path = tmp_path / "units.json"
+    path.write_text(json.dumps(_chain(k, fsdp={"units": units})))
+    import time
+    t = time.monotonic()
+    p = cli(["simulate", path, "--spec", "h100", "--fsdp", "captured", "--world", "4", *NET, "--slack", "0"],
+            timeout=120)
+    assert p.code == 0, p.err[-2000:]
+    assert "FSDP2 on 4 ranks" in p.out
+    assert time.monotonic() - t < 60
