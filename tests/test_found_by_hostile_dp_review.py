@@ -175,3 +175,30 @@ def test_many_fsdp_units_simulate_in_time(tmp_path):
     assert p.code == 0, p.err[-2000:]
     assert "FSDP2 on 4 ranks" in p.out
     assert time.monotonic() - t < 60
+
+
+def test_outputs_never_overwrite_the_calibrations_a_simulation_reads(ddp_graph, tmp_path):
+    """``--spec local`` (or the default spec, local when calibrated) and ``--network local-gloo`` read files in
+    the user cache folder; ``--trace``/``--order-out`` there were written over them (every later simulation
+    then failed: "the calibration kept at ... cannot be used")."""
+    import shutil
+    from autograd_run.sim import specs
+    cache = tmp_path / "cache"
+    folder = cache / "autograd-run"
+    folder.mkdir(parents=True)
+    spec = folder / "local-spec.json"
+    shutil.copy(specs.__file__.replace("specs.py", "specs/h100.json"), spec)
+    gloo = folder / "local-gloo-network.json"
+    gloo.write_text(json.dumps({"name": "g", "links": {"2": {"alpha_us": 1, "gbps": 1}}}))
+    before = {p: p.read_bytes() for p in (spec, gloo)}
+    cases = [
+        (["--ddp", "defaults", "--world", "2", "--network", "local-gloo", "--spec", "h100", "--trace", gloo],
+         "--trace"),
+        (["--spec", "local", "--order-out", spec], "--order-out"),
+        (["--order-out", spec], "--order-out"),  # the default spec: local, as calibrated here
+        (["--spec", "local", "--trace", spec], "--trace"),
+    ]
+    for args, flag in cases:
+        p = cli(["simulate", ddp_graph, "--no-summary", *args], XDG_CACHE_HOME=cache)
+        _usage_error(p, flag, "is an input of this run")
+    assert {p: p.read_bytes() for p in (spec, gloo)} == before

@@ -168,7 +168,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
     measured = read_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(None if ddp_args is not None else compare, policy, devices)
-    inputs = [*g.files(), costs or "", *(f for f in (spec, network) if f and os.path.isfile(f))]  # never overwritten
+    inputs = [*g.files(), costs or "", *(f for f in (spec, network) if f and os.path.isfile(f)),
+              *_calibrations_read(spec, network)]  # never overwritten
     folder = _trace_folder(trace_path, trace_format, trace_ranks, ddp_args, compare, open_trace)
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
         if path and not (folder and option == "trace_path"):
@@ -456,6 +457,18 @@ def _run_fsdp(graph, first, args: dict, opts) -> list:
             from autograd_run.sim.fsdp import fsdp_slack
             result.slack = fsdp_slack(first, world, link, result, kw, opts.slack_speedup)
         out.append((v, result))
+    return out
+
+
+def _calibrations_read(spec: str | None, network: str | None) -> list[str]:
+    """The calibrations in the user cache folder a simulation reads (``--spec local``/``local-torch``, the default
+    spec, ``--network local-gloo``): inputs too, which no output may overwrite (a trace written over
+    ``local-spec.json`` left every later simulation without its default spec)."""
+    from autograd_run.parallel.networks import LOCAL_GLOO, local_gloo_path
+    from autograd_run.sim.specs import LOCAL, local_spec_path
+    out = [local_spec_path(spec)] if spec in LOCAL else [local_spec_path(n) for n in LOCAL] if spec is None else []
+    if network is not None and network.strip() == LOCAL_GLOO:
+        out.append(local_gloo_path())
     return out
 
 
