@@ -202,3 +202,23 @@ def test_outputs_never_overwrite_the_calibrations_a_simulation_reads(ddp_graph, 
         p = cli(["simulate", ddp_graph, "--no-summary", *args], XDG_CACHE_HOME=cache)
         _usage_error(p, flag, "is an input of this run")
     assert {p: p.read_bytes() for p in (spec, gloo)} == before
+
+
+def test_outputs_never_overwrite_a_costs_folders_traces(ddp_graph, tmp_path):
+    """``--costs DIR`` reads every trace in DIR, but only DIR itself was an input: ``--order-out DIR/rank-0...``
+    or ``--trace`` there wrote over a rank's trace (through a link to a profile elsewhere, that profile)."""
+    ranks = tmp_path / "ranks"
+    p = cli(["simulate", ddp_graph, "--spec", "h100", "--no-summary", "--ddp", "defaults", "--world", "2", *NET,
+             "--trace", f"{ranks}/"])
+    assert p.code == 0, p.err[-2000:]
+    rank0 = ranks / "rank-0.kineto.json"
+    elsewhere = tmp_path / "profile.kineto.json"
+    (ranks / "rank-1.kineto.json").rename(elsewhere)
+    (ranks / "rank-1.kineto.json").symlink_to(elsewhere)
+    before = rank0.read_bytes(), elsewhere.read_bytes()
+    for flag, target in (("--order-out", rank0), ("--trace", rank0), ("--order-out", ranks / "rank-1.kineto.json")):
+        p = cli(["simulate", ddp_graph, "--spec", "h100", "--no-summary", "--costs", ranks, flag, target])
+        _usage_error(p, flag, "is an input of this run")
+    assert (rank0.read_bytes(), elsewhere.read_bytes()) == before
+    p = cli(["simulate", ddp_graph, "--spec", "h100", "--no-summary", "--costs", ranks])
+    assert p.code == 0, p.err[-2000:]

@@ -168,7 +168,8 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
     measured = read_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(None if ddp_args is not None else compare, policy, devices)
-    inputs = [*g.files(), costs or "", *(f for f in (spec, network) if f and os.path.isfile(f)),
+    from autograd_run.costs.measured import trace_files
+    inputs = [*g.files(), *trace_files(costs), *(f for f in (spec, network) if f and os.path.isfile(f)),
               *_calibrations_read(spec, network)]  # never overwritten
     folder = _trace_folder(trace_path, trace_format, trace_ranks, ddp_args, compare, open_trace)
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
