@@ -222,3 +222,20 @@ def test_outputs_never_overwrite_a_costs_folders_traces(ddp_graph, tmp_path):
     assert (rank0.read_bytes(), elsewhere.read_bytes()) == before
     p = cli(["simulate", ddp_graph, "--spec", "h100", "--no-summary", "--costs", ranks])
     assert p.code == 0, p.err[-2000:]
+
+
+@pytest.mark.parametrize("command, side", [
+    (["diff", "{ddp}", "--b", "simulate", "--a"], "simulate --ddp defaults --world 4 --network alpha_us=1,gbps=1"),
+    (["diff", "{fsdp}", "--b", "simulate", "--a"], "simulate --fsdp captured --world 4 --network alpha_us=1,gbps=1"),
+    (["diff", "{ddp}", "--b", "simulate", "--a"], "simulate --memory-limit 1KiB"),
+    (["diff", "{ddp}", "--b", "simulate", "--a"], "--max-memory 1KiB"),
+    (["draw", "{fsdp}", "-o", "{out}", "--simulate"], "--fsdp captured --world 4 --network alpha_us=1,gbps=1"),
+])
+def test_a_side_refuses_the_options_it_would_not_apply(ddp_graph, fsdp_graph, tmp_path, command, side):
+    """A ``diff``/``draw`` side parsed ``--ddp``/``--fsdp``/``--world``/``--network``/``--memory-limit``/
+    ``--max-memory`` and dropped them: ``diff --a 'simulate --ddp ...' --b simulate`` compared two identical
+    simulations and found no difference."""
+    args = [a.format(ddp=ddp_graph, fsdp=fsdp_graph, out=tmp_path / "g.svg") for a in command]
+    p = cli([*args, side])
+    flag = "--simulate" if command[0] == "draw" else "--a"
+    _usage_error(p, flag, side.split()[1 if side.startswith("simulate") else 0], "is not available here")
