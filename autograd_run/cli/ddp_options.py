@@ -18,6 +18,16 @@ NETWORK_KEYS = {"alpha_us": "the latency of one message, us (0 to 1e9)",
                 "channels": "collectives in flight at once, a whole number from 1 to 64"}
 
 
+def whole_in(value: str, low: int, high: int) -> int | None:
+    """``value`` as a whole number from ``low`` to ``high`` (ASCII digits only), else None. ``str.isdigit``
+    alone lets through what ``int`` refuses (``'²'``) and digit strings past ``int``'s limit (4300 digits):
+    a traceback, not a usage error."""
+    if not (value.isascii() and value.isdigit()) or len(value.lstrip("0")) > len(str(high)):
+        return None
+    n = int(value)
+    return n if low <= n <= high else None
+
+
 def _pairs(text: str, option: str, keys: dict) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in (x.strip() for x in text.split(",")):
@@ -99,9 +109,9 @@ def parse_network(text: str):
     alpha, gbps = values["alpha_us"], values["gbps"]
     channels = 1
     if "channels" in raw:
-        if not (raw["channels"].isdigit() and 1 <= int(raw["channels"]) <= 64):
-            raise UsageError(f"--network: channels must be {NETWORK_KEYS['channels']}, got {raw['channels']!r}")
-        channels = int(raw["channels"])
+        channels = whole_in(raw["channels"], 1, 64)
+        if channels is None:
+            raise UsageError(f"--network: channels must be {NETWORK_KEYS['channels']}, got {raw['channels'][:40]!r}")
     return Network("given", {0: Link(alpha, gbps * 1e9, "given", channels)})
 
 
@@ -111,16 +121,17 @@ def parse_straggler(text: str, world: int) -> tuple[int, float]:
     missing = [k for k in ("rank", "slowdown") if k not in raw]
     if missing:
         raise UsageError(f"--straggler: give {' and '.join(missing)} (e.g. --straggler rank=3,slowdown=1.2)")
-    if not raw["rank"].isdigit() or int(raw["rank"]) >= world:
+    rank = whole_in(raw["rank"], 0, world - 1)
+    if rank is None:
         raise UsageError(f"--straggler: rank must be a whole number below the world size {world}, "
-                         f"got {raw['rank']!r}")
+                         f"got {raw['rank'][:40]!r}")
     try:
         factor = float(raw["slowdown"])
     except ValueError:
         factor = math.nan
     if not (1.0 <= factor <= 100.0):
         raise UsageError(f"--straggler: slowdown must be a factor from 1 to 100, got {raw['slowdown']!r}")
-    return int(raw["rank"]), factor
+    return rank, factor
 
 
 def captured_ddp(graph, options: dict) -> dict:
@@ -144,9 +155,10 @@ FSDP_KEYS = {"prefetch": "all-gathers issued ahead, a whole number from 0 to 64 
 
 
 def _whole(option: str, key: str, value: str, low: int, high: int, what: str) -> int:
-    if not (value.isdigit() and low <= int(value) <= high):
-        raise UsageError(f"{option}: {key} must be {what}, got {value!r}")
-    return int(value)
+    n = whole_in(value, low, high)
+    if n is None:
+        raise UsageError(f"{option}: {key} must be {what}, got {value[:40]!r}")
+    return n
 
 
 def parse_fsdp(text: str) -> dict:

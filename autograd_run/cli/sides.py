@@ -21,6 +21,18 @@ _REFUSED = {"trace_path": "--trace", "order_out": "--order-out", "expect_order":
             "json_out": "--json", "compare": "--compare", "verbose": "--verbose", "open_trace": "--open",
             "fmt": "--format", "summary": "--summary/--no-summary", "slack": "--slack", "timeout": "--timeout"}
 
+#: Options a side would take and then not apply (its ``RunOptions``/``SimOptions`` have no place for them): given,
+#: they were ignored without a word, and ``diff --a 'simulate --ddp ...' --b simulate`` compared two identical
+#: simulations. Refused, by kind.
+_NOT_APPLIED = {
+    "run": {"trace_format": "--trace-format", "max_memory": "--max-memory", "memory": "--memory/--no-memory",
+            "memory_limit": "--memory-limit", "memory_snapshot": "--memory-snapshot"},
+    "simulate": {"trace_format": "--trace-format", "trace_ranks": "--trace-ranks", "ddp": "--ddp", "fsdp": "--fsdp",
+                 "world": "--world", "network": "--network", "straggler": "--straggler",
+                 "memory": "--memory/--no-memory", "memory_limit": "--memory-limit",
+                 "memory_snapshot": "--memory-snapshot"},
+}
+
 
 @dataclass
 class Side:
@@ -87,4 +99,7 @@ def parse_side(text: str, flag: str, default_kind: str = "run") -> Side:
     for p in command.params:
         if p.name in _REFUSED and ctx.get_parameter_source(p.name) not in (ParameterSource.DEFAULT, None):
             raise UsageError(f"{flag}: {_REFUSED[p.name]} is not available here (a side only measures)")
+        if p.name in _NOT_APPLIED[kind] and ctx.get_parameter_source(p.name) not in (ParameterSource.DEFAULT, None):
+            raise UsageError(f"{flag}: {_NOT_APPLIED[kind][p.name]} is not available here (a side is the backward "
+                             f"pass's own timing; `autograd-run {kind}` applies it)")
     return Side(kind, text, params)

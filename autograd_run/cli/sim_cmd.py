@@ -168,7 +168,9 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
     g = load_graph_arg(graph, max_bytes=NO_BUDGET, keep=True)  # a simulation materialises no tensor
     measured = read_costs(costs, g, step)  # read and matched once for every variant
     variants = _variants(None if ddp_args is not None else compare, policy, devices)
-    inputs = [*g.files(), costs or "", *(f for f in (spec, network) if f and os.path.isfile(f))]  # never overwritten
+    from autograd_run.costs.measured import trace_files
+    inputs = [*g.files(), *trace_files(costs), *(f for f in (spec, network) if f and os.path.isfile(f)),
+              *_calibrations_read(spec, network)]  # never overwritten
     folder = _trace_folder(trace_path, trace_format, trace_ranks, ddp_args, compare, open_trace)
     for path, option in ((trace_path, "trace_path"), (order_out, "order_out")):
         if path and not (folder and option == "trace_path"):
@@ -231,7 +233,7 @@ def simulate(graph, spec, devices, placement, policy, scale, costs, step, compar
         from autograd_run.analysis.streams import streams_of
         streams = streams_of(recording, collectives)
     for line in dict.fromkeys(w for r in reports for w in r.warnings):  # one line each, on stderr
-        click.echo(line, err=True)
+        echo(line, err=True)  # (a profile's or a file's text in it: escaped)
     if trace_path:
         if collectives:
             recording.kernels.extend(collectives)
@@ -345,9 +347,12 @@ def _ddp_compare(compare: str | None, fsdp: bool = False) -> tuple[str, list] | 
     if len(items) > 64:
         raise UsageError(f"--compare {key}: at most 64 values, got {len(items)}")
     if key == "world":
-        if not all(v.isdigit() and 1 <= int(v) <= MAX_WORLD for v in items):
-            raise UsageError(f"--compare world: world sizes are whole numbers from 1 to {MAX_WORLD}")
-        return key, [int(v) for v in items]
+        from autograd_run.cli.ddp_options import whole_in
+        worlds = [whole_in(v, 1, MAX_WORLD) for v in items]
+        if None in worlds:
+            raise UsageError(f"--compare world: world sizes are whole numbers from 1 to {MAX_WORLD}, got "
+                             f"{items[worlds.index(None)][:40]!r}")
+        return key, worlds
     if key == "prefetch":
         from autograd_run.cli.ddp_options import parse_fsdp
         return key, [parse_fsdp(f"prefetch={v}")["prefetch"] for v in items]
@@ -422,7 +427,7 @@ def _run_ddp(graph, first, args: dict, opts) -> list:
             kw["bucket_cap_mb"] = v
         link, note = args["network"].link_for(world)
         if note:
-            click.echo(f"note: {note}", err=True)
+            echo(f"note: {note}", err=True)  # (a network file names the link: escaped)
         if slow is not None and slow[0] >= world:
             raise UsageError(f"--straggler: rank {slow[0]} is not below the world size {world}")
         result = simulate_ddp(first, world, link, straggler=slow, **kw)
@@ -445,7 +450,7 @@ def _run_fsdp(graph, first, args: dict, opts) -> list:
             kw["prefetch"] = v
         link, note = args["network"].link_for(world)
         if note:
-            click.echo(f"note: {note}", err=True)
+            echo(f"note: {note}", err=True)  # (a network file names the link: escaped)
         if world % kw.get("replicate", 1):
             raise UsageError(f"--fsdp replicate={kw['replicate']} does not divide the world size {world}")
         result = simulate_fsdp(first, world, link, **kw)
@@ -453,6 +458,18 @@ def _run_fsdp(graph, first, args: dict, opts) -> list:
             from autograd_run.sim.fsdp import fsdp_slack
             result.slack = fsdp_slack(first, world, link, result, kw, opts.slack_speedup)
         out.append((v, result))
+    return out
+
+
+def _calibrations_read(spec: str | None, network: str | None) -> list[str]:
+    """The calibrations in the user cache folder a simulation reads (``--spec local``/``local-torch``, the default
+    spec, ``--network local-gloo``): inputs too, which no output may overwrite (a trace written over
+    ``local-spec.json`` left every later simulation without its default spec)."""
+    from autograd_run.parallel.networks import LOCAL_GLOO, local_gloo_path
+    from autograd_run.sim.specs import LOCAL, local_spec_path
+    out = [local_spec_path(spec)] if spec in LOCAL else [local_spec_path(n) for n in LOCAL] if spec is None else []
+    if network is not None and network.strip() == LOCAL_GLOO:
+        out.append(local_gloo_path())
     return out
 
 

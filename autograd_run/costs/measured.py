@@ -234,6 +234,20 @@ def _matched(costs: MeasuredCosts, graph: Graph, path: str, option: str) -> Meas
 MAX_RANK_FILES = 1024
 
 
+def trace_files(ref: str) -> list[str]:
+    """The files ``--costs REF`` reads: ``REF`` itself, or a folder's trace files (``_from_folder``): inputs,
+    which no output of the run may overwrite."""
+    if not ref or ref == "analytic":
+        return []
+    if not os.path.isdir(ref):
+        return [ref]
+    try:
+        names = os.listdir(ref)
+    except OSError:  # (reading it says why)
+        return [ref]
+    return [ref, *(os.path.join(ref, n) for n in sorted(names) if n.lower().endswith((".json", ".json.gz")))]
+
+
 def _from_folder(ref: str, graph: Graph, step, option: str, order) -> MeasuredCosts:
     """Costs from a folder of PyTorch profiler traces, one per rank (a distributed profile: ``*.json`` and
     ``*.json.gz``): each rank's backward calls matched to ``graph``, every rank's used calls pooled (medians

@@ -742,7 +742,7 @@ class _Checker:
                 if u.get(key) is not None:
                     tensors.check_dtype(u[key], p + (key,), self.err)
                     rec[key] = u[key]
-            if "backward_prefetch" in u:
+            if u.get("backward_prefetch") is not None:  # (null: none set, as for the dtypes)
                 rec["backward_prefetch"] = u["backward_prefetch"]
             out_units.append(rec)
         for k, rec in enumerate(out_units):

@@ -351,5 +351,8 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
     copy_back = 0 if gradient_as_bucket_view or world == 1 else _copy_back_ns(report, runs, params)
     wall = max([compute] + [b.end_ns for b in runs]) + copy_back
     hidden = sum(max(0, min(b.end_ns, compute) - b.start_ns) for b in runs)
+    if max(wall, comm, lag["wall_ns"] if lag else 0) >= 1 << 62:  # (as the backward's own simulation: sim.session)
+        from autograd_run.sim.result import too_big
+        raise too_big()
     return DdpResult(world, iteration, runs, compute, wall, wall - compute, comm,
                      hidden / comm if comm else 1.0, unused, link, lag, copy_back, gradient_as_bucket_view)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from autograd_run.errors import RequestError
 from autograd_run.ops.cost import ITEMSIZE
@@ -149,6 +150,17 @@ class FsdpResult:
         def post_moment(u: UnitRun) -> tuple:
             return ("end", u.post_in) if u.post_in not in (None, "final callback") else ("final",)
         posts = sorted((u for u in self.units), key=lambda u: (u.post_ns is None, u.post_ns or 0, u.index))
+        place = {id(u): k for k, u in enumerate(posts)}
+
+        def next_post(u: UnitRun):
+            """The first post-backward after ``u``'s (in ``posts``) that is not earlier: the one that waits for
+            its reduce-scatter. A scan from ``u``'s place, not ``posts.index`` per pair (cubic in the units:
+            100,000 of them, as a graph file may give, took hours)."""
+            at = u.post_ns or 0
+            for k in range(place[id(u)] + 1, len(posts)):
+                if (posts[k].post_ns or 0) >= at:
+                    return posts[k]
+            return None
         extras, grads_out, leaves_out = [], {}, []
         for u, s in zip(self.units, specs):
             names = s["parameters"]
@@ -173,10 +185,9 @@ class FsdpResult:
             if issued is not None and own != issued:  # (issued by its own pre-backward: gone at once, not counted)
                 extras.append(Extra(f"FSDP {label}: all-gather buffer", u.gather_bytes, device, issued, own))
             if u.reduce_scatter is not None:
-                later = [w for w in posts if w is not u and (w.post_ns or 0) >= (u.post_ns or 0)
-                         and posts.index(w) > posts.index(u)]
+                later = next_post(u)
                 extras.append(Extra(f"FSDP {label}: reduce-scatter input", u.reduce_bytes, device, post,
-                                    post_moment(later[0]) if later else ("final",)))
+                                    post_moment(later) if later is not None else ("final",)))
                 extras.append(Extra(f"FSDP {label}: sharded gradients", sharded, device, post))
                 for p in names:
                     grads_out[p] = post
@@ -253,6 +264,27 @@ class _Streams:
 
     def copy_ns(self, nbytes: int) -> int:
         return int(round(2 * nbytes / self.mem_bw * 1e9)) if self.shard > 1 else 0
+
+
+def _idle_before(spans: list) -> "Callable[[int], int]":
+    """``F(x)``: the idle spans' time before ``x``, summed (each span's ``[start, end]`` cut at ``x``; spans may
+    overlap, each counts). ``F(b) - F(a)`` is their summed overlap with ``[a, b]``: with sorted starts and ends
+    and their prefix sums, a log-time look-up, not a pass over every span for each collective (quadratic in the
+    units)."""
+    import bisect
+    starts = sorted(sp.start_ns for sp in spans)
+    ends = sorted(sp.end_ns for sp in spans)
+    s_sum, e_sum = [0], [0]
+    for v in starts:
+        s_sum.append(s_sum[-1] + v)
+    for v in ends:
+        e_sum.append(e_sum[-1] + v)
+
+    def before(x: int) -> int:
+        k = bisect.bisect_left(starts, x)   # spans begun before x: x - start each ...
+        j = bisect.bisect_left(ends, x)     # ... less x - end for those ended before x
+        return (k * x - s_sum[k]) - (j * x - e_sum[j])
+    return before
 
 
 def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None, replicate: int = 1,
@@ -398,11 +430,15 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
     wall = max([t] + finals)
     comm = sum(sp.end_ns - sp.start_ns for sp in st.spans)
     hidden = 0
+    idle_before = _idle_before(idle_spans)
     for sp in st.spans:
-        hidden += max(0, min(sp.end_ns, compute_end) - sp.start_ns)
-        for idle in idle_spans:
-            hidden -= max(0, min(sp.end_ns, idle.end_ns, compute_end) - max(sp.start_ns, idle.start_ns))
+        b = min(sp.end_ns, compute_end)
+        if b > sp.start_ns:  # under the compute, less the times the compute itself waited
+            hidden += b - sp.start_ns - (idle_before(b) - idle_before(sp.start_ns))
     idle = sum(i.end_ns - i.start_ns for i in idle_spans)
+    if max(wall, comm, idle) >= 1 << 62:  # (as the backward's own simulation: sim.session)
+        from autograd_run.sim.result import too_big
+        raise too_big()
     return FsdpResult(world, replicate, prefetch, blocking, units, compute, wall, wall - compute_end, idle, comm,
                       max(0.0, hidden / comm) if comm else 1.0, link, stalls)
 
