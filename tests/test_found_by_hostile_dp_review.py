@@ -239,3 +239,13 @@ def test_a_side_refuses_the_options_it_would_not_apply(ddp_graph, fsdp_graph, tm
     p = cli([*args, side])
     flag = "--simulate" if command[0] == "draw" else "--a"
     _usage_error(p, flag, side.split()[1 if side.startswith("simulate") else 0], "is not available here")
+
+
+@pytest.mark.parametrize("key,value", [("devices", "1"), ("policy", "fifo")])
+def test_a_compare_of_policies_or_device_counts_is_bounded_before_it_starts(key, value):
+    """Each value of ``--compare`` is a simulation of its own: 2,000 values ran 2,000 of them. At most 64, as
+    for the data-parallel keys, refused before any runs."""
+    p = cli(["simulate", "example:mlp", "--compare", f"{key}=" + ",".join([value] * 65)])
+    assert p.code == 2 and p.err == f"Error: --compare {key}: at most 64 values, got 65\n", p.err
+    p = cli(["simulate", "example:mlp", "--compare", f"{key}=" + ",".join([value] * 64), "--json"])
+    assert p.code == 0, p.err

@@ -24,6 +24,10 @@ from autograd_run.sim.policies import POLICIES
 NO_BUDGET = 1 << 62
 
 
+#: The most values one --compare takes (each is a simulation of its own), as for its data-parallel keys.
+MAX_COMPARED = 64
+
+
 def _variants(compare: str | None, policy: str, devices: int | None) -> list[tuple[str, int | None]]:
     """``--compare policy=a,b`` / ``devices=1,2,4`` / a list of policies: the (policy, devices) pairs to run."""
     if not compare:
@@ -36,6 +40,8 @@ def _variants(compare: str | None, policy: str, devices: int | None) -> list[tup
     if key in ("policy", "devices") and not items:
         raise UsageError(f"--compare {key}=: give the values to compare, e.g. "
                          + ("policy=pytorch,fifo" if key == "policy" else "devices=1,2,4"))
+    if len(items) > MAX_COMPARED:  # (each value is a whole simulation: bounded before any starts)
+        raise UsageError(f"--compare {key}: at most {MAX_COMPARED} values, got {len(items)}")
     if key == "policy":
         bad = [v for v in items if v not in POLICIES]
         if bad:
@@ -344,8 +350,8 @@ def _ddp_compare(compare: str | None, fsdp: bool = False) -> tuple[str, list] | 
     if not items:
         raise UsageError(f"--compare {key}=: give the values to compare, e.g. "
                          + ("bucket_cap_mb=1,5,25,100" if key == "bucket_cap_mb" else "world=8,64,512"))
-    if len(items) > 64:
-        raise UsageError(f"--compare {key}: at most 64 values, got {len(items)}")
+    if len(items) > MAX_COMPARED:
+        raise UsageError(f"--compare {key}: at most {MAX_COMPARED} values, got {len(items)}")
     if key == "world":
         from autograd_run.cli.ddp_options import whole_in
         worlds = [whole_in(v, 1, MAX_WORLD) for v in items]
