@@ -937,6 +937,43 @@ def test_the_compiled_event_loop_simulates_as_its_twin(monkeypatch, tmp_path):
 
 
 @compiled
+def test_cost_nodes_alike_by_their_objects_are_costed_by_what_they_say(monkeypatch):
+    """The compiled loop remembers a cost node's cost by the objects its key is read from (its attrs, name and
+    device objects, its cpu flag: the loader shares one attrs dict among nodes that write the same text). Nodes
+    with the same attrs text but another name, device (scaled apart) or mode, or other attrs, get their own cost:
+    every node's cost is the one the resolver gives it alone, and the simulation is the Python loop's."""
+    import json
+    from autograd_run.graphs.load import loads_graph
+    from autograd_run.sim.costs import CostResolver
+    from autograd_run.sim.session import SimOptions, simulate_session
+    from autograd_run.sim.specs import load_spec
+    kinds = [({"cost": {"us": 30}}, "cpu"), ({"cost": {"us": 30}}, "cuda:0"), ({"cost": {"us": 30}}, "cuda:1"),
+             ({"cost": {"us": 30, "mode": "sleep"}}, "cpu"), ({"cost": {"us": 70}}, "cuda:0"),
+             ({"cost": {"flops": 5e9}}, "cuda:1")]
+    nodes = []
+    n = 60
+    for i in range(n):
+        attrs, dev = kinds[i % len(kinds)]
+        nxt = [[f"n{i + 1}", 0]] if i + 1 < n else []
+        meta = {"shape": [4]} if dev == "cpu" else {"shape": [4], "device": dev}
+        nodes.append({"id": f"n{i}", "name": ("A", "B")[(i // 6) % 2], "op": "cost", "next": nxt, "inputs": [meta],
+                      "attrs": attrs})
+    doc = {"format": "autograd-graph/1", "roots": [{"node": "n0"}], "nodes": nodes}
+    g = loads_graph(json.dumps(doc).encode(), "g.json")
+    assert g.nodes[0].attrs is g.nodes[6].attrs  # (shared by the loader: what the memo is keyed by)
+    scale = {"A": 2.0, "cuda:1": 3.0}  # (a node's name and device change its cost)
+    options = SimOptions(spec="h100", slack_top=0, scale=dict(scale))
+    compiled = simulate_session(g, options)
+    spec = load_spec("h100")
+    for node in g.nodes:
+        assert compiled.sim.costs.resolved[node] == CostResolver(spec, scale=dict(scale))(node), node.id
+    monkeypatch.setattr(core, "sim_loop", None)
+    python = simulate_session(g, options)
+    rows = lambda r: [(s[1], s[2].id, *s[3:]) for s in r.sim.slices]  # noqa: E731
+    assert rows(compiled) == rows(python) and compiled.wall_ns == python.wall_ns
+
+
+@compiled
 @pytest.mark.slow  # every bench/sim_dump case simulated twice (7 s here): make test, not make test-fast
 def test_the_compiled_sequential_loop_simulates_as_its_twin(monkeypatch, tmp_path):
     """``_core.sim_sequential`` (a call on the CPU alone) against ``Simulator._run_sequential``'s Python loop:

@@ -56,9 +56,13 @@ typedef struct {
     int (*sum_inline)(void *ctx, PyObject *stream);
     void *sum_ctx;
     PyObject *sum_streams;
+    /* engine.streams, read when first needed (new reference; the engine's and the simulator's are set once, in
+     * their __init__), else NULL */
+    PyObject *streams;
 } EngineInfo;
 
 static void engine_info_clear(EngineInfo *ei) {
+    Py_CLEAR(ei->streams);
     Py_CLEAR(ei->others);
     Py_CLEAR(ei->key_fn);
     for (int i = 0; i < 8; i++)
@@ -713,7 +717,9 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
             int is_cpu = PyUnicode_Check(dtype) && PyUnicode_Compare(dtype, s_cpu_str) == 0;
             Py_DECREF(dtype);
             if (!is_cpu) {
-                PyObject *streams = PyObject_GetAttr(ei->engine, s_streams);
+                if (ei->streams == NULL)
+                    ei->streams = PyObject_GetAttr(ei->engine, s_streams);
+                PyObject *streams = Py_XNewRef(ei->streams);
                 PyObject *nstream = NULL;
                 if (streams != NULL) {
                     /* node_stream(nxt) = (device, stream) of an accelerator node */

@@ -248,6 +248,9 @@ static PyTypeObject LoopType = {
     .tp_methods = Loop_methods,
 };
 
+#define COST_MEMO 32
+#define COSTS_SEEN 16
+
 /* What one run of the loop reads: the simulator's records and settings, fetched once. */
 typedef struct {
     LoopObject *L;
@@ -259,10 +262,10 @@ typedef struct {
     PyObject *gil_holder; /* borrowed from a live SimRunC's or worker's reference; kept alive in `holder_ref` */
     PyObject *holder_ref;
     int detail, overhead_gil;
-    /* the last cost object read, and its fields (nodes alike share one NodeCost) */
-    PyObject *last_cost;
-    long long last_cpu, last_gpu, last_sleep;
-    int last_gil, last_blocking, last_from_attrs;
+    /* cost objects read lately (direct-mapped by address), and their fields: nodes alike share one NodeCost, and
+     * a graph's kinds of node come in turns (a layer's ops); each entry holds its cost, so that no address is
+     * reused while it is here; released at the loop's end (costs_seen_clear) */
+    struct { PyObject *cost; long long cpu, gpu, sleep; int gil, blocking, from_attrs; } costs_seen[COSTS_SEEN];
     /* The host's cores (Simulator._core_free): when each is next free, a binary heap kept exactly as heapq keeps
      * the Python list (core_heap_replace), copied in from that list at the start and back at the end (sim_loop);
      * NULL where cores are not modelled */
@@ -286,6 +289,12 @@ typedef struct {
     /* nodes alike (signature.c's sig_alike): per slot an exemplar node whose cost came from by_signature, and that
      * cost; both held (so the exemplar's address is not reused while it is here), released by memo_clear */
     PyObject *memo_node[SIG_MEMO], *memo_cost[SIG_MEMO];
+    /* cost nodes' costs (cost_node_known) by what their key is read from: per slot the node's attrs, name and
+     * device objects (the loader shares one attrs dict among the nodes that write the same text, one name
+     * object per name, one Device per device) and its cpu flag, and the cost _by_cost gave for them; all held
+     * (no address reused while it is here: nothing changes a node's attrs during a simulation), released by
+     * memo_clear */
+    struct { PyObject *attrs, *name, *device, *cost; int cpu; } cost_memo[COST_MEMO];
     /* route()'s reads of the simulator (EngineInfo, with its device queues kept) and of a task's GraphTask
      * (GtInfo: its fields never change while it runs), made once per loop and once per GraphTask instead of
      * once per node (sim_route); route_gt: the GraphTask route_gi was read from (held by route_gi), or NULL */
@@ -399,6 +408,12 @@ static void memo_clear(Sim *S) {
     for (int i = 0; i < SIG_MEMO; i++) {
         Py_CLEAR(S->memo_node[i]);
         Py_CLEAR(S->memo_cost[i]);
+    }
+    for (int i = 0; i < COST_MEMO; i++) {
+        Py_CLEAR(S->cost_memo[i].attrs);
+        Py_CLEAR(S->cost_memo[i].name);
+        Py_CLEAR(S->cost_memo[i].device);
+        Py_CLEAR(S->cost_memo[i].cost);
     }
 }
 
@@ -769,9 +784,15 @@ static int sim_cpu(Sim *S, long long ns, int gil, int then, SimRunC *run) {
     return loop_push(S->L, end, then, NULL, NULL, run);
 }
 
-/* The cost's fields, read once per distinct NodeCost object. */
+static void costs_seen_clear(Sim *S) {
+    for (int i = 0; i < COSTS_SEEN; i++)
+        Py_CLEAR(S->costs_seen[i].cost);
+}
+
+/* The cost's fields, read once per NodeCost object while it stays in costs_seen. */
 static int read_cost(Sim *S, PyObject *cost, SimRunC *run) {
-    if (cost != S->last_cost) {
+    int at = (int)(((uintptr_t)cost >> 4) % COSTS_SEEN);
+    if (cost != S->costs_seen[at].cost) {
         long long cpu, gpu;
         long long sleep = 0;
         int gil, blocking, from_attrs = 0;
@@ -788,16 +809,16 @@ static int read_cost(Sim *S, PyObject *cost, SimRunC *run) {
                 return -1;
         }
         Py_INCREF(cost);
-        Py_XSETREF(S->last_cost, cost);
-        S->last_cpu = cpu;
-        S->last_gpu = gpu;
-        S->last_gil = gil;
-        S->last_blocking = blocking;
-        S->last_sleep = sleep;
-        S->last_from_attrs = from_attrs;
+        Py_XSETREF(S->costs_seen[at].cost, cost);
+        S->costs_seen[at].cpu = cpu;
+        S->costs_seen[at].gpu = gpu;
+        S->costs_seen[at].gil = gil;
+        S->costs_seen[at].blocking = blocking;
+        S->costs_seen[at].sleep = sleep;
+        S->costs_seen[at].from_attrs = from_attrs;
     }
-    run->cpu_ns = S->last_cpu;
-    run->gpu_ns = S->last_gpu;
+    run->cpu_ns = S->costs_seen[at].cpu;
+    run->gpu_ns = S->costs_seen[at].gpu;
     long long work;
     if (__builtin_add_overflow(S->work, run->cpu_ns, &work) ||
         __builtin_add_overflow(work, run->gpu_ns, &work) || work > WORK_LIMIT) {
@@ -805,10 +826,10 @@ static int read_cost(Sim *S, PyObject *cost, SimRunC *run) {
         return -1;
     }
     S->work = work;
-    run->holds_gil = S->last_gil;
-    run->blocking = S->last_blocking;
-    run->sleep_ns = S->last_sleep;
-    run->from_attrs = S->last_from_attrs;
+    run->holds_gil = S->costs_seen[at].gil;
+    run->blocking = S->costs_seen[at].blocking;
+    run->sleep_ns = S->costs_seen[at].sleep;
+    run->from_attrs = S->costs_seen[at].from_attrs;
     return 0;
 }
 
@@ -896,6 +917,31 @@ static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
     PyObject *attrs = node_get(node, NF_ATTRS);
     if (attrs == NULL)
         return -1;
+    /* a node whose attrs, name, device and cpu flag are the very objects of one costed before: its cost */
+    PyObject *m_name = node_get(node, NF_NAME), *m_device = m_name ? node_get(node, NF_DEVICE) : NULL;
+    int m_cpu = m_device ? node_true(node, NF_CPU) : -1;
+    if (m_cpu < 0) {
+        Py_DECREF(attrs);
+        Py_XDECREF(m_name);
+        Py_XDECREF(m_device);
+        return -1;
+    }
+    int m_slot = (int)((((uintptr_t)attrs >> 4) ^ ((uintptr_t)m_name >> 6) ^ ((uintptr_t)m_device >> 8)) &
+                       (COST_MEMO - 1));
+    if (S->cost_memo[m_slot].cost != NULL && S->cost_memo[m_slot].attrs == attrs &&
+        S->cost_memo[m_slot].name == m_name && S->cost_memo[m_slot].device == m_device &&
+        S->cost_memo[m_slot].cpu == m_cpu) {
+        PyObject *found = S->cost_memo[m_slot].cost;
+        Py_DECREF(attrs);
+        Py_DECREF(m_name);
+        Py_DECREF(m_device);
+        if (map_set(S->resolved, node, found) < 0)
+            return -1;
+        *cost = Py_NewRef(found);
+        return 1;
+    }
+    Py_DECREF(m_name); /* (still held by the node: compared by address below) */
+    Py_DECREF(m_device);
     PyObject *spec = PyDict_CheckExact(attrs) ? PyDict_GetItemWithError(attrs, s_cost) : NULL;
     if (spec == NULL || !PyDict_CheckExact(spec)) {
         Py_DECREF(attrs);
@@ -939,6 +985,20 @@ static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
     if (map_set(S->resolved, node, found) < 0)
         return -1;
     *cost = Py_NewRef(found);
+    /* remembered by the objects its key was read from (the node holds them all while it is compared here) */
+    PyObject *k_attrs = node_get(node, NF_ATTRS), *k_name = k_attrs ? node_get(node, NF_NAME) : NULL,
+             *k_device = k_name ? node_get(node, NF_DEVICE) : NULL;
+    if (k_device == NULL) {
+        Py_XDECREF(k_attrs);
+        Py_XDECREF(k_name);
+        Py_CLEAR(*cost);
+        return -1;
+    }
+    Py_XSETREF(S->cost_memo[m_slot].attrs, k_attrs);
+    Py_XSETREF(S->cost_memo[m_slot].name, k_name);
+    Py_XSETREF(S->cost_memo[m_slot].device, k_device);
+    Py_XSETREF(S->cost_memo[m_slot].cost, Py_NewRef(found));
+    S->cost_memo[m_slot].cpu = m_cpu;
     return 1;
 }
 
@@ -1377,7 +1437,7 @@ static PyObject *sim_loop(PyObject *mod, PyObject *args) {
              .tracer = tracer, .cost_op = cost_op, .now = now, .overhead_ns = overhead_ns,
              .device_overhead_ns = device_overhead_ns, .cost_node_ns = cost_node_ns, .gil_handoff_ns = gil_handoff_ns,
              .gil_free_at = gil_free_at, .gil_holder = gil_holder, .holder_ref = Py_NewRef(gil_holder),
-             .detail = detail, .overhead_gil = overhead_gil, .last_cost = NULL, .now_seen = now,
+             .detail = detail, .overhead_gil = overhead_gil, .now_seen = now,
              .cores = cores, .ncores = ncores};
     PyObject *result = NULL, *at = PyObject_GetAttr((PyObject *)L, sl_at);
     if (at == NULL || PyObject_SetAttr(sim, sl_at, at) < 0)
@@ -1461,7 +1521,7 @@ done:
     Py_XDECREF(at);
     Py_XDECREF(S.ones);
     Py_XDECREF(S.holder_ref);
-    Py_XDECREF(S.last_cost);
+    costs_seen_clear(&S);
     Py_DECREF(L);
     if (cores != NULL) { /* the cores' heap back into the simulator's list, as the Python methods leave it */
         PyObject *et, *ev, *tb;
@@ -1599,7 +1659,7 @@ done:
     if (result == NULL)
         sync_now_after_error(&S);
     Py_XDECREF(own_ones);
-    Py_XDECREF(S.last_cost);
+    costs_seen_clear(&S);
     memo_clear(&S);
     Py_DECREF(zero);
     gt_info_clear(&gi);
