@@ -138,8 +138,8 @@ def test_its_slots_are_freed_when_it_empties_by_clear():
 
 
 def test_the_top_level_simulated_call_counts_in_one_and_agrees_with_a_dict(monkeypatch):
-    """The simulator's top-level task counts its dependencies, and its cost resolver keeps its costs by node, in
-    NodeMaps; with dicts instead (their twin) the simulation is the same, slice by slice, and so are its cost
+    """The simulator's top-level task counts its dependencies and keeps its waiting buffers, and its cost resolver
+    keeps its costs by node, in NodeMaps; with dicts instead (their twin) the simulation is the same, slice by slice, and so are its cost
     sources and its slack what-ifs (each a copy of the costs with one changed)."""
     from autograd_run.sim.session import SimOptions, simulate_session
     from autograd_run.graphs.load import load_graph
@@ -148,13 +148,14 @@ def test_the_top_level_simulated_call_counts_in_one_and_agrees_with_a_dict(monke
             o = SimOptions(spec="h100", slack_top=0, devices=devices, placement="layer" if devices else "keep")
             report = simulate_session(graph, o)
             with_map = report.sim
-            assert type(with_map.graph_tasks[0].dependencies) is core.NodeMap
+            assert type(with_map.graph_tasks[0].dependencies) is type(with_map.graph_tasks[0].not_ready) is core.NodeMap
             assert type(with_map.costs.resolved) is core.NodeMap and len(with_map.costs.resolved) > 0
             with monkeypatch.context() as mp:
                 mp.setattr(core, "NodeMap", None)
                 twin = simulate_session(graph, o)
                 with_dict = twin.sim
-            assert type(with_dict.graph_tasks[0].dependencies) is dict and type(with_dict.costs.resolved) is dict
+            assert type(with_dict.graph_tasks[0].dependencies) is type(with_dict.graph_tasks[0].not_ready) is dict
+            assert type(with_dict.costs.resolved) is dict
             assert report.cost_sources == twin.cost_sources and list(report.cost_sources) == \
                 list(twin.cost_sources) and report.slack == twin.slack
             # (a slice's first field numbers its call among every simulated one in the process; a placed graph's

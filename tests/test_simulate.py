@@ -1098,8 +1098,9 @@ def test_a_finished_simulation_lets_go_of_its_dependency_tables():
                            (chain, SimOptions(spec="h100", devices=2, placement="layer", slack_top=0)),
                            (load_graph("example:reentrant"), SimOptions(spec="h100", slack_top=0))):
         sim = simulate_session(graph, options).sim
-        assert sim.graph_tasks and all(not t.dependencies for t in sim.graph_tasks)
+        assert sim.graph_tasks and all(not t.dependencies and not t.not_ready for t in sim.graph_tasks)
         assert max(sys.getsizeof(t.dependencies) for t in sim.graph_tasks) < 1000
+        assert max(sys.getsizeof(t.not_ready) for t in sim.graph_tasks) < 1000
 
 
 def test_a_trace_of_other_nodes_is_said_to_cover_only_the_graphs(tmp_path, capsys):

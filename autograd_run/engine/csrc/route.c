@@ -607,7 +607,7 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
     if (outs == NULL)
         goto unlock;
     PyObject *deps = gi->deps, *not_ready = gi->not_ready;
-    if (BUFFER_TYPE == NULL || !PyList_Check(next) || !map_check(deps) || !PyDict_Check(not_ready)) {
+    if (BUFFER_TYPE == NULL || !PyList_Check(next) || !map_check(deps) || !map_check(not_ready)) {
         PyErr_SetString(PyExc_TypeError, "route: _core.configure() not called, or an unexpected graph task layout");
         goto unlock;
     }
@@ -649,7 +649,7 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
             Py_DECREF(nc);
             ready = 0;
         }
-        PyObject *buf = PyDict_GetItemWithError(not_ready, nxt);  /* borrowed */
+        PyObject *buf = map_get(not_ready, nxt);  /* borrowed */
         if (buf == NULL && PyErr_Occurred())
             goto unlock;
         if (buf == NULL) {
@@ -683,13 +683,13 @@ static PyObject *route_core(EngineInfo *ei, GtInfo *gi, PyObject *node, PyObject
             buf = nin < 0 ? NULL : new_buffer(nin);  /* new reference */
             if (buf == NULL)
                 goto unlock;
-            if (!ready && PyDict_SetItem(not_ready, nxt, buf) < 0) {
+            if (!ready && map_set(not_ready, nxt, buf) < 0) {
                 Py_DECREF(buf);
                 goto unlock;
             }
         } else {
             Py_INCREF(buf);
-            if (ready && PyDict_DelItem(not_ready, nxt) < 0) {
+            if (ready && map_del(not_ready, nxt) < 0) {
                 Py_DECREF(buf);
                 goto unlock;
             }
