@@ -79,6 +79,34 @@ def _codes(graph, k, rng):
 
 @compiled
 @pytest.mark.parametrize("graph", GRAPHS, ids=[g.source for g in GRAPHS])
+def test_the_compiled_variables_are_their_twins(graph):
+    """``remap_variables``: each variable made again with every field of the old one but its node (the remapped
+    one) and its device (that node's; the old device where it has none), compiled and twin alike, field by
+    field and object by object (what is shared with the input graph)."""
+    from dataclasses import fields
+    from autograd_run.graphs.model import Variable
+    from autograd_run.graphs.remap import remap_variables_py
+    from autograd_run.graphs.validate import _FAST_VARS
+    assert _FAST_VARS
+    rng = random.Random(12)
+    names = [f.name for f in fields(Variable)]
+    for k in (1, 3):
+        fresh = _run(remap_nodes_py, graph, _codes(graph, k, rng), k)[2]
+        twin, made = remap_variables_py(graph.variables, fresh), _FAST.remap_variables(graph.variables, fresh)
+        assert list(twin) == list(made) == list(graph.variables)
+        for name, old in graph.variables.items():
+            a, b = twin[name], made[name]
+            assert type(b) is Variable and a is not old and b is not old
+            assert [getattr(a, f) for f in names] == [getattr(b, f) for f in names]
+            assert all(getattr(b, f) is getattr(a, f) for f in names), name  # the same objects as the twin's
+            if old.node is not None:
+                assert b.node is fresh[old.node.index] and b.device is fresh[old.node.index].device
+            else:
+                assert b.node is None and b.device is old.device
+
+
+@compiled
+@pytest.mark.parametrize("graph", GRAPHS, ids=[g.source for g in GRAPHS])
 def test_compiled_loop_is_its_twin(graph):
     rng = random.Random(11)
     for k in (1, 2, 3, 4):

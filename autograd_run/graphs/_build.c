@@ -28,6 +28,8 @@
  *       each edge that crosses devices (what-if placements): graphs/remap.py's remap_nodes_py is the
  *       twin, and its docstring says what both do.
  *
+ *   remap_variables(variables, fresh)  the variables of such a graph (graphs/remap.py's remap_variables_py).
+ *
  * `st` is validate._Build: nodes, by_id, ops, metas (read), default_seqs, max_device_index and
  * forward (read, and written back on return). No lock: the loader runs on one thread; the GIL
  * is held throughout. configure() must have returned True first (the fields of Node and NodeSpec
@@ -2290,6 +2292,67 @@ static PyObject *presized(PyObject *mod, PyObject *arg) {
     return _PyDict_NewPresized(n < 0 ? 0 : n);
 }
 
+/* remap_variables(variables, fresh) -> {name: Variable}: remap_variables_py, compiled (used where
+ * configure_variables succeeded: validate._FAST_VARS); a variable that is not a Variable is a TypeError. */
+static PyObject *remap_variables(PyObject *mod, PyObject *args) {
+    PyObject *variables, *fresh;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &variables, &PyList_Type, &fresh))
+        return NULL;
+    if (!variables_ready || !configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_build.configure_variables() has not succeeded");
+        return NULL;
+    }
+    PyObject *out = PyDict_New(), *name, *old;
+    Py_ssize_t pos = 0;
+    while (out != NULL && PyDict_Next(variables, &pos, &name, &old)) {
+        PyObject *node = NULL, *dev = NULL;
+        if (Py_TYPE(old) != VARIABLE.type) {
+            PyErr_SetString(PyExc_TypeError, "remap_variables: a variable that is not a Variable");
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject *on = *(PyObject **)((char *)old + VARIABLE.offsets[V_NODE]);
+        if (on != NULL && on != Py_None) {
+            PyObject *own = NULL, *idx = slot(&NODE, on, N_INDEX, &own);
+            Py_ssize_t i = idx ? PyLong_AsSsize_t(idx) : -1;
+            Py_XDECREF(own);
+            if (i < 0 || i >= PyList_GET_SIZE(fresh)) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_IndexError, "remap_variables: a variable's node is not in the graph");
+                Py_CLEAR(out);
+                break;
+            }
+            node = PyList_GET_ITEM(fresh, i);
+            PyObject *own_d = NULL;
+            dev = slot(&NODE, node, N_DEVICE, &own_d);
+            Py_XDECREF(own_d); /* (the new node holds it) */
+            if (dev == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+        }
+        PyObject *var = VARIABLE.type->tp_alloc(VARIABLE.type, 0);
+        if (var == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        for (int f = 0; f < V_FIELDS; f++) {
+            PyObject *v = *(PyObject **)((char *)old + VARIABLE.offsets[f]);
+            if (f == V_NODE)
+                v = node != NULL ? node : Py_None;
+            else if (f == V_DEVICE && node != NULL)
+                v = dev;
+            if (v != NULL)
+                slot_put(&VARIABLE, var, f, v);
+        }
+        int r = PyDict_SetItem(out, name, var);
+        Py_DECREF(var);
+        if (r < 0)
+            Py_CLEAR(out);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"presized", presized, METH_O, "presized(n) -> an empty dict with room for n entries"},
     {"configure_colons", configure_colons, METH_VARARGS,
@@ -2312,6 +2375,7 @@ static PyMethodDef methods[] = {
      "edges_and_devices(nodes) -> (edges, distinct devices) or None: see graphs/model.py Graph.num_edges"},
     {"topo_in", topo_in, METH_VARARGS,
      "topo_in(nodes, reverse) -> True, or False where the Python loop must do it: see graphs/model.py _topo_in"},
+    {"remap_variables", remap_variables, METH_VARARGS, "remap_variables(variables, fresh): see graphs/remap.py"},
     {"remap_nodes", remap_nodes, METH_VARARGS,
      "remap_nodes(olds, codes, devices, metas, copy_metas, make, make_copy, copy_op, old_ids) -> "
      "(nodes, fresh, by_id, order, max_index): see graphs/remap.py"},

@@ -1,8 +1,9 @@
 """A graph's nodes made again on other devices, with a copy node on every edge that crosses devices.
 
-``remap_nodes`` is the loop that ``sim.placement`` runs over every node of a placed graph; it is compiled
-(``graphs/_build.c`` ``remap_nodes``), and the Python function here is its twin: same arguments, same
-result, field by field (``tests/test_placement.py`` runs both). ``AUTOGRAD_RUN_PURE_PYTHON=1`` uses this one.
+``remap_nodes`` is the loop that ``sim.placement`` runs over every node of a placed graph, ``remap_variables``
+the one over its variables; both are compiled (``graphs/_build.c``), and the Python functions here are their
+twins: same arguments, same result, field by field (``tests/test_placement.py`` runs both).
+``AUTOGRAD_RUN_PURE_PYTHON=1`` uses these.
 
 Arguments:
 
@@ -43,7 +44,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from autograd_run.graphs.model import Edge, Node
-from autograd_run.graphs.validate import _FAST, _GENERAL_KEYS
+from autograd_run.graphs.validate import _FAST, _FAST_VARS, _GENERAL_KEYS
 
 
 def remap_nodes_py(olds, codes, devices, metas, copy_metas, make, make_copy, copy_op, old_ids):
@@ -123,5 +124,19 @@ def remap_nodes_py(olds, codes, devices, metas, copy_metas, make, make_copy, cop
 
 #: The loop in use: the compiled one where the loader's compiled loops are in use (``graphs.validate``), else
 #: the twin; and the compiled topological numbering of an order, or None.
+def remap_variables_py(variables: dict, fresh: list) -> dict:
+    """name -> the variable on the remapped graph: a new ``Variable`` with each field of the old one but its node
+    (``fresh[old node's index]``) and its device (the new node's, as a parameter lives where its gradient is;
+    the old device where it has no node). Compiled: ``graphs/_build.c`` ``remap_variables``."""
+    from autograd_run.graphs.model import Variable
+    out = {}
+    for name, v in variables.items():
+        node = fresh[v.node.index] if v.node is not None else None
+        out[name] = Variable(v.name, v.shape, v.dtype, v.device if node is None else node.device, v.grad, node,
+                             v.requires_grad, v.hooks)
+    return out
+
+
 remap_nodes = _FAST.remap_nodes if _FAST is not None else remap_nodes_py
+remap_variables = _FAST.remap_variables if _FAST is not None and _FAST_VARS else remap_variables_py
 TOPO_IN = _FAST.topo_in if _FAST is not None else None

@@ -24,7 +24,7 @@ from operator import attrgetter
 import numpy as np
 
 from autograd_run.errors import RequestError
-from autograd_run.graphs.model import Edge, Graph, InputMeta, Root, Variable, derive, device, ensure_consumers
+from autograd_run.graphs.model import Edge, Graph, InputMeta, Root, derive, device, ensure_consumers
 from autograd_run.graphs.tensors import SideFiles
 from autograd_run.ops import ACCUMULATE_GRAD, lookup
 
@@ -144,18 +144,14 @@ def _remapped(graph: Graph, codes: list[int], source: str) -> Graph:
     (``tests/test_placement.py`` reloads it to prove so): the same node order (each copy listed just before
     its producer), ids, sequence numbers and metadata.
     """
-    from autograd_run.graphs.remap import TOPO_IN, remap_nodes  # (the loader's compiled loops: loaded with a graph)
+    from autograd_run.graphs.remap import TOPO_IN, remap_nodes, remap_variables  # (the loader's compiled loops)
     devices = [device("cuda", i) for i in range(max(max(codes, default=0), 0) + 1)]
     nodes, fresh, by_id, order, max_index = remap_nodes(
         graph.nodes, codes, devices, [{} for _ in devices], [{} for _ in devices],
         lambda m, d: InputMeta(m.shape, m.dtype, devices[d], m.stream),
         lambda m, d: InputMeta(m.shape, m.dtype, devices[d]),
         lookup("ToCopyBackward0"), graph.by_id)
-    variables = {}
-    for name, v in graph.variables.items():
-        node = fresh[v.node.index] if v.node is not None else None  # a parameter lives where its gradient is
-        variables[name] = Variable(v.name, v.shape, v.dtype, v.device if node is None else node.device, v.grad,
-                                   node, v.requires_grad, v.hooks)
+    variables = remap_variables(graph.variables, fresh)  # (a parameter lives where its gradient is)
     out = Graph(nodes, [Root(Edge(fresh[r.edge.node.index], r.edge.input_nr), r.grad) for r in graph.roots],
                 variables, list(graph.inputs), graph.mode, dict(graph.meta), source, graph.base_dir, by_id)
     out.max_device_index = max_index
