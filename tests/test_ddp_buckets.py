@@ -107,3 +107,74 @@ def test_buckets_are_ddps_own(name, cap, ddp_facts):
     else:  # with two dtypes, the last two buckets in libstdc++'s unordered_map order too
         assert ours_rebuilt == rebuilt
         assert B.sizes(ours_rebuilt, params) == rebuilt_sizes
+
+
+IGNORED_SCRIPT = '''
+import json, os
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from autograd_run.capture import one_process_group
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.body, self.norm, self.head = (nn.Linear(16, 64), nn.Linear(64, 64), nn.LayerNorm(64),
+                                                       nn.Linear(64, 4))
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.head(self.norm(torch.relu(self.body(torch.relu(self.embed(x)))))) * self.scale
+
+
+def main():
+    one_process_group()
+    torch.manual_seed(0)
+    model = Net()
+    # "scale" is the root's own: DDP's reducer checks it as ".scale" and keeps it
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ["body.weight", "norm.bias", "scale"])
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        ddp(x).square().mean().backward()
+    names = {id(p): n for n, p in model.named_parameters()}
+    d = ddp._get_ddp_logging_data()
+    with open(os.environ["DDP_FACTS"], "w") as f:
+        json.dump({"names": [names[id(p)] for p in ddp._build_params_for_reducer()[0]],
+                   "initial": d["bucket_sizes"], "ready": d["prev_iteration_grad_ready_order_indices"],
+                   "rebuilt": d["rebuilt_per_bucket_param_indices"], "rebuilt_sizes": d["rebuilt_bucket_sizes"]}, f)
+    return {"outputs": ddp(x).square().mean(), "parameters": ddp}
+'''
+
+
+def test_parameters_ddp_is_told_to_ignore_are_not_its_parameters(tmp_path):
+    """A model with parameters DDP is told to ignore (``_set_params_and_buffers_to_ignore_for_model``; also how
+    ``delay_all_reduce_named_params`` works): the Reducer's parameters leave them out (``_build_params_for_reducer``,
+    which checks each under ``f"{module}.{name}"``, so a root parameter's plain name ignores nothing), and the
+    indices of the rest shift. The captured graph's ``parameters`` are DDP's, and its buckets, initial and rebuilt,
+    are DDP's own (read from the same run in the capture's child process). Found by the DDP sweep on an external
+    model (GPT-2 with two ignored parameters: 28 parameters where DDP has 26)."""
+    import json
+    from cli_proc import cli
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.session import RunOptions, run_session
+    from autograd_run.sim.ddp import params_of
+    script, graph, facts = tmp_path / "ddp_ignored.py", tmp_path / "g.json", tmp_path / "facts.json"
+    script.write_text(IGNORED_SCRIPT)
+    p = cli(["capture", f"{script}:main", "-o", graph], timeout=120, DDP_FACTS=str(facts))
+    assert p.code == 0, p.err
+    real = json.loads(facts.read_text())
+    assert "body.weight" not in real["names"] and "scale" in real["names"]  # (the premise)
+    g = load_graph(str(graph))
+    params = params_of(g)
+    assert [q.name for q in params] == real["names"]
+    assert B.sizes(B.initial(params, 0.002), params) == ddp_oracle._ints(real["initial"])
+    rep = run_session(g, RunOptions(record_order=True))
+    index = {q.name: q.index for q in params}
+    ready = [index[g.by_id[r["id"]].variable] for r in rep.order
+             if getattr(g.by_id.get(r["id"]), "variable", None) in index]
+    assert ready == ddp_oracle._ints(real["ready"])
+    rebuilt = B.rebuilt(params, ready, 0.002)
+    assert rebuilt == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
+    assert B.sizes(rebuilt, params) == ddp_oracle._ints(real["rebuilt_sizes"])

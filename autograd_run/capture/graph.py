@@ -833,6 +833,21 @@ def _ddp_settings(module) -> dict | None:
     return out
 
 
+def _ddp_pairs(module, ignore) -> list:
+    """The module's (name, parameter) pairs in registration order, less those DDP is told to ignore (a
+    ``DistributedDataParallel``'s ``parameters_to_ignore``, from
+    ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model`` or ``delay_all_reduce_named_params``;
+    on a bare module its ``_ddp_params_and_buffers_to_ignore``): DDP's ``_build_params_for_reducer`` leaves them
+    out of the Reducer's parameters, so the indices it gives the others shift. As DDP does: each module's own
+    parameters, in ``named_modules()`` order, checked under the name ``f"{module}.{param}"`` (a shared parameter
+    stays if one of its names is not ignored)."""
+    if not ignore:
+        return list(module.named_parameters())
+    ignore = set(ignore)
+    return [(f"{mn}.{pn}" if mn else pn, p) for mn, m in module.named_modules()
+            for pn, p in m.named_parameters(recurse=False) if f"{mn}.{pn}" not in ignore]
+
+
 def _parameters(torch, parameters) -> list:
     """``from_torch``'s ``parameters``: [(name, tensor)] of those that require grad, registration order."""
     if parameters is None:
@@ -845,7 +860,8 @@ def _parameters(torch, parameters) -> list:
             fsdp.gather_for_capture(module)
             pairs = fsdp.parameter_pairs(module)
         else:
-            pairs = list(module.named_parameters())
+            pairs = _ddp_pairs(module, getattr(parameters, "parameters_to_ignore", None) if module is inner
+                               else getattr(module, "_ddp_params_and_buffers_to_ignore", None))
     else:
         pairs = list(parameters.items() if isinstance(parameters, Mapping) else parameters)
     out, seen = [], set()
