@@ -178,3 +178,44 @@ def test_parameters_ddp_is_told_to_ignore_are_not_its_parameters(tmp_path):
     rebuilt = B.rebuilt(params, ready, 0.002)
     assert rebuilt == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
     assert B.sizes(rebuilt, params) == ddp_oracle._ints(real["rebuilt_sizes"])
+
+
+LIST_SCRIPT = IGNORED_SCRIPT.replace(
+    '    DDP._set_params_and_buffers_to_ignore_for_model(model, ["body.weight", "norm.bias", "scale"])\n', '').replace(
+    "DDP(model, bucket_cap_mb=0.002)", "DDP(model, bucket_cap_mb_list=[0.001, 0.02, 0.005])")
+
+
+def test_bucket_cap_mb_list_is_captured_and_simulated_as_ddp_buckets(tmp_path):
+    """DDP with per-bucket limits (``bucket_cap_mb_list``, torch 2.13): they set the constructor's buckets (even
+    without ``find_unused_parameters``, where DDP otherwise makes one bucket) and the rebuild's. ``capture`` records
+    them (``ddp.bucket_cap_mb_list``) and ``simulate --ddp captured`` buckets by them, first iteration and
+    steady, as DDP's own logging data says (read in the capture's child process); a cap given on the command line
+    replaces them. (Before: only ``bucket_cap_mb``, DDP's largest limit, was recorded: one initial bucket where
+    DDP had two, the rebuilt ones by the wrong limits.)"""
+    import json
+    from cli_proc import cli
+    script, graph, facts = tmp_path / "ddp_list.py", tmp_path / "g.json", tmp_path / "facts.json"
+    script.write_text(LIST_SCRIPT)
+    p = cli(["capture", f"{script}:main", "-o", graph], timeout=120, DDP_FACTS=str(facts))
+    assert p.code == 0, p.err
+    real = json.loads(facts.read_text())
+    assert json.loads(graph.read_text())["ddp"]["bucket_cap_mb_list"] == [int(c * MB) / MB for c in (0.001, 0.02, 0.005)]
+    got = {}
+    for it in ("first", "steady"):
+        p = cli(["simulate", graph, "--ddp", f"captured,iteration={it}", "--world", "2", "--network",
+                 "alpha_us=10,gbps=1", "--json", "--slack", "0"], timeout=120)
+        assert p.code == 0, p.err
+        got[it] = [b for b in json.loads(p.out)["ddp"]["buckets"] if b["kind"] == "bucket"]
+    initial = ddp_oracle._ints(real["initial"])
+    assert len(initial) == 2  # (the premise: the list split the constructor's buckets)
+    assert [b["nbytes"] for b in got["first"]] == initial
+    assert [b["params"] for b in got["steady"]] == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
+    assert [b["nbytes"] for b in got["steady"]] == ddp_oracle._ints(real["rebuilt_sizes"])
+    p = cli(["simulate", graph, "--ddp", "captured,iteration=first,bucket_cap_mb=1", "--world", "2", "--network",
+             "alpha_us=10,gbps=1", "--json", "--slack", "0"], timeout=120)
+    assert p.code == 0 and len(json.loads(p.out)["ddp"]["buckets"]) == 1, p.err  # one cap: DDP's one bucket
+    doc = json.loads(graph.read_text())
+    doc["ddp"]["bucket_cap_mb_list"] = [0.5, -1]
+    graph.write_text(json.dumps(doc))
+    p = cli(["simulate", graph], timeout=120)
+    assert p.code != 0 and "bucket_cap_mb_list" in p.err and "a list of 1 to 65536 sizes in MiB" in p.err, p.err

@@ -822,6 +822,9 @@ def _ddp_settings(module) -> dict | None:
         return None
     out = {} if getattr(module, "bucket_bytes_cap_default", False) else \
         {"bucket_cap_mb": module.bucket_bytes_cap / (1 << 20)}  # left out: DDP's default (25, the first 1 MiB)
+    caps = list(getattr(module, "bucket_bytes_cap_list", None) or [])  # bucket_cap_mb_list (per-bucket limits)
+    if caps:
+        out["bucket_cap_mb_list"] = [c / (1 << 20) for c in caps]
     out.update({"find_unused_parameters": bool(module.find_unused_parameters),
                 "static_graph": bool(module.static_graph),
                 "gradient_as_bucket_view": bool(module.gradient_as_bucket_view)})

@@ -605,6 +605,10 @@ class _Checker:
         "bucket_cap_mb": (lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
                           and v * (1 << 20) >= 1 and v <= MAX_CAP_MB,
                           f"a size in MiB of at least one byte and at most {MAX_CAP_MB:g}"),
+        "bucket_cap_mb_list": (lambda v: isinstance(v, list) and 1 <= len(v) <= 1 << 16 and all(
+            not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c) and c * (1 << 20) >= 1
+            and c <= MAX_CAP_MB for c in v),
+            f"a list of 1 to 65536 sizes in MiB, each of at least one byte and at most {MAX_CAP_MB:g}"),
         "find_unused_parameters": (lambda v: isinstance(v, bool), "true or false"),
         "static_graph": (lambda v: isinstance(v, bool), "true or false"),
         "gradient_as_bucket_view": (lambda v: isinstance(v, bool), "true or false"),
