@@ -221,3 +221,72 @@ def test_bucket_cap_mb_list_is_captured_and_simulated_as_ddp_buckets(tmp_path):
     graph.write_text(json.dumps(doc))
     p = cli(["simulate", graph], timeout=120)
     assert p.code != 0 and "bucket_cap_mb_list" in p.err and "a list of 1 to 65536 sizes in MiB" in p.err, p.err
+
+
+CKPT_SCRIPT = '''
+import json, os
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+from autograd_run.capture import one_process_group
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(16, 64), nn.Linear(64, 4)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.Tanh()) for _ in range(2))
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:  # as Hugging Face's gradient_checkpointing_enable(use_reentrant=True) does
+            h = checkpoint(b, h, use_reentrant=True)
+        return self.head(h)
+
+
+def main():
+    one_process_group()
+    torch.manual_seed(0)
+    ddp = DDP(Net(), bucket_cap_mb=0.01)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        ddp(x).square().mean().backward()
+    d = ddp._get_ddp_logging_data()
+    with open(os.environ["DDP_FACTS"], "w") as f:
+        json.dump({"ready": d["prev_iteration_grad_ready_order_indices"],
+                   "rebuilt": d["rebuilt_per_bucket_param_indices"], "rebuilt_sizes": d["rebuilt_bucket_sizes"]}, f)
+    return {"outputs": ddp(x).square().mean(), "parameters": ddp}
+'''
+
+
+def test_parameters_reached_only_in_a_reentrant_checkpoint_are_one_variable_each(tmp_path):
+    """A model whose blocks run under a reentrant checkpoint (``use_reentrant=True``, as Hugging Face's
+    ``gradient_checkpointing_enable`` may set it): their parameters' AccumulateGrad nodes exist only in the graph
+    the checkpoint's backward builds, which capture resolves by the reference run. The parameters section was
+    made before that run, adding each such parameter as an unreached variable, then the run added it again under
+    the same name: a file the loader refused ("duplicate variable name"; found by the DDP sweep on BERT and
+    Mistral from transformers with reentrant checkpointing). Now: one variable each, and the order our engine
+    runs the AccumulateGrad nodes in and the rebuilt buckets are DDP's own."""
+    import json
+    from cli_proc import cli
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.session import RunOptions, run_session
+    from autograd_run.sim.ddp import params_of
+    script, graph, facts = tmp_path / "ddp_ckpt.py", tmp_path / "g.json", tmp_path / "facts.json"
+    script.write_text(CKPT_SCRIPT)
+    p = cli(["capture", f"{script}:main", "-o", graph], timeout=120, DDP_FACTS=str(facts))
+    assert p.code == 0, p.err
+    real = json.loads(facts.read_text())
+    g = load_graph(str(graph))
+    params = params_of(g)
+    assert len(params) == 12 and all(g.variables[q.name].node is not None for q in params)  # each reached
+    rep = run_session(g, RunOptions(record_order=True, allow_python=True))
+    assert rep.error is None, rep.error
+    index = {q.name: q.index for q in params}
+    ready = [index[g.by_id[r["id"]].variable] for r in rep.order
+             if getattr(g.by_id.get(r["id"]), "variable", None) in index]
+    assert ready == ddp_oracle._ints(real["ready"])
+    rebuilt = B.rebuilt(params, ready, 0.01)
+    assert rebuilt == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
+    assert B.sizes(rebuilt, params) == ddp_oracle._ints(real["rebuilt_sizes"])

@@ -930,12 +930,6 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
         grad = "ones" if g is None else arrays.put(f"root{k}", g)
         roots.append({"node": cap.ids[e.node], "input_nr": e.output_nr, "grad": grad})
     doc: dict[str, Any] = {"format": FORMAT, "mode": mode, "roots": roots, "variables": cap.variables}
-    if params:
-        known = cap.var_names_by_id()
-        doc["parameters"] = [known.get(id(t)) or cap.add_unreached(t) for _, t in params]
-        ddp = _ddp_settings(parameters)
-        if ddp:
-            doc["ddp"] = ddp
     req = []
     if inputs:
         acc_of = {id(fn.variable): fn for fn in cap.var_of}
@@ -963,6 +957,14 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
             doc["meta"] = {"reference": ref}
     if fsdp_watch is not None:
         doc["fsdp"] = section(parameters, fsdp_watch, cap.ids, cap.var_names_by_id())
+    if params:  # after the reference run: a parameter reached only inside a custom Function's backward (a
+        # reentrant checkpoint's recomputation) has its AccumulateGrad node only now (before, it was added again
+        # as an unreached variable of the same name)
+        known = cap.var_names_by_id()
+        doc["parameters"] = [known.get(id(t)) or cap.add_unreached(t) for _, t in params]
+        ddp = _ddp_settings(parameters)
+        if ddp:
+            doc["ddp"] = ddp
     _report_hooks(doc, cap, hook_watch)
     storage = cap.storages.section({name: fn.variable for fn, name in cap.var_of.items()})
     if storage is not None and values:
