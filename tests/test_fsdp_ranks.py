@@ -6,7 +6,9 @@ third backward. From each rank's trace, in start order: FSDP's own spans ``FSDP:
 ``FSDP::all_gather (unit)`` (its own or a prefetch) and ``FSDP::post_backward_reduce (unit)`` (the
 reduce-scatter). Ours: ``sim.fsdp.simulate_fsdp`` over the simulated backward of the captured graph
 (``sim_events``). Equal on every rank, for models with nested units, explicit prefetch lists
-(``set_modules_to_backward_prefetch``), a unit that keeps its parameters (``reshard_after_forward=False``),
+(``set_modules_to_backward_prefetch``; one naming units whose backward already ran, which FSDP all-gathers
+again: found by the FSDP sweep on transformers' Phi, Mixtral and ViT), a unit that keeps its parameters
+(``reshard_after_forward=False``),
 a unit whose inputs need no gradient (its post-backward runs in the final callback), a transformer, and HSDP
 (2 replicas of 2 shards on 4 ranks: each unit's all-reduce across the replicas after its reduce-scatter).
 """
@@ -33,8 +35,8 @@ from autograd_run.sim.session import SimOptions, simulate_session  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
 
-CASES = [(name, 2) for name in fsdp_oracle.MODELS if name != "hsdp"] + [("nested", 4), ("transformer", 4),
-                                                                           ("hsdp", 4)]
+CASES = [(name, 2) for name in fsdp_oracle.MODELS + fsdp_oracle.MORE if name != "hsdp"] + [
+    ("nested", 4), ("transformer", 4), ("hsdp", 4)]
 
 
 def _simulated(path: str, world: int, replicate: int = 1) -> list[tuple[str, str]]:

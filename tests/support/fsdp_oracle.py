@@ -33,6 +33,8 @@ class OracleFailed(RuntimeError):
 
 
 MODELS = ("blocks", "transformer", "prefetch2", "keep", "nested", "conv", "frozen_input", "hsdp")
+#: Built by ``build`` too, checked by tests/test_fsdp_ranks.py only (the benchmarks draw from MODELS).
+MORE = ("prefetch_done",)
 #: HSDP's replicas for the ``hsdp`` model on a group of 4 or more ranks (a 2-D mesh: replicas x shards; on fewer
 #: ranks, as in a one-rank capture, one replica).
 HSDP_REPLICAS = 2
@@ -105,7 +107,7 @@ def build(name: str):
             fully_shard(m, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model, (lambda m: m(x).square().mean())
-    if name in ("blocks", "prefetch2", "keep", "nested", "frozen_input"):
+    if name in ("blocks", "prefetch2", "keep", "nested", "frozen_input", "prefetch_done"):
         model = nn.Sequential(nn.Linear(32, 64), Block(64), Block(64), Block(64), nn.Linear(64, 4))
         if name == "nested":
             fully_shard(model[2].a)
@@ -120,6 +122,10 @@ def build(name: str):
         if name == "prefetch2":
             model[3].set_modules_to_backward_prefetch([model[2], model[1]])
             model[2].set_modules_to_backward_prefetch([model[1]])
+        if name == "prefetch_done":  # a prefetch list naming units whose backward already ran (as a list
+            # made in registration order where it is not the forward's does): FSDP gathers them again
+            model[2].set_modules_to_backward_prefetch([model[3], model[1]])
+            model[1].set_modules_to_backward_prefetch([model[3]])
         return model, (lambda m: m(x).square().mean())
     if name == "transformer":
         with warnings.catch_warnings():
