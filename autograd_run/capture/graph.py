@@ -127,6 +127,14 @@ class _Arrays:
         arr = t.detach().cpu()
         if arr.layout != _torch().strided:  # sparse gradients (Embedding(sparse=True)): the same values, dense
             arr = arr.to_dense()
+        if arr.numel() and arr.untyped_storage().nbytes() < arr.element_size() * (
+                arr.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(arr.shape, arr.stride()))):
+            # its storage was freed (resize_(0)): reading it reads freed memory (a segfault, or torch's "data is
+            # not allocated yet"). Seen: FSDP2 with activation checkpointing, where reading a saved tensor
+            # recomputes the checkpointed forward and FSDP's post-forward reshards the parameter it views.
+            raise ValueError(f"{key}: the saved tensor's storage has been freed (an FSDP2 unit's resharded "
+                             "parameter, recomputed under activation checkpointing?): its values cannot be read; "
+                             "capture with values=False for the structure only")
         if arr.is_conj() or arr.is_neg():  # lazy conjugate/negative views: materialise them first
             arr = arr.resolve_conj().resolve_neg()
         dt = _dtype(arr.dtype)
