@@ -8,7 +8,9 @@ reduce-scatter). Ours: ``sim.fsdp.simulate_fsdp`` over the simulated backward of
 (``sim_events``). Equal on every rank, for models with nested units, explicit prefetch lists
 (``set_modules_to_backward_prefetch``; one naming units whose backward already ran, which FSDP all-gathers
 again: found by the FSDP sweep on transformers' Phi, Mixtral and ViT), a unit that keeps its parameters
-(``reshard_after_forward=False``),
+(``reshard_after_forward=False``), a tied embedding and head in one unit whose post-backward runs in the final
+callback (which runs them in FSDP's ``named_modules`` order of its states, not forward order: found by the
+sweep on transformers' GPT-2, OPT, T5 and ELECTRA with tied units),
 a unit whose inputs need no gradient (its post-backward runs in the final callback), a transformer, and HSDP
 (2 replicas of 2 shards on 4 ranks: each unit's all-reduce across the replicas after its reduce-scatter).
 """

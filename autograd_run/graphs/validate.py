@@ -686,7 +686,7 @@ class _Checker:
         return {"blocks": out_blocks, "saved": saved}
 
     #: The ``fsdp`` section's fields and those of one of its units.
-    FSDP_FIELDS = ("units", "root", "world_size")
+    FSDP_FIELDS = ("units", "root", "final_order", "world_size")
     FSDP_UNIT_FIELDS = ("name", "parameters", "reshard_after_forward", "pre_backward", "post_backward",
                         "backward_prefetch", "param_dtype", "reduce_dtype")
     #: At most this many units (one per module at the most; a bound on the work before it starts).
@@ -764,6 +764,12 @@ class _Checker:
             if not isinstance(d["root"], str) or d["root"] not in names:
                 raise self.err(("fsdp", "root"), f"must be the name of one of the units, got {short(d['root'])}")
             out["root"] = d["root"]
+        if "final_order" in d:
+            order = d["final_order"]
+            if not (isinstance(order, list) and all(isinstance(n, str) for n in order)
+                    and sorted(order) == sorted(names)):
+                raise self.err(("fsdp", "final_order"), f"must list every unit's name once, got {short(order)}")
+            out["final_order"] = list(order)
         if "world_size" in d:
             w = d["world_size"]
             if not (type(w) is int and 1 <= w <= 1 << 20):

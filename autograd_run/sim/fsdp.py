@@ -21,7 +21,9 @@ and so the model, walking the one rank's nodes in the order they started:
   unit's ``regathers``;
 * **post-backward of unit u** (as its ``RegisterPostBackwardFunction`` node
   ends, or in the final callback for a unit whose inputs needed no gradient,
-  the root's first, then the others in forward order): the compute waits for
+  the root's first, then the others in the order FSDP keeps its states: the
+  modules' ``named_modules`` order, the capture's ``final_order``; without it,
+  forward order): the compute waits for
   the previous unit's reduce-scatter (FSDP keeps one reduce-scatter input
   in flight: ``post_backward_rs_wait``), copies u's gradients into the
   reduce-scatter input (``chunk_cat``), launches the reduce-scatter and,
@@ -406,8 +408,11 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
     # (FSDP's work in it, its collectives left out), before the post-backwards it does itself
     use = report.measured.use if report.measured is not None else None
     t = compute_end + (round(use.fsdp_final_ns) if use is not None else 0)
-    final_order = [by_name[root]] if root in by_name else []
-    final_order += [u for u in units if u.name != root]
+    if graph.fsdp.get("final_order"):  # as captured: FSDP's states in named_modules order (the root's first)
+        final_order = [by_name[n] for n in graph.fsdp["final_order"]]
+    else:
+        final_order = [by_name[root]] if root in by_name else []
+        final_order += [u for u in units if u.name != root]
     for u in final_order:  # the root's final callback: post-backward of every unit it did not see yet
         if u.post_ns is None:  # (a unit with no gradient reduce-scatters nothing but still waits)
             t = post(u, t, "final callback")
