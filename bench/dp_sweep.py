@@ -149,11 +149,25 @@ def _fsdp_build(name):
             m.inplace = False
     total = sum(p.numel() for p in model.parameters())
     units = []
+    done = set()
+    if "tied" in opts:  # modules sharing a parameter (tied embeddings) in one unit: fully_shard([a, b])
+        owners = {}
+        for m in model.modules():
+            for p in m.parameters(recurse=False):
+                owners.setdefault(id(p), []).append(m)
+        for ms in owners.values():
+            if len(ms) > 1 and not any(id(m) in done for m in ms):
+                fully_shard(ms)
+                units.append(ms[0])
+                done.update(id(m) for m in ms)
 
     def walk(m):  # tests/support/fsdp_oracle.shard_by_size, with the options
         for child in m.children():
             n = sum(p.numel() for p in child.parameters())
-            if not n:
+            if not n or id(child) in done:
+                continue
+            if any(id(d) in done for d in child.modules()):
+                walk(child)
                 continue
             if n > total / 8 and any(True for _ in child.children()):
                 walk(child)
@@ -169,8 +183,12 @@ def _fsdp_build(name):
 
 
 def child_fsdp(argv):
+    import functools
+    from autograd_run.capture import graph as G
     from tests.support import fsdp_oracle
     fsdp_oracle.build = _fsdp_build
+    if os.environ.get("DP_SWEEP_NO_VALUES"):  # the structure only (FSDP2 + activation checkpointing)
+        G.from_torch = functools.partial(G.from_torch, values=False)
     return fsdp_oracle.main(argv)
 
 

@@ -116,6 +116,7 @@ MODELS = {
 MODELS.update({
     "hf_gpt2_ckpt": _ckpt(MODELS["hf_gpt2"], False),
     "hf_mistral_ckpt_re": _ckpt(MODELS["hf_mistral"], True),
+    "hf_mistral_ckpt": _ckpt(MODELS["hf_mistral"], False),
     "hf_bert_ckpt_re": _ckpt(_hf("BertConfig", "BertForMaskedLM", **D), True),
     "timm_deit_tiny_ckpt": _timm_ckpt("deit_tiny_patch16_224", img_size=32, patch_size=8, depth=3, num_classes=10),
 })
