@@ -107,3 +107,186 @@ def test_buckets_are_ddps_own(name, cap, ddp_facts):
     else:  # with two dtypes, the last two buckets in libstdc++'s unordered_map order too
         assert ours_rebuilt == rebuilt
         assert B.sizes(ours_rebuilt, params) == rebuilt_sizes
+
+
+IGNORED_SCRIPT = '''
+import json, os
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from autograd_run.capture import one_process_group
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.body, self.norm, self.head = (nn.Linear(16, 64), nn.Linear(64, 64), nn.LayerNorm(64),
+                                                       nn.Linear(64, 4))
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.head(self.norm(torch.relu(self.body(torch.relu(self.embed(x)))))) * self.scale
+
+
+def main():
+    one_process_group()
+    torch.manual_seed(0)
+    model = Net()
+    # "scale" is the root's own: DDP's reducer checks it as ".scale" and keeps it
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ["body.weight", "norm.bias", "scale"])
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        ddp(x).square().mean().backward()
+    names = {id(p): n for n, p in model.named_parameters()}
+    d = ddp._get_ddp_logging_data()
+    with open(os.environ["DDP_FACTS"], "w") as f:
+        json.dump({"names": [names[id(p)] for p in ddp._build_params_for_reducer()[0]],
+                   "initial": d["bucket_sizes"], "ready": d["prev_iteration_grad_ready_order_indices"],
+                   "rebuilt": d["rebuilt_per_bucket_param_indices"], "rebuilt_sizes": d["rebuilt_bucket_sizes"]}, f)
+    return {"outputs": ddp(x).square().mean(), "parameters": ddp}
+'''
+
+
+def test_parameters_ddp_is_told_to_ignore_are_not_its_parameters(tmp_path):
+    """A model with parameters DDP is told to ignore (``_set_params_and_buffers_to_ignore_for_model``; also how
+    ``delay_all_reduce_named_params`` works): the Reducer's parameters leave them out (``_build_params_for_reducer``,
+    which checks each under ``f"{module}.{name}"``, so a root parameter's plain name ignores nothing), and the
+    indices of the rest shift. The captured graph's ``parameters`` are DDP's, and its buckets, initial and rebuilt,
+    are DDP's own (read from the same run in the capture's child process). Found by the DDP sweep on an external
+    model (GPT-2 with two ignored parameters: 28 parameters where DDP has 26)."""
+    import json
+    from cli_proc import cli
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.session import RunOptions, run_session
+    from autograd_run.sim.ddp import params_of
+    script, graph, facts = tmp_path / "ddp_ignored.py", tmp_path / "g.json", tmp_path / "facts.json"
+    script.write_text(IGNORED_SCRIPT)
+    p = cli(["capture", f"{script}:main", "-o", graph], timeout=120, DDP_FACTS=str(facts))
+    assert p.code == 0, p.err
+    real = json.loads(facts.read_text())
+    assert "body.weight" not in real["names"] and "scale" in real["names"]  # (the premise)
+    g = load_graph(str(graph))
+    params = params_of(g)
+    assert [q.name for q in params] == real["names"]
+    assert B.sizes(B.initial(params, 0.002), params) == ddp_oracle._ints(real["initial"])
+    rep = run_session(g, RunOptions(record_order=True))
+    index = {q.name: q.index for q in params}
+    ready = [index[g.by_id[r["id"]].variable] for r in rep.order
+             if getattr(g.by_id.get(r["id"]), "variable", None) in index]
+    assert ready == ddp_oracle._ints(real["ready"])
+    rebuilt = B.rebuilt(params, ready, 0.002)
+    assert rebuilt == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
+    assert B.sizes(rebuilt, params) == ddp_oracle._ints(real["rebuilt_sizes"])
+
+
+LIST_SCRIPT = IGNORED_SCRIPT.replace(
+    '    DDP._set_params_and_buffers_to_ignore_for_model(model, ["body.weight", "norm.bias", "scale"])\n', '').replace(
+    "DDP(model, bucket_cap_mb=0.002)", "DDP(model, bucket_cap_mb_list=[0.001, 0.02, 0.005])")
+
+
+def test_bucket_cap_mb_list_is_captured_and_simulated_as_ddp_buckets(tmp_path):
+    """DDP with per-bucket limits (``bucket_cap_mb_list``, torch 2.13): they set the constructor's buckets (even
+    without ``find_unused_parameters``, where DDP otherwise makes one bucket) and the rebuild's. ``capture`` records
+    them (``ddp.bucket_cap_mb_list``) and ``simulate --ddp captured`` buckets by them, first iteration and
+    steady, as DDP's own logging data says (read in the capture's child process); a cap given on the command line
+    replaces them. (Before: only ``bucket_cap_mb``, DDP's largest limit, was recorded: one initial bucket where
+    DDP had two, the rebuilt ones by the wrong limits.)"""
+    import json
+    from cli_proc import cli
+    script, graph, facts = tmp_path / "ddp_list.py", tmp_path / "g.json", tmp_path / "facts.json"
+    script.write_text(LIST_SCRIPT)
+    p = cli(["capture", f"{script}:main", "-o", graph], timeout=120, DDP_FACTS=str(facts))
+    assert p.code == 0, p.err
+    real = json.loads(facts.read_text())
+    caps = [int(c * MB) / MB for c in (0.001, 0.02, 0.005)]  # DDP keeps bytes
+    assert json.loads(graph.read_text())["ddp"]["bucket_cap_mb_list"] == caps
+    got = {}
+    for it in ("first", "steady"):
+        p = cli(["simulate", graph, "--ddp", f"captured,iteration={it}", "--world", "2", "--network",
+                 "alpha_us=10,gbps=1", "--json", "--slack", "0"], timeout=120)
+        assert p.code == 0, p.err
+        got[it] = [b for b in json.loads(p.out)["ddp"]["buckets"] if b["kind"] == "bucket"]
+    initial = ddp_oracle._ints(real["initial"])
+    assert len(initial) == 2  # (the premise: the list split the constructor's buckets)
+    assert [b["nbytes"] for b in got["first"]] == initial
+    rebuilt = [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
+    assert [b["params"] for b in got["steady"]] == rebuilt
+    assert [b["nbytes"] for b in got["steady"]] == ddp_oracle._ints(real["rebuilt_sizes"])
+    p = cli(["simulate", graph, "--ddp", "captured,iteration=first,bucket_cap_mb=1", "--world", "2", "--network",
+             "alpha_us=10,gbps=1", "--json", "--slack", "0"], timeout=120)
+    assert p.code == 0 and len(json.loads(p.out)["ddp"]["buckets"]) == 1, p.err  # one cap: DDP's one bucket
+    doc = json.loads(graph.read_text())
+    doc["ddp"]["bucket_cap_mb_list"] = [0.5, -1]
+    graph.write_text(json.dumps(doc))
+    p = cli(["simulate", graph], timeout=120)
+    assert p.code != 0 and "bucket_cap_mb_list" in p.err and "a list of 1 to 65536 sizes in MiB" in p.err, p.err
+
+
+CKPT_SCRIPT = '''
+import json, os
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+from autograd_run.capture import one_process_group
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(16, 64), nn.Linear(64, 4)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.Tanh()) for _ in range(2))
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:  # as Hugging Face's gradient_checkpointing_enable(use_reentrant=True) does
+            h = checkpoint(b, h, use_reentrant=True)
+        return self.head(h)
+
+
+def main():
+    one_process_group()
+    torch.manual_seed(0)
+    ddp = DDP(Net(), bucket_cap_mb=0.01)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        ddp(x).square().mean().backward()
+    d = ddp._get_ddp_logging_data()
+    with open(os.environ["DDP_FACTS"], "w") as f:
+        json.dump({"ready": d["prev_iteration_grad_ready_order_indices"],
+                   "rebuilt": d["rebuilt_per_bucket_param_indices"], "rebuilt_sizes": d["rebuilt_bucket_sizes"]}, f)
+    return {"outputs": ddp(x).square().mean(), "parameters": ddp}
+'''
+
+
+def test_parameters_reached_only_in_a_reentrant_checkpoint_are_one_variable_each(tmp_path):
+    """A model whose blocks run under a reentrant checkpoint (``use_reentrant=True``, as Hugging Face's
+    ``gradient_checkpointing_enable`` may set it): their parameters' AccumulateGrad nodes exist only in the graph
+    the checkpoint's backward builds, which capture resolves by the reference run. The parameters section was
+    made before that run, adding each such parameter as an unreached variable, then the run added it again under
+    the same name: a file the loader refused ("duplicate variable name"; found by the DDP sweep on BERT and
+    Mistral from transformers with reentrant checkpointing). Now: one variable each, and the order our engine
+    runs the AccumulateGrad nodes in and the rebuilt buckets are DDP's own."""
+    import json
+    from cli_proc import cli
+    from autograd_run.graphs.load import load_graph
+    from autograd_run.session import RunOptions, run_session
+    from autograd_run.sim.ddp import params_of
+    script, graph, facts = tmp_path / "ddp_ckpt.py", tmp_path / "g.json", tmp_path / "facts.json"
+    script.write_text(CKPT_SCRIPT)
+    p = cli(["capture", f"{script}:main", "-o", graph], timeout=120, DDP_FACTS=str(facts))
+    assert p.code == 0, p.err
+    real = json.loads(facts.read_text())
+    g = load_graph(str(graph))
+    params = params_of(g)
+    assert len(params) == 12 and all(g.variables[q.name].node is not None for q in params)  # each reached
+    rep = run_session(g, RunOptions(record_order=True, allow_python=True))
+    assert rep.error is None, rep.error
+    index = {q.name: q.index for q in params}
+    ready = [index[g.by_id[r["id"]].variable] for r in rep.order
+             if getattr(g.by_id.get(r["id"]), "variable", None) in index]
+    assert ready == ddp_oracle._ints(real["ready"])
+    rebuilt = B.rebuilt(params, ready, 0.01)
+    assert rebuilt == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
+    assert B.sizes(rebuilt, params) == ddp_oracle._ints(real["rebuilt_sizes"])

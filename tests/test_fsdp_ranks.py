@@ -6,7 +6,11 @@ third backward. From each rank's trace, in start order: FSDP's own spans ``FSDP:
 ``FSDP::all_gather (unit)`` (its own or a prefetch) and ``FSDP::post_backward_reduce (unit)`` (the
 reduce-scatter). Ours: ``sim.fsdp.simulate_fsdp`` over the simulated backward of the captured graph
 (``sim_events``). Equal on every rank, for models with nested units, explicit prefetch lists
-(``set_modules_to_backward_prefetch``), a unit that keeps its parameters (``reshard_after_forward=False``),
+(``set_modules_to_backward_prefetch``; one naming units whose backward already ran, which FSDP all-gathers
+again: found by the FSDP sweep on transformers' Phi, Mixtral and ViT), a unit that keeps its parameters
+(``reshard_after_forward=False``), a tied embedding and head in one unit whose post-backward runs in the final
+callback (which runs them in FSDP's ``named_modules`` order of its states, not forward order: found by the
+sweep on transformers' GPT-2, OPT, T5 and ELECTRA with tied units),
 a unit whose inputs need no gradient (its post-backward runs in the final callback), a transformer, and HSDP
 (2 replicas of 2 shards on 4 ranks: each unit's all-reduce across the replicas after its reduce-scatter).
 """
@@ -33,8 +37,8 @@ from autograd_run.sim.session import SimOptions, simulate_session  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
 
-CASES = [(name, 2) for name in fsdp_oracle.MODELS if name != "hsdp"] + [("nested", 4), ("transformer", 4),
-                                                                           ("hsdp", 4)]
+CASES = [(name, 2) for name in fsdp_oracle.MODELS + fsdp_oracle.MORE if name != "hsdp"] + [
+    ("nested", 4), ("transformer", 4), ("hsdp", 4)]
 
 
 def _simulated(path: str, world: int, replicate: int = 1) -> list[tuple[str, str]]:
@@ -215,3 +219,74 @@ def test_capture_of_an_fsdp_model_records_its_units_and_replays_as_pytorch(tmp_p
     p = cli(["simulate", graph, "--fsdp", "captured", "--world", "2", "--network", "alpha_us=10,gbps=1"],
             timeout=120)
     assert p.code == 2 and "no fsdp section" in p.err, p.err
+
+
+FSDP_AC_SCRIPT = '''
+import sys
+import torch, torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from torch.utils.checkpoint import checkpoint
+from autograd_run.capture import from_torch, one_process_group
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.blocks, self.out = nn.Linear(8, 16), nn.ModuleList([Block(), Block()]), nn.Linear(16, 2)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for m in self.blocks:  # activation checkpointing around each unit (non-reentrant)
+            h = checkpoint(m, h, use_reentrant=False)
+        return self.out(h)
+
+
+one_process_group()
+torch.manual_seed(0)
+model = Net()
+for m in model.blocks:  # units inside each checkpointed block (as shard_by_size splits a large layer)
+    fully_shard(m.a)
+    fully_shard(m.b)
+fully_shard(model)
+x = torch.randn(4, 8)
+
+
+def run():
+    return model(x).square().mean()
+
+
+try:
+    from_torch(run(), parameters=model, reference=False)
+    print("values: captured")
+except ValueError as exc:
+    print("values: ValueError:", exc)
+doc = from_torch(run(), parameters=model, reference=False, values=False)
+print("structure:", [u["name"] for u in doc["fsdp"]["units"]])
+'''
+
+
+def test_capture_of_fsdp_with_activation_checkpointing_refuses_freed_saved_values(tmp_path):
+    """FSDP2 units inside (non-reentrant) activation-checkpointed blocks: reading a saved tensor to write its values
+    recomputes the checkpointed forward, whose post-forward reshards the unit again, so the saved weight view
+    (``mat2``) has a freed storage (``resize_(0)``). Reading it was a segfault of the capturing process (or
+    torch's "data is not allocated yet"; found by the FSDP sweep on Mistral and a timm ViT with checkpointing):
+    now a ValueError naming the tensor; the structure alone (``values=False``) captures."""
+    import subprocess
+    import sys
+    script = tmp_path / "fsdp_ac.py"
+    script.write_text(FSDP_AC_SCRIPT)
+    from cli_proc import cli_env
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       env=cli_env(GLOO_SOCKET_IFNAME="lo"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "values: ValueError:" in p.stdout and "the saved tensor's storage has been freed" in p.stdout, p.stdout
+    assert "structure: ['blocks.0.a', 'blocks.0.b', 'blocks.1.a', 'blocks.1.b', '']" in p.stdout, p.stdout

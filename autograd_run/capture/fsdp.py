@@ -190,6 +190,11 @@ def section(module, watch: FsdpWatch, node_ids: dict, names_by_id: dict) -> dict
     out = {"units": units}
     if states and states[0]._fsdp_param_groups:
         out["root"] = name_of[id(states[0]._fsdp_param_groups[0])]
+    # the root's final callback runs the post-backwards it did not see in this order: its states in
+    # named_modules order (the root's first), each one's groups reversed (``_root_post_backward_final_callback``)
+    final = [name_of[id(g)] for st in states for g in reversed(st._fsdp_param_groups) if id(g) in name_of]
+    if len(final) == len(units):
+        out["final_order"] = final
     try:
         import torch.distributed as dist
         out["world_size"] = int(dist.get_world_size())

@@ -127,6 +127,14 @@ class _Arrays:
         arr = t.detach().cpu()
         if arr.layout != _torch().strided:  # sparse gradients (Embedding(sparse=True)): the same values, dense
             arr = arr.to_dense()
+        if arr.numel() and arr.untyped_storage().nbytes() < arr.element_size() * (
+                arr.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(arr.shape, arr.stride()))):
+            # its storage was freed (resize_(0)): reading it reads freed memory (a segfault, or torch's "data is
+            # not allocated yet"). Seen: FSDP2 with activation checkpointing, where reading a saved tensor
+            # recomputes the checkpointed forward and FSDP's post-forward reshards the parameter it views.
+            raise ValueError(f"{key}: the saved tensor's storage has been freed (an FSDP2 unit's resharded "
+                             "parameter, recomputed under activation checkpointing?): its values cannot be read; "
+                             "capture with values=False for the structure only")
         if arr.is_conj() or arr.is_neg():  # lazy conjugate/negative views: materialise them first
             arr = arr.resolve_conj().resolve_neg()
         dt = _dtype(arr.dtype)
@@ -822,6 +830,9 @@ def _ddp_settings(module) -> dict | None:
         return None
     out = {} if getattr(module, "bucket_bytes_cap_default", False) else \
         {"bucket_cap_mb": module.bucket_bytes_cap / (1 << 20)}  # left out: DDP's default (25, the first 1 MiB)
+    caps = list(getattr(module, "bucket_bytes_cap_list", None) or [])  # bucket_cap_mb_list (per-bucket limits)
+    if caps:
+        out["bucket_cap_mb_list"] = [c / (1 << 20) for c in caps]
     out.update({"find_unused_parameters": bool(module.find_unused_parameters),
                 "static_graph": bool(module.static_graph),
                 "gradient_as_bucket_view": bool(module.gradient_as_bucket_view)})
@@ -831,6 +842,21 @@ def _ddp_settings(module) -> dict | None:
     except (RuntimeError, ValueError, AttributeError):
         pass
     return out
+
+
+def _ddp_pairs(module, ignore) -> list:
+    """The module's (name, parameter) pairs in registration order, less those DDP is told to ignore (a
+    ``DistributedDataParallel``'s ``parameters_to_ignore``, from
+    ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model`` or ``delay_all_reduce_named_params``;
+    on a bare module its ``_ddp_params_and_buffers_to_ignore``): DDP's ``_build_params_for_reducer`` leaves them
+    out of the Reducer's parameters, so the indices it gives the others shift. As DDP does: each module's own
+    parameters, in ``named_modules()`` order, checked under the name ``f"{module}.{param}"`` (a shared parameter
+    stays if one of its names is not ignored)."""
+    if not ignore:
+        return list(module.named_parameters())
+    ignore = set(ignore)
+    return [(f"{mn}.{pn}" if mn else pn, p) for mn, m in module.named_modules()
+            for pn, p in m.named_parameters(recurse=False) if f"{mn}.{pn}" not in ignore]
 
 
 def _parameters(torch, parameters) -> list:
@@ -845,7 +871,8 @@ def _parameters(torch, parameters) -> list:
             fsdp.gather_for_capture(module)
             pairs = fsdp.parameter_pairs(module)
         else:
-            pairs = list(module.named_parameters())
+            pairs = _ddp_pairs(module, getattr(parameters, "parameters_to_ignore", None) if module is inner
+                               else getattr(module, "_ddp_params_and_buffers_to_ignore", None))
     else:
         pairs = list(parameters.items() if isinstance(parameters, Mapping) else parameters)
     out, seen = [], set()
@@ -911,12 +938,6 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
         grad = "ones" if g is None else arrays.put(f"root{k}", g)
         roots.append({"node": cap.ids[e.node], "input_nr": e.output_nr, "grad": grad})
     doc: dict[str, Any] = {"format": FORMAT, "mode": mode, "roots": roots, "variables": cap.variables}
-    if params:
-        known = cap.var_names_by_id()
-        doc["parameters"] = [known.get(id(t)) or cap.add_unreached(t) for _, t in params]
-        ddp = _ddp_settings(parameters)
-        if ddp:
-            doc["ddp"] = ddp
     req = []
     if inputs:
         acc_of = {id(fn.variable): fn for fn in cap.var_of}
@@ -944,6 +965,14 @@ def from_torch(outputs, inputs: Sequence | None = None, *, grad_outputs: Sequenc
             doc["meta"] = {"reference": ref}
     if fsdp_watch is not None:
         doc["fsdp"] = section(parameters, fsdp_watch, cap.ids, cap.var_names_by_id())
+    if params:  # after the reference run: a parameter reached only inside a custom Function's backward (a
+        # reentrant checkpoint's recomputation) has its AccumulateGrad node only now (before, it was added again
+        # as an unreached variable of the same name)
+        known = cap.var_names_by_id()
+        doc["parameters"] = [known.get(id(t)) or cap.add_unreached(t) for _, t in params]
+        ddp = _ddp_settings(parameters)
+        if ddp:
+            doc["ddp"] = ddp
     _report_hooks(doc, cap, hook_watch)
     storage = cap.storages.section({name: fn.variable for fn, name in cap.var_of.items()})
     if storage is not None and values:

@@ -143,8 +143,10 @@ def captured_ddp(graph, options: dict) -> dict:
         # (the file is at fault, not the flag: the line names the file first, as for any file without a part asked for)
         raise RequestError(f"{graph.source}: no ddp section for --ddp captured: capture the model wrapped in "
                            "DistributedDataParallel (from_torch(..., parameters=ddp_model)) or give --ddp KEY=V,...")
-    keep = {k: graph.ddp[k] for k in ("bucket_cap_mb", "find_unused_parameters", "static_graph",
-                                      "gradient_as_bucket_view") if k in graph.ddp}
+    keep = {k: graph.ddp[k] for k in ("bucket_cap_mb", "bucket_cap_mb_list", "find_unused_parameters",
+                                      "static_graph", "gradient_as_bucket_view") if k in graph.ddp}
+    if "bucket_cap_mb" in options:  # a cap given here replaces DDP's per-bucket limits too
+        keep.pop("bucket_cap_mb_list", None)
     return {**keep, **{k: v for k, v in options.items() if k != "captured"}}
 
 

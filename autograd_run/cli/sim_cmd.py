@@ -430,6 +430,7 @@ def _run_ddp(graph, first, args: dict, opts) -> list:
         world = v if versus and versus[0] == "world" else args["world"]
         kw = dict(base_options)
         if versus and versus[0] == "bucket_cap_mb":
+            kw.pop("bucket_cap_mb_list", None)  # one cap replaces a captured model's per-bucket limits
             kw["bucket_cap_mb"] = v
         link, note = args["network"].link_for(world)
         if note:

@@ -298,8 +298,8 @@ class Graph:
     #: DDP's Reducer uses. Empty: not recorded (a data-parallel view then takes the variables in file order).
     parameters: list[str] = field(default_factory=list)
     #: DistributedDataParallel's settings recorded by capture (the file's ``ddp``; see ``graphs.validate``):
-    #: ``bucket_cap_mb``, ``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``,
-    #: ``world_size``. None: not captured under DDP.
+    #: ``bucket_cap_mb``, ``bucket_cap_mb_list``, ``find_unused_parameters``, ``static_graph``,
+    #: ``gradient_as_bucket_view``, ``world_size``. None: not captured under DDP.
     ddp: dict | None = None
     #: FSDP2's units recorded by capture (the file's ``fsdp``; see ``graphs.validate`` and ``sim.fsdp``):
     #: ``units`` in forward order (``name``, ``parameters``, ``reshard_after_forward``, ``pre_backward`` and

@@ -605,6 +605,10 @@ class _Checker:
         "bucket_cap_mb": (lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
                           and v * (1 << 20) >= 1 and v <= MAX_CAP_MB,
                           f"a size in MiB of at least one byte and at most {MAX_CAP_MB:g}"),
+        "bucket_cap_mb_list": (lambda v: isinstance(v, list) and 1 <= len(v) <= 1 << 16 and all(
+            not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c) and c * (1 << 20) >= 1
+            and c <= MAX_CAP_MB for c in v),
+            f"a list of 1 to 65536 sizes in MiB, each of at least one byte and at most {MAX_CAP_MB:g}"),
         "find_unused_parameters": (lambda v: isinstance(v, bool), "true or false"),
         "static_graph": (lambda v: isinstance(v, bool), "true or false"),
         "gradient_as_bucket_view": (lambda v: isinstance(v, bool), "true or false"),
@@ -682,7 +686,7 @@ class _Checker:
         return {"blocks": out_blocks, "saved": saved}
 
     #: The ``fsdp`` section's fields and those of one of its units.
-    FSDP_FIELDS = ("units", "root", "world_size")
+    FSDP_FIELDS = ("units", "root", "final_order", "world_size")
     FSDP_UNIT_FIELDS = ("name", "parameters", "reshard_after_forward", "pre_backward", "post_backward",
                         "backward_prefetch", "param_dtype", "reduce_dtype")
     #: At most this many units (one per module at the most; a bound on the work before it starts).
@@ -760,6 +764,12 @@ class _Checker:
             if not isinstance(d["root"], str) or d["root"] not in names:
                 raise self.err(("fsdp", "root"), f"must be the name of one of the units, got {short(d['root'])}")
             out["root"] = d["root"]
+        if "final_order" in d:
+            order = d["final_order"]
+            if not (isinstance(order, list) and all(isinstance(n, str) for n in order)
+                    and sorted(order) == sorted(names)):
+                raise self.err(("fsdp", "final_order"), f"must list every unit's name once, got {short(order)}")
+            out["final_order"] = list(order)
         if "world_size" in d:
             w = d["world_size"]
             if not (type(w) is int and 1 <= w <= 1 << 20):

@@ -151,12 +151,13 @@ def collective_slack(report, world: int, link: Link, result: DdpResult, options:
     with every collective ``speedup`` faster (``faster_link``), as ``what_ifs``. The backward itself is not
     simulated again: only the buckets and their collectives change."""
     cap = options.get("bucket_cap_mb") or B.DEFAULT_CAP_MB
+    uniform = {k: v for k, v in options.items() if k != "bucket_cap_mb_list"}  # one cap replaces per-bucket limits
 
     def run(kw, lk):
         return lambda: simulate_ddp(report, world, lk, straggler=straggler, **kw).wall_ns
     return what_ifs(result.wall_ns, [
-        (f"bucket_cap_mb={cap / 2:g} (half)", run({**options, "bucket_cap_mb": cap / 2}, link)),
-        (f"bucket_cap_mb={cap * 2:g} (double)", run({**options, "bucket_cap_mb": cap * 2}, link)),
+        (f"bucket_cap_mb={cap / 2:g} (half)", run({**uniform, "bucket_cap_mb": cap / 2}, link)),
+        (f"bucket_cap_mb={cap * 2:g} (double)", run({**uniform, "bucket_cap_mb": cap * 2}, link)),
         (f"every collective {speedup:.0%} faster", run(options, faster_link(link, speedup)))])
 
 
@@ -308,11 +309,16 @@ def _copy_back_ns(report, runs: list[BucketRun], params) -> int:
 def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = None, *,
                  find_unused_parameters: bool = False, static_graph: bool = False,
                  gradient_as_bucket_view: bool = False, iteration: str = "steady", straggler=None,
-                 first_bucket_mb: float | None = None) -> DdpResult:
+                 first_bucket_mb: float | None = None, bucket_cap_mb_list=None) -> DdpResult:
     """The DDP view of ``report`` (a ``sim.session.SimReport``) on ``world`` ranks joined by ``link``.
 
     ``first_bucket_mb``: the first bucket's cap (DDP's ``dist._DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB, with the
     default ``bucket_cap_mb``; else the cap itself), as a what-if: the limits become ``[first, cap]``.
+
+    ``bucket_cap_mb_list``: DDP's per-bucket limits (``DistributedDataParallel(bucket_cap_mb_list=...)``, MiB):
+    DDP takes them for the constructor's buckets whatever ``find_unused_parameters`` and ``static_graph`` are,
+    and for the rebuild (``_BucketCapacityConfig.compute_bucket_size_limits``); ``first_bucket_mb`` replaces
+    them.
 
     ``straggler``: ``(rank, slowdown, report)``, one rank whose backward is ``report`` (the same graph with
     its costs scaled by ``slowdown``): every collective starts only when that rank has launched it too.
@@ -322,13 +328,14 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
     params = params_of(report.graph)
     marks = _marks(report, params)
     _, _, order, unused, compute = marks
-    limits = None
+    limits = list(bucket_cap_mb_list) if bucket_cap_mb_list else None
+    first_limits = limits  # DDP's per-bucket limits apply to the constructor's buckets too
     if first_bucket_mb is not None:
         limits = [first_bucket_mb, B.DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb]
+        first_limits = limits if find_unused_parameters and not static_graph else None
     if iteration == "first":  # (the constructor's one bucket, without unused parameters looked for, has no limits)
         groups = B.initial(params, bucket_cap_mb, find_unused_parameters=find_unused_parameters,
-                           static_graph=static_graph,
-                           bucket_cap_mb_list=limits if find_unused_parameters and not static_graph else None)
+                           static_graph=static_graph, bucket_cap_mb_list=first_limits)
     else:
         groups = B.steady(params, order, bucket_cap_mb, find_unused_parameters=find_unused_parameters,
                           static_graph=static_graph, bucket_cap_mb_list=limits)

@@ -15,10 +15,15 @@ and so the model, walking the one rank's nodes in the order they started:
   (``all_gather_copy_out``: read and write at the memory bandwidth); then the
   prefetch: the all-gather of the unit before u in forward order (the
   default; ``prefetch=N``: the N before it; a captured
-  ``set_modules_to_backward_prefetch`` list: those units);
+  ``set_modules_to_backward_prefetch`` list: those units), each one that
+  is sharded: one whose backward already ran (resharded by its
+  post-backward) is gathered again (``unshard`` does not look), the
+  unit's ``regathers``;
 * **post-backward of unit u** (as its ``RegisterPostBackwardFunction`` node
   ends, or in the final callback for a unit whose inputs needed no gradient,
-  the root's first, then the others in forward order): the compute waits for
+  the root's first, then the others in the order FSDP keeps its states: the
+  modules' ``named_modules`` order, the capture's ``final_order``; without it,
+  forward order): the compute waits for
   the previous unit's reduce-scatter (FSDP keeps one reduce-scatter input
   in flight: ``post_backward_rs_wait``), copies u's gradients into the
   reduce-scatter input (``chunk_cat``), launches the reduce-scatter and,
@@ -95,6 +100,10 @@ class UnitRun:
     #: The compute's wait for its all-gather (and copy-out), and for the previous reduce-scatter at its post-backward.
     wait_ns: int = 0
     rs_wait_ns: int = 0
+    #: All-gathers of this unit issued after its post-backward had resharded it (a prefetch by a unit whose
+    #: backward comes later: ``unshard`` gathers any sharded unit, whether its backward ran or not), each as
+    #: (span, the prefetching unit's name).
+    regathers: list = field(default_factory=list)
 
     def issuer(self) -> str | None:
         """The unit whose pre-backward issued this unit's all-gather (its own, or the prefetching one's;
@@ -108,6 +117,7 @@ class UnitRun:
         d = dict(self.__dict__)
         for k in ("all_gather", "reduce_scatter", "all_reduce"):
             d[k] = None if d[k] is None else dict(d[k].__dict__)
+        d["regathers"] = [{**span.__dict__, "by": by} for span, by in self.regathers]
         return d
 
 
@@ -374,14 +384,22 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
         if blocking:
             issue = ready
         for v in targets(u):
-            if not gathered[v.name] and v.pre_ns is None:
+            if gathered[v.name]:
+                continue
+            if v.post_ns is None:
                 issue = gather(v, issue, f"prefetch by {u.name or '(root)'}")
+            else:  # its backward is over and it was resharded: FSDP's unshard gathers it all the same
+                gathered[v.name] = True
+                span = st.run("ag", "all-gather", v.gather_bytes, shard, issue, shift)
+                v.regathers.append((span, u.name))
+                issue = span.end_ns if blocking else issue
         go = max(ready, issue) if blocking else ready
         u.wait_ns = go - t
         return go
 
     def post(u: UnitRun, t: int, where: str) -> int:
         u.post_ns, u.post_in = t, where
+        gathered[u.name] = False  # resharded after its backward (FSDP2's reshard_after_backward default)
         start = t
         if pending:  # post_backward_rs_wait: the previous unit's reduce-scatter
             t = max(t, pending.pop(0))
@@ -422,8 +440,11 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
     # (FSDP's work in it, its collectives left out), before the post-backwards it does itself
     use = report.measured.use if report.measured is not None else None
     t = compute_end + (round(use.fsdp_final_ns) if use is not None else 0)
-    final_order = [by_name[root]] if root in by_name else []
-    final_order += [u for u in units if u.name != root]
+    if graph.fsdp.get("final_order"):  # as captured: FSDP's states in named_modules order (the root's first)
+        final_order = [by_name[n] for n in graph.fsdp["final_order"]]
+    else:
+        final_order = [by_name[root]] if root in by_name else []
+        final_order += [u for u in units if u.name != root]
     for u in final_order:  # the root's final callback: post-backward of every unit it did not see yet
         if u.post_ns is None:  # (a unit with no gradient reduce-scatters nothing but still waits)
             t = post(u, t, "final callback")
@@ -482,6 +503,12 @@ def add_to_recording(result: FsdpResult, recording, graph=None) -> None:
                                                                          trigger=node(where)),
                                                  t0 + span.start_ns,
                                                  t0 + span.end_ns))
+        for span, by in u.regathers:  # gathered again after its backward, by a later unit's prefetch
+            issuer = by_name.get(by)
+            title = f"all-gather of unit {label} ({size_text(u.gather_bytes)}, again: prefetch by {by or '(root)'})"
+            recording.kernels.append(KernelSlice(TRACKS["all_gather"], Collective(
+                title, title, "all_gather", u.gather_bytes, "float32", max(1, result.world // result.replicate),
+                trigger=node(issuer.pre_in if issuer is not None else None)), t0 + span.start_ns, t0 + span.end_ns))
     recording.end = max(recording.end, t0 + result.wall_ns)
 
 
@@ -495,6 +522,8 @@ def sim_events(result: FsdpResult) -> list[tuple[str, str]]:
             out.append((u.pre_ns, 0, "pre", u.name))
         if u.all_gather is not None:
             out.append((u.all_gather.start_ns, 1, "all-gather", u.name))
+        for span, _ in u.regathers:
+            out.append((span.start_ns, 1, "all-gather", u.name))
         if u.reduce_scatter is not None:
             out.append((u.reduce_scatter.start_ns, 2, "reduce-scatter", u.name))
         if u.all_reduce is not None:

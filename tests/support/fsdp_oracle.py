@@ -33,6 +33,8 @@ class OracleFailed(RuntimeError):
 
 
 MODELS = ("blocks", "transformer", "prefetch2", "keep", "nested", "conv", "frozen_input", "hsdp")
+#: Built by ``build`` too, checked by tests/test_fsdp_ranks.py only (the benchmarks draw from MODELS).
+MORE = ("prefetch_done", "tied_group")
 #: HSDP's replicas for the ``hsdp`` model on a group of 4 or more ranks (a 2-D mesh: replicas x shards; on fewer
 #: ranks, as in a one-rank capture, one replica).
 HSDP_REPLICAS = 2
@@ -105,7 +107,7 @@ def build(name: str):
             fully_shard(m, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model, (lambda m: m(x).square().mean())
-    if name in ("blocks", "prefetch2", "keep", "nested", "frozen_input"):
+    if name in ("blocks", "prefetch2", "keep", "nested", "frozen_input", "prefetch_done"):
         model = nn.Sequential(nn.Linear(32, 64), Block(64), Block(64), Block(64), nn.Linear(64, 4))
         if name == "nested":
             fully_shard(model[2].a)
@@ -120,7 +122,30 @@ def build(name: str):
         if name == "prefetch2":
             model[3].set_modules_to_backward_prefetch([model[2], model[1]])
             model[2].set_modules_to_backward_prefetch([model[1]])
+        if name == "prefetch_done":  # a prefetch list naming units whose backward already ran (as a list
+            # made in registration order where it is not the forward's does): FSDP gathers them again
+            model[2].set_modules_to_backward_prefetch([model[3], model[1]])
+            model[1].set_modules_to_backward_prefetch([model[3]])
         return model, (lambda m: m(x).square().mean())
+    if name == "tied_group":  # a tied embedding and head in one unit (fully_shard([a, b])), registered first
+        class Tied(nn.Module):  # and post-forwarded last; its inputs and pos's need no gradient: their
+            def __init__(self):  # post-backwards run in the final callback, in named_modules order
+                super().__init__()
+                self.embed, self.pos = nn.Embedding(32, 32), nn.Embedding(8, 32)
+                self.blocks = nn.Sequential(Block(32), Block(32))
+                self.head = nn.Linear(32, 32, bias=False)
+                self.head.weight = self.embed.weight
+
+            def forward(self, ids):
+                return self.head(self.blocks(self.embed(ids) + self.pos(torch.arange(ids.shape[1]))))
+        model = Tied()
+        fully_shard([model.embed, model.head])
+        fully_shard(model.pos)
+        for m in model.blocks:
+            fully_shard(m)
+        fully_shard(model)
+        ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
+        return model, (lambda m: m(ids).square().mean())
     if name == "transformer":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
