@@ -116,6 +116,17 @@ def walk_grad_fns(roots, known=()) -> list:
     return out
 
 
+def _storage_short(arr) -> bool:
+    """Whether ``arr``'s storage holds fewer bytes than its view reaches (freed by ``resize_(0)``); False for a
+    tensor whose storage cannot be asked (a subclass or layout without one: read as before)."""
+    try:
+        nbytes = arr.untyped_storage().nbytes()
+        reach = arr.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(arr.shape, arr.stride()))
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return nbytes < arr.element_size() * reach
+
+
 class _Arrays:
     """Tensors to store: inline (no path) or in the side file."""
 
@@ -127,8 +138,7 @@ class _Arrays:
         arr = t.detach().cpu()
         if arr.layout != _torch().strided:  # sparse gradients (Embedding(sparse=True)): the same values, dense
             arr = arr.to_dense()
-        if arr.numel() and arr.untyped_storage().nbytes() < arr.element_size() * (
-                arr.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(arr.shape, arr.stride()))):
+        if arr.numel() and _storage_short(arr):
             # its storage was freed (resize_(0)): reading it reads freed memory (a segfault, or torch's "data is
             # not allocated yet"). Seen: FSDP2 with activation checkpointing, where reading a saved tensor
             # recomputes the checkpointed forward and FSDP's post-forward reshards the parameter it views.
