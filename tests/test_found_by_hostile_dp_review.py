@@ -9,24 +9,16 @@ import json
 import pytest
 
 from cli_proc import cli
+from test_fsdp_sim import _parts
 
-N = 1 << 18  # float32: 1 MiB
 NET = ["--network", "alpha_us=10,gbps=1"]
 
 
 def _graph(**extra) -> dict:
-    """c3 -> c2 -> p2 -> c1 -> p1 (cost nodes) with AccumulateGrad a1..a3 of w1..w3 (1 MiB each)."""
-    def cost(nid, nxt, us):
-        return {"id": nid, "name": nid.upper(), "op": "cost", "next": nxt, "inputs": [{"shape": [N]}],
-                "attrs": {"cost": {"us": us}}}
-
-    def acc(nid, var):
-        return {"id": nid, "name": "torch::autograd::AccumulateGrad", "variable": var, "inputs": [{"shape": [N]}]}
-    nodes = [cost("c3", [["a3", 0], ["c2", 0]], 100), cost("c2", [["a2", 0], ["p2", 0]], 100),
-             cost("p2", [["c1", 0]], 10), cost("c1", [["a1", 0], ["p1", 0]], 100), cost("p1", [], 10),
-             acc("a1", "w1"), acc("a2", "w2"), acc("a3", "w3")]
-    return {"format": "autograd-graph/1", "roots": [{"node": "c3"}],
-            "variables": [{"name": f"w{k}", "shape": [N]} for k in (1, 2, 3)], "nodes": nodes, **extra}
+    """c3 -> c2 -> p2 -> c1 -> p1 (cost nodes) with AccumulateGrad a1..a3 of w1..w3 (1 MiB each): test_fsdp_sim's."""
+    nodes, variables, _ = _parts()
+    return {"format": "autograd-graph/1", "roots": [{"node": "c3"}], "variables": variables, "nodes": nodes,
+            **extra}
 
 
 UNITS = [{"name": "u1", "parameters": ["w1"], "pre_backward": "c1", "post_backward": "p1"},
