@@ -163,42 +163,83 @@ def want_memory(memory: bool | None, graph, memory_limit: int | None, snapshot: 
     return memory_limit is not None or snapshot is not None or len(graph.nodes) <= MEMORY_AUTO_NODES
 
 
-#: ``main()`` without arguments (the console script) runs the process's command line, and the process
-#: ends with it: it passes this as click's context object, so a command may treat what it loads as
-#: living until exit.
-ONE_SHOT = "one-shot process"
+class OneShot:
+    """``main()`` without arguments (the console script) runs the process's command line, and the process
+    ends with it: it passes one of these as click's context object, so a command may treat what it loads as
+    living until exit. ``done``: set by a ``one_shot_work`` command that ended without an error (``main``
+    may then end the process at once: ``exit_now``)."""
+
+    def __init__(self):
+        #: inside a ``one_shot_work`` command (the collector off throughout; frozen after an error)
+        self.working = False
+        self.done = False
 
 
-def _one_shot() -> bool:
+def _one_shot() -> OneShot | None:
     ctx = click.get_current_context(silent=True)
-    return ctx is not None and ctx.find_root().obj == ONE_SHOT
+    obj = ctx.find_root().obj if ctx is not None else None
+    return obj if isinstance(obj, OneShot) else None
 
 
 def one_shot_work(command):
     """A command whose work allocates millions of objects that live until it ends (a simulation's records,
-    its recording and summary): run as the process's own command line (``ONE_SHOT``), the cyclic
-    collector stays off for the whole command, and what is alive is frozen (``gc.freeze``) before it
-    is turned back on. Each ``graphs.load.gc_paused`` block inside would otherwise end with a
-    collection scanning everything it made (about 2 s at 1e6 nodes, after each of the simulation,
-    the recording, the summary and the memory model); the process ends with the command, so the
-    cycles it leaves are freed at exit either way. Called from a library or a test, the command runs
-    as it would without this."""
+    its recording and summary): run as the process's own command line (``OneShot``), the cyclic
+    collector stays off for the whole command. Each ``graphs.load.gc_paused`` block inside would otherwise
+    end with a collection scanning everything it made (about 2 s at 1e6 nodes, after each of the
+    simulation, the recording, the summary and the memory model); the process ends with the command, so the
+    cycles it leaves are freed at exit either way. Where it ends without an error, ``main`` ends the process
+    at once once its output is flushed (``exit_now``: the interpreter's teardown freed a million-node
+    simulation object by object, 0.15 s, and the collector's final pass needed everything frozen first,
+    0.16 s more); after an error, what is alive is frozen (``gc.freeze``) and the collector turned back on, and
+    the process ends as usual. Called from a library or a test, the command runs as it would without this."""
     import functools
 
     @functools.wraps(command)
     def run(*args, **kwargs):
-        if not _one_shot():
+        shot = _one_shot()
+        if shot is None:
             return command(*args, **kwargs)
         import gc
         was = gc.isenabled()
         gc.disable()
+        shot.working = True
         try:
-            return command(*args, **kwargs)
-        finally:
+            out = command(*args, **kwargs)
+        except BaseException:
             gc.freeze()
             if was:
                 gc.enable()
+            raise
+        shot.done = True
+        return out
     return run
+
+
+def exit_now(shot: OneShot, code: int) -> None:
+    """End the process with ``code`` at once, its standard streams flushed, where the command that ran was a
+    ``one_shot_work`` one that ended without an error (``shot.done``) and no other thread is still running (a
+    thread of its own would be cut off); else return (the caller exits as usual). Every file the command
+    writes is closed by then (each written inside a ``with`` block, or atomically through a closed temporary
+    file)."""
+    import os
+    import sys
+    import threading
+    if not shot.done:
+        return
+    if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        import gc
+        gc.freeze()  # (the usual end: what is alive is not scanned by the collector's last pass)
+        gc.enable()
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            from autograd_run.cli.terminal import stdout_closed
+            stdout_closed()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def load_graph_arg(ref: str, fmt: str | None = None, *, max_bytes: int | None = None,
@@ -209,7 +250,7 @@ def load_graph_arg(ref: str, fmt: str | None = None, *, max_bytes: int | None = 
     ``graphs.load.load_graph``.
 
     ``keep``: the graph lives until the process exits (the command's one graph). When ``main()`` runs
-    the process's own command line (``ONE_SHOT``), the graph is then loaded with the cyclic collector off
+    the process's own command line (``OneShot``), the graph is then loaded with the cyclic collector off
     and frozen (``gc.freeze``) before it is turned back on: a loaded graph is millions of objects,
     which the collector would otherwise scan as they age through its generations and each time the
     run allocates (at 2e5 nodes about 2 s, and 1.5 s more at exit). A command called from a library
@@ -226,7 +267,8 @@ def load_graph_arg(ref: str, fmt: str | None = None, *, max_bytes: int | None = 
         # again; the process ends without freeing it (the system takes the memory back at once).
         holder = [g]
         holder.append(holder)
-        gc.freeze()
+        if not _one_shot().working:  # (a one_shot_work command keeps the collector off, and freezes after an error)
+            gc.freeze()
         return g
     finally:
         if was:

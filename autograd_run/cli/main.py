@@ -18,7 +18,7 @@ import sys
 
 import click
 
-from autograd_run.cli.common import ONE_SHOT, echo, error_line, escape, max_memory_option, stdout_closed, write
+from autograd_run.cli.common import OneShot, echo, error_line, escape, exit_now, max_memory_option, stdout_closed, write
 from autograd_run.cli.flags import FLAGS
 from autograd_run.cli.version import show_version
 from autograd_run.errors import AutogradRunError, GraphFileError, RequestError
@@ -186,8 +186,9 @@ def main(argv=None):
     in tests) it is one call among others, and leaves the process as it found it."""
     import warnings
     warnings.filterwarnings("ignore", message=NUMPY_WARNINGS, category=RuntimeWarning)
+    shot = OneShot() if argv is None else None
     try:
-        cli.main(args=argv, prog_name="autograd-run", standalone_mode=False, obj=ONE_SHOT if argv is None else None)
+        cli.main(args=argv, prog_name="autograd-run", standalone_mode=False, obj=shot)
     except click.exceptions.Abort:
         error_line("aborted")
         sys.exit(130)
@@ -211,6 +212,8 @@ def main(argv=None):
         sys.exit(0)
     except SystemExit:
         raise
+    if shot is not None:
+        exit_now(shot, 0)  # (a simulation's millions of objects: not freed one by one)
     sys.exit(0)
 
 
