@@ -258,17 +258,22 @@ def run_child(args, timeout):
     return p
 
 
-def sweep_buckets(models, out, extra=None):
-    import torch  # noqa: F401
-    graphs, results = {}, []
-    cases = []
+def _captured(models, results: list) -> dict:
+    """name -> the captured graph of each model; a model whose capture fails is an error row in ``results``."""
+    graphs = {}
     for name in models:
         try:
-            g, _ = capture(name)
+            graphs[name], _ = capture(name)
         except Exception:  # noqa: BLE001
             results.append({"name": name, "error": "capture: " + traceback.format_exc()[-1500:]})
-            continue
-        graphs[name] = g
+    return graphs
+
+
+def sweep_buckets(models, out, extra=None):
+    import torch  # noqa: F401
+    results, cases = [], []
+    graphs = _captured(models, results)
+    for name, g in graphs.items():
         fu = bool(unused_of(g))
         for cap in CAPS:
             cases.append({"name": name, "cap": cap, "fu": fu})
@@ -330,14 +335,9 @@ def sweep_buckets(models, out, extra=None):
 
 def sweep_ranks(models, out, world=2, caps=(None, 0.05, 0.01)):
     from autograd_run.parallel.local_ranks import RanksTimedOut, run_local_ranks
-    graphs, cases, results = {}, [], []
-    for name in models:
-        try:
-            g, _ = capture(name)
-        except Exception:  # noqa: BLE001
-            results.append({"name": name, "error": "capture: " + traceback.format_exc()[-1500:]})
-            continue
-        graphs[name] = g
+    cases, results = [], []
+    graphs = _captured(models, results)
+    for name, g in graphs.items():
         fu = bool(unused_of(g))
         for cap in caps:
             cases.append({"name": name, "cap": cap, "fu": fu})

@@ -157,17 +157,22 @@ def test_the_final_callbacks_own_time_comes_from_the_profile_and_ends_the_simula
     assert 0 < with_cb.wall_ns - without.wall_ns <= round(costs.use.fsdp_final_ns) + 1  # (ns, rounded)
 
 
-FSDP_SCRIPT = '''
-import torch, torch.nn as nn
-from torch.distributed.fsdp import fully_shard
-from autograd_run.capture import one_process_group
-
+#: The block both capture scripts shard (a script's own text: each runs in a child process).
+BLOCK = '''
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
         self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
     def forward(self, x):
         return x + self.b(torch.relu(self.a(x)))
+'''
+
+FSDP_SCRIPT = '''
+import torch, torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from autograd_run.capture import one_process_group
+''' + BLOCK + '''
 
 def main():
     one_process_group()
@@ -227,16 +232,7 @@ import torch, torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from torch.utils.checkpoint import checkpoint
 from autograd_run.capture import from_torch, one_process_group
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
-
-    def forward(self, x):
-        return x + self.b(torch.relu(self.a(x)))
-
+''' + BLOCK + '''
 
 class Net(nn.Module):
     def __init__(self):

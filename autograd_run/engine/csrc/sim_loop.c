@@ -914,92 +914,64 @@ static int cost_node_known(Sim *S, PyObject *node, PyObject **cost) {
     Py_DECREF(op);
     if (op != S->cost_op)
         return 0;
-    PyObject *attrs = node_get(node, NF_ATTRS);
-    if (attrs == NULL)
-        return -1;
+    /* the objects the key is read from, held to the end (and by the memo where the cost is found) */
+    PyObject *attrs = node_get(node, NF_ATTRS), *name = attrs ? node_get(node, NF_NAME) : NULL,
+             *device = name ? node_get(node, NF_DEVICE) : NULL, *spec = NULL, *key = NULL;
+    int cpu = device ? node_true(node, NF_CPU) : -1, r = -1;
+    if (cpu < 0)
+        goto out;
     /* a node whose attrs, name, device and cpu flag are the very objects of one costed before: its cost */
-    PyObject *m_name = node_get(node, NF_NAME), *m_device = m_name ? node_get(node, NF_DEVICE) : NULL;
-    int m_cpu = m_device ? node_true(node, NF_CPU) : -1;
-    if (m_cpu < 0) {
-        Py_DECREF(attrs);
-        Py_XDECREF(m_name);
-        Py_XDECREF(m_device);
-        return -1;
-    }
-    int m_slot = (int)((((uintptr_t)attrs >> 4) ^ ((uintptr_t)m_name >> 6) ^ ((uintptr_t)m_device >> 8)) &
-                       (COST_MEMO - 1));
-    if (S->cost_memo[m_slot].cost != NULL && S->cost_memo[m_slot].attrs == attrs &&
-        S->cost_memo[m_slot].name == m_name && S->cost_memo[m_slot].device == m_device &&
-        S->cost_memo[m_slot].cpu == m_cpu) {
-        PyObject *found = S->cost_memo[m_slot].cost;
-        Py_DECREF(attrs);
-        Py_DECREF(m_name);
-        Py_DECREF(m_device);
-        if (map_set(S->resolved, node, found) < 0)
-            return -1;
-        *cost = Py_NewRef(found);
-        return 1;
-    }
-    Py_DECREF(m_name); /* (still held by the node: compared by address below) */
-    Py_DECREF(m_device);
-    PyObject *spec = PyDict_CheckExact(attrs) ? PyDict_GetItemWithError(attrs, s_cost) : NULL;
-    if (spec == NULL || !PyDict_CheckExact(spec)) {
-        Py_DECREF(attrs);
-        return PyErr_Occurred() ? -1 : 0;
-    }
-    Py_INCREF(spec);
-    Py_DECREF(attrs);
-    PyObject *us = PyDict_GetItemWithError(spec, s_us), *flops = us || !PyErr_Occurred() ?
-        PyDict_GetItemWithError(spec, s_flops) : NULL, *mode = NULL;
-    if (!PyErr_Occurred())
-        mode = PyDict_GetItemWithError(spec, s_mode);
-    PyObject *cpu = NULL, *name = NULL, *device = NULL, *dtype = NULL, *dindex = NULL, *key = NULL;
-    if (!PyErr_Occurred()) {
-        cpu = node_get(node, NF_CPU);
-        name = cpu ? node_get(node, NF_NAME) : NULL;
-        device = name ? node_get(node, NF_DEVICE) : NULL;
-        dtype = device ? PyObject_GetAttr(device, s_type) : NULL;
-        dindex = dtype ? PyObject_GetAttr(device, s_index) : NULL;
-    }
-    if (dindex != NULL) /* the device's type and index, not the Device (whose hash is Python code) */
-        key = PyTuple_Pack(7, us ? us : S->absent, flops ? flops : S->absent, mode ? mode : Py_None, cpu, name,
-                           dtype, dindex);
-    Py_DECREF(spec);
-    Py_XDECREF(cpu);
-    Py_XDECREF(name);
-    Py_XDECREF(device);
-    Py_XDECREF(dtype);
-    Py_XDECREF(dindex);
-    if (key == NULL)
-        return -1;
-    PyObject *found = PyDict_GetItemWithError(S->by_cost, key);
-    Py_DECREF(key);
-    if (found == NULL) {
-        if (PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_TypeError))
-                return -1;
-            PyErr_Clear(); /* an unhashable value: costed on its own by the resolver */
+    int slot = (int)((((uintptr_t)attrs >> 4) ^ ((uintptr_t)name >> 6) ^ ((uintptr_t)device >> 8)) & (COST_MEMO - 1));
+    PyObject *found = S->cost_memo[slot].cost;
+    if (found == NULL || S->cost_memo[slot].attrs != attrs || S->cost_memo[slot].name != name ||
+        S->cost_memo[slot].device != device || S->cost_memo[slot].cpu != cpu) {
+        found = NULL;
+        spec = PyDict_CheckExact(attrs) ? Py_XNewRef(PyDict_GetItemWithError(attrs, s_cost)) : NULL;
+        if (spec == NULL || !PyDict_CheckExact(spec)) {
+            r = PyErr_Occurred() ? -1 : 0;
+            goto out;
         }
-        return 0;
+        PyObject *us = PyDict_GetItemWithError(spec, s_us), *flops = us || !PyErr_Occurred() ?
+            PyDict_GetItemWithError(spec, s_flops) : NULL, *mode = NULL;
+        if (!PyErr_Occurred())
+            mode = PyDict_GetItemWithError(spec, s_mode);
+        PyObject *dtype = PyErr_Occurred() ? NULL : PyObject_GetAttr(device, s_type);
+        PyObject *dindex = dtype ? PyObject_GetAttr(device, s_index) : NULL;
+        if (dindex != NULL) /* the device's type and index, not the Device (whose hash is Python code) */
+            key = PyTuple_Pack(7, us ? us : S->absent, flops ? flops : S->absent, mode ? mode : Py_None,
+                               cpu ? Py_True : Py_False, name, dtype, dindex);
+        Py_XDECREF(dtype);
+        Py_XDECREF(dindex);
+        if (key == NULL)
+            goto out;
+        found = PyDict_GetItemWithError(S->by_cost, key);
+        if (found == NULL) {
+            if (PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_TypeError))
+                    goto out;
+                PyErr_Clear(); /* an unhashable value: costed on its own by the resolver */
+            }
+            r = 0;
+            goto out;
+        }
+        Py_INCREF(found); /* (held while the memo's old entry goes) */
+        Py_XSETREF(S->cost_memo[slot].attrs, Py_NewRef(attrs));
+        Py_XSETREF(S->cost_memo[slot].name, Py_NewRef(name));
+        Py_XSETREF(S->cost_memo[slot].device, Py_NewRef(device));
+        Py_XSETREF(S->cost_memo[slot].cost, found);
+        S->cost_memo[slot].cpu = cpu;
     }
     if (map_set(S->resolved, node, found) < 0)
-        return -1;
+        goto out;
     *cost = Py_NewRef(found);
-    /* remembered by the objects its key was read from (the node holds them all while it is compared here) */
-    PyObject *k_attrs = node_get(node, NF_ATTRS), *k_name = k_attrs ? node_get(node, NF_NAME) : NULL,
-             *k_device = k_name ? node_get(node, NF_DEVICE) : NULL;
-    if (k_device == NULL) {
-        Py_XDECREF(k_attrs);
-        Py_XDECREF(k_name);
-        Py_CLEAR(*cost);
-        return -1;
-    }
-    Py_XSETREF(S->cost_memo[m_slot].attrs, k_attrs);
-    Py_XSETREF(S->cost_memo[m_slot].name, k_name);
-    Py_XSETREF(S->cost_memo[m_slot].device, k_device);
-    Py_XSETREF(S->cost_memo[m_slot].cost, Py_NewRef(found));
-    S->cost_memo[m_slot].cpu = m_cpu;
-    return 1;
+    r = 1;
+out:
+    Py_XDECREF(key);
+    Py_XDECREF(spec);
+    Py_XDECREF(attrs);
+    Py_XDECREF(name);
+    Py_XDECREF(device);
+    return r;
 }
 
 /* The node's cost (a new reference): CostResolver.__call__ where the answer is known without Python (resolved
