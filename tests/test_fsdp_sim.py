@@ -82,6 +82,46 @@ def test_on_the_cpu_every_collective_is_a_wait_of_the_compute():
     assert again.engine_done_ns == r.wall_ns - r.exposed_ns
 
 
+def _with_recompute(pairs):
+    nodes, variables, fsdp = _parts()
+    return parts_graph(nodes, [{"node": "c3"}], variables, source="fsdp.json", fsdp={**fsdp, "recompute": pairs})
+
+
+def test_a_recompute_gathers_the_units_it_runs_and_their_own_pre_backward_finds_them_gathered():
+    """Activation checkpointing (the capture's ``recompute`` pairs): u1's forward is recomputed while c2 runs
+    (after u2's pre-backward hook: the node unpacks as it computes). FSDP's pre-forward there all-gathers u1
+    if it is sharded and waits for it (copy-out included); no reshard follows in a backward, so u1's own
+    pre-backward at c1 waits for nothing. Blocking (gloo on the CPU), hand-computed."""
+    ag, rs = cost_ns("all-gather", MIB, 2, GLOO), cost_ns("allreduce", MIB, 2, GLOO)
+    rep = _report(_with_recompute([["c2", "u1"]]))
+    copy = _copy(rep)
+    # no prefetch: u1 is sharded when c2 recomputes it, gathered there, not at c1
+    r = simulate_fsdp(rep, 2, GLOO, prefetch=0)
+    u = {x.name: x for x in r.units}
+    assert (u["u1"].gathered_by, u["u1"].recompute_in, u["u1"].issuer()) == ("recompute", "c2", None)
+    assert r.stalls == {"c2": 2 * (ag + copy), "p2": copy + rs, "p1": copy + rs}
+    assert u["u1"].wait_ns == ag + copy and u["u1"].all_gather.start_ns == u["u2"].all_gather.end_ns + copy
+    assert sim_events(r) == [("pre", ""), ("pre", "u2"), ("all-gather", "u2"), ("all-gather", "u1"),
+                             ("reduce-scatter", "u2"), ("pre", "u1"), ("reduce-scatter", "u1"),
+                             ("reduce-scatter", "")]
+    plain = simulate_fsdp(_report(), 2, GLOO, prefetch=0)  # without it: gathered by its own pre-backward at c1
+    assert {x.name: x for x in plain.units}["u1"].gathered_by == "pre-backward" and plain.stalls["c1"] == ag + copy
+    assert plain.wall_ns == r.wall_ns  # (blocking: the same waits, moved)
+    # prefetched by u2 first: the recompute waits for that all-gather and copies it out; c1 then waits for nothing
+    r = simulate_fsdp(rep, 2, GLOO)
+    u = {x.name: x for x in r.units}
+    assert u["u1"].gathered_by == "prefetch by u2" and u["u1"].wait_ns == copy
+    assert r.stalls == {"c3": ag, "c2": copy + ag + copy, "p2": copy + rs, "p1": copy + rs}
+    # the recompute's all-gather in the trace: a flow from the node that recomputed
+    from autograd_run.record.recording import Recording
+    rec = Recording(start=0, end=0)
+    from autograd_run.sim.fsdp import add_to_recording
+    g = _with_recompute([["c2", "u1"]])
+    add_to_recording(simulate_fsdp(_report(g), 2, GLOO, prefetch=0), rec, g)
+    k = next(k for k in rec.kernels if "unit u1" in k.node.name and "all-gather" in k.node.name)
+    assert "recompute" in k.node.name and k.node.trigger is g.by_id["c2"]
+
+
 def test_the_collectives_slack_hand_computed():
     """Blocking (the test above: wall = compute + 2 all-gathers + 3 reduce-scatters + 5 copies): every collective
     20% faster saves 2 x (ag - ag') + 3 x (rs - rs'); with no prefetch each unit's all-gather is issued by its
@@ -180,6 +220,11 @@ def test_padding_to_the_shard_count_along_dim_0():
      "$.fsdp.units[0].backward_prefetch[0]", "unknown unit ['a']"),
     ({"root": {"a": 1}}, "$.fsdp.root", "one of the units"),
     ({"world_size": 0}, "$.fsdp.world_size", "from 1 to"),
+    ({"recompute": "c1"}, "$.fsdp.recompute", "[node id, unit name] pairs"),
+    ({"recompute": [["c1"]]}, "$.fsdp.recompute[0]", "must be [node id, unit name]"),
+    ({"recompute": [["zz", "u1"]]}, "$.fsdp.recompute[0][0]", "node id of this graph"),
+    ({"recompute": [["c1", "nope"]]}, "$.fsdp.recompute[0][1]", "unknown unit 'nope'"),
+    ({"recompute": [[["c1"], "u1"]]}, "$.fsdp.recompute[0][0]", "node id of this graph"),
 ])
 def test_a_broken_fsdp_section_is_named_with_its_place(change, where, what):
     nodes, variables, fsdp = _parts()

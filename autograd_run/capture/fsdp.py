@@ -14,10 +14,15 @@ What the backward does per unit (torch 2.13, ``_fsdp_state.py`` and
 * **post-backward**: ``RegisterPostBackwardFunction``'s node on the unit's
   inputs (when an input requires grad; otherwise the root's final callback
   runs it): reshard, wait for the previous unit's reduce-scatter, then the
-  reduce-scatter of this unit's gradients (and under HSDP an all-reduce).
+  reduce-scatter of this unit's gradients (and under HSDP an all-reduce);
+* **recompute** (activation checkpointing, ``use_reentrant=False``): the
+  first node that unpacks a tensor the checkpointed block saved runs the
+  block's forward again, inside the backward; the pre-forward of each unit
+  in it all-gathers the unit if it is sharded (in forward order), and the
+  post-forward does not reshard in a backward (``is_bw()``).
 
 ``FsdpWatch`` records, during the reference backward capture runs, the node
-each pre- and post-backward ran in (``torch._C._current_autograd_node()``:
+each pre- and post-backward ran in (and each recomputed pre-forward) (``torch._C._current_autograd_node()``:
 the node the engine is evaluating; none in the final callback) and each
 parameter's gradient as the post-backward takes it (FSDP moves it from the
 unsharded parameter to the sharded one: the reference gradient is read
@@ -97,7 +102,9 @@ def gather_for_capture(module) -> None:
 
 class FsdpWatch:
     """Records each unit's pre- and post-backward during one backward (a context manager; see the module
-    docstring). ``events``: [(kind, group, node or None)] in the order they ran; ``grads``: {id(unsharded
+    docstring), and each pre-forward that runs inside it (activation checkpointing recomputing a block that holds
+    the unit). ``events``: [(kind, group, node or None)] in the order they ran (kind ``pre``, ``post`` or
+    ``recompute``); ``grads``: {id(unsharded
     parameter): its gradient as the post-backward took it}."""
 
     def __init__(self, module):
@@ -111,9 +118,16 @@ class FsdpWatch:
             return self
         import torch
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-        pre, post = FSDPParamGroup.pre_backward, FSDPParamGroup.post_backward
-        self._orig = (FSDPParamGroup, pre, post)
+        pre, post, fwd = FSDPParamGroup.pre_backward, FSDPParamGroup.post_backward, FSDPParamGroup.pre_forward
+        self._orig = (FSDPParamGroup, pre, post, fwd)
         watch = self
+
+        def pre_forward(group, *args, **kwargs):
+            # a forward inside the backward: activation checkpointing recomputing a block (its unpack of a saved
+            # tensor, in the node the engine is evaluating); a unit not unsharded yet is all-gathered there
+            if torch._C._current_graph_task_id() != -1:
+                watch.events.append(("recompute", group, torch._C._current_autograd_node()))
+            return fwd(group, *args, **kwargs)
 
         def pre_backward(group, *args, **kwargs):
             if group._training_state.name != "PRE_BACKWARD":  # FSDP's own test: a second call is a no-op
@@ -129,14 +143,15 @@ class FsdpWatch:
             return post(group, *args, **kwargs)
 
         FSDPParamGroup.pre_backward, FSDPParamGroup.post_backward = pre_backward, post_backward
+        FSDPParamGroup.pre_forward = pre_forward
         # the sharded gradients as they were: the capture's backward leaves the model's gradients unchanged
         self._sharded = [(fp, fp.sharded_param.grad) for g in self.groups for fp in g.fsdp_params]
         return self
 
     def __exit__(self, *exc):
         if self._orig is not None:
-            cls, pre, post = self._orig
-            cls.pre_backward, cls.post_backward = pre, post
+            cls, pre, post, fwd = self._orig
+            cls.pre_backward, cls.post_backward, cls.pre_forward = pre, post, fwd
             self._orig = None
             for fp, grad in self._sharded:
                 fp.sharded_param.grad = grad
@@ -157,7 +172,13 @@ def section(module, watch: FsdpWatch, node_ids: dict, names_by_id: dict) -> dict
     states = fsdp_states(module)
     name_of = {id(g): g._module_fqn or "" for g in groups}
     pre, post = {}, {}
+    recompute = []
     for kind, g, node in watch.events:
+        if kind == "recompute":
+            nid = node_ids.get(node) if node is not None else None
+            if nid is not None and id(g) in name_of:
+                recompute.append([nid, name_of[id(g)]])
+            continue
         table = pre if kind == "pre" else post
         if id(g) not in table:
             table[id(g)] = None if node is None else node_ids.get(node)
@@ -195,6 +216,8 @@ def section(module, watch: FsdpWatch, node_ids: dict, names_by_id: dict) -> dict
     final = [name_of[id(g)] for st in states for g in reversed(st._fsdp_param_groups) if id(g) in name_of]
     if len(final) == len(units):
         out["final_order"] = final
+    if recompute:
+        out["recompute"] = recompute
     try:
         import torch.distributed as dist
         out["world_size"] = int(dist.get_world_size())

@@ -488,7 +488,8 @@ def render_fsdp(console: Console, r) -> None:
         t.add_row(f"... {len(order) - 30} more", *[""] * (len(cols) - 1))
     console.print(t)
     console.print(_plain("gather/gathered: its all-gather's start and end; by: the unit whose pre-backward issued "
-                         "it (its own, or a prefetch); waited: the compute's wait for it and for the previous "
+                         "it (its own, or a prefetch), or recompute: activation checkpointing ran its forward again in the "
+                         "backward; waited: the compute's wait for it and for the previous "
                          "reduce-scatter; reduced: its reduce-scatter's end (--json: every start and end)"))
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_column()

@@ -686,7 +686,7 @@ class _Checker:
         return {"blocks": out_blocks, "saved": saved}
 
     #: The ``fsdp`` section's fields and those of one of its units.
-    FSDP_FIELDS = ("units", "root", "final_order", "world_size")
+    FSDP_FIELDS = ("units", "root", "final_order", "world_size", "recompute")
     FSDP_UNIT_FIELDS = ("name", "parameters", "reshard_after_forward", "pre_backward", "post_backward",
                         "backward_prefetch", "param_dtype", "reduce_dtype")
     #: At most this many units (one per module at the most; a bound on the work before it starts).
@@ -770,6 +770,20 @@ class _Checker:
                     and sorted(order) == sorted(names)):
                 raise self.err(("fsdp", "final_order"), f"must list every unit's name once, got {short(order)}")
             out["final_order"] = list(order)
+        if "recompute" in d:  # [[node id, unit name], ...]: pre-forwards that activation checkpointing re-ran
+            rec = d["recompute"]
+            if not isinstance(rec, list) or len(rec) > self.MAX_FSDP_UNITS:
+                raise self.err(("fsdp", "recompute"), f"must be a list of at most {self.MAX_FSDP_UNITS} "
+                                                      f"[node id, unit name] pairs, got {short(rec)}")
+            for j, pair in enumerate(rec):
+                if not (isinstance(pair, list) and len(pair) == 2):
+                    raise self.err(("fsdp", "recompute", j), f"must be [node id, unit name], got {short(pair)}")
+                if not (isinstance(pair[0], str) and pair[0] in by_id):
+                    raise self.err(("fsdp", "recompute", j, 0), f"must be a node id of this graph, "
+                                                                f"got {short(pair[0])}")
+                if not (isinstance(pair[1], str) and pair[1] in names):
+                    raise self.err(("fsdp", "recompute", j, 1), f"unknown unit {short(pair[1])}")
+            out["recompute"] = [list(pair) for pair in rec]
         if "world_size" in d:
             w = d["world_size"]
             if not (type(w) is int and 1 <= w <= 1 << 20):

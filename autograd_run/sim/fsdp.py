@@ -19,6 +19,14 @@ and so the model, walking the one rank's nodes in the order they started:
   is sharded: one whose backward already ran (resharded by its
   post-backward) is gathered again (``unshard`` does not look), the
   unit's ``regathers``;
+* **recompute** (activation checkpointing without reentry; the capture's
+  ``recompute`` pairs): the first node to unpack a tensor of a checkpointed
+  block runs the block's forward again, after that node's pre-backward
+  hooks; each unit whose pre-forward ran there is all-gathered if it is
+  sharded, in the order captured, and the compute waits for it and its
+  copy-out (``pre_forward``: ``unshard``, ``wait_for_unshard``); no
+  reshard follows (``post_forward`` skips it inside a backward), so the
+  units' own pre-backwards and the prefetches of them find them unsharded;
 * **post-backward of unit u** (as its ``RegisterPostBackwardFunction`` node
   ends, or in the final callback for a unit whose inputs needed no gradient,
   the root's first, then the others in the order FSDP keeps its states: the
@@ -88,7 +96,8 @@ class UnitRun:
     gather_bytes: int
     reduce_bytes: int
     all_gather: Span | None = None
-    #: "pre-backward" (its own), "prefetch by UNIT", or None (no all-gather: unsharded already).
+    #: "pre-backward" (its own), "prefetch by UNIT", "recompute" (activation checkpointing ran its forward
+    #: again in the backward, in node ``recompute_in``), or None (no all-gather: unsharded already).
     gathered_by: str | None = None
     reduce_scatter: Span | None = None
     all_reduce: Span | None = None
@@ -97,18 +106,20 @@ class UnitRun:
     post_ns: int | None = None
     post_in: str | None = None
     pre_in: str | None = None
+    #: The node in which a recompute all-gathered it (``gathered_by`` "recompute"), else None.
+    recompute_in: str | None = None
     #: The compute's wait for its all-gather (and copy-out), and for the previous reduce-scatter at its post-backward.
     wait_ns: int = 0
     rs_wait_ns: int = 0
     #: All-gathers of this unit issued after its post-backward had resharded it (a prefetch by a unit whose
-    #: backward comes later: ``unshard`` gathers any sharded unit, whether its backward ran or not), each as
-    #: (span, the prefetching unit's name).
+    #: backward comes later: ``unshard`` gathers any sharded unit, whether its backward ran or not; or a
+    #: recompute), each as (span, the prefetching unit's name or "(recompute)").
     regathers: list = field(default_factory=list)
 
     def issuer(self) -> str | None:
         """The unit whose pre-backward issued this unit's all-gather (its own, or the prefetching one's;
-        "" for the root), or None when it gathered nothing."""
-        if self.all_gather is None or not self.gathered_by:
+        "" for the root), or None when it gathered nothing or a recompute did."""
+        if self.all_gather is None or not self.gathered_by or self.gathered_by == "recompute":
             return None
         by = self.name if self.gathered_by == "pre-backward" else self.gathered_by.removeprefix("prefetch by ")
         return "" if by == "(root)" else by
@@ -184,7 +195,9 @@ class FsdpResult:
             extras.append(Extra(f"FSDP {label}: sharded parameters", sharded, device))
             unsharded = sum(math.prod(v.shape) * ITEMSIZE[s.get("param_dtype") or v.dtype] for v in variables)
             issued = own = None
-            if u.all_gather is not None:
+            if u.all_gather is not None and u.gathered_by == "recompute":  # gathered and copied out at once
+                issued = own = ("start", u.recompute_in)
+            elif u.all_gather is not None:
                 issuer = pre_of.get(u.issuer())
                 issued = ("start", issuer) if issuer else None
                 own = ("start", pre_of[u.name]) if pre_of.get(u.name) else issued
@@ -239,6 +252,19 @@ def padded_bytes(shape: tuple, dtype: str, shard: int) -> int:
     dims = tuple(shape) or (1,)
     rows = -(-dims[0] // shard) * shard
     return rows * math.prod(dims[1:]) * size
+
+
+def _recompute_regions(graph, by_name: dict) -> tuple[dict, dict]:
+    """Where activation checkpointing's recomputes run the units' pre-forwards (the ``fsdp`` section's
+    ``recompute``: [node, unit] pairs in the order the capture saw them): ``(triggers, regions)``, node id ->
+    the regions it starts and region -> its units in order. A region is the node the capture saw it in: the
+    first node that unpacked a tensor of the checkpointed block in the captured order (a schedule that runs
+    another node of the block first would recompute there; the file does not say which nodes those are when
+    captured without values, as FSDP2 with resharded units must be)."""
+    regions: dict = {}
+    for nid, name in graph.fsdp.get("recompute") or ():
+        regions.setdefault(nid, []).append(by_name[name])
+    return {nid: (nid,) for nid in regions}, regions
 
 
 def _units(graph, shard: int) -> list[UnitRun]:
@@ -354,6 +380,9 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
     explicit = {s["name"]: s["backward_prefetch"] for s in spec_units if "backward_prefetch" in s}
 
     gathered: dict[str, bool] = {u.name: not resharded[u.name] for u in units}
+    waited: dict[str, bool] = {u.name: True for u in units}  # its all-gather's result waited for and copied out
+    triggers, regions = _recompute_regions(graph, by_name)
+    fired: set = set()
     pending: list[int] = []     # reduce-scatter ends not yet waited for (FSDP keeps one in flight)
     finals: list[int] = []      # every reduce-scatter's and all-reduce's end: the final callback waits
     stalls: dict[str, int] = {}
@@ -363,6 +392,7 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
     def gather(u: UnitRun, t: int, by: str) -> int:
         """Issue u's all-gather at t; the time the issuing thread goes on."""
         gathered[u.name] = True
+        waited[u.name] = False
         u.all_gather = st.run("ag", "all-gather", u.gather_bytes, shard, t, shift)
         u.gathered_by = by
         return u.all_gather.end_ns if blocking else t
@@ -379,8 +409,9 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
         if not gathered[u.name]:
             issue = gather(u, t, "pre-backward")
         ready = t
-        if u.all_gather is not None:
+        if u.all_gather is not None and not waited[u.name]:
             ready = max(t, u.all_gather.end_ns) + st.copy_ns(u.gather_bytes)
+        waited[u.name] = True
         if blocking:
             issue = ready
         for v in targets(u):
@@ -390,12 +421,35 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
                 issue = gather(v, issue, f"prefetch by {u.name or '(root)'}")
             else:  # its backward is over and it was resharded: FSDP's unshard gathers it all the same
                 gathered[v.name] = True
+                waited[v.name] = False
                 span = st.run("ag", "all-gather", v.gather_bytes, shard, issue, shift)
                 v.regathers.append((span, u.name))
                 issue = span.end_ns if blocking else issue
         go = max(ready, issue) if blocking else ready
-        u.wait_ns = go - t
+        u.wait_ns += go - t
         return go
+
+    def recompute(u: UnitRun, t: int, where: str) -> int:
+        """The unit's pre-forward in a recompute at ``t`` (``FSDPParamGroup.pre_forward``: ``unshard``, then
+        ``wait_for_unshard``): the time the compute goes on."""
+        if not gathered[u.name]:
+            if u.post_ns is None:
+                gather(u, t, "recompute")
+                u.recompute_in = where
+            else:  # resharded by its post-backward already: gathered again
+                gathered[u.name], waited[u.name] = True, False
+                span = st.run("ag", "all-gather", u.gather_bytes, shard, t, shift)
+                u.regathers.append((span, "(recompute)"))
+                ready = max(t, span.end_ns) + st.copy_ns(u.gather_bytes)
+                waited[u.name] = True
+                u.wait_ns += ready - t
+                return ready
+        ready = t
+        if u.all_gather is not None and not waited[u.name]:
+            ready = max(t, u.all_gather.end_ns) + st.copy_ns(u.gather_bytes)
+        waited[u.name] = True
+        u.wait_ns += ready - t
+        return ready
 
     def post(u: UnitRun, t: int, where: str) -> int:
         u.post_ns, u.post_in = t, where
@@ -430,6 +484,12 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
             if u.pre_ns is None:
                 stall(node.id, start, pre(u, start, node.id))
                 start = s[4] - t0 + shift
+        for key in triggers.get(node.id, ()):  # (after the pre-backward hooks: the node unpacks as it computes)
+            if key not in fired:
+                fired.add(key)
+                for u in regions[key]:
+                    stall(node.id, start, recompute(u, start, node.id))
+                    start = s[4] - t0 + shift
         end = max(s[5], ends.get(node, 0)) - t0 + shift
         for u in post_at.get(node.id, ()):
             if u.post_ns is None:
@@ -486,7 +546,7 @@ def add_to_recording(result: FsdpResult, recording, graph=None) -> None:
     for u in result.units:
         label = u.name or "(root)"
         issuer = by_name.get(u.issuer())
-        gather_in = issuer.pre_in if issuer is not None else None
+        gather_in = issuer.pre_in if issuer is not None else u.recompute_in
         for key, what, nbytes, where in (
                 ("all_gather", "all-gather", u.gather_bytes, gather_in),
                 ("reduce_scatter", "reduce-scatter", u.reduce_bytes, u.post_in),
@@ -505,7 +565,8 @@ def add_to_recording(result: FsdpResult, recording, graph=None) -> None:
                                                  t0 + span.end_ns))
         for span, by in u.regathers:  # gathered again after its backward, by a later unit's prefetch
             issuer = by_name.get(by)
-            title = f"all-gather of unit {label} ({size_text(u.gather_bytes)}, again: prefetch by {by or '(root)'})"
+            how = "a recompute" if by == "(recompute)" else f"prefetch by {by or '(root)'}"
+            title = f"all-gather of unit {label} ({size_text(u.gather_bytes)}, again: {how})"
             recording.kernels.append(KernelSlice(TRACKS["all_gather"], Collective(
                 title, title, "all_gather", u.gather_bytes, "float32", max(1, result.world // result.replicate),
                 trigger=node(issuer.pre_in if issuer is not None else None)), t0 + span.start_ns, t0 + span.end_ns))

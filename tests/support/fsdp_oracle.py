@@ -34,7 +34,10 @@ class OracleFailed(RuntimeError):
 
 MODELS = ("blocks", "transformer", "prefetch2", "keep", "nested", "conv", "frozen_input", "hsdp")
 #: Built by ``build`` too, checked by tests/test_fsdp_ranks.py only (the benchmarks draw from MODELS).
-MORE = ("prefetch_done", "tied_group")
+MORE = ("prefetch_done", "tied_group", "checkpointed")
+#: Captured without saved values (``values=False``): FSDP2 units inside activation-checkpointed blocks, whose saved
+#: weight views the recompute frees (``capture.graph``'s error says so); the order needs none.
+NO_VALUES = ("checkpointed",)
 #: HSDP's replicas for the ``hsdp`` model on a group of 4 or more ranks (a 2-D mesh: replicas x shards; on fewer
 #: ranks, as in a one-rank capture, one replica).
 HSDP_REPLICAS = 2
@@ -127,6 +130,32 @@ def build(name: str):
             model[2].set_modules_to_backward_prefetch([model[3], model[1]])
             model[1].set_modules_to_backward_prefetch([model[3]])
         return model, (lambda m: m(x).square().mean())
+    if name == "checkpointed":  # units inside non-reentrant activation-checkpointed blocks (as a transformer layer
+        # split into units and checkpointed whole): the first node of a block to unpack a saved tensor recomputes
+        # the block's forward, whose pre-forwards all-gather its sharded units in forward order
+        from torch.utils.checkpoint import checkpoint
+
+        class Three(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.a, self.b, self.c = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+            def forward(self, x):
+                return x + self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+        class Checkpointed(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.inner = Three(d)
+
+            def forward(self, x):
+                return checkpoint(self.inner, x, use_reentrant=False)
+        model = nn.Sequential(nn.Linear(32, 64), Checkpointed(64), Checkpointed(64), nn.Linear(64, 4))
+        for blk in model[1:3]:
+            for m in (blk.inner.a, blk.inner.b, blk.inner.c):
+                fully_shard(m)
+        fully_shard(model)
+        return model, (lambda m: m(x).square().mean())
     if name == "tied_group":  # a tied embedding and head in one unit (fully_shard([a, b])), registered first
         class Tied(nn.Module):  # and post-forwarded last; its inputs and pos's need no gradient: their
             def __init__(self):  # post-backwards run in the final callback, in named_modules order
@@ -186,7 +215,7 @@ def _capture_main(paths: dict[str, str]) -> dict:
             try:
                 model, run = build(name)
                 loss = run(model)
-                doc = from_torch(loss, parameters=model, path=path)
+                doc = from_torch(loss, parameters=model, path=path, values=name not in NO_VALUES)
                 done[name] = {"units": len(doc["fsdp"]["units"])}
             except Exception:  # noqa: BLE001 - reported for this model; the others go on
                 done[name] = {"error": traceback.format_exc()}
