@@ -290,3 +290,50 @@ def test_parameters_reached_only_in_a_reentrant_checkpoint_are_one_variable_each
     rebuilt = B.rebuilt(params, ready, 0.01)
     assert rebuilt == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
     assert B.sizes(rebuilt, params) == ddp_oracle._ints(real["rebuilt_sizes"])
+
+
+TWICE_SCRIPT = CKPT_SCRIPT.replace('''def main():
+    one_process_group()''', '''def twice(**kw):
+    """What real DDP says of this model's first backward with ``kw`` ("ok", or its error's last line)."""
+    torch.manual_seed(0)
+    ddp = DDP(Net(), **kw)
+    try:
+        ddp(torch.randn(4, 16)).square().mean().backward()
+        return "ok"
+    except RuntimeError as exc:
+        return str(exc).splitlines()[-1]
+
+
+def main():
+    one_process_group()
+    real = {"find_unused": twice(find_unused_parameters=True),
+            "static": twice(find_unused_parameters=True, static_graph=True), "plain": twice()}
+    with open(os.environ["DDP_TWICE"], "w") as f:
+        json.dump(real, f)''')
+
+
+def test_find_unused_parameters_with_a_reentrant_checkpoint_fails_as_ddp_does(tmp_path):
+    """DDP's search for unused parameters starts from the outputs and does not see inside a reentrant checkpoint:
+    with ``find_unused_parameters`` it marks the parameters the checkpoint recomputes ready as unused, then the
+    checkpoint's nested backward fires their hooks and the Reducer refuses a second mark ("marked as ready
+    twice"); ``static_graph`` allows it. The simulation ran it without a word (found by the DDP sweep); now
+    ``simulate --ddp`` fails with an ``Error:`` naming the parameter DDP names (its index and name), and runs
+    as DDP does with ``static_graph`` or without ``find_unused_parameters``."""
+    import json
+    from cli_proc import cli
+    script, graph, facts = tmp_path / "ddp_twice.py", tmp_path / "g.json", tmp_path / "twice.json"
+    script.write_text(TWICE_SCRIPT)
+    p = cli(["capture", f"{script}:main", "-o", graph], timeout=120, DDP_FACTS=str(tmp_path / "f.json"),
+            DDP_TWICE=str(facts))
+    assert p.code == 0, p.err
+    real = json.loads(facts.read_text())
+    assert real["static"] == "ok" == real["plain"], real
+    assert "has been marked as ready twice" in real["find_unused"], real
+    net = ["--world", "2", "--network", "alpha_us=10,gbps=1", "--no-summary"]
+    p = cli(["simulate", graph, "--ddp", "find_unused_parameters=true", *net])
+    assert p.code == 2 and p.err.startswith("Error:") and "Traceback" not in p.err, p.err
+    said = real["find_unused"].split(". This means")[0]  # "Parameter at index I with name N has been marked ..."
+    assert said in p.err and "Expected to mark a variable ready only once" in p.err, (said, p.err)
+    for ok in ("find_unused_parameters=true,static_graph=true", "find_unused_parameters=false"):
+        p = cli(["simulate", graph, "--ddp", ok, *net])
+        assert p.code == 0, (ok, p.err)

@@ -225,6 +225,36 @@ def params_of(graph) -> list[B.Param]:
     return out
 
 
+def _marked_twice(report, params, find_unused_parameters: bool) -> str | None:
+    """What DDP's Reducer says when it would mark a parameter ready twice in one iteration (``Reducer::mark_variable_ready``
+    refuses; ``static_graph`` allows it, so the caller asks only without it), else None. The Reducer marks a
+    parameter as its AccumulateGrad's hook fires, each time it runs (a reentrant checkpoint's nested backward
+    runs the accumulators of the parameters inside it), and with ``find_unused_parameters`` marks at the first
+    hook every parameter that the search from the outputs does not reach: the graph's own, the outermost
+    (depth 0) nodes; a reentrant checkpoint hides what it recomputes from that search."""
+    index = {p.name: p for p in params}
+    hooks = sorted((s[5], s[4], s[1], s[2].variable) for s in report.sim.slices
+                   if getattr(s[2], "variable", None) in index)
+    marked: set = set()
+    if find_unused_parameters and hooks:
+        marked = set(index) - {name for _, _, depth, name in hooks if depth == 0}
+    unused = set(marked)
+    for _, _, depth, name in hooks:
+        if name in marked:
+            p = index[name]
+            why = ("find_unused_parameters marked it ready as unused (no node outside a reentrant checkpoint "
+                   "reaches it), and the checkpoint's nested backward runs its AccumulateGrad"
+                   if name in unused else "its AccumulateGrad runs twice in one backward (a reentrant checkpoint's "
+                   "nested backward and another)")
+            return (f"real DDP stops this backward at parameter {name}: {why}. PyTorch says \"Expected to mark a variable ready only "
+                    f"once. ... Parameter at index {p.index} with name {name} has been marked as ready twice. This "
+                    f"means that multiple autograd engine  hooks have fired for this particular parameter during "
+                    f"this iteration.\" Use use_reentrant=False, or static_graph=true"
+                    + (", or find_unused_parameters=false" if name in unused else ""))
+        marked.add(name)
+    return None
+
+
 def _marks(report, params):
     """One rank's ready times: (ready ns by parameter, the Reducer's marking order key, the ready order,
     unused parameter names, the compute's end)."""
@@ -326,6 +356,10 @@ def simulate_ddp(report, world: int, link: Link, bucket_cap_mb: float | None = N
     if iteration not in ("first", "steady"):
         raise RequestError(f"iteration must be first or steady, got {iteration!r}", "ddp")
     params = params_of(report.graph)
+    if not static_graph:
+        twice = _marked_twice(report, params, find_unused_parameters)
+        if twice is not None:
+            raise RequestError(twice, "ddp")
     marks = _marks(report, params)
     _, _, order, unused, compute = marks
     limits = list(bucket_cap_mb_list) if bucket_cap_mb_list else None
