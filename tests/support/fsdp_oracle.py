@@ -38,6 +38,11 @@ MORE = ("prefetch_done", "tied_group", "checkpointed")
 #: Captured without saved values (``values=False``): FSDP2 units inside activation-checkpointed blocks, whose saved
 #: weight views the recompute frees (``capture.graph``'s error says so); the order needs none.
 NO_VALUES = ("checkpointed",)
+
+
+def wants_values(name: str) -> bool:
+    """Whether model ``name`` is captured with its saved values (a sweep may set this to capture none)."""
+    return name not in NO_VALUES
 #: HSDP's replicas for the ``hsdp`` model on a group of 4 or more ranks (a 2-D mesh: replicas x shards; on fewer
 #: ranks, as in a one-rank capture, one replica).
 HSDP_REPLICAS = 2
@@ -215,7 +220,7 @@ def _capture_main(paths: dict[str, str]) -> dict:
             try:
                 model, run = build(name)
                 loss = run(model)
-                doc = from_torch(loss, parameters=model, path=path, values=name not in NO_VALUES)
+                doc = from_torch(loss, parameters=model, path=path, values=wants_values(name))
                 done[name] = {"units": len(doc["fsdp"]["units"])}
             except Exception:  # noqa: BLE001 - reported for this model; the others go on
                 done[name] = {"error": traceback.format_exc()}
