@@ -648,3 +648,53 @@ def test_a_cat_sends_each_input_its_part_of_the_gradient(monkeypatch, grad, save
     else:
         assert fast[0] == "error", fast
         assert f"CatBackward0 produces a gradient of shape {bad[1]} for 'acc_{bad[0]}' input 0" in fast[1]
+
+
+def _far_edges_doc(seed: int) -> dict:
+    """A long chain (every target nearby: link_edges leaves its batches unresolved), then a random DAG of identity
+    nodes whose edges reach far back and forth in the file (each batch's targets looked up ahead, from the id
+    table), with null edges, a node of twelve edges (more than a batch resolves ahead) and nodes that share
+    targets."""
+    rng = random.Random(seed)
+    nodes = [{"id": f"c{k}", "name": "ChainBackward", "op": "identity", "next": [[f"c{k + 1}", 0]],
+              "inputs": [{"shape": [2]}]} for k in range(300)]
+    nodes[-1]["next"] = [["r0", 0]]
+    count = 400
+    for k in range(count):
+        later = list(range(k + 1, count))
+        picks = rng.sample(later, min(len(later), rng.choice([0, 1, 2, 2, 3])))
+        nxt = [[f"r{p}", 0] for p in picks]
+        if nxt and rng.random() < 0.2:
+            nxt.insert(rng.randrange(len(nxt) + 1), None)
+        if k == 200:
+            nxt = [[f"r{p}", 0] for p in rng.sample(later, 12)]
+        nodes.append({"id": f"r{k}", "name": "IdentityBackward", "op": "identity", "next": nxt,
+                      "inputs": [{"shape": [2]}]})
+    head, tail = nodes[:300], nodes[300:]
+    rng.shuffle(tail)  # file order: any; the producers anywhere after or before their consumers
+    tail.sort(key=lambda n: n["id"] != "r0")
+    return {"format": "autograd-graph/1", "roots": [{"node": "c0"}], "nodes": head + tail}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_edges_looked_up_ahead_in_batches_load_alike(seed, monkeypatch):
+    """link_edges resolves a batch's far targets before it makes their edges (``resolve_batch``), and leaves
+    batches whose targets were all nearby to the loop alone: the same graph as the Python twin's, edge by edge,
+    over both, a null edge and more edges than it resolves ahead; and the same error for an edge to an id no
+    node has, in the middle of a batch."""
+    import json
+    doc = _far_edges_doc(seed)
+    data = json.dumps(doc).encode()
+    fast, slow = both(lambda: loads_graph(data, "far.json"), monkeypatch)
+    assert fast[0] == "ok", fast
+    assert fast == slow
+    g = loads_graph(data, "far.json")
+    assert any(e is None for n in g.nodes for e in n.next) and max(len(n.next) for n in g.nodes) == 12
+    far = [n for n in g.nodes[300:] if any(e is not None and abs(e.node.index - n.index) > 32 for e in n.next)]
+    assert len(far) > 100
+    bad = next(n for n in doc["nodes"][305:] if n["next"] and n["next"][-1] is not None)
+    bad["next"][-1] = ["nowhere", 0]
+    data = json.dumps(doc).encode()
+    fast, slow = both(lambda: loads_graph(data, "far.json"), monkeypatch)
+    assert fast == slow
+    assert fast[0] == "error" and "nowhere" in fast[1], fast

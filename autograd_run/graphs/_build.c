@@ -1307,6 +1307,91 @@ static inline PyObject *node_id_text(PyObject *node) {
     return id != NULL && PyUnicode_CheckExact(id) ? id : NULL;
 }
 
+/* How many nodes' edges link_edges resolves at once (BATCH), and how many edges of a node at most (HINTS). */
+#define BATCH 16
+#define HINTS 8
+_Static_assert(RING >= BATCH + NEARBY, "the ring holds a batch's nodes and the NEARBY after them");
+
+/* The targets of the edges of nodes lo..hi-1 (hi - lo <= BATCH), as link_edges' loop would find them: the
+ * first of the NEARBY nodes after a node whose id is the edge's target text, else the id table's node; NULL
+ * where it would not find one plainly (not a list of (id, input) pairs, an id that is not a string, more
+ * than HINTS edges, an error: the loop then looks as before and says what is wrong). Done for a batch of nodes
+ * before any of their edges is made, with each target's node object and its input list fetched ahead: a random
+ * DAG's targets lie anywhere in memory, and the look-ups of one batch miss the cache together rather than one
+ * after the other. */
+static int resolve_batch(PyObject *nodes, PyObject *nexts, PyObject *by_id, Py_ssize_t lo, Py_ssize_t hi,
+                          PyObject *hint[BATCH][HINTS], Py_hash_t *ring, Py_ssize_t *filled) {
+    Py_ssize_t n = PyList_GET_SIZE(nodes);
+    /* the ring: the hashes of the ids of nodes lo+1 .. hi+NEARBY-1 at their index mod RING (> BATCH + NEARBY),
+     * kept from batch to batch (`filled`: the first node not in it) */
+    Py_ssize_t top = hi + NEARBY < n ? hi + NEARBY : n;
+    for (Py_ssize_t g = *filled > lo ? *filled : lo + 1; g < top; g++) {
+        PyObject *gid = node_id_text(PyList_GET_ITEM(nodes, g));
+        ring[g & (RING - 1)] = gid != NULL ? ((PyASCIIObject *)gid)->hash : -1;
+    }
+    if (top > *filled)
+        *filled = top;
+    unsigned far = 0; /* (whether any target came from the id table: only those are fetched ahead) */
+    for (Py_ssize_t j = lo; j < hi; j++) {
+        PyObject **row = hint[j - lo];
+        for (int k = 0; k < HINTS; k++)
+            row[k] = NULL;
+        PyObject *nxt = PyList_GET_ITEM(nexts, j);
+        Py_ssize_t m = PyList_Check(nxt) ? PyList_GET_SIZE(nxt) : 0;
+        if (m > HINTS)
+            continue;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            PyObject *e = PyList_GET_ITEM(nxt, k);
+            if (e == Py_None)
+                continue;
+            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2)
+                break;
+            PyObject *tid = PyTuple_GET_ITEM(e, 0), *target = NULL;
+            if (!PyUnicode_CheckExact(tid))
+                break;
+            Py_hash_t h = PyObject_Hash(tid);
+            if (h == -1) {
+                PyErr_Clear();
+                break;
+            }
+            for (Py_ssize_t d = 1; d <= NEARBY && j + d < n; d++) {
+                if (ring[(j + d) & (RING - 1)] != h)
+                    continue;
+                PyObject *guess = PyList_GET_ITEM(nodes, j + d), *gid = node_id_text(guess);
+                if (gid != NULL && same_text(gid, tid)) {
+                    target = guess;
+                    break;
+                }
+            }
+            if (target == NULL) {
+                target = PyDict_GetItemWithError(by_id, tid);
+                if (target == NULL) {
+                    PyErr_Clear();
+                    break;
+                }
+                __builtin_prefetch(target);
+                far = 1;
+            }
+            row[k] = target;
+        }
+    }
+    if (!far)
+        return 0;
+    /* each target's input list, now its node is (nearly) here, then the list's items */
+    for (int level = 0; level < 2; level++)
+        for (Py_ssize_t j = lo; j < hi; j++)
+            for (int k = 0; k < HINTS; k++) {
+                PyObject *t = hint[j - lo][k];
+                if (t != NULL && Py_TYPE(t) == NODE.type) {
+                    PyObject *tin = *(PyObject **)((char *)t + NODE.offsets[N_INPUTS]);
+                    if (tin != NULL)
+                        __builtin_prefetch(level == 0 || !PyList_Check(tin) ? (void *)tin
+                                                                             : (void *)((PyListObject *)tin)->ob_item);
+                }
+            }
+    return 1;
+}
+
 static PyObject *link_edges(PyObject *mod, PyObject *args) {
     PyObject *nexts, *st;
     Py_ssize_t i;
@@ -1331,15 +1416,32 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
     }
     PyObject *targets[64];
     Py_ssize_t nrs[64];
-    /* the hashes of the ids of nodes filled_from..filled-1, at their index mod RING (-1: none) */
+    /* the targets of the edges of nodes batch..batch_end-1, found ahead (resolve_batch) */
+    PyObject *hint[BATCH][HINTS];
+    Py_ssize_t batch = i, batch_end = i;
+    /* batches left without resolve_batch, and how many the last batch without a target from the id table
+     * left out: a chain's targets are all nearby, where the loop alone finds them at least as fast */
+    int skip = 0, idle = 0, hinting = 0;
+    /* the hashes of the ids of the RING nodes before `filled`, at their index mod RING (-1: none): resolve_batch's,
+     * and the loop's for an edge it did not find */
     Py_hash_t ring[RING];
     Py_ssize_t filled = i + 1;
     for (; i < n; i++) {
         PyObject *node = PyList_GET_ITEM(nodes, i);
-        for (; filled < n && filled <= i + NEARBY; filled++) {
-            PyObject *gid = node_id_text(PyList_GET_ITEM(nodes, filled));
-            ring[filled & (RING - 1)] = gid != NULL ? ((PyASCIIObject *)gid)->hash : -1;
+        if (i >= batch_end) {
+            batch = i;
+            batch_end = i + BATCH < n ? i + BATCH : n;
+            hinting = skip == 0;
+            if (!hinting) {
+                skip--;
+            } else if (resolve_batch(nodes, nexts, by_id, batch, batch_end, hint, ring, &filled)) {
+                idle = 0;
+            } else {
+                idle = idle < 8 ? 2 * idle + 1 : 16;
+                skip = idle;
+            }
         }
+        PyObject **hinted = hinting ? hint[i - batch] : NULL;
         PyObject *own_out = NULL;
         PyObject *nxt = PyList_GET_ITEM(nexts, i); /* borrowed: the list keeps it until it is let go below */
         int bad = 0;
@@ -1362,14 +1464,20 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                     break;
                 }
                 /* the few nodes after this one first (a chain, a layer's next ops: most files list a node's
-                 * producers right after it), by their ids' text, before the id table */
-                PyObject *tid = PyTuple_GET_ITEM(e, 0), *target = NULL;
-                Py_hash_t h = PyUnicode_CheckExact(tid) ? PyObject_Hash(tid) : -1; /* (kept for the table's look-up) */
+                 * producers right after it), by their ids' text, before the id table (done ahead for the batch,
+                 * where it could be: resolve_batch) */
+                PyObject *tid = PyTuple_GET_ITEM(e, 0), *target = hinted != NULL && k < HINTS ? hinted[k] : NULL;
+                Py_hash_t h = target == NULL && PyUnicode_CheckExact(tid) ? PyObject_Hash(tid) : -1;
                 if (h == -1 && PyErr_Occurred()) {
                     bad = -1;
                     break;
                 }
-                for (Py_ssize_t d = 1; h != -1 && d <= NEARBY && i + d < n; d++) {
+                if (target == NULL && h != -1)
+                    for (filled = filled > i ? filled : i + 1; filled < n && filled <= i + NEARBY; filled++) {
+                        PyObject *gid = node_id_text(PyList_GET_ITEM(nodes, filled));
+                        ring[filled & (RING - 1)] = gid != NULL ? ((PyASCIIObject *)gid)->hash : -1;
+                    }
+                for (Py_ssize_t d = 1; target == NULL && h != -1 && d <= NEARBY && i + d < n; d++) {
                     if (ring[(i + d) & (RING - 1)] != h)
                         continue;
                     PyObject *guess = PyList_GET_ITEM(nodes, i + d), *gid = node_id_text(guess);
