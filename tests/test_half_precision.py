@@ -101,3 +101,55 @@ def test_cpu_autocast_captures_and_replays(tmp_path):
     assert all(arrs[v["npz"]].dtype == np.float32 for v in saved_bf16)
     report = check_graph(load_graph(path))
     assert report.ok, report.grads
+
+
+BF16_PROBE = '''
+import json, sys
+from autograd_run.graphs.load import load_graph
+from autograd_run.session import RunOptions, run_session
+g = load_graph(sys.argv[1])
+rep = run_session(g, RunOptions())
+print(json.dumps({"ml_dtypes": "ml_dtypes" in sys.modules, "error": None if rep.error is None else str(rep.error)}))
+'''
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled-reader", "msgspec"])
+@pytest.mark.parametrize("escaped", [False, True])
+def test_numpy_bfloat16_is_registered_for_a_bfloat16_json_file_only(tmp_path, pure, escaped):
+    """In a fresh process (nothing registered yet): a JSON graph of bfloat16 slots, a bfloat16 saved tensor from
+    its side file and a bfloat16 gradient written inline runs, and the same graph in float32 does not import
+    ml_dtypes (0.6 s). The loader registers numpy's bfloat16 when the file may hold one: the compiled reader notes
+    the strings it passes (a dtype written with escapes counts too; the whole file's bytes were searched for it
+    before, 84 ms at 1e6 nodes), msgspec's path searches the bytes."""
+    import json
+    import subprocess
+    import sys
+    from autograd_run.graphs.generators import generate
+    from cli_proc import cli_env
+    script = tmp_path / "probe.py"
+    script.write_text(BF16_PROBE)
+    out = {}
+    np.savez(tmp_path / "float32.npz", w=np.array([0.5, -1.25, 3.0], dtype=np.float32))
+    np.savez(tmp_path / "bfloat16.npz", w=np.array([0.5, -1.25, 3.0], dtype=np.float32))
+    for dtype in ("float32", "bfloat16"):
+        doc = generate("chain", n=3)
+        for v in doc["variables"]:
+            v["dtype"], v["shape"] = dtype, [3]
+        for n in doc["nodes"]:
+            for m in n["inputs"]:
+                m["dtype"], m["shape"] = dtype, [3]
+            if "saved" in n:  # a saved tensor from the side file and a gradient written inline, in that dtype
+                n["saved"] = {"other": {"npz": "w", "dtype": dtype}}
+        doc["roots"][0]["grad"] = {"data": [1.0, 2.0, 3.0], "dtype": dtype}
+        text = json.dumps(doc)
+        if escaped:
+            text = text.replace('"bfloat16"', '"bfloat\\u0031\\u0036"')
+        path = tmp_path / f"{dtype}.json"
+        path.write_text(text)
+        env = cli_env(AUTOGRAD_RUN_PURE_PYTHON="1") if pure else cli_env()
+        p = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120,
+                           env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[dtype] = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["float32"] == {"ml_dtypes": False, "error": None}
+    assert out["bfloat16"] == {"ml_dtypes": True, "error": None}, out

@@ -5,10 +5,10 @@
  *   configure(NodeSpec, node_field_names, UNSET, inputs_decoder) -> bool
  *       NodeSpec's fields must be plain object slots in that order (the names are checked), and
  *       inputs_decoder is msgspec.json.Decoder(list[MetaSpec]).
- *   read_graph(buffer) -> (nodes, head) | None
+ *   read_graph(buffer) -> (nodes, head, bfloat16) | None
  *       the graph file's JSON text in buffer: its "nodes" array decoded (a list of NodeSpec), and its other
  *       members' text as written, in a JSON object of their own after a "nodes":[] (head: msgspec decodes
- *       that, load.py); None where the text is not plainly read here (anything below, a top level that is
+ *       that, load.py), and whether any string in it is "bfloat16" (or has escapes and could be); None where the text is not plainly read here (anything below, a top level that is
  *       not an object, "nodes" missing or repeated): the loader then decodes the whole file with msgspec,
  *       which also says what is wrong where something is.
  *
@@ -108,6 +108,9 @@ static void table_clear(Table *t) {
 typedef struct {
     const char *p, *end;
     Table *strings, *inputs, *objects, *lists, *ids;
+    /* a string of the text "bfloat16" was passed (or one with escapes that may undo to it): numpy's bfloat16 is
+     * registered before the graph is built (load._load_json), where the whole file's bytes were searched for it */
+    int bfloat16;
 } Rd;
 
 /* Every reader: a new reference; NULL with no exception set: not read here (the caller hands back None);
@@ -164,6 +167,8 @@ static int span(Rd *r, const char **s, Py_ssize_t *n) {
     *s = r->p;
     *n = q - r->p;
     r->p = q + 1;
+    if (*n >= 8 && (kind == 1 ? *n == 8 && memcmp(*s, "bfloat16", 8) == 0 : *n <= 48)) /* (6 bytes at most a letter) */
+        r->bfloat16 = 1;
     return kind;
 }
 
@@ -824,7 +829,7 @@ static PyObject *read_graph(PyObject *mod, PyObject *arg) {
         goto out;
     PyBytes_ConcatAndDel(&head, close);
     if (head != NULL)
-        result = PyTuple_Pack(2, nodes, head);
+        result = PyTuple_Pack(3, nodes, head, r.bfloat16 ? Py_True : Py_False);
     goto out;
 plain:
     if (!PyErr_Occurred())

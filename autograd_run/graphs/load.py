@@ -162,9 +162,8 @@ def _loads(box: list, source: str, fmt: str | None, base_dir: str | None, side_n
     elif fmt is None:
         fmt = "yaml" if is_yaml_name(source) else "json"
     _check_memory(data, fmt, source)
-    if b"bfloat16" in data:  # a file that may hold bfloat16 tensors: numpy's bfloat16 registered first
-        from autograd_run.ops.dtypes import ensure_bfloat16
-        ensure_bfloat16()
+    if fmt != "json" and b"bfloat16" in data:  # (JSON: _load_json, once decoded)
+        _may_hold_bfloat16()
     with gc_paused():
         if fmt == "json":
             box.append(data)
@@ -242,11 +241,17 @@ def _not_a_graph(doc, source: str, locator) -> GraphFileError | None:
     return None
 
 
+def _may_hold_bfloat16() -> None:
+    """A file that may hold bfloat16 tensors: numpy's bfloat16 registered before its graph is built."""
+    from autograd_run.ops.dtypes import ensure_bfloat16
+    ensure_bfloat16()
+
+
 def _load_json(box: list, source: str, base_dir: str | None, side_name: str | None,
                max_bytes: int | None, check_data: bool = False) -> Graph:
     data = box.pop()  # (see _loads: let go below once decoded)
     try:
-        spec, head = _decode_json(data)
+        spec, head, bfloat16 = _decode_json(data)
     except msgspec.ValidationError as exc:
         # Error path only: decode untyped to say what the file is and name the node.
         try:
@@ -276,6 +281,8 @@ def _load_json(box: list, source: str, base_dir: str | None, side_name: str | No
         raise GraphFileError(source, where, f"invalid JSON: {msg.replace('JSON is malformed: ', '')}") from None
     except RecursionError:
         raise GraphFileError(source, None, "invalid JSON: nesting is too deep") from None
+    if bfloat16 if head is not None else b"bfloat16" in data:  # (the compiled reader saw every string pass)
+        _may_hold_bfloat16()
     # The compiled reader's nodes have no repeated key (it reads none that has): only the rest is counted
     proven = (_json_has_no_duplicates(head, msgspec.structs.replace(spec, nodes=[])) if head is not None
               else _json_has_no_duplicates(data, spec))
@@ -306,10 +313,11 @@ def _compiled_node_reader():
 _READ_GRAPH = _compiled_node_reader()
 
 
-def _decode_json(data: bytes) -> tuple[GraphSpec, bytes | None]:
+def _decode_json(data: bytes) -> tuple[GraphSpec, bytes | None, bool]:
     """The file's ``GraphSpec``, as ``_JSON_DECODER.decode(data)`` gives it (the same values, types and errors),
-    and the text of its members but the nodes where the compiled reader read the nodes (which then have no
-    repeated key: see ``_json_nodes.c``), else None.
+    the text of its members but the nodes where the compiled reader read the nodes (which then have no
+    repeated key: see ``_json_nodes.c``), else None, and whether the reader passed a string that is (or may undo
+    to) "bfloat16" (False where it did not read the file).
 
     With the compiled reader (``_json_nodes.c``), the nodes are made straight from the text, sharing what
     is never changed between the nodes that write the same text (names, ops, saved keys, input lists, saved
@@ -319,15 +327,15 @@ def _decode_json(data: bytes) -> tuple[GraphSpec, bytes | None]:
     if _READ_GRAPH is not None:
         read = _READ_GRAPH(data)
         if read is not None:
-            nodes, head = read
+            nodes, head, bfloat16 = read
             try:
                 spec = _JSON_DECODER.decode(head)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 spec = None
             if spec is not None:
                 spec.nodes = nodes
-                return spec, head
-    return _JSON_DECODER.decode(data), None
+                return spec, head, bfloat16
+    return _JSON_DECODER.decode(data), None, False
 
 
 def _json_has_no_duplicates(data: bytes, spec: GraphSpec) -> bool:
