@@ -1079,6 +1079,37 @@ def test_compute_dependencies_compiled_and_twin_alike():
             assert list(compiled.items()) == list(twin.dependencies.items()), g.source
 
 
+@pytest.mark.skipif(core.NodeMap is None, reason="the compiled core is not built")
+def test_compute_dependencies_into_a_node_map_counts_as_the_twin():
+    """Into a NodeMap the compiled pass takes the nodes a batch at a time and fetches what it reads ahead for
+    nodes that lie apart in memory (a random DAG's, made in random order here so that every batch is spread): the
+    same counts as the Python twin's dict, with and without a floor, on random DAGs whose file order is shuffled
+    and on the other generated kinds (their nodes lie together: the batch is not fetched ahead)."""
+    import json
+    import random
+    from types import SimpleNamespace
+    from autograd_run.engine.graph_task import compute_dependencies_py
+    from autograd_run.graphs.generators import generate
+    from autograd_run.graphs.load import loads_graph
+    docs = []
+    for seed in (1, 2):
+        doc = generate("random", nodes=3000, leaves=60, width=3, seed=seed)
+        random.Random(seed).shuffle(doc["nodes"])
+        docs.append(doc)
+    docs += [generate("mlp", layers=30, width=3, batch=2), generate("chain", n=500),
+             generate("transformer", layers=2, heads=2, seq_len=4, dim=8, devices=2)]
+    for doc in docs:
+        g = loads_graph(json.dumps(doc).encode(), "g.json")
+        root = g.roots[0].edge.node
+        spread = max(id(n) for n in g.nodes) - min(id(n) for n in g.nodes)
+        for floor in (0, max(n.topo_nr for n in g.nodes) // 3):
+            m, twin = core.NodeMap(len(g.nodes)), SimpleNamespace(dependencies={})
+            core.compute_dependencies(root, m, floor)
+            compute_dependencies_py(root, twin, floor)
+            assert dict(m) == twin.dependencies and len(m) == len(twin.dependencies), (g.source, floor, spread)
+            assert sum(m.values()) == sum(twin.dependencies.values())
+
+
 @pytest.mark.parametrize("loop", ["compiled sequential", "python sequential", "event loop"])
 def test_a_node_with_more_outputs_than_the_simulators_list_routes_every_one(monkeypatch, loop):
     """The simulator's list of ones (one count per output of the node it routes) starts short and grows where a
