@@ -39,6 +39,8 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
 
 CASES = [(name, 2) for name in fsdp_oracle.MODELS + fsdp_oracle.MORE if name != "hsdp"] + [
     ("nested", 4), ("transformer", 4), ("hsdp", 4)]
+#: Run on real ranks too, but refused by the simulation (a module run twice in the forward).
+REFUSED = [("twice", 2)]
 
 
 def _simulated(path: str, world: int, replicate: int = 1) -> list[tuple[str, str]]:
@@ -49,7 +51,7 @@ def _simulated(path: str, world: int, replicate: int = 1) -> list[tuple[str, str
 
 
 def _captured(folder: str) -> dict:
-    graphs, errors = fsdp_oracle.capture_many(sorted({n for n, _ in CASES}), folder)
+    graphs, errors = fsdp_oracle.capture_many(sorted({n for n, _ in CASES + REFUSED}), folder)
     return {"graphs": graphs, "errors": errors}
 
 
@@ -62,7 +64,7 @@ def fsdp_runs(tmp_path_factory):
         try:
             made = once(tmp_path_factory, "fsdp-graphs", _captured)
             ranks = once(tmp_path_factory, f"fsdp-world{world}", lambda folder: fsdp_oracle.run_ranks_many(
-                [n for n, w in CASES if w == world], world, folder))
+                [n for n, w in CASES + REFUSED if w == world], world, folder))
         except OnceFailed as exc:
             pytest.fail(str(exc))
         if name in made["errors"]:
@@ -77,12 +79,31 @@ def fsdp_runs(tmp_path_factory):
 def test_each_rank_runs_the_simulated_all_gathers_and_reduce_scatters_in_order(name, world, fsdp_runs):
     graph, ranks = fsdp_runs(name, world)
     real = [fsdp_oracle.events(r["trace"]) for r in ranks]
-    assert real[0] and any(k == "all-gather" for k, _ in real[0]) and any(k == "reduce-scatter" for k, _ in real[0])
+    assert real[0] and any(k == "all-gather" for k, _ in real[0])
+    # (set_requires_gradient_sync(False): no reduce-scatter at all)
+    assert any(k == "reduce-scatter" for k, _ in real[0]) == (name != "no_gradient_sync")
     hsdp = name == "hsdp"
     assert any(k == "all-reduce" for k, _ in real[0]) == hsdp  # HSDP's all-reduce across replicas, only there
     sim = _simulated(graph, world, fsdp_oracle.HSDP_REPLICAS if hsdp else 1)
     for rank, seen in enumerate(real):
         assert sim == seen, f"rank {rank}:\n simulated {sim}\n measured  {seen}"
+
+
+def test_a_unit_run_twice_in_the_forward_is_refused_where_fsdp_runs_its_backward_hooks_twice(fsdp_runs):
+    """A module applied twice in the forward (``blk``, between them another unit): FSDP2 records a post-forward per
+    call and runs a pre- and a post-backward per call: ``blk`` is all-gathered again after the first (the second
+    call's) post-backward, which reduce-scatters nothing (its parameters' AccumulateGrad has not run yet); the
+    reduce-scatter comes at the last. The simulation models one of each per unit: the capture writes
+    ``forward_calls`` and ``simulate_fsdp`` refuses the file with a reason (it gave the wrong order silently before)."""
+    from autograd_run.errors import RequestError
+    graph, ranks = fsdp_runs("twice", 2)
+    real = fsdp_oracle.events(ranks[0]["trace"])
+    assert real.count(("pre", "blk")) == 2 and real.count(("all-gather", "blk")) == 2
+    assert real.count(("reduce-scatter", "blk")) == 1
+    units = {u["name"]: u for u in load_graph(graph).fsdp["units"]}
+    assert units["blk"]["forward_calls"] == 2 and "forward_calls" not in units["other"]
+    with pytest.raises(RequestError, match=r"FSDP unit 'blk' ran 2 times in the forward"):
+        _simulated(graph, 2)
 
 
 @pytest.mark.parametrize("name", ["blocks", "transformer"])

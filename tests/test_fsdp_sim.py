@@ -122,6 +122,56 @@ def test_a_recompute_gathers_the_units_it_runs_and_their_own_pre_backward_finds_
     assert "recompute" in k.node.name and k.node.trigger is g.by_id["c2"]
 
 
+def _events(g, **kw):
+    return sim_events(simulate_fsdp(_report(g), 2, GLOO, **kw))
+
+
+PLAIN = [("pre", ""), ("all-gather", "u2"), ("pre", "u2"), ("all-gather", "u1"), ("reduce-scatter", "u2"),
+         ("pre", "u1"), ("reduce-scatter", "u1"), ("reduce-scatter", "")]
+
+
+def test_the_captured_backward_switches_of_a_unit():
+    """FSDP2's per-group switches, as captured (each checked against real fully_shard on 2 gloo ranks in
+    tests/test_fsdp_ranks.py): set_requires_gradient_sync(False) (``reduce_grads``: its post-backward reshards and
+    returns before the reduce-scatter and its wait), set_unshard_in_backward(False) (``unshard`` is a no-op in
+    PRE_BACKWARD: neither its pre-backward nor a backward prefetch all-gathers it), set_reshard_after_backward(False)
+    (not resharded by its post-backward: a later prefetch of it gathers nothing)."""
+    assert _events(three_units()) == PLAIN
+    assert _events(three_units(u2={"reduce_grads": False})) == [e for e in PLAIN if e != ("reduce-scatter", "u2")]
+    r = simulate_fsdp(_report(three_units(u2={"reduce_grads": False})), 2, GLOO)
+    u = {x.name: x for x in r.units}
+    assert u["u2"].reduce_scatter is None and u["u2"].rs_wait_ns == 0 and u["u1"].rs_wait_ns == 0
+    assert _events(three_units(u1={"unshard_in_backward": False})) == [e for e in PLAIN
+                                                                       if e != ("all-gather", "u1")]
+    assert _events(three_units(u1={"unshard_in_backward": False}), prefetch=0) == [
+        ("pre", ""), ("pre", "u2"), ("all-gather", "u2"), ("reduce-scatter", "u2"), ("pre", "u1"),
+        ("reduce-scatter", "u1"), ("reduce-scatter", "")]
+    # u1 prefetches u2, whose backward already ran: gathered again, unless u2 kept its parameters
+    again = PLAIN[:6] + [("all-gather", "u2")] + PLAIN[6:]
+    assert _events(three_units(u1={"backward_prefetch": ["u2"]})) == again
+    assert _events(three_units(u1={"backward_prefetch": ["u2"]}, u2={"reshard_after_backward": False})) == PLAIN
+    # the memory: u1 never unsharded in the backward; u2's unsharded parameters kept to the end
+    g = three_units(u1={"unshard_in_backward": False}, u2={"reshard_after_backward": False})
+    extras = simulate_fsdp(_report(g), 2, GLOO).memory_extras(g)[0]
+    by = {e.what: e for e in extras}
+    assert "FSDP u1: unsharded parameters" not in by and "FSDP u1: reduce-scatter input" in by
+    assert by["FSDP u2: unsharded parameters"].gone is None
+
+
+def test_a_recompute_runs_the_forward_prefetch_of_the_units_it_runs():
+    """``set_modules_to_forward_prefetch`` (``forward_prefetch``): a recompute's pre-forward of a unit (its state
+    not in PRE_BACKWARD) all-gathers the targets that are sharded after its own, as the forward does; one whose
+    backward already ran is gathered again (found against real fully_shard: each checkpointed block's first unit
+    prefetching the next block's)."""
+    nodes, variables, fsdp = _parts(u1={"forward_prefetch": ["u2"]})
+    g = parts_graph(nodes, [{"node": "c3"}], variables, source="fsdp.json", fsdp={**fsdp, "recompute": [["c1", "u1"]]})
+    r = simulate_fsdp(_report(g), 2, GLOO)
+    assert sim_events(r) == PLAIN[:6] + [("all-gather", "u2")] + PLAIN[6:]
+    u = {x.name: x for x in r.units}
+    assert [by for _, by in u["u2"].regathers] == ["u1"]
+    assert sim_events(simulate_fsdp(_report(_with_recompute([["c1", "u1"]])), 2, GLOO)) == PLAIN
+
+
 def test_the_collectives_slack_hand_computed():
     """Blocking (the test above: wall = compute + 2 all-gathers + 3 reduce-scatters + 5 copies): every collective
     20% faster saves 2 x (ag - ag') + 3 x (rs - rs'); with no prefetch each unit's all-gather is issued by its
@@ -214,6 +264,16 @@ def test_padding_to_the_shard_count_along_dim_0():
      "$.fsdp.units[0].reshard_after_forward", "true or false"),
     ({"units": [{"name": "a", "parameters": [], "param_dtype": "float7"}]}, "$.fsdp.units[0].param_dtype",
      "unsupported dtype"),
+    ({"units": [{"name": "a", "parameters": [], "forward_prefetch": ["b"]}]},
+     "$.fsdp.units[0].forward_prefetch[0]", "unknown unit 'b'"),
+    ({"units": [{"name": "a", "parameters": [], "forward_prefetch": "a"}]},
+     "$.fsdp.units[0].forward_prefetch", "list of unit names"),
+    ({"units": [{"name": "a", "parameters": [], "reduce_grads": 0}]}, "$.fsdp.units[0].reduce_grads",
+     "true or false"),
+    ({"units": [{"name": "a", "parameters": [], "unshard_in_backward": "no"}]},
+     "$.fsdp.units[0].unshard_in_backward", "true or false"),
+    ({"units": [{"name": "a", "parameters": [], "reshard_after_backward": None}]},
+     "$.fsdp.units[0].reshard_after_backward", "true or false"),
     ({"root": "zz"}, "$.fsdp.root", "one of the units"),
     # not strings: a TypeError (unhashable) in validate before (found by the fuzzer)
     ({"units": [{"name": "a", "parameters": [], "backward_prefetch": [["a"]]}]},

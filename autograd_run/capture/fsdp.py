@@ -18,8 +18,15 @@ What the backward does per unit (torch 2.13, ``_fsdp_state.py`` and
 * **recompute** (activation checkpointing, ``use_reentrant=False``): the
   first node that unpacks a tensor the checkpointed block saved runs the
   block's forward again, inside the backward; the pre-forward of each unit
-  in it all-gathers the unit if it is sharded (in forward order), and the
+  in it all-gathers the unit if it is sharded (in forward order), then its
+  ``set_modules_to_forward_prefetch`` targets (``forward_prefetch``), and the
   post-forward does not reshard in a backward (``is_bw()``).
+
+``section`` also writes each group's switches where they are not FSDP's
+default (``reduce_grads``, ``all_reduce_grads``, ``reshard_after_backward``,
+``unshard_in_backward``: false) and ``forward_calls`` for a unit whose module
+ran more than once in the forward (FSDP's ``post_forward_order``, read before
+the backward's final callback clears it).
 
 ``FsdpWatch`` records, during the reference backward capture runs, the node
 each pre- and post-backward ran in (and each recomputed pre-forward) (``torch._C._current_autograd_node()``:
@@ -109,6 +116,12 @@ class FsdpWatch:
 
     def __init__(self, module):
         self.groups = groups_of(module)
+        #: {id(group): its post-forwards} before the backward (whose final callback clears FSDP's record): FSDP
+        #: records each call of a module run more than once in the forward
+        self.calls: dict = {}
+        states = fsdp_states(module) if self.groups else []
+        for g in (getattr(states[0]._comm_ctx, "post_forward_order", None) or ()) if states else ():
+            self.calls[id(g)] = self.calls.get(id(g), 0) + 1
         self.events: list = []
         self.grads: dict = {}
         self._orig = None
@@ -183,12 +196,20 @@ def section(module, watch: FsdpWatch, node_ids: dict, names_by_id: dict) -> dict
         if id(g) not in table:
             table[id(g)] = None if node is None else node_ids.get(node)
     prefetch_by_group = {}
+    forward_by_group = {}
     for st in states:
+        # set_modules_to_forward_prefetch: run by the state's pre-forward after its groups' (so after the last
+        # group's), in forward order; in a backward only by a recompute's pre-forward
+        ahead = [name_of[id(t)] for s in getattr(st, "_states_to_forward_prefetch", ()) for t in s._fsdp_param_groups
+                 if id(t) in name_of]
+        if ahead and st._fsdp_param_groups:
+            forward_by_group[id(st._fsdp_param_groups[-1])] = ahead
         targets = [name_of[id(t)] for s in st._states_to_backward_prefetch for t in reversed(s._fsdp_param_groups)
                    if id(t) in name_of]
         if st._states_to_backward_prefetch:
             for g in st._fsdp_param_groups:
                 prefetch_by_group[id(g)] = targets
+    calls = watch.calls
     units = []
     for g in groups:
         params = []
@@ -203,6 +224,16 @@ def section(module, watch: FsdpWatch, node_ids: dict, names_by_id: dict) -> dict
                 "pre_backward": pre.get(id(g)), "post_backward": post.get(id(g))}
         if id(g) in prefetch_by_group:
             unit["backward_prefetch"] = prefetch_by_group[id(g)]
+        if id(g) in forward_by_group:
+            unit["forward_prefetch"] = forward_by_group[id(g)]
+        # the group's backward switches, written only where they differ from FSDP's defaults (all true):
+        # set_requires_gradient_sync (reduce_grads; all_reduce_grads, set_requires_all_reduce too),
+        # set_reshard_after_backward, set_unshard_in_backward
+        for key in ("reduce_grads", "all_reduce_grads", "reshard_after_backward", "unshard_in_backward"):
+            if getattr(g, key, True) is False:
+                unit[key] = False
+        if calls.get(id(g), 0) > 1:  # its module ran more than once in the forward (the simulation refuses it)
+            unit["forward_calls"] = calls[id(g)]
         for key in ("param_dtype", "reduce_dtype"):
             value = _dtype(getattr(mp, key, None))
             if value is not None:

@@ -303,7 +303,9 @@ class Graph:
     ddp: dict | None = None
     #: FSDP2's units recorded by capture (the file's ``fsdp``; see ``graphs.validate`` and ``sim.fsdp``):
     #: ``units`` in forward order (``name``, ``parameters``, ``reshard_after_forward``, ``pre_backward`` and
-    #: ``post_backward`` node ids or None, optional ``backward_prefetch``, ``param_dtype``, ``reduce_dtype``),
+    #: ``post_backward`` node ids or None, optional ``backward_prefetch``, ``forward_prefetch``, ``param_dtype``,
+    #: ``reduce_dtype``, ``reduce_grads``, ``all_reduce_grads``, ``reshard_after_backward``, ``unshard_in_backward``,
+    #: ``forward_calls``),
     #: ``root``, ``world_size``. None: not captured under FSDP2.
     fsdp: dict | None = None
     #: Nodes with tensor hooks on their input slots (``attrs.hooks``; ``engine.tensor_hooks``), found at load.

@@ -688,7 +688,8 @@ class _Checker:
     #: The ``fsdp`` section's fields and those of one of its units.
     FSDP_FIELDS = ("units", "root", "final_order", "world_size", "recompute")
     FSDP_UNIT_FIELDS = ("name", "parameters", "reshard_after_forward", "pre_backward", "post_backward",
-                        "backward_prefetch", "param_dtype", "reduce_dtype")
+                        "backward_prefetch", "forward_prefetch", "param_dtype", "reduce_dtype", "reduce_grads",
+                        "all_reduce_grads", "reshard_after_backward", "unshard_in_backward", "forward_calls")
     #: At most this many units (one per module at the most; a bound on the work before it starts).
     MAX_FSDP_UNITS = 100_000
 
@@ -737,6 +738,11 @@ class _Checker:
             if not isinstance(raf, bool):
                 raise self.err(p + ("reshard_after_forward",), f"must be true or false, got {short(raf)}")
             rec["reshard_after_forward"] = raf
+            for key in ("reduce_grads", "all_reduce_grads", "reshard_after_backward", "unshard_in_backward"):
+                if key in u:  # (FSDP's defaults: true)
+                    if not isinstance(u[key], bool):
+                        raise self.err(p + (key,), f"must be true or false, got {short(u[key])}")
+                    rec[key] = u[key]
             for key in ("pre_backward", "post_backward"):
                 nid = u.get(key)
                 if nid is not None and not (isinstance(nid, str) and nid in by_id):
@@ -746,19 +752,25 @@ class _Checker:
                 if u.get(key) is not None:
                     tensors.check_dtype(u[key], p + (key,), self.err)
                     rec[key] = u[key]
-            if u.get("backward_prefetch") is not None:  # (null: none set, as for the dtypes)
-                rec["backward_prefetch"] = u["backward_prefetch"]
+            if "forward_calls" in u:  # how many times its module ran in the forward (written when more than once)
+                n = u["forward_calls"]
+                if not (type(n) is int and 1 <= n <= 1 << 20):
+                    raise self.err(p + ("forward_calls",), f"must be a whole number from 1 to 1048576, got {short(n)}")
+                rec["forward_calls"] = n
+            for key in ("backward_prefetch", "forward_prefetch"):
+                if u.get(key) is not None:  # (null: none set, as for the dtypes)
+                    rec[key] = u[key]
             out_units.append(rec)
         for k, rec in enumerate(out_units):
-            targets = rec.get("backward_prefetch")
-            if targets is None:
-                continue
-            if not isinstance(targets, list) or len(targets) > len(out_units):
-                raise self.err(("fsdp", "units", k, "backward_prefetch"),
-                               f"must be a list of unit names, got {short(targets)}")
-            for j, t in enumerate(targets):
-                if not isinstance(t, str) or t not in names:
-                    raise self.err(("fsdp", "units", k, "backward_prefetch", j), f"unknown unit {short(t)}")
+            for key in ("backward_prefetch", "forward_prefetch"):
+                targets = rec.get(key)
+                if targets is None:
+                    continue
+                if not isinstance(targets, list) or len(targets) > len(out_units):
+                    raise self.err(("fsdp", "units", k, key), f"must be a list of unit names, got {short(targets)}")
+                for j, t in enumerate(targets):
+                    if not isinstance(t, str) or t not in names:
+                        raise self.err(("fsdp", "units", k, key, j), f"unknown unit {short(t)}")
         out = {"units": out_units}
         if "root" in d:
             if not isinstance(d["root"], str) or d["root"] not in names:

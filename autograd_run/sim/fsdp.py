@@ -27,6 +27,18 @@ and so the model, walking the one rank's nodes in the order they started:
   copy-out (``pre_forward``: ``unshard``, ``wait_for_unshard``); no
   reshard follows (``post_forward`` skips it inside a backward), so the
   units' own pre-backwards and the prefetches of them find them unsharded;
+  then the unit's ``set_modules_to_forward_prefetch`` targets (the capture's
+  ``forward_prefetch``), each sharded one all-gathered (again, if its
+  backward ran: ``FSDPState._pre_forward``);
+* **the group's switches** (captured where not FSDP's default, true):
+  ``reduce_grads`` false (``set_requires_gradient_sync(False)``): the
+  post-backward reshards and returns, before the reduce-scatter's wait;
+  ``all_reduce_grads`` false: no HSDP all-reduce; ``reshard_after_backward``
+  false: the post-backward leaves it unsharded; ``unshard_in_backward``
+  false: neither its pre-backward nor a backward prefetch gathers it
+  (``unshard`` returns in ``PRE_BACKWARD``); a unit whose module ran more
+  than once in the forward (``forward_calls``) is refused: FSDP runs its
+  pre- and post-backward once a call, this model once a unit;
 * **post-backward of unit u** (as its ``RegisterPostBackwardFunction`` node
   ends, or in the final callback for a unit whose inputs needed no gradient,
   the root's first, then the others in the order FSDP keeps its states: the
@@ -202,9 +214,15 @@ class FsdpResult:
                 issued = ("start", issuer) if issuer else None
                 own = ("start", pre_of[u.name]) if pre_of.get(u.name) else issued
             post = post_moment(u)
-            # the unsharded parameters' storage is allocated when the all-gather's output is copied out into
-            # it, at the unit's own pre-backward (wait_for_unshard); the flat output lives from the issue to then
-            extras.append(Extra(f"FSDP {label}: unsharded parameters", unsharded, device, own, post))
+            kept = s.get("reshard_after_backward", True) is False  # set_reshard_after_backward(False): to the end
+            # set_unshard_in_backward(False) on a unit resharded after forward: sharded throughout the backward
+            sharded_only = (s.get("unshard_in_backward", True) is False and s.get("reshard_after_forward", True)
+                            and u.all_gather is None and not u.regathers)
+            if not sharded_only:
+                # the unsharded parameters' storage is allocated when the all-gather's output is copied out into
+                # it, at the unit's own pre-backward (wait_for_unshard); the flat output lives from the issue to then
+                extras.append(Extra(f"FSDP {label}: unsharded parameters", unsharded, device, own,
+                                    None if kept else post))
             if issued is not None and own != issued:  # (issued by its own pre-backward: gone at once, not counted)
                 extras.append(Extra(f"FSDP {label}: all-gather buffer", u.gather_bytes, device, issued, own))
             if u.reduce_scatter is not None:
@@ -341,6 +359,14 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
     if prefetch is not None and not (isinstance(prefetch, int) and 0 <= prefetch <= 64):
         raise RequestError(f"prefetch must be a whole number from 0 to 64, got {prefetch}", "fsdp")
     spec_units = graph.fsdp["units"]
+    twice = [s for s in spec_units if s.get("forward_calls", 1) > 1]
+    if twice:  # FSDP2 runs a pre- and a post-backward per call: all-gathered again between them, the reduce-scatter
+        # at the post-backward that finds the gradients (after the parameters' AccumulateGrad), not the first
+        s = twice[0]
+        raise RequestError(f"{graph.source}: FSDP unit {s['name'] or '(root)'!r} ran {s['forward_calls']} times in the "
+                           "forward (a module applied more than once): FSDP2 runs its pre- and post-backward once a "
+                           "call, which the FSDP simulation does not model (one of each per unit); shard the "
+                           "repeated module's parent instead, or leave it unsharded", "fsdp")
     shard = world // replicate
     units = _units(graph, shard)
     by_name = {u.name: u for u in units}
@@ -378,6 +404,12 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
             ran.add(s[2].variable)
     has_grad = {u.name: any(p in ran for p in sp["parameters"]) for u, sp in zip(units, spec_units)}
     explicit = {s["name"]: s["backward_prefetch"] for s in spec_units if "backward_prefetch" in s}
+    ahead = {s["name"]: [by_name[n] for n in s["forward_prefetch"]] for s in spec_units if s.get("forward_prefetch")}
+    # the group's backward switches (FSDP's defaults: true): set_requires_gradient_sync, set_requires_all_reduce,
+    # set_reshard_after_backward, set_unshard_in_backward
+    switch = {key: {s["name"] for s in spec_units if s.get(key) is False}
+              for key in ("reduce_grads", "all_reduce_grads", "reshard_after_backward", "unshard_in_backward")}
+    no_unshard = switch["unshard_in_backward"]
 
     gathered: dict[str, bool] = {u.name: not resharded[u.name] for u in units}
     waited: dict[str, bool] = {u.name: True for u in units}  # its all-gather's result waited for and copied out
@@ -406,7 +438,7 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
     def pre(u: UnitRun, t: int, where: str) -> int:
         u.pre_ns, u.pre_in = t, where
         issue = t
-        if not gathered[u.name]:
+        if not gathered[u.name] and u.name not in no_unshard:  # (unshard is a no-op in PRE_BACKWARD then)
             issue = gather(u, t, "pre-backward")
         ready = t
         if u.all_gather is not None and not waited[u.name]:
@@ -415,23 +447,36 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
         if blocking:
             issue = ready
         for v in targets(u):
-            if gathered[v.name]:
+            if gathered[v.name] or v.name in no_unshard:  # (a backward prefetch unshards in PRE_BACKWARD)
                 continue
-            if v.post_ns is None:
-                issue = gather(v, issue, f"prefetch by {u.name or '(root)'}")
-            else:  # its backward is over and it was resharded: FSDP's unshard gathers it all the same
-                gathered[v.name] = True
-                waited[v.name] = False
-                span = st.run("ag", "all-gather", v.gather_bytes, shard, issue, shift)
-                v.regathers.append((span, u.name))
-                issue = span.end_ns if blocking else issue
+            issue = prefetch_one(v, issue, u.name)
         go = max(ready, issue) if blocking else ready
         u.wait_ns += go - t
         return go
 
+    def prefetch_one(v: UnitRun, issue: int, by: str) -> int:
+        """A prefetch of v by unit ``by`` at ``issue`` (v sharded): the time the issuing thread goes on."""
+        if v.post_ns is None:
+            return gather(v, issue, f"prefetch by {by or '(root)'}")
+        # its backward is over and it was resharded: FSDP's unshard gathers it all the same
+        gathered[v.name] = True
+        waited[v.name] = False
+        span = st.run("ag", "all-gather", v.gather_bytes, shard, issue, shift)
+        v.regathers.append((span, by))
+        return span.end_ns if blocking else issue
+
     def recompute(u: UnitRun, t: int, where: str) -> int:
         """The unit's pre-forward in a recompute at ``t`` (``FSDPParamGroup.pre_forward``: ``unshard``, then
-        ``wait_for_unshard``): the time the compute goes on."""
+        ``wait_for_unshard``), then its state's forward prefetch (``_states_to_forward_prefetch``: each target
+        that is sharded all-gathered, one whose backward already ran again): the time the compute goes on."""
+        ready = _recompute(u, t, where)
+        issue = ready
+        for v in ahead.get(u.name, ()):
+            if not gathered[v.name]:
+                issue = prefetch_one(v, issue, u.name)
+        return max(ready, issue) if blocking else ready
+
+    def _recompute(u: UnitRun, t: int, where: str) -> int:
         if not gathered[u.name]:
             if u.post_ns is None:
                 gather(u, t, "recompute")
@@ -453,7 +498,10 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
 
     def post(u: UnitRun, t: int, where: str) -> int:
         u.post_ns, u.post_in = t, where
-        gathered[u.name] = False  # resharded after its backward (FSDP2's reshard_after_backward default)
+        if u.name not in switch["reshard_after_backward"]:
+            gathered[u.name] = False  # resharded after its backward (FSDP2's reshard_after_backward default)
+        if u.name in switch["reduce_grads"]:  # no gradient sync: it returns before the reduce-scatter's wait
+            return t
         start = t
         if pending:  # post_backward_rs_wait: the previous unit's reduce-scatter
             t = max(t, pending.pop(0))
@@ -463,7 +511,7 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
         t += st.copy_ns(u.reduce_bytes)  # chunk_cat into the reduce-scatter input
         u.reduce_scatter = st.run("rs", "reduce-scatter", u.reduce_bytes, shard, t, shift)
         last = u.reduce_scatter.end_ns
-        if replicate > 1:
+        if replicate > 1 and u.name not in switch["all_reduce_grads"]:
             u.all_reduce = st.run("ar", "allreduce", u.reduce_bytes // shard, replicate, last, shift)
             last = u.all_reduce.end_ns
         pending.append(u.reduce_scatter.end_ns)
