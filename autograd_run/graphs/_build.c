@@ -1307,6 +1307,21 @@ static inline PyObject *node_id_text(PyObject *node) {
     return id != NULL && PyUnicode_CheckExact(id) ? id : NULL;
 }
 
+/* The first of the NEARBY nodes after node i whose id is `tid` (its hash h; `ring` holds their ids' hashes at
+ * their index mod RING), borrowed, or NULL. */
+static inline PyObject *nearby_target(PyObject *nodes, const Py_hash_t *ring, Py_ssize_t i, Py_hash_t h,
+                                      PyObject *tid) {
+    Py_ssize_t n = PyList_GET_SIZE(nodes);
+    for (Py_ssize_t d = 1; d <= NEARBY && i + d < n; d++) {
+        if (ring[(i + d) & (RING - 1)] != h)
+            continue;
+        PyObject *guess = PyList_GET_ITEM(nodes, i + d), *gid = node_id_text(guess);
+        if (gid != NULL && same_text(gid, tid))
+            return guess;
+    }
+    return NULL;
+}
+
 /* How many nodes' edges link_edges resolves at once (BATCH), and how many edges of a node at most (HINTS). */
 #define BATCH 16
 #define HINTS 8
@@ -1354,15 +1369,7 @@ static int resolve_batch(PyObject *nodes, PyObject *nexts, PyObject *by_id, Py_s
                 PyErr_Clear();
                 break;
             }
-            for (Py_ssize_t d = 1; d <= NEARBY && j + d < n; d++) {
-                if (ring[(j + d) & (RING - 1)] != h)
-                    continue;
-                PyObject *guess = PyList_GET_ITEM(nodes, j + d), *gid = node_id_text(guess);
-                if (gid != NULL && same_text(gid, tid)) {
-                    target = guess;
-                    break;
-                }
-            }
+            target = nearby_target(nodes, ring, j, h, tid);
             if (target == NULL) {
                 target = PyDict_GetItemWithError(by_id, tid);
                 if (target == NULL) {
@@ -1477,15 +1484,8 @@ static PyObject *link_edges(PyObject *mod, PyObject *args) {
                         PyObject *gid = node_id_text(PyList_GET_ITEM(nodes, filled));
                         ring[filled & (RING - 1)] = gid != NULL ? ((PyASCIIObject *)gid)->hash : -1;
                     }
-                for (Py_ssize_t d = 1; target == NULL && h != -1 && d <= NEARBY && i + d < n; d++) {
-                    if (ring[(i + d) & (RING - 1)] != h)
-                        continue;
-                    PyObject *guess = PyList_GET_ITEM(nodes, i + d), *gid = node_id_text(guess);
-                    if (gid != NULL && same_text(gid, tid)) {
-                        target = guess;
-                        break;
-                    }
-                }
+                if (target == NULL && h != -1)
+                    target = nearby_target(nodes, ring, i, h, tid);
                 if (target == NULL)
                     target = PyDict_GetItemWithError(by_id, tid);
                 if (target == NULL) {
