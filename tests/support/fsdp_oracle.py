@@ -148,33 +148,7 @@ def build(name: str):
             model[2].set_modules_to_backward_prefetch([model[3], model[1]])
             model[1].set_modules_to_backward_prefetch([model[3]])
         return model, (lambda m: m(x).square().mean())
-    if name == "checkpointed":  # units inside non-reentrant activation-checkpointed blocks (as a transformer layer
-        # split into units and checkpointed whole): the first node of a block to unpack a saved tensor recomputes
-        # the block's forward, whose pre-forwards all-gather its sharded units in forward order
-        from torch.utils.checkpoint import checkpoint
-
-        class Three(nn.Module):
-            def __init__(self, d):
-                super().__init__()
-                self.a, self.b, self.c = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
-
-            def forward(self, x):
-                return x + self.c(torch.relu(self.b(torch.relu(self.a(x)))))
-
-        class Checkpointed(nn.Module):
-            def __init__(self, d):
-                super().__init__()
-                self.inner = Three(d)
-
-            def forward(self, x):
-                return checkpoint(self.inner, x, use_reentrant=False)
-        model = nn.Sequential(nn.Linear(32, 64), Checkpointed(64), Checkpointed(64), nn.Linear(64, 4))
-        for blk in model[1:3]:
-            for m in (blk.inner.a, blk.inner.b, blk.inner.c):
-                fully_shard(m)
-        fully_shard(model)
-        return model, (lambda m: m(x).square().mean())
-    if name in SETTINGS + EXPLORED:
+    if name in SETTINGS + EXPLORED or name == "checkpointed":
         return _more(name, Block, x)
     if name == "tied_group":  # a tied embedding and head in one unit (fully_shard([a, b])), registered first
         class Tied(nn.Module):  # and post-forwarded last; its inputs and pos's need no gradient: their
@@ -219,7 +193,8 @@ def build(name: str):
 
 
 def _more(name: str, Block, x):
-    """The models of ``SETTINGS`` and ``EXPLORED`` (from ``build``): FSDP2's settings beyond the plain recipe."""
+    """The models of ``SETTINGS`` and ``EXPLORED`` and ``checkpointed`` (from ``build``): FSDP2's settings beyond
+    the plain recipe."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -245,6 +220,15 @@ def _more(name: str, Block, x):
     def loss(model):
         return lambda m: m(x).square().mean()
 
+    if name == "checkpointed":  # units inside non-reentrant activation-checkpointed blocks (as a transformer layer
+        # split into units and checkpointed whole): the first node of a block to unpack a saved tensor recomputes
+        # the block's forward, whose pre-forwards all-gather its sharded units in forward order
+        model = nn.Sequential(nn.Linear(32, 64), Checkpointed(64), Checkpointed(64), nn.Linear(64, 4))
+        for blk in model[1:3]:
+            for m in (blk.inner.a, blk.inner.b, blk.inner.c):
+                fully_shard(m)
+        fully_shard(model)
+        return model, loss(model)
     if name in ("ckpt_forward_prefetch_chain", "ckpt_forward_prefetch_block", "ckpt_nested",
                 "ckpt_forward_prefetch"):
         model = nn.Sequential(nn.Linear(32, 64), Checkpointed(64), Checkpointed(64), Checkpointed(64),
