@@ -481,12 +481,11 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
             if u.post_ns is None:
                 gather(u, t, "recompute")
                 u.recompute_in = where
-            else:  # resharded by its post-backward already: gathered again
-                gathered[u.name], waited[u.name] = True, False
+            else:  # resharded by its post-backward already: gathered again, waited for and copied out here
+                gathered[u.name] = waited[u.name] = True
                 span = st.run("ag", "all-gather", u.gather_bytes, shard, t, shift)
                 u.regathers.append((span, "(recompute)"))
                 ready = max(t, span.end_ns) + st.copy_ns(u.gather_bytes)
-                waited[u.name] = True
                 u.wait_ns += ready - t
                 return ready
         ready = t
