@@ -148,6 +148,21 @@ def main():
 '''
 
 
+def _ready_and_rebuilt_are_ddps(g, params, real: dict, cap: float) -> None:
+    """Our engine's AccumulateGrad order (as DDP's parameter indices) and the buckets rebuilt from it at ``cap``
+    MiB are DDP's own (``real``: its logging data, as the scripts write it)."""
+    from autograd_run.session import RunOptions, run_session
+    rep = run_session(g, RunOptions(record_order=True, allow_python=True))
+    assert rep.error is None, rep.error
+    index = {q.name: q.index for q in params}
+    ready = [index[g.by_id[r["id"]].variable] for r in rep.order
+             if getattr(g.by_id.get(r["id"]), "variable", None) in index]
+    assert ready == ddp_oracle._ints(real["ready"])
+    rebuilt = B.rebuilt(params, ready, cap)
+    assert rebuilt == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
+    assert B.sizes(rebuilt, params) == ddp_oracle._ints(real["rebuilt_sizes"])
+
+
 def test_parameters_ddp_is_told_to_ignore_are_not_its_parameters(tmp_path):
     """A model with parameters DDP is told to ignore (``_set_params_and_buffers_to_ignore_for_model``; also how
     ``delay_all_reduce_named_params`` works): the Reducer's parameters leave them out (``_build_params_for_reducer``,
@@ -158,7 +173,6 @@ def test_parameters_ddp_is_told_to_ignore_are_not_its_parameters(tmp_path):
     import json
     from cli_proc import cli
     from autograd_run.graphs.load import load_graph
-    from autograd_run.session import RunOptions, run_session
     from autograd_run.sim.ddp import params_of
     script, graph, facts = tmp_path / "ddp_ignored.py", tmp_path / "g.json", tmp_path / "facts.json"
     script.write_text(IGNORED_SCRIPT)
@@ -170,14 +184,7 @@ def test_parameters_ddp_is_told_to_ignore_are_not_its_parameters(tmp_path):
     params = params_of(g)
     assert [q.name for q in params] == real["names"]
     assert B.sizes(B.initial(params, 0.002), params) == ddp_oracle._ints(real["initial"])
-    rep = run_session(g, RunOptions(record_order=True))
-    index = {q.name: q.index for q in params}
-    ready = [index[g.by_id[r["id"]].variable] for r in rep.order
-             if getattr(g.by_id.get(r["id"]), "variable", None) in index]
-    assert ready == ddp_oracle._ints(real["ready"])
-    rebuilt = B.rebuilt(params, ready, 0.002)
-    assert rebuilt == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
-    assert B.sizes(rebuilt, params) == ddp_oracle._ints(real["rebuilt_sizes"])
+    _ready_and_rebuilt_are_ddps(g, params, real, 0.002)
 
 
 LIST_SCRIPT = IGNORED_SCRIPT.replace(
@@ -271,7 +278,6 @@ def test_parameters_reached_only_in_a_reentrant_checkpoint_are_one_variable_each
     import json
     from cli_proc import cli
     from autograd_run.graphs.load import load_graph
-    from autograd_run.session import RunOptions, run_session
     from autograd_run.sim.ddp import params_of
     script, graph, facts = tmp_path / "ddp_ckpt.py", tmp_path / "g.json", tmp_path / "facts.json"
     script.write_text(CKPT_SCRIPT)
@@ -281,15 +287,7 @@ def test_parameters_reached_only_in_a_reentrant_checkpoint_are_one_variable_each
     g = load_graph(str(graph))
     params = params_of(g)
     assert len(params) == 12 and all(g.variables[q.name].node is not None for q in params)  # each reached
-    rep = run_session(g, RunOptions(record_order=True, allow_python=True))
-    assert rep.error is None, rep.error
-    index = {q.name: q.index for q in params}
-    ready = [index[g.by_id[r["id"]].variable] for r in rep.order
-             if getattr(g.by_id.get(r["id"]), "variable", None) in index]
-    assert ready == ddp_oracle._ints(real["ready"])
-    rebuilt = B.rebuilt(params, ready, 0.01)
-    assert rebuilt == [ddp_oracle._ints(b) for b in real["rebuilt"].split(",") if b.strip()]
-    assert B.sizes(rebuilt, params) == ddp_oracle._ints(real["rebuilt_sizes"])
+    _ready_and_rebuilt_are_ddps(g, params, real, 0.01)
 
 
 TWICE_SCRIPT = CKPT_SCRIPT.replace('''def main():

@@ -272,17 +272,16 @@ def padded_bytes(shape: tuple, dtype: str, shard: int) -> int:
     return rows * math.prod(dims[1:]) * size
 
 
-def _recompute_regions(graph, by_name: dict) -> tuple[dict, dict]:
+def _recomputes(graph, by_name: dict) -> dict:
     """Where activation checkpointing's recomputes run the units' pre-forwards (the ``fsdp`` section's
-    ``recompute``: [node, unit] pairs in the order the capture saw them): ``(triggers, regions)``, node id ->
-    the regions it starts and region -> its units in order. A region is the node the capture saw it in: the
-    first node that unpacked a tensor of the checkpointed block in the captured order (a schedule that runs
-    another node of the block first would recompute there; the file does not say which nodes those are when
-    captured without values, as FSDP2 with resharded units must be)."""
-    regions: dict = {}
+    ``recompute``: [node, unit] pairs in the order the capture saw them): node id -> its units in order. The node
+    is the one the capture saw: the first that unpacked a tensor of the checkpointed block in the captured order
+    (a schedule that runs another node of the block first would recompute there; the file does not say which
+    nodes those are when captured without values, as FSDP2 with resharded units must be)."""
+    at: dict = {}
     for nid, name in graph.fsdp.get("recompute") or ():
-        regions.setdefault(nid, []).append(by_name[name])
-    return {nid: (nid,) for nid in regions}, regions
+        at.setdefault(nid, []).append(by_name[name])
+    return at
 
 
 def _units(graph, shard: int) -> list[UnitRun]:
@@ -413,8 +412,7 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
 
     gathered: dict[str, bool] = {u.name: not resharded[u.name] for u in units}
     waited: dict[str, bool] = {u.name: True for u in units}  # its all-gather's result waited for and copied out
-    triggers, regions = _recompute_regions(graph, by_name)
-    fired: set = set()
+    recompute_at = _recomputes(graph, by_name)  # (each taken out as it runs: a node that runs again does not)
     pending: list[int] = []     # reduce-scatter ends not yet waited for (FSDP keeps one in flight)
     finals: list[int] = []      # every reduce-scatter's and all-reduce's end: the final callback waits
     stalls: dict[str, int] = {}
@@ -531,12 +529,9 @@ def simulate_fsdp(report, world: int, link: Link, *, prefetch: int | None = None
             if u.pre_ns is None:
                 stall(node.id, start, pre(u, start, node.id))
                 start = s[4] - t0 + shift
-        for key in triggers.get(node.id, ()):  # (after the pre-backward hooks: the node unpacks as it computes)
-            if key not in fired:
-                fired.add(key)
-                for u in regions[key]:
-                    stall(node.id, start, recompute(u, start, node.id))
-                    start = s[4] - t0 + shift
+        for u in recompute_at.pop(node.id, ()):  # (after the pre-backward hooks: the node unpacks as it computes)
+            stall(node.id, start, recompute(u, start, node.id))
+            start = s[4] - t0 + shift
         end = max(s[5], ends.get(node, 0)) - t0 + shift
         for u in post_at.get(node.id, ()):
             if u.post_ns is None:
